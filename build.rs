@@ -1,0 +1,102 @@
+//! Compiles every `cuda/*.cu` into one fatbin (sm_80, 86, 89, 90, 100, 120, 121 and compute_90
+//! PTX, as far as the found nvcc offers them) and embeds it. Without nvcc the crate still builds;
+//! the binary then reports "built without CUDA kernels" when a GPU op is asked for.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SMS: [&str; 7] = ["80", "86", "89", "90", "100", "120", "121"];
+const ENV: [&str; 5] = ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "MOSS_NO_CUDA"];
+
+fn find_nvcc() -> Option<PathBuf> {
+    let ok = |p: PathBuf| if p.is_file() { Some(p) } else { None };
+    if let Some(p) = std::env::var_os("NVCC") {
+        return ok(PathBuf::from(p));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(d) = std::env::var_os(var) {
+            if let Some(p) = ok(PathBuf::from(d).join("bin/nvcc")) {
+                return Some(p);
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            if let Some(p) = ok(d.join("nvcc")) {
+                return Some(p);
+            }
+        }
+    }
+    if let Some(p) = ok(PathBuf::from("/usr/local/cuda/bin/nvcc")) {
+        return Some(p);
+    }
+    // The PyPI wheel (nvidia-cuda-nvcc) inside an importable `nvidia` namespace package.
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia, os; print('\\n'.join(nvidia.__path__))"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
+}
+
+fn main() {
+    for v in ENV {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    println!("cargo:rerun-if-changed=cuda");
+    println!("cargo::rustc-check-cfg=cfg(moss_kernels)");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let fatbin = out_dir.join("moss_kernels.fatbin");
+    let _ = std::fs::remove_file(&fatbin);
+    if std::env::var_os("MOSS_NO_CUDA").is_some() {
+        println!("cargo:warning=MOSS_NO_CUDA set: building without CUDA kernels");
+        return;
+    }
+    let Some(nvcc) = find_nvcc() else {
+        println!("cargo:warning=nvcc not found (NVCC, CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda, the nvidia-cuda-nvcc wheel): building without CUDA kernels");
+        return;
+    };
+
+    let mut sources: Vec<PathBuf> = std::fs::read_dir("cuda")
+        .expect("cuda/ folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    sources.sort();
+    // One translation unit that includes every kernel file: one fatbin, unique kernel names.
+    let unit = out_dir.join("moss_kernels.cu");
+    let root = std::env::current_dir().unwrap();
+    let text: String = sources
+        .iter()
+        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
+        .collect();
+    std::fs::write(&unit, text).unwrap();
+
+    let list = Command::new(&nvcc).arg("--list-gpu-code").output();
+    let offered = match list {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        _ => panic!("{} --list-gpu-code failed: is this a working nvcc?", nvcc.display()),
+    };
+    let mut cmd = Command::new(&nvcc);
+    cmd.args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-I"])
+        .arg(root.join("cuda"))
+        .arg("-o")
+        .arg(&fatbin)
+        .arg(&unit);
+    let mut archs = vec![];
+    for sm in SMS {
+        if offered.lines().any(|l| l.trim() == format!("sm_{sm}")) {
+            cmd.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
+            archs.push(sm);
+        }
+    }
+    if offered.lines().any(|l| l.trim() == "sm_90") {
+        cmd.arg("-gencode=arch=compute_90,code=compute_90");
+    }
+    assert!(!archs.is_empty(), "{} offers none of sm_{:?}", nvcc.display(), SMS);
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    assert!(status.success(), "nvcc failed compiling cuda/*.cu");
+    println!("cargo:rustc-cfg=moss_kernels");
+    println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
+}

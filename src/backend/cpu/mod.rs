@@ -1,0 +1,224 @@
+//! The CPU backend: the readable fp32 reference. Reductions (dot products, norms, softmax sums)
+//! accumulate in f64, so it also serves as the high-precision reference the CUDA kernels are
+//! gated against.
+
+use super::Backend;
+use crate::checkpoint::Component;
+use crate::tensor::Tensor;
+use anyhow::{bail, ensure, Result};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+/// Run `f(row_index, row_out)` over the rows of `out` (each `width` long) on all cores.
+pub fn par_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = if width == 0 { 0 } else { out.len() / width };
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(rows.max(1));
+    if threads <= 1 || rows < 2 {
+        for (i, r) in out.chunks_mut(width.max(1)).enumerate() {
+            f(i, r);
+        }
+        return;
+    }
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (t, chunk) in out.chunks_mut(per * width).enumerate() {
+            let f = &f;
+            s.spawn(move || {
+                for (i, r) in chunk.chunks_mut(width).enumerate() {
+                    f(t * per + i, r);
+                }
+            });
+        }
+    });
+}
+
+/// Dot product with f64 accumulation.
+pub fn dot(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0f64; 4];
+    let mut ca = a.chunks_exact(4);
+    let mut cb = b.chunks_exact(4);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for j in 0..4 {
+            acc[j] += x[j] as f64 * y[j] as f64;
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += *x as f64 * *y as f64;
+    }
+    s
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn broadcast(a: &Tensor, b: &Tensor, op: impl Fn(f32, f32) -> f32) -> Result<Tensor> {
+    ensure!(
+        a.shape.ends_with(&b.shape) && !b.data.is_empty(),
+        "cannot broadcast {:?} onto {:?}",
+        b.shape,
+        a.shape
+    );
+    let n = b.numel();
+    let data = a.data.iter().enumerate().map(|(i, &x)| op(x, b.data[i % n])).collect();
+    Ok(Tensor { shape: a.shape.clone(), data })
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+impl Backend for Cpu {
+    type T = Tensor;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn upload(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+    fn download(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+    fn dims(&self, x: &Tensor) -> Vec<usize> {
+        x.shape.clone()
+    }
+    fn load(&self, c: &Component, name: &str) -> Result<Tensor> {
+        let (shape, data) = c.f32(name)?;
+        Tensor::new(shape, data)
+    }
+
+    fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+        ensure!(w.shape.len() == 2, "linear: weight must be 2-D, got {:?}", w.shape);
+        let (n, k) = (w.shape[0], w.shape[1]);
+        ensure!(x.last_dim() == k, "linear: input {:?} does not match weight {:?}", x.shape, w.shape);
+        if let Some(b) = b {
+            ensure!(b.numel() == n, "linear: bias {:?} for {n} outputs", b.shape);
+        }
+        let mut shape = x.shape.clone();
+        *shape.last_mut().unwrap() = n;
+        let mut out = vec![0f32; x.rows() * n];
+        par_rows(&mut out, n, |r, row| {
+            let xr = &x.data[r * k..(r + 1) * k];
+            for (j, o) in row.iter_mut().enumerate() {
+                let bias = b.map_or(0.0, |b| b.data[j] as f64);
+                *o = (dot(xr, &w.data[j * k..(j + 1) * k]) + bias) as f32;
+            }
+        });
+        Tensor::new(shape, out)
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        broadcast(a, b, |x, y| x + y)
+    }
+    fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        broadcast(a, b, |x, y| x * y)
+    }
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(Tensor { shape: x.shape.clone(), data: x.data.iter().map(|&v| silu(v)).collect() })
+    }
+    fn sigmoid(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(Tensor { shape: x.shape.clone(), data: x.data.iter().map(|&v| sigmoid(v)).collect() })
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, eps: f64, one_plus: bool) -> Result<Tensor> {
+        let d = x.last_dim();
+        if let Some(w) = w {
+            ensure!(w.numel() == d, "rms_norm: weight {:?} for width {d}", w.shape);
+        }
+        let mut out = vec![0f32; x.numel()];
+        par_rows(&mut out, d, |r, row| {
+            let xr = &x.data[r * d..(r + 1) * d];
+            let inv = 1.0 / (dot(xr, xr) / d as f64 + eps).sqrt();
+            for (i, o) in row.iter_mut().enumerate() {
+                let g = match w {
+                    Some(w) if one_plus => 1.0 + w.data[i] as f64,
+                    Some(w) => w.data[i] as f64,
+                    None => 1.0,
+                };
+                *o = (xr[i] as f64 * inv * g) as f32;
+            }
+        });
+        Tensor::new(x.shape.clone(), out)
+    }
+
+    fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor> {
+        Tensor::new(shape.to_vec(), x.data.clone())
+    }
+
+    fn narrow(&self, x: &Tensor, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+        ensure!(dim < x.shape.len() && start + len <= x.shape[dim], "narrow {dim}:{start}+{len} of {:?}", x.shape);
+        let outer: usize = x.shape[..dim].iter().product();
+        let inner: usize = x.shape[dim + 1..].iter().product();
+        let full = x.shape[dim];
+        let mut data = Vec::with_capacity(outer * len * inner);
+        for o in 0..outer {
+            let base = (o * full + start) * inner;
+            data.extend_from_slice(&x.data[base..base + len * inner]);
+        }
+        let mut shape = x.shape.clone();
+        shape[dim] = len;
+        Tensor::new(shape, data)
+    }
+
+    fn cat(&self, xs: &[&Tensor], dim: usize) -> Result<Tensor> {
+        let Some(first) = xs.first() else { bail!("cat of nothing") };
+        let mut shape = first.shape.clone();
+        ensure!(dim < shape.len(), "cat: dim {dim} of {:?}", shape);
+        for x in &xs[1..] {
+            ensure!(
+                x.shape.len() == shape.len()
+                    && x.shape.iter().enumerate().all(|(i, &s)| i == dim || s == shape[i]),
+                "cat: {:?} and {:?}",
+                first.shape,
+                x.shape
+            );
+        }
+        shape[dim] = xs.iter().map(|x| x.shape[dim]).sum();
+        let outer: usize = shape[..dim].iter().product();
+        let inner: usize = shape[dim + 1..].iter().product();
+        let mut data = Vec::with_capacity(shape.iter().product());
+        for o in 0..outer {
+            for x in xs {
+                let chunk = x.shape[dim] * inner;
+                data.extend_from_slice(&x.data[o * chunk..(o + 1) * chunk]);
+            }
+        }
+        Tensor::new(shape, data)
+    }
+
+    fn permute(&self, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
+        let nd = x.shape.len();
+        ensure!(perm.len() == nd && (0..nd).all(|i| perm.contains(&i)), "permute {perm:?} of {:?}", x.shape);
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let src = strides(&x.shape);
+        let mut data = Vec::with_capacity(x.numel());
+        let mut idx = vec![0usize; nd];
+        for _ in 0..x.numel() {
+            let off: usize = (0..nd).map(|i| idx[i] * src[perm[i]]).sum();
+            data.push(x.data[off]);
+            for i in (0..nd).rev() {
+                idx[i] += 1;
+                if idx[i] < shape[i] {
+                    break;
+                }
+                idx[i] = 0;
+            }
+        }
+        Tensor::new(shape, data)
+    }
+}
+
+pub mod dit;
+pub mod encoder;
+pub mod vae;

@@ -1,0 +1,67 @@
+//! The CUDA backend: device setup and the embedded kernels. The network ops on it follow in the
+//! CUDA issues; until then a GPU run stops with a message that says so.
+
+use anyhow::{anyhow, bail, Result};
+use std::sync::Arc;
+
+/// The fatbin of every `cuda/*.cu`, compiled by build.rs (absent when nvcc was not found).
+#[cfg(moss_kernels)]
+pub const FATBIN: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_kernels.fatbin")));
+#[cfg(not(moss_kernels))]
+pub const FATBIN: Option<&[u8]> = None;
+
+/// The SMs the fatbin holds machine code for.
+pub fn kernel_archs() -> Option<&'static str> {
+    #[cfg(moss_kernels)]
+    return Some(env!("MOSS_KERNEL_ARCHS"));
+    #[cfg(not(moss_kernels))]
+    None
+}
+
+/// One GPU: its context, the one stream we use, and our kernels.
+pub struct Gpu {
+    pub ctx: Arc<cudarc::driver::CudaContext>,
+    pub stream: Arc<cudarc::driver::CudaStream>,
+    pub module: Arc<cudarc::driver::CudaModule>,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+}
+
+impl Gpu {
+    /// Open `cuda:ordinal`: a clear error (never a panic) without a driver, a GPU or kernels.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let Some(fatbin) = FATBIN else {
+            bail!("this moss was built without CUDA kernels (no nvcc at build time); rebuild with nvcc on PATH or NVCC set, or use --device cpu");
+        };
+        // SAFETY: only probes whether libcuda can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            bail!("no NVIDIA driver found (libcuda could not be loaded); use --device cpu");
+        }
+        let count = cudarc::driver::CudaContext::device_count()
+            .map_err(|e| anyhow!("the CUDA driver does not answer: {e:?}"))?;
+        if ordinal >= count.max(0) as usize {
+            bail!("cuda:{ordinal} does not exist: {count} CUDA device(s) visible");
+        }
+        let ctx = cudarc::driver::CudaContext::new(ordinal)
+            .map_err(|e| anyhow!("cannot open cuda:{ordinal}: {e:?}"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let compute_capability = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(fatbin.to_vec()))
+            .map_err(|e| {
+                anyhow!(
+                    "cannot load moss kernels on {name} (sm_{}{}; built for sm_{}): {e:?}",
+                    compute_capability.0,
+                    compute_capability.1,
+                    kernel_archs().unwrap_or("")
+                )
+            })?;
+        let stream = ctx.default_stream();
+        Ok(Gpu { ctx, stream, module, name, compute_capability })
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(|e| anyhow!("{e:?}"))
+    }
+}

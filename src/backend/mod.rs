@@ -1,0 +1,75 @@
+//! The op set the three networks are written against, and its two implementations:
+//! `cpu` (the readable fp32 reference with f64 accumulation, what CI runs) and `cuda`
+//! (cuBLASLt and our kernels, what users run).
+//!
+//! `Backend` holds the generic ops every network uses. Fused ops that exist for one network live
+//! in that network's own trait next to it (`ops_encoder`, `ops_dit`, `ops_vae`), each with a CPU
+//! twin in `cpu/`, so every CUDA kernel has a reference.
+
+pub mod cpu;
+pub mod ops;
+pub mod cuda;
+
+use crate::checkpoint::Component;
+use crate::tensor::Tensor;
+use anyhow::Result;
+
+/// Which backend a run uses (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(format!("unknown device `{s}` (use cpu, cuda or cuda:N)")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Generic ops. Shapes are row-major; "rows" means all leading dimensions flattened.
+pub trait Backend {
+    /// A tensor resident on this backend.
+    type T: Clone;
+
+    fn name(&self) -> String;
+    fn upload(&self, t: &Tensor) -> Result<Self::T>;
+    fn download(&self, x: &Self::T) -> Result<Tensor>;
+    fn dims(&self, x: &Self::T) -> Vec<usize>;
+    /// A checkpoint tensor by its name inside the component, in the backend's storage precision.
+    fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
+
+    /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.
+    fn linear(&self, x: &Self::T, w: &Self::T, b: Option<&Self::T>) -> Result<Self::T>;
+    /// Elementwise `a + b`; `b` either has `a`'s shape or `a`'s trailing shape (broadcast).
+    fn add(&self, a: &Self::T, b: &Self::T) -> Result<Self::T>;
+    /// Elementwise `a · b`, broadcasting like [`Backend::add`].
+    fn mul(&self, a: &Self::T, b: &Self::T) -> Result<Self::T>;
+    fn silu(&self, x: &Self::T) -> Result<Self::T>;
+    fn sigmoid(&self, x: &Self::T) -> Result<Self::T>;
+    /// RMSNorm over the last dim: `x · rsqrt(mean(x²) + eps) · g`, where `g = 1 + w` if
+    /// `one_plus` (Qwen's zero-centred norms), `g = w` otherwise, `g = 1` without `w`.
+    fn rms_norm(&self, x: &Self::T, w: Option<&Self::T>, eps: f64, one_plus: bool) -> Result<Self::T>;
+    fn reshape(&self, x: &Self::T, shape: &[usize]) -> Result<Self::T>;
+    /// `len` entries of dimension `dim` from `start`.
+    fn narrow(&self, x: &Self::T, dim: usize, start: usize, len: usize) -> Result<Self::T>;
+    fn cat(&self, xs: &[&Self::T], dim: usize) -> Result<Self::T>;
+    fn permute(&self, x: &Self::T, perm: &[usize]) -> Result<Self::T>;
+}

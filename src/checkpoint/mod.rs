@@ -1,0 +1,238 @@
+//! The checkpoint folder: finding it, reading its configs, memory-mapping its tensors and
+//! checking that every tensor the configs imply is there with the right shape and dtype.
+
+pub mod config;
+pub mod expected;
+pub mod tensors;
+
+use anyhow::{bail, Context, Result};
+use config::{DitConfig, EncoderConfig, VaeConfig};
+use expected::Expected;
+use std::path::{Path, PathBuf};
+pub use tensors::{Dtype, TensorInfo, TensorStore};
+
+pub const DEFAULT_MODEL: &str = "OpenMOSS-Team/MOSS-Image-SFT";
+
+/// The five components of `model_index.json`.
+pub const COMPONENTS: [&str; 5] = ["scheduler", "text_encoder", "tokenizer", "transformer", "vae"];
+
+/// Where a `--model` argument pointed.
+#[derive(Clone, Debug)]
+pub struct ModelLocation {
+    pub root: PathBuf,
+    /// The repo id (or the folder as given).
+    pub id: String,
+    /// The Hugging Face snapshot revision, when resolved through the cache.
+    pub revision: Option<String>,
+}
+
+fn hub_cache_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![];
+    if let Some(d) = std::env::var_os("HF_HUB_CACHE") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("HF_HOME") {
+        dirs.push(PathBuf::from(d).join("hub"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(h).join(".cache/huggingface/hub"));
+    }
+    dirs
+}
+
+/// Resolve `--model`: an existing folder, or a repo id `owner/name` in the local Hugging Face
+/// cache (`models--owner--name/snapshots/<rev>`, the revision `refs/main` names if present).
+pub fn locate(spec: &str) -> Result<ModelLocation> {
+    let p = Path::new(spec);
+    if p.is_dir() {
+        return Ok(ModelLocation { root: p.to_path_buf(), id: spec.to_string(), revision: None });
+    }
+    let looks_like_repo = spec.split('/').count() == 2 && !spec.starts_with('.') && !spec.starts_with('/');
+    let mut looked = vec![];
+    if looks_like_repo {
+        let folder = format!("models--{}", spec.replace('/', "--"));
+        for cache in hub_cache_dirs() {
+            let repo = cache.join(&folder);
+            looked.push(repo.join("snapshots").display().to_string());
+            let snaps = repo.join("snapshots");
+            if !snaps.is_dir() {
+                continue;
+            }
+            let wanted = std::fs::read_to_string(repo.join("refs/main")).ok().map(|s| s.trim().to_string());
+            let mut revs: Vec<(std::time::SystemTime, String)> = std::fs::read_dir(&snaps)?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .map(|e| {
+                    let t = e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+                    (t, e.file_name().to_string_lossy().into_owned())
+                })
+                .collect();
+            revs.sort();
+            let rev = match wanted.filter(|w| snaps.join(w).is_dir()) {
+                Some(w) => Some(w),
+                None => revs.last().map(|r| r.1.clone()),
+            };
+            if let Some(rev) = rev {
+                return Ok(ModelLocation { root: snaps.join(&rev), id: spec.to_string(), revision: Some(rev) });
+            }
+        }
+    } else {
+        looked.push(format!("{} (no such folder)", p.display()));
+    }
+    bail!(
+        "model `{spec}` not found; looked in: {}. Get the weights with \
+         `hf download {DEFAULT_MODEL}` (or `huggingface-cli download ...`) on a machine with \
+         network access, then pass --model <folder> or set MOSS_MODEL",
+        looked.join(", ")
+    )
+}
+
+/// An opened checkpoint: its location and every component's config (tensors are mapped per
+/// stage with [`Checkpoint::open_component`]).
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    pub loc: ModelLocation,
+    pub encoder: EncoderConfig,
+    pub dit: DitConfig,
+    pub vae: VaeConfig,
+    pub scheduler: crate::schedule::ScheduleConfig,
+}
+
+/// One component's tensors with the prefix its keys carry.
+pub struct Component {
+    pub name: &'static str,
+    pub store: TensorStore,
+    /// Prepended to the model's names (`language_model.` for the encoder).
+    pub prefix: String,
+}
+
+impl Checkpoint {
+    pub fn open(loc: ModelLocation) -> Result<Checkpoint> {
+        let root = &loc.root;
+        let index_path = root.join("model_index.json");
+        if !index_path.is_file() {
+            bail!("{} has no model_index.json: not a MOSS-Image pipeline folder", root.display());
+        }
+        let index = config::read_json(&index_path)?;
+        let class = index.get("_class_name").and_then(|c| c.as_str()).unwrap_or("");
+        if class != "MOSSImagePipeline" {
+            bail!(
+                "{}: _class_name is {class:?}, expected \"MOSSImagePipeline\"",
+                index_path.display()
+            );
+        }
+        for c in COMPONENTS {
+            if index.get(c).is_none() {
+                bail!("{}: component `{c}` is not listed", index_path.display());
+            }
+            if !root.join(c).is_dir() {
+                bail!("{}: component folder `{c}/` is missing", root.display());
+            }
+        }
+        Ok(Checkpoint {
+            encoder: EncoderConfig::from_file(&root.join("text_encoder/config.json"))?,
+            dit: DitConfig::from_file(&root.join("transformer/config.json"))?,
+            vae: VaeConfig::from_file(&root.join("vae/config.json"))?,
+            scheduler: config::scheduler_from_file(&root.join("scheduler/scheduler_config.json"))?,
+            loc,
+        })
+    }
+
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.loc.root.join("tokenizer/tokenizer.json")
+    }
+
+    /// Map `text_encoder`, `transformer` or `vae` and check it against its config.
+    pub fn open_component(&self, name: &'static str) -> Result<Component> {
+        let store = TensorStore::open(&self.loc.root.join(name))?;
+        let (prefix, expected) = match name {
+            "text_encoder" => {
+                let prefix = ["language_model.", "model.language_model."]
+                    .into_iter()
+                    .find(|p| store.tensors.keys().any(|k| k.starts_with(p)))
+                    .with_context(|| {
+                        format!(
+                            "{}: no tensor under `language_model.` or `model.language_model.`",
+                            store.dir.display()
+                        )
+                    })?;
+                (prefix.to_string(), expected::encoder(&self.encoder))
+            }
+            "transformer" => (String::new(), expected::dit(&self.dit)),
+            "vae" => (String::new(), expected::vae(&self.vae)),
+            _ => bail!("unknown component {name}"),
+        };
+        let comp = Component { name, store, prefix };
+        comp.validate(&expected)?;
+        Ok(comp)
+    }
+}
+
+impl Component {
+    pub fn full_name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        let full = self.full_name(name);
+        self.store
+            .get(&full)
+            .with_context(|| format!("{}: tensor `{full}` is missing", self.store.dir.display()))
+    }
+
+    /// A tensor as f32, by its name inside the component.
+    pub fn f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        self.store.to_f32(&self.full_name(name))
+    }
+
+    /// Fail on the first expected tensor that is missing, has another shape or another dtype.
+    pub fn validate(&self, expected: &[Expected]) -> Result<()> {
+        for e in expected {
+            let full = self.full_name(&e.name);
+            let Some(info) = self.store.get(&full) else {
+                bail!(
+                    "checkpoint incomplete: `{full}` is missing from {}/ (expected {} {:?})",
+                    self.store.dir.display(),
+                    e.dtype.name(),
+                    e.shape
+                );
+            };
+            if info.shape != e.shape {
+                bail!(
+                    "checkpoint mismatch: `{full}` in {} has shape {:?}, the config implies {:?}",
+                    self.store.file_of(info).display(),
+                    info.shape,
+                    e.shape
+                );
+            }
+            if info.dtype != e.dtype {
+                bail!(
+                    "checkpoint mismatch: `{full}` in {} is {}, expected {}",
+                    self.store.file_of(info).display(),
+                    info.dtype.name(),
+                    e.dtype.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameters, bytes and dtypes of the tensors this component uses (its prefix, minus
+    /// `visual.*` / `lm_head.*`).
+    pub fn summary(&self) -> (usize, usize, Vec<&'static str>) {
+        let mut params = 0;
+        let mut bytes = 0;
+        let mut dtypes = vec![];
+        for (k, t) in &self.store.tensors {
+            if !k.starts_with(&self.prefix) {
+                continue;
+            }
+            params += t.numel();
+            bytes += t.end - t.start;
+            if !dtypes.contains(&t.dtype.name()) {
+                dtypes.push(t.dtype.name());
+            }
+        }
+        (params, bytes, dtypes)
+    }
+}

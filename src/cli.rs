@@ -1,0 +1,214 @@
+//! The command line (clap). `main` parses it and hands the values to the library.
+
+use crate::backend::Device;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Largest picture side, in pixels.
+pub const MAX_SIDE: u32 = 4096;
+
+#[derive(Parser, Debug)]
+#[command(name = "moss", version, about = "Text to PNG with the MOSS-Image model (OpenMOSS), on its own CUDA kernels")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Render a prompt to a PNG: encode, denoise (50 Euler steps, CFG), decode.
+    Generate(GenerateArgs),
+    /// Encode a prompt (and the negative) to hidden states, for `generate --embeds`.
+    Encode(EncodeArgs),
+    /// Decode raw latents (little-endian f32 [1,128,H/16,W/16]) to a PNG.
+    Decode(DecodeArgs),
+    /// Check the checkpoint (and with --device cuda, every GPU kernel against the CPU reference).
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Checkpoint folder, or a Hugging Face repo id resolved in the local HF cache.
+    #[arg(long, env = "MOSS_MODEL", default_value = crate::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// Where to compute: cuda, cuda:N or cpu (the slow fp32 reference).
+    #[arg(long, default_value = "cuda", value_parser = parse_device)]
+    pub device: Device,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PromptArgs {
+    /// The prompt text.
+    #[arg(long, conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a UTF-8 text file instead.
+    #[arg(long, value_name = "PATH")]
+    pub prompt_file: Option<PathBuf>,
+    /// The negative prompt (the unconditional branch of CFG).
+    #[arg(long, default_value = "")]
+    pub negative: String,
+    /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_tokens: u32,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    /// bf16 weights and residual stream, fp32 reductions (what the model was made for).
+    Bf16,
+    /// fp32 everywhere (verification; slower, twice the memory).
+    Fp32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
+    #[arg(long, default_value_t = 50)]
+    pub steps: u32,
+    /// Classifier-free guidance scale; exactly 1 runs no negative pass.
+    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    pub guidance: f32,
+    /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.
+    #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
+    pub size: (u32, u32),
+    /// Output PNG.
+    #[arg(long, short, default_value = "moss.png")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Also write the final latents as raw little-endian f32 [1,128,H/16,W/16] (for `moss decode`).
+    #[arg(long, value_name = "PATH")]
+    pub save_latents: Option<PathBuf>,
+    /// Use hidden states written by `moss encode` instead of running the encoder.
+    #[arg(long, value_name = "PATH")]
+    pub embeds: Option<PathBuf>,
+    /// DiT blocks the unconditional pass skips (comma-separated; "none" for none).
+    #[arg(long, default_value = "22", value_parser = parse_skip)]
+    pub uncond_skip: SkipList,
+    /// Fraction of the steps START:STOP in which the skip applies (step i skips if START <= i/n < STOP).
+    #[arg(long, default_value = "0:1", value_parser = parse_window)]
+    pub skip_window: (f64, f64),
+    /// Compute precision on the GPU.
+    #[arg(long, value_enum, default_value_t = Precision::Bf16)]
+    pub precision: Precision,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print one JSON line with the result instead of the path.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EncodeArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Output safetensors file (bf16 hidden states, token ids and prompt in its metadata).
+    #[arg(long, short)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DecodeArgs {
+    /// Raw little-endian f32 latents [1,128,H/16,W/16] (as --save-latents writes them).
+    pub latents: PathBuf,
+    /// Picture size WIDTHxHEIGHT; square is inferred from the file length when left out.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<(u32, u32)>,
+    /// Output PNG.
+    #[arg(long, short)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Checkpoint folder or repo id to check.
+    #[arg(long, env = "MOSS_MODEL", default_value = crate::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<Device>,
+}
+
+/// A list of block indices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkipList(pub Vec<usize>);
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+}
+
+pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("size `{s}` is not WIDTHxHEIGHT"))?;
+    let p = |v: &str| v.trim().parse::<u32>().map_err(|_| format!("size `{s}` is not WIDTHxHEIGHT"));
+    let (w, h) = (p(w)?, p(h)?);
+    for (name, v) in [("width", w), ("height", h)] {
+        if v == 0 || v % 16 != 0 {
+            return Err(format!("{name} {v} is not a positive multiple of 16"));
+        }
+        if v > MAX_SIDE {
+            return Err(format!("{name} {v} is above the cap of {MAX_SIDE}"));
+        }
+    }
+    Ok((w, h))
+}
+
+fn parse_skip(s: &str) -> Result<SkipList, String> {
+    if s.trim().is_empty() || s.trim() == "none" {
+        return Ok(SkipList(vec![]));
+    }
+    s.split(',')
+        .map(|v| v.trim().parse::<usize>().map_err(|_| format!("`{v}` is not a block index")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(SkipList)
+}
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(':').ok_or_else(|| format!("window `{s}` is not START:STOP"))?;
+    let p = |v: &str| v.trim().parse::<f64>().map_err(|_| format!("window `{s}` is not START:STOP"));
+    let (a, b) = (p(a)?, p(b)?);
+    if !(a.is_finite() && b.is_finite() && a <= b) {
+        return Err(format!("window `{s}` must have finite START <= STOP"));
+    }
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024x768"), Ok((1024, 768)));
+        assert!(parse_size("1000x1024").unwrap_err().contains("multiple of 16"));
+        assert!(parse_size("8192x1024").unwrap_err().contains("cap"));
+        assert!(parse_size("0x16").is_err());
+        assert!(parse_size("big").is_err());
+    }
+
+    #[test]
+    fn skips_and_windows() {
+        assert_eq!(parse_skip("22"), Ok(SkipList(vec![22])));
+        assert_eq!(parse_skip("none"), Ok(SkipList(vec![])));
+        assert_eq!(parse_skip("1, 2"), Ok(SkipList(vec![1, 2])));
+        assert_eq!(parse_window("0.01:1"), Ok((0.01, 1.0)));
+        assert!(parse_window("1:0").is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! The `moss encode` file: a safetensors file with the prompt's (and the negative's) hidden
+//! states in bf16, as the pipeline keeps them, and the prompt text and token ids in metadata.
+
+use crate::tensor::Tensor;
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One encoded prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// `[L, hidden]`, bf16-representable values.
+    pub hidden: Tensor,
+}
+
+/// The contents of an embeds file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embeds {
+    pub cond: Encoded,
+    pub uncond: Encoded,
+    pub model: String,
+}
+
+fn bf16_bytes(t: &Tensor) -> Vec<u8> {
+    t.data.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()
+}
+
+pub fn to_bytes(e: &Embeds) -> Result<Vec<u8>> {
+    let (c, u) = (bf16_bytes(&e.cond.hidden), bf16_bytes(&e.uncond.hidden));
+    let views = vec![
+        ("cond".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, e.cond.hidden.shape.clone(), &c)?),
+        ("uncond".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, e.uncond.hidden.shape.clone(), &u)?),
+    ];
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "moss-embeds-1".to_string());
+    meta.insert("model".to_string(), e.model.clone());
+    meta.insert("prompt".to_string(), e.cond.text.clone());
+    meta.insert("negative".to_string(), e.uncond.text.clone());
+    meta.insert("prompt_ids".to_string(), serde_json::to_string(&e.cond.ids)?);
+    meta.insert("negative_ids".to_string(), serde_json::to_string(&e.uncond.ids)?);
+    Ok(safetensors::tensor::serialize(views, Some(meta))?)
+}
+
+pub fn read(path: &Path) -> Result<Embeds> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read embeds {}", path.display()))?;
+    let bad = |why: String| anyhow::anyhow!("{} is not a moss embeds file: {why}", path.display());
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("{e:?}")))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{e:?}")))?;
+    let m = meta.metadata().clone().unwrap_or_default();
+    if m.get("format").map(String::as_str) != Some("moss-embeds-1") {
+        bail!(bad("no `format: moss-embeds-1` metadata".into()));
+    }
+    let get = |k: &str| m.get(k).cloned().ok_or_else(|| bad(format!("metadata `{k}` missing")));
+    let tensor = |k: &str| -> Result<Tensor> {
+        let v = st.tensor(k).map_err(|_| bad(format!("tensor `{k}` missing")))?;
+        if v.dtype() != safetensors::Dtype::BF16 || v.shape().len() != 2 {
+            bail!(bad(format!("`{k}` must be 2-D bf16")));
+        }
+        let data = v.data().chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        Tensor::new(v.shape().to_vec(), data)
+    };
+    let ids = |k: &str| -> Result<Vec<u32>> { serde_json::from_str(&get(k)?).map_err(|e| bad(format!("`{k}`: {e}"))) };
+    Ok(Embeds {
+        cond: Encoded { text: get("prompt")?, ids: ids("prompt_ids")?, hidden: tensor("cond")? },
+        uncond: Encoded { text: get("negative")?, ids: ids("negative_ids")?, hidden: tensor("uncond")? },
+        model: get("model")?,
+    })
+}

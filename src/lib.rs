@@ -1,0 +1,16 @@
+//! moss: text → PNG with the MOSS-Image model. The binary (`main.rs`) parses arguments and turns
+//! errors into messages and exit codes; everything else lives here and returns errors.
+
+pub mod backend;
+pub mod check;
+pub mod checkpoint;
+pub mod cli;
+pub mod embeds;
+pub mod model;
+pub mod noise;
+pub mod pipeline;
+pub mod png;
+pub mod prompt;
+pub mod sampling;
+pub mod schedule;
+pub mod tensor;

@@ -1,0 +1,5 @@
+//! The three networks, each written once against the backend op set.
+
+pub mod dit;
+pub mod encoder;
+pub mod vae;

@@ -1,0 +1,369 @@
+//! The staged pipeline: encode (then free the encoder), denoise (then free the DiT), decode.
+//! Every input is checked before any heavy work; each stage maps only the component it needs.
+
+use crate::backend::cpu::Cpu;
+use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::Device;
+use crate::checkpoint::{self, Checkpoint};
+use crate::embeds::{Embeds, Encoded};
+use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::png;
+use crate::prompt::PromptTokenizer;
+use crate::tensor::Tensor;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Everything one picture needs.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: String,
+    pub negative: String,
+    pub seed: u64,
+    pub steps: u32,
+    pub guidance: f32,
+    pub width: u32,
+    pub height: u32,
+    pub out: PathBuf,
+    pub save_latents: Option<PathBuf>,
+    pub embeds: Option<PathBuf>,
+    pub uncond_skip: Vec<usize>,
+    pub skip_window: (f64, f64),
+    pub max_tokens: usize,
+}
+
+/// What a finished picture reports.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub path: PathBuf,
+    pub seed: u64,
+    pub steps: u32,
+    pub width: u32,
+    pub height: u32,
+    pub encode_s: f64,
+    pub denoise_s: f64,
+    pub decode_s: f64,
+    pub total_s: f64,
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    pub fn json(&self) -> String {
+        serde_json::json!({
+            "path": self.path.display().to_string(),
+            "seed": self.seed,
+            "steps": self.steps,
+            "width": self.width,
+            "height": self.height,
+            "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s,
+                        "decode_s": self.decode_s, "total_s": self.total_s},
+        })
+        .to_string()
+    }
+}
+
+/// Progress callbacks (the CLI draws bars on a terminal; scripts get nothing).
+pub trait Progress {
+    fn stage(&mut self, _name: &str) {}
+    fn step(&mut self, _done: usize, _total: usize) {}
+    fn warn(&mut self, msg: &str) {
+        eprintln!("moss: warning: {msg}");
+    }
+}
+
+pub struct Silent;
+impl Progress for Silent {}
+
+/// Check the cheap things first: numbers, then paths.
+pub fn validate(req: &Request) -> Result<()> {
+    if req.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if req.steps > 1000 {
+        bail!("--steps {} is above the 1000 training timesteps", req.steps);
+    }
+    if !req.guidance.is_finite() {
+        bail!("--guidance must be a finite number, got {}", req.guidance);
+    }
+    crate::cli::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
+    png::check_writable(&req.out)?;
+    if let Some(p) = &req.save_latents {
+        png::check_writable(p)?;
+    }
+    if let Some(p) = &req.embeds {
+        std::fs::File::open(p).with_context(|| format!("cannot read embeds {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Locate and open the checkpoint, checking the components agree with each other.
+pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
+    let ck = Checkpoint::open(checkpoint::locate(model)?)?;
+    if ck.vae.packed_channels() != ck.dit.latent_channels {
+        bail!(
+            "{}: the VAE packs {} latent channels but the transformer takes {}",
+            ck.loc.root.display(),
+            ck.vae.packed_channels(),
+            ck.dit.latent_channels
+        );
+    }
+    if ck.encoder.hidden_size != ck.dit.text_dim {
+        bail!(
+            "{}: the text encoder is {} wide but the transformer's text_dim is {}",
+            ck.loc.root.display(),
+            ck.encoder.hidden_size,
+            ck.dit.text_dim
+        );
+    }
+    Ok(ck)
+}
+
+/// The backend for `device`, or a clear error.
+fn cuda_unavailable(n: usize) -> anyhow::Error {
+    match crate::backend::cuda::Gpu::open(n) {
+        Err(e) => e,
+        Ok(g) => anyhow::anyhow!(
+            "found {} (cuda:{n}), but the network ops of the CUDA backend are not built yet; use --device cpu",
+            g.name
+        ),
+    }
+}
+
+/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states rounded to bf16.
+pub fn encode_prompts<B: EncoderOps>(
+    b: &B,
+    ck: &Checkpoint,
+    texts: &[&str],
+    max_tokens: usize,
+    progress: &mut dyn Progress,
+) -> Result<Vec<Encoded>> {
+    let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let mut tokens = vec![];
+    for t in texts {
+        let tk = tok.encode(t, max_tokens)?;
+        if let Some(n) = tk.truncated_from {
+            progress.warn(&format!("prompt has {n} tokens; keeping the first {max_tokens}"));
+        }
+        tokens.push(tk.ids);
+    }
+    progress.stage("encode");
+    let comp = ck.open_component("text_encoder")?;
+    let enc = Encoder::load(b, &comp, &ck.encoder)?;
+    let mut out = vec![];
+    for (t, ids) in texts.iter().zip(tokens) {
+        let hidden = enc.forward(b, &ids)?.round_bf16();
+        out.push(Encoded { text: t.to_string(), ids, hidden });
+    }
+    Ok(out)
+}
+
+/// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`.
+pub fn denoise<B: DitOps>(
+    b: &B,
+    ck: &Checkpoint,
+    req: &Request,
+    cond: &Tensor,
+    uncond: &Tensor,
+    progress: &mut dyn Progress,
+) -> Result<Tensor> {
+    let (h, w) = ((req.height / 16) as usize, (req.width / 16) as usize);
+    let c = ck.dit.latent_channels;
+    let sigmas = crate::schedule::sigmas(req.steps as usize, &ck.scheduler);
+    let comp = ck.open_component("transformer")?;
+    let dit = Dit::load(b, &comp, &ck.dit)?;
+    let tc = dit.refine_text(b, cond)?;
+    let tu = if req.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
+    progress.stage("denoise");
+    let x0 = crate::noise::torch_randn(req.seed, c * h * w);
+    let none: Vec<usize> = vec![];
+    let x = crate::sampling::sample(
+        x0,
+        &sigmas,
+        req.guidance,
+        req.skip_window,
+        |pass, x| {
+            let xt = Tensor::new(vec![1, c, h, w], x.to_vec())?;
+            let (text, skip) = if pass.cond {
+                (&tc, &none)
+            } else {
+                (tu.as_ref().unwrap(), if pass.skip_active { &req.uncond_skip } else { &none })
+            };
+            Ok(dit.forward(b, &xt, pass.t, text, skip)?.data)
+        },
+        |i, n| {
+            progress.step(i, n);
+            Ok(())
+        },
+    )?;
+    Tensor::new(vec![1, c, h, w], x)
+}
+
+/// Decode latents to RGB8 (HWC).
+pub fn decode_rgb<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
+    let comp = ck.open_component("vae")?;
+    let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
+    let img = vae.decode(b, z)?;
+    let (hh, ww) = (img.shape[1], img.shape[2]);
+    let mut rgb = vec![0u8; hh * ww * 3];
+    for ch in 0..3 {
+        for i in 0..hh * ww {
+            rgb[i * 3 + ch] = png::to_u8(img.data[ch * hh * ww + i]);
+        }
+    }
+    Ok(rgb)
+}
+
+fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
+    let mut m = png::Metadata::default();
+    m.push("prompt", &req.prompt);
+    m.push("negative", &req.negative);
+    m.push("seed", req.seed);
+    m.push("steps", req.steps);
+    m.push("guidance", req.guidance);
+    m.push("size", format!("{}x{}", req.width, req.height));
+    m.push("uncond_skip", req.uncond_skip.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","));
+    m.push("skip_window", format!("{}:{}", req.skip_window.0, req.skip_window.1));
+    m.push("model", &ck.loc.id);
+    m.push("model_revision", ck.loc.revision.as_deref().unwrap_or("local"));
+    m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
+    m
+}
+
+pub fn write_latents(path: &Path, z: &Tensor) -> Result<()> {
+    let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    png::write_atomic(path, &bytes)
+}
+
+/// One picture, end to end.
+pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn Progress) -> Result<Report> {
+    let t0 = Instant::now();
+    validate(req)?;
+    let ck = open_checkpoint(model)?;
+    match device {
+        Device::Cpu => generate_on(&Cpu, &ck, req, progress, t0),
+        Device::Cuda(n) => Err(cuda_unavailable(n)),
+    }
+}
+
+fn generate_on<B: EncoderOps + DitOps + VaeOps>(
+    b: &B,
+    ck: &Checkpoint,
+    req: &Request,
+    progress: &mut dyn Progress,
+    t0: Instant,
+) -> Result<Report> {
+    let mut rep = Report {
+        path: req.out.clone(),
+        seed: req.seed,
+        steps: req.steps,
+        width: req.width,
+        height: req.height,
+        ..Default::default()
+    };
+    let (cond, uncond) = match &req.embeds {
+        Some(p) => {
+            let e: Embeds = crate::embeds::read(p)?;
+            if e.cond.hidden.shape[1] != ck.dit.text_dim {
+                bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
+            }
+            (e.cond.hidden, e.uncond.hidden)
+        }
+        None => {
+            let texts: Vec<&str> = if req.guidance != 1.0 { vec![&req.prompt, &req.negative] } else { vec![&req.prompt] };
+            let mut enc = encode_prompts(b, ck, &texts, req.max_tokens, progress)?;
+            let cond = enc.remove(0).hidden;
+            let uncond = if enc.is_empty() { cond.clone() } else { enc.remove(0).hidden };
+            (cond, uncond)
+        }
+    };
+    rep.encode_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let z = denoise(b, ck, req, &cond, &uncond, progress)?;
+    rep.denoise_s = t1.elapsed().as_secs_f64();
+    if let Some(p) = &req.save_latents {
+        write_latents(p, &z)?;
+    }
+    progress.stage("decode");
+    let t2 = Instant::now();
+    let rgb = decode_rgb(b, ck, &z)?;
+    let bytes = png::encode(&rgb, req.width, req.height, &metadata(req, ck))?;
+    png::write_atomic(&req.out, &bytes)?;
+    rep.decode_s = t2.elapsed().as_secs_f64();
+    rep.total_s = t0.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// `moss encode`.
+pub fn encode_to_file(
+    prompt: &str,
+    negative: &str,
+    max_tokens: usize,
+    out: &Path,
+    model: &str,
+    device: Device,
+    progress: &mut dyn Progress,
+) -> Result<()> {
+    png::check_writable(out)?;
+    let ck = open_checkpoint(model)?;
+    let mut enc = match device {
+        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
+        Device::Cuda(n) => return Err(cuda_unavailable(n)),
+    };
+    let uncond = enc.pop().unwrap();
+    let cond = enc.pop().unwrap();
+    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() })?;
+    png::write_atomic(out, &bytes)
+}
+
+/// The latent grid `(h, w)` a raw latents file of `len` bytes holds: the given size, or a
+/// square one inferred from the length.
+pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Result<(usize, usize)> {
+    let per = (channels * 4) as u64;
+    match size {
+        Some((w, h)) => {
+            let (lh, lw) = ((h / 16) as u64, (w / 16) as u64);
+            let want = per * lh * lw;
+            if len != want {
+                bail!("latents file is {len} bytes; a {w}x{h} picture needs exactly {want} (f32 [1,{channels},{lh},{lw}])");
+            }
+            Ok((lh as usize, lw as usize))
+        }
+        None => {
+            let cells = len / per;
+            let side = (cells as f64).sqrt().round() as u64;
+            if len % per != 0 || side == 0 || side * side != cells || side * 16 > crate::cli::MAX_SIDE as u64 {
+                bail!(
+                    "latents file is {len} bytes, which fits no square size (f32 [1,{channels},h,h] is {per}*h*h bytes, \
+                     e.g. {} for 1024x1024); pass --size WxH",
+                    per * 64 * 64
+                );
+            }
+            Ok((side as usize, side as usize))
+        }
+    }
+}
+
+/// `moss decode`.
+pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device) -> Result<()> {
+    let meta = std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
+    png::check_writable(out)?;
+    let ck = open_checkpoint(model)?;
+    let c = ck.dit.latent_channels;
+    let (h, w) = latent_grid(meta.len(), c, size)?;
+    let bytes = std::fs::read(latents)?;
+    let data: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+        bail!("latents file {} holds a non-finite value at index {i}", latents.display());
+    }
+    let z = Tensor::new(vec![1, c, h, w], data)?;
+    let rgb = match device {
+        Device::Cpu => decode_rgb(&Cpu, &ck, &z)?,
+        Device::Cuda(n) => return Err(cuda_unavailable(n)),
+    };
+    let mut m = png::Metadata::default();
+    m.push("model", &ck.loc.id);
+    m.push("source", latents.display());
+    m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
+    let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
+    png::write_atomic(out, &png_bytes)
+}

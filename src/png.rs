@@ -1,0 +1,131 @@
+//! PNG output: RGB8 with tEXt metadata, written to a temporary file and renamed into place so an
+//! interrupted run never leaves half a picture.
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// `round(clamp(x/2 + 0.5, 0, 1) * 255)` with round-half-to-even (numpy's rounding), from a
+/// decoded value already clamped to [-1, 1].
+pub fn to_u8(x: f32) -> u8 {
+    let v = ((x / 2.0 + 0.5).clamp(0.0, 1.0)) * 255.0;
+    v.round_ties_even() as u8
+}
+
+/// What we record in the picture.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metadata {
+    pub entries: Vec<(String, String)>,
+}
+
+impl Metadata {
+    pub fn push(&mut self, k: &str, v: impl ToString) {
+        self.entries.push((k.to_string(), v.to_string()));
+    }
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.entries.iter().find(|e| e.0 == k).map(|e| e.1.as_str())
+    }
+}
+
+/// tEXt holds Latin-1; anything else goes into an iTXt chunk (UTF-8), which common tools read too.
+fn is_latin1(s: &str) -> bool {
+    s.chars().all(|c| (c as u32) < 256 && c != '\0')
+}
+
+/// Encode an RGB8 picture (HWC) with its metadata.
+pub fn encode(rgb: &[u8], width: u32, height: u32, meta: &Metadata) -> Result<Vec<u8>> {
+    anyhow::ensure!(rgb.len() == (width * height * 3) as usize, "picture buffer has the wrong size");
+    let mut out = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut out, width, height);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        for (k, v) in &meta.entries {
+            if is_latin1(v) {
+                enc.add_text_chunk(k.clone(), v.clone())?;
+            } else {
+                enc.add_itxt_chunk(k.clone(), v.clone())?;
+            }
+        }
+        let mut w = enc.write_header()?;
+        w.write_image_data(rgb)?;
+        w.finish()?;
+    }
+    Ok(out)
+}
+
+/// Read back an RGB8 PNG and its text metadata (tEXt, zTXt and iTXt).
+pub fn decode(bytes: &[u8]) -> Result<(Vec<u8>, u32, u32, Metadata)> {
+    let dec = png::Decoder::new(std::io::Cursor::new(bytes));
+    let mut reader = dec.read_info()?;
+    let mut buf = vec![0; reader.output_buffer_size().context("PNG too large")?];
+    let info = reader.next_frame(&mut buf)?;
+    buf.truncate(info.buffer_size());
+    let mut meta = Metadata::default();
+    let i = reader.info();
+    for t in &i.uncompressed_latin1_text {
+        meta.push(&t.keyword, &t.text);
+    }
+    for t in &i.compressed_latin1_text {
+        meta.push(&t.keyword, t.get_text().unwrap_or_default());
+    }
+    for t in &i.utf8_text {
+        meta.push(&t.keyword, t.get_text().unwrap_or_default());
+    }
+    Ok((buf, info.width, info.height, meta))
+}
+
+/// Write `bytes` to `path` through a temporary file in the same folder and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_path(path);
+    let res = (|| -> Result<()> {
+        let mut f = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+pub fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
+}
+
+/// Check before any heavy work that `path` can be written: its folder exists and is writable.
+pub fn check_writable(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("output path {} is a folder", path.display());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!("cannot write {}: folder {} does not exist", path.display(), dir.display());
+    }
+    let probe = dir.join(format!(".moss-write-test.{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .with_context(|| format!("cannot write {}: folder {} is not writable", path.display(), dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_half_to_even() {
+        // x/2 + 0.5 = 0.5/255 * k for half steps: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2
+        assert_eq!(to_u8(-1.0), 0);
+        assert_eq!(to_u8(1.0), 255);
+        assert_eq!(to_u8(0.0), 128); // 127.5 -> 128 (even)
+        assert_eq!((2.5f32).round_ties_even(), 2.0);
+    }
+}

@@ -1,0 +1,54 @@
+//! Shared helpers for the integration tests: the golden checkpoints and expected outputs that
+//! `golden/make_golden.py` wrote (see golden/README.md).
+#![allow(dead_code)]
+
+use moss::checkpoint::{self, Checkpoint, TensorStore};
+use moss::tensor::Tensor;
+use std::path::PathBuf;
+
+pub const CHECKPOINTS: [&str; 2] = ["tiny-a", "tiny-b"];
+
+pub fn golden() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden")
+}
+
+pub fn checkpoint(name: &str) -> Checkpoint {
+    let loc = checkpoint::locate(golden().join(name).to_str().unwrap()).unwrap();
+    Checkpoint::open(loc).unwrap()
+}
+
+/// `golden/expected/<name>.json` and `.safetensors`.
+pub struct Expected {
+    pub json: serde_json::Value,
+    pub store: TensorStore,
+}
+
+impl Expected {
+    pub fn load(name: &str) -> Expected {
+        let dir = golden().join("expected");
+        let text = std::fs::read_to_string(dir.join(format!("{name}.json")))
+            .unwrap_or_else(|e| panic!("golden/expected/{name}.json: {e}"));
+        Expected {
+            json: serde_json::from_str(&text).unwrap(),
+            store: TensorStore::open_file(&dir.join(format!("{name}.safetensors"))).unwrap(),
+        }
+    }
+
+    pub fn tensor(&self, key: &str) -> Tensor {
+        let (shape, data) = self.store.to_f32(key).unwrap_or_else(|e| panic!("{e:#}"));
+        Tensor::new(shape, data).unwrap()
+    }
+
+    pub fn raw(&self, key: &str) -> &[u8] {
+        self.store.bytes(self.store.get(key).unwrap_or_else(|| panic!("no `{key}` in golden data")))
+    }
+}
+
+/// Assert a relative L2 error under `bound`, printing what was seen (visible with --nocapture
+/// and in the failure message).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], bound: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length {} vs {}", got.len(), want.len());
+    let e = moss::tensor::rel_l2(got, want);
+    println!("{what}: rel L2 {e:.3e} (bound {bound:.0e})");
+    assert!(e < bound, "{what}: rel L2 {e:.3e} is not under {bound:.0e}");
+}
