@@ -3,9 +3,11 @@
 //!
 //! torch seeds an MT19937 with the low 32 bits of the seed, draws one 24-bit uniform per element,
 //! then turns each block of 16 uniforms into 16 normals with Box-Muller (the first 8 as `u1`, the
-//! next 8 as `u2`). The arithmetic below is torch's scalar `normal_fill_16`, the path its CPU build
-//! takes on AVX-512 and generic x86 hosts: float32 log/sqrt/cos/sin, the angle in float64 rounded
-//! once to float32.
+//! next 8 as `u2`). On x86-64 torch does this with its vectorised `normal_fill_16_AVX2`: float32
+//! throughout, the angle `float(2*pi) * u2`, and the Cephes log/sincos polynomials of
+//! avx_mathfun with their multiply-adds fused. The lane arithmetic below is that code, one lane
+//! at a time; it matches torch 2.11's output bit for bit (checked on an AVX-512 host; glibc's
+//! logf/cosf/sinf would differ in the last bits of about 40% of the values).
 
 /// MT19937 exactly as torch's `at::mt19937` (Matsumoto-Nishimura reference generator).
 pub struct Mt19937 {
@@ -55,6 +57,67 @@ impl Mt19937 {
     }
 }
 
+/// `log256_ps` of avx_mathfun (Cephes logf), lane by lane, with the multiply-adds fused where
+/// torch's build fuses them.
+#[allow(clippy::excessive_precision)]
+fn log_ps(x: f32) -> f32 {
+    const P: [f32; 9] = [
+        7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1, -1.2420140846E-1, 1.4249322787E-1,
+        -1.6668057665E-1, 2.0000714765E-1, -2.4999993993E-1, 3.3333331174E-1,
+    ];
+    let x = x.max(f32::from_bits(0x0080_0000)); // cut off denormals
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) as i32 - 0x7f) as f32 + 1.0;
+    let mut x = f32::from_bits((bits & !0x7f80_0000) | 0x3f00_0000); // mantissa in [0.5, 1)
+    let small = x < 0.707106781186547524f32;
+    let tmp = if small { x } else { 0.0 };
+    x -= 1.0;
+    if small {
+        e -= 1.0;
+    }
+    x += tmp;
+    let z = x * x;
+    let mut y = P[0];
+    for p in &P[1..] {
+        y = y.mul_add(x, *p);
+    }
+    y *= x;
+    y = y.mul_add(z, e * -2.12194440e-4);
+    y = (-z).mul_add(0.5, y);
+    e.mul_add(0.693359375, x + y)
+}
+
+/// `sincos256_ps` of avx_mathfun (Cephes sinf/cosf), lane by lane: `(sin x, cos x)`.
+#[allow(clippy::excessive_precision)]
+fn sincos_ps(x: f32) -> (f32, f32) {
+    let sign_in = x.to_bits() & 0x8000_0000;
+    let mut x = x.abs();
+    let mut j = (x * 1.27323954473516) as i32; // 4/pi, truncated
+    j = (j + 1) & !1;
+    let y = j as f32;
+    let swap_sin = ((j & 4) as u32) << 29;
+    let sin_poly_for_sin = (j & 2) == 0;
+    x = y.mul_add(-0.78515625, x);
+    x = y.mul_add(-2.4187564849853515625e-4, x);
+    x = y.mul_add(-3.77489497744594108e-8, x);
+    let sign_cos = (((!(j - 2)) & 4) as u32) << 29;
+    let sign_sin = sign_in ^ swap_sin;
+    let z = x * x;
+    let mut yc = 2.443315711809948E-005f32;
+    yc = yc.mul_add(z, -1.388731625493765E-003);
+    yc = yc.mul_add(z, 4.166664568298827E-002);
+    yc *= z;
+    yc = yc.mul_add(z, -(z * 0.5));
+    yc += 1.0;
+    let mut ys = -1.9515295891E-4f32;
+    ys = ys.mul_add(z, 8.3321608736E-3);
+    ys = ys.mul_add(z, -1.6666654611E-1);
+    ys *= z;
+    ys = ys.mul_add(x, x);
+    let (s, c) = if sin_poly_for_sin { (ys, yc) } else { (yc, ys) };
+    (f32::from_bits(s.to_bits() ^ sign_sin), f32::from_bits(c.to_bits() ^ sign_cos))
+}
+
 /// `torch.randn(n, generator=torch.Generator().manual_seed(seed))` in float32, for `n >= 16`
 /// and `n % 16 == 0` (every latent shape: 128 channels).
 pub fn torch_randn(seed: u64, n: usize) -> Vec<f32> {
@@ -64,14 +127,16 @@ pub fn torch_randn(seed: u64, n: usize) -> Vec<f32> {
     let mut data: Vec<f32> = (0..n)
         .map(|_| (rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0))
         .collect();
+    let two_pi = (2.0f64 * std::f64::consts::PI) as f32;
     for block in data.chunks_exact_mut(16) {
         for j in 0..8 {
             let u1 = 1.0f32 - block[j];
             let u2 = block[j + 8];
-            let radius = (-2.0f32 * u1.ln()).sqrt();
-            let theta = (2.0f64 * std::f64::consts::PI * u2 as f64) as f32;
-            block[j] = radius * theta.cos();
-            block[j + 8] = radius * theta.sin();
+            let radius = (-2.0f32 * log_ps(u1)).sqrt();
+            let (s, c) = sincos_ps(two_pi * u2);
+            // torch's final `fmadd(n, std = 1, mean = 0)`: also turns -0 into +0.
+            block[j] = (radius * c).mul_add(1.0, 0.0);
+            block[j + 8] = (radius * s).mul_add(1.0, 0.0);
         }
     }
     data
