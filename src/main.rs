@@ -1,4 +1,5 @@
 use clap::Parser;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use moss::cli::{Cli, Command, PromptArgs};
 use moss::pipeline::{self, Progress, Request};
@@ -135,7 +136,20 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line naming the problem (clap's first line), as for every other error.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("moss: {}", first.trim());
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

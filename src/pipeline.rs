@@ -121,7 +121,7 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
 /// The backend for `device`, or a clear error.
 fn cuda_unavailable(n: usize) -> anyhow::Error {
     match crate::backend::cuda::Gpu::open(n) {
-        Err(e) => e,
+        Err(e) => e.context(format!("cannot use cuda:{n}")),
         Ok(g) => anyhow::anyhow!(
             "found {} (cuda:{n}), but the network ops of the CUDA backend are not built yet; use --device cpu",
             g.name
