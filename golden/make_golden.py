@@ -532,6 +532,13 @@ def ckpt_expected(name: str, spec: dict, built: dict):
         tensors[key] = hs.contiguous()
         enc[pname] = hs
         prompts.append({"name": pname, "text": text, "wrapped": wrapped, "ids": ids, "key": key})
+    # The same text model in float64: the yardstick for the fp32 outputs themselves (an ill-
+    # conditioned prompt can leave two correct fp32 implementations 1e-5 apart).
+    lm64 = lm.double()
+    for i, p in enumerate(prompts):
+        hs64 = lm64(input_ids=torch.tensor([p["ids"]]), use_cache=False).last_hidden_state[0]
+        tensors[f"enc64.{i}"] = hs64.float().contiguous()
+        p["key64"] = f"enc64.{i}"
     meta["prompts"] = prompts
     meta["encoder"] = {"module": "Qwen3_5Model.language_model (Qwen3_5TextModel), output last_hidden_state",
                        "dtype": "float32 compute, bf16 weights upcast", "attn_implementation":

@@ -62,9 +62,18 @@ pub fn read(path: &Path) -> Result<Embeds> {
         Tensor::new(v.shape().to_vec(), data)
     };
     let ids = |k: &str| -> Result<Vec<u32>> { serde_json::from_str(&get(k)?).map_err(|e| bad(format!("`{k}`: {e}"))) };
-    Ok(Embeds {
+    let e = Embeds {
         cond: Encoded { text: get("prompt")?, ids: ids("prompt_ids")?, hidden: tensor("cond")? },
         uncond: Encoded { text: get("negative")?, ids: ids("negative_ids")?, hidden: tensor("uncond")? },
         model: get("model")?,
-    })
+    };
+    for (k, x) in [("cond", &e.cond), ("uncond", &e.uncond)] {
+        if x.hidden.shape[0] != x.ids.len() || x.ids.is_empty() {
+            bail!(bad(format!("`{k}` has {} rows for {} token ids", x.hidden.shape[0], x.ids.len())));
+        }
+    }
+    if e.cond.hidden.shape[1] != e.uncond.hidden.shape[1] {
+        bail!(bad(format!("`cond` is {} wide but `uncond` {}", e.cond.hidden.shape[1], e.uncond.hidden.shape[1])));
+    }
+    Ok(e)
 }

@@ -1,22 +1,156 @@
 //! The Qwen3.5 text backbone (spec section 3): prompt ids → final-norm hidden states.
+//!
+//! Names follow the checkpoint (`language_model.` is the component's prefix). Every layer is
+//! `x += mixer(input_layernorm(x)); x += mlp(post_attention_layernorm(x))`, the mixer being a
+//! gated full attention (`self_attn`) or a Gated DeltaNet (`linear_attn`); then `norm`.
 
 use crate::backend::ops::EncoderOps;
-use crate::checkpoint::{config::EncoderConfig, Component};
+use crate::checkpoint::{
+    config::{EncoderConfig, LayerType},
+    Component,
+};
 use crate::tensor::Tensor;
-use anyhow::{bail, Result};
-use std::marker::PhantomData;
+use anyhow::{ensure, Result};
+
+/// Gated full attention (`self_attn.*`).
+struct Attention<B: EncoderOps> {
+    q_proj: B::T,
+    k_proj: B::T,
+    v_proj: B::T,
+    o_proj: B::T,
+    q_norm: B::T,
+    k_norm: B::T,
+}
+
+/// Gated DeltaNet (`linear_attn.*`).
+struct DeltaNet<B: EncoderOps> {
+    in_proj_qkv: B::T,
+    in_proj_z: B::T,
+    in_proj_b: B::T,
+    in_proj_a: B::T,
+    conv1d: B::T,
+    dt_bias: B::T,
+    a_log: B::T,
+    norm: B::T,
+    out_proj: B::T,
+}
+
+enum Mixer<B: EncoderOps> {
+    Full(Attention<B>),
+    Linear(DeltaNet<B>),
+}
+
+struct Layer<B: EncoderOps> {
+    input_layernorm: B::T,
+    post_attention_layernorm: B::T,
+    mixer: Mixer<B>,
+    gate_proj: B::T,
+    up_proj: B::T,
+    down_proj: B::T,
+}
 
 pub struct Encoder<B: EncoderOps> {
-    _b: PhantomData<B>,
+    cfg: EncoderConfig,
+    embed_tokens: B::T,
+    layers: Vec<Layer<B>>,
+    norm: B::T,
 }
 
 impl<B: EncoderOps> Encoder<B> {
-    pub fn load(_b: &B, _c: &Component, _cfg: &EncoderConfig) -> Result<Self> {
-        bail!("the prompt encoder is not built yet (issue: CPU reference: the Qwen3.5 prompt encoder)")
+    pub fn load(b: &B, c: &Component, cfg: &EncoderConfig) -> Result<Self> {
+        let w = |n: &str| b.load(c, n);
+        let mut layers = vec![];
+        for (i, t) in cfg.layer_types.iter().enumerate() {
+            let p = format!("layers.{i}.");
+            let mixer = match t {
+                LayerType::Full => {
+                    let a = |n: &str| w(&format!("{p}self_attn.{n}"));
+                    Mixer::Full(Attention {
+                        q_proj: a("q_proj.weight")?,
+                        k_proj: a("k_proj.weight")?,
+                        v_proj: a("v_proj.weight")?,
+                        o_proj: a("o_proj.weight")?,
+                        q_norm: a("q_norm.weight")?,
+                        k_norm: a("k_norm.weight")?,
+                    })
+                }
+                LayerType::Linear => {
+                    let a = |n: &str| w(&format!("{p}linear_attn.{n}"));
+                    Mixer::Linear(DeltaNet {
+                        in_proj_qkv: a("in_proj_qkv.weight")?,
+                        in_proj_z: a("in_proj_z.weight")?,
+                        in_proj_b: a("in_proj_b.weight")?,
+                        in_proj_a: a("in_proj_a.weight")?,
+                        conv1d: a("conv1d.weight")?,
+                        dt_bias: a("dt_bias")?,
+                        a_log: a("A_log")?,
+                        norm: a("norm.weight")?,
+                        out_proj: a("out_proj.weight")?,
+                    })
+                }
+            };
+            layers.push(Layer {
+                input_layernorm: w(&format!("{p}input_layernorm.weight"))?,
+                post_attention_layernorm: w(&format!("{p}post_attention_layernorm.weight"))?,
+                mixer,
+                gate_proj: w(&format!("{p}mlp.gate_proj.weight"))?,
+                up_proj: w(&format!("{p}mlp.up_proj.weight"))?,
+                down_proj: w(&format!("{p}mlp.down_proj.weight"))?,
+            });
+        }
+        Ok(Encoder { cfg: cfg.clone(), embed_tokens: w("embed_tokens.weight")?, layers, norm: w("norm.weight")? })
     }
 
     /// Hidden states `[L, hidden]` (f32) of one unpadded prompt.
-    pub fn forward(&self, _b: &B, _ids: &[u32]) -> Result<Tensor> {
-        bail!("the prompt encoder is not built yet")
+    pub fn forward(&self, b: &B, ids: &[u32]) -> Result<Tensor> {
+        ensure!(!ids.is_empty(), "the encoder needs at least one token");
+        let eps = self.cfg.rms_norm_eps;
+        let mut x = b.embed(&self.embed_tokens, ids)?;
+        for layer in &self.layers {
+            let h = b.rms_norm(&x, Some(&layer.input_layernorm), eps, true)?;
+            let h = match &layer.mixer {
+                Mixer::Full(a) => self.attention(b, a, &h)?,
+                Mixer::Linear(d) => self.delta_net(b, d, &h)?,
+            };
+            x = b.add(&x, &h)?;
+            let h = b.rms_norm(&x, Some(&layer.post_attention_layernorm), eps, true)?;
+            let h = b.silu_mul(&b.linear(&h, &layer.gate_proj, None)?, &b.linear(&h, &layer.up_proj, None)?)?;
+            x = b.add(&x, &b.linear(&h, &layer.down_proj, None)?)?;
+        }
+        b.download(&b.rms_norm(&x, Some(&self.norm), eps, true)?)
+    }
+
+    /// `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
+    fn attention(&self, b: &B, a: &Attention<B>, x: &B::T) -> Result<B::T> {
+        let c = &self.cfg;
+        let (l, hd) = (b.dims(x)[0], c.head_dim);
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let qg = b.reshape(&b.linear(x, &a.q_proj, None)?, &[l, nh, 2 * hd])?;
+        let q = b.narrow(&qg, 2, 0, hd)?;
+        let gate = b.reshape(&b.narrow(&qg, 2, hd, hd)?, &[l, nh * hd])?;
+        let k = b.reshape(&b.linear(x, &a.k_proj, None)?, &[l, nkv, hd])?;
+        let v = b.reshape(&b.linear(x, &a.v_proj, None)?, &[l, nkv, hd])?;
+        let q = b.head_norm_rope(&q, &a.q_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
+        let k = b.head_norm_rope(&k, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
+        let o = b.causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
+        let o = b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?)?;
+        b.linear(&o, &a.o_proj, None)
+    }
+
+    fn delta_net(&self, b: &B, d: &DeltaNet<B>, x: &B::T) -> Result<B::T> {
+        let c = &self.cfg;
+        let l = b.dims(x)[0];
+        let (nk, dk, nv, dv) =
+            (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
+        let qkv = b.causal_conv1d_silu(&b.linear(x, &d.in_proj_qkv, None)?, &d.conv1d)?;
+        let q = b.reshape(&b.narrow(&qkv, 1, 0, c.linear_key_dim())?, &[l, nk, dk])?;
+        let k = b.reshape(&b.narrow(&qkv, 1, c.linear_key_dim(), c.linear_key_dim())?, &[l, nk, dk])?;
+        let v = b.reshape(&b.narrow(&qkv, 1, 2 * c.linear_key_dim(), c.linear_value_dim())?, &[l, nv, dv])?;
+        let z = b.reshape(&b.linear(x, &d.in_proj_z, None)?, &[l, nv, dv])?;
+        let (g, beta) =
+            b.gdn_gates(&b.linear(x, &d.in_proj_a, None)?, &b.linear(x, &d.in_proj_b, None)?, &d.a_log, &d.dt_bias)?;
+        let o = b.gated_delta_rule(&q, &k, &v, &g, &beta)?;
+        let o = b.gated_rms_norm(&o, &z, &d.norm, c.rms_norm_eps)?;
+        b.linear(&b.reshape(&o, &[l, c.linear_value_dim()])?, &d.out_proj, None)
     }
 }

@@ -1,6 +1,65 @@
-//! Fused ops of the encoder (see `crate::model::encoder`).
+//! Fused ops of the encoder (see `crate::model::encoder`), the Qwen3.5 text backbone (spec 3.3).
+//!
+//! Each op is one kernel's worth of work. The CPU twins (`backend/cpu/encoder.rs`) compute on
+//! fp32 data with every reduction and every recurrence in f64; a CUDA kernel is gated against them.
+//! `L` is the prompt length (one prompt, unpadded, positions `0..L`).
 
 use crate::backend::Backend;
+use anyhow::Result;
 
 /// Ops the encoder needs beyond the generic set.
-pub trait EncoderOps: Backend {}
+pub trait EncoderOps: Backend {
+    /// Token embedding: `out[t, :] = table[ids[t], :]`. `table [vocab, hidden]` → `[L, hidden]`.
+    /// An id outside the table is an error.
+    fn embed(&self, table: &Self::T, ids: &[u32]) -> Result<Self::T>;
+
+    /// Per-head zero-centred RMSNorm followed by partial rotate-half RoPE, for the q and k of the
+    /// gated full-attention layers. `x [L, H, hd]`, `w [hd]` → `[L, H, hd]`:
+    ///
+    /// - `y = x · rsqrt(mean_hd(x²) + eps) · (1 + w)` per (t, head);
+    /// - on dims `0..rot` (`rot` even, ≤ hd) with `half = rot/2`, for `i < half`:
+    ///   `y'[i] = y[i]·cos(θ_ti) − y[i+half]·sin(θ_ti)`, `y'[i+half] = y[i+half]·cos(θ_ti) + y[i]·sin(θ_ti)`,
+    ///   dims `rot..hd` pass through;
+    /// - angles as transformers makes them in fp32: `inv_i = f32(1 / f32(theta^(f32(2i)/rot)))`,
+    ///   `θ_ti = f32(f32(t) · inv_i)`, position `t` = row index `0..L`.
+    fn head_norm_rope(&self, x: &Self::T, w: &Self::T, eps: f64, rot: usize, theta: f64) -> Result<Self::T>;
+
+    /// Causal softmax attention with grouped KV heads (flash style: no `[L, L]` matrix needs to
+    /// exist). `q [L, H, hd]`, `k [L, Hkv, hd]`, `v [L, Hkv, hd]`, `H % Hkv == 0` → `[L, H, hd]`:
+    /// query head `h` reads KV head `h / (H / Hkv)`;
+    /// `out[t, h] = Σ_{s ≤ t} softmax_s(scale · q[t,h]·k[s,kv]) · v[s, kv]`.
+    fn causal_attention(&self, q: &Self::T, k: &Self::T, v: &Self::T, scale: f64) -> Result<Self::T>;
+
+    /// `silu(gate) · up`, elementwise (the SiLU-gated MLP's middle). Same shapes.
+    fn silu_mul(&self, gate: &Self::T, up: &Self::T) -> Result<Self::T>;
+
+    /// Causal depthwise conv1d along the sequence, then SiLU. `x [L, C]`, `w [C, 1, K]` (no bias)
+    /// → `[L, C]`: `out[t, c] = silu(Σ_{j<K} w[c, 0, j] · x[t − (K−1) + j, c])`, with `x = 0` at
+    /// negative positions.
+    fn causal_conv1d_silu(&self, x: &Self::T, w: &Self::T) -> Result<Self::T>;
+
+    /// The Gated-DeltaNet gates, in fp32 or better. `a [L, Hv]`, `b [L, Hv]`, `a_log [Hv]`,
+    /// `dt_bias [Hv]` → `(g, beta)`, both `[L, Hv]`:
+    /// `g = −exp(a_log) · softplus(a + dt_bias)` (the log-decay, ≤ 0; softplus(x) = x above 20,
+    /// as torch), `beta = sigmoid(b)`.
+    fn gdn_gates(&self, a: &Self::T, b: &Self::T, a_log: &Self::T, dt_bias: &Self::T) -> Result<(Self::T, Self::T)>;
+
+    /// The gated delta rule over the whole prompt, state starting at zero.
+    /// `q [L, Hk, dk]`, `k [L, Hk, dk]`, `v [L, Hv, dv]`, `g [L, Hv]`, `beta [L, Hv]`, `Hv % Hk == 0`
+    /// → `o [L, Hv, dv]`. Value head `h` reads key head `h / (Hv / Hk)` (repeat-interleave).
+    /// First `q ← q · rsqrt(Σq² + 1e-6) / √dk`, `k ← k · rsqrt(Σk² + 1e-6)` per (t, head); then per
+    /// value head, with `S ∈ ℝ^{dk×dv}` = 0, for t in order:
+    /// `S ← exp(g_t)·S; u = beta_t·(v_t − Sᵀk_t); S ← S + k_t uᵀ; o_t = Sᵀq_t`.
+    /// Implementations may (and the GPU kernel does) evaluate it in chunks, the form of
+    /// transformers' `torch_chunk_gated_delta_rule`; the CPU twin uses chunks of
+    /// [`DELTA_CHUNK`].
+    fn gated_delta_rule(&self, q: &Self::T, k: &Self::T, v: &Self::T, g: &Self::T, beta: &Self::T) -> Result<Self::T>;
+
+    /// The DeltaNet output norm: per-head RMSNorm with a **plain** weight, gated by `silu(z)`.
+    /// `x [L, Hv, dv]`, `z [L, Hv, dv]`, `w [dv]` → `[L, Hv, dv]`:
+    /// `out = x · rsqrt(mean_dv(x²) + eps) · w · silu(z)`.
+    fn gated_rms_norm(&self, x: &Self::T, z: &Self::T, w: &Self::T, eps: f64) -> Result<Self::T>;
+}
+
+/// The chunk length of the chunked delta rule (transformers' default).
+pub const DELTA_CHUNK: usize = 64;
