@@ -139,10 +139,11 @@ pub fn encode_prompts<B: EncoderOps>(
 ) -> Result<Vec<Encoded>> {
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut tokens = vec![];
-    for t in texts {
+    for (i, t) in texts.iter().enumerate() {
         let tk = tok.encode(t, max_tokens)?;
         if let Some(n) = tk.truncated_from {
-            progress.warn(&format!("prompt has {n} tokens; keeping the first {max_tokens}"));
+            let what = if i == 0 { "prompt" } else { "negative prompt" };
+            progress.warn(&format!("{what} has {n} tokens; keeping the first {max_tokens}"));
         }
         tokens.push(tk.ids);
     }
@@ -157,7 +158,9 @@ pub fn encode_prompts<B: EncoderOps>(
     Ok(out)
 }
 
-/// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`.
+/// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
+/// runs once per prompt (the negative only when guidance is not exactly 1); the unconditional
+/// pass skips `req.uncond_skip` at the steps inside `req.skip_window`.
 pub fn denoise<B: DitOps>(
     b: &B,
     ck: &Checkpoint,
@@ -174,43 +177,31 @@ pub fn denoise<B: DitOps>(
     let tc = dit.refine_text(b, cond)?;
     let tu = if req.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
     progress.stage("denoise");
-    let x0 = crate::noise::torch_randn(req.seed, c * h * w);
-    let none: Vec<usize> = vec![];
+    let x0 = b.upload(&Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.seed, c * h * w))?)?;
     let x = crate::sampling::sample(
+        b,
         x0,
         &sigmas,
         req.guidance,
         req.skip_window,
-        |pass, x| {
-            let xt = Tensor::new(vec![1, c, h, w], x.to_vec())?;
-            let (text, skip) = if pass.cond {
-                (&tc, &none)
-            } else {
-                (tu.as_ref().unwrap(), if pass.skip_active { &req.uncond_skip } else { &none })
-            };
-            Ok(dit.forward(b, &xt, pass.t, text, skip)?.data)
+        |pass, x| match (pass.cond, &tu) {
+            (true, _) => dit.velocity(b, x, pass.t, &tc, &[]),
+            (false, Some(tu)) => dit.velocity(b, x, pass.t, tu, if pass.skip_active { &req.uncond_skip } else { &[] }),
+            (false, None) => bail!("an unconditional pass with guidance 1"),
         },
-        |i, n| {
+        |i, n, _| {
             progress.step(i, n);
             Ok(())
         },
     )?;
-    Tensor::new(vec![1, c, h, w], x)
+    b.download(&x)
 }
 
-/// Decode latents to RGB8 (HWC).
+/// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.
 pub fn decode_rgb<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
     let comp = ck.open_component("vae")?;
     let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
-    let img = vae.decode(b, z)?;
-    let (hh, ww) = (img.shape[1], img.shape[2]);
-    let mut rgb = vec![0u8; hh * ww * 3];
-    for ch in 0..3 {
-        for i in 0..hh * ww {
-            rgb[i * 3 + ch] = png::to_u8(img.data[ch * hh * ww + i]);
-        }
-    }
-    Ok(rgb)
+    vae.decode_rgb8(b, z)
 }
 
 fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
@@ -315,10 +306,11 @@ pub fn encode_to_file(
     png::write_atomic(out, &bytes)
 }
 
-/// The latent grid `(h, w)` a raw latents file of `len` bytes holds: the given size, or a
-/// square one inferred from the length.
+/// The latent grid `(h, w)` a raw latents file of `len` bytes holds (little-endian f32
+/// `[1, channels, h, w]`): the given size `(W, H)`, or a square one inferred from the length.
+/// A length that fits no size (or not the given one) is refused, naming the length expected.
 pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Result<(usize, usize)> {
-    let per = (channels * 4) as u64;
+    let per = (channels * 4) as u64; // bytes of one latent cell (16x16 pixels)
     match size {
         Some((w, h)) => {
             let (lh, lw) = ((h / 16) as u64, (w / 16) as u64);
@@ -331,14 +323,29 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
         None => {
             let cells = len / per;
             let side = (cells as f64).sqrt().round() as u64;
-            if len % per != 0 || side == 0 || side * side != cells || side * 16 > crate::cli::MAX_SIDE as u64 {
+            if len % per == 0 && side > 0 && side * side == cells {
+                if side * 16 > crate::cli::MAX_SIDE as u64 {
+                    bail!(
+                        "latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}",
+                        side * 16,
+                        crate::cli::MAX_SIDE
+                    );
+                }
+                return Ok((side as usize, side as usize));
+            }
+            // The square sizes on either side of this length, for the message.
+            let lo = ((len as f64 / per as f64).sqrt().floor() as u64).max(1);
+            let near = [lo, lo + 1].map(|s| format!("{0}x{0} needs {1} bytes", s * 16, per * s * s)).join(", ");
+            if len % per != 0 || cells == 0 {
                 bail!(
-                    "latents file is {len} bytes, which fits no square size (f32 [1,{channels},h,h] is {per}*h*h bytes, \
-                     e.g. {} for 1024x1024); pass --size WxH",
-                    per * 64 * 64
+                    "latents file is {len} bytes, which fits no picture size: f32 [1,{channels},h,w] latents are \
+                     {per}*h*w bytes (a square picture: {near})"
                 );
             }
-            Ok((side as usize, side as usize))
+            bail!(
+                "latents file is {len} bytes ({cells} latent cells), which fits no square size ({near}); \
+                 pass --size WxH for a non-square picture"
+            )
         }
     }
 }

@@ -1,48 +1,37 @@
 //! The sampling loop (spec 5.3): classifier-free guidance with the unconditional pass skipping
-//! blocks inside the skip window, and the Euler update, all in fp32.
+//! blocks inside the skip window, and the Euler update, all in fp32. The latents stay on the
+//! backend; the combine and update is the fused [`DitOps::cfg_euler`].
 
-use anyhow::Result;
+use crate::backend::ops::DitOps;
+use anyhow::{ensure, Result};
 
 /// What one DiT call of the loop is for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pass {
     pub step: usize,
-    /// The transformer's timestep (σ·1000).
+    /// The transformer's timestep (σ·1000, in f32).
     pub t: f32,
     /// true: the prompt; false: the negative (unconditional) branch.
     pub cond: bool,
-    /// Whether the unconditional skip applies at this step.
+    /// Whether the unconditional skip applies at this step (`start <= i/n < stop`).
     pub skip_active: bool,
 }
 
-/// `v = v_u + g (v_c − v_u)` then `x += dσ · v`, elementwise in f32 (the CPU twin of the
-/// `moss_cfg_euler_f32` kernel).
-pub fn cfg_euler(x: &mut [f32], v_c: &[f32], v_u: Option<&[f32]>, guidance: f32, dsigma: f32) {
-    match v_u {
-        Some(v_u) => {
-            for ((x, &c), &u) in x.iter_mut().zip(v_c).zip(v_u) {
-                *x += dsigma * (u + guidance * (c - u));
-            }
-        }
-        None => {
-            for (x, &c) in x.iter_mut().zip(v_c) {
-                *x += dsigma * c;
-            }
-        }
-    }
-}
-
-/// Run the loop from `x` over `sigmas` (ending in 0). `velocity(pass, x)` returns the DiT's
-/// f32 velocity; `on_step(i, n)` is called after each step (for progress, and to stop early by
-/// returning an error).
-pub fn sample(
-    mut x: Vec<f32>,
+/// Run the loop from `x` over `sigmas` (ending in 0). For step `i` of `n`:
+/// `v_c = velocity(cond)`; unless `guidance == 1` exactly, `v_u = velocity(uncond)` and
+/// `v = v_u + guidance·(v_c − v_u)`, else `v = v_c`; then `x += (σ_{i+1} − σ_i)·v` (the σ
+/// difference in f32). `on_step(i + 1, n, x)` is called after each step (for progress and
+/// tests; an error stops the loop).
+pub fn sample<B: DitOps>(
+    b: &B,
+    mut x: B::T,
     sigmas: &[f32],
     guidance: f32,
     skip_window: (f64, f64),
-    mut velocity: impl FnMut(Pass, &[f32]) -> Result<Vec<f32>>,
-    mut on_step: impl FnMut(usize, usize) -> Result<()>,
-) -> Result<Vec<f32>> {
+    mut velocity: impl FnMut(Pass, &B::T) -> Result<B::T>,
+    mut on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
+) -> Result<B::T> {
+    ensure!(sigmas.len() >= 2, "the schedule needs at least one step");
     let n = sigmas.len() - 1;
     for i in 0..n {
         let t = sigmas[i] * 1000.0;
@@ -55,8 +44,8 @@ pub fn sample(
             None
         };
         let dsigma = sigmas[i + 1] - sigmas[i];
-        cfg_euler(&mut x, &v_c, v_u.as_deref(), guidance, dsigma);
-        on_step(i + 1, n)?;
+        x = b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?;
+        on_step(i + 1, n, &x)?;
     }
     Ok(x)
 }

@@ -1,35 +1,313 @@
 //! The MOSS single-stream DiT (spec section 4): latent + timestep + text → velocity.
+//!
+//! Names follow the checkpoint (spec 4.2). One forward:
+//! image tokens `video_embedder(x)`, text tokens `text_embedder` (proj + 2 unmodulated refiner
+//! blocks, once per prompt), the joint stream `[image ; text]` through the main blocks with the one
+//! shared modulation of the timestep, then the head on the image tokens only.
 
 use crate::backend::ops::DitOps;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
-use anyhow::{bail, Result};
-use std::marker::PhantomData;
+use anyhow::{ensure, Result};
 
-pub struct Dit<B: DitOps> {
-    _b: PhantomData<B>,
+/// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table, in one place.
+///
+/// Each token has a position `p = (r, t, y, x)`; for a head of `hd` dims, `hd/2 = 4·bands`
+/// angles `θ[a·bands + j] = f32(p_a · band_j)` with `band_j = f32(1 / f32(base^(j/bands)))`,
+/// and the table holds `cos θ`, `sin θ` (of the fp32 angle, rounded to f32) as `[N, hd/2]`;
+/// the rotation pairs dims `(m, m + hd/2)` ([`DitOps::qk_norm_rope`]).
+pub mod rope {
+    use crate::tensor::Tensor;
+
+    /// Position axes: r (always 0), t, y, x.
+    pub const AXES: usize = 4;
+
+    /// `band_j = 1 / base^(j/bands)` for `j < bands`, in f32 (the stored bf16 `rope.bands` is
+    /// ignored, spec 4.2).
+    pub fn bands(base: f64, bands: usize) -> Vec<f32> {
+        (0..bands).map(|j| 1.0f32 / (base as f32).powf(j as f32 / bands as f32)).collect()
+    }
+
+    /// Text token `i`: `(0, i, 0, 0)`.
+    pub fn text_positions(len: usize) -> Vec<[f32; AXES]> {
+        (0..len).map(|i| [0.0, i as f32, 0.0, 0.0]).collect()
+    }
+
+    /// The joint stream of one forward: image token `(y, x)` of the `h×w` grid (row-major) at
+    /// `(0, L, y − (h−1)/2, x − (w−1)/2)`, where `L` is the text length of *this* forward, then
+    /// the `L` text tokens.
+    pub fn joint_positions(h: usize, w: usize, text_len: usize) -> Vec<[f32; AXES]> {
+        let (cy, cx) = ((h as f32 - 1.0) / 2.0, (w as f32 - 1.0) / 2.0);
+        let mut p = Vec::with_capacity(h * w + text_len);
+        for y in 0..h {
+            for x in 0..w {
+                p.push([0.0, text_len as f32, y as f32 - cy, x as f32 - cx]);
+            }
+        }
+        p.extend(text_positions(text_len));
+        p
+    }
+
+    /// `(cos, sin)`, each `[N, half]` with `half = AXES · bands`.
+    pub fn table(pos: &[[f32; AXES]], base: f64, half: usize) -> (Tensor, Tensor) {
+        assert!(half.is_multiple_of(AXES), "rope: {half} angles do not split over {AXES} axes");
+        let bands = bands(base, half / AXES);
+        let (mut cos, mut sin) = (Vec::with_capacity(pos.len() * half), Vec::with_capacity(pos.len() * half));
+        for p in pos {
+            for pa in p {
+                for b in &bands {
+                    let theta = (pa * b) as f64; // the fp32 phase
+                    cos.push(theta.cos() as f32);
+                    sin.push(theta.sin() as f32);
+                }
+            }
+        }
+        let shape = vec![pos.len(), half];
+        (Tensor { shape: shape.clone(), data: cos }, Tensor { shape, data: sin })
+    }
+}
+
+/// A linear layer: `weight [out, in]` and an optional `bias [out]`.
+struct Linear<B: DitOps> {
+    weight: B::T,
+    bias: Option<B::T>,
+}
+
+impl<B: DitOps> Linear<B> {
+    fn load(b: &B, c: &Component, prefix: &str, bias: bool) -> Result<Self> {
+        Ok(Linear {
+            weight: b.load(c, &format!("{prefix}.weight"))?,
+            bias: if bias { Some(b.load(c, &format!("{prefix}.bias"))?) } else { None },
+        })
+    }
+    fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
+        b.linear(x, &self.weight, self.bias.as_ref())
+    }
+}
+
+/// `text_embedder.blocks.N`: unmodulated, biased, attention over the text tokens only.
+struct RefinerBlock<B: DitOps> {
+    norm1: B::T,
+    norm2: B::T,
+    q_norm: B::T,
+    k_norm: B::T,
+    qkv: Linear<B>,
+    proj: Linear<B>,
+    /// `ffn_up` and `ffn_gate` stacked at load (rows `[up ; gate]`), for the packed SiTU-GLU.
+    ffn_up_gate: Linear<B>,
+    ffn_down: Linear<B>,
+}
+
+/// `layers.N`: modulated by the shared modulation, no biases, raw gates.
+struct Block<B: DitOps> {
+    norm1: B::T,
+    norm2: B::T,
+    q_norm: B::T,
+    k_norm: B::T,
+    q: B::T,
+    k: B::T,
+    v: B::T,
+    o: B::T,
+    /// rows `[up ; gate]`
+    ffn_up_gate: B::T,
+    ffn_down: B::T,
+}
+
+/// What the timestep gives every block (spec 4.3): `[D]` vectors.
+pub struct Modulation<B: DitOps> {
+    /// `time_embedding` output.
+    pub time: B::T,
+    pub shift_attn: B::T,
+    pub scale_attn: B::T,
+    pub gate_attn: B::T,
+    pub shift_ffn: B::T,
+    pub scale_ffn: B::T,
+    pub gate_ffn: B::T,
+    pub head_shift: B::T,
+    pub head_scale: B::T,
 }
 
 /// A prompt's text tokens after the text embedder and refiner: computed once per prompt.
 pub struct TextCond<B: DitOps> {
+    /// `[L, dim]`
     pub tokens: B::T,
     /// Text length L (the t-axis RoPE value of the image tokens).
     pub len: usize,
 }
 
+pub struct Dit<B: DitOps> {
+    cfg: DitConfig,
+    video_embedder: Linear<B>,
+    text_proj: Linear<B>,
+    refiner: Vec<RefinerBlock<B>>,
+    time_embedding_0: Linear<B>,
+    time_embedding_2: Linear<B>,
+    shared_block_modulation: Linear<B>,
+    layers: Vec<Block<B>>,
+    final_norm_video: B::T,
+    final_linear_video: B::T,
+    video_head_modulation: Linear<B>,
+}
+
 impl<B: DitOps> Dit<B> {
-    pub fn load(_b: &B, _c: &Component, _cfg: &DitConfig) -> Result<Self> {
-        bail!("the DiT is not built yet (issue: CPU reference: the DiT, the sampling loop)")
+    pub fn load(b: &B, c: &Component, cfg: &DitConfig) -> Result<Self> {
+        let w = |n: &str| b.load(c, n);
+        let lin = |n: &str, bias: bool| Linear::load(b, c, n, bias);
+        let mut refiner = vec![];
+        for i in 0..cfg.num_refiner_layers {
+            let p = format!("text_embedder.blocks.{i}.");
+            let (up, gate) = (lin(&format!("{p}ffn_up"), true)?, lin(&format!("{p}ffn_gate"), true)?);
+            let (ub, gb) = (up.bias.as_ref().unwrap(), gate.bias.as_ref().unwrap());
+            refiner.push(RefinerBlock {
+                norm1: w(&format!("{p}norm1.weight"))?,
+                norm2: w(&format!("{p}norm2.weight"))?,
+                q_norm: w(&format!("{p}q_norm.weight"))?,
+                k_norm: w(&format!("{p}k_norm.weight"))?,
+                qkv: lin(&format!("{p}qkv"), true)?,
+                proj: lin(&format!("{p}proj"), true)?,
+                ffn_up_gate: Linear { weight: b.cat(&[&up.weight, &gate.weight], 0)?, bias: Some(b.cat(&[ub, gb], 0)?) },
+                ffn_down: lin(&format!("{p}ffn_down"), true)?,
+            });
+        }
+        let mut layers = vec![];
+        for i in 0..cfg.num_layers {
+            let p = format!("layers.{i}.");
+            layers.push(Block {
+                norm1: w(&format!("{p}norm1.weight"))?,
+                norm2: w(&format!("{p}norm2.weight"))?,
+                q_norm: w(&format!("{p}q_norm.weight"))?,
+                k_norm: w(&format!("{p}k_norm.weight"))?,
+                q: w(&format!("{p}proj.q.weight"))?,
+                k: w(&format!("{p}proj.k.weight"))?,
+                v: w(&format!("{p}proj.v.weight"))?,
+                o: w(&format!("{p}proj.o.weight"))?,
+                ffn_up_gate: w(&format!("{p}proj.ffn_up_gate.weight"))?,
+                ffn_down: w(&format!("{p}proj.ffn_down.weight"))?,
+            });
+        }
+        Ok(Dit {
+            cfg: cfg.clone(),
+            video_embedder: lin("video_embedder", true)?,
+            text_proj: lin("text_embedder.proj", true)?,
+            refiner,
+            time_embedding_0: lin("time_embedding.0", true)?,
+            time_embedding_2: lin("time_embedding.2", true)?,
+            shared_block_modulation: lin("shared_block_modulation", true)?,
+            layers,
+            final_norm_video: w("final_norm_video.weight")?,
+            final_linear_video: w("final_linear_video.weight")?,
+            video_head_modulation: lin("video_head_modulation", true)?,
+        })
+    }
+
+    pub fn config(&self) -> &DitConfig {
+        &self.cfg
+    }
+
+    /// The RoPE table `(cos, sin)` `[N, head_dim/2]` of `pos`, on the backend.
+    fn rope(&self, b: &B, pos: &[[f32; rope::AXES]]) -> Result<(B::T, B::T)> {
+        let (cos, sin) = rope::table(pos, self.cfg.rope_base, self.cfg.head_dim() / 2);
+        Ok((b.upload(&cos)?, b.upload(&sin)?))
+    }
+
+    /// `[N, D]` → `[N, H, hd]`
+    fn heads(&self, b: &B, x: &B::T) -> Result<B::T> {
+        b.reshape(x, &[b.dims(x)[0], self.cfg.num_heads, self.cfg.head_dim()])
+    }
+
+    /// Attention over `[N, H, hd]` q, k, v → `[N, D]`.
+    fn attention(&self, b: &B, q: &B::T, k: &B::T, v: &B::T) -> Result<B::T> {
+        let o = b.attention(q, k, v, 1.0 / (self.cfg.head_dim() as f64).sqrt())?;
+        b.reshape(&o, &[b.dims(q)[0], self.cfg.dim])
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.
-    pub fn refine_text(&self, _b: &B, _ctx: &Tensor) -> Result<TextCond<B>> {
-        bail!("the DiT is not built yet")
+    pub fn refine_text(&self, b: &B, ctx: &Tensor) -> Result<TextCond<B>> {
+        let (eps, d) = (self.cfg.eps, self.cfg.dim);
+        ensure!(
+            ctx.shape.len() == 2 && ctx.shape[1] == self.cfg.text_dim && ctx.shape[0] > 0,
+            "text context {:?}, the transformer takes [L, {}]",
+            ctx.shape,
+            self.cfg.text_dim
+        );
+        let len = ctx.shape[0];
+        let (cos, sin) = self.rope(b, &rope::text_positions(len))?;
+        let mut txt = self.text_proj.forward(b, &b.upload(ctx)?)?;
+        for blk in &self.refiner {
+            let qkv = blk.qkv.forward(b, &b.rms_norm(&txt, Some(&blk.norm1), eps, false)?)?;
+            let q = b.qk_norm_rope(&self.heads(b, &b.narrow(&qkv, 1, 0, d)?)?, &blk.q_norm, &cos, &sin, eps)?;
+            let k = b.qk_norm_rope(&self.heads(b, &b.narrow(&qkv, 1, d, d)?)?, &blk.k_norm, &cos, &sin, eps)?;
+            let v = self.heads(b, &b.narrow(&qkv, 1, 2 * d, d)?)?;
+            txt = b.add(&txt, &blk.proj.forward(b, &self.attention(b, &q, &k, &v)?)?)?;
+            let y = blk.ffn_up_gate.forward(b, &b.rms_norm(&txt, Some(&blk.norm2), eps, false)?)?;
+            txt = b.add(&txt, &blk.ffn_down.forward(b, &b.situ_glu(&y)?)?)?;
+        }
+        Ok(TextCond { tokens: txt, len })
+    }
+
+    /// The timestep's vectors: `time = time_embedding.2(silu(time_embedding.0(sinusoid(t))))`,
+    /// `shared_block_modulation(time)` (no activation first) split in 6, and
+    /// `video_head_modulation(time)` split in 2.
+    pub fn modulation(&self, b: &B, t: f32) -> Result<Modulation<B>> {
+        let d = self.cfg.dim;
+        let e = b.reshape(&b.timestep_sinusoid(t, self.cfg.freq_dim)?, &[1, self.cfg.freq_dim])?;
+        let time = self.time_embedding_2.forward(b, &b.silu(&self.time_embedding_0.forward(b, &e)?)?)?;
+        let m = b.reshape(&self.shared_block_modulation.forward(b, &time)?, &[6, d])?;
+        let hm = b.reshape(&self.video_head_modulation.forward(b, &time)?, &[2, d])?;
+        let row = |x: &B::T, i: usize| b.reshape(&b.narrow(x, 0, i, 1)?, &[d]);
+        Ok(Modulation {
+            time: b.reshape(&time, &[d])?,
+            shift_attn: row(&m, 0)?,
+            scale_attn: row(&m, 1)?,
+            gate_attn: row(&m, 2)?,
+            shift_ffn: row(&m, 3)?,
+            scale_ffn: row(&m, 4)?,
+            gate_ffn: row(&m, 5)?,
+            head_shift: row(&hm, 0)?,
+            head_scale: row(&hm, 1)?,
+        })
     }
 
     /// Velocity `[1, C, h, w]` (f32) for latent `x` `[1, C, h, w]` at timestep `t` (σ·1000),
-    /// skipping the blocks listed in `skip`.
-    pub fn forward(&self, _b: &B, _x: &Tensor, _t: f32, _text: &TextCond<B>, _skip: &[usize]) -> Result<Tensor> {
-        bail!("the DiT is not built yet")
+    /// skipping the blocks listed in `skip` (indices past the last block skip nothing).
+    pub fn forward(&self, b: &B, x: &Tensor, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<Tensor> {
+        b.download(&self.velocity(b, &b.upload(x)?, t, text, skip)?)
+    }
+
+    /// [`Dit::forward`] on backend tensors.
+    pub fn velocity(&self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<B::T> {
+        let cfg = &self.cfg;
+        let dims = b.dims(x);
+        ensure!(
+            dims.len() == 4 && dims[0] == 1 && dims[1] == cfg.latent_channels,
+            "latent {dims:?}, the transformer takes [1, {}, h, w]",
+            cfg.latent_channels
+        );
+        let (c, h, w) = (dims[1], dims[2], dims[3]);
+        let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
+        let m = self.modulation(b, t)?;
+        let (cos, sin) = self.rope(b, &rope::joint_positions(h, w, text.len))?;
+        let mut xs = b.cat(&[&img, &text.tokens], 0)?;
+        for (i, blk) in self.layers.iter().enumerate() {
+            if !skip.contains(&i) {
+                xs = self.block(b, blk, &xs, &m, &cos, &sin)?;
+            }
+        }
+        let z = b.narrow(&xs, 0, 0, h * w)?;
+        let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, cfg.eps)?;
+        let out = b.linear(&z, &self.final_linear_video, None)?;
+        b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
+    }
+
+    fn block(&self, b: &B, blk: &Block<B>, x: &B::T, m: &Modulation<B>, cos: &B::T, sin: &B::T) -> Result<B::T> {
+        let eps = self.cfg.eps;
+        let y = b.rms_norm_modulate(x, &blk.norm1, &m.shift_attn, &m.scale_attn, eps)?;
+        let q = b.qk_norm_rope(&self.heads(b, &b.linear(&y, &blk.q, None)?)?, &blk.q_norm, cos, sin, eps)?;
+        let k = b.qk_norm_rope(&self.heads(b, &b.linear(&y, &blk.k, None)?)?, &blk.k_norm, cos, sin, eps)?;
+        let v = self.heads(b, &b.linear(&y, &blk.v, None)?)?;
+        let x = b.gated_residual(x, &b.linear(&self.attention(b, &q, &k, &v)?, &blk.o, None)?, &m.gate_attn)?;
+        let y = b.rms_norm_modulate(&x, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
+        let y = b.linear(&b.situ_glu(&b.linear(&y, &blk.ffn_up_gate, None)?)?, &blk.ffn_down, None)?;
+        b.gated_residual(&x, &y, &m.gate_ffn)
     }
 }

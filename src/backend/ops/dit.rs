@@ -1,6 +1,52 @@
-//! Fused ops of the dit (see `crate::model::dit`).
+//! Fused ops of the DiT (see `crate::model::dit`, spec section 4) and of the sampling loop
+//! (spec 5.3).
+//!
+//! Each op is one kernel's worth of work. The CPU twins (`backend/cpu/dit.rs`) take and return
+//! fp32 data and compute inside in f64 (every reduction, the softmax, the rotation); a CUDA
+//! kernel is gated against them. Shapes: `N` tokens (`h·w` image tokens then `L` text tokens in
+//! the joint stream, `L` in the refiner), `D` the model width, `H` heads of `hd` (= 128),
+//! `F` the FFN width.
 
 use crate::backend::Backend;
+use anyhow::Result;
 
-/// Ops the dit needs beyond the generic set.
-pub trait DitOps: Backend {}
+/// Ops the DiT and its loop need beyond the generic set.
+pub trait DitOps: Backend {
+    /// The timestep sinusoid, cos first (spec 4.3): `t` is promoted to f64, and for
+    /// `half = dim/2`, `k < half`: `freq_k = 10000^(−k/half)`, `out[k] = cos(t·freq_k)`,
+    /// `out[half + k] = sin(t·freq_k)`, all in f64, rounded to f32 once. → `[dim]`.
+    fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<Self::T>;
+
+    /// RMSNorm with a plain weight fused with the adaLN modulation. `x [N, D]`, `w`, `shift`,
+    /// `scale` `[D]` → `[N, D]`:
+    /// `y = x · rsqrt(mean_D(x²) + eps) · w · (1 + scale) + shift` per row.
+    fn rms_norm_modulate(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64)
+        -> Result<Self::T>;
+
+    /// Per-head QK-norm (RMSNorm with a plain weight) followed by rotate-half RoPE over the whole
+    /// head. `x [N, H, hd]`, `w [hd]`, `cos`, `sin` `[N, hd/2]` (the table of
+    /// [`crate::model::dit::rope`], one row per token) → `[N, H, hd]`. With
+    /// `y = x · rsqrt(mean_hd(x²) + eps) · w` per (token n, head), for `m < hd/2`:
+    /// `out[m] = y[m]·cos[n,m] − y[m + hd/2]·sin[n,m]`,
+    /// `out[m + hd/2] = y[m + hd/2]·cos[n,m] + y[m]·sin[n,m]`.
+    fn qk_norm_rope(&self, x: &Self::T, w: &Self::T, cos: &Self::T, sin: &Self::T, eps: f64) -> Result<Self::T>;
+
+    /// Bidirectional softmax attention, no mask, flash style (no `[N, N]` matrix needs to exist).
+    /// `q`, `k`, `v` `[N, H, hd]` → `[N, H, hd]`:
+    /// `out[n, h] = Σ_j softmax_j(scale · q[n,h]·k[j,h]) · v[j,h]`.
+    fn attention(&self, q: &Self::T, k: &Self::T, v: &Self::T, scale: f64) -> Result<Self::T>;
+
+    /// SiTU-GLU over a packed `[up | gate]` input. `x [.., 2F]` → `[.., F]`, with `h = x[.., :F]`,
+    /// `g = x[.., F:]`: `out = (4·tanh(g/4)·sigmoid(g)) · (25·tanh(h/25))`.
+    fn situ_glu(&self, x: &Self::T) -> Result<Self::T>;
+
+    /// Gated residual: `x [N, D]`, `y [N, D]`, `gate [D]` → `x + y · gate` (raw gate: no tanh,
+    /// no `1 +`).
+    fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;
+
+    /// CFG combine and Euler step, elementwise in f32 in this order (the reference's rounding):
+    /// `v = v_u + guidance·(v_c − v_u)` (or `v = v_c` without `v_u`), then `x + dsigma·v`.
+    /// `x`, `v_c`, `v_u` of one shape → that shape.
+    fn cfg_euler(&self, x: &Self::T, v_c: &Self::T, v_u: Option<&Self::T>, guidance: f32, dsigma: f32)
+        -> Result<Self::T>;
+}
