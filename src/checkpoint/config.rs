@@ -252,6 +252,23 @@ impl VaeConfig {
         if cfg.out_channels != 3 {
             bail!("{}: out_channels {} (only RGB is supported)", path.display(), cfg.out_channels);
         }
+        // diffusers' Decoder builds one up block per `up_block_types` entry, with the widths of
+        // `decoder_block_out_channels`; only plain `UpDecoderBlock2D`s and SiLU are implemented.
+        if let Some(types) = v.get("up_block_types").and_then(Value::as_array) {
+            if types.len() != cfg.decoder_block_out_channels.len()
+                || types.iter().any(|t| t.as_str() != Some("UpDecoderBlock2D"))
+            {
+                bail!(
+                    "{}: up_block_types {types:?} (expected {} x \"UpDecoderBlock2D\", one per decoder width)",
+                    path.display(),
+                    cfg.decoder_block_out_channels.len()
+                );
+            }
+        }
+        match v.get("act_fn").and_then(Value::as_str) {
+            None | Some("silu") | Some("swish") => {}
+            Some(a) => bail!("{}: act_fn {a:?} (only silu is supported)", path.display()),
+        }
         Ok(cfg)
     }
 }
