@@ -1,7 +1,9 @@
 //! `moss check`: the checkpoint, component by component, and (with the CUDA issues) every GPU
 //! kernel against the CPU reference with a planted control.
 
+use crate::backend::cuda::{gates, plan, Cuda, DType, MemoryPlan};
 use crate::backend::Device;
+use crate::cli::Precision;
 use crate::checkpoint::Checkpoint;
 use crate::prompt::PromptTokenizer;
 use anyhow::Result;
@@ -88,24 +90,66 @@ pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
         None | Some(Device::Cpu) => {
             println!("kernels: not checked (pass --device cuda to gate the GPU kernels)");
         }
-        Some(Device::Cuda(n)) => match crate::backend::cuda::Gpu::open(n) {
-            Ok(g) => {
-                println!(
-                    "device cuda:{n}: {} (sm_{}{}), kernels built for sm_{}",
-                    g.name,
-                    g.compute_capability.0,
-                    g.compute_capability.1,
-                    crate::backend::cuda::kernel_archs().unwrap_or("-")
-                );
-                println!("kernels: FAIL: no GPU kernel gates are built yet (CUDA backend issue)");
+        Some(Device::Cuda(n)) => {
+            if !check_cuda(ck, n) {
                 ok = false;
             }
-            Err(e) => {
-                println!("device cuda:{n}: FAIL: {e:#}");
-                ok = false;
-            }
-        },
+        }
     }
     println!("{}", if ok { "check: all passed" } else { "check: FAILED" });
+    ok
+}
+
+/// `--device cuda`: open the GPU, gate every kernel (both precisions), show the memory plan of
+/// the checkpoint's DiT and time `linear`. True if every gate passed and every control failed.
+fn check_cuda(ck: &Checkpoint, n: usize) -> bool {
+    let cuda = match Cuda::new(n, Precision::Bf16) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("device cuda:{n}: FAIL: {e:#}");
+            return false;
+        }
+    };
+    let g = cuda.gpu();
+    let (free, total) = g.mem_info().unwrap_or((0, 0));
+    println!(
+        "device cuda:{n}: {} (sm_{}{}), {:.1} of {:.1} GiB free, kernels built for sm_{}",
+        g.name,
+        g.compute_capability.0,
+        g.compute_capability.1,
+        free as f64 / (1u64 << 30) as f64,
+        total as f64 / (1u64 << 30) as f64,
+        crate::backend::cuda::kernel_archs().unwrap_or("-")
+    );
+    // Fresh inputs every run; MOSS_CHECK_SEED repeats one.
+    let seed = std::env::var("MOSS_CHECK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    let t = std::time::Instant::now();
+    let mut ok = gates::run_all(&cuda, Some(ck), seed);
+    println!("kernel gates took {:.1} s", t.elapsed().as_secs_f64());
+    if let Err(e) = cuda.trim_pool() {
+        println!("device: FAIL after the gates: {e:#}");
+        ok = false;
+    }
+    if let Ok(c) = ck.open_component("transformer") {
+        // What `generate` would ask for at 1024x1024 with a 128-token prompt.
+        let tokens = (1024 / 16) * (1024 / 16) + 128;
+        for p in [Precision::Bf16, Precision::Fp32] {
+            let plan = MemoryPlan::component(&c, p).activations(plan::dit_activation_bytes(&ck.dit, tokens, DType::of(p)));
+            let verdict = match plan.check(g) {
+                Ok(()) => "fits".to_string(),
+                Err(e) => format!("would not fit: {e:#}"),
+            };
+            println!(
+                "memory plan: transformer at {p:?}, {tokens} tokens: needs {:.2} GiB: {verdict}",
+                plan.needed() as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    if let Err(e) = gates::time_ops(&cuda) {
+        println!("timing: FAIL: {e:#}");
+        ok = false;
+    }
     ok
 }

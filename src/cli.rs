@@ -15,6 +15,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
 pub enum Command {
     /// Render a prompt to a PNG: encode, denoise (50 Euler steps, CFG), decode.
     Generate(GenerateArgs),
@@ -99,9 +100,55 @@ pub struct GenerateArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Print one JSON line with the result instead of the path.
+    /// Print one JSON line with the result instead of the path (batch: one per finished picture).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+}
+
+/// Batch mode: many pictures from one invocation, the weights loaded once.
+#[derive(Args, Debug, Clone)]
+pub struct BatchArgs {
+    /// Render every line of FILE ("-": stdin): a prompt, or a JSON object setting prompt, negative,
+    /// seed, size, steps, guidance, out. The other flags give the defaults.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_file", "embeds", "out", "save_latents"])]
+    pub prompts: Option<PathBuf>,
+    /// Folder the batch's pictures go to (created if missing) [default: .].
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+    /// File name template: {index}, {line}, {seed}, {shard}, {stem} ({index:05}: zero-padded; {stem:20}: at most 20 chars) [default: {index:05}-{seed}.png].
+    #[arg(long, value_name = "TEMPLATE")]
+    pub name: Option<String>,
+    /// Render only the items whose output file does not exist yet (resume a killed job).
+    #[arg(long)]
+    pub skip_existing: bool,
+    /// Render only the items with index % N == K (K counts from 0); N processes split a list.
+    #[arg(long, value_name = "K/N", value_parser = parse_shard)]
+    pub shard: Option<crate::batch::Shard>,
+    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub chunk: Option<u64>,
+}
+
+impl BatchArgs {
+    /// The first batch flag given without `--prompts` (checked here rather than with clap's
+    /// `requires`, which stays silent when `--prompt` is there and names no flag otherwise).
+    pub fn stray_flag(&self) -> Option<&'static str> {
+        if self.prompts.is_some() {
+            return None;
+        }
+        [
+            ("--out-dir", self.out_dir.is_some()),
+            ("--name", self.name.is_some()),
+            ("--skip-existing", self.skip_existing),
+            ("--shard", self.shard.is_some()),
+            ("--chunk", self.chunk.is_some()),
+        ]
+        .into_iter()
+        .find(|f| f.1)
+        .map(|f| f.0)
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -148,6 +195,10 @@ pub struct CheckArgs {
 /// A list of block indices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SkipList(pub Vec<usize>);
+
+fn parse_shard(s: &str) -> Result<crate::batch::Shard, String> {
+    s.parse()
+}
 
 fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()

@@ -2,6 +2,7 @@
 //! errors into messages and exit codes; everything else lives here and returns errors.
 
 pub mod backend;
+pub mod batch;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;

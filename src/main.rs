@@ -1,7 +1,8 @@
 use clap::Parser;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use moss::cli::{Cli, Command, PromptArgs};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use moss::batch;
+use moss::cli::{Cli, Command, GenerateArgs, PromptArgs};
 use moss::pipeline::{self, Progress, Request};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -63,6 +64,151 @@ impl Drop for Bars {
     }
 }
 
+/// Batch progress: one bar for the batch (its denoising steps, with the pictures written) and one
+/// for the current picture, on a terminal only; results on stdout, errors on stderr.
+struct BatchBars {
+    multi: MultiProgress,
+    batch: ProgressBar,
+    pic: ProgressBar,
+    pictures: usize,
+    written: usize,
+    stage: String,
+    quiet: bool,
+    json: bool,
+}
+
+impl BatchBars {
+    fn new(quiet: bool, json: bool) -> BatchBars {
+        let enabled = !quiet && std::io::stderr().is_terminal();
+        let multi = MultiProgress::new();
+        if !enabled {
+            multi.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        let batch = multi.add(ProgressBar::new(0));
+        batch.set_style(
+            ProgressStyle::with_template("batch   {bar:30} {msg}  {pos}/{len} steps  {per_sec}  eta {eta}").unwrap(),
+        );
+        let pic = multi.add(ProgressBar::new(0));
+        BatchBars { multi, batch, pic, pictures: 0, written: 0, stage: String::new(), quiet, json }
+    }
+
+    fn say(&self, line: String) {
+        self.multi.suspend(|| eprintln!("{line}"));
+    }
+
+    fn message(&self) {
+        self.batch.set_message(format!("{}/{} pictures", self.written, self.pictures));
+    }
+}
+
+impl batch::BatchProgress for BatchBars {
+    fn begin(&mut self, pictures: usize, steps: u64) {
+        self.pictures = pictures;
+        self.batch.set_length(steps);
+        self.batch.reset();
+        self.message();
+    }
+    fn stage(&mut self, name: &str, chunk: usize, chunks: usize) {
+        self.stage = if chunks > 1 { format!("{name} (chunk {}/{chunks})", chunk + 1) } else { name.to_string() };
+        if name == "denoise" {
+            self.pic.set_style(
+                ProgressStyle::with_template("{prefix:7} {bar:30} {pos}/{len} steps  {per_sec}  eta {eta}").unwrap(),
+            );
+        } else {
+            self.pic.set_style(ProgressStyle::with_template("{spinner} {msg}").unwrap());
+            self.pic.enable_steady_tick(std::time::Duration::from_millis(120));
+            self.pic.set_message(format!("{}...", self.stage));
+        }
+    }
+    fn item(&mut self, job: &batch::Job, i: usize, n: usize) {
+        self.pic.set_prefix(format!("line {}", job.item.line));
+        self.pic.set_message(format!("{} {}/{n}: line {}", self.stage, i + 1, job.item.line));
+        self.pic.set_length(job.item.steps as u64);
+        self.pic.reset();
+    }
+    fn step(&mut self, done: usize, total: usize) {
+        self.pic.set_length(total as u64);
+        self.pic.set_position(done as u64);
+        self.batch.inc(1);
+    }
+    fn finished(&mut self, f: &batch::Finished) {
+        self.written += 1;
+        self.message();
+        if self.json {
+            self.multi.suspend(|| println!("{}", f.json()));
+        } else if !self.quiet {
+            self.multi.suspend(|| println!("{}", f.path.display()));
+        }
+    }
+    fn failed(&mut self, msg: &str) {
+        self.say(format!("moss: error: {msg}"));
+    }
+    fn warn(&mut self, msg: &str) {
+        if !self.quiet {
+            self.say(format!("moss: warning: {msg}"));
+        }
+    }
+}
+
+impl Drop for BatchBars {
+    fn drop(&mut self) {
+        self.pic.finish_and_clear();
+        self.batch.finish_and_clear();
+    }
+}
+
+/// `moss generate --prompts`: exit 0 if every item of this shard was written (or skipped), 1 if
+/// any failed, 128 + the signal if stopped.
+fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> {
+    let o = batch::BatchOptions {
+        prompts: prompts.to_path_buf(),
+        defaults: batch::Defaults {
+            negative: a.prompt.negative.clone(),
+            seed: a.seed,
+            steps: a.steps,
+            guidance: a.guidance,
+            size: a.size,
+        },
+        out_dir: a.batch.out_dir.clone().unwrap_or_else(|| ".".into()),
+        name: a.batch.name.clone().unwrap_or_else(|| batch::DEFAULT_NAME.to_string()),
+        skip_existing: a.batch.skip_existing,
+        shard: a.batch.shard.unwrap_or_default(),
+        chunk: a.batch.chunk.map(|c| c.min(usize::MAX as u64) as usize),
+        uncond_skip: a.uncond_skip.0.clone(),
+        skip_window: a.skip_window,
+        max_tokens: a.prompt.max_tokens as usize,
+        model: a.model.model.clone(),
+        device: a.model.device,
+    };
+    batch::install_stop_handler();
+    let terminal = std::io::stderr().is_terminal();
+    let mut bars = BatchBars::new(a.quiet, a.json);
+    let s = batch::run(&o, &mut bars)?;
+    drop(bars);
+    let mut parts = vec![format!("{} written", s.written)];
+    if s.skipped > 0 {
+        parts.push(format!("{} skipped (already there)", s.skipped));
+    }
+    if s.failed > 0 {
+        parts.push(format!("{} failed", s.failed));
+    }
+    if s.elsewhere > 0 {
+        parts.push(format!("{} in other shards", s.elsewhere));
+    }
+    if let Some(sig) = s.stopped_by {
+        eprintln!("moss: stopped by signal {sig}: {}; rerun with --skip-existing to go on", parts.join(", "));
+        return Ok(128 + sig.clamp(1, 127) as u8);
+    }
+    if s.failed > 0 {
+        eprintln!("moss: error: {}", parts.join(", "));
+        return Ok(1);
+    }
+    if terminal && !a.quiet {
+        eprintln!("moss: {}", parts.join(", "));
+    }
+    Ok(0)
+}
+
 fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
     match (&p.prompt, &p.prompt_file) {
         (Some(t), _) => Ok(Some(t.clone())),
@@ -71,12 +217,17 @@ fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<bool> {
+/// The exit code: 0 on success, 1 when something failed.
+fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
+        Command::Generate(a) if a.batch.prompts.is_some() => run_batch(&a, a.batch.prompts.as_deref().unwrap()),
         Command::Generate(a) => {
+            if let Some(f) = a.batch.stray_flag() {
+                anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
+            }
             let prompt = prompt_text(&a.prompt)?;
             if prompt.is_none() && a.embeds.is_none() {
-                anyhow::bail!("give --prompt, --prompt-file or --embeds");
+                anyhow::bail!("give --prompt, --prompt-file, --embeds or --prompts");
             }
             let req = Request {
                 prompt: prompt.unwrap_or_default(),
@@ -101,7 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             } else if !a.quiet {
                 println!("{}", rep.path.display());
             }
-            Ok(true)
+            Ok(0)
         }
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
@@ -119,18 +270,18 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             if !a.quiet {
                 println!("{}", a.out.display());
             }
-            Ok(true)
+            Ok(0)
         }
         Command::Decode(a) => {
             pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device)?;
             if !a.quiet {
                 println!("{}", a.out.display());
             }
-            Ok(true)
+            Ok(0)
         }
         Command::Check(a) => {
             let ck = pipeline::open_checkpoint(&a.model)?;
-            Ok(moss::check::run(&ck, a.device))
+            Ok(if moss::check::run(&ck, a.device) { 0 } else { 1 })
         }
     }
 }
@@ -151,8 +302,7 @@ fn main() -> ExitCode {
         }
     };
     match run(cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("moss: error: {}", msg.replace('\n', " "));

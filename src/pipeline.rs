@@ -69,7 +69,23 @@ pub trait Progress {
     fn warn(&mut self, msg: &str) {
         eprintln!("moss: warning: {msg}");
     }
+    /// Asked after every denoising step: true stops the loop there with [`Interrupted`].
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
+
+/// The error a run stops with when [`Progress::cancelled`] said so (Ctrl-C in batch mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 pub struct Silent;
 impl Progress for Silent {}
@@ -119,7 +135,7 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
 }
 
 /// The backend for `device`, or a clear error.
-fn cuda_unavailable(n: usize) -> anyhow::Error {
+pub(crate) fn cuda_unavailable(n: usize) -> anyhow::Error {
     match crate::backend::cuda::Gpu::open(n) {
         Err(e) => e.context(format!("cannot use cuda:{n}")),
         Ok(g) => anyhow::anyhow!(
@@ -169,11 +185,24 @@ pub fn denoise<B: DitOps>(
     uncond: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
+    let comp = ck.open_component("transformer")?;
+    let dit = Dit::load(b, &comp, &ck.dit)?;
+    denoise_with(b, &dit, ck, req, cond, uncond, progress)
+}
+
+/// [`denoise`] with a transformer already loaded (batch mode loads it once for many pictures).
+pub fn denoise_with<B: DitOps>(
+    b: &B,
+    dit: &Dit<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    cond: &Tensor,
+    uncond: &Tensor,
+    progress: &mut dyn Progress,
+) -> Result<Tensor> {
     let (h, w) = ((req.height / 16) as usize, (req.width / 16) as usize);
     let c = ck.dit.latent_channels;
     let sigmas = crate::schedule::sigmas(req.steps as usize, &ck.scheduler);
-    let comp = ck.open_component("transformer")?;
-    let dit = Dit::load(b, &comp, &ck.dit)?;
     let tc = dit.refine_text(b, cond)?;
     let tu = if req.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
     progress.stage("denoise");
@@ -191,6 +220,9 @@ pub fn denoise<B: DitOps>(
         },
         |i, n, _| {
             progress.step(i, n);
+            if progress.cancelled() {
+                return Err(Interrupted.into());
+            }
             Ok(())
         },
     )?;
@@ -204,7 +236,8 @@ pub fn decode_rgb<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u
     vae.decode_rgb8(b, z)
 }
 
-fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
+/// The PNG text metadata of a picture rendered for `req`.
+pub fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
     let mut m = png::Metadata::default();
     m.push("prompt", &req.prompt);
     m.push("negative", &req.negative);
@@ -323,7 +356,7 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
         None => {
             let cells = len / per;
             let side = (cells as f64).sqrt().round() as u64;
-            if len % per == 0 && side > 0 && side * side == cells {
+            if len.is_multiple_of(per) && side > 0 && side * side == cells {
                 if side * 16 > crate::cli::MAX_SIDE as u64 {
                     bail!(
                         "latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}",
@@ -336,7 +369,7 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
             // The square sizes on either side of this length, for the message.
             let lo = ((len as f64 / per as f64).sqrt().floor() as u64).max(1);
             let near = [lo, lo + 1].map(|s| format!("{0}x{0} needs {1} bytes", s * 16, per * s * s)).join(", ");
-            if len % per != 0 || cells == 0 {
+            if !len.is_multiple_of(per) || cells == 0 {
                 bail!(
                     "latents file is {len} bytes, which fits no picture size: f32 [1,{channels},h,w] latents are \
                      {per}*h*w bytes (a square picture: {near})"

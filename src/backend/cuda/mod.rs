@@ -1,5 +1,16 @@
-//! The CUDA backend: device setup and the embedded kernels. The network ops on it follow in the
-//! CUDA issues; until then a GPU run stops with a message that says so.
+//! The CUDA backend: device setup, the embedded kernels, the generic ops ([`Cuda`], in `ops`),
+//! cuBLASLt (`blas`), the memory planner (`plan`) and the kernel gates of `moss check`
+//! (`gates`), and the DiT's fused ops (`dit`). The encoder's and the VAE's follow.
+
+pub mod blas;
+pub mod dit;
+pub mod gates;
+pub mod ops;
+pub mod plan;
+
+pub use blas::LinearBug;
+pub use ops::{Cuda, CudaTensor, DType};
+pub use plan::MemoryPlan;
 
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;

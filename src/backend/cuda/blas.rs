@@ -1,0 +1,294 @@
+//! cuBLASLt for `linear`: `out [M, N] = x [M, K] · wᵀ (+ b)`, row-major, in bf16 (fp32
+//! accumulate, bf16 out, bias through the epilogue) or fp32 (CUBLAS_COMPUTE_32F: TF32 off).
+//!
+//! In cuBLAS's column-major terms the row-major product is `Dᵀ [N, M] = op(W) · X` with W read
+//! transposed (`TRANSA = T`, the "TN" layout the tensor-core kernels like best). Descriptors,
+//! layouts and the heuristic's algorithm are built once per (dtype, M, N, K, bias) and cached.
+
+use super::DType;
+use anyhow::{anyhow, bail, Result};
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A planted bug in the GEMM call, used only by `moss check` to show the linear gates can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearBug {
+    None,
+    /// The bias epilogue is left out.
+    NoBias,
+    /// W is read as stored instead of transposed (only shape-valid for square W).
+    NoTranspose,
+    /// fp32 with TF32 tensor-core compute (what the fp32 path must not do).
+    Tf32,
+    /// Only the first half of the reduction (k = K/2 with the leading dimension still K).
+    ShortK,
+}
+
+/// One cuBLASLt product in its own column-major terms: `D [m, n] = alpha · op(A) · op(B)
+/// (+ bias [m])`, optionally strided-batched. Also the cache key of its plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Gemm {
+    /// Type of A and B.
+    pub ab: DType,
+    /// Type of D.
+    pub d: DType,
+    pub transa: bool,
+    pub transb: bool,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldd: i64,
+    pub batch: i32,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_d: i64,
+    pub bias: bool,
+    /// fp32 inputs through TF32 tensor cores (only the planted control uses this).
+    pub tf32: bool,
+}
+
+impl Gemm {
+    /// A plain (unbatched) product.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plain(ab: DType, d: DType, transa: bool, transb: bool, m: usize, n: usize, k: usize, lda: usize, ldb: usize, ldd: usize) -> Gemm {
+        Gemm {
+            ab,
+            d,
+            transa,
+            transb,
+            m: m as u64,
+            n: n as u64,
+            k: k as u64,
+            lda: lda as i64,
+            ldb: ldb as i64,
+            ldd: ldd as i64,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_d: 0,
+            bias: false,
+            tf32: false,
+        }
+    }
+    /// Strided batches: `batch` products, A, B, D advancing by their strides (elements).
+    pub fn batched(mut self, batch: usize, stride_a: usize, stride_b: usize, stride_d: usize) -> Gemm {
+        self.batch = batch as i32;
+        self.stride_a = stride_a as i64;
+        self.stride_b = stride_b as i64;
+        self.stride_d = stride_d as i64;
+        self
+    }
+}
+
+fn mtype(d: DType) -> sys::cudaDataType {
+    match d {
+        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+    }
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    la: sys::cublasLtMatrixLayout_t,
+    lb: sys::cublasLtMatrixLayout_t,
+    lc: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created by us and is destroyed once.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.la);
+            let _ = lt::destroy_matrix_layout(self.lb);
+            let _ = lt::destroy_matrix_layout(self.lc);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+pub struct Blas {
+    handle: sys::cublasLtHandle_t,
+    _workspace: CudaSlice<u8>,
+    ws_ptr: u64,
+    ws_size: usize,
+    plans: Mutex<HashMap<Gemm, Plan>>,
+}
+
+// SAFETY: the handle and plans are only used under the `plans` mutex or through `&self` calls
+// that cuBLASLt allows from any thread for one handle used by one stream at a time.
+unsafe impl Send for Blas {}
+unsafe impl Sync for Blas {}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        self.plans.lock().unwrap().clear();
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> anyhow::Error + '_ {
+    move |e| anyhow!("cuBLASLt {what}: {e:?}")
+}
+
+unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
+    lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const _, std::mem::size_of::<T>())
+        .map_err(lt_err("set matmul attribute"))
+}
+
+impl Blas {
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+        // SAFETY: only probes whether libcublasLt can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            bail!("libcublasLt (CUDA 13) could not be loaded: install the CUDA 13 cuBLAS runtime, or use --device cpu");
+        }
+        let handle = lt::create_handle().map_err(lt_err("create handle"))?;
+        // 32 MiB: NVIDIA's recommendation for Hopper (4 MiB suffices elsewhere).
+        let ws_size = 32 << 20;
+        // SAFETY: the workspace is scratch memory cuBLASLt writes before it reads.
+        let ws = unsafe { stream.alloc::<u8>(ws_size) }.map_err(|e| anyhow!("cuBLASLt workspace: {e:?}"))?;
+        let ws_ptr = ws.device_ptr(stream).0;
+        Ok(Blas { handle, _workspace: ws, ws_ptr, ws_size, plans: Mutex::new(HashMap::new()) })
+    }
+
+    fn plan(&self, g: Gemm, bias_ptr: u64) -> Result<Plan> {
+        let compute = match (g.ab, g.tf32) {
+            (DType::F32, true) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
+        let (ta, td) = (mtype(g.ab), mtype(g.d));
+        // SAFETY: plain descriptor construction; every handle goes into `Plan`, which frees it.
+        unsafe {
+            let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("matmul desc"))?;
+            let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
+            let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
+            let la = lt::create_matrix_layout(ta, ar, ac, g.lda);
+            let lb = lt::create_matrix_layout(ta, br, bc, g.ldb);
+            let lc = lt::create_matrix_layout(td, g.m, g.n, g.ldd);
+            let (la, lb, lc) = match (la, lb, lc) {
+                (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+                _ => {
+                    let _ = lt::destroy_matmul_desc(desc);
+                    bail!("cuBLASLt: cannot create matrix layouts for {g:?}")
+                }
+            };
+            let mut plan = Plan { desc, la, lb, lc, algo: std::mem::zeroed() };
+            if g.batch > 1 {
+                for (l, stride) in [(la, g.stride_a), (lb, g.stride_b), (lc, g.stride_d)] {
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &g.batch as *const i32 as *const _,
+                        std::mem::size_of::<i32>(),
+                    )
+                    .map_err(lt_err("batch count"))?;
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        &stride as *const i64 as *const _,
+                        std::mem::size_of::<i64>(),
+                    )
+                    .map_err(lt_err("batch stride"))?;
+                }
+            }
+            let t: i32 = g.transa as i32;
+            let tb: i32 = g.transb as i32;
+            set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &t)?;
+            set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+            let epi = if g.bias {
+                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
+                sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+            } else {
+                sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+            };
+            set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+            let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
+            let ws = self.ws_size;
+            let r = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const usize as *const _,
+                std::mem::size_of::<usize>(),
+            );
+            let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
+            let _ = lt::destroy_matmul_pref(pref);
+            plan.algo = h.map_err(|e| anyhow!("cuBLASLt has no algorithm for {g:?}: {e:?}"))?.algo;
+            Ok(plan)
+        }
+    }
+
+    /// Run one product on `stream`: `d = alpha · op(a) · op(b) (+ bias)`. Pointers are device
+    /// addresses of buffers at least as large as the layouts describe.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, d: u64, bias: Option<u64>, alpha: f32) -> Result<()> {
+        let g = Gemm { bias: bias.is_some(), ..g };
+        let mut plans = self.plans.lock().unwrap();
+        let p = match plans.entry(g) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(g, bias.unwrap_or(0))?),
+        };
+        let beta = 0f32;
+        // SAFETY: see above; the plan's handles are valid while the lock is held.
+        unsafe {
+            if let Some(b) = bias {
+                set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
+            }
+            lt::matmul(
+                self.handle,
+                p.desc,
+                &alpha as *const f32 as *const _,
+                &beta as *const f32 as *const _,
+                a as *const _,
+                p.la,
+                b as *const _,
+                p.lb,
+                d as *const _,
+                p.lc,
+                d as *mut _,
+                p.lc,
+                &p.algo,
+                self.ws_ptr as *mut _,
+                self.ws_size,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+            .map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
+        }
+    }
+
+    /// `out [rows, n] = x [rows, k] · w [n, k]ᵀ (+ bias [n])`, all of `dtype`, on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(
+        &self,
+        stream: &CudaStream,
+        dtype: DType,
+        rows: usize,
+        n: usize,
+        k: usize,
+        x: u64,
+        w: u64,
+        bias: Option<u64>,
+        out: u64,
+        bug: LinearBug,
+    ) -> Result<()> {
+        if bug == LinearBug::NoTranspose && n != k {
+            bail!("linear control `NoTranspose` needs a square weight");
+        }
+        let bias = if bug == LinearBug::NoBias { None } else { bias };
+        // cuBLAS's m is our n (rows of the column-major result), its n is our rows.
+        let kk = if bug == LinearBug::ShortK { k / 2 } else { k };
+        let mut g = if bug == LinearBug::NoTranspose {
+            Gemm::plain(dtype, dtype, false, false, n, rows, kk, n, k, n)
+        } else {
+            Gemm::plain(dtype, dtype, true, false, n, rows, kk, k, k, n)
+        };
+        g.tf32 = bug == LinearBug::Tf32;
+        self.gemm(stream, g, w, x, out, bias, 1.0)
+    }
+}
