@@ -593,6 +593,7 @@ pub struct BatchOptions {
     pub max_tokens: usize,
     pub model: String,
     pub device: Device,
+    pub precision: crate::cli::Precision,
 }
 
 /// A written picture.
@@ -762,7 +763,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let ctx = Ctx { ck: &ck, o, src: &src, t0 };
     let r = match o.device {
         Device::Cpu => render(&Cpu, &ctx, &jobs, &texts, &chunks, progress, &mut sum),
-        Device::Cuda(n) => Err(pipeline::cuda_unavailable(n)),
+        Device::Cuda(n) => render(&pipeline::cuda(n, o.precision)?, &ctx, &jobs, &texts, &chunks, progress, &mut sum),
     };
     match r {
         Ok(()) => Ok(sum),
@@ -798,6 +799,7 @@ impl Ctx<'_> {
             uncond_skip: self.o.uncond_skip.clone(),
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,
+            precision: self.o.precision,
         }
     }
 }

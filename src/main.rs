@@ -179,6 +179,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         max_tokens: a.prompt.max_tokens as usize,
         model: a.model.model.clone(),
         device: a.model.device,
+        precision: a.precision,
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();
@@ -243,6 +244,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 uncond_skip: a.uncond_skip.0.clone(),
                 skip_window: a.skip_window,
                 max_tokens: a.prompt.max_tokens as usize,
+                precision: a.precision,
             };
             let mut bars = Bars::new(a.quiet || a.json);
             let rep = pipeline::generate(&req, &a.model.model, a.model.device, &mut bars)?;

@@ -30,6 +30,8 @@ pub struct Request {
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
     pub max_tokens: usize,
+    /// GPU compute precision (the CPU reference is always fp32).
+    pub precision: crate::cli::Precision,
 }
 
 /// What a finished picture reports.
@@ -134,15 +136,9 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
     Ok(ck)
 }
 
-/// The backend for `device`, or a clear error.
-pub(crate) fn cuda_unavailable(n: usize) -> anyhow::Error {
-    match crate::backend::cuda::Gpu::open(n) {
-        Err(e) => e.context(format!("cannot use cuda:{n}")),
-        Ok(g) => anyhow::anyhow!(
-            "found {} (cuda:{n}), but the network ops of the CUDA backend are not built yet; use --device cpu",
-            g.name
-        ),
-    }
+/// The CUDA backend on `cuda:n`, or a clear error naming the device.
+pub fn cuda(n: usize, precision: crate::cli::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
+    crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
 }
 
 /// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states rounded to bf16.
@@ -265,7 +261,7 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
     let ck = open_checkpoint(model)?;
     match device {
         Device::Cpu => generate_on(&Cpu, &ck, req, progress, t0),
-        Device::Cuda(n) => Err(cuda_unavailable(n)),
+        Device::Cuda(n) => generate_on(&cuda(n, req.precision)?, &ck, req, progress, t0),
     }
 }
 
@@ -331,7 +327,10 @@ pub fn encode_to_file(
     let ck = open_checkpoint(model)?;
     let mut enc = match device {
         Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
-        Device::Cuda(n) => return Err(cuda_unavailable(n)),
+        Device::Cuda(n) => {
+            let b = cuda(n, crate::cli::Precision::Bf16)?;
+            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, progress)?
+        }
     };
     let uncond = enc.pop().unwrap();
     let cond = enc.pop().unwrap();
@@ -398,7 +397,7 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
     let z = Tensor::new(vec![1, c, h, w], data)?;
     let rgb = match device {
         Device::Cpu => decode_rgb(&Cpu, &ck, &z)?,
-        Device::Cuda(n) => return Err(cuda_unavailable(n)),
+        Device::Cuda(n) => decode_rgb(&cuda(n, crate::cli::Precision::Fp32)?, &ck, &z)?,
     };
     let mut m = png::Metadata::default();
     m.push("model", &ck.loc.id);

@@ -149,6 +149,7 @@ fn loop_request(e: &Expected) -> Request {
         uncond_skip: skips(&lp["uncond_skip"]),
         skip_window: (0.0, 1.0),
         max_tokens: 4096,
+        precision: moss::cli::Precision::Fp32,
     }
 }
 

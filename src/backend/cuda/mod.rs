@@ -4,9 +4,11 @@
 
 pub mod blas;
 pub mod dit;
+pub mod encoder;
 pub mod gates;
 pub mod ops;
 pub mod plan;
+pub mod vae;
 
 pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};
