@@ -891,6 +891,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
 
         // 2. Denoise every picture with the DiT loaded once; then it is freed.
         progress.stage("denoise", ci, chunks.len());
+        b.release_cached()?; // the encoder is gone
         {
             let comp = ck.open_component("transformer")?;
             let dit = Dit::load(b, &comp, &ck.dit)?;
@@ -912,6 +913,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             }
         }
         drop(hidden);
+        b.release_cached()?; // the DiT is gone
         if slots.iter().all(|s| s.latents.is_none()) {
             continue;
         }

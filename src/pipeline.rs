@@ -298,7 +298,9 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     };
     rep.encode_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
+    b.release_cached()?; // the encoder is gone: its memory is free for the DiT's plan
     let z = denoise(b, ck, req, &cond, &uncond, progress)?;
+    b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
     if let Some(p) = &req.save_latents {
         write_latents(p, &z)?;

@@ -72,4 +72,10 @@ pub trait Backend {
     fn narrow(&self, x: &Self::T, dim: usize, start: usize, len: usize) -> Result<Self::T>;
     fn cat(&self, xs: &[&Self::T], dim: usize) -> Result<Self::T>;
     fn permute(&self, x: &Self::T, perm: &[usize]) -> Result<Self::T>;
+
+    /// Hand memory freed by a finished stage back to the system, so the next stage's memory plan
+    /// sees it as free (the pipeline calls this between stages).
+    fn release_cached(&self) -> Result<()> {
+        Ok(())
+    }
 }

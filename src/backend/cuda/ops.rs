@@ -666,6 +666,10 @@ pub fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f32> {
 }
 
 impl Backend for Cuda {
+    fn release_cached(&self) -> Result<()> {
+        self.trim_pool()
+    }
+
     type T = CudaTensor;
 
     fn name(&self) -> String {
