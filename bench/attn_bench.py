@@ -14,9 +14,17 @@ import torch
 
 cubin = sys.argv[1]
 mod = cupy.RawModule(path=cubin)
-kern = {n: mod.get_function(n) for n in ["moss_attn_d128_bf16", "moss_attn_d128_bf16_control"]}
-for k in kern.values():
-    k.max_dynamic_shared_size_bytes = 80 * 1024
+# kernel -> dynamic shared memory; `_v2` aliases the Q tile into a K buffer (64 KiB, 3 blocks/SM)
+SMEM = {"moss_attn_d128_bf16": 80 * 1024, "moss_attn_d128_bf16_control": 80 * 1024,
+        "moss_attn_d128_bf16_v2": 64 * 1024, "moss_attn_d128_bf16_v2_control": 64 * 1024}
+kern = {}
+for n, b in SMEM.items():
+    try:
+        kern[n] = mod.get_function(n)
+        kern[n].max_dynamic_shared_size_bytes = b
+    except Exception:  # an older cubin without the _v2 kernels
+        pass
+VARIANTS = [v for v in ["moss_attn_d128_bf16", "moss_attn_d128_bf16_v2"] if v in kern]
 
 
 def as_cupy(t):
@@ -38,7 +46,7 @@ def moss_attn(name, qkv, out, n, heads):
     scale_log2 = (128 ** -0.5) * math.log2(math.e)
     kern[name]((math.ceil(n / 64), heads), (128,),
                (mk(qp), mk(kp), mk(vp), args[3], cupy.int32(n), cupy.int32(ld), cupy.int32(ld), cupy.int32(ld),
-                cupy.int32(d), cupy.float32(scale_log2)), shared_mem=80 * 1024)
+                cupy.int32(d), cupy.float32(scale_log2)), shared_mem=SMEM[name])
 
 
 def ref_attn(qkv, n, heads, dtype):
@@ -75,19 +83,21 @@ for n in [4096 + 128, 4096 + 13, 1000, 77, 16384 + 128]:
     qkv = torch.randn(n, 3 * heads * 128, device="cuda", dtype=torch.bfloat16)
     out = torch.full((n, heads * 128), float("nan"), device="cuda", dtype=torch.bfloat16)
     ref = ref_attn(qkv, n, heads, torch.float32)
-    moss_attn("moss_attn_d128_bf16", qkv, out, n, heads)
-    torch.cuda.synchronize()
-    e = rel(out, ref)
-    nan = torch.isnan(out).any().item()
-    ctl = torch.full_like(out, float("nan"))
-    moss_attn("moss_attn_d128_bf16_control", qkv, ctl, n, heads)
-    e_ctl = rel(ctl, ref)
     e_torch = rel(ref_attn(qkv, n, heads, torch.bfloat16), ref)
-    t_moss = timed(lambda: moss_attn("moss_attn_d128_bf16", qkv, out, n, heads))
     t_torch = timed(lambda: ref_attn(qkv, n, heads, torch.bfloat16))
     flop = 4 * n * n * 128 * heads
-    rows.append((n, e, nan, e_ctl, e_torch, t_moss, t_torch, flop / t_moss / 1e9, flop / t_torch / 1e9))
+    for var in VARIANTS:
+        out.fill_(float("nan"))
+        moss_attn(var, qkv, out, n, heads)
+        torch.cuda.synchronize()
+        e = rel(out, ref)
+        nan = torch.isnan(out).any().item()
+        ctl = torch.full_like(out, float("nan"))
+        moss_attn(var + "_control", qkv, ctl, n, heads)
+        e_ctl = rel(ctl, ref)
+        t_moss = timed(lambda: moss_attn(var, qkv, out, n, heads))
+        rows.append((n, e, nan, e_ctl, e_torch, t_moss, t_torch, flop / t_moss / 1e9, flop / t_torch / 1e9, var))
 
-print(f"{'N':>6} {'relL2 moss':>11} {'nan':>4} {'control':>9} {'relL2 torch bf16':>16} {'moss ms':>8} {'torch ms':>9} {'moss TF/s':>9} {'torch TF/s':>10}")
+print(f"{'kernel':<24} {'N':>6} {'relL2 moss':>11} {'nan':>4} {'control':>9} {'relL2 torch bf16':>16} {'moss ms':>8} {'torch ms':>9} {'moss TF/s':>9} {'torch TF/s':>10}")
 for r in rows:
-    print(f"{r[0]:>6} {r[1]:>11.2e} {str(r[2]):>4} {r[3]:>9.2e} {r[4]:>16.2e} {r[5]:>8.3f} {r[6]:>9.3f} {r[7]:>9.0f} {r[8]:>10.0f}")
+    print(f"{r[9]:<24} {r[0]:>6} {r[1]:>11.2e} {str(r[2]):>4} {r[3]:>9.2e} {r[4]:>16.2e} {r[5]:>8.3f} {r[6]:>9.3f} {r[7]:>9.0f} {r[8]:>10.0f}")

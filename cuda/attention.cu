@@ -21,6 +21,8 @@ constexpr int THREADS = 128;
 constexpr int TILE_BYTES = 64 * D * 2;  // 16 KiB
 constexpr int SMEM_BYTES = 5 * TILE_BYTES;  // the launch needs this much dynamic shared memory
 static_assert(SMEM_BYTES == 80 * 1024, "host code launches with 80 KiB");
+constexpr int SMEM_BYTES_V2 = 4 * TILE_BYTES;  // the _v2 kernels (Q aliased into a K buffer)
+static_assert(SMEM_BYTES_V2 == 64 * 1024, "host code launches the _v2 kernels with 64 KiB");
 
 __device__ __forceinline__ int swz(int row, int chunk) { return row * (D * 2) + ((chunk ^ (row & 7)) << 4); }
 
@@ -37,15 +39,18 @@ __device__ __forceinline__ void load_tile(char* sm, const __nv_bfloat16* g, long
     }
 }
 
-// scale_log2 = softmax scale * log2(e)
-template <bool CONTROL>
+// scale_log2 = softmax scale * log2(e).
+// QALIAS (the `_v2` kernels): the Q tile lives in the second K buffer — Q is read into registers
+// before the first prefetch overwrites it — so the kernel needs 64 KiB of shared memory instead
+// of 80 and three blocks fit on an SM (with __launch_bounds__(128, 3): at most 168 registers), not two.
+template <bool CONTROL, bool QALIAS = false>
 __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                           const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n,
                                           int ldq, int ldk, int ldv, int ldo, float scale_log2) {
     extern __shared__ __align__(128) char smem[];
-    char* sq = smem;
-    char* sk = smem + TILE_BYTES;
-    char* sv = smem + 3 * TILE_BYTES;
+    char* sq = QALIAS ? smem + TILE_BYTES : smem;
+    char* sk = QALIAS ? smem : smem + TILE_BYTES;
+    char* sv = QALIAS ? smem + 2 * TILE_BYTES : smem + 3 * TILE_BYTES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int col = blockIdx.y * D;
     const int m0 = blockIdx.x * BM;
@@ -56,6 +61,13 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
     cp_async_commit();
 
     unsigned qf[8][4];
+    if (QALIAS) {
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) ldsm_x4(qf[kk], sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        __syncthreads();  // every warp has its Q before tile 1 overwrites it
+    }
     float acc[16][4];
 #pragma unroll
     for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -71,7 +83,7 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (j == 0) {
+        if (!QALIAS && j == 0) {
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) ldsm_x4(qf[kk], sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
         }
@@ -177,4 +189,19 @@ MOSS_KERNEL void __launch_bounds__(128) moss_attn_d128_bf16_control(const __nv_b
                                                                     int ldq, int ldk, int ldv, int ldo,
                                                                     float scale_log2) {
     moss_attn::attn_d128<true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
+}
+
+// The same kernel with Q aliased into the second K buffer: 64 KiB of dynamic shared memory.
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                               const __nv_bfloat16* v, __nv_bfloat16* o, int n,
+                                                               int ldq, int ldk, int ldv, int ldo, float scale_log2) {
+    moss_attn::attn_d128<false, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
+}
+
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2_control(const __nv_bfloat16* q,
+                                                                       const __nv_bfloat16* k,
+                                                                       const __nv_bfloat16* v, __nv_bfloat16* o,
+                                                                       int n, int ldq, int ldk, int ldv, int ldo,
+                                                                       float scale_log2) {
+    moss_attn::attn_d128<true, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
 }

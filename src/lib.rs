@@ -3,6 +3,9 @@
 
 pub mod backend;
 pub mod batch;
+pub mod bench;
+pub mod bench_encoder;
+pub mod bench_vae;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;

@@ -281,9 +281,53 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             Ok(0)
         }
+        Command::BenchDit(a) => {
+            let b = moss::bench::BenchDit {
+                model: a.model.model.clone(),
+                embeds: a.embeds.clone(),
+                width: a.size.0,
+                height: a.size.1,
+                steps: a.steps,
+                seed: a.seed,
+                guidance: a.guidance,
+                uncond_skip: a.uncond_skip.0.clone(),
+                skip_window: a.skip_window,
+                precision: a.precision,
+                forwards: a.forwards,
+                forward_only: a.forward_only,
+                save_latents: a.save_latents.clone(),
+                save_velocity: a.save_velocity.clone(),
+            };
+            println!("{}", moss::bench::run(&b, a.model.device)?);
+            Ok(0)
+        }
+        Command::BenchVae(a) => {
+            let b = moss::bench_vae::BenchVae {
+                model: a.model.model.clone(),
+                latents: a.latents.clone(),
+                reps: a.reps,
+                out_f32: a.out_f32.clone(),
+                out_rgb: a.out_rgb.clone(),
+            };
+            println!("{}", moss::bench_vae::run(&b, a.model.device)?);
+            Ok(0)
+        }
         Command::Check(a) => {
             let ck = pipeline::open_checkpoint(&a.model)?;
             Ok(if moss::check::run(&ck, a.device) { 0 } else { 1 })
+        }
+        Command::BenchEncode(a) => {
+            moss::bench_encoder::run(&moss::bench_encoder::BenchEncode {
+                model: a.model,
+                ids_files: a.ids_file,
+                count: a.ids,
+                seed: a.seed,
+                reps: a.reps,
+                device: a.device,
+                precision: a.precision,
+                outs: a.out,
+            })?;
+            Ok(0)
         }
     }
 }

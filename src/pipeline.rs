@@ -182,6 +182,8 @@ pub fn denoise<B: DitOps>(
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
     let comp = ck.open_component("transformer")?;
+    let image = (req.height / 16) as usize * (req.width / 16) as usize;
+    b.plan_dit(&comp, &ck.dit, image, cond.shape[0].max(uncond.shape[0]))?;
     let dit = Dit::load(b, &comp, &ck.dit)?;
     denoise_with(b, &dit, ck, req, cond, uncond, progress)
 }
@@ -228,6 +230,8 @@ pub fn denoise_with<B: DitOps>(
 /// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.
 pub fn decode_rgb<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
     let comp = ck.open_component("vae")?;
+    anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
+    b.plan_vae(&comp, &ck.vae, z.shape[2], z.shape[3])?;
     let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
     vae.decode_rgb8(b, z)
 }

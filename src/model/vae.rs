@@ -221,7 +221,7 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// Decode `z` `[1, C, h, w]` (normalised, packed) to `[3, 16h, 16w]` clamped to [-1, 1].
     pub fn decode(&self, b: &B, z: &Tensor) -> Result<Tensor> {
-        let mut img = b.download(&self.forward(b, &b.upload(z)?)?)?;
+        let mut img = b.download(&self.forward(b, &b.upload_f32(z)?)?)?;
         img.shape.remove(0);
         img.data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
         Ok(img)
@@ -230,6 +230,6 @@ impl<B: VaeOps> VaeDecoder<B> {
     /// Decode `z` `[1, C, h, w]` to RGB8 pixels, row-major HWC; the clamp and rounding run on the
     /// backend, so only the bytes come back.
     pub fn decode_rgb8(&self, b: &B, z: &Tensor) -> Result<Vec<u8>> {
-        b.to_rgb8(&self.forward(b, &b.upload(z)?)?)
+        b.to_rgb8(&self.forward(b, &b.upload_f32(z)?)?)
     }
 }

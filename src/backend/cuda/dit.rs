@@ -4,13 +4,17 @@
 //! (weights, shift, scale, gate, RoPE tables) may be bf16 or f32 — when one op's vectors differ,
 //! they are cast to f32 first.
 //!
-//! Attention is, for now, three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
+//! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel of `cuda/attention.cu`
+//! (mma.sync, online softmax, no score matrix). Otherwise (fp32, other head dims) it is
+//! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
 //! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
 //! softmax (fp32, `P` rounded to the activation dtype), `O = P V` (cuBLASLt, written straight
 //! into `[N, H, hd]`). Scores are chunked by heads (and query rows) to stay under
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
 use super::blas::Gemm;
+use super::plan::MemoryPlan;
+use crate::checkpoint::{config::DitConfig, Component};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::DitOps;
@@ -19,6 +23,57 @@ use cudarc::driver::result as dr;
 
 /// Bytes of fp32 scores one attention chunk may hold.
 pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
+
+/// The flash kernels of `cuda/attention.cu` (real, planted control), newest first. Launch shape:
+/// grid `(ceil(N/64), heads)`, 128 threads; dynamic shared memory [`flash_smem`]. `_v2` keeps
+/// the Q tile in the second K buffer (64 KiB instead of 80: three blocks an SM instead of two).
+pub const FLASH_KERNELS: [(&str, &str); 2] =
+    [("moss_attn_d128_bf16_v2", "moss_attn_d128_bf16_v2_control"), ("moss_attn_d128_bf16", "moss_attn_d128_bf16_control")];
+pub const FLASH_HEAD_DIM: usize = 128;
+const FLASH_ROWS: usize = 64;
+const FLASH_THREADS: u32 = 128;
+
+/// The flash kernel [`DitOps::attention`] uses: `moss_attn_d128_bf16_v2`, or the first version
+/// with `MOSS_FLASH=v1` in the environment (for side-by-side timing).
+pub fn flash_kernel() -> &'static str {
+    match std::env::var("MOSS_FLASH").as_deref() {
+        Ok("v1") => FLASH_KERNELS[1].0,
+        _ => FLASH_KERNELS[0].0,
+    }
+}
+
+/// Dynamic shared memory of a flash kernel.
+pub fn flash_smem(kernel: &str) -> u32 {
+    if kernel.contains("_v2") { 64 * 1024 } else { 80 * 1024 }
+}
+
+/// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.
+pub fn flash_applies(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
+    q.shape.len() == 3
+        && q.shape[2] == FLASH_HEAD_DIM
+        && k.shape == q.shape
+        && v.shape == q.shape
+        && [q, k, v].iter().all(|t| t.dtype == DType::BF16)
+}
+
+/// The largest square picture side (a multiple of 16, up to the CLI's cap) whose plan at
+/// `side²/256 + text` joint tokens needs at most `free` bytes.
+pub fn largest_square(free: usize, text: usize, needed: impl Fn(usize) -> usize) -> Option<usize> {
+    (1..=crate::cli::MAX_SIDE as usize / 16).rev().find(|s| needed(s * s + text) <= free).map(|s| s * 16)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn largest_square_fitting() {
+        // 1 GiB fixed + 1 MiB a token: 2 GiB free leaves 1024 tokens, 128 of them text → 29² = 841
+        // image tokens (30² = 900 > 896), a 464x464 picture.
+        let need = |t: usize| (1usize << 30) + t * (1 << 20);
+        assert_eq!(super::largest_square(2 << 30, 128, need), Some(464));
+        assert_eq!(super::largest_square(1 << 30, 128, need), None);
+        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::cli::MAX_SIDE as usize));
+    }
+}
 
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [N, heads, dim], got {:?}", x.shape);
@@ -202,6 +257,68 @@ impl Cuda {
         Ok(out)
     }
 
+    /// Flash attention (`cuda/attention.cu`) over `[N, H, 128]` bf16 `q`, `k`, `v` (contiguous),
+    /// written into a new `[N, H, 128]`. `kernel` is one of [`FLASH_KERNELS`].
+    pub(crate) fn flash_attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        scale: f64,
+        kernel: &str,
+    ) -> Result<CudaTensor> {
+        let (n, h, hd) = dims3(q, "attention q")?;
+        ensure!(flash_applies(q, k, v), "flash attention: q {:?} {:?}, k {:?}, v {:?}", q.shape, q.dtype, k.shape, v.shape);
+        let out = self.alloc(DType::BF16, &q.shape)?;
+        let ld = h * hd;
+        self.flash_attention_raw(kernel, (q.ptr(), ld), (k.ptr(), ld), (v.ptr(), ld), (out.ptr(), ld), n, h, scale)?;
+        Ok(out)
+    }
+
+    /// The flash kernel on raw bf16 row-major buffers `(pointer, row stride in elements)`:
+    /// head `i` is columns `[128i, 128i + 128)` of each of the `n` rows, so q/k/v may be column
+    /// slices of one fused `[n, 3·H·128]` projection.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn flash_attention_raw(
+        &self,
+        kernel: &str,
+        q: (u64, usize),
+        k: (u64, usize),
+        v: (u64, usize),
+        o: (u64, usize),
+        n: usize,
+        heads: usize,
+        scale: f64,
+    ) -> Result<()> {
+        for (what, (p, ld)) in [("q", q), ("k", k), ("v", v), ("o", o)] {
+            ensure!(ld % 8 == 0 && p % 16 == 0, "flash attention {what}: stride {ld} / address not 16-byte aligned");
+            ensure!(ld >= heads * FLASH_HEAD_DIM, "flash attention {what}: stride {ld} < {heads} heads of {FLASH_HEAD_DIM}");
+        }
+        ensure!(n < i32::MAX as usize && q.1 < i32::MAX as usize, "flash attention: {n} tokens");
+        if n == 0 || heads == 0 {
+            return Ok(());
+        }
+        let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
+        self.launch_2d(
+            kernel,
+            (n.div_ceil(FLASH_ROWS) as u32, heads as u32),
+            FLASH_THREADS,
+            flash_smem(kernel),
+            &[
+                Arg::P(q.0),
+                Arg::P(k.0),
+                Arg::P(v.0),
+                Arg::P(o.0),
+                Arg::I(n as i32),
+                Arg::I(q.1 as i32),
+                Arg::I(k.1 as i32),
+                Arg::I(v.1 as i32),
+                Arg::I(o.1 as i32),
+                Arg::F(scale_log2),
+            ],
+        )
+    }
+
     /// `swap` is the planted bug of the cfg gate (cond and uncond exchanged).
     pub(crate) fn cfg_euler_with(
         &self,
@@ -242,7 +359,36 @@ impl Cuda {
     }
 }
 
+impl Cuda {
+    /// The DiT stage's memory plan at `tokens` joint tokens: weights as loaded, one forward's
+    /// activations ([`super::plan::dit_activation_bytes`]; at fp32 plus one chunk of cuBLASLt
+    /// attention scores and probabilities), the reserve.
+    pub fn dit_plan(&self, c: &Component, cfg: &DitConfig, tokens: usize) -> MemoryPlan {
+        let dt = self.act_dtype();
+        let mut act = super::plan::dit_activation_bytes(cfg, tokens, dt);
+        if dt != DType::BF16 {
+            act += (ATTN_SCORE_BUDGET / 4) * (4 + dt.size());
+        }
+        MemoryPlan::component(c, self.precision).activations(act)
+    }
+}
+
 impl DitOps for Cuda {
+    fn plan_dit(&self, c: &Component, cfg: &DitConfig, image: usize, text: usize) -> Result<()> {
+        let (free, total) = self.gpu().mem_info()?;
+        let plan = self.dit_plan(c, cfg, image + text);
+        if let Err(e) = plan.check_against(free, total, &self.gpu().name) {
+            // The largest square picture (sides a multiple of 16) whose plan fits, same text.
+            let fits = largest_square(free, text, |tokens| self.dit_plan(c, cfg, tokens).needed());
+            let hint = match fits {
+                Some(side) => format!("the largest square size that fits is {side}x{side}"),
+                None => "no picture size fits: not even the weights do".to_string(),
+            };
+            return Err(e.context(format!("the DiT stage does not fit ({hint})")));
+        }
+        Ok(())
+    }
+
     /// Host f64 (the CPU twin's own code: 256 values), uploaded as f32.
     fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<CudaTensor> {
         self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32)
@@ -260,8 +406,13 @@ impl DitOps for Cuda {
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
     }
+    /// bf16 with head dim 128: the flash kernel `moss_attn_d128_bf16`; otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        self.attention_with(q, k, v, scale, "moss")
+        if flash_applies(q, k, v) {
+            self.flash_attention_with(q, k, v, scale, flash_kernel())
+        } else {
+            self.attention_with(q, k, v, scale, "moss")
+        }
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.situ_glu_with(x, "moss")

@@ -1,36 +1,409 @@
-//! The encoder's fused ops on CUDA. Not built yet: each op says so, so a GPU run stops at the
-//! encode stage with a clear message instead of computing anything wrong.
+//! [`EncoderOps`] on the GPU: the kernels of `cuda/encoder.cu` (the linears are the generic
+//! cuBLASLt `linear`).
+//!
+//! Dtypes: activations (q, k, v, x, z, gate, up) keep their dtype (bf16, or f32 with
+//! `--precision fp32`) and the output takes it; the small per-channel vectors (norm weights, the
+//! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16);
+//! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
+//! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
+//! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
-use super::ops::Cuda;
+use super::blas::Gemm;
+use super::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cpu::encoder::rope_angles;
+use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
-use anyhow::{bail, Result};
+use crate::tensor::Tensor;
+use anyhow::{ensure, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
-const NOT_YET: &str = "the prompt encoder is not built for CUDA yet; encode on the CPU with \
-    `moss encode --device cpu` and pass --embeds, or use --device cpu";
+fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
+    ensure!(x.shape.len() == 3, "{what}: expected [L, heads, dim], got {:?}", x.shape);
+    Ok((x.shape[0], x.shape[1], x.shape[2]))
+}
+
+/// Query rows / key rows per attention tile and its threads (must match `cuda/encoder.cu`).
+const ATTN_Q: usize = 32;
+const ATTN_K: usize = 32;
+const ATTN_THREADS: u32 = 256;
+/// Prompts longer than this take the cuBLASLt attention path (tensor cores), shorter ones the
+/// tiled kernel.
+pub const ATTN_TILED_MAX: usize = 256;
+/// Query rows per chunk of the cuBLASLt path (keys only up to the chunk's end are scored).
+const ATTN_GEMM_CHUNK: usize = 1024;
+/// Largest head dim the attention kernel takes (one output dim per thread).
+pub const ATTN_MAX_HD: usize = 256;
+/// Value columns of the delta-rule state one block owns.
+const GDR_COLS: usize = 32;
+/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder.cu`).
+const GDR_THREADS: u32 = 512;
+
+impl Cuda {
+    fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.cast(x, DType::F32)
+    }
+
+    pub(crate) fn embed_with(&self, table: &CudaTensor, ids: &[u32], prefix: &str) -> Result<CudaTensor> {
+        ensure!(table.shape.len() == 2, "embed: table must be [vocab, hidden], got {:?}", table.shape);
+        let (vocab, h) = (table.shape[0], table.shape[1]);
+        for &id in ids {
+            ensure!((id as usize) < vocab, "token id {id} is outside the embedding table of {vocab}");
+        }
+        ensure!(vocab < (1 << 24), "embed: a vocabulary of {vocab} does not fit exact f32 ids");
+        let idt = self.upload_as(&Tensor::new(vec![ids.len()], ids.iter().map(|&i| i as f32).collect())?, DType::F32)?;
+        let out = self.alloc(table.dtype, &[ids.len(), h])?;
+        self.launch(
+            &format!("{prefix}_embed_{}", table.dtype.name()),
+            self.grid_for(ids.len() * h),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(table.ptr()), Arg::P(idt.ptr()), Arg::L(ids.len() as i64), Arg::L(h as i64)],
+        )?;
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn head_norm_rope_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f64,
+        rot: usize,
+        theta: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (l, nh, hd) = dims3(x, "head_norm_rope")?;
+        ensure!(w.numel() == hd, "head_norm_rope: weight {:?} for head_dim {hd}", w.shape);
+        ensure!(rot % 2 == 0 && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
+        // The inverse frequencies exactly as the CPU twin makes them (angle of position 1).
+        let inv = rope_angles(1, rot, theta);
+        let inv = self.upload_as(&Tensor::new(vec![inv.len().max(1)], if inv.is_empty() { vec![0.0] } else { inv })?, DType::F32)?;
+        let w = self.f32v(w)?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        let rows = l * nh;
+        self.launch(
+            &format!("{prefix}_head_rope_{}", x.dtype.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(w.ptr()),
+                Arg::P(inv.ptr()),
+                Arg::L(rows as i64),
+                Arg::I(nh as i32),
+                Arg::I(hd as i32),
+                Arg::F(eps as f32),
+                Arg::I(rot as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn causal_attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        scale: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (l, nh, hd) = dims3(q, "causal_attention q")?;
+        let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
+        ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
+        ensure!(nkv > 0 && nh % nkv == 0, "causal_attention: {nh} query heads over {nkv} KV heads");
+        ensure!(hd <= ATTN_MAX_HD, "causal_attention: head dim {hd} above {ATTN_MAX_HD}");
+        let (k, v) = (self.cast(k, q.dtype)?, self.cast(v, q.dtype)?);
+        let out = self.alloc(q.dtype, &q.shape)?;
+        if l == 0 {
+            return Ok(out);
+        }
+        if l > ATTN_TILED_MAX {
+            return self.causal_attention_gemm(q, &k, &v, scale, prefix, out);
+        }
+        let floats = ATTN_Q * (hd + 1) + ATTN_K * (hd + 1) + ATTN_K * hd + ATTN_Q * (ATTN_K + 1) + 3 * ATTN_Q;
+        let blocks = l.div_ceil(ATTN_Q) * nh;
+        self.launch(
+            &format!("{prefix}_attn_{}", q.dtype.name()),
+            blocks as u32,
+            ATTN_THREADS,
+            (floats * 4) as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::I(l as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::F(scale as f32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// The long-prompt path of [`Cuda::causal_attention_with`]: per query chunk and per query
+    /// head within a KV group (`r < H/Hkv`), `S = scale · Q Kᵀ` for all KV groups at once
+    /// (cuBLASLt strided-batched straight out of the `[L, heads, hd]` layouts, fp32 scores, keys
+    /// only up to the chunk's last query), the causal softmax (fp32, `P` in the activation
+    /// dtype), `O = P V` written straight into `[L, H, hd]`.
+    fn causal_attention_gemm(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        scale: f64,
+        prefix: &str,
+        out: CudaTensor,
+    ) -> Result<CudaTensor> {
+        let (l, nh, hd) = dims3(q, "causal_attention q")?;
+        let nkv = k.shape[1];
+        let rep = nh / nkv;
+        let dt = q.dtype;
+        let es = dt.size() as u64;
+        let qc = ATTN_GEMM_CHUNK.min(l).min((super::dit::ATTN_SCORE_BUDGET / (nkv * l * 4)).max(1));
+        let s = self.alloc(DType::F32, &[nkv * qc * l])?;
+        let p = self.alloc(dt, &[nkv * qc * l])?;
+        let (ldq, ldk) = (nh * hd, nkv * hd);
+        let stream = &self.gpu().stream;
+        for i0 in (0..l).step_by(qc) {
+            let qn = qc.min(l - i0);
+            let nk = i0 + qn;
+            for r in 0..rep {
+                // S (column-major nk × qn per KV group) = K read transposed · Q: S[j][s] row-major.
+                let g1 = Gemm::plain(dt, DType::F32, true, false, nk, qn, hd, ldk, ldq, nk).batched(nkv, hd, rep * hd, qn * nk);
+                let off_q = (i0 * ldq + r * hd) as u64 * es;
+                self.blas().gemm(stream, g1, k.ptr(), q.ptr() + off_q, s.ptr(), None, scale as f32)?;
+                self.launch(
+                    &format!("{prefix}_csoftmax_{}", dt.name()),
+                    (nkv * qn) as u32,
+                    256,
+                    0,
+                    &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::I(qn as i32), Arg::I(nk as i32), Arg::I(i0 as i32)],
+                )?;
+                // O (column-major hd × qn per group, ld H·hd) = V · P, into heads g·rep + r.
+                let g2 = Gemm::plain(dt, dt, false, false, hd, qn, nk, ldk, nk, ldq).batched(nkv, hd, qn * nk, rep * hd);
+                self.blas().gemm(stream, g2, v.ptr(), p.ptr(), out.ptr() + off_q, None, 1.0)?;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn silu_mul_with(&self, gate: &CudaTensor, up: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        ensure!(gate.shape == up.shape, "silu_mul: {:?} vs {:?}", gate.shape, up.shape);
+        let up = self.cast(up, gate.dtype)?;
+        let out = self.alloc(gate.dtype, &gate.shape)?;
+        let n = gate.numel();
+        self.launch(
+            &format!("{prefix}_silu_mul_{}", gate.dtype.name()),
+            self.grid_for(n),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(gate.ptr()), Arg::P(up.ptr()), Arg::L(n as i64)],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        ensure!(x.shape.len() == 2, "causal_conv1d_silu: x must be [L, C], got {:?}", x.shape);
+        let (l, c) = (x.shape[0], x.shape[1]);
+        ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
+        let kk = w.shape[2];
+        let w = self.f32v(w)?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        self.launch(
+            &format!("{prefix}_conv_{}", x.dtype.name()),
+            self.grid_for(l * c),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32)],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn gdn_gates_with(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+        prefix: &str,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let hv = a.last_dim();
+        ensure!(a.shape == b.shape, "gdn_gates: a {:?} vs b {:?}", a.shape, b.shape);
+        ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
+        let b = self.cast(b, a.dtype)?;
+        let (al, dt) = (self.f32v(a_log)?, self.f32v(dt_bias)?);
+        let g = self.alloc(DType::F32, &a.shape)?;
+        let beta = self.alloc(DType::F32, &a.shape)?;
+        let n = a.numel();
+        self.launch(
+            &format!("{prefix}_gates_{}", a.dtype.name()),
+            self.grid_for(n),
+            256,
+            0,
+            &[
+                Arg::P(g.ptr()),
+                Arg::P(beta.ptr()),
+                Arg::P(a.ptr()),
+                Arg::P(b.ptr()),
+                Arg::P(al.ptr()),
+                Arg::P(dt.ptr()),
+                Arg::L(n as i64),
+                Arg::I(hv as i32),
+            ],
+        )?;
+        Ok((g, beta))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
+        let (lv, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        ensure!(lv == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let dt = q.dtype;
+        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let out = self.alloc(dt, &v.shape)?;
+        if l == 0 {
+            return Ok(out);
+        }
+        // Columns per block: GDR_COLS, or all of dv when it is narrower or does not divide.
+        let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
+        ensure!(cols <= GDR_THREADS as usize, "gated_delta_rule: value head dim {dv}");
+        let ch = DELTA_CHUNK;
+        let floats = dk * cols + 2 * ch * (dk + 1) + 2 * ch * cols + 2 * ch * (ch + 1) + 4 * ch;
+        let bytes = floats * 4;
+        ensure!(bytes <= 227 * 1024, "gated_delta_rule: dk {dk} needs {bytes} bytes of shared memory");
+        self.launch(
+            &format!("{prefix}_gdr_{}", dt.name()),
+            (hv * (dv / cols)) as u32,
+            GDR_THREADS,
+            bytes as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::P(g.ptr()),
+                Arg::P(beta.ptr()),
+                Arg::I(l as i32),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(dv as i32),
+                Arg::I(cols as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn gated_rms_norm_with(
+        &self,
+        x: &CudaTensor,
+        z: &CudaTensor,
+        w: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        ensure!(x.shape == z.shape, "gated_rms_norm: x {:?} vs z {:?}", x.shape, z.shape);
+        let d = x.last_dim();
+        ensure!(w.numel() == d, "gated_rms_norm: weight {:?} for width {d}", w.shape);
+        let z = self.cast(z, x.dtype)?;
+        let w = self.f32v(w)?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        let rows = x.rows();
+        self.launch(
+            &format!("{prefix}_grms_{}", x.dtype.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(z.ptr()),
+                Arg::P(w.ptr()),
+                Arg::L(rows as i64),
+                Arg::I(d as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok(out)
+    }
+}
+
+const P: &str = "moss_enc";
+
+static PROFILE: AtomicBool = AtomicBool::new(false);
+static PROFILE_MS: Mutex<BTreeMap<&'static str, (f64, usize)>> = Mutex::new(BTreeMap::new());
+
+/// Profile the encoder ops: while on, each op synchronises before and after and adds its time
+/// (milliseconds) to a table that [`take_profile`] returns and clears (`moss bench-encode`).
+pub fn set_profile(on: bool) {
+    PROFILE.store(on, Ordering::Relaxed);
+}
+
+/// `(op, total ms, calls)` since the last call.
+pub fn take_profile() -> Vec<(&'static str, f64, usize)> {
+    std::mem::take(&mut *PROFILE_MS.lock().unwrap()).into_iter().map(|(k, (ms, n))| (k, ms, n)).collect()
+}
+
+impl Cuda {
+    fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !PROFILE.load(Ordering::Relaxed) {
+            return f();
+        }
+        self.sync()?;
+        let t = std::time::Instant::now();
+        let r = f()?;
+        self.sync()?;
+        let mut m = PROFILE_MS.lock().unwrap();
+        let e = m.entry(op).or_insert((0.0, 0));
+        e.0 += t.elapsed().as_secs_f64() * 1e3;
+        e.1 += 1;
+        Ok(r)
+    }
+}
 
 impl EncoderOps for Cuda {
-    fn embed(&self, _table: &Self::T, _ids: &[u32]) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
+        self.prof("embed", || self.embed_with(table, ids, P))
     }
-    fn head_norm_rope(&self, _x: &Self::T, _w: &Self::T, _eps: f64, _rot: usize, _theta: f64) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn head_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64) -> Result<CudaTensor> {
+        self.prof("head_norm_rope", || self.head_norm_rope_with(x, w, eps, rot, theta, P))
     }
-    fn causal_attention(&self, _q: &Self::T, _k: &Self::T, _v: &Self::T, _scale: f64) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn causal_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
+        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P))
     }
-    fn silu_mul(&self, _gate: &Self::T, _up: &Self::T) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("silu_mul", || self.silu_mul_with(gate, up, P))
     }
-    fn causal_conv1d_silu(&self, _x: &Self::T, _w: &Self::T) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
     }
-    fn gdn_gates(&self, _a: &Self::T, _b: &Self::T, _a_log: &Self::T, _dt_bias: &Self::T) -> Result<(Self::T, Self::T)> {
-        bail!(NOT_YET)
+    fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
-    fn gated_delta_rule(&self, _q: &Self::T, _k: &Self::T, _v: &Self::T, _g: &Self::T, _beta: &Self::T) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P))
     }
-    fn gated_rms_norm(&self, _x: &Self::T, _z: &Self::T, _w: &Self::T, _eps: f64) -> Result<Self::T> {
-        bail!(NOT_YET)
+    fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+        self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))
     }
 }

@@ -178,7 +178,7 @@ pub struct Cx {
     pub ck: Option<Checkpoint>,
 }
 
-fn shape_str(shapes: &[&[usize]]) -> String {
+pub fn shape_str(shapes: &[&[usize]]) -> String {
     shapes
         .iter()
         .map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
@@ -614,7 +614,7 @@ fn gate_qk_rope(cx: &mut Cx) -> Result<()> {
 }
 
 /// The CPU twin's attention (f64 scores, max, exp-weighted sum) for the query `rows` only.
-fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
+pub(crate) fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
     let (n, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
     let mut out = vec![0f32; rows.len() * nh * hd];
     crate::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
@@ -755,7 +755,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in GATES {
+        for (name, f) in GATES.iter().chain(super::gates_encoder::GATES).chain(super::gates_dit::GATES).chain(super::gates_vae::GATES) {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {

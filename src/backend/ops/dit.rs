@@ -44,6 +44,19 @@ pub trait DitOps: Backend {
     /// no `1 +`).
     fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;
 
+    /// Before the transformer loads: check that its weights and the activations of one forward
+    /// over `image + text` joint tokens fit on the device, and fail with needed/free (and the
+    /// largest size that fits) if not. The CPU has nothing to plan.
+    fn plan_dit(
+        &self,
+        _c: &crate::checkpoint::Component,
+        _cfg: &crate::checkpoint::config::DitConfig,
+        _image: usize,
+        _text: usize,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// CFG combine and Euler step, elementwise in f32 in this order (the reference's rounding):
     /// `v = v_u + guidance·(v_c − v_u)` (or `v = v_c` without `v_u`), then `x + dsigma·v`.
     /// `x`, `v_c`, `v_u` of one shape → that shape.

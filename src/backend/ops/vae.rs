@@ -11,6 +11,18 @@ use anyhow::Result;
 
 /// Ops the VAE decoder needs beyond the generic set.
 pub trait VaeOps: Backend {
+    /// Fail early, with numbers, when decoding latents `[1, C, h, w]` would not fit in free
+    /// device memory (weights, peak activations, reserve). The CPU has nothing to plan.
+    fn plan_vae(&self, _c: &crate::checkpoint::Component, _cfg: &crate::checkpoint::config::VaeConfig, _h: usize, _w: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// Upload host values as the decoder computes them: fp32 (the CUDA backend's `upload`
+    /// would give bf16 at `--precision bf16`; the VAE is fp32 throughout).
+    fn upload_f32(&self, t: &crate::tensor::Tensor) -> Result<Self::T> {
+        self.upload(t)
+    }
+
     /// Undo the latent BatchNorm and unpatchify (spec 7.2 steps 1–2), in one pass.
     ///
     /// `z [N, C·ph·pw, h, w]`, `mean`, `var` `[C·ph·pw]` (the BatchNorm's running statistics; it

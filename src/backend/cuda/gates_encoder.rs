@@ -1,0 +1,277 @@
+//! The encoder's kernel gates (`cuda/encoder.cu` against the CPU twins of
+//! `backend/cpu/encoder.rs`), at the Qwen3.5-9B shapes for a 128- and a 4096-token prompt, each
+//! with a planted control (`moss_ctl_enc_*`) that the same comparison must reject. Registered
+//! in [`super::gates::GATES`].
+
+use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
+use super::encoder::ATTN_TILED_MAX;
+use super::ops::{CudaTensor, DType};
+use crate::backend::cpu::dot;
+use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
+use crate::backend::ops::encoder::DELTA_CHUNK;
+use crate::backend::ops::EncoderOps;
+use crate::backend::Backend;
+use crate::tensor::{rel_l2, Tensor};
+use anyhow::{ensure, Result};
+
+/// Qwen3.5-9B's text backbone (spec 3.1).
+pub mod enc {
+    pub const LENGTHS: [usize; 2] = [128, 4096];
+    pub const HIDDEN: usize = 4096;
+    pub const FFN: usize = 12288;
+    pub const HEADS: usize = 16;
+    pub const KV_HEADS: usize = 4;
+    pub const HEAD_DIM: usize = 256;
+    pub const ROT: usize = 64;
+    pub const THETA: f64 = 1e7;
+    pub const K_HEADS: usize = 16;
+    pub const V_HEADS: usize = 32;
+    pub const DK: usize = 128;
+    pub const DV: usize = 128;
+    pub const CONV: usize = 2 * K_HEADS * DK + V_HEADS * DV;
+    pub const CONV_K: usize = 4;
+    pub const EPS: f64 = 1e-6;
+    /// Rows of the embedding table the gate draws (the real one has 248k).
+    pub const VOCAB: usize = 4096;
+}
+
+/// fp32 head norm + RoPE: the norm (`rsqrtf`, ≤ 2 ulp) then `sincosf` of an angle identical on
+/// both sides (up to 4096 rad; full range reduction, ~1 ulp) and two products.
+pub const F32_ROPE: f64 = 5e-6;
+/// fp32 chunked delta rule against the f64 twin: fp32 dot products of length dk/64, the
+/// forward substitution through `I + A` and a state carried over L/64 chunks in fp32; rounding
+/// grows with the chunk count (≈ u·√(L/64·64) ≈ 4e-6 at L = 4096), the substitution can amplify
+/// it a few times. 1e-4 leaves that an order of magnitude; a wrong formula is O(1e-2) or more.
+pub const F32_DELTA: f64 = 1e-4;
+/// Query rows the CPU computes for the 4096-token attention gate.
+const ATTN_ROWS: usize = 48;
+
+fn bound(cx: &Cx, f32_bound: f64) -> f64 {
+    cx.out_bound(f32_bound)
+}
+
+fn gate_embed(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let (table, gt) = cx.input(&[VOCAB, HIDDEN], 1.0)?;
+        let ids: Vec<u32> = (0..l).map(|_| (cx.rng.next_u64() % (VOCAB as u64 - 1)) as u32).collect();
+        let want = cx.cpu.embed(&table, &ids)?;
+        let s = shape_str(&[&[VOCAB, HIDDEN], &[l]]);
+        let out = cx.cuda.embed_with(&gt, &ids, "moss_enc");
+        cx.judge("enc embed", &s, Kind::Gate, EXACT, "", out, &want, None);
+        let out = cx.cuda.embed_with(&gt, &ids, "moss_ctl_enc");
+        cx.judge("enc embed, id + 1", &s, Kind::Control, EXACT, "", out, &want, None);
+    }
+    Ok(())
+}
+
+fn gate_head_rope(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        for nh in [HEADS, KV_HEADS] {
+            let shape = [l, nh, HEAD_DIM];
+            let (x, gx) = cx.input(&shape, 3.0)?;
+            let (w, gw) = cx.input(&[HEAD_DIM], 0.3)?;
+            let want = cx.cpu.head_norm_rope(&x, &w, EPS, ROT, THETA)?;
+            let s = shape_str(&[&shape]);
+            let b = bound(cx, F32_ROPE);
+            let out = cx.cuda.head_norm_rope_with(&gx, &gw, EPS, ROT, THETA, "moss_enc");
+            cx.judge("enc head_norm_rope", &s, Kind::Gate, b, "", out, &want, None);
+            let out = cx.cuda.head_norm_rope_with(&gx, &gw, EPS, ROT, THETA, "moss_ctl_enc");
+            cx.judge("enc head_norm_rope, position t+1", &s, Kind::Control, b, "", out, &want, None);
+        }
+    }
+    Ok(())
+}
+
+/// The CPU twin's causal GQA attention (f64) for the query `rows` only: `[rows, H·hd]`.
+fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
+    let (nh, hd) = (q.shape[1], q.shape[2]);
+    let nkv = k.shape[1];
+    let rep = nh / nkv;
+    let mut out = vec![0f32; rows.len() * nh * hd];
+    crate::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
+        let t = rows[r];
+        let mut p = vec![0f64; t + 1];
+        for h in 0..nh {
+            let kv = h / rep;
+            let qr = &q.data[(t * nh + h) * hd..][..hd];
+            let mut m = f64::NEG_INFINITY;
+            for (s, ps) in p.iter_mut().enumerate() {
+                *ps = scale * dot(qr, &k.data[(s * nkv + kv) * hd..][..hd]);
+                m = m.max(*ps);
+            }
+            let mut z = 0.0;
+            p.iter_mut().for_each(|ps| {
+                *ps = (*ps - m).exp();
+                z += *ps;
+            });
+            let mut acc = vec![0f64; hd];
+            for (s, &ps) in p.iter().enumerate() {
+                for (a, &vv) in acc.iter_mut().zip(&v.data[(s * nkv + kv) * hd..][..hd]) {
+                    *a += ps * vv as f64;
+                }
+            }
+            for (o, a) in row[h * hd..][..hd].iter_mut().zip(&acc) {
+                *o = (a / z) as f32;
+            }
+        }
+    });
+    Tensor::new(vec![rows.len(), nh * hd], out)
+}
+
+fn gate_attention(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    for l in LENGTHS {
+        let (q, gq) = cx.input(&[l, HEADS, HEAD_DIM], 1.0)?;
+        let (k, gk) = cx.input(&[l, KV_HEADS, HEAD_DIM], 1.0)?;
+        let (v, gv) = cx.input(&[l, KV_HEADS, HEAD_DIM], 1.0)?;
+        // Queries after head_norm are O(1) per dim: scores of spread ~√hd·scale = 1, peaky enough.
+        let (want, rows, note) = if l <= 128 {
+            (cx.cpu.causal_attention(&q, &k, &v, scale)?, None, String::new())
+        } else {
+            let mut rows = cx.rng.subset(l, ATTN_ROWS - 4);
+            rows.extend([0, 1, l - 2, l - 1]);
+            rows.sort();
+            rows.dedup();
+            let note = format!("CPU on {} of {l} query rows", rows.len());
+            (causal_rows(&q, &k, &v, scale, &rows)?, Some(rows), note)
+        };
+        let want = Tensor::new(vec![want.numel() / (HEADS * HEAD_DIM), HEADS * HEAD_DIM], want.data)?;
+        let s = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM]]);
+        let b = bound(cx, F32_GEMM);
+        let cu = cx.cuda.clone();
+        let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[l, HEADS * HEAD_DIM]));
+        let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc"));
+        let (name, ctl) = if l > ATTN_TILED_MAX {
+            ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
+        } else {
+            ("enc causal_attention (tiled kernel)", "enc causal_attention, KV head h % Hkv")
+        };
+        cx.judge(name, &s, Kind::Gate, b, &note, out, &want, rows.as_deref());
+        let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc"));
+        cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
+    }
+    // The subset reference is the twin's loop: confirm it on a size the twin does in full.
+    if cx.dtype == DType::F32 {
+        let (l, nh, nkv, hd) = (80, 4, 2, 32);
+        let q = Tensor::new(vec![l, nh, hd], cx.rng.normals(l * nh * hd, 1.0))?;
+        let k = Tensor::new(vec![l, nkv, hd], cx.rng.normals(l * nkv * hd, 1.0))?;
+        let v = Tensor::new(vec![l, nkv, hd], cx.rng.normals(l * nkv * hd, 1.0))?;
+        let all: Vec<usize> = (0..l).collect();
+        let twin = cx.cpu.causal_attention(&q, &k, &v, 0.3)?;
+        let mine = causal_rows(&q, &k, &v, 0.3, &all)?;
+        ensure!(rel_l2(&mine.data, &twin.data) == 0.0, "the gate's row-subset causal attention differs from the CPU twin");
+    }
+    Ok(())
+}
+
+fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let shape = [l, FFN];
+        let (g, gg) = cx.input(&shape, 2.0)?;
+        let (u, gu) = cx.input(&shape, 1.0)?;
+        let want = cx.cpu.silu_mul(&g, &u)?;
+        let s = shape_str(&[&shape]);
+        let b = bound(cx, F32_ELEMENTWISE);
+        let out = cx.cuda.silu_mul_with(&gg, &gu, "moss_enc");
+        cx.judge("enc silu_mul", &s, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.silu_mul_with(&gg, &gu, "moss_ctl_enc");
+        cx.judge("enc silu_mul, gate and up swapped", &s, Kind::Control, b, "", out, &want, None);
+    }
+    Ok(())
+}
+
+fn gate_conv(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let (x, gx) = cx.input(&[l, CONV], 1.0)?;
+        let (w, gw) = cx.input(&[CONV, 1, CONV_K], 0.5)?;
+        let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
+        let s = shape_str(&[&[l, CONV], &[CONV, 1, CONV_K]]);
+        let b = bound(cx, F32_TRANSCENDENTAL);
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
+        cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc");
+        cx.judge("enc causal_conv1d_silu, taps reversed", &s, Kind::Control, b, "", out, &want, None);
+    }
+    Ok(())
+}
+
+fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let (a, ga) = cx.input(&[l, V_HEADS], 3.0)?;
+        let (bb, gb) = cx.input(&[l, V_HEADS], 3.0)?;
+        // A_log = ln U(0.5, 16) as the model's init; dt_bias around 0 (some above the softplus
+        // threshold of 20 together with a: a·3 spreads to ±10).
+        let al: Vec<f32> = (0..V_HEADS).map(|_| (0.5 + 15.5 * cx.rng.uniform()).ln() as f32).collect();
+        let (al, gal) = cx.exact(Tensor::new(vec![V_HEADS], al)?, DType::F32)?;
+        let (dt, gdt) = cx.input_as(&[V_HEADS], 4.0, DType::F32)?;
+        let (wg, wb) = cx.cpu.gdn_gates(&a, &bb, &al, &dt)?;
+        let s = shape_str(&[&[l, V_HEADS]]);
+        let (g, beta) = cx.cuda.gdn_gates_with(&ga, &gb, &gal, &gdt, "moss_enc")?;
+        cx.judge("enc gdn_gates: g", &s, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", Ok(g), &wg, None);
+        cx.judge("enc gdn_gates: beta", &s, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", Ok(beta), &wb, None);
+        let out = cx.cuda.gdn_gates_with(&ga, &gb, &gal, &gdt, "moss_ctl_enc").map(|(g, _)| g);
+        cx.judge("enc gdn_gates: g without softplus", &s, Kind::Control, F32_TRANSCENDENTAL, "f32 out", out, &wg, None);
+    }
+    Ok(())
+}
+
+fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let (q, gq) = cx.input(&[l, K_HEADS, DK], 1.0)?;
+        let (k, gk) = cx.input(&[l, K_HEADS, DK], 1.0)?;
+        let (v, gv) = cx.input(&[l, V_HEADS, DV], 1.0)?;
+        // Per-step log-decays g = −exp(N(−2.5, 1)) (decays ~0.92 with spread), beta = sigmoid(N).
+        let gs: Vec<f32> = cx.rng.normals(l * V_HEADS, 1.0).iter().map(|&z| -((z as f64 - 2.5).exp()) as f32).collect();
+        let (g, gg) = cx.exact(Tensor::new(vec![l, V_HEADS], gs)?, DType::F32)?;
+        let bs: Vec<f32> = cx.rng.normals(l * V_HEADS, 1.5).iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+        let (beta, gbeta) = cx.exact(Tensor::new(vec![l, V_HEADS], bs)?, DType::F32)?;
+        let want = delta_rule_chunked(&DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta }, DELTA_CHUNK)?;
+        let s = shape_str(&[&[l, K_HEADS, DK], &[l, V_HEADS, DV]]);
+        let b = match cx.dtype {
+            DType::BF16 => BF16_OUT,
+            DType::F32 => F32_DELTA,
+        };
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
+        cx.judge("enc gated_delta_rule (chunked, 64)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
+        cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, "", out, &want, None);
+    }
+    Ok(())
+}
+
+fn gate_gated_rms(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    for l in LENGTHS {
+        let shape = [l, V_HEADS, DV];
+        let (x, gx) = cx.input(&shape, 1.0)?;
+        let (z, gz) = cx.input(&shape, 2.0)?;
+        let (w, gw) = cx.input(&[DV], 1.0)?;
+        let want = cx.cpu.gated_rms_norm(&x, &z, &w, EPS)?;
+        let s = shape_str(&[&shape]);
+        let b = bound(cx, F32_NORM.max(F32_TRANSCENDENTAL));
+        let out = cx.cuda.gated_rms_norm_with(&gx, &gz, &gw, EPS, "moss_enc");
+        cx.judge("enc gated_rms_norm", &s, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.gated_rms_norm_with(&gx, &gz, &gw, EPS, "moss_ctl_enc");
+        cx.judge("enc gated_rms_norm, sigmoid gate", &s, Kind::Control, b, "", out, &want, None);
+    }
+    Ok(())
+}
+
+/// The encoder's gates, in table order (appended to [`super::gates::GATES`]).
+pub const GATES: &[(&str, super::gates::GateFn)] = &[
+    ("enc embed", gate_embed),
+    ("enc head_norm_rope", gate_head_rope),
+    ("enc causal_attention", gate_attention),
+    ("enc silu_mul", gate_silu_mul),
+    ("enc causal_conv1d_silu", gate_conv),
+    ("enc gdn_gates", gate_gdn_gates),
+    ("enc gated_delta_rule", gate_delta_rule),
+    ("enc gated_rms_norm", gate_gated_rms),
+];

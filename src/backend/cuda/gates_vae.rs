@@ -1,0 +1,201 @@
+//! `moss check` gates of the VAE decoder's CUDA kernels (cuda/vae.cu, src/backend/cuda/vae.rs)
+//! against the CPU twins (f64 accumulation), at the full decoder's shapes (widths
+//! 96/192/384/384, a 1024×1024 picture: 128×128 in the mid block), each with planted controls.
+//! The VAE is fp32 at every precision, so these run once, in the fp32 pass.
+
+use super::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
+use super::ops::{CudaTensor, DType};
+use super::vae::ConvKernel;
+use crate::backend::ops::VaeOps;
+use crate::tensor::Tensor;
+use anyhow::Result;
+
+pub const GATES: &[(&str, GateFn)] = &[
+    ("vae bn_unpatchify", gate_bn_unpatchify),
+    ("vae conv2d", gate_conv),
+    ("vae group_norm", gate_group_norm),
+    ("vae spatial_attention", gate_attention),
+    ("vae to_rgb8", gate_to_rgb8),
+];
+
+fn shape_str(shapes: &[&[usize]]) -> String {
+    shapes
+        .iter()
+        .map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// The VAE runs fp32 whatever the precision: gate it in the fp32 pass only.
+fn fp32_pass(cx: &Cx) -> bool {
+    cx.dtype == DType::F32
+}
+
+fn gate_bn_unpatchify(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    let zs = [1, 128, 64, 64];
+    let (z, gz) = cx.input(&zs, 1.0)?;
+    let (mean, gm) = cx.input(&[128], 0.3)?;
+    let var = Tensor::new(vec![128], cx.rng.normals(128, 0.4).iter().map(|v| v.exp() * 0.8).collect())?;
+    let (var, gv) = cx.exact(var, DType::F32)?;
+    let want = cx.cpu.bn_unpatchify(&z, &mean, &var, 1e-4, [2, 2])?;
+    let s = shape_str(&[&zs]);
+    let out = cx.cuda.bn_unpatchify_with(&gz, &gm, &gv, 1e-4, [2, 2], "moss");
+    cx.judge("vae bn_unpatchify", &s, Kind::Gate, EXACT, "bit-exact", out, &want, None);
+    let out = cx.cuda.bn_unpatchify_with(&gz, &gm, &gv, 1e-4, [2, 2], "moss_ctl");
+    cx.judge("vae bn_unpatchify with dy/dx swapped", &s, Kind::Control, EXACT, "", out, &want, None);
+    Ok(())
+}
+
+fn gate_conv(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    // (input shape, cout, k, upsample, controls?)
+    let cases: &[([usize; 4], usize, usize, bool, bool)] = &[
+        ([1, 384, 128, 128], 384, 3, false, true), // mid block / up block 0
+        ([1, 96, 512, 512], 96, 3, false, false),  // up block 3 at a 512x512 crop
+        ([1, 192, 64, 64], 192, 3, true, true),    // an upsampler (64 -> 128)
+        ([1, 384, 64, 64], 192, 1, false, false),  // a 1x1 shortcut
+        ([1, 96, 256, 256], 3, 3, false, false),   // conv_out (3 outputs: a partial tile)
+        ([2, 40, 37, 45], 52, 3, true, false),     // odd sizes, two images, upsampled
+    ];
+    for &(xs, cout, k, up, controls) in cases {
+        let cin = xs[1];
+        let ws = [cout, cin, k, k];
+        let (x, gx) = cx.input(&xs, 1.0)?;
+        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
+        let (b, gb) = cx.input(&[cout], 0.1)?;
+        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
+        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        for (kern, what) in [(ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"), (ConvKernel::Simt, "vae conv2d fp32 SIMT")] {
+            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern, 0);
+            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+        }
+        if controls {
+            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlTf32x1, 0);
+            cx.judge("vae conv2d with one TF32 product (lo dropped)", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+            if up {
+                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3, 1);
+                cx.judge("vae conv2d upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gate_group_norm(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    for (xs, silu, controls) in [([1usize, 384, 128, 128], true, true), ([1, 96, 512, 512], false, false), ([2, 64, 33, 20], true, false)] {
+        let c = xs[1];
+        // An offset mean so a variance without the mean subtracted would show.
+        let (x, gx) = {
+            let n: usize = xs.iter().product();
+            let t = Tensor::new(xs.to_vec(), cx.rng.normals(n, 2.0).iter().map(|v| v + 3.0).collect())?;
+            cx.exact(t, DType::F32)?
+        };
+        let w = Tensor::new(vec![c], cx.rng.normals(c, 0.1).iter().map(|v| v + 1.0).collect())?;
+        let (w, gw) = cx.exact(w, DType::F32)?;
+        let (b, gb) = cx.input(&[c], 0.05)?;
+        let want = cx.cpu.group_norm(&x, &w, &b, 32, 1e-6, silu)?;
+        let s = format!("{} g32{}", shape_str(&[&xs]), if silu { " +silu" } else { "" });
+        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss");
+        cx.judge("vae group_norm (f64 two-pass)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
+        if controls {
+            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl");
+            cx.judge("vae group_norm, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
+        }
+    }
+    Ok(())
+}
+
+/// f64 attention for the query rows `rows` of `q`, `k`, `v` `[1, L, D]` → `[rows, D]`.
+fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let (l, d) = (q.shape[1], q.shape[2]);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = Vec::with_capacity(rows.len() * d);
+    for &r in rows {
+        let qr = &q.data[r * d..(r + 1) * d];
+        let s: Vec<f64> = (0..l)
+            .map(|j| qr.iter().zip(&k.data[j * d..(j + 1) * d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale)
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        let mut o = vec![0f64; d];
+        for (j, &pj) in p.iter().enumerate() {
+            for (a, &vv) in o.iter_mut().zip(&v.data[j * d..(j + 1) * d]) {
+                *a += pj * vv as f64;
+            }
+        }
+        out.extend(o.iter().map(|a| (a / sum) as f32));
+    }
+    Tensor::new(vec![rows.len(), d], out)
+}
+
+fn gate_attention(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    for (l, chunk) in [(4096usize, super::vae::ATTN_CHUNK_BYTES), (4096, 4096 * 4 * 1000), (16384, super::vae::ATTN_CHUNK_BYTES)] {
+        let d = 384;
+        let sh = [1, l, d];
+        let (q, gq) = cx.input(&sh, 1.5)?;
+        let (k, gk) = cx.input(&sh, 1.5)?;
+        let (v, gv) = cx.input(&sh, 1.0)?;
+        let rows = cx.rng.subset(l, 32);
+        let want = attention_rows(&q, &k, &v, &rows)?;
+        let chunks = l.div_ceil((chunk / (4 * l)).clamp(1, l));
+        let s = format!("{} ({chunks} chunks)", shape_str(&[&sh]));
+        let note = format!("CPU on {} of {l} query rows", rows.len());
+        let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss", chunk);
+        cx.judge("vae spatial_attention (cuBLAS fp32 + softmax)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
+        if chunks == 1 {
+            let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss_ctl", chunk);
+            cx.judge("vae spatial_attention without 1/sqrt(D)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+        }
+    }
+    // The row-subset reference against the CPU twin on a size the twin does whole.
+    let sh = [1, 200, 64];
+    let (q, k, v) = (
+        Tensor::new(sh.to_vec(), cx.rng.normals(200 * 64, 1.5))?,
+        Tensor::new(sh.to_vec(), cx.rng.normals(200 * 64, 1.5))?,
+        Tensor::new(sh.to_vec(), cx.rng.normals(200 * 64, 1.0))?,
+    );
+    let all: Vec<usize> = (0..200).collect();
+    let twin = cx.cpu.spatial_attention(&q, &k, &v)?;
+    let mine = attention_rows(&q, &k, &v, &all)?;
+    let e = crate::tensor::rel_l2(&mine.data, &twin.data);
+    anyhow::ensure!(e < 1e-7, "the gate's attention reference differs from the CPU twin by {e:.2e}");
+    Ok(())
+}
+
+fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    let xs = [1, 3, 512, 512];
+    let n: usize = xs.iter().product();
+    // Values past ±1 (the clamp) and exact ties (x = (2j + 1)/255 − 1 lands on j + 0.5).
+    let mut data = cx.rng.normals(n, 0.8);
+    for (i, v) in data.iter_mut().enumerate().step_by(7) {
+        *v = ((2 * (i % 255) + 1) as f32) / 255.0 - 1.0;
+    }
+    let (x, gx) = cx.exact(Tensor::new(xs.to_vec(), data)?, DType::F32)?;
+    let want = cx.cpu.to_rgb8(&x)?;
+    let want = Tensor::new(vec![want.len()], want.iter().map(|&b| b as f32).collect())?;
+    let s = shape_str(&[&xs]);
+    let as_tensor = |r: Result<Vec<u8>>, cx: &Cx| -> Result<CudaTensor> {
+        let b = r?;
+        cx.cuda.upload_as(&Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?, DType::F32)
+    };
+    let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss"), cx);
+    cx.judge("vae to_rgb8 (rintf)", &s, Kind::Gate, EXACT, "bytes, bit-exact", out, &want, None);
+    let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss_ctl"), cx);
+    cx.judge("vae to_rgb8 truncating", &s, Kind::Control, EXACT, "", out, &want, None);
+    Ok(())
+}

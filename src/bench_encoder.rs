@@ -1,0 +1,123 @@
+//! `moss bench-encode` (hidden): run the prompt encoder on given token ids straight from a
+//! `text_encoder/` folder (config.json + safetensors with `language_model.` keys), time the
+//! forward and write the hidden states. For the full-size side-by-side against transformers
+//! (bench/encoder_gpu.sh), where no tokenizer or other component exists.
+
+use crate::backend::cpu::Cpu;
+use crate::backend::ops::EncoderOps;
+use crate::backend::Device;
+use crate::checkpoint::{config::EncoderConfig, expected, tensors::TensorStore, Component};
+use crate::cli::Precision;
+use crate::model::encoder::Encoder;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub struct BenchEncode {
+    pub model: PathBuf,
+    /// Token id files (one forward set each, the model loaded once); empty: `count`
+    /// pseudo-random ids.
+    pub ids_files: Vec<PathBuf>,
+    pub count: usize,
+    pub seed: u64,
+    pub reps: usize,
+    pub device: Device,
+    pub precision: Precision,
+    /// Hidden-state files, one per ids file (or one for the random ids).
+    pub outs: Vec<PathBuf>,
+}
+
+/// The ids of a file of whitespace- or comma-separated integers (a JSON list works).
+fn read_ids(path: &Path) -> Result<Vec<u32>> {
+    let s = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    s.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().with_context(|| format!("{}: `{t}` is not a token id", path.display())))
+        .collect()
+}
+
+fn open(dir: &Path) -> Result<(EncoderConfig, Component)> {
+    let cfg = EncoderConfig::from_file(&dir.join("config.json"))?;
+    let store = TensorStore::open(dir)?;
+    let prefix = ["language_model.", "model.language_model."]
+        .into_iter()
+        .find(|p| store.tensors.keys().any(|k| k.starts_with(p)))
+        .with_context(|| format!("{}: no tensor under `language_model.`", dir.display()))?;
+    let comp = Component { name: "text_encoder", store, prefix: prefix.to_string() };
+    comp.validate(&expected::encoder(&cfg))?;
+    Ok((cfg, comp))
+}
+
+fn bench<B: EncoderOps>(b: &B, a: &BenchEncode, cfg: &EncoderConfig, comp: &Component, inputs: &[Vec<u32>]) -> Result<()> {
+    let t0 = Instant::now();
+    let enc = Encoder::load(b, comp, cfg)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    for (i, ids) in inputs.iter().enumerate() {
+        let warm = Instant::now();
+        let mut hidden = enc.forward(b, ids)?; // the first call (kernel loading, pool growth)
+        let first_ms = warm.elapsed().as_secs_f64() * 1e3;
+        let mut times = vec![];
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            hidden = enc.forward(b, ids)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(first_ms);
+        // One more forward with every encoder op synchronised and timed (CUDA only); the rest of
+        // the forward is the linears and the generic ops.
+        crate::backend::cuda::encoder::set_profile(true);
+        let tp = Instant::now();
+        let profiled = enc.forward(b, ids);
+        let prof_total = tp.elapsed().as_secs_f64() * 1e3;
+        crate::backend::cuda::encoder::set_profile(false);
+        profiled?;
+        let prof: serde_json::Map<String, serde_json::Value> = crate::backend::cuda::encoder::take_profile()
+            .into_iter()
+            .map(|(k, ms, n)| (k.to_string(), serde_json::json!({"ms": ms, "calls": n})))
+            .collect();
+        let j = serde_json::json!({
+            "profile_forward_ms": prof_total,
+            "profile_ms": prof,
+            "tokens": ids.len(),
+            "device": b.name(),
+            "load_s": load_s,
+            "first_ms": first_ms,
+            "forward_ms": times,
+            "median_ms": median,
+            "min_ms": sorted.first().copied().unwrap_or(first_ms),
+        });
+        if let Some(out) = a.outs.get(i) {
+            let bytes: Vec<u8> = hidden.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, hidden.shape.clone(), &bytes)?;
+            let st = safetensors::tensor::serialize([("hidden".to_string(), view)], None)?;
+            std::fs::write(out, st).with_context(|| format!("cannot write {}", out.display()))?;
+        }
+        println!("{j}");
+    }
+    Ok(())
+}
+
+pub fn run(a: &BenchEncode) -> Result<()> {
+    let (cfg, comp) = open(&a.model)?;
+    let inputs: Vec<Vec<u32>> = if a.ids_files.is_empty() {
+        let mut r = crate::backend::cuda::gates::Rng::new(a.seed);
+        vec![(0..a.count).map(|_| (r.next_u64() % cfg.vocab_size as u64) as u32).collect()]
+    } else {
+        a.ids_files.iter().map(|p| read_ids(p)).collect::<Result<_>>()?
+    };
+    if inputs.iter().any(|i| i.is_empty()) {
+        bail!("no token ids");
+    }
+    if !a.outs.is_empty() && a.outs.len() != inputs.len() {
+        bail!("{} --out files for {} inputs", a.outs.len(), inputs.len());
+    }
+    match a.device {
+        Device::Cpu => bench(&Cpu, a, &cfg, &comp, &inputs),
+        Device::Cuda(n) => {
+            let b = crate::pipeline::cuda(n, a.precision)?;
+            bench(&b, a, &cfg, &comp, &inputs)
+        }
+    }
+}
