@@ -34,12 +34,12 @@ for c in tiny-a tiny-b; do
     done
     cat $W/$c.$p.1.json
     cmp $W/$c.$p.1.lat $W/$c.$p.2.lat && echo "$c $p: repeat latents byte-identical"
-    # the PNG's metadata names the latents file: decode both runs from the same name
+    # the PNG's metadata names the latents file (`source`): decode both runs from one path
     for r in 1 2; do
-      mkdir -p $W/r$r && cp $W/$c.$p.$r.lat $W/r$r/$c.$p.lat
-      $BIN decode --device cpu --model golden/$c --size $S $W/r$r/$c.$p.lat -o $W/r$r/$c.$p.png -q
+      cp $W/$c.$p.$r.lat $W/decode.lat
+      $BIN decode --device cpu --model golden/$c --size $S $W/decode.lat -o $W/$c.$p.$r.png -q
     done
-    cmp $W/r1/$c.$p.png $W/r2/$c.$p.png && echo "$c $p: repeat PNGs byte-identical (sha256 $(sha256sum < $W/r1/$c.$p.png | cut -c1-16))"
+    cmp $W/$c.$p.1.png $W/$c.$p.2.png && echo "$c $p: repeat PNGs byte-identical (sha256 $(sha256sum < $W/$c.$p.1.png | cut -c1-16))"
   done
   python3 bench/dit_full.py tiny $c .dittest/$c.cpu.lat $W/$c.bf16.1.lat $W/$c.fp32.1.lat | tee -a $O/tiny.jsonl
 done
@@ -58,6 +58,7 @@ MOSS_FLASH=v1 timeout 60 $BIN bench-dit --device cuda --precision bf16 --model $
   --forward-only --forwards 5 --save-velocity $W/moss_v1.vel
 cmp $W/moss.vel $W/moss_v1.vel && echo "v1 and v2 velocities byte-identical"
 echo "-- memory plan with 134 GiB held by another process:"
+rm -f $W/held  # a warm machine may still have the last run's
 python3 -c "import torch,time,os; x=torch.empty(134*2**30,dtype=torch.uint8,device='cuda'); open('$W/held','w').close(); time.sleep(40)" &
 HOLD=$!
 for i in $(seq 60); do [ -e $W/held ] && break; sleep 0.5; done

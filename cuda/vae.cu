@@ -64,7 +64,10 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
 // bug 1 (runtime, load path only): the upsample fold reads x[(Y+1)>>1, (X+1)>>1] (clamped).
 // KS: the kernel size at compile time (1 or 3; 0 = from `k`), so the im2col index math divides
 // by constants.
-template <int MODE, int KS>
+// TAP: the weight is laid out [Cout, k, k, Cin] (K index = tap * Cin + i) and Cin % BK == 0, so
+// a k-step reads one tap of BK consecutive channels: the gather's index math is done once per
+// k-step, not per element.
+template <int MODE, int KS, bool TAP>
 __device__ void conv(float* __restrict__ out, const float* __restrict__ x, const float* __restrict__ wt,
                      const float* __restrict__ bias, int cin, int h, int w, int cout, int k_rt, int up, int bug) {
     const int k = KS ? KS : k_rt;
@@ -99,6 +102,27 @@ __device__ void conv(float* __restrict__ out, const float* __restrict__ x, const
         for (int j = 0; j < 8; j++) {
             int m = m0 + ar0 + 16 * j, kk = k0 + ac;
             ra[j] = (m < cout && kk < K) ? __ldg(wt + (long)m * K + kk) : 0.f;
+        }
+        if (TAP) {
+            int tap = k0 / cin, i0 = k0 - tap * cin;
+            int ky = tap / k, kx = tap - ky * k;
+            int yy = bY + ky - pad, xx = bX + kx - pad;
+            bool ok = bvalid && yy >= 0 && yy < oh && xx >= 0 && xx < ow;
+            int sy = yy, sx = xx;
+            if (up) {
+                if (bug == 1) {
+                    sy = min((yy + 1) >> 1, h - 1);
+                    sx = min((xx + 1) >> 1, w - 1);
+                } else {
+                    sy = yy >> 1;
+                    sx = xx >> 1;
+                }
+            }
+            const long hw = (long)h * w;
+            const float* src = xn + (long)(i0 + br0) * hw + (ok ? (long)sy * w + sx : 0);
+#pragma unroll
+            for (int j = 0; j < 8; j++) rb[j] = ok ? __ldg(src + 2 * j * hw) : 0.f;
+            return;
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -393,11 +417,14 @@ MOSS_KERNEL void moss_ctl_vae_bn_unpatchify(float* out, const float* z, const fl
     bn_unpatchify<1>(out, z, mean, var, eps, n, c, h, w, ph, pw);
 }
 
-#define MOSS_VAE_CONV(name, mode, ks)                                                                       \
+#define MOSS_VAE_CONV_T(name, mode, ks, tap)                                                                \
     MOSS_KERNEL void __launch_bounds__(THREADS) name(float* out, const float* x, const float* w, const float* b, \
                                                      int cin, int h, int wd, int cout, int k, int up, int bug) { \
-        conv<mode, ks>(out, x, w, b, cin, h, wd, cout, k, up, bug);                                         \
+        conv<mode, ks, tap>(out, x, w, b, cin, h, wd, cout, k, up, bug);                                    \
     }
+#define MOSS_VAE_CONV(name, mode, ks) MOSS_VAE_CONV_T(name, mode, ks, false)
+MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k1, 1, 1, true)
+MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k3, 1, 3, true)
 MOSS_VAE_CONV(moss_vae_conv_simt, 0, 0)
 MOSS_VAE_CONV(moss_vae_conv_simt_k1, 0, 1)
 MOSS_VAE_CONV(moss_vae_conv_simt_k3, 0, 3)

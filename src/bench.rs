@@ -44,22 +44,47 @@ fn median(v: &[f64]) -> f64 {
         return f64::NAN;
     }
     let m = s.len() / 2;
-    if s.len() % 2 == 1 { s[m] } else { (s[m - 1] + s[m]) / 2.0 }
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
 }
 
 pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
     let ck = Checkpoint::open(checkpoint::locate(&a.model)?)?;
     let e = crate::embeds::read(&a.embeds)?;
     if e.cond.hidden.shape[1] != ck.dit.text_dim {
-        bail!("{}: hidden states are {} wide, the transformer takes {}", a.embeds.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
+        bail!(
+            "{}: hidden states are {} wide, the transformer takes {}",
+            a.embeds.display(),
+            e.cond.hidden.shape[1],
+            ck.dit.text_dim
+        );
     }
     crate::cli::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
     match device {
-        Device::Cpu => run_on(&Cpu, &ck, a, &e.cond.hidden, &e.uncond.hidden, &|| Ok(()), "cpu"),
+        Device::Cpu => run_on(
+            &Cpu,
+            &ck,
+            a,
+            &e.cond.hidden,
+            &e.uncond.hidden,
+            &|| Ok(()),
+            "cpu",
+        ),
         Device::Cuda(n) => {
             let b = pipeline::cuda(n, a.precision)?;
             let name = format!("cuda:{n} ({})", b.gpu().name);
-            run_on(&b, &ck, a, &e.cond.hidden, &e.uncond.hidden, &|| b.sync(), &name)
+            run_on(
+                &b,
+                &ck,
+                a,
+                &e.cond.hidden,
+                &e.uncond.hidden,
+                &|| b.sync(),
+                &name,
+            )
         }
     }
 }
@@ -84,7 +109,10 @@ fn run_on<B: DitOps>(
 
     let sigmas = crate::schedule::sigmas(a.steps as usize, &ck.scheduler);
     let t = sigmas[0] * 1000.0;
-    let noise = Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(a.seed, c * h * w))?;
+    let noise = Tensor::new(
+        vec![1, c, h, w],
+        crate::noise::torch_randn(a.seed, c * h * w),
+    )?;
     let x = b.upload(&noise)?;
     let tc = dit.refine_text(b, cond)?;
     let mut fwd_ms = vec![];

@@ -39,16 +39,63 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
         let fused = |kernel: &str, scale: f64| -> Result<CudaTensor> {
             let out = cu.alloc(DType::BF16, &[n, DIM])?;
             let (p, ld) = (qkv.ptr(), 3 * DIM);
-            cu.flash_attention_raw(kernel, (p, ld), (p + 2 * DIM as u64, ld), (p + 4 * DIM as u64, ld), (out.ptr(), DIM), n, HEADS, scale)?;
+            cu.flash_attention_raw(
+                kernel,
+                (p, ld),
+                (p + 2 * DIM as u64, ld),
+                (p + 4 * DIM as u64, ld),
+                (out.ptr(), DIM),
+                n,
+                HEADS,
+                scale,
+            )?;
             Ok(out)
         };
         let s = format!("{} (fused qkv)", shape_str(&[&shape]));
         for (kernel, control) in FLASH_KERNELS {
-            cx.judge(&format!("attention ({kernel})"), &s, Kind::Gate, BF16_OUT, &note, fused(kernel, scale), &want, Some(&rows));
-            cx.judge(&format!("{kernel}: output not rescaled"), &s, Kind::Control, BF16_OUT, &note, fused(control, scale), &want, Some(&rows));
-            cx.judge(&format!("{kernel} without 1/sqrt(hd)"), &s, Kind::Control, BF16_OUT, &note, fused(kernel, 1.0), &want, Some(&rows));
-            let out = cu.flash_attention_with(&gq, &gk, &gv, scale, kernel).and_then(|o| cu.reshape(&o, &[n, DIM]));
-            cx.judge(&format!("attention ({kernel}, [N,H,hd] in)"), &shape_str(&[&shape]), Kind::Gate, BF16_OUT, &note, out, &want, Some(&rows));
+            cx.judge(
+                &format!("attention ({kernel})"),
+                &s,
+                Kind::Gate,
+                BF16_OUT,
+                &note,
+                fused(kernel, scale),
+                &want,
+                Some(&rows),
+            );
+            cx.judge(
+                &format!("{kernel}: output not rescaled"),
+                &s,
+                Kind::Control,
+                BF16_OUT,
+                &note,
+                fused(control, scale),
+                &want,
+                Some(&rows),
+            );
+            cx.judge(
+                &format!("{kernel} without 1/sqrt(hd)"),
+                &s,
+                Kind::Control,
+                BF16_OUT,
+                &note,
+                fused(kernel, 1.0),
+                &want,
+                Some(&rows),
+            );
+            let out = cu
+                .flash_attention_with(&gq, &gk, &gv, scale, kernel)
+                .and_then(|o| cu.reshape(&o, &[n, DIM]));
+            cx.judge(
+                &format!("attention ({kernel}, [N,H,hd] in)"),
+                &shape_str(&[&shape]),
+                Kind::Gate,
+                BF16_OUT,
+                &note,
+                out,
+                &want,
+                Some(&rows),
+            );
         }
     }
     Ok(())

@@ -70,7 +70,11 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        for (kern, what) in [(ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"), (ConvKernel::Simt, "vae conv2d fp32 SIMT")] {
+        for (kern, what) in [
+            (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
+            (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
+            (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
+        ] {
             let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern, 0);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
@@ -80,6 +84,8 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
             if up {
                 let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3, 1);
                 cx.judge("vae conv2d upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3Tap, 1);
+                cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
     }

@@ -65,6 +65,9 @@ const CONV_BN: usize = 128;
 pub enum ConvKernel {
     Simt,
     Tf32x3,
+    /// Split TF32 with the weight re-laid out tap-major (`[Cout, k, k, Cin]`), so one k-step
+    /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`).
+    Tf32x3Tap,
     /// Planted: one TF32 product (the lo parts dropped).
     CtlTf32x1,
 }
@@ -74,14 +77,16 @@ impl ConvKernel {
         match self {
             ConvKernel::Simt => "moss_vae_conv_simt",
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
+            ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
         }
     }
-    /// The default: split TF32, unless `MOSS_VAE_CONV=simt`.
+    /// The default: split TF32 tap-major, unless `MOSS_VAE_CONV=simt` or `=tf32x3`.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
-            _ => ConvKernel::Tf32x3,
+            Ok("tf32x3") => ConvKernel::Tf32x3,
+            _ => ConvKernel::Tf32x3Tap,
         }
     }
 }
@@ -153,6 +158,12 @@ impl Cuda {
         ensure!(b.numel() == cout, "conv2d: bias {:?} for {cout} outputs", b.shape);
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
+        let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
+            ConvKernel::Tf32x3
+        } else {
+            kernel
+        };
+        let w = if kernel == ConvKernel::Tf32x3Tap && k > 1 { self.permute(&w, &[0, 2, 3, 1])? } else { w };
         let (oh, ow) = if upsample2x { (2 * h, 2 * wd) } else { (h, wd) };
         ensure!((oh * ow) < i32::MAX as usize && cin * k * k < i32::MAX as usize, "conv2d: picture too large");
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
