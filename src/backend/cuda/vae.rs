@@ -383,3 +383,31 @@ impl VaeOps for Cuda {
         self.to_rgb8_with(x, "moss")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::config::VaeConfig;
+
+    #[test]
+    fn activation_estimate_full_size() {
+        let cfg = VaeConfig {
+            latent_channels: 32,
+            out_channels: 3,
+            decoder_block_out_channels: vec![96, 192, 384, 384],
+            layers_per_block: 2,
+            norm_num_groups: 32,
+            batch_norm_eps: 1e-4,
+            patch_size: [2, 2],
+            use_post_quant_conv: true,
+            mid_block_add_attention: true,
+        };
+        // 1024x1024: the largest picture is the 192-wide upsampler output at 1024x1024.
+        let b = vae_activation_bytes(&cfg, 64, 64);
+        let peak = 4 * 192 * 1024 * 1024 * 4;
+        assert_eq!(b, peak + peak / 4);
+        // 2048x2048: four times that (attention's 1 GiB chunk and q/k/v stay below it).
+        assert_eq!(vae_activation_bytes(&cfg, 128, 128), 4 * b);
+        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::super::ops::GIB, 4.0 * b as f64 / super::super::ops::GIB);
+    }
+}
