@@ -259,34 +259,8 @@ impl EncoderOps for Cpu {
         let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
         ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
         ensure!(nkv > 0 && nh % nkv == 0, "causal_attention: {nh} query heads over {nkv} KV heads");
-        let rep = nh / nkv;
         let mut out = vec![0f32; q.numel()];
-        par_rows(&mut out, nh * hd, |t, row| {
-            let mut p = vec![0f64; t + 1];
-            for h in 0..nh {
-                let kv = h / rep;
-                let qr = &q.data[(t * nh + h) * hd..][..hd];
-                let mut m = f64::NEG_INFINITY;
-                for (s, ps) in p.iter_mut().enumerate() {
-                    *ps = scale * dot(qr, &k.data[(s * nkv + kv) * hd..][..hd]);
-                    m = m.max(*ps);
-                }
-                let mut z = 0.0;
-                p.iter_mut().for_each(|ps| {
-                    *ps = (*ps - m).exp();
-                    z += *ps;
-                });
-                let mut acc = vec![0f64; hd];
-                for (s, &ps) in p.iter().enumerate() {
-                    for (a, &vv) in acc.iter_mut().zip(&v.data[(s * nkv + kv) * hd..][..hd]) {
-                        *a += ps * vv as f64;
-                    }
-                }
-                for (o, a) in row[h * hd..][..hd].iter_mut().zip(&acc) {
-                    *o = (a / z) as f32;
-                }
-            }
-        });
+        par_rows(&mut out, nh * hd, |t, row| causal_attention_row(q, k, v, scale, t, row));
         Tensor::new(q.shape.clone(), out)
     }
 
@@ -354,5 +328,37 @@ impl EncoderOps for Cpu {
             }
         });
         Tensor::new(x.shape.clone(), out)
+    }
+}
+
+/// One query position `t` of the causal GQA attention (the twin of `causal_attention`), all heads:
+/// `row` is `[H·hd]`; query head h reads KV head `h / (H / Hkv)`; f64 softmax over keys `0..=t`.
+pub fn causal_attention_row(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, t: usize, row: &mut [f32]) {
+    let (nh, hd) = (q.shape[1], q.shape[2]);
+    let nkv = k.shape[1];
+    let rep = nh / nkv;
+    let mut p = vec![0f64; t + 1];
+    for h in 0..nh {
+        let kv = h / rep;
+        let qr = &q.data[(t * nh + h) * hd..][..hd];
+        let mut m = f64::NEG_INFINITY;
+        for (s, ps) in p.iter_mut().enumerate() {
+            *ps = scale * dot(qr, &k.data[(s * nkv + kv) * hd..][..hd]);
+            m = m.max(*ps);
+        }
+        let mut z = 0.0;
+        p.iter_mut().for_each(|ps| {
+            *ps = (*ps - m).exp();
+            z += *ps;
+        });
+        let mut acc = vec![0f64; hd];
+        for (s, &ps) in p.iter().enumerate() {
+            for (a, &vv) in acc.iter_mut().zip(&v.data[(s * nkv + kv) * hd..][..hd]) {
+                *a += ps * vv as f64;
+            }
+        }
+        for (o, a) in row[h * hd..][..hd].iter_mut().zip(&acc) {
+            *o = (a / z) as f32;
+        }
     }
 }

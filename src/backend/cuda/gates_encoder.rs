@@ -6,7 +6,6 @@
 use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use super::encoder::ATTN_TILED_MAX;
 use super::ops::{CudaTensor, DType};
-use crate::backend::cpu::dot;
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
@@ -87,35 +86,9 @@ fn gate_head_rope(cx: &mut Cx) -> Result<()> {
 /// The CPU twin's causal GQA attention (f64) for the query `rows` only: `[rows, H·hd]`.
 fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
     let (nh, hd) = (q.shape[1], q.shape[2]);
-    let nkv = k.shape[1];
-    let rep = nh / nkv;
     let mut out = vec![0f32; rows.len() * nh * hd];
     crate::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
-        let t = rows[r];
-        let mut p = vec![0f64; t + 1];
-        for h in 0..nh {
-            let kv = h / rep;
-            let qr = &q.data[(t * nh + h) * hd..][..hd];
-            let mut m = f64::NEG_INFINITY;
-            for (s, ps) in p.iter_mut().enumerate() {
-                *ps = scale * dot(qr, &k.data[(s * nkv + kv) * hd..][..hd]);
-                m = m.max(*ps);
-            }
-            let mut z = 0.0;
-            p.iter_mut().for_each(|ps| {
-                *ps = (*ps - m).exp();
-                z += *ps;
-            });
-            let mut acc = vec![0f64; hd];
-            for (s, &ps) in p.iter().enumerate() {
-                for (a, &vv) in acc.iter_mut().zip(&v.data[(s * nkv + kv) * hd..][..hd]) {
-                    *a += ps * vv as f64;
-                }
-            }
-            for (o, a) in row[h * hd..][..hd].iter_mut().zip(&acc) {
-                *o = (a / z) as f32;
-            }
-        }
+        crate::backend::cpu::encoder::causal_attention_row(q, k, v, scale, rows[r], row)
     });
     Tensor::new(vec![rows.len(), nh * hd], out)
 }

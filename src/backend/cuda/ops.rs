@@ -273,33 +273,11 @@ impl Cuda {
 
     /// Launch `name` on the stream with a 1-D grid.
     pub fn launch(&self, name: &str, grid: u32, block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
-        let f = self.func(name)?;
-        if shmem > 48 * 1024 {
-            // Dynamic shared memory past 48 KiB must be opted into per function.
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem as i32)
-                .map_err(|e| anyhow!("{name}: {shmem} bytes of shared memory: {e:?}"))?;
-        }
-        let mut slots: Vec<*mut c_void> = args
-            .iter()
-            .map(|a| match a {
-                Arg::P(v) => v as *const u64 as *mut c_void,
-                Arg::L(v) => v as *const i64 as *mut c_void,
-                Arg::I(v) => v as *const i32 as *mut c_void,
-                Arg::F(v) => v as *const f32 as *mut c_void,
-                Arg::Perm(v) => v as *const PermArgs as *mut c_void,
-            })
-            .collect();
-        let s = &self.inner.gpu.stream;
-        s.context().bind_to_thread().map_err(de("bind context"))?;
-        // SAFETY: the kernel's C signature matches `args` (each call site is written against
-        // cuda/tensor.cu); every pointer is a live allocation of the size the kernel reads.
-        unsafe {
-            dr::launch_kernel(f.cu_function(), (grid.max(1), 1, 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots)
-        }
-        .map_err(|e| anyhow!("launching {name}: {e:?}"))
+        self.launch_2d(name, (grid, 1), block, shmem, args)
     }
 
-    /// Launch `name` on the stream with a 2-D grid `(x, y)` (same rules as [`Cuda::launch`]).
+    /// Launch `name` on the stream with a 2-D grid `(x, y)`; more than 48 KiB of dynamic shared
+    /// memory is opted into per function.
     pub fn launch_2d(&self, name: &str, grid: (u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
         if shmem > 48 * 1024 {
@@ -318,7 +296,8 @@ impl Cuda {
             .collect();
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
-        // SAFETY: as in `launch`: the kernel's C signature matches `args`.
+        // SAFETY: the kernel's C signature matches `args` (each call site is written against its
+        // kernel in cuda/); every pointer is a live allocation of the size the kernel reads.
         unsafe {
             dr::launch_kernel(f.cu_function(), (grid.0.max(1), grid.1.max(1), 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots)
         }
