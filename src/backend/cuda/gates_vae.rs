@@ -70,7 +70,9 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default)" } else { "vae conv2d split-TF32 halo (default)" };
         for (kern, what) in [
+            (ConvKernel::Halo, default_what),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
             (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
@@ -78,7 +80,13 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
             let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern, 0);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
+        if cout <= 4 {
+            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlSmallMirrored, 0);
+            cx.judge("vae conv2d small-Cout, taps mirrored", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+        }
         if controls {
+            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlHaloTf32x1, 0);
+            cx.judge("vae conv2d halo with one TF32 product", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlTf32x1, 0);
             cx.judge("vae conv2d with one TF32 product (lo dropped)", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
@@ -86,6 +94,8 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
                 cx.judge("vae conv2d upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
                 let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3Tap, 1);
                 cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo, 1);
+                cx.judge("vae conv2d halo, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
     }
@@ -110,7 +120,7 @@ fn gate_group_norm(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.group_norm(&x, &w, &b, 32, 1e-6, silu)?;
         let s = format!("{} g32{}", shape_str(&[&xs]), if silu { " +silu" } else { "" });
         let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss");
-        cx.judge("vae group_norm (f64 two-pass)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
+        cx.judge("vae group_norm (f64 one-pass about a shift)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
         if controls {
             let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl");
             cx.judge("vae group_norm, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);

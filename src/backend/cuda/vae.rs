@@ -2,13 +2,15 @@
 //! decoder runs in fp32 whatever `--precision` says: its weights are f32 in the checkpoint and
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
-//! - `conv2d`: implicit GEMM, 128×128 output tiles, the nearest-×2 upsample folded into the
-//!   input indexing; on the tensor cores with split TF32 (3 products per tile, fp32 accuracy)
-//!   by default, or plain fp32 SIMT with `MOSS_VAE_CONV=simt`. The tensor cores' fp32
+//! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
+//!   tensor cores with split TF32 (3 products per tile, fp32 accuracy) by default (the halo
+//!   kernel of cuda/vae_conv.cu; conv_out's 3 outputs on an f64 SIMT kernel), or the older
+//!   per-k-step gather kernels (`MOSS_VAE_CONV=tap|tf32x3`), or plain fp32 SIMT (`=simt`). The tensor cores' fp32
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
-//! - `group_norm`: two-pass f64 statistics per group, then one normalise(+SiLU) pass.
+//! - `group_norm`: one pass of f64 statistics per group (about the group's first value), then
+//!   one normalise(+SiLU) pass per plane.
 //! - `spatial_attention`: query chunks of at most `ATTN_CHUNK_BYTES` of scores: cuBLAS fp32
 //!   `S = Q_c·Kᵀ` (TF32 off), a row softmax kernel (scale, max subtracted), cuBLAS `P·V`. The
 //!   `[L, L]` matrix never exists at once.
@@ -68,8 +70,16 @@ pub enum ConvKernel {
     /// Split TF32 with the weight re-laid out tap-major (`[Cout, k, k, Cin]`), so one k-step
     /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`).
     Tf32x3Tap,
+    /// The default (cuda/vae_conv.cu): Cout <= 4 (conv_out) → the f64 SIMT kernel
+    /// (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32 halo kernel (weights
+    /// pre-split and in fragment order, 8-channel input halos, cp.async); else `Tf32x3Tap`.
+    Halo,
     /// Planted: one TF32 product (the lo parts dropped).
     CtlTf32x1,
+    /// Planted: the halo kernel with one TF32 product.
+    CtlHaloTf32x1,
+    /// Planted: the small-Cout kernel with its taps mirrored in x.
+    CtlSmallMirrored,
 }
 
 impl ConvKernel {
@@ -79,16 +89,35 @@ impl ConvKernel {
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
+            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
         }
     }
-    /// The default: split TF32 tap-major, unless `MOSS_VAE_CONV=simt` or `=tf32x3`.
+    /// The default: the halo kernel (with its small-Cout and tap-major fallbacks), unless
+    /// `MOSS_VAE_CONV=simt`, `=tf32x3` or `=tap`.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
             Ok("tf32x3") => ConvKernel::Tf32x3,
-            _ => ConvKernel::Tf32x3Tap,
+            Ok("tap") => ConvKernel::Tf32x3Tap,
+            _ => ConvKernel::Halo,
         }
     }
+}
+
+/// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
+const HALO_TH: usize = 8;
+const HALO_TW: usize = 16;
+
+/// cuda/vae_conv.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
+fn halo_cs(hn: usize) -> usize {
+    let r = hn % 32;
+    hn - r + if r <= 8 { 8 } else if r <= 24 { 24 } else { 40 }
+}
+
+/// cuda/vae_conv.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
+/// buffers (hi and lo).
+fn halo_smem_bytes(bm: usize, k: usize) -> usize {
+    4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
 }
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
@@ -158,6 +187,19 @@ impl Cuda {
         ensure!(b.numel() == cout, "conv2d: bias {:?} for {cout} outputs", b.shape);
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
+        match kernel {
+            ConvKernel::Halo | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+                return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
+            }
+            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 => {
+                return self.conv2d_halo(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug);
+            }
+            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
+                anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
+            }
+            _ => {}
+        }
+        let kernel = if kernel == ConvKernel::Halo { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -197,6 +239,81 @@ impl Cuda {
         Ok(out)
     }
 
+    /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
+    /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch.
+    /// `one_product` runs the planted one-TF32-product build; `bug = 1` the fold off by one.
+    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, one_product: bool, bug: i32) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, _, k, _) = dims4(w, "conv2d weight")?;
+        // Output-channel block 96 or 128, whichever pads Cout less (ties: 128).
+        let pad = |bm: usize| cout.div_ceil(bm) * bm - cout;
+        let bm = if pad(96) < pad(128) { 96 } else { 128 };
+        let sfx = format!("b{bm}_k{k}");
+        let mblocks = cout.div_ceil(bm);
+        let wf = self.alloc(DType::F32, &[mblocks * bm * cin * k * k * 2])?;
+        self.launch(
+            &format!("moss_vae_wprep_{sfx}"),
+            self.grid_for(wf.numel()),
+            256,
+            0,
+            &[Arg::P(wf.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(cin as i32)],
+        )?;
+        let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
+        ensure!(cin * h * wd < i32::MAX as usize, "conv2d: input {:?} too large", x.shape);
+        let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
+        let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
+        ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
+        let prefix = if one_product { "moss_ctl" } else { "moss" };
+        self.launch(
+            &format!("{prefix}_vae_conv_halo_{sfx}"),
+            blocks as u32,
+            256,
+            halo_smem_bytes(bm, k) as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(wf.ptr()),
+                Arg::P(b.ptr()),
+                Arg::I(cin as i32),
+                Arg::I(h as i32),
+                Arg::I(wd as i32),
+                Arg::I(cout as i32),
+                Arg::I(up as i32),
+                Arg::I(bug),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`mirrored`: the planted
+    /// build with the taps mirrored in x).
+    fn conv2d_small(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, mirrored: bool) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, _, k, _) = dims4(w, "conv2d weight")?;
+        let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
+        let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
+        self.launch(
+            if mirrored { "moss_ctl_vae_conv_small" } else { "moss_vae_conv_small" },
+            self.grid_for(n * oh * ow),
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(w.ptr()),
+                Arg::P(b.ptr()),
+                Arg::I(cin as i32),
+                Arg::I(h as i32),
+                Arg::I(wd as i32),
+                Arg::I(cout as i32),
+                Arg::I(k as i32),
+                Arg::I(up as i32),
+                Arg::I(n as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn group_norm_with(
         &self,
@@ -219,20 +336,19 @@ impl Cuda {
         let stats = self.alloc(DType::F32, &[ng * 4])?;
         self.launch("moss_vae_zero_f64", 1, 256, 0, &[Arg::P(stats.ptr()), Arg::L((2 * ng) as i64)])?;
         let chunks = len.div_ceil(16 * 1024).clamp(1, 1024);
-        for pass in 0..2 {
-            self.launch(
-                "moss_vae_gn_stats",
-                (ng * chunks) as u32,
-                256,
-                0,
-                &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32), Arg::I(pass)],
-            )?;
-        }
-        let out = self.alloc(DType::F32, &x.shape)?;
-        let total = x.numel();
         self.launch(
+            "moss_vae_gn_stats",
+            (ng * chunks) as u32,
+            256,
+            0,
+            &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32)],
+        )?;
+        let out = self.alloc(DType::F32, &x.shape)?;
+        ensure!(n * c < 65536, "group_norm: {n}x{c} planes");
+        let items = if hw % 4 == 0 { hw / 4 } else { hw };
+        self.launch_2d(
             &format!("{prefix}_vae_gn_apply"),
-            self.grid_for(total),
+            (items.div_ceil(256).clamp(1, 512) as u32, (n * c) as u32),
             256,
             0,
             &[
@@ -241,7 +357,6 @@ impl Cuda {
                 Arg::P(stats.ptr()),
                 Arg::P(w.ptr()),
                 Arg::P(b.ptr()),
-                Arg::L(total as i64),
                 Arg::I(c as i32),
                 Arg::L(hw as i64),
                 Arg::I(groups as i32),
