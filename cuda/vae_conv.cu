@@ -14,7 +14,8 @@
 //   weights stream in with cp.async and its halo is prefetched into registers (2 stages).
 //   Accuracy: the tensor cores' fp32 accumulation truncates, so each tap's 3 products go into a
 //   fresh register tile (the first mma reads a zero C) that is then added to the running sum
-//   with a round-to-nearest add.
+//   with a round-to-nearest add. A null bias adds nothing (the attention's products use this
+//   kernel as a GEMM).
 // - moss_vae_conv_small: Cout <= 4 (conv_out: 96 -> 3): one thread per output pixel, all
 //   outputs, f64 accumulation, weights staged in shared memory 32 input channels at a time.
 // moss_ctl_*: planted bugs for `moss check` (one TF32 product; mirrored taps).
@@ -242,7 +243,7 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
         for (int hf = 0; hf < 2; hf++) {
             int o = mb * BM + wm * 16 * MT + mt * 16 + g + 8 * hf;
             if (o >= cout) continue;
-            float bb = bias[o];
+            float bb = bias ? bias[o] : 0.f;
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 int Y = ty0 + wn * 2 + (nt >> 1), X = tx0 + 8 * (nt & 1) + 2 * t;

@@ -170,7 +170,13 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let note = format!("CPU on {} of {l} query rows", rows.len());
         let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss", chunk);
         cx.judge("vae spatial_attention (cuBLAS fp32 + softmax)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
+        let chunks_split = l.div_ceil((chunk / 3 / (4 * l)).clamp(1, l));
+        let s2 = format!("{} ({chunks_split} chunks)", shape_str(&[&sh]));
+        let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, "moss", chunk);
+        cx.judge("vae spatial_attention (split-TF32 halo GEMMs + softmax)", &s2, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
         if chunks == 1 {
+            let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, "moss_ctl", chunk);
+            cx.judge("vae spatial_attention split-TF32 without 1/sqrt(D)", &s2, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
             let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss_ctl", chunk);
             cx.judge("vae spatial_attention without 1/sqrt(D)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
         }

@@ -11,9 +11,10 @@
 //!   K = 3456, over the fp32 bound).
 //! - `group_norm`: one pass of f64 statistics per group (about the group's first value), then
 //!   one normalise(+SiLU) pass per plane.
-//! - `spatial_attention`: query chunks of at most `ATTN_CHUNK_BYTES` of scores: cuBLAS fp32
-//!   `S = Q_c·Kᵀ` (TF32 off), a row softmax kernel (scale, max subtracted), cuBLAS `P·V`. The
-//!   `[L, L]` matrix never exists at once.
+//! - `spatial_attention`: query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
+//!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
+//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off,
+//!   also with `MOSS_VAE_ATTN=cublas`). The `[L, L]` matrix never exists at once.
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
 use super::blas::LinearBug;
@@ -192,7 +193,7 @@ impl Cuda {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
             ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 => {
-                return self.conv2d_halo(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug);
+                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
@@ -242,7 +243,7 @@ impl Cuda {
     /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
     /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch.
     /// `one_product` runs the planted one-TF32-product build; `bug = 1` the fold off by one.
-    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, one_product: bool, bug: i32) -> Result<CudaTensor> {
+    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, one_product: bool, bug: i32) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, _, k, _) = dims4(w, "conv2d weight")?;
         // Output-channel block 96 or 128, whichever pads Cout less (ties: 128).
@@ -273,7 +274,7 @@ impl Cuda {
                 Arg::P(out.ptr()),
                 Arg::P(x.ptr()),
                 Arg::P(wf.ptr()),
-                Arg::P(b.ptr()),
+                Arg::P(b.map_or(0, |b| b.ptr())),
                 Arg::I(cin as i32),
                 Arg::I(h as i32),
                 Arg::I(wd as i32),
@@ -425,6 +426,66 @@ impl Cuda {
         }
     }
 
+    /// `a · b` for row-major `a [M, K]` and `b [K, N]` on the halo conv kernel (split TF32, fp32
+    /// accuracy): a 1×1 conv with `a` as the weight and `b` as a `[K, N/16, 16]` picture.
+    /// Needs K % 8 == 0 and N % 16 == 0.
+    fn matmul_split(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+        ensure!(b.shape[0] == k && k % 8 == 0 && n % 16 == 0, "matmul_split: {:?} · {:?}", a.shape, b.shape);
+        let w = self.reshape(a, &[m, k, 1, 1])?;
+        let x = self.reshape(b, &[1, k, n / 16, 16])?;
+        let o = self.conv2d_halo(&x, &w, None, false, false, 0)?;
+        self.reshape(&o, &[m, n])
+    }
+
+    /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
+    /// per query chunk `S = Q_c · Kᵀ`, the row softmax, `P · V`. Chunks hold `chunk_bytes / 3` of
+    /// scores (the weight prep of `P` takes twice its size). Needs L % 16 == 0, D % 16 == 0.
+    pub(crate) fn spatial_attention_split(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        prefix: &str,
+        chunk_bytes: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
+        let scale = 1.0 / (d as f64).sqrt();
+        let rows = (chunk_bytes / 3 / (4 * l)).clamp(1, l);
+        let mut outs = vec![];
+        for ni in 0..n {
+            let one = |t: &CudaTensor| -> Result<CudaTensor> {
+                if n == 1 { self.reshape(t, &[l, d]) } else { self.reshape(&self.narrow(t, 0, ni, 1)?, &[l, d]) }
+            };
+            let (qn, kn, vn) = (one(&q)?, one(&k)?, one(&v)?);
+            let kt = self.permute(&kn, &[1, 0])?; // [D, L]
+            let mut parts = vec![];
+            for r0 in (0..l).step_by(rows) {
+                let rc = rows.min(l - r0);
+                let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
+                let s = self.matmul_split(&qc, &kt)?; // [rc, L]
+                self.launch(
+                    &format!("{prefix}_vae_softmax_rows"),
+                    (rc as u32).min(65535 * 8),
+                    256,
+                    0,
+                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
+                )?;
+                parts.push(self.matmul_split(&s, &vn)?); // [rc, D]
+            }
+            let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
+            outs.push(self.reshape(&o, &[1, l, d])?);
+        }
+        if outs.len() == 1 {
+            Ok(outs.pop().unwrap())
+        } else {
+            self.cat(&outs.iter().collect::<Vec<_>>(), 0)
+        }
+    }
+
     /// `to_rgb8` as a device byte buffer (`moss_ctl` truncates instead of rounding).
     pub(crate) fn to_rgb8_with(&self, x: &CudaTensor, prefix: &str) -> Result<Vec<u8>> {
         let (n, c, h, w) = dims4(x, "to_rgb8")?;
@@ -492,7 +553,12 @@ impl VaeOps for Cuda {
         )
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
-        self.timed(|| format!("attention {:?}", q.shape), || self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES))
+        // The split-TF32 products unless MOSS_VAE_ATTN=cublas (or L, D not multiples of 16).
+        let split = std::env::var("MOSS_VAE_ATTN").as_deref() != Ok("cublas") && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
+        self.timed(
+            || format!("attention {:?}", q.shape),
+            || if split { self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES) } else { self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES) },
+        )
     }
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
