@@ -134,7 +134,7 @@ for (cin, cout, h, w, k, up) in SHAPES:
             fc = func(m, f"moss_ctl_vae_conv_halo_{sfx}", smem)
             prep = lambda fp=fp: launch(fp, min((wf.numel() + 255) // 256, 132 * 16), 256, 0, [wf, wt, cout, cin])  # noqa: E731
             prep()
-            run = lambda fh=fh: launch(fh, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 0])  # noqa: E731
+            run = lambda fh=fh: launch(fh, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 0, 0])  # noqa: E731
             out.fill_(float("nan"))
             run()
             torch.cuda.synchronize()
@@ -142,10 +142,10 @@ for (cin, cout, h, w, k, up) in SHAPES:
             row[f"ms_{name}"] = timed(run)
             row["ms_prep"] = timed(prep)
             out.fill_(float("nan"))
-            launch(fc, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 0])
+            launch(fc, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 0, 0])
             row["ctl"] = rel(out, ref)
             if up:
-                launch(fh, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 1])
+                launch(fh, blocks, 256, smem, [out, x, wf, b, cin, h, w, cout, up, 1, 0])
                 row["ctl_fold"] = rel(out, ref)
     # the older tap-major kernel (cin % 16 == 0) and cuDNN fp32
     if cin % 16 == 0:

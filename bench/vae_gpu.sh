@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/vaeout}; mkdir -p "$OUT"
 W=/tmp/vaework; mkdir -p $W
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl && export PYTHONPATH=/tmp/site || exit 1
-M=./.vaetest/moss
+M=${MOSS_BIN:-./.vaetest/moss}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 echo "== moss check --device cuda --model golden/tiny-a (VAE rows and summary)"
 t=$(date +%s)
@@ -31,6 +31,7 @@ python3 bench/vae_bench.py make-ckpt $W || exit 1
 for side in 1024 2048; do
   $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-f32 $W/moss$side.f32 --out-rgb $W/moss$side.rgb > $W/moss$side.json || echo "bench-vae $side failed"
   cat $W/moss$side.json
+  [ $side = 1024 ] && MOSS_VAE_CONV=tap MOSS_VAE_ATTN=cublas $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 1 | sed "s/^/previous kernels (tap-major conv, cuBLAS attention): /" | cut -c1-400
   [ $side = 1024 ] && MOSS_VAE_CONV=simt $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 1 | sed "s/^/simt: /" | cut -c1-400
   python3 bench/vae_bench.py ref $W $side || echo "ref $side failed"
   cp $W/table$side.json $OUT/ 2>/dev/null

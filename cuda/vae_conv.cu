@@ -93,7 +93,8 @@ __device__ void wprep(float* __restrict__ wf, const float* __restrict__ w, int c
 // bug 1: the upsample fold reads x[(Y+1)>>1, (X+1)>>1] (clamped).
 template <int MODE, int BM, int KS>
 __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, const float* __restrict__ wf,
-                          const float* __restrict__ bias, int cin, int h, int w, int cout, int up, int bug) {
+                          const float* __restrict__ bias, int cin, int h, int w, int cout, int up, int bug,
+                          int wsplit) {
     constexpr int MT = BM / 32;  // m16 tiles per warp
     constexpr int HR = TH + KS - 1, HC = TW + KS - 1, HN = HR * HC;
     constexpr int CS = halo_cs(HN);
@@ -118,7 +119,10 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
     const int ni = (int)(blk / tiles_y);
     const int hw = h * w, chunks = cin / 8;
     const float* xn = x + (long)ni * cin * hw;
-    const float* wb = wf + (long)mb * chunks * AST;
+    // wsplit: split-K over the images -- the weight has nimg * cin input channels and image ni
+    // multiplies its slice [ni * cin, (ni + 1) * cin) (the caller sums the images' outputs).
+    const int nimg = (int)(gridDim.x / ((long)mblocks * tiles_x * tiles_y));
+    const float* wb = wf + (wsplit ? ((long)mb * nimg + ni) * chunks : (long)mb * chunks) * AST;
 
     // This thread's halo elements: source offset within a chunk (-1: zero) and smem slot.
     int src[NB], dst[NB];
@@ -323,13 +327,13 @@ __device__ void conv_small(float* __restrict__ out, const float* __restrict__ x,
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
         moss_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h,  \
-                                 int wd, int cout, int up, int bug) {                                          \
-        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug);                                        \
+                                 int wd, int cout, int up, int bug, int wsplit) {                              \
+        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit);                  \
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
         moss_ctl_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin,     \
-                                     int h, int wd, int cout, int up, int bug) {                               \
-        moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug);                                        \
+                                     int h, int wd, int cout, int up, int bug, int wsplit) {                   \
+        moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit);                  \
     }
 MOSS_VAE_HALO(b128_k3, 128, 3)
 MOSS_VAE_HALO(b96_k3, 96, 3)

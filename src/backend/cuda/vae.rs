@@ -193,7 +193,7 @@ impl Cuda {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
             ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 => {
-                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug);
+                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
@@ -243,21 +243,25 @@ impl Cuda {
     /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
     /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch.
     /// `one_product` runs the planted one-TF32-product build; `bug = 1` the fold off by one.
-    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, one_product: bool, bug: i32) -> Result<CudaTensor> {
+    /// `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
+    /// multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, one_product: bool, bug: i32, ksplit: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
-        let (cout, _, k, _) = dims4(w, "conv2d weight")?;
+        let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
+        ensure!(wcin == if ksplit { n * cin } else { cin }, "conv2d_halo: weight {:?} for input {:?}", w.shape, x.shape);
         // Output-channel block 96 or 128, whichever pads Cout less (ties: 128).
         let pad = |bm: usize| cout.div_ceil(bm) * bm - cout;
         let bm = if pad(96) < pad(128) { 96 } else { 128 };
         let sfx = format!("b{bm}_k{k}");
         let mblocks = cout.div_ceil(bm);
-        let wf = self.alloc(DType::F32, &[mblocks * bm * cin * k * k * 2])?;
+        let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * 2])?;
         self.launch(
             &format!("moss_vae_wprep_{sfx}"),
             self.grid_for(wf.numel()),
             256,
             0,
-            &[Arg::P(wf.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(cin as i32)],
+            &[Arg::P(wf.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(wcin as i32)],
         )?;
         let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
         ensure!(cin * h * wd < i32::MAX as usize, "conv2d: input {:?} too large", x.shape);
@@ -281,6 +285,7 @@ impl Cuda {
                 Arg::I(cout as i32),
                 Arg::I(up as i32),
                 Arg::I(bug),
+                Arg::I(ksplit as i32),
             ],
         )?;
         Ok(out)
@@ -427,15 +432,27 @@ impl Cuda {
     }
 
     /// `a · b` for row-major `a [M, K]` and `b [K, N]` on the halo conv kernel (split TF32, fp32
-    /// accuracy): a 1×1 conv with `a` as the weight and `b` as a `[K, N/16, 16]` picture.
-    /// Needs K % 8 == 0 and N % 16 == 0.
+    /// accuracy): a 1×1 conv with `a` as the weight and `b` as a `[K, N/16, 16]` picture; split
+    /// over K into `ks` images when the output has few tiles, the partial products then summed.
+    /// Needs K % (8·ks) == 0 and N % 16 == 0.
     fn matmul_split(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
         ensure!(b.shape[0] == k && k % 8 == 0 && n % 16 == 0, "matmul_split: {:?} · {:?}", a.shape, b.shape);
+        // Aim at two 1-block-per-SM waves (`grid_for` caps a grid at 16 blocks per SM).
+        let sms = self.grid_for(usize::MAX) as usize / 16;
+        let tiles = m.div_ceil(128) * (n / 16).div_ceil(HALO_TH);
+        let mut ks = 1;
+        while tiles * ks < 2 * sms && k % (16 * ks) == 0 && k / (2 * ks) >= 1024 {
+            ks *= 2;
+        }
         let w = self.reshape(a, &[m, k, 1, 1])?;
-        let x = self.reshape(b, &[1, k, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0)?;
-        self.reshape(&o, &[m, n])
+        let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
+        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
+        let mut sum = self.narrow(&o, 0, 0, 1)?;
+        for i in 1..ks {
+            sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
+        }
+        self.reshape(&sum, &[m, n])
     }
 
     /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
