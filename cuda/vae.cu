@@ -9,9 +9,10 @@
 //   threads. simt: plain fp32 FMAs (the slow, obvious one). tf32x3: mma.sync m16n8k8 TF32 on
 //   the tensor cores with split operands, a = a_hi + a_lo (hi = tf32(a), lo = tf32(a - hi)),
 //   acc += a_lo*b_hi + a_hi*b_lo + a_hi*b_hi in fp32: fp32-level accuracy at tensor-core speed.
-// - moss_vae_gn_*: GroupNorm (+SiLU): one pass of f64 statistics about a shift (the group's first
-//   value; atomics into [G, 2] doubles), then the normalise pass per plane ((x - mean) * (w * inv)
-//   + b in f64, SiLU in f32 like the CPU).
+// - moss_vae_gn_*: GroupNorm (+SiLU): two-pass statistics in f64 (atomics into [G, 2] doubles),
+//   then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in f32 like the CPU).
+//   _stats1/_apply_plane (MOSS_VAE_KERNELS=fast): one pass of f64 statistics about a shift (the
+//   group's first value), then the normalise pass per plane with its scale/shift computed once.
 // - moss_vae_softmax_rows: scaled, max-subtracted softmax over rows of a score block (the
 //   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see vae.rs).
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
@@ -318,10 +319,50 @@ __device__ __forceinline__ double block_sum(double v) {
     return s;  // valid in thread 0
 }
 
-// One pass of statistics about a shift (the group's first value s, so the f64 sums do not
+// Two-pass (the default unless MOSS_VAE_KERNELS=fast):
+// stats[2g] += sum(x) (pass 0) or stats[2g+1] += sum((x - mean)^2) (pass 1) over chunk
+// blockIdx.x % chunks of group blockIdx.x / chunks (len values, contiguous).
+__device__ void gn_stats2(double* stats, const float* __restrict__ x, long len, int chunks, int pass) {
+    long g = blockIdx.x / chunks;
+    int chunk = blockIdx.x % chunks;
+    const float* xs = x + g * len;
+    long per = (len + chunks - 1) / chunks;
+    long lo = chunk * per, hi = min(len, lo + per);
+    double mean = pass == 1 ? stats[2 * g] / (double)len : 0.0;
+    double s = 0;
+    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double v = (double)xs[i];
+        s += pass == 0 ? v : (v - mean) * (v - mean);
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) atomicAdd(&stats[2 * g + pass], s);
+}
+
+// BUG 1: the channel of an element taken as idx % C (not (idx / HW) % C).
+template <int BUG>
+__device__ void gn_apply_flat(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
+                         const float* __restrict__ wt, const float* __restrict__ bias, long total, int c, long hw,
+                         int groups, double eps, int silu) {
+    int cg = c / groups;
+    double len = (double)cg * hw;
+    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long)gridDim.x * blockDim.x) {
+        long ch_all = idx / hw;  // n * C + ch
+        int ch = BUG == 1 ? (int)(idx % c) : (int)(ch_all % c);
+        long g = ch_all / cg;    // n * groups + group
+        double mean = stats[2 * g] / len;
+        double var = stats[2 * g + 1] / len;
+        double inv = 1.0 / sqrt(var + eps);
+        double gg = (double)wt[ch] * inv;
+        float y = (float)(((double)x[idx] - mean) * gg + (double)bias[ch]);
+        if (silu) y = y / (1.0f + expf(-y));
+        out[idx] = y;
+    }
+}
+
+// One pass (MOSS_VAE_KERNELS=fast): statistics about a shift (the group's first value s, so the f64 sums do not
 // cancel): stats[2g] += sum(x - s), stats[2g+1] += sum((x - s)^2) over chunk blockIdx.x % chunks
 // of group blockIdx.x / chunks (len values, contiguous); float4 loads when len % 4 == 0.
-__device__ void gn_stats(double* stats, const float* __restrict__ x, long len, int chunks) {
+__device__ void gn_stats1(double* stats, const float* __restrict__ x, long len, int chunks) {
     long g = blockIdx.x / chunks;
     int chunk = blockIdx.x % chunks;
     const float* xs = x + g * len;
@@ -358,7 +399,7 @@ __device__ void gn_stats(double* stats, const float* __restrict__ x, long len, i
 // computed once per thread in f64: y = (x - mean) * (w * inv) + b, rounded to f32 once.
 // BUG 1: the affine channel of an element taken as (flat index) % C, not its plane's channel.
 template <int BUG>
-__device__ void gn_apply(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
+__device__ void gn_apply_plane(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
                          const float* __restrict__ wt, const float* __restrict__ bias, int c, long hw, int groups,
                          double eps, int silu) {
     const long plane = blockIdx.y;
@@ -477,16 +518,29 @@ MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k3, 2, 3)
 MOSS_KERNEL void moss_vae_zero_f64(double* p, long n) {
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) p[i] = 0.0;
 }
-MOSS_KERNEL void moss_vae_gn_stats(double* stats, const float* x, long len, int chunks) {
-    gn_stats(stats, x, len, chunks);
+MOSS_KERNEL void moss_vae_gn_stats(double* stats, const float* x, long len, int chunks, int pass) {
+    gn_stats2(stats, x, len, chunks, pass);
 }
 MOSS_KERNEL void moss_vae_gn_apply(float* out, const float* x, const double* stats, const float* w, const float* b,
-                                   int c, long hw, int groups, long eps_bits, int silu) {
-    gn_apply<0>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
+                                   long total, int c, long hw, int groups, long eps_bits, int silu) {
+    gn_apply_flat<0>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
 MOSS_KERNEL void moss_ctl_vae_gn_apply(float* out, const float* x, const double* stats, const float* w,
+                                       const float* b, long total, int c, long hw, int groups, long eps_bits,
+                                       int silu) {
+    gn_apply_flat<1>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
+}
+
+MOSS_KERNEL void moss_vae_gn_stats1(double* stats, const float* x, long len, int chunks) {
+    gn_stats1(stats, x, len, chunks);
+}
+MOSS_KERNEL void moss_vae_gn_apply_plane(float* out, const float* x, const double* stats, const float* w, const float* b,
+                                   int c, long hw, int groups, long eps_bits, int silu) {
+    gn_apply_plane<0>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
+}
+MOSS_KERNEL void moss_ctl_vae_gn_apply_plane(float* out, const float* x, const double* stats, const float* w,
                                        const float* b, int c, long hw, int groups, long eps_bits, int silu) {
-    gn_apply<1>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
+    gn_apply_plane<1>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
 
 MOSS_KERNEL void moss_vae_softmax_rows(float* s, long rows, int n, float scale) { softmax_rows<0>(s, rows, n, scale); }

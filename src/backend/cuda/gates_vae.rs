@@ -70,7 +70,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default)" } else { "vae conv2d split-TF32 halo (default)" };
+        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fast kernels)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
@@ -119,11 +119,15 @@ fn gate_group_norm(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[c], 0.05)?;
         let want = cx.cpu.group_norm(&x, &w, &b, 32, 1e-6, silu)?;
         let s = format!("{} g32{}", shape_str(&[&xs]), if silu { " +silu" } else { "" });
-        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss");
-        cx.judge("vae group_norm (f64 one-pass about a shift)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
+        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss", false);
+        cx.judge("vae group_norm (f64 two-pass)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
+        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss", true);
+        cx.judge("vae group_norm (f64 one pass about a shift, per plane)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
         if controls {
-            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl");
+            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl", false);
             cx.judge("vae group_norm, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
+            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl", true);
+            cx.judge("vae group_norm per plane, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
         }
     }
     Ok(())

@@ -3,18 +3,20 @@
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
 //! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
-//!   tensor cores with split TF32 (3 products per tile, fp32 accuracy) by default (the halo
-//!   kernel of cuda/vae_conv.cu; conv_out's 3 outputs on an f64 SIMT kernel), or the older
-//!   per-k-step gather kernels (`MOSS_VAE_CONV=tap|tf32x3`), or plain fp32 SIMT (`=simt`). The tensor cores' fp32
+//!   tensor cores with split TF32 (3 products per tile, fp32 accuracy): by default the
+//!   per-k-step gather kernel (tap-major), with `MOSS_VAE_KERNELS=fast` (or
+//!   `MOSS_VAE_CONV=halo`) the halo kernel of cuda/vae_conv.cu with conv_out's 3 outputs on an
+//!   f64 SIMT kernel; or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
-//! - `group_norm`: one pass of f64 statistics per group (about the group's first value), then
-//!   one normalise(+SiLU) pass per plane.
+//! - `group_norm`: two-pass f64 statistics per group, then one normalise(+SiLU) pass; with
+//!   `MOSS_VAE_KERNELS=fast` one statistics pass (about the group's first value) and a
+//!   per-plane normalise.
 //! - `spatial_attention`: query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
-//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off,
-//!   also with `MOSS_VAE_ATTN=cublas`). The `[L, L]` matrix never exists at once.
+//!   split-TF32 halo kernel as 1×1 convs with `MOSS_VAE_KERNELS=fast` or `MOSS_VAE_ATTN=split`
+//!   (L, D multiples of 16), else cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
 use super::blas::LinearBug;
@@ -93,16 +95,25 @@ impl ConvKernel {
             ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
         }
     }
-    /// The default: the halo kernel (with its small-Cout and tap-major fallbacks), unless
-    /// `MOSS_VAE_CONV=simt`, `=tf32x3` or `=tap`.
+    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
+    /// and tap-major fallbacks) under `MOSS_VAE_KERNELS=fast`, else tap-major.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
             Ok("tf32x3") => ConvKernel::Tf32x3,
             Ok("tap") => ConvKernel::Tf32x3Tap,
-            _ => ConvKernel::Halo,
+            Ok("halo") => ConvKernel::Halo,
+            _ if fast_kernels() => ConvKernel::Halo,
+            _ => ConvKernel::Tf32x3Tap,
         }
     }
+}
+
+/// `MOSS_VAE_KERNELS=fast`: the decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out
+/// kernel), the split-TF32 attention products and the one-pass GroupNorm. Off by default until
+/// measured on the GPU (every one of these kernels is gated in `moss check` either way).
+pub fn fast_kernels() -> bool {
+    std::env::var("MOSS_VAE_KERNELS").as_deref() == Ok("fast")
 }
 
 /// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
@@ -320,6 +331,9 @@ impl Cuda {
         Ok(out)
     }
 
+    /// `group_norm`; `prefix` picks the normalise kernel (`moss_ctl`: the planted affine index);
+    /// `one_pass`: the MOSS_VAE_KERNELS=fast kernels (one statistics pass about a shift, a
+    /// per-plane normalise) instead of two statistics passes and a flat normalise.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn group_norm_with(
         &self,
@@ -330,6 +344,7 @@ impl Cuda {
         eps: f64,
         silu: bool,
         prefix: &str,
+        one_pass: bool,
     ) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
@@ -338,23 +353,54 @@ impl Cuda {
         let hw = h * wd;
         let len = c / groups * hw;
         let ng = n * groups;
-        // [ng, 2] doubles: sum, then sum of squared deviations.
+        // [ng, 2] doubles: sum, then sum of squared deviations (one pass: both about the shift).
         let stats = self.alloc(DType::F32, &[ng * 4])?;
         self.launch("moss_vae_zero_f64", 1, 256, 0, &[Arg::P(stats.ptr()), Arg::L((2 * ng) as i64)])?;
         let chunks = len.div_ceil(16 * 1024).clamp(1, 1024);
-        self.launch(
-            "moss_vae_gn_stats",
-            (ng * chunks) as u32,
-            256,
-            0,
-            &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32)],
-        )?;
         let out = self.alloc(DType::F32, &x.shape)?;
-        ensure!(n * c < 65536, "group_norm: {n}x{c} planes");
-        let items = if hw % 4 == 0 { hw / 4 } else { hw };
-        self.launch_2d(
+        if one_pass {
+            self.launch(
+                "moss_vae_gn_stats1",
+                (ng * chunks) as u32,
+                256,
+                0,
+                &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32)],
+            )?;
+            ensure!(n * c < 65536, "group_norm: {n}x{c} planes");
+            let items = if hw % 4 == 0 { hw / 4 } else { hw };
+            self.launch_2d(
+                &format!("{prefix}_vae_gn_apply_plane"),
+                (items.div_ceil(256).clamp(1, 512) as u32, (n * c) as u32),
+                256,
+                0,
+                &[
+                    Arg::P(out.ptr()),
+                    Arg::P(x.ptr()),
+                    Arg::P(stats.ptr()),
+                    Arg::P(w.ptr()),
+                    Arg::P(b.ptr()),
+                    Arg::I(c as i32),
+                    Arg::L(hw as i64),
+                    Arg::I(groups as i32),
+                    Arg::L(eps.to_bits() as i64),
+                    Arg::I(silu as i32),
+                ],
+            )?;
+            return Ok(out);
+        }
+        for pass in 0..2 {
+            self.launch(
+                "moss_vae_gn_stats",
+                (ng * chunks) as u32,
+                256,
+                0,
+                &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32), Arg::I(pass)],
+            )?;
+        }
+        let total = x.numel();
+        self.launch(
             &format!("{prefix}_vae_gn_apply"),
-            (items.div_ceil(256).clamp(1, 512) as u32, (n * c) as u32),
+            self.grid_for(total),
             256,
             0,
             &[
@@ -363,6 +409,7 @@ impl Cuda {
                 Arg::P(stats.ptr()),
                 Arg::P(w.ptr()),
                 Arg::P(b.ptr()),
+                Arg::L(total as i64),
                 Arg::I(c as i32),
                 Arg::L(hw as i64),
                 Arg::I(groups as i32),
@@ -566,12 +613,18 @@ impl VaeOps for Cuda {
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
         self.timed(
             || format!("group_norm {:?}", x.shape),
-            || self.group_norm_with(x, w, b, groups, eps, silu, "moss"),
+            || self.group_norm_with(x, w, b, groups, eps, silu, "moss", fast_kernels()),
         )
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
-        // The split-TF32 products unless MOSS_VAE_ATTN=cublas (or L, D not multiples of 16).
-        let split = std::env::var("MOSS_VAE_ATTN").as_deref() != Ok("cublas") && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
+        // The split-TF32 products with MOSS_VAE_ATTN=split or MOSS_VAE_KERNELS=fast (unless
+        // MOSS_VAE_ATTN=cublas; and only for L, D multiples of 16), else cuBLAS fp32.
+        let want = match std::env::var("MOSS_VAE_ATTN").as_deref() {
+            Ok("split") => true,
+            Ok("cublas") => false,
+            _ => fast_kernels(),
+        };
+        let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
             || if split { self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES) } else { self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES) },
