@@ -120,6 +120,16 @@ pub fn fast_kernels() -> bool {
 const HALO_TH: usize = 8;
 const HALO_TW: usize = 16;
 
+/// The halo kernel's output-channel block: 96 or 128, whichever pads Cout less (ties: 128).
+fn halo_bm(cout: usize) -> usize {
+    let pad = |bm: usize| cout.div_ceil(bm) * bm - cout;
+    if pad(96) < pad(128) {
+        96
+    } else {
+        128
+    }
+}
+
 /// cuda/vae_conv.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
 fn halo_cs(hn: usize) -> usize {
     let r = hn % 32;
@@ -203,7 +213,7 @@ impl Cuda {
             ConvKernel::Halo | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
-            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 => {
+            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
                 return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
@@ -251,6 +261,13 @@ impl Cuda {
         Ok(out)
     }
 
+    /// Whether the halo kernel's shared memory fits this GPU (171 KB for 128 channels, 3x3: an
+    /// H100/H200 has 227 KB, an A100 163 KB, sm_86/89/120 99 KB; else the tap-major kernel runs).
+    fn halo_fits(&self, bm: usize, k: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= halo_smem_bytes(bm, k)).unwrap_or(false)
+    }
+
     /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
     /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch.
     /// `one_product` runs the planted one-TF32-product build; `bug = 1` the fold off by one.
@@ -261,9 +278,7 @@ impl Cuda {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
         ensure!(wcin == if ksplit { n * cin } else { cin }, "conv2d_halo: weight {:?} for input {:?}", w.shape, x.shape);
-        // Output-channel block 96 or 128, whichever pads Cout less (ties: 128).
-        let pad = |bm: usize| cout.div_ceil(bm) * bm - cout;
-        let bm = if pad(96) < pad(128) { 96 } else { 128 };
+        let bm = halo_bm(cout);
         let sfx = format!("b{bm}_k{k}");
         let mblocks = cout.div_ceil(bm);
         let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * 2])?;
