@@ -19,9 +19,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 rel() { python3 -c "import numpy as np,sys; a=np.fromfile(sys.argv[1],'<f4').astype('f8'); b=np.fromfile(sys.argv[2],'<f4').astype('f8'); print(f'{np.linalg.norm(a-b)/np.linalg.norm(b):.3e}')" "$1" "$2"; }
 
+if [ -z "${SKIP_CHECK:-}" ]; then
 echo "== 1. moss check --device cuda"
 t=$(date +%s); timeout 200 $BIN check --device cuda --model golden/tiny-a > "$O/check.txt" 2>&1; echo "check rc=$? ($(( $(date +%s) - t )) s)"
 grep -E "kernel gates|FAIL|ACCEPTED|all passed" "$O/check.txt"
+fi
 
 echo "== 2. golden: generate --device cuda twice, vs cpu"
 for spec in "tiny-a 64x64" "tiny-b 96x64"; do
