@@ -22,12 +22,14 @@ t=$(date +%s)
 python3 bench/vae_bench.py make-ckpt $W > $OUT/make-ckpt.txt 2>&1 || { cat $OUT/make-ckpt.txt; exit 1; }
 echo "make-ckpt $(( $(date +%s) - t )) s"
 same() { if cmp -s "$1" "$2"; then echo "IDENTICAL bytes: $1 == $2"; else echo "DIFFERENT: $1 vs $2 ($(cmp -l "$1" "$2" 2>/dev/null | wc -l) bytes differ)"; fi; }
-for side in 1024 2048; do
+# A size whose widths are not multiples of the conv's 128-pixel tile (130, 260, 520, 1040).
+python3 -c "import numpy as np; np.random.default_rng(1).standard_normal((1,128,65,65)).astype('<f4').tofile('$W/z1040.f32')"
+for side in 1040 1024 2048; do
   echo "== $side x $side"
   $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-rgb $W/whole$side.rgb > $OUT/whole$side.json 2>$OUT/whole$side.err || echo "whole $side failed"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('whole: forward_ms_median', round(d['forward_ms_median'],1), 'decode_rgb8_ms_median', round(d['decode_rgb8_ms_median'],1), d['split_of_decode_rgb8'])" $OUT/whole$side.json || cat $OUT/whole$side.json
   for rows in 99 256; do
-    MOSS_VAE_STRIP_ROWS=$rows $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps $([ $side = 1024 ] && echo 2 || echo 1) --decode-only --out-rgb $W/strip$side-$rows.rgb > $OUT/strip$side-$rows.json 2>&1 || echo "strips $rows at $side failed"
+    MOSS_VAE_STRIP_ROWS=$rows $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps $([ $side = 2048 ] && echo 1 || echo 2) --decode-only --out-rgb $W/strip$side-$rows.rgb > $OUT/strip$side-$rows.json 2>&1 || echo "strips $rows at $side failed"
     cat $OUT/strip$side-$rows.json | cut -c1-400; echo
     same $W/whole$side.rgb $W/strip$side-$rows.rgb
   done
