@@ -62,23 +62,15 @@ impl<B: VaeOps> GroupNorm<B> {
     fn forward(&self, b: &B, x: &B::T, silu: bool) -> Result<B::T> {
         b.group_norm(x, &self.weight, &self.bias, self.groups, NORM_EPS, silu)
     }
-    /// The (mean, variance) per group of the host picture `x` `[1, C, H, W]`, from row strips
-    /// of `rows` rows uploaded one at a time: the same partials, combined the same way, as
+    /// The (mean, variance) per group of a host picture, from the row partials gathered when it
+    /// was made ([`HostAct`]): the same partials, combined the same way, as
     /// [`VaeOps::group_norm`] over the whole picture.
-    fn stats_strips(&self, b: &B, x: &Tensor, rows: usize) -> Result<Vec<f64>> {
-        let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-        let g = self.groups;
-        let mut part = vec![0f64; g * h * 2];
-        for y0 in (0..h).step_by(rows) {
-            let y1 = (y0 + rows).min(h);
-            let s = b.group_norm_row_stats(&b.upload_f32(&rows_of(x, y0, y1))?, g)?;
-            for gi in 0..g {
-                part[(gi * h + y0) * 2..(gi * h + y1) * 2].copy_from_slice(&s[gi * (y1 - y0) * 2..(gi + 1) * (y1 - y0) * 2]);
-            }
-        }
-        Ok(group_norm_combine(&part, g, h, c / g * w))
+    fn stats_of(&self, x: &HostAct) -> Result<Vec<f64>> {
+        let (c, h, w) = (x.t.shape[1], x.t.shape[2], x.t.shape[3]);
+        ensure!(x.groups == self.groups && x.part.len() == self.groups * h * 2, "VAE split: row partials for {} groups, wanted {}", x.groups, self.groups);
+        Ok(group_norm_combine(&x.part, self.groups, h, c / self.groups * w))
     }
-    /// Normalise a strip with statistics from [`GroupNorm::stats_strips`].
+    /// Normalise a strip with statistics from [`GroupNorm::stats_of`].
     fn apply(&self, b: &B, x: &B::T, stats: &[f64], silu: bool) -> Result<B::T> {
         b.group_norm_apply(x, &self.weight, &self.bias, self.groups, stats, NORM_EPS, silu)
     }
@@ -129,17 +121,33 @@ impl<B: VaeOps> Resnet<B> {
         }
     }
     /// [`Resnet::forward`] in row strips, `x` and the result in host memory.
-    fn forward_strips(&self, b: &B, x: &Tensor, sp: Strips) -> Result<Tensor> {
-        let st1 = self.norm1.stats_strips(b, x, sp.rows)?;
-        let h = conv_strips_host(b, x, Some((&self.norm1, &st1)), &self.conv1, false, sp, |_, _, t| Ok(t))?;
-        let st2 = self.norm2.stats_strips(b, &h, sp.rows)?;
-        conv_strips_host(b, &h, Some((&self.norm2, &st2)), &self.conv2, false, sp, |y0, y1, t| {
-            let xs = b.upload_f32(&rows_of(x, y0, y1))?;
+    fn forward_strips(&self, b: &B, x: &HostAct, sp: Strips) -> Result<HostAct> {
+        let st1 = self.norm1.stats_of(x)?;
+        let h = conv_strips_host(b, &x.t, Some((&self.norm1, &st1)), &self.conv1, false, sp, x.groups, |_, _, t| Ok(t))?;
+        let st2 = self.norm2.stats_of(&h)?;
+        conv_strips_host(b, &h.t, Some((&self.norm2, &st2)), &self.conv2, false, sp, x.groups, |y0, y1, t| {
+            let xs = b.upload_rows(&x.t, y0, y1)?;
             match &self.conv_shortcut {
                 Some(s) => b.add(&s.forward(b, &xs)?, &t),
                 None => b.add(&xs, &t),
             }
         })
+    }
+}
+
+/// A picture `[1, C, H, W]` in host memory with the GroupNorm row partials of its rows
+/// ([`VaeOps::group_norm_row_stats`] for `groups` groups, `[groups, H, 2]`), taken on the
+/// backend from each strip as it was made (the same bits as over the whole picture).
+struct HostAct {
+    t: Tensor,
+    part: Vec<f64>,
+    groups: usize,
+}
+
+impl HostAct {
+    /// Download a whole backend picture, with its row partials.
+    fn download<B: VaeOps>(b: &B, x: &B::T, groups: usize) -> Result<HostAct> {
+        Ok(HostAct { part: b.group_norm_row_stats(x, groups)?, t: b.download(x)?, groups })
     }
 }
 
@@ -165,25 +173,6 @@ impl Split {
     /// Strips of `rows` rows (at least 1), with the halo.
     pub fn strips(rows: usize) -> Split {
         Split::Strips(Strips { rows: rows.max(1), no_halo: false })
-    }
-}
-
-/// Rows `y0..y1` of a host picture `[1, C, H, W]` as `[1, C, y1 − y0, W]`.
-fn rows_of(x: &Tensor, y0: usize, y1: usize) -> Tensor {
-    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-    let mut data = Vec::with_capacity(c * (y1 - y0) * w);
-    for ci in 0..c {
-        data.extend_from_slice(&x.data[(ci * h + y0) * w..(ci * h + y1) * w]);
-    }
-    Tensor { shape: vec![1, c, y1 - y0, w], data }
-}
-
-/// Write `s` `[1, C, r, W]` into rows `y0..y0 + r` of the host picture `x` `[1, C, H, W]`.
-fn put_rows(x: &mut Tensor, y0: usize, s: &Tensor) {
-    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-    let r = s.shape[2];
-    for ci in 0..c {
-        x.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
     }
 }
 
@@ -224,7 +213,7 @@ fn conv_strips<B: VaeOps>(
     for y0 in (0..oh).step_by(sp.rows) {
         let y1 = (y0 + sp.rows).min(oh);
         let (a, e, off) = input_span(y0, y1, h_in, k, up, !sp.no_halo);
-        let mut xs = b.upload_f32(&rows_of(x, a, e))?;
+        let mut xs = b.upload_rows(x, a, e)?;
         if let Some((n, st)) = norm {
             xs = n.apply(b, &xs, st, true)?;
         }
@@ -236,7 +225,9 @@ fn conv_strips<B: VaeOps>(
     Ok(())
 }
 
-/// [`conv_strips`] into a new host picture.
+/// [`conv_strips`] into a new host picture, with the row partials for `groups` groups of
+/// every strip taken on the backend before it comes back.
+#[allow(clippy::too_many_arguments)]
 fn conv_strips_host<B: VaeOps>(
     b: &B,
     x: &Tensor,
@@ -244,16 +235,21 @@ fn conv_strips_host<B: VaeOps>(
     conv: &Conv<B>,
     up: bool,
     sp: Strips,
+    groups: usize,
     post: impl FnMut(usize, usize, B::T) -> Result<B::T>,
-) -> Result<Tensor> {
+) -> Result<HostAct> {
     let (h, w) = if up { (2 * x.shape[2], 2 * x.shape[3]) } else { (x.shape[2], x.shape[3]) };
     let cout = b.dims(&conv.weight)[0];
     let mut out = Tensor { shape: vec![1, cout, h, w], data: vec![0f32; cout * h * w] };
-    conv_strips(b, x, norm, conv, up, sp, post, |y0, _, t| {
-        put_rows(&mut out, y0, &b.download(&t)?);
-        Ok(())
+    let mut part = vec![0f64; groups * h * 2];
+    conv_strips(b, x, norm, conv, up, sp, post, |y0, y1, t| {
+        let s = b.group_norm_row_stats(&t, groups)?;
+        for gi in 0..groups {
+            part[(gi * h + y0) * 2..(gi * h + y1) * 2].copy_from_slice(&s[gi * (y1 - y0) * 2..(gi + 1) * (y1 - y0) * 2]);
+        }
+        b.download_rows(&t, &mut out, y0)
     })?;
-    Ok(out)
+    Ok(HostAct { t: out, part, groups })
 }
 
 /// The mid block's `Attention` (one head of the full width, residual):
@@ -390,17 +386,18 @@ impl<B: VaeOps> VaeDecoder<B> {
     /// activations in host memory; the last conv's strips (`[1, 3, r, W]`, on the backend, not
     /// clamped) go to `sink(y0, strip)` in order.
     fn forward_strips(&self, b: &B, z: &B::T, sp: Strips, mut sink: impl FnMut(usize, B::T) -> Result<()>) -> Result<()> {
-        let mut x = b.download(&self.forward_mid(b, z)?)?;
+        let g = self.conv_norm_out.groups;
+        let mut x = HostAct::download(b, &self.forward_mid(b, z)?, g)?;
         for up in &self.up_blocks {
             for r in &up.resnets {
                 x = r.forward_strips(b, &x, sp)?;
             }
             if let Some(u) = &up.upsampler {
-                x = conv_strips_host(b, &x, None, u, true, sp, |_, _, t| Ok(t))?;
+                x = conv_strips_host(b, &x.t, None, u, true, sp, g, |_, _, t| Ok(t))?;
             }
         }
-        let st = self.conv_norm_out.stats_strips(b, &x, sp.rows)?;
-        conv_strips(b, &x, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |_, _, t| Ok(t), |y0, _, t| sink(y0, t))
+        let st = self.conv_norm_out.stats_of(&x)?;
+        conv_strips(b, &x.t, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |_, _, t| Ok(t), |y0, _, t| sink(y0, t))
     }
 
     /// How to decode latents `[1, C, h, w]` here: `MOSS_VAE_STRIP_ROWS=N` (N ≥ 1) forces strips
@@ -436,10 +433,7 @@ impl<B: VaeOps> VaeDecoder<B> {
             Split::Strips(sp) => {
                 let (h, w) = (z.shape[2] * 16, z.shape[3] * 16);
                 let mut img = Tensor { shape: vec![1, 3, h, w], data: vec![0f32; 3 * h * w] };
-                self.forward_strips(b, &gz, sp, |y0, t| {
-                    put_rows(&mut img, y0, &b.download(&t)?);
-                    Ok(())
-                })?;
+                self.forward_strips(b, &gz, sp, |y0, t| b.download_rows(&t, &mut img, y0))?;
                 ensure!(img.shape == vec![1, 3, h, w], "VAE decode: picture {:?}", img.shape);
                 img
             }

@@ -22,6 +22,7 @@ use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use cudarc::driver::sys;
 
 /// Per-op GPU times when profiling is on (`moss bench-vae --profile`): op → (ms, calls).
 static PROFILE: std::sync::Mutex<Option<std::collections::BTreeMap<String, (f64, usize)>>> = std::sync::Mutex::new(None);
@@ -401,6 +402,48 @@ pub fn vae_strip_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: 
     b + b / 4
 }
 
+/// `(C, H, W)` of a host picture `[1, C, H, W]` whose rows `y0..y1` exist.
+fn host_rows_dims(x: &Tensor, y0: usize, y1: usize) -> Result<(usize, usize, usize)> {
+    ensure!(x.shape.len() == 4 && x.shape[0] == 1, "row strips of {:?}: expected [1, C, H, W]", x.shape);
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    ensure!(y0 < y1 && y1 <= h && x.data.len() == c * h * w, "rows {y0}..{y1} of {:?}", x.shape);
+    Ok((c, h, w))
+}
+
+/// A `cuMemcpy2D` descriptor: `height` rows of `width` bytes, each side with its pitch.
+#[allow(clippy::too_many_arguments)]
+fn copy2d_desc(
+    src_type: sys::CUmemorytype,
+    src_host: *mut std::ffi::c_void,
+    src_dev: u64,
+    src_pitch: usize,
+    dst_type: sys::CUmemorytype,
+    dst_host: *mut std::ffi::c_void,
+    dst_dev: u64,
+    dst_pitch: usize,
+    width: usize,
+    height: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host as *const std::ffi::c_void,
+        srcDevice: src_dev,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_dev,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
+}
+
 impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
         // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
@@ -445,6 +488,54 @@ impl VaeOps for Cuda {
     }
     fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
         self.upload_as(t, DType::F32)
+    }
+    fn upload_rows(&self, x: &Tensor, y0: usize, y1: usize) -> Result<CudaTensor> {
+        let (c, h, w) = host_rows_dims(x, y0, y1)?;
+        let r = y1 - y0;
+        let out = self.alloc(DType::F32, &[1, c, r, w])?;
+        // One 2-D copy: C rows of r·W floats, pitch H·W on the host.
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            out.ptr(),
+            r * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the source rows lie inside `x.data` (checked above), the destination holds
+        // C·r·W floats; a copy from pageable memory has read the source when the call returns.
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row upload: {e:?}"))?;
+        Ok(out)
+    }
+    fn download_rows(&self, t: &CudaTensor, x: &mut Tensor, y0: usize) -> Result<()> {
+        let (n, c, r, w) = dims4(t, "download_rows")?;
+        let (xc, h, xw) = host_rows_dims(x, y0, y0 + r)?;
+        ensure!(n == 1 && c == xc && w == xw, "download_rows: strip {:?} into picture {:?}", t.shape, x.shape);
+        let t = self.f32(t)?;
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            t.ptr(),
+            r * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_mut_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the destination rows lie inside `x.data`; we wait for the copy before
+        // returning (so before `x` can be read or dropped).
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row download: {e:?}"))?;
+        self.sync()
     }
     fn bn_unpatchify(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
         self.bn_unpatchify_with(z, mean, var, eps, patch, "moss")

@@ -85,6 +85,18 @@ pub trait VaeOps: Backend {
         Ok(None)
     }
 
+    /// Rows `y0..y1` of the host picture `x [1, C, H, W]` as a backend tensor
+    /// `[1, C, y1 − y0, W]`, fp32 (the split decode's strips).
+    fn upload_rows(&self, x: &crate::tensor::Tensor, y0: usize, y1: usize) -> Result<Self::T> {
+        self.upload_f32(&rows_of(x, y0, y1))
+    }
+
+    /// Write `t [1, C, r, W]` into rows `y0..y0 + r` of the host picture `x [1, C, H, W]`.
+    fn download_rows(&self, t: &Self::T, x: &mut crate::tensor::Tensor, y0: usize) -> Result<()> {
+        put_rows(x, y0, &self.download(t)?);
+        Ok(())
+    }
+
     /// Single-head attention over all positions of a picture (the mid block):
     /// `q`, `k`, `v` `[N, L, D]` → `[N, L, D]`, `out[n, i] = Σ_j p_ij · v[n, j]` with
     /// `p_ij = softmax_j(q[n, i] · k[n, j] / √D)`. Never holds the `[L, L]` matrix at once
@@ -124,3 +136,22 @@ pub fn group_norm_combine(rows: &[f64], ng: usize, h: usize, per_row: usize) -> 
     out
 }
 
+
+/// Rows `y0..y1` of a host picture `[1, C, H, W]` as `[1, C, y1 − y0, W]`.
+pub fn rows_of(x: &crate::tensor::Tensor, y0: usize, y1: usize) -> crate::tensor::Tensor {
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    let mut data = Vec::with_capacity(c * (y1 - y0) * w);
+    for ci in 0..c {
+        data.extend_from_slice(&x.data[(ci * h + y0) * w..(ci * h + y1) * w]);
+    }
+    crate::tensor::Tensor { shape: vec![1, c, y1 - y0, w], data }
+}
+
+/// Write `s` `[1, C, r, W]` into rows `y0..y0 + r` of the host picture `x` `[1, C, H, W]`.
+pub fn put_rows(x: &mut crate::tensor::Tensor, y0: usize, s: &crate::tensor::Tensor) {
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    let r = s.shape[2];
+    for ci in 0..c {
+        x.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
+    }
+}
