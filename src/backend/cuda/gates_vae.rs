@@ -16,6 +16,7 @@ pub const GATES: &[(&str, GateFn)] = &[
     ("vae group_norm", gate_group_norm),
     ("vae spatial_attention", gate_attention),
     ("vae to_rgb8", gate_to_rgb8),
+    ("vae split decode", gate_split_decode),
 ];
 
 fn shape_str(shapes: &[&[usize]]) -> String {
@@ -255,5 +256,44 @@ fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
     cx.judge("vae to_rgb8 (rintf)", &s, Kind::Gate, EXACT, "bytes, bit-exact", out, &want, None);
     let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss_ctl"), cx);
     cx.judge("vae to_rgb8 truncating", &s, Kind::Control, EXACT, "", out, &want, None);
+    Ok(())
+}
+
+/// The split decode (issue #8) on CUDA: the checkpoint's decoder (`--model`, e.g. golden/tiny-a)
+/// on random latents, whole vs row strips (`MOSS_VAE_STRIP_ROWS`' path: the mid block whole,
+/// every later layer in strips through the host, `upload_rows` / `download_rows`): the float
+/// picture must be bit-identical (bound 0), at the golden size and at 368x320 (widths 23·16 etc.,
+/// not multiples of the conv's 128-pixel tile), and the RGB8 bytes too. Control: strips without
+/// their halo rows. Skipped without a checkpoint (like `load`).
+fn gate_split_decode(cx: &mut Cx) -> Result<()> {
+    use crate::model::vae::{Split, Strips, VaeDecoder};
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    let Some(ck) = cx.ck.clone() else { return Ok(()) };
+    let comp = ck.open_component("vae")?;
+    let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
+    let c = ck.vae.packed_channels();
+    for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
+        let z = Tensor::new(vec![1, c, h, w], cx.rng.normals(c * h * w, 1.0))?;
+        let whole = vae.decode_with(&cx.cuda, &z, Split::Whole)?;
+        let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}", 16 * w, 16 * h);
+        for (kind, no_halo, what) in [
+            (Kind::Gate, false, "vae split decode == whole (float bits)"),
+            (Kind::Control, true, "vae split decode without halo rows"),
+        ] {
+            let out = vae
+                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, no_halo }))
+                .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
+            cx.judge(what, &s, kind, EXACT, "", out, &whole, None);
+        }
+        let px = |split| -> Result<Tensor> {
+            let b = vae.decode_rgb8_with(&cx.cuda, &z, split)?;
+            Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())
+        };
+        let want = px(Split::Whole)?;
+        let out = px(Split::strips(rows)).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
+        cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
+    }
     Ok(())
 }
