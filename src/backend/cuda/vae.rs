@@ -444,6 +444,38 @@ fn copy2d_desc(
     }
 }
 
+/// The split for latents `[1, C, h, w]` with `free` bytes available to activations: `None`
+/// (whole) if [`vae_activation_bytes`] fits, else the tallest strip whose
+/// [`vae_strip_bytes`] fits, else an error with numbers (the mid block, run whole, or a
+/// one-row strip does not fit).
+pub fn strip_rows_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, free: usize) -> Result<Option<usize>> {
+    if vae_activation_bytes(cfg, h, w) <= free {
+        return Ok(None);
+    }
+    let (mid, one) = (vae_mid_bytes(cfg, h, w), vae_strip_bytes(cfg, h, w, 1));
+    ensure!(
+        mid <= free && one <= free,
+        "the VAE decode of a {}x{} picture does not fit even in row strips: the mid block needs {:.2} GiB, \
+         a one-row strip {:.2} GiB, {:.2} GiB free (after the reserve)",
+        w * 16,
+        h * 16,
+        mid as f64 / super::ops::GIB,
+        one as f64 / super::ops::GIB,
+        free as f64 / super::ops::GIB
+    );
+    // The tallest strip that fits (strip bytes grow with the rows).
+    let (mut lo, mut hi) = (1usize, h * 16);
+    while lo < hi {
+        let m = (lo + hi).div_ceil(2);
+        if vae_strip_bytes(cfg, h, w, m) <= free {
+            lo = m;
+        } else {
+            hi = m - 1;
+        }
+    }
+    Ok(Some(lo))
+}
+
 impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
         // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
@@ -452,39 +484,13 @@ impl VaeOps for Cuda {
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }
     fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
-        let whole = vae_activation_bytes(cfg, h, w);
         let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(super::plan::RESERVE_BYTES)) };
-        if whole <= avail(self)? {
+        if vae_activation_bytes(cfg, h, w) <= avail(self)? {
             return Ok(None);
         }
         // Freed tensors the pool still holds count as used: hand them back and look again.
         self.trim_pool()?;
-        let free = avail(self)?;
-        if whole <= free {
-            return Ok(None);
-        }
-        let (mid, one) = (vae_mid_bytes(cfg, h, w), vae_strip_bytes(cfg, h, w, 1));
-        ensure!(
-            mid <= free && one <= free,
-            "the VAE decode of a {}x{} picture does not fit even in row strips: the mid block needs {:.2} GiB, \
-             a one-row strip {:.2} GiB, {:.2} GiB free (after the reserve)",
-            w * 16,
-            h * 16,
-            mid as f64 / super::ops::GIB,
-            one as f64 / super::ops::GIB,
-            free as f64 / super::ops::GIB
-        );
-        // The tallest strip that fits (strip bytes grow with the rows).
-        let (mut lo, mut hi) = (1usize, h * 16);
-        while lo < hi {
-            let mid_rows = (lo + hi).div_ceil(2);
-            if vae_strip_bytes(cfg, h, w, mid_rows) <= free {
-                lo = mid_rows;
-            } else {
-                hi = mid_rows - 1;
-            }
-        }
-        Ok(Some(lo))
+        strip_rows_for(cfg, h, w, avail(self)?)
     }
     fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
         self.upload_as(t, DType::F32)
@@ -600,6 +606,14 @@ mod tests {
         let want = 7 * 32 * 192 * 1024 * 4;
         assert_eq!(s, want + want / 4);
         assert!(vae_mid_bytes(&cfg, 64, 64) < b);
+        // The planner: whole when it fits, the tallest fitting strip, a refusal with numbers.
+        assert_eq!(strip_rows_for(&cfg, 64, 64, b).unwrap(), None);
+        let free = vae_strip_bytes(&cfg, 64, 64, 300) + 5; // above the mid block's 1.6 GB
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let free = vae_strip_bytes(&cfg, 64, 64, 301) - 1;
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
+        assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
         println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::super::ops::GIB, 4.0 * b as f64 / super::super::ops::GIB);
     }
 }
