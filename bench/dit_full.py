@@ -185,6 +185,39 @@ def torch_bench(d, moss_vel, moss_fp32_vel, out_json):
     print(json.dumps(res, indent=1), flush=True)
 
 
+
+@torch.no_grad()
+def compiled_only(d, moss_vel, out_json):
+    """The short form of `torch` for a call with little device time: only the torch.compile'd
+    bf16 reference (per block, SDPA): compile warm-up on all three shapes, one forward (median of
+    3), 50 guided steps (one run), and moss's bf16 velocity against it."""
+    res = {}
+    c, u = embeds(d)
+    x = noise()
+    t = float(dit_ref.sigmas_for(STEPS)[0] * dit_ref.TIME_SCALE)
+    h = SIZE // 16
+    mv = torch.from_numpy(__import__("numpy").fromfile(moss_vel, dtype="<f4")).reshape(1, 128, h, h).to(DEV)
+    m = dit_ref.load_transformer(f"{d}/transformer", torch.bfloat16, DEV)
+    for blk in m.layers:
+        blk.compile()
+    fwd = lambda: m(x, t, c, impl="sdpa")  # noqa: E731
+    s = time.time()
+    fwd()
+    m(x, t, u, impl="sdpa")
+    m(x, t, u, skip_layers=(22,), impl="sdpa")
+    sync()
+    res["compile_warmup_s"] = time.time() - s
+    ms, all_ms, v = cuda_ms(fwd, 3)
+    res["bf16_compiled_forward_ms"], res["bf16_compiled_forward_all_ms"] = ms, all_ms
+    res["moss_bf16_vs_torch_bf16_compiled_rel_l2"] = rel(mv, v)
+    sync()
+    s = time.time()
+    dit_ref.sample(m, x, c, u, STEPS, GUIDANCE)
+    sync()
+    res["bf16_compiled_50_steps_s"] = time.time() - s
+    json.dump(res, open(out_json, "w"), indent=1)
+    print(json.dumps(res), flush=True)
+
 def tiny(name, cpu_lat, *cuda_lats):
     import numpy as np
     from safetensors.numpy import load_file
@@ -225,6 +258,8 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif cmd == "torch":
         torch_bench(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 5 else None, sys.argv[-1])
+    elif cmd == "compiled":
+        compiled_only(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "tiny":
         tiny(*sys.argv[2:])
     elif cmd == "table":

@@ -9,10 +9,10 @@
 //   threads. simt: plain fp32 FMAs (the slow, obvious one). tf32x3: mma.sync m16n8k8 TF32 on
 //   the tensor cores with split operands, a = a_hi + a_lo (hi = tf32(a), lo = tf32(a - hi)),
 //   acc += a_lo*b_hi + a_hi*b_lo + a_hi*b_hi in fp32: fp32-level accuracy at tensor-core speed.
-// - moss_vae_gn_*: GroupNorm (+SiLU): two-pass statistics in f64 (atomics into [G, 2] doubles),
-//   then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in f32 like the CPU).
-//   _stats1/_apply_plane (MOSS_VAE_KERNELS=fast): one pass of f64 statistics about a shift (the
-//   group's first value), then the normalise pass per plane with its scale/shift computed once.
+// - moss_vae_gn_*: GroupNorm (+SiLU): per-(group, row) f64 partials (sum, squared deviations
+//   from the row's mean; no atomics, a fixed order), combined on the host in a fixed order into
+//   [G, 2] (mean, variance), then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in
+//   f32 like the CPU). Split-invariant: a row strip gives the whole picture's bits.
 // - moss_vae_softmax_rows: scaled, max-subtracted softmax over rows of a score block (the
 //   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see vae.rs).
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
@@ -319,120 +319,62 @@ __device__ __forceinline__ double block_sum(double v) {
     return s;  // valid in thread 0
 }
 
-// Two-pass (the default unless MOSS_VAE_KERNELS=fast):
-// stats[2g] += sum(x) (pass 0) or stats[2g+1] += sum((x - mean)^2) (pass 1) over chunk
-// blockIdx.x % chunks of group blockIdx.x / chunks (len values, contiguous).
-__device__ void gn_stats2(double* stats, const float* __restrict__ x, long len, int chunks, int pass) {
-    long g = blockIdx.x / chunks;
-    int chunk = blockIdx.x % chunks;
-    const float* xs = x + g * len;
-    long per = (len + chunks - 1) / chunks;
-    long lo = chunk * per, hi = min(len, lo + per);
-    double mean = pass == 1 ? stats[2 * g] / (double)len : 0.0;
+// Split-invariant GroupNorm partials: block r = (image * groups + group) * h + y sums the
+// group's cg * w values of row y, then the squared deviations from that row's own mean;
+// out[2r] = sum, out[2r + 1] = squared deviations (f64). Thread t takes the row's elements
+// t, t + blockDim, ... (index j * w + x, j the channel inside the group) and block_sum reduces
+// in a fixed tree: the bits depend only on the row's values, never on h or on where the row
+// sits, so a row strip gives exactly the pairs of the whole picture (the host combines them in
+// a fixed order: group_norm_combine in src/backend/ops/vae.rs). BUG 1 (planted): the first
+// element of the row is skipped.
+template <int BUG>
+__device__ void gn_row_stats(double* __restrict__ out, const float* __restrict__ x, int cg, int h, int w) {
+    __shared__ double mean_sh;
+    const long r = blockIdx.x;
+    const long g = r / h;
+    const int y = (int)(r - g * h);
+    const long hw = (long)h * w;
+    const float* base = x + g * cg * hw + (long)y * w;
+    const int len = cg * w;
     double s = 0;
-    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        double v = (double)xs[i];
-        s += pass == 0 ? v : (v - mean) * (v - mean);
+    for (int i = threadIdx.x + (BUG == 1 ? 1 : 0); i < len; i += blockDim.x) {
+        int j = i / w, xx = i - j * w;
+        s += (double)base[j * hw + xx];
     }
     s = block_sum(s);
-    if (threadIdx.x == 0) atomicAdd(&stats[2 * g + pass], s);
+    if (threadIdx.x == 0) mean_sh = s / (double)len;
+    __syncthreads();
+    const double m = mean_sh;
+    double q = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        int j = i / w, xx = i - j * w;
+        double d = (double)base[j * hw + xx] - m;
+        q += d * d;
+    }
+    q = block_sum(q);
+    if (threadIdx.x == 0) {
+        out[2 * r] = s;
+        out[2 * r + 1] = q;
+    }
 }
 
 // BUG 1: the channel of an element taken as idx % C (not (idx / HW) % C).
 template <int BUG>
-__device__ void gn_apply_flat(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
+__device__ void gn_apply(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
                          const float* __restrict__ wt, const float* __restrict__ bias, long total, int c, long hw,
                          int groups, double eps, int silu) {
     int cg = c / groups;
-    double len = (double)cg * hw;
     for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long)gridDim.x * blockDim.x) {
         long ch_all = idx / hw;  // n * C + ch
         int ch = BUG == 1 ? (int)(idx % c) : (int)(ch_all % c);
         long g = ch_all / cg;    // n * groups + group
-        double mean = stats[2 * g] / len;
-        double var = stats[2 * g + 1] / len;
+        double mean = stats[2 * g];
+        double var = stats[2 * g + 1];
         double inv = 1.0 / sqrt(var + eps);
         double gg = (double)wt[ch] * inv;
         float y = (float)(((double)x[idx] - mean) * gg + (double)bias[ch]);
         if (silu) y = y / (1.0f + expf(-y));
         out[idx] = y;
-    }
-}
-
-// One pass (MOSS_VAE_KERNELS=fast): statistics about a shift (the group's first value s, so the f64 sums do not
-// cancel): stats[2g] += sum(x - s), stats[2g+1] += sum((x - s)^2) over chunk blockIdx.x % chunks
-// of group blockIdx.x / chunks (len values, contiguous); float4 loads when len % 4 == 0.
-__device__ void gn_stats1(double* stats, const float* __restrict__ x, long len, int chunks) {
-    long g = blockIdx.x / chunks;
-    int chunk = blockIdx.x % chunks;
-    const float* xs = x + g * len;
-    const double shift = (double)xs[0];
-    double s1 = 0, s2 = 0;
-    if ((len & 3) == 0) {
-        long len4 = len >> 2, per = (len4 + chunks - 1) / chunks;
-        long lo = chunk * per, hi = min(len4, lo + per);
-        const float4* x4 = reinterpret_cast<const float4*>(xs);
-        for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            float4 v = __ldg(x4 + i);
-            double d0 = (double)v.x - shift, d1 = (double)v.y - shift, d2 = (double)v.z - shift, d3 = (double)v.w - shift;
-            s1 += (d0 + d1) + (d2 + d3);
-            s2 += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
-        }
-    } else {
-        long per = (len + chunks - 1) / chunks;
-        long lo = chunk * per, hi = min(len, lo + per);
-        for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            double d = (double)xs[i] - shift;
-            s1 += d;
-            s2 += d * d;
-        }
-    }
-    s1 = block_sum(s1);
-    s2 = block_sum(s2);
-    if (threadIdx.x == 0) {
-        atomicAdd(&stats[2 * g], s1);
-        atomicAdd(&stats[2 * g + 1], s2);
-    }
-}
-
-// Normalise (+SiLU): grid (blocks over the plane, N*C planes); the plane's scale and shift are
-// computed once per thread in f64: y = (x - mean) * (w * inv) + b, rounded to f32 once.
-// BUG 1: the affine channel of an element taken as (flat index) % C, not its plane's channel.
-template <int BUG>
-__device__ void gn_apply_plane(float* __restrict__ out, const float* __restrict__ x, const double* __restrict__ stats,
-                         const float* __restrict__ wt, const float* __restrict__ bias, int c, long hw, int groups,
-                         double eps, int silu) {
-    const long plane = blockIdx.y;
-    const int ch = (int)(plane % c), cg = c / groups;
-    const long g = plane / cg;  // n * groups + group
-    const double len = (double)cg * hw;
-    const double shift = (double)x[g * cg * hw];
-    const double m1 = stats[2 * g] / len;
-    const double mean = shift + m1;
-    const double var = fmax(stats[2 * g + 1] / len - m1 * m1, 0.0);
-    const double inv = 1.0 / sqrt(var + eps);
-    double gg = (double)wt[ch] * inv, bb = (double)bias[ch];
-    const float* xp = x + plane * hw;
-    float* op = out + plane * hw;
-    auto f = [&](float v, long i) {
-        if (BUG == 1) {
-            int cb = (int)((plane * hw + i) % c);
-            gg = (double)wt[cb] * inv;
-            bb = (double)bias[cb];
-        }
-        float y = (float)(((double)v - mean) * gg + bb);
-        return silu ? y / (1.0f + expf(-y)) : y;
-    };
-    if ((hw & 3) == 0) {
-        const float4* x4 = reinterpret_cast<const float4*>(xp);
-        float4* o4 = reinterpret_cast<float4*>(op);
-        for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < hw / 4; i += (long)gridDim.x * blockDim.x) {
-            float4 v = __ldg(x4 + i);
-            o4[i] = make_float4(f(v.x, 4 * i), f(v.y, 4 * i + 1), f(v.z, 4 * i + 2), f(v.w, 4 * i + 3));
-        }
-    } else {
-        for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < hw; i += (long)gridDim.x * blockDim.x)
-            op[i] = f(xp[i], i);
     }
 }
 
@@ -515,32 +457,20 @@ MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1, 2, 0)
 MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k1, 2, 1)
 MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k3, 2, 3)
 
-MOSS_KERNEL void moss_vae_zero_f64(double* p, long n) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) p[i] = 0.0;
+MOSS_KERNEL void moss_vae_gn_row_stats(double* out, const float* x, int cg, int h, int w) {
+    gn_row_stats<0>(out, x, cg, h, w);
 }
-MOSS_KERNEL void moss_vae_gn_stats(double* stats, const float* x, long len, int chunks, int pass) {
-    gn_stats2(stats, x, len, chunks, pass);
+MOSS_KERNEL void moss_ctl_vae_gn_row_stats(double* out, const float* x, int cg, int h, int w) {
+    gn_row_stats<1>(out, x, cg, h, w);
 }
 MOSS_KERNEL void moss_vae_gn_apply(float* out, const float* x, const double* stats, const float* w, const float* b,
                                    long total, int c, long hw, int groups, long eps_bits, int silu) {
-    gn_apply_flat<0>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
+    gn_apply<0>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
 MOSS_KERNEL void moss_ctl_vae_gn_apply(float* out, const float* x, const double* stats, const float* w,
                                        const float* b, long total, int c, long hw, int groups, long eps_bits,
                                        int silu) {
-    gn_apply_flat<1>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
-}
-
-MOSS_KERNEL void moss_vae_gn_stats1(double* stats, const float* x, long len, int chunks) {
-    gn_stats1(stats, x, len, chunks);
-}
-MOSS_KERNEL void moss_vae_gn_apply_plane(float* out, const float* x, const double* stats, const float* w, const float* b,
-                                   int c, long hw, int groups, long eps_bits, int silu) {
-    gn_apply_plane<0>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
-}
-MOSS_KERNEL void moss_ctl_vae_gn_apply_plane(float* out, const float* x, const double* stats, const float* w,
-                                       const float* b, int c, long hw, int groups, long eps_bits, int silu) {
-    gn_apply_plane<1>(out, x, stats, w, b, c, hw, groups, __longlong_as_double(eps_bits), silu);
+    gn_apply<1>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
 
 MOSS_KERNEL void moss_vae_softmax_rows(float* s, long rows, int n, float scale) { softmax_rows<0>(s, rows, n, scale); }

@@ -763,7 +763,15 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let ctx = Ctx { ck: &ck, o, src: &src, t0 };
     let r = match o.device {
         Device::Cpu => render(&Cpu, &ctx, &jobs, &texts, &chunks, progress, &mut sum),
-        Device::Cuda(n) => render(&pipeline::cuda(n, o.precision)?, &ctx, &jobs, &texts, &chunks, progress, &mut sum),
+        Device::Cuda(n) => {
+            let cu = pipeline::cuda(n, o.precision)?;
+            let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
+            let sizes: Vec<(u32, u32)> = jobs.iter().map(|j| (j.item.width, j.item.height)).collect();
+            if let Some(l) = tokens {
+                pipeline::preflight_cuda(&cu, &ck, Some(l), &sizes)?;
+            }
+            render(&cu, &ctx, &jobs, &texts, &chunks, progress, &mut sum)
+        }
     };
     match r {
         Ok(()) => Ok(sum),

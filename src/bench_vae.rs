@@ -19,6 +19,8 @@ pub struct BenchVae {
     pub reps: usize,
     pub out_f32: Option<PathBuf>,
     pub out_rgb: Option<PathBuf>,
+    /// Only `decode_rgb8` (split as planned): no whole forward, no profile.
+    pub decode_only: bool,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -42,6 +44,29 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     let vae = VaeDecoder::load(&cuda, &comp, &ck.vae)?;
     cuda.sync()?;
     let load_s = t0.elapsed().as_secs_f64();
+    if a.decode_only {
+        let split = vae.split_for(&cuda, h, w)?;
+        let mut full = vec![];
+        let mut rgb = vec![];
+        for _ in 0..a.reps.max(1) {
+            let t = Instant::now();
+            rgb = vae.decode_rgb8(&cuda, &z)?;
+            full.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Some(p) = &a.out_rgb {
+            std::fs::write(p, &rgb)?;
+        }
+        let (free, total) = cuda.gpu().mem_info()?;
+        return Ok(serde_json::json!({
+            "device": cuda.name(),
+            "picture": [h * 16, w * 16],
+            "split": format!("{split:?}"),
+            "decode_rgb8_ms": full,
+            "decode_rgb8_ms_median": median(&full),
+            "gpu_free_total_bytes_after": [free, total],
+        })
+        .to_string());
+    }
     let gz = cuda.upload_f32(&z)?;
     // Warm-up (kernel loading, cuBLASLt plans, the memory pool).
     let img = vae.forward(&cuda, &gz)?;
@@ -87,6 +112,7 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
         "latents": [1, c, h, w],
         "picture": [h * 16, w * 16],
         "conv": format!("{:?}", crate::backend::cuda::vae::ConvKernel::default_kernel()),
+        "split_of_decode_rgb8": format!("{:?}", vae.split_for(&cuda, h, w)?),
         "load_s": load_s,
         "forward_ms": fwd,
         "forward_ms_median": median(&fwd),

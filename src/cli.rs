@@ -52,6 +52,10 @@ pub struct BenchVaeArgs {
     /// Write the RGB8 bytes (HWC) here.
     #[arg(long)]
     pub out_rgb: Option<PathBuf>,
+    /// Only the pipeline's decode (`decode_rgb8`, split as the memory plan or
+    /// `MOSS_VAE_STRIP_ROWS` says): no whole forwards, no profile.
+    #[arg(long)]
+    pub decode_only: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -308,6 +308,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 reps: a.reps,
                 out_f32: a.out_f32.clone(),
                 out_rgb: a.out_rgb.clone(),
+                decode_only: a.decode_only,
             };
             println!("{}", moss::bench_vae::run(&b, a.model.device)?);
             Ok(0)

@@ -265,8 +265,58 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
     let ck = open_checkpoint(model)?;
     match device {
         Device::Cpu => generate_on(&Cpu, &ck, req, progress, t0),
-        Device::Cuda(n) => generate_on(&cuda(n, req.precision)?, &ck, req, progress, t0),
+        Device::Cuda(n) => {
+            let cu = cuda(n, req.precision)?;
+            let tokens = match &req.embeds {
+                Some(_) => None,
+                None => Some(prompt_tokens(&ck, &[&req.prompt, &req.negative], req.max_tokens)?),
+            };
+            preflight_cuda(&cu, &ck, tokens, &[(req.width, req.height)])?;
+            generate_on(&cu, &ck, req, progress, t0)
+        }
     }
+}
+
+/// The longest of `texts` in tokens, chat-wrapped and cut at `max_tokens` (for the planner).
+pub fn prompt_tokens(ck: &Checkpoint, texts: &[&str], max_tokens: usize) -> Result<usize> {
+    let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let mut n = 0;
+    for t in texts {
+        n = n.max(tok.encode(t, max_tokens)?.ids.len());
+    }
+    Ok(n)
+}
+
+/// Before any weights load: every stage's plan (weights + working memory) against the GPU's
+/// free memory now. The stages run one after another, each freeing the last, so each must fit
+/// alone; a run that cannot fails here in a second, with the stage, the numbers and (for the
+/// DiT) the largest size that fits, instead of after a 16 GB load. `text_tokens`: the longest
+/// prompt in tokens (None: the encoder does not run); `sizes`: the pictures' `(W, H)`.
+pub fn preflight_cuda(
+    cu: &crate::backend::cuda::ops::Cuda,
+    ck: &Checkpoint,
+    text_tokens: Option<usize>,
+    sizes: &[(u32, u32)],
+) -> Result<()> {
+    use crate::backend::cuda::plan::{encoder_activation_bytes, MemoryPlan};
+    let text = text_tokens.unwrap_or(0).max(1);
+    if let Some(l) = text_tokens {
+        let comp = ck.open_component("text_encoder")?;
+        let act = encoder_activation_bytes(&ck.encoder, l, cu.act_dtype());
+        MemoryPlan::component(&comp, cu.precision)
+            .activations(act)
+            .check(cu.gpu())
+            .map_err(|e| e.context(format!("the text-encoder stage ({l} tokens) does not fit")))?;
+    }
+    let mut sizes = sizes.to_vec();
+    sizes.sort_by_key(|&(w, h)| std::cmp::Reverse(w as u64 * h as u64));
+    if let Some(&(w, h)) = sizes.first() {
+        let comp = ck.open_component("transformer")?;
+        cu.plan_dit(&comp, &ck.dit, (h / 16) as usize * (w / 16) as usize, text)?;
+        let comp = ck.open_component("vae")?;
+        cu.plan_vae(&comp, &ck.vae, (h / 16) as usize, (w / 16) as usize)?;
+    }
+    Ok(())
 }
 
 fn generate_on<B: EncoderOps + DitOps + VaeOps>(

@@ -276,25 +276,65 @@ impl VaeOps for Cpu {
         Tensor::new(vec![n, cout, oh, ow], out)
     }
 
-    fn group_norm(
+    fn group_norm_row_stats(&self, x: &Tensor, groups: usize) -> Result<Vec<f64>> {
+        let (n, c, h, wd) = dims4(x, "group_norm")?;
+        ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
+        let cg = c / groups;
+        let per_row = (cg * wd) as f64;
+        let mut out = vec![0f64; n * groups * h * 2];
+        // One (image, group, row) at a time: the sum in (channel, column) order, then the squared
+        // deviations from the row's mean in the same order.
+        let one = |r: usize, o: &mut [f64]| {
+            let (ng, y) = (r / h, r % h);
+            let row = |j: usize| &x.data[((ng * cg + j) * h + y) * wd..][..wd];
+            let mut s = 0f64;
+            for j in 0..cg {
+                s += row(j).iter().map(|&v| v as f64).sum::<f64>();
+            }
+            let m = s / per_row;
+            let mut m2 = 0f64;
+            for j in 0..cg {
+                m2 += row(j).iter().map(|&v| (v as f64 - m) * (v as f64 - m)).sum::<f64>();
+            }
+            o[0] = s;
+            o[1] = m2;
+        };
+        let units = n * groups * h;
+        let threads = std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1).min(units.max(1));
+        let per = units.div_ceil(threads).max(1);
+        std::thread::scope(|sc| {
+            for (t, chunk) in out.chunks_mut(per * 2).enumerate() {
+                let one = &one;
+                sc.spawn(move || {
+                    for (i, o) in chunk.chunks_exact_mut(2).enumerate() {
+                        one(t * per + i, o);
+                    }
+                });
+            }
+        });
+        Ok(out)
+    }
+
+    fn group_norm_apply(
         &self,
         x: &Tensor,
         w: &Tensor,
         b: &Tensor,
         groups: usize,
+        stats: &[f64],
         eps: f64,
         silu_after: bool,
     ) -> Result<Tensor> {
-        let (_, c, h, wd) = dims4(x, "group_norm")?;
+        let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         ensure!(w.numel() == c && b.numel() == c, "group_norm: affine {:?} / {:?} for {c} channels", w.shape, b.shape);
+        ensure!(stats.len() == n * groups * 2, "group_norm: {} statistics for {n}x{groups} groups", stats.len());
         let (cg, hw) = (c / groups, h * wd);
         let len = cg * hw;
         let mut out = vec![0f32; x.numel()];
         par_rows(&mut out, len, |r, row| {
             let xs = &x.data[r * len..(r + 1) * len];
-            let mean = xs.iter().map(|&v| v as f64).sum::<f64>() / len as f64;
-            let var = xs.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / len as f64;
+            let (mean, var) = (stats[2 * r], stats[2 * r + 1]);
             let inv = 1.0 / (var + eps).sqrt();
             for j in 0..cg {
                 let ch = (r % groups) * cg + j;

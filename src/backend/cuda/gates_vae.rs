@@ -16,6 +16,7 @@ pub const GATES: &[(&str, GateFn)] = &[
     ("vae group_norm", gate_group_norm),
     ("vae spatial_attention", gate_attention),
     ("vae to_rgb8", gate_to_rgb8),
+    ("vae split decode", gate_split_decode),
 ];
 
 fn shape_str(shapes: &[&[usize]]) -> String {
@@ -119,16 +120,64 @@ fn gate_group_norm(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[c], 0.05)?;
         let want = cx.cpu.group_norm(&x, &w, &b, 32, 1e-6, silu)?;
         let s = format!("{} g32{}", shape_str(&[&xs]), if silu { " +silu" } else { "" });
-        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss", false);
-        cx.judge("vae group_norm (f64 two-pass)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
-        let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss", true);
-        cx.judge("vae group_norm (f64 one pass about a shift, per plane)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
+        let ng = xs[0] * 32;
+        let (h, per_row) = (xs[2], c / 32 * xs[3]);
+        // Row partials (`stats` prefix) → host combine → apply (`apply` prefix).
+        let run = |cx: &Cx, stats: &str, apply: &str| -> Result<CudaTensor> {
+            let rows = cx.cuda.group_norm_row_stats_with(&gx, 32, stats)?;
+            let st = crate::backend::ops::vae::group_norm_combine(&rows, ng, h, per_row);
+            cx.cuda.group_norm_apply_with(&gx, &gw, &gb, 32, &st, 1e-6, silu, apply)
+        };
+        let out = run(cx, "moss", "moss");
+        cx.judge("vae group_norm (f64 row partials, host combine)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
         if controls {
-            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl", false);
+            let out = run(cx, "moss", "moss_ctl");
             cx.judge("vae group_norm, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
-            let out = cx.cuda.group_norm_with(&gx, &gw, &gb, 32, 1e-6, silu, "moss_ctl", true);
-            cx.judge("vae group_norm per plane, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
+            let out = run(cx, "moss_ctl", "moss");
+            cx.judge("vae group_norm, row partials skip an element", &s, Kind::Control, F32_NORM, "", out, &want, None);
+            strip_invariance(cx, &gx, &xs)?;
         }
+    }
+    Ok(())
+}
+
+/// The split decode's premise: the row partials of a row strip (rows 37..87 narrowed out of the
+/// picture, so the kernel sees a different `h` and base) are bit for bit those rows' partials of
+/// the whole picture. Error: max |strip − whole| / max |whole|, NaN if not finite. Control: the
+/// strip compared one row off (bad strip bookkeeping), which the same comparison must reject.
+fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
+    use crate::backend::Backend;
+    let (y0, len, h) = (37usize, 50usize, xs[2]);
+    let whole = cx.cuda.group_norm_row_stats_with(gx, 32, "moss")?;
+    let strip = cx.cuda.group_norm_row_stats_with(&cx.cuda.narrow(gx, 2, y0, len)?, 32, "moss")?;
+    let s = format!("{} rows {y0}..{}", shape_str(&[xs]), y0 + len);
+    for (kind, off, what) in [
+        (Kind::Gate, 0usize, "vae group_norm row partials: strip == whole (bits)"),
+        (Kind::Control, 1, "vae group_norm row partials: strip vs whole one row off"),
+    ] {
+        let (mut diff, mut top, mut bad) = (0f64, 0f64, false);
+        for g in 0..xs[0] * 32 {
+            for r in 0..len.min(h - y0 - off) {
+                for k in 0..2 {
+                    let a = strip[(g * len + r) * 2 + k];
+                    let b = whole[(g * h + y0 + off + r) * 2 + k];
+                    bad |= !a.is_finite();
+                    diff = diff.max((a - b).abs());
+                    top = top.max(b.abs());
+                }
+            }
+        }
+        let error = if bad { f64::NAN } else { diff / top.max(f64::MIN_POSITIVE) };
+        let kernel = if kind == Kind::Control { format!("  control: {what}") } else { what.to_string() };
+        cx.rows.push(super::gates::Row {
+            kernel,
+            precision: cx.precision,
+            shape: s.clone(),
+            kind,
+            error,
+            bound: EXACT,
+            note: "f64 partials".into(),
+        });
     }
     Ok(())
 }
@@ -223,5 +272,44 @@ fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
     cx.judge("vae to_rgb8 (rintf)", &s, Kind::Gate, EXACT, "bytes, bit-exact", out, &want, None);
     let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss_ctl"), cx);
     cx.judge("vae to_rgb8 truncating", &s, Kind::Control, EXACT, "", out, &want, None);
+    Ok(())
+}
+
+/// The split decode (issue #8) on CUDA: the checkpoint's decoder (`--model`, e.g. golden/tiny-a)
+/// on random latents, whole vs row strips (`MOSS_VAE_STRIP_ROWS`' path: the mid block whole,
+/// every later layer in strips through the host, `upload_rows` / `download_rows`): the float
+/// picture must be bit-identical (bound 0), at the golden size and at 368x320 (widths 23·16 etc.,
+/// not multiples of the conv's 128-pixel tile), and the RGB8 bytes too. Control: strips without
+/// their halo rows. Skipped without a checkpoint (like `load`).
+fn gate_split_decode(cx: &mut Cx) -> Result<()> {
+    use crate::model::vae::{Split, Strips, VaeDecoder};
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    let Some(ck) = cx.ck.clone() else { return Ok(()) };
+    let comp = ck.open_component("vae")?;
+    let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
+    let c = ck.vae.packed_channels();
+    for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
+        let z = Tensor::new(vec![1, c, h, w], cx.rng.normals(c * h * w, 1.0))?;
+        let whole = vae.decode_with(&cx.cuda, &z, Split::Whole)?;
+        let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}", 16 * w, 16 * h);
+        for (kind, no_halo, what) in [
+            (Kind::Gate, false, "vae split decode == whole (float bits)"),
+            (Kind::Control, true, "vae split decode without halo rows"),
+        ] {
+            let out = vae
+                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, no_halo }))
+                .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
+            cx.judge(what, &s, kind, EXACT, "", out, &whole, None);
+        }
+        let px = |split| -> Result<Tensor> {
+            let b = vae.decode_rgb8_with(&cx.cuda, &z, split)?;
+            Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())
+        };
+        let want = px(Split::Whole)?;
+        let out = px(Split::strips(rows)).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
+        cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
+    }
     Ok(())
 }

@@ -11,7 +11,7 @@
 
 use super::ops::{loaded_dtype, DType, GIB};
 use super::Gpu;
-use crate::checkpoint::config::DitConfig;
+use crate::checkpoint::config::{DitConfig, EncoderConfig};
 use crate::checkpoint::Component;
 use crate::cli::Precision;
 use anyhow::{bail, Result};
@@ -97,6 +97,22 @@ pub fn dit_activation_bytes(cfg: &DitConfig, tokens: usize, dtype: DType) -> usi
     peak + peak / 4 + 2 * tokens * d * dtype.size()
 }
 
+/// Peak live activations of one encoder forward over `tokens` prompt tokens, in `dtype`. An
+/// estimate for the planner: the FFN holds gate, up and their product (`3 F`) next to the residual,
+/// the normed input and the output (`3 D`); a Gated-DeltaNet layer its fused q|k|v before and after
+/// the conv, z, b/a and the output; a quarter on top for the pool, plus the delta rule's fp32
+/// per-chunk states (`ceil(L/64)` chunks x value heads x dk x dv) and 256 MiB of scratch (the
+/// causal attention's score rows, cuBLASLt).
+pub fn encoder_activation_bytes(cfg: &EncoderConfig, tokens: usize, dtype: DType) -> usize {
+    let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+    let qkv = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + cfg.linear_num_value_heads * cfg.linear_value_head_dim;
+    let attn = 2 * cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim;
+    let per_token = (3 * f + 3 * d).max(2 * qkv + 3 * d).max(attn + 3 * d);
+    let peak = tokens * per_token * dtype.size();
+    let states = tokens.div_ceil(64) * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4;
+    peak + peak / 4 + states + (256 << 20)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +146,31 @@ mod tests {
         let peak = 4224 * 33792 * 2;
         assert_eq!(b, peak + peak / 4 + 2 * 4224 * 3072 * 2);
         println!("DiT activations at 4224 tokens, bf16: {:.2} GiB", b as f64 / GIB);
+    }
+
+    #[test]
+    fn encoder_estimate_full_size() {
+        let cfg = EncoderConfig {
+            vocab_size: 248320,
+            hidden_size: 4096,
+            intermediate_size: 12288,
+            layer_types: vec![],
+            num_attention_heads: 16,
+            num_key_value_heads: 4,
+            head_dim: 256,
+            rope_theta: 1e7,
+            partial_rotary_factor: 0.25,
+            rms_norm_eps: 1e-6,
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 32,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            linear_conv_kernel_dim: 4,
+        };
+        // The FFN dominates: (3·12288 + 3·4096)·2 B a token; 64 chunks of fp32 states at 4096.
+        let b = encoder_activation_bytes(&cfg, 4096, DType::BF16);
+        let peak = 4096 * 49152 * 2;
+        assert_eq!(b, peak + peak / 4 + 64 * 32 * 128 * 128 * 4 + (256 << 20));
+        println!("encoder activations at 4096 tokens, bf16: {:.2} GiB", b as f64 / GIB);
     }
 }

@@ -10,9 +10,9 @@
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
-//! - `group_norm`: two-pass f64 statistics per group, then one normalise(+SiLU) pass; with
-//!   `MOSS_VAE_KERNELS=fast` one statistics pass (about the group's first value) and a
-//!   per-plane normalise.
+//! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
+//!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
+//!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs with `MOSS_VAE_KERNELS=fast` or `MOSS_VAE_ATTN=split`
@@ -25,6 +25,7 @@ use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use cudarc::driver::sys;
 
 /// Per-op GPU times when profiling is on (`moss bench-vae --profile`): op → (ms, calls).
 static PROFILE: std::sync::Mutex<Option<std::collections::BTreeMap<String, (f64, usize)>>> = std::sync::Mutex::new(None);
@@ -110,8 +111,8 @@ impl ConvKernel {
 }
 
 /// `MOSS_VAE_KERNELS=fast`: the decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out
-/// kernel), the split-TF32 attention products and the one-pass GroupNorm. Off by default until
-/// measured on the GPU (every one of these kernels is gated in `moss check` either way).
+/// kernel) and the split-TF32 attention products. Off by default until measured on the GPU
+/// (every one of these kernels is gated in `moss check` either way).
 pub fn fast_kernels() -> bool {
     std::env::var("MOSS_VAE_KERNELS").as_deref() == Ok("fast")
 }
@@ -346,72 +347,52 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `group_norm`; `prefix` picks the normalise kernel (`moss_ctl`: the planted affine index);
-    /// `one_pass`: the MOSS_VAE_KERNELS=fast kernels (one statistics pass about a shift, a
-    /// per-plane normalise) instead of two statistics passes and a flat normalise.
+    /// `group_norm_row_stats`; `prefix` `moss_ctl` plants a skipped element.
+    pub(crate) fn group_norm_row_stats_with(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<Vec<f64>> {
+        let (n, c, h, wd) = dims4(x, "group_norm")?;
+        ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
+        let cg = c / groups;
+        ensure!(cg * wd < i32::MAX as usize && h < i32::MAX as usize, "group_norm: rows too long");
+        let x = self.f32(x)?;
+        let units = n * groups * h;
+        ensure!(units < i32::MAX as usize, "group_norm: {units} rows");
+        // [units, 2] doubles in an f32 buffer of twice the length.
+        let out = self.alloc(DType::F32, &[units * 4])?;
+        self.launch(
+            &format!("{prefix}_vae_gn_row_stats"),
+            units as u32,
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::I(cg as i32), Arg::I(h as i32), Arg::I(wd as i32)],
+        )?;
+        let bytes = self.download_bytes(&out)?;
+        Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
+    }
+
+    /// `group_norm_apply`; `prefix` `moss_ctl` plants the affine channel `idx % C`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn group_norm_with(
+    pub(crate) fn group_norm_apply_with(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         b: &CudaTensor,
         groups: usize,
+        stats: &[f64],
         eps: f64,
         silu: bool,
         prefix: &str,
-        one_pass: bool,
     ) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         ensure!(w.numel() == c && b.numel() == c, "group_norm: affine {:?} / {:?} for {c} channels", w.shape, b.shape);
+        ensure!(stats.len() == n * groups * 2, "group_norm: {} statistics for {n}x{groups} groups", stats.len());
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         let hw = h * wd;
-        let len = c / groups * hw;
-        let ng = n * groups;
-        // [ng, 2] doubles: sum, then sum of squared deviations (one pass: both about the shift).
-        let stats = self.alloc(DType::F32, &[ng * 4])?;
-        self.launch("moss_vae_zero_f64", 1, 256, 0, &[Arg::P(stats.ptr()), Arg::L((2 * ng) as i64)])?;
-        let chunks = len.div_ceil(16 * 1024).clamp(1, 1024);
+        // [n·groups, 2] doubles (mean, variance) in an f32 buffer of twice the length.
+        let st = self.alloc(DType::F32, &[stats.len() * 2])?;
+        let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.write_bytes(st.ptr(), &bytes, false)?;
         let out = self.alloc(DType::F32, &x.shape)?;
-        if one_pass {
-            self.launch(
-                "moss_vae_gn_stats1",
-                (ng * chunks) as u32,
-                256,
-                0,
-                &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32)],
-            )?;
-            ensure!(n * c < 65536, "group_norm: {n}x{c} planes");
-            let items = if hw % 4 == 0 { hw / 4 } else { hw };
-            self.launch_2d(
-                &format!("{prefix}_vae_gn_apply_plane"),
-                (items.div_ceil(256).clamp(1, 512) as u32, (n * c) as u32),
-                256,
-                0,
-                &[
-                    Arg::P(out.ptr()),
-                    Arg::P(x.ptr()),
-                    Arg::P(stats.ptr()),
-                    Arg::P(w.ptr()),
-                    Arg::P(b.ptr()),
-                    Arg::I(c as i32),
-                    Arg::L(hw as i64),
-                    Arg::I(groups as i32),
-                    Arg::L(eps.to_bits() as i64),
-                    Arg::I(silu as i32),
-                ],
-            )?;
-            return Ok(out);
-        }
-        for pass in 0..2 {
-            self.launch(
-                "moss_vae_gn_stats",
-                (ng * chunks) as u32,
-                256,
-                0,
-                &[Arg::P(stats.ptr()), Arg::P(x.ptr()), Arg::L(len as i64), Arg::I(chunks as i32), Arg::I(pass)],
-            )?;
-        }
         let total = x.numel();
         self.launch(
             &format!("{prefix}_vae_gn_apply"),
@@ -421,7 +402,7 @@ impl Cuda {
             &[
                 Arg::P(out.ptr()),
                 Arg::P(x.ptr()),
-                Arg::P(stats.ptr()),
+                Arg::P(st.ptr()),
                 Arg::P(w.ptr()),
                 Arg::P(b.ptr()),
                 Arg::L(total as i64),
@@ -608,13 +589,178 @@ pub fn vae_activation_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize
     peak + peak / 4
 }
 
+/// Peak live bytes of the part a split decode runs whole: up to the mid block's output (the
+/// latent resolution, widest channels), the attention included; a quarter on top.
+pub fn vae_mid_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> usize {
+    let c = *cfg.decoder_block_out_channels.last().unwrap_or(&0);
+    let l = h * cfg.patch_size[0] * w * cfg.patch_size[1];
+    let attn = 7 * l * c * 4 + ATTN_CHUNK_BYTES.min(l * l * 4);
+    let peak = (4 * c * l * 4).max(attn + 2 * c * l * 4);
+    peak + peak / 4
+}
+
+/// Peak live bytes of one strip of `rows` output rows in a split decode: at most 7 strip
+/// tensors (input, normed input, conv output and its valid rows, the shortcut's input and
+/// output, the sum) of `rows` + 2 halo rows at the widest `channels × width` of any layer after
+/// the mid block; a quarter on top.
+pub fn vae_strip_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, rows: usize) -> usize {
+    let rev: Vec<usize> = cfg.decoder_block_out_channels.iter().rev().copied().collect();
+    let mut width = w * cfg.patch_size[1];
+    let mut prev = rev[0];
+    let mut per_row = 0;
+    for (i, &ch) in rev.iter().enumerate() {
+        per_row = per_row.max(prev.max(ch) * width);
+        if i + 1 < rev.len() {
+            width *= 2;
+            per_row = per_row.max(ch * width);
+        }
+        prev = ch;
+    }
+    let _ = h;
+    let b = 7 * (rows + 2) * per_row * 4;
+    b + b / 4
+}
+
+/// `(C, H, W)` of a host picture `[1, C, H, W]` whose rows `y0..y1` exist.
+fn host_rows_dims(x: &Tensor, y0: usize, y1: usize) -> Result<(usize, usize, usize)> {
+    ensure!(x.shape.len() == 4 && x.shape[0] == 1, "row strips of {:?}: expected [1, C, H, W]", x.shape);
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    ensure!(y0 < y1 && y1 <= h && x.data.len() == c * h * w, "rows {y0}..{y1} of {:?}", x.shape);
+    Ok((c, h, w))
+}
+
+/// A `cuMemcpy2D` descriptor: `height` rows of `width` bytes, each side with its pitch.
+#[allow(clippy::too_many_arguments)]
+fn copy2d_desc(
+    src_type: sys::CUmemorytype,
+    src_host: *mut std::ffi::c_void,
+    src_dev: u64,
+    src_pitch: usize,
+    dst_type: sys::CUmemorytype,
+    dst_host: *mut std::ffi::c_void,
+    dst_dev: u64,
+    dst_pitch: usize,
+    width: usize,
+    height: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host as *const std::ffi::c_void,
+        srcDevice: src_dev,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_dev,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
+}
+
+/// The split for latents `[1, C, h, w]` with `free` bytes available to activations: `None`
+/// (whole) if [`vae_activation_bytes`] fits, else the tallest strip whose
+/// [`vae_strip_bytes`] fits, else an error with numbers (the mid block, run whole, or a
+/// one-row strip does not fit).
+pub fn strip_rows_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, free: usize) -> Result<Option<usize>> {
+    if vae_activation_bytes(cfg, h, w) <= free {
+        return Ok(None);
+    }
+    let (mid, one) = (vae_mid_bytes(cfg, h, w), vae_strip_bytes(cfg, h, w, 1));
+    ensure!(
+        mid <= free && one <= free,
+        "the VAE decode of a {}x{} picture does not fit even in row strips: the mid block needs {:.2} GiB, \
+         a one-row strip {:.2} GiB, {:.2} GiB free (after the reserve)",
+        w * 16,
+        h * 16,
+        mid as f64 / super::ops::GIB,
+        one as f64 / super::ops::GIB,
+        free as f64 / super::ops::GIB
+    );
+    // The tallest strip that fits (strip bytes grow with the rows).
+    let (mut lo, mut hi) = (1usize, h * 16);
+    while lo < hi {
+        let m = (lo + hi).div_ceil(2);
+        if vae_strip_bytes(cfg, h, w, m) <= free {
+            lo = m;
+        } else {
+            hi = m - 1;
+        }
+    }
+    Ok(Some(lo))
+}
+
 impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
-        let plan = super::plan::MemoryPlan::component(c, crate::cli::Precision::Fp32).activations(vae_activation_bytes(cfg, h, w));
-        plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit", w * 16, h * 16)))
+        // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
+        let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
+        let plan = super::plan::MemoryPlan::component(c, crate::cli::Precision::Fp32).activations(least);
+        plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
+    }
+    fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
+        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(super::plan::RESERVE_BYTES)) };
+        if vae_activation_bytes(cfg, h, w) <= avail(self)? {
+            return Ok(None);
+        }
+        // Freed tensors the pool still holds count as used: hand them back and look again.
+        self.trim_pool()?;
+        strip_rows_for(cfg, h, w, avail(self)?)
     }
     fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
         self.upload_as(t, DType::F32)
+    }
+    fn upload_rows(&self, x: &Tensor, y0: usize, y1: usize) -> Result<CudaTensor> {
+        let (c, h, w) = host_rows_dims(x, y0, y1)?;
+        let r = y1 - y0;
+        let out = self.alloc(DType::F32, &[1, c, r, w])?;
+        // One 2-D copy: C rows of r·W floats, pitch H·W on the host.
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            out.ptr(),
+            r * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the source rows lie inside `x.data` (checked above), the destination holds
+        // C·r·W floats; a copy from pageable memory has read the source when the call returns.
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row upload: {e:?}"))?;
+        Ok(out)
+    }
+    fn download_rows(&self, t: &CudaTensor, x: &mut Tensor, y0: usize) -> Result<()> {
+        let (n, c, r, w) = dims4(t, "download_rows")?;
+        let (xc, h, xw) = host_rows_dims(x, y0, y0 + r)?;
+        ensure!(n == 1 && c == xc && w == xw, "download_rows: strip {:?} into picture {:?}", t.shape, x.shape);
+        let t = self.f32(t)?;
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            t.ptr(),
+            r * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_mut_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the destination rows lie inside `x.data`; we wait for the copy before
+        // returning (so before `x` can be read or dropped).
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row download: {e:?}"))?;
+        self.sync()
     }
     fn bn_unpatchify(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
         self.bn_unpatchify_with(z, mean, var, eps, patch, "moss")
@@ -626,10 +772,20 @@ impl VaeOps for Cuda {
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
-        self.timed(
-            || format!("group_norm {:?}", x.shape),
-            || self.group_norm_with(x, w, b, groups, eps, silu, "moss", fast_kernels()),
-        )
+        self.timed(|| format!("group_norm {:?}", x.shape), || {
+            let d = &x.shape;
+            ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
+            let rows = self.group_norm_row_stats_with(x, groups, "moss")?;
+            let stats = crate::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
+            self.group_norm_apply_with(x, w, b, groups, &stats, eps, silu, "moss")
+        })
+    }
+    fn group_norm_row_stats(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
+        self.group_norm_row_stats_with(x, groups, "moss")
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn group_norm_apply(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<CudaTensor> {
+        self.group_norm_apply_with(x, w, b, groups, stats, eps, silu, "moss")
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
         // The split-TF32 products with MOSS_VAE_ATTN=split or MOSS_VAE_KERNELS=fast (unless
@@ -674,6 +830,20 @@ mod tests {
         assert_eq!(b, peak + peak / 4);
         // 2048x2048: four times that (attention's 1 GiB chunk and q/k/v stay below it).
         assert_eq!(vae_activation_bytes(&cfg, 128, 128), 4 * b);
+        // Split: the widest row is 384 channels x 512 columns (up block 2's input) = 192 x 1024
+        // (the last upsampler's output).
+        let s = vae_strip_bytes(&cfg, 64, 64, 30);
+        let want = 7 * 32 * 192 * 1024 * 4;
+        assert_eq!(s, want + want / 4);
+        assert!(vae_mid_bytes(&cfg, 64, 64) < b);
+        // The planner: whole when it fits, the tallest fitting strip, a refusal with numbers.
+        assert_eq!(strip_rows_for(&cfg, 64, 64, b).unwrap(), None);
+        let free = vae_strip_bytes(&cfg, 64, 64, 300) + 5; // above the mid block's 1.6 GB
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let free = vae_strip_bytes(&cfg, 64, 64, 301) - 1;
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
+        assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
         println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::super::ops::GIB, 4.0 * b as f64 / super::super::ops::GIB);
     }
 }

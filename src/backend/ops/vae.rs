@@ -12,7 +12,8 @@ use anyhow::Result;
 /// Ops the VAE decoder needs beyond the generic set.
 pub trait VaeOps: Backend {
     /// Fail early, with numbers, when decoding latents `[1, C, h, w]` would not fit in free
-    /// device memory (weights, peak activations, reserve). The CPU has nothing to plan.
+    /// device memory even split into row strips (weights, the smallest peak activations,
+    /// reserve). The CPU has nothing to plan.
     fn plan_vae(&self, _c: &crate::checkpoint::Component, _cfg: &crate::checkpoint::config::VaeConfig, _h: usize, _w: usize) -> Result<()> {
         Ok(())
     }
@@ -44,9 +45,57 @@ pub trait VaeOps: Backend {
     /// GroupNorm over `x [N, C, H, W]` with `groups` groups of `C/groups` consecutive channels,
     /// affine, optionally followed by SiLU:
     /// `y = (x − μ) / sqrt(σ² + eps) · w[c] + b[c]`, `μ`, `σ²` the mean and biased variance of the
-    /// group's `C/groups · H · W` values (f64 on the CPU); then `y · sigmoid(y)` if `silu`.
+    /// group's `C/groups · H · W` values (f64); then `y · sigmoid(y)` if `silu`.
+    ///
+    /// The statistics are split-invariant by construction: [`VaeOps::group_norm_row_stats`]
+    /// gives per-(image, group, row) partials, [`group_norm_combine`] reduces them in a fixed
+    /// order on the host, [`VaeOps::group_norm_apply`] normalises. A decode split into row strips
+    /// (`crate::model::vae`) gathers the same partials strip by strip, so it gets the same bits.
     fn group_norm(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, eps: f64, silu: bool)
+        -> Result<Self::T> {
+        let d = self.dims(x);
+        anyhow::ensure!(d.len() == 4, "group_norm: expected [N, C, H, W], got {d:?}");
+        anyhow::ensure!(groups > 0 && d[1] % groups == 0, "group_norm: {} channels in {groups} groups", d[1]);
+        let rows = self.group_norm_row_stats(x, groups)?;
+        let stats = group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
+        self.group_norm_apply(x, w, b, groups, &stats, eps, silu)
+    }
+
+    /// GroupNorm statistics, part 1: for `x [N, C, H, W]`, per image `n`, group `g` and row `y`,
+    /// over the group's `C/groups · W` values of that row: their sum `s` and the sum of squared
+    /// deviations from their own mean `s / (C/groups · W)`, both f64, laid out
+    /// `[N, groups, H, 2]`. A row's pair depends on that row's values only, computed in an order
+    /// that depends only on the position inside the row, never on `H` or on where the row sits:
+    /// a row strip of a picture gives bit for bit the pairs of those rows of the whole picture.
+    fn group_norm_row_stats(&self, x: &Self::T, groups: usize) -> Result<Vec<f64>>;
+
+    /// GroupNorm, part 2: normalise `x [N, C, H, W]` with `stats` `[N, groups, 2]` = (mean,
+    /// biased variance) per image and group (from [`group_norm_combine`]):
+    /// `y = f32((x − mean) · (w[c] / sqrt(var + eps)) + b[c])` in f64, then SiLU in f32 if `silu`.
+    /// Elementwise given `stats`, so any row strip normalises exactly as the whole picture does.
+    #[allow(clippy::too_many_arguments)]
+    fn group_norm_apply(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, stats: &[f64], eps: f64, silu: bool)
         -> Result<Self::T>;
+
+    /// Rows per strip for decoding latents `[1, C, h, w]` with the decoder of `cfg` already
+    /// loaded: `None` when the whole decode fits in free device memory (always on the CPU),
+    /// else the strip height (output rows of each layer at its own resolution) that fits; an
+    /// error when not even the smallest split fits.
+    fn vae_strip_rows(&self, _cfg: &crate::checkpoint::config::VaeConfig, _h: usize, _w: usize) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
+    /// Rows `y0..y1` of the host picture `x [1, C, H, W]` as a backend tensor
+    /// `[1, C, y1 − y0, W]`, fp32 (the split decode's strips).
+    fn upload_rows(&self, x: &crate::tensor::Tensor, y0: usize, y1: usize) -> Result<Self::T> {
+        self.upload_f32(&rows_of(x, y0, y1))
+    }
+
+    /// Write `t [1, C, r, W]` into rows `y0..y0 + r` of the host picture `x [1, C, H, W]`.
+    fn download_rows(&self, t: &Self::T, x: &mut crate::tensor::Tensor, y0: usize) -> Result<()> {
+        put_rows(x, y0, &self.download(t)?);
+        Ok(())
+    }
 
     /// Single-head attention over all positions of a picture (the mid block):
     /// `q`, `k`, `v` `[N, L, D]` → `[N, L, D]`, `out[n, i] = Σ_j p_ij · v[n, j]` with
@@ -58,4 +107,51 @@ pub trait VaeOps: Backend {
     /// `round(clamp(clamp(x, −1, 1)/2 + 0.5, 0, 1) · 255)` in f32, round half to even (numpy's
     /// and torch's rounding of the reference).
     fn to_rgb8(&self, x: &Self::T) -> Result<Vec<u8>>;
+}
+
+/// GroupNorm statistics, part 2 (host, f64, a fixed order): the per-row partials `rows`
+/// `[ng, h, 2]` (sum, squared deviations from the row's own mean, `per_row` values a row) of
+/// [`VaeOps::group_norm_row_stats`] → `[ng, 2]` (mean, biased variance) per (image, group):
+/// `mean = Σ_y s_y / (h · per_row)`, `M2 = Σ_y (m2_y + per_row · (s_y / per_row − mean)²)`
+/// (Chan et al.'s pairwise update, summed over rows in order), `var = M2 / (h · per_row)`.
+pub fn group_norm_combine(rows: &[f64], ng: usize, h: usize, per_row: usize) -> Vec<f64> {
+    assert_eq!(rows.len(), ng * h * 2, "group_norm_combine: {} partials for {ng} groups x {h} rows", rows.len());
+    let n = per_row as f64;
+    let total = (h * per_row) as f64;
+    let mut out = Vec::with_capacity(ng * 2);
+    for g in rows.chunks_exact((2 * h).max(1)).take(ng) {
+        let mut s = 0f64;
+        for r in g.chunks_exact(2) {
+            s += r[0];
+        }
+        let mean = s / total;
+        let mut m2 = 0f64;
+        for r in g.chunks_exact(2) {
+            let d = r[0] / n - mean;
+            m2 += r[1] + n * (d * d);
+        }
+        out.push(mean);
+        out.push(m2 / total);
+    }
+    out
+}
+
+
+/// Rows `y0..y1` of a host picture `[1, C, H, W]` as `[1, C, y1 − y0, W]`.
+pub fn rows_of(x: &crate::tensor::Tensor, y0: usize, y1: usize) -> crate::tensor::Tensor {
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    let mut data = Vec::with_capacity(c * (y1 - y0) * w);
+    for ci in 0..c {
+        data.extend_from_slice(&x.data[(ci * h + y0) * w..(ci * h + y1) * w]);
+    }
+    crate::tensor::Tensor { shape: vec![1, c, y1 - y0, w], data }
+}
+
+/// Write `s` `[1, C, r, W]` into rows `y0..y0 + r` of the host picture `x` `[1, C, H, W]`.
+pub fn put_rows(x: &mut crate::tensor::Tensor, y0: usize, s: &crate::tensor::Tensor) {
+    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+    let r = s.shape[2];
+    for ci in 0..c {
+        x.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
+    }
 }
