@@ -8,7 +8,7 @@
 #   3. DiT: moss bench-dit 1024x1024 (5 forwards + 50 guided steps) and the torch.compile'd
 #      reference's forward and 50 steps (bench/dit_full.py compiled);
 #   4. encoder: moss bench-encode at 128 and 4096 tokens;
-#   5. VAE: moss bench-vae at 1024x1024 and 2048x2048;
+#   5. VAE: moss bench-vae at 1024x1024 and 2048x2048 (default kernels, then MOSS_VAE_KERNELS=fast);
 #   6. moss generate 1024x1024 50 steps end to end; batch vs one by one (N=3, 4 steps): identical PNGs.
 # Needs: the release binary in $BIN (default .final/moss), .whl/diffusers-*.whl. Usage: bash bench/final_gpu.sh
 set -uo pipefail
@@ -49,6 +49,9 @@ for s in (1024, 2048): g.standard_normal((1, 128, s // 16, s // 16)).astype('<f4
 for s in 1024 2048; do
   timeout 60 $BIN bench-vae --model $F --device cuda --latents $W/z$s.f32 --reps 3 > $O/vae$s.json 2>&1
   echo "$s rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae$s.json
+  # the opt-in kernels of the vaeconv branch (halo conv, f64 conv_out, split-TF32 attention)
+  MOSS_VAE_KERNELS=fast timeout 60 $BIN bench-vae --model $F --device cuda --latents $W/z$s.f32 --reps 3 > $O/vae${s}fast.json 2>&1
+  echo "$s MOSS_VAE_KERNELS=fast rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae${s}fast.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae${s}fast.json
 done
 
 el "== 6. end to end"

@@ -34,7 +34,7 @@ python3 bench/vae_bench.py make-ckpt $W || exit 1
 for side in 1024 2048; do
   MOSS_VAE_KERNELS=$([ "${VAE_FAST:-1}" = 1 ] && echo fast) $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-f32 $W/moss$side.f32 --out-rgb $W/moss$side.rgb > $W/moss$side.json || echo "bench-vae $side failed"
   cat $W/moss$side.json
-  MOSS_VAE_KERNELS= $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 1 | sed "s/^/default kernels (tap-major conv, cuBLAS attention, two-pass GN): /" | cut -c1-400
+  MOSS_VAE_KERNELS= $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 1 | sed "s/^/default kernels (tap-major conv, cuBLAS attention): /" | cut -c1-400
   [ $side = 1024 ] && MOSS_VAE_CONV=simt $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 1 | sed "s/^/simt: /" | cut -c1-400
   python3 bench/vae_bench.py ref $W $side || echo "ref $side failed"
   cp $W/table$side.json $OUT/ 2>/dev/null
