@@ -22,7 +22,7 @@ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --f
 chmod +x "$BIN"
 
 el "== 1. moss check --device cuda"
-timeout 200 $BIN check --device cuda --model golden/tiny-a > "$O/check.txt" 2>&1; echo "check rc=$?"
+MOSS_VAE_KERNELS=fast timeout 200 $BIN check --device cuda --model golden/tiny-a > "$O/check.txt" 2>&1; echo "check rc=$?"
 grep -E "kernel gates:|FAIL|ACCEPTED|^check" "$O/check.txt"
 
 el "== 2. full-size random checkpoint"
@@ -41,19 +41,21 @@ for L in 128 4096; do
   echo "L=$L rc=$?"; python3 -c "import json; j=json.loads(open('$O/enc$L.json').read().strip().splitlines()[-1]); print('median_ms', round(j['median_ms'],2), 'forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/enc$L.json
 done
 
-el "== 5. VAE"
+el "== 5. VAE (default kernels, and MOSS_VAE_KERNELS=fast) vs diffusers fp32 and float64"
+V=$W/vae; mkdir -p $V; ln -sfn $F $V/full
 python3 -c "
 import numpy as np
 g = np.random.default_rng(11)
-for s in (1024, 2048): g.standard_normal((1, 128, s // 16, s // 16)).astype('<f4').tofile('$W/z%d.f32' % s)"
+for s in (1024, 2048): g.standard_normal((1, 128, s // 16, s // 16)).astype('<f4').tofile('$V/z%d.f32' % s)"
 for s in 1024 2048; do
-  timeout 60 $BIN bench-vae --model $F --device cuda --latents $W/z$s.f32 --reps 3 > $O/vae$s.json 2>&1
-  echo "$s rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae$s.json
-  # the opt-in kernels of the vaeconv branch (halo conv, f64 conv_out, split-TF32 attention)
-  MOSS_VAE_KERNELS=fast timeout 60 $BIN bench-vae --model $F --device cuda --latents $W/z$s.f32 --reps 3 > $O/vae${s}fast.json 2>&1
-  echo "$s MOSS_VAE_KERNELS=fast rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae${s}fast.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae${s}fast.json
+  timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 > $O/vae$s.json 2>&1
+  echo "$s default rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae$s.json
+  MOSS_VAE_KERNELS=fast timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 \
+    --out-f32 $V/moss$s.f32 --out-rgb $V/moss$s.rgb > $V/moss$s.json 2>&1
+  echo "$s fast rc=$?"; cp $V/moss$s.json $O/vae${s}fast.json
+  python3 -c "import json; j=json.loads(open('$V/moss$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $V/moss$s.json
+  timeout 90 python3 bench/vae_bench.py ref $V $s || echo "ref $s failed"
 done
-
 el "== 6. end to end"
 $BIN generate --device cuda --model $F --prompt "a lighthouse at dusk, oil painting" --size 1024x1024 --steps 50 --json --out $W/full50.png; echo "rc=$?"
 N=3 SIZE=1024x1024 STEPS=4 timeout 150 bash bench/batch_bench.sh $BIN $F $W/batch; echo "batch bench rc=$?"
