@@ -489,10 +489,10 @@ pub fn chunk_budget_bytes(device: Device) -> u64 {
     }
 }
 
-/// The CUDA chunk budget. FOR THE CUDA WORK TO FILL IN: the stages hand their outputs over as
-/// host tensors today, so this is a quarter of the host's available memory; once the CUDA
-/// backend keeps hidden states and latents on the GPU between stages it should be the GPU's
-/// free memory (`Gpu::mem_info`) less the largest component's weights and its working memory.
+/// The CUDA chunk budget. The stages hand their outputs (hidden states, latents) to each other
+/// as host tensors, and only one stage's weights and working memory are on the GPU at a time
+/// (checked up front by `pipeline::preflight_cuda`), so what a chunk holds between stages lives in
+/// host memory: a quarter of the host's available memory (8 GiB if /proc/meminfo is unreadable).
 pub fn cuda_chunk_budget_bytes(_ordinal: usize) -> u64 {
     host_available_bytes().map(|b| b / 4).unwrap_or(8 << 30)
 }
