@@ -13,6 +13,7 @@ use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
+use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use std::collections::BTreeMap;
@@ -228,9 +229,11 @@ impl Cuda {
         let kk = w.shape[2];
         let w = self.f32v(w)?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        // 8 channels per thread where the width and the addresses allow 16-byte vectors.
+        // 8 channels per thread where the width and the addresses allow 16-byte vectors; that
+        // kernel reads the taps transposed, [K, C], so that a warp's tap loads are contiguous.
         let vec = c % 8 == 0 && x.ptr() % 16 == 0 && out.ptr() % 16 == 0;
         let (name, work) = if vec { ("conv8", l * c / 8) } else { ("conv", l * c) };
+        let w = if vec { self.permute_with(&Backend::reshape(self, &w, &[c, kk])?, &[1, 0], "moss")? } else { w };
         self.launch(
             &format!("{prefix}_{name}_{}", x.dtype.name()),
             self.grid_for(work),
