@@ -22,6 +22,16 @@
 #include "elem.cuh"
 #include "mma.cuh"
 #define GDR_SMEM(name) extern __shared__ __align__(16) float name[]
+// One 16-byte shared-memory load (the front end otherwise splits float4 reads whose lanes are
+// used separately into four scalar loads).
+__device__ __forceinline__ float4 gdr_lds4(const float* p) {
+    float4 v;
+    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+    return v;
+}
+#else
+inline float4 gdr_lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 #endif
 
 namespace moss_gdr {
@@ -30,8 +40,8 @@ using namespace moss_elem;
 constexpr int GC = 64;        // chunk
 constexpr int GD = 128;       // padded head dim
 constexpr int GT = 256;       // threads per block (all three kernels)
-constexpr int PKS = GD + 1;   // row stride of K/Q tiles read by column (odd: no bank conflicts)
-constexpr int AS = GC + 4;    // row stride of A
+constexpr int PKS = GD + 4;   // row stride of K/Q tiles (16-byte rows: float4 reads along d)
+constexpr int AS = GC + 4;    // row stride of Aᵀ (16-byte rows)
 constexpr int SQ_LD = GD + 4; // gdr_seq: row stride of Wk / Kd tiles (16-byte rows for cp.async)
 constexpr int SQ_CB = 32;     // gdr_seq: value columns per block
 constexpr int SQ_UL = SQ_CB + 4;
@@ -68,8 +78,8 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
     GDR_SMEM(gdr_sm);
     float* Ks = gdr_sm;          // GC x PKS
     float* Qs = Ks + GC * PKS;   // GC x PKS
-    float* A = Qs + GC * PKS;    // GC x AS
-    float* gs = A + GC * AS;     // γ
+    float* At = Qs + GC * PKS;   // GC x AS: Aᵀ, At[j][i] = A[i][j]
+    float* gs = At + GC * AS;    // γ
     float* bs = gs + GC;         // β
     float* es = bs + GC;         // e^γ
     float* dl = es + GC;         // e^{γ_last − γ}
@@ -113,21 +123,27 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
         for (int a = 0; a < 4; a++)
 #pragma unroll
             for (int b = 0; b < 4; b++) kk[a][b] = qk[a][b] = 0.f;
-#pragma unroll 4
-        for (int d = 0; d < GD; d++) {
-            float ki[4], qi[4], kj[4];
+#pragma unroll 2
+        for (int d = 0; d < GD; d += 4) {
+            float4 ki[4], qi[4], kj[4];
 #pragma unroll
             for (int a = 0; a < 4; a++) {
-                ki[a] = Ks[(4 * ry + a) * PKS + d];
-                qi[a] = Qs[(4 * ry + a) * PKS + d];
-                kj[a] = Ks[(cx + 16 * a) * PKS + d];
+                ki[a] = gdr_lds4(Ks + (4 * ry + a) * PKS + d);
+                qi[a] = gdr_lds4(Qs + (4 * ry + a) * PKS + d);
+                kj[a] = gdr_lds4(Ks + (cx + 16 * a) * PKS + d);
             }
 #pragma unroll
             for (int a = 0; a < 4; a++)
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
-                    kk[a][b] += ki[a] * kj[b];
-                    qk[a][b] += qi[a] * kj[b];
+                    kk[a][b] += ki[a].x * kj[b].x;
+                    kk[a][b] += ki[a].y * kj[b].y;
+                    kk[a][b] += ki[a].z * kj[b].z;
+                    kk[a][b] += ki[a].w * kj[b].w;
+                    qk[a][b] += qi[a].x * kj[b].x;
+                    qk[a][b] += qi[a].y * kj[b].y;
+                    qk[a][b] += qi[a].z * kj[b].z;
+                    qk[a][b] += qi[a].w * kj[b].w;
                 }
         }
         float* wq = Wqk + blk * GC * GC;
@@ -137,12 +153,14 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
             for (int b = 0; b < 4; b++) {
                 int i = 4 * ry + a, j = cx + 16 * b;
                 float e = j <= i ? expf(gs[i] - gs[j]) : 0.f;
-                A[i * AS + j] = j < i ? bs[i] * kk[a][b] * e : 0.f;
+                At[j * AS + i] = j < i ? bs[i] * kk[a][b] * e : 0.f;
                 wq[i * GC + j] = qk[a][b] * e;
             }
     }
     // Right-hand sides, one column per thread: t < 128 is column t of β ⊙ V, t ≥ 128 column
-    // t − 128 of β e^{γ} ⊙ K; then x ← (I + A)⁻¹ x, right-looking (row j done, update rows > j).
+    // t − 128 of β e^{γ} ⊙ K; then x ← (I + A)⁻¹ x, right-looking (row j done, update rows > j),
+    // reading column j of A as float4 from Aᵀ from the aligned group holding row j + 1 on (the
+    // entries i ≤ j are zero, so those updates leave x unchanged).
     float x[GC];
     if (tid < GD) {
         const bool live = tid < dv;
@@ -158,7 +176,13 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
     for (int j = 0; j < GC - 1; j++) {
         const float xj = x[j];
 #pragma unroll
-        for (int i = j + 1; i < GC; i++) x[i] -= A[i * AS + j] * xj;
+        for (int i4 = (j + 1) / 4 * 4; i4 < GC; i4 += 4) {
+            float4 a = gdr_lds4(At + j * AS + i4);
+            if (i4 + 0 > j) x[i4 + 0] -= a.x * xj;
+            if (i4 + 1 > j) x[i4 + 1] -= a.y * xj;
+            if (i4 + 2 > j) x[i4 + 2] -= a.z * xj;
+            x[i4 + 3] -= a.w * xj;
+        }
     }
     {
         float* dst = (tid < GD ? U0 : Wk) + blk * GC * GD + (tid & (GD - 1));
@@ -308,24 +332,27 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
     for (int a = 0; a < 4; a++)
 #pragma unroll
         for (int b = 0; b < 4; b++) o[a][b] = 0.f;
-#pragma unroll 4
-    for (int d = 0; d < GD; d++) {
-        float4 s = *reinterpret_cast<const float4*>(Ss + d * OL + 4 * cx);
+    // o += A_rows · B for A [64][lda] read as float4 along the inner index, B [inner][OL]
+    auto rank4 = [&](const float* Am, int lda, const float* Bm, int inner) {
+#pragma unroll 2
+        for (int d = 0; d < inner; d += 4) {
+            float4 s[4];
 #pragma unroll
-        for (int a = 0; a < 4; a++) {
-            float qa = Qs[(4 * ry + a) * PKS + d];
-            o[a][0] += qa * s.x; o[a][1] += qa * s.y; o[a][2] += qa * s.z; o[a][3] += qa * s.w;
-        }
-    }
-#pragma unroll 4
-    for (int j = 0; j < GC; j++) {
-        float4 u = *reinterpret_cast<const float4*>(Us + j * OL + 4 * cx);
+            for (int e = 0; e < 4; e++) s[e] = gdr_lds4(Bm + (d + e) * OL + 4 * cx);
 #pragma unroll
-        for (int a = 0; a < 4; a++) {
-            float w = Ws[(4 * ry + a) * OL + j];
-            o[a][0] += w * u.x; o[a][1] += w * u.y; o[a][2] += w * u.z; o[a][3] += w * u.w;
+            for (int a = 0; a < 4; a++) {
+                float4 q4 = gdr_lds4(Am + (4 * ry + a) * lda + d);
+                float qa[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    o[a][0] += qa[e] * s[e].x; o[a][1] += qa[e] * s[e].y;
+                    o[a][2] += qa[e] * s[e].z; o[a][3] += qa[e] * s[e].w;
+                }
+            }
         }
-    }
+    };
+    rank4(Qs, PKS, Ss, GD);
+    rank4(Ws, OL, Us, GC);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
         int i = 4 * ry + a;

@@ -47,9 +47,9 @@ pub const GDR_MAX_DIM: usize = 128;
 const GDR_SEQ_COLS: usize = 32;
 const GDR_OUT_COLS: usize = 64;
 /// Shared memory (floats) of the three kernels, as laid out in `cuda/gdr.cu`.
-const GDR_PREP_FLOATS: usize = 2 * 64 * 129 + 64 * 68 + 4 * 64;
+const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
 const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
-const GDR_OUT_FLOATS: usize = 64 * 129 + 128 * 68 + 2 * 64 * 68 + 64;
+const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 
 impl Cuda {
     fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
