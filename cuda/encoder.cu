@@ -171,6 +171,45 @@ __device__ void silu_mul_impl(T* out, const T* g, const T* u, long n) {
     }
 }
 
+// ---- silu_mul, 8 elements per thread (n % 8 == 0; 16-byte aligned buffers). BUG as silu_mul. ------
+template <typename T, int BUG>
+__device__ void silu_mul8_impl(T* out, const T* g, const T* u, long n8) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long)gridDim.x * blockDim.x) {
+        float a[8], b[8], o[8];
+        ld8(g, 8 * i, a);
+        ld8(u, 8 * i, b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = BUG == 1 ? silu(b[e]) * a[e] : silu(a[e]) * b[e];
+        st8(out, 8 * i, o);
+    }
+}
+
+// ---- causal conv1d + SiLU, 8 channels per thread (C % 8 == 0). The taps come TRANSPOSED, wt [K, C]
+// f32, so that a warp's tap loads are contiguous. BUG 1: taps reversed. --------------------------
+template <typename T, int BUG>
+__device__ void conv8_impl(T* out, const T* x, const float* wt, long L, int C, int K) {
+    const int c8 = C / 8;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < L * c8; i += (long)gridDim.x * blockDim.x) {
+        long t = i / c8;
+        int c = (int)(i - t * c8) * 8;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < K; j++) {
+            long s = t - (K - 1) + j;
+            if (s < 0) continue;
+            float xv[8];
+            ld8(x, s * C + c, xv);
+            int tap = BUG == 1 ? K - 1 - j : j;
+            float wv[8];
+            ld8(wt, (long)tap * C + c, wv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e] += wv[e] * xv[e];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = silu(acc[e]);
+        st8(out, t * C + c, acc);
+    }
+}
+
 // ---- causal depthwise conv1d + SiLU: x [L, C], w [C, K] f32. BUG 1: taps reversed. -------------
 template <typename T, int BUG>
 __device__ void conv_impl(T* out, const T* x, const float* w, long L, int C, int K) {
@@ -218,6 +257,38 @@ __device__ void grms_impl(T* out, const T* x, const T* z, const float* w, long r
         float zi = ld(zr, i);
         float gt = BUG == 1 ? 1.f / (1.f + expf(-zi)) : silu(zi);
         st(out + row * d, i, ld(xr, i) * r * w[i] * gt);
+    }
+}
+
+// ---- gated RMSNorm, vectorised: 16 lanes per row, 8 elements per lane per step (d % 8 == 0). --------
+template <typename T, int BUG>
+__device__ void grms8_impl(T* out, const T* x, const T* z, const float* w, long rows, int d, float eps) {
+    int sub = threadIdx.x & 15;
+    long row = (long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+    bool live = row < rows;  // every lane takes part in the shuffles
+    const T* xr = x + (live ? row : 0) * d;
+    const T* zr = z + (live ? row : 0) * d;
+    float ss = 0.f;
+    for (int i = sub * 8; i < d; i += 128) {
+        float v[8];
+        ld8(xr, i, v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss += v[e] * v[e];
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (!live) return;
+    float r = rsqrtf(ss / (float)d + eps);
+    for (int i = sub * 8; i < d; i += 128) {
+        float v[8], zz[8];
+        ld8(xr, i, v);
+        ld8(zr, i, zz);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float gt = BUG == 1 ? 1.f / (1.f + expf(-zz[e])) : silu(zz[e]);
+            v[e] = v[e] * r * w[i + e] * gt;
+        }
+        st8(out + row * d, i, v);
     }
 }
 
@@ -425,6 +496,12 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
     MOSS_KERNEL void PFX##_conv_##SX(T* out, const T* x, const float* w, long L, int C, int K) {              \
         moss_enc::conv_impl<T, BUG>(out, x, w, L, C, K);                                                      \
     }                                                                                                         \
+    MOSS_KERNEL void PFX##_silu_mul8_##SX(T* out, const T* g, const T* u, long n8) {                          \
+        moss_enc::silu_mul8_impl<T, BUG>(out, g, u, n8);                                                      \
+    }                                                                                                         \
+    MOSS_KERNEL void PFX##_conv8_##SX(T* out, const T* x, const float* wt, long L, int C, int K) {            \
+        moss_enc::conv8_impl<T, BUG>(out, x, wt, L, C, K);                                                    \
+    }                                                                                                         \
     MOSS_KERNEL void PFX##_gates_##SX(float* g, float* beta, const T* a, const T* b, const float* alog,       \
                                       const float* dt, long n, int hv) {                                      \
         moss_enc::gates_impl<T, BUG>(g, beta, a, b, alog, dt, n, hv);                                         \
@@ -432,6 +509,10 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
     MOSS_KERNEL void PFX##_grms_##SX(T* out, const T* x, const T* z, const float* w, long rows, int d,        \
                                      float eps) {                                                             \
         moss_enc::grms_impl<T, BUG>(out, x, z, w, rows, d, eps);                                              \
+    }                                                                                                         \
+    MOSS_KERNEL void PFX##_grms8_##SX(T* out, const T* x, const T* z, const float* w, long rows, int d,       \
+                                      float eps) {                                                            \
+        moss_enc::grms8_impl<T, BUG>(out, x, z, w, rows, d, eps);                                             \
     }                                                                                                         \
     MOSS_KERNEL void PFX##_csoftmax_##SX(T* p, const float* s, int qn, int nk, int i0) {                   \
         moss_enc::csoftmax_impl<T, BUG>(p, s, qn, nk, i0);                                                    \

@@ -107,15 +107,16 @@ impl<B: EncoderOps> Encoder<B> {
         let eps = self.cfg.rms_norm_eps;
         let mut x = b.embed(&self.embed_tokens, ids)?;
         for layer in &self.layers {
-            let h = b.rms_norm(&x, Some(&layer.input_layernorm), eps, true)?;
+            let h = b.timed("rms_norm", || b.rms_norm(&x, Some(&layer.input_layernorm), eps, true))?;
             let h = match &layer.mixer {
                 Mixer::Full(a) => self.attention(b, a, &h)?,
                 Mixer::Linear(d) => self.delta_net(b, d, &h)?,
             };
-            x = b.add(&x, &h)?;
-            let h = b.rms_norm(&x, Some(&layer.post_attention_layernorm), eps, true)?;
-            let h = b.silu_mul(&b.linear(&h, &layer.gate_proj, None)?, &b.linear(&h, &layer.up_proj, None)?)?;
-            x = b.add(&x, &b.linear(&h, &layer.down_proj, None)?)?;
+            x = b.timed("add", || b.add(&x, &h))?;
+            let h = b.timed("rms_norm", || b.rms_norm(&x, Some(&layer.post_attention_layernorm), eps, true))?;
+            let h = b.silu_mul(&lin(b, &h, &layer.gate_proj)?, &lin(b, &h, &layer.up_proj)?)?;
+            let h = lin(b, &h, &layer.down_proj)?;
+            x = b.timed("add", || b.add(&x, &h))?;
         }
         b.download(&b.rms_norm(&x, Some(&self.norm), eps, true)?)
     }
@@ -125,16 +126,16 @@ impl<B: EncoderOps> Encoder<B> {
         let c = &self.cfg;
         let (l, hd) = (b.dims(x)[0], c.head_dim);
         let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        let qg = b.reshape(&b.linear(x, &a.q_proj, None)?, &[l, nh, 2 * hd])?;
-        let q = b.narrow(&qg, 2, 0, hd)?;
-        let gate = b.reshape(&b.narrow(&qg, 2, hd, hd)?, &[l, nh * hd])?;
-        let k = b.reshape(&b.linear(x, &a.k_proj, None)?, &[l, nkv, hd])?;
-        let v = b.reshape(&b.linear(x, &a.v_proj, None)?, &[l, nkv, hd])?;
+        let qg = b.reshape(&lin(b, x, &a.q_proj)?, &[l, nh, 2 * hd])?;
+        let q = b.timed("narrow", || b.narrow(&qg, 2, 0, hd))?;
+        let gate = b.reshape(&b.timed("narrow", || b.narrow(&qg, 2, hd, hd))?, &[l, nh * hd])?;
+        let k = b.reshape(&lin(b, x, &a.k_proj)?, &[l, nkv, hd])?;
+        let v = b.reshape(&lin(b, x, &a.v_proj)?, &[l, nkv, hd])?;
         let q = b.head_norm_rope(&q, &a.q_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
         let k = b.head_norm_rope(&k, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
         let o = b.causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
-        let o = b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?)?;
-        b.linear(&o, &a.o_proj, None)
+        let o = b.timed("attn_gate", || b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?))?;
+        lin(b, &o, &a.o_proj)
     }
 
     fn delta_net(&self, b: &B, d: &DeltaNet<B>, x: &B::T) -> Result<B::T> {
@@ -142,15 +143,20 @@ impl<B: EncoderOps> Encoder<B> {
         let l = b.dims(x)[0];
         let (nk, dk, nv, dv) =
             (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
-        let qkv = b.causal_conv1d_silu(&b.linear(x, &d.in_proj_qkv, None)?, &d.conv1d)?;
-        let q = b.reshape(&b.narrow(&qkv, 1, 0, c.linear_key_dim())?, &[l, nk, dk])?;
-        let k = b.reshape(&b.narrow(&qkv, 1, c.linear_key_dim(), c.linear_key_dim())?, &[l, nk, dk])?;
-        let v = b.reshape(&b.narrow(&qkv, 1, 2 * c.linear_key_dim(), c.linear_value_dim())?, &[l, nv, dv])?;
-        let z = b.reshape(&b.linear(x, &d.in_proj_z, None)?, &[l, nv, dv])?;
-        let (g, beta) =
-            b.gdn_gates(&b.linear(x, &d.in_proj_a, None)?, &b.linear(x, &d.in_proj_b, None)?, &d.a_log, &d.dt_bias)?;
+        let qkv = b.causal_conv1d_silu(&lin(b, x, &d.in_proj_qkv)?, &d.conv1d)?;
+        let kd = c.linear_key_dim();
+        let q = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, 0, kd))?, &[l, nk, dk])?;
+        let k = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, kd, kd))?, &[l, nk, dk])?;
+        let v = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, 2 * kd, c.linear_value_dim()))?, &[l, nv, dv])?;
+        let z = b.reshape(&lin(b, x, &d.in_proj_z)?, &[l, nv, dv])?;
+        let (g, beta) = b.gdn_gates(&lin(b, x, &d.in_proj_a)?, &lin(b, x, &d.in_proj_b)?, &d.a_log, &d.dt_bias)?;
         let o = b.gated_delta_rule(&q, &k, &v, &g, &beta)?;
         let o = b.gated_rms_norm(&o, &z, &d.norm, c.rms_norm_eps)?;
-        b.linear(&b.reshape(&o, &[l, c.linear_value_dim()])?, &d.out_proj, None)
+        lin(b, &b.reshape(&o, &[l, c.linear_value_dim()])?, &d.out_proj)
     }
+}
+
+/// A bias-free linear, profiled as `linear`.
+fn lin<B: EncoderOps>(b: &B, x: &B::T, w: &B::T) -> Result<B::T> {
+    b.timed("linear", || b.linear(x, w, None))
 }

@@ -13,6 +13,7 @@ use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
+use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use std::collections::BTreeMap;
@@ -39,6 +40,16 @@ pub const ATTN_MAX_HD: usize = 256;
 const GDR_COLS: usize = 32;
 /// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder.cu`).
 const GDR_THREADS: u32 = 512;
+/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/gdr.cu`; smaller dims are
+/// zero-padded to it).
+pub const GDR_MAX_DIM: usize = 128;
+/// Value columns per block of `gdr_seq` / `gdr_out` (`SQ_CB`, `OC` in `cuda/gdr.cu`).
+const GDR_SEQ_COLS: usize = 32;
+const GDR_OUT_COLS: usize = 64;
+/// Shared memory (floats) of the three kernels, as laid out in `cuda/gdr.cu`.
+const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
+const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
+const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 
 impl Cuda {
     fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -198,8 +209,11 @@ impl Cuda {
         let up = self.cast(up, gate.dtype)?;
         let out = self.alloc(gate.dtype, &gate.shape)?;
         let n = gate.numel();
+        // 8 elements per thread where the size and the addresses allow 16-byte vectors.
+        let vec = n % 8 == 0 && [gate.ptr(), up.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
+        let (name, n) = if vec { ("silu_mul8", n / 8) } else { ("silu_mul", n) };
         self.launch(
-            &format!("{prefix}_silu_mul_{}", gate.dtype.name()),
+            &format!("{prefix}_{name}_{}", gate.dtype.name()),
             self.grid_for(n),
             256,
             0,
@@ -215,9 +229,14 @@ impl Cuda {
         let kk = w.shape[2];
         let w = self.f32v(w)?;
         let out = self.alloc(x.dtype, &x.shape)?;
+        // 8 channels per thread where the width and the addresses allow 16-byte vectors; that
+        // kernel reads the taps transposed, [K, C], so that a warp's tap loads are contiguous.
+        let vec = c % 8 == 0 && x.ptr() % 16 == 0 && out.ptr() % 16 == 0;
+        let (name, work) = if vec { ("conv8", l * c / 8) } else { ("conv", l * c) };
+        let w = if vec { self.permute_with(&Backend::reshape(self, &w, &[c, kk])?, &[1, 0], "moss")? } else { w };
         self.launch(
-            &format!("{prefix}_conv_{}", x.dtype.name()),
-            self.grid_for(l * c),
+            &format!("{prefix}_{name}_{}", x.dtype.name()),
+            self.grid_for(work),
             256,
             0,
             &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32)],
@@ -260,8 +279,82 @@ impl Cuda {
         Ok((g, beta))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
+    /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
+    /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
+    /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
+    /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
     pub(crate) fn gated_delta_rule_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || std::env::var("MOSS_GDR").is_ok_and(|v| v == "seq") {
+            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
+        }
+        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
+        ensure!(v.shape[0] == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let dt = q.dtype;
+        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let out = self.alloc(dt, &v.shape)?;
+        if l == 0 {
+            return Ok(out);
+        }
+        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
+        let nc = l.div_ceil(ch);
+        let nb = nc * hv;
+        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
+        let (kd, wk, u0, u) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
+        let (s, wqk, gam) = (f32s(nb * d * d)?, f32s(nb * ch * ch)?, f32s(nb * ch)?);
+        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)];
+        let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend([q.ptr(), k.ptr(), v.ptr(), g.ptr(), beta.ptr()].map(Arg::P));
+        args.extend(dims());
+        self.launch(&format!("{prefix}_gdr_prep_{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        let ncb = dv.div_ceil(GDR_SEQ_COLS);
+        self.launch(
+            "moss_enc_gdr_seq",
+            (hv * ncb) as u32,
+            256,
+            (GDR_SEQ_FLOATS * 4) as u32,
+            &[
+                Arg::P(s.ptr()),
+                Arg::P(u.ptr()),
+                Arg::P(wk.ptr()),
+                Arg::P(kd.ptr()),
+                Arg::P(u0.ptr()),
+                Arg::P(gam.ptr()),
+                Arg::I(nc as i32),
+                Arg::I(hv as i32),
+                Arg::I(ncb as i32),
+            ],
+        )?;
+        let mut args = vec![Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend(dims());
+        self.launch_2d(
+            &format!("{prefix}_gdr_out_{}", dt.name()),
+            (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
+            256,
+            (GDR_OUT_FLOATS * 4) as u32,
+            &args,
+        )?;
+        Ok(out)
+    }
+
+    /// The gated delta rule in one kernel, sequential over chunks (`gdr` in `cuda/encoder.cu`;
+    /// kept for head dims above [`GDR_MAX_DIM`] and as a second implementation under the gates).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_seq_with(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
@@ -329,9 +422,13 @@ impl Cuda {
         let w = self.f32v(w)?;
         let out = self.alloc(x.dtype, &x.shape)?;
         let rows = x.rows();
+        // 16 lanes per row with 16-byte vectors where the width and the addresses allow, else a
+        // warp per row.
+        let vec = d % 8 == 0 && [x.ptr(), z.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
+        let (name, per_block) = if vec { ("grms8", 16) } else { ("grms", 8) };
         self.launch(
-            &format!("{prefix}_grms_{}", x.dtype.name()),
-            rows.div_ceil(8) as u32,
+            &format!("{prefix}_{name}_{}", x.dtype.name()),
+            rows.div_ceil(per_block) as u32,
             256,
             0,
             &[
@@ -405,5 +502,8 @@ impl EncoderOps for Cuda {
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))
+    }
+    fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.prof(op, f)
     }
 }

@@ -140,10 +140,16 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// The (L, width) cases of the elementwise gates: the real widths (8-wide vector kernels) and one
+/// width that is not a multiple of 8 (the scalar kernels).
+fn widths(w: usize) -> [(usize, usize); 3] {
+    [(enc::LENGTHS[0], w), (enc::LENGTHS[1], w), (enc::LENGTHS[0], w + 4)]
+}
+
 fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
     use enc::*;
-    for l in LENGTHS {
-        let shape = [l, FFN];
+    for (l, w) in widths(FFN) {
+        let shape = [l, w];
         let (g, gg) = cx.input(&shape, 2.0)?;
         let (u, gu) = cx.input(&shape, 1.0)?;
         let want = cx.cpu.silu_mul(&g, &u)?;
@@ -159,11 +165,11 @@ fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
 
 fn gate_conv(cx: &mut Cx) -> Result<()> {
     use enc::*;
-    for l in LENGTHS {
-        let (x, gx) = cx.input(&[l, CONV], 1.0)?;
-        let (w, gw) = cx.input(&[CONV, 1, CONV_K], 0.5)?;
+    for (l, c) in widths(CONV) {
+        let (x, gx) = cx.input(&[l, c], 1.0)?;
+        let (w, gw) = cx.input(&[c, 1, CONV_K], 0.5)?;
         let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
-        let s = shape_str(&[&[l, CONV], &[CONV, 1, CONV_K]]);
+        let s = shape_str(&[&[l, c], &[c, 1, CONV_K]]);
         let b = bound(cx, F32_TRANSCENDENTAL);
         let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
         cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
@@ -212,20 +218,25 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             DType::F32 => F32_DELTA,
         };
         let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
-        cx.judge("enc gated_delta_rule (chunked, 64)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
+        cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
         let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
         cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, "", out, &want, None);
+        let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
+        cx.judge("enc gated_delta_rule (sequential kernel)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
+        let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
+        cx.judge("enc gated_delta_rule (sequential), state read undecayed", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
 }
 
 fn gate_gated_rms(cx: &mut Cx) -> Result<()> {
     use enc::*;
-    for l in LENGTHS {
-        let shape = [l, V_HEADS, DV];
+    // the real head dim (16 lanes per row, vectors) and one that is not a multiple of 8 (warp per row)
+    for (l, dv) in [(LENGTHS[0], DV), (LENGTHS[1], DV), (LENGTHS[0], DV + 4)] {
+        let shape = [l, V_HEADS, dv];
         let (x, gx) = cx.input(&shape, 1.0)?;
         let (z, gz) = cx.input(&shape, 2.0)?;
-        let (w, gw) = cx.input(&[DV], 1.0)?;
+        let (w, gw) = cx.input(&[dv], 1.0)?;
         let want = cx.cpu.gated_rms_norm(&x, &z, &w, EPS)?;
         let s = shape_str(&[&shape]);
         let b = bound(cx, F32_NORM.max(F32_TRANSCENDENTAL));

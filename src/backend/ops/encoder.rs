@@ -59,6 +59,13 @@ pub trait EncoderOps: Backend {
     /// `x [L, Hv, dv]`, `z [L, Hv, dv]`, `w [dv]` → `[L, Hv, dv]`:
     /// `out = x · rsqrt(mean_dv(x²) + eps) · w · silu(z)`.
     fn gated_rms_norm(&self, x: &Self::T, z: &Self::T, w: &Self::T, eps: f64) -> Result<Self::T>;
+
+    /// Run `f`, one of the encoder's generic ops (linears, norms, adds, copies), under the name
+    /// `op` for the CUDA backend's op profile (`moss bench-encode`); elsewhere just `f()`.
+    fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let _ = op;
+        f()
+    }
 }
 
 /// The chunk length of the chunked delta rule (transformers' default).
