@@ -64,6 +64,52 @@ def launch(name, q, k, v, o, n, ldq, ldk, ldv, ldo, heads, scale=128 ** -0.5):
                          torch.cuda.current_stream().cuda_stream, args, None), f"launch {name}")
 
 
+def debug_kernels():
+    """S = Q K^T and Q V for one 128 x 128 tile (cubin built with -DMOSS_ATTN_DEBUG), vs torch fp32."""
+    try:
+        f = func(mods["new"], "moss_attn_wgmma_debug", 230400)
+    except RuntimeError as e:
+        print("debug kernel absent:", e)
+        return
+    n, ld = 128, 3 * 24 * 128
+    qkv = torch.randn(n, ld, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :128].float(), qkv[:, 3072:3200].float(), qkv[:, 6144:6272].float()
+    for mode, ref in ((0, q @ k.T), (1, q @ v)):
+        out = torch.full((128, 128), float("nan"), device="cuda", dtype=torch.float32)
+        p = qkv.data_ptr()
+        vals = [ctypes.c_uint64(p), ctypes.c_uint64(p + 2 * 3072), ctypes.c_uint64(p + 4 * 3072),
+                ctypes.c_uint64(out.data_ptr()), ctypes.c_int32(n), ctypes.c_int32(ld), ctypes.c_int32(mode)]
+        args = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(x) for x in vals])
+        ok(cu.cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 230400, torch.cuda.current_stream().cuda_stream, args, None), "debug")
+        torch.cuda.synchronize()
+        e = rel(out, ref)
+        msg = f"debug mode {mode} ({'Q K^T' if mode == 0 else 'Q V'}): relL2 {e:.2e}"
+        print(msg)
+        print(msg, file=LOG)
+        if not e < 1e-5:
+            d = (out - ref).abs().view(16, 8, 16, 8).amax(dim=(1, 3))
+            print("  max |err| per 8x8 block (rows down, cols across):", file=LOG)
+            for r in range(16):
+                print("  " + " ".join(f"{x:6.1f}" for x in d[r].tolist()), file=LOG)
+            # is out a permutation of ref? best matching ref row/col for a few entries
+            for r in (0, 1, 8, 16, 64):
+                j = (ref - out[r:r + 1]).abs().sum(1).argmin().item()
+                print(f"  out row {r} closest ref row {j}", file=LOG)
+            for c in (0, 1, 2, 8, 16, 64):
+                j = (ref - out[:, c:c + 1]).abs().sum(0).argmin().item()
+                print(f"  out col {c} closest ref col {j}", file=LOG)
+
+
+def breakdown(out, ref, n, heads):
+    o, r = out.view(n, heads, 128).double(), ref.view(n, heads, 128).double()
+    parts = {"cols<64": (slice(None), slice(None), slice(0, 64)), "cols>=64": (slice(None), slice(None), slice(64, 128)),
+             "rows<128": (slice(0, 128), slice(None), slice(None)), "rows>=128": (slice(128, None), slice(None), slice(None))}
+    msg = "  breakdown: " + ", ".join(f"{k} {((o[s] - r[s]).norm() / r[s].norm()).item():.2e}" for k, s in parts.items())
+    m = (torch.arange(n, device=out.device) % 128) < 64
+    msg += f", row%128<64 {((o[m] - r[m]).norm() / r[m].norm()).item():.2e}, >=64 {((o[~m] - r[~m]).norm() / r[~m].norm()).item():.2e}"
+    return msg
+
+
 def fused(name, qkv, out, n, heads):
     d, ld, p = heads * 128, qkv.shape[1], qkv.data_ptr()
     launch(name, p, p + 2 * d, p + 4 * d, out.data_ptr(), n, ld, ld, ld, d, heads)
@@ -97,6 +143,7 @@ def rel(a, b):
 
 
 torch.manual_seed(0)
+debug_kernels()
 heads = 24
 rows, fails = [], []
 CASES = [(4224, 1.0), (4108, 1.0), (4224, 4.0), (1000, 1.0), (77, 1.0), (1, 1.0), (129, 1.0), (255, 1.0), (16512, 1.0)]
@@ -128,6 +175,8 @@ for n, qscale in CASES:
         ctl_ok = e_ctl > CONTROL_MIN if ctl_needed else True
         if not good or not ctl_ok:
             fails.append((var, n, qscale, e, nan, e_ctl))
+            if not good and n > 128:
+                print(f"{var} N={n}: relL2 {e:.2e}" + breakdown(out, ref, n, heads), file=LOG)
         rows.append((var, n, qscale, e, nan, e_ctl, e_torch, t, t_torch, flop / t / 1e9, flop / t_torch / 1e9,
                      "ok" if good and ctl_ok else "FAIL"))
     del qkv, out, ref
