@@ -179,6 +179,7 @@ for n, qscale in CASES:
                 print(f"{var} N={n}: relL2 {e:.2e}" + breakdown(out, ref, n, heads), file=LOG)
         rows.append((var, n, qscale, e, nan, e_ctl, e_torch, t, t_torch, flop / t / 1e9, flop / t_torch / 1e9,
                      "ok" if good and ctl_ok else "FAIL"))
+        print("partial:", rows[-1], file=sys.stderr, flush=True)
     del qkv, out, ref
     torch.cuda.empty_cache()
 
