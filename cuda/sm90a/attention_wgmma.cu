@@ -143,9 +143,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[32]
 // Online softmax over one step's scores (rows g and g+8 of the thread's warp: s[4i + 2r + e] is row
 // g + 8r, key key0 + 8i + 2t + e). Scores become unnormalised probabilities in place; m (scaled
 // by log2 e) and l (this thread's partial row sums) are updated; corr is the factor for O.
+// MASK: 0 = mask when the step runs past n (a run-time branch), 1 = never, 2 = always (no branch:
+// ptxas ends a wgmma pipeline stage at a branch join, so the overlapped loop must not branch).
+template <int MASK>
 __device__ __forceinline__ void softmax_step(float (&s)[64], float (&m)[2], float (&l)[2], float (&corr)[2], int key0,
                                              int n, float sl2) {
-    if (key0 + BN > n) {
+    if (MASK == 2 || (MASK == 0 && key0 + BN > n)) {
         const int t = threadIdx.x & 3;
 #pragma unroll
         for (int i = 0; i < 16; i++)
@@ -175,6 +178,45 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float (&m)[2], floa
         l[r] = l[r] * corr[r] + sum;
     }
 }
+
+// The same online softmax for the overlapped loop, reading s without writing it (ptxas waits for
+// every wgmma in flight before an accumulator register is written) and writing the bf16
+// probabilities straight into pn (the next P).
+template <int MASK>
+__device__ __forceinline__ void softmax_to_p(const float (&s)[64], uint32_t (&pn)[32], float (&m)[2], float (&l)[2],
+                                             float (&corr)[2], int key0, int n, float sl2) {
+    const int t = threadIdx.x & 3;
+    auto val = [&](int i, int e) -> float {
+        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
+        return s[4 * i + e];
+    };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float mnew = fmaxf(m[r], mx * sl2);
+        corr[r] = ex2(m[r] - mnew);
+        m[r] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float p0 = ex2(fmaf(val(i, 2 * r), sl2, -mnew));
+            const float p1 = ex2(fmaf(val(i, 2 * r + 1), sl2, -mnew));
+            sum += p0 + p1;
+            // s[4i + 2r + e]: n-tile i (keys 8i..8i+7), row g + 8r; A fragment register 4(i/2) + r + 2(i%2)
+            pn[4 * (i >> 1) + r + 2 * (i & 1)] = pack_bf16(p0, p1);
+        }
+        l[r] = l[r] * corr[r] + sum;
+    }
+}
+
+template <int V>
+struct Mask {
+    static constexpr int value = V;
+};
 
 template <bool CONTROL>
 __device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2]) {
@@ -208,6 +250,7 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
     const uint32_t raw = saddr(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
     const uint32_t sq = base, sk = base + TILE, sv = base + TILE * (1 + STAGES);
+    const uint32_t scratch = base + TILE * (1 + 2 * STAGES);  // a word of the alignment slack: written, never read
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31;
     const int col = blockIdx.y * D;
     const int m0 = blockIdx.x * BM;
@@ -246,9 +289,12 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
         wg_commit();
         wg_wait<0>();
         pin_all(s);
-        softmax_step(s, m, l, corr, 0, n, sl2);
+        softmax_step<0>(s, m, l, corr, 0, n, sl2);
         pack_p(p, s);
-        for (int i = 0; i + 1 < ntiles; i++) {
+        // One step: S(i+1) = Q K(i+1)^T and O += P(i) V(i) issued together; the softmax of S(i+1)
+        // runs while P V is on the tensor cores, into the other P array (pc is in flight: no
+        // register of it may be written before the wait). No branch between issue and wait.
+        auto step = [&](int i, auto mask, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
             cp_wait<1>();
             fence_proxy_async();
             __syncthreads();
@@ -258,27 +304,57 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
             wg_fence();
             issue_qk(s, sqw, sk + ((i + 1) % STAGES) * TILE);
             wg_commit();
-            issue_pv(acc, p, sv + (i % STAGES) * TILE);
+            issue_pv(acc, pc, sv + (i % STAGES) * TILE);
             wg_commit();
             wg_wait<1>();
             pin_all(s);
-            softmax_step(s, m, l, corr, (i + 1) * BN, n, sl2);
+            softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
+            // Keep the exponentials above the wait: ptxas schedules wgmma.wait_group as early as
+            // it may (nothing in registers ties it down; without this it lands before the first
+            // exp and the overlap is lost, as measured: 0.532 ms vs 0.535 ms serial). A shared
+            // store of a value that needs every exp (the row sums) cannot move below the wait.
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
             wg_wait<0>();
             pin_all(acc);
-            pin_all(p);
-            pin_all(s);
+            pin_all(pn);
             rescale<CONTROL>(acc, corr);
-            pack_p(p, s);
-        }
+        };
         // the last step: P V only
-        cp_wait<1>();
-        fence_proxy_async();
-        __syncthreads();
-        wg_fence();
-        issue_pv(acc, p, sv + ((ntiles - 1) % STAGES) * TILE);
-        wg_commit();
-        wg_wait<0>();
-        pin_all(acc);
+        auto last = [&](uint32_t(&pc)[32]) {
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            wg_fence();
+            issue_pv(acc, pc, sv + ((ntiles - 1) % STAGES) * TILE);
+            wg_commit();
+            wg_wait<0>();
+            pin_all(acc);
+        };
+        // steps 0 .. ntiles-3 bring whole key tiles; step ntiles-2 brings the last (maybe partial) one
+        auto tail = [&](int i, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
+            if (i + 1 < ntiles) {
+                if (n % BN)
+                    step(i, Mask<2>{}, pc, pn);
+                else
+                    step(i, Mask<1>{}, pc, pn);
+                last(pn);
+            } else {
+                last(pc);
+            }
+        };
+        uint32_t p2[32];
+        for (int i = 0;;) {
+            if (i + 2 >= ntiles) {
+                tail(i, p, p2);
+                break;
+            }
+            step(i++, Mask<1>{}, p, p2);
+            if (i + 2 >= ntiles) {
+                tail(i, p2, p);
+                break;
+            }
+            step(i++, Mask<1>{}, p2, p);
+        }
     } else {
         for (int i = 0; i < ntiles; i++) {
             cp_wait<1>();
@@ -292,7 +368,7 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
             wg_commit();
             wg_wait<0>();
             pin_all(s);
-            softmax_step(s, m, l, corr, i * BN, n, sl2);
+            softmax_step<0>(s, m, l, corr, i * BN, n, sl2);
             rescale<CONTROL>(acc, corr);
             pack_p(p, s);
             wg_fence();
