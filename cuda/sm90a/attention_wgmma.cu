@@ -311,8 +311,9 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
             softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
             // Keep the exponentials above the wait: ptxas schedules wgmma.wait_group as early as
             // it may (nothing in registers ties it down; without this it lands before the first
-            // exp and the overlap is lost, as measured: 0.532 ms vs 0.535 ms serial). A shared
-            // store of a value that needs every exp (the row sums) cannot move below the wait.
+            // exp and the overlap is lost, as measured: 0.532 ms vs 0.535 ms serial). ptxas does
+            // not hoist the wait above an earlier shared store, and this one needs every exp (the
+            // row sums).
             asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
             wg_wait<0>();
             pin_all(acc);
