@@ -81,11 +81,17 @@ impl Gpu {
                     kernel_archs().unwrap_or("")
                 )
             })?;
+        // Optional: without them the portable kernels serve (a warning says why).
         let module_sm90a = match FATBIN_SM90A {
-            Some(bin) if compute_capability == (9, 0) => Some(
-                ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec()))
-                    .map_err(|e| anyhow!("cannot load the sm_90a kernels on {name}: {e:?}"))?,
-            ),
+            Some(bin) if compute_capability == (9, 0) => {
+                match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        eprintln!("warning: cannot load the sm_90a kernels on {name} ({e:?}); using the portable ones");
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         let stream = ctx.default_stream();
