@@ -298,14 +298,15 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
             cp_wait<1>();
             fence_proxy_async();
             __syncthreads();
-            load_k(i + LK);
-            load_v(i + 2);
-            cp_commit();
             wg_fence();
             issue_qk(s, sqw, sk + ((i + 1) % STAGES) * TILE);
             wg_commit();
             issue_pv(acc, pc, sv + (i % STAGES) * TILE);
             wg_commit();
+            // the copies for later steps go out under the GEMMs (their buffers are not read by them)
+            load_k(i + LK);
+            load_v(i + 2);
+            cp_commit();
             wg_wait<1>();
             pin_all(s);
             softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
