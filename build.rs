@@ -1,6 +1,10 @@
 //! Compiles every `cuda/*.cu` into one fatbin (sm_80, 86, 89, 90, 100, 120, 121 and compute_90
 //! PTX, as far as the found nvcc offers them) and embeds it. Without nvcc the crate still builds;
 //! the binary then reports "built without CUDA kernels" when a GPU op is asked for.
+//!
+//! `cuda/sm90a/*.cu` (wgmma/setmaxnreg kernels, Hopper only) are compiled apart, for
+//! `sm_90a` alone, into a second fatbin that the CUDA backend loads only on compute
+//! capability 9.0 (cfg `moss_sm90a`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,9 +50,12 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=cuda");
     println!("cargo::rustc-check-cfg=cfg(moss_kernels)");
+    println!("cargo::rustc-check-cfg=cfg(moss_sm90a)");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let fatbin = out_dir.join("moss_kernels.fatbin");
+    let fatbin_sm90a = out_dir.join("moss_kernels_sm90a.fatbin");
     let _ = std::fs::remove_file(&fatbin);
+    let _ = std::fs::remove_file(&fatbin_sm90a);
     if std::env::var_os("MOSS_NO_CUDA").is_some() {
         println!("cargo:warning=MOSS_NO_CUDA set: building without CUDA kernels");
         return;
@@ -98,5 +105,37 @@ fn main() {
     let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
     assert!(status.success(), "nvcc failed compiling cuda/*.cu");
     println!("cargo:rustc-cfg=moss_kernels");
+    if archs.contains(&"90") {
+        build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
+    }
     println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
+}
+
+/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only.
+fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
+    let Ok(dir) = std::fs::read_dir("cuda/sm90a") else { return };
+    let mut sources: Vec<PathBuf> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    if sources.is_empty() {
+        return;
+    }
+    sources.sort();
+    let unit = out_dir.join("moss_kernels_sm90a.cu");
+    let text: String = sources
+        .iter()
+        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
+        .collect();
+    std::fs::write(&unit, text).unwrap();
+    let status = Command::new(nvcc)
+        .args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I"])
+        .arg(root.join("cuda"))
+        .arg("-o")
+        .arg(fatbin)
+        .arg(&unit)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    assert!(status.success(), "nvcc failed compiling cuda/sm90a/*.cu for sm_90a");
+    println!("cargo:rustc-cfg=moss_sm90a");
 }

@@ -4,8 +4,9 @@
 //! (weights, shift, scale, gate, RoPE tables) may be bf16 or f32 — when one op's vectors differ,
 //! they are cast to f32 first.
 //!
-//! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel of `cuda/attention.cu`
-//! (mma.sync, online softmax, no score matrix). Otherwise (fp32, other head dims) it is
+//! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel (online softmax, no score
+//! matrix): `cuda/sm90a/attention_wgmma.cu` (wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
+//! elsewhere; see [`FLASH_KERNELS`]. Otherwise (fp32, other head dims) it is
 //! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
 //! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
 //! softmax (fp32, `P` rounded to the activation dtype), `O = P V` (cuBLASLt, written straight
@@ -24,27 +25,95 @@ use cudarc::driver::result as dr;
 /// Bytes of fp32 scores one attention chunk may hold.
 pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
 
-/// The flash kernels of `cuda/attention.cu` (real, planted control), newest first. Launch shape:
-/// grid `(ceil(N/64), heads)`, 128 threads; dynamic shared memory [`flash_smem`]. `_v2` keeps
-/// the Q tile in the second K buffer (64 KiB instead of 80: three blocks an SM instead of two).
-pub const FLASH_KERNELS: [(&str, &str); 2] =
-    [("moss_attn_d128_bf16_v2", "moss_attn_d128_bf16_v2_control"), ("moss_attn_d128_bf16", "moss_attn_d128_bf16_control")];
-pub const FLASH_HEAD_DIM: usize = 128;
-const FLASH_ROWS: usize = 64;
-const FLASH_THREADS: u32 = 128;
-
-/// The flash kernel [`DitOps::attention`] uses: `moss_attn_d128_bf16_v2`, or the first version
-/// with `MOSS_FLASH=v1` in the environment (for side-by-side timing).
-pub fn flash_kernel() -> &'static str {
-    match std::env::var("MOSS_FLASH").as_deref() {
-        Ok("v1") => FLASH_KERNELS[1].0,
-        _ => FLASH_KERNELS[0].0,
-    }
+/// One flash attention kernel: its name, its planted control (running output not rescaled when
+/// the row maximum grows), and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
+/// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/sm90a/` and exist only
+/// on compute capability 9.0 ([`Cuda::has_sm90a`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashKernel {
+    /// `MOSS_FLASH` value that selects it.
+    pub key: &'static str,
+    pub name: &'static str,
+    pub control: &'static str,
+    pub rows: usize,
+    pub threads: u32,
+    pub smem: u32,
+    pub sm90a: bool,
 }
 
-/// Dynamic shared memory of a flash kernel.
-pub fn flash_smem(kernel: &str) -> u32 {
-    if kernel.contains("_v2") { 64 * 1024 } else { 80 * 1024 }
+/// The flash kernels, fastest first. `wgmma` (`cuda/sm90a/attention_wgmma.cu`): Hopper
+/// warpgroup MMA, 128 query rows per block (two warpgroups), 128 keys a step, next step's
+/// Q Kᵀ issued with this step's P V; `wgmma_serial`: the same without that overlap. `v2`/`v1`
+/// (`cuda/attention.cu`, every GPU): mma.sync, 64 rows per block; `v2` keeps the Q tile in the
+/// second K buffer (64 KiB of shared memory instead of 80: three blocks an SM instead of two).
+pub const FLASH_KERNELS: [FlashKernel; 4] = [
+    FlashKernel {
+        key: "wgmma",
+        name: "moss_attn_d128_bf16_wgmma",
+        control: "moss_attn_d128_bf16_wgmma_control",
+        rows: 128,
+        threads: 256,
+        smem: 230400,
+        sm90a: true,
+    },
+    FlashKernel {
+        key: "wgmma_serial",
+        name: "moss_attn_d128_bf16_wgmma_serial",
+        control: "moss_attn_d128_bf16_wgmma_serial_control",
+        rows: 128,
+        threads: 256,
+        smem: 230400,
+        sm90a: true,
+    },
+    FlashKernel {
+        key: "v2",
+        name: "moss_attn_d128_bf16_v2",
+        control: "moss_attn_d128_bf16_v2_control",
+        rows: 64,
+        threads: 128,
+        smem: 64 * 1024,
+        sm90a: false,
+    },
+    FlashKernel {
+        key: "v1",
+        name: "moss_attn_d128_bf16",
+        control: "moss_attn_d128_bf16_control",
+        rows: 64,
+        threads: 128,
+        smem: 80 * 1024,
+        sm90a: false,
+    },
+];
+pub const FLASH_HEAD_DIM: usize = 128;
+
+/// The flash kernel (or its control) called `name`.
+pub fn flash_spec(name: &str) -> Option<&'static FlashKernel> {
+    FLASH_KERNELS.iter().find(|k| k.name == name || k.control == name)
+}
+
+/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`wgmma`, `wgmma_serial`, `v2`, `v1`)
+/// among the kernels this device has (`sm90a`: Hopper-only kernels loaded): that one when it is
+/// there, else the fastest there.
+pub fn pick_flash(env: Option<&str>, sm90a: bool) -> &'static FlashKernel {
+    let have = |k: &&FlashKernel| sm90a || !k.sm90a;
+    env.and_then(|e| FLASH_KERNELS.iter().filter(have).find(|k| k.key == e))
+        .unwrap_or_else(|| FLASH_KERNELS.iter().find(have).expect("v1/v2 exist everywhere"))
+}
+
+#[cfg(test)]
+mod flash_pick_tests {
+    use super::*;
+    #[test]
+    fn picks_fastest_available_and_honours_env() {
+        assert_eq!(pick_flash(None, true).key, "wgmma");
+        assert_eq!(pick_flash(None, false).key, "v2");
+        assert_eq!(pick_flash(Some("v1"), true).key, "v1");
+        assert_eq!(pick_flash(Some("wgmma_serial"), true).key, "wgmma_serial");
+        assert_eq!(pick_flash(Some("wgmma"), false).key, "v2"); // not on this GPU: the fastest there
+        assert_eq!(pick_flash(Some("nonsense"), true).key, "wgmma");
+        assert_eq!(flash_spec("moss_attn_d128_bf16_wgmma_control").unwrap().rows, 128);
+        assert!(flash_spec("moss_attn_d128_bf16_v3").is_none());
+    }
 }
 
 /// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.
@@ -275,6 +344,12 @@ impl Cuda {
         Ok(out)
     }
 
+    /// The flash kernel [`DitOps::attention`] uses on this device: [`pick_flash`] with the
+    /// `MOSS_FLASH` environment variable (for side-by-side timing of the older kernels).
+    pub fn flash_kernel(&self) -> &'static FlashKernel {
+        pick_flash(std::env::var("MOSS_FLASH").ok().as_deref(), self.has_sm90a())
+    }
+
     /// The flash kernel on raw bf16 row-major buffers `(pointer, row stride in elements)`:
     /// head `i` is columns `[128i, 128i + 128)` of each of the `n` rows, so q/k/v may be column
     /// slices of one fused `[n, 3·H·128]` projection.
@@ -298,12 +373,14 @@ impl Cuda {
         if n == 0 || heads == 0 {
             return Ok(());
         }
+        let spec = flash_spec(kernel).ok_or_else(|| anyhow!("no flash kernel `{kernel}`"))?;
+        ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
         self.launch_2d(
             kernel,
-            (n.div_ceil(FLASH_ROWS) as u32, heads as u32),
-            FLASH_THREADS,
-            flash_smem(kernel),
+            (n.div_ceil(spec.rows) as u32, heads as u32),
+            spec.threads,
+            spec.smem,
             &[
                 Arg::P(q.0),
                 Arg::P(k.0),
@@ -406,10 +483,11 @@ impl DitOps for Cuda {
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
     }
-    /// bf16 with head dim 128: the flash kernel `moss_attn_d128_bf16`; otherwise cuBLASLt.
+    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the wgmma one on Hopper);
+    /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         if flash_applies(q, k, v) {
-            self.flash_attention_with(q, k, v, scale, flash_kernel())
+            self.flash_attention_with(q, k, v, scale, self.flash_kernel().name)
         } else {
             self.attention_with(q, k, v, scale, "moss")
         }

@@ -1,5 +1,6 @@
-//! Gates of the DiT's flash attention kernels (`moss_attn_d128_bf16` and its `_v2`, in
-//! `cuda/attention.cu`), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
+//! Gates of the DiT's flash attention kernels ([`FLASH_KERNELS`]: `moss_attn_d128_bf16` and its
+//! `_v2` in `cuda/attention.cu`; on compute capability 9.0 also the wgmma kernels of
+//! `cuda/sm90a/attention_wgmma.cu`, which other GPUs do not have and do not gate), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
 //! `gates::run_all` next to the table of `gates.rs`.
 //!
 //! Rows, for each kernel (bf16 only: at fp32 the op takes the cuBLASLt path, gated in
@@ -24,6 +25,9 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
         return Ok(()); // not used at fp32 (the cuBLASLt path, gated in gates.rs)
     }
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    if !cx.cuda.has_sm90a() {
+        println!("  dit flash attention: no sm_90a kernels on this GPU/build; the wgmma kernels are not gated (not used either)");
+    }
     for n in [TOKENS, IMG + 12] {
         let shape = [n, HEADS, HEAD_DIM];
         let (q, gq) = cx.input(&shape, 2.0)?;
@@ -52,7 +56,8 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
             Ok(out)
         };
         let s = format!("{} (fused qkv)", shape_str(&[&shape]));
-        for (kernel, control) in FLASH_KERNELS {
+        for spec in FLASH_KERNELS.iter().filter(|k| !k.sm90a || cu.has_sm90a()) {
+            let (kernel, control) = (spec.name, spec.control);
             cx.judge(
                 &format!("attention ({kernel})"),
                 &s,

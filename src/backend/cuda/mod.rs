@@ -26,6 +26,13 @@ pub const FATBIN: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "
 #[cfg(not(moss_kernels))]
 pub const FATBIN: Option<&[u8]> = None;
 
+/// The Hopper-only kernels of `cuda/sm90a/*.cu` (wgmma), `sm_90a` machine code only; loaded on
+/// compute capability 9.0 alone (absent when build.rs built no sm_90 code).
+#[cfg(moss_sm90a)]
+pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_kernels_sm90a.fatbin")));
+#[cfg(not(moss_sm90a))]
+pub const FATBIN_SM90A: Option<&[u8]> = None;
+
 /// The SMs the fatbin holds machine code for.
 pub fn kernel_archs() -> Option<&'static str> {
     #[cfg(moss_kernels)]
@@ -39,6 +46,8 @@ pub struct Gpu {
     pub ctx: Arc<cudarc::driver::CudaContext>,
     pub stream: Arc<cudarc::driver::CudaStream>,
     pub module: Arc<cudarc::driver::CudaModule>,
+    /// [`FATBIN_SM90A`], on a compute capability 9.0 device only.
+    pub module_sm90a: Option<Arc<cudarc::driver::CudaModule>>,
     pub name: String,
     pub compute_capability: (i32, i32),
 }
@@ -72,8 +81,21 @@ impl Gpu {
                     kernel_archs().unwrap_or("")
                 )
             })?;
+        // Optional: without them the portable kernels serve (a warning says why).
+        let module_sm90a = match FATBIN_SM90A {
+            Some(bin) if compute_capability == (9, 0) => {
+                match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        eprintln!("warning: cannot load the sm_90a kernels on {name} ({e:?}); using the portable ones");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, module, name, compute_capability })
+        Ok(Gpu { ctx, stream, module, module_sm90a, name, compute_capability })
     }
 
     /// Free and total device memory in bytes.

@@ -261,14 +261,24 @@ impl Cuda {
         if let Some(k) = f.get(name) {
             return Ok(k.clone());
         }
-        let k = self
-            .inner
-            .gpu
-            .module
-            .load_function(name)
-            .map_err(|e| anyhow!("kernel `{name}` is not in the embedded fatbin: {e:?}"))?;
+        let gpu = &self.inner.gpu;
+        let k = match gpu.module.load_function(name) {
+            Ok(k) => k,
+            Err(e) => match &gpu.module_sm90a {
+                Some(m) => m
+                    .load_function(name)
+                    .map_err(|e2| anyhow!("kernel `{name}` is in neither embedded fatbin: {e:?} / {e2:?}"))?,
+                None => return Err(anyhow!("kernel `{name}` is not in the embedded fatbin: {e:?}")),
+            },
+        };
         f.insert(name.to_string(), k.clone());
         Ok(k)
+    }
+
+    /// Whether the Hopper-only kernels (`cuda/sm90a`) are loaded: a compute capability 9.0
+    /// device and a build with them.
+    pub fn has_sm90a(&self) -> bool {
+        self.inner.gpu.module_sm90a.is_some()
     }
 
     /// Launch `name` on the stream with a 1-D grid.
