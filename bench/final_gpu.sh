@@ -33,6 +33,11 @@ el "== 3. DiT 1024x1024"
 timeout 120 $BIN bench-dit --device cuda --precision bf16 --model $F --embeds $F/embeds.safetensors --size 1024x1024 \
   --steps 50 --forwards 5 --save-velocity $W/moss.vel > $O/dit.json; echo "bench-dit rc=$?"
 python3 -c "import json; j=json.loads(open('$O/dit.json').read().strip().splitlines()[-1]); print('moss forward_ms_median', round(j['forward_ms_median'],2), 'loop_s', round(j['loop_s'],3))"
+for k in wgmma_serial v2; do
+  MOSS_FLASH=$k timeout 60 $BIN bench-dit --device cuda --precision bf16 --model $F --embeds $F/embeds.safetensors --size 1024x1024 \
+    --forward-only --forwards 5 > $O/dit_$k.json 2>&1
+  python3 -c "import json; j=json.loads(open('$O/dit_$k.json').read().strip().splitlines()[-1]); print('MOSS_FLASH=$k forward_ms_median', round(j['forward_ms_median'],2))" || tail -2 $O/dit_$k.json
+done
 timeout 150 python3 bench/dit_full.py compiled $F $W/moss.vel $O/torch_compiled.json 2>&1 | grep -v Warning | tail -2
 
 el "== 4. encoder 128 / 4096 tokens"
