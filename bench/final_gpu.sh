@@ -8,7 +8,8 @@
 #   3. DiT: moss bench-dit 1024x1024 (5 forwards + 50 guided steps) and the torch.compile'd
 #      reference's forward and 50 steps (bench/dit_full.py compiled);
 #   4. encoder: moss bench-encode at 128 and 4096 tokens;
-#   5. VAE: moss bench-vae at 1024x1024 and 2048x2048 (default kernels, then MOSS_VAE_KERNELS=fast);
+#   5. VAE: moss bench-vae at 1024x1024 and 2048x2048 (MOSS_VAE_KERNELS=classic, then the default
+#      halo kernels, whose output is compared with diffusers fp32 and a float64 decode);
 #   6. moss generate 1024x1024 50 steps end to end; batch vs one by one (N=3, 4 steps): identical PNGs.
 # Needs: the release binary in $BIN (default .final/moss), .whl/diffusers-*.whl. Usage: bash bench/final_gpu.sh
 set -uo pipefail
@@ -22,7 +23,7 @@ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --f
 chmod +x "$BIN"
 
 el "== 1. moss check --device cuda"
-MOSS_VAE_KERNELS=fast timeout 200 $BIN check --device cuda --model golden/tiny-a > "$O/check.txt" 2>&1; echo "check rc=$?"
+timeout 200 $BIN check --device cuda --model golden/tiny-a > "$O/check.txt" 2>&1; echo "check rc=$?"
 grep -E "kernel gates:|FAIL|ACCEPTED|^check" "$O/check.txt"
 
 el "== 2. full-size random checkpoint"
@@ -46,18 +47,18 @@ for L in 128 4096; do
   echo "L=$L rc=$?"; python3 -c "import json; j=json.loads(open('$O/enc$L.json').read().strip().splitlines()[-1]); print('median_ms', round(j['median_ms'],2), 'forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/enc$L.json
 done
 
-el "== 5. VAE (default kernels, and MOSS_VAE_KERNELS=fast) vs diffusers fp32 and float64"
+el "== 5. VAE (MOSS_VAE_KERNELS=classic, and the default kernels vs diffusers fp32 and float64)"
 V=$W/vae; mkdir -p $V; ln -sfn $F $V/full
 python3 -c "
 import numpy as np
 g = np.random.default_rng(11)
 for s in (1024, 2048): g.standard_normal((1, 128, s // 16, s // 16)).astype('<f4').tofile('$V/z%d.f32' % s)"
 for s in 1024 2048; do
-  timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 > $O/vae$s.json 2>&1
-  echo "$s default rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae$s.json
-  MOSS_VAE_KERNELS=fast timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 \
+  MOSS_VAE_KERNELS=classic timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 > $O/vae$s.json 2>&1
+  echo "$s classic rc=$?"; python3 -c "import json; j=json.loads(open('$O/vae$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $O/vae$s.json
+  timeout 60 $BIN bench-vae --model $F --device cuda --latents $V/z$s.f32 --reps 3 \
     --out-f32 $V/moss$s.f32 --out-rgb $V/moss$s.rgb > $V/moss$s.json 2>&1
-  echo "$s fast rc=$?"; cp $V/moss$s.json $O/vae${s}fast.json
+  echo "$s default (halo) rc=$?"; cp $V/moss$s.json $O/vae${s}fast.json
   python3 -c "import json; j=json.loads(open('$V/moss$s.json').read().strip().splitlines()[-1]); print('forward_ms', [round(x,1) for x in j['forward_ms']])" || tail -3 $V/moss$s.json
   timeout 90 python3 bench/vae_bench.py ref $V $s || echo "ref $s failed"
 done

@@ -4,9 +4,9 @@
 //!
 //! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
 //!   tensor cores with split TF32 (3 products per tile, fp32 accuracy): by default the
-//!   per-k-step gather kernel (tap-major), with `MOSS_VAE_KERNELS=fast` (or
-//!   `MOSS_VAE_CONV=halo`) the halo kernel of cuda/vae_conv.cu with conv_out's 3 outputs on an
-//!   f64 SIMT kernel; or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
+//!   halo kernel of cuda/vae_conv.cu with conv_out's 3 outputs on an f64 SIMT kernel; with
+//!   `MOSS_VAE_KERNELS=classic` (or `MOSS_VAE_CONV=tap`) the earlier per-k-step gather kernel
+//!   (tap-major); or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
@@ -15,8 +15,8 @@
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
-//!   split-TF32 halo kernel as 1×1 convs with `MOSS_VAE_KERNELS=fast` or `MOSS_VAE_ATTN=split`
-//!   (L, D multiples of 16), else cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
+//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
+//!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
 use super::blas::LinearBug;
@@ -97,7 +97,7 @@ impl ConvKernel {
         }
     }
     /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
-    /// and tap-major fallbacks) under `MOSS_VAE_KERNELS=fast`, else tap-major.
+    /// and tap-major fallbacks) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
@@ -110,11 +110,13 @@ impl ConvKernel {
     }
 }
 
-/// `MOSS_VAE_KERNELS=fast`: the decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out
-/// kernel) and the split-TF32 attention products. Off by default until measured on the GPU
-/// (every one of these kernels is gated in `moss check` either way).
+/// The decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out kernel) and the split-TF32
+/// attention products: the default since they were measured on the H200 (1024x1024: 142.7 ms
+/// against 208.6 ms for the tap-major kernels, closer to float64; bench/RESULTS.md).
+/// `MOSS_VAE_KERNELS=classic` takes the earlier kernels (every kernel is gated in `moss check`
+/// either way).
 pub fn fast_kernels() -> bool {
-    std::env::var("MOSS_VAE_KERNELS").as_deref() == Ok("fast")
+    std::env::var("MOSS_VAE_KERNELS").as_deref() != Ok("classic")
 }
 
 /// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
@@ -788,8 +790,8 @@ impl VaeOps for Cuda {
         self.group_norm_apply_with(x, w, b, groups, stats, eps, silu, "moss")
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
-        // The split-TF32 products with MOSS_VAE_ATTN=split or MOSS_VAE_KERNELS=fast (unless
-        // MOSS_VAE_ATTN=cublas; and only for L, D multiples of 16), else cuBLAS fp32.
+        // The split-TF32 products unless MOSS_VAE_ATTN=cublas or MOSS_VAE_KERNELS=classic (and
+        // only for L, D multiples of 16), else cuBLAS fp32.
         let want = match std::env::var("MOSS_VAE_ATTN").as_deref() {
             Ok("split") => true,
             Ok("cublas") => false,
