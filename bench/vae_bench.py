@@ -49,12 +49,9 @@ def init_vae(vae, gen):
         bn.num_batches_tracked.fill_(1000)
 
 
-def make_ckpt(out):
+def full_vae():
+    """The full-size FLUX.2 small decoder (widths 96/192/384/384) with init_vae's random weights."""
     from diffusers import AutoencoderKLFlux2
-    ck = f"{out}/full"
-    if os.path.exists(ck):
-        shutil.rmtree(ck)
-    shutil.copytree("golden/tiny-a", ck, ignore=shutil.ignore_patterns("vae"))
     torch.manual_seed(0)
     vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, block_out_channels=(32, 32, 32, 32),
                              decoder_block_out_channels=(96, 192, 384, 384), layers_per_block=2, latent_channels=32,
@@ -62,6 +59,15 @@ def make_ckpt(out):
                              use_post_quant_conv=True, mid_block_add_attention=True, batch_norm_eps=1e-4,
                              batch_norm_momentum=0.1, patch_size=(2, 2))
     init_vae(vae, torch.Generator().manual_seed(7))
+    return vae
+
+
+def make_ckpt(out):
+    ck = f"{out}/full"
+    if os.path.exists(ck):
+        shutil.rmtree(ck)
+    shutil.copytree("golden/tiny-a", ck, ignore=shutil.ignore_patterns("vae"))
+    vae = full_vae()
     vae.save_pretrained(f"{ck}/vae", safe_serialization=True)
     g = torch.Generator().manual_seed(11)
     for side in (64, 1024, 2048):

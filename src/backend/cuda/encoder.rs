@@ -20,6 +20,21 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+/// What [`Cuda::gdr_inputs`] hands both delta-rule kernels.
+struct GdrInputs {
+    l: usize,
+    hk: usize,
+    dk: usize,
+    hv: usize,
+    dv: usize,
+    dt: DType,
+    k: CudaTensor,
+    v: CudaTensor,
+    g: CudaTensor,
+    beta: CudaTensor,
+    out: CudaTensor,
+}
+
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [L, heads, dim], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1], x.shape[2]))
@@ -279,6 +294,24 @@ impl Cuda {
         Ok((g, beta))
     }
 
+    /// The shapes of a gated delta rule's inputs checked (`q`, `k [L, Hk, dk]`, `v [L, Hv, dv]`,
+    /// `Hv % Hk == 0`, `g`, `beta [L, Hv]`), k and v in q's dtype, g and beta in f32, and the
+    /// output buffer: what both delta-rule kernels start from.
+    fn gdr_inputs(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<GdrInputs> {
+        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
+        let (lv, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        ensure!(lv == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let dt = q.dtype;
+        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let out = self.alloc(dt, &v.shape)?;
+        Ok(GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out })
+    }
+
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
@@ -293,20 +326,12 @@ impl Cuda {
         beta: &CudaTensor,
         prefix: &str,
     ) -> Result<CudaTensor> {
-        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
-        let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        let (_, _, dk) = dims3(q, "gated_delta_rule q")?;
+        let (_, _, dv) = dims3(v, "gated_delta_rule v")?;
         if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || std::env::var("MOSS_GDR").is_ok_and(|v| v == "seq") {
             return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
         }
-        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
-        ensure!(v.shape[0] == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
-        for (n, t) in [("g", g), ("beta", beta)] {
-            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
-        }
-        let dt = q.dtype;
-        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
-        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
-        let out = self.alloc(dt, &v.shape)?;
+        let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         if l == 0 {
             return Ok(out);
         }
@@ -363,17 +388,7 @@ impl Cuda {
         beta: &CudaTensor,
         prefix: &str,
     ) -> Result<CudaTensor> {
-        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
-        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
-        let (lv, hv, dv) = dims3(v, "gated_delta_rule v")?;
-        ensure!(lv == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
-        for (n, t) in [("g", g), ("beta", beta)] {
-            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
-        }
-        let dt = q.dtype;
-        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
-        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
-        let out = self.alloc(dt, &v.shape)?;
+        let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         if l == 0 {
             return Ok(out);
         }
