@@ -65,20 +65,8 @@ fn main() {
         return;
     };
 
-    let mut sources: Vec<PathBuf> = std::fs::read_dir("cuda")
-        .expect("cuda/ folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
-    sources.sort();
-    // One translation unit that includes every kernel file: one fatbin, unique kernel names.
-    let unit = out_dir.join("moss_kernels.cu");
     let root = std::env::current_dir().unwrap();
-    let text: String = sources
-        .iter()
-        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
-        .collect();
-    std::fs::write(&unit, text).unwrap();
+    let unit = write_unit(Path::new("cuda"), &root, &out_dir.join("moss_kernels.cu")).expect("cuda/*.cu kernel files");
 
     let list = Command::new(&nvcc).arg("--list-gpu-code").output();
     let offered = match list {
@@ -113,21 +101,7 @@ fn main() {
 
 /// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only.
 fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
-    let Ok(dir) = std::fs::read_dir("cuda/sm90a") else { return };
-    let mut sources: Vec<PathBuf> = dir
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
-    if sources.is_empty() {
-        return;
-    }
-    sources.sort();
-    let unit = out_dir.join("moss_kernels_sm90a.cu");
-    let text: String = sources
-        .iter()
-        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
-        .collect();
-    std::fs::write(&unit, text).unwrap();
+    let Some(unit) = write_unit(Path::new("cuda/sm90a"), root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
     let status = Command::new(nvcc)
         .args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I"])
         .arg(root.join("cuda"))
@@ -138,4 +112,24 @@ fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
     assert!(status.success(), "nvcc failed compiling cuda/sm90a/*.cu for sm_90a");
     println!("cargo:rustc-cfg=moss_sm90a");
+}
+
+/// One translation unit at `unit` that includes every `*.cu` of `dir` (sorted): one fatbin,
+/// unique kernel names. None when `dir` holds no `.cu` file (or does not exist).
+fn write_unit(dir: &Path, root: &Path, unit: &Path) -> Option<PathBuf> {
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    if sources.is_empty() {
+        return None;
+    }
+    sources.sort();
+    let text: String = sources
+        .iter()
+        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
+        .collect();
+    std::fs::write(unit, text).unwrap();
+    Some(unit.to_path_buf())
 }

@@ -149,6 +149,13 @@ pub fn encode_prompts<B: EncoderOps>(
     max_tokens: usize,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Encoded>> {
+    let tokens = tokenize_prompts(ck, texts, max_tokens, progress)?;
+    encode_ids(b, ck, texts, tokens, progress)
+}
+
+/// The chat-wrapped token ids of `texts` (the prompt first, then the negative), each cut at
+/// `max_tokens` with a warning.
+pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<Vec<Vec<u32>>> {
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut tokens = vec![];
     for (i, t) in texts.iter().enumerate() {
@@ -159,6 +166,17 @@ pub fn encode_prompts<B: EncoderOps>(
         }
         tokens.push(tk.ids);
     }
+    Ok(tokens)
+}
+
+/// [`encode_prompts`] on ids already made by [`tokenize_prompts`] (one list per text).
+pub fn encode_ids<B: EncoderOps>(
+    b: &B,
+    ck: &Checkpoint,
+    texts: &[&str],
+    tokens: Vec<Vec<u32>>,
+    progress: &mut dyn Progress,
+) -> Result<Vec<Encoded>> {
     progress.stage("encode");
     let comp = ck.open_component("text_encoder")?;
     let enc = Encoder::load(b, &comp, &ck.encoder)?;
@@ -263,28 +281,29 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
     let t0 = Instant::now();
     validate(req)?;
     let ck = open_checkpoint(model)?;
+    // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
+    let tokens = match &req.embeds {
+        Some(_) => None,
+        None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
+    };
     match device {
-        Device::Cpu => generate_on(&Cpu, &ck, req, progress, t0),
+        Device::Cpu => generate_on(&Cpu, &ck, req, tokens, progress, t0),
         Device::Cuda(n) => {
             let cu = cuda(n, req.precision)?;
-            let tokens = match &req.embeds {
-                Some(_) => None,
-                None => Some(prompt_tokens(&ck, &[&req.prompt, &req.negative], req.max_tokens)?),
-            };
-            preflight_cuda(&cu, &ck, tokens, &[(req.width, req.height)])?;
-            generate_on(&cu, &ck, req, progress, t0)
+            let longest = tokens.as_ref().map(|t| t.iter().map(Vec::len).max().unwrap_or(0));
+            preflight_cuda(&cu, &ck, longest, &[(req.width, req.height)])?;
+            generate_on(&cu, &ck, req, tokens, progress, t0)
         }
     }
 }
 
-/// The longest of `texts` in tokens, chat-wrapped and cut at `max_tokens` (for the planner).
-pub fn prompt_tokens(ck: &Checkpoint, texts: &[&str], max_tokens: usize) -> Result<usize> {
-    let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
-    let mut n = 0;
-    for t in texts {
-        n = n.max(tok.encode(t, max_tokens)?.ids.len());
+/// The texts `req` encodes: the prompt, and the negative unless guidance is exactly 1.
+fn prompt_texts(req: &Request) -> Vec<&str> {
+    if req.guidance != 1.0 {
+        vec![&req.prompt, &req.negative]
+    } else {
+        vec![&req.prompt]
     }
-    Ok(n)
 }
 
 /// Before any weights load: every stage's plan (weights + working memory) against the GPU's
@@ -308,9 +327,7 @@ pub fn preflight_cuda(
             .check(cu.gpu())
             .map_err(|e| e.context(format!("the text-encoder stage ({l} tokens) does not fit")))?;
     }
-    let mut sizes = sizes.to_vec();
-    sizes.sort_by_key(|&(w, h)| std::cmp::Reverse(w as u64 * h as u64));
-    if let Some(&(w, h)) = sizes.first() {
+    if let Some(&(w, h)) = sizes.iter().max_by_key(|&&(w, h)| w as u64 * h as u64) {
         let comp = ck.open_component("transformer")?;
         cu.plan_dit(&comp, &ck.dit, (h / 16) as usize * (w / 16) as usize, text)?;
         let comp = ck.open_component("vae")?;
@@ -319,10 +336,12 @@ pub fn preflight_cuda(
     Ok(())
 }
 
+/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`).
 fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
+    tokens: Option<Vec<Vec<u32>>>,
     progress: &mut dyn Progress,
     t0: Instant,
 ) -> Result<Report> {
@@ -334,17 +353,17 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
         height: req.height,
         ..Default::default()
     };
-    let (cond, uncond) = match &req.embeds {
-        Some(p) => {
+    let (cond, uncond) = match (&req.embeds, tokens) {
+        (Some(p), _) => {
             let e: Embeds = crate::embeds::read(p)?;
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
             (e.cond.hidden, e.uncond.hidden)
         }
-        None => {
-            let texts: Vec<&str> = if req.guidance != 1.0 { vec![&req.prompt, &req.negative] } else { vec![&req.prompt] };
-            let mut enc = encode_prompts(b, ck, &texts, req.max_tokens, progress)?;
+        (None, None) => bail!("generate: neither embeds nor prompt tokens"),
+        (None, Some(tokens)) => {
+            let mut enc = encode_ids(b, ck, &prompt_texts(req), tokens, progress)?;
             let cond = enc.remove(0).hidden;
             let uncond = if enc.is_empty() { cond.clone() } else { enc.remove(0).hidden };
             (cond, uncond)
