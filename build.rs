@@ -5,12 +5,15 @@
 //! `cuda/sm90a/*.cu` (wgmma/setmaxnreg kernels, Hopper only) are compiled apart, for
 //! `sm_90a` alone, into a second fatbin that the CUDA backend loads only on compute
 //! capability 9.0 (cfg `moss_sm90a`).
+//!
+//! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
+//! a development build for one GPU in a fraction of the time. Releases leave it unset.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SMS: [&str; 7] = ["80", "86", "89", "90", "100", "120", "121"];
-const ENV: [&str; 5] = ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "MOSS_NO_CUDA"];
+const ENV: [&str; 6] = ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "MOSS_NO_CUDA", "MOSS_CUDA_ARCHS"];
 
 fn find_nvcc() -> Option<PathBuf> {
     let ok = |p: PathBuf| if p.is_file() { Some(p) } else { None };
@@ -79,14 +82,19 @@ fn main() {
         .arg("-o")
         .arg(&fatbin)
         .arg(&unit);
+    // MOSS_CUDA_ARCHS=90 (comma-separated) narrows the list for a quicker development build.
+    let only: Option<Vec<String>> = std::env::var("MOSS_CUDA_ARCHS").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
     let mut archs = vec![];
     for sm in SMS {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == sm)) {
+            continue;
+        }
         if offered.lines().any(|l| l.trim() == format!("sm_{sm}")) {
             cmd.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
             archs.push(sm);
         }
     }
-    if offered.lines().any(|l| l.trim() == "sm_90") {
+    if only.is_none() && offered.lines().any(|l| l.trim() == "sm_90") {
         cmd.arg("-gencode=arch=compute_90,code=compute_90");
     }
     assert!(!archs.is_empty(), "{} offers none of sm_{:?}", nvcc.display(), SMS);
