@@ -102,6 +102,132 @@ __device__ void qk_rope_impl(TX* __restrict__ out, const TX* __restrict__ x, con
 MOSS_QK_ROPE4(moss_qk_rope, 0)
 MOSS_QK_ROPE4(moss_ctl_qk_rope, 1)
 
+// ---- QK-norm + RoPE on the q and k parts of a packed projection, in place ------------------------
+// qkv [n, 3·H·hd] = [q | k | v]; the q and k heads are normed and rotated as qk_rope_impl does,
+// v is not touched. Each thread takes 8 elements of each half of a head (16-byte loads of x, the
+// weight and the cos/sin row), so tpr = hd/16 threads own one (token, part, head) row (tpr a power
+// of two ≤ 32: hd ∈ {16, .., 512}; the host checks) and reduce its sum of squares by shuffles.
+// BUG 1: the k heads normed with the q weight.
+template <typename TX, typename TV, int BUG>
+__device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, const TV* __restrict__ wk,
+                              const TV* __restrict__ cs, const TV* __restrict__ sn, long n, int heads, int hd,
+                              float eps) {
+    const int half = hd >> 1, tpr = half >> 3;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long g = t / tpr;  // (token, part, head); a group never straddles a warp (tpr divides 32)
+    if (g >= n * 2 * heads) return;  // whole groups leave together
+    const int m0 = (int)(t - g * tpr) * 8;
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned mask = tpr == 32 ? 0xffffffffu : (((1u << tpr) - 1u) << (lane & ~(unsigned)(tpr - 1)));
+    long tok = g / (2 * heads);
+    int ph = (int)(g - tok * 2 * heads);  // part·heads + head
+    TX* row = qkv + tok * 3L * heads * hd + (long)ph * hd;
+    const TV* w = (ph < heads || BUG == 1) ? wq : wk;
+    float a[8], b[8];
+    ld8(row, m0, a);
+    ld8(row, half + m0, b);
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += a[k] * a[k] + b[k] * b[k];
+    for (int o = tpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+    float inv = rsqrtf(ss / (float)hd + eps);
+    float wa[8], wb[8], c[8], s[8];
+    ld8(w, m0, wa);
+    ld8(w, half + m0, wb);
+    ld8(cs, tok * half + m0, c);
+    ld8(sn, tok * half + m0, s);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float ya = a[k] * inv * wa[k], yb = b[k] * inv * wb[k];
+        a[k] = ya * c[k] - yb * s[k];
+        b[k] = yb * c[k] + ya * s[k];
+    }
+    st8(row, m0, a);
+    st8(row, half + m0, b);
+}
+#define MOSS_QKV_ROPE(NAME, BUG, TX, SX, TV, SV)                                                       \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* qkv, const TV* wq, const TV* wk, const TV* cs, const TV* sn, \
+                                        long n, int heads, int hd, float eps) {                        \
+        qkv_rope_impl<TX, TV, BUG>(qkv, wq, wk, cs, sn, n, heads, hd, eps);                            \
+    }
+#define MOSS_QKV_ROPE4(NAME, BUG)                    \
+    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_QKV_ROPE(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_QKV_ROPE(NAME, BUG, float, f32, float, f32)
+MOSS_QKV_ROPE4(moss_qkv_rope, 0)
+MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1)
+
+// ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
+// xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
+// rounded xo, as moss_rms_mod would read it. BUG 1: the norm taken of the old x.
+__device__ __forceinline__ float round_as(float v, const bf16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_as(float v, const float*) { return v; }
+template <typename TX, typename TV, int BUG>
+__device__ void gres_rms_mod_impl(TX* xo, TX* __restrict__ no, const TX* __restrict__ x, const TX* __restrict__ y,
+                                  const TV* __restrict__ gate, const TV* __restrict__ w,
+                                  const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
+                                  float eps) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const TX* xr = x + row * d;
+    const TX* yr = y + row * d;
+    TX* xor_ = xo + row * d;
+    TX* nr = no + row * d;
+    const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
+    float ss = 0.f;
+    if ((d & 7) == 0) {
+        for (int i = lane * 8; i < d; i += 256) {
+            float a[8], b[8], g[8];
+            ld8(xr, i, a);
+            ld8(yr, i, b);
+            ld8(gate, i, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float old = a[k];
+                a[k] = a[k] + b[k] * g[k];
+                float r = BUG == 1 ? old : round_as(a[k], xo);
+                ss += r * r;
+            }
+            st8(xor_, i, a);
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+        for (int i = lane * 8; i < d; i += 256) {
+            float v[8], gw[8], sh[8], sc[8];
+            ld8(src, i, v);  // this lane's own stores above
+            ld8(w, i, gw);
+            ld8(shift, i, sh);
+            ld8(scale, i, sc);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = v[k] * inv * gw[k] * (1.f + sc[k]) + sh[k];
+            st8(nr, i, v);
+        }
+    } else {
+        for (int i = lane; i < d; i += 32) {
+            float a = ld(xr, i) + ld(yr, i) * ld(gate, i);
+            st(xor_, i, a);
+            float r = BUG == 1 ? ld(xr, i) : round_as(a, xo);
+            ss += r * r;
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+        for (int i = lane; i < d; i += 32)
+            st(nr, i, ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i));
+    }
+}
+#define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV)                                                           \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, TX* no, const TX* x, const TX* y, const TV* gate, const TV* w, \
+                                        const TV* shift, const TV* scale, long rows, int d, float eps) {   \
+        gres_rms_mod_impl<TX, TV, BUG>(xo, no, x, y, gate, w, shift, scale, rows, d, eps);                 \
+    }
+#define MOSS_GRES_MOD4(NAME, BUG)                    \
+    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_GRES_MOD(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_GRES_MOD(NAME, BUG, float, f32, float, f32)
+MOSS_GRES_MOD4(moss_gres_mod, 0)
+MOSS_GRES_MOD4(moss_ctl_gres_mod, 1)
+
 // ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
 // BUG 1: the halves swapped (gate read as up).
 template <int BUG>

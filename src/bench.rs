@@ -127,6 +127,22 @@ fn run_on<B: DitOps>(
         }
         vel = Some(v);
     }
+    // One more forward with every op bracketed by CUDA events (no synchronisation between ops):
+    // op -> GPU ms, host ms, calls; CUDA only (the CPU records nothing).
+    crate::backend::cuda::dit::set_dit_profile(true);
+    sync()?;
+    let s = Instant::now();
+    let profiled = dit.velocity(b, &x, t, &tc, &[]).and_then(|v| sync().map(|_| v));
+    let prof_ms = s.elapsed().as_secs_f64() * 1e3;
+    let ops = crate::backend::cuda::dit::take_dit_profile();
+    crate::backend::cuda::dit::set_dit_profile(false);
+    drop(profiled?);
+    let ops = ops?;
+    let gpu_sum: f64 = ops.iter().map(|o| o.gpu_ms).sum();
+    let profile: serde_json::Map<String, serde_json::Value> = ops
+        .iter()
+        .map(|o| (o.op.clone(), serde_json::json!({"ms": o.gpu_ms, "host_ms": o.host_ms, "calls": o.calls})))
+        .collect();
     if let (Some(p), Some(v)) = (&a.save_velocity, &vel) {
         pipeline::write_latents(p, &b.download(v)?)?;
     }
@@ -143,6 +159,9 @@ fn run_on<B: DitOps>(
         "load_s": load_s,
         "forward_ms_median": median(&fwd_ms),
         "forward_ms": fwd_ms,
+        "profile_forward_ms": prof_ms,
+        "profile_gpu_sum_ms": gpu_sum,
+        "profile_ms": profile,
     });
     if !a.forward_only {
         let req = Request {

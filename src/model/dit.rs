@@ -49,17 +49,32 @@ pub mod rope {
     }
 
     /// `(cos, sin)`, each `[N, half]` with `half = AXES · bands`.
+    ///
+    /// An axis value's `bands` angles depend on that value alone, and a joint stream has few
+    /// distinct values (`h + w + L + 1` or so for `N = h·w + L` tokens), so each distinct value's
+    /// cos/sin run is computed once (keyed by its bits: the same fp32 phases, the same results)
+    /// and copied: ~100x fewer `cos`/`sin` calls than per token at 1024x1024.
     pub fn table(pos: &[[f32; AXES]], base: f64, half: usize) -> (Tensor, Tensor) {
         assert!(half.is_multiple_of(AXES), "rope: {half} angles do not split over {AXES} axes");
         let bands = bands(base, half / AXES);
+        let nb = bands.len();
+        let mut memo: std::collections::HashMap<u32, Vec<f32>> = std::collections::HashMap::new();
         let (mut cos, mut sin) = (Vec::with_capacity(pos.len() * half), Vec::with_capacity(pos.len() * half));
         for p in pos {
             for pa in p {
-                for b in &bands {
-                    let theta = (pa * b) as f64; // the fp32 phase
-                    cos.push(theta.cos() as f32);
-                    sin.push(theta.sin() as f32);
-                }
+                let run = memo.entry(pa.to_bits()).or_insert_with(|| {
+                    let mut r = Vec::with_capacity(2 * nb);
+                    for b in &bands {
+                        let theta = (pa * b) as f64; // the fp32 phase
+                        r.push(theta.cos() as f32);
+                    }
+                    for b in &bands {
+                        r.push(((pa * b) as f64).sin() as f32);
+                    }
+                    r
+                });
+                cos.extend_from_slice(&run[..nb]);
+                sin.extend_from_slice(&run[nb..]);
             }
         }
         let shape = vec![pos.len(), half];
@@ -104,9 +119,9 @@ struct Block<B: DitOps> {
     norm2: B::T,
     q_norm: B::T,
     k_norm: B::T,
-    q: B::T,
-    k: B::T,
-    v: B::T,
+    /// `proj.q`, `proj.k`, `proj.v` stacked at load (rows `[q ; k ; v]`, `[3·D, D]`): one GEMM
+    /// gives the packed `[N, 3·D]` projection the fused QK-norm/RoPE and attention read.
+    qkv: B::T,
     o: B::T,
     /// rows `[up ; gate]`
     ffn_up_gate: B::T,
@@ -147,7 +162,13 @@ pub struct Dit<B: DitOps> {
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
+    /// The joint RoPE tables of the last few `(h, w, L)` (the cond and uncond passes of a loop
+    /// alternate between two), so a forward does not rebuild and upload them.
+    rope_cache: std::sync::Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
 }
+
+/// Joint RoPE tables kept by [`Dit`] (cond and uncond, with room for a second size).
+const ROPE_CACHE: usize = 4;
 
 impl<B: DitOps> Dit<B> {
     pub fn load(b: &B, c: &Component, cfg: &DitConfig) -> Result<Self> {
@@ -177,9 +198,10 @@ impl<B: DitOps> Dit<B> {
                 norm2: w(&format!("{p}norm2.weight"))?,
                 q_norm: w(&format!("{p}q_norm.weight"))?,
                 k_norm: w(&format!("{p}k_norm.weight"))?,
-                q: w(&format!("{p}proj.q.weight"))?,
-                k: w(&format!("{p}proj.k.weight"))?,
-                v: w(&format!("{p}proj.v.weight"))?,
+                qkv: {
+                    let (q, k, v) = (w(&format!("{p}proj.q.weight"))?, w(&format!("{p}proj.k.weight"))?, w(&format!("{p}proj.v.weight"))?);
+                    b.cat(&[&q, &k, &v], 0)?
+                },
                 o: w(&format!("{p}proj.o.weight"))?,
                 ffn_up_gate: w(&format!("{p}proj.ffn_up_gate.weight"))?,
                 ffn_down: w(&format!("{p}proj.ffn_down.weight"))?,
@@ -197,6 +219,7 @@ impl<B: DitOps> Dit<B> {
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
+            rope_cache: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -210,20 +233,33 @@ impl<B: DitOps> Dit<B> {
         Ok((b.upload(&cos)?, b.upload(&sin)?))
     }
 
-    /// `[N, D]` → `[N, H, hd]`
-    fn heads(&self, b: &B, x: &B::T) -> Result<B::T> {
-        b.reshape(x, &[b.dims(x)[0], self.cfg.num_heads, self.cfg.head_dim()])
+    /// The joint stream's RoPE table for an `h×w` grid and `len` text tokens, from the cache.
+    fn joint_rope(&self, b: &B, h: usize, w: usize, len: usize) -> Result<(B::T, B::T)> {
+        let key = (h, w, len);
+        let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(t.clone());
+        }
+        let t = b.timed("rope table (host + upload)", || self.rope(b, &rope::joint_positions(h, w, len)))?;
+        if cache.len() >= ROPE_CACHE {
+            cache.remove(0);
+        }
+        cache.push((key, t.clone()));
+        Ok(t)
     }
 
-    /// Attention over `[N, H, hd]` q, k, v → `[N, D]`.
-    fn attention(&self, b: &B, q: &B::T, k: &B::T, v: &B::T) -> Result<B::T> {
-        let o = b.attention(q, k, v, 1.0 / (self.cfg.head_dim() as f64).sqrt())?;
-        b.reshape(&o, &[b.dims(q)[0], self.cfg.dim])
+    /// The packed `[N, 3·D]` projection `[q | k | v]` → QK-norm and RoPE on q and k → attention
+    /// → `[N, D]`.
+    fn packed_attention(&self, b: &B, qkv: B::T, wq: &B::T, wk: &B::T, cos: &B::T, sin: &B::T) -> Result<B::T> {
+        let (eps, heads) = (self.cfg.eps, self.cfg.num_heads);
+        let qkv = b.timed("qkv_norm_rope", || b.qkv_norm_rope(qkv, heads, wq, wk, cos, sin, eps))?;
+        let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
+        b.timed("attention", || b.attention_packed(&qkv, heads, scale))
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.
     pub fn refine_text(&self, b: &B, ctx: &Tensor) -> Result<TextCond<B>> {
-        let (eps, d) = (self.cfg.eps, self.cfg.dim);
+        let eps = self.cfg.eps;
         ensure!(
             ctx.shape.len() == 2 && ctx.shape[1] == self.cfg.text_dim && ctx.shape[0] > 0,
             "text context {:?}, the transformer takes [L, {}]",
@@ -235,10 +271,8 @@ impl<B: DitOps> Dit<B> {
         let mut txt = self.text_proj.forward(b, &b.upload(ctx)?)?;
         for blk in &self.refiner {
             let qkv = blk.qkv.forward(b, &b.rms_norm(&txt, Some(&blk.norm1), eps, false)?)?;
-            let q = b.qk_norm_rope(&self.heads(b, &b.narrow(&qkv, 1, 0, d)?)?, &blk.q_norm, &cos, &sin, eps)?;
-            let k = b.qk_norm_rope(&self.heads(b, &b.narrow(&qkv, 1, d, d)?)?, &blk.k_norm, &cos, &sin, eps)?;
-            let v = self.heads(b, &b.narrow(&qkv, 1, 2 * d, d)?)?;
-            txt = b.add(&txt, &blk.proj.forward(b, &self.attention(b, &q, &k, &v)?)?)?;
+            let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, &cos, &sin)?;
+            txt = b.add(&txt, &blk.proj.forward(b, &att)?)?;
             let y = blk.ffn_up_gate.forward(b, &b.rms_norm(&txt, Some(&blk.norm2), eps, false)?)?;
             txt = b.add(&txt, &blk.ffn_down.forward(b, &b.situ_glu(&y)?)?)?;
         }
@@ -284,30 +318,84 @@ impl<B: DitOps> Dit<B> {
             cfg.latent_channels
         );
         let (c, h, w) = (dims[1], dims[2], dims[3]);
-        let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
-        let m = self.modulation(b, t)?;
-        let (cos, sin) = self.rope(b, &rope::joint_positions(h, w, text.len))?;
-        let mut xs = b.cat(&[&img, &text.tokens], 0)?;
-        for (i, blk) in self.layers.iter().enumerate() {
-            if !skip.contains(&i) {
-                xs = self.block(b, blk, &xs, &m, &cos, &sin)?;
-            }
+        let img = b.timed("embed image (permute + linear)", || {
+            self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)
+        })?;
+        let m = b.timed("modulation", || self.modulation(b, t))?;
+        let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
+        let mut xs = b.timed("cat", || b.cat(&[&img, &text.tokens], 0))?;
+        drop(img);
+        // Each block's first norm is fused with the previous block's last gated residual, so
+        // only the first block that runs starts from a plain norm.
+        let active: Vec<&Block<B>> = self.layers.iter().enumerate().filter(|(i, _)| !skip.contains(i)).map(|(_, l)| l).collect();
+        let mut y = match active.first() {
+            Some(first) => Some(b.timed("rms_norm_modulate", || {
+                b.rms_norm_modulate(&xs, &first.norm1, &m.shift_attn, &m.scale_attn, cfg.eps)
+            })?),
+            None => None,
+        };
+        for (j, blk) in active.iter().enumerate() {
+            let next = active.get(j + 1).map(|n| &n.norm1);
+            let yin = y.take().expect("every block that runs gets its norm");
+            (xs, y) = self.block(b, blk, xs, yin, &m, &cos, &sin, next)?;
         }
-        let z = b.narrow(&xs, 0, 0, h * w)?;
-        let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, cfg.eps)?;
-        let out = b.linear(&z, &self.final_linear_video, None)?;
-        b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
+        b.timed("head", || {
+            let z = b.narrow(&xs, 0, 0, h * w)?;
+            let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, cfg.eps)?;
+            let out = b.linear(&z, &self.final_linear_video, None)?;
+            b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
+        })
     }
 
-    fn block(&self, b: &B, blk: &Block<B>, x: &B::T, m: &Modulation<B>, cos: &B::T, sin: &B::T) -> Result<B::T> {
+    /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);
+    /// returns the new stream and, when `next_norm` (the next running block's norm1 weight) is
+    /// given, its modulated norm (the last gated residual fused with it).
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        b: &B,
+        blk: &Block<B>,
+        x: B::T,
+        y: B::T,
+        m: &Modulation<B>,
+        cos: &B::T,
+        sin: &B::T,
+        next_norm: Option<&B::T>,
+    ) -> Result<(B::T, Option<B::T>)> {
         let eps = self.cfg.eps;
-        let y = b.rms_norm_modulate(x, &blk.norm1, &m.shift_attn, &m.scale_attn, eps)?;
-        let q = b.qk_norm_rope(&self.heads(b, &b.linear(&y, &blk.q, None)?)?, &blk.q_norm, cos, sin, eps)?;
-        let k = b.qk_norm_rope(&self.heads(b, &b.linear(&y, &blk.k, None)?)?, &blk.k_norm, cos, sin, eps)?;
-        let v = self.heads(b, &b.linear(&y, &blk.v, None)?)?;
-        let x = b.gated_residual(x, &b.linear(&self.attention(b, &q, &k, &v)?, &blk.o, None)?, &m.gate_attn)?;
-        let y = b.rms_norm_modulate(&x, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
-        let y = b.linear(&b.situ_glu(&b.linear(&y, &blk.ffn_up_gate, None)?)?, &blk.ffn_down, None)?;
-        b.gated_residual(&x, &y, &m.gate_ffn)
+        let qkv = linear(b, "qkv", &y, &blk.qkv)?;
+        drop(y);
+        let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
+        let o = linear(b, "o", &att, &blk.o)?;
+        drop(att);
+        let (x, y) = b.timed("gated_residual + rms_norm_modulate", || {
+            b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)
+        })?;
+        drop(o);
+        let u = linear(b, "up_gate", &y, &blk.ffn_up_gate)?;
+        drop(y);
+        let s = b.timed("situ_glu", || b.situ_glu(&u))?;
+        drop(u);
+        let dn = linear(b, "down", &s, &blk.ffn_down)?;
+        drop(s);
+        match next_norm {
+            Some(w) => {
+                let (x, y) = b.timed("gated_residual + rms_norm_modulate", || {
+                    b.gated_residual_norm_modulate(&x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)
+                })?;
+                Ok((x, Some(y)))
+            }
+            None => Ok((b.timed("gated_residual", || b.gated_residual(&x, &dn, &m.gate_ffn))?, None)),
+        }
     }
+}
+
+/// A bias-free linear, profiled as `linear WHAT MxKxN` (rows x in x out).
+fn linear<B: DitOps>(b: &B, what: &str, x: &B::T, w: &B::T) -> Result<B::T> {
+    if !b.profiling() {
+        return b.linear(x, w, None);
+    }
+    let (xd, wd) = (b.dims(x), b.dims(w));
+    let rows: usize = xd[..xd.len() - 1].iter().product();
+    b.timed(&format!("linear {what} {rows}x{}x{}", wd[1], wd[0]), || b.linear(x, w, None))
 }

@@ -2,6 +2,7 @@
 //! softmax and its weighted sum). The loop's `cfg_euler` is plain f32, as the reference.
 
 use super::{dot, par_rows, Cpu};
+use crate::backend::Backend;
 use crate::backend::ops::DitOps;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
@@ -14,6 +15,16 @@ fn dims3(x: &Tensor, what: &str) -> Result<(usize, usize, usize)> {
 fn rows_of(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     ensure!(x.shape.len() == 2, "{what}: expected [N, D], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1]))
+}
+
+/// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
+fn packed_dims(x: &Tensor, heads: usize, what: &str) -> Result<(usize, usize)> {
+    ensure!(
+        x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
+        "{what}: expected [N, 3·{heads}·hd], got {:?}",
+        x.shape
+    );
+    Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
 fn vec_of(v: &Tensor, d: usize, what: &str) -> Result<()> {
@@ -74,6 +85,68 @@ impl DitOps for Cpu {
             }
         });
         Tensor::new(x.shape.clone(), out)
+    }
+
+    fn qkv_norm_rope(
+        &self,
+        mut qkv: Tensor,
+        heads: usize,
+        wq: &Tensor,
+        wk: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let (n, hd) = packed_dims(&qkv, heads, "qkv_norm_rope")?;
+        ensure!(hd.is_multiple_of(2), "qkv_norm_rope: head dim {hd} must be even");
+        let half = hd / 2;
+        vec_of(wq, hd, "qkv_norm_rope q weight")?;
+        vec_of(wk, hd, "qkv_norm_rope k weight")?;
+        for (name, t) in [("cos", cos), ("sin", sin)] {
+            ensure!(t.shape == [n, half], "qkv_norm_rope: {name} {:?}, expected [{n}, {half}]", t.shape);
+        }
+        let width = 3 * heads * hd;
+        // Row by row, each (part, head) exactly as `qk_norm_rope` does it.
+        par_rows(&mut qkv.data, width, |tok, row| {
+            for (p, w) in [wq, wk].into_iter().enumerate() {
+                for h in 0..heads {
+                    let r = &mut row[(p * heads + h) * hd..][..hd];
+                    let xr: Vec<f32> = r.to_vec();
+                    let inv = 1.0 / (dot(&xr, &xr) / hd as f64 + eps).sqrt();
+                    let y = |i: usize| xr[i] as f64 * inv * w.data[i] as f64;
+                    for m in 0..half {
+                        let (c, s) = (cos.data[tok * half + m] as f64, sin.data[tok * half + m] as f64);
+                        let (a, b) = (y(m), y(m + half));
+                        r[m] = (a * c - b * s) as f32;
+                        r[m + half] = (b * c + a * s) as f32;
+                    }
+                }
+            }
+        });
+        Ok(qkv)
+    }
+
+    fn attention_packed(&self, qkv: &Tensor, heads: usize, scale: f64) -> Result<Tensor> {
+        let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
+        let d = heads * hd;
+        let part = |i: usize| self.narrow(qkv, 1, i * d, d).and_then(|t| self.reshape(&t, &[n, heads, hd]));
+        let o = self.attention(&part(0)?, &part(1)?, &part(2)?, scale)?;
+        self.reshape(&o, &[n, d])
+    }
+
+    fn gated_residual_norm_modulate(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        gate: &Tensor,
+        w: &Tensor,
+        shift: &Tensor,
+        scale: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = self.gated_residual(x, y, gate)?;
+        let n = self.rms_norm_modulate(&x, w, shift, scale, eps)?;
+        Ok((x, n))
     }
 
     /// One query row at a time: its `N` scores (f64), their max, then the exp-weighted sum of
@@ -159,5 +232,41 @@ impl DitOps for Cpu {
             }
         }
         Tensor::new(x.shape.clone(), out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        let mut r = crate::backend::cuda::gates::Rng::new(seed);
+        Tensor::new(shape.to_vec(), r.normals(shape.iter().product(), 1.0)).unwrap()
+    }
+
+    /// The fused ops are the unfused ones, bit for bit, on the CPU.
+    #[test]
+    fn fused_ops_equal_the_unfused_ones() {
+        let (n, heads, hd) = (7, 3, 16);
+        let d = heads * hd;
+        let qkv = randn(&[n, 3 * d], 1);
+        let (wq, wk) = (randn(&[hd], 2), randn(&[hd], 3));
+        let (cos, sin) = (randn(&[n, hd / 2], 4), randn(&[n, hd / 2], 5));
+        let part = |t: &Tensor, i: usize| Cpu.reshape(&Cpu.narrow(t, 1, i * d, d).unwrap(), &[n, heads, hd]).unwrap();
+        let fused = Cpu.qkv_norm_rope(qkv.clone(), heads, &wq, &wk, &cos, &sin, 1e-6).unwrap();
+        assert_eq!(part(&fused, 0).data, Cpu.qk_norm_rope(&part(&qkv, 0), &wq, &cos, &sin, 1e-6).unwrap().data);
+        assert_eq!(part(&fused, 1).data, Cpu.qk_norm_rope(&part(&qkv, 1), &wk, &cos, &sin, 1e-6).unwrap().data);
+        assert_eq!(part(&fused, 2).data, part(&qkv, 2).data);
+        let att = Cpu.attention_packed(&fused, heads, 0.25).unwrap();
+        let want = Cpu.attention(&part(&fused, 0), &part(&fused, 1), &part(&fused, 2), 0.25).unwrap();
+        assert_eq!(att.shape, [n, d]);
+        assert_eq!(att.data, want.data);
+        let (x, y, g) = (randn(&[n, d], 6), randn(&[n, d], 7), randn(&[d], 8));
+        let (w, sh, sc) = (randn(&[d], 9), randn(&[d], 10), randn(&[d], 11));
+        let (x2, y2) = Cpu.gated_residual_norm_modulate(&x, &y, &g, &w, &sh, &sc, 1e-6).unwrap();
+        let want_x = Cpu.gated_residual(&x, &y, &g).unwrap();
+        assert_eq!(x2.data, want_x.data);
+        assert_eq!(y2.data, Cpu.rms_norm_modulate(&want_x, &w, &sh, &sc, 1e-6).unwrap().data);
+        assert!(Cpu.qkv_norm_rope(randn(&[n, 3 * d + 1], 1), heads, &wq, &wk, &cos, &sin, 1e-6).is_err());
     }
 }

@@ -97,6 +97,20 @@ struct Plan {
     lb: sys::cublasLtMatrixLayout_t,
     lc: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// With [`tune`] on: the heuristic's candidates, timed at the first call (then emptied).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+}
+
+/// Heuristic candidates timed per shape when tuning.
+const TUNE_CANDIDATES: i32 = 8;
+
+/// `MOSS_GEMM_TUNE=1`: time the heuristic's first [`TUNE_CANDIDATES`] algorithms on the first
+/// call of each product (one warm-up and three timed runs each, CUDA events) and keep the
+/// fastest, instead of the heuristic's first. Off by default: timing noise can pick different
+/// algorithms in different runs, and so different roundings of the same product.
+pub fn tune() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MOSS_GEMM_TUNE").is_ok_and(|v| v == "1"))
 }
 
 impl Drop for Plan {
@@ -179,7 +193,7 @@ impl Blas {
                     bail!("cuBLASLt: cannot create matrix layouts for {g:?}")
                 }
             };
-            let mut plan = Plan { desc, la, lb, lc, algo: std::mem::zeroed() };
+            let mut plan = Plan { desc, la, lb, lc, algo: std::mem::zeroed(), candidates: vec![] };
             if g.batch > 1 {
                 for (l, stride) in [(la, g.stride_a), (lb, g.stride_b), (lc, g.stride_d)] {
                     lt::set_matrix_layout_attribute(
@@ -218,6 +232,29 @@ impl Blas {
                 std::mem::size_of::<usize>(),
             );
             let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
+            if h.is_ok() && tune() {
+                let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); TUNE_CANDIDATES as usize];
+                let mut count = 0i32;
+                let st = sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    desc,
+                    la,
+                    lb,
+                    lc,
+                    lc,
+                    pref,
+                    TUNE_CANDIDATES,
+                    res.as_mut_ptr(),
+                    &mut count,
+                );
+                if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                    plan.candidates = res[..count.max(0) as usize]
+                        .iter()
+                        .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                        .map(|r| r.algo)
+                        .collect();
+                }
+            }
             let _ = lt::destroy_matmul_pref(pref);
             plan.algo = h.map_err(|e| anyhow!("cuBLASLt has no algorithm for {g:?}: {e:?}"))?.algo;
             Ok(plan)
@@ -239,6 +276,55 @@ impl Blas {
         unsafe {
             if let Some(b) = bias {
                 set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
+            }
+            if p.candidates.len() > 1 {
+                // Tuning: every candidate on these very buffers (d is written again below).
+                let ctx = stream.context();
+                let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"));
+                let mut best = (f32::INFINITY, 0usize);
+                let mut times = vec![];
+                for (i, algo) in p.candidates.iter().enumerate() {
+                    let run = || {
+                        lt::matmul(
+                            self.handle,
+                            p.desc,
+                            &alpha as *const f32 as *const _,
+                            &beta as *const f32 as *const _,
+                            a as *const _,
+                            p.la,
+                            b as *const _,
+                            p.lb,
+                            d as *const _,
+                            p.lc,
+                            d as *mut _,
+                            p.lc,
+                            algo,
+                            self.ws_ptr as *mut _,
+                            self.ws_size,
+                            stream.cu_stream() as sys::cudaStream_t,
+                        )
+                    };
+                    if run().is_err() {
+                        times.push(f32::NAN);
+                        continue;
+                    }
+                    let (e0, e1) = (ev()?, ev()?);
+                    e0.record(stream).map_err(|e| anyhow!("{e:?}"))?;
+                    let ok = (0..3).all(|_| run().is_ok());
+                    e1.record(stream).map_err(|e| anyhow!("{e:?}"))?;
+                    e1.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+                    let ms = if ok { e0.elapsed_ms(&e1).map_err(|e| anyhow!("{e:?}"))? / 3.0 } else { f32::NAN };
+                    times.push(ms);
+                    if ms < best.0 {
+                        best = (ms, i);
+                    }
+                }
+                if best.0.is_finite() {
+                    p.algo = p.candidates[best.1];
+                }
+                let list: Vec<String> = times.iter().map(|t| format!("{t:.4}")).collect();
+                eprintln!("gemm tune m={} n={} k={}: candidate {} of {} [{}] ms", g.m, g.n, g.k, best.1, times.len(), list.join(" "));
+                p.candidates.clear();
             }
             lt::matmul(
                 self.handle,

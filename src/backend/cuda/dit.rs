@@ -19,6 +19,7 @@ use crate::checkpoint::{config::DitConfig, Component};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::DitOps;
+use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::result as dr;
 
@@ -144,6 +145,65 @@ mod tests {
     }
 }
 
+/// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
+fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
+    ensure!(
+        x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
+        "{what}: expected [N, 3·{heads}·hd], got {:?}",
+        x.shape
+    );
+    Ok((x.shape[0], x.shape[1] / (3 * heads)))
+}
+
+// ---- the DiT op profile (`moss bench-dit`) -----------------------------------------------------
+
+/// One timed op: CUDA events around its work on the stream, and the host time of the call.
+struct Timed {
+    op: String,
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+    host_ms: f64,
+}
+
+static DIT_PROFILE: std::sync::Mutex<Option<Vec<Timed>>> = std::sync::Mutex::new(None);
+
+/// Turn the DiT op profile on (a fresh table) or off (dropping what was gathered). While on,
+/// [`DitOps::timed`] brackets each op with CUDA events without synchronising, so the forward
+/// runs as usual and an op's GPU time is between its events.
+pub fn set_dit_profile(on: bool) {
+    *DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()) = if on { Some(Vec::new()) } else { None };
+}
+
+/// One profiled op, summed over its calls.
+pub struct OpTime {
+    pub op: String,
+    /// GPU time between its events.
+    pub gpu_ms: f64,
+    /// Host time of the calls (launching, allocating, host work such as the RoPE table).
+    pub host_ms: f64,
+    pub calls: usize,
+}
+
+/// The ops gathered since [`set_dit_profile`]`(true)`, in first-call order (waits for the last
+/// event); the profile stays on with an empty table.
+pub fn take_dit_profile() -> Result<Vec<OpTime>> {
+    let taken = DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut().map(std::mem::take).unwrap_or_default();
+    let mut out: Vec<OpTime> = vec![];
+    for t in taken {
+        t.end.synchronize().map_err(|e| anyhow!("profile event: {e:?}"))?;
+        let ms = t.start.elapsed_ms(&t.end).map_err(|e| anyhow!("profile event: {e:?}"))? as f64;
+        match out.iter_mut().find(|o| o.op == t.op) {
+            Some(o) => {
+                o.gpu_ms += ms;
+                o.host_ms += t.host_ms;
+                o.calls += 1;
+            }
+            None => out.push(OpTime { op: t.op, gpu_ms: ms, host_ms: t.host_ms, calls: 1 }),
+        }
+    }
+    Ok(out)
+}
+
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [N, heads, dim], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1], x.shape[2]))
@@ -228,6 +288,133 @@ impl Cuda {
             ],
         )?;
         Ok(out)
+    }
+
+    /// [`DitOps::qkv_norm_rope`]; `prefix` `moss_ctl` is the planted kernel (k normed with the q
+    /// weight). Head dims other than 16·2^i (≤ 512) take the unfused kernel on copies of the parts.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qkv_norm_rope_with(
+        &self,
+        qkv: CudaTensor,
+        heads: usize,
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, hd) = packed_dims(&qkv, heads, "qkv_norm_rope")?;
+        ensure!(hd.is_multiple_of(2), "qkv_norm_rope: head dim {hd} must be even");
+        let half = hd / 2;
+        for (name, w) in [("q weight", wq), ("k weight", wk)] {
+            ensure!(w.numel() == hd, "qkv_norm_rope {name}: {:?} for head dim {hd}", w.shape);
+        }
+        for (name, t) in [("cos", cos), ("sin", sin)] {
+            ensure!(t.shape == [n, half], "qkv_norm_rope: {name} {:?}, expected [{n}, {half}]", t.shape);
+        }
+        let d = heads * hd;
+        let tpr = half / 8;
+        if !half.is_multiple_of(8) || !tpr.is_power_of_two() || tpr > 32 {
+            let part = |i: usize| self.narrow_with(&qkv, 1, i * d, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+            let flat = |t: CudaTensor| self.reshape(&t, &[n, d]);
+            let q = flat(self.qk_norm_rope_with(&part(0)?, wq, cos, sin, eps, prefix)?)?;
+            let k = flat(self.qk_norm_rope_with(&part(1)?, wk, cos, sin, eps, prefix)?)?;
+            let v = flat(part(2)?)?;
+            return self.cat(&[&q, &k, &v], 1);
+        }
+        // Written in place; a buffer someone else still reads is copied first.
+        let qkv = if qkv.is_unique() { qkv } else { self.cat_with(&[&qkv], 1, "moss")? };
+        let (vt, v) = self.same_dtype(&[wq, wk, cos, sin])?;
+        let threads = n * 2 * heads * tpr;
+        if threads > 0 {
+            self.launch(
+                &format!("{prefix}_qkv_rope_{}_{}", qkv.dtype.name(), vt.name()),
+                threads.div_ceil(256) as u32,
+                256,
+                0,
+                &[
+                    Arg::P(qkv.ptr()),
+                    Arg::P(v[0].ptr()),
+                    Arg::P(v[1].ptr()),
+                    Arg::P(v[2].ptr()),
+                    Arg::P(v[3].ptr()),
+                    Arg::L(n as i64),
+                    Arg::I(heads as i32),
+                    Arg::I(hd as i32),
+                    Arg::F(eps as f32),
+                ],
+            )?;
+        }
+        Ok(qkv)
+    }
+
+    /// [`DitOps::attention_packed`]: at bf16 with head dim 128 the flash kernel reads q, k, v as
+    /// column slices of the packed rows (row stride 3·D); otherwise the parts are copied out for
+    /// [`DitOps::attention`]. `swap_kv` is the planted control (k and v slices exchanged).
+    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, swap_kv: bool) -> Result<CudaTensor> {
+        let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
+        let d = heads * hd;
+        let (ko, vo) = if swap_kv { (2 * d, d) } else { (d, 2 * d) };
+        if qkv.dtype == DType::BF16 && hd == FLASH_HEAD_DIM {
+            let out = self.alloc(DType::BF16, &[n, d])?;
+            if n > 0 {
+                let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
+                let kernel = self.flash_kernel().name;
+                self.flash_attention_raw(kernel, (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
+            }
+            return Ok(out);
+        }
+        let part = |o: usize| self.narrow_with(qkv, 1, o, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+        let o = self.attention(&part(0)?, &part(ko)?, &part(vo)?, scale)?;
+        self.reshape(&o, &[n, d])
+    }
+
+    /// [`DitOps::gated_residual_norm_modulate`]; `prefix` `moss_ctl` is the planted kernel (the
+    /// norm taken of the old x).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gres_norm_mod_with(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(x.shape.len() == 2, "gated_residual_norm_modulate: expected [N, D], got {:?}", x.shape);
+        ensure!(y.shape == x.shape, "gated_residual_norm_modulate: y {:?} for x {:?}", y.shape, x.shape);
+        let d = x.shape[1];
+        for (n, v) in [("gate", gate), ("weight", w), ("shift", shift), ("scale", scale)] {
+            ensure!(v.numel() == d, "gated_residual_norm_modulate {n}: {:?} for width {d}", v.shape);
+        }
+        let y = self.cast(y, x.dtype)?;
+        let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
+        let xo = self.alloc(x.dtype, &x.shape)?;
+        let no = self.alloc(x.dtype, &x.shape)?;
+        let rows = x.shape[0];
+        self.launch(
+            &format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(xo.ptr()),
+                Arg::P(no.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(y.ptr()),
+                Arg::P(v[0].ptr()),
+                Arg::P(v[1].ptr()),
+                Arg::P(v[2].ptr()),
+                Arg::P(v[3].ptr()),
+                Arg::L(rows as i64),
+                Arg::I(d as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok((xo, no))
     }
 
     pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
@@ -491,6 +678,53 @@ impl DitOps for Cuda {
         } else {
             self.attention_with(q, k, v, scale, "moss")
         }
+    }
+    fn qkv_norm_rope(
+        &self,
+        qkv: CudaTensor,
+        heads: usize,
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        eps: f64,
+    ) -> Result<CudaTensor> {
+        self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss")
+    }
+    fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
+        self.attention_packed_with(qkv, heads, scale, false)
+    }
+    fn gated_residual_norm_modulate(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss")
+    }
+    fn profiling(&self) -> bool {
+        DIT_PROFILE.lock().map(|p| p.is_some()).unwrap_or(false)
+    }
+    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.profiling() {
+            return f();
+        }
+        let (ctx, stream) = (&self.gpu().ctx, &self.gpu().stream);
+        let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("profile event: {e:?}"));
+        let (start, end) = (ev()?, ev()?);
+        start.record(stream).map_err(|e| anyhow!("profile event: {e:?}"))?;
+        let t = std::time::Instant::now();
+        let r = f()?;
+        let host_ms = t.elapsed().as_secs_f64() * 1e3;
+        end.record(stream).map_err(|e| anyhow!("profile event: {e:?}"))?;
+        if let Some(v) = DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            v.push(Timed { op: op.to_string(), start, end, host_ms });
+        }
+        Ok(r)
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.situ_glu_with(x, "moss")

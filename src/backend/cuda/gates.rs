@@ -563,7 +563,7 @@ fn gate_permute(cx: &mut Cx) -> Result<()> {
 // ---- the DiT's fused ops (CPU twins in backend/cpu/dit.rs) ------------------------------------
 
 /// `[rows, d]` normals with per-row scales spread over e^±2, like a residual stream.
-fn stream_rows(cx: &mut Cx, rows: usize, d: usize) -> Result<Tensor> {
+pub(crate) fn stream_rows(cx: &mut Cx, rows: usize, d: usize) -> Result<Tensor> {
     let scales: Vec<f32> = (0..rows).map(|_| (cx.rng.uniform() * 4.0 - 2.0).exp() as f32).collect();
     let mut x = Tensor::new(vec![rows, d], cx.rng.normals(rows * d, 1.0))?;
     for (r, row) in x.data.chunks_mut(d).enumerate() {
@@ -572,7 +572,7 @@ fn stream_rows(cx: &mut Cx, rows: usize, d: usize) -> Result<Tensor> {
     Ok(x)
 }
 
-fn uniform_vec(cx: &mut Cx, d: usize, lo: f64, hi: f64) -> Result<(Tensor, CudaTensor)> {
+pub(crate) fn uniform_vec(cx: &mut Cx, d: usize, lo: f64, hi: f64) -> Result<(Tensor, CudaTensor)> {
     let v: Vec<f32> = (0..d).map(|_| (lo + (hi - lo) * cx.rng.uniform()) as f32).collect();
     cx.exact(Tensor::new(vec![d], v)?, cx.dtype)
 }

@@ -84,6 +84,11 @@ impl CudaTensor {
     pub fn rows(&self) -> usize {
         self.numel() / self.last_dim().max(1)
     }
+    /// Whether no other tensor (a clone or a reshape) shares this one's buffer, so an op that
+    /// takes it by value may write into it.
+    pub(crate) fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
 }
 
 /// The argument struct of `moss_permute_*` (must match `MossPerm` in cuda/tensor.cu).

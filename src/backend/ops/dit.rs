@@ -31,6 +31,54 @@ pub trait DitOps: Backend {
     /// `out[m + hd/2] = y[m + hd/2]·cos[n,m] + y[m]·sin[n,m]`.
     fn qk_norm_rope(&self, x: &Self::T, w: &Self::T, cos: &Self::T, sin: &Self::T, eps: f64) -> Result<Self::T>;
 
+    /// [`DitOps::qk_norm_rope`] on the q and k parts of a packed projection, v passed through.
+    /// `qkv [N, 3·H·hd]` = `[q | k | v]` (heads of `hd` contiguous within each part), `wq`, `wk`
+    /// `[hd]`, `cos`, `sin` `[N, hd/2]` → `[N, 3·H·hd]` where the q part is
+    /// `qk_norm_rope(q, wq, ..)`, the k part `qk_norm_rope(k, wk, ..)` and the v part is `v` as it
+    /// was. Takes `qkv` by value: a backend may (the CUDA one does) write into its buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_norm_rope(
+        &self,
+        qkv: Self::T,
+        heads: usize,
+        wq: &Self::T,
+        wk: &Self::T,
+        cos: &Self::T,
+        sin: &Self::T,
+        eps: f64,
+    ) -> Result<Self::T>;
+
+    /// [`DitOps::attention`] over a packed `[N, 3·H·hd]` projection `[q | k | v]` (as
+    /// [`DitOps::qkv_norm_rope`] leaves it) → `[N, H·hd]`.
+    fn attention_packed(&self, qkv: &Self::T, heads: usize, scale: f64) -> Result<Self::T>;
+
+    /// [`DitOps::gated_residual`] followed by [`DitOps::rms_norm_modulate`] of its result:
+    /// `x' = x + y · gate` (rounded to the dtype of `x`, as the unfused op writes it), then
+    /// `n = rms_norm_modulate(x', w, shift, scale, eps)` → `(x', n)`, both `[N, D]`.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_residual_norm_modulate(
+        &self,
+        x: &Self::T,
+        y: &Self::T,
+        gate: &Self::T,
+        w: &Self::T,
+        shift: &Self::T,
+        scale: &Self::T,
+        eps: f64,
+    ) -> Result<(Self::T, Self::T)>;
+
+    /// Whether [`DitOps::timed`] records anything (so callers build profile keys only then).
+    fn profiling(&self) -> bool {
+        false
+    }
+
+    /// Run `f`, one op of the DiT forward, under the name `op` for the CUDA backend's op
+    /// profile (`moss bench-dit`); elsewhere just `f()`.
+    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let _ = op;
+        f()
+    }
+
     /// Bidirectional softmax attention, no mask, flash style (no `[N, N]` matrix needs to exist).
     /// `q`, `k`, `v` `[N, H, hd]` → `[N, H, hd]`:
     /// `out[n, h] = Σ_j softmax_j(scale · q[n,h]·k[j,h]) · v[j,h]`.
