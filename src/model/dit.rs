@@ -9,6 +9,7 @@ use crate::backend::ops::DitOps;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use std::sync::Mutex;
 
 /// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table, in one place.
 ///
@@ -147,7 +148,13 @@ pub struct Dit<B: DitOps> {
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
+    /// RoPE tables of the joint stream by `(h, w, text_len)`, built on the host once and reused by
+    /// every step (cond and uncond differ in `text_len`); the most recent [`ROPE_CACHE`] kept.
+    rope_cache: Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
 }
+
+/// How many joint-stream RoPE tables a [`Dit`] keeps (a guided step needs two).
+const ROPE_CACHE: usize = 4;
 
 impl<B: DitOps> Dit<B> {
     pub fn load(b: &B, c: &Component, cfg: &DitConfig) -> Result<Self> {
@@ -197,6 +204,7 @@ impl<B: DitOps> Dit<B> {
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
+            rope_cache: Mutex::new(Vec::new()),
         })
     }
 
@@ -208,6 +216,25 @@ impl<B: DitOps> Dit<B> {
     fn rope(&self, b: &B, pos: &[[f32; rope::AXES]]) -> Result<(B::T, B::T)> {
         let (cos, sin) = rope::table(pos, self.cfg.rope_base, self.cfg.head_dim() / 2);
         Ok((b.upload(&cos)?, b.upload(&sin)?))
+    }
+
+    /// The joint stream's RoPE table for an `h×w` grid and `text_len` text tokens, from the cache
+    /// (computing 2·N·hd/2 sines and cosines on the host every forward left the GPU idle).
+    fn joint_rope(&self, b: &B, h: usize, w: usize, text_len: usize) -> Result<(B::T, B::T)> {
+        let key = (h, w, text_len);
+        let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            let hit = cache.remove(i);
+            let t = hit.1.clone();
+            cache.push(hit);
+            return Ok(t);
+        }
+        let t = self.rope(b, &rope::joint_positions(h, w, text_len))?;
+        if cache.len() == ROPE_CACHE {
+            cache.remove(0);
+        }
+        cache.push((key, t.clone()));
+        Ok(t)
     }
 
     /// `[N, D]` → `[N, H, hd]`
@@ -286,7 +313,7 @@ impl<B: DitOps> Dit<B> {
         let (c, h, w) = (dims[1], dims[2], dims[3]);
         let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
         let m = self.modulation(b, t)?;
-        let (cos, sin) = self.rope(b, &rope::joint_positions(h, w, text.len))?;
+        let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
         let mut xs = b.cat(&[&img, &text.tokens], 0)?;
         for (i, blk) in self.layers.iter().enumerate() {
             if !skip.contains(&i) {
