@@ -9,6 +9,7 @@ use crate::backend::ops::DitOps;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use std::sync::Mutex;
 
 /// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table, in one place.
 ///
@@ -162,12 +163,12 @@ pub struct Dit<B: DitOps> {
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
-    /// The joint RoPE tables of the last few `(h, w, L)` (the cond and uncond passes of a loop
-    /// alternate between two), so a forward does not rebuild and upload them.
-    rope_cache: std::sync::Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
+    /// RoPE tables of the joint stream by `(h, w, text_len)`, built on the host once and reused by
+    /// every step (cond and uncond differ in `text_len`); the most recent [`ROPE_CACHE`] kept.
+    rope_cache: Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
 }
 
-/// Joint RoPE tables kept by [`Dit`] (cond and uncond, with room for a second size).
+/// How many joint-stream RoPE tables a [`Dit`] keeps (a guided step needs two).
 const ROPE_CACHE: usize = 4;
 
 impl<B: DitOps> Dit<B> {
@@ -219,7 +220,7 @@ impl<B: DitOps> Dit<B> {
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
-            rope_cache: std::sync::Mutex::new(Vec::new()),
+            rope_cache: Mutex::new(Vec::new()),
         })
     }
 
@@ -233,15 +234,19 @@ impl<B: DitOps> Dit<B> {
         Ok((b.upload(&cos)?, b.upload(&sin)?))
     }
 
-    /// The joint stream's RoPE table for an `h×w` grid and `len` text tokens, from the cache.
-    fn joint_rope(&self, b: &B, h: usize, w: usize, len: usize) -> Result<(B::T, B::T)> {
-        let key = (h, w, len);
+    /// The joint stream's RoPE table for an `h×w` grid and `text_len` text tokens, from the cache
+    /// (computing 2·N·hd/2 sines and cosines on the host every forward left the GPU idle).
+    fn joint_rope(&self, b: &B, h: usize, w: usize, text_len: usize) -> Result<(B::T, B::T)> {
+        let key = (h, w, text_len);
         let mut cache = self.rope_cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, t)) = cache.iter().find(|(k, _)| *k == key) {
-            return Ok(t.clone());
+        if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            let hit = cache.remove(i);
+            let t = hit.1.clone();
+            cache.push(hit);
+            return Ok(t);
         }
-        let t = b.timed("rope table (host + upload)", || self.rope(b, &rope::joint_positions(h, w, len)))?;
-        if cache.len() >= ROPE_CACHE {
+        let t = b.timed("rope table (host + upload)", || self.rope(b, &rope::joint_positions(h, w, text_len)))?;
+        if cache.len() == ROPE_CACHE {
             cache.remove(0);
         }
         cache.push((key, t.clone()));
