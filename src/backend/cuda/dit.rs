@@ -145,6 +145,12 @@ mod tests {
     }
 }
 
+/// Whether bf16 SiTU-GLU takes the fast form (the default; `MOSS_SITU=precise` says no).
+pub fn situ_fast() -> bool {
+    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAST.get_or_init(|| std::env::var("MOSS_SITU").map_or(true, |v| v != "precise"))
+}
+
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
     ensure!(
@@ -417,7 +423,14 @@ impl Cuda {
         Ok((xo, no))
     }
 
+    /// [`DitOps::situ_glu`] with the kernel this build and `MOSS_SITU` pick: at bf16 the fast
+    /// form (`moss_situ_fast_bf16`, see cuda/dit.cu) unless `MOSS_SITU=precise`.
     pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        self.situ_glu_kernel(x, prefix, situ_fast())
+    }
+
+    /// `fast` picks the bf16 kernel's fast form (fp32 has only the libm one).
+    pub(crate) fn situ_glu_kernel(&self, x: &CudaTensor, prefix: &str, fast: bool) -> Result<CudaTensor> {
         let two_f = x.last_dim();
         ensure!(two_f.is_multiple_of(2), "situ_glu: last dim {two_f} is not [up | gate]");
         let f = two_f / 2;
@@ -426,8 +439,9 @@ impl Cuda {
         let out = self.alloc(x.dtype, &shape)?;
         let rows = x.rows();
         let work = if f.is_multiple_of(8) { rows * f / 8 } else { rows * f };
+        let form = if fast && x.dtype == DType::BF16 { "situ_fast" } else { "situ" };
         self.launch(
-            &format!("{prefix}_situ_{}", x.dtype.name()),
+            &format!("{prefix}_{form}_{}", x.dtype.name()),
             self.grid_for(work),
             256,
             0,

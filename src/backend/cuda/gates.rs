@@ -687,10 +687,14 @@ fn gate_situ(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.situ_glu(&x)?;
     let s = shape_str(&[&shape]);
     let bound = cx.out_bound(F32_TRANSCENDENTAL);
-    let out = cx.cuda.situ_glu_with(&gx, "moss");
-    cx.judge("situ_glu", &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.situ_glu_with(&gx, "moss_ctl");
-    cx.judge("situ_glu, up and gate swapped", &s, Kind::Control, bound, "", out, &want, None);
+    // bf16 has two forms (the fast one is the default, `MOSS_SITU=precise` the libm one); fp32 one.
+    let forms: &[(bool, &str)] = if cx.dtype == DType::BF16 { &[(true, " (fast form)"), (false, " (libm form)")] } else { &[(false, "")] };
+    for &(fast, what) in forms {
+        let out = cx.cuda.situ_glu_kernel(&gx, "moss", fast);
+        cx.judge(&format!("situ_glu{what}"), &s, Kind::Gate, bound, "", out, &want, None);
+        let out = cx.cuda.situ_glu_kernel(&gx, "moss_ctl", fast);
+        cx.judge(&format!("situ_glu{what}, up and gate swapped"), &s, Kind::Control, bound, "", out, &want, None);
+    }
     Ok(())
 }
 
