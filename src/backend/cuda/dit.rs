@@ -39,6 +39,8 @@ pub struct FlashKernel {
     pub threads: u32,
     pub smem: u32,
     pub sm90a: bool,
+    /// q/k/v are passed as TMA tensor maps ([`flash_tensor_map`]) instead of pointers and strides.
+    pub tma: bool,
 }
 
 /// The flash kernels, fastest first. `wgmma` (`cuda/sm90a/attention_wgmma.cu`): Hopper
@@ -46,7 +48,10 @@ pub struct FlashKernel {
 /// Q Kᵀ issued with this step's P V; `wgmma_serial`: the same without that overlap. `v2`/`v1`
 /// (`cuda/attention.cu`, every GPU): mma.sync, 64 rows per block; `v2` keeps the Q tile in the
 /// second K buffer (64 KiB of shared memory instead of 80: three blocks an SM instead of two).
-pub const FLASH_KERNELS: [FlashKernel; 4] = [
+/// `ws` / `ws_nopp` (`cuda/sm90a/attention_ws.cu`): warp-specialised, a TMA producer warp feeding
+/// mbarrier rings and two consumer warpgroups that take turns on the tensor cores (`ws`) or not
+/// (`ws_nopp`); opt-in until measured faster on the H200.
+pub const FLASH_KERNELS: [FlashKernel; 6] = [
     FlashKernel {
         key: "wgmma",
         name: "moss_attn_d128_bf16_wgmma",
@@ -55,6 +60,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 256,
         smem: 230400,
         sm90a: true,
+        tma: false,
     },
     FlashKernel {
         key: "wgmma_serial",
@@ -64,6 +70,27 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 256,
         smem: 230400,
         sm90a: true,
+        tma: false,
+    },
+    FlashKernel {
+        key: "ws",
+        name: "moss_attn_d128_bf16_ws",
+        control: "moss_attn_d128_bf16_ws_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
+    },
+    FlashKernel {
+        key: "ws_nopp",
+        name: "moss_attn_d128_bf16_ws_nopp",
+        control: "moss_attn_d128_bf16_ws_nopp_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
     },
     FlashKernel {
         key: "v2",
@@ -73,6 +100,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 128,
         smem: 64 * 1024,
         sm90a: false,
+        tma: false,
     },
     FlashKernel {
         key: "v1",
@@ -82,6 +110,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 128,
         smem: 80 * 1024,
         sm90a: false,
+        tma: false,
     },
 ];
 pub const FLASH_HEAD_DIM: usize = 128;
@@ -109,11 +138,46 @@ mod flash_pick_tests {
         assert_eq!(pick_flash(None, false).key, "v2");
         assert_eq!(pick_flash(Some("v1"), true).key, "v1");
         assert_eq!(pick_flash(Some("wgmma_serial"), true).key, "wgmma_serial");
+        assert_eq!(pick_flash(Some("ws"), true).key, "ws");
+        assert_eq!(pick_flash(Some("ws_nopp"), false).key, "v2");
+        assert!(flash_spec("moss_attn_d128_bf16_ws_control").unwrap().tma);
         assert_eq!(pick_flash(Some("wgmma"), false).key, "v2"); // not on this GPU: the fastest there
         assert_eq!(pick_flash(Some("nonsense"), true).key, "wgmma");
         assert_eq!(flash_spec("moss_attn_d128_bf16_wgmma_control").unwrap().rows, 128);
         assert!(flash_spec("moss_attn_d128_bf16_v3").is_none());
     }
+}
+
+/// The TMA tensor map of a `tma` flash kernel's q, k or v: bf16 columns `[0, cols)` of `n` rows at
+/// device address `ptr`, row stride `ld` elements; boxes of 64 columns x 128 rows with the 128-byte
+/// swizzle (the wgmma layout), zero fill past the last row.
+pub fn flash_tensor_map(ptr: u64, n: usize, cols: usize, ld: usize) -> Result<cudarc::driver::sys::CUtensorMap> {
+    use cudarc::driver::sys;
+    ensure!(ptr % 16 == 0 && ld % 8 == 0 && cols <= ld, "flash tensor map: address / stride {ld} / {cols} columns");
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims: [u64; 2] = [cols as u64, n as u64];
+    let strides: [u64; 1] = [ld as u64 * 2];
+    let boxes: [u32; 2] = [64, 128];
+    let elem: [u32; 2] = [1, 1];
+    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
+    Ok(map)
 }
 
 /// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.
@@ -376,9 +440,20 @@ impl Cuda {
         let spec = flash_spec(kernel).ok_or_else(|| anyhow!("no flash kernel `{kernel}`"))?;
         ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
+        let grid = (n.div_ceil(spec.rows) as u32, heads as u32);
+        if spec.tma {
+            let map = |(p, ld): (u64, usize)| flash_tensor_map(p, n, heads * FLASH_HEAD_DIM, ld).map(|m| Arg::Map(Box::new(m)));
+            return self.launch_2d(
+                kernel,
+                grid,
+                spec.threads,
+                spec.smem,
+                &[map(q)?, map(k)?, map(v)?, Arg::P(o.0), Arg::I(n as i32), Arg::I(o.1 as i32), Arg::F(scale_log2)],
+            );
+        }
         self.launch_2d(
             kernel,
-            (n.div_ceil(spec.rows) as u32, heads as u32),
+            grid,
             spec.threads,
             spec.smem,
             &[
