@@ -62,12 +62,12 @@ for name, (m, rows, thr, smem) in SPEC.items():
 
 
 class TMap:
-    """A CUtensorMap (128 bytes, 64-byte aligned) over the bf16 columns [0, cols) of n rows at ptr, row
+    """A CUtensorMap (128 bytes, 128-byte aligned) over the bf16 columns [0, cols) of n rows at ptr, row
     stride ld elements: box {64 columns, 128 rows}, 128-byte swizzle, zero fill past the edges."""
 
     def __init__(self, ptr, n, cols, ld):
-        self.buf = ctypes.create_string_buffer(128 + 64)
-        self.addr = (ctypes.addressof(self.buf) + 63) & ~63
+        self.buf = ctypes.create_string_buffer(128 + 128)
+        self.addr = (ctypes.addressof(self.buf) + 127) & ~127
         dims = (ctypes.c_uint64 * 2)(cols, n)
         strides = (ctypes.c_uint64 * 1)(ld * 2)
         box = (ctypes.c_uint32 * 2)(64, 128)
