@@ -13,6 +13,8 @@
 //   same step as attention_wgmma.cu's overlapped kernel).
 // - PINGPONG: the two consumers take turns issuing their GEMMs (named barriers 1 and 2, 256 threads)
 //   so that one warpgroup's softmax runs while the other's GEMMs are on the tensor cores.
+//   Measured on the H200 (bench/notes-attn3.md), N = 4224: 0.366 ms with ping-pong, 0.331 ms
+//   without (free-running consumers desynchronise by themselves); `_ws_nopp` is the default.
 //
 // Arguments: three CUtensorMaps (q, k, v: 2-D bf16 {heads*128 columns, n rows}, row stride = the
 // tensor's row stride in bytes, box {64, 128}, SWIZZLE_128B, made on the host by

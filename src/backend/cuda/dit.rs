@@ -5,7 +5,7 @@
 //! they are cast to f32 first.
 //!
 //! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel (online softmax, no score
-//! matrix): `cuda/sm90a/attention_wgmma.cu` (wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
+//! matrix): `cuda/sm90a/attention_ws.cu` (warp-specialised TMA + wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
 //! elsewhere; see [`FLASH_KERNELS`]. Otherwise (fp32, other head dims) it is
 //! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
 //! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
@@ -48,10 +48,31 @@ pub struct FlashKernel {
 /// Q Kᵀ issued with this step's P V; `wgmma_serial`: the same without that overlap. `v2`/`v1`
 /// (`cuda/attention.cu`, every GPU): mma.sync, 64 rows per block; `v2` keeps the Q tile in the
 /// second K buffer (64 KiB of shared memory instead of 80: three blocks an SM instead of two).
-/// `ws` / `ws_nopp` (`cuda/sm90a/attention_ws.cu`): warp-specialised, a TMA producer warp feeding
-/// mbarrier rings and two consumer warpgroups that take turns on the tensor cores (`ws`) or not
-/// (`ws_nopp`); opt-in until measured faster on the H200.
+/// `ws_nopp` / `ws` (`cuda/sm90a/attention_ws.cu`, the default on Hopper): warp-specialised, a
+/// TMA producer warp feeding mbarrier rings and two consumer warpgroups that run free (`ws_nopp`)
+/// or take turns on the tensor cores (`ws`). Measured on the H200 at N = 4224 (bench/notes-attn3.md):
+/// ws_nopp 0.331 ms, ws 0.366, wgmma 0.553, wgmma_serial 0.540, v2 0.876 (torch SDPA 0.340).
 pub const FLASH_KERNELS: [FlashKernel; 6] = [
+    FlashKernel {
+        key: "ws_nopp",
+        name: "moss_attn_d128_bf16_ws_nopp",
+        control: "moss_attn_d128_bf16_ws_nopp_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
+    },
+    FlashKernel {
+        key: "ws",
+        name: "moss_attn_d128_bf16_ws",
+        control: "moss_attn_d128_bf16_ws_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
+    },
     FlashKernel {
         key: "wgmma",
         name: "moss_attn_d128_bf16_wgmma",
@@ -71,26 +92,6 @@ pub const FLASH_KERNELS: [FlashKernel; 6] = [
         smem: 230400,
         sm90a: true,
         tma: false,
-    },
-    FlashKernel {
-        key: "ws",
-        name: "moss_attn_d128_bf16_ws",
-        control: "moss_attn_d128_bf16_ws_control",
-        rows: 128,
-        threads: 384,
-        smem: 230528,
-        sm90a: true,
-        tma: true,
-    },
-    FlashKernel {
-        key: "ws_nopp",
-        name: "moss_attn_d128_bf16_ws_nopp",
-        control: "moss_attn_d128_bf16_ws_nopp_control",
-        rows: 128,
-        threads: 384,
-        smem: 230528,
-        sm90a: true,
-        tma: true,
     },
     FlashKernel {
         key: "v2",
@@ -120,7 +121,7 @@ pub fn flash_spec(name: &str) -> Option<&'static FlashKernel> {
     FLASH_KERNELS.iter().find(|k| k.name == name || k.control == name)
 }
 
-/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`wgmma`, `wgmma_serial`, `v2`, `v1`)
+/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`ws_nopp`, `ws`, `wgmma`, `wgmma_serial`, `v2`, `v1`)
 /// among the kernels this device has (`sm90a`: Hopper-only kernels loaded): that one when it is
 /// there, else the fastest there.
 pub fn pick_flash(env: Option<&str>, sm90a: bool) -> &'static FlashKernel {
@@ -134,7 +135,7 @@ mod flash_pick_tests {
     use super::*;
     #[test]
     fn picks_fastest_available_and_honours_env() {
-        assert_eq!(pick_flash(None, true).key, "wgmma");
+        assert_eq!(pick_flash(None, true).key, "ws_nopp");
         assert_eq!(pick_flash(None, false).key, "v2");
         assert_eq!(pick_flash(Some("v1"), true).key, "v1");
         assert_eq!(pick_flash(Some("wgmma_serial"), true).key, "wgmma_serial");
@@ -142,7 +143,8 @@ mod flash_pick_tests {
         assert_eq!(pick_flash(Some("ws_nopp"), false).key, "v2");
         assert!(flash_spec("moss_attn_d128_bf16_ws_control").unwrap().tma);
         assert_eq!(pick_flash(Some("wgmma"), false).key, "v2"); // not on this GPU: the fastest there
-        assert_eq!(pick_flash(Some("nonsense"), true).key, "wgmma");
+        assert_eq!(pick_flash(Some("nonsense"), true).key, "ws_nopp");
+        assert_eq!(pick_flash(Some("wgmma"), true).key, "wgmma");
         assert_eq!(flash_spec("moss_attn_d128_bf16_wgmma_control").unwrap().rows, 128);
         assert!(flash_spec("moss_attn_d128_bf16_v3").is_none());
     }
@@ -558,7 +560,7 @@ impl DitOps for Cuda {
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
     }
-    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the wgmma one on Hopper);
+    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         if flash_applies(q, k, v) {

@@ -26,7 +26,7 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
     }
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
     if !cx.cuda.has_sm90a() {
-        println!("  dit flash attention: no sm_90a kernels on this GPU/build; the wgmma kernels are not gated (not used either)");
+        println!("  dit flash attention: no sm_90a kernels on this GPU/build; the sm_90a (wgmma, ws) kernels are not gated (not used either)");
     }
     for n in [TOKENS, IMG + 12] {
         let shape = [n, HEADS, HEAD_DIM];
