@@ -17,6 +17,7 @@
 //
 // OVERLAP: the next step's S = Q K^T and this step's O += P V are issued together; the next
 // step's exponentials run while the tensor cores do P V (one S and one P set in flight).
+#pragma once  // also #included by attention_ws.cu (its helpers)
 #include "../common.cuh"
 
 namespace moss_wg {

@@ -5,7 +5,7 @@
 //! they are cast to f32 first.
 //!
 //! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel (online softmax, no score
-//! matrix): `cuda/sm90a/attention_wgmma.cu` (wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
+//! matrix): `cuda/sm90a/attention_ws.cu` (warp-specialised TMA + wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
 //! elsewhere; see [`FLASH_KERNELS`]. Otherwise (fp32, other head dims) it is
 //! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
 //! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
@@ -40,6 +40,8 @@ pub struct FlashKernel {
     pub threads: u32,
     pub smem: u32,
     pub sm90a: bool,
+    /// q/k/v are passed as TMA tensor maps ([`flash_tensor_map`]) instead of pointers and strides.
+    pub tma: bool,
 }
 
 /// The flash kernels, fastest first. `wgmma` (`cuda/sm90a/attention_wgmma.cu`): Hopper
@@ -47,7 +49,31 @@ pub struct FlashKernel {
 /// Q Kᵀ issued with this step's P V; `wgmma_serial`: the same without that overlap. `v2`/`v1`
 /// (`cuda/attention.cu`, every GPU): mma.sync, 64 rows per block; `v2` keeps the Q tile in the
 /// second K buffer (64 KiB of shared memory instead of 80: three blocks an SM instead of two).
-pub const FLASH_KERNELS: [FlashKernel; 4] = [
+/// `ws_nopp` / `ws` (`cuda/sm90a/attention_ws.cu`, the default on Hopper): warp-specialised, a
+/// TMA producer warp feeding mbarrier rings and two consumer warpgroups that run free (`ws_nopp`)
+/// or take turns on the tensor cores (`ws`). Measured on the H200 at N = 4224 (bench/notes-attn3.md):
+/// ws_nopp 0.331 ms, ws 0.366, wgmma 0.553, wgmma_serial 0.540, v2 0.876 (torch SDPA 0.340).
+pub const FLASH_KERNELS: [FlashKernel; 6] = [
+    FlashKernel {
+        key: "ws_nopp",
+        name: "moss_attn_d128_bf16_ws_nopp",
+        control: "moss_attn_d128_bf16_ws_nopp_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
+    },
+    FlashKernel {
+        key: "ws",
+        name: "moss_attn_d128_bf16_ws",
+        control: "moss_attn_d128_bf16_ws_control",
+        rows: 128,
+        threads: 384,
+        smem: 230528,
+        sm90a: true,
+        tma: true,
+    },
     FlashKernel {
         key: "wgmma",
         name: "moss_attn_d128_bf16_wgmma",
@@ -56,6 +82,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 256,
         smem: 230400,
         sm90a: true,
+        tma: false,
     },
     FlashKernel {
         key: "wgmma_serial",
@@ -65,6 +92,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 256,
         smem: 230400,
         sm90a: true,
+        tma: false,
     },
     FlashKernel {
         key: "v2",
@@ -74,6 +102,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 128,
         smem: 64 * 1024,
         sm90a: false,
+        tma: false,
     },
     FlashKernel {
         key: "v1",
@@ -83,6 +112,7 @@ pub const FLASH_KERNELS: [FlashKernel; 4] = [
         threads: 128,
         smem: 80 * 1024,
         sm90a: false,
+        tma: false,
     },
 ];
 pub const FLASH_HEAD_DIM: usize = 128;
@@ -92,7 +122,7 @@ pub fn flash_spec(name: &str) -> Option<&'static FlashKernel> {
     FLASH_KERNELS.iter().find(|k| k.name == name || k.control == name)
 }
 
-/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`wgmma`, `wgmma_serial`, `v2`, `v1`)
+/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`ws_nopp`, `ws`, `wgmma`, `wgmma_serial`, `v2`, `v1`)
 /// among the kernels this device has (`sm90a`: Hopper-only kernels loaded): that one when it is
 /// there, else the fastest there.
 pub fn pick_flash(env: Option<&str>, sm90a: bool) -> &'static FlashKernel {
@@ -106,15 +136,51 @@ mod flash_pick_tests {
     use super::*;
     #[test]
     fn picks_fastest_available_and_honours_env() {
-        assert_eq!(pick_flash(None, true).key, "wgmma");
+        assert_eq!(pick_flash(None, true).key, "ws_nopp");
         assert_eq!(pick_flash(None, false).key, "v2");
         assert_eq!(pick_flash(Some("v1"), true).key, "v1");
         assert_eq!(pick_flash(Some("wgmma_serial"), true).key, "wgmma_serial");
+        assert_eq!(pick_flash(Some("ws"), true).key, "ws");
+        assert_eq!(pick_flash(Some("ws_nopp"), false).key, "v2");
+        assert!(flash_spec("moss_attn_d128_bf16_ws_control").unwrap().tma);
         assert_eq!(pick_flash(Some("wgmma"), false).key, "v2"); // not on this GPU: the fastest there
-        assert_eq!(pick_flash(Some("nonsense"), true).key, "wgmma");
+        assert_eq!(pick_flash(Some("nonsense"), true).key, "ws_nopp");
+        assert_eq!(pick_flash(Some("wgmma"), true).key, "wgmma");
         assert_eq!(flash_spec("moss_attn_d128_bf16_wgmma_control").unwrap().rows, 128);
         assert!(flash_spec("moss_attn_d128_bf16_v3").is_none());
     }
+}
+
+/// The TMA tensor map of a `tma` flash kernel's q, k or v: bf16 columns `[0, cols)` of `n` rows at
+/// device address `ptr`, row stride `ld` elements; boxes of 64 columns x 128 rows with the 128-byte
+/// swizzle (the wgmma layout), zero fill past the last row.
+pub fn flash_tensor_map(ptr: u64, n: usize, cols: usize, ld: usize) -> Result<cudarc::driver::sys::CUtensorMap> {
+    use cudarc::driver::sys;
+    ensure!(ptr % 16 == 0 && ld % 8 == 0 && cols <= ld, "flash tensor map: address / stride {ld} / {cols} columns");
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims: [u64; 2] = [cols as u64, n as u64];
+    let strides: [u64; 1] = [ld as u64 * 2];
+    let boxes: [u32; 2] = [64, 128];
+    let elem: [u32; 2] = [1, 1];
+    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
+    Ok(map)
 }
 
 /// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.
@@ -577,9 +643,20 @@ impl Cuda {
         let spec = flash_spec(kernel).ok_or_else(|| anyhow!("no flash kernel `{kernel}`"))?;
         ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
+        let grid = (n.div_ceil(spec.rows) as u32, heads as u32);
+        if spec.tma {
+            let map = |(p, ld): (u64, usize)| flash_tensor_map(p, n, heads * FLASH_HEAD_DIM, ld).map(|m| Arg::Map(Box::new(m)));
+            return self.launch_2d(
+                kernel,
+                grid,
+                spec.threads,
+                spec.smem,
+                &[map(q)?, map(k)?, map(v)?, Arg::P(o.0), Arg::I(n as i32), Arg::I(o.1 as i32), Arg::F(scale_log2)],
+            );
+        }
         self.launch_2d(
             kernel,
-            (n.div_ceil(spec.rows) as u32, heads as u32),
+            grid,
             spec.threads,
             spec.smem,
             &[
@@ -684,7 +761,7 @@ impl DitOps for Cuda {
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
     }
-    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the wgmma one on Hopper);
+    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         if flash_applies(q, k, v) {

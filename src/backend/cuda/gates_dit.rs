@@ -1,6 +1,6 @@
 //! Gates of the DiT's flash attention kernels ([`FLASH_KERNELS`]: `moss_attn_d128_bf16` and its
 //! `_v2` in `cuda/attention.cu`; on compute capability 9.0 also the wgmma kernels of
-//! `cuda/sm90a/attention_wgmma.cu`, which other GPUs do not have and do not gate), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
+//! `cuda/sm90a/attention_wgmma.cu` and the warp-specialised TMA ones of `cuda/sm90a/attention_ws.cu`, which other GPUs do not have and do not gate), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
 //! `gates::run_all` next to the table of `gates.rs`.
 //!
 //! Rows, for each kernel (bf16 only: at fp32 the op takes the cuBLASLt path, gated in
@@ -123,7 +123,7 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
     }
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
     if !cx.cuda.has_sm90a() {
-        println!("  dit flash attention: no sm_90a kernels on this GPU/build; the wgmma kernels are not gated (not used either)");
+        println!("  dit flash attention: no sm_90a kernels on this GPU/build; the sm_90a (wgmma, ws) kernels are not gated (not used either)");
     }
     for n in [TOKENS, IMG + 12] {
         let shape = [n, HEADS, HEAD_DIM];

@@ -108,6 +108,8 @@ pub enum Arg {
     I(i32),
     F(f32),
     Perm(PermArgs),
+    /// A TMA tensor map passed by value (a kernel's `const __grid_constant__ CUtensorMap`).
+    Map(Box<sys::CUtensorMap>),
 }
 
 /// Host staging for `load`: two pinned chunks, filled and copied alternately.
@@ -307,6 +309,7 @@ impl Cuda {
                 Arg::I(v) => v as *const i32 as *mut c_void,
                 Arg::F(v) => v as *const f32 as *mut c_void,
                 Arg::Perm(v) => v as *const PermArgs as *mut c_void,
+                Arg::Map(v) => &**v as *const sys::CUtensorMap as *mut c_void,
             })
             .collect();
         let s = &self.inner.gpu.stream;
