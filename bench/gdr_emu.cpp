@@ -1,7 +1,9 @@
 // Host emulation of cuda/gdr.cu (the chunk-parallel gated delta rule): the kernel bodies compiled as
 // C++ with one std::thread per CUDA thread (barriers for __syncthreads and warp shuffles,
 // synchronous cp.async), checked against the plain per-token recurrence in double, for index and
-// synchronisation bugs before a device run. f32 only.
+// synchronisation bugs before a device run. f32 data; the SIMT kernels and the TF32 tensor-core
+// kernels of gdr_tc.cuh (mma.sync emulated from the PTX fragment layout, with cvt.rna rounding),
+// contiguous and strided (conv-output) q, k, v.
 //   g++ -O2 -std=c++20 -pthread -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu
 #include <algorithm>
 #include <barrier>
