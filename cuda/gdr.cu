@@ -18,6 +18,9 @@
 // Scratch (fp32, blk = c·Hv + h): Kd, Wk, U0, U [blk][64][128]; S [blk][128][128];
 // Wqk [blk][64][64]; gam [blk][64].
 // BUG 1 (moss_ctl_enc_gdr_out_*): the state read (e^{γ} ⊙ Q) S0 forgets its decay e^{γ}.
+// q, k, v are read with row strides (rqk, rv), so they may be column slices of the conv output.
+// The bf16 path runs every product on tensor cores (TF32, gdr_tc.cuh: prep_impl<T, true>,
+// gdr_seq_tc, gdr_out_tc); the fp32 path and MOSS_GDR=simt the SIMT code below.
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the bodies as host code (one std::thread per thread)
 #include "elem.cuh"
 #include "mma.cuh"
@@ -48,14 +51,14 @@ constexpr int SQ_UL = SQ_CB + 4;
 constexpr int OC = 64;        // gdr_out: value columns per block
 constexpr int OL = OC + 4;
 
-// Rows c0..c0+63 of head kh of x [L, Hk, dk], L2-normalised (rsqrt(Σx² + 1e-6)), times scale and
+// Rows c0..c0+63 of head kh of x (token t's head kh at x[t·rs + kh·dk ..]), L2-normalised (rsqrt(Σx² + 1e-6)), times scale and
 // rowscale[i] (if given), zero-padded to GD columns and 64 rows, into dst[64][stride]. Warp per row.
 template <typename T>
-__device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, int c0, int n, int Hk, int kh, int dk,
+__device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, long rs, int c0, int n, int kh, int dk,
                                           float scale, const float* rowscale) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int i = warp; i < GC; i += GT / 32) {
-        long off = ((long)(c0 + i) * Hk + kh) * dk;
+        long off = (long)(c0 + i) * rs + (long)kh * dk;
         float v[GD / 32];
         float ss = 0.f;
 #pragma unroll
@@ -71,10 +74,15 @@ __device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, in
     }
 }
 
+}  // namespace moss_gdr
+#include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
+namespace moss_gdr {
+
 // ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
-template <typename T>
+template <typename T, bool TC>
 __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
-                          const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv) {
+                          const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
+                          long rqk, long rv) {
     GDR_SMEM(gdr_sm);
     float* Ks = gdr_sm;          // GC x PKS
     float* Qs = Ks + GC * PKS;   // GC x PKS
@@ -112,11 +120,13 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
         dl[tid] = expf(gs[GC - 1] - gs[tid]);
         gamo[blk * GC + tid] = gs[tid];
     }
-    load_norm(Ks, PKS, k, c0, n, Hk, kh, dk, 1.f, nullptr);
-    load_norm(Qs, PKS, q, c0, n, Hk, kh, dk, rsqrtf((float)dk), nullptr);
+    load_norm(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
+    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
+    if constexpr (TC) {
+        prep_scores_tc(At, Wqk + blk * GC * GC, Ks, Qs, gs, bs);
+    } else {
     // K Kᵀ and Q Kᵀ: thread (ry, cx) owns rows 4ry..4ry+3, columns cx + 16m.
-    {
         const int ry = tid >> 4, cx = tid & 15;
         float kk[4][4], qk[4][4];
 #pragma unroll
@@ -166,7 +176,7 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
         const bool live = tid < dv;
 #pragma unroll
         for (int i = 0; i < GC; i++)
-            x[i] = (live && i < n) ? bs[i] * ld(v, ((long)(c0 + i) * Hv + h) * dv + tid) : 0.f;
+            x[i] = (live && i < n) ? bs[i] * ld(v, (long)(c0 + i) * rv + (long)h * dv + tid) : 0.f;
     } else {
 #pragma unroll
         for (int i = 0; i < GC; i++) x[i] = bs[i] * es[i] * Ks[i * PKS + tid - GD];
@@ -297,7 +307,7 @@ __device__ void seq_impl(float* Sall, float* Uall, const float* Wk, const float*
 // ---- gdr_out: one block per (chunk, value head) x 64 value columns -----------------------------
 template <typename T, int BUG>
 __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk, const float* gam,
-                         int L, int Hk, int Hv, int dk, int dv) {
+                         int L, int Hk, int Hv, int dk, int dv, long rqk) {
     GDR_SMEM(gdr_sm);
     float* Qs = gdr_sm;          // GC x PKS
     float* Ss = Qs + GC * PKS;   // GD x OL
@@ -312,7 +322,7 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
     const int tid = threadIdx.x;
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
-    load_norm(Qs, PKS, q, c0, n, Hk, kh, dk, rsqrtf((float)dk), es);
+    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
     const float* sg = Sall + blk * GD * GD + col0;
     for (int p = tid; p < GD * OC / 4; p += GT) {
         int d = p / (OC / 4), x = (p % (OC / 4)) * 4;
@@ -368,26 +378,50 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
 }  // namespace moss_gdr
 #ifndef GDR_EMU
 
+// Row strides (elements between tokens): rqk of q and k, rv of v (the conv output when the
+// delta rule reads q, k, v straight out of it). The output is contiguous [L, Hv, dv].
 #define MOSS_GDR_KERNELS(PFX, BUG, T, SX)                                                                     \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_##SX(float* Kd, float* Wk, float* U0, float* Wqk,  \
                                                                 float* gam, const T* q, const T* k, const T* v, \
                                                                 const float* g, const float* beta, int L, int Hk, \
-                                                                int Hv, int dk, int dv) {                      \
-        moss_gdr::prep_impl<T>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv);                      \
+                                                                int Hv, int dk, int dv, long rqk, long rv) {   \
+        moss_gdr::prep_impl<T, false>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);     \
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_##SX(T* out, const T* q, const float* S, const float* U, \
                                                                const float* Wqk, const float* gam, int L, int Hk, \
-                                                               int Hv, int dk, int dv) {                       \
-        moss_gdr::out_impl<T, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv);                                 \
+                                                               int Hv, int dk, int dv, long rqk, long rv) {    \
+        moss_gdr::out_impl<T, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);                            \
+    }
+
+// The tensor-core (TF32) variants, bf16 path only (gdr_tc.cuh).
+#define MOSS_GDR_TC_KERNELS(PFX, BUG)                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_tc_bf16(                                            \
+        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
+        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
+        long rv) {                                                                                             \
+        moss_gdr::prep_impl<__nv_bfloat16, true>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
+    }                                                                                                          \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_tc_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,  \
+                                                                  const float* S, const float* U, const float* Wqk, \
+                                                                  const float* gam, int L, int Hk, int Hv, int dk, \
+                                                                  int dv, long rqk, long rv) {                 \
+        moss_gdr::out_tc_impl<__nv_bfloat16, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);             \
     }
 
 MOSS_GDR_KERNELS(moss_enc, 0, __nv_bfloat16, bf16)
 MOSS_GDR_KERNELS(moss_enc, 0, float, f32)
 MOSS_GDR_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
 MOSS_GDR_KERNELS(moss_ctl_enc, 1, float, f32)
+MOSS_GDR_TC_KERNELS(moss_enc, 0)
+MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
 
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
                                                          const float* U0, const float* gam, int nc, int Hv, int ncb) {
     moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
+}
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
+                                                            const float* U0, const float* gam, int nc, int Hv,
+                                                            int ncb) {
+    moss_gdr::seq_tc_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
 #endif

@@ -106,19 +106,22 @@ impl<B: EncoderOps> Encoder<B> {
         ensure!(!ids.is_empty(), "the encoder needs at least one token");
         let eps = self.cfg.rms_norm_eps;
         let mut x = b.embed(&self.embed_tokens, ids)?;
-        for layer in &self.layers {
-            let h = b.timed("rms_norm", || b.rms_norm(&x, Some(&layer.input_layernorm), eps, true))?;
-            let h = match &layer.mixer {
+        let first = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
+        // h: the norm of the residual stream x that the next sublayer reads; each residual add
+        // is fused with that norm (the next layer's input_layernorm, or the final norm)
+        let mut h = b.timed("rms_norm", || b.rms_norm(&x, Some(first), eps, true))?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let m = match &layer.mixer {
                 Mixer::Full(a) => self.attention(b, a, &h)?,
                 Mixer::Linear(d) => self.delta_net(b, d, &h)?,
             };
-            x = b.timed("add", || b.add(&x, &h))?;
-            let h = b.timed("rms_norm", || b.rms_norm(&x, Some(&layer.post_attention_layernorm), eps, true))?;
-            let h = b.silu_mul(&lin(b, &h, &layer.gate_proj)?, &lin(b, &h, &layer.up_proj)?)?;
-            let h = lin(b, &h, &layer.down_proj)?;
-            x = b.timed("add", || b.add(&x, &h))?;
+            (x, h) = b.add_rms_norm(&x, &m, &layer.post_attention_layernorm, eps)?;
+            let f = b.silu_mul(&lin(b, &h, &layer.gate_proj)?, &lin(b, &h, &layer.up_proj)?)?;
+            let f = lin(b, &f, &layer.down_proj)?;
+            let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
+            (x, h) = b.add_rms_norm(&x, &f, next, eps)?;
         }
-        b.download(&b.rms_norm(&x, Some(&self.norm), eps, true)?)
+        b.download(&h)
     }
 
     /// `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
@@ -143,14 +146,11 @@ impl<B: EncoderOps> Encoder<B> {
         let l = b.dims(x)[0];
         let (nk, dk, nv, dv) =
             (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
+        // the conv output holds q, k, v side by side; the delta rule reads them in place
         let qkv = b.causal_conv1d_silu(&lin(b, x, &d.in_proj_qkv)?, &d.conv1d)?;
-        let kd = c.linear_key_dim();
-        let q = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, 0, kd))?, &[l, nk, dk])?;
-        let k = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, kd, kd))?, &[l, nk, dk])?;
-        let v = b.reshape(&b.timed("narrow", || b.narrow(&qkv, 1, 2 * kd, c.linear_value_dim()))?, &[l, nv, dv])?;
         let z = b.reshape(&lin(b, x, &d.in_proj_z)?, &[l, nv, dv])?;
         let (g, beta) = b.gdn_gates(&lin(b, x, &d.in_proj_a)?, &lin(b, x, &d.in_proj_b)?, &d.a_log, &d.dt_bias)?;
-        let o = b.gated_delta_rule(&q, &k, &v, &g, &beta)?;
+        let o = b.gated_delta_rule_qkv(&qkv, (nk, dk, nv, dv), &g, &beta)?;
         let o = b.gated_rms_norm(&o, &z, &d.norm, c.rms_norm_eps)?;
         lin(b, &b.reshape(&o, &[l, c.linear_value_dim()])?, &d.out_proj)
     }

@@ -35,6 +35,16 @@ struct GdrInputs {
     out: CudaTensor,
 }
 
+/// Where the delta rule reads q, k, v: device addresses of token 0's first head and the row
+/// strides in elements (q and k share one).
+struct GdrRows {
+    q: u64,
+    k: u64,
+    v: u64,
+    rqk: usize,
+    rv: usize,
+}
+
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [L, heads, dim], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1], x.shape[2]))
@@ -51,6 +61,9 @@ pub const ATTN_TILED_MAX: usize = 256;
 const ATTN_GEMM_CHUNK: usize = 1024;
 /// Largest head dim the attention kernel takes (one output dim per thread).
 pub const ATTN_MAX_HD: usize = 256;
+/// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/attention_causal.cu`).
+pub const FLASH_HD: usize = 256;
+const FLASH_SMEM: u32 = 96 * 1024;
 /// Value columns of the delta-rule state one block owns.
 const GDR_COLS: usize = 32;
 /// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder.cu`).
@@ -65,6 +78,10 @@ const GDR_OUT_COLS: usize = 64;
 const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
 const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
 const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
+/// The same for the tensor-core kernels (`TQ_FLOATS`, `TO_FLOATS` in `cuda/gdr_tc.cuh`; their
+/// `gdr_prep` has the SIMT kernel's layout).
+const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
+const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
 
 impl Cuda {
     fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -129,6 +146,10 @@ impl Cuda {
         Ok(out)
     }
 
+    /// Causal GQA attention. Prompts up to [`ATTN_TILED_MAX`] take the tiled kernel; longer ones
+    /// the flash kernel (`cuda/attention_causal.cu`) when `flash` and the data are bf16 with head
+    /// dim [`FLASH_HD`], else the cuBLASLt path.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn causal_attention_with(
         &self,
         q: &CudaTensor,
@@ -136,6 +157,7 @@ impl Cuda {
         v: &CudaTensor,
         scale: f64,
         prefix: &str,
+        flash: bool,
     ) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
@@ -145,6 +167,25 @@ impl Cuda {
         let (k, v) = (self.cast(k, q.dtype)?, self.cast(v, q.dtype)?);
         let out = self.alloc(q.dtype, &q.shape)?;
         if l == 0 {
+            return Ok(out);
+        }
+        if l > ATTN_TILED_MAX && flash && q.dtype == DType::BF16 && hd == FLASH_HD {
+            self.launch_2d(
+                &format!("{prefix}_fattn_bf16"),
+                (l.div_ceil(64) as u32, nh as u32),
+                128,
+                FLASH_SMEM,
+                &[
+                    Arg::P(out.ptr()),
+                    Arg::P(q.ptr()),
+                    Arg::P(k.ptr()),
+                    Arg::P(v.ptr()),
+                    Arg::I(l as i32),
+                    Arg::I(nh as i32),
+                    Arg::I(nkv as i32),
+                    Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+                ],
+            )?;
             return Ok(out);
         }
         if l > ATTN_TILED_MAX {
@@ -312,11 +353,20 @@ impl Cuda {
         Ok(GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out })
     }
 
+    /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
+    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16; otherwise chunk-parallel,
+    /// on tensor cores (TF32 products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
+    fn gdr_mode() -> Option<String> {
+        std::env::var("MOSS_GDR").ok()
+    }
+
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
+    /// bf16 takes the tensor-core kernels unless `tc` is false (or `MOSS_GDR=simt`).
     /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
         q: &CudaTensor,
@@ -325,33 +375,91 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         prefix: &str,
+        tc: bool,
     ) -> Result<CudaTensor> {
         let (_, _, dk) = dims3(q, "gated_delta_rule q")?;
         let (_, _, dv) = dims3(v, "gated_delta_rule v")?;
-        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || std::env::var("MOSS_GDR").is_ok_and(|v| v == "seq") {
+        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || Self::gdr_mode().is_some_and(|v| v == "seq") {
             return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
+        let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, tc)
+    }
+
+    /// [`Cuda::gated_delta_rule_with`] reading q, k and v straight out of the conv output
+    /// `qkv [L, 2·Hk·dk + Hv·dv]` (row stride: its width) instead of three narrowed copies.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_qkv_with(
+        &self,
+        qkv: &CudaTensor,
+        (hk, dk, hv, dv): (usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+        tc: bool,
+    ) -> Result<CudaTensor> {
+        ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
+        let (l, c) = (qkv.shape[0], qkv.shape[1]);
+        ensure!(c == 2 * hk * dk + hv * dv, "gated_delta_rule_qkv: width {c} for {hk}x{dk} key and {hv}x{dv} value heads");
+        ensure!(hk > 0 && hv % hk == 0, "gated_delta_rule_qkv: {hv} value heads over {hk} key heads");
+        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || Self::gdr_mode().is_some_and(|v| v == "seq") {
+            let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
+            let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
+            let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
+            return self.gated_delta_rule_with(&q, &k, &v, g, beta, prefix, tc);
+        }
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule_qkv: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let dt = qkv.dtype;
+        let out = self.alloc(dt, &[l, hv, dv])?;
+        let es = dt.size() as u64;
+        let p = qkv.ptr();
+        let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, tc)
+    }
+
+    /// The three chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]).
+    #[allow(clippy::too_many_arguments)]
+    fn gdr_chunked(
+        &self,
+        rows: &GdrRows,
+        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
+        dt: DType,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        out: CudaTensor,
+        prefix: &str,
+        tc: bool,
+    ) -> Result<CudaTensor> {
         if l == 0 {
             return Ok(out);
         }
+        let tc = tc && dt == DType::BF16 && !Self::gdr_mode().is_some_and(|v| v == "simt");
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
         let f32s = |n: usize| self.alloc(DType::F32, &[n]);
         let (kd, wk, u0, u) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
         let (s, wqk, gam) = (f32s(nb * d * d)?, f32s(nb * ch * ch)?, f32s(nb * ch)?);
-        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)];
+        let dims = || {
+            [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)]
+                .into_iter()
+                .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
+        };
+        let sfx = if tc { "tc_" } else { "" };
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-        args.extend([q.ptr(), k.ptr(), v.ptr(), g.ptr(), beta.ptr()].map(Arg::P));
+        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        self.launch(&format!("{prefix}_gdr_prep_{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        self.launch(&format!("{prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
-            "moss_enc_gdr_seq",
+            if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
             (hv * ncb) as u32,
             256,
-            (GDR_SEQ_FLOATS * 4) as u32,
+            ((if tc { GDR_SEQ_TC_FLOATS } else { GDR_SEQ_FLOATS }) * 4) as u32,
             &[
                 Arg::P(s.ptr()),
                 Arg::P(u.ptr()),
@@ -364,13 +472,13 @@ impl Cuda {
                 Arg::I(ncb as i32),
             ],
         )?;
-        let mut args = vec![Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
         self.launch_2d(
-            &format!("{prefix}_gdr_out_{}", dt.name()),
+            &format!("{prefix}_gdr_out_{sfx}{}", dt.name()),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
-            (GDR_OUT_FLOATS * 4) as u32,
+            ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
             &args,
         )?;
         Ok(out)
@@ -420,6 +528,50 @@ impl Cuda {
             ],
         )?;
         Ok(out)
+    }
+
+    /// The residual add and the next RMSNorm in one kernel (`cuda/enc_addnorm.cu`): block per row,
+    /// rows of a width that is a multiple of 8 up to 8192; other widths take the generic add and
+    /// rms_norm (the same rounding points). Planted control (`moss_ctl_enc`): the weight without its
+    /// `1 +`.
+    pub(crate) fn add_rms_norm_with(
+        &self,
+        x: &CudaTensor,
+        h: &CudaTensor,
+        w: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(x.shape == h.shape, "add_rms_norm: x {:?} vs h {:?}", x.shape, h.shape);
+        let d = x.last_dim();
+        ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
+        let h = self.cast(h, x.dtype)?;
+        if d % 8 != 0 || d > 8192 || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
+            let xo = self.binary_with("add", x, &h, "moss")?;
+            // the planted control there: the generic kernel's variant with the same bug (no 1 +)
+            let kernel = if prefix == P { "moss_rms_norm" } else { "moss_ctl_rms_noplus" };
+            let n = self.rms_norm_with(&xo, Some(w), eps, true, kernel)?;
+            return Ok((xo, n));
+        }
+        let w = self.f32v(w)?;
+        let xo = self.alloc(x.dtype, &x.shape)?;
+        let n = self.alloc(x.dtype, &x.shape)?;
+        self.launch(
+            &format!("{prefix}_add_rms_{}", x.dtype.name()),
+            x.rows() as u32,
+            256,
+            0,
+            &[
+                Arg::P(xo.ptr()),
+                Arg::P(n.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(h.ptr()),
+                Arg::P(w.ptr()),
+                Arg::I(d as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok((xo, n))
     }
 
     pub(crate) fn gated_rms_norm_with(
@@ -501,7 +653,8 @@ impl EncoderOps for Cuda {
         self.prof("head_norm_rope", || self.head_norm_rope_with(x, w, eps, rot, theta, P))
     }
     fn causal_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P))
+        let flash = !std::env::var("MOSS_ENC_ATTN").is_ok_and(|v| v == "gemm");
+        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, flash))
     }
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         self.prof("silu_mul", || self.silu_mul_with(gate, up, P))
@@ -513,10 +666,23 @@ impl EncoderOps for Cuda {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, true))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule_qkv(
+        &self,
+        qkv: &CudaTensor,
+        heads: (usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, true))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))
+    }
+    fn add_rms_norm(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
+        self.prof("add_rms_norm", || self.add_rms_norm_with(x, h, w, eps, P))
     }
     fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
         self.prof(op, f)

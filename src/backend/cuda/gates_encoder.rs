@@ -96,7 +96,8 @@ fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -
 fn gate_attention(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
-    for l in LENGTHS {
+    // the real lengths and one with partial query and key tiles
+    for l in [LENGTHS[0], LENGTHS[1], 777] {
         let (q, gq) = cx.input(&[l, HEADS, HEAD_DIM], 1.0)?;
         let (k, gk) = cx.input(&[l, KV_HEADS, HEAD_DIM], 1.0)?;
         let (v, gv) = cx.input(&[l, KV_HEADS, HEAD_DIM], 1.0)?;
@@ -116,15 +117,21 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let b = bound(cx, F32_GEMM);
         let cu = cx.cuda.clone();
         let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[l, HEADS * HEAD_DIM]));
-        let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc"));
-        let (name, ctl) = if l > ATTN_TILED_MAX {
-            ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
-        } else {
-            ("enc causal_attention (tiled kernel)", "enc causal_attention, KV head h % Hkv")
-        };
-        cx.judge(name, &s, Kind::Gate, b, &note, out, &want, rows.as_deref());
-        let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc"));
-        cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
+        // the flash kernel takes long bf16 prompts; the cuBLASLt path stays gated (MOSS_ENC_ATTN=gemm, fp32)
+        let paths: &[bool] = if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { &[true, false] } else { &[true] };
+        for &flash in paths {
+            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc", flash));
+            let (name, ctl) = if l <= ATTN_TILED_MAX {
+                ("enc causal_attention (tiled kernel)", "enc causal_attention, KV head h % Hkv")
+            } else if flash && cx.dtype == DType::BF16 {
+                ("enc causal_attention (flash, hd 256)", "enc causal_attention (flash), key t+1 leaks in")
+            } else {
+                ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
+            };
+            cx.judge(name, &s, Kind::Gate, b, &note, out, &want, rows.as_deref());
+            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", flash));
+            cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
+        }
     }
     // The subset reference is the twin's loop: confirm it on a size the twin does in full.
     if cx.dtype == DType::F32 {
@@ -200,12 +207,25 @@ fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
+/// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
 fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     use enc::*;
+    let heads = (K_HEADS, DK, V_HEADS, DV);
+    let kd = K_HEADS * DK;
     for l in LENGTHS {
-        let (q, gq) = cx.input(&[l, K_HEADS, DK], 1.0)?;
-        let (k, gk) = cx.input(&[l, K_HEADS, DK], 1.0)?;
-        let (v, gv) = cx.input(&[l, V_HEADS, DV], 1.0)?;
+        let (qkv, gqkv) = cx.input(&[l, CONV], 1.0)?;
+        let (q, k, v) = (
+            cx.cpu.reshape(&cx.cpu.narrow(&qkv, 1, 0, kd)?, &[l, K_HEADS, DK])?,
+            cx.cpu.reshape(&cx.cpu.narrow(&qkv, 1, kd, kd)?, &[l, K_HEADS, DK])?,
+            cx.cpu.reshape(&cx.cpu.narrow(&qkv, 1, 2 * kd, V_HEADS * DV)?, &[l, V_HEADS, DV])?,
+        );
+        let cu = cx.cuda.clone();
+        let (gq, gk, gv) = (
+            cu.reshape(&cu.narrow(&gqkv, 1, 0, kd)?, &[l, K_HEADS, DK])?,
+            cu.reshape(&cu.narrow(&gqkv, 1, kd, kd)?, &[l, K_HEADS, DK])?,
+            cu.reshape(&cu.narrow(&gqkv, 1, 2 * kd, V_HEADS * DV)?, &[l, V_HEADS, DV])?,
+        );
         // Per-step log-decays g = −exp(N(−2.5, 1)) (decays ~0.92 with spread), beta = sigmoid(N).
         let gs: Vec<f32> = cx.rng.normals(l * V_HEADS, 1.0).iter().map(|&z| -((z as f64 - 2.5).exp()) as f32).collect();
         let (g, gg) = cx.exact(Tensor::new(vec![l, V_HEADS], gs)?, DType::F32)?;
@@ -213,14 +233,26 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         let (beta, gbeta) = cx.exact(Tensor::new(vec![l, V_HEADS], bs)?, DType::F32)?;
         let want = delta_rule_chunked(&DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta }, DELTA_CHUNK)?;
         let s = shape_str(&[&[l, K_HEADS, DK], &[l, V_HEADS, DV]]);
-        let b = match cx.dtype {
-            DType::BF16 => BF16_OUT,
-            DType::F32 => F32_DELTA,
+        let (b, note) = match cx.dtype {
+            DType::BF16 => (BF16_OUT, "TF32 products, fp32 state"),
+            DType::F32 => (F32_DELTA, "fp32 SIMT"),
         };
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
-        cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
-        cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, "", out, &want, None);
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", true);
+        cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, note, out, &want, None);
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", true);
+        cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, note, out, &want, None);
+        let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
+        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", true);
+        cx.judge("enc gated_delta_rule, q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
+        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", true);
+        cx.judge("enc gated_delta_rule strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
+        if cx.dtype == DType::BF16 {
+            // the fp32 SIMT chunk kernels on bf16 data (MOSS_GDR=simt)
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", false);
+            cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, "fp32 SIMT", out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", false);
+            cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, "", out, &want, None);
+        }
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
         cx.judge("enc gated_delta_rule (sequential kernel)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
@@ -248,6 +280,30 @@ fn gate_gated_rms(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+fn gate_add_rms(cx: &mut Cx) -> Result<()> {
+    use enc::*;
+    // the real width (block per row) and one that is not a multiple of 8 (generic add + rms_norm)
+    for (l, d) in [(LENGTHS[0], HIDDEN), (LENGTHS[1], HIDDEN), (LENGTHS[0], HIDDEN + 4)] {
+        let shape = [l, d];
+        let (x, gx) = cx.input(&shape, 1.0)?;
+        let (h, gh) = cx.input(&shape, 1.0)?;
+        let (w, gw) = cx.input(&[d], 0.3)?;
+        let (wx, wn) = cx.cpu.add_rms_norm(&x, &h, &w, EPS)?;
+        let s = shape_str(&[&shape]);
+        let bx = bound(cx, F32_ELEMENTWISE);
+        let bn = bound(cx, F32_NORM);
+        let (ox, on) = match cx.cuda.add_rms_norm_with(&gx, &gh, &gw, EPS, "moss_enc") {
+            Ok((a, b)) => (Ok(a), Ok(b)),
+            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
+        };
+        cx.judge("enc add_rms_norm: x + h", &s, Kind::Gate, bx, "", ox, &wx, None);
+        cx.judge("enc add_rms_norm: norm", &s, Kind::Gate, bn, "", on, &wn, None);
+        let on = cx.cuda.add_rms_norm_with(&gx, &gh, &gw, EPS, "moss_ctl_enc").map(|(_, n)| n);
+        cx.judge("enc add_rms_norm, weight without 1 +", &s, Kind::Control, bn, "", on, &wn, None);
+    }
+    Ok(())
+}
+
 /// The encoder's gates, in table order (appended to [`super::gates::GATES`]).
 pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc embed", gate_embed),
@@ -258,4 +314,5 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc gdn_gates", gate_gdn_gates),
     ("enc gated_delta_rule", gate_delta_rule),
     ("enc gated_rms_norm", gate_gated_rms),
+    ("enc add_rms_norm", gate_add_rms),
 ];

@@ -55,10 +55,37 @@ pub trait EncoderOps: Backend {
     /// [`DELTA_CHUNK`].
     fn gated_delta_rule(&self, q: &Self::T, k: &Self::T, v: &Self::T, g: &Self::T, beta: &Self::T) -> Result<Self::T>;
 
+    /// [`EncoderOps::gated_delta_rule`] on q, k, v taken side by side out of the conv output
+    /// `qkv [L, 2·Hk·dk + Hv·dv]` (per token: the Hk q heads, the Hk k heads, the Hv v heads);
+    /// `heads = (Hk, dk, Hv, dv)`. This default (the CPU twin) narrows them out; the CUDA backend
+    /// reads them in place with a row stride.
+    fn gated_delta_rule_qkv(
+        &self,
+        qkv: &Self::T,
+        (hk, dk, hv, dv): (usize, usize, usize, usize),
+        g: &Self::T,
+        beta: &Self::T,
+    ) -> Result<Self::T> {
+        let l = self.dims(qkv)[0];
+        let q = self.reshape(&self.narrow(qkv, 1, 0, hk * dk)?, &[l, hk, dk])?;
+        let k = self.reshape(&self.narrow(qkv, 1, hk * dk, hk * dk)?, &[l, hk, dk])?;
+        let v = self.reshape(&self.narrow(qkv, 1, 2 * hk * dk, hv * dv)?, &[l, hv, dv])?;
+        self.gated_delta_rule(&q, &k, &v, g, beta)
+    }
+
     /// The DeltaNet output norm: per-head RMSNorm with a **plain** weight, gated by `silu(z)`.
     /// `x [L, Hv, dv]`, `z [L, Hv, dv]`, `w [dv]` → `[L, Hv, dv]`:
     /// `out = x · rsqrt(mean_dv(x²) + eps) · w · silu(z)`.
     fn gated_rms_norm(&self, x: &Self::T, z: &Self::T, w: &Self::T, eps: f64) -> Result<Self::T>;
+
+    /// The residual add fused with the next zero-centred RMSNorm: `x' = x + h` (in the activation
+    /// type), `n = rms_norm(x', w, eps, one_plus)`; returns `(x', n)`. This default (the CPU twin)
+    /// is the two generic ops; the CUDA backend runs one kernel with the same rounding points.
+    fn add_rms_norm(&self, x: &Self::T, h: &Self::T, w: &Self::T, eps: f64) -> Result<(Self::T, Self::T)> {
+        let x = self.add(x, h)?;
+        let n = self.rms_norm(&x, Some(w), eps, true)?;
+        Ok((x, n))
+    }
 
     /// Run `f`, one of the encoder's generic ops (linears, norms, adds, copies), under the name
     /// `op` for the CUDA backend's op profile (`moss bench-encode`); elsewhere just `f()`.
