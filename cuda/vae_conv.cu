@@ -21,7 +21,10 @@
 //   conv sees the same inputs bit for bit and the normalised tensor is never written.
 // - moss_vae_{wprep,conv_halo}32_*: the same conv with the weight streamed as fp32 (one copy) and
 //   split into hi/lo in registers after the shared-memory load: half the weight bytes from L2
-//   and in shared memory, 12 more ALU instructions per A fragment (MOSS_VAE_CONV=halo32).
+//   and in shared memory, 12 more ALU instructions per A fragment (MOSS_VAE_CONV=halo32). Measured
+//   on the H200: 13 % slower (160.3 vs 140.8 ms a 1024x1024 decode): the halo kernel is limited by
+//   its instruction issue, not by the weight stream from L2.
+//   The fused GroupNorm likewise costs more in this kernel than the separate pass (MOSS_VAE_FUSE=1).
 // - moss_vae_conv_small: Cout <= 4 (conv_out: 96 -> 3): one thread per output pixel, all
 //   outputs, f64 accumulation, weights staged in shared memory 32 input channels at a time.
 // moss_ctl_*: planted bugs for `moss check` (one TF32 product; mirrored taps).

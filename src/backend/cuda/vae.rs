@@ -10,12 +10,16 @@
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
+//! - `conv2d_normed` (a resnet's GroupNorm + SiLU + conv): the normalise pass then the conv; with
+//!   `MOSS_VAE_FUSE=1` the normalisation is fused into the halo conv's load (same bits; measured
+//!   slower on the H200, so opt-in).
 //! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: by default (D = 384 on a GPU with 204 KB of shared memory a block) one
 //!   flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ` and `P·V`, online softmax in fp32,
-//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
+//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others; measured on the H200:
+//!   12.9 ms at L = 16384 and 205 ms at L = 65536 against 20.2 / 283 ms for `split`). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
 //!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
@@ -935,11 +939,14 @@ impl VaeOps for Cuda {
         self.timed(
             || format!("norm+conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if up { " up2x" } else { "" }),
             || {
-                if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("0") {
+                // Opt-in: measured on the H200 the fused conv lost more (+23 % in the conv kernel,
+                // which is instruction-bound) than the separate pass cost (1024x1024: 125.9 ms of
+                // norm + convs fused against 121.0 unfused; bench/notes-vae2.md).
+                if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("1") {
+                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, ConvKernel::default_kernel(), "moss")
+                } else {
                     let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
                     self.conv2d_with(&t, w, b, up, ConvKernel::default_kernel(), 0)
-                } else {
-                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, ConvKernel::default_kernel(), "moss")
                 }
             },
         )
