@@ -16,6 +16,15 @@
 //   fresh register tile (the first mma reads a zero C) that is then added to the running sum
 //   with a round-to-nearest add. A null bias adds nothing (the attention's products use this
 //   kernel as a GEMM).
+//   With a `norm` table (GroupNorm fused into the load, moss_vae_gn_coef): each halo value is
+//   normalised (+SiLU) as it goes to shared memory, with moss_vae_gn_apply's arithmetic, so the
+//   conv sees the same inputs bit for bit and the normalised tensor is never written.
+// - moss_vae_{wprep,conv_halo}32_*: the same conv with the weight streamed as fp32 (one copy) and
+//   split into hi/lo in registers after the shared-memory load: half the weight bytes from L2
+//   and in shared memory, 12 more ALU instructions per A fragment (MOSS_VAE_CONV=halo32). Measured
+//   on the H200: 13 % slower (160.3 vs 140.8 ms a 1024x1024 decode): the halo kernel is limited by
+//   its instruction issue, not by the weight stream from L2.
+//   The fused GroupNorm likewise costs more in this kernel than the separate pass (MOSS_VAE_FUSE=1).
 // - moss_vae_conv_small: Cout <= 4 (conv_out: 96 -> 3): one thread per output pixel, all
 //   outputs, f64 accumulation, weights staged in shared memory 32 input channels at a time.
 // moss_ctl_*: planted bugs for `moss check` (one TF32 product; mirrored taps).
@@ -59,20 +68,22 @@ __host__ __device__ constexpr int halo_cs(int hn) {
     return (hn % 32 <= 8) ? hn - hn % 32 + 8 : (hn % 32 <= 24 ? hn - hn % 32 + 24 : hn - hn % 32 + 40);
 }
 
-// Dynamic shared memory of the halo kernel in floats (vae.rs mirrors it).
-template <int BM, int KS>
+// Dynamic shared memory of the halo kernel in floats (vae.rs mirrors it). W32: the weight
+// stream holds fp32 values (split into hi/lo in registers), half the bytes of hi + lo.
+template <int BM, int KS, int W32 = 0>
 __host__ __device__ constexpr int halo_smem_floats() {
-    return 2 * (KS * KS * BM * 16) + 2 * 2 * 8 * halo_cs((TH + KS - 1) * (TW + KS - 1));
+    return 2 * (KS * KS * BM * (W32 ? 8 : 16)) + 2 * 2 * 8 * halo_cs((TH + KS - 1) * (TW + KS - 1));
 }
 
 // ---- weight preparation ---------------------------------------------------------------------
-template <int BM, int KS>
+// W32: [Cout/BM][Cin/8][tap][BM/16][lane][4] fp32 (no hi/lo: the kernel splits).
+template <int BM, int KS, int W32 = 0>
 __device__ void wprep(float* __restrict__ wf, const float* __restrict__ w, int cout, int cin) {
     const int mblocks = (cout + BM - 1) / BM, chunks = cin / 8;
-    const long total = (long)mblocks * chunks * KS * KS * (BM / 16) * 2 * 128;
+    const long total = (long)mblocks * chunks * KS * KS * (BM / 16) * (W32 ? 1 : 2) * 128;
     for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long)gridDim.x * blockDim.x) {
-        int r = (int)(idx & 3), lane = (int)((idx >> 2) & 31), hl = (int)((idx >> 7) & 1);
-        long q = idx >> 8;
+        int r = (int)(idx & 3), lane = (int)((idx >> 2) & 31), hl = W32 ? 0 : (int)((idx >> 7) & 1);
+        long q = W32 ? idx >> 7 : idx >> 8;
         int mt = (int)(q % (BM / 16));
         q /= BM / 16;
         int tap = (int)(q % (KS * KS));
@@ -84,26 +95,29 @@ __device__ void wprep(float* __restrict__ wf, const float* __restrict__ w, int c
         int i = ch * 8 + t + 4 * (r >> 1);
         float v = o < cout ? w[((long)o * cin + i) * KS * KS + tap] : 0.f;
         float hi = tf32(v);
-        wf[idx] = hl ? tf32(v - hi) : hi;
+        wf[idx] = W32 ? v : (hl ? tf32(v - hi) : hi);
     }
 }
 
 // ---- the halo conv ----------------------------------------------------------------------------
 // MODE 1: split TF32 (3 products). MODE 2 (planted): hi*hi only.
 // bug 1: the upsample fold reads x[(Y+1)>>1, (X+1)>>1] (clamped).
-template <int MODE, int BM, int KS>
+template <int MODE, int BM, int KS, int W32 = 0>
 __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, const float* __restrict__ wf,
                           const float* __restrict__ bias, int cin, int h, int w, int cout, int up, int bug,
-                          int wsplit) {
+                          int wsplit, const double* __restrict__ norm, int silu) {
     constexpr int MT = BM / 32;  // m16 tiles per warp
     constexpr int HR = TH + KS - 1, HC = TW + KS - 1, HN = HR * HC;
     constexpr int CS = halo_cs(HN);
     constexpr int NB = (8 * HN + THREADS - 1) / THREADS;  // halo values per thread per chunk
-    constexpr int AST = KS * KS * BM * 16;                // floats of one A stage (hi and lo)
+    constexpr int AST = KS * KS * BM * (W32 ? 8 : 16);    // floats of one A stage (hi and lo, or fp32)
     constexpr int PAD = KS / 2;
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                 // [2][AST]
     float* Bs = smem + 2 * AST;       // [2][2 (hi, lo)][8][CS]
+    // norm (GroupNorm fused into the load): per input channel (mean, w/sqrt(var+eps), bias) as
+    // moss_vae_gn_coef writes them, staged here for all of cin: [cin][3] doubles.
+    double* Ns = reinterpret_cast<double*>(Bs + 2 * 2 * 8 * CS);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3;
@@ -150,20 +164,34 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
             }
         }
     }
+    if (norm) {
+        const double* nn = norm + (long)ni * cin * 3;
+        for (int i = tid; i < cin * 3; i += THREADS) Ns[i] = nn[i];
+        __syncthreads();
+    }
     float rb[NB];
     auto load_b = [&](int chunk) {
         const float* xc = xn + (long)chunk * 8 * hw;
 #pragma unroll
         for (int j = 0; j < NB; j++) rb[j] = src[j] >= 0 ? __ldg(xc + src[j]) : 0.f;
     };
-    auto store_b = [&](int buf) {
+    // The halo of `chunk` into buffer `buf`, normalised first when `norm` is given (exactly
+    // moss_vae_gn_apply's arithmetic; the zero padding stays zero, as after a separate pass).
+    auto store_b = [&](int buf, int chunk) {
         float* b = Bs + buf * 2 * 8 * CS;
 #pragma unroll
         for (int j = 0; j < NB; j++) {
             if (dst[j] >= 0) {
-                float hi = tf32(rb[j]);
+                float val = rb[j];
+                if (norm && src[j] >= 0) {
+                    const double* cf = Ns + (chunk * 8 + dst[j] / CS) * 3;
+                    float y = (float)(((double)val - cf[0]) * cf[1] + cf[2]);
+                    if (silu) y = y / (1.0f + expf(-y));
+                    val = y;
+                }
+                float hi = tf32(val);
                 b[dst[j]] = hi;
-                b[8 * CS + dst[j]] = tf32(rb[j] - hi);
+                b[8 * CS + dst[j]] = tf32(val - hi);
             }
         }
     };
@@ -188,7 +216,7 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
     load_b(0);
     for (int chunk = 0; chunk < chunks; chunk++) {
         const int buf = chunk & 1;
-        store_b(buf);
+        store_b(buf, chunk);
         cp_async_wait_all();
         __syncthreads();
         if (chunk + 1 < chunks) {
@@ -204,9 +232,17 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
             float4 ah[MT], al[MT];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const float* p = A + ((tap * (BM / 16) + wm * MT + mt) * 2) * 128 + lane * 4;
-                ah[mt] = *reinterpret_cast<const float4*>(p);
-                if (MODE == 1) al[mt] = *reinterpret_cast<const float4*>(p + 128);
+                if (W32) {
+                    const float4 a = *reinterpret_cast<const float4*>(A + (tap * (BM / 16) + wm * MT + mt) * 128 + lane * 4);
+                    ah[mt] = make_float4(tf32(a.x), tf32(a.y), tf32(a.z), tf32(a.w));
+                    if (MODE == 1)
+                        al[mt] = make_float4(tf32(a.x - ah[mt].x), tf32(a.y - ah[mt].y), tf32(a.z - ah[mt].z),
+                                             tf32(a.w - ah[mt].w));
+                } else {
+                    const float* p = A + ((tap * (BM / 16) + wm * MT + mt) * 2) * 128 + lane * 4;
+                    ah[mt] = *reinterpret_cast<const float4*>(p);
+                    if (MODE == 1) al[mt] = *reinterpret_cast<const float4*>(p + 128);
+                }
             }
             float bh[4][2], bl[4][2];
 #pragma unroll
@@ -327,18 +363,63 @@ __device__ void conv_small(float* __restrict__ out, const float* __restrict__ x,
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
         moss_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h,  \
-                                 int wd, int cout, int up, int bug, int wsplit) {                              \
-        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit);                  \
+                                 int wd, int cout, int up, int bug, int wsplit, const double* norm, int silu) {  \
+        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
         moss_ctl_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin,     \
-                                     int h, int wd, int cout, int up, int bug, int wsplit) {                   \
-        moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit);                  \
+                                     int h, int wd, int cout, int up, int bug, int wsplit, const double* norm,  \
+                                     int silu) {                                                               \
+        moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
     }
+// The fp32 weight stream (W32): half the bytes from L2 and in shared memory, the split in registers.
+#define MOSS_VAE_HALO32(sfx, bm, ks)                                                                            \
+    MOSS_KERNEL void moss_vae_wprep32_##sfx(float* wf, const float* w, int cout, int cin) {                    \
+        moss_vaeconv::wprep<bm, ks, 1>(wf, w, cout, cin);                                                      \
+    }                                                                                                          \
+    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                               \
+        moss_vae_conv_halo32_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h, \
+                                   int wd, int cout, int up, int bug, int wsplit, const double* norm, int silu) \
+    {                                                                                                          \
+        moss_vaeconv::conv_halo<1, bm, ks, 1>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);   \
+    }
+MOSS_VAE_HALO32(b128_k3, 128, 3)
+MOSS_VAE_HALO32(b96_k3, 96, 3)
+MOSS_VAE_HALO32(b128_k1, 128, 1)
+MOSS_VAE_HALO32(b96_k1, 96, 1)
 MOSS_VAE_HALO(b128_k3, 128, 3)
 MOSS_VAE_HALO(b96_k3, 96, 3)
 MOSS_VAE_HALO(b128_k1, 128, 1)
 MOSS_VAE_HALO(b96_k1, 96, 1)
+
+// GroupNorm fused into the halo conv's load: per (image, channel) (mean, w[c] / sqrt(var + eps),
+// b[c]) in f64 from stats [N, groups, 2] = (mean, variance), the same arithmetic as
+// moss_vae_gn_apply. BUG 1 (planted): the channel's group taken as c % groups.
+namespace moss_vaeconv {
+template <int BUG>
+__device__ void gn_coef(double* __restrict__ coef, const double* __restrict__ stats, const float* __restrict__ wt,
+                        const float* __restrict__ bias, int n, int c, int groups, double eps) {
+    const int cg = c / groups;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n * c; idx += gridDim.x * blockDim.x) {
+        int ch = idx % c, ni = idx / c;
+        long g = (long)ni * groups + (BUG == 1 ? ch % groups : ch / cg);
+        double mean = stats[2 * g];
+        double var = stats[2 * g + 1];
+        double inv = 1.0 / sqrt(var + eps);
+        coef[3 * idx] = mean;
+        coef[3 * idx + 1] = (double)wt[ch] * inv;
+        coef[3 * idx + 2] = (double)bias[ch];
+    }
+}
+}  // namespace moss_vaeconv
+MOSS_KERNEL void moss_vae_gn_coef(double* coef, const double* stats, const float* w, const float* b, int n, int c,
+                                  int groups, long eps_bits) {
+    moss_vaeconv::gn_coef<0>(coef, stats, w, b, n, c, groups, __longlong_as_double(eps_bits));
+}
+MOSS_KERNEL void moss_ctl_vae_gn_coef(double* coef, const double* stats, const float* w, const float* b, int n,
+                                      int c, int groups, long eps_bits) {
+    moss_vaeconv::gn_coef<1>(coef, stats, w, b, n, c, groups, __longlong_as_double(eps_bits));
+}
 
 MOSS_KERNEL void moss_vae_conv_small(float* out, const float* x, const float* w, const float* b, int cin, int h,
                                      int wd, int cout, int k, int up, int n) {

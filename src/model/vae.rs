@@ -70,9 +70,19 @@ impl<B: VaeOps> GroupNorm<B> {
         ensure!(x.groups == self.groups && x.part.len() == self.groups * h * 2, "VAE split: row partials for {} groups, wanted {}", x.groups, self.groups);
         Ok(group_norm_combine(&x.part, self.groups, h, c / self.groups * w))
     }
-    /// Normalise a strip with statistics from [`GroupNorm::stats_of`].
-    fn apply(&self, b: &B, x: &B::T, stats: &[f64], silu: bool) -> Result<B::T> {
-        b.group_norm_apply(x, &self.weight, &self.bias, self.groups, stats, NORM_EPS, silu)
+    /// `conv(silu?(norm(x)))` with statistics given ([`GroupNorm::stats_of`] for a strip, the
+    /// whole picture's otherwise), through [`VaeOps::conv2d_normed`] (fused on CUDA).
+    fn conv_with(&self, b: &B, x: &B::T, stats: &[f64], silu: bool, conv: &Conv<B>, up: bool) -> Result<B::T> {
+        b.conv2d_normed(x, &self.weight, &self.bias, self.groups, stats, NORM_EPS, silu, &conv.weight, &conv.bias, up)
+    }
+    /// `conv(silu?(norm(x)))` over the whole picture: the same statistics as
+    /// [`VaeOps::group_norm`] (row partials, fixed-order combine).
+    fn conv(&self, b: &B, x: &B::T, silu: bool, conv: &Conv<B>) -> Result<B::T> {
+        let d = b.dims(x);
+        ensure!(d.len() == 4 && d[1] % self.groups == 0, "VAE: GroupNorm({}) of {d:?}", self.groups);
+        let rows = b.group_norm_row_stats(x, self.groups)?;
+        let stats = group_norm_combine(&rows, d[0] * self.groups, d[2], d[1] / self.groups * d[3]);
+        self.conv_with(b, x, &stats, silu, conv, false)
     }
 }
 
@@ -113,8 +123,8 @@ impl<B: VaeOps> Resnet<B> {
         })
     }
     fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
-        let h = self.conv1.forward(b, &self.norm1.forward(b, x, true)?)?;
-        let h = self.conv2.forward(b, &self.norm2.forward(b, &h, true)?)?;
+        let h = self.norm1.conv(b, x, true, &self.conv1)?;
+        let h = self.norm2.conv(b, &h, true, &self.conv2)?;
         match &self.conv_shortcut {
             Some(s) => b.add(&s.forward(b, x)?, &h),
             None => b.add(x, &h),
@@ -213,11 +223,11 @@ fn conv_strips<B: VaeOps>(
     for y0 in (0..oh).step_by(sp.rows) {
         let y1 = (y0 + sp.rows).min(oh);
         let (a, e, off) = input_span(y0, y1, h_in, k, up, !sp.no_halo);
-        let mut xs = b.upload_rows(x, a, e)?;
-        if let Some((n, st)) = norm {
-            xs = n.apply(b, &xs, st, true)?;
-        }
-        let o = conv.conv(b, &xs, up)?;
+        let xs = b.upload_rows(x, a, e)?;
+        let o = match norm {
+            Some((n, st)) => n.conv_with(b, &xs, st, true, conv, up)?,
+            None => conv.conv(b, &xs, up)?,
+        };
         drop(xs);
         let o = if off == 0 && b.dims(&o)[2] == y1 - y0 { o } else { b.narrow(&o, 2, off, y1 - y0)? };
         sink(y0, y1, post(y0, y1, o)?)?;
@@ -359,7 +369,7 @@ impl<B: VaeOps> VaeDecoder<B> {
                 x = u.forward_upsampled(b, &x)?;
             }
         }
-        self.conv_out.forward(b, &self.conv_norm_out.forward(b, &x, true)?)
+        self.conv_norm_out.conv(b, &x, true, &self.conv_out)
     }
 
     /// Up to the mid block's output (the latent resolution), whole on the backend.

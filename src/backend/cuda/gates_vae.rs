@@ -14,6 +14,7 @@ pub const GATES: &[(&str, GateFn)] = &[
     ("vae bn_unpatchify", gate_bn_unpatchify),
     ("vae conv2d", gate_conv),
     ("vae group_norm", gate_group_norm),
+    ("vae conv2d GroupNorm fused", gate_conv_normed),
     ("vae spatial_attention", gate_attention),
     ("vae to_rgb8", gate_to_rgb8),
     ("vae split decode", gate_split_decode),
@@ -74,6 +75,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fast kernels)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
+            (ConvKernel::Halo32, "vae conv2d split-TF32 halo, fp32 weight stream"),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
             (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
@@ -97,7 +99,60 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
                 cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
                 let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo, 1);
                 cx.judge("vae conv2d halo, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo32, 1);
+                cx.judge("vae conv2d halo fp32 weight stream, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
+        }
+    }
+    Ok(())
+}
+
+/// GroupNorm(+SiLU) fused into the halo conv's load against the CPU twin (group_norm_apply then
+/// conv2d, f64 accumulation), and against the unfused CUDA path bit for bit; control: the
+/// coefficients of the wrong group.
+fn gate_conv_normed(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    // (input shape, cout, k, silu, control?)
+    let cases: &[([usize; 4], usize, usize, bool, bool)] = &[
+        ([1, 384, 64, 64], 384, 3, true, true), // a mid / up-block-0 resnet conv, smaller picture
+        ([1, 192, 96, 96], 96, 3, true, false), // up block 3's first conv1 (192 -> 96)
+        ([1, 384, 32, 32], 192, 1, false, false),
+        ([2, 64, 33, 20], 40, 3, true, false), // two images, odd sizes, Cout off the tile
+    ];
+    for &(xs, cout, k, silu, control) in cases {
+        let cin = xs[1];
+        let n: usize = xs.iter().product();
+        // An offset mean so a wrong mean shows.
+        let x = Tensor::new(xs.to_vec(), cx.rng.normals(n, 2.0).iter().map(|v| v + 3.0).collect())?;
+        let (x, gx) = cx.exact(x, DType::F32)?;
+        let nw = Tensor::new(vec![cin], cx.rng.normals(cin, 0.1).iter().map(|v| v + 1.0).collect())?;
+        let (nw, gnw) = cx.exact(nw, DType::F32)?;
+        let (nb, gnb) = cx.input(&[cin], 0.05)?;
+        let (w, gw) = cx.input(&[cout, cin, k, k], 1.0 / ((cin * k * k) as f64).sqrt())?;
+        let (b, gb) = cx.input(&[cout], 0.1)?;
+        let rows = cx.cpu.group_norm_row_stats(&x, 32)?;
+        let st = crate::backend::ops::vae::group_norm_combine(&rows, xs[0] * 32, xs[2], cin / 32 * xs[3]);
+        let want = cx.cpu.conv2d_normed(&x, &nw, &nb, 32, &st, 1e-6, silu, &w, &b, false)?;
+        let s = format!("{} g32{}", shape_str(&[&xs, &[cout, cin, k, k]]), if silu { " +silu" } else { "" });
+        for (kern, what) in [
+            (ConvKernel::Halo, "vae conv2d GroupNorm fused (halo)"),
+            (ConvKernel::Halo32, "vae conv2d GroupNorm fused (halo, fp32 weight stream)"),
+        ] {
+            let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, kern, "moss");
+            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+        }
+        let unfused = cx
+            .cuda
+            .group_norm_apply_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, "moss")
+            .and_then(|t| cx.cuda.conv2d_with(&t, &gw, &gb, false, ConvKernel::Halo, 0))
+            .and_then(|t| crate::backend::Backend::download(&cx.cuda, &t))?;
+        let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, ConvKernel::Halo, "moss");
+        cx.judge("vae conv2d GroupNorm fused == norm pass + conv (bits)", &s, Kind::Gate, EXACT, "vs CUDA unfused", out, &unfused, None);
+        if control {
+            let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, ConvKernel::Halo, "moss_ctl");
+            cx.judge("vae conv2d GroupNorm fused, channel's group c % groups", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
     }
     Ok(())
@@ -232,6 +287,28 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             cx.judge("vae spatial_attention split-TF32 without 1/sqrt(D)", &s2, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
             let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss_ctl", chunk);
             cx.judge("vae spatial_attention without 1/sqrt(D)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+        }
+    }
+    // The flash kernel (D = 384 on a GPU with the shared memory for it): the mid block's L at
+    // 512x512, 1024x1024 and 2048x2048 pictures (4096, 16384, 65536: the last as rows of the CPU
+    // twin only), and an L off the 64-row / 32-key tiles (masked keys, rows past L).
+    if cx.cuda.flash_fits(384) {
+        for (l, ctl) in [(4096usize, true), (16384, true), (1000, false), (65536, false)] {
+            let d = 384;
+            let sh = [1, l, d];
+            let (q, gq) = cx.input(&sh, 1.5)?;
+            let (k, gk) = cx.input(&sh, 1.5)?;
+            let (v, gv) = cx.input(&sh, 1.0)?;
+            let rows = cx.rng.subset(l, if l > 16384 { 8 } else { 32 });
+            let want = attention_rows(&q, &k, &v, &rows)?;
+            let s = shape_str(&[&sh]);
+            let note = format!("CPU on {} of {l} query rows", rows.len());
+            let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss");
+            cx.judge("vae spatial_attention flash (split-TF32, online softmax)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
+            if ctl {
+                let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss_ctl");
+                cx.judge("vae spatial_attention flash, output not rescaled", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+            }
         }
     }
     // The row-subset reference against the CPU twin on a size the twin does whole.

@@ -10,10 +10,16 @@
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
 //!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
 //!   K = 3456, over the fp32 bound).
+//! - `conv2d_normed` (a resnet's GroupNorm + SiLU + conv): the normalise pass then the conv; with
+//!   `MOSS_VAE_FUSE=1` the normalisation is fused into the halo conv's load (same bits; measured
+//!   slower on the H200, so opt-in).
 //! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
-//! - `spatial_attention`: query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
+//! - `spatial_attention`: by default (D = 384 on a GPU with 204 KB of shared memory a block) one
+//!   flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ` and `P·V`, online softmax in fp32,
+//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others; measured on the H200:
+//!   12.9 ms at L = 16384 and 205 ms at L = 65536 against 20.2 / 283 ms for `split`). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
 //!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
@@ -78,6 +84,9 @@ pub enum ConvKernel {
     /// (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32 halo kernel (weights
     /// pre-split and in fragment order, 8-channel input halos, cp.async); else `Tf32x3Tap`.
     Halo,
+    /// The halo kernel with the weight streamed as fp32 and split into hi/lo in registers (half
+    /// the weight bytes from L2 and in shared memory; `MOSS_VAE_CONV=halo32`), same fallbacks.
+    Halo32,
     /// Planted: one TF32 product (the lo parts dropped).
     CtlTf32x1,
     /// Planted: the halo kernel with one TF32 product.
@@ -93,7 +102,7 @@ impl ConvKernel {
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
-            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
         }
     }
     /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
@@ -104,6 +113,7 @@ impl ConvKernel {
             Ok("tf32x3") => ConvKernel::Tf32x3,
             Ok("tap") => ConvKernel::Tf32x3Tap,
             Ok("halo") => ConvKernel::Halo,
+            Ok("halo32") => ConvKernel::Halo32,
             _ if fast_kernels() => ConvKernel::Halo,
             _ => ConvKernel::Tf32x3Tap,
         }
@@ -118,6 +128,12 @@ impl ConvKernel {
 pub fn fast_kernels() -> bool {
     std::env::var("MOSS_VAE_KERNELS").as_deref() != Ok("classic")
 }
+
+/// cuda/vae_attn.cu: the head width it is built for, query rows per block, shared memory
+/// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
+const FLASH_D: usize = 384;
+const FLASH_BQ: usize = 64;
+const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
 
 /// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
 const HALO_TH: usize = 8;
@@ -143,6 +159,11 @@ fn halo_cs(hn: usize) -> usize {
 /// buffers (hi and lo).
 fn halo_smem_bytes(bm: usize, k: usize) -> usize {
     4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
+}
+
+/// [`halo_smem_bytes`] of the fp32-weight-stream build (one weight copy a stage).
+fn halo_smem_bytes_w32(bm: usize, k: usize) -> usize {
+    halo_smem_bytes(bm, k) - 4 * 2 * (k * k * bm * 8)
 }
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
@@ -213,18 +234,18 @@ impl Cuda {
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         match kernel {
-            ConvKernel::Halo | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
-            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
-                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false);
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
+                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false, kernel == ConvKernel::Halo32, None);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
-        let kernel = if kernel == ConvKernel::Halo { ConvKernel::Tf32x3Tap } else { kernel };
+        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32) { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -277,16 +298,33 @@ impl Cuda {
     /// `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
     /// multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
     #[allow(clippy::too_many_arguments)]
-    fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, one_product: bool, bug: i32, ksplit: bool) -> Result<CudaTensor> {
+    /// `w32`: the fp32 weight stream (`moss_vae_*32_*`), split in registers.
+    /// `norm`: per (image, input channel) GroupNorm coefficients (`moss_vae_gn_coef`, f64
+    /// `[N, Cin, 3]`) and SiLU: the input is normalised as it is loaded.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_halo(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: Option<&CudaTensor>,
+        up: bool,
+        one_product: bool,
+        bug: i32,
+        ksplit: bool,
+        w32: bool,
+        norm: Option<(&CudaTensor, bool)>,
+    ) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
         ensure!(wcin == if ksplit { n * cin } else { cin }, "conv2d_halo: weight {:?} for input {:?}", w.shape, x.shape);
         let bm = halo_bm(cout);
         let sfx = format!("b{bm}_k{k}");
         let mblocks = cout.div_ceil(bm);
-        let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * 2])?;
+        let w32 = w32 && !one_product;
+        let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * if w32 { 1 } else { 2 }])?;
+        let v32 = if w32 { "32" } else { "" };
         self.launch(
-            &format!("moss_vae_wprep_{sfx}"),
+            &format!("moss_vae_wprep{v32}_{sfx}"),
             self.grid_for(wf.numel()),
             256,
             0,
@@ -299,10 +337,10 @@ impl Cuda {
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         let prefix = if one_product { "moss_ctl" } else { "moss" };
         self.launch(
-            &format!("{prefix}_vae_conv_halo_{sfx}"),
+            &format!("{prefix}_vae_conv_halo{v32}_{sfx}"),
             blocks as u32,
             256,
-            halo_smem_bytes(bm, k) as u32,
+            ((if w32 { halo_smem_bytes_w32(bm, k) } else { halo_smem_bytes(bm, k) }) + if norm.is_some() { cin * 24 } else { 0 }) as u32,
             &[
                 Arg::P(out.ptr()),
                 Arg::P(x.ptr()),
@@ -315,6 +353,8 @@ impl Cuda {
                 Arg::I(up as i32),
                 Arg::I(bug),
                 Arg::I(ksplit as i32),
+                Arg::P(norm.map_or(0, |n| n.0.ptr())),
+                Arg::I(norm.is_some_and(|n| n.1) as i32),
             ],
         )?;
         Ok(out)
@@ -492,7 +532,7 @@ impl Cuda {
         }
         let w = self.reshape(a, &[m, k, 1, 1])?;
         let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
+        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1, false, None)?;
         let mut sum = self.narrow(&o, 0, 0, 1)?;
         for i in 1..ks {
             sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
@@ -546,6 +586,103 @@ impl Cuda {
         } else {
             self.cat(&outs.iter().collect::<Vec<_>>(), 0)
         }
+    }
+
+    /// [`VaeOps::conv2d_normed`] with an explicit conv kernel: GroupNorm(+SiLU) fused into the
+    /// halo conv's input load (`Halo`/`Halo32` where the halo kernel applies: Cout > 4, k 1 or
+    /// 3, Cin % 8 == 0, the shared memory fits), else `group_norm_apply` then the conv. The
+    /// coefficients (mean, w/sqrt(var+eps), b) per (image, channel) come from `moss_vae_gn_coef`
+    /// (`prefix` `moss_ctl`: the planted wrong group), the normalisation is `moss_vae_gn_apply`'s
+    /// arithmetic, so the result is the unfused one bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv2d_normed_with(
+        &self,
+        x: &CudaTensor,
+        nw: &CudaTensor,
+        nb: &CudaTensor,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        up: bool,
+        kernel: ConvKernel,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
+        ensure!(wcin == cin && k == k2 && b.numel() == cout && h > 0 && wd > 0, "conv2d_normed: {:?} ⊛ {:?}", x.shape, w.shape);
+        ensure!(groups > 0 && cin % groups == 0, "group_norm: {cin} channels in {groups} groups");
+        ensure!(nw.numel() == cin && nb.numel() == cin, "group_norm: affine {:?} / {:?} for {cin} channels", nw.shape, nb.shape);
+        ensure!(stats.len() == n * groups * 2, "group_norm: {} statistics for {n}x{groups} groups", stats.len());
+        let w32 = kernel == ConvKernel::Halo32;
+        let fused = matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32)
+            && cout > 4
+            && (k == 1 || k == 3)
+            && cin % 8 == 0
+            && self.halo_fits_bytes((if w32 { halo_smem_bytes_w32(halo_bm(cout), k) } else { halo_smem_bytes(halo_bm(cout), k) }) + cin * 24);
+        if !fused {
+            let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, prefix)?;
+            return self.conv2d_with(&t, w, b, up, kernel, 0);
+        }
+        let (x, w, b, nw, nb) = (self.f32(x)?, self.f32(w)?, self.f32(b)?, self.f32(nw)?, self.f32(nb)?);
+        let st = self.alloc(DType::F32, &[stats.len() * 2])?;
+        let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.write_bytes(st.ptr(), &bytes, false)?;
+        // [N, Cin, 3] doubles in an f32 buffer of twice the length.
+        let coef = self.alloc(DType::F32, &[n * cin * 6])?;
+        self.launch(
+            &format!("{prefix}_vae_gn_coef"),
+            self.grid_for(n * cin),
+            256,
+            0,
+            &[
+                Arg::P(coef.ptr()),
+                Arg::P(st.ptr()),
+                Arg::P(nw.ptr()),
+                Arg::P(nb.ptr()),
+                Arg::I(n as i32),
+                Arg::I(cin as i32),
+                Arg::I(groups as i32),
+                Arg::L(eps.to_bits() as i64),
+            ],
+        )?;
+        self.conv2d_halo(&x, &w, Some(&b), up, false, 0, false, w32, Some((&coef, silu)))
+    }
+
+    /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
+    fn halo_fits_bytes(&self, bytes: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
+    }
+
+    /// `spatial_attention` as one flash-style kernel (cuda/vae_attn.cu, D = 384): split-TF32
+    /// products, online softmax, no scores in memory. `prefix` `moss_ctl` plants the running
+    /// output not rescaled.
+    pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
+        ensure!(l * d < i32::MAX as usize, "spatial_attention_flash: L {l} too long");
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let out = self.alloc(DType::F32, &[n, l, d])?;
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        self.launch_2d(
+            &format!("{prefix}_vae_flash_d384"),
+            (l.div_ceil(FLASH_BQ) as u32, n as u32),
+            256,
+            FLASH_SMEM_BYTES as u32,
+            &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
+        )?;
+        Ok(out)
+    }
+
+    /// Whether the flash attention kernel applies: D = 384 and its 203.5 KB of shared memory
+    /// fit (H100/H200; not an A100 or sm_86/89/120).
+    pub(crate) fn flash_fits(&self, d: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        d == FLASH_D && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= FLASH_SMEM_BYTES).unwrap_or(false)
     }
 
     /// `to_rgb8` as a device byte buffer (`moss_ctl` truncates instead of rounding).
@@ -783,7 +920,36 @@ impl VaeOps for Cuda {
         })
     }
     fn group_norm_row_stats(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
-        self.group_norm_row_stats_with(x, groups, "moss")
+        self.timed(|| format!("group_norm stats {:?}", x.shape), || self.group_norm_row_stats_with(x, groups, "moss"))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_normed(
+        &self,
+        x: &CudaTensor,
+        nw: &CudaTensor,
+        nb: &CudaTensor,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        up: bool,
+    ) -> Result<CudaTensor> {
+        self.timed(
+            || format!("norm+conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if up { " up2x" } else { "" }),
+            || {
+                // Opt-in: measured on the H200 the fused conv lost more (+23 % in the conv kernel,
+                // which is instruction-bound) than the separate pass cost (1024x1024: 125.9 ms of
+                // norm + convs fused against 121.0 unfused; bench/notes-vae2.md).
+                if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("1") {
+                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, ConvKernel::default_kernel(), "moss")
+                } else {
+                    let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
+                    self.conv2d_with(&t, w, b, up, ConvKernel::default_kernel(), 0)
+                }
+            },
+        )
     }
     #[allow(clippy::too_many_arguments)]
     fn group_norm_apply(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<CudaTensor> {
@@ -797,10 +963,23 @@ impl VaeOps for Cuda {
             Ok("cublas") => false,
             _ => fast_kernels(),
         };
+        let flash = match std::env::var("MOSS_VAE_ATTN").as_deref() {
+            Ok("flash") => true,
+            Ok(_) => false,
+            _ => fast_kernels(),
+        } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
         let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
-            || if split { self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES) } else { self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES) },
+            || {
+                if flash {
+                    self.spatial_attention_flash(q, k, v, "moss")
+                } else if split {
+                    self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                } else {
+                    self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                }
+            },
         )
     }
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {

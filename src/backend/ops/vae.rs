@@ -77,6 +77,28 @@ pub trait VaeOps: Backend {
     fn group_norm_apply(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, stats: &[f64], eps: f64, silu: bool)
         -> Result<Self::T>;
 
+    /// `conv2d(group_norm_apply(x, nw, nb, groups, stats, eps, silu), w, b, upsample2x)`: a conv
+    /// whose input is normalised (and SiLU'd) with given statistics. The default (the CPU twin)
+    /// is that composition; a backend may fuse it so the normalised tensor is never stored, with
+    /// the same bits (the normalisation is elementwise given `stats`).
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_normed(
+        &self,
+        x: &Self::T,
+        nw: &Self::T,
+        nb: &Self::T,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+        w: &Self::T,
+        b: &Self::T,
+        upsample2x: bool,
+    ) -> Result<Self::T> {
+        let t = self.group_norm_apply(x, nw, nb, groups, stats, eps, silu)?;
+        self.conv2d(&t, w, b, upsample2x)
+    }
+
     /// Rows per strip for decoding latents `[1, C, h, w]` with the decoder of `cfg` already
     /// loaded: `None` when the whole decode fits in free device memory (always on the CPU),
     /// else the strip height (output rows of each layer at its own resolution) that fits; an
