@@ -48,7 +48,15 @@ fn open(dir: &Path) -> Result<(EncoderConfig, Component)> {
     Ok((cfg, comp))
 }
 
-fn bench<B: EncoderOps>(b: &B, a: &BenchEncode, cfg: &EncoderConfig, comp: &Component, inputs: &[Vec<u32>]) -> Result<()> {
+/// `sync` waits for the backend's queued work (CUDA), so a timing ends when the GPU is done.
+fn bench<B: EncoderOps>(
+    b: &B,
+    a: &BenchEncode,
+    cfg: &EncoderConfig,
+    comp: &Component,
+    inputs: &[Vec<u32>],
+    sync: &dyn Fn() -> Result<()>,
+) -> Result<()> {
     let t0 = Instant::now();
     let enc = Encoder::load(b, comp, cfg)?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -65,6 +73,19 @@ fn bench<B: EncoderOps>(b: &B, a: &BenchEncode, cfg: &EncoderConfig, comp: &Comp
         let mut sorted = times.clone();
         sorted.sort_by(f64::total_cmp);
         let median = sorted.get(sorted.len() / 2).copied().unwrap_or(first_ms);
+        // The same forwards with the hidden states left on the device (no copy to the host): what
+        // a PyTorch timing of `model(ids).last_hidden_state` on the GPU measures.
+        let mut device_ms = vec![];
+        for _ in 0..a.reps {
+            sync()?;
+            let t = Instant::now();
+            let h = enc.hidden(b, ids)?;
+            sync()?;
+            device_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            drop(h);
+        }
+        let mut dsorted = device_ms.clone();
+        dsorted.sort_by(f64::total_cmp);
         // One more forward with every encoder op synchronised and timed (CUDA only); the rest of
         // the forward is the linears and the generic ops.
         crate::backend::cuda::encoder::set_profile(true);
@@ -86,6 +107,8 @@ fn bench<B: EncoderOps>(b: &B, a: &BenchEncode, cfg: &EncoderConfig, comp: &Comp
             "first_ms": first_ms,
             "forward_ms": times,
             "median_ms": median,
+            "device_forward_ms": device_ms,
+            "device_median_ms": dsorted.get(dsorted.len() / 2).copied(),
             "min_ms": sorted.first().copied().unwrap_or(first_ms),
         });
         if let Some(out) = a.outs.get(i) {
@@ -114,10 +137,10 @@ pub fn run(a: &BenchEncode) -> Result<()> {
         bail!("{} --out files for {} inputs", a.outs.len(), inputs.len());
     }
     match a.device {
-        Device::Cpu => bench(&Cpu, a, &cfg, &comp, &inputs),
+        Device::Cpu => bench(&Cpu, a, &cfg, &comp, &inputs, &|| Ok(())),
         Device::Cuda(n) => {
             let b = crate::pipeline::cuda(n, a.precision)?;
-            bench(&b, a, &cfg, &comp, &inputs)
+            bench(&b, a, &cfg, &comp, &inputs, &|| b.sync())
         }
     }
 }

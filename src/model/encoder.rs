@@ -101,8 +101,13 @@ impl<B: EncoderOps> Encoder<B> {
         Ok(Encoder { cfg: cfg.clone(), embed_tokens: w("embed_tokens.weight")?, layers, norm: w("norm.weight")? })
     }
 
-    /// Hidden states `[L, hidden]` (f32) of one unpadded prompt.
+    /// Hidden states `[L, hidden]` (f32) of one unpadded prompt, on the host.
     pub fn forward(&self, b: &B, ids: &[u32]) -> Result<Tensor> {
+        b.download(&self.hidden(b, ids)?)
+    }
+
+    /// The final-norm hidden states `[L, hidden]` of one unpadded prompt, left on the backend.
+    pub fn hidden(&self, b: &B, ids: &[u32]) -> Result<B::T> {
         ensure!(!ids.is_empty(), "the encoder needs at least one token");
         let eps = self.cfg.rms_norm_eps;
         let mut x = b.embed(&self.embed_tokens, ids)?;
@@ -121,7 +126,7 @@ impl<B: EncoderOps> Encoder<B> {
             let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
             (x, h) = b.add_rms_norm(&x, &f, next, eps)?;
         }
-        b.download(&h)
+        Ok(h)
     }
 
     /// `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
