@@ -61,10 +61,15 @@ impl MemoryPlan {
     /// The verdict for `free` of `total` bytes on `device`.
     pub fn check_against(&self, free: usize, total: usize, device: &str) -> Result<()> {
         if self.needed() > free {
+            // The text encoder does not shrink with the picture: its way out is the CPU.
+            let hint = if self.what == "text_encoder" {
+                "encode on the CPU (`moss encode --device cpu`) and pass the file to `generate --embeds`"
+            } else {
+                "use a smaller size"
+            };
             bail!(
                 "{} needs {:.1} GiB (weights {:.1} GiB + activations {:.1} GiB + reserve {:.1} GiB), \
-                 {:.1} GiB free of {:.1} GiB on {device}; free GPU memory (other processes?) or use a \
-                 smaller size",
+                 {:.1} GiB free of {:.1} GiB on {device}; free GPU memory (other processes?) or {hint}",
                 self.what,
                 self.needed() as f64 / GIB,
                 self.weights as f64 / GIB,
@@ -124,7 +129,10 @@ mod tests {
         println!("{e}");
         assert!(e.contains("transformer needs 11.5 GiB"), "{e}");
         assert!(e.contains("4.0 GiB free of 80.0 GiB on GPU X"), "{e}");
+        assert!(e.contains("or use a smaller size"), "{e}");
         assert!(p.check_against(12 << 30, 80 << 30, "GPU X").is_ok());
+        let enc = MemoryPlan::new("text_encoder", 15 << 30).check_against(4 << 30, 80 << 30, "GPU X").unwrap_err().to_string();
+        assert!(enc.contains("moss encode --device cpu") && !enc.contains("smaller size"), "{enc}");
     }
 
     #[test]
