@@ -18,7 +18,8 @@
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: by default (D = 384 on a GPU with 204 KB of shared memory a block) one
 //!   flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ` and `P·V`, online softmax in fp32,
-//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others; measured on the H200:
+//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others, `MOSS_VAE_ATTN=flash2`
+//!   opt-in: K and V split into hi/lo once, key tile 16, not measured yet; measured on the H200:
 //!   12.9 ms at L = 16384 and 205 ms at L = 65536 against 20.2 / 283 ms for `split`). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
@@ -134,6 +135,9 @@ pub fn fast_kernels() -> bool {
 const FLASH_D: usize = 384;
 const FLASH_BQ: usize = 64;
 const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
+/// `moss_vae_flash2_d384` (opt-in `MOSS_VAE_ATTN=flash2`): Q 64x388, K hi/lo 2x16x388, V hi/lo
+/// 2x16x392, S partials 2x64x20 floats.
+const FLASH2_SMEM_BYTES: usize = 4 * (64 * 388 + 2 * 16 * 388 + 2 * 16 * 392 + 2 * 64 * 20);
 
 /// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
 const HALO_TH: usize = 8;
@@ -678,6 +682,58 @@ impl Cuda {
         Ok(out)
     }
 
+    /// `spatial_attention_flash` with K and V split into hi/lo once (`moss_vae_split_hilo`) and
+    /// the flash kernel loading the pre-split fragments (cuda/vae_attn.cu `moss_vae_flash2_d384`,
+    /// key tile 16, Q Kᵀ split over the two halves of D). `prefix` `moss_ctl` plants the second
+    /// D-half partial of the scores dropped.
+    pub(crate) fn spatial_attention_flash2(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash2: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
+        ensure!(l * d < i32::MAX as usize, "spatial_attention_flash2: L {l} too long");
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let total = n * l * d;
+        let split = |x: &CudaTensor| -> Result<(CudaTensor, CudaTensor)> {
+            let hi = self.alloc(DType::F32, &[n, l, d])?;
+            let lo = self.alloc(DType::F32, &[n, l, d])?;
+            self.launch(
+                "moss_vae_split_hilo",
+                self.grid_for(total),
+                256,
+                0,
+                &[Arg::P(hi.ptr()), Arg::P(lo.ptr()), Arg::P(x.ptr()), Arg::L(total as i64)],
+            )?;
+            Ok((hi, lo))
+        };
+        let (kh, kl) = split(&k)?;
+        let (vh, vl) = split(&v)?;
+        let out = self.alloc(DType::F32, &[n, l, d])?;
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        self.launch_2d(
+            &format!("{prefix}_vae_flash2_d384"),
+            (l.div_ceil(FLASH_BQ) as u32, n as u32),
+            256,
+            FLASH2_SMEM_BYTES as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(kh.ptr()),
+                Arg::P(kl.ptr()),
+                Arg::P(vh.ptr()),
+                Arg::P(vl.ptr()),
+                Arg::I(l as i32),
+                Arg::F(scale),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// Whether `moss_vae_flash2_d384` applies: D = 384 and its 204.5 KB of shared memory fit.
+    pub(crate) fn flash2_fits(&self, d: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        d == FLASH_D && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= FLASH2_SMEM_BYTES).unwrap_or(false)
+    }
+
     /// Whether the flash attention kernel applies: D = 384 and its 203.5 KB of shared memory
     /// fit (H100/H200; not an A100 or sm_86/89/120).
     pub(crate) fn flash_fits(&self, d: usize) -> bool {
@@ -968,11 +1024,15 @@ impl VaeOps for Cuda {
             Ok(_) => false,
             _ => fast_kernels(),
         } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
+        // Opt-in: K and V pre-split into hi/lo (cuda/vae_attn.cu moss_vae_flash2_d384).
+        let flash2 = std::env::var("MOSS_VAE_ATTN").as_deref() == Ok("flash2") && q.shape.len() == 3 && self.flash2_fits(q.shape[2]);
         let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
             || {
-                if flash {
+                if flash2 {
+                    self.spatial_attention_flash2(q, k, v, "moss")
+                } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
                 } else if split {
                     self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES)
