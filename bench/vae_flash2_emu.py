@@ -1,15 +1,16 @@
-"""CPU emulation of cuda/vae_attn.cu's `moss_vae_flash2_d384` (MOSS_VAE_ATTN=flash2): the prep
-split (hi = tf32(x), lo = tf32(x - hi), round to nearest away, as cvt.rna.tf32), the flat shared
-memory with the kernel's row strides (Q 388, K hi/lo 388, V hi/lo 392, S partials 20 at D = 384;
-D + 4 / D + 8 here), the fragment index expressions, the D-half partial scores and their
-exchange, masking of keys past L, online softmax with the warp-uniform rescale skip, the three
+"""CPU emulation of cuda/vae_attn.cu's `moss_vae_flash2_d384` (MOSS_VAE_ATTN=flash2), one image:
+the prep kernels' index math (Qp: each group of 8 d stored as (t, t+4) pairs; Kp [Lp][2D] and
+Vp [Lp/8][D][16]: each mma B fragment as (hi, hi, lo, lo), hi = tf32(x), lo = tf32(x - hi) with
+round to nearest away as cvt.rna.tf32, zeros past L), the flat shared memory with the kernel's row
+strides (Q D + 8, K 2D + 16, V tiles contiguous, S partials 20), the 64/128-bit fragment loads,
+the D-half partial scores and their exchange, masking of keys past L, online softmax, the three
 tf32 products per mma (lo*hi, hi*lo, hi*hi) and the output stores, against a float64 softmax
-attention. Small D and L (the layout code needs D % 16 == 0 only). Products are exact (float64),
-so the error left is the split's (~1e-6 relative) and any index bug shows as far more.
-`EXACT=1` (hi = x, lo = 0, float64 everywhere) checks the index math alone (bound 1e-12).
-`python3 bench/vae_flash2_emu.py` prints the max abs error per case; planted bugs (BUG=1: the
-second D-half partial dropped, as moss_ctl_vae_flash2_d384; BUG=2: K lo read from K hi; BUG=3: V
-fragment rows t and t + 4 swapped) must give large ones."""
+attention. Small D and L (the layout code needs D % 16 == 0 only; the kernel has D = 384).
+Products are exact here (float64), so what is left is the split's error (~5e-7) and any index bug
+shows as far more. `EXACT=1` (hi = x, lo = 0, float64 everywhere) checks the index math alone
+(bound 1e-12). `python3 bench/vae_flash2_emu.py` prints the max abs error per case; planted bugs
+(BUG=1: the second D-half partial dropped, as moss_ctl_vae_flash2_d384; BUG=2: K's lo written as
+hi; BUG=3: V keys t and t + 4 swapped in the prep) must fail."""
 import os
 import numpy as np
 
@@ -37,49 +38,84 @@ def mma(a, b, c):
     return c + np.stack([C[G, 2 * T], C[G, 2 * T + 1], C[G + 8, 2 * T], C[G + 8, 2 * T + 1]], 1)
 
 
-def mma3(ah, al, bh, bl, c):
-    return mma(ah.astype(float), bh, mma(ah.astype(float), bl, mma(al.astype(float), bh, c)))
+def prep(q, k, v, D):
+    """The three prep kernels' index math (moss_vae_flash2_prep_rows split 0 / 1, _prep_v), one
+    image: thread i -> (row, dk, t) or (kb, t, c) exactly as in the kernels."""
+    L = q.shape[0]
+    Lp = (L + 15) // 16 * 16
+    fd = float if EXACT else np.float32
+    qp = np.zeros(L * D, fd); kp = np.zeros(Lp * 2 * D, fd); vp = np.zeros(Lp * 2 * D, fd)
+    for x, dst, rows, split in ((q, qp, L, 0), (k, kp, Lp, 1)):
+        i = np.arange(rows * D // 2)
+        t, dk, r = i & 3, (i >> 2) % (D // 8), (i // (D // 2)) % rows
+        ok = r < L
+        rr = np.where(ok, r, 0)
+        x0 = np.where(ok, x[rr, 8 * dk + t], 0).astype(fd); x1 = np.where(ok, x[rr, 8 * dk + t + 4], 0).astype(fd)
+        if split:
+            h0, h1 = tf32(x0), tf32(x1)
+            o = r * (2 * D) + 16 * dk + 4 * t
+            dst[o], dst[o + 1], dst[o + 2], dst[o + 3] = h0, h1, tf32(x0 - h0), tf32(x1 - h1)
+            if BUG == 2:  # lo := hi
+                dst[o + 2], dst[o + 3] = h0, h1
+        else:
+            o = r * D + 8 * dk + 2 * t
+            dst[o], dst[o + 1] = x0, x1
+    i = np.arange(Lp // 8 * 4 * D)
+    c, t, kb = i % D, (i // D) & 3, (i // (4 * D)) % (Lp // 8)
+    r0 = 8 * kb + t; r1 = r0 + 4
+    x0 = np.where(r0 < L, v[np.minimum(r0, L - 1), c], 0).astype(fd)
+    x1 = np.where(r1 < L, v[np.minimum(r1, L - 1), c], 0).astype(fd)
+    h0, h1 = tf32(x0), tf32(x1)
+    o = (kb * D + c) * 16 + 4 * t
+    vp[o], vp[o + 1], vp[o + 2], vp[o + 3] = h0, h1, tf32(x0 - h0), tf32(x1 - h1)
+    if BUG == 3:  # keys t and t + 4 swapped in V's fragments
+        vp[o], vp[o + 1], vp[o + 2], vp[o + 3] = h1, h0, tf32(x1 - h1), tf32(x0 - h0)
+    return qp, kp, vp, Lp
 
 
 def flash2(q, k, v, D):
     L = q.shape[0]
     BQ, BK, HALF = 64, 16, D // 2
     NT = HALF // 8
-    QST, KST, VST, SST = D + 4, D + 4, D + 8, BK + 4
-    kh, vh = tf32(k), tf32(v)
-    kl, vl = tf32(k - kh), tf32(v - vh)  # float32 arithmetic, as the prep kernel
+    QST, KST, SST = D + 8, 2 * D + 16, BK + 4
+    qp, kp, vp, Lp = prep(q, k, v, D)
+    fd = float if EXACT else np.float32
     out = np.full((L, D), np.nan)
     scale = 1 / np.sqrt(D) if EXACT else np.float32(1 / np.sqrt(D))
+    TILE = BK * 2 * D  # floats of one K or V tile
 
-    def load_rows(s, st, x, r0, rows):
-        s[:] = 0
-        for r in range(rows):
-            if r0 + r < L:
-                s[r * st:r * st + D] = x[r0 + r]
+    def load_tile(dst, st, src, w):  # contiguous src rows of w floats to dst rows of stride st
+        for r in range(len(src) // w):
+            dst[r * st:r * st + w] = src[r * w:(r + 1) * w]
 
     for q0 in range(0, L, BQ):
-        fd = float if EXACT else np.float32
-        Qs = np.zeros(BQ * QST, fd); load_rows(Qs, QST, q, q0, BQ)
-        Kh = np.zeros(BK * KST, fd); Kl = np.zeros(BK * KST, fd)
-        Vh = np.zeros(BK * VST, fd); Vl = np.zeros(BK * VST, fd)
+        Qs = np.zeros(BQ * QST, fd)
+        for r in range(BQ):  # load_rows(Qs, QST2, qp, q0, BQ, L)
+            if q0 + r < L:
+                Qs[r * QST:r * QST + D] = qp[(q0 + r) * D:(q0 + r + 1) * D]
+        Ks = np.zeros(BK * KST, fd); Vs = np.zeros(2 * D * 16, fd)
         Ss = np.zeros(2 * BQ * SST)
         o = np.zeros((8, 32, NT, 4)); m = np.full((8, 32, 2), -np.inf); l = np.zeros((8, 32, 2))
-        for j in range((L + BK - 1) // BK):
-            load_rows(Kh, KST, kh, j * BK, BK); load_rows(Kl, KST, kh if BUG == 2 else kl, j * BK, BK)
-            load_rows(Vh, VST, vh, j * BK, BK); load_rows(Vl, VST, vl, j * BK, BK)
+        for j in range(Lp // BK):
+            load_tile(Ks, KST, kp[j * TILE:(j + 1) * TILE], 2 * D)
+            load_tile(Vs, TILE, vp[j * TILE:(j + 1) * TILE], TILE)
             for warp in range(8):  # partial S over half of D
                 rg, hf = warp & 3, warp >> 2
-                Qw = 16 * rg * QST + HALF * hf
+                Qw = (16 * rg + G) * QST + HALF * hf + 2 * T
+                Kw = G * KST + 2 * HALF * hf + 4 * T
                 s = np.zeros((2, 32, 4))
                 for kk in range(HALF // 8):
-                    qa = Qw + G * QST + 8 * kk + T
-                    x = np.stack([Qs[qa], Qs[qa + 8 * QST], Qs[qa + 4], Qs[qa + 8 * QST + 4]], 1)
+                    x02 = (Qs[Qw + 8 * kk], Qs[Qw + 8 * kk + 1])
+                    x13 = (Qs[Qw + 8 * QST + 8 * kk], Qs[Qw + 8 * QST + 8 * kk + 1])
+                    x = np.stack([x02[0], x13[0], x02[1], x13[1]], 1)
                     ah = tf32(x); al = tf32(x - ah)
                     for nt in range(2):
-                        kb = (8 * nt + G) * KST + HALF * hf + 8 * kk + T
-                        bh = np.stack([Kh[kb], Kh[kb + 4]], 1).astype(float)
-                        bl = np.stack([Kl[kb], Kl[kb + 4]], 1).astype(float)
-                        s[nt] += mma3(ah, al, bh, bl, np.zeros((32, 4)))
+                        kb = Kw + 8 * nt * KST + 16 * kk
+                        b = [Ks[kb + e].astype(float) for e in range(4)]
+                        part = mma(al.astype(float), np.stack([b[0], b[1]], 1), np.zeros((32, 4)))
+                        part = mma(ah.astype(float), np.stack([b[2], b[3]], 1), part)
+                        part = mma(ah.astype(float), np.stack([b[0], b[1]], 1), part)
+                        s[nt] += part
                 Sw = hf * BQ * SST
                 for nt in range(2):
                     col = 8 * nt + 2 * T
@@ -103,18 +139,18 @@ def flash2(q, k, v, D):
                 tot = tot.reshape(8, 4, 2).sum(1).repeat(4, 0)
                 alpha = np.exp(m[warp] - mx)
                 l[warp] = l[warp] * alpha + tot; m[warp] = mx
-                if np.any(alpha != 1):
-                    o[warp, :, :, 0:2] *= alpha[:, None, 0:1]; o[warp, :, :, 2:4] *= alpha[:, None, 1:2]
+                o[warp, :, :, 0:2] *= alpha[:, None, 0:1]; o[warp, :, :, 2:4] *= alpha[:, None, 1:2]
                 p32 = p if EXACT else p.astype(np.float32)
                 ph = tf32(p32); pl = tf32(p32 - ph)
+                Vw = (HALF * hf + G) * 16 + 4 * T
                 for nt in range(NT):
-                    vb = T * VST + HALF * hf + 8 * nt + G
                     part = np.zeros((32, 4))
                     for kk in range(2):
-                        r0, r4 = (8 * kk + 4, 8 * kk) if BUG == 3 else (8 * kk, 8 * kk + 4)
-                        bh = np.stack([Vh[vb + r0 * VST], Vh[vb + r4 * VST]], 1).astype(float)
-                        bl = np.stack([Vl[vb + r0 * VST], Vl[vb + r4 * VST]], 1).astype(float)
-                        part = mma3(ph[kk], pl[kk], bh, bl, part)
+                        vb = Vw + (kk * D + 8 * nt) * 16
+                        b = [Vs[vb + e].astype(float) for e in range(4)]
+                        part = mma(pl[kk].astype(float), np.stack([b[0], b[1]], 1), part)
+                        part = mma(ph[kk].astype(float), np.stack([b[2], b[3]], 1), part)
+                        part = mma(ph[kk].astype(float), np.stack([b[0], b[1]], 1), part)
                     o[warp, :, nt] += part
         for warp in range(8):
             rg, hf = warp & 3, warp >> 2
