@@ -164,6 +164,17 @@ def ref(out, side):
         mean, mx = stats(img, img64)
         n1, n2, dm = off(px, ref_px)
         rows.append(dict(what=name, side=side, mean_abs=mean, max_abs=mx, px_off=n1, px_off_gt1=n2, px_maxdiff=dm, ms=ms))
+    # VAE_EXTRA="name=PREFIX,...": more moss outputs (PREFIX.f32 / .rgb / .json of `moss bench-vae`,
+    # e.g. an opt-in switch) against the same float64 decode
+    for item in filter(None, os.environ.get("VAE_EXTRA", "").split(",")):
+        name, pre = item.split("=", 1)
+        img = torch.from_numpy(np.fromfile(f"{pre}.f32", dtype="<f4").reshape(3, h, w))
+        px = torch.from_numpy(np.fromfile(f"{pre}.rgb", dtype=np.uint8).reshape(h, w, 3))
+        mean, mx = stats(img, img64)
+        n1, n2, dm = off(px, ref_px)
+        rows.append(dict(what=name, side=side, mean_abs=mean, max_abs=mx, px_off=n1, px_off_gt1=n2, px_maxdiff=dm,
+                         ms=json.load(open(f"{pre}.json"))["forward_ms_median"],
+                         max_abs_vs_default=float((img.double() - moss.double()).abs().max())))
     rows.append(dict(what="moss decode_rgb8 (upload+forward+bytes back)", side=side, ms=mj["decode_rgb8_ms_median"]))
     # moss's own rgb8 against its float output (the GPU rounding path)
     n1, _, _ = off(moss_px, px_f32(moss))

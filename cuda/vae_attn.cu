@@ -275,3 +275,266 @@ MOSS_KERNEL void __launch_bounds__(moss_vaeattn::THREADS, 1)
     moss_ctl_vae_flash_d384(float* out, const float* q, const float* k, const float* v, int L, float scale) {
     moss_vaeattn::flash<1>(out, q, k, v, L, scale);
 }
+
+// ---------------------------------------------------------------------------------------------
+// moss_vae_flash2_d384 (opt-in, MOSS_VAE_ATTN=flash2): the same attention with K and V split into
+// hi/lo ONCE by a prep pass, in the order the mma B fragments are read, so each B fragment
+// (hi0, hi1, lo0, lo1) is ONE 128-bit shared load instead of four 32-bit loads and six
+// conversions in every warp of every query block. Prep (launch code: src/backend/cuda/vae.rs
+// `spatial_attention_flash2`), per image, Lp = L rounded up to 16 keys, zeros past L:
+//   Kp [Lp][2D]: key r, d group dk (8 d), lane column t: Kp[r][16 dk + 4 t + 0..3] =
+//       {hi(K[r][8dk+t]), hi(K[r][8dk+t+4]), lo(K[r][8dk+t]), lo(K[r][8dk+t+4])};
+//   Vp [Lp/8][D][16]: key group kb, column c, t: Vp[kb][c][4 t + 0..3] =
+//       {hi(V[8kb+t][c]), hi(V[8kb+t+4][c]), lo(V[8kb+t][c]), lo(V[8kb+t+4][c])};
+//   Qp [L][D]: Q with each group of 8 d stored as (t, t+4) pairs: Qp[r][8dk + 2t + 0..1] =
+//       {Q[r][8dk+t], Q[r][8dk+t+4]} (fp32, split in registers: a fragment pair is one 64-bit load);
+// hi = tf32(x), lo = tf32(x - hi): the register split's arithmetic.
+// The pre-split tiles take twice the shared memory, so the key tile is 16 and the Q Kᵀ work of
+// a tile is split over D: warp (rg, h) computes the partial S[16 rows of rg][16 keys] over the d
+// groups [24 h, 24 h + 24); both partials go to shared memory and every warp adds them (p0 + p1,
+// round to nearest: the same sum in both warps of a row group), scales and masks. Online softmax
+// and O += P V as in moss_vae_flash_d384 (one fresh tile per 16 keys, RN add; warp (rg, h) owns
+// 192 columns of O).
+// Shared memory (fp32): Q 64 x 392, K 16 x 784, V 2 x 384 x 16, S partials 2 x 64 x 20: 205 KB.
+// Conflict-free: Q 64-bit loads 8g + 2t (half warps), K 128-bit 16g + 4t and V 128-bit 16g + 4t
+// (quarter warps), S 20g + t. K(j+1) streams in during softmax and P V of tile j, V(j+1) during
+// Q K(j+1)ᵀ, as before (K and V tiles are contiguous in Kp / Vp: no bounds checks).
+//
+// BUG 1 (planted, moss_ctl_vae_flash2_d384): the second D-half partial of S is dropped.
+namespace moss_vaeattn {
+constexpr int BK2 = 16;
+constexpr int QST2 = D + 8;      // Qp rows: (row g, pair t) at 8g + 2t
+constexpr int KST2 = 2 * D + 16; // Kp rows: (key g, quad t) at 16g + 4t
+constexpr int SST2 = BK2 + 4;    // S partial rows: (row g, key t) at 20g + t
+
+__host__ __device__ constexpr int smem_floats2() { return BQ * QST2 + BK2 * KST2 + 2 * D * 16 + 2 * BQ * SST2; }
+
+// 16-byte chunks [0, n16) of src to dst (contiguous; row stride `st` floats in dst for rows of w16 chunks)
+__device__ __forceinline__ void load_tile(float* dst, int st, const float* src, int w16, int n16) {
+    for (int i = threadIdx.x; i < n16; i += THREADS) {
+        int r = i / w16, c = (i - r * w16) * 4;
+        cp16(dst + r * st + c, src + (long)i * 4, true);
+    }
+}
+
+template <int BUG>
+__device__ void flash2(float* __restrict__ out, const float* __restrict__ qp, const float* __restrict__ kp,
+                       const float* __restrict__ vp, int L, float scale) {
+    extern __shared__ __align__(16) float sm[];
+    float* Qs = sm;
+    float* Ks = Qs + BQ * QST2;
+    float* Vs = Ks + BK2 * KST2;
+    float* Ss = Vs + 2 * D * 16;  // [2][BQ][SST2]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rg = warp & 3, hf = warp >> 2;
+    const int Lp = (L + BK2 - 1) / BK2 * BK2;
+    qp += (long)blockIdx.y * L * D;
+    out += (long)blockIdx.y * L * D;
+    kp += (long)blockIdx.y * Lp * 2 * D;
+    vp += (long)blockIdx.y * Lp * 2 * D;
+    const int q0 = blockIdx.x * BQ;
+    const int nk = Lp / BK2;
+    constexpr int TILE16 = BK2 * 2 * D / 4;  // 16-byte chunks of one K or V tile
+
+    load_rows(Qs, QST2, qp, q0, BQ, L);
+    load_tile(Ks, KST2, kp, 2 * D / 4, TILE16);
+    commit();
+    load_tile(Vs, 2 * D * 16, vp, TILE16, TILE16);
+    commit();
+
+    float o[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) o[i][c] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};
+    double l[2] = {0.0, 0.0};
+    const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+    const float* Qw = Qs + (16 * rg + g) * QST2 + HALF * hf + 2 * t;
+    const float* Kw = Ks + g * KST2 + 2 * HALF * hf + 4 * t;
+
+    for (int j = 0; j < nk; j++) {
+        wait_but_one();  // Q and K(j) are in (V(j) may still stream)
+        __syncthreads();
+        // ---- partial S = Q K(j)ᵀ over half of D, 16 rows x 16 keys
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[nt][c] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < HALF / 8; kk++) {
+            const float2 x02 = *reinterpret_cast<const float2*>(Qw + 8 * kk);
+            const float2 x13 = *reinterpret_cast<const float2*>(Qw + 8 * QST2 + 8 * kk);
+            float ah[4] = {x02.x, x13.x, x02.y, x13.y}, al[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float x = ah[c];
+                ah[c] = tf32(x);
+                al[c] = tf32(x - ah[c]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const float4 b = *reinterpret_cast<const float4*>(Kw + 8 * nt * KST2 + 16 * kk);
+                float part[4];
+                mma(part, al[0], al[1], al[2], al[3], b.x, b.y, zero);
+                mma(part, ah[0], ah[1], ah[2], ah[3], b.z, b.w, part);
+                mma(part, ah[0], ah[1], ah[2], ah[3], b.x, b.y, part);
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[nt][c] = __fadd_rn(s[nt][c], part[c]);
+            }
+        }
+        // ---- the partial to Ss[hf]; the previous tile's reads of Ss ended before P V's barriers
+        float* Sw = Ss + hf * (BQ * SST2);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const int col = 8 * nt + 2 * t;
+            *reinterpret_cast<float2*>(Sw + (16 * rg + g) * SST2 + col) = make_float2(s[nt][0], s[nt][1]);
+            *reinterpret_cast<float2*>(Sw + (16 * rg + g + 8) * SST2 + col) = make_float2(s[nt][2], s[nt][3]);
+        }
+        __syncthreads();  // every warp is done with K(j); both partials are in
+        if (j + 1 < nk) load_tile(Ks, KST2, kp + (long)(j + 1) * BK2 * 2 * D, 2 * D / 4, TILE16);
+        commit();
+        // ---- p0 + p1, scaled and masked, on rows g and g + 8 (A fragment layout)
+        float p[2][4];
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            const int o0 = (16 * rg + g) * SST2 + 8 * kk + t;
+            const int offs[4] = {o0, o0 + 8 * SST2, o0 + 4, o0 + 8 * SST2 + 4};
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int key = j * BK2 + 8 * kk + t + 4 * (c >> 1);
+                const float x = BUG == 1 ? Ss[offs[c]] : __fadd_rn(Ss[offs[c]], Ss[BQ * SST2 + offs[c]]);
+                p[kk][c] = key < L ? __fmul_rn(x, scale) : -INFINITY;
+            }
+        }
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            mx[0] = fmaxf(mx[0], fmaxf(p[kk][0], p[kk][2]));
+            mx[1] = fmaxf(mx[1], fmaxf(p[kk][1], p[kk][3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+        double sum[2] = {0.0, 0.0};
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                p[kk][c] = expf(p[kk][c] - mx[c & 1]);
+                sum[c & 1] += (double)p[kk][c];
+            }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+            alpha[r] = expf(m[r] - mx[r]);  // 0 on the first tile (m = -inf), 1 when no maximum grew
+            l[r] = l[r] * (double)alpha[r] + sum[r];
+            m[r] = mx[r];
+        }
+        // (skipping this when no maximum grew, a warp-uniform branch, made ptxas spill 204 bytes)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+        float ph[2][4], pl[2][4];
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                ph[kk][c] = tf32(p[kk][c]);
+                pl[kk][c] = tf32(p[kk][c] - ph[kk][c]);
+            }
+        wait_but_one();  // V(j) is in (K(j+1) may still stream)
+        __syncthreads();
+        // ---- O += P V(j) for 16 rows x 192 columns: one fresh tile for the 16 keys
+        const float* Vw = Vs + (HALF * hf + g) * 16 + 4 * t;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float part[4];
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                const float4 b = *reinterpret_cast<const float4*>(Vw + (kk * D + 8 * nt) * 16);
+                if (kk == 0) {
+                    mma(part, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], b.x, b.y, zero);
+                } else {
+                    mma(part, pl[kk][0], pl[kk][1], pl[kk][2], pl[kk][3], b.x, b.y, part);
+                }
+                mma(part, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], b.z, b.w, part);
+                mma(part, ph[kk][0], ph[kk][1], ph[kk][2], ph[kk][3], b.x, b.y, part);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; c++) o[nt][c] = __fadd_rn(o[nt][c], part[c]);
+        }
+        __syncthreads();  // every warp is done with V(j) (and with Ss of tile j)
+        if (j + 1 < nk) load_tile(Vs, 2 * D * 16, vp + (long)(j + 1) * BK2 * 2 * D, TILE16, TILE16);
+        commit();
+    }
+
+    const float inv[2] = {(float)(1.0 / l[0]), (float)(1.0 / l[1])};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + 16 * rg + g + 8 * r;
+        if (row >= L) continue;
+        float* orow = out + (long)row * D + HALF * hf + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            *reinterpret_cast<float2*>(orow + 8 * nt) =
+                make_float2(__fmul_rn(o[nt][2 * r], inv[r]), __fmul_rn(o[nt][2 * r + 1], inv[r]));
+    }
+}
+
+}  // namespace moss_vaeattn
+
+// flash2 prep, Q and K (x [N][L][D]): i over N * rows * D/2 = (image, row r, d group dk, t).
+// split == 0: Qp[r][8dk + 2t + 0..1] = (x[r][8dk+t], x[r][8dk+t+4]), rows = L;
+// split == 1: Kp[r][16dk + 4t + 0..3] = (hi, hi, lo, lo) of the same pair, rows = Lp, zeros past L.
+MOSS_KERNEL void moss_vae_flash2_prep_rows(float* dst, const float* x, int L, int rows, int split, long total) {
+    constexpr int D = moss_vaeattn::D;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const int t = (int)(i & 3), dk = (int)((i >> 2) % (D / 8));
+        const long rr = i / (D / 2);
+        const int r = (int)(rr % rows);
+        const long img = rr / rows;
+        const float* src = x + (img * L + (r < L ? r : 0)) * D + 8 * dk + t;
+        const float x0 = r < L ? src[0] : 0.f, x1 = r < L ? src[4] : 0.f;
+        if (split) {
+            const float h0 = moss_vaeattn::tf32(x0), h1 = moss_vaeattn::tf32(x1);
+            *reinterpret_cast<float4*>(dst + (img * rows + r) * (2 * D) + 16 * dk + 4 * t) =
+                make_float4(h0, h1, moss_vaeattn::tf32(x0 - h0), moss_vaeattn::tf32(x1 - h1));
+        } else {
+            *reinterpret_cast<float2*>(dst + (img * rows + r) * D + 8 * dk + 2 * t) = make_float2(x0, x1);
+        }
+    }
+}
+// flash2 prep, V (x [N][L][D]) -> Vp [N][Lp/8][D][16]: i over N * Lp/8 * 4 * D = (image, key group
+// kb, t, column c); Vp[kb][c][4t + 0..3] = (hi, hi, lo, lo) of (x[8kb+t][c], x[8kb+t+4][c]), zeros past L.
+MOSS_KERNEL void moss_vae_flash2_prep_v(float* dst, const float* x, int L, int Lp, long total) {
+    constexpr int D = moss_vaeattn::D;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % D), t = (int)((i / D) & 3);
+        const long gg = i / (4 * D);
+        const int kb = (int)(gg % (Lp / 8));
+        const long img = gg / (Lp / 8);
+        const int r0 = 8 * kb + t, r1 = r0 + 4;
+        const float x0 = r0 < L ? x[(img * L + r0) * D + c] : 0.f, x1 = r1 < L ? x[(img * L + r1) * D + c] : 0.f;
+        const float h0 = moss_vaeattn::tf32(x0), h1 = moss_vaeattn::tf32(x1);
+        *reinterpret_cast<float4*>(dst + ((img * (Lp / 8) + kb) * D + c) * 16 + 4 * t) =
+            make_float4(h0, h1, moss_vaeattn::tf32(x0 - h0), moss_vaeattn::tf32(x1 - h1));
+    }
+}
+MOSS_KERNEL void __launch_bounds__(moss_vaeattn::THREADS, 1)
+    moss_vae_flash2_d384(float* out, const float* qp, const float* kp, const float* vp, int L, float scale) {
+    moss_vaeattn::flash2<0>(out, qp, kp, vp, L, scale);
+}
+MOSS_KERNEL void __launch_bounds__(moss_vaeattn::THREADS, 1)
+    moss_ctl_vae_flash2_d384(float* out, const float* qp, const float* kp, const float* vp, int L, float scale) {
+    moss_vaeattn::flash2<1>(out, qp, kp, vp, L, scale);
+}
