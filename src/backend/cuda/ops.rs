@@ -446,17 +446,13 @@ impl Cuda {
         s.context().bind_to_thread().map_err(de("bind context"))?;
         let es = x.dtype.size();
         let total = x.bytes();
-        let chunks = total.div_ceil(DOWNLOAD_CHUNK);
-        let count = if drop_tail { chunks - 1 } else { chunks };
-        let mut out = vec![0f32; total / es];
         let mut guard = self.staging()?;
         let st = guard.as_mut().unwrap();
-        // Chunk i goes through slot i % DOWNLOAD_SLOTS. The uploads' copies out of the same
-        // buffers are earlier on this stream, so the device orders them before these copies.
-        let issue = |st: &Staging, i: usize| -> Result<()> {
-            let off = i * DOWNLOAD_CHUNK;
-            let len = DOWNLOAD_CHUNK.min(total - off);
-            let k = i % DOWNLOAD_SLOTS;
+        let st = &*st;
+        // The uploads' copies out of the same buffers are earlier on this stream, so the device
+        // orders them before these copies.
+        let mut out = vec![0f32; total / es];
+        let issue = |_i: usize, k: usize, off: usize, len: usize| -> Result<()> {
             // SAFETY: the slot holds DOWNLOAD_CHUNK >= len bytes and nothing reads it until its
             // event has completed; x.ptr() + off .. + len lies inside x.
             unsafe {
@@ -465,22 +461,14 @@ impl Cuda {
             }
             st.dl_done[k].record(s).map_err(de("event record"))
         };
-        for i in 0..count.min(DOWNLOAD_SLOTS) {
-            issue(st, i)?;
-        }
-        let per = DOWNLOAD_CHUNK / es;
-        for i in 0..count {
-            let k = i % DOWNLOAD_SLOTS;
+        let take = |_i: usize, k: usize, off: usize, len: usize| -> Result<()> {
             st.dl_done[k].synchronize().map_err(de("download wait (a kernel failed?)"))?;
-            let len = DOWNLOAD_CHUNK.min(total - i * DOWNLOAD_CHUNK);
-            // SAFETY: the slot's copy has completed; it is not written again until re-issued below.
+            // SAFETY: the slot's copy has completed; it is not written again until re-issued.
             let bytes = unsafe { std::slice::from_raw_parts(st.dl_slot(k) as *const u8, len) };
-            let dst = &mut out[i * per..][..len / es];
-            convert_into(dst, bytes, x.dtype);
-            if i + DOWNLOAD_SLOTS < count {
-                issue(st, i + DOWNLOAD_SLOTS)?;
-            }
-        }
+            convert_into(&mut out[off / es..][..len / es], bytes, x.dtype);
+            Ok(())
+        };
+        pipelined(total, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, drop_tail, issue, take)?;
         drop(guard);
         Tensor::new(x.shape.clone(), out)
     }
@@ -768,6 +756,39 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
         }
     });
     bytes
+}
+
+/// The schedule of a chunked, slotted copy of `total` bytes: chunk `i` (bytes `i·chunk ..`,
+/// the last one ragged) goes through slot `i % slots`. `issue(i, slot, off, len)` starts the
+/// copy of chunk `i` into its slot (asynchronous: it may land any time before the matching
+/// `take`); `take(i, slot, off, len)` waits for it and consumes the slot. A slot is issued again
+/// only after its previous chunk was taken. `drop_tail` (the planted bug) never copies the last
+/// chunk. Host-emulated in the tests (`pipelined_*`).
+pub fn pipelined(
+    total: usize,
+    chunk: usize,
+    slots: usize,
+    drop_tail: bool,
+    mut issue: impl FnMut(usize, usize, usize, usize) -> Result<()>,
+    mut take: impl FnMut(usize, usize, usize, usize) -> Result<()>,
+) -> Result<()> {
+    ensure!(chunk > 0 && slots > 0, "pipelined: chunk {chunk}, slots {slots}");
+    let chunks = total.div_ceil(chunk);
+    let count = if drop_tail { chunks.saturating_sub(1) } else { chunks };
+    let span = |i: usize| (i * chunk, chunk.min(total - i * chunk));
+    for i in 0..count.min(slots) {
+        let (off, len) = span(i);
+        issue(i, i % slots, off, len)?;
+    }
+    for i in 0..count {
+        let (off, len) = span(i);
+        take(i, i % slots, off, len)?;
+        if i + slots < count {
+            let (off, len) = span(i + slots);
+            issue(i + slots, i % slots, off, len)?;
+        }
+    }
+    Ok(())
 }
 
 /// Little-endian bytes of `dtype` as f32 values, on all cores.
