@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Helper enc3's device call (written late in a session with no device time; NOT run yet).
-# Pinned device-to-host download (`MOSS_DOWNLOAD=pinned`) against the default pageable one:
+# Two opt-in switches against the default: the pinned device-to-host download
+# (`MOSS_DOWNLOAD=pinned`) and the sigmoid output gate fused into the flash causal attention
+# (`MOSS_ENC_ATTN_GATE=fused`):
 #   1. `moss check --device cuda --model golden/tiny-a` (gate "download": pageable, pinned, and the
-#      control "pinned download drops the last chunk"; every other gate as before);
+#      control "pinned download drops the last chunk"; "enc causal_attention_gated" fused / unfused
+#      and the control "gate of the KV head", L = 4096 and 777; every other gate as before);
 #   2. random full-size Qwen3.5-9B text weights (bench/encoder_gpu.py make, in the background);
-#   3. `moss bench-encode` at 128 and 4096 tokens: default, MOSS_DOWNLOAD=pinned, default again
-#      (A-B-A against drift): median_ms (forward + download), device_median_ms (hidden states left
+#   3. `moss bench-encode` at 128 and 4096 tokens: default, MOSS_DOWNLOAD=pinned,
+#      MOSS_ENC_ATTN_GATE=fused, both, default again (against drift): median_ms (forward + download), device_median_ms (hidden states left
 #      on the GPU), download_median_ms (the download alone);
 #   4. transformers bf16/fp32 on the same weights and ids (bench/encoder_gpu.py tf);
 #   5. if time is left: `MOSS_DOWNLOAD=pinned moss check` (every gate's downloads through the
@@ -21,14 +24,14 @@ W=/tmp/enc3w
 F=$W/full
 mkdir -p "$W" "$OUT"
 log() { echo "== $(date +%T) t=${SECONDS}s $*"; }
-log "binary carries the switch: $(grep -c MOSS_DOWNLOAD "$BIN") / gate: $(grep -c 'pinned download drops the last chunk' "$BIN")"
+log "binary carries: MOSS_DOWNLOAD $(grep -c MOSS_DOWNLOAD "$BIN"), download gate $(grep -c 'pinned download drops the last chunk' "$BIN"), fattn_gated $(grep -c moss_enc_fattn_gated_bf16 "$BIN")"
 log "make full-size weights (background)"
 (python3 bench/encoder_gpu.py make "$F" 2>&1 | grep -v Warning | tail -3 > "$OUT/make.txt") &
 MK=$!
 log "moss check"
 MOSS_CHECK_VERBOSE=1 timeout 90 "$BIN" check --device cuda --model golden/tiny-a > "$OUT/check.txt" 2> "$OUT/check_err.txt"
 echo "check rc=$?"
-grep -E "download|kernel gates:|FAIL|ACCEPTED|passed" "$OUT/check.txt" | head -30
+grep -E "download|attention_gated|kernel gates:|FAIL|ACCEPTED|passed" "$OUT/check.txt" | head -40
 tail -3 "$OUT/check_err.txt"
 wait $MK
 cat "$OUT/make.txt"
@@ -41,8 +44,10 @@ bench() { # name, env...
 }
 bench default MOSS_DOWNLOAD=pageable
 bench pinned MOSS_DOWNLOAD=pinned
+bench gatefused MOSS_ENC_ATTN_GATE=fused
+bench both MOSS_DOWNLOAD=pinned MOSS_ENC_ATTN_GATE=fused
 bench default2 MOSS_DOWNLOAD=pageable
-left=$((150 - SECONDS))
+left=$((155 - SECONDS))
 if [ $left -gt 40 ]; then
     log "transformers (timeout ${left}s)"
     timeout $left python3 bench/encoder_gpu.py tf "$F" 2>&1 | grep -v -i warn | tail -8 > "$OUT/tf.txt"
@@ -52,8 +57,8 @@ else
 fi
 left=$((168 - SECONDS))
 if [ $left -gt 50 ]; then
-    log "MOSS_DOWNLOAD=pinned moss check (timeout ${left}s)"
-    MOSS_DOWNLOAD=pinned timeout $left "$BIN" check --device cuda --model golden/tiny-a > "$OUT/check_pinned.txt" 2> "$OUT/check_pinned_err.txt"
+    log "MOSS_DOWNLOAD=pinned MOSS_ENC_ATTN_GATE=fused moss check (timeout ${left}s)"
+    MOSS_DOWNLOAD=pinned MOSS_ENC_ATTN_GATE=fused timeout $left "$BIN" check --device cuda --model golden/tiny-a > "$OUT/check_pinned.txt" 2> "$OUT/check_pinned_err.txt"
     echo "check (pinned downloads) rc=$?"
     grep -E "kernel gates:|FAIL|ACCEPTED|passed" "$OUT/check_pinned.txt" | head -10
 else

@@ -1,5 +1,7 @@
-# Table of bench/enc3_gpu.sh: bench-encode default / MOSS_DOWNLOAD=pinned / default again, against
-# transformers; hidden states pinned vs default (must be identical) and each vs transformers fp32.
+# Table of bench/enc3_gpu.sh: bench-encode default / MOSS_DOWNLOAD=pinned / MOSS_ENC_ATTN_GATE=fused /
+# both / default again, against transformers; hidden states of each run vs the default (pinned:
+# must be identical; the fused gate keeps the unfused rounding points, so expected identical or
+# nearly) and vs transformers fp32.
 #   python3 bench/enc3_summary.py WORK FULL OUT
 import json, os, sys
 import torch
@@ -24,7 +26,8 @@ def metrics(a, ref):
     return f"relL2 {rel:.3e} min tok cos {c.min().item():.5f}"
 
 
-runs = {k: jl(f"{OUT}/bench_{k}.jsonl") for k in ["default", "pinned", "default2"]}
+RUNS = ["default", "pinned", "gatefused", "both", "default2"]
+runs = {k: jl(f"{OUT}/bench_{k}.jsonl") for k in RUNS}
 tf = json.load(open(f"{F}/tf_times.json")) if os.path.exists(f"{F}/tf_times.json") else {}
 f = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"
 print("| L | run | median_ms (forward + download) | min_ms | device_median_ms | download_median_ms | tf bf16 ms | speedup (median) | speedup (device) |")
@@ -38,20 +41,28 @@ for n in [128, 4096]:
             continue
         sp = f"{t / j['median_ms']:.2f}x" if t else "-"
         sd = f"{t / j['device_median_ms']:.2f}x" if t and j.get("device_median_ms") else "-"
-        print(f"| {n} | {k} ({j.get('download_mode')}) | {f(j['median_ms'])} | {f(j['min_ms'])} | {f(j.get('device_median_ms'))} | "
+        attn = j.get("profile_ms", {})
+        attn = sum(attn.get(o, {}).get("ms", 0) for o in ["causal_attention", "attn_gate", "causal_attention_gated"])
+        print(f"| {n} | {k} (download {j.get('download_mode')}, attn+gate profiled {attn:.2f} ms) | {f(j['median_ms'])} | {f(j['min_ms'])} | {f(j.get('device_median_ms'))} | "
               f"{f(j.get('download_median_ms'))} | {f(t)} | {sp} | {sd} |")
 print()
 for n in [128, 4096]:
     hs = {}
-    for k, p in [("default", f"{W}/default{n}.st"), ("pinned", f"{W}/pinned{n}.st"), ("tf_fp32", f"{F}/tf_fp32_{n}.st"), ("tf_bf16", f"{F}/tf_bf16_{n}.st")]:
+    for k in RUNS:
+        if os.path.exists(f"{W}/{k}{n}.st"):
+            hs[k] = load_file(f"{W}/{k}{n}.st")["hidden"]
+    for k, p in [("tf_fp32", f"{F}/tf_fp32_{n}.st"), ("tf_bf16", f"{F}/tf_bf16_{n}.st")]:
         if os.path.exists(p):
             hs[k] = load_file(p)["hidden"]
-    if "default" in hs and "pinned" in hs:
-        a, b = hs["default"], hs["pinned"]
-        same = a.shape == b.shape and torch.equal(a, b)
-        print(f"L={n}: pinned vs default hidden states bit-identical: {same}; finite: {torch.isfinite(b).all().item()}"
-              + ("" if same else f" ({metrics(b, a)})"))
+    if "default" in hs:
+        a = hs["default"]
+        for k in RUNS[1:]:
+            if k in hs:
+                b = hs[k]
+                same = a.shape == b.shape and torch.equal(a, b)
+                print(f"L={n}: {k} vs default bit-identical: {same}; finite: {torch.isfinite(b).all().item()}"
+                      + ("" if same else f" ({metrics(b, a)})"))
     if "tf_fp32" in hs:
-        for k in ["default", "pinned", "tf_bf16"]:
+        for k in RUNS + ["tf_bf16"]:
             if k in hs:
                 print(f"L={n}: {k} vs tf fp32: {metrics(hs[k], hs['tf_fp32'])}")
