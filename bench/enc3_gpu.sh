@@ -11,9 +11,9 @@
 #      MOSS_ENC_ATTN_GATE=fused, both, default again (against drift): median_ms (forward + download), device_median_ms (hidden states left
 #      on the GPU), download_median_ms (the download alone);
 #   4. transformers bf16/fp32 on the same weights and ids (bench/encoder_gpu.py tf);
-#   5. if time is left: `MOSS_DOWNLOAD=pinned moss check` (every gate's downloads through the
+#   5. if time is left (after the summary): `MOSS_DOWNLOAD=pinned moss check` (every gate's downloads through the
 #      pinned path);
-#   6. bench/enc3_summary.py: the table (printed last).
+#   6. bench/enc3_summary.py: the table (written before step 5, printed again last).
 #
 #   bash bench/enc3_gpu.sh BIN OUT          (BIN: release moss of branch enc3; <= 180 s)
 set -uo pipefail
@@ -55,7 +55,9 @@ if [ $left -gt 40 ]; then
 else
     log "no time left for transformers"
 fi
-left=$((168 - SECONDS))
+log "summary"
+python3 "$S/enc3_summary.py" "$W" "$F" "$OUT" | tee "$OUT/summary.txt"
+left=$((170 - SECONDS))
 if [ $left -gt 50 ]; then
     log "MOSS_DOWNLOAD=pinned MOSS_ENC_ATTN_GATE=fused moss check (timeout ${left}s)"
     MOSS_DOWNLOAD=pinned MOSS_ENC_ATTN_GATE=fused timeout $left "$BIN" check --device cuda --model golden/tiny-a > "$OUT/check_pinned.txt" 2> "$OUT/check_pinned_err.txt"
@@ -64,6 +66,5 @@ if [ $left -gt 50 ]; then
 else
     log "no time left for the second check"
 fi
-log "summary"
-python3 "$S/enc3_summary.py" "$W" "$F" "$OUT" | tee "$OUT/summary.txt"
+cat "$OUT/summary.txt"
 log done
