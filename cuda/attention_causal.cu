@@ -9,6 +9,10 @@
 // Blocks run heaviest first (the last query rows). Shared memory: the Q tile [64][256] and
 // double-buffered K, V tiles [32][256], bf16, 16-byte chunks XOR-swizzled by (row & 7): 96 KiB.
 // BUG 1 (moss_ctl_enc_fattn_*): key t + 1 leaks into query t (the mask is off by one).
+// GATED (moss_enc_fattn_gated_bf16, MOSS_ENC_ATTN_GATE=fused): the model's sigmoid output gate in
+// the epilogue, out = bf16(bf16(o) · bf16(σ(gate))) with the unfused ops' rounding points; gate
+// element (t, h, c) at gate[t·ldg + h·gh + c] (the q_proj output in place: ldg = H·512, gh = 512).
+// BUG 2 (moss_ctl_enc_fattn_gated_bf16): the gate read at the KV head's column instead of h.
 #include "mma.cuh"
 
 namespace moss_fattn {
@@ -38,10 +42,11 @@ __device__ __forceinline__ void load_rows(char* sm, const __nv_bfloat16* g, long
     }
 }
 
-template <int BUG>
+template <int BUG, bool GATED>
 __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_bfloat16* __restrict__ q,
                                       const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                                      int n, int H, int Hkv, float scale_log2) {
+                                      int n, int H, int Hkv, float scale_log2,
+                                      const __nv_bfloat16* __restrict__ gate, long ldg, long gh) {
     extern __shared__ __align__(128) char smem[];
     char* sq = smem;
     char* sk = smem + Q_BYTES;
@@ -160,10 +165,22 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
         const int row = qrow0 + r * 8;
         if (row < n) {
             __nv_bfloat16* dst = o + (long)row * ldq + qcol + (lane & 3) * 2;
+            if constexpr (GATED) {
+                const __nv_bfloat16* gp = gate + (long)row * ldg + (long)(BUG == 2 ? kvh : h) * gh + (lane & 3) * 2;
 #pragma unroll
-            for (int dt = 0; dt < 32; dt++)
-                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                    __floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+                for (int dt = 0; dt < 32; dt++) {
+                    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(gp + dt * 8));
+                    const float2 ov = __bfloat1622float2(__floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv));
+                    const float2 sg = __bfloat1622float2(
+                        __floats2bfloat162_rn(1.0f / (1.0f + expf(-g.x)), 1.0f / (1.0f + expf(-g.y))));
+                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = __floats2bfloat162_rn(ov.x * sg.x, ov.y * sg.y);
+                }
+            } else {
+#pragma unroll
+                for (int dt = 0; dt < 32; dt++)
+                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                        __floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+            }
         }
     }
 }
@@ -172,10 +189,21 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
 MOSS_KERNEL void __launch_bounds__(128) moss_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                             const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                             int H, int Hkv, float scale_log2) {
-    moss_fattn::fattn<0>(o, q, k, v, n, H, Hkv, scale_log2);
+    moss_fattn::fattn<0, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);
 }
 MOSS_KERNEL void __launch_bounds__(128) moss_ctl_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                                 const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                                 int H, int Hkv, float scale_log2) {
-    moss_fattn::fattn<1>(o, q, k, v, n, H, Hkv, scale_log2);
+    moss_fattn::fattn<1, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);
+}
+MOSS_KERNEL void __launch_bounds__(128)
+    moss_enc_fattn_gated_bf16(__nv_bfloat16* o, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                              int n, int H, int Hkv, float scale_log2, const __nv_bfloat16* gate, long ldg, long gh) {
+    moss_fattn::fattn<0, true>(o, q, k, v, n, H, Hkv, scale_log2, gate, ldg, gh);
+}
+MOSS_KERNEL void __launch_bounds__(128)
+    moss_ctl_enc_fattn_gated_bf16(__nv_bfloat16* o, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, int n, int H, int Hkv, float scale_log2,
+                                  const __nv_bfloat16* gate, long ldg, long gh) {
+    moss_fattn::fattn<2, true>(o, q, k, v, n, H, Hkv, scale_log2, gate, ldg, gh);
 }

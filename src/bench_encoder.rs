@@ -86,6 +86,19 @@ fn bench<B: EncoderOps>(
         }
         let mut dsorted = device_ms.clone();
         dsorted.sort_by(f64::total_cmp);
+        // The download of the hidden states alone (the way `download` takes: MOSS_DOWNLOAD).
+        let h = enc.hidden(b, ids)?;
+        sync()?;
+        let mut download_ms = vec![];
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            let host = b.download(&h)?;
+            download_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            drop(host);
+        }
+        drop(h);
+        let mut dlsorted = download_ms.clone();
+        dlsorted.sort_by(f64::total_cmp);
         // One more forward with every encoder op synchronised and timed (CUDA only); the rest of
         // the forward is the linears and the generic ops.
         crate::backend::cuda::encoder::set_profile(true);
@@ -109,6 +122,9 @@ fn bench<B: EncoderOps>(
             "median_ms": median,
             "device_forward_ms": device_ms,
             "device_median_ms": dsorted.get(dsorted.len() / 2).copied(),
+            "download_ms": download_ms,
+            "download_median_ms": dlsorted.get(dlsorted.len() / 2).copied(),
+            "download_mode": std::env::var("MOSS_DOWNLOAD").unwrap_or_else(|_| "pageable".into()),
             "min_ms": sorted.first().copied().unwrap_or(first_ms),
         });
         if let Some(out) = a.outs.get(i) {

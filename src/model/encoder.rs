@@ -136,13 +136,11 @@ impl<B: EncoderOps> Encoder<B> {
         let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
         let qg = b.reshape(&lin(b, x, &a.q_proj)?, &[l, nh, 2 * hd])?;
         let q = b.timed("narrow", || b.narrow(&qg, 2, 0, hd))?;
-        let gate = b.reshape(&b.timed("narrow", || b.narrow(&qg, 2, hd, hd))?, &[l, nh * hd])?;
         let k = b.reshape(&lin(b, x, &a.k_proj)?, &[l, nkv, hd])?;
         let v = b.reshape(&lin(b, x, &a.v_proj)?, &[l, nkv, hd])?;
         let q = b.head_norm_rope(&q, &a.q_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
         let k = b.head_norm_rope(&k, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
-        let o = b.causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
-        let o = b.timed("attn_gate", || b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?))?;
+        let o = b.causal_attention_gated(&q, &k, &v, &qg, 1.0 / (hd as f64).sqrt())?;
         lin(b, &o, &a.o_proj)
     }
 

@@ -213,6 +213,53 @@ impl Cuda {
         Ok(out)
     }
 
+    /// [`EncoderOps::causal_attention_gated`] in one kernel: the flash kernel with the sigmoid
+    /// gate in its epilogue, read in place out of `qg [L, H, 512]` (bf16, head dim [`FLASH_HD`],
+    /// `L > ATTN_TILED_MAX` only). → `[L, H·256]`. `prefix` "moss_ctl_enc" runs the planted bug
+    /// (the gate of the KV head).
+    pub(crate) fn causal_attention_gated_fused(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        qg: &CudaTensor,
+        scale: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (l, nh, hd) = dims3(q, "causal_attention_gated q")?;
+        let (lk, nkv, hdk) = dims3(k, "causal_attention_gated k")?;
+        ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention_gated: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
+        ensure!(nkv > 0 && nh % nkv == 0, "causal_attention_gated: {nh} query heads over {nkv} KV heads");
+        ensure!(
+            q.dtype == DType::BF16 && hd == FLASH_HD && l > ATTN_TILED_MAX,
+            "causal_attention_gated: the fused kernel takes bf16, head dim {FLASH_HD}, L > {ATTN_TILED_MAX} (got {:?}, {hd}, {l})",
+            q.dtype
+        );
+        ensure!(qg.shape == [l, nh, 2 * hd], "causal_attention_gated: qg {:?} for q {:?}", qg.shape, q.shape);
+        let (k, v, qg) = (self.cast(k, q.dtype)?, self.cast(v, q.dtype)?, self.cast(qg, q.dtype)?);
+        let out = self.alloc(q.dtype, &[l, nh * hd])?;
+        self.launch_2d(
+            &format!("{prefix}_fattn_gated_bf16"),
+            (l.div_ceil(64) as u32, nh as u32),
+            128,
+            FLASH_SMEM,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::I(l as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+                Arg::P(qg.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
+                Arg::L((nh * 2 * hd) as i64),
+                Arg::L((2 * hd) as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
     /// The long-prompt path of [`Cuda::causal_attention_with`]: per query chunk and per query
     /// head within a KV group (`r < H/Hkv`), `S = scale · Q Kᵀ` for all KV groups at once
     /// (cuBLASLt strided-batched straight out of the `[L, heads, hd]` layouts, fp32 scores, keys
@@ -655,6 +702,18 @@ impl EncoderOps for Cuda {
     fn causal_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         let flash = !std::env::var("MOSS_ENC_ATTN").is_ok_and(|v| v == "gemm");
         self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, flash))
+    }
+    fn causal_attention_gated(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, qg: &CudaTensor, scale: f64) -> Result<CudaTensor> {
+        let fused = std::env::var("MOSS_ENC_ATTN_GATE").is_ok_and(|v| v == "fused")
+            && !std::env::var("MOSS_ENC_ATTN").is_ok_and(|v| v == "gemm")
+            && q.dtype == DType::BF16
+            && q.shape.len() == 3
+            && q.shape[0] > ATTN_TILED_MAX
+            && q.shape[2] == FLASH_HD;
+        if fused {
+            return self.prof("causal_attention_gated", || self.causal_attention_gated_fused(q, k, v, qg, scale, P));
+        }
+        crate::backend::ops::encoder::causal_attention_gated_unfused(self, q, k, v, qg, scale)
     }
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         self.prof("silu_mul", || self.silu_mul_with(gate, up, P))

@@ -262,6 +262,17 @@ impl Cx {
     }
 }
 
+impl Cx {
+    /// Record one row whose error was computed by the caller (NaN: failed / rejected).
+    pub fn judge_value(&mut self, kernel: &str, shape: &str, kind: Kind, bound: f64, note: &str, error: f64) {
+        let kernel = match kind {
+            Kind::Gate => kernel.to_string(),
+            Kind::Control => format!("  control: {kernel}"),
+        };
+        self.rows.push(Row { kernel, precision: self.precision, shape: shape.into(), kind, error, bound, note: note.into() });
+    }
+}
+
 // ---- the gates ---------------------------------------------------------------------------------
 
 /// One gate family: the real kernel's rows and its controls' rows.
@@ -271,6 +282,7 @@ pub type GateFn = fn(&mut Cx) -> Result<()>;
 pub const GATES: &[(&str, GateFn)] = &[
     ("cast", gate_cast),
     ("upload", gate_upload),
+    ("download", gate_download),
     ("load", gate_load),
     ("linear", gate_linear),
     ("add/mul", gate_binary),
@@ -326,6 +338,35 @@ fn gate_upload(cx: &mut Cx) -> Result<()> {
             Ok(o)
         });
         cx.judge(what, &s, kind, EXACT, "", out, &t, None);
+    }
+    Ok(())
+}
+
+/// The pinned download path (`MOSS_DOWNLOAD=pinned`): 3½ chunks and a ragged tail of random
+/// values in the run's dtype, bit-exact against what was uploaded, next to the pageable path;
+/// the control drops the last chunk.
+fn gate_download(cx: &mut Cx) -> Result<()> {
+    use super::ops::{Download, DOWNLOAD_CHUNK};
+    let es = cx.dtype.size();
+    let n = DOWNLOAD_CHUNK * 7 / 2 / es + 77;
+    let s = format!("{n} {} ({} chunks)", cx.dtype.name(), (n * es).div_ceil(DOWNLOAD_CHUNK));
+    let (t, g) = cx.input(&[n], 1.0)?;
+    let modes = [
+        (Kind::Gate, Download::Pageable, "download (pageable)"),
+        (Kind::Gate, Download::Pinned { drop_tail: false }, "download (pinned chunks)"),
+        (Kind::Control, Download::Pinned { drop_tail: true }, "pinned download drops the last chunk"),
+    ];
+    for (kind, mode, what) in modes {
+        // Twice: the second call reuses the slots and their events.
+        for rep in 0..2 {
+            let error = match cx.cuda.download_with(&g, mode) {
+                Ok(h) if h.data.len() != t.data.len() || h.shape != t.shape => f64::NAN,
+                Ok(h) if h.data.iter().any(|v| !v.is_finite()) => f64::NAN,
+                Ok(h) => rel_l2(&h.data, &t.data),
+                Err(_) => f64::NAN,
+            };
+            cx.judge_value(what, &format!("{s} #{}", rep + 1), kind, EXACT, "", error);
+        }
     }
     Ok(())
 }

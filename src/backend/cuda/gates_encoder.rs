@@ -132,6 +132,32 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", flash));
             cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
         }
+        // The sigmoid output gate fused into the flash kernel (MOSS_ENC_ATTN_GATE=fused): the gate
+        // read in place out of a q_proj-shaped [L, H, 2·hd] input.
+        if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 {
+            let (qg, gqg) = cx.input(&[l, HEADS, 2 * HEAD_DIM], 2.0)?;
+            let picked: Vec<usize> = rows.clone().unwrap_or_else(|| (0..l).collect());
+            let mut wg = want.clone();
+            for (i, &r) in picked.iter().enumerate() {
+                for h in 0..HEADS {
+                    for c in 0..HEAD_DIM {
+                        let g = qg.data[(r * HEADS + h) * 2 * HEAD_DIM + HEAD_DIM + c];
+                        wg.data[(i * HEADS + h) * HEAD_DIM + c] *= crate::backend::cpu::sigmoid(g);
+                    }
+                }
+            }
+            let gs = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
+            for (prefix, kind, name) in [
+                ("moss_enc", Kind::Gate, "enc causal_attention_gated (flash, sigmoid gate fused)"),
+                ("moss_ctl_enc", Kind::Control, "enc causal_attention_gated, gate of the KV head"),
+            ] {
+                let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix);
+                cx.judge(name, &gs, kind, b, &note, out, &wg, rows.as_deref());
+            }
+            // The unfused default (what the model runs without the switch) on the same inputs.
+            let out = crate::backend::ops::encoder::causal_attention_gated_unfused(&cx.cuda, &gq, &gk, &gv, &gqg, scale);
+            cx.judge("enc causal_attention_gated (unfused: narrow, sigmoid, mul)", &gs, Kind::Gate, b, &note, out, &wg, rows.as_deref());
+        }
     }
     // The subset reference is the twin's loop: confirm it on a size the twin does in full.
     if cx.dtype == DType::F32 {

@@ -117,6 +117,17 @@ struct Staging {
     bufs: [PinnedHostSlice<u8>; 2],
     ptrs: [*mut u8; 2],
     done: [CudaEvent; 2],
+    /// One event per download slot ([`DOWNLOAD_SLOTS`] slots of [`DOWNLOAD_CHUNK`] bytes carved
+    /// out of the two buffers), recorded after the copy into the slot.
+    dl_done: Vec<CudaEvent>,
+}
+
+impl Staging {
+    /// Host address of download slot `k`: buffer `k % 2`, offset `(k / 2) · DOWNLOAD_CHUNK`.
+    fn dl_slot(&self, k: usize) -> *mut u8 {
+        // SAFETY: (k / 2 + 1) · DOWNLOAD_CHUNK <= STAGING_CHUNK (checked at compile time below).
+        unsafe { self.ptrs[k % 2].add((k / 2) * DOWNLOAD_CHUNK) }
+    }
 }
 
 // SAFETY: the raw pointers are the pinned chunks this struct owns; access is under a Mutex.
@@ -125,7 +136,7 @@ unsafe impl Send for Staging {}
 impl Drop for Staging {
     fn drop(&mut self) {
         // The pinned chunks must outlive the copies reading them.
-        for e in &self.done {
+        for e in self.done.iter().chain(&self.dl_done) {
             let _ = e.synchronize();
         }
     }
@@ -135,6 +146,32 @@ impl Drop for Staging {
 pub const STAGING_CHUNK: usize = 64 << 20;
 /// Below this, host→device copies go straight from pageable memory.
 const STAGING_MIN: usize = 1 << 20;
+/// Chunk size of the pinned download path (`MOSS_DOWNLOAD=pinned`): small enough that a 32 MiB
+/// tensor is several chunks, so the copy of one overlaps the conversion of the previous.
+pub const DOWNLOAD_CHUNK: usize = 8 << 20;
+/// Download chunks in flight at once (slots in the staging buffers).
+pub const DOWNLOAD_SLOTS: usize = 4;
+const _: () = assert!(DOWNLOAD_SLOTS % 2 == 0 && DOWNLOAD_SLOTS / 2 * DOWNLOAD_CHUNK <= STAGING_CHUNK);
+
+/// How [`Cuda::download_with`] brings a tensor to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Download {
+    /// One `cuMemcpyDtoH` into a fresh pageable byte vector, then the conversion (the default).
+    Pageable,
+    /// Through pinned staging chunks, each converted into the output while the next copies.
+    /// `drop_tail` is the planted bug of the gate (the last chunk is never copied).
+    Pinned { drop_tail: bool },
+}
+
+impl Download {
+    /// `MOSS_DOWNLOAD=pinned` selects [`Download::Pinned`]; anything else the default.
+    pub fn from_env() -> Download {
+        match std::env::var("MOSS_DOWNLOAD").as_deref() {
+            Ok("pinned") => Download::Pinned { drop_tail: false },
+            _ => Download::Pageable,
+        }
+    }
+}
 
 struct Inner {
     gpu: Gpu,
@@ -340,16 +377,7 @@ impl Cuda {
             // driver before this returns.
             return unsafe { dr::memcpy_htod_async(dst, src, s.cu_stream()) }.map_err(de("host to device copy"));
         }
-        let mut guard = self.inner.staging.lock().unwrap();
-        if guard.is_none() {
-            let ctx = &self.inner.gpu.ctx;
-            // SAFETY: pinned host memory, written before it is read.
-            let mut a = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(de("pinned alloc"))?;
-            let mut b = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(de("pinned alloc"))?;
-            let ptrs = [a.as_mut_ptr().map_err(de("pinned"))?, b.as_mut_ptr().map_err(de("pinned"))?];
-            let done = [ctx.new_event(None).map_err(de("event"))?, ctx.new_event(None).map_err(de("event"))?];
-            *guard = Some(Staging { bufs: [a, b], ptrs, done });
-        }
+        let mut guard = self.staging()?;
         let st = guard.as_mut().unwrap();
         let chunks: Vec<&[u8]> = src.chunks(STAGING_CHUNK).collect();
         let count = if drop_tail { chunks.len() - 1 } else { chunks.len() };
@@ -370,6 +398,22 @@ impl Cuda {
         Ok(())
     }
 
+    /// The staging buffers, allocated on first use.
+    fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
+        let mut guard = self.inner.staging.lock().unwrap();
+        if guard.is_none() {
+            let ctx = &self.inner.gpu.ctx;
+            // SAFETY: pinned host memory, written before it is read.
+            let mut a = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(de("pinned alloc"))?;
+            let mut b = unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK) }.map_err(de("pinned alloc"))?;
+            let ptrs = [a.as_mut_ptr().map_err(de("pinned"))?, b.as_mut_ptr().map_err(de("pinned"))?];
+            let done = [ctx.new_event(None).map_err(de("event"))?, ctx.new_event(None).map_err(de("event"))?];
+            let dl_done = (0..DOWNLOAD_SLOTS).map(|_| ctx.new_event(None).map_err(de("event"))).collect::<Result<_>>()?;
+            *guard = Some(Staging { bufs: [a, b], ptrs, done, dl_done });
+        }
+        Ok(guard)
+    }
+
     /// Upload with an explicit dtype (bf16 rounds to nearest even).
     pub fn upload_as(&self, t: &Tensor, dtype: DType) -> Result<CudaTensor> {
         let out = self.alloc(dtype, &t.shape)?;
@@ -386,6 +430,47 @@ impl Cuda {
         unsafe { dr::memcpy_dtoh_async(&mut host[..], x.ptr(), s.cu_stream()) }.map_err(de("device to host copy"))?;
         self.sync()?;
         Ok(host)
+    }
+
+    /// `x` as f32 values on the host (waits for the stream), the way `mode` says. Tensors under
+    /// 1 MiB always take the pageable copy.
+    pub fn download_with(&self, x: &CudaTensor, mode: Download) -> Result<Tensor> {
+        let drop_tail = match mode {
+            Download::Pinned { drop_tail } if x.bytes() >= STAGING_MIN => drop_tail,
+            _ => {
+                let b = self.download_bytes(x)?;
+                return Tensor::new(x.shape.clone(), from_bytes(&b, x.dtype));
+            }
+        };
+        let s = &self.inner.gpu.stream;
+        s.context().bind_to_thread().map_err(de("bind context"))?;
+        let es = x.dtype.size();
+        let total = x.bytes();
+        let mut guard = self.staging()?;
+        let st = guard.as_mut().unwrap();
+        let st = &*st;
+        // The uploads' copies out of the same buffers are earlier on this stream, so the device
+        // orders them before these copies.
+        let mut out = vec![0f32; total / es];
+        let issue = |_i: usize, k: usize, off: usize, len: usize| -> Result<()> {
+            // SAFETY: the slot holds DOWNLOAD_CHUNK >= len bytes and nothing reads it until its
+            // event has completed; x.ptr() + off .. + len lies inside x.
+            unsafe {
+                let slot = std::slice::from_raw_parts_mut(st.dl_slot(k), len);
+                dr::memcpy_dtoh_async(slot, x.ptr() + off as u64, s.cu_stream()).map_err(de("device to host copy"))?;
+            }
+            st.dl_done[k].record(s).map_err(de("event record"))
+        };
+        let take = |_i: usize, k: usize, off: usize, len: usize| -> Result<()> {
+            st.dl_done[k].synchronize().map_err(de("download wait (a kernel failed?)"))?;
+            // SAFETY: the slot's copy has completed; it is not written again until re-issued.
+            let bytes = unsafe { std::slice::from_raw_parts(st.dl_slot(k) as *const u8, len) };
+            convert_into(&mut out[off / es..][..len / es], bytes, x.dtype);
+            Ok(())
+        };
+        pipelined(total, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, drop_tail, issue, take)?;
+        drop(guard);
+        Tensor::new(x.shape.clone(), out)
     }
 
     // ---- casts and the parametrised op bodies (the gates call these with planted bugs) ---------
@@ -673,11 +758,51 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
     bytes
 }
 
+/// The schedule of a chunked, slotted copy of `total` bytes: chunk `i` (bytes `i·chunk ..`,
+/// the last one ragged) goes through slot `i % slots`. `issue(i, slot, off, len)` starts the
+/// copy of chunk `i` into its slot (asynchronous: it may land any time before the matching
+/// `take`); `take(i, slot, off, len)` waits for it and consumes the slot. A slot is issued again
+/// only after its previous chunk was taken. `drop_tail` (the planted bug) never copies the last
+/// chunk. Host-emulated in the tests (`pipelined_*`).
+pub fn pipelined(
+    total: usize,
+    chunk: usize,
+    slots: usize,
+    drop_tail: bool,
+    mut issue: impl FnMut(usize, usize, usize, usize) -> Result<()>,
+    mut take: impl FnMut(usize, usize, usize, usize) -> Result<()>,
+) -> Result<()> {
+    ensure!(chunk > 0 && slots > 0, "pipelined: chunk {chunk}, slots {slots}");
+    let chunks = total.div_ceil(chunk);
+    let count = if drop_tail { chunks.saturating_sub(1) } else { chunks };
+    let span = |i: usize| (i * chunk, chunk.min(total - i * chunk));
+    for i in 0..count.min(slots) {
+        let (off, len) = span(i);
+        issue(i, i % slots, off, len)?;
+    }
+    for i in 0..count {
+        let (off, len) = span(i);
+        take(i, i % slots, off, len)?;
+        if i + slots < count {
+            let (off, len) = span(i + slots);
+            issue(i + slots, i % slots, off, len)?;
+        }
+    }
+    Ok(())
+}
+
 /// Little-endian bytes of `dtype` as f32 values, on all cores.
 pub fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    let mut data = vec![0f32; bytes.len() / dtype.size()];
+    convert_into(&mut data, bytes, dtype);
+    data
+}
+
+/// `out[i]` = value `i` of the little-endian `dtype` bytes, on all cores.
+pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
     let es = dtype.size();
-    let mut data = vec![0f32; bytes.len() / es];
-    par_chunks(&mut data, CONVERT_CHUNK, |i, out| {
+    assert_eq!(data.len() * es, bytes.len(), "convert_into: {} values from {} bytes", data.len(), bytes.len());
+    par_chunks(data, CONVERT_CHUNK, |i, out| {
         let src = &bytes[i * CONVERT_CHUNK * es..][..out.len() * es];
         match dtype {
             DType::F32 => out
@@ -690,7 +815,6 @@ pub fn from_bytes(bytes: &[u8], dtype: DType) -> Vec<f32> {
                 .for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
         }
     });
-    data
 }
 
 impl Backend for Cuda {
@@ -710,8 +834,7 @@ impl Backend for Cuda {
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
-        let b = self.download_bytes(x)?;
-        Tensor::new(x.shape.clone(), from_bytes(&b, x.dtype))
+        self.download_with(x, Download::from_env())
     }
 
     fn dims(&self, x: &CudaTensor) -> Vec<usize> {

@@ -30,6 +30,16 @@ pub trait EncoderOps: Backend {
     /// `out[t, h] = Σ_{s ≤ t} softmax_s(scale · q[t,h]·k[s,kv]) · v[s, kv]`.
     fn causal_attention(&self, q: &Self::T, k: &Self::T, v: &Self::T, scale: f64) -> Result<Self::T>;
 
+    /// The gated full-attention core: [`EncoderOps::causal_attention`] of `q`, `k`, `v`, times
+    /// `sigmoid(gate)`, where `qg [L, H, 2·hd]` is the q_proj output (per head `hd` query values,
+    /// then the `hd` gate values) → `[L, H·hd]`:
+    /// `out[t, h·hd + c] = attn(q, k, v)[t, h, c] · σ(qg[t, h, hd + c])`.
+    /// This default is [`causal_attention_gated_unfused`] (narrow, sigmoid, mul); the CUDA backend
+    /// can fuse the gate into the flash kernel's epilogue (`MOSS_ENC_ATTN_GATE=fused`).
+    fn causal_attention_gated(&self, q: &Self::T, k: &Self::T, v: &Self::T, qg: &Self::T, scale: f64) -> Result<Self::T> {
+        causal_attention_gated_unfused(self, q, k, v, qg, scale)
+    }
+
     /// `silu(gate) · up`, elementwise (the SiLU-gated MLP's middle). Same shapes.
     fn silu_mul(&self, gate: &Self::T, up: &Self::T) -> Result<Self::T>;
 
@@ -93,6 +103,24 @@ pub trait EncoderOps: Backend {
         let _ = op;
         f()
     }
+}
+
+/// [`EncoderOps::causal_attention_gated`] as separate ops: attention, the gate narrowed out of
+/// `qg`, sigmoid, mul (each rounded to the activation dtype).
+pub fn causal_attention_gated_unfused<B: EncoderOps + ?Sized>(
+    b: &B,
+    q: &B::T,
+    k: &B::T,
+    v: &B::T,
+    qg: &B::T,
+    scale: f64,
+) -> Result<B::T> {
+    let d = b.dims(q);
+    anyhow::ensure!(d.len() == 3, "causal_attention_gated: q {d:?} is not [L, H, hd]");
+    let (l, nh, hd) = (d[0], d[1], d[2]);
+    let gate = b.reshape(&b.timed("narrow", || b.narrow(qg, 2, hd, hd))?, &[l, nh * hd])?;
+    let o = b.causal_attention(q, k, v, scale)?;
+    b.timed("attn_gate", || b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?))
 }
 
 /// The chunk length of the chunked delta rule (transformers' default).
