@@ -14,18 +14,9 @@
 namespace moss_gdr {
 
 #ifndef GDR_EMU
-__device__ __forceinline__ unsigned tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The TF32 bits of x, ready for an mma operand register.
+__device__ __forceinline__ unsigned tf32(float x) { return __float_as_uint(moss_mma::tf32(x)); }
+using moss_mma::mma_tf32;
 #endif
 
 // One warp: acc (MT x NT tiles of 16x8) += A · B over k < K (K a multiple of 8), with

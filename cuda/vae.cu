@@ -18,6 +18,7 @@
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
 // moss_ctl_vae_*: the same code with a planted bug, for `moss check`.
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace moss_vae {
 
@@ -48,19 +49,9 @@ constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
 constexpr int AS = BK + 4;   // As[BM][AS]: row stride 20 words (conflict-free fragment loads)
 constexpr int BS = BN + 8;   // Bs[BK][BS]: row stride 136 words
 
-__device__ __forceinline__ float tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
-}
+using moss_mma::tf32;
 
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using moss_mma::mma_tf32;
 
 // MODE 0: SIMT fp32. MODE 1: 3xTF32 mma. MODE 2: 1xTF32 mma (planted: the lo parts dropped).
 // bug 1 (runtime, load path only): the upsample fold reads x[(Y+1)>>1, (X+1)>>1] (clamped).

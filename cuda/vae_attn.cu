@@ -24,6 +24,7 @@
 // BUG 1 (planted, moss_ctl_vae_flash_d384): the running output is not rescaled when the row
 // maximum grows.
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace moss_vaeattn {
 
@@ -36,11 +37,7 @@ constexpr int HALF = D / 2, NT = HALF / 8;  // O columns per warp, n8 tiles per 
 
 __host__ __device__ constexpr int smem_floats() { return BQ * QST + BK * KST + BK * VST + BQ * SST; }
 
-__device__ __forceinline__ float tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
-}
+using moss_mma::tf32;
 
 // d = a*b + c, a = {a0..a3}
 __device__ __forceinline__ void mma(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1,

@@ -29,6 +29,7 @@
 //   outputs, f64 accumulation, weights staged in shared memory 32 input channels at a time.
 // moss_ctl_*: planted bugs for `moss check` (one TF32 product; mirrored taps).
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace moss_vaeconv {
 
@@ -38,11 +39,7 @@ constexpr int TH = 8, TW = 16, THREADS = 256;
 #endif
 constexpr int TAP_UNROLL_N = TAP_UNROLL;  // taps unrolled per iteration (all of them spills)
 
-__device__ __forceinline__ float tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return __uint_as_float(r);
-}
+using moss_mma::tf32;
 
 // d = a*b + c
 __device__ __forceinline__ void mma(float (&d)[4], const float4& a, float b0, float b1, const float (&c)[4]) {

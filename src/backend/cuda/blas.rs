@@ -277,6 +277,27 @@ impl Blas {
             if let Some(b) = bias {
                 set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
             }
+            let (desc, la, lb, lc) = (p.desc, p.la, p.lb, p.lc);
+            let run = |algo: &sys::cublasLtMatmulAlgo_t| {
+                lt::matmul(
+                    self.handle,
+                    desc,
+                    &alpha as *const f32 as *const _,
+                    &beta as *const f32 as *const _,
+                    a as *const _,
+                    la,
+                    b as *const _,
+                    lb,
+                    d as *const _,
+                    lc,
+                    d as *mut _,
+                    lc,
+                    algo,
+                    self.ws_ptr as *mut _,
+                    self.ws_size,
+                    stream.cu_stream() as sys::cudaStream_t,
+                )
+            };
             if p.candidates.len() > 1 {
                 // Tuning: every candidate on these very buffers (d is written again below).
                 let ctx = stream.context();
@@ -284,33 +305,13 @@ impl Blas {
                 let mut best = (f32::INFINITY, 0usize);
                 let mut times = vec![];
                 for (i, algo) in p.candidates.iter().enumerate() {
-                    let run = || {
-                        lt::matmul(
-                            self.handle,
-                            p.desc,
-                            &alpha as *const f32 as *const _,
-                            &beta as *const f32 as *const _,
-                            a as *const _,
-                            p.la,
-                            b as *const _,
-                            p.lb,
-                            d as *const _,
-                            p.lc,
-                            d as *mut _,
-                            p.lc,
-                            algo,
-                            self.ws_ptr as *mut _,
-                            self.ws_size,
-                            stream.cu_stream() as sys::cudaStream_t,
-                        )
-                    };
-                    if run().is_err() {
+                    if run(algo).is_err() {
                         times.push(f32::NAN);
                         continue;
                     }
                     let (e0, e1) = (ev()?, ev()?);
                     e0.record(stream).map_err(|e| anyhow!("{e:?}"))?;
-                    let ok = (0..3).all(|_| run().is_ok());
+                    let ok = (0..3).all(|_| run(algo).is_ok());
                     e1.record(stream).map_err(|e| anyhow!("{e:?}"))?;
                     e1.synchronize().map_err(|e| anyhow!("{e:?}"))?;
                     let ms = if ok { e0.elapsed_ms(&e1).map_err(|e| anyhow!("{e:?}"))? / 3.0 } else { f32::NAN };
@@ -326,24 +327,7 @@ impl Blas {
                 eprintln!("gemm tune m={} n={} k={}: candidate {} of {} [{}] ms", g.m, g.n, g.k, best.1, times.len(), list.join(" "));
                 p.candidates.clear();
             }
-            lt::matmul(
-                self.handle,
-                p.desc,
-                &alpha as *const f32 as *const _,
-                &beta as *const f32 as *const _,
-                a as *const _,
-                p.la,
-                b as *const _,
-                p.lb,
-                d as *const _,
-                p.lc,
-                d as *mut _,
-                p.lc,
-                &p.algo,
-                self.ws_ptr as *mut _,
-                self.ws_size,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
+            run(&p.algo)
             .map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
         }
     }
