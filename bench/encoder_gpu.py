@@ -17,6 +17,7 @@ import torch
 DEV = os.environ.get("ENC_DEV", "cuda")
 SMALL = os.environ.get("ENC_SMALL") == "1"
 LENGTHS = [100, 200] if SMALL else [128, 4096]
+REPS = int(os.environ.get("TF_REPS", "3"))  # timed runs of transformers at 4096 tokens (after one warm-up)
 from safetensors.torch import load_file, save_file
 
 
@@ -215,7 +216,7 @@ def cmd_tf(d):
         for n in LENGTHS:
             ids = torch.tensor([[int(x) for x in open(os.path.join(d, f"ids{n}.txt")).read().split()]], device=DEV)
             with torch.inference_mode():
-                out, med, ts = timed(lambda: model(input_ids=ids, use_cache=False).last_hidden_state[0], 3 if n > 128 else 5)
+                out, med, ts = timed(lambda: model(input_ids=ids, use_cache=False).last_hidden_state[0], REPS if n > 128 else max(REPS, 5))
             save_file({"hidden": out.float().cpu().contiguous()}, os.path.join(d, f"tf_{name}_{n}.st"))
             res[f"{name}_{n}"] = {"median_ms": med, "ms": ts}
             print(f"transformers {name} L={n}: median {med:.1f} ms {['%.1f' % x for x in ts]}", flush=True)
