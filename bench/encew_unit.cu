@@ -1,0 +1,6 @@
+// The standalone unit of bench/encew_bench.py (the old and new encoder kernels outside sm90a):
+//   nvcc --cubin -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I cuda bench/encew_unit.cu
+#include "attention_causal.cu"
+#include "enc_addnorm.cu"
+#include "enc_conv.cu"
+#include "encoder.cu"
