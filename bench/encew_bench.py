@@ -200,8 +200,8 @@ for L in [4096, 128]:
     check(f"conv8t control L={L}", e_ctl, 4e-3, control=True)
     gb = 2 * L * C * 2 / 1e9
     t_old, t_new = timed(f_old), timed(f_new)
-    rows.append(("causal_conv1d_silu", L, "old conv8", t_old, e_old, f"{gb / t_old:.0f} GB/s"))
-    rows.append(("causal_conv1d_silu", L, "new conv8t", t_new, e_new, f"{gb / t_new:.0f} GB/s, bit-identical {same}"))
+    rows.append(("causal_conv1d_silu", L, "old conv8", t_old, e_old, f"{gb / t_old:.2f} TB/s"))
+    rows.append(("causal_conv1d_silu", L, "new conv8t", t_new, e_new, f"{gb / t_new:.2f} TB/s, bit-identical {same}"))
     rows.append(("  control: taps reversed", L, "new conv8t", 0.0, e_ctl, "must be > 4e-3"))
 
 # ---- timings only (old kernels, for the bounds) ----
@@ -214,7 +214,7 @@ for L in [4096, 128]:
     f = lambda: launch("moss_enc_add_rms_bf16", (L,), 256, (P(xo), P(no), P(x), P(h), P(w), I(d), F(1e-6)))  # noqa: E731
     t = timed(f)
     gb = 4 * L * d * 2 / 1e9
-    rows.append(("add_rms_norm", L, "current", t, float("nan"), f"{gb / t:.0f} GB/s"))
+    rows.append(("add_rms_norm", L, "current", t, float("nan"), f"{gb / t:.2f} TB/s"))
     n = L * 12288
     g = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     u = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -223,10 +223,10 @@ for L in [4096, 128]:
     f = lambda: launch("moss_enc_silu_mul8_bf16", (grid,), 256, (P(so), P(g), P(u), L64(n // 8)))  # noqa: E731
     t = timed(f)
     gb = 3 * n * 2 / 1e9
-    rows.append(("silu_mul", L, "current", t, float("nan"), f"{gb / t:.0f} GB/s"))
+    rows.append(("silu_mul", L, "current", t, float("nan"), f"{gb / t:.2f} TB/s"))
     f2 = lambda: so.copy_(g)  # noqa: E731
     t2 = timed(f2)
-    rows.append(("  (torch copy of the gate, for scale)", L, "torch", t2, float("nan"), f"{2 * n * 2 / 1e9 / t2:.0f} GB/s"))
+    rows.append(("  (torch copy of the gate, for scale)", L, "torch", t2, float("nan"), f"{2 * n * 2 / 1e9 / t2:.2f} TB/s"))
 
 print("\n== encew kernels, H200 (CUDA-event medians of 20; relL2 vs fp32/fp64 reference) ==")
 print(f"{'op':<38} {'L':>5} {'variant':<18} {'ms':>8} {'relL2':>10}  note")

@@ -1,4 +1,5 @@
-// The standalone unit of bench/encew_bench.py (the old and new encoder kernels outside sm90a):
+// The standalone unit of bench/encew_bench.py (the old and new encoder kernels outside sm90a), as
+// run at commit 886f2c5 (cuda/enc_conv.cu, the conv8t kernel, was removed after that call: no gain):
 //   nvcc --cubin -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I cuda bench/encew_unit.cu
 #include "attention_causal.cu"
 #include "enc_addnorm.cu"

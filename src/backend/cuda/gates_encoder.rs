@@ -121,7 +121,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let cu = cx.cuda.clone();
         let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[l, HEADS * HEAD_DIM]));
         // the flash kernel takes long bf16 prompts; the cuBLASLt path stays gated (MOSS_ENC_ATTN=gemm, fp32)
-        // (and on Hopper the wgmma flash kernel, MOSS_ENC_ATTN=wgmma)
+        // (and on Hopper the wgmma flash kernel, the default there; MOSS_ENC_ATTN=flash the mma.sync one)
         let flash_paths = flash_paths(cx);
         let paths: Vec<EncAttn> =
             if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { flash_paths.iter().copied().chain([EncAttn::Gemm]).collect() } else { vec![EncAttn::Flash] };
@@ -233,17 +233,10 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
         let s = shape_str(&[&[l, c], &[c, 1, CONV_K]]);
         let b = bound(cx, F32_TRANSCENDENTAL);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc", false);
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
         cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc", false);
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc");
         cx.judge("enc causal_conv1d_silu, taps reversed", &s, Kind::Control, b, "", out, &want, None);
-        // MOSS_ENC_CONV=t8 (8 tokens per thread; bf16 and widths % 8 only, else the same kernels as above)
-        if cx.dtype == DType::BF16 && c % 8 == 0 {
-            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc", true);
-            cx.judge("enc causal_conv1d_silu (conv8t, 8 tokens a thread)", &s, Kind::Gate, b, "", out, &want, None);
-            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc", true);
-            cx.judge("enc causal_conv1d_silu (conv8t), taps reversed", &s, Kind::Control, b, "", out, &want, None);
-        }
     }
     Ok(())
 }
