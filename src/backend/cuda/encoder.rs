@@ -64,6 +64,34 @@ pub const ATTN_MAX_HD: usize = 256;
 /// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/attention_causal.cu`).
 pub const FLASH_HD: usize = 256;
 const FLASH_SMEM: u32 = 96 * 1024;
+/// Dynamic shared memory of the Hopper kernel (`cuda/sm90a/attention_causal_wgmma.cu`).
+const FLASH_WG_SMEM: u32 = 197632;
+
+/// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncAttn {
+    /// cuBLASLt scores + causal softmax + cuBLASLt P V (also every fp32 prompt).
+    Gemm,
+    /// `cuda/attention_causal.cu`: mma.sync flash kernel, 64 query rows a block, any GPU.
+    Flash,
+    /// `cuda/sm90a/attention_causal_wgmma.cu`: Hopper wgmma, 128 query rows a block.
+    Wgmma,
+}
+
+/// The attention path from the `MOSS_ENC_ATTN` value `env` (`gemm`, `flash` = mma.sync,
+/// `wgmma`) on a device with (`sm90a`) or without the Hopper kernels. Default (unset or anything
+/// else): `wgmma` where the Hopper kernels are loaded, else `flash`. Measured on the H200 at
+/// L = 4096 (16 / 4 heads, hd 256, `bench/notes-encew.md`): wgmma 0.328 ms a layer vs flash
+/// 0.954 ms (torch SDPA 0.289).
+pub fn pick_enc_attn(env: Option<&str>, sm90a: bool) -> EncAttn {
+    match env {
+        Some("gemm") => EncAttn::Gemm,
+        Some("flash") => EncAttn::Flash,
+        _ if sm90a => EncAttn::Wgmma,
+        _ => EncAttn::Flash,
+    }
+}
+
 /// Value columns of the delta-rule state one block owns.
 const GDR_COLS: usize = 32;
 /// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder.cu`).
@@ -84,6 +112,11 @@ const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
 
 impl Cuda {
+    /// The long-prompt attention path of this device: [`pick_enc_attn`] with `MOSS_ENC_ATTN`.
+    pub fn enc_attn(&self) -> EncAttn {
+        pick_enc_attn(std::env::var("MOSS_ENC_ATTN").ok().as_deref(), self.has_sm90a())
+    }
+
     fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.cast(x, DType::F32)
     }
@@ -147,8 +180,8 @@ impl Cuda {
     }
 
     /// Causal GQA attention. Prompts up to [`ATTN_TILED_MAX`] take the tiled kernel; longer ones
-    /// the flash kernel (`cuda/attention_causal.cu`) when `flash` and the data are bf16 with head
-    /// dim [`FLASH_HD`], else the cuBLASLt path.
+    /// the flash kernel `path` ([`EncAttn::Flash`] / [`EncAttn::Wgmma`]) when the data are bf16
+    /// with head dim [`FLASH_HD`], else the cuBLASLt path.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn causal_attention_with(
         &self,
@@ -157,7 +190,7 @@ impl Cuda {
         v: &CudaTensor,
         scale: f64,
         prefix: &str,
-        flash: bool,
+        path: EncAttn,
     ) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
@@ -169,23 +202,17 @@ impl Cuda {
         if l == 0 {
             return Ok(out);
         }
-        if l > ATTN_TILED_MAX && flash && q.dtype == DType::BF16 && hd == FLASH_HD {
-            self.launch_2d(
-                &format!("{prefix}_fattn_bf16"),
-                (l.div_ceil(64) as u32, nh as u32),
-                128,
-                FLASH_SMEM,
-                &[
-                    Arg::P(out.ptr()),
-                    Arg::P(q.ptr()),
-                    Arg::P(k.ptr()),
-                    Arg::P(v.ptr()),
-                    Arg::I(l as i32),
-                    Arg::I(nh as i32),
-                    Arg::I(nkv as i32),
-                    Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-                ],
-            )?;
+        if l > ATTN_TILED_MAX && path != EncAttn::Gemm && q.dtype == DType::BF16 && hd == FLASH_HD {
+            self.launch_enc_flash(path, prefix, false, l, nh, &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::I(l as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+            ])?;
             return Ok(out);
         }
         if l > ATTN_TILED_MAX {
@@ -216,7 +243,8 @@ impl Cuda {
     /// [`EncoderOps::causal_attention_gated`] in one kernel: the flash kernel with the sigmoid
     /// gate in its epilogue, read in place out of `qg [L, H, 512]` (bf16, head dim [`FLASH_HD`],
     /// `L > ATTN_TILED_MAX` only). → `[L, H·256]`. `prefix` "moss_ctl_enc" runs the planted bug
-    /// (the gate of the KV head).
+    /// (the gate of the KV head). `path`: [`EncAttn::Flash`] or [`EncAttn::Wgmma`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn causal_attention_gated_fused(
         &self,
         q: &CudaTensor,
@@ -225,7 +253,9 @@ impl Cuda {
         qg: &CudaTensor,
         scale: f64,
         prefix: &str,
+        path: EncAttn,
     ) -> Result<CudaTensor> {
+        ensure!(path != EncAttn::Gemm, "causal_attention_gated: the fused gate needs a flash kernel");
         let (l, nh, hd) = dims3(q, "causal_attention_gated q")?;
         let (lk, nkv, hdk) = dims3(k, "causal_attention_gated k")?;
         ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention_gated: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
@@ -238,26 +268,35 @@ impl Cuda {
         ensure!(qg.shape == [l, nh, 2 * hd], "causal_attention_gated: qg {:?} for q {:?}", qg.shape, q.shape);
         let (k, v, qg) = (self.cast(k, q.dtype)?, self.cast(v, q.dtype)?, self.cast(qg, q.dtype)?);
         let out = self.alloc(q.dtype, &[l, nh * hd])?;
-        self.launch_2d(
-            &format!("{prefix}_fattn_gated_bf16"),
-            (l.div_ceil(64) as u32, nh as u32),
-            128,
-            FLASH_SMEM,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(q.ptr()),
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::I(l as i32),
-                Arg::I(nh as i32),
-                Arg::I(nkv as i32),
-                Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-                Arg::P(qg.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
-                Arg::L((nh * 2 * hd) as i64),
-                Arg::L((2 * hd) as i64),
-            ],
-        )?;
+        self.launch_enc_flash(path, prefix, true, l, nh, &[
+            Arg::P(out.ptr()),
+            Arg::P(q.ptr()),
+            Arg::P(k.ptr()),
+            Arg::P(v.ptr()),
+            Arg::I(l as i32),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+            Arg::P(qg.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
+            Arg::L((nh * 2 * hd) as i64),
+            Arg::L((2 * hd) as i64),
+        ])?;
         Ok(out)
+    }
+
+    /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
+    /// `{prefix}_fattn[_gated]_bf16`, grid (L/64, H), 128 threads, or on Hopper
+    /// `{prefix}_fattn_wg[_gated]_bf16`, grid (H, L/128) (heads of one row block together), 256.
+    fn launch_enc_flash(&self, path: EncAttn, prefix: &str, gated: bool, l: usize, nh: usize, args: &[Arg]) -> Result<()> {
+        let g = if gated { "_gated" } else { "" };
+        match path {
+            EncAttn::Wgmma => {
+                ensure!(self.has_sm90a(), "MOSS_ENC_ATTN=wgmma needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
+            }
+            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(64) as u32, nh as u32), 128, FLASH_SMEM, args),
+            EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
+        }
     }
 
     /// The long-prompt path of [`Cuda::causal_attention_with`]: per query chunk and per query
@@ -700,18 +739,19 @@ impl EncoderOps for Cuda {
         self.prof("head_norm_rope", || self.head_norm_rope_with(x, w, eps, rot, theta, P))
     }
     fn causal_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        let flash = !std::env::var("MOSS_ENC_ATTN").is_ok_and(|v| v == "gemm");
-        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, flash))
+        let path = self.enc_attn();
+        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, path))
     }
     fn causal_attention_gated(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, qg: &CudaTensor, scale: f64) -> Result<CudaTensor> {
+        let path = self.enc_attn();
         let fused = std::env::var("MOSS_ENC_ATTN_GATE").is_ok_and(|v| v == "fused")
-            && !std::env::var("MOSS_ENC_ATTN").is_ok_and(|v| v == "gemm")
+            && path != EncAttn::Gemm
             && q.dtype == DType::BF16
             && q.shape.len() == 3
             && q.shape[0] > ATTN_TILED_MAX
             && q.shape[2] == FLASH_HD;
         if fused {
-            return self.prof("causal_attention_gated", || self.causal_attention_gated_fused(q, k, v, qg, scale, P));
+            return self.prof("causal_attention_gated", || self.causal_attention_gated_fused(q, k, v, qg, scale, P, path));
         }
         crate::backend::ops::encoder::causal_attention_gated_unfused(self, q, k, v, qg, scale)
     }
@@ -745,5 +785,20 @@ impl EncoderOps for Cuda {
     }
     fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
         self.prof(op, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn enc_attn_switch() {
+        assert_eq!(pick_enc_attn(None, true), EncAttn::Wgmma);
+        assert_eq!(pick_enc_attn(Some("nonsense"), true), EncAttn::Wgmma);
+        assert_eq!(pick_enc_attn(None, false), EncAttn::Flash);
+        assert_eq!(pick_enc_attn(Some("gemm"), true), EncAttn::Gemm);
+        assert_eq!(pick_enc_attn(Some("wgmma"), true), EncAttn::Wgmma);
+        assert_eq!(pick_enc_attn(Some("wgmma"), false), EncAttn::Flash); // not on this GPU
+        assert_eq!(pick_enc_attn(Some("flash"), true), EncAttn::Flash);
     }
 }

@@ -4,7 +4,7 @@
 //! in [`super::gates::GATES`].
 
 use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
-use super::encoder::ATTN_TILED_MAX;
+use super::encoder::{EncAttn, ATTN_TILED_MAX};
 use super::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -96,6 +96,9 @@ fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -
 fn gate_attention(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    if !cx.cuda.has_sm90a() && cx.dtype == DType::BF16 {
+        println!("  enc causal attention: no sm_90a kernels on this GPU/build; the wgmma kernel is not gated (not used either)");
+    }
     // the real lengths and one with partial query and key tiles
     for l in [LENGTHS[0], LENGTHS[1], 777] {
         let (q, gq) = cx.input(&[l, HEADS, HEAD_DIM], 1.0)?;
@@ -118,18 +121,23 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let cu = cx.cuda.clone();
         let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[l, HEADS * HEAD_DIM]));
         // the flash kernel takes long bf16 prompts; the cuBLASLt path stays gated (MOSS_ENC_ATTN=gemm, fp32)
-        let paths: &[bool] = if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { &[true, false] } else { &[true] };
-        for &flash in paths {
-            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc", flash));
+        // (and on Hopper the wgmma flash kernel, the default there; MOSS_ENC_ATTN=flash the mma.sync one)
+        let flash_paths = flash_paths(cx);
+        let paths: Vec<EncAttn> =
+            if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { flash_paths.iter().copied().chain([EncAttn::Gemm]).collect() } else { vec![EncAttn::Flash] };
+        for &path in &paths {
+            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc", path));
             let (name, ctl) = if l <= ATTN_TILED_MAX {
                 ("enc causal_attention (tiled kernel)", "enc causal_attention, KV head h % Hkv")
-            } else if flash && cx.dtype == DType::BF16 {
+            } else if path == EncAttn::Flash && cx.dtype == DType::BF16 {
                 ("enc causal_attention (flash, hd 256)", "enc causal_attention (flash), key t+1 leaks in")
+            } else if path == EncAttn::Wgmma && cx.dtype == DType::BF16 {
+                ("enc causal_attention (flash wgmma sm_90a, hd 256)", "enc causal_attention (flash wgmma), key t+1 leaks in")
             } else {
                 ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
             };
             cx.judge(name, &s, Kind::Gate, b, &note, out, &want, rows.as_deref());
-            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", flash));
+            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", path));
             cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
         }
         // The sigmoid output gate fused into the flash kernel (MOSS_ENC_ATTN_GATE=fused): the gate
@@ -147,12 +155,23 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 }
             }
             let gs = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
-            for (prefix, kind, name) in [
-                ("moss_enc", Kind::Gate, "enc causal_attention_gated (flash, sigmoid gate fused)"),
-                ("moss_ctl_enc", Kind::Control, "enc causal_attention_gated, gate of the KV head"),
-            ] {
-                let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix);
-                cx.judge(name, &gs, kind, b, &note, out, &wg, rows.as_deref());
+            for &path in &flash_paths {
+                let wgmma = path == EncAttn::Wgmma;
+                for (prefix, kind, name) in [
+                    (
+                        "moss_enc",
+                        Kind::Gate,
+                        if wgmma { "enc causal_attention_gated (flash wgmma, sigmoid gate fused)" } else { "enc causal_attention_gated (flash, sigmoid gate fused)" },
+                    ),
+                    (
+                        "moss_ctl_enc",
+                        Kind::Control,
+                        if wgmma { "enc causal_attention_gated (wgmma), gate of the KV head" } else { "enc causal_attention_gated, gate of the KV head" },
+                    ),
+                ] {
+                    let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix, path);
+                    cx.judge(name, &gs, kind, b, &note, out, &wg, rows.as_deref());
+                }
             }
             // The unfused default (what the model runs without the switch) on the same inputs.
             let out = crate::backend::ops::encoder::causal_attention_gated_unfused(&cx.cuda, &gq, &gk, &gv, &gqg, scale);
@@ -171,6 +190,16 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         ensure!(rel_l2(&mine.data, &twin.data) == 0.0, "the gate's row-subset causal attention differs from the CPU twin");
     }
     Ok(())
+}
+
+/// The flash attention kernels this device runs: the mma.sync one, and on Hopper (sm_90a kernels
+/// loaded) the wgmma one; other GPUs do not have it and do not gate it (said once in the log).
+fn flash_paths(cx: &Cx) -> Vec<EncAttn> {
+    if cx.cuda.has_sm90a() {
+        vec![EncAttn::Flash, EncAttn::Wgmma]
+    } else {
+        vec![EncAttn::Flash]
+    }
 }
 
 /// The (L, width) cases of the elementwise gates: the real widths (8-wide vector kernels) and one
