@@ -1027,11 +1027,18 @@ impl VaeOps for Cuda {
         } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
         // Opt-in: K and V pre-split into hi/lo (cuda/vae_attn.cu moss_vae_flash2_d384).
         let flash2 = std::env::var("MOSS_VAE_ATTN").as_deref() == Ok("flash2") && q.shape.len() == 3 && self.flash2_fits(q.shape[2]);
+        // Opt-in: fp16 hi/lo split operands (cuda/vae_attn16.cu; MOSS_VAE_ATTN=f16 | f16r | f16o).
+        let f16 = std::env::var("MOSS_VAE_ATTN")
+            .ok()
+            .and_then(|w| super::vae_attn16::F16_VARIANTS.iter().find(|(n, _)| *n == w).map(|(_, kn)| *kn))
+            .filter(|_| q.shape.len() == 3 && self.f16_attn_fits(q.shape[2]));
         let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
             || {
-                if flash2 {
+                if let Some(kn) = f16 {
+                    self.spatial_attention_f16(q, k, v, kn)
+                } else if flash2 {
                     self.spatial_attention_flash2(q, k, v, "moss")
                 } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
