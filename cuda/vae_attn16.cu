@@ -1,6 +1,6 @@
 // The VAE mid block's single-head attention (D = 384) on fp16 tensor cores with hi/lo split
-// operands (opt-in `MOSS_VAE_ATTN=f16` / `f16r`; launch code: src/backend/cuda/vae.rs
-// `spatial_attention_f16`; the CPU twin is `spatial_attention` of src/backend/cpu/vae.rs).
+// operands (the default where its shared memory fits; `MOSS_VAE_ATTN=f16r` for MODE 1; launch
+// code: src/backend/cuda/vae_attn16.rs; the CPU twin is `spatial_attention` of src/backend/cpu/vae.rs).
 //
 // o = softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, D] fp32, no score matrix in memory.
 // 1. moss_vae_f16_maxabs: max |x| of each of q, k, v (all images; atomicMax on the float bits:
@@ -24,10 +24,11 @@
 //    P·2^15 (exact; P <= 1 so <= 32768) split into f16 hi/lo IN REGISTERS: the S accumulators of
 //    n8 tiles 2kk and 2kk+1 are the A fragment of the k16 step kk of P V (no exchange for P).
 //    O += P V: warp (rg, hf) owns O[16 rows][192 columns of half hf] (96 fp32 a thread); per n8
-//    tile one fresh tile for the 32 keys (2 k16 steps x lo·hi, hi·lo, hi·hi), RN add; MODE 2
-//    ("f16o", S as MODE 0) accumulates the six products straight into O (the tensor cores'
-//    truncating sums; no fresh tiles). ptxas (sm_90a): 255 registers, 68 bytes spilled (MODE 0;
-//    5 values of O reloaded per key tile), MODE 2 248 registers, no spill.
+//    tile one fresh tile for the 32 keys (2 k16 steps x lo·hi, hi·lo, hi·hi), RN add. MODE 2
+//    (a control since measured: moss_ctl3) accumulates the six products straight into O: the
+//    tensor cores' truncating sums over L/32 tiles give ~6e-4 relative L2 on the H200, 30x the
+//    fp32 bound (bench/notes-vaeattn16.md). ptxas (sm_90a): 255 registers, 68 bytes spilled
+//    (MODE 0; 5 values of O reloaded per key tile), MODE 2 248 registers, no spill.
 //    Output O / l · 2^-(sv+15) (exact fold into 1/l).
 //    Operands by ldmatrix from shared memory rows of [hi 384 | lo 384 | pad 8] halves (1552 B =
 //    97 x 16 B: the 8 row addresses of each 8x8 matrix hit distinct bank groups): Q (A, x4),
@@ -37,6 +38,7 @@
 //
 // BUG 1 (planted, moss_ctl_vae_attn16_d384): V's scale is not undone in the output.
 // BUG 2 (planted, moss_ctl2_vae_attn16_d384): the small terms of S (lo·hi, hi·lo) are dropped.
+// MODE 2 (moss_ctl3_vae_attn16_d384): P V accumulated straight into O (no fresh tiles).
 #include <cuda_fp16.h>
 #include "common.cuh"
 #include "mma.cuh"
@@ -325,6 +327,6 @@ MOSS_KERNEL void moss_vae_f16_prep(__half* dst, const float* q, const float* k, 
     }
 MOSS_VA16_KERNEL(moss_vae_attn16_d384, 0, 0)
 MOSS_VA16_KERNEL(moss_vae_attn16r_d384, 0, 1)
-MOSS_VA16_KERNEL(moss_vae_attn16o_d384, 0, 2)
+MOSS_VA16_KERNEL(moss_ctl3_vae_attn16_d384, 0, 2)
 MOSS_VA16_KERNEL(moss_ctl_vae_attn16_d384, 1, 0)
 MOSS_VA16_KERNEL(moss_ctl2_vae_attn16_d384, 2, 0)

@@ -318,7 +318,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                     cx.judge("vae spatial_attention flash2, second D-half of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
                 }
             }
-            // The opt-in fp16 hi/lo kernels (MOSS_VAE_ATTN=f16 | f16r | f16o), same inputs.
+            // The fp16 hi/lo kernels (the default f16; MOSS_VAE_ATTN=f16r), same inputs.
             if cx.cuda.f16_attn_fits(d) {
                 for (name, kn) in crate::backend::cuda::vae_attn16::F16_VARIANTS {
                     let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, kn);
@@ -329,6 +329,8 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                     cx.judge("vae spatial_attention f16, V's scale not undone", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
                     let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl2_vae_attn16_d384");
                     cx.judge("vae spatial_attention f16, small terms of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl3_vae_attn16_d384");
+                    cx.judge("vae spatial_attention f16, P V straight into O (no fresh tiles)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
                 }
             }
         }
