@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #8, helper "vaeattn16" (bench/notes-vaeattn16.md): the fp16 hi/lo attention kernels
-# (MOSS_VAE_ATTN=f16 | f16r | f16o, cuda/vae_attn16.cu) against the default (flash) and flash2,
-# one device call:
+# (MOSS_VAE_ATTN=f16 | f16r, cuda/vae_attn16.cu) against flash (the default before) and flash2,
+# one device call (as run on the H200: VARIANTS="flash2 f16 f16r f16o" with flash the default):
 #   1. `moss check --device cuda --model golden/tiny-a` (all gates; the flash / flash2 / f16 rows shown);
 #   2. full-size decoder (random weights, bench/vae_bench.py make-ckpt) at 1024 and 2048:
 #      `moss bench-vae --reps 3` per MOSS_VAE_ATTN value, the attention row of the per-op profile;
@@ -15,7 +15,7 @@ D=${D:-.dev-vaeattn16}
 OUT=${OUT:-/tmp/vaeattn16out}; mkdir -p "$OUT"
 W=${W:-/tmp/va16work}; mkdir -p $W
 VB=$D/vae_bench.py; [ -f $VB ] || VB=bench/vae_bench.py
-VARIANTS=${VARIANTS:-"flash2 f16 f16r f16o"}
+VARIANTS=${VARIANTS:-"flash flash2 f16r"}  # (f16o of the measured run is a control now; f16 the default)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); ts() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 [ -x $D/moss ] || { python3 -c "import lzma,shutil; shutil.copyfileobj(lzma.open('$D/moss.xz'), open('$D/moss','wb'))" && chmod +x $D/moss; }
@@ -35,7 +35,7 @@ summ() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.
 for side in 1024 2048; do
   ts "== $side"
   timeout 40 $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-f32 $W/moss$side.f32 --out-rgb $W/moss$side.rgb > $W/moss$side.json 2>&1
-  cp $W/moss$side.json $OUT/; summ $W/moss$side.json "default (flash) $side"
+  cp $W/moss$side.json $OUT/; summ $W/moss$side.json "default $side"
   EXTRA=""
   for va in $VARIANTS; do
     MOSS_VAE_ATTN=$va timeout 40 $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-f32 $W/${va}_$side.f32 --out-rgb $W/${va}_$side.rgb > $W/${va}_$side.json 2>&1
