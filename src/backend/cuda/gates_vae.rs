@@ -318,6 +318,21 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                     cx.judge("vae spatial_attention flash2, second D-half of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
                 }
             }
+            // The fp16 hi/lo kernels (the default f16; MOSS_VAE_ATTN=f16r), same inputs.
+            if cx.cuda.f16_attn_fits(d) {
+                for (name, kn) in crate::backend::cuda::vae_attn16::F16_VARIANTS {
+                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, kn);
+                    cx.judge(&format!("vae spatial_attention {name} (fp16 hi/lo split, P in registers)"), &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
+                }
+                if ctl {
+                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl_vae_attn16_d384");
+                    cx.judge("vae spatial_attention f16, V's scale not undone", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl2_vae_attn16_d384");
+                    cx.judge("vae spatial_attention f16, small terms of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl3_vae_attn16_d384");
+                    cx.judge("vae spatial_attention f16, P V straight into O (no fresh tiles)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
+                }
+            }
         }
     }
     // The row-subset reference against the CPU twin on a size the twin does whole.

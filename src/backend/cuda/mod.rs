@@ -12,6 +12,7 @@ pub mod gates_vae;
 pub mod ops;
 pub mod plan;
 pub mod vae;
+pub mod vae_attn16;
 
 pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};

@@ -16,11 +16,14 @@
 //! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
-//! - `spatial_attention`: by default (D = 384 on a GPU with 204 KB of shared memory a block) one
-//!   flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ` and `P·V`, online softmax in fp32,
-//!   no scores in memory; `MOSS_VAE_ATTN=split|cublas` for the others, `MOSS_VAE_ATTN=flash2`
-//!   opt-in: K and V split into hi/lo once, key tile 16, not measured yet; measured on the H200:
-//!   12.9 ms at L = 16384 and 205 ms at L = 65536 against 20.2 / 283 ms for `split`). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
+//! - `spatial_attention`: by default (D = 384 on a GPU with 210 KB of shared memory a block) one
+//!   flash-style kernel on fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu,
+//!   src/backend/cuda/vae_attn16.rs; measured on the H200: 5.5 ms at L = 16384 and 85.9 ms at
+//!   L = 65536; `MOSS_VAE_ATTN=f16r` a variant). `MOSS_VAE_ATTN=flash` (the default before, where
+//!   f16 does not fit but 204 KB do): one flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ`
+//!   and `P·V`, online softmax in fp32, no scores in memory; 12.9 / 205 ms);
+//!   `MOSS_VAE_ATTN=split|cublas` for the others, `MOSS_VAE_ATTN=flash2` (K and V split into
+//!   hi/lo once, key tile 16: 10.4 / 164.6 ms). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
 //!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
@@ -1027,11 +1030,21 @@ impl VaeOps for Cuda {
         } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
         // Opt-in: K and V pre-split into hi/lo (cuda/vae_attn.cu moss_vae_flash2_d384).
         let flash2 = std::env::var("MOSS_VAE_ATTN").as_deref() == Ok("flash2") && q.shape.len() == 3 && self.flash2_fits(q.shape[2]);
+        // The default where it fits: fp16 hi/lo split operands (cuda/vae_attn16.cu; measured on
+        // the H200: 85.9 ms at L = 65536 against 205 ms for `flash`, closer to float64);
+        // MOSS_VAE_ATTN=f16 | f16r picks a variant, any other value the kernels below.
+        let f16 = match std::env::var("MOSS_VAE_ATTN").as_deref() {
+            Ok(w) => super::vae_attn16::F16_VARIANTS.iter().find(|(n, _)| *n == w).map(|(_, kn)| *kn),
+            Err(_) => fast_kernels().then_some(super::vae_attn16::F16_VARIANTS[0].1),
+        }
+        .filter(|_| q.shape.len() == 3 && self.f16_attn_fits(q.shape[2]));
         let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
             || {
-                if flash2 {
+                if let Some(kn) = f16 {
+                    self.spatial_attention_f16(q, k, v, kn)
+                } else if flash2 {
                     self.spatial_attention_flash2(q, k, v, "moss")
                 } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
