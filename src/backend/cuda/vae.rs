@@ -94,6 +94,17 @@ pub enum ConvKernel {
     CtlHaloTf32x1,
     /// Planted: the small-Cout kernel with its taps mirrored in x.
     CtlSmallMirrored,
+    /// cuda/vae_conv16.cu (`MOSS_VAE_CONV=f16`): split fp16 on m16n8k16 (weights scaled by a
+    /// power of two per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the
+    /// small terms in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 →
+    /// `Tf32x3Tap`. An activation past the fp16 range sets the overflow flag (the decoder
+    /// decodes again on `Halo`).
+    F16,
+    /// The same with all 3 products in a fresh tile each k-step, lo parts unscaled
+    /// (`MOSS_VAE_CONV=f16a`).
+    F16A,
+    /// Planted: `F16` with the activation lo parts dropped.
+    CtlF16LoDropped,
 }
 
 impl ConvKernel {
@@ -103,7 +114,13 @@ impl ConvKernel {
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
+            ConvKernel::Halo
+            | ConvKernel::Halo32
+            | ConvKernel::CtlHaloTf32x1
+            | ConvKernel::CtlSmallMirrored
+            | ConvKernel::F16
+            | ConvKernel::F16A
+            | ConvKernel::CtlF16LoDropped => unreachable!("dispatched in conv2d_with"),
         }
     }
     /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
@@ -115,10 +132,27 @@ impl ConvKernel {
             Ok("tap") => ConvKernel::Tf32x3Tap,
             Ok("halo") => ConvKernel::Halo,
             Ok("halo32") => ConvKernel::Halo32,
+            Ok("f16") => ConvKernel::F16,
+            Ok("f16a") => ConvKernel::F16A,
             _ if fast_kernels() => ConvKernel::Halo,
             _ => ConvKernel::Tf32x3Tap,
         }
     }
+}
+
+/// The gates' override of the decoder's conv kernel (`None`: [`ConvKernel::default_kernel`]).
+static CONV_OVERRIDE: std::sync::Mutex<Option<ConvKernel>> = std::sync::Mutex::new(None);
+/// Gate-only: the overflow flag ignored (the decode keeps the fp16 result).
+static NO_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Make the decoder's convolutions run `k` (`None`: the default again); for the gates.
+pub(crate) fn set_conv_override(k: Option<ConvKernel>) {
+    *CONV_OVERRIDE.lock().unwrap() = k;
+}
+
+/// Gate-only: make [`VaeOps::conv_overflow`] report nothing (the planted "no fallback").
+pub(crate) fn set_no_fallback(on: bool) {
+    NO_FALLBACK.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out kernel) and the split-TF32
@@ -168,6 +202,12 @@ fn halo_smem_bytes(bm: usize, k: usize) -> usize {
 /// [`halo_smem_bytes`] of the fp32-weight-stream build (one weight copy a stage).
 fn halo_smem_bytes_w32(bm: usize, k: usize) -> usize {
     halo_smem_bytes(bm, k) - 4 * 2 * (k * k * bm * 8)
+}
+
+/// cuda/vae_conv16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
+/// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
+fn f16_smem_bytes(bm: usize, k: usize) -> usize {
+    2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
 }
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
@@ -238,18 +278,23 @@ impl Cuda {
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         match kernel {
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
             ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
                 return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false, kernel == ConvKernel::Halo32, None);
             }
-            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
+            ConvKernel::F16 | ConvKernel::F16A | ConvKernel::CtlF16LoDropped
+                if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) =>
+            {
+                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::F16A, kernel == ConvKernel::CtlF16LoDropped, bug);
+            }
+            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::CtlF16LoDropped => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
-        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32) { ConvKernel::Tf32x3Tap } else { kernel };
+        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A) { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -362,6 +407,85 @@ impl Cuda {
             ],
         )?;
         Ok(out)
+    }
+
+    /// The split-fp16 conv (cuda/vae_conv16.cu; k 1 or 3, any Cin): the weight scaled per output
+    /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
+    /// one block per output channel), then one launch. `var_a`: all 3 products in a fresh tile
+    /// (`moss_vae_conv16a_*`); `lo_dropped`: the planted build without the activation lo parts;
+    /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
+    /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv2d_f16(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: Option<&CudaTensor>,
+        up: bool,
+        var_a: bool,
+        lo_dropped: bool,
+        bug: i32,
+    ) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
+        ensure!(wcin == cin && k == k2 && (k == 1 || k == 3), "conv2d_f16: weight {:?} for input {:?}", w.shape, x.shape);
+        ensure!(b.is_none_or(|b| b.numel() == cout), "conv2d_f16: bias for {cout} outputs");
+        let (x, w) = (self.f32(x)?, self.f32(w)?);
+        let b = b.map(|b| self.f32(b)).transpose()?;
+        let bm = halo_bm(cout);
+        let sfx = format!("b{bm}_k{k}");
+        let mblocks = cout.div_ceil(bm);
+        let chunks = cin.div_ceil(16);
+        // [Cout/BM][Cin/16][tap][BM/16][hi|lo][lane][4] words of two halves.
+        let wf = self.alloc(DType::F32, &[mblocks * chunks * k * k * (bm / 16) * 2 * 128])?;
+        let rs = self.alloc(DType::F32, &[mblocks * bm])?;
+        let a = if var_a && !lo_dropped { "a" } else { "" };
+        self.launch(
+            &format!("moss_vae_wprep16{a}_{sfx}"),
+            (mblocks * bm) as u32,
+            256,
+            0,
+            &[Arg::P(wf.ptr()), Arg::P(rs.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(cin as i32)],
+        )?;
+        let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
+        ensure!((oh * ow) < i32::MAX as usize, "conv2d: picture {:?} too large", x.shape);
+        let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
+        let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
+        ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
+        let flag = self.vae_flag_ptr()?;
+        let prefix = if lo_dropped { "moss_ctl" } else { "moss" };
+        self.launch(
+            &format!("{prefix}_vae_conv16{a}_{sfx}"),
+            blocks as u32,
+            256,
+            f16_smem_bytes(bm, k) as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(wf.ptr()),
+                Arg::P(rs.ptr()),
+                Arg::P(b.as_ref().map_or(0, |b| b.ptr())),
+                Arg::I(cin as i32),
+                Arg::I(h as i32),
+                Arg::I(wd as i32),
+                Arg::I(cout as i32),
+                Arg::I(up as i32),
+                Arg::I(bug),
+                Arg::P(flag),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// The decoder's conv kernel: the gates' override, else [`ConvKernel::default_kernel`]; the
+    /// TF32 halo kernel in place of the fp16 ones while the decoder re-runs after an overflow.
+    fn conv_kernel(&self) -> ConvKernel {
+        let k = CONV_OVERRIDE.lock().unwrap().unwrap_or_else(ConvKernel::default_kernel);
+        if self.vae_tf32_fallback() && matches!(k, ConvKernel::F16 | ConvKernel::F16A) {
+            ConvKernel::Halo
+        } else {
+            k
+        }
     }
 
     /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`mirrored`: the planted
@@ -964,7 +1088,7 @@ impl VaeOps for Cuda {
     fn conv2d(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
         self.timed(
             || format!("conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if upsample2x { " up2x" } else { "" }),
-            || self.conv2d_with(x, w, b, upsample2x, ConvKernel::default_kernel(), 0),
+            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel(), 0),
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
@@ -1000,10 +1124,10 @@ impl VaeOps for Cuda {
                 // which is instruction-bound) than the separate pass cost (1024x1024: 125.9 ms of
                 // norm + convs fused against 121.0 unfused; bench/notes-vae2.md).
                 if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("1") {
-                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, ConvKernel::default_kernel(), "moss")
+                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, self.conv_kernel(), "moss")
                 } else {
                     let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
-                    self.conv2d_with(&t, w, b, up, ConvKernel::default_kernel(), 0)
+                    self.conv2d_with(&t, w, b, up, self.conv_kernel(), 0)
                 }
             },
         )
@@ -1045,6 +1169,13 @@ impl VaeOps for Cuda {
     }
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
+    }
+    fn conv_overflow(&self) -> Result<bool> {
+        let set = self.vae_flag_take()?;
+        Ok(set && !NO_FALLBACK.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    fn set_conv_fallback(&self, on: bool) {
+        self.set_vae_tf32_fallback(on)
     }
 }
 
