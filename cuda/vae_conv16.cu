@@ -27,6 +27,8 @@
 //   (2^-11 smaller: its truncation is 2^-11 below the big sum's), added as small·2^-11 at the end.
 //   VAR 0 (`conv16a`, LS = 0): all 3 products into a fresh tile each k-step, then the RN add
 //   (the halo kernel's scheme). Same instruction count; VAR 1 holds one more tile of registers.
+//   VAR 2 (`conv16b`, LS = 0): as VAR 0 but the fresh tile spans a row of k taps (3 k-steps for
+//   3x3): a third of the RN adds, three times the truncating adds into one fresh tile.
 // moss_ctl_vae_conv16_*: planted: the activation lo part dropped (stored as zero).
 #include "common.cuh"
 #include "mma.cuh"
@@ -125,6 +127,7 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
                        const float* __restrict__ rs, const float* __restrict__ bias, int cin, int h, int w, int cout,
                        int up, int bug, int* __restrict__ flag) {
     constexpr int LS = VAR == 1 ? 11 : 0;
+    constexpr int ST = VAR == 0 ? 1 : BM / 32;  // tiles of `sm` (VAR 1: small terms; VAR 2: the fresh tile)
     constexpr int MT = BM / 32;  // m16 tiles per warp
     constexpr int HR = TH + KS - 1, HC = TW + KS - 1, HN = HR * HC;
     constexpr int NU = 2 * HN;  // halo units: (channel half, pixel), 8 channels each
@@ -221,7 +224,7 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
         moss_mma::cp_async_commit();
     };
 
-    float acc[MT][4][4], sm[VAR == 1 ? MT : 1][4][4];
+    float acc[MT][4][4], sm[ST][4][4];
 #pragma unroll
     for (int a = 0; a < MT; a++)
 #pragma unroll
@@ -229,7 +232,7 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 acc[a][b][c] = 0.f;
-                if (VAR == 1) sm[a][b][c] = 0.f;
+                if (VAR != 0) sm[a < ST ? a : 0][b][c] = 0.f;
             }
     const float zero[4] = {0.f, 0.f, 0.f, 0.f};
     // ldmatrix.x4 row address of this lane: matrix j = lane / 8 (channel half j & 1, pixels
@@ -281,9 +284,22 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
                     float part[4];
+                    if (VAR == 2) {
+                        float (&f)[4] = sm[mt < ST ? mt : 0][nt];
+                        if (kx == 0)
+                            mma16(f, al[mt], bh[nt][0], bh[nt][1], zero);
+                        else
+                            mma16_acc(f, al[mt], bh[nt][0], bh[nt][1]);
+                        mma16_acc(f, ah[mt], bl[nt][0], bl[nt][1]);
+                        mma16_acc(f, ah[mt], bh[nt][0], bh[nt][1]);
+                        if (kx == KS - 1)
+#pragma unroll
+                            for (int c = 0; c < 4; c++) acc[mt][nt][c] = __fadd_rn(acc[mt][nt][c], f[c]);
+                        continue;
+                    }
                     if (VAR == 1) {
-                        mma16_acc(sm[mt][nt], al[mt], bh[nt][0], bh[nt][1]);
-                        mma16_acc(sm[mt][nt], ah[mt], bl[nt][0], bl[nt][1]);
+                        mma16_acc(sm[mt < ST ? mt : 0][nt], al[mt], bh[nt][0], bh[nt][1]);
+                        mma16_acc(sm[mt < ST ? mt : 0][nt], ah[mt], bl[nt][0], bl[nt][1]);
                         mma16(part, ah[mt], bh[nt][0], bh[nt][1], zero);
                     } else {
                         mma16(part, al[mt], bh[nt][0], bh[nt][1], zero);
@@ -317,7 +333,7 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float a = acc[mt][nt][2 * hf + e];
-                    if (VAR == 1) a = __fmaf_rn(sm[mt][nt][2 * hf + e], 1.f / 2048.f, a);
+                    if (VAR == 1) a = __fmaf_rn(sm[mt < ST ? mt : 0][nt][2 * hf + e], 1.f / 2048.f, a);
                     v[e] = __fadd_rn(__fmul_rn(a, sc), bb);
                 }
                 float* dp = on + (long)o * P + (long)Y * ow + X;
@@ -351,6 +367,11 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
         moss_vae_conv16a_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,  \
                                int cin, int h, int wd, int cout, int up, int bug, int* flag) {                   \
         moss_vaeconv16::conv16<0, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
+    }                                                                                                            \
+    MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
+        moss_vae_conv16b_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,  \
+                               int cin, int h, int wd, int cout, int up, int bug, int* flag) {                   \
+        moss_vaeconv16::conv16<2, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
     }                                                                                                            \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
         moss_ctl_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs,              \

@@ -5,7 +5,7 @@
 
 use super::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
 use super::ops::{CudaTensor, DType};
-use super::vae::ConvKernel;
+use super::vae::{ConvKernel, F16Var};
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -443,23 +443,27 @@ fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, false, 0);
-        cx.judge("vae conv2d split fp16 (small terms in a running tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-        let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, true, false, 0);
-        cx.judge("vae conv2d split fp16 (3 products in a fresh tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+        for (var, what) in [
+            (F16Var::Running, "vae conv2d split fp16 (small terms in a running tile)"),
+            (F16Var::A, "vae conv2d split fp16 f16a (3 products in a fresh tile a tap)"),
+            (F16Var::B, "vae conv2d split fp16 f16b (3 products in a fresh tile a tap row)"),
+        ] {
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, var, false, 0);
+            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+        }
         if k == 1 && !up {
             let zero = Tensor::new(vec![cout], vec![0.0; cout])?;
             let want0 = cx.cpu.conv2d(&x, &w, &zero, false)?;
-            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, false, false, 0);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, F16Var::Running, false, 0);
             cx.judge("vae conv2d split fp16, null bias (GEMM)", &s, Kind::Gate, F32_GEMM, "", out, &want0, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, true, 0);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, true, 0);
             cx.judge("vae conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, false, 2);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 2);
             cx.judge("vae conv2d split fp16, channel 5's weight scale not undone", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, false, 1);
+                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 1);
                 cx.judge("vae conv2d split fp16, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -489,7 +493,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let s = shape_str(&[&xs, &ws]);
     cx.cuda.vae_flag_take()?;
     let flag_of = |cx: &mut Cx, gx: &CudaTensor| -> Result<bool> {
-        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, false, false, 0)?;
+        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, F16Var::Running, false, 0)?;
         cx.cuda.sync()?;
         drop(o);
         cx.cuda.vae_flag_take()
@@ -501,7 +505,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
     let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo, 0);
     cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, false, false, 0);
+    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, F16Var::Running, false, 0);
     cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
     cx.cuda.vae_flag_take()?;
     let _ = x_ok;

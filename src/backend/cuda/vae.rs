@@ -103,6 +103,8 @@ pub enum ConvKernel {
     /// The same with all 3 products in a fresh tile each k-step, lo parts unscaled
     /// (`MOSS_VAE_CONV=f16a`).
     F16A,
+    /// As `F16A` with the fresh tile over a row of taps (3 k-steps of a 3x3; `MOSS_VAE_CONV=f16b`).
+    F16B,
     /// Planted: `F16` with the activation lo parts dropped.
     CtlF16LoDropped,
 }
@@ -120,6 +122,7 @@ impl ConvKernel {
             | ConvKernel::CtlSmallMirrored
             | ConvKernel::F16
             | ConvKernel::F16A
+            | ConvKernel::F16B
             | ConvKernel::CtlF16LoDropped => unreachable!("dispatched in conv2d_with"),
         }
     }
@@ -134,6 +137,7 @@ impl ConvKernel {
             Ok("halo32") => ConvKernel::Halo32,
             Ok("f16") => ConvKernel::F16,
             Ok("f16a") => ConvKernel::F16A,
+            Ok("f16b") => ConvKernel::F16B,
             _ if fast_kernels() => ConvKernel::Halo,
             _ => ConvKernel::Tf32x3Tap,
         }
@@ -202,6 +206,18 @@ fn halo_smem_bytes(bm: usize, k: usize) -> usize {
 /// [`halo_smem_bytes`] of the fp32-weight-stream build (one weight copy a stage).
 fn halo_smem_bytes_w32(bm: usize, k: usize) -> usize {
     halo_smem_bytes(bm, k) - 4 * 2 * (k * k * bm * 8)
+}
+
+/// The split-fp16 conv's accumulation (cuda/vae_conv16.cu VAR 1, 0, 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F16Var {
+    /// hi·hi in a fresh tile each k-step (RN add), the small terms (lo parts times 2^11) in one
+    /// running tile (`moss_vae_conv16_*`).
+    Running,
+    /// All 3 products in a fresh tile each k-step, lo parts unscaled (`moss_vae_conv16a_*`).
+    A,
+    /// As `A`, the fresh tile over a row of taps (`moss_vae_conv16b_*`).
+    B,
 }
 
 /// cuda/vae_conv16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
@@ -278,23 +294,28 @@ impl Cuda {
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         match kernel {
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
             ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
                 return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false, kernel == ConvKernel::Halo32, None);
             }
-            ConvKernel::F16 | ConvKernel::F16A | ConvKernel::CtlF16LoDropped
+            ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlF16LoDropped
                 if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) =>
             {
-                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::F16A, kernel == ConvKernel::CtlF16LoDropped, bug);
+                let var = match kernel {
+                    ConvKernel::F16A => F16Var::A,
+                    ConvKernel::F16B => F16Var::B,
+                    _ => F16Var::Running,
+                };
+                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, var, kernel == ConvKernel::CtlF16LoDropped, bug);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::CtlF16LoDropped => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
-        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A) { ConvKernel::Tf32x3Tap } else { kernel };
+        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -411,8 +432,8 @@ impl Cuda {
 
     /// The split-fp16 conv (cuda/vae_conv16.cu; k 1 or 3, any Cin): the weight scaled per output
     /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
-    /// one block per output channel), then one launch. `var_a`: all 3 products in a fresh tile
-    /// (`moss_vae_conv16a_*`); `lo_dropped`: the planted build without the activation lo parts;
+    /// one block per output channel), then one launch. `var`: the accumulation ([`F16Var`]);
+    /// `lo_dropped`: the planted build without the activation lo parts;
     /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
     /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
     #[allow(clippy::too_many_arguments)]
@@ -422,7 +443,7 @@ impl Cuda {
         w: &CudaTensor,
         b: Option<&CudaTensor>,
         up: bool,
-        var_a: bool,
+        var: F16Var,
         lo_dropped: bool,
         bug: i32,
     ) -> Result<CudaTensor> {
@@ -439,9 +460,14 @@ impl Cuda {
         // [Cout/BM][Cin/16][tap][BM/16][hi|lo][lane][4] words of two halves.
         let wf = self.alloc(DType::F32, &[mblocks * chunks * k * k * (bm / 16) * 2 * 128])?;
         let rs = self.alloc(DType::F32, &[mblocks * bm])?;
-        let a = if var_a && !lo_dropped { "a" } else { "" };
+        let (a, prep) = match var {
+            _ if lo_dropped => ("", ""),
+            F16Var::Running => ("", ""),
+            F16Var::A => ("a", "a"),
+            F16Var::B => ("b", "a"),
+        };
         self.launch(
-            &format!("moss_vae_wprep16{a}_{sfx}"),
+            &format!("moss_vae_wprep16{prep}_{sfx}"),
             (mblocks * bm) as u32,
             256,
             0,
@@ -481,7 +507,7 @@ impl Cuda {
     /// TF32 halo kernel in place of the fp16 ones while the decoder re-runs after an overflow.
     fn conv_kernel(&self) -> ConvKernel {
         let k = CONV_OVERRIDE.lock().unwrap().unwrap_or_else(ConvKernel::default_kernel);
-        if self.vae_tf32_fallback() && matches!(k, ConvKernel::F16 | ConvKernel::F16A) {
+        if self.vae_tf32_fallback() && matches!(k, ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) {
             ConvKernel::Halo
         } else {
             k
