@@ -62,7 +62,8 @@ for side in 1024 2048; do
   ts "== $side"
   for v in halo f16 f16a f16b; do
     pre=$W/${v}_$side; [ $v = halo ] && pre=$W/moss$side
-    MOSS_VAE_CONV=$v $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps 3 --out-f32 $pre.f32 --out-rgb $pre.rgb > $pre.json 2>$W/${v}_$side.err
+    reps=3; [ $v = f16a -o $v = f16b ] && reps=2
+    MOSS_VAE_CONV=$v $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps $reps --out-f32 $pre.f32 --out-rgb $pre.rgb > $pre.json 2>$W/${v}_$side.err
     cp $pre.json $OUT/${v}_$side.json; cp $W/${v}_$side.err $OUT/ 2>/dev/null
     summ $pre.json "$v $side"
   done
