@@ -68,7 +68,7 @@ for side in 1024 2048; do
     summ $pre.json "$v $side"
   done
   ts "ref $side"
-  VAE_EXTRA="moss f16 (MOSS_VAE_CONV=f16)=$W/f16_$side,moss f16a (MOSS_VAE_CONV=f16a)=$W/f16a_$side,moss f16b (MOSS_VAE_CONV=f16b)=$W/f16b_$side" python3 $VB ref $W $side > $OUT/ref$side.txt 2>&1 || echo "ref $side failed"
+  VAE_EXTRA="moss f16 (MOSS_VAE_CONV f16)=$W/f16_$side,moss f16a (MOSS_VAE_CONV f16a)=$W/f16a_$side,moss f16b (MOSS_VAE_CONV f16b)=$W/f16b_$side" python3 $VB ref $W $side > $OUT/ref$side.txt 2>&1 || echo "ref $side failed"
   tail -3 $OUT/ref$side.txt | cut -c1-300
   cp $W/table$side.json $OUT/ 2>/dev/null
   table $side
