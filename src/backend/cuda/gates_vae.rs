@@ -74,11 +74,11 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fast kernels)" };
+        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (MOSS_VAE_CONV=halo; fp16 overflow re-run)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
             (ConvKernel::Halo32, "vae conv2d split-TF32 halo, fp32 weight stream"),
-            (ConvKernel::F16, if cout <= 4 { "vae conv2d small-Cout f64 SIMT (MOSS_VAE_CONV=f16)" } else { "vae conv2d split fp16 (MOSS_VAE_CONV=f16)" }),
+            (ConvKernel::F16, if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default, f16)" } else { "vae conv2d split fp16 (default, MOSS_VAE_CONV=f16)" }),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
             (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
@@ -379,7 +379,8 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let comp = ck.open_component("vae")?;
     let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
     let c = ck.vae.packed_channels();
-    for conv in [None, Some(ConvKernel::F16)] {
+    // The default convs (split fp16) and the TF32 halo kernel (MOSS_VAE_CONV=halo, the overflow re-run).
+    for conv in [None, Some(ConvKernel::Halo)] {
         super::vae::set_conv_override(conv);
         let r = split_decode_rows(cx, &vae, c, conv);
         super::vae::set_conv_override(None);
@@ -390,7 +391,7 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
 
 fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<super::ops::Cuda>, c: usize, conv: Option<ConvKernel>) -> Result<()> {
     use crate::model::vae::{Split, Strips};
-    let tag = if conv.is_some() { " [conv f16]" } else { "" };
+    let tag = conv.map_or(String::new(), |k| format!(" [conv {k:?}]"));
     for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
         let z = Tensor::new(vec![1, c, h, w], cx.rng.normals(c * h * w, 1.0))?;
         let whole = vae.decode_with(&cx.cuda, &z, Split::Whole)?;

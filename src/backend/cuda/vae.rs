@@ -3,8 +3,12 @@
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
 //! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
-//!   tensor cores with split TF32 (3 products per tile, fp32 accuracy): by default the
-//!   halo kernel of cuda/vae_conv.cu with conv_out's 3 outputs on an f64 SIMT kernel; with
+//!   tensor cores with split fp16 or split TF32 (3 products per tile, fp32 accuracy): by default
+//!   the split-fp16 kernel of cuda/vae_conv16.cu (m16n8k16; measured on the H200: 100.5 ms a
+//!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048;
+//!   bench/notes-vaeconv16.md); an activation past the fp16 range sets a device flag and the
+//!   decoder decodes again on the TF32 halo kernel of cuda/vae_conv.cu (`MOSS_VAE_CONV=halo`
+//!   takes that one throughout); conv_out's 3 outputs on an f64 SIMT kernel; with
 //!   `MOSS_VAE_KERNELS=classic` (or `MOSS_VAE_CONV=tap`) the earlier per-k-step gather kernel
 //!   (tap-major); or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
@@ -81,7 +85,8 @@ pub enum ConvKernel {
     /// Split TF32 with the weight re-laid out tap-major (`[Cout, k, k, Cin]`), so one k-step
     /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`).
     Tf32x3Tap,
-    /// The default (cuda/vae_conv.cu): Cout <= 4 (conv_out) → the f64 SIMT kernel
+    /// The default until the split-fp16 kernel (cuda/vae_conv.cu; `MOSS_VAE_CONV=halo`, and the
+    /// decoder's re-run after an fp16 overflow): Cout <= 4 (conv_out) → the f64 SIMT kernel
     /// (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32 halo kernel (weights
     /// pre-split and in fragment order, 8-channel input halos, cp.async); else `Tf32x3Tap`.
     Halo,
@@ -94,7 +99,7 @@ pub enum ConvKernel {
     CtlHaloTf32x1,
     /// Planted: the small-Cout kernel with its taps mirrored in x.
     CtlSmallMirrored,
-    /// cuda/vae_conv16.cu (`MOSS_VAE_CONV=f16`): split fp16 on m16n8k16 (weights scaled by a
+    /// The default: cuda/vae_conv16.cu (`MOSS_VAE_CONV=f16`): split fp16 on m16n8k16 (weights scaled by a
     /// power of two per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the
     /// small terms in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 →
     /// `Tf32x3Tap`. An activation past the fp16 range sets the overflow flag (the decoder
@@ -126,8 +131,9 @@ impl ConvKernel {
             | ConvKernel::CtlF16LoDropped => unreachable!("dispatched in conv2d_with"),
         }
     }
-    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
-    /// and tap-major fallbacks) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
+    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo|halo32|f16|f16a|f16b` if set, else the split-fp16
+    /// kernel (with its small-Cout and tap-major fallbacks, and the decoder's TF32 re-run after an
+    /// overflow) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
@@ -138,7 +144,7 @@ impl ConvKernel {
             Ok("f16") => ConvKernel::F16,
             Ok("f16a") => ConvKernel::F16A,
             Ok("f16b") => ConvKernel::F16B,
-            _ if fast_kernels() => ConvKernel::Halo,
+            _ if fast_kernels() => ConvKernel::F16,
             _ => ConvKernel::Tf32x3Tap,
         }
     }
