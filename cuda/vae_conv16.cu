@@ -19,9 +19,9 @@
 //   contiguous bytes, no bank conflict) and runs all k*k taps from it, while the next chunk's
 //   weights stream in with cp.async and its halo is prefetched into registers (2 stages).
 //   Activations are not scaled: |x| > 65504 (or not finite) sets the device flag `flag`
-//   (atomicOr, once a block) and the decoder decodes again on the TF32 path.
+//   (warp vote, then one atomicOr a warp) and the decoder decodes again on the TF32 path.
 // - Accumulation (the tensor cores truncate fp32 sums): VAR 1 (`conv16`): the activation and
-//   weight lo parts are stored times 2^11 (LS = 11, so they are normal down to |x| ~ 2^-14 / ...);
+//   weight lo parts are stored times 2^11 (LS = 11: exact, and they stay normal while hi is);
 //   hi·hi goes into a fresh tile each k-step (16 channels x 1 tap) that is added to the running sum
 //   with a round-to-nearest add; the small terms lo·hi + hi·lo go straight into one running tile
 //   (2^-11 smaller: its truncation is 2^-11 below the big sum's), added as small·2^-11 at the end.
