@@ -13,7 +13,9 @@
 set -u
 D=${D:-.dev-vaeconv16}
 OUT=${OUT:-/tmp/vc16out}; mkdir -p "$OUT"
-W=/tmp/vc16work; mkdir -p $W
+W=/tmp/vc16work; mkdir -p $W/out
+# $OUT gets few files (a run returns at most 8): check.txt, make.txt and one archive a picture size
+# (bench-vae JSONs, stderr, ref logs, tables); `table` reads the tables from $W/out.
 VB=$D/vae_bench.py; [ -f $VB ] || VB=bench/vae_bench.py
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); ts() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
@@ -34,7 +36,7 @@ j=json.load(open(sys.argv[1]))
 conv=sum(r['ms'] for r in j.get('profile',[]) if 'conv' in r['op'])
 print(f\"{sys.argv[2]:14} forward {j.get('forward_ms')} median {j.get('forward_ms_median'):.2f}  decode_rgb8 median {j.get('decode_rgb8_ms_median'):.2f}  convs (profile) {conv:.1f} ms\")
 " "$@" 2>/dev/null || { echo "$2: FAILED"; tail -c 600 "$1"; }; }
-table() { python3 - $OUT "$@" <<'PY'
+table() { python3 - $W/out "$@" <<'PY'
 import json, sys
 o = sys.argv[1]
 def prof(f):
@@ -64,14 +66,15 @@ for side in 1024 2048; do
     pre=$W/${v}_$side; [ $v = halo ] && pre=$W/moss$side
     reps=3; [ $v = f16a -o $v = f16b ] && reps=2
     MOSS_VAE_CONV=$v $M bench-vae --model $W/full --device cuda --latents $W/z$side.f32 --reps $reps --out-f32 $pre.f32 --out-rgb $pre.rgb > $pre.json 2>$W/${v}_$side.err
-    cp $pre.json $OUT/${v}_$side.json; cp $W/${v}_$side.err $OUT/ 2>/dev/null
+    cp $pre.json $W/out/${v}_$side.json; cp $W/${v}_$side.err $W/out/ 2>/dev/null
     summ $pre.json "$v $side"
   done
   ts "ref $side"
-  VAE_EXTRA="moss f16 (MOSS_VAE_CONV f16)=$W/f16_$side,moss f16a (MOSS_VAE_CONV f16a)=$W/f16a_$side,moss f16b (MOSS_VAE_CONV f16b)=$W/f16b_$side" python3 $VB ref $W $side > $OUT/ref$side.txt 2>&1 || echo "ref $side failed"
-  tail -3 $OUT/ref$side.txt | cut -c1-300
-  cp $W/table$side.json $OUT/ 2>/dev/null
+  VAE_EXTRA="moss f16 (MOSS_VAE_CONV f16)=$W/f16_$side,moss f16a (MOSS_VAE_CONV f16a)=$W/f16a_$side,moss f16b (MOSS_VAE_CONV f16b)=$W/f16b_$side" python3 $VB ref $W $side > $W/out/ref$side.txt 2>&1 || echo "ref $side failed"
+  tail -3 $W/out/ref$side.txt | cut -c1-300
+  cp $W/table$side.json $W/out/ 2>/dev/null
   table $side
+  tar -C $W/out -czf $OUT/side$side.tgz . 2>/dev/null
 done
 ts "== table"
 grep -E "kernel gates|all passed|FAIL|ACCEPTED" $OUT/check.txt | head -5
