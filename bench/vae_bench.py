@@ -167,7 +167,7 @@ def ref(out, side):
     # VAE_EXTRA="name=PREFIX,...": more moss outputs (PREFIX.f32 / .rgb / .json of `moss bench-vae`,
     # e.g. an opt-in switch) against the same float64 decode
     for item in filter(None, os.environ.get("VAE_EXTRA", "").split(",")):
-        name, pre = item.split("=", 1)
+        name, pre = item.rsplit("=", 1)  # the name may hold '=' (e.g. "MOSS_VAE_CONV=f16")
         img = torch.from_numpy(np.fromfile(f"{pre}.f32", dtype="<f4").reshape(3, h, w))
         px = torch.from_numpy(np.fromfile(f"{pre}.rgb", dtype=np.uint8).reshape(h, w, 3))
         mean, mx = stats(img, img64)

@@ -437,6 +437,26 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode`] with the split given.
     pub fn decode_with(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
+        self.with_overflow_fallback(b, || self.decode_once(b, z, split))
+    }
+
+    /// `run` (a decode); again with the convolutions on their full-range kernel when one of
+    /// them reported an overflow ([`VaeOps::conv_overflow`]; one line on stderr). The flag is read
+    /// once, after the decode (which has synchronised to bring its result back anyway).
+    fn with_overflow_fallback<T>(&self, b: &B, run: impl Fn() -> Result<T>) -> Result<T> {
+        b.conv_overflow()?; // a stale flag (an earlier failed decode) is not this decode's
+        let r = run()?;
+        if !b.conv_overflow()? {
+            return Ok(r);
+        }
+        eprintln!("moss: VAE decode: an activation past the fp16 range (|x| > 65504) in the fp16-split convolution; decoding again with the TF32 convolution");
+        b.set_conv_fallback(true);
+        let r = run();
+        b.set_conv_fallback(false);
+        r
+    }
+
+    fn decode_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
         let gz = b.upload_f32(z)?;
         let mut img = match split {
             Split::Whole => b.download(&self.forward(b, &gz)?)?,
@@ -462,6 +482,10 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode_rgb8`] with the split given.
     pub fn decode_rgb8_with(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
+        self.with_overflow_fallback(b, || self.decode_rgb8_once(b, z, split))
+    }
+
+    fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
         let gz = b.upload_f32(z)?;
         match split {
             Split::Whole => b.to_rgb8(&self.forward(b, &gz)?),

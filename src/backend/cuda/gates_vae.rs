@@ -5,7 +5,7 @@
 
 use super::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
 use super::ops::{CudaTensor, DType};
-use super::vae::ConvKernel;
+use super::vae::{ConvKernel, F16Var};
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -13,6 +13,8 @@ use anyhow::Result;
 pub const GATES: &[(&str, GateFn)] = &[
     ("vae bn_unpatchify", gate_bn_unpatchify),
     ("vae conv2d", gate_conv),
+    ("vae conv2d split fp16", gate_conv_f16),
+    ("vae conv2d fp16 overflow fallback", gate_conv_f16_overflow),
     ("vae group_norm", gate_group_norm),
     ("vae conv2d GroupNorm fused", gate_conv_normed),
     ("vae spatial_attention", gate_attention),
@@ -72,10 +74,11 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fast kernels)" };
+        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (MOSS_VAE_CONV=halo; fp16 overflow re-run)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
             (ConvKernel::Halo32, "vae conv2d split-TF32 halo, fp32 weight stream"),
+            (ConvKernel::F16, if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default, f16)" } else { "vae conv2d split fp16 (default, MOSS_VAE_CONV=f16)" }),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
             (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
@@ -383,7 +386,7 @@ fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
 /// not multiples of the conv's 128-pixel tile), and the RGB8 bytes too. Control: strips without
 /// their halo rows. Skipped without a checkpoint (like `load`).
 fn gate_split_decode(cx: &mut Cx) -> Result<()> {
-    use crate::model::vae::{Split, Strips, VaeDecoder};
+    use crate::model::vae::VaeDecoder;
     if !fp32_pass(cx) {
         return Ok(());
     }
@@ -391,10 +394,23 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let comp = ck.open_component("vae")?;
     let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
     let c = ck.vae.packed_channels();
+    // The default convs (split fp16) and the TF32 halo kernel (MOSS_VAE_CONV=halo, the overflow re-run).
+    for conv in [None, Some(ConvKernel::Halo)] {
+        super::vae::set_conv_override(conv);
+        let r = split_decode_rows(cx, &vae, c, conv);
+        super::vae::set_conv_override(None);
+        r?;
+    }
+    Ok(())
+}
+
+fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<super::ops::Cuda>, c: usize, conv: Option<ConvKernel>) -> Result<()> {
+    use crate::model::vae::{Split, Strips};
+    let tag = conv.map_or(String::new(), |k| format!(" [conv {k:?}]"));
     for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
         let z = Tensor::new(vec![1, c, h, w], cx.rng.normals(c * h * w, 1.0))?;
         let whole = vae.decode_with(&cx.cuda, &z, Split::Whole)?;
-        let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}", 16 * w, 16 * h);
+        let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}{tag}", 16 * w, 16 * h);
         for (kind, no_halo, what) in [
             (Kind::Gate, false, "vae split decode == whole (float bits)"),
             (Kind::Control, true, "vae split decode without halo rows"),
@@ -412,5 +428,127 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
         let out = px(Split::strips(rows)).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
         cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
     }
+    Ok(())
+}
+
+/// The split-fp16 conv (cuda/vae_conv16.cu, `MOSS_VAE_CONV=f16`) at the decoder's shapes (384->384
+/// 3x3 at 64², 192->96 3x3 at 96², 1x1, upsample, odd sizes with Cin off the 16-channel chunk),
+/// both accumulation variants (F16: the small terms in one running tile; F16A: all 3 products
+/// in a fresh tile a k-step) against the f64 CPU twin; a null bias (the GEMM use); controls: the
+/// activation lo parts dropped, one output channel's weight scale not undone, the upsample fold
+/// off by one.
+fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    // (input shape, cout, k, upsample, controls?)
+    let cases: &[([usize; 4], usize, usize, bool, bool)] = &[
+        ([1, 384, 64, 64], 384, 3, false, true),
+        ([1, 192, 96, 96], 96, 3, false, false),
+        ([1, 32, 128, 128], 96, 3, false, false), // up block 3's 96 from a 32-channel input
+        ([1, 384, 64, 64], 192, 1, false, true),
+        ([1, 192, 64, 64], 192, 3, true, true),
+        ([2, 40, 37, 45], 52, 3, true, false),
+        ([1, 24, 21, 19], 130, 1, false, false),
+    ];
+    for &(xs, cout, k, up, controls) in cases {
+        let cin = xs[1];
+        let ws = [cout, cin, k, k];
+        let (x, gx) = cx.input(&xs, 1.0)?;
+        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
+        let (b, gb) = cx.input(&[cout], 0.1)?;
+        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
+        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        for (var, what) in [
+            (F16Var::Running, "vae conv2d split fp16 (small terms in a running tile)"),
+            (F16Var::A, "vae conv2d split fp16 f16a (3 products in a fresh tile a tap)"),
+            (F16Var::B, "vae conv2d split fp16 f16b (3 products in a fresh tile a tap row)"),
+        ] {
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, var, false, 0);
+            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+        }
+        if k == 1 && !up {
+            let zero = Tensor::new(vec![cout], vec![0.0; cout])?;
+            let want0 = cx.cpu.conv2d(&x, &w, &zero, false)?;
+            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, F16Var::Running, false, 0);
+            cx.judge("vae conv2d split fp16, null bias (GEMM)", &s, Kind::Gate, F32_GEMM, "", out, &want0, None);
+        }
+        if controls {
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, true, 0);
+            cx.judge("vae conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 2);
+            cx.judge("vae conv2d split fp16, channel 5's weight scale not undone", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+            if up {
+                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 1);
+                cx.judge("vae conv2d split fp16, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fp16 range: an input with a 1e6 value sets the overflow flag (a normal input does not),
+/// and the decoder (`--model`) on latents with a 1e6 value, convs forced to fp16, decodes again
+/// on the TF32 halo kernel: its float picture must be the halo decode's bit for bit. Controls:
+/// the fp16 conv's own result on the 1e6 input (no fallback) against the CPU twin; the decode
+/// with the flag ignored against the halo decode.
+fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
+    use crate::backend::ops::VaeOps;
+    if !fp32_pass(cx) {
+        return Ok(());
+    }
+    let xs = [1usize, 64, 32, 32];
+    let ws = [96usize, 64, 3, 3];
+    let n: usize = xs.iter().product();
+    let mut data = cx.rng.normals(n, 1.0);
+    let (x_ok, gx_ok) = cx.exact(Tensor::new(xs.to_vec(), data.clone())?, DType::F32)?;
+    data[5 * 1024 + 17 * 32 + 9] = 1.0e6;
+    let (x_big, gx_big) = cx.exact(Tensor::new(xs.to_vec(), data)?, DType::F32)?;
+    let (w, gw) = cx.input(&ws, 1.0 / (64.0f64 * 9.0).sqrt())?;
+    let (b, gb) = cx.input(&[96], 0.1)?;
+    let s = shape_str(&[&xs, &ws]);
+    cx.cuda.vae_flag_take()?;
+    let flag_of = |cx: &mut Cx, gx: &CudaTensor| -> Result<bool> {
+        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, F16Var::Running, false, 0)?;
+        cx.cuda.sync()?;
+        drop(o);
+        cx.cuda.vae_flag_take()
+    };
+    let set_ok = flag_of(cx, &gx_ok)?;
+    let set_big = flag_of(cx, &gx_big)?;
+    cx.judge_value("vae conv2d fp16 overflow flag: clear on a normal input", &s, Kind::Gate, EXACT, "1 if set", if set_ok { 1.0 } else { 0.0 });
+    cx.judge_value("vae conv2d fp16 overflow flag: set on one 1e6 value", &s, Kind::Gate, EXACT, "1 if not set", if set_big { 0.0 } else { 1.0 });
+    let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
+    let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo, 0);
+    cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
+    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, F16Var::Running, false, 0);
+    cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
+    cx.cuda.vae_flag_take()?;
+    let _ = x_ok;
+
+    let Some(ck) = cx.ck.clone() else { return Ok(()) };
+    use crate::model::vae::{Split, VaeDecoder};
+    let comp = ck.open_component("vae")?;
+    let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
+    let c = ck.vae.packed_channels();
+    let (h, w) = (6usize, 5usize);
+    let mut zd = cx.rng.normals(c * h * w, 1.0);
+    zd[3 * h * w + 2 * w + 1] = 1.0e6;
+    let z = Tensor::new(vec![1, c, h, w], zd)?;
+    let s = format!("1x{c}x{h}x{w}, one latent 1e6");
+    let decode = |cx: &Cx, k: ConvKernel| -> Result<Tensor> {
+        super::vae::set_conv_override(Some(k));
+        let r = vae.decode_with(&cx.cuda, &z, Split::Whole);
+        super::vae::set_conv_override(None);
+        r
+    };
+    let want = decode(cx, ConvKernel::Halo)?;
+    let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
+    cx.judge("vae decode, fp16 convs, overflow -> TF32 re-run == TF32 decode (bits)", &s, Kind::Gate, EXACT, "", out, &want, None);
+    super::vae::set_no_fallback(true);
+    let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
+    super::vae::set_no_fallback(false);
+    cx.cuda.conv_overflow()?;
+    cx.judge("vae decode, fp16 convs, overflow flag ignored", &s, Kind::Control, EXACT, "", out, &want, None);
     Ok(())
 }

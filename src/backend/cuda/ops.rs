@@ -180,6 +180,10 @@ struct Inner {
     staging: Mutex<Option<Staging>>,
     poison: AtomicBool,
     sms: u32,
+    /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
+    /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae.rs).
+    vae_flag: Mutex<Option<CudaTensor>>,
+    vae_tf32_fallback: AtomicBool,
 }
 
 /// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
@@ -232,6 +236,8 @@ impl Cuda {
             staging: Mutex::new(None),
             poison: AtomicBool::new(false),
             sms,
+            vae_flag: Mutex::new(None),
+            vae_tf32_fallback: AtomicBool::new(false),
         };
         Ok(Cuda { inner: Arc::new(inner), precision })
     }
@@ -242,6 +248,40 @@ impl Cuda {
 
     pub fn gpu(&self) -> &Gpu {
         &self.inner.gpu
+    }
+
+    /// Device address of the fp16-split VAE conv's overflow flag (one int, zero until a kernel
+    /// sets it; allocated and zeroed on first use).
+    pub(crate) fn vae_flag_ptr(&self) -> Result<u64> {
+        let mut g = self.inner.vae_flag.lock().unwrap();
+        if g.is_none() {
+            let t = self.alloc(DType::F32, &[4])?;
+            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+            *g = Some(t);
+        }
+        Ok(g.as_ref().unwrap().ptr())
+    }
+
+    /// Whether the overflow flag is set (waits for the stream), and clears it.
+    pub(crate) fn vae_flag_take(&self) -> Result<bool> {
+        let g = self.inner.vae_flag.lock().unwrap();
+        let Some(t) = g.as_ref() else { return Ok(false) };
+        let b = self.download_bytes(t)?;
+        let set = b[..4] != [0u8; 4];
+        if set {
+            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+        }
+        Ok(set)
+    }
+
+    /// Whether the VAE convolutions run on the TF32 halo kernel in place of the fp16 one (the
+    /// decoder's re-run after an overflow).
+    pub(crate) fn vae_tf32_fallback(&self) -> bool {
+        self.inner.vae_tf32_fallback.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_vae_tf32_fallback(&self, on: bool) {
+        self.inner.vae_tf32_fallback.store(on, Ordering::Relaxed)
     }
 
     pub(crate) fn blas(&self) -> &Blas {

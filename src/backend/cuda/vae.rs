@@ -3,8 +3,12 @@
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
 //! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
-//!   tensor cores with split TF32 (3 products per tile, fp32 accuracy): by default the
-//!   halo kernel of cuda/vae_conv.cu with conv_out's 3 outputs on an f64 SIMT kernel; with
+//!   tensor cores with split fp16 or split TF32 (3 products per tile, fp32 accuracy): by default
+//!   the split-fp16 kernel of cuda/vae_conv16.cu (m16n8k16; measured on the H200: 100.5 ms a
+//!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048;
+//!   bench/notes-vaeconv16.md); an activation past the fp16 range sets a device flag and the
+//!   decoder decodes again on the TF32 halo kernel of cuda/vae_conv.cu (`MOSS_VAE_CONV=halo`
+//!   takes that one throughout); conv_out's 3 outputs on an f64 SIMT kernel; with
 //!   `MOSS_VAE_KERNELS=classic` (or `MOSS_VAE_CONV=tap`) the earlier per-k-step gather kernel
 //!   (tap-major); or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
 //!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
@@ -84,7 +88,8 @@ pub enum ConvKernel {
     /// Split TF32 with the weight re-laid out tap-major (`[Cout, k, k, Cin]`), so one k-step
     /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`).
     Tf32x3Tap,
-    /// The default (cuda/vae_conv.cu): Cout <= 4 (conv_out) → the f64 SIMT kernel
+    /// The default until the split-fp16 kernel (cuda/vae_conv.cu; `MOSS_VAE_CONV=halo`, and the
+    /// decoder's re-run after an fp16 overflow): Cout <= 4 (conv_out) → the f64 SIMT kernel
     /// (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32 halo kernel (weights
     /// pre-split and in fragment order, 8-channel input halos, cp.async); else `Tf32x3Tap`.
     Halo,
@@ -97,6 +102,19 @@ pub enum ConvKernel {
     CtlHaloTf32x1,
     /// Planted: the small-Cout kernel with its taps mirrored in x.
     CtlSmallMirrored,
+    /// The default: cuda/vae_conv16.cu (`MOSS_VAE_CONV=f16`): split fp16 on m16n8k16 (weights scaled by a
+    /// power of two per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the
+    /// small terms in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 →
+    /// `Tf32x3Tap`. An activation past the fp16 range sets the overflow flag (the decoder
+    /// decodes again on `Halo`).
+    F16,
+    /// The same with all 3 products in a fresh tile each k-step, lo parts unscaled
+    /// (`MOSS_VAE_CONV=f16a`).
+    F16A,
+    /// As `F16A` with the fresh tile over a row of taps (3 k-steps of a 3x3; `MOSS_VAE_CONV=f16b`).
+    F16B,
+    /// Planted: `F16` with the activation lo parts dropped.
+    CtlF16LoDropped,
 }
 
 impl ConvKernel {
@@ -106,11 +124,19 @@ impl ConvKernel {
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => unreachable!("dispatched in conv2d_with"),
+            ConvKernel::Halo
+            | ConvKernel::Halo32
+            | ConvKernel::CtlHaloTf32x1
+            | ConvKernel::CtlSmallMirrored
+            | ConvKernel::F16
+            | ConvKernel::F16A
+            | ConvKernel::F16B
+            | ConvKernel::CtlF16LoDropped => unreachable!("dispatched in conv2d_with"),
         }
     }
-    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo` if set, else the halo kernel (with its small-Cout
-    /// and tap-major fallbacks) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
+    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo|halo32|f16|f16a|f16b` if set, else the split-fp16
+    /// kernel (with its small-Cout and tap-major fallbacks, and the decoder's TF32 re-run after an
+    /// overflow) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
     pub fn default_kernel() -> ConvKernel {
         match std::env::var("MOSS_VAE_CONV").as_deref() {
             Ok("simt") => ConvKernel::Simt,
@@ -118,10 +144,28 @@ impl ConvKernel {
             Ok("tap") => ConvKernel::Tf32x3Tap,
             Ok("halo") => ConvKernel::Halo,
             Ok("halo32") => ConvKernel::Halo32,
-            _ if fast_kernels() => ConvKernel::Halo,
+            Ok("f16") => ConvKernel::F16,
+            Ok("f16a") => ConvKernel::F16A,
+            Ok("f16b") => ConvKernel::F16B,
+            _ if fast_kernels() => ConvKernel::F16,
             _ => ConvKernel::Tf32x3Tap,
         }
     }
+}
+
+/// The gates' override of the decoder's conv kernel (`None`: [`ConvKernel::default_kernel`]).
+static CONV_OVERRIDE: std::sync::Mutex<Option<ConvKernel>> = std::sync::Mutex::new(None);
+/// Gate-only: the overflow flag ignored (the decode keeps the fp16 result).
+static NO_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Make the decoder's convolutions run `k` (`None`: the default again); for the gates.
+pub(crate) fn set_conv_override(k: Option<ConvKernel>) {
+    *CONV_OVERRIDE.lock().unwrap() = k;
+}
+
+/// Gate-only: make [`VaeOps::conv_overflow`] report nothing (the planted "no fallback").
+pub(crate) fn set_no_fallback(on: bool) {
+    NO_FALLBACK.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out kernel) and the split-TF32
@@ -171,6 +215,24 @@ fn halo_smem_bytes(bm: usize, k: usize) -> usize {
 /// [`halo_smem_bytes`] of the fp32-weight-stream build (one weight copy a stage).
 fn halo_smem_bytes_w32(bm: usize, k: usize) -> usize {
     halo_smem_bytes(bm, k) - 4 * 2 * (k * k * bm * 8)
+}
+
+/// The split-fp16 conv's accumulation (cuda/vae_conv16.cu VAR 1, 0, 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F16Var {
+    /// hi·hi in a fresh tile each k-step (RN add), the small terms (lo parts times 2^11) in one
+    /// running tile (`moss_vae_conv16_*`).
+    Running,
+    /// All 3 products in a fresh tile each k-step, lo parts unscaled (`moss_vae_conv16a_*`).
+    A,
+    /// As `A`, the fresh tile over a row of taps (`moss_vae_conv16b_*`).
+    B,
+}
+
+/// cuda/vae_conv16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
+/// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
+fn f16_smem_bytes(bm: usize, k: usize) -> usize {
+    2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
 }
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
@@ -241,18 +303,28 @@ impl Cuda {
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         match kernel {
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
             ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
                 return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false, kernel == ConvKernel::Halo32, None);
             }
-            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored => {
+            ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlF16LoDropped
+                if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) =>
+            {
+                let var = match kernel {
+                    ConvKernel::F16A => F16Var::A,
+                    ConvKernel::F16B => F16Var::B,
+                    _ => F16Var::Running,
+                };
+                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, var, kernel == ConvKernel::CtlF16LoDropped, bug);
+            }
+            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::CtlF16LoDropped => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
-        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32) { ConvKernel::Tf32x3Tap } else { kernel };
+        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -365,6 +437,90 @@ impl Cuda {
             ],
         )?;
         Ok(out)
+    }
+
+    /// The split-fp16 conv (cuda/vae_conv16.cu; k 1 or 3, any Cin): the weight scaled per output
+    /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
+    /// one block per output channel), then one launch. `var`: the accumulation ([`F16Var`]);
+    /// `lo_dropped`: the planted build without the activation lo parts;
+    /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
+    /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv2d_f16(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: Option<&CudaTensor>,
+        up: bool,
+        var: F16Var,
+        lo_dropped: bool,
+        bug: i32,
+    ) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
+        ensure!(wcin == cin && k == k2 && (k == 1 || k == 3), "conv2d_f16: weight {:?} for input {:?}", w.shape, x.shape);
+        ensure!(b.is_none_or(|b| b.numel() == cout), "conv2d_f16: bias for {cout} outputs");
+        let (x, w) = (self.f32(x)?, self.f32(w)?);
+        let b = b.map(|b| self.f32(b)).transpose()?;
+        let bm = halo_bm(cout);
+        let sfx = format!("b{bm}_k{k}");
+        let mblocks = cout.div_ceil(bm);
+        let chunks = cin.div_ceil(16);
+        // [Cout/BM][Cin/16][tap][BM/16][hi|lo][lane][4] words of two halves.
+        let wf = self.alloc(DType::F32, &[mblocks * chunks * k * k * (bm / 16) * 2 * 128])?;
+        let rs = self.alloc(DType::F32, &[mblocks * bm])?;
+        let (a, prep) = match var {
+            _ if lo_dropped => ("", ""),
+            F16Var::Running => ("", ""),
+            F16Var::A => ("a", "a"),
+            F16Var::B => ("b", "a"),
+        };
+        self.launch(
+            &format!("moss_vae_wprep16{prep}_{sfx}"),
+            (mblocks * bm) as u32,
+            256,
+            0,
+            &[Arg::P(wf.ptr()), Arg::P(rs.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(cin as i32)],
+        )?;
+        let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
+        ensure!((oh * ow) < i32::MAX as usize, "conv2d: picture {:?} too large", x.shape);
+        let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
+        let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
+        ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
+        let flag = self.vae_flag_ptr()?;
+        let prefix = if lo_dropped { "moss_ctl" } else { "moss" };
+        self.launch(
+            &format!("{prefix}_vae_conv16{a}_{sfx}"),
+            blocks as u32,
+            256,
+            f16_smem_bytes(bm, k) as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(wf.ptr()),
+                Arg::P(rs.ptr()),
+                Arg::P(b.as_ref().map_or(0, |b| b.ptr())),
+                Arg::I(cin as i32),
+                Arg::I(h as i32),
+                Arg::I(wd as i32),
+                Arg::I(cout as i32),
+                Arg::I(up as i32),
+                Arg::I(bug),
+                Arg::P(flag),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// The decoder's conv kernel: the gates' override, else [`ConvKernel::default_kernel`]; the
+    /// TF32 halo kernel in place of the fp16 ones while the decoder re-runs after an overflow.
+    fn conv_kernel(&self) -> ConvKernel {
+        let k = CONV_OVERRIDE.lock().unwrap().unwrap_or_else(ConvKernel::default_kernel);
+        if self.vae_tf32_fallback() && matches!(k, ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) {
+            ConvKernel::Halo
+        } else {
+            k
+        }
     }
 
     /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`mirrored`: the planted
@@ -967,7 +1123,7 @@ impl VaeOps for Cuda {
     fn conv2d(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
         self.timed(
             || format!("conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if upsample2x { " up2x" } else { "" }),
-            || self.conv2d_with(x, w, b, upsample2x, ConvKernel::default_kernel(), 0),
+            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel(), 0),
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
@@ -1003,10 +1159,10 @@ impl VaeOps for Cuda {
                 // which is instruction-bound) than the separate pass cost (1024x1024: 125.9 ms of
                 // norm + convs fused against 121.0 unfused; bench/notes-vae2.md).
                 if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("1") {
-                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, ConvKernel::default_kernel(), "moss")
+                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, self.conv_kernel(), "moss")
                 } else {
                     let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
-                    self.conv2d_with(&t, w, b, up, ConvKernel::default_kernel(), 0)
+                    self.conv2d_with(&t, w, b, up, self.conv_kernel(), 0)
                 }
             },
         )
@@ -1058,6 +1214,13 @@ impl VaeOps for Cuda {
     }
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
+    }
+    fn conv_overflow(&self) -> Result<bool> {
+        let set = self.vae_flag_take()?;
+        Ok(set && !NO_FALLBACK.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    fn set_conv_fallback(&self, on: bool) {
+        self.set_vae_tf32_fallback(on)
     }
 }
 

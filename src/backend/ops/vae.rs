@@ -129,6 +129,17 @@ pub trait VaeOps: Backend {
     /// `round(clamp(clamp(x, −1, 1)/2 + 0.5, 0, 1) · 255)` in f32, round half to even (numpy's
     /// and torch's rounding of the reference).
     fn to_rgb8(&self, x: &Self::T) -> Result<Vec<u8>>;
+
+    /// Whether a convolution since the last call met a value outside its fast kernel's range
+    /// (CUDA's fp16-split conv, `MOSS_VAE_CONV=f16`: an activation with |x| > 65504); clears the
+    /// flag. Waits for the backend. The decoder then decodes again with
+    /// [`VaeOps::set_conv_fallback`] on.
+    fn conv_overflow(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Run the convolutions on the full-range kernel (CUDA: the split-TF32 halo kernel) while on.
+    fn set_conv_fallback(&self, _on: bool) {}
 }
 
 /// GroupNorm statistics, part 2 (host, f64, a fixed order): the per-row partials `rows`
