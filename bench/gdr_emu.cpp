@@ -3,7 +3,7 @@
 // synchronous cp.async), checked against the plain per-token recurrence in double, for index and
 // synchronisation bugs before a device run. f32 data; the SIMT kernels and the TF32 tensor-core
 // kernels of gdr_tc.cuh (mma.sync emulated from the PTX fragment layout, with cvt.rna rounding),
-// contiguous and strided (conv-output) q, k, v.
+// the v2 kernels of gdr_v2.cuh (MOSS_GDR=v2), contiguous and strided (conv-output) q, k, v.
 //   g++ -O2 -std=c++20 -pthread -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu
 #include <algorithm>
 #include <barrier>
@@ -137,7 +137,8 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 
 // tc: the TF32 kernels of gdr_tc.cuh; strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
-static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, bool tc, bool strided) {
+// tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh.
+static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -163,6 +164,21 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     // scratch poisoned with NaN: a read of anything not written must show
     std::vector<float> Kd(nb * GC * GD, NAN), Wk(nb * GC * GD, NAN), U0(nb * GC * GD, NAN), U(nb * GC * GD, NAN),
         S(nb * GD * GD, NAN), Wqk(nb * GC * GC, NAN), gam(nb * GC, NAN), out(L * Hv * dv, NAN);
+    if (tc == 2) {
+        std::vector<float> N(nb * GD * GD, NAN), B(nb * GD * GD, NAN), P(nb * GC * GD, NAN), Ou(nb * GC * GD, NAN);
+        launch(nb, 1, V2_PREP_FLOATS, [&] {
+            prep2_impl<float>(N.data(), B.data(), P.data(), Ou.data(), gam.data(), qp, kp, vp, g.data(), beta.data(), L,
+                              Hk, Hv, dk, dv, rqk, rv);
+        });
+        int ncb = (dv + SQ_CB - 1) / SQ_CB;
+        launch(Hv * ncb, 1, V2_SEQ_FLOATS, [&] { seq2_impl(S.data(), N.data(), B.data(), gam.data(), nc, Hv, ncb); });
+        launch(nb, (dv + OC - 1) / OC, V2_OUT_FLOATS, [&] {
+            if (bug)
+                out2_impl<float, 1>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+            else
+                out2_impl<float, 0>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+        });
+    } else {
     launch(nb, 1, 2 * GC * PKS + GC * AS + 4 * GC, [&] {
         if (tc)
             prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
@@ -186,6 +202,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && !bug) out_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
     });
+    }
     // reference: the per-token recurrence in double
     double num = 0, den = 0;
     for (int h = 0; h < Hv; h++) {
@@ -228,7 +245,7 @@ int main() {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = 0; tc < 2; tc++)
+    for (int tc = 0; tc < 3; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -238,7 +255,7 @@ int main() {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

@@ -76,6 +76,7 @@ __device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, lo
 
 }  // namespace moss_gdr
 #include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
+#include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
 namespace moss_gdr {
 
 // ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
@@ -124,7 +125,7 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
     load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
     if constexpr (TC) {
-        prep_scores_tc(At, Wqk + blk * GC * GC, Ks, Qs, gs, bs);
+        prep_scores_tc(At, Wqk + blk * GC * GC, GC, Ks, Qs, gs, bs);
     } else {
     // K Kᵀ and Q Kᵀ: thread (ry, cx) owns rows 4ry..4ry+3, columns cx + 16m.
         const int ry = tid >> 4, cx = tid & 15;
@@ -414,6 +415,28 @@ MOSS_GDR_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
 MOSS_GDR_KERNELS(moss_ctl_enc, 1, float, f32)
 MOSS_GDR_TC_KERNELS(moss_enc, 0)
 MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
+
+// MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,
+                                                                const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                                const __nv_bfloat16* v, const float* g,
+                                                                const float* beta, int L, int Hk, int Hv, int dk,
+                                                                int dv, long rqk, long rv) {
+    moss_gdr::prep2_impl<__nv_bfloat16>(N, B, P, Ou, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);
+}
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2(float* S, const float* N, const float* B, const float* gam,
+                                                          int nc, int Hv, int ncb) {
+    moss_gdr::seq2_impl(S, N, B, gam, nc, Hv, ncb);
+}
+#define MOSS_GDR_OUT2(PFX, BUG)                                                                               \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,    \
+                                                                const float* S, const float* P, const float* Ou, \
+                                                                const float* gam, int L, int Hk, int Hv, int dk, \
+                                                                int dv, long rqk) {                            \
+        moss_gdr::out2_impl<__nv_bfloat16, BUG>(out, q, S, P, Ou, gam, L, Hk, Hv, dk, dv, rqk);                \
+    }
+MOSS_GDR_OUT2(moss_enc, 0)
+MOSS_GDR_OUT2(moss_ctl_enc, 1)
 
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
                                                          const float* U0, const float* gam, int nc, int Hv, int ncb) {
