@@ -66,8 +66,20 @@ inline float warp_sum(float v) {
     return v;
 }
 }  // namespace moss_elem
+namespace emu {
+const void* pslot[32][32];
+}
 namespace moss_mma {
 inline void cp_async16(void* d, const void* s, bool) { std::memcpy(d, s, 16); }
+// ldmatrix.x4 (b16, not transposed) on 32-bit data: lanes 8m..8m+7 give the row addresses of
+// matrix m; lane l receives 32-bit word l % 4 of row l / 4 of each matrix.
+inline void ldsm_x4(unsigned (&r)[4], const void* p) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu::pslot[w][l] = p;
+    emu::wbar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
+    emu::wbar[w]->arrive_and_wait();
+}
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
@@ -171,7 +183,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                               Hk, Hv, dk, dv, rqk, rv);
         });
         int ncb = (dv + SQ_CB - 1) / SQ_CB;
-        launch(Hv * ncb, 1, V2_SEQ_FLOATS, [&] { seq2_impl(S.data(), N.data(), B.data(), gam.data(), nc, Hv, ncb); });
+        launch(Hv * ncb, 1, V2_SEQ_FLOATS, [&] { seq2_impl<true>(S.data(), N.data(), B.data(), gam.data(), nc, Hv, ncb); });
         launch(nb, (dv + OC - 1) / OC, V2_OUT_FLOATS, [&] {
             if (bug)
                 out2_impl<float, 1>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
@@ -240,12 +252,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-int main() {
+// `gdr_emu v2` runs the v2 cases only.
+int main(int argc, char** argv) {
+    const int tc0 = argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = 0; tc < 3; tc++)
+    for (int tc = tc0; tc < 3; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;

@@ -426,8 +426,14 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep2_bf16(float* N, float*
 }
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2(float* S, const float* N, const float* B, const float* gam,
                                                           int nc, int Hv, int ncb) {
-    moss_gdr::seq2_impl(S, N, B, gam, nc, Hv, ncb);
+    moss_gdr::seq2_impl<true>(S, N, B, gam, nc, Hv, ncb);
 }
+#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: the scalar-load state pass, for comparison
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2_plain(float* S, const float* N, const float* B,
+                                                                const float* gam, int nc, int Hv, int ncb) {
+    moss_gdr::seq2_impl<false>(S, N, B, gam, nc, Hv, ncb);
+}
+#endif
 #define MOSS_GDR_OUT2(PFX, BUG)                                                                               \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,    \
                                                                 const float* S, const float* P, const float* Ou, \

@@ -23,9 +23,10 @@ inline float tf32r(float x) { return uf(tf32(x)); }
 
 constexpr int V2_NL = GD + 4;     // N tile (A, row-major)
 constexpr int V2_BL = SQ_CB + 4;  // B slice (read at accumulator positions)
-constexpr int V2_SL = SQ_CB + 8;  // S (B operand, row-major, read down columns)
+constexpr int V2_SL = SQ_CB + 8;  // S (B operand, row-major, read down columns; plain variant)
+constexpr int V2_TL = GD + 4;     // Sᵀ [32 columns][128] (B operand via ldmatrix)
 constexpr int V2_BUF = GD * V2_NL + GD * V2_BL;
-constexpr int V2_SEQ_FLOATS = 2 * V2_BUF + 2 * GD * V2_SL;
+constexpr int V2_SEQ_FLOATS = 2 * V2_BUF + 2 * GD * V2_SL;  // ≥ 2 · SQ_CB · V2_TL as well
 constexpr int V2_PREP_FLOATS = 3 * GC * PKS + 2 * GC * AS + 4 * GC;
 constexpr int V2_OUT_FLOATS = GC * PKS + GD * TO_SL + GC;
 
@@ -164,6 +165,11 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
 // Warp w keeps rows 16w.. of S (128 x 32) in its accumulators (fp32); a TF32 copy of S goes to
 // shared memory (double-buffered: one barrier a chunk) as the B operand of N S. The next chunk's
 // N and B slice stream in with cp.async while this one computes.
+// LDSM (the kernel): N (stored TF32-rounded by gdr_prep2) and Sᵀ (TF32-rounded here) are read
+// with ldmatrix.x4 (a 16 x 8 TF32 A fragment is four 8 x 4-float matrices: (g, t), (g+8, t),
+// (g, t+4), (g+8, t+4); B fragments of two n-tiles likewise from Sᵀ), no cvt on the critical path,
+// and the even and odd k-steps accumulate apart (half the dependent mma chain). The plain variant
+// (gdr_bench.py only, -DGDR_BENCH_VARIANTS) reads them with scalar loads through warp_mma.
 __device__ __forceinline__ void seq2_issue(float* dst, const float* Nall, const float* Ball, long blk, int j0) {
     const float* nb = Nall + blk * GD * GD;
     const float* bb = Ball + blk * GD * GD + j0;
@@ -178,23 +184,25 @@ __device__ __forceinline__ void seq2_issue(float* dst, const float* Nall, const 
     moss_mma::cp_async_commit();
 }
 
+template <bool LDSM>
 __device__ void seq2_impl(float* Sall, const float* Nall, const float* Ball, const float* gam, int nc, int Hv,
                           int ncb) {
     GDR_SMEM(gdr_sm);
-    float* Ss = gdr_sm + 2 * V2_BUF;  // 2 x GD x V2_SL
+    float* Ss = gdr_sm + 2 * V2_BUF;  // 2 x GD x V2_SL (plain) or 2 x SQ_CB x V2_TL (LDSM)
+    constexpr int SBUF = LDSM ? SQ_CB * V2_TL : GD * V2_SL;
     const int h = blockIdx.x / ncb, j0 = (blockIdx.x % ncb) * SQ_CB;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
     float S[1][4][4];
     acc_zero(S);
-    for (int p = threadIdx.x; p < GD * V2_SL; p += GT) Ss[p] = 0.f;
+    for (int p = threadIdx.x; p < SBUF; p += GT) Ss[p] = 0.f;
     seq2_issue(gdr_sm, Nall, Ball, h, j0);
     for (int c = 0; c < nc; c++) {
         const long blk = (long)c * Hv + h;
         const float* ns = gdr_sm + (c & 1) * V2_BUF;
         const float* bsl = ns + GD * V2_NL;
-        const float* sin = Ss + (c & 1) * GD * V2_SL;
-        float* sout = Ss + ((c + 1) & 1) * GD * V2_SL;
+        const float* sin = Ss + (c & 1) * SBUF;
+        float* sout = Ss + ((c + 1) & 1) * SBUF;
         moss_mma::cp_async_wait<0>();
         __syncthreads();  // chunk c's tiles and S (TF32) are in; step c − 1's readers are done
         if (c + 1 < nc) seq2_issue(gdr_sm + ((c + 1) & 1) * V2_BUF, Nall, Ball, blk + Hv, j0);
@@ -208,8 +216,41 @@ __device__ void seq2_impl(float* Sall, const float* Nall, const float* Ball, con
                 int row = r0 + g + 8 * (r >> 1), col = 8 * nt + 2 * t + (r & 1);
                 S[0][nt][r] = dec * S[0][nt][r] + bsl[row * V2_BL + col];
             }
-        warp_mma<1, 4>(S, ns + r0 * V2_NL, V2_NL, 1, sin, V2_SL, 1, GD);
-        v2_store(sout, V2_SL, r0, 0, S, [](float y) { return tf32r(y); });
+        if constexpr (LDSM) {
+            float P0[4][4], P1[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) P0[nt][r] = P1[nt][r] = 0.f;
+            const float* pa = ns + (r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * V2_NL + 4 * (lane >> 4);
+            const float* pb = sin + ((lane & 7) + 8 * (lane >> 4)) * V2_TL + 4 * ((lane >> 3) & 1);
+            auto kstep = [&](float(&acc)[4][4], int k0) {
+                unsigned a[4], b01[4], b23[4];
+                moss_mma::ldsm_x4(a, pa + k0);
+                moss_mma::ldsm_x4(b01, pb + k0);
+                moss_mma::ldsm_x4(b23, pb + 16 * V2_TL + k0);
+                mma_tf32(acc[0], a, b01[0], b01[1]);
+                mma_tf32(acc[1], a, b01[2], b01[3]);
+                mma_tf32(acc[2], a, b23[0], b23[1]);
+                mma_tf32(acc[3], a, b23[2], b23[3]);
+            };
+#pragma unroll 2
+            for (int k0 = 0; k0 < GD; k0 += 16) {
+                kstep(P0, k0);
+                kstep(P1, k0 + 8);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    S[0][nt][r] += P0[nt][r] + P1[nt][r];
+                    int row = r0 + g + 8 * (r >> 1), col = 8 * nt + 2 * t + (r & 1);
+                    sout[col * V2_TL + row] = tf32r(S[0][nt][r]);
+                }
+        } else {
+            warp_mma<1, 4>(S, ns + r0 * V2_NL, V2_NL, 1, sin, V2_SL, 1, GD);
+            v2_store(sout, V2_SL, r0, 0, S, [](float y) { return tf32r(y); });
+        }
     }
 }
 
