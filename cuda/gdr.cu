@@ -417,7 +417,7 @@ MOSS_GDR_TC_KERNELS(moss_enc, 0)
 MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
 
 // MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,
+MOSS_KERNEL void __launch_bounds__(256, 2) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,
                                                                 const __nv_bfloat16* q, const __nv_bfloat16* k,
                                                                 const __nv_bfloat16* v, const float* g,
                                                                 const float* beta, int L, int Hk, int Hv, int dk,

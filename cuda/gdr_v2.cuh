@@ -4,8 +4,9 @@
 //   S' = e^{γl} S + Kdᵀ (U0 − Wk S) = e^{γl} S + N S + B,   N = −Kdᵀ Wk,  B = Kdᵀ U0   (128 x 128)
 //   O  = (e^{γ} ⊙ Q) S + Wqk (U0 − Wk S) = (e^{γ} ⊙ Q − P) S + Ou,  P = Wqk Wk,  Ou = Wqk U0
 //
-// gdr_prep2 (per chunk, value head): the scores and (I + A)⁻¹ as gdr_prep_tc, then U0, Wk, Kd,
-// Wqk stay in shared memory and N, B, P, Ou come out of TF32 mma.sync products (fp32 accumulators).
+// gdr_prep2 (per chunk, value head): the scores and (I + A)⁻¹ as gdr_prep_tc, then Wk (then U0),
+// Kd, Wqk stay in shared memory and N, B, P, Ou come out of TF32 mma.sync products (fp32
+// accumulators).
 // gdr_seq2 (per value head, 32 value columns, in chunk order): one product a chunk, N S, on top
 // of the fp32 term e^{γl} S + B kept in the accumulators (the decay term is never rounded);
 // writes the state entering each chunk. gdr_out2 (per chunk, value head, 64 columns):
@@ -27,7 +28,7 @@ constexpr int V2_SL = SQ_CB + 8;  // S (B operand, row-major, read down columns;
 constexpr int V2_TL = GD + 4;     // Sᵀ [32 columns][128] (B operand via ldmatrix)
 constexpr int V2_BUF = GD * V2_NL + GD * V2_BL;
 constexpr int V2_SEQ_FLOATS = 2 * V2_BUF + 2 * GD * V2_SL;  // ≥ 2 · SQ_CB · V2_TL as well
-constexpr int V2_PREP_FLOATS = 3 * GC * PKS + 2 * GC * AS + 4 * GC;
+constexpr int V2_PREP_FLOATS = 2 * GC * PKS + 2 * GC * AS + 4 * GC;
 constexpr int V2_OUT_FLOATS = GC * PKS + GD * TO_SL + GC;
 
 // acc (16 x 8·NT tile of one warp at rows r0.., cols c0..) written to dst[row·ld + col], as
@@ -52,15 +53,14 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
                            long rqk, long rv) {
     GDR_SMEM(gdr_sm);
     float* Ks = gdr_sm;          // GC x PKS: K, then Kd = e^{γl−γ} ⊙ K
-    float* Qs = Ks + GC * PKS;   // GC x PKS: Q, then Wk
-    float* U0s = Qs + GC * PKS;  // GC x PKS
-    float* At = U0s + GC * PKS;  // GC x AS: Aᵀ
+    float* Qs = Ks + GC * PKS;   // GC x PKS: Q, then Wk, then U0
+    float* At = Qs + GC * PKS;   // GC x AS: Aᵀ
     float* Wq = At + GC * AS;    // GC x AS: Wqk
     float* gs = Wq + GC * AS;
     float* bs = gs + GC;
     float* es = bs + GC;
     float* dl = es + GC;
-    float* Wks = Qs;
+    float* Ws = Qs;
     const long blk = blockIdx.x;
     const int c = (int)(blk / Hv), h = (int)(blk % Hv);
     const int c0 = c * GC, n = min(GC, L - c0);
@@ -106,7 +106,7 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
 #pragma unroll
         for (int i = 0; i < GC; i++) x[i] = bs[i] * es[i] * Ks[i * PKS + tid - GD];
     }
-    __syncthreads();  // Qs (now free: the scores are done) becomes Wks; Ks may be scaled
+    __syncthreads();  // Qs (now free: the scores are done) becomes Ws; Ks may be scaled
 #pragma unroll
     for (int j = 0; j < GC - 1; j++) {
         const float xj = x[j];
@@ -119,46 +119,50 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
             x[i4 + 3] -= a.w * xj;
         }
     }
-    {
-        float* dst = (tid < GD ? U0s : Wks) + (tid & (GD - 1));
+    // Wk (threads ≥ 128) to shared memory; U0 (threads < 128) stays in registers until the
+    // products with Wk are done, then takes the same buffer (103 KiB: two blocks an SM).
+    if (tid >= GD) {
 #pragma unroll
-        for (int i = 0; i < GC; i++) dst[i * PKS] = x[i];
+        for (int i = 0; i < GC; i++) Ws[i * PKS + tid - GD] = x[i];
     }
     for (int p = tid; p < GC * GD; p += GT) {
         int i = p / GD, a = p - i * GD;
         Ks[i * PKS + a] *= dl[i];
     }
     __syncthreads();
-    // N = −Kdᵀ Wk and B = Kdᵀ U0: warp w owns rows 16w.. (key index a), 64 columns a pass.
-    {
-        const int r0 = 16 * warp;
-        float* nb = Nall + blk * GD * GD;
-        float* bb = Ball + blk * GD * GD;
+    float* nb = Nall + blk * GD * GD;
+    float* bb = Ball + blk * GD * GD;
+    // N = −Kdᵀ Wk (then B = Kdᵀ U0): warp w owns rows 16w.. (key index a), 32 columns a pass;
+    // P = Wqk Wk (then Ou = Wqk U0): warp w owns rows 16(w/2).., columns 64(w%2).., 32 a pass;
+    // Wqk is lower triangular, so those products stop at the warp's last row.
+    auto products = [&](float* dkd, float* dwq, bool neg) {
 #pragma unroll 1
-        for (int pass = 0; pass < 4; pass++) {
-            const int cc = 64 * (pass & 1);
-            const float* rhs = (pass < 2 ? Wks : U0s) + cc;
-            float acc[1][8][4];
+        for (int cc = 0; cc < GD; cc += 32) {
+            float acc[1][4][4];
             acc_zero(acc);
-            warp_mma<1, 8>(acc, Ks + r0, 1, PKS, rhs, PKS, 1, GC);
-            if (pass < 2)
-                v2_store(nb, GD, r0, cc, acc, [](float y) { return tf32r(-y); });
+            warp_mma<1, 4>(acc, Ks + 16 * warp, 1, PKS, Ws + cc, PKS, 1, GC);
+            if (neg)
+                v2_store(dkd, GD, 16 * warp, cc, acc, [](float y) { return tf32r(-y); });
             else
-                v2_store(bb, GD, r0, cc, acc, [](float y) { return y; });
+                v2_store(dkd, GD, 16 * warp, cc, acc, [](float y) { return y; });
         }
-    }
-    // P = Wqk Wk and Ou = Wqk U0: warp w owns rows 16(w/2).., columns 64(w%2)..; Wqk is lower
-    // triangular, so the products stop at the warp's last row.
-    {
-        const int r0 = 16 * (warp >> 1), cc = 64 * (warp & 1);
+        const int r0 = 16 * (warp >> 1);
 #pragma unroll 1
-        for (int pass = 0; pass < 2; pass++) {
-            float acc[1][8][4];
+        for (int cc = 64 * (warp & 1); cc < 64 * (warp & 1) + 64; cc += 32) {
+            float acc[1][4][4];
             acc_zero(acc);
-            warp_mma<1, 8>(acc, Wq + r0 * AS, AS, 1, (pass == 0 ? Wks : U0s) + cc, PKS, 1, r0 + 16);
-            v2_store((pass == 0 ? Pall : Oull) + blk * GC * GD, GD, r0, cc, acc, [](float y) { return y; });
+            warp_mma<1, 4>(acc, Wq + r0 * AS, AS, 1, Ws + cc, PKS, 1, r0 + 16);
+            v2_store(dwq + blk * GC * GD, GD, r0, cc, acc, [](float y) { return y; });
         }
+    };
+    products(nb, Pall, true);
+    __syncthreads();
+    if (tid < GD) {
+#pragma unroll
+        for (int i = 0; i < GC; i++) Ws[i * PKS + tid] = x[i];
     }
+    __syncthreads();
+    products(bb, Oull, false);
 }
 
 // ---- gdr_seq2: one block per (value head, 32 value columns), sequential over chunks -----------

@@ -84,7 +84,7 @@ const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
 /// The same for the v2 kernels (`V2_PREP_FLOATS`, `V2_SEQ_FLOATS`, `V2_OUT_FLOATS` in
 /// `cuda/gdr_v2.cuh`).
-const GDR_V2_PREP_FLOATS: usize = 3 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
+const GDR_V2_PREP_FLOATS: usize = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
 const GDR_V2_SEQ_FLOATS: usize = 2 * (128 * 132 + 128 * 36) + 2 * 128 * 40;
 const GDR_V2_OUT_FLOATS: usize = 64 * 132 + 128 * 72 + 64;
 
