@@ -5,7 +5,7 @@
 #      shapes, CUDA-event medians per kernel, rel L2 vs an fp64 recurrence, planted control;
 #   2. random full-size Qwen3.5-9B text weights (bench/encoder_gpu.py make, background) while
 #      `moss check --device cuda --model golden/tiny-a` runs (gates incl. the v2 rows + control);
-#   3. `moss bench-encode` at 128 and 4096 tokens: default, MOSS_GDR=v2, default, v2 (drift);
+#   3. `moss bench-encode` at 128 and 4096 tokens: default, MOSS_GDR=v2, default, v2 (drift), tc2;
 #   4. transformers bf16/fp32 on the same weights (bench/encoder_gpu.py tf) if time is left;
 #   5. bench/gdr4_summary.py, then the kernel table again last.
 #
@@ -19,7 +19,7 @@ W=/tmp/gdr4w
 F=$W/full
 mkdir -p "$W" "$OUT"
 log() { echo "== $(date +%T) t=${SECONDS}s $*"; }
-log "binary carries: gdr_seq2 $(grep -c moss_enc_gdr_seq2 "$BIN"), v2 gate $(grep -c 'gated_delta_rule v2, state read undecayed' "$BIN")"
+log "binary carries: gdr_seq2 $(grep -c moss_enc_gdr_seq2 "$BIN"), v2 gate $(grep -c 'gated_delta_rule v2, state read undecayed' "$BIN"), tc2 $(grep -c moss_enc_gdr_prep_tc2_bf16 "$BIN")"
 log "kernels alone"
 timeout 60 python3 "$S/gdr_bench.py" "$CUBIN" "$OUT/gdr_bench.json" > "$OUT/gdr_bench.txt" 2>&1
 echo "rc=$?"; cat "$OUT/gdr_bench.txt"
@@ -44,6 +44,7 @@ bench default MOSS_GDR=tc
 bench v2 MOSS_GDR=v2
 bench default2 MOSS_GDR=tc
 bench v2b MOSS_GDR=v2
+bench tc2 MOSS_GDR=tc2
 left=$((170 - SECONDS))
 if [ $left -gt 35 ]; then
     log "transformers (timeout ${left}s)"
@@ -54,5 +55,5 @@ else
 fi
 log "summary"
 python3 "$S/gdr4_summary.py" "$W" "$F" "$OUT" | tee "$OUT/summary.txt"
-tail -5 "$OUT/gdr_bench.txt"
+tail -11 "$OUT/gdr_bench.txt"
 log done

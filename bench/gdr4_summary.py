@@ -1,11 +1,11 @@
 # Table of bench/gdr4_gpu.sh: bench-encode default (TF32 delta rule) / MOSS_GDR=v2 / default again /
-# v2 again, against transformers; hidden states of v2 vs default and of each vs transformers fp32.
+# v2 again / MOSS_GDR=tc2, against transformers; hidden states of v2 vs default and of each vs transformers fp32.
 #   python3 bench/gdr4_summary.py WORK FULL OUT
 import json, os, sys
 import torch
 from safetensors.torch import load_file
 W, F, OUT = sys.argv[1:4]
-RUNS = ["default", "v2", "default2", "v2b"]
+RUNS = ["default", "v2", "default2", "v2b", "tc2"]
 
 
 def jl(p):

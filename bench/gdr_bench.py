@@ -28,8 +28,12 @@ OUT2 = 64 * 132 + 128 * 72 + 64
 K = {}
 for n, f in [("moss_enc_gdr_prep_tc_bf16", PREP), ("moss_enc_gdr_seq_tc", SEQ_TC), ("moss_enc_gdr_out_tc_bf16", OUT_TC),
              ("moss_enc_gdr_prep2_bf16", PREP2), ("moss_enc_gdr_seq2", SEQ2), ("moss_enc_gdr_out2_bf16", OUT2),
-             ("moss_ctl_enc_gdr_out2_bf16", OUT2)]:
-    K[n] = (mod.get_function(n), f * 4)
+             ("moss_ctl_enc_gdr_out2_bf16", OUT2), ("moss_enc_gdr_seq2_plain", SEQ2),
+             ("moss_enc_gdr_prep_tc2_bf16", PREP), ("moss_enc_gdr_out_tc2_bf16", OUT_TC)]:
+    try:
+        K[n] = (mod.get_function(n), f * 4)
+    except Exception:  # seq2_plain: only with -DGDR_BENCH_VARIANTS; tc2: not in older cubins
+        continue
     K[n][0].max_dynamic_shared_size_bytes = f * 4
 
 
@@ -71,22 +75,23 @@ def dims(s):
     return (i32(s["L"]), i32(HK), i32(HV), i32(D), i32(D), i64(C))
 
 
-def old_steps(s):
+def old_steps(s, sx="tc"):
+    """sx = "tc" (the default kernels) or "tc2" (MOSS_GDR=tc2: batched row loads)."""
     o, (q, k, v) = s["old"], qkv_args(s)
     nb, nc = s["nb"], s["nc"]
     return [
-        ("prep_tc", launch("moss_enc_gdr_prep_tc_bf16", (nb,), (P(o["kd"]), P(o["wk"]), P(o["u0"]), P(o["wqk"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
+        ("prep_tc", launch(f"moss_enc_gdr_prep_{sx}_bf16", (nb,), (P(o["kd"]), P(o["wk"]), P(o["u0"]), P(o["wqk"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
         ("seq_tc", launch("moss_enc_gdr_seq_tc", (HV * 4,), (P(o["S"]), P(o["u"]), P(o["wk"]), P(o["kd"]), P(o["u0"]), P(o["gam"]), i32(nc), i32(HV), i32(4)))),
-        ("out_tc", launch("moss_enc_gdr_out_tc_bf16", (nb, 2), (P(s["out"]), q, P(o["S"]), P(o["u"]), P(o["wqk"]), P(o["gam"])) + dims(s) + (i64(C),))),
+        ("out_tc", launch(f"moss_enc_gdr_out_{sx}_bf16", (nb, 2), (P(s["out"]), q, P(o["S"]), P(o["u"]), P(o["wqk"]), P(o["gam"])) + dims(s) + (i64(C),))),
     ]
 
 
-def v2_steps(s, out_kernel="moss_enc_gdr_out2_bf16"):
+def v2_steps(s, out_kernel="moss_enc_gdr_out2_bf16", seq_kernel="moss_enc_gdr_seq2"):
     o, (q, k, v) = s["v2"], qkv_args(s)
     nb, nc = s["nb"], s["nc"]
     return [
         ("prep2", launch("moss_enc_gdr_prep2_bf16", (nb,), (P(o["N"]), P(o["B"]), P(o["P"]), P(o["Ou"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
-        ("seq2", launch("moss_enc_gdr_seq2", (HV * 4,), (P(o["S"]), P(o["N"]), P(o["B"]), P(o["gam"]), i32(nc), i32(HV), i32(4)))),
+        ("seq2", launch(seq_kernel, (HV * 4,), (P(o["S"]), P(o["N"]), P(o["B"]), P(o["gam"]), i32(nc), i32(HV), i32(4)))),
         ("out2", launch(out_kernel, (nb, 2), (P(s["out"]), q, P(o["S"]), P(o["P"]), P(o["Ou"]), P(o["gam"])) + dims(s))),
     ]
 
@@ -95,9 +100,9 @@ def reference(s):
     """Per-token recurrence in fp64 (the CPU twin's algebra): o_t = q̂_t S_t, S_t = e^{g_t} S_{t-1} + k̂_t u_tᵀ."""
     L = s["L"]
     x = s["qkv"].double()
-    q = x[:, :HK * D].view(L, HK, D)
-    k = x[:, HK * D:2 * HK * D].view(L, HK, D)
-    v = x[:, 2 * HK * D:].view(L, HV, D)
+    q = x[:, :HK * D].reshape(L, HK, D)
+    k = x[:, HK * D:2 * HK * D].reshape(L, HK, D)
+    v = x[:, 2 * HK * D:].reshape(L, HV, D)
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / math.sqrt(D)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     rep = HV // HK
@@ -145,7 +150,12 @@ for L in [128, 4096]:
     s = setup(L)
     ref = reference(s)
     row = {"L": L}
-    for name, steps in [("tc", old_steps(s)), ("v2", v2_steps(s)), ("v2 control", v2_steps(s, "moss_ctl_enc_gdr_out2_bf16"))]:
+    variants = [("tc", old_steps(s)), ("v2", v2_steps(s)), ("v2 control", v2_steps(s, "moss_ctl_enc_gdr_out2_bf16"))]
+    if "moss_enc_gdr_prep_tc2_bf16" in K:
+        variants.append(("tc2", old_steps(s, "tc2")))
+    if "moss_enc_gdr_seq2_plain" in K:
+        variants.append(("v2 plain seq", v2_steps(s, seq_kernel="moss_enc_gdr_seq2_plain")))
+    for name, steps in variants:
         s["out"].fill_(float("nan"))
         for _, fn in steps:
             fn()
@@ -170,3 +180,9 @@ for r in res:
     print(f"| {r['L']} | {r['tc prep_tc ms']:.3f} / {r['tc seq_tc ms']:.3f} / {r['tc out_tc ms']:.3f} | {r['tc ms']:.3f} | "
           f"{r['v2 prep2 ms']:.3f} / {r['v2 seq2 ms']:.3f} / {r['v2 out2 ms']:.3f} | {r['v2 ms']:.3f} | {r['tc ms'] / r['v2 ms']:.2f}x | "
           f"{r['tc relL2']:.2e} / {r['v2 relL2']:.2e} / {r['v2 control relL2']:.2e} |")
+for r in res:
+    if "tc2 ms" in r:
+        print(f"L={r['L']}: tc2 (batched row loads) prep / seq / out {r['tc2 prep_tc ms']:.3f} / {r['tc2 seq_tc ms']:.3f} / "
+              f"{r['tc2 out_tc ms']:.3f} ms, total {r['tc2 ms']:.3f} ms ({r['tc ms'] / r['tc2 ms']:.2f}x tc), rel L2 {r['tc2 relL2']:.2e}")
+    if "v2 plain seq ms" in r:
+        print(f"L={r['L']}: v2 with the scalar-load seq2 (plain): seq2 {r['v2 plain seq seq2 ms']:.3f} ms, total {r['v2 plain seq ms']:.3f} ms, rel L2 {r['v2 plain seq relL2']:.2e}")

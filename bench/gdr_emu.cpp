@@ -149,7 +149,8 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 
 // tc: the TF32 kernels of gdr_tc.cuh; strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
-// tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh.
+// tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh, 3 the TF32 kernels
+// with batched row loads (MOSS_GDR=tc2).
 static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
     std::mt19937 rng(seed);
@@ -192,7 +193,10 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         });
     } else {
     launch(nb, 1, 2 * GC * PKS + GC * AS + 4 * GC, [&] {
-        if (tc)
+        if (tc == 3)
+            prep_impl<float, true, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
+                                         beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc)
             prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                    beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else
@@ -209,8 +213,10 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     launch(nb, (dv + OC - 1) / OC, tc ? TO_FLOATS : GC * PKS + GD * OL + 2 * GC * OL + GC, [&] {
         float* o = out.data();
         const float *Sp = S.data(), *Up = U.data(), *Wp = Wqk.data(), *gp = gam.data();
-        if (tc && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
-        if (tc && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 3 && bug) out_tc_impl<float, 1, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 3 && !bug) out_tc_impl<float, 0, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 1 && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 1 && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && !bug) out_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
     });
@@ -252,14 +258,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2 cases only.
+// `gdr_emu v2` runs the v2 and tc2 cases only.
 int main(int argc, char** argv) {
     const int tc0 = argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 3; tc++)
+    for (int tc = tc0; tc < 4; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -269,7 +275,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

@@ -187,7 +187,7 @@ constexpr int TO_SL = OC + 8;  // S0 and U tiles (B, row-major)
 constexpr int TO_WL = GC + 4;  // Wqk tile (A, row-major)
 constexpr int TO_FLOATS = GC * PKS + GD * TO_SL + GC * TO_WL + GC * TO_SL + GC;
 
-template <typename T, int BUG>
+template <typename T, int BUG, bool BATCH = false>
 __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,
                             const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {
     GDR_SMEM(gdr_sm);
@@ -204,7 +204,7 @@ __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* 
     const int tid = threadIdx.x;
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
+    load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
     const float* sg = Sall + blk * GD * GD + col0;
     for (int p = tid; p < GD * OC / 4; p += GT) {
         int d = p / (OC / 4), x = (p % (OC / 4)) * 4;

@@ -90,8 +90,8 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
         dl[tid] = expf(gs[GC - 1] - gs[tid]);
         gamo[blk * GC + tid] = gs[tid];
     }
-    load_norm(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
+    load_norm_any<true>(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
+    load_norm_any<true>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
     prep_scores_tc(At, Wq, AS, Ks, Qs, gs, bs);
     // (I + A)⁻¹ on 256 right-hand sides, as prep_impl: t < 128 column t of β ⊙ V, t ≥ 128 column
@@ -274,7 +274,7 @@ __device__ void out2_impl(T* out, const T* q, const float* Sall, const float* Pa
     const int tid = threadIdx.x;
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
+    load_norm_any<true>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
     const float* sg = Sall + blk * GD * GD + col0;
     for (int p = tid; p < GD * OC / 4; p += GT) {
         int d = p / (OC / 4), x = (p % (OC / 4)) * 4;

@@ -95,6 +95,9 @@ pub(crate) enum GdrPath {
     Simt,
     /// TF32 tensor-core products, three passes (`cuda/gdr_tc.cuh`; the default).
     Tc,
+    /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
+    /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
+    Tc2,
     /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
     /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
     V2,
@@ -418,8 +421,8 @@ impl Cuda {
     }
 
     /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
-    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` the v2
-    /// kernels for bf16 ([`GdrPath::V2`]); otherwise chunk-parallel, on tensor cores (TF32
+    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` / `tc2`
+    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores (TF32
     /// products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
     fn gdr_mode() -> Option<String> {
         std::env::var("MOSS_GDR").ok()
@@ -429,7 +432,7 @@ impl Cuda {
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
-    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` override [`GdrPath::Tc`].
+    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`].
     /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
@@ -506,12 +509,13 @@ impl Cuda {
             (DType::F32, _, _) => GdrPath::Simt,
             (_, GdrPath::Tc, Some("simt")) => GdrPath::Simt,
             (_, GdrPath::Tc, Some("v2")) => GdrPath::V2,
+            (_, GdrPath::Tc, Some("tc2")) => GdrPath::Tc2,
             (_, p, _) => p,
         };
         if path == GdrPath::V2 {
             return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
         }
-        let tc = path == GdrPath::Tc;
+        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2);
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -523,7 +527,11 @@ impl Cuda {
                 .into_iter()
                 .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
         };
-        let sfx = if tc { "tc_" } else { "" };
+        let sfx = match path {
+            GdrPath::Tc2 => "tc2_",
+            _ if tc => "tc_",
+            _ => "",
+        };
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());

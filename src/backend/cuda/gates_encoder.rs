@@ -280,6 +280,11 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             cx.judge("enc gated_delta_rule v2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::V2);
             cx.judge("enc gated_delta_rule v2, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            // MOSS_GDR=tc2: the tensor-core kernels with batched q / k row loads
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc2);
+            cx.judge("enc gated_delta_rule tc2 (batched row loads), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc2);
+            cx.judge("enc gated_delta_rule tc2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             // the fp32 SIMT chunk kernels on bf16 data (MOSS_GDR=simt)
             let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Simt);
             cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, "fp32 SIMT", out, &want, None);
