@@ -3,7 +3,7 @@
 // synchronous cp.async), checked against the plain per-token recurrence in double, for index and
 // synchronisation bugs before a device run. f32 data; the SIMT kernels and the TF32 tensor-core
 // kernels of gdr_tc.cuh (mma.sync emulated from the PTX fragment layout, with cvt.rna rounding),
-// contiguous and strided (conv-output) q, k, v.
+// the v2 kernels of gdr_v2.cuh (MOSS_GDR=v2), contiguous and strided (conv-output) q, k, v.
 //   g++ -O2 -std=c++20 -pthread -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu
 #include <algorithm>
 #include <barrier>
@@ -66,8 +66,20 @@ inline float warp_sum(float v) {
     return v;
 }
 }  // namespace moss_elem
+namespace emu {
+const void* pslot[32][32];
+}
 namespace moss_mma {
 inline void cp_async16(void* d, const void* s, bool) { std::memcpy(d, s, 16); }
+// ldmatrix.x4 (b16, not transposed) on 32-bit data: lanes 8m..8m+7 give the row addresses of
+// matrix m; lane l receives 32-bit word l % 4 of row l / 4 of each matrix.
+inline void ldsm_x4(unsigned (&r)[4], const void* p) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu::pslot[w][l] = p;
+    emu::wbar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
+    emu::wbar[w]->arrive_and_wait();
+}
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
@@ -137,7 +149,9 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 
 // tc: the TF32 kernels of gdr_tc.cuh; strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
-static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, bool tc, bool strided) {
+// tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh, 3 the TF32 kernels
+// with batched row loads (MOSS_GDR=tc2).
+static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -163,8 +177,26 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     // scratch poisoned with NaN: a read of anything not written must show
     std::vector<float> Kd(nb * GC * GD, NAN), Wk(nb * GC * GD, NAN), U0(nb * GC * GD, NAN), U(nb * GC * GD, NAN),
         S(nb * GD * GD, NAN), Wqk(nb * GC * GC, NAN), gam(nb * GC, NAN), out(L * Hv * dv, NAN);
+    if (tc == 2) {
+        std::vector<float> N(nb * GD * GD, NAN), B(nb * GD * GD, NAN), P(nb * GC * GD, NAN), Ou(nb * GC * GD, NAN);
+        launch(nb, 1, V2_PREP_FLOATS, [&] {
+            prep2_impl<float>(N.data(), B.data(), P.data(), Ou.data(), gam.data(), qp, kp, vp, g.data(), beta.data(), L,
+                              Hk, Hv, dk, dv, rqk, rv);
+        });
+        int ncb = (dv + SQ_CB - 1) / SQ_CB;
+        launch(Hv * ncb, 1, V2_SEQ_FLOATS, [&] { seq2_impl<true>(S.data(), N.data(), B.data(), gam.data(), nc, Hv, ncb); });
+        launch(nb, (dv + OC - 1) / OC, V2_OUT_FLOATS, [&] {
+            if (bug)
+                out2_impl<float, 1>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+            else
+                out2_impl<float, 0>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+        });
+    } else {
     launch(nb, 1, 2 * GC * PKS + GC * AS + 4 * GC, [&] {
-        if (tc)
+        if (tc == 3)
+            prep_impl<float, true, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
+                                         beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc)
             prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                    beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else
@@ -181,11 +213,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     launch(nb, (dv + OC - 1) / OC, tc ? TO_FLOATS : GC * PKS + GD * OL + 2 * GC * OL + GC, [&] {
         float* o = out.data();
         const float *Sp = S.data(), *Up = U.data(), *Wp = Wqk.data(), *gp = gam.data();
-        if (tc && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
-        if (tc && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 3 && bug) out_tc_impl<float, 1, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 3 && !bug) out_tc_impl<float, 0, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 1 && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 1 && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && !bug) out_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
     });
+    }
     // reference: the per-token recurrence in double
     double num = 0, den = 0;
     for (int h = 0; h < Hv; h++) {
@@ -223,12 +258,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-int main() {
+// `gdr_emu v2` runs the v2 and tc2 cases only.
+int main(int argc, char** argv) {
+    const int tc0 = argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = 0; tc < 2; tc++)
+    for (int tc = tc0; tc < 4; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -238,7 +275,7 @@ int main() {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

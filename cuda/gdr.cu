@@ -74,12 +74,49 @@ __device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, lo
     }
 }
 
+// load_norm with every row of the warp's share (8 rows) loaded before any is reduced: one global
+// latency instead of eight in a row (the kernels have little else to hide it behind). Same
+// arithmetic in the same order as load_norm, so bit-identical results.
+template <bool BATCH, typename T>
+__device__ __forceinline__ void load_norm_any(float* dst, int stride, const T* x, long rs, int c0, int n, int kh,
+                                              int dk, float scale, const float* rowscale) {
+    if constexpr (!BATCH) {
+        load_norm(dst, stride, x, rs, c0, n, kh, dk, scale, rowscale);
+    } else {
+        constexpr int R = GC / (GT / 32);
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        float v[R][GD / 32];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int i = warp + (GT / 32) * r;
+            const long off = (long)(c0 + i) * rs + (long)kh * dk;
+#pragma unroll
+            for (int m = 0; m < GD / 32; m++) {
+                int a = lane + 32 * m;
+                v[r][m] = (i < n && a < dk) ? ld(x, off + a) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int i = warp + (GT / 32) * r;
+            float ss = 0.f;
+#pragma unroll
+            for (int m = 0; m < GD / 32; m++) ss += v[r][m] * v[r][m];
+            float rr = rsqrtf(warp_sum(ss) + 1e-6f) * scale;
+            if (rowscale) rr *= rowscale[i];
+#pragma unroll
+            for (int m = 0; m < GD / 32; m++) dst[i * stride + lane + 32 * m] = v[r][m] * rr;
+        }
+    }
+}
+
 }  // namespace moss_gdr
 #include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
+#include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
 namespace moss_gdr {
 
 // ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
-template <typename T, bool TC>
+template <typename T, bool TC, bool BATCH = false>
 __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
                           const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
                           long rqk, long rv) {
@@ -120,11 +157,11 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
         dl[tid] = expf(gs[GC - 1] - gs[tid]);
         gamo[blk * GC + tid] = gs[tid];
     }
-    load_norm(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
+    load_norm_any<BATCH>(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
+    load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
     if constexpr (TC) {
-        prep_scores_tc(At, Wqk + blk * GC * GC, Ks, Qs, gs, bs);
+        prep_scores_tc(At, Wqk + blk * GC * GC, GC, Ks, Qs, gs, bs);
     } else {
     // K Kᵀ and Q Kᵀ: thread (ry, cx) owns rows 4ry..4ry+3, columns cx + 16m.
         const int ry = tid >> 4, cx = tid & 15;
@@ -414,6 +451,53 @@ MOSS_GDR_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
 MOSS_GDR_KERNELS(moss_ctl_enc, 1, float, f32)
 MOSS_GDR_TC_KERNELS(moss_enc, 0)
 MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
+
+// MOSS_GDR=tc2: the tensor-core kernels with q and k rows loaded batched (load_norm_any<true>);
+// gdr_seq_tc as before.
+#define MOSS_GDR_TC2_KERNELS(PFX, BUG)                                                                        \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_tc2_bf16(                                           \
+        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
+        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
+        long rv) {                                                                                             \
+        moss_gdr::prep_impl<__nv_bfloat16, true, true>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, \
+                                                       rqk, rv);                                               \
+    }                                                                                                          \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_tc2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q, \
+                                                                   const float* S, const float* U, const float* Wqk, \
+                                                                   const float* gam, int L, int Hk, int Hv, int dk, \
+                                                                   int dv, long rqk, long rv) {                \
+        moss_gdr::out_tc_impl<__nv_bfloat16, BUG, true>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);       \
+    }
+MOSS_GDR_TC2_KERNELS(moss_enc, 0)
+MOSS_GDR_TC2_KERNELS(moss_ctl_enc, 1)
+
+// MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
+MOSS_KERNEL void __launch_bounds__(256, 2) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,
+                                                                const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                                const __nv_bfloat16* v, const float* g,
+                                                                const float* beta, int L, int Hk, int Hv, int dk,
+                                                                int dv, long rqk, long rv) {
+    moss_gdr::prep2_impl<__nv_bfloat16>(N, B, P, Ou, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);
+}
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2(float* S, const float* N, const float* B, const float* gam,
+                                                          int nc, int Hv, int ncb) {
+    moss_gdr::seq2_impl<true>(S, N, B, gam, nc, Hv, ncb);
+}
+#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: the scalar-load state pass, for comparison
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2_plain(float* S, const float* N, const float* B,
+                                                                const float* gam, int nc, int Hv, int ncb) {
+    moss_gdr::seq2_impl<false>(S, N, B, gam, nc, Hv, ncb);
+}
+#endif
+#define MOSS_GDR_OUT2(PFX, BUG)                                                                               \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,    \
+                                                                const float* S, const float* P, const float* Ou, \
+                                                                const float* gam, int L, int Hk, int Hv, int dk, \
+                                                                int dv, long rqk) {                            \
+        moss_gdr::out2_impl<__nv_bfloat16, BUG>(out, q, S, P, Ou, gam, L, Hk, Hv, dk, dv, rqk);                \
+    }
+MOSS_GDR_OUT2(moss_enc, 0)
+MOSS_GDR_OUT2(moss_ctl_enc, 1)
 
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
                                                          const float* U0, const float* gam, int nc, int Hv, int ncb) {

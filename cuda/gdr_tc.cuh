@@ -61,9 +61,9 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MT][NT][4]) {
 }
 
 // gdr_prep's K Kᵀ and Q Kᵀ (Ks, Qs: [64][PKS], normalised) into Aᵀ (At[j·AS + i] = A[i][j]) and
-// the decayed Wqk (global, [64][64]). Warp w owns rows 16(w/2).., columns 32(w%2)..; the one tile
+// the decayed Wqk (wq[i·wld + j], [64][64]). Warp w owns rows 16(w/2).., columns 32(w%2)..; the one tile
 // wholly above the diagonal is all zero and skips its products.
-__device__ __forceinline__ void prep_scores_tc(float* At, float* wq, const float* Ks, const float* Qs,
+__device__ __forceinline__ void prep_scores_tc(float* At, float* wq, int wld, const float* Ks, const float* Qs,
                                                const float* gs, const float* bs) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * (warp >> 1), c0 = 32 * (warp & 1);
@@ -81,7 +81,7 @@ __device__ __forceinline__ void prep_scores_tc(float* At, float* wq, const float
             int i = r0 + g + 8 * (r >> 1), j = c0 + 8 * nt + 2 * t + (r & 1);
             float e = j <= i ? expf(gs[i] - gs[j]) : 0.f;
             At[j * AS + i] = j < i ? bs[i] * kk[0][nt][r] * e : 0.f;
-            wq[i * GC + j] = qk[0][nt][r] * e;
+            wq[i * wld + j] = qk[0][nt][r] * e;
         }
 }
 
@@ -187,7 +187,7 @@ constexpr int TO_SL = OC + 8;  // S0 and U tiles (B, row-major)
 constexpr int TO_WL = GC + 4;  // Wqk tile (A, row-major)
 constexpr int TO_FLOATS = GC * PKS + GD * TO_SL + GC * TO_WL + GC * TO_SL + GC;
 
-template <typename T, int BUG>
+template <typename T, int BUG, bool BATCH = false>
 __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,
                             const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {
     GDR_SMEM(gdr_sm);
@@ -204,7 +204,7 @@ __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* 
     const int tid = threadIdx.x;
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
+    load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
     const float* sg = Sall + blk * GD * GD + col0;
     for (int p = tid; p < GD * OC / 4; p += GT) {
         int d = p / (OC / 4), x = (p % (OC / 4)) * 4;

@@ -110,6 +110,26 @@ const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `gdr_prep` has the SIMT kernel's layout).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
+/// The same for the v2 kernels (`V2_PREP_FLOATS`, `V2_SEQ_FLOATS`, `V2_OUT_FLOATS` in
+/// `cuda/gdr_v2.cuh`).
+const GDR_V2_PREP_FLOATS: usize = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
+const GDR_V2_SEQ_FLOATS: usize = 2 * (128 * 132 + 128 * 36) + 2 * 128 * 40;
+const GDR_V2_OUT_FLOATS: usize = 64 * 132 + 128 * 72 + 64;
+
+/// Which chunk-parallel delta-rule kernels run (bf16; f32 always takes `Simt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GdrPath {
+    /// fp32 SIMT products (`cuda/gdr.cu`; `MOSS_GDR=simt`).
+    Simt,
+    /// TF32 tensor-core products, three passes (`cuda/gdr_tc.cuh`; the default).
+    Tc,
+    /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
+    /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
+    Tc2,
+    /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
+    /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
+    V2,
+}
 
 impl Cuda {
     /// The long-prompt attention path of this device: [`pick_enc_attn`] with `MOSS_ENC_ATTN`.
@@ -440,8 +460,9 @@ impl Cuda {
     }
 
     /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
-    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16; otherwise chunk-parallel,
-    /// on tensor cores (TF32 products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
+    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` / `tc2`
+    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores (TF32
+    /// products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
     fn gdr_mode() -> Option<String> {
         std::env::var("MOSS_GDR").ok()
     }
@@ -450,7 +471,7 @@ impl Cuda {
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
-    /// bf16 takes the tensor-core kernels unless `tc` is false (or `MOSS_GDR=simt`).
+    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`].
     /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
@@ -461,7 +482,7 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         prefix: &str,
-        tc: bool,
+        path: GdrPath,
     ) -> Result<CudaTensor> {
         let (_, _, dk) = dims3(q, "gated_delta_rule q")?;
         let (_, _, dv) = dims3(v, "gated_delta_rule v")?;
@@ -470,7 +491,7 @@ impl Cuda {
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
-        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, tc)
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
     }
 
     /// [`Cuda::gated_delta_rule_with`] reading q, k and v straight out of the conv output
@@ -483,7 +504,7 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         prefix: &str,
-        tc: bool,
+        path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
         let (l, c) = (qkv.shape[0], qkv.shape[1]);
@@ -493,7 +514,7 @@ impl Cuda {
             let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
             let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
             let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
-            return self.gated_delta_rule_with(&q, &k, &v, g, beta, prefix, tc);
+            return self.gated_delta_rule_with(&q, &k, &v, g, beta, prefix, path);
         }
         for (n, t) in [("g", g), ("beta", beta)] {
             ensure!(t.shape == [l, hv], "gated_delta_rule_qkv: {n} {:?}, expected [{l}, {hv}]", t.shape);
@@ -504,7 +525,7 @@ impl Cuda {
         let es = dt.size() as u64;
         let p = qkv.ptr();
         let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
-        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, tc)
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
     }
 
     /// The three chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]).
@@ -518,12 +539,22 @@ impl Cuda {
         beta: &CudaTensor,
         out: CudaTensor,
         prefix: &str,
-        tc: bool,
+        path: GdrPath,
     ) -> Result<CudaTensor> {
         if l == 0 {
             return Ok(out);
         }
-        let tc = tc && dt == DType::BF16 && !Self::gdr_mode().is_some_and(|v| v == "simt");
+        let path = match (dt, path, Self::gdr_mode().as_deref()) {
+            (DType::F32, _, _) => GdrPath::Simt,
+            (_, GdrPath::Tc, Some("simt")) => GdrPath::Simt,
+            (_, GdrPath::Tc, Some("v2")) => GdrPath::V2,
+            (_, GdrPath::Tc, Some("tc2")) => GdrPath::Tc2,
+            (_, p, _) => p,
+        };
+        if path == GdrPath::V2 {
+            return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
+        }
+        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2);
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -535,7 +566,11 @@ impl Cuda {
                 .into_iter()
                 .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
         };
-        let sfx = if tc { "tc_" } else { "" };
+        let sfx = match path {
+            GdrPath::Tc2 => "tc2_",
+            _ if tc => "tc_",
+            _ => "",
+        };
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
@@ -565,6 +600,52 @@ impl Cuda {
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
+            &args,
+        )?;
+        Ok(out)
+    }
+
+    /// The v2 kernels (`cuda/gdr_v2.cuh`, bf16): `gdr_prep2` over all (chunk, value head) pairs
+    /// (N, B, P, Ou), `gdr_seq2` (S' = e^{γl} S + N S + B per value head and 32 value columns, in
+    /// chunk order), `gdr_out2` (O = (e^{γ} ⊙ Q − P) S0 + Ou). The planted control lives in
+    /// `gdr_out2`.
+    #[allow(clippy::too_many_arguments)]
+    fn gdr_v2(
+        &self,
+        rows: &GdrRows,
+        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        out: CudaTensor,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
+        let nc = l.div_ceil(ch);
+        let nb = nc * hv;
+        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
+        let (n, b, s) = (f32s(nb * d * d)?, f32s(nb * d * d)?, f32s(nb * d * d)?);
+        let (p, ou, gam) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch)?);
+        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32), Arg::L(rows.rqk as i64)];
+        let mut args = vec![Arg::P(n.ptr()), Arg::P(b.ptr()), Arg::P(p.ptr()), Arg::P(ou.ptr()), Arg::P(gam.ptr())];
+        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
+        args.extend(dims());
+        args.push(Arg::L(rows.rv as i64));
+        self.launch("moss_enc_gdr_prep2_bf16", nb as u32, 256, (GDR_V2_PREP_FLOATS * 4) as u32, &args)?;
+        let ncb = dv.div_ceil(GDR_SEQ_COLS);
+        self.launch(
+            "moss_enc_gdr_seq2",
+            (hv * ncb) as u32,
+            256,
+            (GDR_V2_SEQ_FLOATS * 4) as u32,
+            &[Arg::P(s.ptr()), Arg::P(n.ptr()), Arg::P(b.ptr()), Arg::P(gam.ptr()), Arg::I(nc as i32), Arg::I(hv as i32), Arg::I(ncb as i32)],
+        )?;
+        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(p.ptr()), Arg::P(ou.ptr()), Arg::P(gam.ptr())];
+        args.extend(dims());
+        self.launch_2d(
+            &format!("{prefix}_gdr_out2_bf16"),
+            (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
+            256,
+            (GDR_V2_OUT_FLOATS * 4) as u32,
             &args,
         )?;
         Ok(out)
@@ -765,7 +846,7 @@ impl EncoderOps for Cuda {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, true))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, GdrPath::Tc))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_qkv(
@@ -775,7 +856,7 @@ impl EncoderOps for Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, true))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, GdrPath::Tc))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))

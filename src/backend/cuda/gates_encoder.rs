@@ -4,7 +4,7 @@
 //! in [`super::gates::GATES`].
 
 use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
-use super::encoder::{EncAttn, ATTN_TILED_MAX};
+use super::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
 use super::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -292,20 +292,32 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             DType::BF16 => (BF16_OUT, "TF32 products, fp32 state"),
             DType::F32 => (F32_DELTA, "fp32 SIMT"),
         };
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", true);
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, note, out, &want, None);
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", true);
+        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, note, out, &want, None);
         let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
-        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", true);
+        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule, q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
-        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", true);
+        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
         if cx.dtype == DType::BF16 {
+            // the v2 kernels (MOSS_GDR=v2): state pass S' = e^{γl} S + N S + B, strided q k v
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::V2);
+            cx.judge("enc gated_delta_rule v2 (N S + B state pass), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::V2);
+            cx.judge("enc gated_delta_rule v2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::V2);
+            cx.judge("enc gated_delta_rule v2, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            // MOSS_GDR=tc2: the tensor-core kernels with batched q / k row loads
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc2);
+            cx.judge("enc gated_delta_rule tc2 (batched row loads), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc2);
+            cx.judge("enc gated_delta_rule tc2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             // the fp32 SIMT chunk kernels on bf16 data (MOSS_GDR=simt)
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", false);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Simt);
             cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, "fp32 SIMT", out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", false);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Simt);
             cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, "", out, &want, None);
         }
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
