@@ -18,7 +18,9 @@
 # Needs: the release binary in $BIN (default .final/moss), .whl/diffusers-*.whl.
 set -uo pipefail
 BIN=${BIN:-.final/moss}
-O=${OUT:-/tmp/finalout}; W=/tmp/final; mkdir -p "$O" "$W"
+# Everything lands in $O; at the end it is packed into $OUT/final3.tgz plus $OUT/log.txt (the
+# device tool brings back at most 8 files).
+O=/tmp/final3out; W=/tmp/final; mkdir -p "$O" "$W" "${OUT:=/tmp/finalout}"
 exec > >(tee -a "$O/log.txt") 2>&1
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl && export PYTHONPATH=/tmp/site || exit 1
@@ -107,3 +109,4 @@ done
 el "== 8. end to end"
 $BIN generate --device cuda --model $F --prompt "a lighthouse at dusk, oil painting" --size 1024x1024 --steps 50 --json --out $W/full50.png; echo "rc=$?"
 el "done"; date -u
+tar czf "$OUT/final3.tgz" -C "$O" . && cp "$O/log.txt" "$OUT/log.txt"

@@ -124,7 +124,7 @@ fn bench<B: EncoderOps>(
             "device_median_ms": dsorted.get(dsorted.len() / 2).copied(),
             "download_ms": download_ms,
             "download_median_ms": dlsorted.get(dlsorted.len() / 2).copied(),
-            "download_mode": std::env::var("MOSS_DOWNLOAD").unwrap_or_else(|_| "pageable".into()),
+            "download_mode": format!("{:?}", crate::backend::cuda::ops::Download::from_env()),
             "min_ms": sorted.first().copied().unwrap_or(first_ms),
         });
         if let Some(out) = a.outs.get(i) {
