@@ -158,7 +158,7 @@ def ref(out, side):
     moss_px = torch.from_numpy(np.fromfile(f"{out}/moss{side}.rgb", dtype=np.uint8).reshape(h, w, 3))
     mj = json.load(open(f"{out}/moss{side}.json"))
     rows = []
-    for name, img, px, ms in (("moss cuda fp32 (split-TF32 conv)", moss, moss_px, mj["forward_ms_median"]),
+    for name, img, px, ms in (("moss cuda fp32 (default kernels)", moss, moss_px, mj["forward_ms_median"]),
                               ("diffusers fp32, TF32 off", img32, px_f32(img32), t32),
                               ("diffusers fp32, TF32 on", imgtf, px_f32(imgtf), ttf)):
         mean, mx = stats(img, img64)
