@@ -110,28 +110,11 @@ __device__ __forceinline__ void load_norm_any(float* dst, int stride, const T* x
     }
 }
 
-}  // namespace moss_gdr
-#include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
-#include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
-namespace moss_gdr {
-
-// ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
-template <typename T, bool TC, bool BATCH = false>
-__device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
-                          const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
-                          long rqk, long rv) {
-    GDR_SMEM(gdr_sm);
-    float* Ks = gdr_sm;          // GC x PKS
-    float* Qs = Ks + GC * PKS;   // GC x PKS
-    float* At = Qs + GC * PKS;   // GC x AS: Aᵀ, At[j][i] = A[i][j]
-    float* gs = At + GC * AS;    // γ
-    float* bs = gs + GC;         // β
-    float* es = bs + GC;         // e^γ
-    float* dl = es + GC;         // e^{γ_last − γ}
-    const long blk = blockIdx.x;
-    const int c = (int)(blk / Hv), h = (int)(blk % Hv);
-    const int c0 = c * GC, n = min(GC, L - c0);
-    const int kh = h / (Hv / Hk);
+// The chunk's gates into shared memory (block (chunk c0 with n valid rows, value head h) = blk):
+// γ = the inclusive cumulative sum of g over the chunk (rows past n: 0), β, e^γ and e^{γ_last − γ};
+// γ also to gamo[blk]. No barrier after the last writes (the caller's next one covers them).
+__device__ void chunk_gates(float* gs, float* bs, float* es, float* dl, float* gamo, const float* g,
+                            const float* beta, long blk, int c0, int n, int h, int Hv) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid < GC) {
         long gi = (long)(c0 + tid) * Hv + h;
@@ -157,6 +140,42 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
         dl[tid] = expf(gs[GC - 1] - gs[tid]);
         gamo[blk * GC + tid] = gs[tid];
     }
+}
+
+// Columns [col0, col0 + OC) of the GD x GD state of block blk (Sall: one state per (chunk, value
+// head)) into Ss (row stride ld), 16 bytes a copy. No barrier.
+__device__ void load_state_cols(float* Ss, int ld, const float* Sall, long blk, int col0) {
+    const float* sg = Sall + blk * GD * GD + col0;
+    for (int p = threadIdx.x; p < GD * OC / 4; p += GT) {
+        int d = p / (OC / 4), x = (p % (OC / 4)) * 4;
+        *reinterpret_cast<float4*>(Ss + d * ld + x) = *reinterpret_cast<const float4*>(sg + d * GD + x);
+    }
+}
+
+}  // namespace moss_gdr
+#include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
+#include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
+namespace moss_gdr {
+
+// ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
+template <typename T, bool TC, bool BATCH = false>
+__device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
+                          const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
+                          long rqk, long rv) {
+    GDR_SMEM(gdr_sm);
+    float* Ks = gdr_sm;          // GC x PKS
+    float* Qs = Ks + GC * PKS;   // GC x PKS
+    float* At = Qs + GC * PKS;   // GC x AS: Aᵀ, At[j][i] = A[i][j]
+    float* gs = At + GC * AS;    // γ
+    float* bs = gs + GC;         // β
+    float* es = bs + GC;         // e^γ
+    float* dl = es + GC;         // e^{γ_last − γ}
+    const long blk = blockIdx.x;
+    const int c = (int)(blk / Hv), h = (int)(blk % Hv);
+    const int c0 = c * GC, n = min(GC, L - c0);
+    const int kh = h / (Hv / Hk);
+    const int tid = threadIdx.x;
+    chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
     load_norm_any<BATCH>(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
     load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
@@ -360,11 +379,7 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
     load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
-    const float* sg = Sall + blk * GD * GD + col0;
-    for (int p = tid; p < GD * OC / 4; p += GT) {
-        int d = p / (OC / 4), x = (p % (OC / 4)) * 4;
-        *reinterpret_cast<float4*>(Ss + d * OL + x) = *reinterpret_cast<const float4*>(sg + d * GD + x);
-    }
+    load_state_cols(Ss, OL, Sall, blk, col0);
     const float* ug = Uall + blk * GC * GD + col0;
     const float* wg = Wqk + blk * GC * GC;
     for (int p = tid; p < GC * OC / 4; p += GT) {

@@ -205,11 +205,7 @@ __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* 
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
     load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
-    const float* sg = Sall + blk * GD * GD + col0;
-    for (int p = tid; p < GD * OC / 4; p += GT) {
-        int d = p / (OC / 4), x = (p % (OC / 4)) * 4;
-        *reinterpret_cast<float4*>(Ss + d * TO_SL + x) = *reinterpret_cast<const float4*>(sg + d * GD + x);
-    }
+    load_state_cols(Ss, TO_SL, Sall, blk, col0);
     const float* ug = Uall + blk * GC * GD + col0;
     const float* wg = Wqk + blk * GC * GC;
     for (int p = tid; p < GC * OC / 4; p += GT) {  // OC == GC: a Wqk row is as wide as a U row

@@ -65,31 +65,8 @@ __device__ void prep2_impl(float* Nall, float* Ball, float* Pall, float* Oull, f
     const int c = (int)(blk / Hv), h = (int)(blk % Hv);
     const int c0 = c * GC, n = min(GC, L - c0);
     const int kh = h / (Hv / Hk);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid < GC) {
-        long gi = (long)(c0 + tid) * Hv + h;
-        gs[tid] = tid < n ? g[gi] : 0.f;
-        bs[tid] = tid < n ? beta[gi] : 0.f;
-    }
-    __syncthreads();
-    if (warp == 0) {  // inclusive scan of 64 values, two per lane
-        float a = gs[2 * lane], b = gs[2 * lane + 1];
-        float s = a + b;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            float t = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += t;
-        }
-        float ex = s - (a + b);
-        gs[2 * lane] = ex + a;
-        gs[2 * lane + 1] = ex + a + b;
-    }
-    __syncthreads();
-    if (tid < GC) {
-        es[tid] = expf(gs[tid]);
-        dl[tid] = expf(gs[GC - 1] - gs[tid]);
-        gamo[blk * GC + tid] = gs[tid];
-    }
+    const int tid = threadIdx.x, warp = tid >> 5;
+    chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
     load_norm_any<true>(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
     load_norm_any<true>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
@@ -275,11 +252,7 @@ __device__ void out2_impl(T* out, const T* q, const float* Sall, const float* Pa
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
     load_norm_any<true>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
-    const float* sg = Sall + blk * GD * GD + col0;
-    for (int p = tid; p < GD * OC / 4; p += GT) {
-        int d = p / (OC / 4), x = (p % (OC / 4)) * 4;
-        *reinterpret_cast<float4*>(Ss + d * TO_SL + x) = *reinterpret_cast<const float4*>(sg + d * GD + x);
-    }
+    load_state_cols(Ss, TO_SL, Sall, blk, col0);
     __syncthreads();
     const float* pg = Pall + blk * GC * GD;
     for (int p = tid; p < GC * GD / 4; p += GT) {

@@ -312,15 +312,6 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss_ctl");
                 cx.judge("vae spatial_attention flash, output not rescaled", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
             }
-            // The opt-in kernel with K and V pre-split (MOSS_VAE_ATTN=flash2), same inputs.
-            if cx.cuda.flash2_fits(d) {
-                let out = cx.cuda.spatial_attention_flash2(&gq, &gk, &gv, "moss");
-                cx.judge("vae spatial_attention flash2 (K, V pre-split hi/lo, key tile 16)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
-                if ctl {
-                    let out = cx.cuda.spatial_attention_flash2(&gq, &gk, &gv, "moss_ctl");
-                    cx.judge("vae spatial_attention flash2, second D-half of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
-                }
-            }
             // The fp16 hi/lo kernels (the default f16; MOSS_VAE_ATTN=f16r), same inputs.
             if cx.cuda.f16_attn_fits(d) {
                 for (name, kn) in crate::backend::cuda::vae_attn16::F16_VARIANTS {

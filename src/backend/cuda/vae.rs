@@ -26,8 +26,7 @@
 //!   L = 65536; `MOSS_VAE_ATTN=f16r` a variant). `MOSS_VAE_ATTN=flash` (the default before, where
 //!   f16 does not fit but 204 KB do): one flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ`
 //!   and `P·V`, online softmax in fp32, no scores in memory; 12.9 / 205 ms);
-//!   `MOSS_VAE_ATTN=split|cublas` for the others, `MOSS_VAE_ATTN=flash2` (K and V split into
-//!   hi/lo once, key tile 16: 10.4 / 164.6 ms). Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
+//!   `MOSS_VAE_ATTN=split|cublas` for the others. Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
 //!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
 //!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
@@ -182,9 +181,6 @@ pub fn fast_kernels() -> bool {
 const FLASH_D: usize = 384;
 const FLASH_BQ: usize = 64;
 const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
-/// `moss_vae_flash2_d384` (opt-in `MOSS_VAE_ATTN=flash2`): Q 64x392, K hi/lo 16x784, V hi/lo
-/// 2x384x16, S partials 2x64x20 floats.
-const FLASH2_SMEM_BYTES: usize = 4 * (64 * 392 + 16 * 784 + 2 * 384 * 16 + 2 * 64 * 20);
 
 /// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
 const HALO_TH: usize = 8;
@@ -841,59 +837,6 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `spatial_attention_flash` with K and V split into hi/lo once, in the order of the mma B
-    /// fragments (`moss_vae_flash2_prep_rows` / `_prep_v`; Q only reordered), and the flash kernel
-    /// loading each fragment with one 128-bit shared load (cuda/vae_attn.cu `moss_vae_flash2_d384`,
-    /// key tile 16, Q Kᵀ split over the two halves of D). `prefix` `moss_ctl` plants the second
-    /// D-half partial of the scores dropped.
-    pub(crate) fn spatial_attention_flash2(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash2: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
-        let lp = l.next_multiple_of(16);
-        ensure!(lp * 2 * d < i32::MAX as usize, "spatial_attention_flash2: L {l} too long");
-        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let prep_rows = |x: &CudaTensor, rows: usize, split: bool| -> Result<CudaTensor> {
-            let dst = self.alloc(DType::F32, &[n, rows, if split { 2 * d } else { d }])?;
-            let total = n * rows * d / 2;
-            self.launch(
-                "moss_vae_flash2_prep_rows",
-                self.grid_for(total),
-                256,
-                0,
-                &[Arg::P(dst.ptr()), Arg::P(x.ptr()), Arg::I(l as i32), Arg::I(rows as i32), Arg::I(split as i32), Arg::L(total as i64)],
-            )?;
-            Ok(dst)
-        };
-        let qp = prep_rows(&q, l, false)?;
-        let kp = prep_rows(&k, lp, true)?;
-        let vp = self.alloc(DType::F32, &[n, lp, 2 * d])?;
-        let total = n * (lp / 8) * 4 * d;
-        self.launch(
-            "moss_vae_flash2_prep_v",
-            self.grid_for(total),
-            256,
-            0,
-            &[Arg::P(vp.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::I(lp as i32), Arg::L(total as i64)],
-        )?;
-        let out = self.alloc(DType::F32, &[n, l, d])?;
-        let scale = (1.0 / (d as f64).sqrt()) as f32;
-        self.launch_2d(
-            &format!("{prefix}_vae_flash2_d384"),
-            (l.div_ceil(FLASH_BQ) as u32, n as u32),
-            256,
-            FLASH2_SMEM_BYTES as u32,
-            &[Arg::P(out.ptr()), Arg::P(qp.ptr()), Arg::P(kp.ptr()), Arg::P(vp.ptr()), Arg::I(l as i32), Arg::F(scale)],
-        )?;
-        Ok(out)
-    }
-
-    /// Whether `moss_vae_flash2_d384` applies: D = 384 and its 205 KB of shared memory fit.
-    pub(crate) fn flash2_fits(&self, d: usize) -> bool {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
-        d == FLASH_D && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= FLASH2_SMEM_BYTES).unwrap_or(false)
-    }
-
     /// Whether the flash attention kernel applies: D = 384 and its 203.5 KB of shared memory
     /// fit (H100/H200; not an A100 or sm_86/89/120).
     pub(crate) fn flash_fits(&self, d: usize) -> bool {
@@ -1184,8 +1127,6 @@ impl VaeOps for Cuda {
             Ok(_) => false,
             _ => fast_kernels(),
         } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
-        // Opt-in: K and V pre-split into hi/lo (cuda/vae_attn.cu moss_vae_flash2_d384).
-        let flash2 = std::env::var("MOSS_VAE_ATTN").as_deref() == Ok("flash2") && q.shape.len() == 3 && self.flash2_fits(q.shape[2]);
         // The default where it fits: fp16 hi/lo split operands (cuda/vae_attn16.cu; measured on
         // the H200: 85.9 ms at L = 65536 against 205 ms for `flash`, closer to float64);
         // MOSS_VAE_ATTN=f16 | f16r picks a variant, any other value the kernels below.
@@ -1200,8 +1141,6 @@ impl VaeOps for Cuda {
             || {
                 if let Some(kn) = f16 {
                     self.spatial_attention_f16(q, k, v, kn)
-                } else if flash2 {
-                    self.spatial_attention_flash2(q, k, v, "moss")
                 } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
                 } else if split {
