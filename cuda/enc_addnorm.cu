@@ -14,7 +14,9 @@ constexpr int AN_V = 4;    // 8-wide vectors per thread: d <= 8 · 256 · 4
 __device__ __forceinline__ float rnd(float v, const float*) { return v; }
 __device__ __forceinline__ float rnd(float v, const __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-template <typename T, int BUG>
+// ADD false: the norm alone (x' = x is read, not written; h unused): the residual add already
+// happened in the output projection's GEMM epilogue (EncoderOps::linear_add_rms_norm).
+template <typename T, int BUG, bool ADD = true>
 __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* w, int d, float eps) {
     __shared__ float red[AN_T / 32];
     const long base = (long)blockIdx.x * d;
@@ -24,12 +26,14 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
     for (int m = 0; m < AN_V; m++) {
         int i = (threadIdx.x + m * AN_T) * 8;
         if (i < d) {
-            float b[8];
             ld8(x, base + i, v[m]);
-            ld8(h, base + i, b);
+            if (ADD) {
+                float b[8];
+                ld8(h, base + i, b);
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[m][k] = rnd(v[m][k] + b[k], x);
-            st8(xo, base + i, v[m]);
+                for (int k = 0; k < 8; k++) v[m][k] = rnd(v[m][k] + b[k], x);
+                st8(xo, base + i, v[m]);
+            }
 #pragma unroll
             for (int k = 0; k < 8; k++) ss += v[m][k] * v[m][k];
         }
@@ -60,6 +64,10 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
     MOSS_KERNEL void __launch_bounds__(256) PFX##_add_rms_##SX(T* xo, T* no, const T* x, const T* h,          \
                                                                const float* w, int d, float eps) {            \
         moss_enc_addnorm::add_rms_impl<T, BUG>(xo, no, x, h, w, d, eps);                                      \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1_##SX(T* no, const T* x, const float* w, int d,         \
+                                                            float eps) {                                      \
+        moss_enc_addnorm::add_rms_impl<T, BUG, false>(nullptr, no, x, nullptr, w, d, eps);                    \
     }
 MOSS_ADD_RMS(moss_enc, 0, __nv_bfloat16, bf16)
 MOSS_ADD_RMS(moss_enc, 0, float, f32)

@@ -185,9 +185,10 @@ __device__ void silu_mul8_impl(T* out, const T* g, const T* u, long n8) {
 }
 
 // ---- causal conv1d + SiLU, 8 channels per thread (C % 8 == 0). The taps come TRANSPOSED, wt [K, C]
-// f32, so that a warp's tap loads are contiguous. BUG 1: taps reversed. --------------------------
+// f32, so that a warp's tap loads are contiguous. x rows of stride ldx (ldx % 8 == 0), out [L, C].
+// BUG 1: taps reversed. -------------------------------------------------------------------------
 template <typename T, int BUG>
-__device__ void conv8_impl(T* out, const T* x, const float* wt, long L, int C, int K) {
+__device__ void conv8_impl(T* out, const T* x, const float* wt, long L, int C, int K, long ldx) {
     const int c8 = C / 8;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < L * c8; i += (long)gridDim.x * blockDim.x) {
         long t = i / c8;
@@ -197,7 +198,7 @@ __device__ void conv8_impl(T* out, const T* x, const float* wt, long L, int C, i
             long s = t - (K - 1) + j;
             if (s < 0) continue;
             float xv[8];
-            ld8(x, s * C + c, xv);
+            ld8(x, s * ldx + c, xv);
             int tap = BUG == 1 ? K - 1 - j : j;
             float wv[8];
             ld8(wt, (long)tap * C + c, wv);
@@ -499,8 +500,8 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
     MOSS_KERNEL void PFX##_silu_mul8_##SX(T* out, const T* g, const T* u, long n8) {                          \
         moss_enc::silu_mul8_impl<T, BUG>(out, g, u, n8);                                                      \
     }                                                                                                         \
-    MOSS_KERNEL void PFX##_conv8_##SX(T* out, const T* x, const float* wt, long L, int C, int K) {            \
-        moss_enc::conv8_impl<T, BUG>(out, x, wt, L, C, K);                                                    \
+    MOSS_KERNEL void PFX##_conv8_##SX(T* out, const T* x, const float* wt, long L, int C, int K, long ldx) {  \
+        moss_enc::conv8_impl<T, BUG>(out, x, wt, L, C, K, ldx);                                               \
     }                                                                                                         \
     MOSS_KERNEL void PFX##_gates_##SX(float* g, float* beta, const T* a, const T* b, const float* alog,       \
                                       const float* dt, long n, int hv) {                                      \

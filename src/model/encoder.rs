@@ -24,10 +24,9 @@ struct Attention<B: EncoderOps> {
 
 /// Gated DeltaNet (`linear_attn.*`).
 struct DeltaNet<B: EncoderOps> {
-    in_proj_qkv: B::T,
-    in_proj_z: B::T,
-    in_proj_b: B::T,
-    in_proj_a: B::T,
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_a`, `in_proj_b` as [`EncoderOps::cat_weights`] made
+    /// them: one input, their products side by side in that order.
+    in_proj: Vec<B::T>,
     conv1d: B::T,
     dt_bias: B::T,
     a_log: B::T,
@@ -44,8 +43,8 @@ struct Layer<B: EncoderOps> {
     input_layernorm: B::T,
     post_attention_layernorm: B::T,
     mixer: Mixer<B>,
-    gate_proj: B::T,
-    up_proj: B::T,
+    /// `gate_proj`, `up_proj` as [`EncoderOps::cat_weights`] made them.
+    mlp_in: Vec<B::T>,
     down_proj: B::T,
 }
 
@@ -77,10 +76,10 @@ impl<B: EncoderOps> Encoder<B> {
                 LayerType::Linear => {
                     let a = |n: &str| w(&format!("{p}linear_attn.{n}"));
                     Mixer::Linear(DeltaNet {
-                        in_proj_qkv: a("in_proj_qkv.weight")?,
-                        in_proj_z: a("in_proj_z.weight")?,
-                        in_proj_b: a("in_proj_b.weight")?,
-                        in_proj_a: a("in_proj_a.weight")?,
+                        in_proj: b.cat_weights(
+                            "delta_net_in",
+                            vec![a("in_proj_qkv.weight")?, a("in_proj_z.weight")?, a("in_proj_a.weight")?, a("in_proj_b.weight")?],
+                        )?,
                         conv1d: a("conv1d.weight")?,
                         dt_bias: a("dt_bias")?,
                         a_log: a("A_log")?,
@@ -93,8 +92,7 @@ impl<B: EncoderOps> Encoder<B> {
                 input_layernorm: w(&format!("{p}input_layernorm.weight"))?,
                 post_attention_layernorm: w(&format!("{p}post_attention_layernorm.weight"))?,
                 mixer,
-                gate_proj: w(&format!("{p}mlp.gate_proj.weight"))?,
-                up_proj: w(&format!("{p}mlp.up_proj.weight"))?,
+                mlp_in: b.cat_weights("mlp_in", vec![w(&format!("{p}mlp.gate_proj.weight"))?, w(&format!("{p}mlp.up_proj.weight"))?])?,
                 down_proj: w(&format!("{p}mlp.down_proj.weight"))?,
             });
         }
@@ -116,20 +114,21 @@ impl<B: EncoderOps> Encoder<B> {
         // is fused with that norm (the next layer's input_layernorm, or the final norm)
         let mut h = b.timed("rms_norm", || b.rms_norm(&x, Some(first), eps, true))?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let m = match &layer.mixer {
-                Mixer::Full(a) => self.attention(b, a, &h)?,
-                Mixer::Linear(d) => self.delta_net(b, d, &h)?,
+            // the mixer's output before its projection, and that projection
+            let (m, w_out) = match &layer.mixer {
+                Mixer::Full(a) => (self.attention(b, a, &h)?, &a.o_proj),
+                Mixer::Linear(d) => (self.delta_net(b, d, &h)?, &d.out_proj),
             };
-            (x, h) = b.add_rms_norm(&x, &m, &layer.post_attention_layernorm, eps)?;
-            let f = b.silu_mul(&lin(b, &h, &layer.gate_proj)?, &lin(b, &h, &layer.up_proj)?)?;
-            let f = lin(b, &f, &layer.down_proj)?;
+            (x, h) = b.linear_add_rms_norm(&m, w_out, &x, &layer.post_attention_layernorm, eps)?;
+            let ffn = b.dims(&layer.down_proj)[1];
+            let f = b.silu_mul_cols(&b.timed("linear", || b.linear_cat(&h, &layer.mlp_in))?, ffn)?;
             let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
-            (x, h) = b.add_rms_norm(&x, &f, next, eps)?;
+            (x, h) = b.linear_add_rms_norm(&f, &layer.down_proj, &x, next, eps)?;
         }
         Ok(h)
     }
 
-    /// `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
+    /// The gated attention's output before `o_proj`, `[L, H·hd]`. `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
     fn attention(&self, b: &B, a: &Attention<B>, x: &B::T) -> Result<B::T> {
         let c = &self.cfg;
         let (l, hd) = (b.dims(x)[0], c.head_dim);
@@ -140,22 +139,24 @@ impl<B: EncoderOps> Encoder<B> {
         let v = b.reshape(&lin(b, x, &a.v_proj)?, &[l, nkv, hd])?;
         let q = b.head_norm_rope(&q, &a.q_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
         let k = b.head_norm_rope(&k, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
-        let o = b.causal_attention_gated(&q, &k, &v, &qg, 1.0 / (hd as f64).sqrt())?;
-        lin(b, &o, &a.o_proj)
+        b.causal_attention_gated(&q, &k, &v, &qg, 1.0 / (hd as f64).sqrt())
     }
 
+    /// The Gated DeltaNet's output before `out_proj`, `[L, Hv·dv]`.
     fn delta_net(&self, b: &B, d: &DeltaNet<B>, x: &B::T) -> Result<B::T> {
         let c = &self.cfg;
         let l = b.dims(x)[0];
         let (nk, dk, nv, dv) =
             (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
+        // y = [qkv | z | a | b] per token; each op below reads its columns of y
+        let (conv, vd) = (2 * nk * dk + nv * dv, nv * dv);
+        let y = b.timed("linear", || b.linear_cat(x, &d.in_proj))?;
         // the conv output holds q, k, v side by side; the delta rule reads them in place
-        let qkv = b.causal_conv1d_silu(&lin(b, x, &d.in_proj_qkv)?, &d.conv1d)?;
-        let z = b.reshape(&lin(b, x, &d.in_proj_z)?, &[l, nv, dv])?;
-        let (g, beta) = b.gdn_gates(&lin(b, x, &d.in_proj_a)?, &lin(b, x, &d.in_proj_b)?, &d.a_log, &d.dt_bias)?;
+        let qkv = b.causal_conv1d_silu_cols(&y, 0, conv, &d.conv1d)?;
+        let (g, beta) = b.gdn_gates_cols(&y, (conv + vd, conv + vd + nv, nv), &d.a_log, &d.dt_bias)?;
         let o = b.gated_delta_rule_qkv(&qkv, (nk, dk, nv, dv), &g, &beta)?;
-        let o = b.gated_rms_norm(&o, &z, &d.norm, c.rms_norm_eps)?;
-        lin(b, &b.reshape(&o, &[l, c.linear_value_dim()])?, &d.out_proj)
+        let o = b.gated_rms_norm_cols(&o, &y, conv, &d.norm, c.rms_norm_eps)?;
+        b.reshape(&o, &[l, vd])
     }
 }
 

@@ -49,6 +49,8 @@ pub struct Gemm {
     pub bias: bool,
     /// fp32 inputs through TF32 tensor cores (only the planted control uses this).
     pub tf32: bool,
+    /// `D = alpha · op(A) · op(B) + C` (beta 1), C of D's type and layout ([`Blas::gemm_acc`]).
+    pub accumulate: bool,
 }
 
 impl Gemm {
@@ -72,6 +74,7 @@ impl Gemm {
             stride_d: 0,
             bias: false,
             tf32: false,
+            accumulate: false,
         }
     }
     /// Strided batches: `batch` products, A, B, D advancing by their strides (elements).
@@ -265,13 +268,21 @@ impl Blas {
     /// addresses of buffers at least as large as the layouts describe.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, d: u64, bias: Option<u64>, alpha: f32) -> Result<()> {
-        let g = Gemm { bias: bias.is_some(), ..g };
+        self.gemm_acc(stream, g, a, b, None, d, bias, alpha)
+    }
+
+    /// [`Blas::gemm`] plus `c` (when given): `d = alpha · op(a) · op(b) + c (+ bias)`, `c` of `d`'s
+    /// type and layout (it may be `d` itself).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_acc(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, c: Option<u64>, d: u64, bias: Option<u64>, alpha: f32) -> Result<()> {
+        let g = Gemm { bias: bias.is_some(), accumulate: c.is_some(), ..g };
         let mut plans = self.plans.lock().unwrap();
         let p = match plans.entry(g) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(g, bias.unwrap_or(0))?),
         };
-        let beta = 0f32;
+        let beta = if c.is_some() { 1f32 } else { 0f32 };
+        let c = c.unwrap_or(d);
         // SAFETY: see above; the plan's handles are valid while the lock is held.
         unsafe {
             if let Some(b) = bias {
@@ -288,7 +299,7 @@ impl Blas {
                     la,
                     b as *const _,
                     lb,
-                    d as *const _,
+                    c as *const _,
                     lc,
                     d as *mut _,
                     lc,
@@ -360,5 +371,24 @@ impl Blas {
         };
         g.tf32 = bug == LinearBug::Tf32;
         self.gemm(stream, g, w, x, out, bias, 1.0)
+    }
+
+    /// `out [rows, n] (row stride ldo) = x [rows, k] · w [n, k]ᵀ (+ res)`, all of `dtype`: a
+    /// linear writing a column block of a wider output (`ldo ≥ n`), and/or adding `res` (same
+    /// layout as `out`; may be `out`) in the epilogue, the fp32 product rounded once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_into(
+        &self,
+        stream: &CudaStream,
+        dtype: DType,
+        (rows, n, k): (usize, usize, usize),
+        x: u64,
+        w: u64,
+        res: Option<u64>,
+        out: u64,
+        ldo: usize,
+    ) -> Result<()> {
+        let g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, ldo);
+        self.gemm_acc(stream, g, w, x, res, out, None, 1.0)
     }
 }

@@ -384,26 +384,11 @@ impl Cuda {
         Ok(out)
     }
 
-    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// Causal conv + SiLU of a contiguous `x [L, C]` with the kernel of `path` (see
+    /// [`Cuda::conv_cols_with`]).
+    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str, path: super::enc_strided::ConvPath) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2, "causal_conv1d_silu: x must be [L, C], got {:?}", x.shape);
-        let (l, c) = (x.shape[0], x.shape[1]);
-        ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
-        let kk = w.shape[2];
-        let w = self.f32v(w)?;
-        let out = self.alloc(x.dtype, &x.shape)?;
-        // 8 channels per thread where the width and the addresses allow 16-byte vectors; that
-        // kernel reads the taps transposed, [K, C], so that a warp's tap loads are contiguous.
-        let vec = c % 8 == 0 && x.ptr() % 16 == 0 && out.ptr() % 16 == 0;
-        let (name, work) = if vec { ("conv8", l * c / 8) } else { ("conv", l * c) };
-        let w = if vec { self.permute_with(&Backend::reshape(self, &w, &[c, kk])?, &[1, 0], "moss")? } else { w };
-        self.launch(
-            &format!("{prefix}_{name}_{}", x.dtype.name()),
-            self.grid_for(work),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32)],
-        )?;
-        Ok(out)
+        self.conv_cols_with(x, 0, x.shape[1], w, prefix, path)
     }
 
     pub(crate) fn gdn_gates_with(
@@ -796,7 +781,7 @@ pub fn take_profile() -> Vec<(&'static str, f64, usize)> {
 }
 
 impl Cuda {
-    fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         if !PROFILE.load(Ordering::Relaxed) {
             return f();
         }
@@ -834,13 +819,52 @@ impl EncoderOps for Cuda {
         if fused {
             return self.prof("causal_attention_gated", || self.causal_attention_gated_fused(q, k, v, qg, scale, P, path));
         }
+        if !std::env::var("MOSS_ENC_GATE").is_ok_and(|v| v == "unfused") && qg.shape.len() == 3 && qg.shape[2] % 16 == 0 {
+            let o = self.causal_attention(q, k, v, scale)?;
+            if let Some(out) = self.prof("attn_gate", || self.attn_gate_with(&o, qg, P))? {
+                return Ok(out);
+            }
+        }
         crate::backend::ops::encoder::causal_attention_gated_unfused(self, q, k, v, qg, scale)
     }
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         self.prof("silu_mul", || self.silu_mul_with(gate, up, P))
     }
     fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
+        let path = self.enc_conv_path();
+        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P, path))
+    }
+    fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
+        let path = self.enc_conv_path();
+        self.prof("causal_conv1d_silu", || self.conv_cols_with(y, start, c, w, P, path))
+    }
+    fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
+        self.cat_weights_with(group, ws)
+    }
+    fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
+        self.linear_cat_with(x, ws)
+    }
+    fn gdn_gates_cols(
+        &self,
+        y: &CudaTensor,
+        cols: (usize, usize, usize),
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.prof("gdn_gates", || self.gdn_gates_cols_with(y, cols, a_log, dt_bias, P))
+    }
+    fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+        self.prof("gated_rms_norm", || self.gated_rms_norm_cols_with(x, y, z0, w, eps, P))
+    }
+    fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
+        self.prof("silu_mul", || self.silu_mul_cols_with(y, f, P))
+    }
+    fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
+        if std::env::var("MOSS_ENC_RESADD").is_ok_and(|v| v == "off") {
+            let h = self.prof("linear", || self.linear(a, w, None))?;
+            return self.add_rms_norm(res, &h, w_norm, eps);
+        }
+        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P, false)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))

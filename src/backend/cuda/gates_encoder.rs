@@ -4,6 +4,7 @@
 //! in [`super::gates::GATES`].
 
 use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
+use super::enc_strided::ConvPath;
 use super::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
 use super::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
@@ -225,18 +226,24 @@ fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// Both conv kernels (`convt`, the default, 8 tokens a thread; `conv8`, `MOSS_ENC_CONV=conv8`) on
+/// contiguous input at the real widths, at a length that leaves a partial token group (777), and
+/// the scalar kernel on a width that is not a multiple of 8.
 fn gate_conv(cx: &mut Cx) -> Result<()> {
     use enc::*;
-    for (l, c) in widths(CONV) {
+    for (l, c) in widths(CONV).into_iter().chain([(777, CONV)]) {
         let (x, gx) = cx.input(&[l, c], 1.0)?;
         let (w, gw) = cx.input(&[c, 1, CONV_K], 0.5)?;
         let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
         let s = shape_str(&[&[l, c], &[c, 1, CONV_K]]);
         let b = bound(cx, F32_TRANSCENDENTAL);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
-        cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc");
-        cx.judge("enc causal_conv1d_silu, taps reversed", &s, Kind::Control, b, "", out, &want, None);
+        let paths: &[(ConvPath, &str)] = if c % 8 == 0 { &[(ConvPath::Tiled, " (convt, 8 tokens a thread)"), (ConvPath::Conv8, " (conv8)")] } else { &[(ConvPath::Tiled, " (scalar)")] };
+        for &(path, what) in paths {
+            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc", path);
+            cx.judge(&format!("enc causal_conv1d_silu{what}"), &s, Kind::Gate, b, "", out, &want, None);
+            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc", path);
+            cx.judge(&format!("enc causal_conv1d_silu{what}, taps reversed"), &s, Kind::Control, b, "", out, &want, None);
+        }
     }
     Ok(())
 }
@@ -382,4 +389,8 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc gated_delta_rule", gate_delta_rule),
     ("enc gated_rms_norm", gate_gated_rms),
     ("enc add_rms_norm", gate_add_rms),
+    ("enc linear_cat", super::gates_enc_strided::gate_linear_cat),
+    ("enc strided consumers", super::gates_enc_strided::gate_cols),
+    ("enc linear_add_rms_norm", super::gates_enc_strided::gate_linear_add),
+    ("enc attn_gate", super::gates_enc_strided::gate_attn_gate),
 ];

@@ -97,6 +97,68 @@ pub trait EncoderOps: Backend {
         Ok((x, n))
     }
 
+    /// Weights of linears that read one input (`[N_i, K]` each, in this order), made ready at load
+    /// for [`EncoderOps::linear_cat`]; `group` names them (`"delta_net_in"`, `"mlp_in"`). This
+    /// default keeps them apart; the CUDA backend concatenates them along N into fewer buffers
+    /// (one GEMM each), the parts' own buffers freed.
+    fn cat_weights(&self, group: &'static str, ws: Vec<Self::T>) -> Result<Vec<Self::T>> {
+        let _ = group;
+        Ok(ws)
+    }
+
+    /// `[x·w_0ᵀ | x·w_1ᵀ | …]` of the weights [`EncoderOps::cat_weights`] made: `x [L, K]` →
+    /// `[L, ΣN_i]`, the products side by side in each row. This default (the CPU twin) is the
+    /// separate linears and a `cat`, so its values are those of the separate linears.
+    fn linear_cat(&self, x: &Self::T, ws: &[Self::T]) -> Result<Self::T> {
+        let ys = ws.iter().map(|w| self.linear(x, w, None)).collect::<Result<Vec<_>>>()?;
+        if ys.len() == 1 {
+            return Ok(ys.into_iter().next().unwrap());
+        }
+        self.cat(&ys.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// [`EncoderOps::causal_conv1d_silu`] of the columns `start..start + c` of `y [L, N]`
+    /// → `[L, c]`. Default: narrowed out, then the op; CUDA reads them in place.
+    fn causal_conv1d_silu_cols(&self, y: &Self::T, start: usize, c: usize, w: &Self::T) -> Result<Self::T> {
+        self.causal_conv1d_silu(&self.narrow(y, 1, start, c)?, w)
+    }
+
+    /// [`EncoderOps::gdn_gates`] of `a` = columns `a0..a0 + hv` and `b` = columns `b0..b0 + hv` of
+    /// `y [L, N]`. Default: narrowed out, then the op; CUDA reads them in place.
+    fn gdn_gates_cols(
+        &self,
+        y: &Self::T,
+        (a0, b0, hv): (usize, usize, usize),
+        a_log: &Self::T,
+        dt_bias: &Self::T,
+    ) -> Result<(Self::T, Self::T)> {
+        self.gdn_gates(&self.narrow(y, 1, a0, hv)?, &self.narrow(y, 1, b0, hv)?, a_log, dt_bias)
+    }
+
+    /// [`EncoderOps::gated_rms_norm`] of `x [L, Hv, dv]` with `z` = columns `z0..z0 + Hv·dv` of
+    /// `y [L, N]`. Default: narrowed out, then the op; CUDA reads z in place.
+    fn gated_rms_norm_cols(&self, x: &Self::T, y: &Self::T, z0: usize, w: &Self::T, eps: f64) -> Result<Self::T> {
+        let d = self.dims(x);
+        let z = self.reshape(&self.narrow(y, 1, z0, d[1..].iter().product())?, &d)?;
+        self.gated_rms_norm(x, &z, w, eps)
+    }
+
+    /// [`EncoderOps::silu_mul`] of gate = columns `0..f` and up = columns `f..2f` of `y [L, 2f]`
+    /// → `[L, f]`. Default: narrowed out, then the op; CUDA reads them in place.
+    fn silu_mul_cols(&self, y: &Self::T, f: usize) -> Result<Self::T> {
+        self.silu_mul(&self.narrow(y, 1, 0, f)?, &self.narrow(y, 1, f, f)?)
+    }
+
+    /// A sublayer's output projection, the residual add and the next norm:
+    /// `x' = res + a·wᵀ`, `n = rms_norm(x', w_norm, eps, one_plus)`; returns `(x', n)`. This
+    /// default (the CPU twin) is `linear` then [`EncoderOps::add_rms_norm`]; the CUDA backend adds
+    /// the residual in the GEMM's epilogue (`x'` rounded once, from the fp32 product) and runs
+    /// the norm alone.
+    fn linear_add_rms_norm(&self, a: &Self::T, w: &Self::T, res: &Self::T, w_norm: &Self::T, eps: f64) -> Result<(Self::T, Self::T)> {
+        let h = self.timed("linear", || self.linear(a, w, None))?;
+        self.add_rms_norm(res, &h, w_norm, eps)
+    }
+
     /// Run `f`, one of the encoder's generic ops (linears, norms, adds, copies), under the name
     /// `op` for the CUDA backend's op profile (`moss bench-encode`); elsewhere just `f()`.
     fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
