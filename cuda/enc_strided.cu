@@ -10,81 +10,6 @@ using namespace moss_elem;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
-// Eight raw activation values held as loaded (bf16: one uint4), converted when used: keeps the
-// register count of the conv's sliding window low.
-template <typename T>
-struct Raw8;
-template <>
-struct Raw8<__nv_bfloat16> {
-    uint4 u;
-    __device__ __forceinline__ void load(const __nv_bfloat16* p, long i) { u = *reinterpret_cast<const uint4*>(p + i); }
-    __device__ __forceinline__ void zero() { u = make_uint4(0u, 0u, 0u, 0u); }
-    __device__ __forceinline__ void get(float* v) const {
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float2 f = __bfloat1622float2(h[k]);
-            v[2 * k] = f.x;
-            v[2 * k + 1] = f.y;
-        }
-    }
-};
-template <>
-struct Raw8<float> {
-    float4 a, b;
-    __device__ __forceinline__ void load(const float* p, long i) {
-        a = *reinterpret_cast<const float4*>(p + i);
-        b = *reinterpret_cast<const float4*>(p + i + 4);
-    }
-    __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
-    __device__ __forceinline__ void get(float* v) const {
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    }
-};
-
-// ---- causal depthwise conv1d (K = 4 taps) + SiLU, one thread = 8 channels x CT tokens ---------
-// x [L, ldx] (channels 0..C of each row; ldx % 8 == 0, 16-byte aligned), taps TRANSPOSED wt [4, C]
-// f32, out [L, C] contiguous. The thread loads its CT + 3 input rows and 4 taps once, all loads
-// issued before any arithmetic. Sum over taps j = 0..3 in order (fma), as conv8. BUG 1: taps
-// reversed.
-constexpr int CT = 8, CK = 4;
-template <typename T, int BUG>
-__device__ void convt_impl(T* out, const T* x, const float* wt, long L, int C, long ldx) {
-    const int c8 = C / 8;
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long tg = i / c8;
-    const long t0 = tg * CT;
-    if (t0 >= L) return;
-    const int c = (int)(i - tg * c8) * 8;
-    Raw8<T> r[CT + CK - 1];
-#pragma unroll
-    for (int j = 0; j < CT + CK - 1; j++) {
-        long s = t0 - (CK - 1) + j;
-        if (s >= 0 && s < L)
-            r[j].load(x, s * ldx + c);
-        else
-            r[j].zero();
-    }
-    float w[CK][8];
-#pragma unroll
-    for (int j = 0; j < CK; j++) ld8(wt, (long)(BUG == 1 ? CK - 1 - j : j) * C + c, w[j]);
-#pragma unroll
-    for (int o = 0; o < CT; o++) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < CK; j++) {
-            float xv[8];
-            r[o + j].get(xv);
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] += w[j][e] * xv[e];
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] = silu(acc[e]);
-        if (t0 + o < L) st8(out, (t0 + o) * C + c, acc);
-    }
-}
-
 // ---- DeltaNet gates from strided a, b (row stride ld): g = −exp(A_log)·softplus(a + dt_bias),
 // beta = sigmoid(b), both f32 [L, hv] contiguous. BUG 1: softplus left out. ----------------------
 template <typename T, int BUG>
@@ -172,10 +97,6 @@ __device__ void gmul8_impl(T* out, const T* o, const T* gate, long rows, int d, 
 }  // namespace moss_encs
 
 #define MOSS_ENC_STRIDED(PFX, BUG, T, SX)                                                                     \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_convt_##SX(T* out, const T* x, const float* wt, long L,     \
-                                                             int C, long ldx) {                               \
-        moss_encs::convt_impl<T, BUG>(out, x, wt, L, C, ldx);                                                 \
-    }                                                                                                         \
     MOSS_KERNEL void PFX##_gates_s_##SX(float* g, float* beta, const T* a, const T* b, const float* alog,     \
                                         const float* dt, long n, int hv, long ld) {                          \
         moss_encs::gates_s_impl<T, BUG>(g, beta, a, b, alog, dt, n, hv, ld);                                  \

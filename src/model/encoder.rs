@@ -128,7 +128,8 @@ impl<B: EncoderOps> Encoder<B> {
         Ok(h)
     }
 
-    /// The gated attention's output before `o_proj`, `[L, H·hd]`. `q_proj` holds, per head, `head_dim` query values then `head_dim` gate values.
+    /// The gated attention's output before `o_proj`, `[L, H·hd]`. `q_proj` holds, per head,
+    /// `head_dim` query values then `head_dim` gate values.
     fn attention(&self, b: &B, a: &Attention<B>, x: &B::T) -> Result<B::T> {
         let c = &self.cfg;
         let (l, hd) = (b.dims(x)[0], c.head_dim);

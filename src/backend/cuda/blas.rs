@@ -51,6 +51,10 @@ pub struct Gemm {
     pub tf32: bool,
     /// `D = alpha · op(A) · op(B) + C` (beta 1), C of D's type and layout ([`Blas::gemm_acc`]).
     pub accumulate: bool,
+    /// The alignment (bytes) of the C and D pointers when below cuBLASLt's assumed 256 (a
+    /// column block of a wider output): the heuristic then excludes algorithms that need more.
+    /// 0: 256-byte aligned.
+    pub align_cd: u32,
 }
 
 impl Gemm {
@@ -75,6 +79,7 @@ impl Gemm {
             bias: false,
             tf32: false,
             accumulate: false,
+            align_cd: 0,
         }
     }
     /// Strided batches: `batch` products, A, B, D advancing by their strides (elements).
@@ -234,6 +239,18 @@ impl Blas {
                 &ws as *const usize as *const _,
                 std::mem::size_of::<usize>(),
             );
+            let r = r.and_then(|_| {
+                if g.align_cd == 0 {
+                    return Ok(());
+                }
+                for a in [
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ] {
+                    lt::set_matmul_pref_attribute(pref, a, &g.align_cd as *const u32 as *const _, std::mem::size_of::<u32>())?;
+                }
+                Ok(())
+            });
             let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
             if h.is_ok() && tune() {
                 let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); TUNE_CANDIDATES as usize];
@@ -388,7 +405,13 @@ impl Blas {
         out: u64,
         ldo: usize,
     ) -> Result<()> {
-        let g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, ldo);
+        let mut g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, ldo);
+        // the largest power of two up to 256 that divides the C and D addresses
+        let addr = out | res.unwrap_or(out) | 256;
+        let align = 1u64 << addr.trailing_zeros();
+        if align < 256 {
+            g.align_cd = align as u32;
+        }
         self.gemm_acc(stream, g, w, x, res, out, None, 1.0)
     }
 }

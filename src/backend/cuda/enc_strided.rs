@@ -2,15 +2,14 @@
 //! weights of linears over one input concatenated at load and run as one cuBLASLt GEMM
 //! ([`EncoderOps::linear_cat`]), the consumers reading their columns of its output in place
 //! (row stride) instead of narrowed copies, the residual add in the output projection's GEMM
-//! epilogue ([`EncoderOps::linear_add_rms_norm`]), the causal conv with a sliding window of 8
-//! tokens a thread, and the attention's sigmoid gate in one kernel.
+//! epilogue ([`EncoderOps::linear_add_rms_norm`]), and the attention's sigmoid gate in one
+//! kernel. Measured on the H200 in bench/notes-encops.md.
 //!
 //! Switches (read per call, except `MOSS_ENC_CAT*`, read when the weights load):
 //! - `MOSS_ENC_CAT`: `all` (default; the DeltaNet's qkv | z | a | b in one GEMM), `split` (qkv | z
 //!   and a | b: two), `off` (four GEMMs, each writing its columns of the shared output);
-//! - `MOSS_ENC_CAT_MLP=1`: gate | up in one GEMM (default: two, into one output);
+//! - `MOSS_ENC_CAT_MLP=0`: gate and up as two GEMMs into one output (default: one GEMM);
 //! - `MOSS_ENC_RESADD=off`: the output projections as plain GEMMs + the add_rms_norm kernel;
-//! - `MOSS_ENC_CONV=conv8`: the earlier conv kernel (one token a thread);
 //! - `MOSS_ENC_GATE=unfused`: the attention gate as narrow + sigmoid + mul.
 //!
 //! [`EncoderOps::linear_cat`]: crate::backend::ops::EncoderOps::linear_cat
@@ -24,36 +23,19 @@ fn env_is(var: &str, val: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v == val)
 }
 
-/// Which conv kernel runs (`MOSS_ENC_CONV`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvPath {
-    /// `convt`: 8 channels x 8 tokens a thread, the 11 input rows loaded once (K = 4 only).
-    Tiled,
-    /// `conv8`: 8 channels x 1 token a thread (any K).
-    Conv8,
-}
-
 /// The grouping of a weight group's parts (indices) into concatenated GEMMs, from the switches.
-pub fn cat_groups(group: &str, n: usize, cat: Option<&str>, cat_mlp: bool) -> Vec<Vec<usize>> {
+pub fn cat_groups(group: &str, n: usize, cat: Option<&str>, no_cat_mlp: bool) -> Vec<Vec<usize>> {
     let each = || (0..n).map(|i| vec![i]).collect();
     match (group, cat) {
         ("delta_net_in", Some("off")) => each(),
         ("delta_net_in", Some("split")) if n == 4 => vec![vec![0, 1], vec![2, 3]],
         ("delta_net_in", _) => vec![(0..n).collect()],
-        ("mlp_in", _) if cat_mlp => vec![(0..n).collect()],
+        ("mlp_in", _) if !no_cat_mlp => vec![(0..n).collect()],
         _ => each(),
     }
 }
 
 impl Cuda {
-    pub fn enc_conv_path(&self) -> ConvPath {
-        if env_is("MOSS_ENC_CONV", "conv8") {
-            ConvPath::Conv8
-        } else {
-            ConvPath::Tiled
-        }
-    }
-
     /// [`EncoderOps::cat_weights`](crate::backend::ops::EncoderOps::cat_weights): the parts of each
     /// [`cat_groups`] group concatenated along N (rows) into one buffer; parts of another K or
     /// dtype are left as they are.
@@ -62,7 +44,7 @@ impl Cuda {
         if ws.len() < 2 || !same {
             return Ok(ws);
         }
-        let groups = cat_groups(group, ws.len(), std::env::var("MOSS_ENC_CAT").ok().as_deref(), env_is("MOSS_ENC_CAT_MLP", "1"));
+        let groups = cat_groups(group, ws.len(), std::env::var("MOSS_ENC_CAT").ok().as_deref(), env_is("MOSS_ENC_CAT_MLP", "0"));
         self.cat_weights_grouped(&ws, &groups)
     }
 
@@ -107,10 +89,11 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The causal conv + SiLU of columns `start..start + c` of `x [L, N]` (row stride N) → `[L, c]`.
-    /// `path` [`ConvPath::Tiled`] needs K = 4 and 8-aligned columns (else conv8); conv8 needs
-    /// 8-aligned columns (else the contiguous scalar kernel on a narrowed copy).
-    pub(crate) fn conv_cols_with(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor, prefix: &str, path: ConvPath) -> Result<CudaTensor> {
+    /// The causal conv + SiLU of columns `start..start + c` of `x [L, N]` (row stride N) → `[L, c]`:
+    /// `conv8` (8 channels a thread, taps transposed) where the columns are 8-aligned, else the
+    /// scalar kernel on a narrowed copy. (A variant with 8 tokens a thread and its 11 input rows
+    /// loaded once, `convt`, measured slower on the H200: bench/notes-encops.md.)
+    pub(crate) fn conv_cols_with(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2 && start + c <= x.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", x.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
         let (l, ldx, kk) = (x.shape[0], x.shape[1], w.shape[2]);
@@ -127,24 +110,13 @@ impl Cuda {
         // taps transposed, [K, C] f32
         let wt = self.permute_with(&Backend::reshape(self, &self.cast(w, DType::F32)?, &[c, kk])?, &[1, 0], "moss")?;
         let xp = x.ptr() + (start * es) as u64;
-        if path == ConvPath::Tiled && kk == 4 {
-            let threads = l.div_ceil(8) * (c / 8);
-            self.launch(
-                &format!("{prefix}_convt_{}", x.dtype.name()),
-                threads.div_ceil(256) as u32,
-                256,
-                0,
-                &[Arg::P(out.ptr()), Arg::P(xp), Arg::P(wt.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::L(ldx as i64)],
-            )?;
-        } else {
-            self.launch(
-                &format!("{prefix}_conv8_{}", x.dtype.name()),
-                self.grid_for(l * c / 8),
-                256,
-                0,
-                &[Arg::P(out.ptr()), Arg::P(xp), Arg::P(wt.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32), Arg::L(ldx as i64)],
-            )?;
-        }
+        self.launch(
+            &format!("{prefix}_conv8_{}", x.dtype.name()),
+            self.grid_for(l * c / 8),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(xp), Arg::P(wt.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32), Arg::L(ldx as i64)],
+        )?;
         Ok(out)
     }
 
@@ -361,7 +333,8 @@ mod tests {
         assert_eq!(cat_groups("delta_net_in", 4, Some("all"), false), vec![vec![0, 1, 2, 3]]);
         assert_eq!(cat_groups("delta_net_in", 4, Some("split"), false), vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(cat_groups("delta_net_in", 4, Some("off"), false), vec![vec![0], vec![1], vec![2], vec![3]]);
-        assert_eq!(cat_groups("mlp_in", 2, None, false), vec![vec![0], vec![1]]);
-        assert_eq!(cat_groups("mlp_in", 2, Some("off"), true), vec![vec![0, 1]]);
+        assert_eq!(cat_groups("mlp_in", 2, None, false), vec![vec![0, 1]]);
+        assert_eq!(cat_groups("mlp_in", 2, Some("off"), false), vec![vec![0, 1]]);
+        assert_eq!(cat_groups("mlp_in", 2, None, true), vec![vec![0], vec![1]]);
     }
 }

@@ -384,11 +384,10 @@ impl Cuda {
         Ok(out)
     }
 
-    /// Causal conv + SiLU of a contiguous `x [L, C]` with the kernel of `path` (see
-    /// [`Cuda::conv_cols_with`]).
-    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str, path: super::enc_strided::ConvPath) -> Result<CudaTensor> {
+    /// Causal conv + SiLU of a contiguous `x [L, C]` (see [`Cuda::conv_cols_with`]).
+    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2, "causal_conv1d_silu: x must be [L, C], got {:?}", x.shape);
-        self.conv_cols_with(x, 0, x.shape[1], w, prefix, path)
+        self.conv_cols_with(x, 0, x.shape[1], w, prefix)
     }
 
     pub(crate) fn gdn_gates_with(
@@ -831,12 +830,10 @@ impl EncoderOps for Cuda {
         self.prof("silu_mul", || self.silu_mul_with(gate, up, P))
     }
     fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
-        let path = self.enc_conv_path();
-        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P, path))
+        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
     }
     fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
-        let path = self.enc_conv_path();
-        self.prof("causal_conv1d_silu", || self.conv_cols_with(y, start, c, w, P, path))
+        self.prof("causal_conv1d_silu", || self.conv_cols_with(y, start, c, w, P))
     }
     fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
         self.cat_weights_with(group, ws)

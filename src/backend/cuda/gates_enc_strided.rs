@@ -3,7 +3,6 @@
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`super::gates_encoder::GATES`].
 
-use super::enc_strided::ConvPath;
 use super::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use super::gates_encoder::enc;
 use super::ops::{CudaTensor, DType};
@@ -68,7 +67,7 @@ pub fn gate_linear_cat(cx: &mut Cx) -> Result<()> {
 }
 
 /// The consumers of the fused projections, reading their columns of one `[L, N]` output in
-/// place: the conv (both kernels), the DeltaNet gates, the gated RMSNorm's z, silu_mul's halves.
+/// place: the conv, the DeltaNet gates, the gated RMSNorm's z, silu_mul's halves.
 pub fn gate_cols(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let vd = V_HEADS * DV;
@@ -80,12 +79,10 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         let (w, gw) = cx.input(&[CONV, 1, CONV_K], 0.5)?;
         let want = cx.cpu.causal_conv1d_silu_cols(&y, 0, CONV, &w)?;
         let b = cx.out_bound(F32_TRANSCENDENTAL);
-        for (path, what) in [(ConvPath::Tiled, "convt"), (ConvPath::Conv8, "conv8")] {
-            let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_enc", path);
-            cx.judge(&format!("enc causal_conv1d_silu ({what}), strided"), &sy, Kind::Gate, b, "", out, &want, None);
-            let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_ctl_enc", path);
-            cx.judge(&format!("enc causal_conv1d_silu ({what}) strided, taps reversed"), &sy, Kind::Control, b, "", out, &want, None);
-        }
+        let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_enc");
+        cx.judge("enc causal_conv1d_silu, strided", &sy, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_ctl_enc");
+        cx.judge("enc causal_conv1d_silu strided, taps reversed", &sy, Kind::Control, b, "", out, &want, None);
         // gates of a, b = the last 2·Hv columns
         let al: Vec<f32> = (0..V_HEADS).map(|_| (0.5 + 15.5 * cx.rng.uniform()).ln() as f32).collect();
         let (al, gal) = cx.exact(Tensor::new(vec![V_HEADS], al)?, DType::F32)?;

@@ -4,7 +4,6 @@
 //! in [`super::gates::GATES`].
 
 use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
-use super::enc_strided::ConvPath;
 use super::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
 use super::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
@@ -226,9 +225,8 @@ fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// Both conv kernels (`convt`, the default, 8 tokens a thread; `conv8`, `MOSS_ENC_CONV=conv8`) on
-/// contiguous input at the real widths, at a length that leaves a partial token group (777), and
-/// the scalar kernel on a width that is not a multiple of 8.
+/// The conv at the real widths (conv8, 8 channels a thread), at a length with no multiple of 64
+/// (777), and the scalar kernel on a width that is not a multiple of 8.
 fn gate_conv(cx: &mut Cx) -> Result<()> {
     use enc::*;
     for (l, c) in widths(CONV).into_iter().chain([(777, CONV)]) {
@@ -237,13 +235,10 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
         let s = shape_str(&[&[l, c], &[c, 1, CONV_K]]);
         let b = bound(cx, F32_TRANSCENDENTAL);
-        let paths: &[(ConvPath, &str)] = if c % 8 == 0 { &[(ConvPath::Tiled, " (convt, 8 tokens a thread)"), (ConvPath::Conv8, " (conv8)")] } else { &[(ConvPath::Tiled, " (scalar)")] };
-        for &(path, what) in paths {
-            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc", path);
-            cx.judge(&format!("enc causal_conv1d_silu{what}"), &s, Kind::Gate, b, "", out, &want, None);
-            let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc", path);
-            cx.judge(&format!("enc causal_conv1d_silu{what}, taps reversed"), &s, Kind::Control, b, "", out, &want, None);
-        }
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
+        cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc");
+        cx.judge("enc causal_conv1d_silu, taps reversed", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
 }
