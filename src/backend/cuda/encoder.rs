@@ -110,6 +110,9 @@ const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `gdr_prep` has the SIMT kernel's layout).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
+/// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): K, V bf16 tiles [64][136], the Q tile /
+/// T and A as fp32 [64][72], eight vectors of 64.
+const GDR_PREP3_FLOATS: usize = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
 /// The same for the v2 kernels (`V2_PREP_FLOATS`, `V2_SEQ_FLOATS`, `V2_OUT_FLOATS` in
 /// `cuda/gdr_v2.cuh`).
 const GDR_V2_PREP_FLOATS: usize = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
@@ -126,6 +129,11 @@ pub(crate) enum GdrPath {
     /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
     /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
     Tc2,
+    /// `Tc` with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`: (I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma;
+    /// same outputs). `MOSS_GDR_PREP=tc3` takes it for `Tc` / `Tc2`; as a path of its own (the
+    /// gates) its planted control is in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`), the out
+    /// kernel being the correct one.
+    Tc3,
     /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
     /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
     V2,
@@ -467,6 +475,11 @@ impl Cuda {
         std::env::var("MOSS_GDR").ok()
     }
 
+    /// `MOSS_GDR_PREP=tc3`: the bf16 `Tc` / `Tc2` paths take `gdr_prep_tc3` (see [`GdrPath::Tc3`]).
+    fn gdr_prep_tc3() -> bool {
+        std::env::var("MOSS_GDR_PREP").is_ok_and(|v| v == "tc3")
+    }
+
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
@@ -554,7 +567,11 @@ impl Cuda {
         if path == GdrPath::V2 {
             return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
         }
-        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2);
+        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2 | GdrPath::Tc3);
+        // gdr_prep_tc3 reads q, k, v with 16-byte copies
+        let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
+        ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
+        let prep3 = path == GdrPath::Tc3 || (matches!(path, GdrPath::Tc | GdrPath::Tc2) && aligned && Self::gdr_prep_tc3());
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -574,7 +591,14 @@ impl Cuda {
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        self.launch(&format!("{prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        // Tc3 as a path of its own: the control in the prep, the correct out kernel; through
+        // MOSS_GDR_PREP the correct prep and `prefix`'s out kernel (its control as before).
+        let (prep_prefix, out_prefix) = if path == GdrPath::Tc3 { (prefix, "moss_enc") } else { ("moss_enc", prefix) };
+        if prep3 {
+            self.launch(&format!("{prep_prefix}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+        } else {
+            self.launch(&format!("{prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        }
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
             if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
@@ -596,7 +620,7 @@ impl Cuda {
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
         self.launch_2d(
-            &format!("{prefix}_gdr_out_{sfx}{}", dt.name()),
+            &format!("{out_prefix}_gdr_out_{sfx}{}", dt.name()),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
