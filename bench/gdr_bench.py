@@ -35,7 +35,8 @@ for n, f in [("moss_enc_gdr_prep_tc_bf16", PREP), ("moss_enc_gdr_seq_tc", SEQ_TC
              ("moss_enc_gdr_prep2_bf16", PREP2), ("moss_enc_gdr_seq2", SEQ2), ("moss_enc_gdr_out2_bf16", OUT2),
              ("moss_ctl_enc_gdr_out2_bf16", OUT2), ("moss_enc_gdr_seq2_plain", SEQ2),
              ("moss_enc_gdr_prep_tc2_bf16", PREP), ("moss_enc_gdr_out_tc2_bf16", OUT_TC),
-             ("moss_enc_gdr_prep_tc3_bf16", PREP3), ("moss_ctl_enc_gdr_prep_tc3_bf16", PREP3)]:
+             ("moss_enc_gdr_prep_tc3_bf16", PREP3), ("moss_ctl_enc_gdr_prep_tc3_bf16", PREP3),
+             ("moss_bench_hi_gdr_prep_tc3_bf16", PREP3)]:
     try:
         K[n] = (mod.get_function(n), f * 4)
     except Exception:  # seq2_plain: only with -DGDR_BENCH_VARIANTS; tc2: not in older cubins
@@ -208,8 +209,13 @@ for L in [128, 4096]:
     if "moss_enc_gdr_prep_tc3_bf16" in K:
         variants += [("tc3", old_steps(s, prep="moss_enc_gdr_prep_tc3_bf16")),
                      ("tc3 control", old_steps(s, prep="moss_ctl_enc_gdr_prep_tc3_bf16"))]
+        if "moss_bench_hi_gdr_prep_tc3_bf16" in K:  # -DGDR_BENCH_VARIANTS: T' as bf16 hi only
+            variants.append(("tc3 hi only", old_steps(s, prep="moss_bench_hi_gdr_prep_tc3_bf16")))
         pref = prep_reference(s)
-        for nm, kn in [("tc", "moss_enc_gdr_prep_tc_bf16"), ("tc3", "moss_enc_gdr_prep_tc3_bf16")]:
+        preps = [("tc", "moss_enc_gdr_prep_tc_bf16"), ("tc3", "moss_enc_gdr_prep_tc3_bf16")]
+        if "moss_bench_hi_gdr_prep_tc3_bf16" in K:
+            preps.append(("tc3 hi only", "moss_bench_hi_gdr_prep_tc3_bf16"))
+        for nm, kn in preps:
             row.update({f"{nm} prep scratch relL2 {f}": e for f, e in prep_errors(s, pref, kn).items()})
         del pref
     if "moss_enc_gdr_prep_tc2_bf16" in K:
@@ -256,10 +262,12 @@ for r in res:
         print(f"| {r['L']} | {r['tc prep_tc ms']:.4f} | {r['tc3 prep_tc ms']:.4f} | {r['tc prep_tc ms'] / r['tc3 prep_tc ms']:.2f}x | "
               f"{r['tc ms']:.4f} | {r['tc3 ms']:.4f} | {r['tc relL2']:.3e} / {r['tc3 relL2']:.3e} / {r['tc3 control relL2']:.3e} | "
               f"{r['tc3 relL2 after timing']:.3e} |")
+    if "tc3 hi only ms" in r:
+        print(f"L={r['L']}: tc3 with T' as bf16 hi only (no lo products): prep {r['tc3 hi only prep_tc ms']:.4f} ms, out rel L2 {r['tc3 hi only relL2']:.3e}")
 print()
 print("| L | prep | U0 | Wk | Kd | Wqk | gam |  (scratch rel L2 vs an fp64 prep)")
 print("|---|---|---|---|---|---|---|")
 for r in res:
-    for nm in ["tc", "tc3"]:
+    for nm in ["tc", "tc3", "tc3 hi only"]:
         if f"{nm} prep scratch relL2 U0" in r:
             print(f"| {r['L']} | {nm} | " + " | ".join(f"{r[f'{nm} prep scratch relL2 {f}']:.2e}" for f in ["U0", "Wk", "Kd", "Wqk", "gam"]) + " |")

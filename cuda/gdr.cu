@@ -498,6 +498,9 @@ MOSS_GDR_TC2_KERNELS(moss_ctl_enc, 1)
     }
 MOSS_GDR_PREP3(moss_enc, 0)
 MOSS_GDR_PREP3(moss_ctl_enc, 1)
+#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: T' without its lo half (the cost of those products)
+MOSS_GDR_PREP3(moss_bench_hi, 2)
+#endif
 
 // MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
 MOSS_KERNEL void __launch_bounds__(256, 2) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,

@@ -19,6 +19,7 @@
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
 // (host check in src/backend/cuda/encoder.rs; otherwise the tc prep runs).
 // BUG 1 (moss_ctl_enc_gdr_prep_tc3_bf16): T's lower-left 32x32 block is left at zero.
+// BUG 2 (bench only, -DGDR_BENCH_VARIANTS): T' as bf16 hi alone (what the lo products cost).
 #pragma once
 namespace moss_gdr {
 
@@ -189,6 +190,7 @@ __device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
 // Step 5: dst[i][n] = Σ_k T[i][k] s[k] B[k][n] for the warp's 16 rows and 128 columns, in two
 // passes of 64 columns. Warp w: side w % 2 (0: U0 from V, 1: Wk from K), row block
 // {0, 0, 1, 1, 3, 3, 2, 2}[w] (the two warps of a scheduler then have 5 k-steps between them).
+template <int BUG>
 __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, const unsigned short* Vb,
                                          const unsigned short* Kb, const float* sv, const float* sk) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -219,9 +221,9 @@ __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, 
             for (int qd = 0; qd < 4; qd++) {
                 unsigned b[4];
                 moss_mma::ldsm_x4_t(b, B + (k0 + br) * P3_BL + n0 + 16 * qd + bc);
-                moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
+                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
                 moss_mma::mma_bf16(acc[2 * qd], hi, b[0], b[1]);
-                moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
+                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
                 moss_mma::mma_bf16(acc[2 * qd + 1], hi, b[2], b[3]);
             }
         }
@@ -300,7 +302,7 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
     p3_inverse<BUG>(Ts, As);
     moss_mma::cp_async_wait<0>();
     __syncthreads();
-    p3_apply(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
+    p3_apply<BUG>(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
     float* kd = Kd + blk * GC * GD;
     for (int p = tid; p < GC * GD / 4; p += GT) {
         const int i = p >> 5, a = (p & 31) * 4;
