@@ -124,15 +124,18 @@ const GDR_V2_OUT_FLOATS: usize = 64 * 132 + 128 * 72 + 64;
 pub(crate) enum GdrPath {
     /// fp32 SIMT products (`cuda/gdr.cu`; `MOSS_GDR=simt`).
     Simt,
-    /// TF32 tensor-core products, three passes (`cuda/gdr_tc.cuh`; the default).
+    /// The default: tensor-core products, three passes: `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`, bf16
+    /// mma; [`GdrPath::Tc1`]'s prep where q, k, v are not 16-byte aligned or `MOSS_GDR_PREP=tc`),
+    /// `gdr_seq_tc`, `gdr_out_tc` (TF32, `cuda/gdr_tc.cuh`). Its planted control is in the out kernel.
     Tc,
+    /// `Tc` with the previous prep, `gdr_prep_tc` (TF32 scores, SIMT substitution; `MOSS_GDR_PREP=tc`).
+    Tc1,
     /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
     /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
     Tc2,
-    /// `Tc` with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`: (I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma;
-    /// same outputs). `MOSS_GDR_PREP=tc3` takes it for `Tc` / `Tc2`; as a path of its own (the
-    /// gates) its planted control is in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`), the out
-    /// kernel being the correct one.
+    /// `Tc` with `gdr_prep_tc3` always (an error where q, k, v are not 16-byte aligned) and its
+    /// planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`), the out kernel being the
+    /// correct one (the gates).
     Tc3,
     /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
     /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
@@ -469,15 +472,15 @@ impl Cuda {
 
     /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
     /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` / `tc2`
-    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores (TF32
-    /// products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
+    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores
+    /// ([`GdrPath::Tc`]: `cuda/gdr_prep3.cuh`, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
     fn gdr_mode() -> Option<String> {
         std::env::var("MOSS_GDR").ok()
     }
 
-    /// `MOSS_GDR_PREP=tc3`: the bf16 `Tc` / `Tc2` paths take `gdr_prep_tc3` (see [`GdrPath::Tc3`]).
-    fn gdr_prep_tc3() -> bool {
-        std::env::var("MOSS_GDR_PREP").is_ok_and(|v| v == "tc3")
+    /// `MOSS_GDR_PREP=tc`: the default path takes the previous prep (see [`GdrPath::Tc1`]).
+    fn gdr_prep_old() -> bool {
+        std::env::var("MOSS_GDR_PREP").is_ok_and(|v| v == "tc")
     }
 
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
@@ -485,7 +488,7 @@ impl Cuda {
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
     /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`].
-    /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
+    /// The planted control (`moss_ctl_enc`) lives in `gdr_out` ([`GdrPath::Tc3`]: in `gdr_prep`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -567,11 +570,11 @@ impl Cuda {
         if path == GdrPath::V2 {
             return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
         }
-        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2 | GdrPath::Tc3);
+        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc1 | GdrPath::Tc2 | GdrPath::Tc3);
         // gdr_prep_tc3 reads q, k, v with 16-byte copies
         let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
         ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
-        let prep3 = path == GdrPath::Tc3 || (matches!(path, GdrPath::Tc | GdrPath::Tc2) && aligned && Self::gdr_prep_tc3());
+        let prep3 = path == GdrPath::Tc3 || (path == GdrPath::Tc && aligned && !Self::gdr_prep_old());
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -591,13 +594,17 @@ impl Cuda {
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        // Tc3 as a path of its own: the control in the prep, the correct out kernel; through
-        // MOSS_GDR_PREP the correct prep and `prefix`'s out kernel (its control as before).
-        let (prep_prefix, out_prefix) = if path == GdrPath::Tc3 { (prefix, "moss_enc") } else { ("moss_enc", prefix) };
+        // Tc3: the control in the prep, the correct out kernel; Tc: the correct prep and `prefix`'s
+        // out kernel (the control in the out kernel, as with every other path).
+        let (prep_prefix, out_prefix) = match path {
+            GdrPath::Tc3 => (prefix, "moss_enc"),
+            _ if prep3 => ("moss_enc", prefix),
+            _ => (prefix, prefix),
+        };
         if prep3 {
             self.launch(&format!("{prep_prefix}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
         } else {
-            self.launch(&format!("{prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         }
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
