@@ -33,6 +33,12 @@ struct alignas(8) float2 {
     float x, y;
 };
 inline float2 make_float2(float a, float b) { return {a, b}; }
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
 namespace emu {
@@ -70,7 +76,12 @@ namespace emu {
 const void* pslot[32][32];
 }
 namespace moss_mma {
-inline void cp_async16(void* d, const void* s, bool) { std::memcpy(d, s, 16); }
+inline void cp_async16(void* d, const void* s, bool pred) {
+    if (pred)
+        std::memcpy(d, s, 16);
+    else
+        std::memset(d, 0, 16);  // zero-fill, the source is not read
+}
 // ldmatrix.x4 (b16, not transposed) on 32-bit data: lanes 8m..8m+7 give the row addresses of
 // matrix m; lane l receives 32-bit word l % 4 of row l / 4 of each matrix.
 inline void ldsm_x4(unsigned (&r)[4], const void* p) {
@@ -78,6 +89,50 @@ inline void ldsm_x4(unsigned (&r)[4], const void* p) {
     emu::pslot[w][l] = p;
     emu::wbar[w]->arrive_and_wait();
     for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
+    emu::wbar[w]->arrive_and_wait();
+}
+// ldmatrix.x4.trans (b16): lane l receives, of each matrix m, the 16-bit elements (row 2(l % 4),
+// column l / 4) and (row 2(l % 4) + 1, column l / 4), the first in the low half.
+inline void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    emu::pslot[w][l] = p;
+    emu::wbar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; m++) {
+        unsigned short e0, e1;
+        std::memcpy(&e0, (const char*)emu::pslot[w][8 * m + 2 * (l % 4)] + 2 * (l / 4), 2);
+        std::memcpy(&e1, (const char*)emu::pslot[w][8 * m + 2 * (l % 4) + 1] + 2 * (l / 4), 2);
+        r[m] = e0 | (unsigned)e1 << 16;
+    }
+    emu::wbar[w]->arrive_and_wait();
+}
+inline float bf16f(unsigned short b) {
+    unsigned u = (unsigned)b << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+// mma.sync m16n8k16 bf16 (fp32 accumulate) from the fragment layouts of cuda/mma.cuh: A(row, k) in
+// lane (row % 8)·4 + (k % 8)/2, register (row ≥ 8) + 2(k ≥ 8), half k % 2; B(k, col) in lane
+// col·4 + (k % 8)/2, register k ≥ 8, half k % 2. bf16 products are exact in fp32.
+inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    for (int r = 0; r < 4; r++) emu::mslot[w][l][r] = a[r];
+    emu::mslot[w][l][4] = b0;
+    emu::mslot[w][l][5] = b1;
+    emu::wbar[w]->arrive_and_wait();
+    int g = l / 4, t = l % 4;
+    for (int r = 0; r < 4; r++) {
+        int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+        float acc = c[r];
+        for (int k = 0; k < 16; k++) {
+            unsigned ar = emu::mslot[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
+            unsigned br = emu::mslot[w][col * 4 + (k % 8) / 2][4 + (k >= 8)];
+            float av = bf16f((unsigned short)(k % 2 ? ar >> 16 : ar & 0xffff));
+            float bv = bf16f((unsigned short)(k % 2 ? br >> 16 : br & 0xffff));
+            acc += av * bv;
+        }
+        c[r] = acc;
+    }
     emu::wbar[w]->arrive_and_wait();
 }
 inline void cp_async_commit() {}
@@ -119,6 +174,20 @@ inline void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
     }
     emu::wbar[w]->arrive_and_wait();
 }
+// gdr_prep3.cuh's bit helpers: bf16 bits <-> float, two floats to bf16x2 (round to nearest even).
+inline float p3_bf(unsigned bits) { return uf(bits); }
+inline unsigned p3_bits(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    return u;
+}
+inline unsigned short bf16_rn(float x) {
+    unsigned u = p3_bits(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (unsigned short)((u >> 16) | ((u & 0xffff) ? 0x40 : 0));
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+inline unsigned p3_pack(float lo, float hi) { return bf16_rn(lo) | (unsigned)bf16_rn(hi) << 16; }
 }  // namespace moss_gdr
 #include "gdr.cu"
 
@@ -150,7 +219,8 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 // tc: the TF32 kernels of gdr_tc.cuh; strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
 // tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh, 3 the TF32 kernels
-// with batched row loads (MOSS_GDR=tc2).
+// with batched row loads (MOSS_GDR=tc2), 4 gdr_prep_tc3 (gdr_prep3.cuh, bf16 inputs: q, k, v rounded
+// to bf16 first; `bug` plants its control, T's lower-left block zero) then seq_tc and out_tc.
 static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
     std::mt19937 rng(seed);
@@ -159,6 +229,9 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     for (auto& x : q) x = nd(rng);
     for (auto& x : k) x = nd(rng);
     for (auto& x : v) x = nd(rng);
+    if (tc == 4)  // bf16 data: every value exactly a bf16
+        for (auto* a : {&q, &k, &v})
+            for (auto& x : *a) x = moss_mma::bf16f(moss_gdr::bf16_rn(x));
     const long C = 2L * Hk * dk + Hv * dv + 8;
     std::vector<float> qkv(L * C, NAN);
     for (int t = 0; t < L; t++) {
@@ -192,8 +265,22 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                 out2_impl<float, 0>(out.data(), qp, S.data(), P.data(), Ou.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
         });
     } else {
-    launch(nb, 1, 2 * GC * PKS + GC * AS + 4 * GC, [&] {
-        if (tc == 3)
+    std::vector<unsigned short> qkvb(qkv.size());
+    for (size_t i = 0; i < qkv.size(); i++) qkvb[i] = moss_gdr::bf16_rn(qkv[i]);
+    std::vector<unsigned short> qb(q.size()), kb(k.size()), vb(v.size());
+    for (size_t i = 0; i < q.size(); i++) qb[i] = moss_gdr::bf16_rn(q[i]), kb[i] = moss_gdr::bf16_rn(k[i]);
+    for (size_t i = 0; i < v.size(); i++) vb[i] = moss_gdr::bf16_rn(v[i]);
+    const unsigned short* qbp = strided ? &qkvb[0] : qb.data();
+    const unsigned short* kbp = strided ? &qkvb[Hk * dk] : kb.data();
+    const unsigned short* vbp = strided ? &qkvb[2 * Hk * dk] : vb.data();
+    launch(nb, 1, tc == 4 ? P3_FLOATS : 2 * GC * PKS + GC * AS + 4 * GC, [&] {
+        if (tc == 4 && bug)
+            prep3_impl<unsigned short, 1>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qbp, kbp, vbp,
+                                          g.data(), beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc == 4)
+            prep3_impl<unsigned short, 0>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qbp, kbp, vbp,
+                                          g.data(), beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc == 3)
             prep_impl<float, true, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                          beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else if (tc)
@@ -215,6 +302,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         const float *Sp = S.data(), *Up = U.data(), *Wp = Wqk.data(), *gp = gam.data();
         if (tc == 3 && bug) out_tc_impl<float, 1, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 3 && !bug) out_tc_impl<float, 0, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 4) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 1 && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 1 && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
@@ -258,14 +346,15 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2 and tc2 cases only.
+// `gdr_emu v2` runs the v2, tc2 and tc3 cases only, `gdr_emu tc3` tc3 only.
 int main(int argc, char** argv) {
-    const int tc0 = argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
+    const bool only3 = argc > 1 && std::strcmp(argv[1], "tc3") == 0;
+    const int tc0 = only3 ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 4; tc++)
+    for (int tc = tc0; tc < 5; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -275,7 +364,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 4 ? "tc3 " : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

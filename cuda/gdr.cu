@@ -155,6 +155,7 @@ __device__ void load_state_cols(float* Ss, int ld, const float* Sall, long blk, 
 }  // namespace moss_gdr
 #include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
 #include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
+#include "gdr_prep3.cuh"  // MOSS_GDR_PREP=tc3: gdr_prep with (I + A)⁻¹ blockwise, [U0 | Wk] on mma
 namespace moss_gdr {
 
 // ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
@@ -485,6 +486,21 @@ MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
     }
 MOSS_GDR_TC2_KERNELS(moss_enc, 0)
 MOSS_GDR_TC2_KERNELS(moss_ctl_enc, 1)
+
+// MOSS_GDR_PREP=tc3 (gdr_prep3.cuh): the tc kernels' gdr_prep, same outputs; 72 KiB, three blocks an
+// SM. The planted control (moss_ctl_enc_...) leaves T's lower-left 32x32 block at zero.
+#define MOSS_GDR_PREP3(PFX, BUG)                                                                              \
+    MOSS_KERNEL void __launch_bounds__(256, 3) PFX##_gdr_prep_tc3_bf16(                                        \
+        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
+        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
+        long rv) {                                                                                             \
+        moss_gdr::prep3_impl<__nv_bfloat16, BUG>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
+    }
+MOSS_GDR_PREP3(moss_enc, 0)
+MOSS_GDR_PREP3(moss_ctl_enc, 1)
+#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: T' without its lo half (the cost of those products)
+MOSS_GDR_PREP3(moss_bench_hi, 2)
+#endif
 
 // MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
 MOSS_KERNEL void __launch_bounds__(256, 2) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,

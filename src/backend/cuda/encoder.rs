@@ -110,6 +110,9 @@ const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `gdr_prep` has the SIMT kernel's layout).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
+/// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): K, V bf16 tiles [64][136], the Q tile /
+/// T and A as fp32 [64][72], eight vectors of 64.
+const GDR_PREP3_FLOATS: usize = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
 /// The same for the v2 kernels (`V2_PREP_FLOATS`, `V2_SEQ_FLOATS`, `V2_OUT_FLOATS` in
 /// `cuda/gdr_v2.cuh`).
 const GDR_V2_PREP_FLOATS: usize = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
@@ -121,11 +124,19 @@ const GDR_V2_OUT_FLOATS: usize = 64 * 132 + 128 * 72 + 64;
 pub(crate) enum GdrPath {
     /// fp32 SIMT products (`cuda/gdr.cu`; `MOSS_GDR=simt`).
     Simt,
-    /// TF32 tensor-core products, three passes (`cuda/gdr_tc.cuh`; the default).
+    /// The default: tensor-core products, three passes: `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`, bf16
+    /// mma; [`GdrPath::Tc1`]'s prep where q, k, v are not 16-byte aligned or `MOSS_GDR_PREP=tc`),
+    /// `gdr_seq_tc`, `gdr_out_tc` (TF32, `cuda/gdr_tc.cuh`). Its planted control is in the out kernel.
     Tc,
+    /// `Tc` with the previous prep, `gdr_prep_tc` (TF32 scores, SIMT substitution; `MOSS_GDR_PREP=tc`).
+    Tc1,
     /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
     /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
     Tc2,
+    /// `Tc` with `gdr_prep_tc3` always (an error where q, k, v are not 16-byte aligned) and its
+    /// planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`), the out kernel being the
+    /// correct one (the gates).
+    Tc3,
     /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
     /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
     V2,
@@ -445,10 +456,15 @@ impl Cuda {
 
     /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
     /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` / `tc2`
-    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores (TF32
-    /// products, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
+    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores
+    /// ([`GdrPath::Tc`]: `cuda/gdr_prep3.cuh`, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
     fn gdr_mode() -> Option<String> {
         std::env::var("MOSS_GDR").ok()
+    }
+
+    /// `MOSS_GDR_PREP=tc`: the default path takes the previous prep (see [`GdrPath::Tc1`]).
+    fn gdr_prep_old() -> bool {
+        std::env::var("MOSS_GDR_PREP").is_ok_and(|v| v == "tc")
     }
 
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
@@ -456,7 +472,7 @@ impl Cuda {
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
     /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`].
-    /// The planted control (`moss_ctl_enc`) lives in `gdr_out`.
+    /// The planted control (`moss_ctl_enc`) lives in `gdr_out` ([`GdrPath::Tc3`]: in `gdr_prep`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -538,7 +554,11 @@ impl Cuda {
         if path == GdrPath::V2 {
             return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
         }
-        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc2);
+        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc1 | GdrPath::Tc2 | GdrPath::Tc3);
+        // gdr_prep_tc3 reads q, k, v with 16-byte copies
+        let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
+        ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
+        let prep3 = path == GdrPath::Tc3 || (path == GdrPath::Tc && aligned && !Self::gdr_prep_old());
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -558,7 +578,18 @@ impl Cuda {
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        self.launch(&format!("{prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        // Tc3: the control in the prep, the correct out kernel; Tc: the correct prep and `prefix`'s
+        // out kernel (the control in the out kernel, as with every other path).
+        let (prep_prefix, out_prefix) = match path {
+            GdrPath::Tc3 => (prefix, "moss_enc"),
+            _ if prep3 => ("moss_enc", prefix),
+            _ => (prefix, prefix),
+        };
+        if prep3 {
+            self.launch(&format!("{prep_prefix}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+        } else {
+            self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        }
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
             if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
@@ -580,7 +611,7 @@ impl Cuda {
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
         self.launch_2d(
-            &format!("{prefix}_gdr_out_{sfx}{}", dt.name()),
+            &format!("{out_prefix}_gdr_out_{sfx}{}", dt.name()),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,

@@ -316,6 +316,19 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             cx.judge("enc gated_delta_rule tc2 (batched row loads), strided", &s2, Kind::Gate, b, note, out, &want, None);
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc2);
             cx.judge("enc gated_delta_rule tc2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
+            // gdr_prep_tc3 (the default's prep, cuda/gdr_prep3.cuh: (I + A)⁻¹ blockwise, [U0 | Wk] on
+            // bf16 mma) with its own control, in the prep; seq_tc / out_tc
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc3);
+            cx.judge("enc gated_delta_rule prep tc3, strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc3);
+            cx.judge("enc gated_delta_rule prep tc3, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tc3);
+            cx.judge("enc gated_delta_rule prep tc3, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            // MOSS_GDR_PREP=tc: the previous prep, gdr_prep_tc (TF32 scores, SIMT substitution)
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc1);
+            cx.judge("enc gated_delta_rule prep tc (MOSS_GDR_PREP=tc), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc1);
+            cx.judge("enc gated_delta_rule prep tc, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             // the fp32 SIMT chunk kernels on bf16 data (MOSS_GDR=simt)
             let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Simt);
             cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, "fp32 SIMT", out, &want, None);

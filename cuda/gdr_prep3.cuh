@@ -1,0 +1,317 @@
+// gdr_prep_tc3 (MOSS_GDR_PREP=tc3): the delta rule's chunk-local kernel with (I + A)⁻¹ built
+// blockwise and [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as
+// prep_impl<T, true> (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
+//
+// One block of 256 threads per (chunk, value head), 72 KiB of shared memory (three blocks an SM):
+//  1. k, q, v rows of the chunk as raw bf16 into shared memory with 16-byte cp.async (all loads in
+//     flight at once; v in a second group, waited for only before step 5); the gates meanwhile.
+//  2. r_i = rsqrt(|k_i|² + 1e-6), rq_i = rsqrt(|q_i|² + 1e-6)/√dk from the bf16 tiles.
+//  3. K Kᵀ and Q Kᵀ on bf16 mma (m16n8k16, ldmatrix): products of bf16 values are exact, sums fp32;
+//     then A[i][j] = β_i r_i r_j (k_i·k_j) e^{γ_i−γ_j} (j < i, fp32, shared) and
+//     Wqk[i][j] = rq_i r_j (q_i·k_j) e^{γ_i−γ_j} (j ≤ i, global).
+//  4. T = (I + A)⁻¹ in fp32, blockwise: the four 16x16 diagonal blocks by substitution (a thread per
+//     column), then T₁₀ = −T₁₁ A₁₀ T₀₀ for the two 16-wide pairs, then the same for the 32-wide
+//     halves. T lives where the Q tile was.
+//  5. U0 = T diag(β) V and Wk = T diag(β e^γ r) K on bf16 mma with the raw bf16 V, K as the B
+//     operand (exact) and T' = T diag(s) split into bf16 hi + lo (A operand, two mma: ~2^-17
+//     relative, well under the TF32 rounding of the other products). Rows past the diagonal block skip.
+//  6. Kd = e^{γ_last−γ} ⊙ r ⊙ K, 16-byte stores.
+// Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
+// (host check in src/backend/cuda/encoder.rs; otherwise the tc prep runs).
+// BUG 1 (moss_ctl_enc_gdr_prep_tc3_bf16): T's lower-left 32x32 block is left at zero.
+// BUG 2 (bench only, -DGDR_BENCH_VARIANTS): T' as bf16 hi alone (what the lo products cost).
+#pragma once
+namespace moss_gdr {
+
+constexpr int P3_BL = GD + 8;                   // bf16 row stride of the K, Q, V tiles (272 bytes)
+constexpr int P3_TL = GC + 8;                   // fp32 row stride of A and T (≡ 8 mod 32)
+constexpr int P3_TILE_B = GC * P3_BL * 2;       // bytes of one bf16 tile
+constexpr int P3_MAT_B = GC * P3_TL * 4;        // bytes of one fp32 64x64 matrix (≥ a bf16 tile)
+constexpr int P3_BYTES = 2 * P3_TILE_B + 2 * P3_MAT_B + 8 * GC * 4;
+constexpr int P3_FLOATS = P3_BYTES / 4;         // 18432 (72 KiB)
+static_assert(P3_MAT_B >= P3_TILE_B, "T takes the Q tile's place");
+
+#ifndef GDR_EMU
+__device__ __forceinline__ float p3_bf(unsigned bits) { return __uint_as_float(bits); }
+__device__ __forceinline__ unsigned p3_bits(float x) { return __float_as_uint(x); }
+// two floats as bf16x2, round to nearest even; lo in the low half
+__device__ __forceinline__ unsigned p3_pack(float lo, float hi) { return moss_mma::pack_bf16(lo, hi); }
+#endif
+
+// x, y (the consecutive-k pair of one A-fragment register) as hi + lo bf16x2 with x ≈ hi + lo to
+// about 2^-17 relative.
+__device__ __forceinline__ void p3_split(float x, float y, unsigned& hi, unsigned& lo) {
+    hi = p3_pack(x, y);
+    lo = p3_pack(x - p3_bf(hi << 16), y - p3_bf(hi & 0xffff0000u));
+}
+
+// Rows c0..c0+63, columns col0..col0+127 of x (row stride rs) into dst [64][P3_BL] as raw bf16;
+// rows ≥ n and columns ≥ dcols are zero-filled (cp.async with 0 source bytes).
+template <typename T>
+__device__ __forceinline__ void p3_load_tile(unsigned short* dst, const T* x, long rs, int c0, int n, long col0,
+                                             int dcols) {
+    for (int p = threadIdx.x; p < GC * GD / 8; p += GT) {
+        const int i = p >> 4, m = (p & 15) * 8;
+        const bool ok = i < n && m < dcols;
+        const T* src = ok ? x + (long)(c0 + i) * rs + col0 + m : x;
+        moss_mma::cp_async16(dst + i * P3_BL + m, src, ok);
+    }
+}
+
+// Step 3. Warp w owns rows 16(w/2).., columns 32(w%2)..; the warps wholly above the diagonal only
+// write Wqk's zeros.
+__device__ __forceinline__ void p3_scores(float* As, float* wq, const unsigned short* Kb, const unsigned short* Qb,
+                                          const float* gs, const float* bs, const float* rk, const float* rq) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp >> 1), c0 = 32 * (warp & 1);
+    const bool live = c0 <= r0 + 15;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) kk[nt][r] = qk[nt][r] = 0.f;
+    if (live) {
+        const int ar = r0 + (lane & 15), ac = 8 * (lane >> 4);                 // A x4: 16x16 at (r0, d0)
+        const int br = c0 + (lane & 7) + 8 * (lane >> 4), bc = 8 * ((lane >> 3) & 1);  // B x4: two n-tiles
+#pragma unroll 2
+        for (int d0 = 0; d0 < GD; d0 += 16) {
+            unsigned ak[4], aq[4], b[2][4];
+            moss_mma::ldsm_x4(ak, Kb + ar * P3_BL + d0 + ac);
+            moss_mma::ldsm_x4(aq, Qb + ar * P3_BL + d0 + ac);
+#pragma unroll
+            for (int p = 0; p < 2; p++) moss_mma::ldsm_x4(b[p], Kb + (br + 16 * p) * P3_BL + d0 + bc);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
+                moss_mma::mma_bf16(kk[nt], ak, b0, b1);
+                moss_mma::mma_bf16(qk[nt], aq, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int i = r0 + g + 8 * hf, j = c0 + 8 * nt + 2 * t;
+            float a[2], w[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int jj = j + e;
+                const float dec = live && jj <= i ? expf(gs[i] - gs[jj]) : 0.f;
+                a[e] = jj < i ? bs[i] * (rk[i] * rk[jj] * kk[nt][2 * hf + e]) * dec : 0.f;
+                w[e] = rq[i] * rk[jj] * qk[nt][2 * hf + e] * dec;
+            }
+            if (live) *reinterpret_cast<float2*>(As + i * P3_TL + j) = make_float2(a[0], a[1]);
+            *reinterpret_cast<float2*>(wq + i * GC + j) = make_float2(w[0], w[1]);
+        }
+}
+
+// Step 4: Ts = (I + As)⁻¹ (As strictly lower triangular, read in its lower 16x16 blocks only).
+// Starts after a barrier, ends with one.
+template <int BUG>
+__device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
+    const int tid = threadIdx.x;
+    if (tid < GC) {  // diagonal blocks: column c of (I + A_bb)⁻¹, right-looking substitution
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) x[i] = i == c ? 1.f : 0.f;
+#pragma unroll
+        for (int k = 0; k < 15; k++) {
+            const float xk = x[k];
+#pragma unroll
+            for (int i = k + 1; i < 16; i++) x[i] -= As[(o + i) * P3_TL + o + k] * xk;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) Ts[(o + i) * P3_TL + o + c] = x[i];
+    } else {  // the zero blocks above the diagonal that the 32-wide step reads: T(0,1), T(2,3)
+        for (int p = tid - GC; p < 2 * 256; p += GT - GC) {
+            const int h = p >> 8, i = (p >> 4) & 15, j = p & 15;
+            Ts[(32 * h + i) * P3_TL + 32 * h + 16 + j] = 0.f;
+        }
+    }
+    __syncthreads();
+    {  // T(2p+1, 2p) = −T(2p+1, 2p+1) A(2p+1, 2p) T(2p, 2p), p = 0, 1: two outputs a thread
+        const int p = tid >> 7, i = (tid >> 3) & 15, j = 2 * (tid & 7);
+        const int r = 32 * p + 16, c = 32 * p;
+        float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const float a = As[(r + i) * P3_TL + c + k];
+            const float2 tt = *reinterpret_cast<const float2*>(Ts + (c + k) * P3_TL + c + j);
+            x0 += a * tt.x;
+            x1 += a * tt.y;
+        }
+        *reinterpret_cast<float2*>(Ts + (r + i) * P3_TL + c + j) = make_float2(x0, x1);  // X in T(2p+1, 2p)'s place
+        __syncthreads();
+        float y0 = 0.f, y1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const float tq = Ts[(r + i) * P3_TL + r + k];
+            const float2 xx = *reinterpret_cast<const float2*>(Ts + (r + k) * P3_TL + c + j);
+            y0 -= tq * xx.x;
+            y1 -= tq * xx.y;
+        }
+        __syncthreads();
+        *reinterpret_cast<float2*>(Ts + (r + i) * P3_TL + c + j) = make_float2(y0, y1);
+        __syncthreads();
+    }
+    {  // T([32, 64), [0, 32)) = −T₁₁ A₁₀ T₀₀ on the 32-wide halves: four outputs a thread
+        const int i = tid >> 3, j = 4 * (tid & 7);
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int k = 0; k < 32; k++) {
+            const float a = As[(32 + i) * P3_TL + k];
+            const float4 tt = *reinterpret_cast<const float4*>(Ts + k * P3_TL + j);
+            x.x += a * tt.x;
+            x.y += a * tt.y;
+            x.z += a * tt.z;
+            x.w += a * tt.w;
+        }
+        *reinterpret_cast<float4*>(Ts + (32 + i) * P3_TL + j) = x;
+        __syncthreads();
+        float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int k = 0; k < 32; k++) {
+            const float tq = Ts[(32 + i) * P3_TL + 32 + k];
+            const float4 xx = *reinterpret_cast<const float4*>(Ts + (32 + k) * P3_TL + j);
+            y.x -= tq * xx.x;
+            y.y -= tq * xx.y;
+            y.z -= tq * xx.z;
+            y.w -= tq * xx.w;
+        }
+        __syncthreads();
+        if (BUG == 1) y = make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float4*>(Ts + (32 + i) * P3_TL + j) = y;
+        __syncthreads();
+    }
+}
+
+// Step 5: dst[i][n] = Σ_k T[i][k] s[k] B[k][n] for the warp's 16 rows and 128 columns, in two
+// passes of 64 columns. Warp w: side w % 2 (0: U0 from V, 1: Wk from K), row block
+// {0, 0, 1, 1, 3, 3, 2, 2}[w] (the two warps of a scheduler then have 5 k-steps between them).
+template <int BUG>
+__device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, const unsigned short* Vb,
+                                         const unsigned short* Kb, const float* sv, const float* sk) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int mb = (warp >> 1) ^ (warp >> 2), side = warp & 1, r0 = 16 * mb;
+    const unsigned short* B = side ? Kb : Vb;
+    const float* s = side ? sk : sv;
+    float* dst = side ? wk : u0;
+    const int br = (lane & 7) + 8 * ((lane >> 3) & 1), bc = 8 * (lane >> 4);  // B x4.trans: two n-tiles
+#pragma unroll 1
+    for (int half = 0; half < 2; half++) {
+        const int n0 = 64 * half;
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
+#pragma unroll 1
+        for (int kb = 0; kb <= mb; kb++) {
+            const int k0 = 16 * kb;
+            unsigned hi[4], lo[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {  // a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8)
+                const int row = r0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
+                const float2 tv = *reinterpret_cast<const float2*>(Ts + row * P3_TL + col);
+                p3_split(tv.x * s[col], tv.y * s[col + 1], hi[r], lo[r]);
+            }
+#pragma unroll
+            for (int qd = 0; qd < 4; qd++) {
+                unsigned b[4];
+                moss_mma::ldsm_x4_t(b, B + (k0 + br) * P3_BL + n0 + 16 * qd + bc);
+                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
+                moss_mma::mma_bf16(acc[2 * qd], hi, b[0], b[1]);
+                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
+                moss_mma::mma_bf16(acc[2 * qd + 1], hi, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = r0 + g + 8 * hf, col = n0 + 8 * nt + 2 * t;
+                *reinterpret_cast<float2*>(dst + row * GD + col) = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+            }
+    }
+}
+
+template <typename T, int BUG>
+__device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
+                           const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
+                           long rqk, long rv) {
+    GDR_SMEM(gdr_sm);
+    char* base = reinterpret_cast<char*>(gdr_sm);
+    unsigned short* Kb = reinterpret_cast<unsigned short*>(base);
+    unsigned short* Vb = reinterpret_cast<unsigned short*>(base + P3_TILE_B);
+    unsigned short* Qb = reinterpret_cast<unsigned short*>(base + 2 * P3_TILE_B);
+    float* Ts = reinterpret_cast<float*>(base + 2 * P3_TILE_B);  // over Q once the scores are done
+    float* As = reinterpret_cast<float*>(base + 2 * P3_TILE_B + P3_MAT_B);
+    float* gs = As + GC * P3_TL;  // γ
+    float* bs = gs + GC;          // β
+    float* es = bs + GC;          // e^γ
+    float* dl = es + GC;          // e^{γ_last − γ}
+    float* rk = dl + GC;          // 1/|k|
+    float* rq = rk + GC;          // 1/(|q| √dk)
+    float* sv = rq + GC;          // β (U0's column scale of T)
+    float* sk = sv + GC;          // β e^γ / |k| (Wk's)
+    const long blk = blockIdx.x;
+    const int c = (int)(blk / Hv), h = (int)(blk % Hv);
+    const int c0 = c * GC, n = min(GC, L - c0);
+    const int kh = h / (Hv / Hk);
+    const int tid = threadIdx.x;
+    p3_load_tile(Kb, k, rqk, c0, n, (long)kh * dk, dk);
+    p3_load_tile(Qb, q, rqk, c0, n, (long)kh * dk, dk);
+    moss_mma::cp_async_commit();
+    p3_load_tile(Vb, v, rv, c0, n, (long)h * dv, dv);
+    moss_mma::cp_async_commit();
+    chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
+    moss_mma::cp_async_wait<1>();
+    __syncthreads();
+    {  // row norms: two threads a row (k rows, then q rows), 64 columns each, 16 bytes a read
+        const int row = tid >> 1, hf = tid & 1;
+        const unsigned short* src = (row < GC ? Kb + row * P3_BL : Qb + (row - GC) * P3_BL) + 64 * hf;
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const uint4 u = *reinterpret_cast<const uint4*>(src + 8 * ((m + 4 * hf) & 7));
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float a = p3_bf(w[e] << 16), b = p3_bf(w[e] & 0xffff0000u);
+                ss += a * a;
+                ss += b * b;
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        if (hf == 0) {
+            if (row < GC)
+                rk[row] = rsqrtf(ss + 1e-6f);
+            else
+                rq[row - GC] = rsqrtf(ss + 1e-6f) * rsqrtf((float)dk);
+        }
+    }
+    __syncthreads();
+    if (tid < GC) {
+        sv[tid] = bs[tid];
+        sk[tid] = bs[tid] * es[tid] * rk[tid];
+    }
+    p3_scores(As, Wqk + blk * GC * GC, Kb, Qb, gs, bs, rk, rq);
+    __syncthreads();
+    p3_inverse<BUG>(Ts, As);
+    moss_mma::cp_async_wait<0>();
+    __syncthreads();
+    p3_apply<BUG>(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
+    float* kd = Kd + blk * GC * GD;
+    for (int p = tid; p < GC * GD / 4; p += GT) {
+        const int i = p >> 5, a = (p & 31) * 4;
+        const uint2 u = *reinterpret_cast<const uint2*>(Kb + i * P3_BL + a);
+        const float r = rk[i], d = dl[i];
+        const float4 o = make_float4(p3_bf(u.x << 16) * r * d, p3_bf(u.x & 0xffff0000u) * r * d,
+                                     p3_bf(u.y << 16) * r * d, p3_bf(u.y & 0xffff0000u) * r * d);
+        *reinterpret_cast<float4*>(kd + i * GD + a) = o;
+    }
+}
+
+}  // namespace moss_gdr
