@@ -6,7 +6,12 @@
 // the v2 kernels of gdr_v2.cuh (MOSS_GDR=v2), contiguous and strided (conv-output) q, k, v.
 //   g++ -O2 -std=c++20 -pthread -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu
 #include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <cassert>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,8 +28,8 @@ using std::min;
 struct dim3e {
     unsigned x = 0, y = 0, z = 0;
 };
-thread_local dim3e threadIdx;
-dim3e blockIdx, gridDim;
+thread_local dim3e threadIdx, blockIdx;
+dim3e gridDim;
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -35,21 +40,28 @@ struct alignas(8) float2 {
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
+// Per-block state; every emulated thread points at its block's (thread_local), so the blocks of a
+// cluster (gdr_fused.cu) can run at the same time.
 namespace emu {
-float* smem = nullptr;
-std::barrier<>* bar = nullptr;
-std::vector<std::unique_ptr<std::barrier<>>> wbar;
-float slot[32][32];
-unsigned mslot[32][32][6];
+struct Block {
+    std::barrier<>* bar = nullptr;
+    std::vector<std::unique_ptr<std::barrier<>>> wbar;
+    float slot[32][32];
+    unsigned mslot[32][32][6];
+    const void* pslot[32][32];
+};
+thread_local float* smem = nullptr;
+thread_local Block* blk = nullptr;
 }  // namespace emu
 #define GDR_SMEM(name) float* name = emu::smem
-inline void __syncthreads() { emu::bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
+inline void __syncwarp() { emu::blk->wbar[threadIdx.x / 32]->arrive_and_wait(); }
 inline float shfl(float v, int src_lane) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu::slot[w][l] = v;
-    emu::wbar[w]->arrive_and_wait();
-    float r = emu::slot[w][src_lane];
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->slot[w][l] = v;
+    emu::blk->wbar[w]->arrive_and_wait();
+    float r = emu::blk->slot[w][src_lane];
+    emu::blk->wbar[w]->arrive_and_wait();
     return r;
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(v, (threadIdx.x % 32) ^ o); }
@@ -66,19 +78,16 @@ inline float warp_sum(float v) {
     return v;
 }
 }  // namespace moss_elem
-namespace emu {
-const void* pslot[32][32];
-}
 namespace moss_mma {
 inline void cp_async16(void* d, const void* s, bool) { std::memcpy(d, s, 16); }
 // ldmatrix.x4 (b16, not transposed) on 32-bit data: lanes 8m..8m+7 give the row addresses of
 // matrix m; lane l receives 32-bit word l % 4 of row l / 4 of each matrix.
 inline void ldsm_x4(unsigned (&r)[4], const void* p) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu::pslot[w][l] = p;
-    emu::wbar[w]->arrive_and_wait();
-    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->pslot[w][l] = p;
+    emu::blk->wbar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::blk->pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 inline void cp_async_commit() {}
 template <int N>
@@ -101,26 +110,164 @@ inline float uf(unsigned u) {
 }
 inline void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    for (int r = 0; r < 4; r++) emu::mslot[w][l][r] = a[r];
-    emu::mslot[w][l][4] = b0;
-    emu::mslot[w][l][5] = b1;
-    emu::wbar[w]->arrive_and_wait();
+    for (int r = 0; r < 4; r++) emu::blk->mslot[w][l][r] = a[r];
+    emu::blk->mslot[w][l][4] = b0;
+    emu::blk->mslot[w][l][5] = b1;
+    emu::blk->wbar[w]->arrive_and_wait();
     int g = l / 4, t = l % 4;
     for (int r = 0; r < 4; r++) {
         int row = g + 8 * (r / 2), col = 2 * t + r % 2;
         float acc = c[r];
         for (int k = 0; k < 8; k++) {
             // A(row, k): lane (row % 8)·4 + k % 4, register (row ≥ 8) + 2(k ≥ 4); B(k, col): lane col·4 + k % 4, register k ≥ 4
-            float av = uf(emu::mslot[w][(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
-            float bv = uf(emu::mslot[w][col * 4 + k % 4][4 + (k >= 4)]);
+            float av = uf(emu::blk->mslot[w][(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
+            float bv = uf(emu::blk->mslot[w][col * 4 + k % 4][4 + (k >= 4)]);
             acc += av * bv;
         }
         c[r] = acc;
     }
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 }  // namespace moss_gdr
 #include "gdr.cu"
+
+// ---- cuda/sm90a/gdr_fused.cu: a cluster's CTAs run together (one std::thread per thread of all of
+// them); mbarriers (arrivals, signed transaction count, phases), bulk copies (synchronous memcpy into
+// every CTA of the multicast mask, then complete_tx on that CTA's barrier at the same offset), remote
+// arrivals, named and cluster barriers. A copy into a slot some thread is still reading aborts.
+namespace emu {
+struct Mbar {
+    std::mutex m;
+    std::condition_variable cv;
+    int count, pending;
+    long tx = 0;
+    unsigned phase = 0;
+    explicit Mbar(int c) : count(c), pending(c) {}
+    void check() {  // under m
+        assert(tx > -(1L << 20) && tx < (1L << 20));
+        if (pending == 0 && tx == 0) {
+            phase++;
+            pending = count;
+            cv.notify_all();
+        }
+    }
+    void arrive(long bytes) {
+        std::lock_guard<std::mutex> l(m);
+        assert(pending > 0);
+        tx += bytes;
+        pending--;
+        check();
+    }
+    void complete_tx(long bytes) {
+        std::lock_guard<std::mutex> l(m);
+        tx -= bytes;
+        check();
+    }
+    void wait(unsigned parity) {
+        std::unique_lock<std::mutex> l(m);
+        cv.wait(l, [&] { return (phase & 1) != parity; });
+    }
+};
+struct Cta {
+    std::vector<float4> sm;
+    std::map<long, std::unique_ptr<Mbar>> mb;
+    std::atomic<int> readers[8] = {};
+    std::unique_ptr<std::barrier<>> named;
+    long slot_bytes = 0, nslot = 0;
+    char* base() { return (char*)sm.data(); }
+    Mbar& bar(const void* p) { return *mb.at((const char*)p - base()); }
+};
+thread_local Cta* cta = nullptr;
+thread_local std::vector<Cta*>* peers = nullptr;
+thread_local int rank = 0;
+thread_local std::barrier<>* cluster = nullptr;
+}  // namespace emu
+#define FZ_SMEM(name) unsigned char* name = reinterpret_cast<unsigned char*>(emu::cta->base())
+#define FZ_SLOT_BEGIN(s) emu::cta->readers[s]++
+#define FZ_SLOT_END(s) emu::cta->readers[s]--
+namespace moss_gdrf {
+using moss_gdr::mma_tf32;
+inline unsigned fz_tf32(float x) { return moss_gdr::tf32(x); }
+inline float fz_uf(unsigned u) { return moss_gdr::uf(u); }
+inline float fz_tf32r(float x) { return fz_uf(fz_tf32(x)); }
+inline int fz_rank() { return emu::rank; }
+inline void fz_bar_init(void* b, unsigned count) {
+    emu::cta->mb[(char*)b - emu::cta->base()] = std::make_unique<emu::Mbar>((int)count);
+}
+inline void fz_init_fence() {}
+inline void fz_cluster_sync() { emu::cluster->arrive_and_wait(); }
+inline void fz_named_sync() {
+    assert(threadIdx.x < 256);
+    emu::cta->named->arrive_and_wait();
+}
+inline void fz_expect(void* b, unsigned bytes) { emu::cta->bar(b).arrive(bytes); }
+inline void fz_wait(void* b, unsigned parity) { emu::cta->bar(b).wait(parity); }
+inline void fz_arrive_cluster(void* b, int r) {
+    long off = (char*)b - emu::cta->base();
+    (*emu::peers).at(r)->mb.at(off)->arrive(0);
+}
+inline void fz_bulk(void* dst, const void* src, unsigned bytes, void* b, unsigned mask) {
+    long off = (char*)dst - emu::cta->base(), boff = (char*)b - emu::cta->base();
+    assert(bytes % 16 == 0 && off % 16 == 0 && (uintptr_t)src % 16 == 0 && bytes > 0);
+    if (mask == 0) mask = 1u << emu::rank;
+    for (int r = 0; r < (int)emu::peers->size(); r++) {
+        if (!(mask >> r & 1)) continue;
+        emu::Cta* d = (*emu::peers)[r];
+        assert(off + bytes <= (long)(d->sm.size() * 16));
+        if (off < d->slot_bytes * d->nslot && d->readers[off / d->slot_bytes].load() != 0) {
+            fprintf(stderr, "bulk copy into slot %ld of CTA %d while it is being read\n", off / d->slot_bytes, r);
+            std::abort();
+        }
+        std::memcpy(d->base() + off, src, bytes);
+        d->mb.at(boff)->complete_tx(bytes);
+    }
+    (void)mask;
+}
+}  // namespace moss_gdrf
+#include "sm90a/gdr_fused.cu"
+
+// Run `body` as gx CTAs of moss_gdrf::THREADS threads in clusters of cl, one cluster at a time.
+static void launch_cluster(unsigned gx, int cl, size_t bytes, const std::function<void()>& body) {
+    const int nt = moss_gdrf::THREADS;
+    gridDim = {gx, 1, 1};
+    for (unsigned c0 = 0; c0 < gx; c0 += cl) {
+        std::vector<std::unique_ptr<emu::Cta>> ctas;
+        std::vector<emu::Cta*> ptrs;
+        std::vector<std::unique_ptr<emu::Block>> blocks;
+        std::vector<std::unique_ptr<std::barrier<>>> bars;
+        std::barrier<> clus(cl * nt);
+        for (int r = 0; r < cl; r++) {
+            auto c = std::make_unique<emu::Cta>();
+            c->sm.resize(bytes / 16 + 1);
+            std::fill((float*)c->sm.data(), (float*)c->sm.data() + c->sm.size() * 4, NAN);
+            c->named = std::make_unique<std::barrier<>>(256);
+            c->slot_bytes = moss_gdrf::Lay<float>::SLOT;
+            c->nslot = moss_gdrf::NSLOT;
+            ptrs.push_back(c.get());
+            ctas.push_back(std::move(c));
+            auto bk = std::make_unique<emu::Block>();
+            bars.emplace_back(new std::barrier<>(nt));
+            bk->bar = bars.back().get();
+            for (int w = 0; w < nt / 32; w++) bk->wbar.emplace_back(new std::barrier<>(32));
+            blocks.push_back(std::move(bk));
+        }
+        std::vector<std::thread> th;
+        for (int r = 0; r < cl; r++)
+            for (int t = 0; t < nt; t++)
+                th.emplace_back([&, r, t] {
+                    threadIdx = {(unsigned)t, 0, 0};
+                    blockIdx = {c0 + r, 0, 0};
+                    emu::cta = ptrs[r];
+                    emu::smem = (float*)ptrs[r]->base();
+                    emu::blk = blocks[r].get();
+                    emu::peers = &ptrs;
+                    emu::rank = r;
+                    emu::cluster = &clus;
+                    body();
+                });
+        for (auto& t : th) t.join();
+    }
+}
 
 // Run `body` as a grid (gx, gy) of 256-thread blocks, one block at a time.
 static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::function<void()>& body) {
@@ -132,15 +279,17 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
             blockIdx = {bx, by, 0};
             // poison shared memory: reads of unwritten slots show up as NaN
             std::fill((float*)sm.data(), (float*)sm.data() + smem_floats, NAN);
-            emu::smem = (float*)sm.data();
             std::barrier<> b(nt);
-            emu::bar = &b;
-            emu::wbar.clear();
-            for (int w = 0; w < nt / 32; w++) emu::wbar.emplace_back(new std::barrier<>(32));
+            auto bk = std::make_unique<emu::Block>();
+            bk->bar = &b;
+            for (int w = 0; w < nt / 32; w++) bk->wbar.emplace_back(new std::barrier<>(32));
             std::vector<std::thread> th;
             for (int t = 0; t < nt; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {(unsigned)t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    emu::smem = (float*)sm.data();
+                    emu::blk = bk.get();
                     body();
                 });
             for (auto& t : th) t.join();
@@ -193,7 +342,10 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         });
     } else {
     launch(nb, 1, 2 * GC * PKS + GC * AS + 4 * GC, [&] {
-        if (tc == 3)
+        if (tc >= 4)  // fused: the default prep, then state pass + output in one clustered kernel
+            prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
+                                   beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc == 3)
             prep_impl<float, true, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                          beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else if (tc)
@@ -204,6 +356,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                                     beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
     });
     int ncb = (dv + SQ_CB - 1) / SQ_CB;
+    if (tc >= 4) {
+        const int cl = tc == 4 ? 4 : 2;
+        launch_cluster(4 * Hv, cl, moss_gdrf::Lay<float>::BYTES, [&] {
+            auto f = cl == 4 ? (bug ? moss_gdrf::fused_impl<float, 4, 1> : moss_gdrf::fused_impl<float, 4, 0>)
+                             : (bug ? moss_gdrf::fused_impl<float, 2, 1> : moss_gdrf::fused_impl<float, 2, 0>);
+            f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+        });
+    } else {
     if (tc)
         launch(Hv * ncb, 1, TQ_FLOATS,
                [&] { seq_tc_impl(S.data(), U.data(), Wk.data(), Kd.data(), U0.data(), gam.data(), nc, Hv, ncb); });
@@ -220,6 +380,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && !bug) out_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
     });
+    }
     }
     // reference: the per-token recurrence in double
     double num = 0, den = 0;
@@ -258,14 +419,15 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2 and tc2 cases only.
+// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu).
 int main(int argc, char** argv) {
-    const int tc0 = argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
+    const bool only_fused = argc > 1 && std::strcmp(argv[1], "fused") == 0;
+    const int tc0 = only_fused ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 4; tc++)
+    for (int tc = tc0; tc < 6; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -275,7 +437,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;
