@@ -206,6 +206,17 @@ inline void fz_arrive_cluster(void* b, int r) {
     long off = (char*)b - emu::cta->base();
     (*emu::peers).at(r)->mb.at(off)->arrive(0);
 }
+inline void fz_cp16(void* dst, const void* src) {
+    long off = (char*)dst - emu::cta->base();
+    assert(off % 16 == 0 && (uintptr_t)src % 16 == 0);
+    if (off < emu::cta->slot_bytes * emu::cta->nslot && emu::cta->readers[off / emu::cta->slot_bytes].load() != 0) {
+        fprintf(stderr, "cp.async into slot %ld while it is being read\n", off / emu::cta->slot_bytes);
+        std::abort();
+    }
+    std::memcpy(dst, src, 16);
+}
+// cp.async.mbarrier.arrive: pending + 1, then an arrival once this thread's copies (done) landed
+inline void fz_cp_arrive(void*) {}
 inline void fz_bulk(void* dst, const void* src, unsigned bytes, void* b, unsigned mask) {
     long off = (char*)dst - emu::cta->base(), boff = (char*)b - emu::cta->base();
     assert(bytes % 16 == 0 && off % 16 == 0 && (uintptr_t)src % 16 == 0 && bytes > 0);
@@ -357,10 +368,14 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     });
     int ncb = (dv + SQ_CB - 1) / SQ_CB;
     if (tc >= 4) {
-        const int cl = tc == 4 ? 4 : 2;
+        const int cl = tc == 4 || tc == 7 ? 4 : tc == 5 || tc == 8 ? 2 : 1;
         launch_cluster(4 * Hv, cl, moss_gdrf::Lay<float>::BYTES, [&] {
-            auto f = cl == 4 ? (bug ? moss_gdrf::fused_impl<float, 4, 1> : moss_gdrf::fused_impl<float, 4, 0>)
-                             : (bug ? moss_gdrf::fused_impl<float, 2, 1> : moss_gdrf::fused_impl<float, 2, 0>);
+            using namespace moss_gdrf;
+            auto f = tc == 4   ? (bug ? fused_impl<float, 4, 1> : fused_impl<float, 4, 0>)
+                     : tc == 5 ? (bug ? fused_impl<float, 2, 1> : fused_impl<float, 2, 0>)
+                     : tc == 6 ? (bug ? fused_impl<float, 1, 1> : fused_impl<float, 1, 0>)
+                     : tc == 7 ? (bug ? fused_impl<float, 4, 1, true> : fused_impl<float, 4, 0, true>)
+                               : (bug ? fused_impl<float, 2, 1, true> : fused_impl<float, 2, 0, true>);
             f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
         });
     } else {
@@ -419,15 +434,17 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu).
+// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c).
 int main(int argc, char** argv) {
     const bool only_fused = argc > 1 && std::strcmp(argv[1], "fused") == 0;
-    const int tc0 = only_fused ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
+    const bool only_f1 = argc > 1 && std::strcmp(argv[1], "fused1") == 0;
+    const bool only_fc = argc > 1 && std::strcmp(argv[1], "fusedc") == 0;
+    const int tc0 = only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 6; tc++)
+    for (int tc = tc0; tc < 9; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
@@ -437,7 +454,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

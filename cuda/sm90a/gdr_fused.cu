@@ -1,10 +1,10 @@
-// The gated delta rule's state pass and output in one kernel (MOSS_GDR_STATE=fused4 / fused2;
+// The gated delta rule's state pass and output in one kernel (MOSS_GDR_STATE=fused4 / fused2 / fused1;
 // Hopper only: thread-block clusters, mbarriers and bulk copies with multicast, sm_90a unit).
 // Same chunk algebra as cuda/gdr.cu; it replaces gdr_seq_tc + gdr_out_tc and reads gdr_prep's
 // scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
 //
 // One CTA per (value head h, 32 value columns j0..): grid 4·Hv, the 4 column CTAs of a head (or
-// 2 of them: CL = 2) form a cluster and share every per-chunk tile: each CTA bulk-copies 64/CL
+// 2 of them: CL = 2; CL = 1: no cluster, each CTA copies whole tiles, for comparison) form a cluster and share every per-chunk tile: each CTA bulk-copies 64/CL
 // rows of Wk, Q, Kd and Wqk with .multicast::cluster into the same offset of every CTA of its
 // cluster (a quarter of the L2 traffic of gdr_seq_tc, which streams the whole tiles into each
 // column block). Per chunk c, from S = 0 (S: 128 x 32 of this CTA, fp32 in the accumulators):
@@ -81,7 +81,7 @@ __device__ __forceinline__ void fz_bar_init(void* b, unsigned count) {
 }
 __device__ __forceinline__ void fz_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 __device__ __forceinline__ void fz_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 __device__ __forceinline__ void fz_named_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 // This CTA's arrival on its own barrier b, with `bytes` more transaction bytes expected.
@@ -121,6 +121,12 @@ __device__ __forceinline__ void fz_bulk(void* dst, const void* src, unsigned byt
                      "l"(src), "r"(bytes), "r"(fz_sa(b))
                      : "memory");
 }
+// 16 bytes global -> shared through the LSU (cp.async); fz_cp_arrive(b): barrier b's current phase
+// also waits for this thread's cp.async copies so far (pending count + 1 now, an arrival when done).
+__device__ __forceinline__ void fz_cp16(void* dst, const void* src) { moss_mma::cp_async16(dst, src, true); }
+__device__ __forceinline__ void fz_cp_arrive(void* b) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(fz_sa(b)) : "memory");
+}
 __device__ __forceinline__ unsigned fz_tf32(float x) { return __float_as_uint(moss_mma::tf32(x)); }
 __device__ __forceinline__ float fz_tf32r(float x) { return moss_mma::tf32(x); }
 __device__ __forceinline__ float fz_uf(unsigned u) { return __uint_as_float(u); }
@@ -144,7 +150,10 @@ __device__ __forceinline__ void fz_st2(float* out, long i, float x, float y, boo
     if (two) out[i + 1] = y;
 }
 
-template <typename T, int CL, int BUG>
+// CPA: the U0 slice and γ (this CTA's own, 8.25 KiB a chunk) come through cp.async from the producer
+// warp (16 bytes a lane, tracked by the full barrier) instead of 65 small bulk copies: 65 fewer
+// TMA requests a chunk (the measured time of CPA = false grew with the bulk-copy count).
+template <typename T, int CL, int BUG, bool CPA = false>
 __device__ void fused_impl(T* out, const T* q, const float* Wk, const float* Kd, const float* U0, const float* Wqk,
                            const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {
     using Y = Lay<T>;
@@ -171,7 +180,7 @@ __device__ void fused_impl(T* out, const T* q, const float* Wk, const float* Kd,
         // ---- producer: this CTA's share (rows r0.. of 64/CL) of every multicast tile ----------
         const int rank = fz_rank();
         const int rows = GC / CL, r0 = rank * rows;
-        const unsigned mask = (1u << CL) - 1;
+        const unsigned mask = CL == 1 ? 0u : (1u << CL) - 1;  // CL = 1: plain bulk copies, no cluster
         const unsigned qb = (unsigned)(dk * sizeof(T));
         for (int u = 0; u < 2 * nc; u++) {
             const int s = u % NSLOT, c = u >> 1;
@@ -180,7 +189,18 @@ __device__ void fused_impl(T* out, const T* q, const float* Wk, const float* Kd,
             const int c0 = c * GC, n = min(GC, L - c0);
             unsigned char* slot = sm + s * Y::SLOT;
             if ((u & 1) == 0) {
-                if (lane == 0) fz_expect(full(s), GC * GD * 4 + n * qb + GC * CB * 4 + GC * 4);
+                if constexpr (CPA) {
+                    for (int p = lane; p < GC * CB / 4; p += 32) {
+                        const int i = p / (CB / 4), x = (p % (CB / 4)) * 4;
+                        fz_cp16(slot + Y::A_U0 + (i * U0L + x) * 4, U0 + (blk * GC + i) * GD + j0 + x);
+                    }
+                    if (lane < GC / 4) fz_cp16(slot + Y::A_GAM + lane * 16, gam + blk * GC + lane * 4);
+                    fz_cp_arrive(full(s));
+                    __syncwarp();  // every lane's pending-count increment before the arrival below
+                    if (lane == 0) fz_expect(full(s), GC * GD * 4 + n * qb);
+                } else {
+                    if (lane == 0) fz_expect(full(s), GC * GD * 4 + n * qb + GC * CB * 4 + GC * 4);
+                }
                 __syncwarp();
                 for (int i = lane; i < rows; i += 32) {
                     const int r = r0 + i;
@@ -189,9 +209,11 @@ __device__ void fused_impl(T* out, const T* q, const float* Wk, const float* Kd,
                         fz_bulk(slot + Y::A_Q + r * Y::QL * (int)sizeof(T), q + (long)(c0 + r) * rqk + (long)kh * dk, qb,
                                 full(s), mask);
                 }
-                for (int i = lane; i < GC; i += 32)
-                    fz_bulk(slot + Y::A_U0 + i * U0L * 4, U0 + (blk * GC + i) * GD + j0, CB * 4, full(s), 0);
-                if (lane == 0) fz_bulk(slot + Y::A_GAM, gam + blk * GC, GC * 4, full(s), 0);
+                if constexpr (!CPA) {
+                    for (int i = lane; i < GC; i += 32)
+                        fz_bulk(slot + Y::A_U0 + i * U0L * 4, U0 + (blk * GC + i) * GD + j0, CB * 4, full(s), 0);
+                    if (lane == 0) fz_bulk(slot + Y::A_GAM, gam + blk * GC, GC * 4, full(s), 0);
+                }
             } else {
                 if (lane == 0) fz_expect(full(s), GC * GD * 4 + GC * GC * 4);
                 __syncwarp();
@@ -346,14 +368,21 @@ __device__ void fused_impl(T* out, const T* q, const float* Wk, const float* Kd,
 #ifndef GDR_EMU
 // out [L, Hv, dv] bf16; q read with row stride rqk (may be a column slice of the conv output).
 // Launch: grid 4·Hv (a multiple of the cluster size), 288 threads, 210736 bytes of shared memory.
-#define MOSS_GDR_FUSED(NAME, CL, BUG)                                                                           \
+#define MOSS_GDR_FUSED(NAME, CL, BUG, CPA)                                                                      \
     MOSS_KERNEL void __cluster_dims__(CL, 1, 1) __launch_bounds__(moss_gdrf::THREADS, 1)                        \
         NAME(__nv_bfloat16* out, const __nv_bfloat16* q, const float* Wk, const float* Kd, const float* U0,       \
              const float* Wqk, const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {              \
-        moss_gdrf::fused_impl<__nv_bfloat16, CL, BUG>(out, q, Wk, Kd, U0, Wqk, gam, L, Hk, Hv, dk, dv, rqk);      \
+        moss_gdrf::fused_impl<__nv_bfloat16, CL, BUG, CPA>(out, q, Wk, Kd, U0, Wqk, gam, L, Hk, Hv, dk, dv, rqk); \
     }
-MOSS_GDR_FUSED(moss_enc_gdr_fused4_bf16, 4, 0)
-MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused4_bf16, 4, 1)
-MOSS_GDR_FUSED(moss_enc_gdr_fused2_bf16, 2, 0)
-MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused2_bf16, 2, 1)
+MOSS_GDR_FUSED(moss_enc_gdr_fused4_bf16, 4, 0, false)
+MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused4_bf16, 4, 1, false)
+MOSS_GDR_FUSED(moss_enc_gdr_fused2_bf16, 2, 0, false)
+MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused2_bf16, 2, 1, false)
+MOSS_GDR_FUSED(moss_enc_gdr_fused1_bf16, 1, 0, false)
+MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused1_bf16, 1, 1, false)
+// the U0 slice and γ through cp.async (not measured on the device)
+MOSS_GDR_FUSED(moss_enc_gdr_fused4c_bf16, 4, 0, true)
+MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused4c_bf16, 4, 1, true)
+MOSS_GDR_FUSED(moss_enc_gdr_fused2c_bf16, 2, 0, true)
+MOSS_GDR_FUSED(moss_ctl_enc_gdr_fused2c_bf16, 2, 1, true)
 #endif
