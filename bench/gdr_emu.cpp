@@ -434,12 +434,13 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c).
+// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one.
 int main(int argc, char** argv) {
     const bool only_fused = argc > 1 && std::strcmp(argv[1], "fused") == 0;
     const bool only_f1 = argc > 1 && std::strcmp(argv[1], "fused1") == 0;
     const bool only_fc = argc > 1 && std::strcmp(argv[1], "fusedc") == 0;
-    const int tc0 = only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
+    const bool only_f2c = argc > 1 && std::strcmp(argv[1], "fused2c") == 0;
+    const int tc0 = only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
