@@ -434,7 +434,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one.
+// `gdr_emu v2` runs the v2, tc2 and fused cases only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones.
 int main(int argc, char** argv) {
     const bool only_fused = argc > 1 && std::strcmp(argv[1], "fused") == 0;
     const bool only_f1 = argc > 1 && std::strcmp(argv[1], "fused1") == 0;
@@ -445,7 +445,8 @@ int main(int argc, char** argv) {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 9; tc++)
+    const int tc1 = argc > 1 && std::strcmp(argv[1], "unfused") == 0 ? 4 : 9;
+    for (int tc = tc0; tc < tc1; tc++)
         for (auto c : cs) {
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
