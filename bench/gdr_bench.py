@@ -4,12 +4,13 @@ Hv = 32, dk = dv = 128, q k v read strided out of one [L, 8192] bf16 conv output
 128. Loads the kernels from a cubin through CuPy; CUDA-event medians per kernel and for the three
 together; relative L2 of each output (bf16) against a per-token fp64 recurrence in torch, and the
 planted control (v2 out with the state read undecayed, must be far off).
-MOSS_GDR_PREP=tc3 (cuda/gdr_prep3.cuh): its prep with seq_tc / out_tc, its control (prep with T's
-lower-left block zero), and the prep's scratch (U0, Wk, Kd, Wqk, gam) of prep_tc and prep_tc3 each
-against an fp64 prep in torch.
 
-    python3 bench/gdr_bench.py CUBIN [OUT.json]
-    python3 bench/gdr_bench.py CUBIN --ncu       (only prep_tc, prep_tc3, prep_tc, prep_tc3 at L = 4096)
+    python3 bench/gdr_bench.py CUBIN [OUT.json] [FUSED_CUBIN] [--ncu]
+
+FUSED_CUBIN (cuda/sm90a/gdr_fused.cu built for sm_90a): adds MOSS_GDR_STATE=fused4 / fused2 / fused1
+/ fused4c / fused2c (the default prep_tc, then the state pass and the output in one clustered kernel)
+and their controls.
+--ncu: L = 4096 only, each variant run once, no reference and no timing (for Nsight Compute).
 """
 import json
 import math
@@ -18,8 +19,12 @@ import sys
 import cupy
 import torch
 
-cubin = sys.argv[1]
+NCU = "--ncu" in sys.argv
+argv = [a for a in sys.argv if a != "--ncu"]
+cubin = argv[1]
 mod = cupy.RawModule(path=cubin)
+fmod = cupy.RawModule(path=argv[3]) if len(argv) > 3 else None
+FUSED_BYTES, FUSED_THREADS = 210736, 288
 HK, HV, D, GC = 16, 32, 128, 64
 C = 2 * HK * D + HV * D
 # dynamic shared memory (floats) as in src/backend/cuda/encoder.rs
@@ -29,14 +34,11 @@ OUT_TC = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64
 PREP2 = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64
 SEQ2 = 2 * (128 * 132 + 128 * 36) + 2 * 128 * 40
 OUT2 = 64 * 132 + 128 * 72 + 64
-PREP3 = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) // 4
 K = {}
 for n, f in [("moss_enc_gdr_prep_tc_bf16", PREP), ("moss_enc_gdr_seq_tc", SEQ_TC), ("moss_enc_gdr_out_tc_bf16", OUT_TC),
              ("moss_enc_gdr_prep2_bf16", PREP2), ("moss_enc_gdr_seq2", SEQ2), ("moss_enc_gdr_out2_bf16", OUT2),
              ("moss_ctl_enc_gdr_out2_bf16", OUT2), ("moss_enc_gdr_seq2_plain", SEQ2),
-             ("moss_enc_gdr_prep_tc2_bf16", PREP), ("moss_enc_gdr_out_tc2_bf16", OUT_TC),
-             ("moss_enc_gdr_prep_tc3_bf16", PREP3), ("moss_ctl_enc_gdr_prep_tc3_bf16", PREP3),
-             ("moss_bench_hi_gdr_prep_tc3_bf16", PREP3)]:
+             ("moss_enc_gdr_prep_tc2_bf16", PREP), ("moss_enc_gdr_out_tc2_bf16", OUT_TC)]:
     try:
         K[n] = (mod.get_function(n), f * 4)
     except Exception:  # seq2_plain: only with -DGDR_BENCH_VARIANTS; tc2: not in older cubins
@@ -44,15 +46,30 @@ for n, f in [("moss_enc_gdr_prep_tc_bf16", PREP), ("moss_enc_gdr_seq_tc", SEQ_TC
     K[n][0].max_dynamic_shared_size_bytes = f * 4
 
 
+if fmod is not None:
+    FUSED = []  # variants in the cubin: fused4, fused2, fused1 (measured 2026-12-03), fused4c, fused2c
+    for v in ["4", "2", "1", "4c", "2c"]:
+        try:
+            for pfx in ["moss_enc", "moss_ctl_enc"]:
+                n = f"{pfx}_gdr_fused{v}_bf16"
+                fn = fmod.get_function(n)
+                fn.max_dynamic_shared_size_bytes = FUSED_BYTES
+                K[n] = (fn, FUSED_BYTES)
+            FUSED.append(v)
+        except Exception:  # noqa: BLE001 (older cubins: no fused4c / fused2c)
+            continue
+    # (ncu 2026-12-03: Max Active Clusters 30 for clusters of 4 (grid: 32 clusters, so two waves), 66 for 2)
+
+
 def P(t, off=0):
     mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t)
     return cupy.ndarray((1,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, off))
 
 
-def launch(name, grid, args):
+def launch(name, grid, args, threads=256):
     """A launcher with its arguments built once (host overhead stays out of the timed loop)."""
     f, sm = K[name]
-    return lambda: f(grid, (256,), args, shared_mem=sm)
+    return lambda: f(grid, (threads,), args, shared_mem=sm)
 
 
 i32, i64 = cupy.int32, cupy.int64
@@ -82,15 +99,25 @@ def dims(s):
     return (i32(s["L"]), i32(HK), i32(HV), i32(D), i32(D), i64(C))
 
 
-def old_steps(s, sx="tc", prep=None):
-    """sx = "tc" (the default kernels) or "tc2" (MOSS_GDR=tc2: batched row loads); prep: another
-    prep kernel (tc3) with the tc seq / out."""
+def old_steps(s, sx="tc"):
+    """sx = "tc" (the default kernels) or "tc2" (MOSS_GDR=tc2: batched row loads)."""
     o, (q, k, v) = s["old"], qkv_args(s)
     nb, nc = s["nb"], s["nc"]
     return [
-        ("prep_tc", launch(prep or f"moss_enc_gdr_prep_{sx}_bf16", (nb,), (P(o["kd"]), P(o["wk"]), P(o["u0"]), P(o["wqk"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
+        ("prep_tc", launch(f"moss_enc_gdr_prep_{sx}_bf16", (nb,), (P(o["kd"]), P(o["wk"]), P(o["u0"]), P(o["wqk"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
         ("seq_tc", launch("moss_enc_gdr_seq_tc", (HV * 4,), (P(o["S"]), P(o["u"]), P(o["wk"]), P(o["kd"]), P(o["u0"]), P(o["gam"]), i32(nc), i32(HV), i32(4)))),
         ("out_tc", launch(f"moss_enc_gdr_out_{sx}_bf16", (nb, 2), (P(s["out"]), q, P(o["S"]), P(o["u"]), P(o["wqk"]), P(o["gam"])) + dims(s) + (i64(C),))),
+    ]
+
+
+def fused_steps(s, cl, prefix="moss_enc"):
+    """MOSS_GDR_STATE=fused{cl}: prep_tc, then gdr_fused (state pass + output, cluster of cl; "4c" /
+    "2c": the U0 slice by cp.async)."""
+    o, (q, k, v) = s["old"], qkv_args(s)
+    nb = s["nb"]
+    return [
+        ("prep_tc", launch("moss_enc_gdr_prep_tc_bf16", (nb,), (P(o["kd"]), P(o["wk"]), P(o["u0"]), P(o["wqk"]), P(o["gam"]), q, k, v, P(s["g"]), P(s["beta"])) + dims(s) + (i64(C),))),
+        ("fused", launch(f"{prefix}_gdr_fused{cl}_bf16", (HV * 4,), (P(s["out"]), q, P(o["wk"]), P(o["kd"]), P(o["u0"]), P(o["wqk"]), P(o["gam"])) + dims(s), FUSED_THREADS)),
     ]
 
 
@@ -126,45 +153,6 @@ def reference(s):
     return out
 
 
-def prep_reference(s):
-    """The prep's scratch in fp64 (blk = chunk·Hv + head): U0, Wk, Kd [nb][64][128], Wqk [nb][64][64], gam [nb][64]."""
-    L, nc, nb = s["L"], s["nc"], s["nb"]
-    assert L % GC == 0
-    x = s["qkv"].double()
-    q = x[:, :HK * D].reshape(L, HK, D)
-    k = x[:, HK * D:2 * HK * D].reshape(L, HK, D)
-    v = x[:, 2 * HK * D:].reshape(L, HV, D)
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) / math.sqrt(D)
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    rep = HV // HK
-    blocks = lambda t: t.repeat_interleave(rep, 1) if t.shape[1] == HK else t  # noqa: E731
-    per = lambda t: blocks(t).reshape(nc, GC, HV, -1).permute(0, 2, 1, 3).reshape(nb, GC, -1)  # noqa: E731
-    q, k, v = per(q), per(k), per(v)
-    g = s["g"].double().reshape(nc, GC, HV).permute(0, 2, 1).reshape(nb, GC)
-    beta = s["beta"].double().reshape(nc, GC, HV).permute(0, 2, 1).reshape(nb, GC)
-    gam = g.cumsum(-1)
-    dec = torch.exp(gam[:, :, None] - gam[:, None, :])
-    ii = torch.arange(GC, device="cuda")
-    low, lowd = (ii[:, None] > ii[None, :]).double(), (ii[:, None] >= ii[None, :]).double()
-    A = beta[:, :, None] * (k @ k.transpose(1, 2)) * dec * low
-    eye = torch.eye(GC, device="cuda", dtype=torch.float64).expand(nb, GC, GC)
-    T = torch.linalg.solve_triangular(eye + A, eye.contiguous(), upper=False, unitriangular=True)
-    return dict(U0=T @ (beta[:, :, None] * v), Wk=T @ ((beta * gam.exp())[:, :, None] * k),
-                Kd=torch.exp(gam[:, -1:] - gam)[:, :, None] * k, Wqk=(q @ k.transpose(1, 2)) * dec * lowd, gam=gam)
-
-
-def prep_errors(s, pref, name):
-    """Run prep kernel `name` once on fresh NaN-poisoned scratch; rel L2 of each output vs pref."""
-    o = s["old"]
-    for t in o.values():
-        t.fill_(float("nan"))
-    launch_prep = old_steps(s, prep=name)[0][1]
-    launch_prep()
-    torch.cuda.synchronize()
-    got = dict(U0=o["u0"], Wk=o["wk"], Kd=o["kd"], Wqk=o["wqk"], gam=o["gam"])
-    return {f: rel(got[f].view(-1), pref[f].reshape(-1)) for f in pref}
-
-
 def rel(a, ref):
     a = a.double()
     if not torch.isfinite(a).all():
@@ -192,32 +180,23 @@ def timed(steps, reps=20):
     return {n: med(v) for n, v in per.items()}, med(tot)
 
 
-if len(sys.argv) > 2 and sys.argv[2] == "--ncu":  # for `ncu -k regex:gdr_prep`: prep_tc, prep_tc3, twice, L = 4096
+if NCU:
     s = setup(4096)
-    for _ in range(2):
-        for kn in ["moss_enc_gdr_prep_tc_bf16", "moss_enc_gdr_prep_tc3_bf16"]:
-            old_steps(s, prep=kn)[0][1]()
+    for steps in [old_steps(s)] + ([fused_steps(s, v) for v in FUSED] if fmod is not None else []):
+        for _, fn in steps:
+            fn()
     torch.cuda.synchronize()
     sys.exit(0)
 
 res = []
-for L in [128, 4096]:
+for L in [128, 4096, 200]:
     s = setup(L)
     ref = reference(s)
     row = {"L": L}
     variants = [("tc", old_steps(s)), ("v2", v2_steps(s)), ("v2 control", v2_steps(s, "moss_ctl_enc_gdr_out2_bf16"))]
-    if "moss_enc_gdr_prep_tc3_bf16" in K:
-        variants += [("tc3", old_steps(s, prep="moss_enc_gdr_prep_tc3_bf16")),
-                     ("tc3 control", old_steps(s, prep="moss_ctl_enc_gdr_prep_tc3_bf16"))]
-        if "moss_bench_hi_gdr_prep_tc3_bf16" in K:  # -DGDR_BENCH_VARIANTS: T' as bf16 hi only
-            variants.append(("tc3 hi only", old_steps(s, prep="moss_bench_hi_gdr_prep_tc3_bf16")))
-        pref = prep_reference(s)
-        preps = [("tc", "moss_enc_gdr_prep_tc_bf16"), ("tc3", "moss_enc_gdr_prep_tc3_bf16")]
-        if "moss_bench_hi_gdr_prep_tc3_bf16" in K:
-            preps.append(("tc3 hi only", "moss_bench_hi_gdr_prep_tc3_bf16"))
-        for nm, kn in preps:
-            row.update({f"{nm} prep scratch relL2 {f}": e for f, e in prep_errors(s, pref, kn).items()})
-        del pref
+    if fmod is not None:
+        for v in FUSED:
+            variants += [(f"fused{v}", fused_steps(s, v)), (f"fused{v} control", fused_steps(s, v, "moss_ctl_enc"))]
     if "moss_enc_gdr_prep_tc2_bf16" in K:
         variants.append(("tc2", old_steps(s, "tc2")))
     if "moss_enc_gdr_seq2_plain" in K:
@@ -228,7 +207,7 @@ for L in [128, 4096]:
             fn()
         torch.cuda.synchronize()
         row[f"{name} relL2"] = rel(s["out"], ref)
-        if "control" not in name:
+        if not name.endswith("control"):
             per, tot = timed(steps)
             row[f"{name} ms"] = tot
             row.update({f"{name} {k} ms": v for k, v in per.items()})
@@ -238,8 +217,8 @@ for L in [128, 4096]:
     print(json.dumps(row), flush=True)
     del s, ref
     torch.cuda.empty_cache()
-if len(sys.argv) > 2:
-    json.dump(res, open(sys.argv[2], "w"), indent=1)
+if len(argv) > 2:
+    json.dump(res, open(argv[2], "w"), indent=1)
 print()
 print("| L | tc prep / seq / out ms | tc total ms | v2 prep2 / seq2 / out2 ms | v2 total ms | speedup | rel L2 vs fp64: tc / v2 / v2 control |")
 print("|---|---|---|---|---|---|---|")
@@ -253,21 +232,22 @@ for r in res:
               f"{r['tc2 out_tc ms']:.3f} ms, total {r['tc2 ms']:.3f} ms ({r['tc ms'] / r['tc2 ms']:.2f}x tc), rel L2 {r['tc2 relL2']:.2e}")
     if "v2 plain seq ms" in r:
         print(f"L={r['L']}: v2 with the scalar-load seq2 (plain): seq2 {r['v2 plain seq seq2 ms']:.3f} ms, total {r['v2 plain seq ms']:.3f} ms, rel L2 {r['v2 plain seq relL2']:.2e}")
-
-print()
-print("| L | prep_tc ms | prep_tc3 ms | prep speedup | tc total ms | tc3 total ms | out rel L2 tc / tc3 / tc3 control | tc3 after timing |")
-print("|---|---|---|---|---|---|---|---|")
-for r in res:
-    if "tc3 ms" in r:
-        print(f"| {r['L']} | {r['tc prep_tc ms']:.4f} | {r['tc3 prep_tc ms']:.4f} | {r['tc prep_tc ms'] / r['tc3 prep_tc ms']:.2f}x | "
-              f"{r['tc ms']:.4f} | {r['tc3 ms']:.4f} | {r['tc relL2']:.3e} / {r['tc3 relL2']:.3e} / {r['tc3 control relL2']:.3e} | "
-              f"{r['tc3 relL2 after timing']:.3e} |")
-    if "tc3 hi only ms" in r:
-        print(f"L={r['L']}: tc3 with T' as bf16 hi only (no lo products): prep {r['tc3 hi only prep_tc ms']:.4f} ms, out rel L2 {r['tc3 hi only relL2']:.3e}")
-print()
-print("| L | prep | U0 | Wk | Kd | Wqk | gam |  (scratch rel L2 vs an fp64 prep)")
-print("|---|---|---|---|---|---|---|")
-for r in res:
-    for nm in ["tc", "tc3", "tc3 hi only"]:
-        if f"{nm} prep scratch relL2 U0" in r:
-            print(f"| {r['L']} | {nm} | " + " | ".join(f"{r[f'{nm} prep scratch relL2 {f}']:.2e}" for f in ["U0", "Wk", "Kd", "Wqk", "gam"]) + " |")
+if fmod is not None:
+    print()
+    print("| L | tc prep / seq / out ms | tc seq + out ms | fused4: prep / fused ms | fused2: prep / fused ms | seq + out -> fused4 / fused2 | rel L2 vs fp64: tc / fused4 / fused2 / control4 / control2 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in res:
+        so = r["tc seq_tc ms"] + r["tc out_tc ms"]
+        print(f"| {r['L']} | {r['tc prep_tc ms']:.3f} / {r['tc seq_tc ms']:.3f} / {r['tc out_tc ms']:.3f} | {so:.3f} | "
+              f"{r['fused4 prep_tc ms']:.3f} / {r['fused4 fused ms']:.3f} | {r['fused2 prep_tc ms']:.3f} / {r['fused2 fused ms']:.3f} | "
+              f"{so / r['fused4 fused ms']:.2f}x / {so / r['fused2 fused ms']:.2f}x | {r['tc relL2']:.2e} / {r['fused4 relL2']:.2e} / "
+              f"{r['fused2 relL2']:.2e} / {r['fused4 control relL2']:.2e} / {r['fused2 control relL2']:.2e} |")
+    print()
+    print("| L | variant | fused kernel ms | vs seq_tc + out_tc | rel L2 | after timing | control |")
+    print("|---|---|---|---|---|---|---|")
+    for r in res:
+        so = r["tc seq_tc ms"] + r["tc out_tc ms"]
+        for v in FUSED:
+            f = f"fused{v}"
+            print(f"| {r['L']} | {f} | {r[f + ' fused ms']:.3f} | {so / r[f + ' fused ms']:.2f}x | {r[f + ' relL2']:.2e} | "
+                  f"{r[f + ' relL2 after timing']:.2e} | {r[f + ' control relL2']:.2e} |")

@@ -6,7 +6,12 @@
 // the v2 kernels of gdr_v2.cuh (MOSS_GDR=v2), contiguous and strided (conv-output) q, k, v.
 //   g++ -O2 -std=c++20 -pthread -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu
 #include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <cassert>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,8 +28,8 @@ using std::min;
 struct dim3e {
     unsigned x = 0, y = 0, z = 0;
 };
-thread_local dim3e threadIdx;
-dim3e blockIdx, gridDim;
+thread_local dim3e threadIdx, blockIdx;
+dim3e gridDim;
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -41,21 +46,28 @@ struct alignas(8) uint2 {
 };
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
+// Per-block state; every emulated thread points at its block's (thread_local), so the blocks of a
+// cluster (gdr_fused.cu) can run at the same time.
 namespace emu {
-float* smem = nullptr;
-std::barrier<>* bar = nullptr;
-std::vector<std::unique_ptr<std::barrier<>>> wbar;
-float slot[32][32];
-unsigned mslot[32][32][6];
+struct Block {
+    std::barrier<>* bar = nullptr;
+    std::vector<std::unique_ptr<std::barrier<>>> wbar;
+    float slot[32][32];
+    unsigned mslot[32][32][6];
+    const void* pslot[32][32];
+};
+thread_local float* smem = nullptr;
+thread_local Block* blk = nullptr;
 }  // namespace emu
 #define GDR_SMEM(name) float* name = emu::smem
-inline void __syncthreads() { emu::bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
+inline void __syncwarp() { emu::blk->wbar[threadIdx.x / 32]->arrive_and_wait(); }
 inline float shfl(float v, int src_lane) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu::slot[w][l] = v;
-    emu::wbar[w]->arrive_and_wait();
-    float r = emu::slot[w][src_lane];
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->slot[w][l] = v;
+    emu::blk->wbar[w]->arrive_and_wait();
+    float r = emu::blk->slot[w][src_lane];
+    emu::blk->wbar[w]->arrive_and_wait();
     return r;
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) { return shfl(v, (threadIdx.x % 32) ^ o); }
@@ -72,9 +84,6 @@ inline float warp_sum(float v) {
     return v;
 }
 }  // namespace moss_elem
-namespace emu {
-const void* pslot[32][32];
-}
 namespace moss_mma {
 inline void cp_async16(void* d, const void* s, bool pred) {
     if (pred)
@@ -86,24 +95,24 @@ inline void cp_async16(void* d, const void* s, bool pred) {
 // matrix m; lane l receives 32-bit word l % 4 of row l / 4 of each matrix.
 inline void ldsm_x4(unsigned (&r)[4], const void* p) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu::pslot[w][l] = p;
-    emu::wbar[w]->arrive_and_wait();
-    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->pslot[w][l] = p;
+    emu::blk->wbar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; m++) std::memcpy(&r[m], (const char*)emu::blk->pslot[w][8 * m + l / 4] + 4 * (l % 4), 4);
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 // ldmatrix.x4.trans (b16): lane l receives, of each matrix m, the 16-bit elements (row 2(l % 4),
 // column l / 4) and (row 2(l % 4) + 1, column l / 4), the first in the low half.
 inline void ldsm_x4_t(unsigned (&r)[4], const void* p) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    emu::pslot[w][l] = p;
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->pslot[w][l] = p;
+    emu::blk->wbar[w]->arrive_and_wait();
     for (int m = 0; m < 4; m++) {
         unsigned short e0, e1;
-        std::memcpy(&e0, (const char*)emu::pslot[w][8 * m + 2 * (l % 4)] + 2 * (l / 4), 2);
-        std::memcpy(&e1, (const char*)emu::pslot[w][8 * m + 2 * (l % 4) + 1] + 2 * (l / 4), 2);
+        std::memcpy(&e0, (const char*)emu::blk->pslot[w][8 * m + 2 * (l % 4)] + 2 * (l / 4), 2);
+        std::memcpy(&e1, (const char*)emu::blk->pslot[w][8 * m + 2 * (l % 4) + 1] + 2 * (l / 4), 2);
         r[m] = e0 | (unsigned)e1 << 16;
     }
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 inline float bf16f(unsigned short b) {
     unsigned u = (unsigned)b << 16;
@@ -116,24 +125,24 @@ inline float bf16f(unsigned short b) {
 // col·4 + (k % 8)/2, register k ≥ 8, half k % 2. bf16 products are exact in fp32.
 inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    for (int r = 0; r < 4; r++) emu::mslot[w][l][r] = a[r];
-    emu::mslot[w][l][4] = b0;
-    emu::mslot[w][l][5] = b1;
-    emu::wbar[w]->arrive_and_wait();
+    for (int r = 0; r < 4; r++) emu::blk->mslot[w][l][r] = a[r];
+    emu::blk->mslot[w][l][4] = b0;
+    emu::blk->mslot[w][l][5] = b1;
+    emu::blk->wbar[w]->arrive_and_wait();
     int g = l / 4, t = l % 4;
     for (int r = 0; r < 4; r++) {
         int row = g + 8 * (r / 2), col = 2 * t + r % 2;
         float acc = c[r];
         for (int k = 0; k < 16; k++) {
-            unsigned ar = emu::mslot[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
-            unsigned br = emu::mslot[w][col * 4 + (k % 8) / 2][4 + (k >= 8)];
+            unsigned ar = emu::blk->mslot[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
+            unsigned br = emu::blk->mslot[w][col * 4 + (k % 8) / 2][4 + (k >= 8)];
             float av = bf16f((unsigned short)(k % 2 ? ar >> 16 : ar & 0xffff));
             float bv = bf16f((unsigned short)(k % 2 ? br >> 16 : br & 0xffff));
             acc += av * bv;
         }
         c[r] = acc;
     }
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 inline void cp_async_commit() {}
 template <int N>
@@ -156,23 +165,23 @@ inline float uf(unsigned u) {
 }
 inline void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    for (int r = 0; r < 4; r++) emu::mslot[w][l][r] = a[r];
-    emu::mslot[w][l][4] = b0;
-    emu::mslot[w][l][5] = b1;
-    emu::wbar[w]->arrive_and_wait();
+    for (int r = 0; r < 4; r++) emu::blk->mslot[w][l][r] = a[r];
+    emu::blk->mslot[w][l][4] = b0;
+    emu::blk->mslot[w][l][5] = b1;
+    emu::blk->wbar[w]->arrive_and_wait();
     int g = l / 4, t = l % 4;
     for (int r = 0; r < 4; r++) {
         int row = g + 8 * (r / 2), col = 2 * t + r % 2;
         float acc = c[r];
         for (int k = 0; k < 8; k++) {
             // A(row, k): lane (row % 8)·4 + k % 4, register (row ≥ 8) + 2(k ≥ 4); B(k, col): lane col·4 + k % 4, register k ≥ 4
-            float av = uf(emu::mslot[w][(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
-            float bv = uf(emu::mslot[w][col * 4 + k % 4][4 + (k >= 4)]);
+            float av = uf(emu::blk->mslot[w][(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
+            float bv = uf(emu::blk->mslot[w][col * 4 + k % 4][4 + (k >= 4)]);
             acc += av * bv;
         }
         c[r] = acc;
     }
-    emu::wbar[w]->arrive_and_wait();
+    emu::blk->wbar[w]->arrive_and_wait();
 }
 // gdr_prep3.cuh's bit helpers: bf16 bits <-> float, two floats to bf16x2 (round to nearest even).
 inline float p3_bf(unsigned bits) { return uf(bits); }
@@ -191,6 +200,155 @@ inline unsigned p3_pack(float lo, float hi) { return bf16_rn(lo) | (unsigned)bf1
 }  // namespace moss_gdr
 #include "gdr.cu"
 
+// ---- cuda/sm90a/gdr_fused.cu: a cluster's CTAs run together (one std::thread per thread of all of
+// them); mbarriers (arrivals, signed transaction count, phases), bulk copies (synchronous memcpy into
+// every CTA of the multicast mask, then complete_tx on that CTA's barrier at the same offset), remote
+// arrivals, named and cluster barriers. A copy into a slot some thread is still reading aborts.
+namespace emu {
+struct Mbar {
+    std::mutex m;
+    std::condition_variable cv;
+    int count, pending;
+    long tx = 0;
+    unsigned phase = 0;
+    explicit Mbar(int c) : count(c), pending(c) {}
+    void check() {  // under m
+        assert(tx > -(1L << 20) && tx < (1L << 20));
+        if (pending == 0 && tx == 0) {
+            phase++;
+            pending = count;
+            cv.notify_all();
+        }
+    }
+    void arrive(long bytes) {
+        std::lock_guard<std::mutex> l(m);
+        assert(pending > 0);
+        tx += bytes;
+        pending--;
+        check();
+    }
+    void complete_tx(long bytes) {
+        std::lock_guard<std::mutex> l(m);
+        tx -= bytes;
+        check();
+    }
+    void wait(unsigned parity) {
+        std::unique_lock<std::mutex> l(m);
+        cv.wait(l, [&] { return (phase & 1) != parity; });
+    }
+};
+struct Cta {
+    std::vector<float4> sm;
+    std::map<long, std::unique_ptr<Mbar>> mb;
+    std::atomic<int> readers[8] = {};
+    std::unique_ptr<std::barrier<>> named;
+    long slot_bytes = 0, nslot = 0;
+    char* base() { return (char*)sm.data(); }
+    Mbar& bar(const void* p) { return *mb.at((const char*)p - base()); }
+};
+thread_local Cta* cta = nullptr;
+thread_local std::vector<Cta*>* peers = nullptr;
+thread_local int rank = 0;
+thread_local std::barrier<>* cluster = nullptr;
+}  // namespace emu
+#define FZ_SMEM(name) unsigned char* name = reinterpret_cast<unsigned char*>(emu::cta->base())
+#define FZ_SLOT_BEGIN(s) emu::cta->readers[s]++
+#define FZ_SLOT_END(s) emu::cta->readers[s]--
+namespace moss_gdrf {
+using moss_gdr::mma_tf32;
+inline unsigned fz_tf32(float x) { return moss_gdr::tf32(x); }
+inline float fz_uf(unsigned u) { return moss_gdr::uf(u); }
+inline float fz_tf32r(float x) { return fz_uf(fz_tf32(x)); }
+inline int fz_rank() { return emu::rank; }
+inline void fz_bar_init(void* b, unsigned count) {
+    emu::cta->mb[(char*)b - emu::cta->base()] = std::make_unique<emu::Mbar>((int)count);
+}
+inline void fz_init_fence() {}
+inline void fz_cluster_sync() { emu::cluster->arrive_and_wait(); }
+inline void fz_named_sync() {
+    assert(threadIdx.x < 256);
+    emu::cta->named->arrive_and_wait();
+}
+inline void fz_expect(void* b, unsigned bytes) { emu::cta->bar(b).arrive(bytes); }
+inline void fz_wait(void* b, unsigned parity) { emu::cta->bar(b).wait(parity); }
+inline void fz_arrive_cluster(void* b, int r) {
+    long off = (char*)b - emu::cta->base();
+    (*emu::peers).at(r)->mb.at(off)->arrive(0);
+}
+inline void fz_cp16(void* dst, const void* src) {
+    long off = (char*)dst - emu::cta->base();
+    assert(off % 16 == 0 && (uintptr_t)src % 16 == 0);
+    if (off < emu::cta->slot_bytes * emu::cta->nslot && emu::cta->readers[off / emu::cta->slot_bytes].load() != 0) {
+        fprintf(stderr, "cp.async into slot %ld while it is being read\n", off / emu::cta->slot_bytes);
+        std::abort();
+    }
+    std::memcpy(dst, src, 16);
+}
+// cp.async.mbarrier.arrive: pending + 1, then an arrival once this thread's copies (done) landed
+inline void fz_cp_arrive(void*) {}
+inline void fz_bulk(void* dst, const void* src, unsigned bytes, void* b, unsigned mask) {
+    long off = (char*)dst - emu::cta->base(), boff = (char*)b - emu::cta->base();
+    assert(bytes % 16 == 0 && off % 16 == 0 && (uintptr_t)src % 16 == 0 && bytes > 0);
+    if (mask == 0) mask = 1u << emu::rank;
+    for (int r = 0; r < (int)emu::peers->size(); r++) {
+        if (!(mask >> r & 1)) continue;
+        emu::Cta* d = (*emu::peers)[r];
+        assert(off + bytes <= (long)(d->sm.size() * 16));
+        if (off < d->slot_bytes * d->nslot && d->readers[off / d->slot_bytes].load() != 0) {
+            fprintf(stderr, "bulk copy into slot %ld of CTA %d while it is being read\n", off / d->slot_bytes, r);
+            std::abort();
+        }
+        std::memcpy(d->base() + off, src, bytes);
+        d->mb.at(boff)->complete_tx(bytes);
+    }
+    (void)mask;
+}
+}  // namespace moss_gdrf
+#include "sm90a/gdr_fused.cu"
+
+// Run `body` as gx CTAs of moss_gdrf::THREADS threads in clusters of cl, one cluster at a time.
+static void launch_cluster(unsigned gx, int cl, size_t bytes, const std::function<void()>& body) {
+    const int nt = moss_gdrf::THREADS;
+    gridDim = {gx, 1, 1};
+    for (unsigned c0 = 0; c0 < gx; c0 += cl) {
+        std::vector<std::unique_ptr<emu::Cta>> ctas;
+        std::vector<emu::Cta*> ptrs;
+        std::vector<std::unique_ptr<emu::Block>> blocks;
+        std::vector<std::unique_ptr<std::barrier<>>> bars;
+        std::barrier<> clus(cl * nt);
+        for (int r = 0; r < cl; r++) {
+            auto c = std::make_unique<emu::Cta>();
+            c->sm.resize(bytes / 16 + 1);
+            std::fill((float*)c->sm.data(), (float*)c->sm.data() + c->sm.size() * 4, NAN);
+            c->named = std::make_unique<std::barrier<>>(256);
+            c->slot_bytes = moss_gdrf::Lay<float>::SLOT;
+            c->nslot = moss_gdrf::NSLOT;
+            ptrs.push_back(c.get());
+            ctas.push_back(std::move(c));
+            auto bk = std::make_unique<emu::Block>();
+            bars.emplace_back(new std::barrier<>(nt));
+            bk->bar = bars.back().get();
+            for (int w = 0; w < nt / 32; w++) bk->wbar.emplace_back(new std::barrier<>(32));
+            blocks.push_back(std::move(bk));
+        }
+        std::vector<std::thread> th;
+        for (int r = 0; r < cl; r++)
+            for (int t = 0; t < nt; t++)
+                th.emplace_back([&, r, t] {
+                    threadIdx = {(unsigned)t, 0, 0};
+                    blockIdx = {c0 + r, 0, 0};
+                    emu::cta = ptrs[r];
+                    emu::smem = (float*)ptrs[r]->base();
+                    emu::blk = blocks[r].get();
+                    emu::peers = &ptrs;
+                    emu::rank = r;
+                    emu::cluster = &clus;
+                    body();
+                });
+        for (auto& t : th) t.join();
+    }
+}
+
 // Run `body` as a grid (gx, gy) of 256-thread blocks, one block at a time.
 static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::function<void()>& body) {
     const int nt = 256;
@@ -201,15 +359,17 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
             blockIdx = {bx, by, 0};
             // poison shared memory: reads of unwritten slots show up as NaN
             std::fill((float*)sm.data(), (float*)sm.data() + smem_floats, NAN);
-            emu::smem = (float*)sm.data();
             std::barrier<> b(nt);
-            emu::bar = &b;
-            emu::wbar.clear();
-            for (int w = 0; w < nt / 32; w++) emu::wbar.emplace_back(new std::barrier<>(32));
+            auto bk = std::make_unique<emu::Block>();
+            bk->bar = &b;
+            for (int w = 0; w < nt / 32; w++) bk->wbar.emplace_back(new std::barrier<>(32));
             std::vector<std::thread> th;
             for (int t = 0; t < nt; t++)
                 th.emplace_back([&, t] {
                     threadIdx = {(unsigned)t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    emu::smem = (float*)sm.data();
+                    emu::blk = bk.get();
                     body();
                 });
             for (auto& t : th) t.join();
@@ -219,8 +379,10 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 // tc: the TF32 kernels of gdr_tc.cuh; strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
 // tc: 0 SIMT, 1 the TF32 kernels of gdr_tc.cuh, 2 the v2 kernels of gdr_v2.cuh, 3 the TF32 kernels
-// with batched row loads (MOSS_GDR=tc2), 4 gdr_prep_tc3 (gdr_prep3.cuh, bf16 inputs: q, k, v rounded
-// to bf16 first; `bug` plants its control, T's lower-left block zero) then seq_tc and out_tc.
+// with batched row loads (MOSS_GDR=tc2), 4..8 the fused state pass + output (cuda/sm90a/gdr_fused.cu:
+// fused4, fused2, fused1, fused4c, fused2c, after the TF32 prep), 9 gdr_prep_tc3 (gdr_prep3.cuh, bf16
+// inputs: q, k, v rounded to bf16 first; `bug` plants its control, T's lower-left block zero) then
+// seq_tc and out_tc.
 static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
     std::mt19937 rng(seed);
@@ -229,7 +391,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     for (auto& x : q) x = nd(rng);
     for (auto& x : k) x = nd(rng);
     for (auto& x : v) x = nd(rng);
-    if (tc == 4)  // bf16 data: every value exactly a bf16
+    if (tc == 9)  // bf16 data: every value exactly a bf16
         for (auto* a : {&q, &k, &v})
             for (auto& x : *a) x = moss_mma::bf16f(moss_gdr::bf16_rn(x));
     const long C = 2L * Hk * dk + Hv * dv + 8;
@@ -273,13 +435,16 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     const unsigned short* qbp = strided ? &qkvb[0] : qb.data();
     const unsigned short* kbp = strided ? &qkvb[Hk * dk] : kb.data();
     const unsigned short* vbp = strided ? &qkvb[2 * Hk * dk] : vb.data();
-    launch(nb, 1, tc == 4 ? P3_FLOATS : 2 * GC * PKS + GC * AS + 4 * GC, [&] {
-        if (tc == 4 && bug)
+    launch(nb, 1, tc == 9 ? P3_FLOATS : 2 * GC * PKS + GC * AS + 4 * GC, [&] {
+        if (tc == 9 && bug)
             prep3_impl<unsigned short, 1>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qbp, kbp, vbp,
                                           g.data(), beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
-        else if (tc == 4)
+        else if (tc == 9)
             prep3_impl<unsigned short, 0>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qbp, kbp, vbp,
                                           g.data(), beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
+        else if (tc >= 4)  // fused: the TF32 prep (same scratch as prep_tc3), then state pass + output in one clustered kernel
+            prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
+                                   beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else if (tc == 3)
             prep_impl<float, true, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                          beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
@@ -291,6 +456,18 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                                     beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
     });
     int ncb = (dv + SQ_CB - 1) / SQ_CB;
+    if (tc >= 4 && tc <= 8) {
+        const int cl = tc == 4 || tc == 7 ? 4 : tc == 5 || tc == 8 ? 2 : 1;
+        launch_cluster(4 * Hv, cl, moss_gdrf::Lay<float>::BYTES, [&] {
+            using namespace moss_gdrf;
+            auto f = tc == 4   ? (bug ? fused_impl<float, 4, 1> : fused_impl<float, 4, 0>)
+                     : tc == 5 ? (bug ? fused_impl<float, 2, 1> : fused_impl<float, 2, 0>)
+                     : tc == 6 ? (bug ? fused_impl<float, 1, 1> : fused_impl<float, 1, 0>)
+                     : tc == 7 ? (bug ? fused_impl<float, 4, 1, true> : fused_impl<float, 4, 0, true>)
+                               : (bug ? fused_impl<float, 2, 1, true> : fused_impl<float, 2, 0, true>);
+            f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
+        });
+    } else {
     if (tc)
         launch(Hv * ncb, 1, TQ_FLOATS,
                [&] { seq_tc_impl(S.data(), U.data(), Wk.data(), Kd.data(), U0.data(), gam.data(), nc, Hv, ncb); });
@@ -302,12 +479,13 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         const float *Sp = S.data(), *Up = U.data(), *Wp = Wqk.data(), *gp = gam.data();
         if (tc == 3 && bug) out_tc_impl<float, 1, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 3 && !bug) out_tc_impl<float, 0, true>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
-        if (tc == 4) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        if (tc == 9) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 1 && bug) out_tc_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (tc == 1 && !bug) out_tc_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && bug) out_impl<float, 1>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
         if (!tc && !bug) out_impl<float, 0>(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
     });
+    }
     }
     // reference: the per-token recurrence in double
     double num = 0, den = 0;
@@ -346,16 +524,20 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2 and tc3 cases only, `gdr_emu tc3` tc3 only.
+// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones.
 int main(int argc, char** argv) {
-    const bool only3 = argc > 1 && std::strcmp(argv[1], "tc3") == 0;
-    const int tc0 = only3 ? 4 : argc > 1 && std::strcmp(argv[1], "v2") == 0 ? 2 : 0;
+    auto arg = [&](const char* a) { return argc > 1 && std::strcmp(argv[1], a) == 0; };
+    const bool only3 = arg("tc3"), only_fused = arg("fused"), only_f1 = arg("fused1"), only_fc = arg("fusedc"),
+               only_f2c = arg("fused2c"), unfused = arg("unfused");
+    const int tc0 = only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
+    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : 10;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
-    for (int tc = tc0; tc < 5; tc++)
+    for (int tc = tc0; tc < tc1; tc++)
         for (auto c : cs) {
+            if (unfused && tc >= 4 && tc <= 8) continue;
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
             bool strided = (c.L % 2) == 1;
@@ -364,7 +546,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 4 ? "tc3 " : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

@@ -140,6 +140,36 @@ pub(crate) enum GdrPath {
     /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
     /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
     V2,
+    /// `gdr_prep_tc`, then the state pass and the output in one kernel with the per-chunk tiles
+    /// shared by a thread-block cluster of this many column blocks of a head, the U0 slice and γ
+    /// through cp.async if the flag is set (`cuda/sm90a/gdr_fused.cu`, Hopper only;
+    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`). `Tc` and `Tc2` take
+    /// `Fused(2, false)` on Hopper unless `MOSS_GDR_STATE` says otherwise.
+    Fused(u32, bool),
+    /// `Tc` with `gdr_seq_tc` + `gdr_out_tc` whatever the device (`MOSS_GDR_STATE=seq`).
+    TcSeq,
+}
+
+/// Dynamic shared memory of `gdr_fused` (`Lay<bf16>::BYTES` in `cuda/sm90a/gdr_fused.cu`).
+const GDR_FUSED_BYTES: u32 = 210_736;
+/// Threads of `gdr_fused`: 8 compute warps and a producer warp.
+const GDR_FUSED_THREADS: u32 = 288;
+
+/// The state pass + output that `MOSS_GDR_STATE` asks for on the default (`Tc` / `Tc2`) paths where
+/// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
+/// `fused1` the state pass + output of `cuda/sm90a/gdr_fused.cu` with clusters of 4 / 2 / 1 column
+/// blocks, `fused4c` / `fused2c` the same with the U0 slice through cp.async; unset (or anything
+/// else) `fused2`, measured 0.430 ms against 0.500 for seq_tc + out_tc at 4096 tokens
+/// (bench/notes-gdrseq.md). `(cluster, cp.async)`, or None for seq.
+pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<(u32, bool)> {
+    match v {
+        Some("seq") => None,
+        Some("fused4") => Some((4, false)),
+        Some("fused1") => Some((1, false)),
+        Some("fused4c") => Some((4, true)),
+        Some("fused2c") => Some((2, true)),
+        _ => Some((2, false)),
+    }
 }
 
 impl Cuda {
@@ -471,8 +501,9 @@ impl Cuda {
     /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
     /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
     /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
-    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`].
-    /// The planted control (`moss_ctl_enc`) lives in `gdr_out` ([`GdrPath::Tc3`]: in `gdr_prep`).
+    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`];
+    /// on Hopper `Tc` / `Tc2` run the fused state pass + output (`MOSS_GDR_STATE`, [`gdr_state_env`]).
+    /// The planted control (`moss_ctl_enc`) lives in `gdr_out` or the fused kernel ([`GdrPath::Tc3`]: in `gdr_prep`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -554,11 +585,26 @@ impl Cuda {
         if path == GdrPath::V2 {
             return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
         }
+        // The fused state pass: asked for (the gates) or MOSS_GDR_STATE on the default paths, where
+        // the device and the rows allow it (Hopper kernels loaded; bulk copies of 16-byte q rows).
+        let fits = self.has_sm90a() && dk % 8 == 0 && rows.rqk % 8 == 0 && rows.q % 16 == 0;
+        let (path, fused) = match path {
+            GdrPath::Fused(cl, cpa) => {
+                ensure!(fits, "gated_delta_rule: the fused state pass needs an sm_90 GPU with cuda/sm90a kernels, dk % 8 == 0 and 16-byte q rows");
+                (GdrPath::Tc, Some((cl, cpa)))
+            }
+            GdrPath::TcSeq => (GdrPath::Tc, None),
+            GdrPath::Tc | GdrPath::Tc2 if fits => (path, gdr_state_env(std::env::var("MOSS_GDR_STATE").ok().as_deref())),
+            p => (p, None),
+        };
         let tc = matches!(path, GdrPath::Tc | GdrPath::Tc1 | GdrPath::Tc2 | GdrPath::Tc3);
         // gdr_prep_tc3 reads q, k, v with 16-byte copies
         let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
         ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
         let prep3 = path == GdrPath::Tc3 || (path == GdrPath::Tc && aligned && !Self::gdr_prep_old());
+        if let Some((cl, cpa)) = fused {
+            return self.gdr_fused(rows, (l, hk, dk, hv, dv), g, beta, out, prefix, path, cl, cpa, prep3);
+        }
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -617,6 +663,52 @@ impl Cuda {
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
             &args,
         )?;
+        Ok(out)
+    }
+
+    /// `gdr_prep_tc` (or `tc2` on [`GdrPath::Tc2`]) over all (chunk, value head) pairs, then
+    /// `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head and 32 value columns, in chunk
+    /// order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S + Kdᵀ U;
+    /// the cl column blocks of a head form a cluster that shares each chunk's tiles. Neither the
+    /// states nor U go through memory. The planted control lives in `gdr_fused`.
+    #[allow(clippy::too_many_arguments)]
+    fn gdr_fused(
+        &self,
+        rows: &GdrRows,
+        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        out: CudaTensor,
+        prefix: &str,
+        path: GdrPath,
+        cl: u32,
+        cpa: bool,
+        prep3: bool,
+    ) -> Result<CudaTensor> {
+        ensure!(matches!((cl, cpa), (1 | 2 | 4, false) | (2 | 4, true)), "gdr_fused: cluster of {cl} (cp.async {cpa})");
+        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
+        let nb = l.div_ceil(ch) * hv;
+        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
+        let (kd, wk, u0) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
+        let (wqk, gam) = (f32s(nb * ch * ch)?, f32s(nb * ch)?);
+        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)];
+        let sfx = if path == GdrPath::Tc2 { "tc2_" } else { "tc_" };
+        let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
+        args.extend(dims());
+        args.extend([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)]);
+        // the planted control (`prefix`) is in the fused kernel; the prep is the correct one
+        if prep3 {
+            self.launch("moss_enc_gdr_prep_tc3_bf16", nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+        } else {
+            self.launch(&format!("moss_enc_gdr_prep_{sfx}bf16"), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+        }
+        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(wk.ptr()), Arg::P(kd.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend(dims());
+        args.push(Arg::L(rows.rqk as i64));
+        // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+        let c = if cpa { "c" } else { "" };
+        self.launch(&format!("{prefix}_gdr_fused{cl}{c}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_FUSED_BYTES, &args)?;
         Ok(out)
     }
 

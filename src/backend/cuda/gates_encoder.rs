@@ -42,6 +42,9 @@ pub const F32_ROPE: f64 = 5e-6;
 /// grows with the chunk count (≈ u·√(L/64·64) ≈ 4e-6 at L = 4096), the substitution can amplify
 /// it a few times. 1e-4 leaves that an order of magnitude; a wrong formula is O(1e-2) or more.
 pub const F32_DELTA: f64 = 1e-4;
+/// A prompt length whose last delta-rule chunk is partial (200 = 3·64 + 8), gated on the fused
+/// state pass (its q rows past the prompt are never copied).
+const GDR_PARTIAL: usize = 200;
 /// Query rows the CPU computes for the 4096-token attention gate.
 const ATTN_ROWS: usize = 48;
 
@@ -270,7 +273,15 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let heads = (K_HEADS, DK, V_HEADS, DV);
     let kd = K_HEADS * DK;
-    for l in LENGTHS {
+    let fused = cx.dtype == DType::BF16 && cx.cuda.has_sm90a();
+    if cx.dtype == DType::BF16 && !fused {
+        println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the fused state pass (MOSS_GDR_STATE) is not gated (not used either)");
+    }
+    // the real lengths, and (fused kernels only) one whose last chunk is partial
+    for l in LENGTHS.into_iter().chain([GDR_PARTIAL]) {
+        if l == GDR_PARTIAL && !fused {
+            continue;
+        }
         let (qkv, gqkv) = cx.input(&[l, CONV], 1.0)?;
         let (q, k, v) = (
             cx.cpu.reshape(&cx.cpu.narrow(&qkv, 1, 0, kd)?, &[l, K_HEADS, DK])?,
@@ -294,11 +305,33 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             DType::BF16 => (BF16_OUT, "TF32 products, fp32 state"),
             DType::F32 => (F32_DELTA, "fp32 SIMT"),
         };
+        let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
+        if fused {
+            // the state pass + output in one clustered kernel (MOSS_GDR_STATE=fused4 / fused2)
+            // (the default on Hopper is fused2: the GdrPath::Tc rows below gate it too)
+            for (cl, cpa) in [(4, false), (2, false), (1, false), (4, true), (2, true)] {
+                let name = format!("fused{cl}{}", if cpa { "c" } else { "" });
+                let what = if cpa { ", U0 by cp.async" } else { "" };
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Fused(cl, cpa));
+                cx.judge(&format!("enc gated_delta_rule {name} (state pass + output, cluster of {cl}{what}), strided"), &s2, Kind::Gate, b, note, out, &want, None);
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Fused(cl, cpa));
+                cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
+            }
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Fused(4, false));
+            cx.judge("enc gated_delta_rule fused4, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            // the unfused state pass + output (MOSS_GDR_STATE=seq; the default off Hopper)
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::TcSeq);
+            cx.judge("enc gated_delta_rule seq_tc + out_tc, strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::TcSeq);
+            cx.judge("enc gated_delta_rule seq_tc + out_tc, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
+        }
+        if l == GDR_PARTIAL {
+            continue;
+        }
         let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, note, out, &want, None);
         let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, note, out, &want, None);
-        let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
         let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc);
         cx.judge("enc gated_delta_rule, q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
         let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
