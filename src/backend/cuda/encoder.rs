@@ -159,16 +159,19 @@ const GDR_FUSED_THREADS: u32 = 288;
 /// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
 /// `fused1` the state pass + output of `cuda/sm90a/gdr_fused.cu` with clusters of 4 / 2 / 1 column
 /// blocks, `fused4c` / `fused2c` the same with the U0 slice through cp.async; unset (or anything
-/// else) `fused2`, measured 0.430 ms against 0.500 for seq_tc + out_tc at 4096 tokens
-/// (bench/notes-gdrseq.md). `(cluster, cp.async)`, or None for seq.
+/// else) `fused2c`: the whole 4096-token encoder 105.3 ms on the device against 106.6 / 107.6 with
+/// `fused2` (delta-rule op sum 12.9 against 15.0 ms; bench/RESULTS.md, fourth integration run;
+/// `fused2` alone 0.430 ms against 0.500 for seq_tc + out_tc, bench/notes-gdrseq.md).
+/// `(cluster, cp.async)`, or None for seq.
 pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<(u32, bool)> {
     match v {
         Some("seq") => None,
         Some("fused4") => Some((4, false)),
         Some("fused1") => Some((1, false)),
         Some("fused4c") => Some((4, true)),
-        Some("fused2c") => Some((2, true)),
-        _ => Some((2, false)),
+        Some("fused2") => Some((2, false)),
+        // fused2c: measured fastest (bench/RESULTS.md, fourth integration run)
+        _ => Some((2, true)),
     }
 }
 
