@@ -5,6 +5,7 @@
 // Activations are bf16 or f32 (T); small per-channel vectors and g/beta are f32. fp32 inside,
 // one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
+#include "enc_rows.cuh"  // gates_impl, grms8_impl (row strides; contiguous here)
 
 namespace moss_enc {
 using namespace moss_elem;
@@ -226,20 +227,6 @@ __device__ void conv_impl(T* out, const T* x, const float* w, long L, int C, int
     }
 }
 
-// ---- DeltaNet gates (f32 out): g = −exp(A_log)·softplus(a + dt_bias), beta = sigmoid(b). ---------
-// BUG 1: softplus left out.
-template <typename T, int BUG>
-__device__ void gates_impl(float* g, float* beta, const T* a, const T* b, const float* alog, const float* dt,
-                           long n, int hv) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        int h = (int)(i % hv);
-        float x = ld(a, i) + dt[h];
-        float sp = BUG == 1 ? x : (x > 20.f ? x : log1pf(expf(x)));
-        g[i] = -expf(alog[h]) * sp;
-        beta[i] = 1.f / (1.f + expf(-ld(b, i)));
-    }
-}
-
 // ---- gated RMSNorm: x·rsqrt(mean(x²)+eps)·w·silu(z), warp per row. BUG 1: sigmoid(z). -----------
 template <typename T, int BUG>
 __device__ void grms_impl(T* out, const T* x, const T* z, const float* w, long rows, int d, float eps) {
@@ -258,38 +245,6 @@ __device__ void grms_impl(T* out, const T* x, const T* z, const float* w, long r
         float zi = ld(zr, i);
         float gt = BUG == 1 ? 1.f / (1.f + expf(-zi)) : silu(zi);
         st(out + row * d, i, ld(xr, i) * r * w[i] * gt);
-    }
-}
-
-// ---- gated RMSNorm, vectorised: 16 lanes per row, 8 elements per lane per step (d % 8 == 0). --------
-template <typename T, int BUG>
-__device__ void grms8_impl(T* out, const T* x, const T* z, const float* w, long rows, int d, float eps) {
-    int sub = threadIdx.x & 15;
-    long row = (long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
-    bool live = row < rows;  // every lane takes part in the shuffles
-    const T* xr = x + (live ? row : 0) * d;
-    const T* zr = z + (live ? row : 0) * d;
-    float ss = 0.f;
-    for (int i = sub * 8; i < d; i += 128) {
-        float v[8];
-        ld8(xr, i, v);
-#pragma unroll
-        for (int e = 0; e < 8; e++) ss += v[e] * v[e];
-    }
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (!live) return;
-    float r = rsqrtf(ss / (float)d + eps);
-    for (int i = sub * 8; i < d; i += 128) {
-        float v[8], zz[8];
-        ld8(xr, i, v);
-        ld8(zr, i, zz);
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float gt = BUG == 1 ? 1.f / (1.f + expf(-zz[e])) : silu(zz[e]);
-            v[e] = v[e] * r * w[i + e] * gt;
-        }
-        st8(out + row * d, i, v);
     }
 }
 
@@ -505,7 +460,7 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
     }                                                                                                         \
     MOSS_KERNEL void PFX##_gates_##SX(float* g, float* beta, const T* a, const T* b, const float* alog,       \
                                       const float* dt, long n, int hv) {                                      \
-        moss_enc::gates_impl<T, BUG>(g, beta, a, b, alog, dt, n, hv);                                         \
+        moss_encr::gates_impl<T, BUG>(g, beta, a, b, alog, dt, n, hv, hv);                                         \
     }                                                                                                         \
     MOSS_KERNEL void PFX##_grms_##SX(T* out, const T* x, const T* z, const float* w, long rows, int d,        \
                                      float eps) {                                                             \
@@ -513,7 +468,7 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
     }                                                                                                         \
     MOSS_KERNEL void PFX##_grms8_##SX(T* out, const T* x, const T* z, const float* w, long rows, int d,       \
                                       float eps) {                                                            \
-        moss_enc::grms8_impl<T, BUG>(out, x, z, w, rows, d, eps);                                             \
+        moss_encr::grms8_impl<T, BUG>(out, x, z, w, rows, d, eps, 1, d);                                             \
     }                                                                                                         \
     MOSS_KERNEL void PFX##_csoftmax_##SX(T* p, const float* s, int qn, int nk, int i0) {                   \
         moss_enc::csoftmax_impl<T, BUG>(p, s, qn, nk, i0);                                                    \

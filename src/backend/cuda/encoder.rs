@@ -605,15 +605,12 @@ impl Cuda {
         let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
         ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
         let prep3 = path == GdrPath::Tc3 || (path == GdrPath::Tc && aligned && !Self::gdr_prep_old());
-        if let Some((cl, cpa)) = fused {
-            return self.gdr_fused(rows, (l, hk, dk, hv, dv), g, beta, out, prefix, path, cl, cpa, prep3);
-        }
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
         let f32s = |n: usize| self.alloc(DType::F32, &[n]);
-        let (kd, wk, u0, u) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
-        let (s, wqk, gam) = (f32s(nb * d * d)?, f32s(nb * ch * ch)?, f32s(nb * ch)?);
+        let (kd, wk, u0) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
+        let (wqk, gam) = (f32s(nb * ch * ch)?, f32s(nb * ch)?);
         let dims = || {
             [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)]
                 .into_iter()
@@ -627,11 +624,12 @@ impl Cuda {
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        // Tc3: the control in the prep, the correct out kernel; Tc: the correct prep and `prefix`'s
-        // out kernel (the control in the out kernel, as with every other path).
+        // Tc3: the control in the prep, the correct out kernel; Tc (prep tc3) and the fused state
+        // pass: the correct prep and `prefix`'s out / fused kernel (the control there, as with every
+        // other path).
         let (prep_prefix, out_prefix) = match path {
             GdrPath::Tc3 => (prefix, "moss_enc"),
-            _ if prep3 => ("moss_enc", prefix),
+            _ if prep3 || fused.is_some() => ("moss_enc", prefix),
             _ => (prefix, prefix),
         };
         if prep3 {
@@ -639,6 +637,21 @@ impl Cuda {
         } else {
             self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         }
+        if let Some((cl, cpa)) = fused {
+            // `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head
+            // and 32 value columns, in chunk order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to
+            // the output, S ← e^{γl} S + Kdᵀ U; the cl column blocks of a head form a cluster that
+            // shares each chunk's tiles. Neither the states nor U go through memory.
+            ensure!(matches!((cl, cpa), (1 | 2 | 4, false) | (2 | 4, true)), "gdr_fused: cluster of {cl} (cp.async {cpa})");
+            let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(wk.ptr()), Arg::P(kd.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+            args.extend(dims().take(5));
+            args.push(Arg::L(rows.rqk as i64));
+            // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+            let c = if cpa { "c" } else { "" };
+            self.launch(&format!("{out_prefix}_gdr_fused{cl}{c}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_FUSED_BYTES, &args)?;
+            return Ok(out);
+        }
+        let (u, s) = (f32s(nb * ch * d)?, f32s(nb * d * d)?);
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
             if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
@@ -666,52 +679,6 @@ impl Cuda {
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
             &args,
         )?;
-        Ok(out)
-    }
-
-    /// `gdr_prep_tc` (or `tc2` on [`GdrPath::Tc2`]) over all (chunk, value head) pairs, then
-    /// `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head and 32 value columns, in chunk
-    /// order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S + Kdᵀ U;
-    /// the cl column blocks of a head form a cluster that shares each chunk's tiles. Neither the
-    /// states nor U go through memory. The planted control lives in `gdr_fused`.
-    #[allow(clippy::too_many_arguments)]
-    fn gdr_fused(
-        &self,
-        rows: &GdrRows,
-        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
-        g: &CudaTensor,
-        beta: &CudaTensor,
-        out: CudaTensor,
-        prefix: &str,
-        path: GdrPath,
-        cl: u32,
-        cpa: bool,
-        prep3: bool,
-    ) -> Result<CudaTensor> {
-        ensure!(matches!((cl, cpa), (1 | 2 | 4, false) | (2 | 4, true)), "gdr_fused: cluster of {cl} (cp.async {cpa})");
-        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
-        let nb = l.div_ceil(ch) * hv;
-        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
-        let (kd, wk, u0) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
-        let (wqk, gam) = (f32s(nb * ch * ch)?, f32s(nb * ch)?);
-        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)];
-        let sfx = if path == GdrPath::Tc2 { "tc2_" } else { "tc_" };
-        let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
-        args.extend(dims());
-        args.extend([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)]);
-        // the planted control (`prefix`) is in the fused kernel; the prep is the correct one
-        if prep3 {
-            self.launch("moss_enc_gdr_prep_tc3_bf16", nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
-        } else {
-            self.launch(&format!("moss_enc_gdr_prep_{sfx}bf16"), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
-        }
-        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(wk.ptr()), Arg::P(kd.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-        args.extend(dims());
-        args.push(Arg::L(rows.rqk as i64));
-        // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-        let c = if cpa { "c" } else { "" };
-        self.launch(&format!("{prefix}_gdr_fused{cl}{c}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_FUSED_BYTES, &args)?;
         Ok(out)
     }
 
