@@ -153,8 +153,8 @@ impl<B: EncoderOps> Encoder<B> {
         let (conv, vd) = (2 * nk * dk + nv * dv, nv * dv);
         let y = b.timed("linear", || b.linear_cat(x, &d.in_proj))?;
         // the conv output holds q, k, v side by side; the delta rule reads them in place
-        let qkv = b.causal_conv1d_silu_cols(&y, 0, conv, &d.conv1d)?;
-        let (g, beta) = b.gdn_gates_cols(&y, (conv + vd, conv + vd + nv, nv), &d.a_log, &d.dt_bias)?;
+        // with the DeltaNet gates of its a, b columns (one launch on CUDA)
+        let (qkv, g, beta) = b.conv_gates_cols(&y, (0, conv), &d.conv1d, (conv + vd, conv + vd + nv, nv), &d.a_log, &d.dt_bias)?;
         let o = b.gated_delta_rule_qkv(&qkv, (nk, dk, nv, dv), &g, &beta)?;
         let o = b.gated_rms_norm_cols(&o, &y, conv, &d.norm, c.rms_norm_eps)?;
         b.reshape(&o, &[l, vd])

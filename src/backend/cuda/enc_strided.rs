@@ -271,7 +271,13 @@ impl Cuda {
             }
             Ok(())
         })?;
-        let nrm = self.prof("add_rms_norm", || self.rms1_with(&xo, w_norm, eps, prefix))?;
+        let nrm = self.prof("add_rms_norm", || {
+            if super::enc_floor::rows_old() {
+                self.rms1_with(&xo, w_norm, eps, prefix)
+            } else {
+                self.rms1w_with(&xo, w_norm, eps, prefix)
+            }
+        })?;
         Ok((xo, nrm))
     }
 

@@ -9,6 +9,7 @@
 //! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
 use super::blas::Gemm;
+use super::enc_floor::{conv_tt, rows_old};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -891,7 +892,14 @@ impl Cuda {
 
 impl EncoderOps for Cuda {
     fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
-        self.prof("embed", || self.embed_with(table, ids, P))
+        self.prof("embed", || {
+            if !rows_old() {
+                if let Some(out) = self.embed8_with(table, ids, P)? {
+                    return Ok(out);
+                }
+            }
+            self.embed_with(table, ids, P)
+        })
     }
     fn head_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64) -> Result<CudaTensor> {
         self.prof("head_norm_rope", || self.head_norm_rope_with(x, w, eps, rot, theta, P))
@@ -926,7 +934,35 @@ impl EncoderOps for Cuda {
         self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
     }
     fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("causal_conv1d_silu", || self.conv_cols_with(y, start, c, w, P))
+        self.prof("causal_conv1d_silu", || {
+            if !rows_old() {
+                let tt = conv_tt(std::env::var("MOSS_ENC_CONV_TT").ok().as_deref());
+                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, tt, P)? {
+                    return Ok(out);
+                }
+            }
+            self.conv_cols_with(y, start, c, w, P)
+        })
+    }
+    fn conv_gates_cols(
+        &self,
+        y: &CudaTensor,
+        (start, c): (usize, usize),
+        w: &CudaTensor,
+        gates: (usize, usize, usize),
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        if !rows_old() {
+            let tt = conv_tt(std::env::var("MOSS_ENC_CONV_TT").ok().as_deref());
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), tt, P))?;
+            if let Some((conv, Some((g, beta)))) = r {
+                return Ok((conv, g, beta));
+            }
+        }
+        let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
+        let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
+        Ok((conv, g, beta))
     }
     fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
         self.cat_weights_with(group, ws)
@@ -944,10 +980,24 @@ impl EncoderOps for Cuda {
         self.prof("gdn_gates", || self.gdn_gates_cols_with(y, cols, a_log, dt_bias, P))
     }
     fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.prof("gated_rms_norm", || self.gated_rms_norm_cols_with(x, y, z0, w, eps, P))
+        self.prof("gated_rms_norm", || {
+            if !rows_old() {
+                if let Some(out) = self.grms8r_cols_with(x, y, z0, w, eps, P)? {
+                    return Ok(out);
+                }
+            }
+            self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)
+        })
     }
     fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
-        self.prof("silu_mul", || self.silu_mul_cols_with(y, f, P))
+        self.prof("silu_mul", || {
+            if !rows_old() {
+                if let Some(out) = self.silu_mul8v_with(y, f, P)? {
+                    return Ok(out);
+                }
+            }
+            self.silu_mul_cols_with(y, f, P)
+        })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
         if std::env::var("MOSS_ENC_RESADD").is_ok_and(|v| v == "off") {

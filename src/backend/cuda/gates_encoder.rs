@@ -434,4 +434,6 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc strided consumers", super::gates_enc_strided::gate_cols),
     ("enc linear_add_rms_norm", super::gates_enc_strided::gate_linear_add),
     ("enc attn_gate", super::gates_enc_strided::gate_attn_gate),
+    ("enc convg", super::gates_enc_floor::gate_convg),
+    ("enc floor rows", super::gates_enc_floor::gate_floor_rows),
 ];

@@ -135,6 +135,24 @@ pub trait EncoderOps: Backend {
         self.gdn_gates(&self.narrow(y, 1, a0, hv)?, &self.narrow(y, 1, b0, hv)?, a_log, dt_bias)
     }
 
+    /// [`EncoderOps::causal_conv1d_silu_cols`] of columns `start..start + c` and
+    /// [`EncoderOps::gdn_gates_cols`] of `gates` = `(a0, b0, hv)` of the same `y` → `(conv, g,
+    /// beta)`. Default: the two ops; CUDA: one launch (the gates as extra blocks of the conv's).
+    #[allow(clippy::too_many_arguments)]
+    fn conv_gates_cols(
+        &self,
+        y: &Self::T,
+        (start, c): (usize, usize),
+        w: &Self::T,
+        gates: (usize, usize, usize),
+        a_log: &Self::T,
+        dt_bias: &Self::T,
+    ) -> Result<(Self::T, Self::T, Self::T)> {
+        let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
+        let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
+        Ok((conv, g, beta))
+    }
+
     /// [`EncoderOps::gated_rms_norm`] of `x [L, Hv, dv]` with `z` = columns `z0..z0 + Hv·dv` of
     /// `y [L, N]`. Default: narrowed out, then the op; CUDA reads z in place.
     fn gated_rms_norm_cols(&self, x: &Self::T, y: &Self::T, z0: usize, w: &Self::T, eps: f64) -> Result<Self::T> {

@@ -1,0 +1,321 @@
+// The encoder's row kernels written for their byte floor (src/backend/cuda/enc_floor.rs; the
+// previous kernels stay, selected by MOSS_ENC_ROWS=old). Same formulas and rounding points as those
+// kernels (fp32 inside, one rounding into the output); what changes is how the bytes move:
+// - weights (conv taps, norm weights, A_log, dt_bias) are read in their loaded dtype (wbf = 1: bf16,
+//   0: f32) instead of an f32 copy made by a cast (+ permute) launch every call;
+// - convg: the causal conv (K = 4) with each thread owning 8 channels x TT tokens, its TT + 3 input
+//   rows loaded once (conv8 reads every input row 4 times and 4 taps per output), plus the DeltaNet
+//   gates as extra blocks of the same launch (no separate kernel);
+// - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
+// - rms1w, grms8r: weights and (grms) z loaded before the reduction.
+// moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
+#include "elem.cuh"
+
+namespace moss_encf {
+using namespace moss_elem;
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+
+// 8 values at element i of a weight buffer in bf16 (wbf) or f32.
+__device__ __forceinline__ void ldw8(const void* p, long i, int wbf, float* v) {
+    if (wbf)
+        ld8(reinterpret_cast<const __nv_bfloat16*>(p), i, v);
+    else
+        ld8(reinterpret_cast<const float*>(p), i, v);
+}
+__device__ __forceinline__ float ldw(const void* p, long i, int wbf) {
+    return wbf ? ld(reinterpret_cast<const __nv_bfloat16*>(p), i) : ld(reinterpret_cast<const float*>(p), i);
+}
+
+// 8 raw elements of a row, converted on use.
+template <typename T>
+struct Row8;
+template <>
+struct Row8<__nv_bfloat16> {
+    uint4 u;
+    __device__ __forceinline__ void load(const __nv_bfloat16* p, long i) { u = *reinterpret_cast<const uint4*>(p + i); }
+    __device__ __forceinline__ void zero() { u = make_uint4(0u, 0u, 0u, 0u); }
+    __device__ __forceinline__ void get(float* v) const {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 f = __bfloat1622float2(h[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    }
+};
+template <>
+struct Row8<float> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const float* p, long i) {
+        a = *reinterpret_cast<const float4*>(p + i);
+        b = *reinterpret_cast<const float4*>(p + i + 4);
+    }
+    __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
+    __device__ __forceinline__ void get(float* v) const {
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+};
+
+// ---- the DeltaNet gates, element i of [L, hv]: g = −exp(A_log)·softplus(a + dt_bias), beta =
+// sigmoid(b); a, b read with row stride lda. BUG 1: softplus left out. -----------------------------
+template <typename T, int BUG>
+__device__ __forceinline__ void gate_one(float* g, float* beta, const T* a, const T* b, const void* alog,
+                                         const void* dt, int gbf, long i, int hv, long lda) {
+    long t = i / hv;
+    int h = (int)(i - t * hv);
+    float x = ld(a, t * lda + h) + ldw(dt, h, gbf);
+    float sp = BUG == 1 ? x : (x > 20.f ? x : log1pf(expf(x)));
+    g[i] = -expf(ldw(alog, h, gbf)) * sp;
+    beta[i] = 1.f / (1.f + expf(-ld(b, t * lda + h)));
+}
+
+// ---- causal depthwise conv (K = 4) + SiLU of x [L, C] (row stride ldx) → out [L, C] contiguous,
+// taps w [C, 1, 4] as loaded; blocks [0, ncb): ncx blocks of CB channel groups (8 channels) x TT
+// tokens each; blocks from ncb on: the gates (n = L·hv values, CB a block; none when g is null).
+// Sum over taps in order (fma), as conv8. BUG 1: taps reversed. -----------------------------------
+constexpr int CK = 4;
+template <typename T, int BUG, int TT>
+__device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb,
+                           float* g, float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf,
+                           int hv, long lda) {
+    const int bid = blockIdx.x;
+    if (bid >= ncb) {
+        long i = (long)(bid - ncb) * blockDim.x + threadIdx.x;
+        if (g != nullptr && i < (long)L * hv) gate_one<T, BUG>(g, beta, a, b, alog, dt, gbf, i, hv, lda);
+        return;
+    }
+    const int ty = bid / ncx;
+    const int c = ((bid - ty * ncx) * blockDim.x + threadIdx.x) * 8;
+    if (c >= C) return;
+    const int t0 = ty * TT;
+    Row8<T> r[TT + CK - 1];
+#pragma unroll
+    for (int j = 0; j < TT + CK - 1; j++) {
+        int s = t0 - (CK - 1) + j;
+        if (s >= 0 && s < L)
+            r[j].load(x, (long)s * ldx + c);
+        else
+            r[j].zero();
+    }
+    // taps of channels c..c+7: 32 consecutive values, channel-major
+    float wt[CK][8];
+#pragma unroll
+    for (int q = 0; q < CK; q++) {
+        float v[8];
+        ldw8(w, (long)c * CK + 8 * q, wbf, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int e = (8 * q + k) / CK, tap = (8 * q + k) % CK;
+            wt[BUG == 1 ? CK - 1 - tap : tap][e] = v[k];
+        }
+    }
+#pragma unroll
+    for (int o = 0; o < TT; o++) {
+        if (t0 + o < L) {
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < CK; j++) {
+                float xv[8];
+                r[o + j].get(xv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] += wt[j][e] * xv[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e] = silu(acc[e]);
+            st8(out, (long)(t0 + o) * C + c, acc);
+        }
+    }
+}
+
+// ---- silu(gate)·up: row blockIdx.y, gate at g[t·ld + j], up at u[t·ld + j], out [rows, f]
+// contiguous (f % 8 == 0); U vectors of 8 a thread, all loaded first. BUG 1: silu(up)·gate. ---------
+template <typename T, int BUG, int U>
+__device__ void silu_mul8v_impl(T* out, const T* g, const T* u, int f, long ld) {
+    const int f8 = f / 8;
+    const long t = blockIdx.y;
+    const int j0 = blockIdx.x * blockDim.x * U + threadIdx.x;
+    Row8<T> ra[U], rb[U];
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        int j = j0 + k * blockDim.x;
+        if (j < f8) {
+            ra[k].load(g, t * ld + j * 8);
+            rb[k].load(u, t * ld + j * 8);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        int j = j0 + k * blockDim.x;
+        if (j < f8) {
+            float a[8], b[8], o[8];
+            ra[k].get(a);
+            rb[k].get(b);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = BUG == 1 ? silu(b[e]) * a[e] : silu(a[e]) * b[e];
+            st8(out, t * f + j * 8, o);
+        }
+    }
+}
+
+// ---- the zero-centred RMSNorm of row blockIdx.x of x [rows, d] (d % 8 == 0, d <= 8·RT·RV; RV 2 or 4):
+// n = x·rsqrt(mean(x²)+eps)·(1 + w), w in its loaded dtype and loaded with x, before the
+// reduction. BUG 1: w without its 1 +. ---------------------------------------------------------------
+constexpr int RT = 256;
+template <typename T, int BUG, int RV>
+__device__ void rms1w_impl(T* no, const T* x, const void* w, int wbf, int d, float eps) {
+    __shared__ float red[RT / 32];
+    const long base = (long)blockIdx.x * d;
+    Row8<T> r[RV];
+    float v[RV][8], gw[RV][8];
+#pragma unroll
+    for (int m = 0; m < RV; m++) {
+        int i = (threadIdx.x + m * RT) * 8;
+        if (i < d) {
+            r[m].load(x, base + i);
+            ldw8(w, i, wbf, gw[m]);
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int m = 0; m < RV; m++) {
+        int i = (threadIdx.x + m * RT) * 8;
+        if (i < d) {
+            r[m].get(v[m]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) ss += v[m][k] * v[m][k];
+        }
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < RT / 32; k++) ss += red[k];
+    const float inv = rsqrtf(ss / (float)d + eps);
+    const float plus = BUG == 1 ? 0.f : 1.f;
+#pragma unroll
+    for (int m = 0; m < RV; m++) {
+        int i = (threadIdx.x + m * RT) * 8;
+        if (i < d) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[m][k] = v[m][k] * inv * (gw[m][k] + plus);
+            st8(no, base + i, v[m]);
+        }
+    }
+}
+
+// ---- gated RMSNorm, rows r = t·zh + h of width d (d % 8 == 0, d <= 128·GV), z row at
+// t·ldz + h·d: x·rsqrt(mean(x²)+eps)·w·silu(z), 16 lanes a row, x, z and w loaded before the
+// reduction. BUG 1: sigmoid(z). --------------------------------------------------------------------
+constexpr int GV = 2;
+template <typename T, int BUG>
+__device__ void grms8r_impl(T* out, const T* x, const T* z, const void* w, int wbf, long rows, int d, float eps,
+                            int zh, long ldz) {
+    const int sub = threadIdx.x & 15;
+    const long row = (long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+    const bool live = row < rows;
+    const long rr = live ? row : 0;
+    const T* xr = x + rr * d;
+    const T* zr = z + (rr / zh) * ldz + (rr % zh) * d;
+    Row8<T> rx[GV], rz[GV];
+    float gw[GV][8];
+#pragma unroll
+    for (int m = 0; m < GV; m++) {
+        int i = sub * 8 + m * 128;
+        if (i < d) {
+            rx[m].load(xr, i);
+            rz[m].load(zr, i);
+            ldw8(w, i, wbf, gw[m]);
+        }
+    }
+    float ss = 0.f, v[GV][8];
+#pragma unroll
+    for (int m = 0; m < GV; m++) {
+        int i = sub * 8 + m * 128;
+        if (i < d) {
+            rx[m].get(v[m]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += v[m][e] * v[m][e];
+        }
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (!live) return;
+    const float r = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int m = 0; m < GV; m++) {
+        int i = sub * 8 + m * 128;
+        if (i < d) {
+            float zz[8];
+            rz[m].get(zz);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float gt = BUG == 1 ? 1.f / (1.f + expf(-zz[e])) : silu(zz[e]);
+                v[m][e] = v[m][e] * r * gw[m][e] * gt;
+            }
+            st8(out + row * d, i, v[m]);
+        }
+    }
+}
+
+// ---- embed: out[t, :] = table[ids[t], :], row blockIdx.y, 8 elements a thread (H % 8 == 0; ids as
+// f32, exact below 2^24). BUG 1: id + 1. ------------------------------------------------------------
+template <typename T, int BUG>
+__device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
+    const long t = blockIdx.y;
+    const long j = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (j >= H) return;
+    const long id = (long)ids[t] + (BUG == 1 ? 1 : 0);
+    Row8<T> r;
+    r.load(table, id * H + j);
+    if (sizeof(T) == 2) {
+        *reinterpret_cast<uint4*>(out + t * H + j) = *reinterpret_cast<const uint4*>(&r);
+    } else {
+        float v[8];
+        r.get(v);
+        st8(out, t * H + j, v);
+    }
+}
+}  // namespace moss_encf
+
+#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, TT)                                                              \
+    MOSS_KERNEL void __launch_bounds__(128) PFX##_convg##TT##_##SX(                                          \
+        T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
+        float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
+        moss_encf::convg_impl<T, BUG, TT>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, hv, \
+                                          lda);                                                               \
+    }
+
+#define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 4)                                                                   \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 8)                                                                   \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 16)                                                                  \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_silu_mul8v_##SX(T* out, const T* g, const T* u, int f,     \
+                                                                  long ld) {                                  \
+        moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1w_##SX(T* no, const T* x, const void* w, int wbf, int d, \
+                                                             float eps) {                                     \
+        moss_encf::rms1w_impl<T, BUG, 4>(no, x, w, wbf, d, eps);                                              \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1w2_##SX(T* no, const T* x, const void* w, int wbf, int d, \
+                                                              float eps) {                                    \
+        moss_encf::rms1w_impl<T, BUG, 2>(no, x, w, wbf, d, eps);                                              \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_grms8r_##SX(T* out, const T* x, const T* z, const void* w,  \
+                                                              int wbf, long rows, int d, float eps, int zh,   \
+                                                              long ldz) {                                     \
+        moss_encf::grms8r_impl<T, BUG>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                             \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_embed8_##SX(T* out, const T* table, const float* ids,      \
+                                                              long H) {                                       \
+        moss_encf::embed8_impl<T, BUG>(out, table, ids, H);                                                   \
+    }
+
+MOSS_ENC_FLOOR(moss_enc, 0, __nv_bfloat16, bf16)
+MOSS_ENC_FLOOR(moss_enc, 0, float, f32)
+MOSS_ENC_FLOOR(moss_ctl_enc, 1, __nv_bfloat16, bf16)
+MOSS_ENC_FLOOR(moss_ctl_enc, 1, float, f32)
