@@ -5,7 +5,8 @@
 //   0: f32) instead of an f32 copy made by a cast (+ permute) launch every call;
 // - convg: the causal conv (K = 4) with each thread owning 8 channels x TT tokens, its TT + 3 input
 //   rows loaded once (conv8 reads every input row 4 times and 4 taps per output), plus the DeltaNet
-//   gates as extra blocks of the same launch (no separate kernel);
+//   gates as extra blocks of the same launch (no separate kernel); convq: the same with 4 channels
+//   a thread (half the registers, for occupancy; not yet timed on the H200);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
 // - rms1w, grms8r: weights and (grms) z loaded before the reduction.
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
@@ -59,6 +60,53 @@ struct Row8<float> {
     }
 };
 
+// 4 raw elements of a row (the 4-channel conv).
+template <typename T>
+struct Row4;
+template <>
+struct Row4<__nv_bfloat16> {
+    uint2 u;
+    __device__ __forceinline__ void load(const __nv_bfloat16* p, long i) { u = *reinterpret_cast<const uint2*>(p + i); }
+    __device__ __forceinline__ void zero() { u = make_uint2(0u, 0u); }
+    __device__ __forceinline__ void get(float* v) const {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float2 f = __bfloat1622float2(h[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    }
+    __device__ __forceinline__ static void store(__nv_bfloat16* p, long i, const float* v) {
+        uint2 o;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+        h[0] = __floats2bfloat162_rn(v[0], v[1]);
+        h[1] = __floats2bfloat162_rn(v[2], v[3]);
+        *reinterpret_cast<uint2*>(p + i) = o;
+    }
+};
+template <>
+struct Row4<float> {
+    float4 a;
+    __device__ __forceinline__ void load(const float* p, long i) { a = *reinterpret_cast<const float4*>(p + i); }
+    __device__ __forceinline__ void zero() { a = make_float4(0.f, 0.f, 0.f, 0.f); }
+    __device__ __forceinline__ void get(float* v) const { v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; }
+    __device__ __forceinline__ static void store(float* p, long i, const float* v) {
+        *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+};
+// V raw elements: Row8 (8 channels a conv thread) or Row4 (4).
+template <typename T, int V>
+struct RowV {
+    using R = Row8<T>;
+    __device__ __forceinline__ static void store(T* p, long i, const float* v) { st8(p, i, v); }
+};
+template <typename T>
+struct RowV<T, 4> {
+    using R = Row4<T>;
+    __device__ __forceinline__ static void store(T* p, long i, const float* v) { Row4<T>::store(p, i, v); }
+};
+
 // ---- the DeltaNet gates, element i of [L, hv]: g = −exp(A_log)·softplus(a + dt_bias), beta =
 // sigmoid(b); a, b read with row stride lda. BUG 1: softplus left out. -----------------------------
 template <typename T, int BUG>
@@ -73,11 +121,12 @@ __device__ __forceinline__ void gate_one(float* g, float* beta, const T* a, cons
 }
 
 // ---- causal depthwise conv (K = 4) + SiLU of x [L, C] (row stride ldx) → out [L, C] contiguous,
-// taps w [C, 1, 4] as loaded; blocks [0, ncb): ncx blocks of CB channel groups (8 channels) x TT
-// tokens each; blocks from ncb on: the gates (n = L·hv values, CB a block; none when g is null).
-// Sum over taps in order (fma), as conv8. BUG 1: taps reversed. -----------------------------------
+// taps w [C, 1, 4] as loaded; blocks [0, ncb): ncx blocks of 128 channel groups (V = 8 or 4
+// channels each) x TT tokens; blocks from ncb on: the gates (n = L·hv values, 128 a block; none
+// when g is null). Each thread loads its TT + 3 input rows once, all before any arithmetic. Sum
+// over taps in order (fma), as conv8. BUG 1: taps reversed. --------------------------------------
 constexpr int CK = 4;
-template <typename T, int BUG, int TT>
+template <typename T, int BUG, int TT, int V>
 __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb,
                            float* g, float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf,
                            int hv, long lda) {
@@ -88,10 +137,10 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
         return;
     }
     const int ty = bid / ncx;
-    const int c = ((bid - ty * ncx) * blockDim.x + threadIdx.x) * 8;
+    const int c = ((bid - ty * ncx) * blockDim.x + threadIdx.x) * V;
     if (c >= C) return;
     const int t0 = ty * TT;
-    Row8<T> r[TT + CK - 1];
+    typename RowV<T, V>::R r[TT + CK - 1];
 #pragma unroll
     for (int j = 0; j < TT + CK - 1; j++) {
         int s = t0 - (CK - 1) + j;
@@ -100,10 +149,10 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
         else
             r[j].zero();
     }
-    // taps of channels c..c+7: 32 consecutive values, channel-major
-    float wt[CK][8];
+    // taps of channels c..c+V-1: V·4 consecutive values, channel-major
+    float wt[CK][V];
 #pragma unroll
-    for (int q = 0; q < CK; q++) {
+    for (int q = 0; q < V * CK / 8; q++) {
         float v[8];
         ldw8(w, (long)c * CK + 8 * q, wbf, v);
 #pragma unroll
@@ -115,17 +164,19 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
 #pragma unroll
     for (int o = 0; o < TT; o++) {
         if (t0 + o < L) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            float acc[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) acc[e] = 0.f;
 #pragma unroll
             for (int j = 0; j < CK; j++) {
-                float xv[8];
+                float xv[V];
                 r[o + j].get(xv);
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[e] += wt[j][e] * xv[e];
+                for (int e = 0; e < V; e++) acc[e] += wt[j][e] * xv[e];
             }
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] = silu(acc[e]);
-            st8(out, (long)(t0 + o) * C + c, acc);
+            for (int e = 0; e < V; e++) acc[e] = silu(acc[e]);
+            RowV<T, V>::store(out, (long)(t0 + o) * C + c, acc);
         }
     }
 }
@@ -281,18 +332,20 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
 }
 }  // namespace moss_encf
 
-#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, TT)                                                              \
-    MOSS_KERNEL void __launch_bounds__(128) PFX##_convg##TT##_##SX(                                          \
+#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, NAME, TT, V)                                                     \
+    MOSS_KERNEL void __launch_bounds__(128) PFX##_##NAME##_##SX(                                              \
         T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
         float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
-        moss_encf::convg_impl<T, BUG, TT>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, hv, \
-                                          lda);                                                               \
+        moss_encf::convg_impl<T, BUG, TT, V>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, \
+                                             hv, lda);                                                        \
     }
 
 #define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 4)                                                                   \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 8)                                                                   \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, 16)                                                                  \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg4, 4, 8)                                                        \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg8, 8, 8)                                                        \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg16, 16, 8)                                                      \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq4, 4, 4)                                                        \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq8, 8, 4)                                                        \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_silu_mul8v_##SX(T* out, const T* g, const T* u, int f,     \
                                                                   long ld) {                                  \
         moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \

@@ -134,7 +134,7 @@ for L in [4096, 128]:
     alog = torch.log(0.5 + 15.5 * torch.rand(VH, device="cuda")).to(bf)
     dtb = (torch.randn(VH, device="cuda") * 4).to(bf)
     alog32, dtb32 = alog.float(), dtb.float()
-    out = {k: torch.empty(L, CONV, device="cuda", dtype=bf) for k in ["old", "t4", "t8", "t16", "t8g", "ctl"]}
+    out = {k: torch.empty(L, CONV, device="cuda", dtype=bf) for k in ["old", "t4", "t8", "t16", "q4", "q8", "t4g", "t8g", "ctl"]}
     gg = {k: (torch.empty(L, VH, device="cuda"), torch.empty(L, VH, device="cuda")) for k in ["old", "t8g", "ctl"]}
 
     def conv8(i, o=out["old"]):
@@ -147,11 +147,11 @@ for L in [4096, 128]:
         launch("moss_enc_gates_s_bf16", grid_for(L * VH), 256,
                [P(g), P(b), P(y, CONV + VD), P(y, CONV + VD + VH), P(alog32), P(dtb32), L_(L * VH), I_(VH), L_(NY)])
 
-    def convg(tt, gates, pfx="moss_enc", key=None):
+    def convg(tt, gates, pfx="moss_enc", key=None, v=8):
         def f(i):
             y = ys[i % COPIES]
             o = out[key]
-            ncx = math.ceil(CONV // 8 / 128)
+            ncx = math.ceil(CONV // v / 128)
             ncb = ncx * math.ceil(L / tt)
             if gates:
                 g, b = gg[key]
@@ -160,7 +160,7 @@ for L in [4096, 128]:
             else:
                 ga = [P(None)] * 6 + [I_(0), I_(0), L_(0)]
                 ngb = 0
-            launch(f"{pfx}_convg{tt}_bf16", ncb + ngb, 128,
+            launch(f"{pfx}_{'convg' if v == 8 else 'convq'}{tt}_bf16", ncb + ngb, 128,
                    [P(o), P(y), P(w), I_(1), I_(L), I_(CONV), L_(NY), I_(ncx), I_(ncb)] + ga)
         return f
 
@@ -169,11 +169,13 @@ for L in [4096, 128]:
         "convg4": convg(4, False, key="t4"),
         "convg8": convg(8, False, key="t8"),
         "convg16": convg(16, False, key="t16"),
+        "convq4": convg(4, False, key="q4", v=4),
+        "convq8": convg(8, False, key="q8", v=4),
     }, reps)
     last = 0 if ONCE else reps - 1  # the index every variant ran last
     convg(8, True, "moss_ctl_enc", "ctl")(last)
     torch.cuda.synchronize()
-    ck = {"convg4": rel(out["t4"], out["old"]), "convg8": rel(out["t8"], out["old"]), "convg16": rel(out["t16"], out["old"])}
+    ck = {k: rel(out[o], out["old"]) for k, o in [("convg4", "t4"), ("convg8", "t8"), ("convg16", "t16"), ("convq4", "q4"), ("convq8", "q8")]}
     add("conv", L, t, L * CONV * 2 * 2, {k: f"vs old {v:.2e}" for k, v in ck.items()})
     t = race({"conv8 + gates_s (old)": lambda i: (conv8(i), gates_s(i)), "convg8 + gates": convg(8, True, key="t8g")}, reps)
     torch.cuda.synchronize()

@@ -9,7 +9,10 @@
 //! Switches (read per call):
 //! - `MOSS_ENC_ROWS=old`: the previous kernels (conv8 + gates_s with their casts, silu_mul8r,
 //!   rms1, grms8s, the scalar embed);
-//! - `MOSS_ENC_CONV_TT=4|8|16`: tokens a conv thread (default [`CONV_TT`]).
+//! - `MOSS_ENC_CONV_TT=4|8|16`: tokens a conv thread (default [`CONV_TT`]);
+//! - `MOSS_ENC_CONV_C4=1`: 4 channels a conv thread instead of 8 (`convq`: 64 / 78 registers
+//!   at 4 / 8 tokens against 108 / 142, for occupancy; 16 tokens run as 8). Gated, NOT timed on the
+//!   H200 yet: opt-in.
 //!
 //! Each `*_with` returns `None` where the shapes do not fit the kernel (the caller takes the old
 //! path).
@@ -17,8 +20,13 @@
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// Tokens a conv thread by default.
-pub const CONV_TT: usize = 8;
+/// Tokens a conv thread by default: 4 measured fastest on the H200 at 4096 and at 128 tokens
+/// (bench/notes-encrows.md: 68 us against 81 for 8, 107 for 16 and 81 for conv8 at 4096).
+pub const CONV_TT: usize = 4;
+
+/// silu_mul8v from this many rows on; below, the previous grid-stride silu_mul8r (measured faster at
+/// 128 rows, 5.5 against 6.0 us; silu_mul8v 70 against 80 us at 4096).
+pub const SILU_V_MIN_ROWS: usize = 1024;
 
 /// `MOSS_ENC_ROWS=old`: the previous row kernels.
 pub fn rows_old() -> bool {
@@ -30,6 +38,16 @@ pub fn conv_tt(v: Option<&str>) -> usize {
     match v.and_then(|s| s.parse().ok()) {
         Some(t @ (4 | 8 | 16)) => t,
         _ => CONV_TT,
+    }
+}
+
+/// `(tokens, channels)` a conv thread from the switches `MOSS_ENC_CONV_TT`, `MOSS_ENC_CONV_C4`.
+pub fn conv_shape() -> (usize, usize) {
+    let tt = conv_tt(std::env::var("MOSS_ENC_CONV_TT").ok().as_deref());
+    if std::env::var("MOSS_ENC_CONV_C4").is_ok_and(|v| v == "1") {
+        (tt.min(8), 4)
+    } else {
+        (tt, 8)
     }
 }
 
@@ -45,7 +63,8 @@ impl Cuda {
     /// The causal conv (K = 4) + SiLU of columns `start..start + c` of `y [L, N]` (row stride N)
     /// → `[L, c]`, taps `w [c, 1, 4]` in their loaded dtype; with `gates = Some(((a0, b0, hv),
     /// A_log, dt_bias))` also the DeltaNet gates of columns `a0..a0 + hv`, `b0..b0 + hv` (f32
-    /// `[L, hv]` each) from extra blocks of the same launch. `tt` tokens a thread (4, 8, 16).
+    /// `[L, hv]` each) from extra blocks of the same launch. `(tt, v)`: tokens and channels a
+    /// thread ((4 | 8 | 16, 8): `convg`; (4 | 8, 4): `convq`).
     #[allow(clippy::type_complexity)]
     pub(crate) fn convg_cols_with(
         &self,
@@ -53,19 +72,19 @@ impl Cuda {
         (start, c): (usize, usize),
         w: &CudaTensor,
         gates: Option<((usize, usize, usize), &CudaTensor, &CudaTensor)>,
-        tt: usize,
+        (tt, v): (usize, usize),
         prefix: &str,
     ) -> Result<Option<ConvGates>> {
         ensure!(y.shape.len() == 2 && start + c <= y.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", y.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
-        ensure!(matches!(tt, 4 | 8 | 16), "convg: {tt} tokens a thread");
+        ensure!(matches!((tt, v), (4 | 8 | 16, 8) | (4 | 8, 4)), "convg: {tt} tokens x {v} channels a thread");
         let (l, ld, es) = (y.shape[0], y.shape[1], y.dtype.size());
         let fits = w.shape[2] == 4 && c % 8 == 0 && ld % 8 == 0 && start % 8 == 0 && y.ptr() % 16 == 0 && l < (1 << 30) && c < (1 << 30);
         if !fits {
             return Ok(None);
         }
         let out = self.alloc(y.dtype, &[l, c])?;
-        let (ncx, nty) = ((c / 8).div_ceil(128), l.div_ceil(tt));
+        let (ncx, nty) = ((c / v).div_ceil(128), l.div_ceil(tt));
         let ncb = ncx * nty;
         let mut gate_args = vec![Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0), Arg::I(0), Arg::L(0)];
         let mut ngb = 0;
@@ -106,7 +125,8 @@ impl Cuda {
             Arg::I(ncb as i32),
         ];
         args.extend(gate_args);
-        self.launch(&format!("{prefix}_convg{tt}_{}", y.dtype.name()), (ncb + ngb) as u32, 128, 0, &args)?;
+        let k = if v == 4 { "convq" } else { "convg" };
+        self.launch(&format!("{prefix}_{k}{tt}_{}", y.dtype.name()), (ncb + ngb) as u32, 128, 0, &args)?;
         Ok(Some((out, gb)))
     }
 

@@ -3,13 +3,14 @@
 //!
 //! Dtypes: activations (q, k, v, x, z, gate, up) keep their dtype (bf16, or f32 with
 //! `--precision fp32`) and the output takes it; the small per-channel vectors (norm weights, the
-//! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16);
+//! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16; the
+//! kernels of `enc_floor.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
 //! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
 use super::blas::Gemm;
-use super::enc_floor::{conv_tt, rows_old};
+use super::enc_floor::{conv_shape, rows_old, SILU_V_MIN_ROWS};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -936,8 +937,7 @@ impl EncoderOps for Cuda {
     fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
             if !rows_old() {
-                let tt = conv_tt(std::env::var("MOSS_ENC_CONV_TT").ok().as_deref());
-                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, tt, P)? {
+                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, conv_shape(), P)? {
                     return Ok(out);
                 }
             }
@@ -954,8 +954,7 @@ impl EncoderOps for Cuda {
         dt_bias: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
         if !rows_old() {
-            let tt = conv_tt(std::env::var("MOSS_ENC_CONV_TT").ok().as_deref());
-            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), tt, P))?;
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), conv_shape(), P))?;
             if let Some((conv, Some((g, beta)))) = r {
                 return Ok((conv, g, beta));
             }
@@ -991,7 +990,7 @@ impl EncoderOps for Cuda {
     }
     fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
         self.prof("silu_mul", || {
-            if !rows_old() {
+            if !rows_old() && y.rows() >= SILU_V_MIN_ROWS {
                 if let Some(out) = self.silu_mul8v_with(y, f, P)? {
                     return Ok(out);
                 }

@@ -22,7 +22,8 @@ fn bf16_exact(v: Vec<f32>) -> Vec<f32> {
     v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect()
 }
 
-/// The conv (K = 4, 8 channels x 4, 8, 16 tokens a thread) with the DeltaNet gates as extra blocks
+/// The conv (K = 4, 8 channels x 4, 8, 16 tokens and 4 channels x 4, 8 tokens a thread) with the
+/// DeltaNet gates as extra blocks
 /// of its launch, columns read in place out of `[L, qkv | z | a | b]`; A_log and dt_bias as f32
 /// and as bf16. Controls: taps reversed (conv), softplus left out (g).
 pub fn gate_convg(cx: &mut Cx) -> Result<()> {
@@ -44,31 +45,35 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             let (_, gal) = cx.exact(al.clone(), gdt)?;
             let (_, gdtb) = cx.exact(dt.clone(), gdt)?;
             let gn = if gdt == DType::BF16 { "bf16" } else { "f32" };
-            for tt in [4, 8, 16] {
-                if gdt == DType::BF16 && tt != 8 {
+            for (tt, v) in [(4, 8), (8, 8), (16, 8), (4, 4), (8, 4)] {
+                if gdt == DType::BF16 && (tt, v) != (super::enc_floor::CONV_TT, 8) {
                     continue;
                 }
-                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), tt, "moss_enc");
+                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), (tt, v), "moss_enc");
                 let (c, g, b) = match some(r) {
                     Ok((c, Some((g, b)))) => (Ok(c), Ok(g), Ok(b)),
                     Ok((_, None)) => (Err(anyhow!("no gates")), Err(anyhow!("no gates")), Err(anyhow!("no gates"))),
                     Err(e) => (Err(anyhow!("{e:#}")), Err(anyhow!("{e:#}")), Err(e)),
                 };
-                let note = format!("{tt} tokens a thread, A_log/dt_bias {gn}");
+                let note = format!("{v} channels x {tt} tokens a thread, A_log/dt_bias {gn}");
                 cx.judge("enc convg: causal_conv1d_silu", &sy, Kind::Gate, bc, &note, c, &want, None);
                 cx.judge("enc convg: gates g", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
                 cx.judge("enc convg: gates beta", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), b, &wb, None);
             }
             if gdt == DType::F32 {
-                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, None, 8, "moss_enc");
-                cx.judge("enc convg: conv alone", &sy, Kind::Gate, bc, "8 tokens a thread", some(r).map(|(c, _)| c), &want, None);
-                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), 8, "moss_ctl_enc");
-                let (c, g) = match some(r) {
-                    Ok((c, g)) => (Ok(c), g.map(|(g, _)| g).ok_or_else(|| anyhow!("no gates"))),
-                    Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
-                };
-                cx.judge("enc convg, taps reversed", &sy, Kind::Control, bc, "", c, &want, None);
-                cx.judge("enc convg: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, "f32 out", g, &wg, None);
+                for v in [8, 4] {
+                    let tt = 4;
+                    let note = format!("{v} channels x {tt} tokens a thread");
+                    let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, None, (tt, v), "moss_enc");
+                    cx.judge("enc convg: conv alone", &sy, Kind::Gate, bc, &note, some(r).map(|(c, _)| c), &want, None);
+                    let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), (tt, v), "moss_ctl_enc");
+                    let (c, g) = match some(r) {
+                        Ok((c, g)) => (Ok(c), g.map(|(g, _)| g).ok_or_else(|| anyhow!("no gates"))),
+                        Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
+                    };
+                    cx.judge("enc convg, taps reversed", &sy, Kind::Control, bc, &note, c, &want, None);
+                    cx.judge("enc convg: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
+                }
             }
         }
     }
