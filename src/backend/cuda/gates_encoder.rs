@@ -434,4 +434,6 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc strided consumers", super::gates_enc_strided::gate_cols),
     ("enc linear_add_rms_norm", super::gates_enc_strided::gate_linear_add),
     ("enc attn_gate", super::gates_enc_strided::gate_attn_gate),
+    ("enc attn_qkv_norm_rope", super::gates_enc_attn::gate_qkv_rope),
+    ("enc causal_attention_gated_y", super::gates_enc_attn::gate_attn_gate_y),
 ];
