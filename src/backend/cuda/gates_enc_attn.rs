@@ -116,10 +116,14 @@ pub fn gate_attn_gate_y(cx: &mut Cx) -> Result<()> {
         if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 {
             let mut paths = vec![EncAttn::Flash];
             if cx.cuda.has_sm90a() {
-                paths.push(EncAttn::Wgmma);
+                paths.extend([EncAttn::Wgmma, EncAttn::Wgmma2]);
             }
             for path in paths {
-                let nm = if path == EncAttn::Wgmma { "wgmma" } else { "flash" };
+                let nm = match path {
+                    EncAttn::Wgmma => "wgmma",
+                    EncAttn::Wgmma2 => "wgmma2",
+                    _ => "flash",
+                };
                 for (prefix, kind, name) in [
                     ("moss_enc", Kind::Gate, format!("enc causal_attention_gated_y ({nm}, gate fused, in place in y)")),
                     ("moss_ctl_enc", Kind::Control, format!("enc causal_attention_gated_y ({nm}, fused), gate of the KV head")),

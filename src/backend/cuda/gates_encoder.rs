@@ -136,6 +136,8 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 ("enc causal_attention (flash, hd 256)", "enc causal_attention (flash), key t+1 leaks in")
             } else if path == EncAttn::Wgmma && cx.dtype == DType::BF16 {
                 ("enc causal_attention (flash wgmma sm_90a, hd 256)", "enc causal_attention (flash wgmma), key t+1 leaks in")
+            } else if path == EncAttn::Wgmma2 && cx.dtype == DType::BF16 {
+                ("enc causal_attention (flash wgmma2 overlap sm_90a, hd 256)", "enc causal_attention (flash wgmma2), key t+1 leaks in")
             } else {
                 ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
             };
@@ -159,21 +161,17 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             }
             let gs = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
             for &path in &flash_paths {
-                let wgmma = path == EncAttn::Wgmma;
+                let nm = match path {
+                    EncAttn::Wgmma => "flash wgmma",
+                    EncAttn::Wgmma2 => "flash wgmma2",
+                    _ => "flash",
+                };
                 for (prefix, kind, name) in [
-                    (
-                        "moss_enc",
-                        Kind::Gate,
-                        if wgmma { "enc causal_attention_gated (flash wgmma, sigmoid gate fused)" } else { "enc causal_attention_gated (flash, sigmoid gate fused)" },
-                    ),
-                    (
-                        "moss_ctl_enc",
-                        Kind::Control,
-                        if wgmma { "enc causal_attention_gated (wgmma), gate of the KV head" } else { "enc causal_attention_gated, gate of the KV head" },
-                    ),
+                    ("moss_enc", Kind::Gate, format!("enc causal_attention_gated ({nm}, sigmoid gate fused)")),
+                    ("moss_ctl_enc", Kind::Control, format!("enc causal_attention_gated ({nm}), gate of the KV head")),
                 ] {
                     let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix, path);
-                    cx.judge(name, &gs, kind, b, &note, out, &wg, rows.as_deref());
+                    cx.judge(&name, &gs, kind, b, &note, out, &wg, rows.as_deref());
                 }
             }
             // The unfused default (what the model runs without the switch) on the same inputs.
@@ -199,7 +197,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
 /// loaded) the wgmma one; other GPUs do not have it and do not gate it (said once in the log).
 fn flash_paths(cx: &Cx) -> Vec<EncAttn> {
     if cx.cuda.has_sm90a() {
-        vec![EncAttn::Flash, EncAttn::Wgmma]
+        vec![EncAttn::Flash, EncAttn::Wgmma, EncAttn::Wgmma2]
     } else {
         vec![EncAttn::Flash]
     }
