@@ -21,8 +21,14 @@ timeout 80 "$D/moss" check --device cuda --model golden/tiny-a > "$O/check.txt" 
 grep -E "qkrope|gmulh|attn_qkv|gated_y|wgmma2" "$O/check.txt" | head -40
 grep -E "kernel gates:|FAIL|ACCEPTED|^check" "$O/check.txt" | tail -6
 wait $MK
-el "== kernels"
-timeout 45 python3 "$D/encattn_bench.py" "$D/unit.cubin" "$D/wg.cubin" > "$O/bench.txt" 2>&1; echo "bench rc=$?"
+el "== golden tiny-a hidden states (moss bench-encode cuda fp32 / bf16 vs transformers fp64)"
+G=/tmp/g; mkdir -p $G; python3 bench/encoder_gpu.py ids golden/expected/tiny-a.json $G/ids > /dev/null
+for dev in "cuda_fp32 cuda fp32" "cuda_bf16 cuda bf16"; do
+  set -- $dev; args=()
+  for f in $G/ids/*.txt; do p=$(basename "$f" .txt); args+=(--ids-file "$f" --out "$G/${1}_$p.st"); done
+  timeout 30 "$D/moss" bench-encode --model golden/tiny-a/text_encoder "${args[@]}" --device $2 --precision $3 --reps 2 > "$G/$1.jsonl" 2>&1 || echo "golden $1 failed"
+done
+python3 bench/encoder_gpu.py golden golden/expected/tiny-a.json golden/expected/tiny-a.safetensors $G 2>&1 | grep -v MISSING | tee "$O/golden_tiny-a.txt" | tail -3
 run() {  # name binary [env...]
   local n=$1 b=$2; shift 2
   env "$@" timeout 40 "$b" bench-encode --model $E --ids-file $E/ids128.txt --ids-file $E/ids4096.txt --device cuda --reps 9 > "$O/enc_$n.jsonl" 2> "$O/enc_$n.err"
@@ -32,6 +38,8 @@ el "== bench-encode"
 run old1 "$D/moss_old"; run new1 "$D/moss"; run w2_1 "$D/moss" MOSS_ENC_ATTN=wgmma2
 run old2 "$D/moss_old"; run new2 "$D/moss"; run w2_2 "$D/moss" MOSS_ENC_ATTN=wgmma2
 run split "$D/moss" MOSS_ENC_CAT_ATTN=0 MOSS_ENC_QKROPE=split
+el "== kernels"
+timeout 45 python3 "$D/encattn_bench.py" "$D/unit.cubin" "$D/wg.cubin" > "$O/bench.txt" 2>&1; echo "bench rc=$?"
 el "done"
 python3 - "$O" <<'PY'
 import json, sys, glob, os

@@ -16,12 +16,17 @@ constexpr int QK_MAXHD = 256;   // 8 columns a lane
 // Hkv v heads; lane l owns columns 8l..8l+7 (hd % 8 == 0, hd <= 256). The inverse frequencies are
 // made in the block as the CPU twin makes them: e = f32(2i) / f32(rot) (IEEE), f32(theta^e) from an
 // fp64 pow, then an IEEE f32 reciprocal; angle = f32(t) · inv. The row through shared memory for the
-// rotate-half partner. BUG 1: position t + 1. ----------------------------------------------------
-template <typename T, int BUG>
+// rotate-half partner. BUG 1: position t + 1.
+// TAB (qkrope_t, MOSS_ENC_QKROPE=tab): each row's rot/2 sines and cosines made once (a lane each,
+// into shared memory) instead of by the 8 lanes that own the rotary columns, 8 calls each: the same
+// sincosf of the same angles (bit-identical output), 1 instead of 8 sincosf per warp; qkrope measured
+// 0.112 ms at L = 4096 (~1 TB/s: issue-bound on those divergent sincosf calls). ------------------------
+template <typename T, int BUG, bool TAB>
 __device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
                             int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta) {
     __shared__ float inv[QK_MAXHD / 2];
     __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
+    __shared__ float tcos[TAB ? QK_WARPS : 1][QK_MAXHD / 2], tsin[TAB ? QK_WARPS : 1][QK_MAXHD / 2];
     const int half = rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float e = __fdiv_rn((float)(2 * i), (float)rot);
@@ -66,9 +71,12 @@ __device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const 
             buf[c + e] = v[e];
         }
     }
+    const float pos = (float)(t + BUG);
+    if constexpr (TAB) {
+        for (int m = lane; m < half; m += 32) sincosf(pos * inv[m], &tsin[warp][m], &tcos[warp][m]);
+    }
     __syncwarp();
     if (!act) return;
-    const float pos = (float)(t + BUG);
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         const int i = c + e;
@@ -77,7 +85,12 @@ __device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const 
             const int m = lo ? i : i - half;
             const float p = buf[lo ? i + half : i - half];
             float sn, cs;
-            sincosf(pos * inv[m], &sn, &cs);
+            if constexpr (TAB) {
+                sn = tsin[warp][m];
+                cs = tcos[warp][m];
+            } else {
+                sincosf(pos * inv[m], &sn, &cs);
+            }
             v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
         }
     }
@@ -112,8 +125,15 @@ __device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, in
                                                               const T* wk, long L, int nh, int nkv, int hd,     \
                                                               long ld, long qhs, long koff, long voff,          \
                                                               float eps, int rot, long theta_bits) {            \
-        moss_enca::qkrope_impl<T, BUG>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps, rot,     \
-                                       __longlong_as_double(theta_bits));                                       \
+        moss_enca::qkrope_impl<T, BUG, false>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,   \
+                                              rot, __longlong_as_double(theta_bits));                           \
+    }                                                                                                           \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,  \
+                                                                const T* wk, long L, int nh, int nkv, int hd,   \
+                                                                long ld, long qhs, long koff, long voff,        \
+                                                                float eps, int rot, long theta_bits) {          \
+        moss_enca::qkrope_impl<T, BUG, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,    \
+                                             rot, __longlong_as_double(theta_bits));                            \
     }                                                                                                           \
     MOSS_KERNEL void PFX##_gmulh_##SX(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt,        \
                                       long ghs) {                                                               \

@@ -7,7 +7,8 @@
 //! - `MOSS_ENC_CAT_ATTN=0`: q_proj, k_proj, v_proj as three GEMMs into one output (default: one
 //!   GEMM over the weights joined at load);
 //! - `MOSS_ENC_QKROPE=split`: q, k, v narrowed out of `y` and `head_norm_rope` twice (the previous
-//!   path's kernels; default: the one `qkrope` kernel);
+//!   path's kernels; default: the one `qkrope` kernel); `tab`: `qkrope_t` (each row's sines and
+//!   cosines made once; opt-in, gated, not timed on the device);
 //! - `MOSS_ENC_ATTN_GATE=fused`, `MOSS_ENC_ATTN` as for [`EncoderOps::causal_attention_gated`].
 //!
 //! [`EncoderOps::attn_qkv_norm_rope`]: crate::backend::ops::EncoderOps::attn_qkv_norm_rope
@@ -22,13 +23,33 @@ use anyhow::{ensure, Result};
 const QK_WARPS: usize = 8;
 pub const QK_MAXHD: usize = 256;
 
-/// Whether `MOSS_ENC_QKROPE` asks for the split path.
-pub fn qkrope_split() -> bool {
-    std::env::var("MOSS_ENC_QKROPE").is_ok_and(|v| v == "split")
+/// The q/k norm + RoPE path `MOSS_ENC_QKROPE` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkRope {
+    /// `split`: narrowed copies + `head_norm_rope` twice (the previous kernels).
+    Split,
+    /// Default: `qkrope`, one kernel reading y in place.
+    One,
+    /// `tab`: `qkrope_t`, the same with each row's sines and cosines made once (opt-in, not
+    /// measured on the device yet).
+    Tab,
+}
+
+pub fn pick_qkrope(env: Option<&str>) -> QkRope {
+    match env {
+        Some("split") => QkRope::Split,
+        Some("tab") => QkRope::Tab,
+        _ => QkRope::One,
+    }
+}
+
+pub fn qkrope_env() -> QkRope {
+    pick_qkrope(std::env::var("MOSS_ENC_QKROPE").ok().as_deref())
 }
 
 impl Cuda {
-    /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` in one kernel; `None` where
+    /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` in one kernel (`qkrope`, or
+    /// `qkrope_t` if `tab`); `None` where
     /// the kernel does not take the shapes (head dim not a multiple of 8 or above [`QK_MAXHD`],
     /// an odd or too wide rotary dim): the caller runs the split ops.
     #[allow(clippy::too_many_arguments)]
@@ -42,6 +63,7 @@ impl Cuda {
         rot: usize,
         theta: f64,
         prefix: &str,
+        tab: bool,
     ) -> Result<Option<(CudaTensor, CudaTensor, CudaTensor)>> {
         let ld = (2 * nh + 2 * nkv) * hd;
         ensure!(y.shape.len() == 2 && y.shape[1] == ld, "attn_qkv: y {:?} for {nh} + {nkv} heads of {hd}", y.shape);
@@ -60,7 +82,7 @@ impl Cuda {
         let rows = l * (nh + 2 * nkv);
         if rows > 0 {
             self.launch(
-                &format!("{prefix}_qkrope_{}", dt.name()),
+                &format!("{prefix}_qkrope{}_{}", if tab { "_t" } else { "" }, dt.name()),
                 rows.div_ceil(QK_WARPS) as u32,
                 256,
                 0,
@@ -163,5 +185,17 @@ impl Cuda {
             Arg::L((2 * hd) as i64),
         ])?;
         Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn qkrope_switch() {
+        assert_eq!(pick_qkrope(None), QkRope::One);
+        assert_eq!(pick_qkrope(Some("nonsense")), QkRope::One);
+        assert_eq!(pick_qkrope(Some("split")), QkRope::Split);
+        assert_eq!(pick_qkrope(Some("tab")), QkRope::Tab);
     }
 }

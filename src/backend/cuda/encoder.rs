@@ -76,9 +76,6 @@ pub enum EncAttn {
     Flash,
     /// `cuda/sm90a/attention_causal_wgmma.cu`: Hopper wgmma, 128 query rows a block.
     Wgmma,
-    /// The same kernel with step j's softmax overlapping step j-1's P V on the tensor cores
-    /// (`attn2`, `MOSS_ENC_ATTN=wgmma2`; Hopper only).
-    Wgmma2,
 }
 
 /// The attention path from the `MOSS_ENC_ATTN` value `env` (`gemm`, `flash` = mma.sync,
@@ -90,7 +87,6 @@ pub fn pick_enc_attn(env: Option<&str>, sm90a: bool) -> EncAttn {
     match env {
         Some("gemm") => EncAttn::Gemm,
         Some("flash") => EncAttn::Flash,
-        Some("wgmma2") if sm90a => EncAttn::Wgmma2,
         _ if sm90a => EncAttn::Wgmma,
         _ => EncAttn::Flash,
     }
@@ -358,10 +354,9 @@ impl Cuda {
     pub(crate) fn launch_enc_flash(&self, path: EncAttn, prefix: &str, gated: bool, l: usize, nh: usize, args: &[Arg]) -> Result<()> {
         let g = if gated { "_gated" } else { "" };
         match path {
-            EncAttn::Wgmma | EncAttn::Wgmma2 => {
+            EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "MOSS_ENC_ATTN=wgmma needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
-                let v = if path == EncAttn::Wgmma2 { "wg2" } else { "wg" };
-                self.launch_2d(&format!("{prefix}_fattn_{v}{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
+                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
             }
             EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(64) as u32, nh as u32), 128, FLASH_SMEM, args),
             EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
@@ -935,8 +930,10 @@ impl EncoderOps for Cuda {
         rot: usize,
         theta: f64,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        if !super::enc_attn::qkrope_split() {
-            if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P))? {
+        let mode = super::enc_attn::qkrope_env();
+        if mode != super::enc_attn::QkRope::Split {
+            let tab = mode == super::enc_attn::QkRope::Tab;
+            if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P, tab))? {
                 return Ok(r);
             }
         }
@@ -1037,7 +1034,5 @@ mod tests {
         assert_eq!(pick_enc_attn(Some("wgmma"), true), EncAttn::Wgmma);
         assert_eq!(pick_enc_attn(Some("wgmma"), false), EncAttn::Flash); // not on this GPU
         assert_eq!(pick_enc_attn(Some("flash"), true), EncAttn::Flash);
-        assert_eq!(pick_enc_attn(Some("wgmma2"), true), EncAttn::Wgmma2);
-        assert_eq!(pick_enc_attn(Some("wgmma2"), false), EncAttn::Flash); // not on this GPU
     }
 }

@@ -33,20 +33,32 @@ pub fn gate_qkv_rope(cx: &mut Cx) -> Result<()> {
         let (q, k, v) = cx.cpu.attn_qkv_norm_rope(&y, heads, &wq, &wk, EPS, ROT, THETA)?;
         let s = shape_str(&[&[l, n]]);
         let b = cx.out_bound(F32_ROPE);
-        for (prefix, kind) in [("moss_enc", Kind::Gate), ("moss_ctl_enc", Kind::Control)] {
-            let r = cx.cuda.attn_qkv_rope_with(&gy, heads, &gwq, &gwk, EPS, ROT, THETA, prefix);
-            let r = r.and_then(|o| o.ok_or_else(|| anyhow::anyhow!("qkrope refused the shapes")));
-            let (oq, ok, ov) = match r {
-                Ok((a, b, c)) => (Ok(a), Ok(b), Ok(c)),
-                Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
-            };
-            if kind == Kind::Gate {
-                cx.judge("enc attn_qkv_norm_rope q (qkrope, in place)", &s, kind, b, "", oq, &q, None);
-                cx.judge("enc attn_qkv_norm_rope k (qkrope, in place)", &s, kind, b, "", ok, &k, None);
-                cx.judge("enc attn_qkv_norm_rope v (qkrope, copied)", &s, kind, EXACT, "", ov, &v, None);
-            } else {
-                cx.judge("enc attn_qkv_norm_rope q, position t+1", &s, kind, b, "", oq, &q, None);
-                cx.judge("enc attn_qkv_norm_rope k, position t+1", &s, kind, b, "", ok, &k, None);
+        // qkrope's q and k as the GPU made them: qkrope_t must reproduce them bit for bit
+        let mut first: Option<(Tensor, Tensor)> = None;
+        for (tab, nm) in [(false, "qkrope"), (true, "qkrope_t")] {
+            for (prefix, kind) in [("moss_enc", Kind::Gate), ("moss_ctl_enc", Kind::Control)] {
+                let r = cx.cuda.attn_qkv_rope_with(&gy, heads, &gwq, &gwk, EPS, ROT, THETA, prefix, tab);
+                let r = r.and_then(|o| o.ok_or_else(|| anyhow::anyhow!("{nm} refused the shapes")));
+                let (oq, ok, ov) = match r {
+                    Ok((a, b, c)) => (Ok(a), Ok(b), Ok(c)),
+                    Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
+                };
+                if kind == Kind::Control {
+                    cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}), position t+1"), &s, kind, b, "", oq, &q, None);
+                    cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}), position t+1"), &s, kind, b, "", ok, &k, None);
+                    continue;
+                }
+                if let Some((fq, fk)) = &first {
+                    cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}) = qkrope's, bit for bit"), &s, kind, EXACT, "", oq, fq, None);
+                    cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}) = qkrope's, bit for bit"), &s, kind, EXACT, "", ok, fk, None);
+                    continue;
+                }
+                if let (Ok(a), Ok(c)) = (&oq, &ok) {
+                    first = Some((cx.cuda.download(a)?, cx.cuda.download(c)?));
+                }
+                cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}, in place)"), &s, kind, b, "", oq, &q, None);
+                cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}, in place)"), &s, kind, b, "", ok, &k, None);
+                cx.judge(&format!("enc attn_qkv_norm_rope v ({nm}, copied)"), &s, kind, EXACT, "", ov, &v, None);
             }
         }
         // the split path (MOSS_ENC_QKROPE=split) on the same inputs
@@ -116,12 +128,11 @@ pub fn gate_attn_gate_y(cx: &mut Cx) -> Result<()> {
         if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 {
             let mut paths = vec![EncAttn::Flash];
             if cx.cuda.has_sm90a() {
-                paths.extend([EncAttn::Wgmma, EncAttn::Wgmma2]);
+                paths.push(EncAttn::Wgmma);
             }
             for path in paths {
                 let nm = match path {
                     EncAttn::Wgmma => "wgmma",
-                    EncAttn::Wgmma2 => "wgmma2",
                     _ => "flash",
                 };
                 for (prefix, kind, name) in [

@@ -136,8 +136,6 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 ("enc causal_attention (flash, hd 256)", "enc causal_attention (flash), key t+1 leaks in")
             } else if path == EncAttn::Wgmma && cx.dtype == DType::BF16 {
                 ("enc causal_attention (flash wgmma sm_90a, hd 256)", "enc causal_attention (flash wgmma), key t+1 leaks in")
-            } else if path == EncAttn::Wgmma2 && cx.dtype == DType::BF16 {
-                ("enc causal_attention (flash wgmma2 overlap sm_90a, hd 256)", "enc causal_attention (flash wgmma2), key t+1 leaks in")
             } else {
                 ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
             };
@@ -163,7 +161,6 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             for &path in &flash_paths {
                 let nm = match path {
                     EncAttn::Wgmma => "flash wgmma",
-                    EncAttn::Wgmma2 => "flash wgmma2",
                     _ => "flash",
                 };
                 for (prefix, kind, name) in [
@@ -197,7 +194,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
 /// loaded) the wgmma one; other GPUs do not have it and do not gate it (said once in the log).
 fn flash_paths(cx: &Cx) -> Vec<EncAttn> {
     if cx.cuda.has_sm90a() {
-        vec![EncAttn::Flash, EncAttn::Wgmma, EncAttn::Wgmma2]
+        vec![EncAttn::Flash, EncAttn::Wgmma]
     } else {
         vec![EncAttn::Flash]
     }
