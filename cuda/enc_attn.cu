@@ -19,24 +19,17 @@ constexpr int QK_MAXHD = 256;   // 8 columns a lane
 // rotate-half partner. BUG 1: position t + 1.
 // TAB (qkrope_t, MOSS_ENC_QKROPE=tab): each row's rot/2 sines and cosines made once (a lane each,
 // into shared memory) instead of by the 8 lanes that own the rotary columns, 8 calls each: the same
-// sincosf of the same angles (bit-identical output), 1 instead of 8 sincosf per warp; qkrope measured
+// sincosf of the same angles (bit-identical output), 1 instead of 8 sincosf per warp, and rows in a grid-stride loop; qkrope measured
 // 0.112 ms at L = 4096 (~1 TB/s: issue-bound on those divergent sincosf calls). ------------------------
+// One (token, slot) row of a warp; `inv` the block's inverse frequencies, `buf` / `tc` / `ts` the
+// warp's shared scratch.
 template <typename T, int BUG, bool TAB>
-__device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
-                            int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta) {
-    __shared__ float inv[QK_MAXHD / 2];
-    __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
-    __shared__ float tcos[TAB ? QK_WARPS : 1][QK_MAXHD / 2], tsin[TAB ? QK_WARPS : 1][QK_MAXHD / 2];
+__device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk,
+                                           int nh, int nkv, int hd, long ld, long qhs, long koff, long voff,
+                                           float eps, int rot, const float* inv, float* buf, float* tc, float* ts) {
+    const int lane = threadIdx.x & 31;
     const int half = rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float e = __fdiv_rn((float)(2 * i), (float)rot);
-        inv[i] = __fdiv_rn(1.f, (float)pow(theta, (double)e));
-    }
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int slots = nh + 2 * nkv;
-    const long row = (long)blockIdx.x * QK_WARPS + warp;
-    if (row >= L * slots) return;
     const long t = row / slots;
     const int s = (int)(row - t * slots);
     const int c = lane * 8;
@@ -63,7 +56,6 @@ __device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const 
         for (int e = 0; e < 8; e++) ss += v[e] * v[e];
     }
     const float r = rsqrtf(warp_sum(ss) / (float)hd + eps);
-    float* buf = rowbuf[warp];
     if (act) {
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -73,28 +65,60 @@ __device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const 
     }
     const float pos = (float)(t + BUG);
     if constexpr (TAB) {
-        for (int m = lane; m < half; m += 32) sincosf(pos * inv[m], &tsin[warp][m], &tcos[warp][m]);
+        for (int m = lane; m < half; m += 32) sincosf(pos * inv[m], &ts[m], &tc[m]);
     }
     __syncwarp();
-    if (!act) return;
+    if (act) {
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const int i = c + e;
-        if (i < rot) {
-            const bool lo = i < half;
-            const int m = lo ? i : i - half;
-            const float p = buf[lo ? i + half : i - half];
-            float sn, cs;
-            if constexpr (TAB) {
-                sn = tsin[warp][m];
-                cs = tcos[warp][m];
-            } else {
-                sincosf(pos * inv[m], &sn, &cs);
+        for (int e = 0; e < 8; e++) {
+            const int i = c + e;
+            if (i < rot) {
+                const bool lo = i < half;
+                const int m = lo ? i : i - half;
+                const float p = buf[lo ? i + half : i - half];
+                float sn, cs;
+                if constexpr (TAB) {
+                    sn = ts[m];
+                    cs = tc[m];
+                } else {
+                    sincosf(pos * inv[m], &sn, &cs);
+                }
+                v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
             }
-            v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
         }
+        st8(dst, c, v);
     }
-    st8(dst, c, v);
+    if constexpr (TAB) __syncwarp();  // the scratch is rewritten by the warp's next row
+}
+
+// qkrope: a row per warp (grid = rows / 8). qkrope_t: rows in a grid-stride loop (grid capped on
+// the host), so the block's inverse frequencies (32 fp64 pow) are made once for several rows.
+template <typename T, int BUG, bool TAB>
+__device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
+                            int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta) {
+    __shared__ float inv[QK_MAXHD / 2];
+    __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
+    __shared__ float tcos[TAB ? QK_WARPS : 1][QK_MAXHD / 2], tsin[TAB ? QK_WARPS : 1][QK_MAXHD / 2];
+    const int half = rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float e = __fdiv_rn((float)(2 * i), (float)rot);
+        inv[i] = __fdiv_rn(1.f, (float)pow(theta, (double)e));
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    const long rows = L * (nh + 2 * nkv);
+    float* tc = tcos[TAB ? warp : 0];
+    float* ts = tsin[TAB ? warp : 0];
+    if constexpr (TAB) {
+        for (long row = (long)blockIdx.x * QK_WARPS + warp; row < rows; row += (long)gridDim.x * QK_WARPS)
+            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
+                                    rowbuf[warp], tc, ts);
+    } else {
+        const long row = (long)blockIdx.x * QK_WARPS + warp;
+        if (row < rows)
+            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
+                                    rowbuf[warp], tc, ts);
+    }
 }
 
 // ---- the attention's output gate with the gate read in place out of y:

@@ -83,7 +83,8 @@ impl Cuda {
         if rows > 0 {
             self.launch(
                 &format!("{prefix}_qkrope{}_{}", if tab { "_t" } else { "" }, dt.name()),
-                rows.div_ceil(QK_WARPS) as u32,
+                // qkrope_t: a grid-stride loop over the rows (a warp each), capped as grid_for caps
+                if tab { self.grid_for(rows * 32) } else { rows.div_ceil(QK_WARPS) as u32 },
                 256,
                 0,
                 &[
