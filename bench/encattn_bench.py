@@ -4,7 +4,8 @@ the real Qwen3.5-9B shapes (16 query heads, 4 KV heads, head dim 256, rotary 64,
     python3 bench/encattn_bench.py UNIT_CUBIN WG_CUBIN
 
 UNIT_CUBIN: bench/encattn_unit.cu (cuda/encoder.cu + enc_strided.cu + enc_attn.cu); WG_CUBIN:
-cuda/sm90a/attention_causal_wgmma.cu (wg = the current kernel, wg2 = the overlap variant).
+cuda/sm90a/attention_causal_wgmma.cu (wg = the current kernel, wg2 = the overlap variant, which
+exists at commit 0a6bc6a only: run there, measured slower, removed; bench/notes-encattn.md).
 Correctness: relative L2 against fp32 / fp64 torch references on fresh random inputs, NaN never
 passes, every new kernel's planted control must be rejected. Times: CUDA-event medians of 30 after
 3 warm-ups, old and new alternated. The table is printed last.

@@ -3,6 +3,7 @@
 # the standalone kernel bench (bench/encattn_bench.py on cubins), then `moss bench-encode` at 128
 # and 4096 tokens on encoder-only random weights, main's binary (.final, old) vs this branch (new),
 # alternated, plus the new binary with MOSS_ENC_ATTN=wgmma2 and with the old path's switches.
+# As run at commit 0a6bc6a (wgmma2 was removed after it; bench/notes-encattn.md has the results).
 #   bash .dev-encattn/encattn_gpu.sh .dev-encattn $OUT
 #   (D holds moss.xz, unit.cubin, wg.cubin, encattn_bench.py; .final/moss.xz is main's binary)
 set -uo pipefail
