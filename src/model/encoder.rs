@@ -14,9 +14,8 @@ use anyhow::{ensure, Result};
 
 /// Gated full attention (`self_attn.*`).
 struct Attention<B: EncoderOps> {
-    q_proj: B::T,
-    k_proj: B::T,
-    v_proj: B::T,
+    /// `q_proj`, `k_proj`, `v_proj` as [`EncoderOps::cat_weights`] made them.
+    qkv: Vec<B::T>,
     o_proj: B::T,
     q_norm: B::T,
     k_norm: B::T,
@@ -65,9 +64,7 @@ impl<B: EncoderOps> Encoder<B> {
                 LayerType::Full => {
                     let a = |n: &str| w(&format!("{p}self_attn.{n}"));
                     Mixer::Full(Attention {
-                        q_proj: a("q_proj.weight")?,
-                        k_proj: a("k_proj.weight")?,
-                        v_proj: a("v_proj.weight")?,
+                        qkv: b.cat_weights("attn_in", vec![a("q_proj.weight")?, a("k_proj.weight")?, a("v_proj.weight")?])?,
                         o_proj: a("o_proj.weight")?,
                         q_norm: a("q_norm.weight")?,
                         k_norm: a("k_norm.weight")?,
@@ -129,18 +126,15 @@ impl<B: EncoderOps> Encoder<B> {
     }
 
     /// The gated attention's output before `o_proj`, `[L, H·hd]`. `q_proj` holds, per head,
-    /// `head_dim` query values then `head_dim` gate values.
+    /// `head_dim` query values then `head_dim` gate values; `y` = `[q_proj | k_proj | v_proj]`
+    /// products side by side, each op below reads its columns.
     fn attention(&self, b: &B, a: &Attention<B>, x: &B::T) -> Result<B::T> {
         let c = &self.cfg;
-        let (l, hd) = (b.dims(x)[0], c.head_dim);
-        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        let qg = b.reshape(&lin(b, x, &a.q_proj)?, &[l, nh, 2 * hd])?;
-        let q = b.timed("narrow", || b.narrow(&qg, 2, 0, hd))?;
-        let k = b.reshape(&lin(b, x, &a.k_proj)?, &[l, nkv, hd])?;
-        let v = b.reshape(&lin(b, x, &a.v_proj)?, &[l, nkv, hd])?;
-        let q = b.head_norm_rope(&q, &a.q_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
-        let k = b.head_norm_rope(&k, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
-        b.causal_attention_gated(&q, &k, &v, &qg, 1.0 / (hd as f64).sqrt())
+        let hd = c.head_dim;
+        let heads = (c.num_attention_heads, c.num_key_value_heads, hd);
+        let y = b.timed("linear", || b.linear_cat(x, &a.qkv))?;
+        let (q, k, v) = b.attn_qkv_norm_rope(&y, heads, &a.q_norm, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
+        b.causal_attention_gated_y(&q, &k, &v, &y, 1.0 / (hd as f64).sqrt())
     }
 
     /// The Gated DeltaNet's output before `out_proj`, `[L, Hv·dv]`.
@@ -159,9 +153,4 @@ impl<B: EncoderOps> Encoder<B> {
         let o = b.gated_rms_norm_cols(&o, &y, conv, &d.norm, c.rms_norm_eps)?;
         b.reshape(&o, &[l, vd])
     }
-}
-
-/// A bias-free linear, profiled as `linear`.
-fn lin<B: EncoderOps>(b: &B, x: &B::T, w: &B::T) -> Result<B::T> {
-    b.timed("linear", || b.linear(x, w, None))
 }

@@ -30,7 +30,7 @@ pub fn cat_groups(group: &str, n: usize, cat: Option<&str>, no_cat_mlp: bool) ->
         ("delta_net_in", Some("off")) => each(),
         ("delta_net_in", Some("split")) if n == 4 => vec![vec![0, 1], vec![2, 3]],
         ("delta_net_in", _) => vec![(0..n).collect()],
-        ("mlp_in", _) if !no_cat_mlp => vec![(0..n).collect()],
+        ("mlp_in" | "attn_in", _) if !no_cat_mlp => vec![(0..n).collect()],
         _ => each(),
     }
 }
@@ -44,7 +44,9 @@ impl Cuda {
         if ws.len() < 2 || !same {
             return Ok(ws);
         }
-        let groups = cat_groups(group, ws.len(), std::env::var("MOSS_ENC_CAT").ok().as_deref(), env_is("MOSS_ENC_CAT_MLP", "0"));
+        // MOSS_ENC_CAT_ATTN=0: the attention's q_proj | k_proj | v_proj as three GEMMs (src/backend/cuda/enc_attn.rs)
+        let no_cat = env_is(if group == "attn_in" { "MOSS_ENC_CAT_ATTN" } else { "MOSS_ENC_CAT_MLP" }, "0");
+        let groups = cat_groups(group, ws.len(), std::env::var("MOSS_ENC_CAT").ok().as_deref(), no_cat);
         self.cat_weights_grouped(&ws, &groups)
     }
 
@@ -342,5 +344,8 @@ mod tests {
         assert_eq!(cat_groups("mlp_in", 2, None, false), vec![vec![0, 1]]);
         assert_eq!(cat_groups("mlp_in", 2, Some("off"), false), vec![vec![0, 1]]);
         assert_eq!(cat_groups("mlp_in", 2, None, true), vec![vec![0], vec![1]]);
+        assert_eq!(cat_groups("attn_in", 3, None, false), vec![vec![0, 1, 2]]);
+        assert_eq!(cat_groups("attn_in", 3, Some("off"), false), vec![vec![0, 1, 2]]);
+        assert_eq!(cat_groups("attn_in", 3, None, true), vec![vec![0], vec![1], vec![2]]);
     }
 }

@@ -353,7 +353,7 @@ impl Cuda {
     /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
     /// `{prefix}_fattn[_gated]_bf16`, grid (L/64, H), 128 threads, or on Hopper
     /// `{prefix}_fattn_wg[_gated]_bf16`, grid (H, L/128) (heads of one row block together), 256.
-    fn launch_enc_flash(&self, path: EncAttn, prefix: &str, gated: bool, l: usize, nh: usize, args: &[Arg]) -> Result<()> {
+    pub(crate) fn launch_enc_flash(&self, path: EncAttn, prefix: &str, gated: bool, l: usize, nh: usize, args: &[Arg]) -> Result<()> {
         let g = if gated { "_gated" } else { "" };
         match path {
             EncAttn::Wgmma => {
@@ -927,6 +927,45 @@ impl EncoderOps for Cuda {
             }
         }
         crate::backend::ops::encoder::causal_attention_gated_unfused(self, q, k, v, qg, scale)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn attn_qkv_norm_rope(
+        &self,
+        y: &CudaTensor,
+        heads: (usize, usize, usize),
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        eps: f64,
+        rot: usize,
+        theta: f64,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        let mode = super::enc_attn::qkrope_env();
+        if mode != super::enc_attn::QkRope::Split {
+            let tab = mode == super::enc_attn::QkRope::Tab;
+            if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P, tab))? {
+                return Ok(r);
+            }
+        }
+        crate::backend::ops::encoder::attn_qkv_split(self, y, heads, wq, wk, eps, rot, theta)
+    }
+    fn causal_attention_gated_y(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, y: &CudaTensor, scale: f64) -> Result<CudaTensor> {
+        let path = self.enc_attn();
+        if std::env::var("MOSS_ENC_ATTN_GATE").is_ok_and(|v| v == "fused") {
+            if let Some(out) = self.prof("causal_attention_gated", || self.attn_gated_fused_y_with(q, k, v, y, scale, P, path))? {
+                return Ok(out);
+            }
+        }
+        if q.shape.len() == 3 && !std::env::var("MOSS_ENC_GATE").is_ok_and(|v| v == "unfused") {
+            let (nh, hd) = (q.shape[1], q.shape[2]);
+            let o = self.causal_attention(q, k, v, scale)?;
+            if let Some(out) = self.prof("attn_gate", || self.attn_gate_y_with(&o, y, (nh, hd), P))? {
+                return Ok(out);
+            }
+        }
+        let d = &q.shape;
+        ensure!(d.len() == 3, "causal_attention_gated_y: q {d:?} is not [L, H, hd]");
+        let qg = Backend::reshape(self, &self.prof("narrow", || self.narrow(y, 1, 0, d[1] * 2 * d[2]))?, &[d[0], d[1], 2 * d[2]])?;
+        self.causal_attention_gated(q, k, v, &qg, scale)
     }
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         self.prof("silu_mul", || self.silu_mul_with(gate, up, P))

@@ -159,21 +159,16 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             }
             let gs = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
             for &path in &flash_paths {
-                let wgmma = path == EncAttn::Wgmma;
+                let nm = match path {
+                    EncAttn::Wgmma => "flash wgmma",
+                    _ => "flash",
+                };
                 for (prefix, kind, name) in [
-                    (
-                        "moss_enc",
-                        Kind::Gate,
-                        if wgmma { "enc causal_attention_gated (flash wgmma, sigmoid gate fused)" } else { "enc causal_attention_gated (flash, sigmoid gate fused)" },
-                    ),
-                    (
-                        "moss_ctl_enc",
-                        Kind::Control,
-                        if wgmma { "enc causal_attention_gated (wgmma), gate of the KV head" } else { "enc causal_attention_gated, gate of the KV head" },
-                    ),
+                    ("moss_enc", Kind::Gate, format!("enc causal_attention_gated ({nm}, sigmoid gate fused)")),
+                    ("moss_ctl_enc", Kind::Control, format!("enc causal_attention_gated ({nm}), gate of the KV head")),
                 ] {
                     let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix, path);
-                    cx.judge(name, &gs, kind, b, &note, out, &wg, rows.as_deref());
+                    cx.judge(&name, &gs, kind, b, &note, out, &wg, rows.as_deref());
                 }
             }
             // The unfused default (what the model runs without the switch) on the same inputs.
@@ -436,4 +431,6 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc attn_gate", super::gates_enc_strided::gate_attn_gate),
     ("enc convg", super::gates_enc_floor::gate_convg),
     ("enc floor rows", super::gates_enc_floor::gate_floor_rows),
+    ("enc attn_qkv_norm_rope", super::gates_enc_attn::gate_qkv_rope),
+    ("enc causal_attention_gated_y", super::gates_enc_attn::gate_attn_gate_y),
 ];

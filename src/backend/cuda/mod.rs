@@ -5,11 +5,13 @@
 pub mod blas;
 pub mod dit;
 pub mod enc_floor;
+pub mod enc_attn;
 pub mod enc_strided;
 pub mod encoder;
 pub mod gates;
 pub mod gates_dit;
 pub mod gates_enc_floor;
+pub mod gates_enc_attn;
 pub mod gates_enc_strided;
 pub mod gates_encoder;
 pub mod gates_vae;

@@ -40,6 +40,38 @@ pub trait EncoderOps: Backend {
         causal_attention_gated_unfused(self, q, k, v, qg, scale)
     }
 
+    /// q, k and v of the gated attention out of the joined projection `y = x·[q_proj | k_proj |
+    /// v_proj]ᵀ`, `y [L, H·2·hd + 2·Hkv·hd]`: per token the H query heads, each `hd` query values
+    /// then `hd` gate values (q_proj's layout), then the Hkv k heads, then the Hkv v heads;
+    /// `heads = (H, Hkv, hd)`. → `(q [L, H, hd], k [L, Hkv, hd], v [L, Hkv, hd])`, q and k through
+    /// [`EncoderOps::head_norm_rope`] with `wq` / `wk`, v as it is. This default (the CPU twin) is
+    /// [`attn_qkv_split`]: narrowed copies and the op twice; the CUDA backend reads y in place in
+    /// one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_qkv_norm_rope(
+        &self,
+        y: &Self::T,
+        heads: (usize, usize, usize),
+        wq: &Self::T,
+        wk: &Self::T,
+        eps: f64,
+        rot: usize,
+        theta: f64,
+    ) -> Result<(Self::T, Self::T, Self::T)> {
+        attn_qkv_split(self, y, heads, wq, wk, eps, rot, theta)
+    }
+
+    /// [`EncoderOps::causal_attention_gated`] with the gate read out of the joined projection `y`
+    /// of [`EncoderOps::attn_qkv_norm_rope`] (head h's gate: columns `h·2·hd + hd ..= h·2·hd +
+    /// 2·hd − 1`) → `[L, H·hd]`. Default: q_proj's columns narrowed out, then that op.
+    fn causal_attention_gated_y(&self, q: &Self::T, k: &Self::T, v: &Self::T, y: &Self::T, scale: f64) -> Result<Self::T> {
+        let d = self.dims(q);
+        anyhow::ensure!(d.len() == 3, "causal_attention_gated_y: q {d:?} is not [L, H, hd]");
+        let (l, nh, hd) = (d[0], d[1], d[2]);
+        let qg = self.reshape(&self.timed("narrow", || self.narrow(y, 1, 0, nh * 2 * hd))?, &[l, nh, 2 * hd])?;
+        self.causal_attention_gated(q, k, v, &qg, scale)
+    }
+
     /// `silu(gate) · up`, elementwise (the SiLU-gated MLP's middle). Same shapes.
     fn silu_mul(&self, gate: &Self::T, up: &Self::T) -> Result<Self::T>;
 
@@ -201,6 +233,33 @@ pub fn causal_attention_gated_unfused<B: EncoderOps + ?Sized>(
     let gate = b.reshape(&b.timed("narrow", || b.narrow(qg, 2, hd, hd))?, &[l, nh * hd])?;
     let o = b.causal_attention(q, k, v, scale)?;
     b.timed("attn_gate", || b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?))
+}
+
+/// [`EncoderOps::attn_qkv_norm_rope`] as separate ops: q (out of q_proj's per-head [q | gate]
+/// rows), k and v narrowed out of `y`, then [`EncoderOps::head_norm_rope`] of q and of k.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_qkv_split<B: EncoderOps + ?Sized>(
+    b: &B,
+    y: &B::T,
+    (nh, nkv, hd): (usize, usize, usize),
+    wq: &B::T,
+    wk: &B::T,
+    eps: f64,
+    rot: usize,
+    theta: f64,
+) -> Result<(B::T, B::T, B::T)> {
+    let d = b.dims(y);
+    anyhow::ensure!(d.len() == 2 && d[1] == (2 * nh + 2 * nkv) * hd, "attn_qkv: y {d:?} for {nh} + {nkv} heads of {hd}");
+    let l = d[0];
+    let q = b.timed("narrow", || {
+        let qg = b.reshape(&b.narrow(y, 1, 0, 2 * nh * hd)?, &[l, nh, 2 * hd])?;
+        b.narrow(&qg, 2, 0, hd)
+    })?;
+    let k = b.reshape(&b.timed("narrow", || b.narrow(y, 1, 2 * nh * hd, nkv * hd))?, &[l, nkv, hd])?;
+    let v = b.reshape(&b.timed("narrow", || b.narrow(y, 1, (2 * nh + nkv) * hd, nkv * hd))?, &[l, nkv, hd])?;
+    let q = b.head_norm_rope(&q, wq, eps, rot, theta)?;
+    let k = b.head_norm_rope(&k, wk, eps, rot, theta)?;
+    Ok((q, k, v))
 }
 
 /// The chunk length of the chunked delta rule (transformers' default).

@@ -1,0 +1,170 @@
+// The gated full-attention layer's small ops on the joined projection y = x · [q_proj | k_proj |
+// v_proj]ᵀ (host side src/backend/cuda/enc_attn.rs; EncoderOps::attn_qkv_norm_rope and
+// causal_attention_gated_y): y row t holds the H query heads (each hd query values then hd gate
+// values: q_proj's layout), then the Hkv k heads, then the Hkv v heads. Activations bf16 or f32
+// (T), fp32 inside, one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
+#include "elem.cuh"
+
+namespace moss_enca {
+using namespace moss_elem;
+
+constexpr int QK_WARPS = 8;     // rows (one warp each) per 256-thread block
+constexpr int QK_MAXHD = 256;   // 8 columns a lane
+
+// ---- q and k: per-head zero-centred RMSNorm + partial rotate-half RoPE, read in place out of y;
+// v copied. One warp per (token, slot), slots 0..H-1 the q heads, H..H+Hkv-1 the k heads, then the
+// Hkv v heads; lane l owns columns 8l..8l+7 (hd % 8 == 0, hd <= 256). The inverse frequencies are
+// made in the block as the CPU twin makes them: e = f32(2i) / f32(rot) (IEEE), f32(theta^e) from an
+// fp64 pow, then an IEEE f32 reciprocal; angle = f32(t) · inv. The row through shared memory for the
+// rotate-half partner. BUG 1: position t + 1.
+// TAB (qkrope_t, MOSS_ENC_QKROPE=tab): each row's rot/2 sines and cosines made once (a lane each,
+// into shared memory) instead of by the 8 lanes that own the rotary columns, 8 calls each: the same
+// sincosf of the same angles (bit-identical output), 1 instead of 8 sincosf per warp, and rows in a grid-stride loop; qkrope measured
+// 0.112 ms at L = 4096 (~1 TB/s: issue-bound on those divergent sincosf calls). ------------------------
+// One (token, slot) row of a warp; `inv` the block's inverse frequencies, `buf` / `tc` / `ts` the
+// warp's shared scratch.
+template <typename T, int BUG, bool TAB>
+__device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk,
+                                           int nh, int nkv, int hd, long ld, long qhs, long koff, long voff,
+                                           float eps, int rot, const float* inv, float* buf, float* tc, float* ts) {
+    const int lane = threadIdx.x & 31;
+    const int half = rot / 2;
+    const int slots = nh + 2 * nkv;
+    const long t = row / slots;
+    const int s = (int)(row - t * slots);
+    const int c = lane * 8;
+    const bool act = c < hd;
+    float v[8];
+    if (s >= nh + nkv) {  // a v head: copy
+        const int h = s - nh - nkv;
+        if (act) {
+            ld8(y, t * ld + voff + (long)h * hd + c, v);
+            st8(vo, (t * nkv + h) * hd + c, v);
+        }
+        return;
+    }
+    const bool isq = s < nh;
+    const int h = isq ? s : s - nh;
+    const long src = t * ld + (isq ? (long)h * qhs : koff + (long)h * hd);
+    T* dst = isq ? qo + (t * nh + h) * hd : ko + (t * nkv + h) * hd;
+    float w[8];
+    float ss = 0.f;
+    if (act) {
+        ld8(y, src + c, v);
+        ld8(isq ? wq : wk, c, w);
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss += v[e] * v[e];
+    }
+    const float r = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    if (act) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            v[e] = v[e] * r * (1.f + w[e]);
+            buf[c + e] = v[e];
+        }
+    }
+    const float pos = (float)(t + BUG);
+    if constexpr (TAB) {
+        for (int m = lane; m < half; m += 32) sincosf(pos * inv[m], &ts[m], &tc[m]);
+    }
+    __syncwarp();
+    if (act) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int i = c + e;
+            if (i < rot) {
+                const bool lo = i < half;
+                const int m = lo ? i : i - half;
+                const float p = buf[lo ? i + half : i - half];
+                float sn, cs;
+                if constexpr (TAB) {
+                    sn = ts[m];
+                    cs = tc[m];
+                } else {
+                    sincosf(pos * inv[m], &sn, &cs);
+                }
+                v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
+            }
+        }
+        st8(dst, c, v);
+    }
+    if constexpr (TAB) __syncwarp();  // the scratch is rewritten by the warp's next row
+}
+
+// qkrope: a row per warp (grid = rows / 8). qkrope_t: rows in a grid-stride loop (grid capped on
+// the host), so the block's inverse frequencies (32 fp64 pow) are made once for several rows.
+template <typename T, int BUG, bool TAB>
+__device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
+                            int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta) {
+    __shared__ float inv[QK_MAXHD / 2];
+    __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
+    __shared__ float tcos[TAB ? QK_WARPS : 1][QK_MAXHD / 2], tsin[TAB ? QK_WARPS : 1][QK_MAXHD / 2];
+    const int half = rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float e = __fdiv_rn((float)(2 * i), (float)rot);
+        inv[i] = __fdiv_rn(1.f, (float)pow(theta, (double)e));
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    const long rows = L * (nh + 2 * nkv);
+    float* tc = tcos[TAB ? warp : 0];
+    float* ts = tsin[TAB ? warp : 0];
+    if constexpr (TAB) {
+        for (long row = (long)blockIdx.x * QK_WARPS + warp; row < rows; row += (long)gridDim.x * QK_WARPS)
+            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
+                                    rowbuf[warp], tc, ts);
+    } else {
+        const long row = (long)blockIdx.x * QK_WARPS + warp;
+        if (row < rows)
+            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
+                                    rowbuf[warp], tc, ts);
+    }
+}
+
+// ---- the attention's output gate with the gate read in place out of y:
+// out[t, h·hd + c] = o[t, h·hd + c] · sigmoid(gate[t·ldt + h·ghs + c]) (hd, ldt, ghs multiples of 8;
+// gate = y + the first gate column). BUG 1: the gate of head h + 1 (mod H). -------------------------
+template <typename T, int BUG>
+__device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt, long ghs) {
+    const int d8 = hd / 8;
+    const long n = L * nh * d8;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const long r = i / d8;  // (t, h)
+        const int c = (int)(i - r * d8) * 8;
+        const long t = r / nh;
+        const int h = (int)(r - t * nh);
+        const int hg = BUG == 1 ? (h + 1) % nh : h;
+        float a[8], b[8];
+        ld8(o, r * hd + c, a);
+        ld8(gate, t * ldt + (long)hg * ghs + c, b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[e] *= 1.f / (1.f + expf(-b[e]));
+        st8(out, r * hd + c, a);
+    }
+}
+}  // namespace moss_enca
+
+#define MOSS_ENC_ATTN_OPS(PFX, BUG, T, SX)                                                                      \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,    \
+                                                              const T* wk, long L, int nh, int nkv, int hd,     \
+                                                              long ld, long qhs, long koff, long voff,          \
+                                                              float eps, int rot, long theta_bits) {            \
+        moss_enca::qkrope_impl<T, BUG, false>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,   \
+                                              rot, __longlong_as_double(theta_bits));                           \
+    }                                                                                                           \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,  \
+                                                                const T* wk, long L, int nh, int nkv, int hd,   \
+                                                                long ld, long qhs, long koff, long voff,        \
+                                                                float eps, int rot, long theta_bits) {          \
+        moss_enca::qkrope_impl<T, BUG, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,    \
+                                             rot, __longlong_as_double(theta_bits));                            \
+    }                                                                                                           \
+    MOSS_KERNEL void PFX##_gmulh_##SX(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt,        \
+                                      long ghs) {                                                               \
+        moss_enca::gmulh_impl<T, BUG>(out, o, gate, L, nh, hd, ldt, ghs);                                       \
+    }
+
+MOSS_ENC_ATTN_OPS(moss_enc, 0, __nv_bfloat16, bf16)
+MOSS_ENC_ATTN_OPS(moss_enc, 0, float, f32)
+MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
+MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, float, f32)

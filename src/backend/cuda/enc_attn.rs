@@ -1,0 +1,202 @@
+//! The gated full attention's ops on the joined projection `y = x·[q_proj | k_proj | v_proj]ᵀ`
+//! (`cuda/enc_attn.cu`): q and k normed + RoPE'd and v copied out of `y` in one kernel
+//! ([`EncoderOps::attn_qkv_norm_rope`]), the output gate read in place out of `y`
+//! ([`EncoderOps::causal_attention_gated_y`]). Gated in `gates_enc_attn.rs`.
+//!
+//! Switches (read per call, except `MOSS_ENC_CAT_ATTN`, read when the weights load):
+//! - `MOSS_ENC_CAT_ATTN=0`: q_proj, k_proj, v_proj as three GEMMs into one output (default: one
+//!   GEMM over the weights joined at load);
+//! - `MOSS_ENC_QKROPE=split`: q, k, v narrowed out of `y` and `head_norm_rope` twice (the previous
+//!   path's kernels; default: the one `qkrope` kernel); `tab`: `qkrope_t` (each row's sines and
+//!   cosines made once; opt-in, gated, not timed on the device);
+//! - `MOSS_ENC_ATTN_GATE=fused`, `MOSS_ENC_ATTN` as for [`EncoderOps::causal_attention_gated`].
+//!
+//! [`EncoderOps::attn_qkv_norm_rope`]: crate::backend::ops::EncoderOps::attn_qkv_norm_rope
+//! [`EncoderOps::causal_attention_gated_y`]: crate::backend::ops::EncoderOps::causal_attention_gated_y
+//! [`EncoderOps::causal_attention_gated`]: crate::backend::ops::EncoderOps::causal_attention_gated
+
+use super::encoder::{EncAttn, ATTN_TILED_MAX, FLASH_HD};
+use super::ops::{Arg, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
+
+/// Rows (warps) per block of `qkrope` (`QK_WARPS`) and its largest head dim (`QK_MAXHD`).
+const QK_WARPS: usize = 8;
+pub const QK_MAXHD: usize = 256;
+
+/// The q/k norm + RoPE path `MOSS_ENC_QKROPE` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkRope {
+    /// `split`: narrowed copies + `head_norm_rope` twice (the previous kernels).
+    Split,
+    /// Default: `qkrope`, one kernel reading y in place.
+    One,
+    /// `tab`: `qkrope_t`, the same with each row's sines and cosines made once (opt-in, not
+    /// measured on the device yet).
+    Tab,
+}
+
+pub fn pick_qkrope(env: Option<&str>) -> QkRope {
+    match env {
+        Some("split") => QkRope::Split,
+        Some("tab") => QkRope::Tab,
+        _ => QkRope::One,
+    }
+}
+
+pub fn qkrope_env() -> QkRope {
+    pick_qkrope(std::env::var("MOSS_ENC_QKROPE").ok().as_deref())
+}
+
+impl Cuda {
+    /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` in one kernel (`qkrope`, or
+    /// `qkrope_t` if `tab`); `None` where
+    /// the kernel does not take the shapes (head dim not a multiple of 8 or above [`QK_MAXHD`],
+    /// an odd or too wide rotary dim): the caller runs the split ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attn_qkv_rope_with(
+        &self,
+        y: &CudaTensor,
+        (nh, nkv, hd): (usize, usize, usize),
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        eps: f64,
+        rot: usize,
+        theta: f64,
+        prefix: &str,
+        tab: bool,
+    ) -> Result<Option<(CudaTensor, CudaTensor, CudaTensor)>> {
+        let ld = (2 * nh + 2 * nkv) * hd;
+        ensure!(y.shape.len() == 2 && y.shape[1] == ld, "attn_qkv: y {:?} for {nh} + {nkv} heads of {hd}", y.shape);
+        ensure!(wq.numel() == hd && wk.numel() == hd, "attn_qkv: norm weights {:?}, {:?} for head_dim {hd}", wq.shape, wk.shape);
+        ensure!(rot % 2 == 0 && rot <= hd, "attn_qkv: rotary dim {rot} of head_dim {hd}");
+        if hd % 8 != 0 || hd > QK_MAXHD || y.ptr() % 16 != 0 {
+            return Ok(None);
+        }
+        let l = y.shape[0];
+        let dt = y.dtype;
+        // norm weights in the activation dtype (a no-op for a bf16 checkpoint at bf16)
+        let (wq, wk) = (self.cast(wq, dt)?, self.cast(wk, dt)?);
+        let q = self.alloc(dt, &[l, nh, hd])?;
+        let k = self.alloc(dt, &[l, nkv, hd])?;
+        let v = self.alloc(dt, &[l, nkv, hd])?;
+        let rows = l * (nh + 2 * nkv);
+        if rows > 0 {
+            self.launch(
+                &format!("{prefix}_qkrope{}_{}", if tab { "_t" } else { "" }, dt.name()),
+                // qkrope_t: a grid-stride loop over the rows (a warp each), capped as grid_for caps
+                if tab { self.grid_for(rows * 32) } else { rows.div_ceil(QK_WARPS) as u32 },
+                256,
+                0,
+                &[
+                    Arg::P(q.ptr()),
+                    Arg::P(k.ptr()),
+                    Arg::P(v.ptr()),
+                    Arg::P(y.ptr()),
+                    Arg::P(wq.ptr()),
+                    Arg::P(wk.ptr()),
+                    Arg::L(l as i64),
+                    Arg::I(nh as i32),
+                    Arg::I(nkv as i32),
+                    Arg::I(hd as i32),
+                    Arg::L(ld as i64),
+                    Arg::L((2 * hd) as i64),
+                    Arg::L((2 * nh * hd) as i64),
+                    Arg::L(((2 * nh + nkv) * hd) as i64),
+                    Arg::F(eps as f32),
+                    Arg::I(rot as i32),
+                    Arg::L(theta.to_bits() as i64),
+                ],
+            )?;
+        }
+        Ok(Some((q, k, v)))
+    }
+
+    /// `o [L, H·hd] · sigmoid(gate)`, head h's gate read in place out of `y [L, ld]` at columns
+    /// `h·2·hd + hd ..` (`gmulh`); `None` where hd or ld is not a multiple of 8.
+    pub(crate) fn attn_gate_y_with(&self, o: &CudaTensor, y: &CudaTensor, (nh, hd): (usize, usize), prefix: &str) -> Result<Option<CudaTensor>> {
+        ensure!(y.shape.len() == 2 && y.shape[1] >= 2 * nh * hd, "attn_gate: y {:?} for {nh} heads of {hd}", y.shape);
+        let l = y.shape[0];
+        ensure!(o.numel() == l * nh * hd, "attn_gate: o {:?} for {l} x {nh} x {hd}", o.shape);
+        let ld = y.shape[1];
+        if hd % 8 != 0 || ld % 8 != 0 || y.ptr() % 16 != 0 || o.ptr() % 16 != 0 {
+            return Ok(None);
+        }
+        let y = self.cast(y, o.dtype)?;
+        let out = self.alloc(o.dtype, &[l, nh * hd])?;
+        if l > 0 {
+            self.launch(
+                &format!("{prefix}_gmulh_{}", o.dtype.name()),
+                self.grid_for(l * nh * hd / 8),
+                256,
+                0,
+                &[
+                    Arg::P(out.ptr()),
+                    Arg::P(o.ptr()),
+                    Arg::P(y.ptr() + (hd * o.dtype.size()) as u64),
+                    Arg::L(l as i64),
+                    Arg::I(nh as i32),
+                    Arg::I(hd as i32),
+                    Arg::L(ld as i64),
+                    Arg::L((2 * hd) as i64),
+                ],
+            )?;
+        }
+        Ok(Some(out))
+    }
+
+    /// The flash kernel of `path` with the sigmoid gate fused into its epilogue, the gate read in
+    /// place out of `y` (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`; `None` otherwise).
+    /// `prefix` "moss_ctl_enc" runs the planted bug (the gate of the KV head).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attn_gated_fused_y_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        y: &CudaTensor,
+        scale: f64,
+        prefix: &str,
+        path: EncAttn,
+    ) -> Result<Option<CudaTensor>> {
+        ensure!(q.shape.len() == 3 && k.shape.len() == 3 && v.shape == k.shape, "attn_gated: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
+        let (l, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
+        let nkv = k.shape[1];
+        ensure!(k.shape[0] == l && k.shape[2] == hd && nkv > 0 && nh % nkv == 0, "attn_gated: q {:?} k {:?}", q.shape, k.shape);
+        ensure!(y.shape.len() == 2 && y.shape[0] == l && y.shape[1] >= 2 * nh * hd, "attn_gated: y {:?} for q {:?}", y.shape, q.shape);
+        let ok = path != EncAttn::Gemm
+            && [q.dtype, k.dtype, v.dtype, y.dtype].iter().all(|&d| d == DType::BF16)
+            && hd == FLASH_HD
+            && l > ATTN_TILED_MAX
+            && y.shape[1] % 8 == 0;
+        if !ok {
+            return Ok(None);
+        }
+        let out = self.alloc(q.dtype, &[l, nh * hd])?;
+        self.launch_enc_flash(path, prefix, true, l, nh, &[
+            Arg::P(out.ptr()),
+            Arg::P(q.ptr()),
+            Arg::P(k.ptr()),
+            Arg::P(v.ptr()),
+            Arg::I(l as i32),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+            Arg::P(y.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
+            Arg::L(y.shape[1] as i64),
+            Arg::L((2 * hd) as i64),
+        ])?;
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn qkrope_switch() {
+        assert_eq!(pick_qkrope(None), QkRope::One);
+        assert_eq!(pick_qkrope(Some("nonsense")), QkRope::One);
+        assert_eq!(pick_qkrope(Some("split")), QkRope::Split);
+        assert_eq!(pick_qkrope(Some("tab")), QkRope::Tab);
+    }
+}
