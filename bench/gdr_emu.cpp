@@ -319,6 +319,7 @@ struct TmaMap {
     int b0, b1;     // box (elements, rows)
 };
 inline void ft_prefetch(const TmaMap*) {}
+inline void ft_pf(const TmaMap* m, int x, int y) { assert(x >= 0 && y >= 0 && m->base); }  // an L2 hint: nothing to emulate
 inline void ft_box(void* dst, const TmaMap* m, int x, int y, void* b, unsigned mask) {
     long off = (char*)dst - emu::cta->base(), boff = (char*)b - emu::cta->base();
     const int rb = m->b0 * m->es;
@@ -508,16 +509,20 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                                : (bug ? fused_impl<float, 2, 1, true> : fused_impl<float, 2, 0, true>);
             f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
         });
-    } else if (tc == 10) {  // gdr_tma.cu, cluster of 2: the host's tensor maps
+    } else if (tc >= 10) {  // gdr_tma.cu: 10 tma2, 11 tma2p (L2 prefetch), 12 tma1 (no cluster); the host's tensor maps
         using moss_gdrt::TmaMap;
         const long nr = nb * GC;
-        const TmaMap mq{(const char*)qp, 4, (long)Hk * dk, L, rqk * 4, 32, GC / 2},
-            mwk{(const char*)Wk.data(), 4, GD, nr, GD * 4, 32, GC / 2}, mkd{(const char*)Kd.data(), 4, GD, nr, GD * 4, 32, GC / 2},
-            mu0{(const char*)U0.data(), 4, GD, nr, GD * 4, 32, GC}, mwq{(const char*)Wqk.data(), 4, GC, nr, GC * 4, 32, GC / 2};
+        const int cl = tc == 12 ? 1 : 2, br = GC / cl;
+        const TmaMap mq{(const char*)qp, 4, (long)Hk * dk, L, rqk * 4, 32, br},
+            mwk{(const char*)Wk.data(), 4, GD, nr, GD * 4, 32, br}, mkd{(const char*)Kd.data(), 4, GD, nr, GD * 4, 32, br},
+            mu0{(const char*)U0.data(), 4, GD, nr, GD * 4, 32, GC}, mwq{(const char*)Wqk.data(), 4, GC, nr, GC * 4, 32, br};
         launch_cluster(
-            4 * Hv, 2, moss_gdrt::TLay<float>::BYTES,
+            4 * Hv, cl, moss_gdrt::TLay<float>::BYTES,
             [&] {
-                auto f = bug ? moss_gdrt::tma_impl<float, 2, 1> : moss_gdrt::tma_impl<float, 2, 0>;
+                using namespace moss_gdrt;
+                auto f = tc == 10   ? (bug ? tma_impl<float, 2, 1> : tma_impl<float, 2, 0>)
+                         : tc == 11 ? (bug ? tma_impl<float, 2, 1, 2> : tma_impl<float, 2, 0, 2>)
+                                    : (bug ? tma_impl<float, 1, 1> : tma_impl<float, 1, 0>);
                 f(&mq, &mwk, &mkd, &mu0, &mwq, out.data(), gam.data(), L, Hk, Hv, dk, dv);
             },
             moss_gdrt::TLay<float>::SLOT);
@@ -578,20 +583,20 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones; `gdr_emu tma` the tensor-copy one (cuda/sm90a/gdr_tma.cu).
+// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones; `gdr_emu tma` the tensor-copy ones (cuda/sm90a/gdr_tma.cu: tma2, tma2p, tma1).
 int main(int argc, char** argv) {
     auto arg = [&](const char* a) { return argc > 1 && std::strcmp(argv[1], a) == 0; };
     const bool only3 = arg("tc3"), only_fused = arg("fused"), only_f1 = arg("fused1"), only_fc = arg("fusedc"),
                only_f2c = arg("fused2c"), unfused = arg("unfused"), only_tma = arg("tma");
     const int tc0 = only_tma ? 10 : only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
-    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : only3 ? 10 : 11;
+    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : only3 ? 10 : 13;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
     for (int tc = tc0; tc < tc1; tc++)
         for (auto c : cs) {
-            if (unfused && ((tc >= 4 && tc <= 8) || tc == 10)) continue;
+            if (unfused && ((tc >= 4 && tc <= 8) || tc >= 10)) continue;
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
             bool strided = (c.L % 2) == 1;
@@ -600,7 +605,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 10 ? "tma2" : tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 12 ? "tma1" : tc == 11 ? "tma2p" : tc == 10 ? "tma2" : tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

@@ -1,5 +1,5 @@
 // The gated delta rule's state pass and output in one kernel, tiles by TMA *tensor* copies
-// (MOSS_GDR_STATE=tma2; Hopper only, sm_90a unit). Same algebra, pipeline, cluster sharing and
+// (MOSS_GDR_STATE=tma2 / tma2p / tma1; Hopper only, sm_90a unit). Same algebra, pipeline, cluster sharing and
 // planted control as cuda/sm90a/gdr_fused.cu (read that first); what differs is how the per-chunk
 // tiles reach shared memory:
 //
@@ -81,9 +81,17 @@ __device__ __forceinline__ void ft_box(void* dst, const TmaMap* m, int x, int y,
             "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(fz_sa(b))
             : "memory");
 }
+// Hint: the box at (x, y) of map m into L2 (no shared memory, no barrier).
+__device__ __forceinline__ void ft_pf(const TmaMap* m, int x, int y) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(m)), "r"(x),
+                 "r"(y)
+                 : "memory");
+}
 #endif
 
-template <typename T, int CL, int BUG>
+// PF > 0: with chunk c's phase-A tiles, the producer also asks L2 to prefetch this CTA's shares of
+// chunk c + PF (the slots hold one chunk ahead; the prep's scratch is past L2 at 4096 tokens).
+template <typename T, int CL, int BUG, int PF = 0>
 __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd, const TmaMap* mu0, const TmaMap* mwq,
                          T* out, const float* gam, int L, int Hk, int Hv, int dk, int dv) {
     using Y = TLay<T>;
@@ -118,6 +126,15 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                 if (u >= NSLOT) fz_wait(empty(s), ((u / NSLOT) - 1) & 1);
                 const int row0 = (c * Hv + h) * GC;  // the chunk's first scratch row
                 unsigned char* slot = sm + s * Y::SLOT;
+                if constexpr (PF > 0) {
+                    if ((u & 1) == 0 && c + PF < nc) {
+                        const int f0 = ((c + PF) * Hv + h) * GC;
+                        for (int p = 0; p < 4; p++) ft_pf(mwk, 32 * p, f0 + r0), ft_pf(mkd, 32 * p, f0 + r0);
+                        for (int p = 0; p < 2; p++) ft_pf(mwq, 32 * p, f0 + r0);
+                        for (int p = 0; p < GD / Y::QP; p++) ft_pf(mq, kh * dk + Y::QP * p, (c + PF) * GC + r0);
+                        ft_pf(mu0, j0, f0);
+                    }
+                }
                 if ((u & 1) == 0) {
                     fz_expect(full(s), Y::TX_A);
                     for (int p = 0; p < 4; p++) ft_box(slot + Y::A_WK + p * PANEL + r0 * 128, mwk, 32 * p, row0 + r0, full(s), mask);
@@ -279,14 +296,20 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #ifndef GDR_EMU
 // out [L, Hv, dv] bf16. Launch: grid 4·Hv (a multiple of CL), 288 threads, TLay<bf16>::BYTES
 // (201776) bytes of dynamic shared memory; the maps as described at the top.
-#define MOSS_GDR_TMA(NAME, CL, BUG)                                                                                        \
+#define MOSS_GDR_TMA(NAME, CL, BUG, PF)                                                                                        \
     MOSS_KERNEL void __cluster_dims__(CL, 1, 1) __launch_bounds__(moss_gdrf::THREADS, 1)                                   \
         NAME(const __grid_constant__ moss_gdrt::TmaMap mq, const __grid_constant__ moss_gdrt::TmaMap mwk,                  \
              const __grid_constant__ moss_gdrt::TmaMap mkd, const __grid_constant__ moss_gdrt::TmaMap mu0,                 \
              const __grid_constant__ moss_gdrt::TmaMap mwq, __nv_bfloat16* out, const float* gam, int L, int Hk, int Hv,   \
              int dk, int dv) {                                                                                             \
-        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
+        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
     }
-MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1)
+MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0)
+// + L2 prefetch two chunks ahead
+MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2)
+// no cluster: each CTA loads whole tiles (boxes of 64 rows), no cross-CTA slot release
+MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0)
 #endif

@@ -148,6 +148,49 @@ pub(crate) enum GdrPath {
     Fused(u32, bool),
     /// `Tc` with `gdr_seq_tc` + `gdr_out_tc` whatever the device (`MOSS_GDR_STATE=seq`).
     TcSeq,
+    /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
+    /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
+    /// `tma1`), the flag: with L2 prefetches two chunks ahead (`tma2p`).
+    Tma(u32, bool),
+}
+
+/// Dynamic shared memory of `gdr_tma` (`TLay<bf16>::BYTES` in `cuda/sm90a/gdr_tma.cu`).
+const GDR_TMA_BYTES: u32 = 201_776;
+
+/// A 2-D tensor map (`cuda/sm90a/gdr_tma.cu`): `cols` x `rows` elements of `dt` (bf16 or f32) at
+/// `ptr`, row stride `ld` elements, box `bx` elements x `by` rows (`bx` elements = 128 bytes),
+/// 128-byte swizzle, zeros past the edges.
+fn gdr_tensor_map(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32) -> Result<cudarc::driver::sys::CUtensorMap> {
+    use cudarc::driver::sys;
+    let (ty, es) = match dt {
+        DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
+        DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
+    };
+    ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "gdr tensor map: address / stride {ld} / {cols} columns / box {bx}");
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [(ld * es) as u64];
+    let boxes: [u32; 2] = [bx, by];
+    let elem: [u32; 2] = [1, 1];
+    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            ty,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
+    Ok(map)
 }
 
 /// Dynamic shared memory of `gdr_fused` (`Lay<bf16>::BYTES` in `cuda/sm90a/gdr_fused.cu`).
@@ -162,16 +205,20 @@ const GDR_FUSED_THREADS: u32 = 288;
 /// else) `fused2c`: the whole 4096-token encoder 105.3 ms on the device against 106.6 / 107.6 with
 /// `fused2` (delta-rule op sum 12.9 against 15.0 ms; bench/RESULTS.md, fourth integration run;
 /// `fused2` alone 0.430 ms against 0.500 for seq_tc + out_tc, bench/notes-gdrseq.md).
-/// `(cluster, cp.async)`, or None for seq.
-pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<(u32, bool)> {
+/// `tma2` / `tma2p` / `tma1`: `cuda/sm90a/gdr_tma.cu` ([`GdrPath::Tma`]). The kernel's path ([`GdrPath::Fused`] or
+/// [`GdrPath::Tma`]), or None for seq.
+pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
     match v {
         Some("seq") => None,
-        Some("fused4") => Some((4, false)),
-        Some("fused1") => Some((1, false)),
-        Some("fused4c") => Some((4, true)),
-        Some("fused2") => Some((2, false)),
+        Some("fused4") => Some(GdrPath::Fused(4, false)),
+        Some("fused1") => Some(GdrPath::Fused(1, false)),
+        Some("fused4c") => Some(GdrPath::Fused(4, true)),
+        Some("fused2") => Some(GdrPath::Fused(2, false)),
+        Some("tma2") => Some(GdrPath::Tma(2, false)),
+        Some("tma2p") => Some(GdrPath::Tma(2, true)),
+        Some("tma1") => Some(GdrPath::Tma(1, false)),
         // fused2c: measured fastest (bench/RESULTS.md, fourth integration run)
-        _ => Some((2, true)),
+        _ => Some(GdrPath::Fused(2, true)),
     }
 }
 
@@ -592,9 +639,9 @@ impl Cuda {
         // the device and the rows allow it (Hopper kernels loaded; bulk copies of 16-byte q rows).
         let fits = self.has_sm90a() && dk % 8 == 0 && rows.rqk % 8 == 0 && rows.q % 16 == 0;
         let (path, fused) = match path {
-            GdrPath::Fused(cl, cpa) => {
+            GdrPath::Fused(..) | GdrPath::Tma(..) => {
                 ensure!(fits, "gated_delta_rule: the fused state pass needs an sm_90 GPU with cuda/sm90a kernels, dk % 8 == 0 and 16-byte q rows");
-                (GdrPath::Tc, Some((cl, cpa)))
+                (GdrPath::Tc, Some(path))
             }
             GdrPath::TcSeq => (GdrPath::Tc, None),
             GdrPath::Tc | GdrPath::Tc2 if fits => (path, gdr_state_env(std::env::var("MOSS_GDR_STATE").ok().as_deref())),
@@ -637,7 +684,30 @@ impl Cuda {
         } else {
             self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         }
-        if let Some((cl, cpa)) = fused {
+        if let Some(GdrPath::Tma(cl, pf)) = fused {
+            // `gdr_tma{cl}` (`cuda/sm90a/gdr_tma.cu`): `gdr_fused`'s algebra, the tiles as boxes of
+            // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
+            ensure!(matches!((cl, pf), (2, _) | (1, false)) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}, dk {dk}, dv {dv}");
+            let r = (ch / cl as usize) as u32;
+            let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
+                gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
+            };
+            let mut args = vec![
+                map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
+                map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
+                map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
+                Arg::P(out.ptr()),
+                Arg::P(gam.ptr()),
+            ];
+            args.extend(dims().take(5));
+            // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+            let p = if pf { "p" } else { "" };
+            self.launch(&format!("{out_prefix}_gdr_tma{cl}{p}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_TMA_BYTES, &args)?;
+            return Ok(out);
+        }
+        if let Some(GdrPath::Fused(cl, cpa)) = fused {
             // `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head
             // and 32 value columns, in chunk order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to
             // the output, S ← e^{γl} S + Kdᵀ U; the cl column blocks of a head form a cluster that
