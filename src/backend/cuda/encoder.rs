@@ -143,14 +143,14 @@ pub(crate) enum GdrPath {
     /// `gdr_prep_tc`, then the state pass and the output in one kernel with the per-chunk tiles
     /// shared by a thread-block cluster of this many column blocks of a head, the U0 slice and γ
     /// through cp.async if the flag is set (`cuda/sm90a/gdr_fused.cu`, Hopper only;
-    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`). `Tc` and `Tc2` take
-    /// `Fused(2, false)` on Hopper unless `MOSS_GDR_STATE` says otherwise.
+    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`).
     Fused(u32, bool),
     /// `Tc` with `gdr_seq_tc` + `gdr_out_tc` whatever the device (`MOSS_GDR_STATE=seq`).
     TcSeq,
     /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
     /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
-    /// `tma1`), the flag: with L2 prefetches two chunks ahead (`tma2p`).
+    /// `tma1`), the flag: with L2 prefetches two chunks ahead (`tma2p`). `Tc` and `Tc2` take
+    /// `Tma(2, false)` on Hopper unless `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
     Tma(u32, bool),
 }
 
@@ -200,13 +200,14 @@ const GDR_FUSED_THREADS: u32 = 288;
 
 /// The state pass + output that `MOSS_GDR_STATE` asks for on the default (`Tc` / `Tc2`) paths where
 /// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
-/// `fused1` the state pass + output of `cuda/sm90a/gdr_fused.cu` with clusters of 4 / 2 / 1 column
-/// blocks, `fused4c` / `fused2c` the same with the U0 slice through cp.async; unset (or anything
-/// else) `fused2c`: the whole 4096-token encoder 105.3 ms on the device against 106.6 / 107.6 with
-/// `fused2` (delta-rule op sum 12.9 against 15.0 ms; bench/RESULTS.md, fourth integration run;
-/// `fused2` alone 0.430 ms against 0.500 for seq_tc + out_tc, bench/notes-gdrseq.md).
-/// `tma2` / `tma2p` / `tma1`: `cuda/sm90a/gdr_tma.cu` ([`GdrPath::Tma`]). The kernel's path ([`GdrPath::Fused`] or
-/// [`GdrPath::Tma`]), or None for seq.
+/// `fused1` / `fused2c` / `fused4c` the state pass + output of `cuda/sm90a/gdr_fused.cu` (clusters
+/// of 4 / 2 / 1 column blocks, `c`: the U0 slice through cp.async); `tma2p` / `tma1`:
+/// `cuda/sm90a/gdr_tma.cu` with L2 prefetches / without a cluster; unset (or anything else)
+/// `tma2`, `cuda/sm90a/gdr_tma.cu` with clusters of 2: 0.292 ms a layer at 4096 tokens against
+/// 0.345 for `fused2c`, the 4096-token encoder's device median 104.5 / 104.7 ms against 107.5 /
+/// 107.3 and the delta-rule op sum 11.5 / 11.3 ms against 12.7 / 12.5, alternating in one call
+/// (bench/notes-gdrtma.md). The kernel's path ([`GdrPath::Fused`] or [`GdrPath::Tma`]), or None
+/// for seq.
 pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
     match v {
         Some("seq") => None,
@@ -214,11 +215,11 @@ pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
         Some("fused1") => Some(GdrPath::Fused(1, false)),
         Some("fused4c") => Some(GdrPath::Fused(4, true)),
         Some("fused2") => Some(GdrPath::Fused(2, false)),
-        Some("tma2") => Some(GdrPath::Tma(2, false)),
+        Some("fused2c") => Some(GdrPath::Fused(2, true)),
         Some("tma2p") => Some(GdrPath::Tma(2, true)),
         Some("tma1") => Some(GdrPath::Tma(1, false)),
-        // fused2c: measured fastest (bench/RESULTS.md, fourth integration run)
-        _ => Some(GdrPath::Fused(2, true)),
+        // tma2: measured fastest (bench/notes-gdrtma.md)
+        _ => Some(GdrPath::Tma(2, false)),
     }
 }
 

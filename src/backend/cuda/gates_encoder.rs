@@ -308,7 +308,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
         if fused {
             // the state pass + output in one clustered kernel (MOSS_GDR_STATE=fused4 / fused2 / ..., tma2)
-            // (the default on Hopper is fused2c: the GdrPath::Tc rows below gate it too)
+            // (the default on Hopper is tma2: the GdrPath::Tc rows below gate it too)
             for (cl, cpa) in [(4, false), (2, false), (1, false), (4, true), (2, true)] {
                 let name = format!("fused{cl}{}", if cpa { "c" } else { "" });
                 let what = if cpa { ", U0 by cp.async" } else { "" };
