@@ -509,7 +509,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                                : (bug ? fused_impl<float, 2, 1, true> : fused_impl<float, 2, 0, true>);
             f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
         });
-    } else if (tc >= 10) {  // gdr_tma.cu: 10 tma2, 11 tma2p (L2 prefetch), 12 tma1 (no cluster); the host's tensor maps
+    } else if (tc >= 10) {  // gdr_tma.cu: 10 tma2, 11 tma2p (L2 prefetch), 12 tma1 (no cluster), 13 tma2x (operands a step ahead); the host's tensor maps
         using moss_gdrt::TmaMap;
         const long nr = nb * GC;
         const int cl = tc == 12 ? 1 : 2, br = GC / cl;
@@ -522,6 +522,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                 using namespace moss_gdrt;
                 auto f = tc == 10   ? (bug ? tma_impl<float, 2, 1> : tma_impl<float, 2, 0>)
                          : tc == 11 ? (bug ? tma_impl<float, 2, 1, 2> : tma_impl<float, 2, 0, 2>)
+                         : tc == 13 ? (bug ? tma_impl<float, 2, 1, 0, true> : tma_impl<float, 2, 0, 0, true>)
                                     : (bug ? tma_impl<float, 1, 1> : tma_impl<float, 1, 0>);
                 f(&mq, &mwk, &mkd, &mu0, &mwq, out.data(), gam.data(), L, Hk, Hv, dk, dv);
             },
@@ -583,13 +584,13 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones; `gdr_emu tma` the tensor-copy ones (cuda/sm90a/gdr_tma.cu: tma2, tma2p, tma1).
+// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones; `gdr_emu tma` the tensor-copy ones (cuda/sm90a/gdr_tma.cu: tma2, tma2p, tma1, tma2x), `gdr_emu tma2x` that one.
 int main(int argc, char** argv) {
     auto arg = [&](const char* a) { return argc > 1 && std::strcmp(argv[1], a) == 0; };
     const bool only3 = arg("tc3"), only_fused = arg("fused"), only_f1 = arg("fused1"), only_fc = arg("fusedc"),
                only_f2c = arg("fused2c"), unfused = arg("unfused"), only_tma = arg("tma");
-    const int tc0 = only_tma ? 10 : only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
-    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : only3 ? 10 : 13;
+    const int tc0 = arg("tma2x") ? 13 : only_tma ? 10 : only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
+    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : only3 ? 10 : 14;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
@@ -605,7 +606,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 12 ? "tma1" : tc == 11 ? "tma2p" : tc == 10 ? "tma2" : tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 13 ? "tma2x" : tc == 12 ? "tma1" : tc == 11 ? "tma2p" : tc == 10 ? "tma2" : tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

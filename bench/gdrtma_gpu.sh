@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Helper gdrtma's device call: the fused state pass with TMA tensor copies (cuda/sm90a/gdr_tma.cu,
+# Helper gdrtma's device call (ran 2026-12-03 without tma2x, which was added after it): the fused state pass with TMA tensor copies (cuda/sm90a/gdr_tma.cu,
 # MOSS_GDR_STATE=tma2 / tma2p / tma1) against the default fused2c (cuda/sm90a/gdr_fused.cu).
 #   1. bench/gdrtma_bench.py: kernels alone from cubins (cuda/gdr.cu sm_90 for prep_tc3,
 #      cuda/sm90a/gdr_tma.cu sm_90a: fused2c + tma*), L = 128 / 4096 / 200, rel L2 vs fp64, controls;
@@ -35,7 +35,7 @@ wait $MK
 tail -2 "$OUT/make.txt"
 log "bench-encode"
 for round in 1 2; do
-  for v in fused2c tma2 tma2p tma1; do
+  for v in fused2c tma2 tma2p tma1 tma2x; do
     if [ $SECONDS -gt 180 ]; then echo "skip $v round $round (time)"; continue; fi
     MOSS_GDR_STATE=$v timeout 25 "$BIN" bench-encode --model $E --ids-file $E/ids128.txt --ids-file $E/ids4096.txt --device cuda --reps 7 \
       > "$OUT/enc_${v}_$round.jsonl" 2> "$OUT/enc_${v}_$round.err"
@@ -51,7 +51,7 @@ o = sys.argv[1]
 print("| MOSS_GDR_STATE | round | tokens | median ms | device median ms | gated_delta_rule op sum ms (24 calls) |")
 print("|---|---|---|---|---|---|")
 for round in (1, 2):
-    for v in ("fused2c", "tma2", "tma2p", "tma1"):
+    for v in ("fused2c", "tma2", "tma2p", "tma1", "tma2x"):
         f = f"{o}/enc_{v}_{round}.jsonl"
         if not os.path.exists(f):
             continue

@@ -1,5 +1,5 @@
 // The gated delta rule's state pass and output in one kernel, tiles by TMA *tensor* copies
-// (MOSS_GDR_STATE=tma2 / tma2p / tma1; Hopper only, sm_90a unit). Same algebra, pipeline, cluster sharing and
+// (MOSS_GDR_STATE=tma2 / tma2p / tma1 / tma2x; Hopper only, sm_90a unit). Same algebra, pipeline, cluster sharing and
 // planted control as cuda/sm90a/gdr_fused.cu (read that first); what differs is how the per-chunk
 // tiles reach shared memory:
 //
@@ -91,7 +91,10 @@ __device__ __forceinline__ void ft_pf(const TmaMap* m, int x, int y) {
 
 // PF > 0: with chunk c's phase-A tiles, the producer also asks L2 to prefetch this CTA's shares of
 // chunk c + PF (the slots hold one chunk ahead; the prep's scratch is past L2 at 4096 tokens).
-template <typename T, int CL, int BUG, int PF = 0>
+// PIPE: the compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
+// (register double buffer; the asm statements keep program order, so the code does it by hand).
+// PIPE = false is the measured code, unchanged.
+template <typename T, int CL, int BUG, int PF = 0, bool PIPE = false>
 __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd, const TmaMap* mu0, const TmaMap* mwq,
                          T* out, const float* gam, int L, int Hk, int Hv, int dk, int dv) {
     using Y = TLay<T>;
@@ -181,6 +184,47 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #pragma unroll
                 for (int r = 0; r < 4; r++) Ua[nt][r] = Oa[nt][r] = 0.f;
             float ss0 = 0.f, ss1 = 0.f;
+            if constexpr (PIPE) {
+            // k-step operands: Sᵀ (B), Wk (A) by ldmatrix; q elements k0 + t, k0 + 4 + t of rows qr, qr + 8
+            struct OpA {
+                unsigned b[4], a[4];
+                float x[4];
+            };
+            auto load_a = [&](int k0, OpA& o) {
+                moss_mma::ldsm_x4(o.b, pb + k0);
+                moss_mma::ldsm_x4(o.a, wk + (k0 >> 5) * PANEL + ft_sw(ar, ((k0 & 31) >> 2) + ah));
+                if (k0 < dk) {
+                    const int k1 = k0 + t, k2 = k0 + 4 + t;
+                    const int o1 = (k1 / Y::QP) * PANEL + ft_sw(qr, (k1 % Y::QP) / Y::QE) + (k1 % Y::QE) * (int)sizeof(T);
+                    const int o2 = (k2 / Y::QP) * PANEL + ft_sw(qr, (k2 % Y::QP) / Y::QE) + (k2 % Y::QE) * (int)sizeof(T);
+                    const T* q1 = reinterpret_cast<const T*>(qs + o1);
+                    const T* q2 = reinterpret_cast<const T*>(qs + o2);
+                    o.x[0] = fz_qv(q1[0]), o.x[1] = fz_qv(q1[8 * 128 / (int)sizeof(T)]);
+                    o.x[2] = fz_qv(q2[0]), o.x[3] = fz_qv(q2[8 * 128 / (int)sizeof(T)]);
+                }
+            };
+            auto mma_a = [&](int k0, OpA& o) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) o.a[r] = fz_tf32(fz_uf(o.a[r]));
+                mma_tf32(Ua[0], o.a, o.b[0], o.b[1]);
+                mma_tf32(Ua[1], o.a, o.b[2], o.b[3]);
+                if (k0 < dk) {
+                    ss0 += o.x[0] * o.x[0] + o.x[2] * o.x[2];
+                    ss1 += o.x[1] * o.x[1] + o.x[3] * o.x[3];
+                    const unsigned aq[4] = {fz_qbits((const T*)qs, o.x[0]), fz_qbits((const T*)qs, o.x[1]),
+                                            fz_qbits((const T*)qs, o.x[2]), fz_qbits((const T*)qs, o.x[3])};
+                    mma_tf32(Oa[0], aq, o.b[0], o.b[1]);
+                    mma_tf32(Oa[1], aq, o.b[2], o.b[3]);
+                }
+            };
+                OpA o[2];
+                load_a(0, o[0]);
+#pragma unroll
+                for (int k0 = 0; k0 < GD; k0 += 8) {
+                    if (k0 + 8 < GD) load_a(k0 + 8, o[((k0 >> 3) + 1) & 1]);
+                    mma_a(k0, o[(k0 >> 3) & 1]);
+                }
+            } else {
 #pragma unroll
             for (int k0 = 0; k0 < GD; k0 += 8) {
                 unsigned b[4], a[4];
@@ -205,6 +249,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                     mma_tf32(Oa[0], aq, b[0], b[1]);
                     mma_tf32(Oa[1], aq, b[2], b[3]);
                 }
+            }
             }
             ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
             ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
@@ -239,6 +284,58 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) S[nt][r] *= dec;
+            if constexpr (PIPE) {
+            // S += Kdᵀ U: A(a, i) = Kd[i][a], a = 16·warp + g (+8), i = k0 + t (+4); B = U from Uᵀ
+            const int kap = 16 * warp + g;
+            struct OpB {
+                float a[4];
+                unsigned b01[4], b23[4];
+            };
+            auto load_s = [&](int k0, OpB& o) {
+                auto kv = [&](int i, int a) { return *reinterpret_cast<const float*>(kd + ft_f(i, a)); };
+                o.a[0] = kv(k0 + t, kap), o.a[1] = kv(k0 + t, kap + 8), o.a[2] = kv(k0 + t + 4, kap), o.a[3] = kv(k0 + t + 4, kap + 8);
+                moss_mma::ldsm_x4(o.b01, pu + k0);
+                moss_mma::ldsm_x4(o.b23, pu + 16 * UL + k0);
+            };
+            auto mma_s = [&](OpB& o) {
+                const unsigned a[4] = {fz_tf32(o.a[0]), fz_tf32(o.a[1]), fz_tf32(o.a[2]), fz_tf32(o.a[3])};
+                mma_tf32(S[0], a, o.b01[0], o.b01[1]);
+                mma_tf32(S[1], a, o.b01[2], o.b01[3]);
+                mma_tf32(S[2], a, o.b23[0], o.b23[1]);
+                mma_tf32(S[3], a, o.b23[2], o.b23[3]);
+            };
+            // O += Wqk U (lower triangular: k < ur + 16)
+            const float* pup = pu + uc * UL;
+            struct OpO {
+                unsigned a[4], b[4];
+            };
+            auto load_o = [&](int k0, OpO& o) {
+                moss_mma::ldsm_x4(o.a, wq + (k0 >> 5) * PANEL + ft_sw(ar, ((k0 & 31) >> 2) + ah));
+                moss_mma::ldsm_x4(o.b, pup + k0);
+            };
+            auto mma_o = [&](OpO& o) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) o.a[r] = fz_tf32(fz_uf(o.a[r]));
+                mma_tf32(Oa[0], o.a, o.b[0], o.b[1]);
+                mma_tf32(Oa[1], o.a, o.b[2], o.b[3]);
+            };
+                OpB o[2];
+                load_s(0, o[0]);
+#pragma unroll
+                for (int k0 = 0; k0 < GC; k0 += 8) {
+                    if (k0 + 8 < GC) load_s(k0 + 8, o[((k0 >> 3) + 1) & 1]);
+                    mma_s(o[(k0 >> 3) & 1]);
+                }
+                OpO p[2];
+                load_o(0, p[0]);
+#pragma unroll
+                for (int k0 = 0; k0 < GC; k0 += 8) {
+                    if (k0 < ur + 16) {
+                        if (k0 + 8 < ur + 16) load_o(k0 + 8, p[((k0 >> 3) + 1) & 1]);
+                        mma_o(p[(k0 >> 3) & 1]);
+                    }
+                }
+            } else {
             // S += Kdᵀ U: A(a, i) = Kd[i][a], a = 16·warp + g (+8), i = k0 + t (+4)
             const int ka = 16 * warp + g;
 #pragma unroll 2
@@ -264,6 +361,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                 moss_mma::ldsm_x4(b, pu2 + k0);
                 mma_tf32(Oa[0], a, b[0], b[1]);
                 mma_tf32(Oa[1], a, b[2], b[3]);
+            }
             }
             FZ_SLOT_END(s);
             __syncwarp();
@@ -296,20 +394,23 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #ifndef GDR_EMU
 // out [L, Hv, dv] bf16. Launch: grid 4·Hv (a multiple of CL), 288 threads, TLay<bf16>::BYTES
 // (201776) bytes of dynamic shared memory; the maps as described at the top.
-#define MOSS_GDR_TMA(NAME, CL, BUG, PF)                                                                                        \
+#define MOSS_GDR_TMA(NAME, CL, BUG, PF, PIPE)                                                                                        \
     MOSS_KERNEL void __cluster_dims__(CL, 1, 1) __launch_bounds__(moss_gdrf::THREADS, 1)                                   \
         NAME(const __grid_constant__ moss_gdrt::TmaMap mq, const __grid_constant__ moss_gdrt::TmaMap mwk,                  \
              const __grid_constant__ moss_gdrt::TmaMap mkd, const __grid_constant__ moss_gdrt::TmaMap mu0,                 \
              const __grid_constant__ moss_gdrt::TmaMap mwq, __nv_bfloat16* out, const float* gam, int L, int Hk, int Hv,   \
              int dk, int dv) {                                                                                             \
-        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
+        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF, PIPE>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
     }
-MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0)
+MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0, false)
 // + L2 prefetch two chunks ahead
-MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2)
+MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2, false)
 // no cluster: each CTA loads whole tiles (boxes of 64 rows), no cross-CTA slot release
-MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0)
+MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0, false)
+// operands loaded one k-step ahead (not measured on the device)
+MOSS_GDR_TMA(moss_enc_gdr_tma2x_bf16, 2, 0, 0, true)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2x_bf16, 2, 1, 0, true)
 #endif

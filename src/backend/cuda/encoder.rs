@@ -149,9 +149,10 @@ pub(crate) enum GdrPath {
     TcSeq,
     /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
     /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
-    /// `tma1`), the flag: with L2 prefetches two chunks ahead (`tma2p`). `Tc` and `Tc2` take
-    /// `Tma(2, false)` on Hopper unless `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
-    Tma(u32, bool),
+    /// `tma1`), the suffix: `p` with L2 prefetches two chunks ahead (`tma2p`), `x` with the
+    /// operands loaded a k-step ahead (`tma2x`, not measured). `Tc` and `Tc2` take `Tma(2, "")` on
+    /// Hopper unless `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
+    Tma(u32, &'static str),
 }
 
 /// Dynamic shared memory of `gdr_tma` (`TLay<bf16>::BYTES` in `cuda/sm90a/gdr_tma.cu`).
@@ -202,7 +203,8 @@ const GDR_FUSED_THREADS: u32 = 288;
 /// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
 /// `fused1` / `fused2c` / `fused4c` the state pass + output of `cuda/sm90a/gdr_fused.cu` (clusters
 /// of 4 / 2 / 1 column blocks, `c`: the U0 slice through cp.async); `tma2p` / `tma1`:
-/// `cuda/sm90a/gdr_tma.cu` with L2 prefetches / without a cluster; unset (or anything else)
+/// `cuda/sm90a/gdr_tma.cu` with L2 prefetches / without a cluster; `tma2x` (not measured) with
+/// the operands loaded a k-step ahead; unset (or anything else)
 /// `tma2`, `cuda/sm90a/gdr_tma.cu` with clusters of 2: 0.292 ms a layer at 4096 tokens against
 /// 0.345 for `fused2c`, the 4096-token encoder's device median 104.5 / 104.7 ms against 107.5 /
 /// 107.3 and the delta-rule op sum 11.5 / 11.3 ms against 12.7 / 12.5, alternating in one call
@@ -216,10 +218,11 @@ pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
         Some("fused4c") => Some(GdrPath::Fused(4, true)),
         Some("fused2") => Some(GdrPath::Fused(2, false)),
         Some("fused2c") => Some(GdrPath::Fused(2, true)),
-        Some("tma2p") => Some(GdrPath::Tma(2, true)),
-        Some("tma1") => Some(GdrPath::Tma(1, false)),
+        Some("tma2p") => Some(GdrPath::Tma(2, "p")),
+        Some("tma1") => Some(GdrPath::Tma(1, "")),
+        Some("tma2x") => Some(GdrPath::Tma(2, "x")),
         // tma2: measured fastest (bench/notes-gdrtma.md)
-        _ => Some(GdrPath::Tma(2, false)),
+        _ => Some(GdrPath::Tma(2, "")),
     }
 }
 
@@ -685,10 +688,10 @@ impl Cuda {
         } else {
             self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         }
-        if let Some(GdrPath::Tma(cl, pf)) = fused {
+        if let Some(GdrPath::Tma(cl, sfx)) = fused {
             // `gdr_tma{cl}` (`cuda/sm90a/gdr_tma.cu`): `gdr_fused`'s algebra, the tiles as boxes of
             // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
-            ensure!(matches!((cl, pf), (2, _) | (1, false)) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}, dk {dk}, dv {dv}");
+            ensure!(matches!((cl, sfx), (2, "" | "p" | "x") | (1, "")) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}{sfx}, dk {dk}, dv {dv}");
             let r = (ch / cl as usize) as u32;
             let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
                 gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
@@ -704,8 +707,7 @@ impl Cuda {
             ];
             args.extend(dims().take(5));
             // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-            let p = if pf { "p" } else { "" };
-            self.launch(&format!("{out_prefix}_gdr_tma{cl}{p}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_TMA_BYTES, &args)?;
+            self.launch(&format!("{out_prefix}_gdr_tma{cl}{sfx}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_TMA_BYTES, &args)?;
             return Ok(out);
         }
         if let Some(GdrPath::Fused(cl, cpa)) = fused {

@@ -319,16 +319,21 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             }
             let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Fused(4, false));
             cx.judge("enc gated_delta_rule fused4, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
-            // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 / tma2p / tma1, cuda/sm90a/gdr_tma.cu)
-            for (cl, pf) in [(2, false), (2, true), (1, false)] {
-                let name = format!("tma{cl}{}", if pf { "p" } else { "" });
-                let what = if pf { ", L2 prefetch" } else { "" };
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tma(cl, pf));
+            // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 (the default) / tma2p /
+            // tma1 / tma2x, cuda/sm90a/gdr_tma.cu)
+            for (cl, sfx) in [(2, ""), (2, "p"), (1, ""), (2, "x")] {
+                let name = format!("tma{cl}{sfx}");
+                let what = match sfx {
+                    "p" => ", L2 prefetch",
+                    "x" => ", operands a k-step ahead",
+                    _ => "",
+                };
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tma(cl, sfx));
                 cx.judge(&format!("enc gated_delta_rule {name} (state pass + output, TMA tensor boxes, cluster of {cl}{what}), strided"), &s2, Kind::Gate, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tma(cl, pf));
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tma(cl, sfx));
                 cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
             }
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tma(2, false));
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tma(2, ""));
             cx.judge("enc gated_delta_rule tma2, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
             // the unfused state pass + output (MOSS_GDR_STATE=seq; the default off Hopper)
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::TcSeq);
