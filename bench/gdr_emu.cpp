@@ -243,7 +243,8 @@ struct Cta {
     std::atomic<int> readers[8] = {};
     std::unique_ptr<std::barrier<>> named;
     long slot_bytes = 0, nslot = 0;
-    char* base() { return (char*)sm.data(); }
+    // 1024-byte aligned (the 128-byte swizzle of gdr_tma.cu's boxes is a function of the address)
+    char* base() { return (char*)(((uintptr_t)sm.data() + 1023) & ~(uintptr_t)1023); }
     Mbar& bar(const void* p) { return *mb.at((const char*)p - base()); }
 };
 thread_local Cta* cta = nullptr;
@@ -306,8 +307,49 @@ inline void fz_bulk(void* dst, const void* src, unsigned bytes, void* b, unsigne
 }  // namespace moss_gdrf
 #include "sm90a/gdr_fused.cu"
 
+// ---- cuda/sm90a/gdr_tma.cu: tensor-map boxes (2-D, 128-byte swizzle: 16-byte chunk c of a 128-byte
+// row at shared address a lands at chunk c ^ ((a >> 7) & 7); elements past the map's extent read as
+// zero; the whole box's bytes complete on the barrier), multicast as fz_bulk.
+namespace moss_gdrt {
+struct TmaMap {
+    const char* base;
+    int es;         // element bytes
+    long d0, d1;    // extent (elements, rows)
+    long stride;    // row stride, bytes
+    int b0, b1;     // box (elements, rows)
+};
+inline void ft_prefetch(const TmaMap*) {}
+inline void ft_pf(const TmaMap* m, int x, int y) { assert(x >= 0 && y >= 0 && m->base); }  // an L2 hint: nothing to emulate
+inline void ft_box(void* dst, const TmaMap* m, int x, int y, void* b, unsigned mask) {
+    long off = (char*)dst - emu::cta->base(), boff = (char*)b - emu::cta->base();
+    const int rb = m->b0 * m->es;
+    assert(rb == 128 && off % 1024 == 0 && m->stride % 16 == 0 && (uintptr_t)m->base % 16 == 0 && x >= 0 && y >= 0);
+    if (mask == 0) mask = 1u << emu::rank;
+    for (int r = 0; r < (int)emu::peers->size(); r++) {
+        if (!(mask >> r & 1)) continue;
+        emu::Cta* d = (*emu::peers)[r];
+        assert(off + (long)rb * m->b1 <= (long)(d->sm.size() * 16) - 1024);
+        if (off < d->slot_bytes * d->nslot && d->readers[off / d->slot_bytes].load() != 0) {
+            fprintf(stderr, "tensor copy into slot %ld of CTA %d while it is being read\n", off / d->slot_bytes, r);
+            std::abort();
+        }
+        for (int i = 0; i < m->b1; i++)
+            for (int j = 0; j < rb; j++) {
+                const long e = x + j / m->es, row = y + i;
+                const long a = off + (long)i * rb + j;  // unswizzled address (base 1024-aligned)
+                const long sa = (a & ~0x70L) | ((((a >> 4) & 7) ^ ((a >> 7) & 7)) << 4);
+                d->base()[sa] = e < m->d0 && row < m->d1 ? m->base[row * m->stride + (long)x * m->es + j] : 0;
+            }
+        d->mb.at(boff)->complete_tx((long)rb * m->b1);
+    }
+}
+}  // namespace moss_gdrt
+#define FT_SMEM(name) FZ_SMEM(name)
+#include "sm90a/gdr_tma.cu"
+
 // Run `body` as gx CTAs of moss_gdrf::THREADS threads in clusters of cl, one cluster at a time.
-static void launch_cluster(unsigned gx, int cl, size_t bytes, const std::function<void()>& body) {
+static void launch_cluster(unsigned gx, int cl, size_t bytes, const std::function<void()>& body,
+                           long slot_bytes = moss_gdrf::Lay<float>::SLOT) {
     const int nt = moss_gdrf::THREADS;
     gridDim = {gx, 1, 1};
     for (unsigned c0 = 0; c0 < gx; c0 += cl) {
@@ -318,10 +360,10 @@ static void launch_cluster(unsigned gx, int cl, size_t bytes, const std::functio
         std::barrier<> clus(cl * nt);
         for (int r = 0; r < cl; r++) {
             auto c = std::make_unique<emu::Cta>();
-            c->sm.resize(bytes / 16 + 1);
+            c->sm.resize(bytes / 16 + 1 + 64);  // + 1024: base() rounds up
             std::fill((float*)c->sm.data(), (float*)c->sm.data() + c->sm.size() * 4, NAN);
             c->named = std::make_unique<std::barrier<>>(256);
-            c->slot_bytes = moss_gdrf::Lay<float>::SLOT;
+            c->slot_bytes = slot_bytes;
             c->nslot = moss_gdrf::NSLOT;
             ptrs.push_back(c.get());
             ctas.push_back(std::move(c));
@@ -442,7 +484,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
         else if (tc == 9)
             prep3_impl<unsigned short, 0>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qbp, kbp, vbp,
                                           g.data(), beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
-        else if (tc >= 4)  // fused: the TF32 prep (same scratch as prep_tc3), then state pass + output in one clustered kernel
+        else if (tc >= 4)  // fused (and tma, 10): the TF32 prep (same scratch as prep_tc3), then state pass + output in one clustered kernel
             prep_impl<float, true>(Kd.data(), Wk.data(), U0.data(), Wqk.data(), gam.data(), qp, kp, vp, g.data(),
                                    beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         else if (tc == 3)
@@ -467,6 +509,24 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                                : (bug ? fused_impl<float, 2, 1, true> : fused_impl<float, 2, 0, true>);
             f(out.data(), qp, Wk.data(), Kd.data(), U0.data(), Wqk.data(), gam.data(), L, Hk, Hv, dk, dv, rqk);
         });
+    } else if (tc >= 10) {  // gdr_tma.cu: 10 tma2, 11 tma2p (L2 prefetch), 12 tma1 (no cluster), 13 tma2x (operands a step ahead); the host's tensor maps
+        using moss_gdrt::TmaMap;
+        const long nr = nb * GC;
+        const int cl = tc == 12 ? 1 : 2, br = GC / cl;
+        const TmaMap mq{(const char*)qp, 4, (long)Hk * dk, L, rqk * 4, 32, br},
+            mwk{(const char*)Wk.data(), 4, GD, nr, GD * 4, 32, br}, mkd{(const char*)Kd.data(), 4, GD, nr, GD * 4, 32, br},
+            mu0{(const char*)U0.data(), 4, GD, nr, GD * 4, 32, GC}, mwq{(const char*)Wqk.data(), 4, GC, nr, GC * 4, 32, br};
+        launch_cluster(
+            4 * Hv, cl, moss_gdrt::TLay<float>::BYTES,
+            [&] {
+                using namespace moss_gdrt;
+                auto f = tc == 10   ? (bug ? tma_impl<float, 2, 1> : tma_impl<float, 2, 0>)
+                         : tc == 11 ? (bug ? tma_impl<float, 2, 1, 2> : tma_impl<float, 2, 0, 2>)
+                         : tc == 13 ? (bug ? tma_impl<float, 2, 1, 0, true> : tma_impl<float, 2, 0, 0, true>)
+                                    : (bug ? tma_impl<float, 1, 1> : tma_impl<float, 1, 0>);
+                f(&mq, &mwk, &mkd, &mu0, &mwq, out.data(), gam.data(), L, Hk, Hv, dk, dv);
+            },
+            moss_gdrt::TLay<float>::SLOT);
     } else {
     if (tc)
         launch(Hv * ncb, 1, TQ_FLOATS,
@@ -524,20 +584,20 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     return std::sqrt(num / den);
 }
 
-// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones.
+// `gdr_emu v2` runs the v2, tc2, fused and tc3 cases only; `gdr_emu tc3` tc3 (cuda/gdr_prep3.cuh) only; `gdr_emu fused` the fused ones (cuda/sm90a/gdr_fused.cu), `gdr_emu fused1` from the unclustered one on, `gdr_emu fusedc` the cp.async ones (fused4c, fused2c), `gdr_emu fused2c` that one; `gdr_emu unfused` all but the fused ones; `gdr_emu tma` the tensor-copy ones (cuda/sm90a/gdr_tma.cu: tma2, tma2p, tma1, tma2x), `gdr_emu tma2x` that one.
 int main(int argc, char** argv) {
     auto arg = [&](const char* a) { return argc > 1 && std::strcmp(argv[1], a) == 0; };
     const bool only3 = arg("tc3"), only_fused = arg("fused"), only_f1 = arg("fused1"), only_fc = arg("fusedc"),
-               only_f2c = arg("fused2c"), unfused = arg("unfused");
-    const int tc0 = only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
-    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : 10;
+               only_f2c = arg("fused2c"), unfused = arg("unfused"), only_tma = arg("tma");
+    const int tc0 = arg("tma2x") ? 13 : only_tma ? 10 : only3 ? 9 : only_f2c ? 8 : only_fc ? 7 : only_f1 ? 6 : only_fused ? 4 : arg("v2") ? 2 : 0;
+    const int tc1 = only_fused || only_f1 || only_fc || only_f2c ? 9 : only3 ? 10 : 14;
     struct C {
         int L, Hk, Hv, dk, dv;
     } cs[] = {{199, 2, 4, 128, 128}, {64, 1, 2, 128, 128}, {130, 1, 2, 16, 24}, {77, 2, 2, 128, 40}};
     int bad = 0;
     for (int tc = tc0; tc < tc1; tc++)
         for (auto c : cs) {
-            if (unfused && tc >= 4 && tc <= 8) continue;
+            if (unfused && ((tc >= 4 && tc <= 8) || tc >= 10)) continue;
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
             double bound = tc ? 2e-3 : 1e-5;
             bool strided = (c.L % 2) == 1;
@@ -546,7 +606,7 @@ int main(int argc, char** argv) {
             bool ok = e < bound && (c.L <= 64 || eb > 1e-2);
             bad += !ok;
             printf("%s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n",
-                   tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
+                   tc == 13 ? "tma2x" : tc == 12 ? "tma1" : tc == 11 ? "tma2p" : tc == 10 ? "tma2" : tc == 9 ? "tc3 " : tc == 8 ? "fused2c" : tc == 7 ? "fused4c" : tc == 6 ? "fused1" : tc == 5 ? "fused2" : tc == 4 ? "fused4" : tc == 3 ? "tc2 " : tc == 2 ? "v2  " : tc ? "tf32" : "simt", strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb,
                    ok ? "ok" : "FAIL");
         }
     return bad != 0;

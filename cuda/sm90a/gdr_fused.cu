@@ -23,6 +23,7 @@
 // accumulators); Sᵀ and Uᵀ are stored TF32-rounded; ldmatrix reads Wk, Wqk, Sᵀ, Uᵀ.
 // BUG 1 (moss_ctl_enc_gdr_fused*): the state read Q S forgets its decay e^{γ} (as gdr_out's control).
 // Needs dk % 8 == 0, dk, dv ≤ 128, q rows 16-byte aligned (the host checks; else gdr_seq_tc).
+#pragma once  // also #included by gdr_tma.cu
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the body as host code with emulated primitives
 #include "elem.cuh"
 #include "mma.cuh"

@@ -145,11 +145,55 @@ pub(crate) enum GdrPath {
     /// `gdr_prep_tc`, then the state pass and the output in one kernel with the per-chunk tiles
     /// shared by a thread-block cluster of this many column blocks of a head, the U0 slice and γ
     /// through cp.async if the flag is set (`cuda/sm90a/gdr_fused.cu`, Hopper only;
-    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`). `Tc` and `Tc2` take
-    /// `Fused(2, false)` on Hopper unless `MOSS_GDR_STATE` says otherwise.
+    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`).
     Fused(u32, bool),
     /// `Tc` with `gdr_seq_tc` + `gdr_out_tc` whatever the device (`MOSS_GDR_STATE=seq`).
     TcSeq,
+    /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
+    /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
+    /// `tma1`), the suffix: `p` with L2 prefetches two chunks ahead (`tma2p`), `x` with the
+    /// operands loaded a k-step ahead (`tma2x`, not measured). `Tc` and `Tc2` take `Tma(2, "")` on
+    /// Hopper unless `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
+    Tma(u32, &'static str),
+}
+
+/// Dynamic shared memory of `gdr_tma` (`TLay<bf16>::BYTES` in `cuda/sm90a/gdr_tma.cu`).
+const GDR_TMA_BYTES: u32 = 201_776;
+
+/// A 2-D tensor map (`cuda/sm90a/gdr_tma.cu`): `cols` x `rows` elements of `dt` (bf16 or f32) at
+/// `ptr`, row stride `ld` elements, box `bx` elements x `by` rows (`bx` elements = 128 bytes),
+/// 128-byte swizzle, zeros past the edges.
+fn gdr_tensor_map(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32) -> Result<cudarc::driver::sys::CUtensorMap> {
+    use cudarc::driver::sys;
+    let (ty, es) = match dt {
+        DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
+        DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
+    };
+    ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "gdr tensor map: address / stride {ld} / {cols} columns / box {bx}");
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [(ld * es) as u64];
+    let boxes: [u32; 2] = [bx, by];
+    let elem: [u32; 2] = [1, 1];
+    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            ty,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
+    Ok(map)
 }
 
 /// Dynamic shared memory of `gdr_fused` (`Lay<bf16>::BYTES` in `cuda/sm90a/gdr_fused.cu`).
@@ -159,21 +203,28 @@ const GDR_FUSED_THREADS: u32 = 288;
 
 /// The state pass + output that `MOSS_GDR_STATE` asks for on the default (`Tc` / `Tc2`) paths where
 /// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
-/// `fused1` the state pass + output of `cuda/sm90a/gdr_fused.cu` with clusters of 4 / 2 / 1 column
-/// blocks, `fused4c` / `fused2c` the same with the U0 slice through cp.async; unset (or anything
-/// else) `fused2c`: the whole 4096-token encoder 105.3 ms on the device against 106.6 / 107.6 with
-/// `fused2` (delta-rule op sum 12.9 against 15.0 ms; bench/RESULTS.md, fourth integration run;
-/// `fused2` alone 0.430 ms against 0.500 for seq_tc + out_tc, bench/notes-gdrseq.md).
-/// `(cluster, cp.async)`, or None for seq.
-pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<(u32, bool)> {
+/// `fused1` / `fused2c` / `fused4c` the state pass + output of `cuda/sm90a/gdr_fused.cu` (clusters
+/// of 4 / 2 / 1 column blocks, `c`: the U0 slice through cp.async); `tma2p` / `tma1`:
+/// `cuda/sm90a/gdr_tma.cu` with L2 prefetches / without a cluster; `tma2x` (not measured) with
+/// the operands loaded a k-step ahead; unset (or anything else)
+/// `tma2`, `cuda/sm90a/gdr_tma.cu` with clusters of 2: 0.292 ms a layer at 4096 tokens against
+/// 0.345 for `fused2c`, the 4096-token encoder's device median 104.5 / 104.7 ms against 107.5 /
+/// 107.3 and the delta-rule op sum 11.5 / 11.3 ms against 12.7 / 12.5, alternating in one call
+/// (bench/notes-gdrtma.md). The kernel's path ([`GdrPath::Fused`] or [`GdrPath::Tma`]), or None
+/// for seq.
+pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
     match v {
         Some("seq") => None,
-        Some("fused4") => Some((4, false)),
-        Some("fused1") => Some((1, false)),
-        Some("fused4c") => Some((4, true)),
-        Some("fused2") => Some((2, false)),
-        // fused2c: measured fastest (bench/RESULTS.md, fourth integration run)
-        _ => Some((2, true)),
+        Some("fused4") => Some(GdrPath::Fused(4, false)),
+        Some("fused1") => Some(GdrPath::Fused(1, false)),
+        Some("fused4c") => Some(GdrPath::Fused(4, true)),
+        Some("fused2") => Some(GdrPath::Fused(2, false)),
+        Some("fused2c") => Some(GdrPath::Fused(2, true)),
+        Some("tma2p") => Some(GdrPath::Tma(2, "p")),
+        Some("tma1") => Some(GdrPath::Tma(1, "")),
+        Some("tma2x") => Some(GdrPath::Tma(2, "x")),
+        // tma2: measured fastest (bench/notes-gdrtma.md)
+        _ => Some(GdrPath::Tma(2, "")),
     }
 }
 
@@ -594,9 +645,9 @@ impl Cuda {
         // the device and the rows allow it (Hopper kernels loaded; bulk copies of 16-byte q rows).
         let fits = self.has_sm90a() && dk % 8 == 0 && rows.rqk % 8 == 0 && rows.q % 16 == 0;
         let (path, fused) = match path {
-            GdrPath::Fused(cl, cpa) => {
+            GdrPath::Fused(..) | GdrPath::Tma(..) => {
                 ensure!(fits, "gated_delta_rule: the fused state pass needs an sm_90 GPU with cuda/sm90a kernels, dk % 8 == 0 and 16-byte q rows");
-                (GdrPath::Tc, Some((cl, cpa)))
+                (GdrPath::Tc, Some(path))
             }
             GdrPath::TcSeq => (GdrPath::Tc, None),
             GdrPath::Tc | GdrPath::Tc2 if fits => (path, gdr_state_env(std::env::var("MOSS_GDR_STATE").ok().as_deref())),
@@ -639,7 +690,29 @@ impl Cuda {
         } else {
             self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
         }
-        if let Some((cl, cpa)) = fused {
+        if let Some(GdrPath::Tma(cl, sfx)) = fused {
+            // `gdr_tma{cl}` (`cuda/sm90a/gdr_tma.cu`): `gdr_fused`'s algebra, the tiles as boxes of
+            // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
+            ensure!(matches!((cl, sfx), (2, "" | "p" | "x") | (1, "")) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}{sfx}, dk {dk}, dv {dv}");
+            let r = (ch / cl as usize) as u32;
+            let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
+                gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
+            };
+            let mut args = vec![
+                map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
+                map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
+                map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
+                Arg::P(out.ptr()),
+                Arg::P(gam.ptr()),
+            ];
+            args.extend(dims().take(5));
+            // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+            self.launch(&format!("{out_prefix}_gdr_tma{cl}{sfx}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_TMA_BYTES, &args)?;
+            return Ok(out);
+        }
+        if let Some(GdrPath::Fused(cl, cpa)) = fused {
             // `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head
             // and 32 value columns, in chunk order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to
             // the output, S ← e^{γl} S + Kdᵀ U; the cl column blocks of a head form a cluster that
