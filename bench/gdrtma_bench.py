@@ -14,6 +14,7 @@ CUDA-event medians of 20 per kernel. Prints a table last.
 import ctypes
 import json
 import math
+import os
 import sys
 
 import torch
@@ -53,7 +54,10 @@ def func(mod, name, smem):
 
 
 mg, mt = load(GDR), load(TMA)
-VARIANTS = ["fused2c", "tma2", "tma2p", "tma1", "tma2x"]  # tma2x: added after the call (not measured)
+VARIANTS = ["fused2c", "tma2", "tma2p", "tma1", "tma2x"]  # tma2x: added after the helper's call
+# GDR_VARIANTS="tma2 tma2x" / GDR_L="4096": a subset (e.g. one kernel under ncu); fused2c stays first
+if os.environ.get("GDR_VARIANTS"):
+    VARIANTS = ["fused2c"] + [v for v in os.environ["GDR_VARIANTS"].split() if v != "fused2c"]
 FN = {"prep": (func(mg, "moss_enc_gdr_prep_tc3_bf16", PREP3_BYTES), PREP3_BYTES, 256)}
 for pfx in ["moss_enc", "moss_ctl_enc"]:
     FN[f"{pfx} fused2c"] = (func(mt, f"{pfx}_gdr_fused2c_bf16", FUSED_BYTES), FUSED_BYTES, THREADS)
@@ -164,7 +168,7 @@ def timed(st, reps=20):
 
 
 res = []
-for L in [128, 4096, 200]:
+for L in [int(x) for x in os.environ.get("GDR_L", "128 4096 200").split()]:
     s = setup(L)
     ref = reference(s)
     row = {"L": L}

@@ -152,8 +152,8 @@ pub(crate) enum GdrPath {
     /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
     /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
     /// `tma1`), the suffix: `p` with L2 prefetches two chunks ahead (`tma2p`), `x` with the
-    /// operands loaded a k-step ahead (`tma2x`, not measured). `Tc` and `Tc2` take `Tma(2, "")` on
-    /// Hopper unless `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
+    /// operands loaded a k-step ahead (`tma2x`). `Tc` and `Tc2` take `Tma(2, "x")` on Hopper unless
+    /// `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
     Tma(u32, &'static str),
 }
 
@@ -222,9 +222,10 @@ pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
         Some("fused2c") => Some(GdrPath::Fused(2, true)),
         Some("tma2p") => Some(GdrPath::Tma(2, "p")),
         Some("tma1") => Some(GdrPath::Tma(1, "")),
-        Some("tma2x") => Some(GdrPath::Tma(2, "x")),
-        // tma2: measured fastest (bench/notes-gdrtma.md)
-        _ => Some(GdrPath::Tma(2, "")),
+        Some("tma2") => Some(GdrPath::Tma(2, "")),
+        // tma2x: measured fastest (bench/RESULTS.md, session 15 lead's second call: 0.276 against
+        // 0.293 ms for tma2 alone at 4096 tokens, delta-rule op sum 11.2 against 11.8 ms)
+        _ => Some(GdrPath::Tma(2, "x")),
     }
 }
 

@@ -303,7 +303,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
         if fused {
             // the state pass + output in one clustered kernel (MOSS_GDR_STATE=fused4 / fused2 / ..., tma2)
-            // (the default on Hopper is tma2: the GdrPath::Tc rows below gate it too)
+            // (the default on Hopper is tma2x: the GdrPath::Tc rows below gate it too)
             for (cl, cpa) in [(4, false), (2, false), (1, false), (4, true), (2, true)] {
                 let name = format!("fused{cl}{}", if cpa { "c" } else { "" });
                 let what = if cpa { ", U0 by cp.async" } else { "" };
@@ -314,8 +314,8 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             }
             let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Fused(4, false));
             cx.judge("enc gated_delta_rule fused4, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
-            // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 (the default) / tma2p /
-            // tma1 / tma2x, cuda/sm90a/gdr_tma.cu)
+            // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 / tma2p /
+            // tma1 / tma2x (the default), cuda/sm90a/gdr_tma.cu)
             for (cl, sfx) in [(2, ""), (2, "p"), (1, ""), (2, "x")] {
                 let name = format!("tma{cl}{sfx}");
                 let what = match sfx {
@@ -328,8 +328,10 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
                 let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tma(cl, sfx));
                 cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
             }
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tma(2, ""));
-            cx.judge("enc gated_delta_rule tma2, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            for sfx in ["", "x"] {
+                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tma(2, sfx));
+                cx.judge(&format!("enc gated_delta_rule tma2{sfx}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
+            }
             // the unfused state pass + output (MOSS_GDR_STATE=seq; the default off Hopper)
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::TcSeq);
             cx.judge("enc gated_delta_rule seq_tc + out_tc, strided", &s2, Kind::Gate, b, note, out, &want, None);
