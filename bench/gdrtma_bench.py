@@ -54,7 +54,7 @@ def func(mod, name, smem):
 
 
 mg, mt = load(GDR), load(TMA)
-VARIANTS = ["fused2c", "tma2", "tma2p", "tma1", "tma2x"]  # tma2x: added after the helper's call
+VARIANTS = ["fused2c", "tma2", "tma2p", "tma1", "tma2x", "tma2y"]  # tma2x: added after the helper's call; tma2y: CTA-scope barriers
 # GDR_VARIANTS="tma2 tma2x" / GDR_L="4096": a subset (e.g. one kernel under ncu); fused2c stays first
 if os.environ.get("GDR_VARIANTS"):
     VARIANTS = ["fused2c"] + [v for v in os.environ["GDR_VARIANTS"].split() if v != "fused2c"]

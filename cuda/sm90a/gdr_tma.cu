@@ -89,12 +89,46 @@ __device__ __forceinline__ void ft_pf(const TmaMap* m, int x, int y) {
 }
 #endif
 
+// CS: the barrier waits and the remote arrivals with the instructions' default semantics
+// (acquire / release at CTA scope, as CUTLASS's ClusterBarrier issues them) instead of explicit
+// cluster scope; ncu showed `membar` stalls at 0.84-0.88 cycles an issued instruction with the
+// cluster-scope forms (bench/RESULTS.md, session 15).
+template <bool CS>
+__device__ __forceinline__ void bar_wait(void* b, unsigned parity) {
+#ifndef GDR_EMU
+    if constexpr (CS) {
+        asm volatile(
+            "{\n.reg .pred P1;\nTCW_%=:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+            "@!P1 bra TCW_%=;\n}\n" ::"r"(fz_sa(b)),
+            "r"(parity)
+            : "memory");
+        return;
+    }
+#endif
+    fz_wait(b, parity);  // (the emulator: the same barrier either way)
+}
+template <bool CS>
+__device__ __forceinline__ void bar_arrive_cluster(void* b, int rank) {
+#ifndef GDR_EMU
+    if constexpr (CS) {
+        asm volatile(
+            "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+            "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(fz_sa(b)),
+            "r"(rank)
+            : "memory");
+        return;
+    }
+#endif
+    fz_arrive_cluster(b, rank);
+}
+
 // PF > 0: with chunk c's phase-A tiles, the producer also asks L2 to prefetch this CTA's shares of
 // chunk c + PF (the slots hold one chunk ahead; the prep's scratch is past L2 at 4096 tokens).
 // PIPE: the compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
 // (register double buffer; the asm statements keep program order, so the code does it by hand).
 // PIPE = false is the measured code, unchanged.
-template <typename T, int CL, int BUG, int PF = 0, bool PIPE = false>
+template <typename T, int CL, int BUG, int PF = 0, bool PIPE = false, bool CS = false>
 __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd, const TmaMap* mu0, const TmaMap* mwq,
                          T* out, const float* gam, int L, int Hk, int Hv, int dk, int dv) {
     using Y = TLay<T>;
@@ -126,7 +160,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             ft_prefetch(mq), ft_prefetch(mwk), ft_prefetch(mkd), ft_prefetch(mu0), ft_prefetch(mwq);
             for (int u = 0; u < 2 * nc; u++) {
                 const int s = u % NSLOT, c = u >> 1;
-                if (u >= NSLOT) fz_wait(empty(s), ((u / NSLOT) - 1) & 1);
+                if (u >= NSLOT) bar_wait<CS>(empty(s), ((u / NSLOT) - 1) & 1);
                 const int row0 = (c * Hv + h) * GC;  // the chunk's first scratch row
                 unsigned char* slot = sm + s * Y::SLOT;
                 if constexpr (PF > 0) {
@@ -171,7 +205,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             const int c0 = c * GC, n = min(GC, L - c0);
             // ---- phase A ----
             int u = 2 * c, s = u % NSLOT;
-            fz_wait(full(s), (u / NSLOT) & 1);
+            bar_wait<CS>(full(s), (u / NSLOT) & 1);
             FZ_SLOT_BEGIN(s);
             const unsigned char* slot = sm + s * Y::SLOT;
             const unsigned char* wk = slot + Y::A_WK;
@@ -271,12 +305,12 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                 }
             FZ_SLOT_END(s);
             __syncwarp();
-            if (lane < CL) fz_arrive_cluster(empty(s), lane);
+            if (lane < CL) bar_arrive_cluster<CS>(empty(s), lane);
             fz_named_sync();  // Uᵀ complete; every read of Sᵀ done
             // ---- phase B ----
             u = 2 * c + 1;
             s = u % NSLOT;
-            fz_wait(full(s), (u / NSLOT) & 1);
+            bar_wait<CS>(full(s), (u / NSLOT) & 1);
             FZ_SLOT_BEGIN(s);
             const unsigned char* kd = sm + s * Y::SLOT + Y::B_KD;
             const unsigned char* wq = sm + s * Y::SLOT + Y::B_WQ;
@@ -365,7 +399,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             }
             FZ_SLOT_END(s);
             __syncwarp();
-            if (lane < CL) fz_arrive_cluster(empty(s), lane);
+            if (lane < CL) bar_arrive_cluster<CS>(empty(s), lane);
             const bool pair = (dv & 1) == 0;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -394,23 +428,26 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #ifndef GDR_EMU
 // out [L, Hv, dv] bf16. Launch: grid 4·Hv (a multiple of CL), 288 threads, TLay<bf16>::BYTES
 // (201776) bytes of dynamic shared memory; the maps as described at the top.
-#define MOSS_GDR_TMA(NAME, CL, BUG, PF, PIPE)                                                                                        \
+#define MOSS_GDR_TMA(NAME, CL, BUG, PF, PIPE, CS)                                                                                     \
     MOSS_KERNEL void __cluster_dims__(CL, 1, 1) __launch_bounds__(moss_gdrf::THREADS, 1)                                   \
         NAME(const __grid_constant__ moss_gdrt::TmaMap mq, const __grid_constant__ moss_gdrt::TmaMap mwk,                  \
              const __grid_constant__ moss_gdrt::TmaMap mkd, const __grid_constant__ moss_gdrt::TmaMap mu0,                 \
              const __grid_constant__ moss_gdrt::TmaMap mwq, __nv_bfloat16* out, const float* gam, int L, int Hk, int Hv,   \
              int dk, int dv) {                                                                                             \
-        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF, PIPE>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
+        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF, PIPE, CS>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
     }
-MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0, false)
+MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0, false, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0, false, false)
 // + L2 prefetch two chunks ahead
-MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2, false)
+MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2, false, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2, false, false)
 // no cluster: each CTA loads whole tiles (boxes of 64 rows), no cross-CTA slot release
-MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0, false)
-// operands loaded one k-step ahead (not measured on the device)
-MOSS_GDR_TMA(moss_enc_gdr_tma2x_bf16, 2, 0, 0, true)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2x_bf16, 2, 1, 0, true)
+MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0, false, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0, false, false)
+// operands loaded one k-step ahead (the default)
+MOSS_GDR_TMA(moss_enc_gdr_tma2x_bf16, 2, 0, 0, true, false)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2x_bf16, 2, 1, 0, true, false)
+// tma2x with the barrier operations at CTA scope (CS above)
+MOSS_GDR_TMA(moss_enc_gdr_tma2y_bf16, 2, 0, 0, true, true)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2y_bf16, 2, 1, 0, true, true)
 #endif

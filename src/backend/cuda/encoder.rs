@@ -152,7 +152,8 @@ pub(crate) enum GdrPath {
     /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
     /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
     /// `tma1`), the suffix: `p` with L2 prefetches two chunks ahead (`tma2p`), `x` with the
-    /// operands loaded a k-step ahead (`tma2x`). `Tc` and `Tc2` take `Tma(2, "x")` on Hopper unless
+    /// operands loaded a k-step ahead (`tma2x`), `y` as `x` with the barrier waits and
+    /// remote arrivals at CTA scope (`tma2y`). `Tc` and `Tc2` take `Tma(2, "x")` on Hopper unless
     /// `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
     Tma(u32, &'static str),
 }
@@ -223,6 +224,7 @@ pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
         Some("tma2p") => Some(GdrPath::Tma(2, "p")),
         Some("tma1") => Some(GdrPath::Tma(1, "")),
         Some("tma2") => Some(GdrPath::Tma(2, "")),
+        Some("tma2y") => Some(GdrPath::Tma(2, "y")),
         // tma2x: measured fastest (bench/RESULTS.md, session 15 lead's second call: 0.276 against
         // 0.293 ms for tma2 alone at 4096 tokens, delta-rule op sum 11.2 against 11.8 ms)
         _ => Some(GdrPath::Tma(2, "x")),
@@ -694,7 +696,7 @@ impl Cuda {
         if let Some(GdrPath::Tma(cl, sfx)) = fused {
             // `gdr_tma{cl}` (`cuda/sm90a/gdr_tma.cu`): `gdr_fused`'s algebra, the tiles as boxes of
             // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
-            ensure!(matches!((cl, sfx), (2, "" | "p" | "x") | (1, "")) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}{sfx}, dk {dk}, dv {dv}");
+            ensure!(matches!((cl, sfx), (2, "" | "p" | "x" | "y") | (1, "")) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}{sfx}, dk {dk}, dv {dv}");
             let r = (ch / cl as usize) as u32;
             let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
                 gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))

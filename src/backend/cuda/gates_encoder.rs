@@ -316,11 +316,12 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             cx.judge("enc gated_delta_rule fused4, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
             // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 / tma2p /
             // tma1 / tma2x (the default), cuda/sm90a/gdr_tma.cu)
-            for (cl, sfx) in [(2, ""), (2, "p"), (1, ""), (2, "x")] {
+            for (cl, sfx) in [(2, ""), (2, "p"), (1, ""), (2, "x"), (2, "y")] {
                 let name = format!("tma{cl}{sfx}");
                 let what = match sfx {
                     "p" => ", L2 prefetch",
                     "x" => ", operands a k-step ahead",
+                    "y" => ", operands a k-step ahead, CTA-scope barriers",
                     _ => "",
                 };
                 let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tma(cl, sfx));
