@@ -236,6 +236,8 @@ for L in [4096, 128]:
     rows.append(("  control: position t+1", L, "qkrope", 0.0, ec, f"must be > {BOUND}"))
 
     # ---- the output gate: old gmul8 on q_proj's contiguous [L, H, 2hd] vs gmulh on y ----
+    # (gmul8 was removed after this call: attn_gate_with now runs gmulh; the kernel as measured is
+    # `git show 5925cbe:cuda/enc_strided.cu`)
     o = torch.randn(L, H * HD, device="cuda", dtype=torch.bfloat16)
     qg = y[:, : 2 * H * HD].contiguous()
     gref = o.float() * torch.sigmoid(qg.view(L, H, 2 * HD)[:, :, HD:].float().reshape(L, H * HD))

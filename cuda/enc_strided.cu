@@ -28,22 +28,6 @@ __device__ void silu_mul8r_impl(T* out, const T* g, const T* u, long rows, int f
     }
 }
 
-// ---- the attention's output gate: out[r, c] = o[r, c] · sigmoid(gate[r·ldg + c]), rows r of width
-// d (d % 8 == 0, ldg % 8 == 0). BUG 1: sigmoid(−gate). ----------------------------------------------
-template <typename T, int BUG>
-__device__ void gmul8_impl(T* out, const T* o, const T* gate, long rows, int d, long ldg) {
-    const int d8 = d / 8;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * d8; i += (long)gridDim.x * blockDim.x) {
-        long r = i / d8;
-        long c = (i - r * d8) * 8;
-        float a[8], b[8];
-        ld8(o, r * d + c, a);
-        ld8(gate, r * ldg + c, b);
-#pragma unroll
-        for (int e = 0; e < 8; e++) a[e] *= 1.f / (1.f + expf(BUG == 1 ? b[e] : -b[e]));
-        st8(out, r * d + c, a);
-    }
-}
 }  // namespace moss_encs
 
 #define MOSS_ENC_STRIDED(PFX, BUG, T, SX)                                                                     \
@@ -57,9 +41,6 @@ __device__ void gmul8_impl(T* out, const T* o, const T* gate, long rows, int d, 
     }                                                                                                         \
     MOSS_KERNEL void PFX##_silu_mul8r_##SX(T* out, const T* g, const T* u, long rows, int f, long ld) {       \
         moss_encs::silu_mul8r_impl<T, BUG>(out, g, u, rows, f, ld);                                           \
-    }                                                                                                         \
-    MOSS_KERNEL void PFX##_gmul8_##SX(T* out, const T* o, const T* gate, long rows, int d, long ldg) {        \
-        moss_encs::gmul8_impl<T, BUG>(out, o, gate, rows, d, ldg);                                            \
     }
 
 MOSS_ENC_STRIDED(moss_enc, 0, __nv_bfloat16, bf16)

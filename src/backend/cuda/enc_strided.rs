@@ -308,27 +308,9 @@ impl Cuda {
         ensure!(qg.shape.len() == 3, "attn_gate: qg {:?} is not [L, H, 2·hd]", qg.shape);
         let (l, nh, hd) = (qg.shape[0], qg.shape[1], qg.shape[2] / 2);
         ensure!(o.numel() == l * nh * hd && qg.shape[2] == 2 * hd, "attn_gate: o {:?} for qg {:?}", o.shape, qg.shape);
-        if hd % 8 != 0 {
-            return Ok(None);
-        }
-        let qg = self.cast(qg, o.dtype)?;
-        let out = self.alloc(o.dtype, &[l, nh * hd])?;
-        let rows = l * nh;
-        self.launch(
-            &format!("{prefix}_gmul8_{}", o.dtype.name()),
-            self.grid_for(rows * hd / 8),
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(o.ptr()),
-                Arg::P(qg.ptr() + (hd * o.dtype.size()) as u64),
-                Arg::L(rows as i64),
-                Arg::I(hd as i32),
-                Arg::L((2 * hd) as i64),
-            ],
-        )?;
-        Ok(Some(out))
+        // q_proj's [L, H, 2·hd] is the joined projection's layout without its k and v columns:
+        // `gmulh` with the row stride 2·H·hd
+        self.attn_gate_y_with(o, &Backend::reshape(self, qg, &[l, 2 * nh * hd])?, (nh, hd), prefix)
     }
 }
 

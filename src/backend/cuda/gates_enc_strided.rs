@@ -150,8 +150,9 @@ pub fn gate_linear_add(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The gated attention's output gate in one kernel (`gmul8`): `o · sigmoid(gate)`, the gate read
-/// in place out of the q_proj output `[L, H, 2·hd]`. Control: sigmoid(−gate).
+/// The gated attention's output gate in one kernel (`gmulh` with the row stride 2·H·hd):
+/// `o · sigmoid(gate)`, the gate read in place out of the q_proj output `[L, H, 2·hd]`. Control:
+/// the gate of head h + 1.
 pub fn gate_attn_gate(cx: &mut Cx) -> Result<()> {
     use enc::*;
     for l in LENGTHS {
@@ -167,7 +168,7 @@ pub fn gate_attn_gate(cx: &mut Cx) -> Result<()> {
         }
         let s = shape_str(&[&[l, HEADS * HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
         let b = cx.out_bound(F32_ELEMENTWISE);
-        for (prefix, kind, what) in [("moss_enc", Kind::Gate, "enc attn_gate (gmul8, gate in place)"), ("moss_ctl_enc", Kind::Control, "enc attn_gate, sigmoid(−gate)")] {
+        for (prefix, kind, what) in [("moss_enc", Kind::Gate, "enc attn_gate (gmulh on q_proj's [L, H, 2·hd], gate in place)"), ("moss_ctl_enc", Kind::Control, "enc attn_gate, the gate of head h + 1")] {
             let out = cx.cuda.attn_gate_with(&go, &gqg, prefix).and_then(|o| o.ok_or_else(|| anyhow!("no kernel for this width")));
             cx.judge(what, &s, kind, b, "", out, &want, None);
         }
