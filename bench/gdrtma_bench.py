@@ -167,6 +167,52 @@ def timed(st, reps=20):
     return {n: sorted(v)[len(v) // 2] for n, v in per.items()}
 
 
+def overlap():
+    """GDR_OVERLAP=1: how much of the delta rule (prep + tma2x at L tokens, stream B) and of a
+    silu*mul row op hide under a cuBLAS GEMM (torch.matmul, stream A) when both run at once:
+    each alone, then together (start and end events on the default stream, both streams joined)."""
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    dr = {L: steps(setup(L), "tma2x") for L in (4096, 2048)}
+    x = {m: torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for m in (4096, 2048)}
+    w = {n: torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for n in (4096, 16448, 24576)}
+    big = torch.randn(4096, 24576, device="cuda", dtype=torch.bfloat16)
+    gemm = lambda m, n, k=1: (lambda: [x[m] @ w[n].t() for _ in range(k)])  # noqa: E731
+    drf = lambda L: (lambda: [fn() for _, fn in dr[L]])  # noqa: E731
+    silu = lambda: torch.nn.functional.silu(big[:, :12288]) * big[:, 12288:]  # noqa: E731
+    def run(fa, fb, reps=15):
+        ts = []
+        for i in range(reps + 3):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for s_, f_ in ((sa, fa), (sb, fb)):
+                if f_ is None:
+                    continue
+                s_.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s_):
+                    f_()
+                torch.cuda.current_stream().wait_stream(s_)
+            e1.record()
+            torch.cuda.synchronize()
+            if i >= 3:
+                ts.append(e0.elapsed_time(e1))
+        return sorted(ts)[len(ts) // 2]
+    cases = [("z GEMM 4096x4096x4096", gemm(4096, 4096), "delta rule L=4096", drf(4096)),
+             ("in_proj GEMM 2048x16448x4096", gemm(2048, 16448), "delta rule L=2048", drf(2048)),
+             ("gate|up GEMM 4096x24576x4096", gemm(4096, 24576), "delta rule L=4096", drf(4096)),
+             ("gate|up GEMM 4096x24576x4096", gemm(4096, 24576), "silu*mul 4096x12288", silu),
+             ("3x gate|up GEMM", gemm(4096, 24576, 3), "delta rule L=4096", drf(4096))]
+    print("| A (stream 1) | B (stream 2) | A alone ms | B alone ms | sum | together | hidden (sum - together) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for na, fa, nb_, fb in cases:
+        ta, tb, tt = run(fa, None), run(None, fb), run(fa, fb)
+        ta2 = run(fa, None)
+        print(f"| {na} | {nb_} | {ta:.3f} ({ta2:.3f}) | {tb:.3f} | {ta + tb:.3f} | {tt:.3f} | {ta + tb - tt:.3f} ({(ta + tb - tt) / tb * 100:.0f} % of B) |", flush=True)
+
+
+if os.environ.get("GDR_OVERLAP"):
+    overlap()
+    sys.exit(0)
+
 res = []
 for L in [int(x) for x in os.environ.get("GDR_L", "128 4096 200").split()]:
     s = setup(L)
