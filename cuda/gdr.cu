@@ -19,8 +19,11 @@
 // Wqk [blk][64][64]; gam [blk][64].
 // BUG 1 (moss_ctl_enc_gdr_out_*): the state read (e^{γ} ⊙ Q) S0 forgets its decay e^{γ}.
 // q, k, v are read with row strides (rqk, rv), so they may be column slices of the conv output.
-// The bf16 path runs every product on tensor cores (TF32, gdr_tc.cuh: prep_impl<T, true>,
-// gdr_seq_tc, gdr_out_tc); the fp32 path and MOSS_GDR=simt the SIMT code below.
+// Kernels (host: `gdr_chunked` in src/backend/cuda/encoder.rs):
+//   fp32 (`--precision fp32`): gdr_prep_f32, gdr_seq, gdr_out_f32 below (SIMT);
+//   bf16: gdr_prep_tc3 (gdr_prep3.cuh, bf16 mma), then on Hopper the state pass + output in one
+//   kernel (cuda/sm90a/gdr_tma.cu), elsewhere (or MOSS_GDR_STATE=seq) gdr_seq_tc + gdr_out_tc
+//   (gdr_tc.cuh, TF32 mma).
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the bodies as host code (one std::thread per thread)
 #include "elem.cuh"
 #include "mma.cuh"
@@ -74,42 +77,6 @@ __device__ __forceinline__ void load_norm(float* dst, int stride, const T* x, lo
     }
 }
 
-// load_norm with every row of the warp's share (8 rows) loaded before any is reduced: one global
-// latency instead of eight in a row (the kernels have little else to hide it behind). Same
-// arithmetic in the same order as load_norm, so bit-identical results.
-template <bool BATCH, typename T>
-__device__ __forceinline__ void load_norm_any(float* dst, int stride, const T* x, long rs, int c0, int n, int kh,
-                                              int dk, float scale, const float* rowscale) {
-    if constexpr (!BATCH) {
-        load_norm(dst, stride, x, rs, c0, n, kh, dk, scale, rowscale);
-    } else {
-        constexpr int R = GC / (GT / 32);
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        float v[R][GD / 32];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int i = warp + (GT / 32) * r;
-            const long off = (long)(c0 + i) * rs + (long)kh * dk;
-#pragma unroll
-            for (int m = 0; m < GD / 32; m++) {
-                int a = lane + 32 * m;
-                v[r][m] = (i < n && a < dk) ? ld(x, off + a) : 0.f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int i = warp + (GT / 32) * r;
-            float ss = 0.f;
-#pragma unroll
-            for (int m = 0; m < GD / 32; m++) ss += v[r][m] * v[r][m];
-            float rr = rsqrtf(warp_sum(ss) + 1e-6f) * scale;
-            if (rowscale) rr *= rowscale[i];
-#pragma unroll
-            for (int m = 0; m < GD / 32; m++) dst[i * stride + lane + 32 * m] = v[r][m] * rr;
-        }
-    }
-}
-
 // The chunk's gates into shared memory (block (chunk c0 with n valid rows, value head h) = blk):
 // γ = the inclusive cumulative sum of g over the chunk (rows past n: 0), β, e^γ and e^{γ_last − γ};
 // γ also to gamo[blk]. No barrier after the last writes (the caller's next one covers them).
@@ -153,13 +120,12 @@ __device__ void load_state_cols(float* Ss, int ld, const float* Sall, long blk, 
 }
 
 }  // namespace moss_gdr
-#include "gdr_tc.cuh"  // the tensor-core (TF32) pieces of the bf16 path
-#include "gdr_v2.cuh"  // MOSS_GDR=v2: the state pass as one product a chunk
-#include "gdr_prep3.cuh"  // MOSS_GDR_PREP=tc3: gdr_prep with (I + A)⁻¹ blockwise, [U0 | Wk] on mma
+#include "gdr_tc.cuh"     // bf16: gdr_seq_tc, gdr_out_tc (TF32 mma)
+#include "gdr_prep3.cuh"  // bf16: gdr_prep_tc3 ((I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma)
 namespace moss_gdr {
 
-// ---- gdr_prep: one block per (chunk, value head) ------------------------------------------------
-template <typename T, bool TC, bool BATCH = false>
+// ---- gdr_prep (fp32): one block per (chunk, value head) ----------------------------------------
+template <typename T>
 __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
                           const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
                           long rqk, long rv) {
@@ -177,13 +143,11 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
     const int kh = h / (Hv / Hk);
     const int tid = threadIdx.x;
     chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
-    load_norm_any<BATCH>(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
-    load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
+    load_norm(Ks, PKS, k, rqk, c0, n, kh, dk, 1.f, nullptr);
+    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), nullptr);
     __syncthreads();
-    if constexpr (TC) {
-        prep_scores_tc(At, Wqk + blk * GC * GC, GC, Ks, Qs, gs, bs);
-    } else {
-    // K Kᵀ and Q Kᵀ: thread (ry, cx) owns rows 4ry..4ry+3, columns cx + 16m.
+    {
+        // K Kᵀ and Q Kᵀ: thread (ry, cx) owns rows 4ry..4ry+3, columns cx + 16m.
         const int ry = tid >> 4, cx = tid & 15;
         float kk[4][4], qk[4][4];
 #pragma unroll
@@ -263,7 +227,7 @@ __device__ void prep_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* ga
     }
 }
 
-// ---- gdr_seq: one block per (value head, 32 value columns), sequential over chunks -------------
+// ---- gdr_seq (fp32): one block per (value head, 32 value columns), sequential over chunks -------------
 // S (128 x 32 of this block) lives in registers (thread owns rows 4dy.., columns 4cx..) and in
 // shared memory for U = U0 − Wk S; the next chunk's Wk, Kd, U0 stream in with cp.async.
 __device__ __forceinline__ void seq_issue(float* dst, const float* Wk, const float* Kd, const float* U0, long blk,
@@ -361,7 +325,7 @@ __device__ void seq_impl(float* Sall, float* Uall, const float* Wk, const float*
     }
 }
 
-// ---- gdr_out: one block per (chunk, value head) x 64 value columns -----------------------------
+// ---- gdr_out (fp32): one block per (chunk, value head) x 64 value columns -----------------------------
 template <typename T, int BUG>
 __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk, const float* gam,
                          int L, int Hk, int Hv, int dk, int dv, long rqk) {
@@ -433,26 +397,36 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
 
 // Row strides (elements between tokens): rqk of q and k, rv of v (the conv output when the
 // delta rule reads q, k, v straight out of it). The output is contiguous [L, Hv, dv].
-#define MOSS_GDR_KERNELS(PFX, BUG, T, SX)                                                                     \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_##SX(float* Kd, float* Wk, float* U0, float* Wqk,  \
-                                                                float* gam, const T* q, const T* k, const T* v, \
-                                                                const float* g, const float* beta, int L, int Hk, \
-                                                                int Hv, int dk, int dv, long rqk, long rv) {   \
-        moss_gdr::prep_impl<T, false>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);     \
-    }                                                                                                          \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_##SX(T* out, const T* q, const float* S, const float* U, \
-                                                               const float* Wqk, const float* gam, int L, int Hk, \
-                                                               int Hv, int dk, int dv, long rqk, long rv) {    \
-        moss_gdr::out_impl<T, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);                            \
+// fp32: the SIMT kernels; the planted control (moss_ctl_enc_) in gdr_out.
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* Wk, float* U0, float* Wqk, float* gam,
+                                                              const float* q, const float* k, const float* v,
+                                                              const float* g, const float* beta, int L, int Hk, int Hv,
+                                                              int dk, int dv, long rqk, long rv) {
+    moss_gdr::prep_impl<float>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);
+}
+#define MOSS_GDR_OUT_F32(PFX, BUG)                                                                            \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_f32(float* out, const float* q, const float* S,      \
+                                                              const float* U, const float* Wqk, const float* gam, \
+                                                              int L, int Hk, int Hv, int dk, int dv, long rqk, \
+                                                              long rv) {                                       \
+        moss_gdr::out_impl<float, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);                        \
     }
+MOSS_GDR_OUT_F32(moss_enc, 0)
+MOSS_GDR_OUT_F32(moss_ctl_enc, 1)
+MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
+                                                         const float* U0, const float* gam, int nc, int Hv, int ncb) {
+    moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
+}
 
-// The tensor-core (TF32) variants, bf16 path only (gdr_tc.cuh).
-#define MOSS_GDR_TC_KERNELS(PFX, BUG)                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_tc_bf16(                                            \
+// bf16: gdr_prep_tc3 (gdr_prep3.cuh; 72 KiB, three blocks an SM), its planted control
+// (moss_ctl_enc_) leaving T's lower-left 32x32 block at zero; then either the Hopper kernel
+// (cuda/sm90a/gdr_tma.cu) or gdr_seq_tc + gdr_out_tc, the control in gdr_out_tc.
+#define MOSS_GDR_BF16(PFX, BUG)                                                                               \
+    MOSS_KERNEL void __launch_bounds__(256, 3) PFX##_gdr_prep_tc3_bf16(                                        \
         float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
         const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
         long rv) {                                                                                             \
-        moss_gdr::prep_impl<__nv_bfloat16, true>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
+        moss_gdr::prep3_impl<__nv_bfloat16, BUG>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
     }                                                                                                          \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_tc_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,  \
                                                                   const float* S, const float* U, const float* Wqk, \
@@ -460,80 +434,8 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
                                                                   int dv, long rqk, long rv) {                 \
         moss_gdr::out_tc_impl<__nv_bfloat16, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);             \
     }
-
-MOSS_GDR_KERNELS(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_GDR_KERNELS(moss_enc, 0, float, f32)
-MOSS_GDR_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_GDR_KERNELS(moss_ctl_enc, 1, float, f32)
-MOSS_GDR_TC_KERNELS(moss_enc, 0)
-MOSS_GDR_TC_KERNELS(moss_ctl_enc, 1)
-
-// MOSS_GDR=tc2: the tensor-core kernels with q and k rows loaded batched (load_norm_any<true>);
-// gdr_seq_tc as before.
-#define MOSS_GDR_TC2_KERNELS(PFX, BUG)                                                                        \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_prep_tc2_bf16(                                           \
-        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
-        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
-        long rv) {                                                                                             \
-        moss_gdr::prep_impl<__nv_bfloat16, true, true>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, \
-                                                       rqk, rv);                                               \
-    }                                                                                                          \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_tc2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q, \
-                                                                   const float* S, const float* U, const float* Wqk, \
-                                                                   const float* gam, int L, int Hk, int Hv, int dk, \
-                                                                   int dv, long rqk, long rv) {                \
-        moss_gdr::out_tc_impl<__nv_bfloat16, BUG, true>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);       \
-    }
-MOSS_GDR_TC2_KERNELS(moss_enc, 0)
-MOSS_GDR_TC2_KERNELS(moss_ctl_enc, 1)
-
-// MOSS_GDR_PREP=tc3 (gdr_prep3.cuh): the tc kernels' gdr_prep, same outputs; 72 KiB, three blocks an
-// SM. The planted control (moss_ctl_enc_...) leaves T's lower-left 32x32 block at zero.
-#define MOSS_GDR_PREP3(PFX, BUG)                                                                              \
-    MOSS_KERNEL void __launch_bounds__(256, 3) PFX##_gdr_prep_tc3_bf16(                                        \
-        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
-        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
-        long rv) {                                                                                             \
-        moss_gdr::prep3_impl<__nv_bfloat16, BUG>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
-    }
-MOSS_GDR_PREP3(moss_enc, 0)
-MOSS_GDR_PREP3(moss_ctl_enc, 1)
-#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: T' without its lo half (the cost of those products)
-MOSS_GDR_PREP3(moss_bench_hi, 2)
-#endif
-
-// MOSS_GDR=v2 (gdr_v2.cuh), bf16 only; the planted control lives in gdr_out2.
-MOSS_KERNEL void __launch_bounds__(256, 2) moss_enc_gdr_prep2_bf16(float* N, float* B, float* P, float* Ou, float* gam,
-                                                                const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                                                const __nv_bfloat16* v, const float* g,
-                                                                const float* beta, int L, int Hk, int Hv, int dk,
-                                                                int dv, long rqk, long rv) {
-    moss_gdr::prep2_impl<__nv_bfloat16>(N, B, P, Ou, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);
-}
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2(float* S, const float* N, const float* B, const float* gam,
-                                                          int nc, int Hv, int ncb) {
-    moss_gdr::seq2_impl<true>(S, N, B, gam, nc, Hv, ncb);
-}
-#ifdef GDR_BENCH_VARIANTS  // bench/gdr_bench.py: the scalar-load state pass, for comparison
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq2_plain(float* S, const float* N, const float* B,
-                                                                const float* gam, int nc, int Hv, int ncb) {
-    moss_gdr::seq2_impl<false>(S, N, B, gam, nc, Hv, ncb);
-}
-#endif
-#define MOSS_GDR_OUT2(PFX, BUG)                                                                               \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out2_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,    \
-                                                                const float* S, const float* P, const float* Ou, \
-                                                                const float* gam, int L, int Hk, int Hv, int dk, \
-                                                                int dv, long rqk) {                            \
-        moss_gdr::out2_impl<__nv_bfloat16, BUG>(out, q, S, P, Ou, gam, L, Hk, Hv, dk, dv, rqk);                \
-    }
-MOSS_GDR_OUT2(moss_enc, 0)
-MOSS_GDR_OUT2(moss_ctl_enc, 1)
-
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
-                                                         const float* U0, const float* gam, int nc, int Hv, int ncb) {
-    moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
-}
+MOSS_GDR_BF16(moss_enc, 0)
+MOSS_GDR_BF16(moss_ctl_enc, 1)
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
                                                             const float* U0, const float* gam, int nc, int Hv,
                                                             int ncb) {

@@ -1,6 +1,6 @@
-// gdr_prep_tc3 (MOSS_GDR_PREP=tc3): the delta rule's chunk-local kernel with (I + A)⁻¹ built
-// blockwise and [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as
-// prep_impl<T, true> (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
+// gdr_prep_tc3: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
+// [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as the fp32 prep_impl
+// (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
 //
 // One block of 256 threads per (chunk, value head), 72 KiB of shared memory (three blocks an SM):
 //  1. k, q, v rows of the chunk as raw bf16 into shared memory with 16-byte cp.async (all loads in
@@ -17,9 +17,8 @@
 //     relative, well under the TF32 rounding of the other products). Rows past the diagonal block skip.
 //  6. Kd = e^{γ_last−γ} ⊙ r ⊙ K, 16-byte stores.
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
-// (host check in src/backend/cuda/encoder.rs; otherwise the tc prep runs).
+// (host check in src/backend/cuda/encoder.rs; otherwise the one-kernel sequential version runs).
 // BUG 1 (moss_ctl_enc_gdr_prep_tc3_bf16): T's lower-left 32x32 block is left at zero.
-// BUG 2 (bench only, -DGDR_BENCH_VARIANTS): T' as bf16 hi alone (what the lo products cost).
 #pragma once
 namespace moss_gdr {
 
@@ -190,7 +189,6 @@ __device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
 // Step 5: dst[i][n] = Σ_k T[i][k] s[k] B[k][n] for the warp's 16 rows and 128 columns, in two
 // passes of 64 columns. Warp w: side w % 2 (0: U0 from V, 1: Wk from K), row block
 // {0, 0, 1, 1, 3, 3, 2, 2}[w] (the two warps of a scheduler then have 5 k-steps between them).
-template <int BUG>
 __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, const unsigned short* Vb,
                                          const unsigned short* Kb, const float* sv, const float* sk) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -221,9 +219,9 @@ __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, 
             for (int qd = 0; qd < 4; qd++) {
                 unsigned b[4];
                 moss_mma::ldsm_x4_t(b, B + (k0 + br) * P3_BL + n0 + 16 * qd + bc);
-                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
+                moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
                 moss_mma::mma_bf16(acc[2 * qd], hi, b[0], b[1]);
-                if (BUG != 2) moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
+                moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
                 moss_mma::mma_bf16(acc[2 * qd + 1], hi, b[2], b[3]);
             }
         }
@@ -302,7 +300,7 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
     p3_inverse<BUG>(Ts, As);
     moss_mma::cp_async_wait<0>();
     __syncthreads();
-    p3_apply<BUG>(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
+    p3_apply(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
     float* kd = Kd + blk * GC * GD;
     for (int p = tid; p < GC * GD / 4; p += GT) {
         const int i = p >> 5, a = (p & 31) * 4;

@@ -1,7 +1,8 @@
-// Tensor-core pieces of the chunk-parallel gated delta rule (cuda/gdr.cu), used on the bf16 path:
-// every product of the three kernels on TF32 mma.sync (m16n8k8, operands rounded to TF32 with
-// cvt.rna, fp32 accumulators); the state, the decays, γ and the (I + A)⁻¹ substitution stay fp32.
-// The fp32 path (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of gdr.cu.
+// The bf16 path's state pass and output where the Hopper kernel (cuda/sm90a/gdr_tma.cu) does not
+// run (every other GPU, or MOSS_GDR_STATE=seq): gdr_seq_tc and gdr_out_tc after gdr_prep_tc3
+// (cuda/gdr.cu, gdr_prep3.cuh), every product on TF32 mma.sync (m16n8k8, operands rounded to
+// TF32 with cvt.rna, fp32 accumulators); the state and the decays stay fp32. The fp32 path
+// (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of gdr.cu.
 //
 // Fragment layouts of m16n8k8 .tf32 (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
 //   A 16x8: a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)
@@ -58,31 +59,6 @@ __device__ __forceinline__ void acc_zero(float (&acc)[MT][NT][4]) {
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[mt][nt][r] = 0.f;
-}
-
-// gdr_prep's K Kᵀ and Q Kᵀ (Ks, Qs: [64][PKS], normalised) into Aᵀ (At[j·AS + i] = A[i][j]) and
-// the decayed Wqk (wq[i·wld + j], [64][64]). Warp w owns rows 16(w/2).., columns 32(w%2)..; the one tile
-// wholly above the diagonal is all zero and skips its products.
-__device__ __forceinline__ void prep_scores_tc(float* At, float* wq, int wld, const float* Ks, const float* Qs,
-                                               const float* gs, const float* bs) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = 16 * (warp >> 1), c0 = 32 * (warp & 1);
-    float kk[1][4][4], qk[1][4][4];
-    acc_zero(kk);
-    acc_zero(qk);
-    if (c0 <= r0 + 15) {
-        warp_mma<1, 4>(kk, Ks + r0 * PKS, PKS, 1, Ks + c0 * PKS, 1, PKS, GD);
-        warp_mma<1, 4>(qk, Qs + r0 * PKS, PKS, 1, Ks + c0 * PKS, 1, PKS, GD);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            int i = r0 + g + 8 * (r >> 1), j = c0 + 8 * nt + 2 * t + (r & 1);
-            float e = j <= i ? expf(gs[i] - gs[j]) : 0.f;
-            At[j * AS + i] = j < i ? bs[i] * kk[0][nt][r] * e : 0.f;
-            wq[i * wld + j] = qk[0][nt][r] * e;
-        }
 }
 
 // ---- gdr_seq_tc: one block per (value head, 32 value columns), sequential over chunks ----------
@@ -187,7 +163,7 @@ constexpr int TO_SL = OC + 8;  // S0 and U tiles (B, row-major)
 constexpr int TO_WL = GC + 4;  // Wqk tile (A, row-major)
 constexpr int TO_FLOATS = GC * PKS + GD * TO_SL + GC * TO_WL + GC * TO_SL + GC;
 
-template <typename T, int BUG, bool BATCH = false>
+template <typename T, int BUG>
 __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,
                             const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {
     GDR_SMEM(gdr_sm);
@@ -204,7 +180,7 @@ __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* 
     const int tid = threadIdx.x;
     if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
     __syncthreads();
-    load_norm_any<BATCH>(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
+    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
     load_state_cols(Ss, TO_SL, Sall, blk, col0);
     const float* ug = Uall + blk * GC * GD + col0;
     const float* wg = Wqk + blk * GC * GC;

@@ -1,31 +1,62 @@
-// The gated delta rule's state pass and output in one kernel, tiles by TMA *tensor* copies
-// (MOSS_GDR_STATE=tma2 / tma2p / tma1 / tma2x; Hopper only, sm_90a unit). Same algebra, pipeline, cluster sharing and
-// planted control as cuda/sm90a/gdr_fused.cu (read that first); what differs is how the per-chunk
-// tiles reach shared memory:
+// The gated delta rule's state pass and output in one kernel on Hopper (sm_90a unit): the default
+// after gdr_prep_tc3 (cuda/gdr_prep3.cuh) wherever the Hopper kernels are loaded and q, k, v are
+// 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder.rs; MOSS_GDR_STATE=seq takes
+// gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/gdr.cu;
+// it reads the prep's scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64],
+// gam [blk][64], and q straight out of the (strided) conv output.
 //
-// - gdr_fused copies one padded row per cp.async.bulk (129 requests a chunk for fused2c): its
-//   measured time per chunk grew with that count (bench/notes-gdrseq.md). Here each tile share is
-//   a few 2-D boxes of a tensor map (cuTensorMapEncodeTiled on the host, CUtensorMap by value):
-//   Wk, Kd: 4 boxes {32 floats, 64/CL rows}; Wqk: 2; Q (bf16, straight out of the strided conv
-//   output; rows past L zero-filled by the TMA unit): 2 boxes {64, 64/CL}; the U0 slice: 1 box
-//   {32, 64} (this CTA's own); γ: one 256-byte bulk copy. 14 requests a chunk per CTA.
-// - Boxes land with the 128-byte swizzle: a tile is stored as panels of 64 rows x 128 bytes
-//   (8 KiB, 1024-byte aligned), 16-byte chunk c of row r at chunk c ^ (r % 8). Every read takes
-//   the swizzled address (ft_sw): ldmatrix on Wk / Wqk and the q / U0 loads stay conflict-free,
-//   the transposed Kd loads are 2-way.
-// - The slots are 1024-byte aligned (the dynamic shared memory base is rounded up at run time).
-// Maps (all 2-D, 128-byte swizzle): q bf16 {Hk·dk, L} (row stride rqk); Wk, Kd, U0 f32 {128,
-// nb·64}; Wqk f32 {64, nb·64} (nb = chunks · Hv; box rows 64/CL, U0's 64).
-// BUG 1 (moss_ctl_enc_gdr_tma*): the state read Q S forgets its decay e^{γ} (as gdr_fused's).
-#ifndef GDR_EMU
-#include "gdr_fused.cu"
+// One CTA per (value head h, 32 value columns j0..): grid 4·Hv; the column CTAs of a head go in
+// clusters of CL = 2 and share every per-chunk tile. Per chunk c, from S = 0 (S: 128 x 32 of this
+// CTA, fp32 in the accumulators of the 8 compute warps):
+//   phase A:  U = U0 − Wk S,  O1 = Q S          (both K = 128, one shared B operand: Sᵀ in smem)
+//   phase B:  S ← e^{γ_last} S + Kdᵀ U,  O = r ⊙ e^{γ} ⊙ O1 + Wqk U   → out (bf16)
+// with r_i = rsqrt(Σ q_i² + 1e-6)/√dk: the q rows enter the product raw (bf16 is exact in TF32)
+// and are normalised after it, the squares summed from the same fragments. Neither the state
+// entering a chunk nor U goes through memory.
+//
+// Tiles: warp 8 is the producer (one lane). Each CTA loads its share (rows r0.. of 64/CL) of every
+// tile by TMA tensor copies with .multicast::cluster into the same offset of both CTAs: Wk, Kd: 4
+// boxes {32 floats, 64/CL rows}; Wqk: 2; Q (bf16, rows past L zero-filled by the TMA unit): 2
+// boxes {64, 64/CL}; its own U0 slice: 1 box {32, 64}; γ: one 256-byte bulk copy (14 requests a
+// chunk). Boxes land with the 128-byte swizzle: a tile is stored as panels of 64 rows x 128 bytes
+// (8 KiB, 1024-byte aligned; the dynamic shared memory base is rounded up at run time), 16-byte
+// chunk c of row r at chunk c ^ (r % 8); every read takes the swizzled address (ft_sw / ft_f).
+// Maps (2-D, made on the host per call): q bf16 {Hk·dk, L} (row stride rqk); Wk, Kd, U0 f32
+// {128, nb·64}; Wqk f32 {64, nb·64} (nb = chunks · Hv; box rows 64/CL, U0's 64).
+// Pipeline: phase A's tiles (Wk, Q, U0 slice, γ) and phase B's (Kd, Wqk) take turns in a ring of 3
+// slots (use u = 2c + phase in slot u % 3), each with a "full" mbarrier (transaction bytes of the
+// copies landing in this CTA) and an "empty" one (CW·CL arrivals: every compute warp of every CTA
+// of the cluster, since each CTA writes into the other's slot). The waits and the remote arrivals
+// use the instructions' default semantics (acquire / release at CTA scope, as CUTLASS's cluster
+// barriers): the explicit cluster-scope forms cost `membar` stalls (bench/RESULTS.md, session 15).
+// The compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
+// (register double buffer, by hand: the asm statements keep program order). Two named barriers a
+// chunk (Uᵀ, Sᵀ exchanged in smem). Products on TF32 mma.sync m16n8k8 (operands rounded with
+// cvt.rna as gdr_tc.cuh, fp32 accumulators); Sᵀ and Uᵀ are stored TF32-rounded.
+// Measured on the H200 (this kernel as `tma2y`, session 16): 0.225 ms a layer at 4096 tokens
+// (Hk 16, Hv 32, dk = dv = 128) after the prep; the history of the variants it replaced is in
+// bench/notes-gdrseq.md, notes-gdrtma.md and bench/RESULTS.md.
+// BUG 1 (moss_ctl_enc_gdr_tma_bf16): the state read Q S forgets its decay e^{γ}.
+// Needs dk % 8 == 0, dk, dv ≤ 128, q rows 16-byte aligned (the host checks).
+#ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the body as host code with emulated primitives
+#include "elem.cuh"
+#include "mma.cuh"
 #endif
 
 namespace moss_gdrt {
-using namespace moss_gdrf;
 
+constexpr int GC = 64;         // chunk
+constexpr int GD = 128;        // padded head dim
+constexpr int CW = 8;          // compute warps
+constexpr int THREADS = 32 * (CW + 1);
+constexpr int CB = 32;         // value columns per CTA
+constexpr int CL = 2;          // CTAs a cluster (column CTAs of one head)
+constexpr int NSLOT = 3;
+constexpr int SL = GD + 4;     // Sᵀ [CB][SL] (ldmatrix B operand)
+constexpr int UL = GC + 4;     // Uᵀ [CB][UL] (ldmatrix B operand)
 constexpr int PANEL = 64 * 128;  // bytes of one 64-row panel of 128-byte rows
 
+// Byte offsets: a slot holds phase A's tiles or phase B's.
 template <typename T>
 struct TLay {
     static constexpr int QP = 128 / (int)sizeof(T);  // q elements a panel row
@@ -62,6 +93,52 @@ struct alignas(64) TmaMap {
 #define FT_SMEM(name)                                     \
     extern __shared__ __align__(1024) unsigned char raw_[]; \
     unsigned char* name = raw_ + ((1024u - (moss_mma::smem_addr(raw_) & 1023u)) & 1023u)
+#define FT_SLOT_BEGIN(s)
+#define FT_SLOT_END(s)
+__device__ __forceinline__ uint32_t ft_sa(const void* p) { return moss_mma::smem_addr(p); }
+__device__ __forceinline__ int ft_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ void ft_bar_init(void* b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ft_sa(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ft_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void ft_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void ft_named_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// This CTA's arrival on its own barrier b, with `bytes` more transaction bytes expected.
+__device__ __forceinline__ void ft_expect(void* b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ft_sa(b)), "r"(bytes) : "memory");
+}
+// Wait until the phase of parity `parity` of b has completed (the default semantics: acquire at
+// CTA scope).
+__device__ __forceinline__ void ft_wait(void* b, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred P1;\nTCW_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@!P1 bra TCW_%=;\n}\n" ::"r"(ft_sa(b)),
+        "r"(parity)
+        : "memory");
+}
+// Arrive on barrier b (same offset) of CTA `rank` of the cluster (default semantics: release at
+// CTA scope).
+__device__ __forceinline__ void ft_arrive_cluster(void* b, int rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ft_sa(b)),
+        "r"(rank)
+        : "memory");
+}
+// bytes (multiple of 16) from global src to this CTA's shared dst, completing on barrier b.
+__device__ __forceinline__ void ft_bulk(void* dst, const void* src, unsigned bytes, void* b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     ft_sa(dst)),
+                 "l"(src), "r"(bytes), "r"(ft_sa(b))
+                 : "memory");
+}
 __device__ __forceinline__ void ft_prefetch(const TmaMap* m) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
 }
@@ -71,64 +148,41 @@ __device__ __forceinline__ void ft_box(void* dst, const TmaMap* m, int x, int y,
     if (mask)
         asm volatile(
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(
-                fz_sa(dst)),
-            "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(fz_sa(b)), "h"((unsigned short)mask)
+                ft_sa(dst)),
+            "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(ft_sa(b)), "h"((unsigned short)mask)
             : "memory");
     else
         asm volatile(
             "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                fz_sa(dst)),
-            "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(fz_sa(b))
+                ft_sa(dst)),
+            "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(ft_sa(b))
             : "memory");
 }
-// Hint: the box at (x, y) of map m into L2 (no shared memory, no barrier).
-__device__ __forceinline__ void ft_pf(const TmaMap* m, int x, int y) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(m)), "r"(x),
-                 "r"(y)
-                 : "memory");
-}
-#endif
-
-// CS: the barrier waits and the remote arrivals with the instructions' default semantics
-// (acquire / release at CTA scope, as CUTLASS's ClusterBarrier issues them) instead of explicit
-// cluster scope; ncu showed `membar` stalls at 0.84-0.88 cycles an issued instruction with the
-// cluster-scope forms (bench/RESULTS.md, session 15).
-template <bool CS>
-__device__ __forceinline__ void bar_wait(void* b, unsigned parity) {
-#ifndef GDR_EMU
-    if constexpr (CS) {
-        asm volatile(
-            "{\n.reg .pred P1;\nTCW_%=:\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-            "@!P1 bra TCW_%=;\n}\n" ::"r"(fz_sa(b)),
-            "r"(parity)
-            : "memory");
-        return;
+__device__ __forceinline__ unsigned ft_tf32(float x) { return __float_as_uint(moss_mma::tf32(x)); }
+__device__ __forceinline__ float ft_tf32r(float x) { return moss_mma::tf32(x); }
+__device__ __forceinline__ float ft_uf(unsigned u) { return __uint_as_float(u); }
+using moss_mma::mma_tf32;
+// A q element as a TF32 operand: bf16 is exact in TF32.
+__device__ __forceinline__ float ft_qv(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ unsigned ft_qbits(const __nv_bfloat16*, float x) { return __float_as_uint(x); }
+__device__ __forceinline__ void ft_st2(__nv_bfloat16* out, long i, float x, float y, bool two, bool pair) {
+    if (pair && two) {
+        *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(x, y);
+    } else {
+        out[i] = __float2bfloat16_rn(x);
+        if (two) out[i + 1] = __float2bfloat16_rn(y);
     }
-#endif
-    fz_wait(b, parity);  // (the emulator: the same barrier either way)
 }
-template <bool CS>
-__device__ __forceinline__ void bar_arrive_cluster(void* b, int rank) {
-#ifndef GDR_EMU
-    if constexpr (CS) {
-        asm volatile(
-            "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-            "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(fz_sa(b)),
-            "r"(rank)
-            : "memory");
-        return;
-    }
 #endif
-    fz_arrive_cluster(b, rank);
+// The emulator's fp32 data (bench/gdr_emu.cpp): q rounded to TF32 like every other operand.
+__device__ __forceinline__ float ft_qv(float x) { return x; }
+__device__ __forceinline__ unsigned ft_qbits(const float*, float x) { return ft_tf32(x); }
+__device__ __forceinline__ void ft_st2(float* out, long i, float x, float y, bool two, bool) {
+    out[i] = x;
+    if (two) out[i + 1] = y;
 }
 
-// PF > 0: with chunk c's phase-A tiles, the producer also asks L2 to prefetch this CTA's shares of
-// chunk c + PF (the slots hold one chunk ahead; the prep's scratch is past L2 at 4096 tokens).
-// PIPE: the compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
-// (register double buffer; the asm statements keep program order, so the code does it by hand).
-// PIPE = false is the measured code, unchanged.
-template <typename T, int CL, int BUG, int PF = 0, bool PIPE = false, bool CS = false>
+template <typename T, int BUG>
 __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd, const TmaMap* mu0, const TmaMap* mwq,
                          T* out, const float* gam, int L, int Hk, int Hv, int dk, int dv) {
     using Y = TLay<T>;
@@ -144,58 +198,50 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
     auto empty = [&](int s) { return (void*)(bars + 8 * (NSLOT + s)); };
     if (tid == 0) {
         for (int s = 0; s < NSLOT; s++) {
-            fz_bar_init(full(s), 1);
-            fz_bar_init(empty(s), CW * CL);
+            ft_bar_init(full(s), 1);
+            ft_bar_init(empty(s), CW * CL);
         }
-        fz_init_fence();
+        ft_init_fence();
     }
     for (int p = tid; p < CB * SL; p += THREADS) St[p] = 0.f;
-    fz_cluster_sync();  // barriers initialised in every CTA before any copy or remote arrival
+    ft_cluster_sync();  // barriers initialised in every CTA before any copy or remote arrival
     if (warp == CW) {
         // ---- producer (one lane): this CTA's share (rows r0.. of 64/CL) of every multicast tile ----
         if (lane == 0) {
-            const int rank = fz_rank();
+            const int rank = ft_rank();
             const int r0 = rank * (GC / CL);
-            const unsigned mask = CL == 1 ? 0u : (1u << CL) - 1;
+            const unsigned mask = (1u << CL) - 1;
             ft_prefetch(mq), ft_prefetch(mwk), ft_prefetch(mkd), ft_prefetch(mu0), ft_prefetch(mwq);
             for (int u = 0; u < 2 * nc; u++) {
                 const int s = u % NSLOT, c = u >> 1;
-                if (u >= NSLOT) bar_wait<CS>(empty(s), ((u / NSLOT) - 1) & 1);
+                if (u >= NSLOT) ft_wait(empty(s), ((u / NSLOT) - 1) & 1);
                 const int row0 = (c * Hv + h) * GC;  // the chunk's first scratch row
                 unsigned char* slot = sm + s * Y::SLOT;
-                if constexpr (PF > 0) {
-                    if ((u & 1) == 0 && c + PF < nc) {
-                        const int f0 = ((c + PF) * Hv + h) * GC;
-                        for (int p = 0; p < 4; p++) ft_pf(mwk, 32 * p, f0 + r0), ft_pf(mkd, 32 * p, f0 + r0);
-                        for (int p = 0; p < 2; p++) ft_pf(mwq, 32 * p, f0 + r0);
-                        for (int p = 0; p < GD / Y::QP; p++) ft_pf(mq, kh * dk + Y::QP * p, (c + PF) * GC + r0);
-                        ft_pf(mu0, j0, f0);
-                    }
-                }
                 if ((u & 1) == 0) {
-                    fz_expect(full(s), Y::TX_A);
+                    ft_expect(full(s), Y::TX_A);
                     for (int p = 0; p < 4; p++) ft_box(slot + Y::A_WK + p * PANEL + r0 * 128, mwk, 32 * p, row0 + r0, full(s), mask);
                     for (int p = 0; p < GD / Y::QP; p++)
                         ft_box(slot + Y::A_Q + p * PANEL + r0 * 128, mq, kh * dk + Y::QP * p, c * GC + r0, full(s), mask);
                     ft_box(slot + Y::A_U0, mu0, j0, row0, full(s), 0);
-                    fz_bulk(slot + Y::A_GAM, gam + row0, GC * 4, full(s), 0);
+                    ft_bulk(slot + Y::A_GAM, gam + row0, GC * 4, full(s));
                 } else {
-                    fz_expect(full(s), Y::TX_B);
+                    ft_expect(full(s), Y::TX_B);
                     for (int p = 0; p < 4; p++) ft_box(slot + Y::B_KD + p * PANEL + r0 * 128, mkd, 32 * p, row0 + r0, full(s), mask);
                     for (int p = 0; p < 2; p++) ft_box(slot + Y::B_WQ + p * PANEL + r0 * 128, mwq, 32 * p, row0 + r0, full(s), mask);
                 }
             }
         }
     } else {
-        // ---- the 8 compute warps (as gdr_fused.cu, reads at swizzled addresses) ----------------
+        // ---- the 8 compute warps (reads at swizzled addresses) ---------------------------------
         const int g = lane >> 2, t = lane & 3;
-        const int ur = 16 * (warp >> 1), uc = 16 * (warp & 1);
+        const int ur = 16 * (warp >> 1), uc = 16 * (warp & 1);  // phase A / O tile: rows ur.., cols uc..
         const float qscale = rsqrtf((float)dk);
-        float S[4][4];
+        float S[4][4];  // rows 16·warp.., 32 columns
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) S[nt][r] = 0.f;
+        // ldmatrix row addresses (lanes 8m..8m+7 give matrix m's rows)
         const float* pb = St + (uc + (lane & 7) + 8 * (lane >> 4)) * SL + 4 * ((lane >> 3) & 1);
         const float* pu = Ut + ((lane & 7) + 8 * (lane >> 4)) * UL + 4 * ((lane >> 3) & 1);
         // ldmatrix A rows: row ar, 16-byte chunk (k0 % 32)/4 + ah of panel k0/32
@@ -205,8 +251,8 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             const int c0 = c * GC, n = min(GC, L - c0);
             // ---- phase A ----
             int u = 2 * c, s = u % NSLOT;
-            bar_wait<CS>(full(s), (u / NSLOT) & 1);
-            FZ_SLOT_BEGIN(s);
+            ft_wait(full(s), (u / NSLOT) & 1);
+            FT_SLOT_BEGIN(s);
             const unsigned char* slot = sm + s * Y::SLOT;
             const unsigned char* wk = slot + Y::A_WK;
             const unsigned char* qs = slot + Y::A_Q;
@@ -218,7 +264,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #pragma unroll
                 for (int r = 0; r < 4; r++) Ua[nt][r] = Oa[nt][r] = 0.f;
             float ss0 = 0.f, ss1 = 0.f;
-            if constexpr (PIPE) {
+            {
             // k-step operands: Sᵀ (B), Wk (A) by ldmatrix; q elements k0 + t, k0 + 4 + t of rows qr, qr + 8
             struct OpA {
                 unsigned b[4], a[4];
@@ -233,20 +279,20 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                     const int o2 = (k2 / Y::QP) * PANEL + ft_sw(qr, (k2 % Y::QP) / Y::QE) + (k2 % Y::QE) * (int)sizeof(T);
                     const T* q1 = reinterpret_cast<const T*>(qs + o1);
                     const T* q2 = reinterpret_cast<const T*>(qs + o2);
-                    o.x[0] = fz_qv(q1[0]), o.x[1] = fz_qv(q1[8 * 128 / (int)sizeof(T)]);
-                    o.x[2] = fz_qv(q2[0]), o.x[3] = fz_qv(q2[8 * 128 / (int)sizeof(T)]);
+                    o.x[0] = ft_qv(q1[0]), o.x[1] = ft_qv(q1[8 * 128 / (int)sizeof(T)]);
+                    o.x[2] = ft_qv(q2[0]), o.x[3] = ft_qv(q2[8 * 128 / (int)sizeof(T)]);
                 }
             };
             auto mma_a = [&](int k0, OpA& o) {
 #pragma unroll
-                for (int r = 0; r < 4; r++) o.a[r] = fz_tf32(fz_uf(o.a[r]));
+                for (int r = 0; r < 4; r++) o.a[r] = ft_tf32(ft_uf(o.a[r]));
                 mma_tf32(Ua[0], o.a, o.b[0], o.b[1]);
                 mma_tf32(Ua[1], o.a, o.b[2], o.b[3]);
                 if (k0 < dk) {
                     ss0 += o.x[0] * o.x[0] + o.x[2] * o.x[2];
                     ss1 += o.x[1] * o.x[1] + o.x[3] * o.x[3];
-                    const unsigned aq[4] = {fz_qbits((const T*)qs, o.x[0]), fz_qbits((const T*)qs, o.x[1]),
-                                            fz_qbits((const T*)qs, o.x[2]), fz_qbits((const T*)qs, o.x[3])};
+                    const unsigned aq[4] = {ft_qbits((const T*)qs, o.x[0]), ft_qbits((const T*)qs, o.x[1]),
+                                            ft_qbits((const T*)qs, o.x[2]), ft_qbits((const T*)qs, o.x[3])};
                     mma_tf32(Oa[0], aq, o.b[0], o.b[1]);
                     mma_tf32(Oa[1], aq, o.b[2], o.b[3]);
                 }
@@ -258,32 +304,6 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                     if (k0 + 8 < GD) load_a(k0 + 8, o[((k0 >> 3) + 1) & 1]);
                     mma_a(k0, o[(k0 >> 3) & 1]);
                 }
-            } else {
-#pragma unroll
-            for (int k0 = 0; k0 < GD; k0 += 8) {
-                unsigned b[4], a[4];
-                moss_mma::ldsm_x4(b, pb + k0);
-                moss_mma::ldsm_x4(a, wk + (k0 >> 5) * PANEL + ft_sw(ar, ((k0 & 31) >> 2) + ah));
-#pragma unroll
-                for (int r = 0; r < 4; r++) a[r] = fz_tf32(fz_uf(a[r]));
-                mma_tf32(Ua[0], a, b[0], b[1]);
-                mma_tf32(Ua[1], a, b[2], b[3]);
-                if (k0 < dk) {
-                    // q elements k0 + t and k0 + 4 + t of rows qr, qr + 8
-                    const int k1 = k0 + t, k2 = k0 + 4 + t;
-                    const int o1 = (k1 / Y::QP) * PANEL + ft_sw(qr, (k1 % Y::QP) / Y::QE) + (k1 % Y::QE) * (int)sizeof(T);
-                    const int o2 = (k2 / Y::QP) * PANEL + ft_sw(qr, (k2 % Y::QP) / Y::QE) + (k2 % Y::QE) * (int)sizeof(T);
-                    const T* q1 = reinterpret_cast<const T*>(qs + o1);
-                    const T* q2 = reinterpret_cast<const T*>(qs + o2);
-                    const float x0 = fz_qv(q1[0]), x1 = fz_qv(q1[8 * 128 / (int)sizeof(T)]);
-                    const float x2 = fz_qv(q2[0]), x3 = fz_qv(q2[8 * 128 / (int)sizeof(T)]);
-                    ss0 += x0 * x0 + x2 * x2;
-                    ss1 += x1 * x1 + x3 * x3;
-                    const unsigned aq[4] = {fz_qbits(q1, x0), fz_qbits(q1, x1), fz_qbits(q1, x2), fz_qbits(q1, x3)};
-                    mma_tf32(Oa[0], aq, b[0], b[1]);
-                    mma_tf32(Oa[1], aq, b[2], b[3]);
-                }
-            }
             }
             ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
             ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
@@ -292,33 +312,34 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             const float e0 = BUG == 1 ? 1.f : expf(gs[ur + g]), e1 = BUG == 1 ? 1.f : expf(gs[ur + g + 8]);
             const float sc[2] = {rsqrtf(ss0 + 1e-6f) * qscale * e0, rsqrtf(ss1 + 1e-6f) * qscale * e1};
             const float dec = expf(gs[GC - 1]);
+            // U = U0 − Wk S into Uᵀ (TF32: it is only ever an mma operand)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int row = ur + g + 8 * hf, col = uc + 8 * nt + 2 * t;
                     const float2 v0 = *reinterpret_cast<const float2*>(u0 + ft_sw(row, col >> 2) + (col & 3) * 4);
-                    Ut[col * UL + row] = fz_tf32r(v0.x - Ua[nt][2 * hf]);
-                    Ut[(col + 1) * UL + row] = fz_tf32r(v0.y - Ua[nt][2 * hf + 1]);
+                    Ut[col * UL + row] = ft_tf32r(v0.x - Ua[nt][2 * hf]);
+                    Ut[(col + 1) * UL + row] = ft_tf32r(v0.y - Ua[nt][2 * hf + 1]);
                     Oa[nt][2 * hf] *= sc[hf];
                     Oa[nt][2 * hf + 1] *= sc[hf];
                 }
-            FZ_SLOT_END(s);
+            FT_SLOT_END(s);
             __syncwarp();
-            if (lane < CL) bar_arrive_cluster<CS>(empty(s), lane);
-            fz_named_sync();  // Uᵀ complete; every read of Sᵀ done
+            if (lane < CL) ft_arrive_cluster(empty(s), lane);
+            ft_named_sync();  // Uᵀ complete; every read of Sᵀ done
             // ---- phase B ----
             u = 2 * c + 1;
             s = u % NSLOT;
-            bar_wait<CS>(full(s), (u / NSLOT) & 1);
-            FZ_SLOT_BEGIN(s);
+            ft_wait(full(s), (u / NSLOT) & 1);
+            FT_SLOT_BEGIN(s);
             const unsigned char* kd = sm + s * Y::SLOT + Y::B_KD;
             const unsigned char* wq = sm + s * Y::SLOT + Y::B_WQ;
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) S[nt][r] *= dec;
-            if constexpr (PIPE) {
+            {
             // S += Kdᵀ U: A(a, i) = Kd[i][a], a = 16·warp + g (+8), i = k0 + t (+4); B = U from Uᵀ
             const int kap = 16 * warp + g;
             struct OpB {
@@ -332,7 +353,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                 moss_mma::ldsm_x4(o.b23, pu + 16 * UL + k0);
             };
             auto mma_s = [&](OpB& o) {
-                const unsigned a[4] = {fz_tf32(o.a[0]), fz_tf32(o.a[1]), fz_tf32(o.a[2]), fz_tf32(o.a[3])};
+                const unsigned a[4] = {ft_tf32(o.a[0]), ft_tf32(o.a[1]), ft_tf32(o.a[2]), ft_tf32(o.a[3])};
                 mma_tf32(S[0], a, o.b01[0], o.b01[1]);
                 mma_tf32(S[1], a, o.b01[2], o.b01[3]);
                 mma_tf32(S[2], a, o.b23[0], o.b23[1]);
@@ -349,7 +370,7 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
             };
             auto mma_o = [&](OpO& o) {
 #pragma unroll
-                for (int r = 0; r < 4; r++) o.a[r] = fz_tf32(fz_uf(o.a[r]));
+                for (int r = 0; r < 4; r++) o.a[r] = ft_tf32(ft_uf(o.a[r]));
                 mma_tf32(Oa[0], o.a, o.b[0], o.b[1]);
                 mma_tf32(Oa[1], o.a, o.b[2], o.b[3]);
             };
@@ -369,37 +390,10 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                         mma_o(p[(k0 >> 3) & 1]);
                     }
                 }
-            } else {
-            // S += Kdᵀ U: A(a, i) = Kd[i][a], a = 16·warp + g (+8), i = k0 + t (+4)
-            const int ka = 16 * warp + g;
-#pragma unroll 2
-            for (int k0 = 0; k0 < GC; k0 += 8) {
-                auto kv = [&](int i, int a) { return *reinterpret_cast<const float*>(kd + ft_f(i, a)); };
-                const unsigned a[4] = {fz_tf32(kv(k0 + t, ka)), fz_tf32(kv(k0 + t, ka + 8)), fz_tf32(kv(k0 + t + 4, ka)),
-                                       fz_tf32(kv(k0 + t + 4, ka + 8))};
-                unsigned b01[4], b23[4];
-                moss_mma::ldsm_x4(b01, pu + k0);
-                moss_mma::ldsm_x4(b23, pu + 16 * UL + k0);
-                mma_tf32(S[0], a, b01[0], b01[1]);
-                mma_tf32(S[1], a, b01[2], b01[3]);
-                mma_tf32(S[2], a, b23[0], b23[1]);
-                mma_tf32(S[3], a, b23[2], b23[3]);
             }
-            // O += Wqk U (lower triangular: k < ur + 16)
-            const float* pu2 = pu + uc * UL;
-            for (int k0 = 0; k0 < ur + 16; k0 += 8) {
-                unsigned a[4], b[4];
-                moss_mma::ldsm_x4(a, wq + (k0 >> 5) * PANEL + ft_sw(ar, ((k0 & 31) >> 2) + ah));
-#pragma unroll
-                for (int r = 0; r < 4; r++) a[r] = fz_tf32(fz_uf(a[r]));
-                moss_mma::ldsm_x4(b, pu2 + k0);
-                mma_tf32(Oa[0], a, b[0], b[1]);
-                mma_tf32(Oa[1], a, b[2], b[3]);
-            }
-            }
-            FZ_SLOT_END(s);
+            FT_SLOT_END(s);
             __syncwarp();
-            if (lane < CL) bar_arrive_cluster<CS>(empty(s), lane);
+            if (lane < CL) ft_arrive_cluster(empty(s), lane);
             const bool pair = (dv & 1) == 0;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -407,20 +401,21 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
                 for (int hf = 0; hf < 2; hf++) {
                     const int i = ur + g + 8 * hf, col = j0 + uc + 8 * nt + 2 * t;
                     if (i < n && col < dv)
-                        fz_st2(out, ((long)(c0 + i) * Hv + h) * dv + col, Oa[nt][2 * hf], Oa[nt][2 * hf + 1], col + 1 < dv,
+                        ft_st2(out, ((long)(c0 + i) * Hv + h) * dv + col, Oa[nt][2 * hf], Oa[nt][2 * hf + 1], col + 1 < dv,
                                pair);
                 }
+            // the state entering chunk c + 1 as Sᵀ (TF32) for the next phase A
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     const int row = 16 * warp + g + 8 * (r >> 1), col = 8 * nt + 2 * t + (r & 1);
-                    St[col * SL + row] = fz_tf32r(S[nt][r]);
+                    St[col * SL + row] = ft_tf32r(S[nt][r]);
                 }
-            fz_named_sync();  // Sᵀ complete; every read of Uᵀ done
+            ft_named_sync();  // Sᵀ complete; every read of Uᵀ done
         }
     }
-    fz_cluster_sync();  // no CTA leaves while others may still arrive on its barriers
+    ft_cluster_sync();  // no CTA leaves while others may still arrive on its barriers
 }
 
 }  // namespace moss_gdrt
@@ -428,26 +423,14 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
 #ifndef GDR_EMU
 // out [L, Hv, dv] bf16. Launch: grid 4·Hv (a multiple of CL), 288 threads, TLay<bf16>::BYTES
 // (201776) bytes of dynamic shared memory; the maps as described at the top.
-#define MOSS_GDR_TMA(NAME, CL, BUG, PF, PIPE, CS)                                                                                     \
-    MOSS_KERNEL void __cluster_dims__(CL, 1, 1) __launch_bounds__(moss_gdrf::THREADS, 1)                                   \
-        NAME(const __grid_constant__ moss_gdrt::TmaMap mq, const __grid_constant__ moss_gdrt::TmaMap mwk,                  \
-             const __grid_constant__ moss_gdrt::TmaMap mkd, const __grid_constant__ moss_gdrt::TmaMap mu0,                 \
-             const __grid_constant__ moss_gdrt::TmaMap mwq, __nv_bfloat16* out, const float* gam, int L, int Hk, int Hv,   \
-             int dk, int dv) {                                                                                             \
-        moss_gdrt::tma_impl<__nv_bfloat16, CL, BUG, PF, PIPE, CS>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);             \
+#define MOSS_GDR_TMA(NAME, BUG)                                                                                      \
+    MOSS_KERNEL void __cluster_dims__(moss_gdrt::CL, 1, 1) __launch_bounds__(moss_gdrt::THREADS, 1)                  \
+        NAME(const __grid_constant__ moss_gdrt::TmaMap mq, const __grid_constant__ moss_gdrt::TmaMap mwk,            \
+             const __grid_constant__ moss_gdrt::TmaMap mkd, const __grid_constant__ moss_gdrt::TmaMap mu0,           \
+             const __grid_constant__ moss_gdrt::TmaMap mwq, __nv_bfloat16* out, const float* gam, int L, int Hk,     \
+             int Hv, int dk, int dv) {                                                                               \
+        moss_gdrt::tma_impl<__nv_bfloat16, BUG>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);           \
     }
-MOSS_GDR_TMA(moss_enc_gdr_tma2_bf16, 2, 0, 0, false, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2_bf16, 2, 1, 0, false, false)
-// + L2 prefetch two chunks ahead
-MOSS_GDR_TMA(moss_enc_gdr_tma2p_bf16, 2, 0, 2, false, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2p_bf16, 2, 1, 2, false, false)
-// no cluster: each CTA loads whole tiles (boxes of 64 rows), no cross-CTA slot release
-MOSS_GDR_TMA(moss_enc_gdr_tma1_bf16, 1, 0, 0, false, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma1_bf16, 1, 1, 0, false, false)
-// operands loaded one k-step ahead (the default)
-MOSS_GDR_TMA(moss_enc_gdr_tma2x_bf16, 2, 0, 0, true, false)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2x_bf16, 2, 1, 0, true, false)
-// tma2x with the barrier operations at CTA scope (CS above)
-MOSS_GDR_TMA(moss_enc_gdr_tma2y_bf16, 2, 0, 0, true, true)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma2y_bf16, 2, 1, 0, true, true)
+MOSS_GDR_TMA(moss_enc_gdr_tma_bf16, 0)
+MOSS_GDR_TMA(moss_ctl_enc_gdr_tma_bf16, 1)
 #endif

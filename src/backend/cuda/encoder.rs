@@ -101,65 +101,43 @@ const GDR_THREADS: u32 = 512;
 /// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/gdr.cu`; smaller dims are
 /// zero-padded to it).
 pub const GDR_MAX_DIM: usize = 128;
-/// Value columns per block of `gdr_seq` / `gdr_out` (`SQ_CB`, `OC` in `cuda/gdr.cu`).
+/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/gdr.cu`).
 const GDR_SEQ_COLS: usize = 32;
 const GDR_OUT_COLS: usize = 64;
-/// Shared memory (floats) of the three kernels, as laid out in `cuda/gdr.cu`.
+/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/gdr.cu`.
 const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
 const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
 const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
-/// The same for the tensor-core kernels (`TQ_FLOATS`, `TO_FLOATS` in `cuda/gdr_tc.cuh`; their
-/// `gdr_prep` has the SIMT kernel's layout).
+/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc` (`TQ_FLOATS`, `TO_FLOATS` in
+/// `cuda/gdr_tc.cuh`).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
 /// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): K, V bf16 tiles [64][136], the Q tile /
 /// T and A as fp32 [64][72], eight vectors of 64.
 const GDR_PREP3_FLOATS: usize = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
-/// The same for the v2 kernels (`V2_PREP_FLOATS`, `V2_SEQ_FLOATS`, `V2_OUT_FLOATS` in
-/// `cuda/gdr_v2.cuh`).
-const GDR_V2_PREP_FLOATS: usize = 2 * 64 * 132 + 2 * 64 * 68 + 4 * 64;
-const GDR_V2_SEQ_FLOATS: usize = 2 * (128 * 132 + 128 * 36) + 2 * 128 * 40;
-const GDR_V2_OUT_FLOATS: usize = 64 * 132 + 128 * 72 + 64;
 
-/// Which chunk-parallel delta-rule kernels run (bf16; f32 always takes `Simt`).
+/// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
+/// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GdrPath {
-    /// fp32 SIMT products (`cuda/gdr.cu`; `MOSS_GDR=simt`).
-    Simt,
-    /// The default: tensor-core products, three passes: `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`, bf16
-    /// mma; [`GdrPath::Tc1`]'s prep where q, k, v are not 16-byte aligned or `MOSS_GDR_PREP=tc`),
-    /// `gdr_seq_tc`, `gdr_out_tc` (TF32, `cuda/gdr_tc.cuh`). Its planted control is in the out kernel.
+    /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, unless
+    /// `MOSS_GDR_STATE=seq` ([`gdr_state_seq`]); else [`GdrPath::Tc`]. q, k, v not 16-byte
+    /// aligned (or head dims above [`GDR_MAX_DIM`]) take the one-kernel sequential version.
+    Auto,
+    /// The state pass + output in one kernel on TMA tensor copies (`moss_enc_gdr_tma_bf16`,
+    /// `cuda/sm90a/gdr_tma.cu`, Hopper only); the planted control in it.
+    Tma,
+    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/gdr_tc.cuh`, any GPU); the planted control in the out kernel.
     Tc,
-    /// `Tc` with the previous prep, `gdr_prep_tc` (TF32 scores, SIMT substitution; `MOSS_GDR_PREP=tc`).
-    Tc1,
-    /// `Tc` with the q and k rows of `gdr_prep` / `gdr_out` loaded batched (`load_norm_any<true>`
-    /// in `cuda/gdr.cu`: one global latency a warp instead of eight; same arithmetic; `MOSS_GDR=tc2`).
-    Tc2,
-    /// `Tc` with `gdr_prep_tc3` always (an error where q, k, v are not 16-byte aligned) and its
-    /// planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`), the out kernel being the
-    /// correct one (the gates).
-    Tc3,
-    /// The state pass as one product a chunk, S' = e^{γl} S + N S + B, and the output from the
-    /// state entering the chunk plus precomputed intra-chunk terms (`cuda/gdr_v2.cuh`; `MOSS_GDR=v2`).
-    V2,
-    /// `gdr_prep_tc`, then the state pass and the output in one kernel with the per-chunk tiles
-    /// shared by a thread-block cluster of this many column blocks of a head, the U0 slice and γ
-    /// through cp.async if the flag is set (`cuda/sm90a/gdr_fused.cu`, Hopper only;
-    /// `MOSS_GDR_STATE=fused4` / `fused2` / `fused1` / `fused4c` / `fused2c`).
-    Fused(u32, bool),
-    /// `Tc` with `gdr_seq_tc` + `gdr_out_tc` whatever the device (`MOSS_GDR_STATE=seq`).
-    TcSeq,
-    /// As `Fused(cl, _)` with the per-chunk tiles by TMA tensor copies (2-D boxes of tensor maps
-    /// made here, 128-byte swizzle; `cuda/sm90a/gdr_tma.cu`, Hopper only; `MOSS_GDR_STATE=tma2` /
-    /// `tma1`), the suffix: `p` with L2 prefetches two chunks ahead (`tma2p`), `x` with the
-    /// operands loaded a k-step ahead (`tma2x`), `y` as `x` with the barrier waits and
-    /// remote arrivals at CTA scope (`tma2y`). `Tc` and `Tc2` take `Tma(2, "x")` on Hopper unless
-    /// `MOSS_GDR_STATE` says otherwise ([`gdr_state_env`]).
-    Tma(u32, &'static str),
+    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`)
+    /// and the correct out kernel (the gates).
+    PrepCtl,
 }
 
-/// Dynamic shared memory of `gdr_tma` (`TLay<bf16>::BYTES` in `cuda/sm90a/gdr_tma.cu`).
+/// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
+/// `cuda/sm90a/gdr_tma.cu`: 8 compute warps and a producer warp).
 const GDR_TMA_BYTES: u32 = 201_776;
+const GDR_TMA_THREADS: u32 = 288;
 
 /// A 2-D tensor map (`cuda/sm90a/gdr_tma.cu`): `cols` x `rows` elements of `dt` (bf16 or f32) at
 /// `ptr`, row stride `ld` elements, box `bx` elements x `by` rows (`bx` elements = 128 bytes),
@@ -197,38 +175,21 @@ fn gdr_tensor_map(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, bx: 
     Ok(map)
 }
 
-/// Dynamic shared memory of `gdr_fused` (`Lay<bf16>::BYTES` in `cuda/sm90a/gdr_fused.cu`).
-const GDR_FUSED_BYTES: u32 = 210_736;
-/// Threads of `gdr_fused`: 8 compute warps and a producer warp.
-const GDR_FUSED_THREADS: u32 = 288;
+/// `MOSS_GDR_STATE=seq`: the bf16 delta rule's state pass + output as `gdr_seq_tc` + `gdr_out_tc`
+/// (the path of every other GPU) also on Hopper. Anything else (or unset): the Hopper kernel
+/// `cuda/sm90a/gdr_tma.cu` where it runs, measured 0.225 ms a layer at 4096 tokens on the H200
+/// against 0.28 + 0.22 ms for the pair (bench/RESULTS.md, sessions 14-16).
+pub(crate) fn gdr_state_seq(v: Option<&str>) -> bool {
+    v == Some("seq")
+}
 
-/// The state pass + output that `MOSS_GDR_STATE` asks for on the default (`Tc` / `Tc2`) paths where
-/// the fused kernels run (Hopper): `seq` `gdr_seq_tc` + `gdr_out_tc`; `fused4` / `fused2` /
-/// `fused1` / `fused2c` / `fused4c` the state pass + output of `cuda/sm90a/gdr_fused.cu` (clusters
-/// of 4 / 2 / 1 column blocks, `c`: the U0 slice through cp.async); `tma2p` / `tma1`:
-/// `cuda/sm90a/gdr_tma.cu` with L2 prefetches / without a cluster; `tma2x` (not measured) with
-/// the operands loaded a k-step ahead; unset (or anything else)
-/// `tma2`, `cuda/sm90a/gdr_tma.cu` with clusters of 2: 0.292 ms a layer at 4096 tokens against
-/// 0.345 for `fused2c`, the 4096-token encoder's device median 104.5 / 104.7 ms against 107.5 /
-/// 107.3 and the delta-rule op sum 11.5 / 11.3 ms against 12.7 / 12.5, alternating in one call
-/// (bench/notes-gdrtma.md). The kernel's path ([`GdrPath::Fused`] or [`GdrPath::Tma`]), or None
-/// for seq.
-pub(crate) fn gdr_state_env(v: Option<&str>) -> Option<GdrPath> {
-    match v {
-        Some("seq") => None,
-        Some("fused4") => Some(GdrPath::Fused(4, false)),
-        Some("fused1") => Some(GdrPath::Fused(1, false)),
-        Some("fused4c") => Some(GdrPath::Fused(4, true)),
-        Some("fused2") => Some(GdrPath::Fused(2, false)),
-        Some("fused2c") => Some(GdrPath::Fused(2, true)),
-        Some("tma2p") => Some(GdrPath::Tma(2, "p")),
-        Some("tma1") => Some(GdrPath::Tma(1, "")),
-        Some("tma2") => Some(GdrPath::Tma(2, "")),
-        Some("tma2y") => Some(GdrPath::Tma(2, "y")),
-        // tma2x: measured fastest (bench/RESULTS.md, session 15 lead's second call: 0.276 against
-        // 0.293 ms for tma2 alone at 4096 tokens, delta-rule op sum 11.2 against 11.8 ms)
-        _ => Some(GdrPath::Tma(2, "x")),
-    }
+/// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
+/// `(rqk, rv)` elements) and head dims dk, dv: dims up to [`GDR_MAX_DIM`]; for bf16 (gdr_prep_tc3's
+/// 16-byte copies, the TMA kernel's tensor map over q) 16-byte aligned addresses, strides and dims.
+fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), dk: usize, dv: usize) -> bool {
+    dk <= GDR_MAX_DIM
+        && dv <= GDR_MAX_DIM
+        && (dt == DType::F32 || (ptrs.iter().all(|p| p % 16 == 0) && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)))
 }
 
 impl Cuda {
@@ -543,26 +504,13 @@ impl Cuda {
         Ok(GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out })
     }
 
-    /// Which delta-rule kernels a call takes: `MOSS_GDR=seq` the one-kernel sequential version,
-    /// `MOSS_GDR=simt` the chunk-parallel fp32 SIMT kernels also for bf16, `MOSS_GDR=v2` / `tc2`
-    /// the kernels of [`GdrPath::V2`] / [`GdrPath::Tc2`] for bf16; otherwise chunk-parallel, on tensor cores
-    /// ([`GdrPath::Tc`]: `cuda/gdr_prep3.cuh`, `cuda/gdr_tc.cuh`) for bf16 and SIMT for f32.
-    fn gdr_mode() -> Option<String> {
-        std::env::var("MOSS_GDR").ok()
-    }
-
-    /// `MOSS_GDR_PREP=tc`: the default path takes the previous prep (see [`GdrPath::Tc1`]).
-    fn gdr_prep_old() -> bool {
-        std::env::var("MOSS_GDR_PREP").is_ok_and(|v| v == "tc")
-    }
-
-    /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): `gdr_prep` over all (chunk, value
-    /// head) pairs, `gdr_seq` (state passing only, per value head and 32 value columns, in chunk
-    /// order), `gdr_out` over all (chunk, value head, 64 value columns). Head dims up to
-    /// [`GDR_MAX_DIM`]; wider heads, or `MOSS_GDR=seq`, take [`Cuda::gated_delta_rule_seq_with`].
-    /// bf16 takes the kernels of `path`; `MOSS_GDR=simt` / `v2` / `tc2` override [`GdrPath::Tc`];
-    /// on Hopper `Tc` / `Tc2` run the fused state pass + output (`MOSS_GDR_STATE`, [`gdr_state_env`]).
-    /// The planted control (`moss_ctl_enc`) lives in `gdr_out` or the fused kernel ([`GdrPath::Tc3`]: in `gdr_prep`).
+    /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): a prep over all (chunk, value head)
+    /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
+    /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
+    /// aligned (addresses, head dims), take [`Cuda::gated_delta_rule_seq_with`] (only with
+    /// [`GdrPath::Auto`]; the explicit paths are an error there). The planted control
+    /// (`prefix` = `moss_ctl_enc`) lives in the state pass / output kernel ([`GdrPath::PrepCtl`]:
+    /// in the prep).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -574,9 +522,11 @@ impl Cuda {
         prefix: &str,
         path: GdrPath,
     ) -> Result<CudaTensor> {
-        let (_, _, dk) = dims3(q, "gated_delta_rule q")?;
-        let (_, _, dv) = dims3(v, "gated_delta_rule v")?;
-        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || Self::gdr_mode().is_some_and(|v| v == "seq") {
+        let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        let ptrs = [q.ptr(), k.ptr(), v.ptr()];
+        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), dk, dv) {
+            ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM} and 16-byte aligned q k v");
             return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
@@ -600,7 +550,11 @@ impl Cuda {
         let (l, c) = (qkv.shape[0], qkv.shape[1]);
         ensure!(c == 2 * hk * dk + hv * dv, "gated_delta_rule_qkv: width {c} for {hk}x{dk} key and {hv}x{dv} value heads");
         ensure!(hk > 0 && hv % hk == 0, "gated_delta_rule_qkv: {hv} value heads over {hk} key heads");
-        if dk > GDR_MAX_DIM || dv > GDR_MAX_DIM || Self::gdr_mode().is_some_and(|v| v == "seq") {
+        let dt = qkv.dtype;
+        let es = dt.size() as u64;
+        let p = qkv.ptr();
+        let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
+        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), dk, dv) {
             let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
             let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
             let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
@@ -610,15 +564,12 @@ impl Cuda {
             ensure!(t.shape == [l, hv], "gated_delta_rule_qkv: {n} {:?}, expected [{l}, {hv}]", t.shape);
         }
         let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
-        let dt = qkv.dtype;
         let out = self.alloc(dt, &[l, hv, dv])?;
-        let es = dt.size() as u64;
-        let p = qkv.ptr();
-        let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
         self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
     }
 
-    /// The three chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]).
+    /// The chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]; bf16 rows 16-byte
+    /// aligned, [`gdr_chunked_fits`]).
     #[allow(clippy::too_many_arguments)]
     fn gdr_chunked(
         &self,
@@ -631,36 +582,18 @@ impl Cuda {
         prefix: &str,
         path: GdrPath,
     ) -> Result<CudaTensor> {
+        ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
+        let tma = match path {
+            GdrPath::Auto => dt == DType::BF16 && self.has_sm90a() && !gdr_state_seq(std::env::var("MOSS_GDR_STATE").ok().as_deref()),
+            GdrPath::Tma => {
+                ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
+                true
+            }
+            GdrPath::Tc | GdrPath::PrepCtl => false,
+        };
         if l == 0 {
             return Ok(out);
         }
-        let path = match (dt, path, Self::gdr_mode().as_deref()) {
-            (DType::F32, _, _) => GdrPath::Simt,
-            (_, GdrPath::Tc, Some("simt")) => GdrPath::Simt,
-            (_, GdrPath::Tc, Some("v2")) => GdrPath::V2,
-            (_, GdrPath::Tc, Some("tc2")) => GdrPath::Tc2,
-            (_, p, _) => p,
-        };
-        if path == GdrPath::V2 {
-            return self.gdr_v2(rows, (l, hk, dk, hv, dv), g, beta, out, prefix);
-        }
-        // The fused state pass: asked for (the gates) or MOSS_GDR_STATE on the default paths, where
-        // the device and the rows allow it (Hopper kernels loaded; bulk copies of 16-byte q rows).
-        let fits = self.has_sm90a() && dk % 8 == 0 && rows.rqk % 8 == 0 && rows.q % 16 == 0;
-        let (path, fused) = match path {
-            GdrPath::Fused(..) | GdrPath::Tma(..) => {
-                ensure!(fits, "gated_delta_rule: the fused state pass needs an sm_90 GPU with cuda/sm90a kernels, dk % 8 == 0 and 16-byte q rows");
-                (GdrPath::Tc, Some(path))
-            }
-            GdrPath::TcSeq => (GdrPath::Tc, None),
-            GdrPath::Tc | GdrPath::Tc2 if fits => (path, gdr_state_env(std::env::var("MOSS_GDR_STATE").ok().as_deref())),
-            p => (p, None),
-        };
-        let tc = matches!(path, GdrPath::Tc | GdrPath::Tc1 | GdrPath::Tc2 | GdrPath::Tc3);
-        // gdr_prep_tc3 reads q, k, v with 16-byte copies
-        let aligned = [rows.q, rows.k, rows.v].iter().all(|p| p % 16 == 0) && [rows.rqk, rows.rv, dk, dv].iter().all(|x| x % 8 == 0);
-        ensure!(path != GdrPath::Tc3 || aligned, "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
-        let prep3 = path == GdrPath::Tc3 || (path == GdrPath::Tc && aligned && !Self::gdr_prep_old());
         let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
         let nc = l.div_ceil(ch);
         let nb = nc * hv;
@@ -672,64 +605,44 @@ impl Cuda {
                 .into_iter()
                 .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
         };
-        let sfx = match path {
-            GdrPath::Tc2 => "tc2_",
-            _ if tc => "tc_",
-            _ => "",
-        };
         let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
         args.extend(dims());
-        // Tc3: the control in the prep, the correct out kernel; Tc (prep tc3) and the fused state
-        // pass: the correct prep and `prefix`'s out / fused kernel (the control there, as with every
-        // other path).
-        let (prep_prefix, out_prefix) = match path {
-            GdrPath::Tc3 => (prefix, "moss_enc"),
-            _ if prep3 || fused.is_some() => ("moss_enc", prefix),
-            _ => (prefix, prefix),
-        };
-        if prep3 {
-            self.launch(&format!("{prep_prefix}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+        let (u, s) = if dt == DType::F32 {
+            // fp32: the SIMT kernels, the control in gdr_out
+            self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
-            self.launch(&format!("{prep_prefix}_gdr_prep_{sfx}{}", dt.name()), nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
-        }
-        if let Some(GdrPath::Tma(cl, sfx)) = fused {
-            // `gdr_tma{cl}` (`cuda/sm90a/gdr_tma.cu`): `gdr_fused`'s algebra, the tiles as boxes of
-            // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
-            ensure!(matches!((cl, sfx), (2, "" | "p" | "x" | "y") | (1, "")) && dk <= d && dv <= d, "gdr_tma: cluster of {cl}{sfx}, dk {dk}, dv {dv}");
-            let r = (ch / cl as usize) as u32;
-            let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
-                gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
-            };
-            let mut args = vec![
-                map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
-                map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
-                map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
-                map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
-                map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
-                Arg::P(out.ptr()),
-                Arg::P(gam.ptr()),
-            ];
-            args.extend(dims().take(5));
-            // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-            self.launch(&format!("{out_prefix}_gdr_tma{cl}{sfx}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_TMA_BYTES, &args)?;
-            return Ok(out);
-        }
-        if let Some(GdrPath::Fused(cl, cpa)) = fused {
-            // `gdr_fused{cl}` (`gdr_fused{cl}c` with `cpa`; `cuda/sm90a/gdr_fused.cu`): per value head
-            // and 32 value columns, in chunk order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to
-            // the output, S ← e^{γl} S + Kdᵀ U; the cl column blocks of a head form a cluster that
-            // shares each chunk's tiles. Neither the states nor U go through memory.
-            ensure!(matches!((cl, cpa), (1 | 2 | 4, false) | (2 | 4, true)), "gdr_fused: cluster of {cl} (cp.async {cpa})");
-            let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(wk.ptr()), Arg::P(kd.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-            args.extend(dims().take(5));
-            args.push(Arg::L(rows.rqk as i64));
-            // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-            let c = if cpa { "c" } else { "" };
-            self.launch(&format!("{out_prefix}_gdr_fused{cl}{c}_bf16"), (4 * hv) as u32, GDR_FUSED_THREADS, GDR_FUSED_BYTES, &args)?;
-            return Ok(out);
-        }
-        let (u, s) = (f32s(nb * ch * d)?, f32s(nb * d * d)?);
+            // bf16: gdr_prep_tc3 (16-byte copies of q, k, v rows), its control only with PrepCtl
+            ensure!(gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), dk, dv), "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
+            let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
+            self.launch(&format!("{pp}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+            if tma {
+                // `gdr_tma` (`cuda/sm90a/gdr_tma.cu`): per value head and 32 value columns, in chunk
+                // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
+                // Kdᵀ U; the 2 column blocks of a cluster share each chunk's tiles, loaded as boxes of
+                // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
+                let r = (ch / 2) as u32;
+                let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
+                    gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
+                };
+                let mut args = vec![
+                    map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
+                    map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                    map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                    map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
+                    map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
+                    Arg::P(out.ptr()),
+                    Arg::P(gam.ptr()),
+                ];
+                args.extend(dims().take(5));
+                // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+                self.launch(&format!("{prefix}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                return Ok(out);
+            }
+            (f32s(nb * ch * d)?, f32s(nb * d * d)?)
+        };
+        let tc = dt == DType::BF16;
         let ncb = dv.div_ceil(GDR_SEQ_COLS);
         self.launch(
             if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
@@ -750,57 +663,12 @@ impl Cuda {
         )?;
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
+        let op = if path == GdrPath::PrepCtl { "moss_enc" } else { prefix };
         self.launch_2d(
-            &format!("{out_prefix}_gdr_out_{sfx}{}", dt.name()),
+            &format!("{op}_gdr_out_{}", if tc { "tc_bf16" } else { "f32" }),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
-            &args,
-        )?;
-        Ok(out)
-    }
-
-    /// The v2 kernels (`cuda/gdr_v2.cuh`, bf16): `gdr_prep2` over all (chunk, value head) pairs
-    /// (N, B, P, Ou), `gdr_seq2` (S' = e^{γl} S + N S + B per value head and 32 value columns, in
-    /// chunk order), `gdr_out2` (O = (e^{γ} ⊙ Q − P) S0 + Ou). The planted control lives in
-    /// `gdr_out2`.
-    #[allow(clippy::too_many_arguments)]
-    fn gdr_v2(
-        &self,
-        rows: &GdrRows,
-        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
-        g: &CudaTensor,
-        beta: &CudaTensor,
-        out: CudaTensor,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
-        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
-        let nc = l.div_ceil(ch);
-        let nb = nc * hv;
-        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
-        let (n, b, s) = (f32s(nb * d * d)?, f32s(nb * d * d)?, f32s(nb * d * d)?);
-        let (p, ou, gam) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch)?);
-        let dims = || [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32), Arg::L(rows.rqk as i64)];
-        let mut args = vec![Arg::P(n.ptr()), Arg::P(b.ptr()), Arg::P(p.ptr()), Arg::P(ou.ptr()), Arg::P(gam.ptr())];
-        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
-        args.extend(dims());
-        args.push(Arg::L(rows.rv as i64));
-        self.launch("moss_enc_gdr_prep2_bf16", nb as u32, 256, (GDR_V2_PREP_FLOATS * 4) as u32, &args)?;
-        let ncb = dv.div_ceil(GDR_SEQ_COLS);
-        self.launch(
-            "moss_enc_gdr_seq2",
-            (hv * ncb) as u32,
-            256,
-            (GDR_V2_SEQ_FLOATS * 4) as u32,
-            &[Arg::P(s.ptr()), Arg::P(n.ptr()), Arg::P(b.ptr()), Arg::P(gam.ptr()), Arg::I(nc as i32), Arg::I(hv as i32), Arg::I(ncb as i32)],
-        )?;
-        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(p.ptr()), Arg::P(ou.ptr()), Arg::P(gam.ptr())];
-        args.extend(dims());
-        self.launch_2d(
-            &format!("{prefix}_gdr_out2_bf16"),
-            (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
-            256,
-            (GDR_V2_OUT_FLOATS * 4) as u32,
             &args,
         )?;
         Ok(out)
@@ -1124,7 +992,7 @@ impl EncoderOps for Cuda {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, GdrPath::Tc))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_qkv(
@@ -1134,7 +1002,7 @@ impl EncoderOps for Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, GdrPath::Tc))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))

@@ -42,8 +42,8 @@ pub const F32_ROPE: f64 = 5e-6;
 /// grows with the chunk count (≈ u·√(L/64·64) ≈ 4e-6 at L = 4096), the substitution can amplify
 /// it a few times. 1e-4 leaves that an order of magnitude; a wrong formula is O(1e-2) or more.
 pub const F32_DELTA: f64 = 1e-4;
-/// A prompt length whose last delta-rule chunk is partial (200 = 3·64 + 8), gated on the fused
-/// state pass (its q rows past the prompt are never copied).
+/// A prompt length whose last delta-rule chunk is partial (200 = 3·64 + 8; the TMA kernel's q
+/// rows past the prompt are zero-filled by the copy unit).
 const GDR_PARTIAL: usize = 200;
 /// Query rows the CPU computes for the 4096-token attention gate.
 const ATTN_ROWS: usize = 48;
@@ -264,19 +264,21 @@ fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
 
 /// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
 /// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
+/// Every kernel the delta rule can take is gated with its planted control: bf16 `gdr_prep_tc3`
+/// (control: T's lower-left block zero), then the Hopper state pass + output (`gdr_tma`) and
+/// `gdr_seq_tc` + `gdr_out_tc` (controls: the state read undecayed); fp32 the SIMT kernels; both
+/// the one-kernel sequential version (wide heads, unaligned bf16 rows).
 fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let heads = (K_HEADS, DK, V_HEADS, DV);
     let kd = K_HEADS * DK;
-    let fused = cx.dtype == DType::BF16 && cx.cuda.has_sm90a();
-    if cx.dtype == DType::BF16 && !fused {
-        println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the fused state pass (MOSS_GDR_STATE) is not gated (not used either)");
+    let bf16 = cx.dtype == DType::BF16;
+    let tma = bf16 && cx.cuda.has_sm90a();
+    if bf16 && !tma {
+        println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the Hopper state pass (cuda/sm90a/gdr_tma.cu) is not gated (not used either)");
     }
-    // the real lengths, and (fused kernels only) one whose last chunk is partial
+    // the real lengths, and one whose last chunk is partial
     for l in LENGTHS.into_iter().chain([GDR_PARTIAL]) {
-        if l == GDR_PARTIAL && !fused {
-            continue;
-        }
         let (qkv, gqkv) = cx.input(&[l, CONV], 1.0)?;
         let (q, k, v) = (
             cx.cpu.reshape(&cx.cpu.narrow(&qkv, 1, 0, kd)?, &[l, K_HEADS, DK])?,
@@ -296,92 +298,42 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         let (beta, gbeta) = cx.exact(Tensor::new(vec![l, V_HEADS], bs)?, DType::F32)?;
         let want = delta_rule_chunked(&DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta }, DELTA_CHUNK)?;
         let s = shape_str(&[&[l, K_HEADS, DK], &[l, V_HEADS, DV]]);
-        let (b, note) = match cx.dtype {
-            DType::BF16 => (BF16_OUT, "TF32 products, fp32 state"),
-            DType::F32 => (F32_DELTA, "fp32 SIMT"),
-        };
         let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
-        if fused {
-            // the state pass + output in one clustered kernel (MOSS_GDR_STATE=fused4 / fused2 / ..., tma2)
-            // (the default on Hopper is tma2x: the GdrPath::Tc rows below gate it too)
-            for (cl, cpa) in [(4, false), (2, false), (1, false), (4, true), (2, true)] {
-                let name = format!("fused{cl}{}", if cpa { "c" } else { "" });
-                let what = if cpa { ", U0 by cp.async" } else { "" };
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Fused(cl, cpa));
-                cx.judge(&format!("enc gated_delta_rule {name} (state pass + output, cluster of {cl}{what}), strided"), &s2, Kind::Gate, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Fused(cl, cpa));
+        if bf16 {
+            let (b, note) = (BF16_OUT, "bf16 prep, TF32 state pass, fp32 state");
+            // what the model runs (the Hopper kernel there unless MOSS_GDR_STATE=seq)
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            cx.judge("enc gated_delta_rule (the default path), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let mut paths = vec![];
+            if tma {
+                paths.push((GdrPath::Tma, "tma (state pass + output, cuda/sm90a/gdr_tma.cu)"));
+            }
+            paths.push((GdrPath::Tc, "seq_tc + out_tc"));
+            for (path, name) in paths {
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", path);
+                cx.judge(&format!("enc gated_delta_rule {name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", path);
                 cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
+                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", path);
+                cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Fused(4, false));
-            cx.judge("enc gated_delta_rule fused4, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
-            // the same with the tiles by TMA tensor copies (MOSS_GDR_STATE=tma2 / tma2p /
-            // tma1 / tma2x (the default), cuda/sm90a/gdr_tma.cu)
-            for (cl, sfx) in [(2, ""), (2, "p"), (1, ""), (2, "x"), (2, "y")] {
-                let name = format!("tma{cl}{sfx}");
-                let what = match sfx {
-                    "p" => ", L2 prefetch",
-                    "x" => ", operands a k-step ahead",
-                    "y" => ", operands a k-step ahead, CTA-scope barriers",
-                    _ => "",
-                };
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tma(cl, sfx));
-                cx.judge(&format!("enc gated_delta_rule {name} (state pass + output, TMA tensor boxes, cluster of {cl}{what}), strided"), &s2, Kind::Gate, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tma(cl, sfx));
-                cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
-            }
-            for sfx in ["", "x"] {
-                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tma(2, sfx));
-                cx.judge(&format!("enc gated_delta_rule tma2{sfx}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
-            }
-            // the unfused state pass + output (MOSS_GDR_STATE=seq; the default off Hopper)
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::TcSeq);
-            cx.judge("enc gated_delta_rule seq_tc + out_tc, strided", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::TcSeq);
-            cx.judge("enc gated_delta_rule seq_tc + out_tc, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
-        }
-        if l == GDR_PARTIAL {
-            continue;
-        }
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tc);
-        cx.judge("enc gated_delta_rule (chunk-parallel, 64)", &s, Kind::Gate, b, note, out, &want, None);
-        let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
-        cx.judge("enc gated_delta_rule, state read undecayed", &s, Kind::Control, b, note, out, &want, None);
-        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc);
-        cx.judge("enc gated_delta_rule, q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
-        let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc);
-        cx.judge("enc gated_delta_rule strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
-        if cx.dtype == DType::BF16 {
-            // the v2 kernels (MOSS_GDR=v2): state pass S' = e^{γl} S + N S + B, strided q k v
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::V2);
-            cx.judge("enc gated_delta_rule v2 (N S + B state pass), strided", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::V2);
-            cx.judge("enc gated_delta_rule v2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::V2);
-            cx.judge("enc gated_delta_rule v2, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
-            // MOSS_GDR=tc2: the tensor-core kernels with batched q / k row loads
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc2);
-            cx.judge("enc gated_delta_rule tc2 (batched row loads), strided", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc2);
-            cx.judge("enc gated_delta_rule tc2, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
-            // gdr_prep_tc3 (the default's prep, cuda/gdr_prep3.cuh: (I + A)⁻¹ blockwise, [U0 | Wk] on
-            // bf16 mma) with its own control, in the prep; seq_tc / out_tc
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc3);
-            cx.judge("enc gated_delta_rule prep tc3, strided", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc3);
+            // gdr_prep_tc3's own control (cuda/gdr_prep3.cuh: (I + A)⁻¹ blockwise), the rest correct
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PrepCtl);
             cx.judge("enc gated_delta_rule prep tc3, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Tc3);
-            cx.judge("enc gated_delta_rule prep tc3, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
-            // MOSS_GDR_PREP=tc: the previous prep, gdr_prep_tc (TF32 scores, SIMT substitution)
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Tc1);
-            cx.judge("enc gated_delta_rule prep tc (MOSS_GDR_PREP=tc), strided", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Tc1);
-            cx.judge("enc gated_delta_rule prep tc, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
-            // the fp32 SIMT chunk kernels on bf16 data (MOSS_GDR=simt)
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Simt);
-            cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, "fp32 SIMT", out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Simt);
-            cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, "", out, &want, None);
+        } else {
+            // fp32: the SIMT chunk kernels
+            let (b, note) = (F32_DELTA, "fp32 SIMT");
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Auto);
+            cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            cx.judge("enc gated_delta_rule (SIMT), q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Auto);
+            cx.judge("enc gated_delta_rule (SIMT) strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
         }
+        // the one-kernel sequential version (head dims above GDR_MAX_DIM, unaligned bf16 rows)
+        let b = if bf16 { BF16_OUT } else { F32_DELTA };
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
         cx.judge("enc gated_delta_rule (sequential kernel)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
