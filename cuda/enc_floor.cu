@@ -6,9 +6,12 @@
 // - convg: the causal conv (K = 4) with each thread owning 8 channels x TT tokens, its TT + 3 input
 //   rows loaded once (conv8 reads every input row 4 times and 4 taps per output), plus the DeltaNet
 //   gates as extra blocks of the same launch (no separate kernel); convq: the same with 4 channels
-//   a thread (half the registers, for occupancy; not yet timed on the H200);
+//   a thread (half the registers, for occupancy); convf: V = 8, 4, 2 channels x TT tokens with the
+//   fast SiLU (silu_fast), convf4x4 the default (helper convfloor: 49.8 us against 72.3 for convg4
+//   at 4096 tokens on the H200, bench/notes-convfloor.md);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
-// - rms1w, grms8r: weights and (grms) z loaded before the reduction.
+// - rms1w, grms8r: weights and (grms) z loaded before the reduction; grmsf: R rows a 16-lane group
+//   and the fast SiLU (grmsf1 the default: 30.8 us against 37.7 for grms8r at 4096 tokens).
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
 #include "elem.cuh"
 

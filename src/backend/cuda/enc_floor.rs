@@ -1,6 +1,6 @@
 //! The encoder's row kernels at their byte floor (`cuda/enc_floor.cu`, issue #7): the causal conv
-//! with each thread owning 8 channels x TT tokens (its TT + 3 input rows loaded once) and the
-//! DeltaNet gates as extra blocks of the same launch; silu_mul, the RMSNorm after the GEMM's
+//! with each thread owning V channels x TT tokens (its TT + 3 input rows loaded once; default 4 x 4
+//! with the fast SiLU, convf4x4) and the DeltaNet gates as extra blocks of the same launch; silu_mul, the RMSNorm after the GEMM's
 //! residual epilogue, the gated RMSNorm and the embedding gather with 2-D grids / loads issued
 //! before the reductions; every small weight (taps, norm weights, A_log, dt_bias) read in its
 //! loaded dtype instead of an f32 copy made by a cast (and, for the taps, a permute) every call.
@@ -9,7 +9,8 @@
 //! Switches (read per call):
 //! - `MOSS_ENC_ROWS=old`: the previous kernels (conv8 + gates_s with their casts, silu_mul8r,
 //!   rms1, grms8s, the scalar embed);
-//! - `MOSS_ENC_CONV_TT=4|8|16`: tokens a conv thread (default [`CONV_TT`]);
+//! - `MOSS_ENC_CONV_TT=4|8|16`: convg (8 channels, IEEE SiLU) with this many tokens a thread
+//!   instead of the default convf4x4;
 //! - `MOSS_ENC_CONV_C4=1`: 4 channels a conv thread instead of 8 (`convq`: 64 / 78 registers
 //!   at 4 / 8 tokens against 108 / 142, for occupancy; 16 tokens run as 8);
 //! - `MOSS_ENC_CONV=g4|g8|g16|q4|q8|f8x4|f4x4|f4x8|f2x8|f2x16`: one conv kernel by name (overrides
@@ -25,8 +26,9 @@
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// Tokens a conv thread by default: 4 measured fastest on the H200 at 4096 and at 128 tokens
-/// (bench/notes-encrows.md: 68 us against 81 for 8, 107 for 16 and 81 for conv8 at 4096).
+/// Tokens a convg thread when `MOSS_ENC_CONV_TT` is unparsable: 4 measured fastest on the H200 at
+/// 4096 and at 128 tokens (bench/notes-encrows.md: 68 us against 81 for 8, 107 for 16 and 81 for
+/// conv8 at 4096).
 pub const CONV_TT: usize = 4;
 
 /// silu_mul8v from this many rows on; below, the previous grid-stride silu_mul8r (measured faster at
@@ -86,8 +88,11 @@ impl ConvK {
     }
 }
 
-/// The conv kernel by default: convg4 (measured 68 us at 4096 tokens, bench/notes-encrows.md).
-pub const CONV_DEFAULT: ConvK = ConvK::new(CONV_TT, 8, false);
+/// The conv kernel by default: convf4x4 (4 channels x 4 tokens, fast SiLU), measured on the H200
+/// with the gates in its launch at 4096 tokens 49.8 us against 72.3 for convg4 (CUDA events; ncu
+/// 47.7 against 71.4), at 128 tokens 3.2 against 4.8 (bench/notes-convfloor.md).
+/// `MOSS_ENC_CONV=g4`: the previous default.
+pub const CONV_DEFAULT: ConvK = ConvK::new(4, 4, true);
 
 /// The conv kernel from `MOSS_ENC_CONV`, else from `MOSS_ENC_CONV_TT` / `MOSS_ENC_CONV_C4` (convg /
 /// convq), else [`CONV_DEFAULT`].
@@ -110,8 +115,10 @@ pub fn conv_kernel() -> ConvK {
 
 /// The gated RMSNorm kernels of this file: grms8r or grmsf with 1, 2, 4 rows a 16-lane group.
 pub const GRMS_ALL: [&str; 4] = ["grms8r", "grmsf1", "grmsf2", "grmsf4"];
-/// The gated RMSNorm kernel by default.
-pub const GRMS_DEFAULT: &str = "grms8r";
+/// The gated RMSNorm kernel by default: grmsf1, measured on the H200 at 4096 tokens 30.8 us against
+/// 37.7 for grms8r (CUDA events; ncu 29.2 against 36.4), at 128 tokens 2.3 against 2.6
+/// (bench/notes-convfloor.md). `MOSS_ENC_GRMS=8r`: the previous default. Widths over 128 take grms8r.
+pub const GRMS_DEFAULT: &str = "grmsf1";
 
 /// The gated RMSNorm kernel from `MOSS_ENC_GRMS` (`8r`, `f1`, `f2`, `f4`), else [`GRMS_DEFAULT`].
 pub fn grms_kernel() -> &'static str {

@@ -1096,8 +1096,15 @@ impl EncoderOps for Cuda {
     fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || {
             if !rows_old() {
-                if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, grms_kernel(), P)? {
+                let k = grms_kernel();
+                if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
                     return Ok(out);
+                }
+                // grmsf declines widths over 128
+                if k != "grms8r" {
+                    if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, "grms8r", P)? {
+                        return Ok(out);
+                    }
                 }
             }
             self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)

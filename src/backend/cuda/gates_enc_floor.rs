@@ -48,7 +48,7 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             let gn = if gdt == DType::BF16 { "bf16" } else { "f32" };
             for k in ConvK::ALL {
                 let (tt, v) = (k.tt, k.v);
-                if gdt == DType::BF16 && k != CONV_DEFAULT && k != ConvK::new(8, 2, true) {
+                if gdt == DType::BF16 && k != CONV_DEFAULT && k != ConvK::new(8, 2, true) && k != ConvK::new(4, 8, false) {
                     continue;
                 }
                 let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), k, "moss_enc");
