@@ -6,9 +6,12 @@
 // - convg: the causal conv (K = 4) with each thread owning 8 channels x TT tokens, its TT + 3 input
 //   rows loaded once (conv8 reads every input row 4 times and 4 taps per output), plus the DeltaNet
 //   gates as extra blocks of the same launch (no separate kernel); convq: the same with 4 channels
-//   a thread (half the registers, for occupancy; not yet timed on the H200);
+//   a thread (half the registers, for occupancy); convf: V = 8, 4, 2 channels x TT tokens with the
+//   fast SiLU (silu_fast), convf4x4 the default (helper convfloor: 49.8 us against 72.3 for convg4
+//   at 4096 tokens on the H200, bench/notes-convfloor.md);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
-// - rms1w, grms8r: weights and (grms) z loaded before the reduction.
+// - rms1w, grms8r: weights and (grms) z loaded before the reduction; grmsf: R rows a 16-lane group
+//   and the fast SiLU (grmsf1 the default: 30.8 us against 37.7 for grms8r at 4096 tokens).
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
 #include "elem.cuh"
 
@@ -16,6 +19,12 @@ namespace moss_encf {
 using namespace moss_elem;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+// x·sigmoid(x) with the hardware exp2 and reciprocal approximations (a few ulp of fp32 against ~25
+// instructions for the IEEE form; the outputs are bf16 or gated at F32_TRANSCENDENTAL). x → −∞:
+// __expf overflows to inf, __fdividef(x, inf) = 0; x NaN → NaN.
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
+template <bool FAST>
+__device__ __forceinline__ float silu_t(float x) { return FAST ? silu_fast(x) : silu(x); }
 
 // 8 values at element i of a weight buffer in bf16 (wbf) or f32.
 __device__ __forceinline__ void ldw8(const void* p, long i, int wbf, float* v) {
@@ -95,6 +104,33 @@ struct Row4<float> {
         *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
     }
 };
+// 2 raw elements of a row (the 2-channel conv: 4-byte loads, a warp still reads whole 128-byte lines).
+template <typename T>
+struct Row2;
+template <>
+struct Row2<__nv_bfloat16> {
+    unsigned u;
+    __device__ __forceinline__ void load(const __nv_bfloat16* p, long i) { u = *reinterpret_cast<const unsigned*>(p + i); }
+    __device__ __forceinline__ void zero() { u = 0u; }
+    __device__ __forceinline__ void get(float* v) const {
+        float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+        v[0] = f.x;
+        v[1] = f.y;
+    }
+    __device__ __forceinline__ static void store(__nv_bfloat16* p, long i, const float* v) {
+        *reinterpret_cast<__nv_bfloat162*>(p + i) = __floats2bfloat162_rn(v[0], v[1]);
+    }
+};
+template <>
+struct Row2<float> {
+    float2 a;
+    __device__ __forceinline__ void load(const float* p, long i) { a = *reinterpret_cast<const float2*>(p + i); }
+    __device__ __forceinline__ void zero() { a = make_float2(0.f, 0.f); }
+    __device__ __forceinline__ void get(float* v) const { v[0] = a.x; v[1] = a.y; }
+    __device__ __forceinline__ static void store(float* p, long i, const float* v) {
+        *reinterpret_cast<float2*>(p + i) = make_float2(v[0], v[1]);
+    }
+};
 // V raw elements: Row8 (8 channels a conv thread) or Row4 (4).
 template <typename T, int V>
 struct RowV {
@@ -105,6 +141,11 @@ template <typename T>
 struct RowV<T, 4> {
     using R = Row4<T>;
     __device__ __forceinline__ static void store(T* p, long i, const float* v) { Row4<T>::store(p, i, v); }
+};
+template <typename T>
+struct RowV<T, 2> {
+    using R = Row2<T>;
+    __device__ __forceinline__ static void store(T* p, long i, const float* v) { Row2<T>::store(p, i, v); }
 };
 
 // ---- the DeltaNet gates, element i of [L, hv]: g = −exp(A_log)·softplus(a + dt_bias), beta =
@@ -126,7 +167,7 @@ __device__ __forceinline__ void gate_one(float* g, float* beta, const T* a, cons
 // when g is null). Each thread loads its TT + 3 input rows once, all before any arithmetic. Sum
 // over taps in order (fma), as conv8. BUG 1: taps reversed. --------------------------------------
 constexpr int CK = 4;
-template <typename T, int BUG, int TT, int V>
+template <typename T, int BUG, int TT, int V, bool FAST>
 __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb,
                            float* g, float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf,
                            int hv, long lda) {
@@ -175,7 +216,7 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
                 for (int e = 0; e < V; e++) acc[e] += wt[j][e] * xv[e];
             }
 #pragma unroll
-            for (int e = 0; e < V; e++) acc[e] = silu(acc[e]);
+            for (int e = 0; e < V; e++) acc[e] = silu_t<FAST>(acc[e]);
             RowV<T, V>::store(out, (long)(t0 + o) * C + c, acc);
         }
     }
@@ -312,6 +353,66 @@ __device__ void grms8r_impl(T* out, const T* x, const T* z, const void* w, int w
     }
 }
 
+// ---- gated RMSNorm of rows of width d ≤ 128 (d % 8 == 0), as grms8r, each 16-lane group owning R
+// rows (block of 256: 16 groups, 16·R consecutive rows, row = base + k·16 + group): the R rows of x
+// and z (16-byte loads) issued before any arithmetic, the weight loaded once per lane for all R,
+// the R reductions interleaved, the SiLU fast (silu_fast). BUG 1: sigmoid(z). ----------------------
+template <typename T, int BUG, int R>
+__device__ void grmsf_impl(T* out, const T* x, const T* z, const void* w, int wbf, long rows, int d, float eps,
+                           int zh, long ldz) {
+    const int sub = threadIdx.x & 15;
+    const int i = sub * 8;
+    const long row0 = (long)blockIdx.x * (16 * R) + (threadIdx.x >> 4);
+    const bool col = i < d;
+    Row8<T> rx[R], rz[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const long row = row0 + 16 * k;
+        if (col && row < rows) {
+            rx[k].load(x, row * d + i);
+            const unsigned t = (unsigned)row / (unsigned)zh;  // rows < 2^31 (host)
+            rz[k].load(z, (long)t * ldz + (long)((unsigned)row - t * (unsigned)zh) * d + i);
+        } else {
+            rx[k].zero();
+            rz[k].zero();
+        }
+    }
+    float gw[8];
+    if (col)
+        ldw8(w, i, wbf, gw);
+    float ss[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        float v[8];
+        rx[k].get(v);
+        ss[k] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss[k] += v[e] * v[e];
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+#pragma unroll
+        for (int k = 0; k < R; k++) ss[k] += __shfl_xor_sync(0xffffffffu, ss[k], o);
+    }
+    if (!col) return;
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const long row = row0 + 16 * k;
+        if (row < rows) {
+            const float r = rsqrtf(ss[k] / (float)d + eps);
+            float v[8], zz[8];
+            rx[k].get(v);
+            rz[k].get(zz);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float gt = BUG == 1 ? __fdividef(1.f, 1.f + __expf(-zz[e])) : silu_fast(zz[e]);
+                v[e] = v[e] * r * gw[e] * gt;
+            }
+            st8(out + row * d, i, v);
+        }
+    }
+}
+
 // ---- embed: out[t, :] = table[ids[t], :], row blockIdx.y, 8 elements a thread (H % 8 == 0; ids as
 // f32, exact below 2^24). BUG 1: id + 1. ------------------------------------------------------------
 template <typename T, int BUG>
@@ -332,20 +433,25 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
 }
 }  // namespace moss_encf
 
-#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, NAME, TT, V)                                                     \
+#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, NAME, TT, V, FAST)                                                   \
     MOSS_KERNEL void __launch_bounds__(128) PFX##_##NAME##_##SX(                                              \
         T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
         float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
-        moss_encf::convg_impl<T, BUG, TT, V>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, \
+        moss_encf::convg_impl<T, BUG, TT, V, FAST>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, \
                                              hv, lda);                                                        \
     }
 
 #define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg4, 4, 8)                                                        \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg8, 8, 8)                                                        \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg16, 16, 8)                                                      \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq4, 4, 4)                                                        \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq8, 8, 4)                                                        \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg4, 4, 8, false)                                                 \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg8, 8, 8, false)                                                 \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg16, 16, 8, false)                                               \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq4, 4, 4, false)                                                 \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq8, 8, 4, false)                                                 \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf8x4, 4, 8, true)                                                \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf4x4, 4, 4, true)                                                \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf4x8, 8, 4, true)                                                \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf2x8, 8, 2, true)                                                \
+    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf2x16, 16, 2, true)                                              \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_silu_mul8v_##SX(T* out, const T* g, const T* u, int f,     \
                                                                   long ld) {                                  \
         moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \
@@ -362,6 +468,21 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
                                                               int wbf, long rows, int d, float eps, int zh,   \
                                                               long ldz) {                                     \
         moss_encf::grms8r_impl<T, BUG>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                             \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf2_##SX(T* out, const T* x, const T* z, const void* w,  \
+                                                              int wbf, long rows, int d, float eps, int zh,   \
+                                                              long ldz) {                                     \
+        moss_encf::grmsf_impl<T, BUG, 2>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf4_##SX(T* out, const T* x, const T* z, const void* w,  \
+                                                              int wbf, long rows, int d, float eps, int zh,   \
+                                                              long ldz) {                                     \
+        moss_encf::grmsf_impl<T, BUG, 4>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \
+    }                                                                                                         \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf1_##SX(T* out, const T* x, const T* z, const void* w,  \
+                                                              int wbf, long rows, int d, float eps, int zh,   \
+                                                              long ldz) {                                     \
+        moss_encf::grmsf_impl<T, BUG, 1>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \
     }                                                                                                         \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_embed8_##SX(T* out, const T* table, const float* ids,      \
                                                               long H) {                                       \
