@@ -3,15 +3,16 @@
 // kernels (fp32 inside, one rounding into the output); what changes is how the bytes move:
 // - weights (conv taps, norm weights, A_log, dt_bias) are read in their loaded dtype (wbf = 1: bf16,
 //   0: f32) instead of an f32 copy made by a cast (+ permute) launch every call;
-// - convg: the causal conv (K = 4) with each thread owning 8 channels x TT tokens, its TT + 3 input
-//   rows loaded once (conv8 reads every input row 4 times and 4 taps per output), plus the DeltaNet
-//   gates as extra blocks of the same launch (no separate kernel); convq: the same with 4 channels
-//   a thread (half the registers, for occupancy); convf: V = 8, 4, 2 channels x TT tokens with the
-//   fast SiLU (silu_fast), convf4x4 the default (helper convfloor: 49.8 us against 72.3 for convg4
-//   at 4096 tokens on the H200, bench/notes-convfloor.md);
+// - convf4x4: the causal conv (K = 4) with each thread owning V = 4 channels x TT = 4 tokens, its
+//   TT + 3 input rows loaded once (conv8 reads every input row 4 times and 4 taps per output), the
+//   fast SiLU (silu_fast), plus the DeltaNet gates as extra blocks of the same launch (no separate
+//   kernel): 49.8 us at 4096 tokens on the H200 against 72.3 for session 15's 8 channels x 4 tokens
+//   with the IEEE SiLU (bench/notes-convfloor.md: the other V x TT and SiLU variants measured there
+//   were slower and are gone);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
-// - rms1w, grms8r: weights and (grms) z loaded before the reduction; grmsf: R rows a 16-lane group
-//   and the fast SiLU (grmsf1 the default: 30.8 us against 37.7 for grms8r at 4096 tokens).
+// - rms1w, grms8r: weights and (grms) z loaded before the reduction; grmsf1: one row a 16-lane group
+//   and the fast SiLU, widths <= 128 (30.8 us against 37.7 for grms8r at 4096 tokens; grms8r serves
+//   wider heads).
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
 #include "elem.cuh"
 
@@ -442,16 +443,7 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
     }
 
 #define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg4, 4, 8, false)                                                 \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg8, 8, 8, false)                                                 \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convg16, 16, 8, false)                                               \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq4, 4, 4, false)                                                 \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convq8, 8, 4, false)                                                 \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf8x4, 4, 8, true)                                                \
     MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf4x4, 4, 4, true)                                                \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf4x8, 8, 4, true)                                                \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf2x8, 8, 2, true)                                                \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf2x16, 16, 2, true)                                              \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_silu_mul8v_##SX(T* out, const T* g, const T* u, int f,     \
                                                                   long ld) {                                  \
         moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \
@@ -468,16 +460,6 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
                                                               int wbf, long rows, int d, float eps, int zh,   \
                                                               long ldz) {                                     \
         moss_encf::grms8r_impl<T, BUG>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                             \
-    }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf2_##SX(T* out, const T* x, const T* z, const void* w,  \
-                                                              int wbf, long rows, int d, float eps, int zh,   \
-                                                              long ldz) {                                     \
-        moss_encf::grmsf_impl<T, BUG, 2>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \
-    }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf4_##SX(T* out, const T* x, const T* z, const void* w,  \
-                                                              int wbf, long rows, int d, float eps, int zh,   \
-                                                              long ldz) {                                     \
-        moss_encf::grmsf_impl<T, BUG, 4>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \
     }                                                                                                         \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf1_##SX(T* out, const T* x, const T* z, const void* w,  \
                                                               int wbf, long rows, int d, float eps, int zh,   \

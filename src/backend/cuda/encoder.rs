@@ -10,7 +10,7 @@
 //! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
 use super::blas::Gemm;
-use super::enc_floor::{conv_kernel, grms_kernel, rows_old, SILU_V_MIN_ROWS};
+use super::enc_floor::{rows_old, GRMS, SILU_V_MIN_ROWS};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -920,7 +920,7 @@ impl EncoderOps for Cuda {
     fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
             if !rows_old() {
-                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, conv_kernel(), P)? {
+                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, P)? {
                     return Ok(out);
                 }
             }
@@ -937,7 +937,7 @@ impl EncoderOps for Cuda {
         dt_bias: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
         if !rows_old() {
-            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), conv_kernel(), P))?;
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), P))?;
             if let Some((conv, Some((g, beta)))) = r {
                 return Ok((conv, g, beta));
             }
@@ -964,13 +964,9 @@ impl EncoderOps for Cuda {
     fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || {
             if !rows_old() {
-                let k = grms_kernel();
-                if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
-                    return Ok(out);
-                }
-                // grmsf declines widths over 128
-                if k != "grms8r" {
-                    if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, "grms8r", P)? {
+                // grmsf1, then grms8r for heads wider than 128
+                for k in GRMS {
+                    if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
                         return Ok(out);
                     }
                 }

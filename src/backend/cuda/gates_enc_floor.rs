@@ -6,7 +6,7 @@
 
 use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use super::gates_encoder::enc;
-use super::enc_floor::{ConvK, CONV_DEFAULT, GRMS_ALL};
+use super::enc_floor::{CONV_KERNEL, CONV_TT, CONV_V};
 use super::ops::{CudaTensor, DType};
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
@@ -23,10 +23,9 @@ fn bf16_exact(v: Vec<f32>) -> Vec<f32> {
     v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect()
 }
 
-/// The conv (K = 4; every kernel of [`ConvK::ALL`]: convg 8 channels x 4, 8, 16 tokens, convq 4
-/// channels x 4, 8 tokens, convf with the fast SiLU 8x4, 4x4, 4x8, 2x8, 2x16) with the DeltaNet
-/// gates as extra blocks of its launch, columns read in place out of `[L, qkv | z | a | b]`; A_log
-/// and dt_bias as f32 and as bf16. Controls: taps reversed (conv), softplus left out (g).
+/// The conv (K = 4, [`CONV_KERNEL`]) with the DeltaNet gates as extra blocks of its launch, and
+/// alone, columns read in place out of `[L, qkv | z | a | b]`; A_log and dt_bias as f32 and as
+/// bf16. Controls: taps reversed (conv), softplus left out (g).
 pub fn gate_convg(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let vd = V_HEADS * DV;
@@ -46,35 +45,26 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             let (_, gal) = cx.exact(al.clone(), gdt)?;
             let (_, gdtb) = cx.exact(dt.clone(), gdt)?;
             let gn = if gdt == DType::BF16 { "bf16" } else { "f32" };
-            for k in ConvK::ALL {
-                let (tt, v) = (k.tt, k.v);
-                if gdt == DType::BF16 && k != CONV_DEFAULT && k != ConvK::new(8, 2, true) && k != ConvK::new(4, 8, false) {
-                    continue;
-                }
-                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), k, "moss_enc");
-                let (c, g, b) = match some(r) {
-                    Ok((c, Some((g, b)))) => (Ok(c), Ok(g), Ok(b)),
-                    Ok((_, None)) => (Err(anyhow!("no gates")), Err(anyhow!("no gates")), Err(anyhow!("no gates"))),
-                    Err(e) => (Err(anyhow!("{e:#}")), Err(anyhow!("{e:#}")), Err(e)),
-                };
-                let note = format!("{}: {v} channels x {tt} tokens a thread, A_log/dt_bias {gn}", k.name());
-                cx.judge("enc convg: causal_conv1d_silu", &sy, Kind::Gate, bc, &note, c, &want, None);
-                cx.judge("enc convg: gates g", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
-                cx.judge("enc convg: gates beta", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), b, &wb, None);
-            }
+            let note = format!("{CONV_KERNEL}: {CONV_V} channels x {CONV_TT} tokens a thread, A_log/dt_bias {gn}");
+            let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), "moss_enc");
+            let (c, g, b) = match some(r) {
+                Ok((c, Some((g, b)))) => (Ok(c), Ok(g), Ok(b)),
+                Ok((_, None)) => (Err(anyhow!("no gates")), Err(anyhow!("no gates")), Err(anyhow!("no gates"))),
+                Err(e) => (Err(anyhow!("{e:#}")), Err(anyhow!("{e:#}")), Err(e)),
+            };
+            cx.judge("enc convg: causal_conv1d_silu", &sy, Kind::Gate, bc, &note, c, &want, None);
+            cx.judge("enc convg: gates g", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
+            cx.judge("enc convg: gates beta", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), b, &wb, None);
+            let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), "moss_ctl_enc");
+            let (c, g) = match some(r) {
+                Ok((c, g)) => (Ok(c), g.map(|(g, _)| g).ok_or_else(|| anyhow!("no gates"))),
+                Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
+            };
+            cx.judge("enc convg, taps reversed", &sy, Kind::Control, bc, &note, c, &want, None);
+            cx.judge("enc convg: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
             if gdt == DType::F32 {
-                for k in [ConvK::new(4, 8, false), ConvK::new(4, 4, false), ConvK::new(4, 8, true), ConvK::new(4, 4, true), ConvK::new(8, 4, true), ConvK::new(8, 2, true), ConvK::new(16, 2, true)] {
-                    let note = format!("{}: {} channels x {} tokens a thread", k.name(), k.v, k.tt);
-                    let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, None, k, "moss_enc");
-                    cx.judge("enc convg: conv alone", &sy, Kind::Gate, bc, &note, some(r).map(|(c, _)| c), &want, None);
-                    let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), k, "moss_ctl_enc");
-                    let (c, g) = match some(r) {
-                        Ok((c, g)) => (Ok(c), g.map(|(g, _)| g).ok_or_else(|| anyhow!("no gates"))),
-                        Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
-                    };
-                    cx.judge("enc convg, taps reversed", &sy, Kind::Control, bc, &note, c, &want, None);
-                    cx.judge("enc convg: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
-                }
+                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, None, "moss_enc");
+                cx.judge("enc convg: conv alone", &sy, Kind::Gate, bc, CONV_KERNEL, some(r).map(|(c, _)| c), &want, None);
             }
         }
     }
@@ -110,8 +100,7 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, "grms8r", "moss_ctl_enc"));
         cx.judge("enc grms8r, sigmoid gate", &sy, Kind::Control, b, "", out, &want, None);
     }
-    // grmsf (1, 2, 4 rows a 16-lane group, fast SiLU): 101 tokens = 3232 rows, no multiple of a
-    // block's 64 rows
+    // grmsf1 (a row a 16-lane group, fast SiLU) at an odd length and the model's two
     for l in [101, LENGTHS[0], LENGTHS[1]] {
         let (y, gy) = cx.input(&[l, n], 1.5)?;
         let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
@@ -119,12 +108,11 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.gated_rms_norm_cols(&x, &y, CONV, &wn, EPS)?;
         let sy = format!("columns of {l}x{n}");
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
-        for k in GRMS_ALL.into_iter().filter(|k| k.starts_with("grmsf")) {
-            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_enc"));
-            cx.judge("enc grmsf, z strided", &sy, Kind::Gate, b, k, out, &want, None);
-            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_ctl_enc"));
-            cx.judge("enc grmsf, sigmoid gate", &sy, Kind::Control, b, k, out, &want, None);
-        }
+        let k = "grmsf1";
+        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_enc"));
+        cx.judge("enc grmsf, z strided", &sy, Kind::Gate, b, k, out, &want, None);
+        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_ctl_enc"));
+        cx.judge("enc grmsf, sigmoid gate", &sy, Kind::Control, b, k, out, &want, None);
     }
     // the norm after the residual epilogue: hidden (two vectors a thread) and 8192 (four)
     for (l, d) in [(LENGTHS[0], HIDDEN), (LENGTHS[1], HIDDEN), (LENGTHS[0], 2 * HIDDEN)] {
