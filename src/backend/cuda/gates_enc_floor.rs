@@ -6,7 +6,7 @@
 
 use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use super::gates_encoder::enc;
-use super::enc_floor::{CONV_KERNEL, CONV_TT, CONV_V};
+use super::enc_floor::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
 use super::ops::{CudaTensor, DType};
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
@@ -88,19 +88,9 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let out = some(cx.cuda.silu_mul8v_with(&gy2, FFN, "moss_ctl_enc"));
         cx.judge("enc silu_mul8v, gate and up swapped", &s2, Kind::Control, b, "", out, &want, None);
         drop((y2, gy2));
-        // gated RMSNorm, z in place
-        let (y, gy) = cx.input(&[l, n], 1.5)?;
-        let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
-        let (wn, gwn) = cx.input(&[DV], 1.0)?;
-        let want = cx.cpu.gated_rms_norm_cols(&x, &y, CONV, &wn, EPS)?;
-        let sy = format!("columns of {l}x{n}");
-        let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
-        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, "grms8r", "moss_enc"));
-        cx.judge("enc grms8r, z strided", &sy, Kind::Gate, b, "", out, &want, None);
-        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, "grms8r", "moss_ctl_enc"));
-        cx.judge("enc grms8r, sigmoid gate", &sy, Kind::Control, b, "", out, &want, None);
     }
-    // grmsf1 (a row a 16-lane group, fast SiLU) at an odd length and the model's two
+    // gated RMSNorm, z in place: grmsf1 (a row a 16-lane group, fast SiLU; the default) and grms8r
+    // (heads over 128), at an odd length and the model's two
     for l in [101, LENGTHS[0], LENGTHS[1]] {
         let (y, gy) = cx.input(&[l, n], 1.5)?;
         let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
@@ -108,11 +98,12 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.gated_rms_norm_cols(&x, &y, CONV, &wn, EPS)?;
         let sy = format!("columns of {l}x{n}");
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
-        let k = "grmsf1";
-        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_enc"));
-        cx.judge("enc grmsf, z strided", &sy, Kind::Gate, b, k, out, &want, None);
-        let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_ctl_enc"));
-        cx.judge("enc grmsf, sigmoid gate", &sy, Kind::Control, b, k, out, &want, None);
+        for k in GRMS {
+            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_enc"));
+            cx.judge(&format!("enc {k}, z strided"), &sy, Kind::Gate, b, "", out, &want, None);
+            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_ctl_enc"));
+            cx.judge(&format!("enc {k}, sigmoid gate"), &sy, Kind::Control, b, "", out, &want, None);
+        }
     }
     // the norm after the residual epilogue: hidden (two vectors a thread) and 8192 (four)
     for (l, d) in [(LENGTHS[0], HIDDEN), (LENGTHS[1], HIDDEN), (LENGTHS[0], 2 * HIDDEN)] {
