@@ -107,6 +107,16 @@ fn bench<B: EncoderOps>(
         let prof_total = tp.elapsed().as_secs_f64() * 1e3;
         crate::backend::cuda::encoder::set_profile(false);
         profiled?;
+        // And one with each op bracketed by CUDA events, unsynchronised (CUDA only).
+        crate::backend::cuda::encoder::set_profile_events(true);
+        let evd = enc.hidden(b, ids);
+        crate::backend::cuda::encoder::set_profile_events(false);
+        drop(evd?);
+        sync()?;
+        let (ev_ops, ev_span) = crate::backend::cuda::encoder::take_profile_events()?;
+        let ev_sum: f64 = ev_ops.iter().map(|(_, ms, _)| ms).sum();
+        let ev_prof: serde_json::Map<String, serde_json::Value> =
+            ev_ops.into_iter().map(|(k, ms, n)| (k.to_string(), serde_json::json!({"ms": ms, "calls": n}))).collect();
         let prof: serde_json::Map<String, serde_json::Value> = crate::backend::cuda::encoder::take_profile()
             .into_iter()
             .map(|(k, ms, n)| (k.to_string(), serde_json::json!({"ms": ms, "calls": n})))
@@ -114,6 +124,9 @@ fn bench<B: EncoderOps>(
         let j = serde_json::json!({
             "profile_forward_ms": prof_total,
             "profile_ms": prof,
+            "events_ms": ev_prof,
+            "events_sum_ms": ev_sum,
+            "events_span_ms": ev_span,
             "tokens": ids.len(),
             "device": b.name(),
             "load_s": load_s,
