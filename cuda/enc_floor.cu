@@ -24,8 +24,6 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 // instructions for the IEEE form; the outputs are bf16 or gated at F32_TRANSCENDENTAL). x → −∞:
 // __expf overflows to inf, __fdividef(x, inf) = 0; x NaN → NaN.
 __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
-template <bool FAST>
-__device__ __forceinline__ float silu_t(float x) { return FAST ? silu_fast(x) : silu(x); }
 
 // 8 values at element i of a weight buffer in bf16 (wbf) or f32.
 __device__ __forceinline__ void ldw8(const void* p, long i, int wbf, float* v) {
@@ -70,7 +68,7 @@ struct Row8<float> {
     }
 };
 
-// 4 raw elements of a row (the 4-channel conv).
+// 4 raw elements of a row (the conv's 4 channels a thread).
 template <typename T>
 struct Row4;
 template <>
@@ -105,49 +103,6 @@ struct Row4<float> {
         *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
     }
 };
-// 2 raw elements of a row (the 2-channel conv: 4-byte loads, a warp still reads whole 128-byte lines).
-template <typename T>
-struct Row2;
-template <>
-struct Row2<__nv_bfloat16> {
-    unsigned u;
-    __device__ __forceinline__ void load(const __nv_bfloat16* p, long i) { u = *reinterpret_cast<const unsigned*>(p + i); }
-    __device__ __forceinline__ void zero() { u = 0u; }
-    __device__ __forceinline__ void get(float* v) const {
-        float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-        v[0] = f.x;
-        v[1] = f.y;
-    }
-    __device__ __forceinline__ static void store(__nv_bfloat16* p, long i, const float* v) {
-        *reinterpret_cast<__nv_bfloat162*>(p + i) = __floats2bfloat162_rn(v[0], v[1]);
-    }
-};
-template <>
-struct Row2<float> {
-    float2 a;
-    __device__ __forceinline__ void load(const float* p, long i) { a = *reinterpret_cast<const float2*>(p + i); }
-    __device__ __forceinline__ void zero() { a = make_float2(0.f, 0.f); }
-    __device__ __forceinline__ void get(float* v) const { v[0] = a.x; v[1] = a.y; }
-    __device__ __forceinline__ static void store(float* p, long i, const float* v) {
-        *reinterpret_cast<float2*>(p + i) = make_float2(v[0], v[1]);
-    }
-};
-// V raw elements: Row8 (8 channels a conv thread) or Row4 (4).
-template <typename T, int V>
-struct RowV {
-    using R = Row8<T>;
-    __device__ __forceinline__ static void store(T* p, long i, const float* v) { st8(p, i, v); }
-};
-template <typename T>
-struct RowV<T, 4> {
-    using R = Row4<T>;
-    __device__ __forceinline__ static void store(T* p, long i, const float* v) { Row4<T>::store(p, i, v); }
-};
-template <typename T>
-struct RowV<T, 2> {
-    using R = Row2<T>;
-    __device__ __forceinline__ static void store(T* p, long i, const float* v) { Row2<T>::store(p, i, v); }
-};
 
 // ---- the DeltaNet gates, element i of [L, hv]: g = −exp(A_log)·softplus(a + dt_bias), beta =
 // sigmoid(b); a, b read with row stride lda. BUG 1: softplus left out. -----------------------------
@@ -163,12 +118,14 @@ __device__ __forceinline__ void gate_one(float* g, float* beta, const T* a, cons
 }
 
 // ---- causal depthwise conv (K = 4) + SiLU of x [L, C] (row stride ldx) → out [L, C] contiguous,
-// taps w [C, 1, 4] as loaded; blocks [0, ncb): ncx blocks of 128 channel groups (V = 8 or 4
-// channels each) x TT tokens; blocks from ncb on: the gates (n = L·hv values, 128 a block; none
+// taps w [C, 1, 4] as loaded; blocks [0, ncb): ncx blocks of 128 channel groups (CV = 4
+// channels each) x CT = 4 tokens; blocks from ncb on: the gates (n = L·hv values, 128 a block; none
 // when g is null). Each thread loads its TT + 3 input rows once, all before any arithmetic. Sum
-// over taps in order (fma), as conv8. BUG 1: taps reversed. --------------------------------------
+// over taps in order (fma), as conv8; the fast SiLU. BUG 1: taps reversed. --------------------------------------
 constexpr int CK = 4;
-template <typename T, int BUG, int TT, int V, bool FAST>
+constexpr int CV = 4;  // channels a thread (src/backend/cuda/enc_floor.rs: CONV_V)
+constexpr int CT = 4;  // tokens a thread (CONV_TT)
+template <typename T, int BUG>
 __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb,
                            float* g, float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf,
                            int hv, long lda) {
@@ -179,22 +136,22 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
         return;
     }
     const int ty = bid / ncx;
-    const int c = ((bid - ty * ncx) * blockDim.x + threadIdx.x) * V;
+    const int c = ((bid - ty * ncx) * blockDim.x + threadIdx.x) * CV;
     if (c >= C) return;
-    const int t0 = ty * TT;
-    typename RowV<T, V>::R r[TT + CK - 1];
+    const int t0 = ty * CT;
+    Row4<T> r[CT + CK - 1];
 #pragma unroll
-    for (int j = 0; j < TT + CK - 1; j++) {
+    for (int j = 0; j < CT + CK - 1; j++) {
         int s = t0 - (CK - 1) + j;
         if (s >= 0 && s < L)
             r[j].load(x, (long)s * ldx + c);
         else
             r[j].zero();
     }
-    // taps of channels c..c+V-1: V·4 consecutive values, channel-major
-    float wt[CK][V];
+    // taps of channels c..c+CV-1: CV·4 consecutive values, channel-major
+    float wt[CK][CV];
 #pragma unroll
-    for (int q = 0; q < V * CK / 8; q++) {
+    for (int q = 0; q < CV * CK / 8; q++) {
         float v[8];
         ldw8(w, (long)c * CK + 8 * q, wbf, v);
 #pragma unroll
@@ -204,21 +161,21 @@ __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, in
         }
     }
 #pragma unroll
-    for (int o = 0; o < TT; o++) {
+    for (int o = 0; o < CT; o++) {
         if (t0 + o < L) {
-            float acc[V];
+            float acc[CV];
 #pragma unroll
-            for (int e = 0; e < V; e++) acc[e] = 0.f;
+            for (int e = 0; e < CV; e++) acc[e] = 0.f;
 #pragma unroll
             for (int j = 0; j < CK; j++) {
-                float xv[V];
+                float xv[CV];
                 r[o + j].get(xv);
 #pragma unroll
-                for (int e = 0; e < V; e++) acc[e] += wt[j][e] * xv[e];
+                for (int e = 0; e < CV; e++) acc[e] += wt[j][e] * xv[e];
             }
 #pragma unroll
-            for (int e = 0; e < V; e++) acc[e] = silu_t<FAST>(acc[e]);
-            RowV<T, V>::store(out, (long)(t0 + o) * C + c, acc);
+            for (int e = 0; e < CV; e++) acc[e] = silu_fast(acc[e]);
+            Row4<T>::store(out, (long)(t0 + o) * C + c, acc);
         }
     }
 }
@@ -434,16 +391,13 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
 }
 }  // namespace moss_encf
 
-#define MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, NAME, TT, V, FAST)                                                   \
-    MOSS_KERNEL void __launch_bounds__(128) PFX##_##NAME##_##SX(                                              \
+#define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
+    MOSS_KERNEL void __launch_bounds__(128) PFX##_convf4x4_##SX(                                              \
         T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
         float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
-        moss_encf::convg_impl<T, BUG, TT, V, FAST>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, \
-                                             hv, lda);                                                        \
-    }
-
-#define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_ENC_FLOOR_CONV(PFX, BUG, T, SX, convf4x4, 4, 4, true)                                                \
+        moss_encf::convg_impl<T, BUG>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, hv,  \
+                                      lda);                                                                   \
+    }                                                                                                         \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_silu_mul8v_##SX(T* out, const T* g, const T* u, int f,     \
                                                                   long ld) {                                  \
         moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \

@@ -16,7 +16,7 @@
 use super::blas::Gemm;
 use super::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use super::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -155,32 +155,7 @@ mod flash_pick_tests {
 /// device address `ptr`, row stride `ld` elements; boxes of 64 columns x 128 rows with the 128-byte
 /// swizzle (the wgmma layout), zero fill past the last row.
 pub fn flash_tensor_map(ptr: u64, n: usize, cols: usize, ld: usize) -> Result<cudarc::driver::sys::CUtensorMap> {
-    use cudarc::driver::sys;
-    ensure!(ptr % 16 == 0 && ld % 8 == 0 && cols <= ld, "flash tensor map: address / stride {ld} / {cols} columns");
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let dims: [u64; 2] = [cols as u64, n as u64];
-    let strides: [u64; 1] = [ld as u64 * 2];
-    let boxes: [u32; 2] = [64, 128];
-    let elem: [u32; 2] = [1, 1];
-    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
-    Ok(map)
+    tensor_map_2d(ptr, DType::BF16, cols, n, ld, 64, 128)
 }
 
 /// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.

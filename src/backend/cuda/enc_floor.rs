@@ -231,8 +231,9 @@ mod tests {
     fn kernel_names() {
         // the kernel names the CUDA source defines
         let src = include_str!("../../../cuda/enc_floor.cu");
-        assert!(src.contains(&format!("SX, {}, {}, {}, true)", super::CONV_KERNEL, super::CONV_TT, super::CONV_V)), "conv kernel");
-        for n in super::GRMS {
+        assert!(src.contains(&format!("constexpr int CV = {};", super::CONV_V)), "conv channels a thread");
+        assert!(src.contains(&format!("constexpr int CT = {};", super::CONV_TT)), "conv tokens a thread");
+        for n in [super::CONV_KERNEL].into_iter().chain(super::GRMS) {
             assert!(src.contains(&format!("PFX##_{n}_##SX")), "{n} not in enc_floor.cu");
         }
     }

@@ -11,7 +11,7 @@
 
 use super::blas::Gemm;
 use super::enc_floor::{rows_old, GRMS, SILU_V_MIN_ROWS};
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use super::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
@@ -138,42 +138,6 @@ pub(crate) enum GdrPath {
 /// `cuda/sm90a/gdr_tma.cu`: 8 compute warps and a producer warp).
 const GDR_TMA_BYTES: u32 = 201_776;
 const GDR_TMA_THREADS: u32 = 288;
-
-/// A 2-D tensor map (`cuda/sm90a/gdr_tma.cu`): `cols` x `rows` elements of `dt` (bf16 or f32) at
-/// `ptr`, row stride `ld` elements, box `bx` elements x `by` rows (`bx` elements = 128 bytes),
-/// 128-byte swizzle, zeros past the edges.
-fn gdr_tensor_map(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32) -> Result<cudarc::driver::sys::CUtensorMap> {
-    use cudarc::driver::sys;
-    let (ty, es) = match dt {
-        DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
-        DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
-    };
-    ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "gdr tensor map: address / stride {ld} / {cols} columns / box {bx}");
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let dims: [u64; 2] = [cols as u64, rows as u64];
-    let strides: [u64; 1] = [(ld * es) as u64];
-    let boxes: [u32; 2] = [bx, by];
-    let elem: [u32; 2] = [1, 1];
-    // SAFETY: every pointer is to a local array of the rank the call is told; the map is written only.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            ty,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled: {r:?}");
-    Ok(map)
-}
 
 /// `MOSS_GDR_STATE=seq`: the bf16 delta rule's state pass + output as `gdr_seq_tc` + `gdr_out_tc`
 /// (the path of every other GPU) also on Hopper. Anything else (or unset): the Hopper kernel
@@ -624,7 +588,7 @@ impl Cuda {
                 // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
                 let r = (ch / 2) as u32;
                 let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
-                    gdr_tensor_map(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
+                    tensor_map_2d(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
                 };
                 let mut args = vec![
                     map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
