@@ -17,16 +17,17 @@ constexpr int QK_MAXHD = 256;   // 8 columns a lane
 // made in the block as the CPU twin makes them: e = f32(2i) / f32(rot) (IEEE), f32(theta^e) from an
 // fp64 pow, then an IEEE f32 reciprocal; angle = f32(t) · inv. The row through shared memory for the
 // rotate-half partner. BUG 1: position t + 1.
-// TAB (qkrope_t, MOSS_ENC_QKROPE=tab): each row's rot/2 sines and cosines made once (a lane each,
-// into shared memory) instead of by the 8 lanes that own the rotary columns, 8 calls each: the same
-// sincosf of the same angles (bit-identical output), 1 instead of 8 sincosf per warp, and rows in a grid-stride loop; qkrope measured
-// 0.112 ms at L = 4096 (~1 TB/s: issue-bound on those divergent sincosf calls). ------------------------
-// One (token, slot) row of a warp; `inv` the block's inverse frequencies, `buf` / `tc` / `ts` the
-// warp's shared scratch.
+// TAB (qkrope_t, the default): the sines and cosines come from a table [L, rot/2] of (cos, sin)
+// made once per call by rope_tab (the same inverse frequencies, angles and sincosf, so the output
+// is bit-identical to the in-kernel version): without it, qkrope is issue-bound on the 8 divergent
+// sincosf a lane (ncu at L = 4096: 74.9 us, 79 % issue slots busy, 1.08 TB/s). BUG 1 lives in
+// rope_tab for TAB. ------------------------------------------------------------------------------
+// One (token, slot) row of a warp; `inv` the block's inverse frequencies (inline) or `tab` the
+// table (TAB), `buf` the warp's shared scratch.
 template <typename T, int BUG, bool TAB>
 __device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk,
                                            int nh, int nkv, int hd, long ld, long qhs, long koff, long voff,
-                                           float eps, int rot, const float* inv, float* buf, float* tc, float* ts) {
+                                           float eps, int rot, const float* inv, const float2* tab, float* buf) {
     const int lane = threadIdx.x & 31;
     const int half = rot / 2;
     const int slots = nh + 2 * nkv;
@@ -64,11 +65,8 @@ __device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const 
         }
     }
     const float pos = (float)(t + BUG);
-    if constexpr (TAB) {
-        for (int m = lane; m < half; m += 32) sincosf(pos * inv[m], &ts[m], &tc[m]);
-    }
     __syncwarp();
-    if (act) {
+    if (act && c < rot) {
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const int i = c + e;
@@ -78,46 +76,58 @@ __device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const 
                 const float p = buf[lo ? i + half : i - half];
                 float sn, cs;
                 if constexpr (TAB) {
-                    sn = ts[m];
-                    cs = tc[m];
+                    const float2 a = tab[t * half + m];
+                    cs = a.x;
+                    sn = a.y;
                 } else {
                     sincosf(pos * inv[m], &sn, &cs);
                 }
                 v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
             }
         }
-        st8(dst, c, v);
     }
-    if constexpr (TAB) __syncwarp();  // the scratch is rewritten by the warp's next row
+    if (act) st8(dst, c, v);
+    __syncwarp();  // the scratch is rewritten by the warp's next row
 }
 
-// qkrope: a row per warp (grid = rows / 8). qkrope_t: rows in a grid-stride loop (grid capped on
-// the host), so the block's inverse frequencies (32 fp64 pow) are made once for several rows.
-template <typename T, int BUG, bool TAB>
-__device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
-                            int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta) {
-    __shared__ float inv[QK_MAXHD / 2];
-    __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
-    __shared__ float tcos[TAB ? QK_WARPS : 1][QK_MAXHD / 2], tsin[TAB ? QK_WARPS : 1][QK_MAXHD / 2];
-    const int half = rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+// The inverse frequencies as the CPU twin makes them, into inv[0, rot/2) (a block's threads).
+__device__ __forceinline__ void rope_inv(float* inv, int rot, double theta) {
+    for (int i = threadIdx.x; i < rot / 2; i += blockDim.x) {
         const float e = __fdiv_rn((float)(2 * i), (float)rot);
         inv[i] = __fdiv_rn(1.f, (float)pow(theta, (double)e));
     }
     __syncthreads();
+}
+
+// qkrope: a row per warp (grid = rows / 8); inline: the block's inverse frequencies first.
+template <typename T, int BUG, bool TAB>
+__device__ void qkrope_impl(T* qo, T* ko, T* vo, const T* y, const T* wq, const T* wk, long L, int nh, int nkv,
+                            int hd, long ld, long qhs, long koff, long voff, float eps, int rot, double theta,
+                            const float2* tab) {
+    __shared__ float inv[TAB ? 1 : QK_MAXHD / 2];
+    __shared__ float rowbuf[QK_WARPS][QK_MAXHD];
+    if constexpr (!TAB) rope_inv(inv, rot, theta);
     const int warp = threadIdx.x >> 5;
     const long rows = L * (nh + 2 * nkv);
-    float* tc = tcos[TAB ? warp : 0];
-    float* ts = tsin[TAB ? warp : 0];
-    if constexpr (TAB) {
-        for (long row = (long)blockIdx.x * QK_WARPS + warp; row < rows; row += (long)gridDim.x * QK_WARPS)
-            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
-                                    rowbuf[warp], tc, ts);
-    } else {
-        const long row = (long)blockIdx.x * QK_WARPS + warp;
-        if (row < rows)
-            qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv,
-                                    rowbuf[warp], tc, ts);
+    const long row = (long)blockIdx.x * QK_WARPS + warp;
+    if (row < rows)
+        qkrope_row<T, BUG, TAB>(row, qo, ko, vo, y, wq, wk, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, inv, tab,
+                                rowbuf[warp]);
+}
+
+// rope_tab: tab[t, m] = (cos, sin)(f32(t + BUG) · inv[m]) for t < L, m < rot/2 (grid-stride).
+template <int BUG>
+__device__ void rope_tab_impl(float2* tab, long L, int rot, double theta) {
+    __shared__ float inv[QK_MAXHD / 2];
+    rope_inv(inv, rot, theta);
+    const int half = rot / 2;
+    const long n = L * half;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const long t = i / half;
+        const int m = (int)(i - t * half);
+        float sn, cs;
+        sincosf((float)(t + BUG) * inv[m], &sn, &cs);
+        tab[i] = make_float2(cs, sn);
     }
 }
 
@@ -150,20 +160,26 @@ __device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, in
                                                               long ld, long qhs, long koff, long voff,          \
                                                               float eps, int rot, long theta_bits) {            \
         moss_enca::qkrope_impl<T, BUG, false>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,   \
-                                              rot, __longlong_as_double(theta_bits));                           \
+                                              rot, __longlong_as_double(theta_bits), nullptr);                  \
     }                                                                                                           \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,  \
                                                                 const T* wk, long L, int nh, int nkv, int hd,   \
                                                                 long ld, long qhs, long koff, long voff,        \
-                                                                float eps, int rot, long theta_bits) {          \
-        moss_enca::qkrope_impl<T, BUG, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,    \
-                                             rot, __longlong_as_double(theta_bits));                            \
+                                                                float eps, int rot, const float2* tab) {        \
+        moss_enca::qkrope_impl<T, 0, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, \
+                                           0.0, tab);                                                           \
     }                                                                                                           \
     MOSS_KERNEL void PFX##_gmulh_##SX(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt,        \
                                       long ghs) {                                                               \
         moss_enca::gmulh_impl<T, BUG>(out, o, gate, L, nh, hd, ldt, ghs);                                       \
     }
 
+MOSS_KERNEL void moss_enc_rope_tab(float2* tab, long L, int rot, long theta_bits) {
+    moss_enca::rope_tab_impl<0>(tab, L, rot, __longlong_as_double(theta_bits));
+}
+MOSS_KERNEL void moss_ctl_enc_rope_tab(float2* tab, long L, int rot, long theta_bits) {
+    moss_enca::rope_tab_impl<1>(tab, L, rot, __longlong_as_double(theta_bits));
+}
 MOSS_ENC_ATTN_OPS(moss_enc, 0, __nv_bfloat16, bf16)
 MOSS_ENC_ATTN_OPS(moss_enc, 0, float, f32)
 MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, __nv_bfloat16, bf16)

@@ -109,8 +109,56 @@ struct Plan {
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
-/// Heuristic candidates timed per shape when tuning.
+/// Heuristic candidates timed per shape when tuning (and searched for a pinned configuration).
 const TUNE_CANDIDATES: i32 = 8;
+/// Round-robin rounds over the candidates when tuning.
+const TUNE_ROUNDS: usize = 5;
+
+/// The configuration of a cuBLASLt algorithm (`CUBLASLT_ALGO_CONFIG_*`): id, tile, stages,
+/// split-k, reduction scheme, CTA swizzling, custom option, inner shape, cluster shape. Equal
+/// configurations are the same kernel with the same launch: what [`super::gemm_pins`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlgoConfig {
+    pub id: u32,
+    pub tile: u32,
+    pub stages: u32,
+    pub splitk: u32,
+    pub reduction: u32,
+    pub swizzle: u32,
+    pub custom: u32,
+    pub inner: u32,
+    pub cluster: u32,
+}
+
+impl AlgoConfig {
+    pub fn of(a: &sys::cublasLtMatmulAlgo_t) -> Option<AlgoConfig> {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        let get = |attr: A| -> Option<u32> {
+            let mut size = 0usize;
+            // SAFETY: a size query (no buffer), then a read of at most 8 bytes into `buf`.
+            unsafe {
+                sys::cublasLtMatmulAlgoConfigGetAttribute(a, attr, std::ptr::null_mut(), 0, &mut size);
+                if size == 0 || size > 8 {
+                    return None;
+                }
+                let mut buf = [0u8; 8];
+                let st = sys::cublasLtMatmulAlgoConfigGetAttribute(a, attr, buf.as_mut_ptr() as *mut _, size, &mut size);
+                (st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(buf) as u32)
+            }
+        };
+        Some(AlgoConfig {
+            id: get(A::CUBLASLT_ALGO_CONFIG_ID)?,
+            tile: get(A::CUBLASLT_ALGO_CONFIG_TILE_ID)?,
+            stages: get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID)?,
+            splitk: get(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)?,
+            reduction: get(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)?,
+            swizzle: get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)?,
+            custom: get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)?,
+            inner: get(A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)?,
+            cluster: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)?,
+        })
+    }
+}
 
 /// `MOSS_GEMM_TUNE=1`: time the heuristic's first [`TUNE_CANDIDATES`] algorithms on the first
 /// call of each product (one warm-up and three timed runs each, CUDA events) and keep the
@@ -139,6 +187,7 @@ pub struct Blas {
     ws_ptr: u64,
     ws_size: usize,
     plans: Mutex<HashMap<Gemm, Plan>>,
+    cc: (i32, i32),
 }
 
 // SAFETY: the handle and plans are only used under the `plans` mutex or through `&self` calls
@@ -166,7 +215,8 @@ unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmul
 }
 
 impl Blas {
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+    /// `cc`: the device's compute capability (major, minor), for the pinned algorithms.
+    pub fn new(stream: &Arc<CudaStream>, cc: (i32, i32)) -> Result<Blas> {
         // SAFETY: only probes whether libcublasLt can be loaded.
         if !unsafe { sys::is_culib_present() } {
             bail!("libcublasLt (CUDA 13) could not be loaded: install the CUDA 13 cuBLAS runtime, or use --device cpu");
@@ -177,7 +227,7 @@ impl Blas {
         // SAFETY: the workspace is scratch memory cuBLASLt writes before it reads.
         let ws = unsafe { stream.alloc::<u8>(ws_size) }.map_err(|e| anyhow!("cuBLASLt workspace: {e:?}"))?;
         let ws_ptr = ws.device_ptr(stream).0;
-        Ok(Blas { handle, _workspace: ws, ws_ptr, ws_size, plans: Mutex::new(HashMap::new()) })
+        Ok(Blas { handle, _workspace: ws, ws_ptr, ws_size, plans: Mutex::new(HashMap::new()), cc })
     }
 
     fn plan(&self, g: Gemm, bias_ptr: u64) -> Result<Plan> {
@@ -252,7 +302,8 @@ impl Blas {
                 Ok(())
             });
             let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
-            if h.is_ok() && tune() {
+            let pin = if tune() { None } else { super::gemm_pins::pin(self.cc, &g) };
+            if h.is_ok() && (tune() || pin.is_some()) {
                 let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); TUNE_CANDIDATES as usize];
                 let mut count = 0i32;
                 let st = sys::cublasLtMatmulAlgoGetHeuristic(
@@ -277,6 +328,13 @@ impl Blas {
             }
             let _ = lt::destroy_matmul_pref(pref);
             plan.algo = h.map_err(|e| anyhow!("cuBLASLt has no algorithm for {g:?}: {e:?}"))?.algo;
+            if let Some(want) = pin {
+                // The pinned configuration when the heuristic offers it, else its first choice.
+                if let Some(a) = plan.candidates.iter().find(|a| AlgoConfig::of(a) == Some(want)) {
+                    plan.algo = *a;
+                }
+                plan.candidates.clear();
+            }
             Ok(plan)
         }
     }
@@ -306,7 +364,16 @@ impl Blas {
                 set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
             }
             let (desc, la, lb, lc) = (p.desc, p.la, p.lb, p.lc);
-            let run = |algo: &sys::cublasLtMatmulAlgo_t| {
+            // Tuning writes its trial products into scratch: D may be C (an in-place residual add),
+            // which a trial run would otherwise add into again.
+            let scratch = if p.candidates.len() > 1 {
+                let bytes = (g.ldd as usize) * (g.n as usize) * (g.batch.max(1) as usize) * g.d.size();
+                Some(cudarc::driver::result::malloc_async(stream.cu_stream(), bytes).map_err(|e| anyhow!("cuBLASLt tuning scratch: {e:?}"))?)
+            } else {
+                None
+            };
+            let trial_d = scratch.unwrap_or(d);
+            let run_into = |algo: &sys::cublasLtMatmulAlgo_t, d: u64| {
                 lt::matmul(
                     self.handle,
                     desc,
@@ -326,36 +393,53 @@ impl Blas {
                     stream.cu_stream() as sys::cudaStream_t,
                 )
             };
+            let run = |algo: &sys::cublasLtMatmulAlgo_t| run_into(algo, trial_d);
             if p.candidates.len() > 1 {
-                // Tuning: every candidate on these very buffers (d is written again below).
+                // Tuning: every candidate on these very buffers (d is written again below), in
+                // TUNE_ROUNDS round-robin rounds of 3 runs each; the median round decides.
                 let ctx = stream.context();
                 let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"));
-                let mut best = (f32::INFINITY, 0usize);
-                let mut times = vec![];
-                for (i, algo) in p.candidates.iter().enumerate() {
-                    if run(algo).is_err() {
-                        times.push(f32::NAN);
-                        continue;
-                    }
-                    let (e0, e1) = (ev()?, ev()?);
-                    e0.record(stream).map_err(|e| anyhow!("{e:?}"))?;
-                    let ok = (0..3).all(|_| run(algo).is_ok());
-                    e1.record(stream).map_err(|e| anyhow!("{e:?}"))?;
-                    e1.synchronize().map_err(|e| anyhow!("{e:?}"))?;
-                    let ms = if ok { e0.elapsed_ms(&e1).map_err(|e| anyhow!("{e:?}"))? / 3.0 } else { f32::NAN };
-                    times.push(ms);
-                    if ms < best.0 {
-                        best = (ms, i);
+                let n = p.candidates.len();
+                let mut rounds: Vec<Vec<f32>> = vec![vec![]; n];
+                for _ in 0..TUNE_ROUNDS {
+                    for (i, algo) in p.candidates.iter().enumerate() {
+                        if run(algo).is_err() {
+                            continue;
+                        }
+                        let (e0, e1) = (ev()?, ev()?);
+                        e0.record(stream).map_err(|e| anyhow!("{e:?}"))?;
+                        let ok = (0..3).all(|_| run(algo).is_ok());
+                        e1.record(stream).map_err(|e| anyhow!("{e:?}"))?;
+                        e1.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+                        if ok {
+                            rounds[i].push(e0.elapsed_ms(&e1).map_err(|e| anyhow!("{e:?}"))? / 3.0);
+                        }
                     }
                 }
-                if best.0.is_finite() {
-                    p.algo = p.candidates[best.1];
+                let med: Vec<f32> = rounds
+                    .iter_mut()
+                    .map(|r| {
+                        r.sort_by(f32::total_cmp);
+                        r.get(r.len() / 2).copied().unwrap_or(f32::NAN)
+                    })
+                    .collect();
+                let best = (0..n).filter(|&i| med[i].is_finite()).min_by(|&i, &j| med[i].total_cmp(&med[j]));
+                if let Some(b) = best {
+                    p.algo = p.candidates[b];
                 }
-                let list: Vec<String> = times.iter().map(|t| format!("{t:.4}")).collect();
-                eprintln!("gemm tune m={} n={} k={}: candidate {} of {} [{}] ms", g.m, g.n, g.k, best.1, times.len(), list.join(" "));
+                eprintln!(
+                    "gemm tune m={} n={} k={} acc={} cc={}.{}: candidate {} of {}",
+                    g.m, g.n, g.k, g.accumulate, self.cc.0, self.cc.1, best.map_or(-1, |b| b as i64), n
+                );
+                for (i, a) in p.candidates.iter().enumerate() {
+                    eprintln!("gemm tune   #{i} {:.4} ms {:?}", med[i], AlgoConfig::of(a));
+                }
                 p.candidates.clear();
             }
-            run(&p.algo)
+            if let Some(sp) = scratch {
+                cudarc::driver::result::free_async(sp, stream.cu_stream()).map_err(|e| anyhow!("{e:?}"))?;
+            }
+            run_into(&p.algo, d)
             .map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
         }
     }

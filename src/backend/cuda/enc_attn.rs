@@ -7,8 +7,8 @@
 //! - `MOSS_ENC_CAT_ATTN=0`: q_proj, k_proj, v_proj as three GEMMs into one output (default: one
 //!   GEMM over the weights joined at load);
 //! - `MOSS_ENC_QKROPE=split`: q, k, v narrowed out of `y` and `head_norm_rope` twice (the previous
-//!   path's kernels; default: the one `qkrope` kernel); `tab`: `qkrope_t` (each row's sines and
-//!   cosines made once; opt-in, gated, not timed on the device);
+//!   path's kernels); `inline`: the one `qkrope` kernel making its sines and cosines per lane;
+//!   default: `rope_tab` + `qkrope_t`, the same kernel reading them from a per-call table;
 //! - `MOSS_ENC_ATTN_GATE=fused`, `MOSS_ENC_ATTN` as for [`EncoderOps::causal_attention_gated`].
 //!
 //! [`EncoderOps::attn_qkv_norm_rope`]: crate::backend::ops::EncoderOps::attn_qkv_norm_rope
@@ -28,18 +28,19 @@ pub const QK_MAXHD: usize = 256;
 pub enum QkRope {
     /// `split`: narrowed copies + `head_norm_rope` twice (the previous kernels).
     Split,
-    /// Default: `qkrope`, one kernel reading y in place.
-    One,
-    /// `tab`: `qkrope_t`, the same with each row's sines and cosines made once (opt-in, not
-    /// measured on the device yet).
-    Tab,
+    /// `inline`: `qkrope`, one kernel reading y in place, each lane making its own sines and
+    /// cosines (the previous default).
+    Inline,
+    /// Default: `rope_tab` (the call's sines and cosines, [L, rot/2]) then `qkrope_t` (the same
+    /// kernel reading them from that table; bit-identical output).
+    Table,
 }
 
 pub fn pick_qkrope(env: Option<&str>) -> QkRope {
     match env {
         Some("split") => QkRope::Split,
-        Some("tab") => QkRope::Tab,
-        _ => QkRope::One,
+        Some("inline") => QkRope::Inline,
+        _ => QkRope::Table,
     }
 }
 
@@ -49,7 +50,7 @@ pub fn qkrope_env() -> QkRope {
 
 impl Cuda {
     /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` in one kernel (`qkrope`, or
-    /// `qkrope_t` if `tab`); `None` where
+    /// `rope_tab` + `qkrope_t` if `tab`); `None` where
     /// the kernel does not take the shapes (head dim not a multiple of 8 or above [`QK_MAXHD`],
     /// an odd or too wide rotary dim): the caller runs the split ops.
     #[allow(clippy::too_many_arguments)]
@@ -81,10 +82,23 @@ impl Cuda {
         let v = self.alloc(dt, &[l, nkv, hd])?;
         let rows = l * (nh + 2 * nkv);
         if rows > 0 {
+            // tab: the call's (cos, sin) table [L, rot/2] (with the planted position bug under the
+            // control prefix), read by qkrope_t
+            let half = rot / 2;
+            let table = self.alloc(DType::F32, &[(l * half * 2).max(1)])?;
+            if tab && half > 0 {
+                self.launch(
+                    &format!("{prefix}_rope_tab"),
+                    self.grid_for(l * half),
+                    256,
+                    0,
+                    &[Arg::P(table.ptr()), Arg::L(l as i64), Arg::I(rot as i32), Arg::L(theta.to_bits() as i64)],
+                )?;
+            }
+            let last = if tab { Arg::P(table.ptr()) } else { Arg::L(theta.to_bits() as i64) };
             self.launch(
                 &format!("{prefix}_qkrope{}_{}", if tab { "_t" } else { "" }, dt.name()),
-                // qkrope_t: a grid-stride loop over the rows (a warp each), capped as grid_for caps
-                if tab { self.grid_for(rows * 32) } else { rows.div_ceil(QK_WARPS) as u32 },
+                rows.div_ceil(QK_WARPS) as u32,
                 256,
                 0,
                 &[
@@ -104,7 +118,7 @@ impl Cuda {
                     Arg::L(((2 * nh + nkv) * hd) as i64),
                     Arg::F(eps as f32),
                     Arg::I(rot as i32),
-                    Arg::L(theta.to_bits() as i64),
+                    last,
                 ],
             )?;
         }
@@ -194,9 +208,9 @@ mod tests {
     use super::*;
     #[test]
     fn qkrope_switch() {
-        assert_eq!(pick_qkrope(None), QkRope::One);
-        assert_eq!(pick_qkrope(Some("nonsense")), QkRope::One);
+        assert_eq!(pick_qkrope(None), QkRope::Table);
+        assert_eq!(pick_qkrope(Some("nonsense")), QkRope::Table);
         assert_eq!(pick_qkrope(Some("split")), QkRope::Split);
-        assert_eq!(pick_qkrope(Some("tab")), QkRope::Tab);
+        assert_eq!(pick_qkrope(Some("inline")), QkRope::Inline);
     }
 }

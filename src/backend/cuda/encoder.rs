@@ -887,7 +887,7 @@ impl EncoderOps for Cuda {
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
         let mode = super::enc_attn::qkrope_env();
         if mode != super::enc_attn::QkRope::Split {
-            let tab = mode == super::enc_attn::QkRope::Tab;
+            let tab = mode == super::enc_attn::QkRope::Table;
             if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P, tab))? {
                 return Ok(r);
             }

@@ -21,7 +21,8 @@ fn width() -> usize {
     (2 * HEADS + 2 * KV_HEADS) * HEAD_DIM
 }
 
-/// q and k normed + RoPE'd and v copied out of y in one kernel (`qkrope`); control: position t + 1.
+/// q and k normed + RoPE'd and v copied out of y (`qkrope`, and the default `rope_tab` + `qkrope_t`,
+/// bit for bit the same); control: position t + 1 (in `rope_tab` for the table path).
 pub fn gate_qkv_rope(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let heads = (HEADS, KV_HEADS, HEAD_DIM);

@@ -15,6 +15,7 @@ pub mod gates_enc_attn;
 pub mod gates_enc_strided;
 pub mod gates_encoder;
 pub mod gates_vae;
+pub mod gemm_pins;
 pub mod ops;
 pub mod plan;
 pub mod vae;

@@ -226,7 +226,12 @@ impl Cuda {
                 .map_err(de("memory pool threshold"))?;
             }
         }
-        let blas = Blas::new(&gpu.stream)?;
+        let cc_attr = |a| gpu.ctx.attribute(a).map_err(de("attribute"));
+        let cc = (
+            cc_attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            cc_attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let blas = Blas::new(&gpu.stream, cc)?;
         let sms = gpu
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
