@@ -7,6 +7,7 @@
   tf        DIR                      transformers Qwen3_5TextModel bf16 and fp32: hidden + times
   compare   DIR                      moss vs transformers (each side against the fp32 run)
 """
+import glob
 import json
 import os
 import sys
@@ -229,7 +230,9 @@ def cmd_tf(d):
             print(f"transformers {name} L={n}: median {med:.1f} ms {['%.1f' % x for x in ts]}", flush=True)
             if DEV == "cuda":
                 torch.cuda.empty_cache()
-    json.dump(res, open(os.path.join(d, "tf_times_bf16_again.json" if only_bf16 else "tf_times.json"), "w"))
+    # TF_TAG: a name for this process's bf16-only timing (several transformers processes in a call)
+    again = f"tf_times_bf16_again{os.environ.get('TF_TAG', '')}.json"
+    json.dump(res, open(os.path.join(d, again if only_bf16 else "tf_times.json"), "w"))
 
 
 def cmd_compare(d):
@@ -256,12 +259,12 @@ def cmd_compare(d):
             row["moss_bf16_vs_tf_bf16_relL2"] = metrics(load_file(mb)["hidden"], load_file(tb)["hidden"])[0]
         row["tf_bf16_ms"] = tf[f"bf16_{n}"]["median_ms"]
         row["tf_fp32_ms"] = tf[f"fp32_{n}"]["median_ms"]
-        again = os.path.join(d, "tf_times_bf16_again.json")
-        if os.path.exists(again):
-            # a second transformers process in the same call: its median, and the median of both runs' reps
-            t2 = json.load(open(again))[f"bf16_{n}"]
-            pooled = sorted(tf[f"bf16_{n}"]["ms"] + t2["ms"])
-            row["tf_bf16_again_ms"] = t2["median_ms"]
+        agains = sorted(glob.glob(os.path.join(d, "tf_times_bf16_again*.json")))
+        if agains:
+            # more transformers processes in the same call: their medians, and the median of every run's reps
+            t2 = [json.load(open(a))[f"bf16_{n}"] for a in agains]
+            pooled = sorted(tf[f"bf16_{n}"]["ms"] + [x for t in t2 for x in t["ms"]])
+            row["tf_bf16_again_ms"] = t2[0]["median_ms"] if len(t2) == 1 else [t["median_ms"] for t in t2]
             row["tf_bf16_pooled_ms"] = pooled[len(pooled) // 2]
         if n in moss:
             row["moss_bf16_ms"] = moss[n]["median_ms"]
