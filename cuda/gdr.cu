@@ -418,11 +418,11 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
     moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
 
-// bf16: gdr_prep_tc3 (gdr_prep3.cuh; 72 KiB, three blocks an SM), its planted control
+// bf16: gdr_prep_tc3 (gdr_prep3.cuh; 55 KiB, four blocks an SM), its planted control
 // (moss_ctl_enc_) leaving T's lower-left 32x32 block at zero; then either the Hopper kernel
 // (cuda/sm90a/gdr_tma.cu) or gdr_seq_tc + gdr_out_tc, the control in gdr_out_tc.
 #define MOSS_GDR_BF16(PFX, BUG)                                                                               \
-    MOSS_KERNEL void __launch_bounds__(256, 3) PFX##_gdr_prep_tc3_bf16(                                        \
+    MOSS_KERNEL void __launch_bounds__(256, 4) PFX##_gdr_prep_tc3_bf16(                                        \
         float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
         const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
         long rv) {                                                                                             \

@@ -26,9 +26,9 @@ constexpr int P3_BL = GD + 8;                   // bf16 row stride of the K, Q, 
 constexpr int P3_TL = GC + 8;                   // fp32 row stride of A and T (≡ 8 mod 32)
 constexpr int P3_TILE_B = GC * P3_BL * 2;       // bytes of one bf16 tile
 constexpr int P3_MAT_B = GC * P3_TL * 4;        // bytes of one fp32 64x64 matrix (≥ a bf16 tile)
-constexpr int P3_BYTES = 2 * P3_TILE_B + 2 * P3_MAT_B + 8 * GC * 4;
-constexpr int P3_FLOATS = P3_BYTES / 4;         // 18432 (72 KiB)
-static_assert(P3_MAT_B >= P3_TILE_B, "T takes the Q tile's place");
+constexpr int P3_BYTES = P3_TILE_B + 2 * P3_MAT_B + 8 * GC * 4;
+constexpr int P3_FLOATS = P3_BYTES / 4;         // 14080 (55 KiB: four blocks an SM)
+static_assert(P3_MAT_B >= P3_TILE_B, "T takes the Q tile's place, V the place of A");
 
 #ifndef GDR_EMU
 __device__ __forceinline__ float p3_bf(unsigned bits) { return __uint_as_float(bits); }
@@ -107,8 +107,8 @@ __device__ __forceinline__ void p3_scores(float* As, float* wq, const unsigned s
 
 // Step 4: Ts = (I + As)⁻¹ (As strictly lower triangular, read in its lower 16x16 blocks only).
 // Starts after a barrier, ends with one.
-template <int BUG>
-__device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
+template <int BUG, typename F>
+__device__ __forceinline__ void p3_inverse(float* Ts, const float* As, F&& a_dead) {
     const int tid = threadIdx.x;
     if (tid < GC) {  // diagonal blocks: column c of (I + A_bb)⁻¹, right-looking substitution
         const int o = 16 * (tid >> 4), c = tid & 15;
@@ -169,6 +169,7 @@ __device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
         }
         *reinterpret_cast<float4*>(Ts + (32 + i) * P3_TL + j) = x;
         __syncthreads();
+        a_dead();  // As is not read past this barrier
         float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
         for (int k = 0; k < 32; k++) {
@@ -186,20 +187,21 @@ __device__ __forceinline__ void p3_inverse(float* Ts, const float* As) {
     }
 }
 
-// Step 5: dst[i][n] = Σ_k T[i][k] s[k] B[k][n] for the warp's 16 rows and 128 columns, in two
-// passes of 64 columns. Warp w: side w % 2 (0: U0 from V, 1: Wk from K), row block
-// {0, 0, 1, 1, 3, 3, 2, 2}[w] (the two warps of a scheduler then have 5 k-steps between them).
+// Step 5: dst[i][n] = Σ_k T[i][k] s[k] B[k][n] for 16 rows and 64 columns a pass, two passes a
+// warp. Warp w: side w % 2 (0: U0 from V, 1: Wk from K), columns 64((w / 2) % 2).., row blocks
+// {3, 0} (w < 4) or {2, 1} (w ≥ 4): every warp has 5 k-steps (row block mb has mb + 1).
 __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, const unsigned short* Vb,
                                          const unsigned short* Kb, const float* sv, const float* sk) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int mb = (warp >> 1) ^ (warp >> 2), side = warp & 1, r0 = 16 * mb;
-    const unsigned short* B = side ? Kb : Vb;
-    const float* s = side ? sk : sv;
-    float* dst = side ? wk : u0;
-    const int br = (lane & 7) + 8 * ((lane >> 3) & 1), bc = 8 * (lane >> 4);  // B x4.trans: two n-tiles
+    const int side = warp & 1, n0 = 64 * ((warp >> 1) & 1), pair = warp >> 2;
+    const float* s = (side ? sk : sv) + 2 * t;
+    float* dst = (side ? wk : u0) + g * GD + n0 + 2 * t;
+    const unsigned short* B = (side ? Kb : Vb) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * P3_BL + n0 + 8 * (lane >> 4);  // B x4.trans: two n-tiles
+    const float* Tg = Ts + g * P3_TL + 2 * t;
 #pragma unroll 1
-    for (int half = 0; half < 2; half++) {
-        const int n0 = 64 * half;
+    for (int pass = 0; pass < 2; pass++) {
+        const int mb = pass ? 1 - pair : 3 - pair;
+        const float* Tr = Tg + 16 * mb * P3_TL;
         float acc[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -211,27 +213,27 @@ __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, 
             unsigned hi[4], lo[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {  // a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8)
-                const int row = r0 + g + 8 * (r & 1), col = k0 + 2 * t + 8 * (r >> 1);
-                const float2 tv = *reinterpret_cast<const float2*>(Ts + row * P3_TL + col);
-                p3_split(tv.x * s[col], tv.y * s[col + 1], hi[r], lo[r]);
+                const int o = 8 * (r & 1) * P3_TL + k0 + 8 * (r >> 1), so = k0 + 8 * (r >> 1);
+                const float2 tv = *reinterpret_cast<const float2*>(Tr + o);
+                const float2 sc = *reinterpret_cast<const float2*>(s + so);
+                p3_split(tv.x * sc.x, tv.y * sc.y, hi[r], lo[r]);
             }
 #pragma unroll
             for (int qd = 0; qd < 4; qd++) {
                 unsigned b[4];
-                moss_mma::ldsm_x4_t(b, B + (k0 + br) * P3_BL + n0 + 16 * qd + bc);
+                moss_mma::ldsm_x4_t(b, B + k0 * P3_BL + 16 * qd);
                 moss_mma::mma_bf16(acc[2 * qd], lo, b[0], b[1]);
                 moss_mma::mma_bf16(acc[2 * qd], hi, b[0], b[1]);
                 moss_mma::mma_bf16(acc[2 * qd + 1], lo, b[2], b[3]);
                 moss_mma::mma_bf16(acc[2 * qd + 1], hi, b[2], b[3]);
             }
         }
+        float* d = dst + 16 * mb * GD;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int row = r0 + g + 8 * hf, col = n0 + 8 * nt + 2 * t;
-                *reinterpret_cast<float2*>(dst + row * GD + col) = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-            }
+            for (int hf = 0; hf < 2; hf++)
+                *reinterpret_cast<float2*>(d + 8 * hf * GD + 8 * nt) = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
     }
 }
 
@@ -242,11 +244,11 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
     GDR_SMEM(gdr_sm);
     char* base = reinterpret_cast<char*>(gdr_sm);
     unsigned short* Kb = reinterpret_cast<unsigned short*>(base);
-    unsigned short* Vb = reinterpret_cast<unsigned short*>(base + P3_TILE_B);
-    unsigned short* Qb = reinterpret_cast<unsigned short*>(base + 2 * P3_TILE_B);
-    float* Ts = reinterpret_cast<float*>(base + 2 * P3_TILE_B);  // over Q once the scores are done
-    float* As = reinterpret_cast<float*>(base + 2 * P3_TILE_B + P3_MAT_B);
-    float* gs = As + GC * P3_TL;  // γ
+    unsigned short* Qb = reinterpret_cast<unsigned short*>(base + P3_TILE_B);
+    float* Ts = reinterpret_cast<float*>(base + P3_TILE_B);  // over Q once the scores are done
+    float* As = reinterpret_cast<float*>(base + P3_TILE_B + P3_MAT_B);
+    unsigned short* Vb = reinterpret_cast<unsigned short*>(base + P3_TILE_B + P3_MAT_B);  // over A once T has it
+    float* gs = reinterpret_cast<float*>(base + P3_TILE_B + 2 * P3_MAT_B);  // γ
     float* bs = gs + GC;          // β
     float* es = bs + GC;          // e^γ
     float* dl = es + GC;          // e^{γ_last − γ}
@@ -262,10 +264,8 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
     p3_load_tile(Kb, k, rqk, c0, n, (long)kh * dk, dk);
     p3_load_tile(Qb, q, rqk, c0, n, (long)kh * dk, dk);
     moss_mma::cp_async_commit();
-    p3_load_tile(Vb, v, rv, c0, n, (long)h * dv, dv);
-    moss_mma::cp_async_commit();
     chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
-    moss_mma::cp_async_wait<1>();
+    moss_mma::cp_async_wait<0>();
     __syncthreads();
     {  // row norms: two threads a row (k rows, then q rows), 64 columns each, 16 bytes a read
         const int row = tid >> 1, hf = tid & 1;
@@ -297,11 +297,11 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
     }
     p3_scores(As, Wqk + blk * GC * GC, Kb, Qb, gs, bs, rk, rq);
     __syncthreads();
-    p3_inverse<BUG>(Ts, As);
-    moss_mma::cp_async_wait<0>();
-    __syncthreads();
-    p3_apply(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
-    float* kd = Kd + blk * GC * GD;
+    p3_inverse<BUG>(Ts, As, [&] {  // A is dead: V into its place, in flight through the rest
+        p3_load_tile(Vb, v, rv, c0, n, (long)h * dv, dv);
+        moss_mma::cp_async_commit();
+    });
+    float* kd = Kd + blk * GC * GD;  // Kd while V arrives
     for (int p = tid; p < GC * GD / 4; p += GT) {
         const int i = p >> 5, a = (p & 31) * 4;
         const uint2 u = *reinterpret_cast<const uint2*>(Kb + i * P3_BL + a);
@@ -310,6 +310,9 @@ __device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* g
                                      p3_bf(u.y << 16) * r * d, p3_bf(u.y & 0xffff0000u) * r * d);
         *reinterpret_cast<float4*>(kd + i * GD + a) = o;
     }
+    moss_mma::cp_async_wait<0>();
+    __syncthreads();
+    p3_apply(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
 }
 
 }  // namespace moss_gdr
