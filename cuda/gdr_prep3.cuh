@@ -2,20 +2,22 @@
 // [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as the fp32 prep_impl
 // (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
 //
-// One block of 256 threads per (chunk, value head), 72 KiB of shared memory (three blocks an SM):
-//  1. k, q, v rows of the chunk as raw bf16 into shared memory with 16-byte cp.async (all loads in
-//     flight at once; v in a second group, waited for only before step 5); the gates meanwhile.
+// One block of 256 threads per (chunk, value head), 55 KiB of shared memory and 64 registers (four
+// blocks an SM):
+//  1. k, q rows of the chunk as raw bf16 into shared memory with 16-byte cp.async (all loads in
+//     flight at once); the gates meanwhile.
 //  2. r_i = rsqrt(|k_i|² + 1e-6), rq_i = rsqrt(|q_i|² + 1e-6)/√dk from the bf16 tiles.
 //  3. K Kᵀ and Q Kᵀ on bf16 mma (m16n8k16, ldmatrix): products of bf16 values are exact, sums fp32;
 //     then A[i][j] = β_i r_i r_j (k_i·k_j) e^{γ_i−γ_j} (j < i, fp32, shared) and
 //     Wqk[i][j] = rq_i r_j (q_i·k_j) e^{γ_i−γ_j} (j ≤ i, global).
 //  4. T = (I + A)⁻¹ in fp32, blockwise: the four 16x16 diagonal blocks by substitution (a thread per
 //     column), then T₁₀ = −T₁₁ A₁₀ T₀₀ for the two 16-wide pairs, then the same for the 32-wide
-//     halves. T lives where the Q tile was.
+//     halves. T lives where the Q tile was. Once A's last read is behind a barrier, the v rows are
+//     loaded (cp.async) into A's place; Kd = e^{γ_last−γ} ⊙ r ⊙ K (16-byte stores) while they arrive.
 //  5. U0 = T diag(β) V and Wk = T diag(β e^γ r) K on bf16 mma with the raw bf16 V, K as the B
 //     operand (exact) and T' = T diag(s) split into bf16 hi + lo (A operand, two mma: ~2^-17
-//     relative, well under the TF32 rounding of the other products). Rows past the diagonal block skip.
-//  6. Kd = e^{γ_last−γ} ⊙ r ⊙ K, 16-byte stores.
+//     relative, well under the TF32 rounding of the other products). Rows past the diagonal block
+//     skip; every warp has 5 of the 20 k-steps.
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
 // (host check in src/backend/cuda/encoder.rs; otherwise the one-kernel sequential version runs).
 // BUG 1 (moss_ctl_enc_gdr_prep_tc3_bf16): T's lower-left 32x32 block is left at zero.

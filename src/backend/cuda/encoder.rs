@@ -112,9 +112,9 @@ const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `cuda/gdr_tc.cuh`).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): K, V bf16 tiles [64][136], the Q tile /
-/// T and A as fp32 [64][72], eight vectors of 64.
-const GDR_PREP3_FLOATS: usize = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
+/// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): the K bf16 tile [64][136], the Q tile /
+/// T and A / the V tile as fp32 [64][72], eight vectors of 64 (55 KiB: four blocks an SM).
+const GDR_PREP3_FLOATS: usize = (64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
 /// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`).
