@@ -10,7 +10,7 @@ fp64 recurrence (NaN/inf never passes); the variant's planted control (moss_ctl_
 block zero) through the same state pass must be far off. CUDA-event medians of 20 of the prep alone,
 two rounds, variants interleaved. Prints a table last; exit status 1 if any check fails.
 
-    python3 bench/gdrprep4_bench.py TMA_CUBIN OUT.json NAME=CUBIN=SMEM_BYTES...   (the first is the reference "old")
+    python3 bench/gdrprep4_bench.py TMA_CUBIN OUT.json NAME=CUBIN=SMEM_BYTES[=KERNEL=THREADS]...   (the first is the reference "old")
 """
 import ctypes
 import json
@@ -58,10 +58,12 @@ def func(mod, name, smem):
 FN = {}
 mt = load(TMA)
 FN["tma"] = (func(mt, "moss_enc_gdr_tma_bf16", TMA_BYTES), TMA_BYTES, THREADS)
-for name, path, smem in VARS:
+for var in VARS:  # NAME=CUBIN=SMEM[=KERNEL=THREADS]: KERNEL (gdr_prep_tc3_bf16) with THREADS (256) a block, 256 a head
+    name, path, smem = var[:3]
+    kern, thr = (var[3], int(var[4])) if len(var) > 3 else ("gdr_prep_tc3_bf16", 256)
     m = load(path)
     for pfx in ["moss_enc", "moss_ctl_enc"]:
-        FN[f"{pfx} {name}"] = (func(m, f"{pfx}_gdr_prep_tc3_bf16", int(smem)), int(smem), 256)
+        FN[f"{pfx} {name}"] = (func(m, f"{pfx}_{kern}", int(smem)), int(smem), thr)
 NAMES = [v[0] for v in VARS]
 
 
@@ -109,7 +111,7 @@ def setup(L):
 def prep(s, name, pfx="moss_enc"):
     L, q = s["L"], s["qkv"]
     dims = [I(L), I(HK), I(HV), I(D), I(D)]
-    return launcher(f"{pfx} {name}", s["nb"], [P(s["kd"]), P(s["wk"]), P(s["u0"]), P(s["wqk"]), P(s["gam"]), P(q),
+    return launcher(f"{pfx} {name}", s["nb"] * 256 // FN[f"{pfx} {name}"][2], [P(s["kd"]), P(s["wk"]), P(s["u0"]), P(s["wqk"]), P(s["gam"]), P(q),
                                                P(q, HK * D * 2), P(q, 2 * HK * D * 2), P(s["g"]), P(s["beta"])] + dims + [LL(C), LL(C)])
 
 

@@ -436,6 +436,15 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
     }
 MOSS_GDR_BF16(moss_enc, 0)
 MOSS_GDR_BF16(moss_ctl_enc, 1)
+#define MOSS_GDR_PREP_PAIR(PFX, BUG)                                                                          \
+    MOSS_KERNEL void __launch_bounds__(512, 2) PFX##_gdr_prep_tc3p_bf16(                                       \
+        float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
+        const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
+        long rv) {                                                                                             \
+        moss_gdr::prep3p_impl<__nv_bfloat16, BUG>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
+    }
+MOSS_GDR_PREP_PAIR(moss_enc, 0)
+MOSS_GDR_PREP_PAIR(moss_ctl_enc, 1)
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
                                                             const float* U0, const float* gam, int nc, int Hv,
                                                             int ncb) {

@@ -115,6 +115,16 @@ const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
 /// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): the K bf16 tile [64][136], the Q tile /
 /// T and A / the V tile as fp32 [64][72], eight vectors of 64 (55 KiB: four blocks an SM).
 const GDR_PREP3_FLOATS: usize = (64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
+/// `gdr_prep_tc3p` (`P3P_FLOATS`): both value heads of a key head in one block of 512 threads: the
+/// K tile, the Q tile / T₀, T₁, A₀ / V₀, A₁ / V₁, fourteen vectors of 64 (93 KiB: two blocks an SM).
+const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
+
+/// `MOSS_GDR_PREP=pair` (opt-in, not measured yet): the bf16 delta rule's prep as `gdr_prep_tc3p`
+/// (both value heads of a key head in one block, K/Q loads, norms and scores shared) where Hv / Hk
+/// is even; anything else (or unset): `gdr_prep_tc3`.
+pub(crate) fn gdr_prep_pair(v: Option<&str>) -> bool {
+    v == Some("pair")
+}
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
 /// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`).
@@ -132,6 +142,11 @@ pub(crate) enum GdrPath {
     /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`)
     /// and the correct out kernel (the gates).
     PrepCtl,
+    /// The state pass of [`GdrPath::Auto`] after the pair prep `gdr_prep_tc3p` (Hv / Hk even; the
+    /// gates of the opt-in `MOSS_GDR_PREP=pair`).
+    Pair,
+    /// [`GdrPath::Pair`] with the planted control in the pair prep (T's lower-left block zero).
+    PairCtl,
 }
 
 /// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
@@ -548,7 +563,9 @@ impl Cuda {
     ) -> Result<CudaTensor> {
         ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
         let tma = match path {
-            GdrPath::Auto => dt == DType::BF16 && self.has_sm90a() && !gdr_state_seq(std::env::var("MOSS_GDR_STATE").ok().as_deref()),
+            GdrPath::Auto | GdrPath::Pair | GdrPath::PairCtl => {
+                dt == DType::BF16 && self.has_sm90a() && !gdr_state_seq(std::env::var("MOSS_GDR_STATE").ok().as_deref())
+            }
             GdrPath::Tma => {
                 ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
                 true
@@ -579,8 +596,21 @@ impl Cuda {
         } else {
             // bf16: gdr_prep_tc3 (16-byte copies of q, k, v rows), its control only with PrepCtl
             ensure!(gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), dk, dv), "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
-            let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
-            self.launch(&format!("{pp}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+            let pair = match path {
+                GdrPath::Pair | GdrPath::PairCtl => {
+                    ensure!(hv % (2 * hk) == 0, "gdr_prep_tc3p: {hv} value heads over {hk} key heads (needs Hv / Hk even)");
+                    true
+                }
+                GdrPath::Auto => hv % (2 * hk) == 0 && gdr_prep_pair(std::env::var("MOSS_GDR_PREP").ok().as_deref()),
+                _ => false,
+            };
+            let pp = if matches!(path, GdrPath::PrepCtl | GdrPath::PairCtl) { prefix } else { "moss_enc" };
+            if pair {
+                let bytes = (GDR_PREP3P_FLOATS * 4) as u32;
+                self.launch(&format!("{pp}_gdr_prep_tc3p_bf16"), (nb / 2) as u32, 512, bytes, &args)?;
+            } else {
+                self.launch(&format!("{pp}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+            }
             if tma {
                 // `gdr_tma` (`cuda/sm90a/gdr_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
@@ -601,7 +631,8 @@ impl Cuda {
                 ];
                 args.extend(dims().take(5));
                 // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-                self.launch(&format!("{prefix}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                let sp = if path == GdrPath::PairCtl { "moss_enc" } else { prefix };
+                self.launch(&format!("{sp}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
                 return Ok(out);
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
@@ -627,7 +658,7 @@ impl Cuda {
         )?;
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
-        let op = if path == GdrPath::PrepCtl { "moss_enc" } else { prefix };
+        let op = if matches!(path, GdrPath::PrepCtl | GdrPath::PairCtl) { "moss_enc" } else { prefix };
         self.launch_2d(
             &format!("{op}_gdr_out_{}", if tc { "tc_bf16" } else { "f32" }),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),

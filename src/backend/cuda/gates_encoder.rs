@@ -320,6 +320,13 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             // gdr_prep_tc3's own control (cuda/gdr_prep3.cuh: (I + A)⁻¹ blockwise), the rest correct
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PrepCtl);
             cx.judge("enc gated_delta_rule prep tc3, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
+            // the pair prep gdr_prep_tc3p (opt-in MOSS_GDR_PREP=pair) before the default state pass
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Pair);
+            cx.judge("enc gated_delta_rule prep tc3p (two value heads a block), strided", &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Pair);
+            cx.judge("enc gated_delta_rule prep tc3p, contiguous q k v", &s, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PairCtl);
+            cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {
             // fp32: the SIMT chunk kernels
             let (b, note) = (F32_DELTA, "fp32 SIMT");
