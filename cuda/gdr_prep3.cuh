@@ -1,26 +1,30 @@
-// gdr_prep_tc3: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
+// gdr_prep_tc3p: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
 // [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as the fp32 prep_impl
-// (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64].
+// (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64] (blk = chunk·Hv + head).
 //
-// One block of 256 threads per (chunk, value head), 55 KiB of shared memory and 64 registers (four
-// blocks an SM):
+// One block of 512 threads per chunk and PAIR of value heads 2p, 2p + 1 of one key head (Hv / Hk
+// even): K, Q tiles, their norms and the raw K Kᵀ, Q Kᵀ products are shared by the two heads (they
+// differ only in g and β); 93 KiB of shared memory and 64 registers (two blocks an SM):
 //  1. k, q rows of the chunk as raw bf16 into shared memory with 16-byte cp.async (all loads in
-//     flight at once); the gates meanwhile.
+//     flight at once); both heads' gates meanwhile.
 //  2. r_i = rsqrt(|k_i|² + 1e-6), rq_i = rsqrt(|q_i|² + 1e-6)/√dk from the bf16 tiles.
-//  3. K Kᵀ and Q Kᵀ on bf16 mma (m16n8k16, ldmatrix): products of bf16 values are exact, sums fp32;
-//     then A[i][j] = β_i r_i r_j (k_i·k_j) e^{γ_i−γ_j} (j < i, fp32, shared) and
-//     Wqk[i][j] = rq_i r_j (q_i·k_j) e^{γ_i−γ_j} (j ≤ i, global).
+//  3. K Kᵀ and Q Kᵀ on bf16 mma (m16n8k16, ldmatrix; 16 warps of 16x16): products of bf16 values are
+//     exact, sums fp32; then per head A[i][j] = β_i r_i r_j (k_i·k_j) e^{γ_i−γ_j} (j < i, fp32,
+//     shared) and Wqk[i][j] = rq_i r_j (q_i·k_j) e^{γ_i−γ_j} (j ≤ i, global).
+// From here threads 256·hh.. run head hh alone (named barrier 1 + hh):
 //  4. T = (I + A)⁻¹ in fp32, blockwise: the four 16x16 diagonal blocks by substitution (a thread per
 //     column), then T₁₀ = −T₁₁ A₁₀ T₀₀ for the two 16-wide pairs, then the same for the 32-wide
-//     halves. T lives where the Q tile was. Once A's last read is behind a barrier, the v rows are
-//     loaded (cp.async) into A's place; Kd = e^{γ_last−γ} ⊙ r ⊙ K (16-byte stores) while they arrive.
+//     halves. T₀ lives where the Q tile was. Once A's last read is behind a barrier, the head's v
+//     rows are loaded (cp.async) into A's place; Kd = e^{γ_last−γ} ⊙ r ⊙ K (16-byte stores) while
+//     they arrive.
 //  5. U0 = T diag(β) V and Wk = T diag(β e^γ r) K on bf16 mma with the raw bf16 V, K as the B
 //     operand (exact) and T' = T diag(s) split into bf16 hi + lo (A operand, two mma: ~2^-17
 //     relative, well under the TF32 rounding of the other products). Rows past the diagonal block
 //     skip; every warp has 5 of the 20 k-steps.
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
-// (host check in src/backend/cuda/encoder.rs; otherwise the one-kernel sequential version runs).
-// BUG 1 (moss_ctl_enc_gdr_prep_tc3_bf16): T's lower-left 32x32 block is left at zero.
+// and Hv / Hk even (host check in src/backend/cuda/encoder.rs; otherwise the one-kernel sequential
+// version runs).
+// BUG 1 (moss_ctl_enc_gdr_prep_tc3p_bf16): T's lower-left 32x32 block is left at zero.
 #pragma once
 namespace moss_gdr {
 
@@ -28,8 +32,6 @@ constexpr int P3_BL = GD + 8;                   // bf16 row stride of the K, Q, 
 constexpr int P3_TL = GC + 8;                   // fp32 row stride of A and T (≡ 8 mod 32)
 constexpr int P3_TILE_B = GC * P3_BL * 2;       // bytes of one bf16 tile
 constexpr int P3_MAT_B = GC * P3_TL * 4;        // bytes of one fp32 64x64 matrix (≥ a bf16 tile)
-constexpr int P3_BYTES = P3_TILE_B + 2 * P3_MAT_B + 8 * GC * 4;
-constexpr int P3_FLOATS = P3_BYTES / 4;         // 14080 (55 KiB: four blocks an SM)
 static_assert(P3_MAT_B >= P3_TILE_B, "T takes the Q tile's place, V the place of A");
 
 #ifndef GDR_EMU
@@ -57,54 +59,6 @@ __device__ __forceinline__ void p3_load_tile(unsigned short* dst, const T* x, lo
         const T* src = ok ? x + (long)(c0 + i) * rs + col0 + m : x;
         moss_mma::cp_async16(dst + i * P3_BL + m, src, ok);
     }
-}
-
-// Step 3. Warp w owns rows 16(w/2).., columns 32(w%2)..; the warps wholly above the diagonal only
-// write Wqk's zeros.
-__device__ __forceinline__ void p3_scores(float* As, float* wq, const unsigned short* Kb, const unsigned short* Qb,
-                                          const float* gs, const float* bs, const float* rk, const float* rq) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = 16 * (warp >> 1), c0 = 32 * (warp & 1);
-    const bool live = c0 <= r0 + 15;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) kk[nt][r] = qk[nt][r] = 0.f;
-    if (live) {
-        const int ar = r0 + (lane & 15), ac = 8 * (lane >> 4);                 // A x4: 16x16 at (r0, d0)
-        const int br = c0 + (lane & 7) + 8 * (lane >> 4), bc = 8 * ((lane >> 3) & 1);  // B x4: two n-tiles
-#pragma unroll 2
-        for (int d0 = 0; d0 < GD; d0 += 16) {
-            unsigned ak[4], aq[4], b[2][4];
-            moss_mma::ldsm_x4(ak, Kb + ar * P3_BL + d0 + ac);
-            moss_mma::ldsm_x4(aq, Qb + ar * P3_BL + d0 + ac);
-#pragma unroll
-            for (int p = 0; p < 2; p++) moss_mma::ldsm_x4(b[p], Kb + (br + 16 * p) * P3_BL + d0 + bc);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
-                moss_mma::mma_bf16(kk[nt], ak, b0, b1);
-                moss_mma::mma_bf16(qk[nt], aq, b0, b1);
-            }
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int i = r0 + g + 8 * hf, j = c0 + 8 * nt + 2 * t;
-            float a[2], w[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int jj = j + e;
-                const float dec = live && jj <= i ? expf(gs[i] - gs[jj]) : 0.f;
-                a[e] = jj < i ? bs[i] * (rk[i] * rk[jj] * kk[nt][2 * hf + e]) * dec : 0.f;
-                w[e] = rq[i] * rk[jj] * qk[nt][2 * hf + e] * dec;
-            }
-            if (live) *reinterpret_cast<float2*>(As + i * P3_TL + j) = make_float2(a[0], a[1]);
-            *reinterpret_cast<float2*>(wq + i * GC + j) = make_float2(w[0], w[1]);
-        }
 }
 
 // Step 4: Ts = (I + As)⁻¹ (As strictly lower triangular, read in its lower 16x16 blocks only).
@@ -240,90 +194,7 @@ __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, 
     }
 }
 
-template <typename T, int BUG>
-__device__ void prep3_impl(float* Kd, float* Wk, float* U0, float* Wqk, float* gamo, const T* q, const T* k,
-                           const T* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv,
-                           long rqk, long rv) {
-    GDR_SMEM(gdr_sm);
-    char* base = reinterpret_cast<char*>(gdr_sm);
-    unsigned short* Kb = reinterpret_cast<unsigned short*>(base);
-    unsigned short* Qb = reinterpret_cast<unsigned short*>(base + P3_TILE_B);
-    float* Ts = reinterpret_cast<float*>(base + P3_TILE_B);  // over Q once the scores are done
-    float* As = reinterpret_cast<float*>(base + P3_TILE_B + P3_MAT_B);
-    unsigned short* Vb = reinterpret_cast<unsigned short*>(base + P3_TILE_B + P3_MAT_B);  // over A once T has it
-    float* gs = reinterpret_cast<float*>(base + P3_TILE_B + 2 * P3_MAT_B);  // γ
-    float* bs = gs + GC;          // β
-    float* es = bs + GC;          // e^γ
-    float* dl = es + GC;          // e^{γ_last − γ}
-    float* rk = dl + GC;          // 1/|k|
-    float* rq = rk + GC;          // 1/(|q| √dk)
-    float* sv = rq + GC;          // β (U0's column scale of T)
-    float* sk = sv + GC;          // β e^γ / |k| (Wk's)
-    const long blk = blockIdx.x;
-    const int c = (int)(blk / Hv), h = (int)(blk % Hv);
-    const int c0 = c * GC, n = min(GC, L - c0);
-    const int kh = h / (Hv / Hk);
-    const int tid = threadIdx.x;
-    p3_load_tile(Kb, k, rqk, c0, n, (long)kh * dk, dk);
-    p3_load_tile(Qb, q, rqk, c0, n, (long)kh * dk, dk);
-    moss_mma::cp_async_commit();
-    chunk_gates(gs, bs, es, dl, gamo, g, beta, blk, c0, n, h, Hv);
-    moss_mma::cp_async_wait<0>();
-    __syncthreads();
-    {  // row norms: two threads a row (k rows, then q rows), 64 columns each, 16 bytes a read
-        const int row = tid >> 1, hf = tid & 1;
-        const unsigned short* src = (row < GC ? Kb + row * P3_BL : Qb + (row - GC) * P3_BL) + 64 * hf;
-        float ss = 0.f;
-#pragma unroll
-        for (int m = 0; m < 8; m++) {
-            const uint4 u = *reinterpret_cast<const uint4*>(src + 8 * ((m + 4 * hf) & 7));
-            const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float a = p3_bf(w[e] << 16), b = p3_bf(w[e] & 0xffff0000u);
-                ss += a * a;
-                ss += b * b;
-            }
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        if (hf == 0) {
-            if (row < GC)
-                rk[row] = rsqrtf(ss + 1e-6f);
-            else
-                rq[row - GC] = rsqrtf(ss + 1e-6f) * rsqrtf((float)dk);
-        }
-    }
-    __syncthreads();
-    if (tid < GC) {
-        sv[tid] = bs[tid];
-        sk[tid] = bs[tid] * es[tid] * rk[tid];
-    }
-    p3_scores(As, Wqk + blk * GC * GC, Kb, Qb, gs, bs, rk, rq);
-    __syncthreads();
-    p3_inverse<BUG>(
-        Ts, As,
-        [&] {  // A is dead: V into its place, in flight through the rest
-            p3_load_tile(Vb, v, rv, c0, n, (long)h * dv, dv);
-            moss_mma::cp_async_commit();
-        },
-        tid, [] { __syncthreads(); });
-    float* kd = Kd + blk * GC * GD;  // Kd while V arrives
-    for (int p = tid; p < GC * GD / 4; p += GT) {
-        const int i = p >> 5, a = (p & 31) * 4;
-        const uint2 u = *reinterpret_cast<const uint2*>(Kb + i * P3_BL + a);
-        const float r = rk[i], d = dl[i];
-        const float4 o = make_float4(p3_bf(u.x << 16) * r * d, p3_bf(u.x & 0xffff0000u) * r * d,
-                                     p3_bf(u.y << 16) * r * d, p3_bf(u.y & 0xffff0000u) * r * d);
-        *reinterpret_cast<float4*>(kd + i * GD + a) = o;
-    }
-    moss_mma::cp_async_wait<0>();
-    __syncthreads();
-    p3_apply(U0 + blk * GC * GD, Wk + blk * GC * GD, Ts, Vb, Kb, sv, sk);
-}
-
-// ---- the pair variant: both value heads 2p, 2p + 1 of one key head (Hv / Hk even) in one block of
-// 512 threads, K, Q tiles, their norms and the raw K Kᵀ, Q Kᵀ products shared; threads 256·hh..
-// run head hh's inverse, Kd and apply as above (named barrier 1 + hh). 93 KiB, two blocks an SM.
+// The kernel's shared memory: the K tile, the Q tile / T₀, T₁, A₀ / V₀, A₁ / V₁, 14 vectors of 64.
 constexpr int P3P_BYTES = P3_TILE_B + 4 * P3_MAT_B + 14 * GC * 4;
 constexpr int P3P_FLOATS = P3P_BYTES / 4;  // 23680
 
@@ -332,7 +203,7 @@ template <int ID>
 __device__ __forceinline__ void p3_named_bar() { asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory"); }
 #endif
 
-// Scores of both heads. Warp w (of 16) owns rows 16(w/4).., columns 16(w%4)..; the warps wholly
+// Step 3, both heads. Warp w (of 16) owns rows 16(w/4).., columns 16(w%4)..; the warps wholly
 // above the diagonal only write Wqk's zeros. sc[hh]: head hh's γ, β (6 vectors of 64 from there).
 __device__ __forceinline__ void p3p_scores(float* const* As, float* const* wq, const unsigned short* Kb,
                                            const unsigned short* Qb, float* const* sc, const float* rk,
