@@ -112,24 +112,26 @@ const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `cuda/gdr_tc.cuh`).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `gdr_prep_tc3` (`P3_FLOATS` in `cuda/gdr_prep3.cuh`): K, V bf16 tiles [64][136], the Q tile /
-/// T and A as fp32 [64][72], eight vectors of 64.
-const GDR_PREP3_FLOATS: usize = (2 * 64 * 136 * 2 + 2 * 64 * 72 * 4 + 8 * 64 * 4) / 4;
+/// `gdr_prep_tc3p` (`P3P_FLOATS` in `cuda/gdr_prep3.cuh`; a block of 512 threads per chunk and
+/// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
+/// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
+const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
-/// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3` (`cuda/gdr_prep3.cuh`).
+/// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3p` (`cuda/gdr_prep3.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GdrPath {
     /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, unless
     /// `MOSS_GDR_STATE=seq` ([`gdr_state_seq`]); else [`GdrPath::Tc`]. q, k, v not 16-byte
-    /// aligned (or head dims above [`GDR_MAX_DIM`]) take the one-kernel sequential version.
+    /// aligned (or head dims above [`GDR_MAX_DIM`], or Hv / Hk odd) take the one-kernel sequential
+    /// version.
     Auto,
     /// The state pass + output in one kernel on TMA tensor copies (`moss_enc_gdr_tma_bf16`,
     /// `cuda/sm90a/gdr_tma.cu`, Hopper only); the planted control in it.
     Tma,
     /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/gdr_tc.cuh`, any GPU); the planted control in the out kernel.
     Tc,
-    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3_bf16`)
+    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3p_bf16`)
     /// and the correct out kernel (the gates).
     PrepCtl,
 }
@@ -148,12 +150,17 @@ pub(crate) fn gdr_state_seq(v: Option<&str>) -> bool {
 }
 
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
-/// `(rqk, rv)` elements) and head dims dk, dv: dims up to [`GDR_MAX_DIM`]; for bf16 (gdr_prep_tc3's
-/// 16-byte copies, the TMA kernel's tensor map over q) 16-byte aligned addresses, strides and dims.
-fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), dk: usize, dv: usize) -> bool {
+/// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
+/// bf16 (gdr_prep_tc3p's 16-byte copies and pairs of value heads over one key head, the TMA
+/// kernel's tensor map over q) 16-byte aligned addresses, strides and dims, and hv / hk even.
+fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, hv): (usize, usize), dk: usize, dv: usize) -> bool {
     dk <= GDR_MAX_DIM
         && dv <= GDR_MAX_DIM
-        && (dt == DType::F32 || (ptrs.iter().all(|p| p % 16 == 0) && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)))
+        && (dt == DType::F32
+            || (ptrs.iter().all(|p| p % 16 == 0)
+                && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)
+                && hk > 0
+                && hv % (2 * hk) == 0))
 }
 
 impl Cuda {
@@ -471,7 +478,7 @@ impl Cuda {
     /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): a prep over all (chunk, value head)
     /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
     /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
-    /// aligned (addresses, head dims), take [`Cuda::gated_delta_rule_seq_with`] (only with
+    /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
     /// [`GdrPath::Auto`]; the explicit paths are an error there). The planted control
     /// (`prefix` = `moss_ctl_enc`) lives in the state pass / output kernel ([`GdrPath::PrepCtl`]:
     /// in the prep).
@@ -489,8 +496,8 @@ impl Cuda {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
         let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
-        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), dk, dv) {
-            ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM} and 16-byte aligned q k v");
+        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) {
+            ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
             return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
@@ -518,7 +525,7 @@ impl Cuda {
         let es = dt.size() as u64;
         let p = qkv.ptr();
         let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
-        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), dk, dv) {
+        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), (hk, hv), dk, dv) {
             let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
             let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
             let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
@@ -577,10 +584,14 @@ impl Cuda {
             self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
-            // bf16: gdr_prep_tc3 (16-byte copies of q, k, v rows), its control only with PrepCtl
-            ensure!(gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), dk, dv), "gdr_prep_tc3: q k v addresses, row strides and head dims must be 16-byte aligned");
+            // bf16: gdr_prep_tc3p (16-byte copies of q, k, v rows; a block per chunk and pair of
+            // value heads), its control only with PrepCtl
+            ensure!(
+                gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
+                "gdr_prep_tc3p: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
+            );
             let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
-            self.launch(&format!("{pp}_gdr_prep_tc3_bf16"), nb as u32, 256, (GDR_PREP3_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{pp}_gdr_prep_tc3p_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
                 // `gdr_tma` (`cuda/sm90a/gdr_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
