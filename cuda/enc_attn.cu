@@ -162,13 +162,6 @@ __device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, in
         moss_enca::qkrope_impl<T, BUG, false>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,   \
                                               rot, __longlong_as_double(theta_bits), nullptr);                  \
     }                                                                                                           \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,  \
-                                                                const T* wk, long L, int nh, int nkv, int hd,   \
-                                                                long ld, long qhs, long koff, long voff,        \
-                                                                float eps, int rot, const float2* tab) {        \
-        moss_enca::qkrope_impl<T, 0, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps, rot, \
-                                           0.0, tab);                                                           \
-    }                                                                                                           \
     MOSS_KERNEL void PFX##_gmulh_##SX(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt,        \
                                       long ghs) {                                                               \
         moss_enca::gmulh_impl<T, BUG>(out, o, gate, L, nh, hd, ldt, ghs);                                       \
@@ -180,6 +173,18 @@ MOSS_KERNEL void moss_enc_rope_tab(float2* tab, long L, int rot, long theta_bits
 MOSS_KERNEL void moss_ctl_enc_rope_tab(float2* tab, long L, int rot, long theta_bits) {
     moss_enca::rope_tab_impl<1>(tab, L, rot, __longlong_as_double(theta_bits));
 }
+// qkrope_t: qkrope reading the (cos, sin) table of rope_tab; no control of its own (the planted
+// position bug is moss_ctl_enc_rope_tab's).
+#define MOSS_ENC_QKROPE_T(T, SX)                                                                                \
+    MOSS_KERNEL void __launch_bounds__(256) moss_enc_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq, \
+                                                                   const T* wk, long L, int nh, int nkv, int hd, \
+                                                                   long ld, long qhs, long koff, long voff,     \
+                                                                   float eps, int rot, const float2* tab) {     \
+        moss_enca::qkrope_impl<T, 0, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps, rot,  \
+                                           0.0, tab);                                                            \
+    }
+MOSS_ENC_QKROPE_T(__nv_bfloat16, bf16)
+MOSS_ENC_QKROPE_T(float, f32)
 MOSS_ENC_ATTN_OPS(moss_enc, 0, __nv_bfloat16, bf16)
 MOSS_ENC_ATTN_OPS(moss_enc, 0, float, f32)
 MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, __nv_bfloat16, bf16)

@@ -161,8 +161,9 @@ impl AlgoConfig {
 }
 
 /// `MOSS_GEMM_TUNE=1`: time the heuristic's first [`TUNE_CANDIDATES`] algorithms on the first
-/// call of each product (one warm-up and three timed runs each, CUDA events) and keep the
-/// fastest, instead of the heuristic's first. Off by default: timing noise can pick different
+/// call of each product ([`TUNE_ROUNDS`] round-robin rounds of a warm-up and three timed runs,
+/// CUDA events, into scratch) and keep the one with the fastest median round, instead of the
+/// heuristic's first (or a pinned one). Off by default: timing noise can pick different
 /// algorithms in different runs, and so different roundings of the same product.
 pub fn tune() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -395,8 +396,8 @@ impl Blas {
             };
             let run = |algo: &sys::cublasLtMatmulAlgo_t| run_into(algo, trial_d);
             if p.candidates.len() > 1 {
-                // Tuning: every candidate on these very buffers (d is written again below), in
-                // TUNE_ROUNDS round-robin rounds of 3 runs each; the median round decides.
+                // Tuning: every candidate on these inputs into the scratch D, in TUNE_ROUNDS
+                // round-robin rounds of 3 runs each; the median round decides.
                 let ctx = stream.context();
                 let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"));
                 let n = p.candidates.len();

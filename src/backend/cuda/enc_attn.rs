@@ -49,8 +49,8 @@ pub fn qkrope_env() -> QkRope {
 }
 
 impl Cuda {
-    /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` in one kernel (`qkrope`, or
-    /// `rope_tab` + `qkrope_t` if `tab`); `None` where
+    /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` by one kernel (`qkrope`), or
+    /// if `tab` by `qkrope_t` after `rope_tab` made the call's sines and cosines; `None` where
     /// the kernel does not take the shapes (head dim not a multiple of 8 or above [`QK_MAXHD`],
     /// an odd or too wide rotary dim): the caller runs the split ops.
     #[allow(clippy::too_many_arguments)]
@@ -83,21 +83,24 @@ impl Cuda {
         let rows = l * (nh + 2 * nkv);
         if rows > 0 {
             // tab: the call's (cos, sin) table [L, rot/2] (with the planted position bug under the
-            // control prefix), read by qkrope_t
+            // control prefix: qkrope_t has none of its own), read by qkrope_t
             let half = rot / 2;
-            let table = self.alloc(DType::F32, &[(l * half * 2).max(1)])?;
-            if tab && half > 0 {
+            let table = if tab { Some(self.alloc(DType::F32, &[(l * half * 2).max(1)])?) } else { None };
+            if let Some(t) = table.as_ref().filter(|_| half > 0) {
                 self.launch(
                     &format!("{prefix}_rope_tab"),
                     self.grid_for(l * half),
                     256,
                     0,
-                    &[Arg::P(table.ptr()), Arg::L(l as i64), Arg::I(rot as i32), Arg::L(theta.to_bits() as i64)],
+                    &[Arg::P(t.ptr()), Arg::L(l as i64), Arg::I(rot as i32), Arg::L(theta.to_bits() as i64)],
                 )?;
             }
-            let last = if tab { Arg::P(table.ptr()) } else { Arg::L(theta.to_bits() as i64) };
+            let (name, last) = match &table {
+                Some(t) => (format!("moss_enc_qkrope_t_{}", dt.name()), Arg::P(t.ptr())),
+                None => (format!("{prefix}_qkrope_{}", dt.name()), Arg::L(theta.to_bits() as i64)),
+            };
             self.launch(
-                &format!("{prefix}_qkrope{}_{}", if tab { "_t" } else { "" }, dt.name()),
+                &name,
                 rows.div_ceil(QK_WARPS) as u32,
                 256,
                 0,
