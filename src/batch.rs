@@ -113,7 +113,7 @@ fn check_numbers(steps: u64, guidance: f64) -> Result<(), String> {
 /// The flags' own values must be usable before any line is read.
 pub fn check_defaults(d: &Defaults) -> Result<()> {
     check_numbers(d.steps as u64, d.guidance as f64).map_err(|e| anyhow::anyhow!("--{e}"))?;
-    crate::cli::parse_size(&format!("{}x{}", d.size.0, d.size.1)).map_err(anyhow::Error::msg)?;
+    crate::options::parse_size(&format!("{}x{}", d.size.0, d.size.1)).map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
@@ -150,7 +150,7 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &Defaults) -> Result
             "prompt" => prompt = Some(string(k, v)?),
             "negative" => it.negative = string(k, v)?,
             "seed" => it.seed = v.as_u64().ok_or_else(|| format!("`seed` must be a whole number in 0..2^64, got {v}"))?,
-            "size" => (it.width, it.height) = crate::cli::parse_size(&string(k, v)?)?,
+            "size" => (it.width, it.height) = crate::options::parse_size(&string(k, v)?)?,
             "steps" => {
                 let s = v.as_u64().ok_or_else(|| format!("`steps` must be a whole number, got {v}"))?;
                 check_numbers(s, 1.0)?;
@@ -593,7 +593,7 @@ pub struct BatchOptions {
     pub max_tokens: usize,
     pub model: String,
     pub device: Device,
-    pub precision: crate::cli::Precision,
+    pub precision: crate::options::Precision,
 }
 
 /// A written picture.

@@ -11,7 +11,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::ops::DitOps;
 use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
-use crate::cli::Precision;
+use crate::options::Precision;
 use crate::model::dit::Dit;
 use crate::pipeline::{self, Request, Silent};
 use crate::tensor::Tensor;
@@ -62,7 +62,7 @@ pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
             ck.dit.text_dim
         );
     }
-    crate::cli::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
+    crate::options::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
     match device {
         Device::Cpu => run_on(
             &Cpu,

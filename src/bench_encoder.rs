@@ -7,7 +7,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Device;
 use crate::checkpoint::{config::EncoderConfig, expected, tensors::TensorStore, Component};
-use crate::cli::Precision;
+use crate::options::Precision;
 use crate::model::encoder::Encoder;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

@@ -31,7 +31,7 @@ fn median(v: &[f64]) -> f64 {
 
 pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     let Device::Cuda(n) = device else { bail!("bench-vae runs on cuda") };
-    let cuda = Cuda::new(n, crate::cli::Precision::Fp32)?;
+    let cuda = Cuda::new(n, crate::options::Precision::Fp32)?;
     let ck = pipeline::open_checkpoint(&a.model)?;
     let c = ck.dit.latent_channels;
     let meta = std::fs::metadata(&a.latents)?;

@@ -3,7 +3,7 @@
 
 use crate::backend::cuda::{gates, plan, Cuda, DType, MemoryPlan};
 use crate::backend::Device;
-use crate::cli::Precision;
+use crate::options::Precision;
 use crate::checkpoint::Checkpoint;
 use crate::prompt::PromptTokenizer;
 use anyhow::Result;

@@ -1,11 +1,9 @@
 //! The command line (clap). `main` parses it and hands the values to the library.
 
 use crate::backend::Device;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+pub use crate::options::{parse_size, Precision, MAX_SIDE};
 use std::path::PathBuf;
-
-/// Largest picture side, in pixels.
-pub const MAX_SIDE: u32 = 4096;
 
 #[derive(Parser, Debug)]
 #[command(name = "moss", version, about = "Text to PNG with the MOSS-Image model (OpenMOSS), on its own CUDA kernels")]
@@ -77,7 +75,7 @@ pub struct BenchDitArgs {
     pub uncond_skip: SkipList,
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
-    #[arg(long, value_enum, default_value_t = Precision::Bf16)]
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Timed forwards (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 5)]
@@ -112,7 +110,7 @@ pub struct BenchEncodeArgs {
     pub reps: usize,
     #[arg(long, default_value = "cuda", value_parser = parse_device)]
     pub device: Device,
-    #[arg(long, value_enum, default_value_t = Precision::Bf16)]
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Write the hidden states (f32 safetensors, key `hidden`); one per --ids-file.
     #[arg(long)]
@@ -143,14 +141,6 @@ pub struct PromptArgs {
     /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_tokens: u32,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Precision {
-    /// bf16 weights and residual stream, fp32 reductions (what the model was made for).
-    Bf16,
-    /// fp32 everywhere (verification; slower, twice the memory).
-    Fp32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -187,7 +177,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
     /// Compute precision on the GPU.
-    #[arg(long, value_enum, default_value_t = Precision::Bf16)]
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Print nothing but errors.
     #[arg(long, short)]
@@ -296,21 +286,8 @@ fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
 }
 
-pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s
-        .split_once(['x', 'X'])
-        .ok_or_else(|| format!("size `{s}` is not WIDTHxHEIGHT"))?;
-    let p = |v: &str| v.trim().parse::<u32>().map_err(|_| format!("size `{s}` is not WIDTHxHEIGHT"));
-    let (w, h) = (p(w)?, p(h)?);
-    for (name, v) in [("width", w), ("height", h)] {
-        if v == 0 || v % 16 != 0 {
-            return Err(format!("{name} {v} is not a positive multiple of 16"));
-        }
-        if v > MAX_SIDE {
-            return Err(format!("{name} {v} is above the cap of {MAX_SIDE}"));
-        }
-    }
-    Ok((w, h))
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
 }
 
 fn parse_skip(s: &str) -> Result<SkipList, String> {
@@ -336,15 +313,6 @@ fn parse_window(s: &str) -> Result<(f64, f64), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1024x768"), Ok((1024, 768)));
-        assert!(parse_size("1000x1024").unwrap_err().contains("multiple of 16"));
-        assert!(parse_size("8192x1024").unwrap_err().contains("cap"));
-        assert!(parse_size("0x16").is_err());
-        assert!(parse_size("big").is_err());
-    }
 
     #[test]
     fn skips_and_windows() {

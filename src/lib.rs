@@ -12,6 +12,7 @@ pub mod cli;
 pub mod embeds;
 pub mod model;
 pub mod noise;
+pub mod options;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;

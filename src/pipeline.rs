@@ -31,7 +31,7 @@ pub struct Request {
     pub skip_window: (f64, f64),
     pub max_tokens: usize,
     /// GPU compute precision (the CPU reference is always fp32).
-    pub precision: crate::cli::Precision,
+    pub precision: crate::options::Precision,
 }
 
 /// What a finished picture reports.
@@ -103,7 +103,7 @@ pub fn validate(req: &Request) -> Result<()> {
     if !req.guidance.is_finite() {
         bail!("--guidance must be a finite number, got {}", req.guidance);
     }
-    crate::cli::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
+    crate::options::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
     png::check_writable(&req.out)?;
     if let Some(p) = &req.save_latents {
         png::check_writable(p)?;
@@ -137,7 +137,7 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
 }
 
 /// The CUDA backend on `cuda:n`, or a clear error naming the device.
-pub fn cuda(n: usize, precision: crate::cli::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
+pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
 }
 
@@ -403,7 +403,7 @@ pub fn encode_to_file(
     let mut enc = match device {
         Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
         Device::Cuda(n) => {
-            let b = cuda(n, crate::cli::Precision::Bf16)?;
+            let b = cuda(n, crate::options::Precision::Bf16)?;
             encode_prompts(&b, &ck, &[prompt, negative], max_tokens, progress)?
         }
     };
@@ -431,11 +431,11 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
             let cells = len / per;
             let side = (cells as f64).sqrt().round() as u64;
             if len.is_multiple_of(per) && side > 0 && side * side == cells {
-                if side * 16 > crate::cli::MAX_SIDE as u64 {
+                if side * 16 > crate::options::MAX_SIDE as u64 {
                     bail!(
                         "latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}",
                         side * 16,
-                        crate::cli::MAX_SIDE
+                        crate::options::MAX_SIDE
                     );
                 }
                 return Ok((side as usize, side as usize));
@@ -472,7 +472,7 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
     let z = Tensor::new(vec![1, c, h, w], data)?;
     let rgb = match device {
         Device::Cpu => decode_rgb(&Cpu, &ck, &z)?,
-        Device::Cuda(n) => decode_rgb(&cuda(n, crate::cli::Precision::Fp32)?, &ck, &z)?,
+        Device::Cuda(n) => decode_rgb(&cuda(n, crate::options::Precision::Fp32)?, &ck, &z)?,
     };
     let mut m = png::Metadata::default();
     m.push("model", &ck.loc.id);

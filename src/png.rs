@@ -5,12 +5,7 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// `round(clamp(x/2 + 0.5, 0, 1) * 255)` with round-half-to-even (numpy's rounding), from a
-/// decoded value already clamped to [-1, 1].
-pub fn to_u8(x: f32) -> u8 {
-    let v = ((x / 2.0 + 0.5).clamp(0.0, 1.0)) * 255.0;
-    v.round_ties_even() as u8
-}
+pub use crate::tensor::to_u8;
 
 /// What we record in the picture.
 #[derive(Clone, Debug, Default, PartialEq)]

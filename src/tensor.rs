@@ -55,3 +55,10 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     }
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
+
+/// A decoded picture value in [-1, 1] to an 8-bit channel: `round(clamp(x/2 + 0.5, 0, 1) * 255)`
+/// with round-half-to-even (numpy's rounding).
+pub fn to_u8(x: f32) -> u8 {
+    let v = ((x / 2.0 + 0.5).clamp(0.0, 1.0)) * 255.0;
+    v.round_ties_even() as u8
+}

@@ -380,7 +380,7 @@ impl VaeOps for Cpu {
         let mut rgb = vec![0u8; hw * 3];
         for ch in 0..3 {
             for (i, &v) in x.data[ch * hw..(ch + 1) * hw].iter().enumerate() {
-                rgb[i * 3 + ch] = crate::png::to_u8(v.clamp(-1.0, 1.0));
+                rgb[i * 3 + ch] = crate::tensor::to_u8(v.clamp(-1.0, 1.0));
             }
         }
         Ok(rgb)

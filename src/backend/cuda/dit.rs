@@ -170,7 +170,7 @@ pub fn flash_applies(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
 /// The largest square picture side (a multiple of 16, up to the CLI's cap) whose plan at
 /// `side²/256 + text` joint tokens needs at most `free` bytes.
 pub fn largest_square(free: usize, text: usize, needed: impl Fn(usize) -> usize) -> Option<usize> {
-    (1..=crate::cli::MAX_SIDE as usize / 16).rev().find(|s| needed(s * s + text) <= free).map(|s| s * 16)
+    (1..=crate::options::MAX_SIDE as usize / 16).rev().find(|s| needed(s * s + text) <= free).map(|s| s * 16)
 }
 
 #[cfg(test)]
@@ -182,7 +182,7 @@ mod tests {
         let need = |t: usize| (1usize << 30) + t * (1 << 20);
         assert_eq!(super::largest_square(2 << 30, 128, need), Some(464));
         assert_eq!(super::largest_square(1 << 30, 128, need), None);
-        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::cli::MAX_SIDE as usize));
+        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::options::MAX_SIDE as usize));
     }
 }
 

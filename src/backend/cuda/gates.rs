@@ -18,7 +18,7 @@ use crate::backend::cpu::{dot, Cpu};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
-use crate::cli::Precision;
+use crate::options::Precision;
 use crate::tensor::{rel_l2, Tensor};
 use anyhow::{anyhow, ensure, Result};
 

@@ -13,7 +13,7 @@ use super::blas::{Blas, LinearBug};
 use super::Gpu;
 use crate::backend::Backend;
 use crate::checkpoint::{Component, Dtype};
-use crate::cli::Precision;
+use crate::options::Precision;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{result as dr, sys, CudaEvent, CudaFunction, CudaSlice, DevicePtr, PinnedHostSlice};

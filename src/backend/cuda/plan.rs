@@ -13,7 +13,7 @@ use super::ops::{loaded_dtype, DType, GIB};
 use super::Gpu;
 use crate::checkpoint::config::{DitConfig, EncoderConfig};
 use crate::checkpoint::Component;
-use crate::cli::Precision;
+use crate::options::Precision;
 use anyhow::{bail, Result};
 
 /// Headroom on top of weights and activations: the cuBLASLt workspace (32 MiB), the

@@ -997,7 +997,7 @@ impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
         // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
         let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
-        let plan = super::plan::MemoryPlan::component(c, crate::cli::Precision::Fp32).activations(least);
+        let plan = super::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }
     fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
