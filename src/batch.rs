@@ -879,9 +879,9 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
                         continue;
                     }
                     check_stop()?;
-                    match enc.forward(b, ids) {
+                    match pipeline::hidden_states(b, &enc, ids) {
                         Ok(h) => {
-                            hidden.insert(ids.as_slice(), h.round_bf16());
+                            hidden.insert(ids.as_slice(), h);
                         }
                         Err(e) => {
                             fail(&mut slots[i], j, &e, progress, sum);
@@ -936,10 +936,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
             let req = cx.request(j);
-            let res = vae
-                .decode_rgb8(b, &z)
-                .and_then(|rgb| png::encode(&rgb, req.width, req.height, &pipeline::metadata(&req, ck)))
-                .and_then(|bytes| png::write_atomic(&j.path, &bytes));
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z).and_then(|bytes| png::write_atomic(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;

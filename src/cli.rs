@@ -23,6 +23,8 @@ pub enum Command {
     Decode(DecodeArgs),
     /// Check the checkpoint (and with --device cuda, every GPU kernel against the CPU reference).
     Check(CheckArgs),
+    /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
+    Serve(ServeArgs),
     /// Time the prompt encoder on token ids (a bench tool: src/bench_encoder.rs).
     #[command(hide = true)]
     BenchEncode(BenchEncodeArgs),
@@ -272,6 +274,52 @@ pub struct CheckArgs {
     /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<Device>,
+}
+
+/// `moss serve`: an OpenAI-compatible image server; the weights stay loaded between requests.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Compute precision on the GPU.
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Address to listen on; one that is not loopback needs --api-key (or --allow-insecure-bind).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// Port to listen on (0: any free port, printed at start-up).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Clients must send `Authorization: Bearer KEY`.
+    #[arg(long, env = "MOSS_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Allow a non-loopback --host without an API key (anyone who reaches it can use the GPU).
+    #[arg(long)]
+    pub allow_insecure_bind: bool,
+    /// Requests that may wait behind the running one; more get 429 with Retry-After.
+    #[arg(long, default_value_t = 16)]
+    pub max_queue: usize,
+    /// Largest picture a request may ask for (its area bounds WIDTHxHEIGHT).
+    #[arg(long, default_value = "2048x2048", value_parser = parse_size)]
+    pub max_size: (u32, u32),
+    /// Most denoising steps a request may ask for (1..1000).
+    #[arg(long, default_value_t = 100)]
+    pub max_steps: u32,
+    /// Most tokens in a prompt (and in the negative prompt); longer ones get 400.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
+    /// Seconds a client has to send its request headers, and its body.
+    #[arg(long, default_value_t = 10)]
+    pub client_timeout: u64,
+    /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
+    #[arg(long, default_value = "22", value_parser = parse_skip)]
+    pub uncond_skip: SkipList,
+    /// Fraction of the steps in which the skip applies (as `generate --skip-window`).
+    #[arg(long, default_value = "0:1", value_parser = parse_window)]
+    pub skip_window: (f64, f64),
 }
 
 /// A list of block indices.

@@ -18,4 +18,5 @@ pub mod png;
 pub mod prompt;
 pub mod sampling;
 pub mod schedule;
+pub mod serve;
 pub mod tensor;

@@ -313,6 +313,26 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             println!("{}", moss::bench_vae::run(&b, a.model.device)?);
             Ok(0)
         }
+        Command::Serve(a) => {
+            moss::serve::run(moss::serve::ServeOptions {
+                model: a.model.model,
+                device: a.model.device,
+                precision: a.precision,
+                host: a.host,
+                port: a.port,
+                api_key: a.api_key,
+                allow_insecure_bind: a.allow_insecure_bind,
+                max_queue: a.max_queue,
+                max_size: a.max_size,
+                max_steps: a.max_steps,
+                max_tokens: a.max_tokens,
+                max_body: a.max_body,
+                client_timeout: std::time::Duration::from_secs(a.client_timeout),
+                uncond_skip: a.uncond_skip.0,
+                skip_window: a.skip_window,
+            })?;
+            Ok(0)
+        }
         Command::Check(a) => {
             let ck = pipeline::open_checkpoint(&a.model)?;
             Ok(if moss::check::run(&ck, a.device) { 0 } else { 1 })

@@ -182,10 +182,16 @@ pub fn encode_ids<B: EncoderOps>(
     let enc = Encoder::load(b, &comp, &ck.encoder)?;
     let mut out = vec![];
     for (t, ids) in texts.iter().zip(tokens) {
-        let hidden = enc.forward(b, &ids)?.round_bf16();
+        let hidden = hidden_states(b, &enc, &ids)?;
         out.push(Encoded { text: t.to_string(), ids, hidden });
     }
     Ok(out)
+}
+
+/// The encoder's hidden states of one token list, rounded to bf16 (what the DiT is fed:
+/// `generate`, batch mode and the server all encode through here).
+pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32]) -> Result<Tensor> {
+    Ok(enc.forward(b, ids)?.round_bf16())
 }
 
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
@@ -247,11 +253,22 @@ pub fn denoise_with<B: DitOps>(
 
 /// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.
 pub fn decode_rgb<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
-    let comp = ck.open_component("vae")?;
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
-    b.plan_vae(&comp, &ck.vae, z.shape[2], z.shape[3])?;
-    let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
-    vae.decode_rgb8(b, z)
+    load_vae(b, ck, z.shape[2], z.shape[3])?.decode_rgb8(b, z)
+}
+
+/// Plan (for latents `h` x `w`) and load the VAE decoder.
+pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result<VaeDecoder<B>> {
+    let comp = ck.open_component("vae")?;
+    b.plan_vae(&comp, &ck.vae, h, w)?;
+    VaeDecoder::load(b, &comp, &ck.vae)
+}
+
+/// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
+/// with the picture's metadata. `generate`, batch mode and the server all write these bytes.
+pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor) -> Result<Vec<u8>> {
+    let rgb = vae.decode_rgb8(b, z)?;
+    png::encode(&rgb, req.width, req.height, &metadata(req, ck))
 }
 
 /// The PNG text metadata of a picture rendered for `req`.
@@ -298,7 +315,7 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
 }
 
 /// The texts `req` encodes: the prompt, and the negative unless guidance is exactly 1.
-fn prompt_texts(req: &Request) -> Vec<&str> {
+pub fn prompt_texts(req: &Request) -> Vec<&str> {
     if req.guidance != 1.0 {
         vec![&req.prompt, &req.negative]
     } else {
@@ -380,8 +397,9 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     }
     progress.stage("decode");
     let t2 = Instant::now();
-    let rgb = decode_rgb(b, ck, &z)?;
-    let bytes = png::encode(&rgb, req.width, req.height, &metadata(req, ck))?;
+    anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
+    let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
+    let bytes = picture_bytes(b, &vae, ck, req, &z)?;
     png::write_atomic(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();

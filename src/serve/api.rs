@@ -1,0 +1,288 @@
+//! The wire format of `POST /v1/images/generations` (OpenAI's, with the extensions sglang and
+//! vllm-omni accept) and the OpenAI error envelope. Every field is checked here, before a request
+//! is queued; an unknown field is a 400 that names it.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+/// Fields moss reads.
+pub const FIELDS: [&str; 12] = [
+    "prompt",
+    "model",
+    "n",
+    "size",
+    "response_format",
+    "output_format",
+    "negative_prompt",
+    "seed",
+    "num_inference_steps",
+    "guidance_scale",
+    "stream",
+    "partial_images",
+];
+
+/// Standard OpenAI fields moss has no use for: accepted and ignored.
+pub const IGNORED: [&str; 6] = ["quality", "style", "user", "background", "moderation", "output_compression"];
+
+/// Most pictures one request may ask for.
+pub const MAX_N: u64 = 8;
+
+/// An error in the OpenAI envelope `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: &'static str,
+    /// Seconds, for 429 (and 503 while loading).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), param: None, code, retry_after: None }
+    }
+    pub fn bad(param: &str, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, code, message) }
+    }
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+    /// The envelope's `type`, as OpenAI names them.
+    pub fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            s if s >= 500 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// Server-side bounds on a request.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_steps: u32,
+    /// Largest picture area, W x H.
+    pub max_pixels: u64,
+    /// Most prompt tokens (each of the prompt and the negative).
+    pub max_tokens: usize,
+}
+
+/// A checked request. `seed` is the first picture's; picture i uses `seed + i`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    pub prompt: String,
+    pub negative: String,
+    pub seed: u64,
+    pub steps: u32,
+    pub guidance: f32,
+    pub width: u32,
+    pub height: u32,
+    pub n: u32,
+    pub stream: bool,
+}
+
+/// Defaults for what a request leaves out (moss generate's).
+pub const DEFAULT_STEPS: u32 = 50;
+pub const DEFAULT_GUIDANCE: f32 = 3.0;
+pub const DEFAULT_SIZE: (u32, u32) = (1024, 1024);
+
+fn string<'a>(k: &str, v: &'a Value) -> Result<&'a str, ApiError> {
+    v.as_str().ok_or_else(|| ApiError::bad(k, "invalid_type", format!("`{k}` must be a string, got {v}")))
+}
+
+fn whole(k: &str, v: &Value) -> Result<u64, ApiError> {
+    v.as_u64().ok_or_else(|| ApiError::bad(k, "invalid_type", format!("`{k}` must be a whole number >= 0, got {v}")))
+}
+
+/// Parse and check a request body. `model`: the served model's id; `random_seed`: the seed of a
+/// request that sets none.
+pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result<Generation, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
+    let obj: &Map<String, Value> = v
+        .as_object()
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body must be one JSON object"))?;
+    let unknown: Vec<&str> = obj.keys().map(String::as_str).filter(|k| !FIELDS.contains(k) && !IGNORED.contains(k)).collect();
+    if !unknown.is_empty() {
+        let names = unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+        return Err(ApiError::bad(
+            unknown[0],
+            "unknown_parameter",
+            format!("unknown field {names} (known: {}; accepted and ignored: {})", FIELDS.join(", "), IGNORED.join(", ")),
+        ));
+    }
+    let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let mut g = Generation {
+        prompt: String::new(),
+        negative: String::new(),
+        seed: random_seed,
+        steps: DEFAULT_STEPS.min(lim.max_steps),
+        guidance: DEFAULT_GUIDANCE,
+        width: DEFAULT_SIZE.0,
+        height: DEFAULT_SIZE.1,
+        n: 1,
+        stream: false,
+    };
+    match get("prompt") {
+        None => return Err(ApiError::bad("prompt", "missing_required_parameter", "`prompt` is required")),
+        Some(v) => g.prompt = string("prompt", v)?.to_string(),
+    }
+    if g.prompt.trim().is_empty() {
+        return Err(ApiError::bad("prompt", "invalid_value", "`prompt` is empty"));
+    }
+    if let Some(v) = get("model") {
+        let m = string("model", v)?;
+        if m != model {
+            let mut e = ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("model `{m}` is not served here; this server serves `{model}` (GET /v1/models)"),
+            );
+            e.param = Some("model".into());
+            return Err(e);
+        }
+    }
+    if let Some(v) = get("n") {
+        let n = whole("n", v)?;
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::bad("n", "invalid_value", format!("`n` must be in 1..={MAX_N}, got {n}")));
+        }
+        g.n = n as u32;
+    }
+    if let Some(v) = get("size") {
+        let s = string("size", v)?;
+        if s != "auto" {
+            (g.width, g.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", e))?;
+        }
+    }
+    let pixels = g.width as u64 * g.height as u64;
+    if pixels > lim.max_pixels {
+        return Err(ApiError::bad(
+            "size",
+            "invalid_value",
+            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.width, g.height, lim.max_pixels),
+        ));
+    }
+    if let Some(v) = get("response_format") {
+        match string("response_format", v)? {
+            "b64_json" => {}
+            "url" => {
+                return Err(ApiError::bad(
+                    "response_format",
+                    "unsupported_value",
+                    "response_format `url` is not served: moss keeps no files; ask for `b64_json`",
+                ))
+            }
+            f => return Err(ApiError::bad("response_format", "invalid_value", format!("response_format `{f}`: use `b64_json`"))),
+        }
+    }
+    if let Some(v) = get("output_format") {
+        match string("output_format", v)? {
+            "png" => {}
+            f => return Err(ApiError::bad("output_format", "unsupported_value", format!("output_format `{f}`: this server writes `png`"))),
+        }
+    }
+    if let Some(v) = get("negative_prompt") {
+        g.negative = string("negative_prompt", v)?.to_string();
+    }
+    if let Some(v) = get("seed") {
+        g.seed = v
+            .as_u64()
+            .ok_or_else(|| ApiError::bad("seed", "invalid_type", format!("`seed` must be a whole number in 0..2^64, got {v}")))?;
+    }
+    if let Some(v) = get("num_inference_steps") {
+        let s = whole("num_inference_steps", v)?;
+        if !(1..=lim.max_steps as u64).contains(&s) {
+            return Err(ApiError::bad(
+                "num_inference_steps",
+                "invalid_value",
+                format!("`num_inference_steps` must be in 1..={} (--max-steps), got {s}", lim.max_steps),
+            ));
+        }
+        g.steps = s as u32;
+    }
+    if let Some(v) = get("guidance_scale") {
+        let x = v
+            .as_f64()
+            .ok_or_else(|| ApiError::bad("guidance_scale", "invalid_type", format!("`guidance_scale` must be a number, got {v}")))?;
+        if !(x as f32).is_finite() {
+            return Err(ApiError::bad("guidance_scale", "invalid_value", format!("`guidance_scale` {x} is not a finite number")));
+        }
+        g.guidance = x as f32;
+    }
+    if let Some(v) = get("stream") {
+        g.stream = v.as_bool().ok_or_else(|| ApiError::bad("stream", "invalid_type", format!("`stream` must be true or false, got {v}")))?;
+    }
+    if let Some(v) = get("partial_images") {
+        if whole("partial_images", v)? != 0 {
+            return Err(ApiError::bad("partial_images", "unsupported_value", "partial_images: moss streams step events, not partial images; use 0"));
+        }
+    }
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim() -> Limits {
+        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096 }
+    }
+
+    #[test]
+    fn fields_and_defaults() {
+        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), "m", 1).unwrap();
+        assert_eq!((g.seed, g.n, g.width, g.height, g.steps, g.guidance), (7, 3, 64, 32, 4, 1.0));
+        let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", 99).unwrap();
+        assert_eq!((g.seed, g.width, g.steps, g.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let cases: [(&[u8], u16, &str); 16] = [
+            (b"{", 400, ""),
+            (b"[1]", 400, ""),
+            (br#"{"n":1}"#, 400, "prompt"),
+            (br#"{"prompt":"x","sede":1}"#, 400, "sede"),
+            (br#"{"prompt":"x","n":9}"#, 400, "n"),
+            (br#"{"prompt":"x","n":0}"#, 400, "n"),
+            (br#"{"prompt":"x","size":"100x64"}"#, 400, "size"),
+            (br#"{"prompt":"x","size":"2048x2048"}"#, 400, "size"),
+            (br#"{"prompt":"x","response_format":"url"}"#, 400, "response_format"),
+            (br#"{"prompt":"x","output_format":"jpeg"}"#, 400, "output_format"),
+            (br#"{"prompt":"x","seed":-1}"#, 400, "seed"),
+            (br#"{"prompt":"x","num_inference_steps":101}"#, 400, "num_inference_steps"),
+            (br#"{"prompt":"x","guidance_scale":"3"}"#, 400, "guidance_scale"),
+            (br#"{"prompt":"x","guidance_scale":1e300}"#, 400, "guidance_scale"),
+            (br#"{"prompt":"x","stream":"yes"}"#, 400, "stream"),
+            (br#"{"prompt":"x","model":"other"}"#, 404, "model"),
+        ];
+        for (body, status, param) in cases {
+            let e = parse(body, &lim(), "m", 0).unwrap_err();
+            assert_eq!(e.status.as_u16(), status, "{}: {e:?}", String::from_utf8_lossy(body));
+            assert_eq!(e.param.as_deref().unwrap_or(""), param, "{e:?}");
+            if !param.is_empty() {
+                assert!(e.message.contains(param), "{e:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! `moss serve`: an OpenAI-compatible image server over a resident engine ([`engine`]). It binds
+//! first (so `/health` answers 503 while the weights load), loads every network once on the
+//! worker thread ([`queue::work`]), then serves one picture at a time from a FIFO queue.
+//!
+//! **Shutdown.** The first SIGTERM or SIGINT stops accepting connections, answers every queued
+//! request with 503 and lets the running picture finish (its client gets it; a request's later
+//! pictures are not started and it is answered 503); then the open connections are given up to
+//! [`GRACE`] to finish, and `run` returns Ok (exit 0). A second signal stops the running picture
+//! between two steps.
+//!
+//! **Security.** Binding an address that is not loopback needs an API key (or
+//! `allow_insecure_bind`); keys are compared in constant time; the body, `n`, the prompt tokens,
+//! the size and the steps are bounded; a client has [`ServeOptions::client_timeout`] to send its
+//! headers and its body; nothing in a request names a file on the server.
+
+pub mod api;
+pub mod engine;
+pub mod metrics;
+pub mod queue;
+pub mod routes;
+
+use crate::backend::{cpu::Cpu, Device};
+use crate::options::Precision;
+use crate::pipeline;
+use anyhow::{bail, Context, Result};
+use engine::{Engine, Render};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use queue::{Queue, RenderSettings};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// How long open connections get to finish after the worker stopped at shutdown.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub model: String,
+    pub device: Device,
+    pub precision: Precision,
+    pub host: IpAddr,
+    pub port: u16,
+    pub api_key: Option<String>,
+    pub allow_insecure_bind: bool,
+    pub max_queue: usize,
+    /// Largest picture (its area bounds W x H).
+    pub max_size: (u32, u32),
+    pub max_steps: u32,
+    pub max_tokens: usize,
+    pub max_body: usize,
+    /// Time a client has to send its headers, and its body.
+    pub client_timeout: Duration,
+    pub uncond_skip: Vec<usize>,
+    pub skip_window: (f64, f64),
+}
+
+/// One line on stderr, prefixed like every server line.
+pub fn log(msg: &str) {
+    eprintln!("moss serve: {msg}");
+}
+
+/// The checks made before anything loads.
+pub fn check(o: &ServeOptions) -> Result<()> {
+    if o.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("the API key is empty (--api-key or MOSS_API_KEY)");
+    }
+    if !o.host.is_loopback() && o.api_key.is_none() && !o.allow_insecure_bind {
+        bail!(
+            "refusing to serve on {} without an API key: anyone who reaches that address could use the GPU; \
+             set --api-key (or MOSS_API_KEY), bind 127.0.0.1, or pass --allow-insecure-bind",
+            o.host
+        );
+    }
+    if o.max_queue == 0 {
+        bail!("--max-queue must be at least 1");
+    }
+    if !(1..=1000).contains(&o.max_steps) {
+        bail!("--max-steps must be in 1..=1000, got {}", o.max_steps);
+    }
+    if !(1..=crate::prompt::MAX_TOKENS).contains(&o.max_tokens) {
+        bail!("--max-tokens must be in 1..={}, got {}", crate::prompt::MAX_TOKENS, o.max_tokens);
+    }
+    crate::options::check_size(o.max_size.0, o.max_size.1).map_err(|e| anyhow::anyhow!("--max-size: {e}"))?;
+    Ok(())
+}
+
+/// Serve until a signal; Ok after a clean drain.
+pub fn run(o: ServeOptions) -> Result<()> {
+    check(&o)?;
+    let ck = pipeline::open_checkpoint(&o.model)?;
+    let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(serve(o, ck.loc.id.clone(), tokenizer))
+}
+
+fn load_engine(o: &ServeOptions) -> Result<Box<dyn Render>> {
+    let ck = pipeline::open_checkpoint(&o.model)?;
+    let pixels = o.max_size.0 as u64 * o.max_size.1 as u64;
+    Ok(match o.device {
+        Device::Cpu => Box::new(Engine::load(Cpu, ck, pixels, o.max_tokens)?),
+        Device::Cuda(n) => Box::new(Engine::load(pipeline::cuda(n, o.precision)?, ck, pixels, o.max_tokens)?),
+    })
+}
+
+/// The worker thread: load, say so, then render until the queue drains.
+fn spawn_worker(o: ServeOptions, q: Arc<Queue>) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("moss-engine".into())
+        .spawn(move || {
+            let t0 = Instant::now();
+            let mut engine = match load_engine(&o) {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            log(engine.plan());
+            log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
+            q.set_ready(engine.max_joint_tokens());
+            let settings = RenderSettings {
+                uncond_skip: o.uncond_skip.clone(),
+                skip_window: o.skip_window,
+                max_tokens: o.max_tokens,
+                precision: o.precision,
+            };
+            queue::work(&q, engine.as_mut(), &settings);
+            let _ = tx.send(Ok(()));
+        })
+        .expect("spawn the engine thread");
+    rx
+}
+
+async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer) -> Result<()> {
+    let addr = SocketAddr::new(o.host, o.port);
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let q = Arc::new(Queue::new(o.max_queue));
+    let st = Arc::new(routes::AppState {
+        queue: q.clone(),
+        tokenizer,
+        model: model.clone(),
+        limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
+        api_key: o.api_key.clone(),
+        max_body: o.max_body,
+        next_id: AtomicU64::new(1),
+        started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    });
+    let app = routes::router(st, o.client_timeout);
+    let auth = if o.api_key.is_some() { "API key required" } else { "no API key" };
+    log(&format!("listening on http://{bound} ({auth}); loading {model} on {} ...", o.device));
+    let mut worker = spawn_worker(o.clone(), q.clone());
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let signame = loop {
+        tokio::select! {
+            acc = listener.accept() => {
+                let Ok((stream, _)) = acc else { continue };
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(o.client_timeout)
+                    .serve_connection(TokioIo::new(stream), hyper_util::service::TowerToHyperService::new(app.clone()));
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            // Completes only when loading failed (the worker runs until the drain).
+            r = &mut worker => {
+                match r {
+                    Ok(Err(e)) => bail!("{e}"),
+                    Ok(Ok(())) | Err(_) => bail!("the engine thread stopped"),
+                }
+            }
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+        }
+    };
+    drop(listener);
+    let (answered, running) = q.drain(false);
+    let what = match running {
+        Some(id) => format!("finishing the running picture (request {id}; a second signal stops it between steps)"),
+        None => "nothing is running".into(),
+    };
+    log(&format!("{signame}: stopped accepting; {answered} queued requests answered 503; {what}"));
+    let second = tokio::select! {
+        _ = &mut worker => false,
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    };
+    if second {
+        q.drain(true);
+        log("second signal: stopping the running picture between steps");
+        let _ = worker.await;
+    }
+    if tokio::time::timeout(GRACE, graceful.shutdown()).await.is_err() {
+        log(&format!("connections still open after {} s: closing them", GRACE.as_secs()));
+    }
+    log("stopped");
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! The FIFO queue and the one worker thread that owns the engine (a std thread: the backends are
+//! not async). One picture at a time; a request of `n` pictures renders them one after another
+//! with seeds `seed`, `seed + 1`, ... (as batch mode numbers them). The HTTP side only pushes
+//! jobs and reads their events, so it stays responsive while a picture runs.
+
+use super::api::{ApiError, Generation};
+use super::engine::{Picture, Render};
+use super::metrics::{Gauges, Metrics};
+use crate::pipeline::{Interrupted, Progress, Request};
+use axum::http::StatusCode;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a job tells its HTTP handler, in order.
+#[derive(Debug)]
+pub enum Event {
+    /// Waiting, with this many requests ahead (0: next).
+    Queued { ahead: usize },
+    Step { index: usize, step: usize, steps: usize },
+    Image { index: usize, seed: u64, picture: Picture, queued_s: f64 },
+    Failed(ApiError),
+    Done,
+}
+
+/// One request in the queue.
+pub struct Job {
+    pub id: u64,
+    pub gen: Generation,
+    /// Prompt token ids ([`crate::pipeline::prompt_texts`]'s order).
+    pub tokens: Vec<Vec<u32>>,
+    pub tx: UnboundedSender<Event>,
+    /// Set when the client went away: the worker stops between two steps.
+    pub cancel: AtomicBool,
+    pub enqueued: Instant,
+}
+
+/// Server-wide settings of a rendered request that the API does not set.
+#[derive(Clone, Debug)]
+pub struct RenderSettings {
+    pub uncond_skip: Vec<usize>,
+    pub skip_window: (f64, f64),
+    pub max_tokens: usize,
+    pub precision: crate::options::Precision,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<Arc<Job>>,
+    running: Option<Arc<Job>>,
+    ready: bool,
+    /// Shutting down: nothing new is accepted.
+    draining: bool,
+    /// A second signal: stop the running picture too.
+    stop_now: bool,
+    /// Joint-token budget of the loaded engine.
+    joint_tokens: usize,
+}
+
+pub struct Queue {
+    state: Mutex<State>,
+    wake: Condvar,
+    pub metrics: Metrics,
+    pub max_queue: usize,
+}
+
+impl Queue {
+    pub fn new(max_queue: usize) -> Queue {
+        Queue { state: Mutex::new(State::default()), wake: Condvar::new(), metrics: Metrics::default(), max_queue }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn ready(&self) -> bool {
+        self.lock().ready
+    }
+
+    pub fn draining(&self) -> bool {
+        self.lock().draining
+    }
+
+    pub fn joint_tokens(&self) -> usize {
+        self.lock().joint_tokens
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let s = self.lock();
+        Gauges {
+            ready: s.ready,
+            queued_requests: s.waiting.len(),
+            queued_pictures: s.waiting.iter().map(|j| j.gen.n as usize).sum(),
+            running: s.running.is_some(),
+        }
+    }
+
+    /// Seconds until the queue as it is now has drained (the `Retry-After` of a 429).
+    fn drain_estimate_s(&self, s: &State) -> u64 {
+        let pictures = s.running.iter().chain(&s.waiting).map(|j| j.gen.n as f64 * self.metrics.picture_estimate_s(j.gen.steps));
+        pictures.sum::<f64>().ceil().max(1.0) as u64
+    }
+
+    /// Queue `job`: its place (requests ahead), or 503 (loading, shutting down) / 429 (full).
+    pub fn push(&self, job: Arc<Job>) -> Result<usize, ApiError> {
+        let mut s = self.lock();
+        if s.draining {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if !s.ready {
+            let mut e = ApiError::unavailable("the model is loading; GET /health says 200 when it is ready");
+            e.retry_after = Some(5);
+            return Err(e);
+        }
+        if s.waiting.len() >= self.max_queue {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                format!("the queue is full ({} requests waiting, --max-queue {}); retry after the time in Retry-After", s.waiting.len(), self.max_queue),
+            );
+            e.retry_after = Some(self.drain_estimate_s(&s));
+            return Err(e);
+        }
+        let ahead = s.waiting.len() + s.running.is_some() as usize;
+        s.waiting.push_back(job);
+        self.wake.notify_all();
+        Ok(ahead)
+    }
+
+    /// The client of job `id` went away: a waiting job leaves the queue (true), a running one is
+    /// stopped between two steps.
+    pub fn cancel(&self, job: &Job) -> bool {
+        job.cancel.store(true, Ordering::SeqCst);
+        let mut s = self.lock();
+        let before = s.waiting.len();
+        s.waiting.retain(|j| j.id != job.id);
+        let removed = s.waiting.len() != before;
+        if removed {
+            Self::tell_places(&s);
+        }
+        removed
+    }
+
+    fn tell_places(s: &State) {
+        let base = s.running.is_some() as usize;
+        for (i, j) in s.waiting.iter().enumerate() {
+            let _ = j.tx.send(Event::Queued { ahead: base + i });
+        }
+    }
+
+    /// Stop accepting; answer every waiting request with 503. `now`: stop the running picture
+    /// too (a second signal). Returns the waiting requests answered and the running one's id.
+    pub fn drain(&self, now: bool) -> (usize, Option<u64>) {
+        let mut s = self.lock();
+        s.draining = true;
+        s.stop_now |= now;
+        let waiting: Vec<_> = s.waiting.drain(..).collect();
+        for j in &waiting {
+            let _ = j.tx.send(Event::Failed(ApiError::unavailable("the server is shutting down; this request was not started")));
+        }
+        self.wake.notify_all();
+        (waiting.len(), s.running.as_ref().map(|j| j.id))
+    }
+
+    /// The worker: the next job (None: shutting down and nothing is left).
+    fn next(&self) -> Option<Arc<Job>> {
+        let mut s = self.lock();
+        loop {
+            if s.draining {
+                return None;
+            }
+            if let Some(j) = s.waiting.pop_front() {
+                s.running = Some(j.clone());
+                Self::tell_places(&s);
+                return Some(j);
+            }
+            s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn finished(&self) {
+        self.lock().running = None;
+    }
+
+    fn stop_now(&self) -> bool {
+        self.lock().stop_now
+    }
+
+    /// Mark the engine loaded with its joint-token budget.
+    pub fn set_ready(&self, joint_tokens: usize) {
+        let mut s = self.lock();
+        s.ready = true;
+        s.joint_tokens = joint_tokens;
+    }
+}
+
+/// One picture's steps: events to the client, counts to the metrics, the stop question.
+struct JobProgress<'a> {
+    q: &'a Queue,
+    job: &'a Job,
+    index: usize,
+    last: Instant,
+}
+
+impl Progress for JobProgress<'_> {
+    fn step(&mut self, done: usize, total: usize) {
+        let dt = self.last.elapsed().as_secs_f64();
+        self.last = Instant::now();
+        self.q.metrics.with(|c| {
+            c.steps += 1;
+            c.step_seconds += dt;
+        });
+        let _ = self.job.tx.send(Event::Step { index: self.index, step: done, steps: total });
+    }
+    fn warn(&mut self, msg: &str) {
+        super::log(&format!("request {}: warning: {msg}", self.job.id));
+    }
+    fn cancelled(&self) -> bool {
+        self.job.cancel.load(Ordering::SeqCst) || self.q.stop_now()
+    }
+}
+
+/// Run jobs until the queue drains. Owns the engine.
+pub fn work(q: &Queue, engine: &mut dyn Render, settings: &RenderSettings) {
+    while let Some(job) = q.next() {
+        run_job(q, engine, settings, &job);
+        q.finished();
+    }
+}
+
+fn run_job(q: &Queue, engine: &mut dyn Render, st: &RenderSettings, job: &Job) {
+    let g = &job.gen;
+    let queued_s = job.enqueued.elapsed().as_secs_f64();
+    for i in 0..g.n as usize {
+        if job.cancel.load(Ordering::SeqCst) {
+            return;
+        }
+        if i > 0 && q.draining() {
+            let msg = format!("the server is shutting down; {i} of {} pictures were rendered and are not sent", g.n);
+            let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
+            return;
+        }
+        let seed = g.seed.wrapping_add(i as u64);
+        let req = Request {
+            prompt: g.prompt.clone(),
+            negative: g.negative.clone(),
+            seed,
+            steps: g.steps,
+            guidance: g.guidance,
+            width: g.width,
+            height: g.height,
+            out: Default::default(),
+            save_latents: None,
+            embeds: None,
+            uncond_skip: st.uncond_skip.clone(),
+            skip_window: st.skip_window,
+            max_tokens: st.max_tokens,
+            precision: st.precision,
+        };
+        let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
+        match engine.render(&req, &job.tokens, &mut progress) {
+            Ok(picture) => {
+                q.metrics.with(|c| {
+                    c.pictures += 1;
+                    c.picture_seconds += picture.total_s;
+                    c.overhead_seconds += picture.encode_s + picture.decode_s;
+                });
+                let _ = job.tx.send(Event::Image { index: i, seed, picture, queued_s });
+            }
+            Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+                q.metrics.with(|c| c.pictures_cancelled += 1);
+                let why = if job.cancel.load(Ordering::SeqCst) { "the client went away" } else { "shutdown" };
+                super::log(&format!("request {}: picture {} of {} (seed {seed}) stopped between steps: {why}", job.id, i + 1, g.n));
+                let _ = job.tx.send(Event::Failed(ApiError::unavailable("stopped: the server is shutting down")));
+                return;
+            }
+            Err(e) => {
+                q.metrics.with(|c| c.pictures_failed += 1);
+                super::log(&format!("request {}: picture {} (seed {seed}) failed: {e:#}", job.id, i + 1));
+                let _ = job.tx.send(Event::Failed(ApiError::internal(format!("picture {} (seed {seed}) failed: {e:#}", i + 1))));
+                return;
+            }
+        }
+    }
+    let _ = job.tx.send(Event::Done);
+}

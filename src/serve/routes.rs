@@ -1,0 +1,290 @@
+//! The routes: `POST /v1/images/generations` (JSON or server-sent events), `GET /v1/models`,
+//! `GET /health`, `GET /metrics`; the API key check, the error envelope for every error, and one
+//! log line per request.
+
+use super::api::{self, ApiError, Generation, Limits};
+use super::queue::{Event, Job, Queue};
+use crate::prompt::PromptTokenizer;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
+
+pub struct AppState {
+    pub queue: Arc<Queue>,
+    pub tokenizer: PromptTokenizer,
+    pub model: String,
+    pub limits: Limits,
+    pub api_key: Option<String>,
+    pub max_body: usize,
+    pub next_id: AtomicU64,
+    pub started: u64,
+}
+
+/// The seed a response's log line shows (set by the handler).
+#[derive(Clone, Copy)]
+struct LogSeed(u64);
+
+/// A streamed response logs its own line when the stream ends.
+#[derive(Clone, Copy)]
+struct LogsItself;
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub fn router(st: Arc<AppState>, body_timeout: Duration) -> Router {
+    let v1 = Router::new()
+        .route("/v1/images/generations", post(generations))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(st.clone(), authorize));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(st.max_body))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
+        .layer(middleware::from_fn_with_state(st.clone(), observe))
+        .with_state(st)
+}
+
+/// `Authorization: Bearer KEY`, compared in constant time, when the server has a key.
+async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let ok = given.is_some_and(|g| bool::from(g.trim().as_bytes().ct_eq(key.as_bytes())));
+        if !ok {
+            let what = if given.is_some() { "the API key is wrong" } else { "no API key: send `Authorization: Bearer KEY`" };
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", what).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Every response: a bare error status (unknown route, body too large or too slow, wrong method)
+/// gets the OpenAI envelope; the status is counted; one line is logged.
+async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let mut res = next.run(req).await;
+    let status = res.status();
+    let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if status.as_u16() >= 400 && !is_json && path != "/health" {
+        let msg = match status {
+            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /metrics)"),
+            StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
+            StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
+            StatusCode::REQUEST_TIMEOUT => "the request body did not arrive in time".into(),
+            _ => format!("the request could not be read ({status})"),
+        };
+        let code = match status {
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            _ => "invalid_request",
+        };
+        res = ApiError::new(status, code, msg).into_response();
+    }
+    st.queue.metrics.with(|c| *c.requests.entry(status.as_u16()).or_default() += 1);
+    if res.extensions().get::<LogsItself>().is_none() {
+        let seed = res.extensions().get::<LogSeed>().map(|s| s.0);
+        log_request(method.as_str(), &path, status.as_u16(), t0, seed);
+    }
+    res
+}
+
+fn log_request(method: &str, path: &str, status: u16, t0: Instant, seed: Option<u64>) {
+    let seed = seed.map_or("-".to_string(), |s| s.to_string());
+    super::log(&format!("{method} {path} {status} {:.3}s seed={seed}", t0.elapsed().as_secs_f64()));
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let (code, status) = if st.queue.draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+    } else if st.queue.ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading")
+    };
+    (code, Json(json!({"status": status, "model": st.model}))).into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let page = super::metrics::render(&st.queue.metrics.snapshot(), &st.queue.gauges());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
+}
+
+/// Cancels its job when dropped before the job finished (the client went away).
+struct Guard {
+    queue: Arc<Queue>,
+    job: Arc<Job>,
+    done: bool,
+    /// For a streamed response: its log line, written when the stream ends.
+    log: Option<Instant>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if !self.done {
+            if self.queue.cancel(&self.job) {
+                super::log(&format!("request {}: the client went away; removed from the queue", self.job.id));
+            }
+        }
+        if let Some(t0) = self.log {
+            let status = if self.done { 200 } else { 499 };
+            log_request("POST", "/v1/images/generations", status, t0, Some(self.job.gen.seed));
+        }
+    }
+}
+
+/// Token ids of the texts the picture encodes (the prompt, and the negative unless guidance is
+/// exactly 1: [`crate::pipeline::prompt_texts`]), refused past the token limit.
+fn tokenize(st: &AppState, g: &Generation) -> Result<Vec<Vec<u32>>, ApiError> {
+    let mut texts = vec![("prompt", &g.prompt)];
+    if g.guidance != 1.0 {
+        texts.push(("negative_prompt", &g.negative));
+    }
+    let mut out = vec![];
+    for (param, t) in texts {
+        let tk = st.tokenizer.encode(t, st.limits.max_tokens).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+        if let Some(n) = tk.truncated_from {
+            return Err(ApiError::bad(param, "invalid_value", format!("`{param}` is {n} tokens; this server takes at most {} (--max-tokens)", st.limits.max_tokens)));
+        }
+        out.push(tk.ids);
+    }
+    Ok(out)
+}
+
+/// The memory plan's verdict: the DiT's joint tokens must fit next to the resident weights.
+fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), ApiError> {
+    let text = tokens.iter().map(Vec::len).max().unwrap_or(0);
+    let budget = st.queue.joint_tokens();
+    let image = (g.width / 16) as usize * (g.height / 16) as usize;
+    if !st.queue.ready() || image + text <= budget {
+        return Ok(());
+    }
+    let side = ((budget.saturating_sub(text) as f64).sqrt() as usize).min(crate::options::MAX_SIDE as usize / 16) * 16;
+    let largest = if side == 0 { "no size fits with this prompt".to_string() } else { format!("the largest square size that fits is {side}x{side}") };
+    Err(ApiError::bad(
+        "size",
+        "size_does_not_fit",
+        format!("size {}x{} with {text} prompt tokens does not fit in the GPU memory left next to the resident weights; {largest}", g.width, g.height),
+    ))
+}
+
+async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    match start(&st, &body) {
+        Ok((g, job, rx, ahead)) => {
+            let guard = Guard { queue: st.queue.clone(), job, done: false, log: None };
+            let mut res = if g.stream { stream(guard, rx, ahead).into_response() } else { collect(guard, rx).await };
+            res.extensions_mut().insert(LogSeed(g.seed));
+            res
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
+
+fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
+    let g = api::parse(body, &st.limits, &st.model, seed)?;
+    let tokens = tokenize(st, &g)?;
+    check_fits(st, &g, &tokens)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let job = Arc::new(Job { id, gen: g.clone(), tokens, tx, cancel: Default::default(), enqueued: Instant::now() });
+    let ahead = st.queue.push(job.clone())?;
+    Ok((g, job, rx, ahead))
+}
+
+fn item(index: usize, seed: u64, p: &super::engine::Picture, queued_s: f64) -> Value {
+    json!({
+        "index": index,
+        "b64_json": base64::engine::general_purpose::STANDARD.encode(&p.bytes),
+        "seed": seed,
+        "timings": {"queued_s": queued_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
+    })
+}
+
+/// The plain answer: every picture, or the first error.
+async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+    let g = guard.job.gen.clone();
+    let mut data = vec![];
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Image { index, seed, picture, queued_s } => data.push(item(index, seed, &picture, queued_s)),
+            Event::Failed(e) => {
+                guard.done = true;
+                return e.into_response();
+            }
+            Event::Done => break,
+            Event::Queued { .. } | Event::Step { .. } => {}
+        }
+    }
+    guard.done = true;
+    if data.len() != g.n as usize {
+        return ApiError::unavailable("the server stopped before the pictures were done").into_response();
+    }
+    let size = format!("{}x{}", g.width, g.height);
+    Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
+}
+
+fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
+    v["type"] = json!(kind);
+    Ok(SseEvent::default().event(kind).data(v.to_string()))
+}
+
+/// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, one
+/// `image_generation.completed` per picture, then `done` (or one `error`).
+fn stream(mut guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Response {
+    guard.log = Some(Instant::now());
+    let first = sse("image_generation.queued", json!({"position": ahead}));
+    let rest = futures_util::stream::unfold(Some((guard, rx)), |state| async move {
+        let (mut guard, mut rx) = state?;
+        let ev = match rx.recv().await {
+            Some(ev) => ev,
+            None => return None,
+        };
+        let out = match ev {
+            Event::Queued { ahead } => sse("image_generation.queued", json!({"position": ahead})),
+            Event::Step { index, step, steps } => sse("image_generation.step", json!({"index": index, "step": step, "steps": steps})),
+            Event::Image { index, seed, picture, queued_s } => {
+                let mut v = item(index, seed, &picture, queued_s);
+                v["created"] = json!(now_s());
+                v["output_format"] = json!("png");
+                sse("image_generation.completed", v)
+            }
+            Event::Failed(e) => {
+                guard.done = true;
+                let out = sse("error", e.body());
+                return Some((out, None));
+            }
+            Event::Done => {
+                guard.done = true;
+                return Some((sse("done", json!({})), None));
+            }
+        };
+        Some((out, Some((guard, rx))))
+    });
+    let body = futures_util::StreamExt::boxed(futures_util::stream::StreamExt::chain(futures_util::stream::iter([first]), rest));
+    let mut res = Sse::new(body).keep_alive(axum::response::sse::KeepAlive::default()).into_response();
+    res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    res.extensions_mut().insert(LogsItself);
+    res
+}
