@@ -174,14 +174,6 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
             (g.width, g.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", e))?;
         }
     }
-    let pixels = g.width as u64 * g.height as u64;
-    if pixels > lim.max_pixels {
-        return Err(ApiError::bad(
-            "size",
-            "invalid_value",
-            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.width, g.height, lim.max_pixels),
-        ));
-    }
     if let Some(v) = get("response_format") {
         match string("response_format", v)? {
             "b64_json" => {}
@@ -236,6 +228,15 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
         if whole("partial_images", v)? != 0 {
             return Err(ApiError::bad("partial_images", "unsupported_value", "partial_images: moss streams step events, not partial images; use 0"));
         }
+    }
+    // Last: a request that leaves `size` out gets the default size, and its other errors first.
+    let pixels = g.width as u64 * g.height as u64;
+    if pixels > lim.max_pixels {
+        return Err(ApiError::bad(
+            "size",
+            "invalid_value",
+            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.width, g.height, lim.max_pixels),
+        ));
     }
     Ok(g)
 }
