@@ -171,7 +171,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
     if let Some(v) = get("size") {
         let s = string("size", v)?;
         if s != "auto" {
-            (g.width, g.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", e))?;
+            (g.width, g.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
         }
     }
     if let Some(v) = get("response_format") {
