@@ -420,3 +420,32 @@ async fn sixteen_concurrent_clients_each_get_their_own_picture() {
     }
     assert_eq!(s.metric("moss_pictures_total").await, 16.0);
 }
+
+/// Read from a raw socket until the server closes it (or `limit` passes); what arrived.
+fn read_until_closed(s: &mut std::net::TcpStream, limit: Duration) -> Option<String> {
+    use std::io::Read;
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = vec![];
+    s.read_to_end(&mut got).ok().map(|_| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_clients_time_out() {
+    use std::io::Write;
+    let s = Server::start(&["--client-timeout", "1"], &[]);
+    // Headers that never end (a client this slow needs a raw socket).
+    let t0 = Instant::now();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.write_all(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\n").unwrap();
+    assert!(read_until_closed(&mut c, Duration::from_secs(20)).is_some(), "a stalled header was kept open");
+    assert!(t0.elapsed() < Duration::from_secs(10), "closed only after {:?}", t0.elapsed());
+    // A body that never arrives whole: answered with an error in the envelope, then closed.
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    c.write_all(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"").unwrap();
+    let got = read_until_closed(&mut c, Duration::from_secs(20)).expect("a stalled body was kept open");
+    let status = got.split(' ').nth(1).unwrap_or("");
+    assert!(status.starts_with('4'), "{got}");
+    assert!(got.contains("\"error\""), "{got}");
+    // The server still serves.
+    assert_eq!(call(s.port, "GET", "/health", &[], b"").await.status, 200);
+}
