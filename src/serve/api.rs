@@ -4,6 +4,8 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use crate::options::Precision;
+use crate::pipeline::Request;
 use serde_json::{json, Map, Value};
 
 /// Fields moss reads.
@@ -86,24 +88,35 @@ pub struct Limits {
     pub max_tokens: usize,
 }
 
-/// A checked request. `seed` is the first picture's; picture i uses `seed + i`.
-#[derive(Clone, Debug, PartialEq)]
+/// A checked request: the first picture's settings (picture i uses `seed + i`), how many, and
+/// whether the answer streams.
+#[derive(Clone, Debug)]
 pub struct Generation {
-    pub prompt: String,
-    pub negative: String,
-    pub seed: u64,
-    pub steps: u32,
-    pub guidance: f32,
-    pub width: u32,
-    pub height: u32,
+    pub req: Request,
     pub n: u32,
     pub stream: bool,
 }
 
-/// Defaults for what a request leaves out (moss generate's).
-pub const DEFAULT_STEPS: u32 = 50;
-pub const DEFAULT_GUIDANCE: f32 = 3.0;
-pub const DEFAULT_SIZE: (u32, u32) = (1024, 1024);
+/// The request a body's fields are written over: moss generate's defaults (50 steps, guidance 3,
+/// 1024x1024, no negative) and the server's settings (`uncond_skip`, `skip_window`, ...).
+pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens: usize, precision: Precision) -> Request {
+    Request {
+        prompt: String::new(),
+        negative: String::new(),
+        seed: 0,
+        steps: 50,
+        guidance: 3.0,
+        width: 1024,
+        height: 1024,
+        out: Default::default(),
+        save_latents: None,
+        embeds: None,
+        uncond_skip,
+        skip_window,
+        max_tokens,
+        precision,
+    }
+}
 
 fn string<'a>(k: &str, v: &'a Value) -> Result<&'a str, ApiError> {
     v.as_str().ok_or_else(|| ApiError::bad(k, "invalid_type", format!("`{k}` must be a string, got {v}")))
@@ -113,9 +126,9 @@ fn whole(k: &str, v: &Value) -> Result<u64, ApiError> {
     v.as_u64().ok_or_else(|| ApiError::bad(k, "invalid_type", format!("`{k}` must be a whole number >= 0, got {v}")))
 }
 
-/// Parse and check a request body. `model`: the served model's id; `random_seed`: the seed of a
-/// request that sets none.
-pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result<Generation, ApiError> {
+/// Parse and check a request body over `base` ([`base_request`]). `model`: the served model's id;
+/// `random_seed`: the seed of a request that sets none.
+pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
     let obj: &Map<String, Value> = v
@@ -131,22 +144,12 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
         ));
     }
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
-    let mut g = Generation {
-        prompt: String::new(),
-        negative: String::new(),
-        seed: random_seed,
-        steps: DEFAULT_STEPS.min(lim.max_steps),
-        guidance: DEFAULT_GUIDANCE,
-        width: DEFAULT_SIZE.0,
-        height: DEFAULT_SIZE.1,
-        n: 1,
-        stream: false,
-    };
+    let mut g = Generation { req: Request { seed: random_seed, steps: base.steps.min(lim.max_steps), ..base.clone() }, n: 1, stream: false };
     match get("prompt") {
         None => return Err(ApiError::bad("prompt", "missing_required_parameter", "`prompt` is required")),
-        Some(v) => g.prompt = string("prompt", v)?.to_string(),
+        Some(v) => g.req.prompt = string("prompt", v)?.to_string(),
     }
-    if g.prompt.trim().is_empty() {
+    if g.req.prompt.trim().is_empty() {
         return Err(ApiError::bad("prompt", "invalid_value", "`prompt` is empty"));
     }
     if let Some(v) = get("model") {
@@ -171,7 +174,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
     if let Some(v) = get("size") {
         let s = string("size", v)?;
         if s != "auto" {
-            (g.width, g.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
+            (g.req.width, g.req.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
         }
     }
     if let Some(v) = get("response_format") {
@@ -194,10 +197,10 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
         }
     }
     if let Some(v) = get("negative_prompt") {
-        g.negative = string("negative_prompt", v)?.to_string();
+        g.req.negative = string("negative_prompt", v)?.to_string();
     }
     if let Some(v) = get("seed") {
-        g.seed = v
+        g.req.seed = v
             .as_u64()
             .ok_or_else(|| ApiError::bad("seed", "invalid_type", format!("`seed` must be a whole number in 0..2^64, got {v}")))?;
     }
@@ -210,7 +213,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
                 format!("`num_inference_steps` must be in 1..={} (--max-steps), got {s}", lim.max_steps),
             ));
         }
-        g.steps = s as u32;
+        g.req.steps = s as u32;
     }
     if let Some(v) = get("guidance_scale") {
         let x = v
@@ -219,7 +222,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
         if !(x as f32).is_finite() {
             return Err(ApiError::bad("guidance_scale", "invalid_value", format!("`guidance_scale` {x} is not a finite number")));
         }
-        g.guidance = x as f32;
+        g.req.guidance = x as f32;
     }
     if let Some(v) = get("stream") {
         g.stream = v.as_bool().ok_or_else(|| ApiError::bad("stream", "invalid_type", format!("`stream` must be true or false, got {v}")))?;
@@ -230,12 +233,12 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, random_seed: u64) -> Result
         }
     }
     // Last: a request that leaves `size` out gets the default size, and its other errors first.
-    let pixels = g.width as u64 * g.height as u64;
+    let pixels = g.req.width as u64 * g.req.height as u64;
     if pixels > lim.max_pixels {
         return Err(ApiError::bad(
             "size",
             "invalid_value",
-            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.width, g.height, lim.max_pixels),
+            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.req.width, g.req.height, lim.max_pixels),
         ));
     }
     Ok(g)
@@ -251,10 +254,11 @@ mod tests {
 
     #[test]
     fn fields_and_defaults() {
-        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), "m", 1).unwrap();
-        assert_eq!((g.seed, g.n, g.width, g.height, g.steps, g.guidance), (7, 3, 64, 32, 4, 1.0));
-        let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", 99).unwrap();
-        assert_eq!((g.seed, g.width, g.steps, g.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
+        let base = base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16);
+        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), "m", &base, 1).unwrap();
+        assert_eq!((g.req.seed, g.n, g.req.width, g.req.height, g.req.steps, g.req.guidance), (7, 3, 64, 32, 4, 1.0));
+        let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", &base, 99).unwrap();
+        assert_eq!((g.req.seed, g.req.width, g.req.steps, g.req.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
     }
 
     #[test]
@@ -278,7 +282,7 @@ mod tests {
             (br#"{"prompt":"x","model":"other"}"#, 404, "model"),
         ];
         for (body, status, param) in cases {
-            let e = parse(body, &lim(), "m", 0).unwrap_err();
+            let e = parse(body, &lim(), "m", &base_request(vec![], (0.0, 1.0), 4096, Precision::Bf16), 0).unwrap_err();
             assert_eq!(e.status.as_u16(), status, "{}: {e:?}", String::from_utf8_lossy(body));
             assert_eq!(e.param.as_deref().unwrap_or(""), param, "{e:?}");
             if !param.is_empty() {

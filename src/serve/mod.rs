@@ -25,7 +25,7 @@ use crate::pipeline;
 use anyhow::{bail, Context, Result};
 use engine::{Engine, Render};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use queue::{Queue, RenderSettings};
+use queue::Queue;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -121,13 +121,7 @@ fn spawn_worker(o: ServeOptions, q: Arc<Queue>) -> tokio::sync::oneshot::Receive
             log(engine.plan());
             log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
             q.set_ready(engine.max_joint_tokens());
-            let settings = RenderSettings {
-                uncond_skip: o.uncond_skip.clone(),
-                skip_window: o.skip_window,
-                max_tokens: o.max_tokens,
-                precision: o.precision,
-            };
-            queue::work(&q, engine.as_mut(), &settings);
+            queue::work(&q, engine.as_mut());
             let _ = tx.send(Ok(()));
         })
         .expect("spawn the engine thread");
@@ -143,6 +137,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         queue: q.clone(),
         tokenizer,
         model: model.clone(),
+        base: api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision),
         limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
         api_key: o.api_key.clone(),
         max_body: o.max_body,

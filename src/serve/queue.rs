@@ -37,15 +37,6 @@ pub struct Job {
     pub enqueued: Instant,
 }
 
-/// Server-wide settings of a rendered request that the API does not set.
-#[derive(Clone, Debug)]
-pub struct RenderSettings {
-    pub uncond_skip: Vec<usize>,
-    pub skip_window: (f64, f64),
-    pub max_tokens: usize,
-    pub precision: crate::options::Precision,
-}
-
 #[derive(Default)]
 struct State {
     waiting: VecDeque<Arc<Job>>,
@@ -99,7 +90,7 @@ impl Queue {
 
     /// Seconds until the queue as it is now has drained (the `Retry-After` of a 429).
     fn drain_estimate_s(&self, s: &State) -> u64 {
-        let pictures = s.running.iter().chain(&s.waiting).map(|j| j.gen.n as f64 * self.metrics.picture_estimate_s(j.gen.steps));
+        let pictures = s.running.iter().chain(&s.waiting).map(|j| j.gen.n as f64 * self.metrics.picture_estimate_s(j.gen.req.steps));
         pictures.sum::<f64>().ceil().max(1.0) as u64
     }
 
@@ -223,14 +214,14 @@ impl Progress for JobProgress<'_> {
 }
 
 /// Run jobs until the queue drains. Owns the engine.
-pub fn work(q: &Queue, engine: &mut dyn Render, settings: &RenderSettings) {
+pub fn work(q: &Queue, engine: &mut dyn Render) {
     while let Some(job) = q.next() {
-        run_job(q, engine, settings, &job);
+        run_job(q, engine, &job);
         q.finished();
     }
 }
 
-fn run_job(q: &Queue, engine: &mut dyn Render, st: &RenderSettings, job: &Job) {
+fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
     let g = &job.gen;
     let queued_s = job.enqueued.elapsed().as_secs_f64();
     for i in 0..g.n as usize {
@@ -242,23 +233,8 @@ fn run_job(q: &Queue, engine: &mut dyn Render, st: &RenderSettings, job: &Job) {
             let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
             return;
         }
-        let seed = g.seed.wrapping_add(i as u64);
-        let req = Request {
-            prompt: g.prompt.clone(),
-            negative: g.negative.clone(),
-            seed,
-            steps: g.steps,
-            guidance: g.guidance,
-            width: g.width,
-            height: g.height,
-            out: Default::default(),
-            save_latents: None,
-            embeds: None,
-            uncond_skip: st.uncond_skip.clone(),
-            skip_window: st.skip_window,
-            max_tokens: st.max_tokens,
-            precision: st.precision,
-        };
+        let seed = g.req.seed.wrapping_add(i as u64);
+        let req = Request { seed, ..g.req.clone() };
         let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
         match engine.render(&req, &job.tokens, &mut progress) {
             Ok(picture) => {

@@ -26,6 +26,8 @@ pub struct AppState {
     pub tokenizer: PromptTokenizer,
     pub model: String,
     pub limits: Limits,
+    /// What a request's fields are written over ([`api::base_request`]).
+    pub base: crate::pipeline::Request,
     pub api_key: Option<String>,
     pub max_body: usize,
     pub next_id: AtomicU64,
@@ -147,20 +149,17 @@ impl Drop for Guard {
         }
         if let Some(t0) = self.log {
             let status = if self.done { 200 } else { 499 };
-            log_request("POST", "/v1/images/generations", status, t0, Some(self.job.gen.seed));
+            log_request("POST", "/v1/images/generations", status, t0, Some(self.job.gen.req.seed));
         }
     }
 }
 
-/// Token ids of the texts the picture encodes (the prompt, and the negative unless guidance is
-/// exactly 1: [`crate::pipeline::prompt_texts`]), refused past the token limit.
+/// Token ids of the texts the picture encodes ([`crate::pipeline::prompt_texts`]: the prompt,
+/// and the negative unless guidance is exactly 1), refused past the token limit.
 fn tokenize(st: &AppState, g: &Generation) -> Result<Vec<Vec<u32>>, ApiError> {
-    let mut texts = vec![("prompt", &g.prompt)];
-    if g.guidance != 1.0 {
-        texts.push(("negative_prompt", &g.negative));
-    }
     let mut out = vec![];
-    for (param, t) in texts {
+    for (i, t) in crate::pipeline::prompt_texts(&g.req).into_iter().enumerate() {
+        let param = if i == 0 { "prompt" } else { "negative_prompt" };
         let tk = st.tokenizer.encode(t, st.limits.max_tokens).map_err(|e| ApiError::internal(format!("{e:#}")))?;
         if let Some(n) = tk.truncated_from {
             return Err(ApiError::bad(param, "invalid_value", format!("`{param}` is {n} tokens; this server takes at most {} (--max-tokens)", st.limits.max_tokens)));
@@ -174,7 +173,8 @@ fn tokenize(st: &AppState, g: &Generation) -> Result<Vec<Vec<u32>>, ApiError> {
 fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), ApiError> {
     let text = tokens.iter().map(Vec::len).max().unwrap_or(0);
     let budget = st.queue.joint_tokens();
-    let image = (g.width / 16) as usize * (g.height / 16) as usize;
+    let (w, h) = (g.req.width, g.req.height);
+    let image = (w / 16) as usize * (h / 16) as usize;
     if !st.queue.ready() || image + text <= budget {
         return Ok(());
     }
@@ -183,7 +183,7 @@ fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), 
     Err(ApiError::bad(
         "size",
         "size_does_not_fit",
-        format!("size {}x{} with {text} prompt tokens does not fit in the GPU memory left next to the resident weights; {largest}", g.width, g.height),
+        format!("size {}x{} with {text} prompt tokens does not fit in the GPU memory left next to the resident weights; {largest}", w, h),
     ))
 }
 
@@ -192,7 +192,7 @@ async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok((g, job, rx, ahead)) => {
             let guard = Guard { queue: st.queue.clone(), job, done: false, log: None };
             let mut res = if g.stream { stream(guard, rx, ahead).into_response() } else { collect(guard, rx).await };
-            res.extensions_mut().insert(LogSeed(g.seed));
+            res.extensions_mut().insert(LogSeed(g.req.seed));
             res
         }
         Err(e) => e.into_response(),
@@ -203,7 +203,7 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
-    let g = api::parse(body, &st.limits, &st.model, seed)?;
+    let g = api::parse(body, &st.limits, &st.model, &st.base, seed)?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -241,7 +241,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
     if data.len() != g.n as usize {
         return ApiError::unavailable("the server stopped before the pictures were done").into_response();
     }
-    let size = format!("{}x{}", g.width, g.height);
+    let size = format!("{}x{}", g.req.width, g.req.height);
     Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
 }
 
