@@ -236,7 +236,13 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         let seed = g.req.seed.wrapping_add(i as u64);
         let req = Request { seed, ..g.req.clone() };
         let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
-        match engine.render(&req, &job.tokens, &mut progress) {
+        // A panic in the engine fails this request alone (500); the worker goes on.
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress)))
+            .unwrap_or_else(|p| {
+                let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+                Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
+            });
+        match res {
             Ok(picture) => {
                 q.metrics.with(|c| {
                     c.pictures += 1;
@@ -261,4 +267,55 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         }
     }
     let _ = job.tx.send(Event::Done);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::api::{base_request, Generation};
+
+    fn job(id: u64, n: u32, steps: u32) -> (Arc<Job>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Request { steps, ..base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16) };
+        let gen = Generation { req, n, stream: false };
+        (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
+    }
+
+    #[test]
+    fn loading_full_cancel_and_drain() {
+        let q = Queue::new(2);
+        let (a, _ra) = job(1, 1, 10);
+        let e = q.push(a.clone()).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.retry_after.is_some()), (503, true), "loading: {e:?}");
+        q.set_ready(usize::MAX);
+        assert_eq!(q.push(a.clone()).unwrap(), 0);
+        let (b, mut rb) = job(2, 3, 10);
+        assert_eq!(q.push(b.clone()).unwrap(), 1);
+        let (c, _rc) = job(3, 1, 10);
+        let e = q.push(c).unwrap_err();
+        // Nothing measured yet: 1 s a picture, 1 + 3 pictures queued.
+        assert_eq!((e.status.as_u16(), e.retry_after), (429, Some(4)), "{e:?}");
+        // Measured: 0.5 s a step and 1 s of encode + decode a picture: (10 * 0.5 + 1) * 4 = 24 s.
+        q.metrics.with(|c| {
+            c.steps = 10;
+            c.step_seconds = 5.0;
+            c.pictures = 1;
+            c.overhead_seconds = 1.0;
+        });
+        let (c, _rc) = job(4, 1, 10);
+        assert_eq!(q.push(c).unwrap_err().retry_after, Some(24));
+        // The worker takes the first; the second moves up and is told so.
+        assert_eq!(q.next().unwrap().id, 1);
+        assert!(matches!(rb.try_recv(), Ok(Event::Queued { ahead: 1 })));
+        assert!(q.cancel(&b), "a waiting job leaves the queue");
+        assert!(!q.cancel(&a), "the running one is only flagged");
+        assert!(a.cancel.load(Ordering::SeqCst));
+        let (d, mut rd) = job(5, 1, 10);
+        q.push(d).unwrap();
+        assert_eq!(q.drain(false), (1, Some(1)));
+        assert!(matches!(rd.try_recv(), Ok(Event::Failed(e)) if e.status.as_u16() == 503));
+        assert!(q.next().is_none(), "draining: the worker stops");
+        let (e, _re) = job(6, 1, 10);
+        assert_eq!(q.push(e).unwrap_err().status.as_u16(), 503);
+    }
 }
