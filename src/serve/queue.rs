@@ -274,9 +274,10 @@ mod tests {
     use super::*;
     use crate::serve::api::{base_request, Generation};
 
+    /// Job `id` (its seed too) of `n` pictures.
     fn job(id: u64, n: u32, steps: u32) -> (Arc<Job>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let req = Request { steps, ..base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16) };
+        let req = Request { steps, seed: id, ..base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16) };
         let gen = Generation { req, n, stream: false };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
     }
@@ -317,5 +318,70 @@ mod tests {
         assert!(q.next().is_none(), "draining: the worker stops");
         let (e, _re) = job(6, 1, 10);
         assert_eq!(q.push(e).unwrap_err().status.as_u16(), 503);
+    }
+
+    /// Seed 1 fails, seed 2 panics, others render 3 steps (asking to stop after each).
+    struct Fake;
+    impl Render for Fake {
+        fn render(&mut self, req: &Request, _t: &[Vec<u32>], p: &mut dyn Progress) -> anyhow::Result<Picture> {
+            match req.seed {
+                1 => anyhow::bail!("out of memory"),
+                2 => panic!("a bug"),
+                _ => {}
+            }
+            for i in 1..=3 {
+                p.step(i, 3);
+                if p.cancelled() {
+                    return Err(Interrupted.into());
+                }
+            }
+            Ok(Picture { bytes: req.seed.to_le_bytes().to_vec(), ..Default::default() })
+        }
+        fn max_joint_tokens(&self) -> usize {
+            usize::MAX
+        }
+        fn plan(&self) -> &str {
+            "fake"
+        }
+    }
+
+    fn last(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
+        let mut v = vec![];
+        while let Some(e) = rx.blocking_recv() {
+            let end = matches!(e, Event::Done | Event::Failed(_));
+            v.push(e);
+            if end {
+                break;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn a_failing_picture_fails_its_request_alone() {
+        let q = Arc::new(Queue::new(8));
+        q.set_ready(usize::MAX);
+        let worker = {
+            let q = q.clone();
+            std::thread::spawn(move || work(&q, &mut Fake))
+        };
+        for (seed, want) in [(1u64, 500u16), (2, 500), (7, 200)] {
+            let (j, mut rx) = job(seed, 2, 3);
+            q.push(j).unwrap();
+            let ev = last(&mut rx);
+            match (ev.last().unwrap(), want) {
+                (Event::Failed(e), 500) => assert_eq!(e.status.as_u16(), 500, "{e:?}"),
+                (Event::Done, 200) => {
+                    let seeds: Vec<u64> = ev.iter().filter_map(|e| if let Event::Image { seed, .. } = e { Some(*seed) } else { None }).collect();
+                    assert_eq!(seeds, [7, 8], "n = 2: seed, seed + 1");
+                    let steps = ev.iter().filter(|e| matches!(e, Event::Step { .. })).count();
+                    assert_eq!(steps, 6);
+                }
+                (e, _) => panic!("seed {seed}: {e:?}"),
+            }
+        }
+        assert_eq!(q.metrics.snapshot().pictures_failed, 2);
+        q.drain(false);
+        worker.join().unwrap();
     }
 }
