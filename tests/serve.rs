@@ -362,6 +362,10 @@ async fn stream_queue_full_429_and_disconnect_frees_the_engine() {
     assert!(steps_run <= steps_seen + 2.0, "{steps_run} steps ran, the client left after {steps_seen}");
     assert_eq!(s.metric("moss_running").await, 0.0);
     assert!(s.log().contains("stopped between steps: the client went away"), "{}", s.log());
+    // Both requests the clients left have their log line, with 499 and the seed.
+    assert!(s.log().contains("removed from the queue"), "{}", s.log());
+    assert_eq!(s.log().matches("POST /v1/images/generations 499").count(), 2, "{}", s.log());
+    assert!(s.log().contains("seed=5"), "{}", s.log());
     // The next request is served normally.
     let r = generate(p, json!({"prompt": "after", "size": "64x64", "num_inference_steps": 1})).await;
     assert_eq!(r.status, 200);

@@ -34,11 +34,7 @@ pub struct AppState {
     pub started: u64,
 }
 
-/// The seed a response's log line shows (set by the handler).
-#[derive(Clone, Copy)]
-struct LogSeed(u64);
-
-/// A streamed response logs its own line when the stream ends.
+/// An accepted generation logs its own line when it ends ([`Guard`]).
 #[derive(Clone, Copy)]
 struct LogsItself;
 
@@ -100,8 +96,7 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     }
     st.queue.metrics.with(|c| *c.requests.entry(status.as_u16()).or_default() += 1);
     if res.extensions().get::<LogsItself>().is_none() {
-        let seed = res.extensions().get::<LogSeed>().map(|s| s.0);
-        log_request(method.as_str(), &path, status.as_u16(), t0, seed);
+        log_request(method.as_str(), &path, status.as_u16(), t0, None);
     }
     res
 }
@@ -131,26 +126,29 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], page).into_response()
 }
 
-/// Cancels its job when dropped before the job finished (the client went away).
+/// Cancels its job when dropped before the job finished (the client went away), and writes the
+/// request's log line: the status it ended with, or 499 when the client left first.
 struct Guard {
     queue: Arc<Queue>,
     job: Arc<Job>,
-    done: bool,
-    /// For a streamed response: its log line, written when the stream ends.
-    log: Option<Instant>,
+    /// Set when the answer is complete (200) or an error was sent.
+    status: Option<u16>,
+    t0: Instant,
+    /// A stream's 200 was counted when it started: a client leaving it is not a second response.
+    counted: bool,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if !self.done {
+        if self.status.is_none() {
             if self.queue.cancel(&self.job) {
                 super::log(&format!("request {}: the client went away; removed from the queue", self.job.id));
             }
+            if !self.counted {
+                self.queue.metrics.with(|c| *c.requests.entry(499).or_default() += 1);
+            }
         }
-        if let Some(t0) = self.log {
-            let status = if self.done { 200 } else { 499 };
-            log_request("POST", "/v1/images/generations", status, t0, Some(self.job.gen.req.seed));
-        }
+        log_request("POST", "/v1/images/generations", self.status.unwrap_or(499), self.t0, Some(self.job.gen.req.seed));
     }
 }
 
@@ -190,9 +188,9 @@ fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), 
 async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     match start(&st, &body) {
         Ok((g, job, rx, ahead)) => {
-            let guard = Guard { queue: st.queue.clone(), job, done: false, log: None };
-            let mut res = if g.stream { stream(guard, rx, ahead).into_response() } else { collect(guard, rx).await };
-            res.extensions_mut().insert(LogSeed(g.req.seed));
+            let guard = Guard { queue: st.queue.clone(), job, status: None, t0: Instant::now(), counted: g.stream };
+            let mut res = if g.stream { stream(guard, rx, ahead) } else { collect(guard, rx).await };
+            res.extensions_mut().insert(LogsItself);
             res
         }
         Err(e) => e.into_response(),
@@ -230,17 +228,19 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
         match ev {
             Event::Image { index, seed, picture, queued_s } => data.push(item(index, seed, &picture, queued_s)),
             Event::Failed(e) => {
-                guard.done = true;
+                guard.status = Some(e.status.as_u16());
                 return e.into_response();
             }
             Event::Done => break,
             Event::Queued { .. } | Event::Step { .. } => {}
         }
     }
-    guard.done = true;
     if data.len() != g.n as usize {
-        return ApiError::unavailable("the server stopped before the pictures were done").into_response();
+        let e = ApiError::unavailable("the server stopped before the pictures were done");
+        guard.status = Some(e.status.as_u16());
+        return e.into_response();
     }
+    guard.status = Some(200);
     let size = format!("{}x{}", g.req.width, g.req.height);
     Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
 }
@@ -252,8 +252,7 @@ fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
 
 /// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, one
 /// `image_generation.completed` per picture, then `done` (or one `error`).
-fn stream(mut guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Response {
-    guard.log = Some(Instant::now());
+fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Response {
     let first = sse("image_generation.queued", json!({"position": ahead}));
     let rest = futures_util::stream::unfold(Some((guard, rx)), |state| async move {
         let (mut guard, mut rx) = state?;
@@ -271,12 +270,12 @@ fn stream(mut guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) ->
                 sse("image_generation.completed", v)
             }
             Event::Failed(e) => {
-                guard.done = true;
+                guard.status = Some(e.status.as_u16());
                 let out = sse("error", e.body());
                 return Some((out, None));
             }
             Event::Done => {
-                guard.done = true;
+                guard.status = Some(200);
                 return Some((sse("done", json!({})), None));
             }
         };
@@ -285,6 +284,5 @@ fn stream(mut guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) ->
     let body = futures_util::StreamExt::boxed(futures_util::stream::StreamExt::chain(futures_util::stream::iter([first]), rest));
     let mut res = Sse::new(body).keep_alive(axum::response::sse::KeepAlive::default()).into_response();
     res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    res.extensions_mut().insert(LogsItself);
     res
 }
