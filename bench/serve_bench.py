@@ -116,9 +116,11 @@ def main():
          "--max-size", SIZE, "--max-steps", str(max(STEPS, 1))],
         stderr=subprocess.PIPE, text=True,
     )
-    port = None
+    port, plan = None, ""
     for line in srv.stderr:
         log.write(line)
+        if "resident" in line:
+            plan = line.strip().removeprefix("moss serve: ")
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if m:
             port = int(m.group(1))
@@ -127,6 +129,7 @@ def main():
         if "error" in line:
             sys.exit(f"moss serve failed: {line}")
     rows.append(("moss serve start-up (to ready)", f"{time.time() - t:.2f} s"))
+    rows.append(("  memory plan (start-up log)", plan or "n/a"))
     threading.Thread(target=lambda: [log.write(l) for l in srv.stderr], daemon=True).start()
 
     # 3. Latency, weights resident.

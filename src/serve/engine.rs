@@ -177,13 +177,14 @@ impl<B: Residency> Engine<B> {
 
     fn render_inner(&mut self, req: &Request, tokens: &[Vec<u32>], progress: &mut dyn Progress) -> Result<Picture> {
         let t0 = Instant::now();
+        // The pool is trimmed between the stages as `generate` does, so each stage sees the free
+        // memory it sees there, less the resident weights (the VAE's strip plan reads it).
         let (cond, uncond) = self.conditions(tokens)?;
-        if self.encoder.is_none() {
-            self.b.release_cached()?; // the swapped encoder is gone
-        }
+        self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let z = pipeline::denoise_with(&self.b, &self.dit, &self.ck, req, &cond, &uncond, progress)?;
+        self.b.release_cached()?;
         let denoise_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         let bytes = pipeline::picture_bytes(&self.b, &self.vae, &self.ck, req, &z)?;
