@@ -244,6 +244,22 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
     Ok(g)
 }
 
+/// The DiT's joint tokens (`W/16 * H/16` + `text`) must fit in `budget` (what the GPU holds next
+/// to the resident weights); else a 400 naming the largest square size that fits.
+pub fn check_fits(budget: usize, w: u32, h: u32, text: usize) -> Result<(), ApiError> {
+    let image = (w / 16) as usize * (h / 16) as usize;
+    if image.saturating_add(text) <= budget {
+        return Ok(());
+    }
+    let side = ((budget.saturating_sub(text) as f64).sqrt() as usize).min(crate::options::MAX_SIDE as usize / 16) * 16;
+    let largest = if side == 0 { "no size fits with this prompt".to_string() } else { format!("the largest square size that fits is {side}x{side}") };
+    Err(ApiError::bad(
+        "size",
+        "size_does_not_fit",
+        format!("size {w}x{h} with {text} prompt tokens does not fit in the GPU memory left next to the resident weights; {largest}"),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +275,16 @@ mod tests {
         assert_eq!((g.req.seed, g.n, g.req.width, g.req.height, g.req.steps, g.req.guidance), (7, 3, 64, 32, 4, 1.0));
         let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", &base, 99).unwrap();
         assert_eq!((g.req.seed, g.req.width, g.req.steps, g.req.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
+    }
+
+    #[test]
+    fn sizes_past_the_memory_plan_name_the_largest_that_fits() {
+        assert!(check_fits(usize::MAX, 4096, 4096, 4096).is_ok());
+        assert!(check_fits(64 * 64 + 100, 1024, 1024, 100).is_ok(), "exactly the budget fits");
+        let e = check_fits(64 * 64 + 99, 1024, 1024, 100).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref(), e.code), (400, Some("size"), "size_does_not_fit"));
+        assert!(e.message.contains("largest square size that fits is 1008x1008"), "{}", e.message);
+        assert!(check_fits(50, 64, 64, 60).unwrap_err().message.contains("no size fits"));
     }
 
     #[test]

@@ -167,22 +167,13 @@ fn tokenize(st: &AppState, g: &Generation) -> Result<Vec<Vec<u32>>, ApiError> {
     Ok(out)
 }
 
-/// The memory plan's verdict: the DiT's joint tokens must fit next to the resident weights.
+/// The memory plan's verdict ([`api::check_fits`]), once the engine is loaded.
 fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), ApiError> {
-    let text = tokens.iter().map(Vec::len).max().unwrap_or(0);
-    let budget = st.queue.joint_tokens();
-    let (w, h) = (g.req.width, g.req.height);
-    let image = (w / 16) as usize * (h / 16) as usize;
-    if !st.queue.ready() || image + text <= budget {
+    if !st.queue.ready() {
         return Ok(());
     }
-    let side = ((budget.saturating_sub(text) as f64).sqrt() as usize).min(crate::options::MAX_SIDE as usize / 16) * 16;
-    let largest = if side == 0 { "no size fits with this prompt".to_string() } else { format!("the largest square size that fits is {side}x{side}") };
-    Err(ApiError::bad(
-        "size",
-        "size_does_not_fit",
-        format!("size {}x{} with {text} prompt tokens does not fit in the GPU memory left next to the resident weights; {largest}", w, h),
-    ))
+    let text = tokens.iter().map(Vec::len).max().unwrap_or(0);
+    api::check_fits(st.queue.joint_tokens(), g.req.width, g.req.height, text)
 }
 
 async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
