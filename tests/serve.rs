@@ -453,3 +453,25 @@ async fn slow_clients_time_out() {
     // The server still serves.
     assert_eq!(call(s.port, "GET", "/health", &[], b"").await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_stops_the_running_picture_between_steps() {
+    let mut s = Server::start(&["--max-steps", "1000"], &[]);
+    let p = s.port;
+    let running = tokio::spawn(generate(p, json!({"prompt": "long", "size": "64x64", "num_inference_steps": 1000})));
+    s.wait_metric("moss_steps_total", 1.0).await;
+    s.signal("-INT");
+    let t0 = Instant::now();
+    while !s.log().contains("SIGINT: stopped accepting") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", s.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.signal("-TERM");
+    let r = running.await.unwrap();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.error()["type"], "server_error");
+    let status = s.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    let log = s.log();
+    assert!(log.contains("second signal: stopping the running picture") && log.contains("stopped between steps: shutdown"), "{log}");
+}
