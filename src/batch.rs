@@ -17,8 +17,10 @@
 //! **Names.** `--out-dir DIR` joined with the item's `out` (else `--name`), a template over
 //! `{index}`, `{line}` (1-based line number), `{seed}`, `{shard}` (index % N) and `{stem}` (the
 //! prompt as a file-name-safe slug); `{index:05}` zero-pads a number to 5 digits, `{stem:20}`
-//! keeps at most 20 characters (40 by default); `{{` and `}}` are literal braces. An absolute
-//! `out` is used as it is. Two items that would write the same file: the later one fails.
+//! keeps at most 20 characters (40 by default); `{{` and `}}` are literal braces. A list is
+//! untrusted input: an item's `out` may not leave `--out-dir` (`..`), an absolute `out` needs
+//! `--allow-absolute-out`, and no output may be the list or a checkpoint file. Two items that would
+//! write the same file (however spelt): the later one fails.
 //!
 //! **Shards.** `--shard K/N` (0 <= K < N) renders the items with `index % N == K`; the N shards
 //! together render every item exactly once with no coordination. Bad lines are reported (and
@@ -27,8 +29,8 @@
 //! **Stages.** The items to render are cut into chunks; per chunk the encoder is loaded, every
 //! distinct text of the chunk encoded, the encoder freed, then the DiT loaded and every item
 //! denoised, the DiT freed, then the VAE loaded and every item decoded and written (atomically,
-//! with the same PNG metadata as a single `moss generate`). On the CPU a chunk is the whole
-//! list; on CUDA its size follows from free memory ([`chunk_budget_bytes`]); `--chunk N` caps it.
+//! with the same PNG metadata as a single `moss generate`). On the CPU a chunk is one picture
+//! (written as soon as it is decoded); on CUDA its size follows from free memory ([`chunk_budget_bytes`]); `--chunk N` caps it.
 //!
 //! **Stopping.** SIGINT (Ctrl-C) or SIGTERM stops the run after the current denoising step (or
 //! between two prompts or pictures of the other stages); files already written stay, no partial
@@ -40,7 +42,6 @@ use crate::backend::Device;
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::pipeline::{self, Interrupted, Progress, Request};
-use crate::png;
 use crate::prompt::PromptTokenizer;
 use crate::tensor::Tensor;
 use anyhow::{Context, Result};
@@ -365,6 +366,42 @@ fn normalize(p: &Path) -> PathBuf {
     }
 }
 
+/// `p` with `.` and `..` folded lexically; None when a `..` climbs above the start.
+fn fold_dots(p: &Path) -> Option<PathBuf> {
+    let mut out: Vec<Component> = vec![];
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir) => {}
+                _ => return None,
+            },
+            c => out.push(c),
+        }
+    }
+    Some(out.iter().collect())
+}
+
+/// The file `p` names, for clash detection: absolute, the deepest existing folder resolved
+/// through symbolic links, `.` and `..` folded.
+fn resolved(p: &Path) -> PathBuf {
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let abs = fold_dots(&abs).unwrap_or(abs);
+    let mut base = abs.clone();
+    let mut rest = vec![];
+    while let Some(parent) = base.parent().map(Path::to_path_buf) {
+        rest.push(base.file_name().map(|n| n.to_os_string()).unwrap_or_default());
+        base = parent;
+        if let Ok(real) = std::fs::canonicalize(&base) {
+            return rest.iter().rev().fold(real, |acc, n| acc.join(n));
+        }
+    }
+    abs
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shards and the plan
 
@@ -427,7 +464,14 @@ pub struct Plan {
 
 /// Names, shards and skips: every item's file is computed (all shards, so a clash between two
 /// shards' items is found by both the same way); this shard's items are kept.
-pub fn plan(entries: Vec<Result<Item, BadLine>>, out_dir: &Path, name: &Template, shard: Shard, skip_existing: bool) -> Plan {
+pub fn plan(
+    entries: Vec<Result<Item, BadLine>>,
+    out_dir: &Path,
+    name: &Template,
+    shard: Shard,
+    skip_existing: bool,
+    allow_absolute: bool,
+) -> Plan {
     let mut p = Plan::default();
     let mut owner: HashMap<PathBuf, usize> = HashMap::new();
     for e in entries {
@@ -443,10 +487,18 @@ pub fn plan(entries: Vec<Result<Item, BadLine>>, out_dir: &Path, name: &Template
             if rendered.ends_with('/') || path.file_name().is_none() {
                 return Err(bad(format!("output name `{rendered}` names no file")));
             }
-            if let Some(first) = owner.get(&path) {
+            if Path::new(&rendered).is_absolute() {
+                if !allow_absolute {
+                    return Err(bad(format!("output `{rendered}` is an absolute path (allowed with --allow-absolute-out)")));
+                }
+            } else if fold_dots(Path::new(&rendered)).is_none() {
+                return Err(bad(format!("output `{rendered}` leaves --out-dir")));
+            }
+            let key = resolved(&path);
+            if let Some(first) = owner.get(&key) {
                 return Err(bad(format!("output {} is already line {first}'s", path.display())));
             }
-            owner.insert(path.clone(), it.line);
+            owner.insert(key, it.line);
             Ok(Job { item: it, path })
         });
         let index = match &res {
@@ -586,6 +638,8 @@ pub struct BatchOptions {
     pub out_dir: PathBuf,
     pub name: String,
     pub skip_existing: bool,
+    /// Let a list item's `out` be an absolute path (off by default: a list is untrusted input).
+    pub allow_absolute_out: bool,
     pub shard: Shard,
     pub chunk: Option<usize>,
     pub uncond_skip: Vec<usize>,
@@ -693,18 +747,23 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let name = Template::parse(&o.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let (bytes, src) = read_list(&o.prompts)?;
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
-    png::check_writable(&o.out_dir.join(".moss-batch-probe.png"))?;
+    crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
     let ck = pipeline::open_checkpoint(&o.model)?;
 
     let entries = parse_list(&bytes, &o.defaults);
-    let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing);
+    let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
     let mut sum = Summary { skipped: plan.skipped.len(), elsewhere: plan.elsewhere, ..Default::default() };
     for b in &plan.bad {
         progress.failed(&format!("{src}:{}: {}", b.line, b.error));
         sum.failed += 1;
     }
 
-    // Folders and tokens, still before any weights are read.
+    // Folders and tokens, still before any weights are read. No output may be an input.
+    let ck_files = crate::output::files_below(&ck.loc.root);
+    let mut inputs: Vec<(&str, &Path)> = ck_files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
+    if !crate::output::is_stdout(&o.prompts) {
+        inputs.push(("the prompts list", &o.prompts));
+    }
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();
     let mut jobs = vec![];
@@ -717,11 +776,13 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             .or_insert_with(|| {
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("cannot create folder {}", dir.display()))
-                    .and_then(|_| png::check_writable(&j.path))
+                    .and_then(|_| crate::output::check(&j.path))
                     .map_err(|e| format!("{e:#}"))
             })
             .clone();
         let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
+            crate::output::target(&j.path)?;
+            crate::output::check_distinct(&[("the output", &j.path)], &inputs)?;
             let mut enc = |t: &str, what: &str| -> Result<Vec<u32>> {
                 let tk = tok.encode(t, o.max_tokens)?;
                 if let Some(n) = tk.truncated_from {
@@ -758,7 +819,13 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             job_bytes(n, hidden, c, j.item.width, j.item.height)
         })
         .collect();
-    let chunks = plan_chunks(&costs, chunk_budget_bytes(o.device), o.chunk);
+    // On the CPU a picture takes minutes or hours and a weight load well under its time: chunks
+    // of one write every picture as soon as it is decoded, so a stopped list keeps its work.
+    let max_items = o.chunk.or(match o.device {
+        Device::Cpu => Some(1),
+        Device::Cuda(_) => None,
+    });
+    let chunks = plan_chunks(&costs, chunk_budget_bytes(o.device), max_items);
     progress.begin(jobs.len(), jobs.iter().map(|j| j.item.steps as u64).sum());
     let ctx = Ctx { ck: &ck, o, src: &src, t0 };
     let r = match o.device {
@@ -804,6 +871,7 @@ impl Ctx<'_> {
             out: j.path.clone(),
             save_latents: None,
             embeds: None,
+            prompt_file: None,
             uncond_skip: self.o.uncond_skip.clone(),
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,
@@ -936,7 +1004,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
             let req = cx.request(j);
-            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z).and_then(|bytes| png::write_atomic(&j.path, &bytes));
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z).and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;
@@ -1069,16 +1137,41 @@ mod tests {
         let text = b"a\nb\n{\"prompt\":\"c\",\"out\":\"00000-100.png\"}\n{\"prompt\":\"d\",\"out\":\"./x.png\"}\n{\"prompt\":\"e\",\"out\":\"x.png\"}\n{bad\n";
         let dir = Path::new("/tmp/moss-plan-unit");
         let name = Template::parse(DEFAULT_NAME).unwrap();
-        let p = plan(parse_list(text, &d()), dir, &name, Shard::default(), false);
+        let p = plan(parse_list(text, &d()), dir, &name, Shard::default(), false, false);
         let names: Vec<String> = p.jobs.iter().map(|j| j.path.display().to_string()).collect();
         assert_eq!(names, ["/tmp/moss-plan-unit/00000-100.png", "/tmp/moss-plan-unit/00001-101.png", "/tmp/moss-plan-unit/x.png"]);
         let bad: Vec<(usize, bool)> = p.bad.iter().map(|b| (b.line, b.error.contains("already line"))).collect();
         assert_eq!(bad, [(3, true), (5, true), (6, false)], "{:?}", p.bad);
         // Shard 1/2 owns indices 1, 3, 5: item 3 (d) renders, 5 (bad) fails, 1 renders.
-        let p = plan(parse_list(text, &d()), dir, &name, Shard { k: 1, n: 2 }, false);
+        let p = plan(parse_list(text, &d()), dir, &name, Shard { k: 1, n: 2 }, false, false);
         assert_eq!(p.jobs.iter().map(|j| j.item.index).collect::<Vec<_>>(), [1, 3]);
         assert_eq!(p.bad.iter().map(|b| b.index).collect::<Vec<_>>(), [5]);
         assert_eq!(p.elsewhere, 3);
+    }
+
+    #[test]
+    fn plans_keep_items_inside_the_out_dir() {
+        let dir = std::env::temp_dir().join(format!("moss-plan-escape-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("x")).unwrap();
+        let abs = dir.join("same.png");
+        let text = format!(
+            "{{\"prompt\":\"a\",\"out\":\"same.png\"}}\n{{\"prompt\":\"b\",\"out\":\"x/../same.png\"}}\n\
+             {{\"prompt\":\"c\",\"out\":\"{}\"}}\n{{\"prompt\":\"d\",\"out\":\"../keep.png\"}}\n\
+             {{\"prompt\":\"e\",\"out\":\"x/../../keep.png\"}}\n{{\"prompt\":\"f\",\"out\":\"x/ok.png\"}}\n",
+            abs.display()
+        );
+        let name = Template::parse(DEFAULT_NAME).unwrap();
+        let p = plan(parse_list(text.as_bytes(), &d()), &dir, &name, Shard::default(), false, false);
+        assert_eq!(p.jobs.iter().map(|j| j.item.line).collect::<Vec<_>>(), [1, 6]);
+        let why: Vec<(usize, &str)> = p.bad.iter().map(|b| (b.line, b.error.as_str())).collect();
+        assert!(why[0].0 == 2 && why[0].1.contains("already line 1"), "{why:?}");
+        assert!(why[1].0 == 3 && why[1].1.contains("absolute"), "{why:?}");
+        assert!(why[2].0 == 4 && why[2].1.contains("leaves --out-dir"), "{why:?}");
+        assert!(why[3].0 == 5 && why[3].1.contains("leaves --out-dir"), "{why:?}");
+        // With the opt-in, the absolute spelling of line 1's file is a clash, not a second file.
+        let p = plan(parse_list(text.as_bytes(), &d()), &dir, &name, Shard::default(), false, true);
+        assert!(p.bad.iter().any(|b| b.line == 3 && b.error.contains("already line 1")), "{:?}", p.bad);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

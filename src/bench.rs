@@ -175,6 +175,7 @@ fn run_on<B: DitOps>(
             out: PathBuf::from("unused.png"),
             save_latents: None,
             embeds: None,
+            prompt_file: None,
             uncond_skip: a.uncond_skip.clone(),
             skip_window: a.skip_window,
             max_tokens: 0,

@@ -207,6 +207,9 @@ pub struct BatchArgs {
     /// Render only the items whose output file does not exist yet (resume a killed job).
     #[arg(long)]
     pub skip_existing: bool,
+    /// Let a list item's "out" be an absolute path (by default every item stays inside --out-dir).
+    #[arg(long)]
+    pub allow_absolute_out: bool,
     /// Render only the items with index % N == K (K counts from 0); N processes split a list.
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
     pub shard: Option<crate::batch::Shard>,
@@ -226,6 +229,7 @@ impl BatchArgs {
             ("--out-dir", self.out_dir.is_some()),
             ("--name", self.name.is_some()),
             ("--skip-existing", self.skip_existing),
+            ("--allow-absolute-out", self.allow_absolute_out),
             ("--shard", self.shard.is_some()),
             ("--chunk", self.chunk.is_some()),
         ]

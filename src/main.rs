@@ -172,6 +172,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         out_dir: a.batch.out_dir.clone().unwrap_or_else(|| ".".into()),
         name: a.batch.name.clone().unwrap_or_else(|| batch::DEFAULT_NAME.to_string()),
         skip_existing: a.batch.skip_existing,
+        allow_absolute_out: a.batch.allow_absolute_out,
         shard: a.batch.shard.unwrap_or_default(),
         chunk: a.batch.chunk.map(|c| c.min(usize::MAX as u64) as usize),
         uncond_skip: a.uncond_skip.0.clone(),
@@ -241,17 +242,22 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 out: a.out.clone(),
                 save_latents: a.save_latents.clone(),
                 embeds: a.embeds.clone(),
+                prompt_file: a.prompt.prompt_file.clone(),
                 uncond_skip: a.uncond_skip.0.clone(),
                 skip_window: a.skip_window,
                 max_tokens: a.prompt.max_tokens as usize,
                 precision: a.precision,
             };
+            let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
+            if to_stdout && a.json {
+                anyhow::bail!("--json and an output on stdout (-) cannot share stdout");
+            }
             let mut bars = Bars::new(a.quiet || a.json);
             let rep = pipeline::generate(&req, &a.model.model, a.model.device, &mut bars)?;
             drop(bars);
             if a.json {
                 println!("{}", rep.json());
-            } else if !a.quiet {
+            } else if !a.quiet && !to_stdout {
                 println!("{}", rep.path.display());
             }
             Ok(0)
@@ -259,6 +265,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
             let mut bars = Bars::new(a.quiet);
+            if let Some(f) = &a.prompt.prompt_file {
+                moss::output::check_distinct(&[("--out", &a.out)], &[("the prompt file", f)])?;
+            }
             pipeline::encode_to_file(
                 &prompt,
                 &a.prompt.negative,
@@ -269,14 +278,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 &mut bars,
             )?;
             drop(bars);
-            if !a.quiet {
+            if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
             }
             Ok(0)
         }
         Command::Decode(a) => {
             pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device)?;
-            if !a.quiet {
+            if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
             }
             Ok(0)

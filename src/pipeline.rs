@@ -27,6 +27,8 @@ pub struct Request {
     pub out: PathBuf,
     pub save_latents: Option<PathBuf>,
     pub embeds: Option<PathBuf>,
+    /// The file the prompt was read from (checked not to be an output).
+    pub prompt_file: Option<PathBuf>,
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
     pub max_tokens: usize,
@@ -104,14 +106,42 @@ pub fn validate(req: &Request) -> Result<()> {
         bail!("--guidance must be a finite number, got {}", req.guidance);
     }
     crate::options::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
-    png::check_writable(&req.out)?;
+    crate::output::check(&req.out)?;
     if let Some(p) = &req.save_latents {
-        png::check_writable(p)?;
+        crate::output::check(p)?;
+        if crate::output::is_stdout(p) && crate::output::is_stdout(&req.out) {
+            bail!("--out and --save-latents cannot both be stdout (-)");
+        }
     }
     if let Some(p) = &req.embeds {
         std::fs::File::open(p).with_context(|| format!("cannot read embeds {}", p.display()))?;
     }
     Ok(())
+}
+
+/// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
+/// be one of them, and its two outputs may not be one file.
+pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
+    let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
+    if let Some(p) = &req.save_latents {
+        outs.push(("--save-latents", p));
+    }
+    let files = crate::output::files_below(&ck.loc.root);
+    let mut ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
+    if let Some(p) = &req.prompt_file {
+        ins.push(("the prompt file", p));
+    }
+    if let Some(p) = &req.embeds {
+        ins.push(("the embeds file", p));
+    }
+    crate::output::check_distinct(&outs, &ins)
+}
+
+/// `out` is none of the checkpoint's files.
+pub fn check_not_checkpoint(out: &Path, ck: &Checkpoint) -> Result<()> {
+    let files = crate::output::files_below(&ck.loc.root);
+    let ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
+    crate::output::check_distinct(&[("--out", out)], &ins)
 }
 
 /// Locate and open the checkpoint, checking the components agree with each other.
@@ -290,7 +320,7 @@ pub fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
 
 pub fn write_latents(path: &Path, z: &Tensor) -> Result<()> {
     let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    png::write_atomic(path, &bytes)
+    crate::output::write(path, &bytes)
 }
 
 /// One picture, end to end.
@@ -298,6 +328,7 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
     let t0 = Instant::now();
     validate(req)?;
     let ck = open_checkpoint(model)?;
+    check_outputs(req, &ck)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
     let tokens = match &req.embeds {
         Some(_) => None,
@@ -400,7 +431,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     let bytes = picture_bytes(b, &vae, ck, req, &z)?;
-    png::write_atomic(&req.out, &bytes)?;
+    crate::output::write(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)
@@ -416,8 +447,9 @@ pub fn encode_to_file(
     device: Device,
     progress: &mut dyn Progress,
 ) -> Result<()> {
-    png::check_writable(out)?;
+    crate::output::check(out)?;
     let ck = open_checkpoint(model)?;
+    check_not_checkpoint(out, &ck)?;
     let mut enc = match device {
         Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
         Device::Cuda(n) => {
@@ -428,7 +460,7 @@ pub fn encode_to_file(
     let uncond = enc.pop().unwrap();
     let cond = enc.pop().unwrap();
     let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() })?;
-    png::write_atomic(out, &bytes)
+    crate::output::write(out, &bytes)
 }
 
 /// The latent grid `(h, w)` a raw latents file of `len` bytes holds (little-endian f32
@@ -478,8 +510,10 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
 /// `moss decode`.
 pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device) -> Result<()> {
     let meta = std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
-    png::check_writable(out)?;
+    crate::output::check(out)?;
+    crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
     let ck = open_checkpoint(model)?;
+    check_not_checkpoint(out, &ck)?;
     let c = ck.dit.latent_channels;
     let (h, w) = latent_grid(meta.len(), c, size)?;
     let bytes = std::fs::read(latents)?;
@@ -497,5 +531,5 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
     m.push("source", latents.display());
     m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
     let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
-    png::write_atomic(out, &png_bytes)
+    crate::output::write(out, &png_bytes)
 }

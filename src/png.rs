@@ -1,9 +1,6 @@
-//! PNG output: RGB8 with tEXt metadata, written to a temporary file and renamed into place so an
-//! interrupted run never leaves half a picture.
+//! PNG encoding and decoding: RGB8 with tEXt/iTXt metadata (writing files: `crate::output`).
 
 use anyhow::{Context, Result};
-use std::io::Write;
-use std::path::{Path, PathBuf};
 
 pub use crate::tensor::to_u8;
 
@@ -68,47 +65,6 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<u8>, u32, u32, Metadata)> {
         meta.push(&t.keyword, t.get_text().unwrap_or_default());
     }
     Ok((buf, info.width, info.height, meta))
-}
-
-/// Write `bytes` to `path` through a temporary file in the same folder and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
-    let res = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
-}
-
-pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
-}
-
-/// Check before any heavy work that `path` can be written: its folder exists and is writable.
-pub fn check_writable(path: &Path) -> Result<()> {
-    if path.is_dir() {
-        anyhow::bail!("output path {} is a folder", path.display());
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !dir.is_dir() {
-        anyhow::bail!("cannot write {}: folder {} does not exist", path.display(), dir.display());
-    }
-    let probe = dir.join(format!(".moss-write-test.{}", std::process::id()));
-    std::fs::File::create(&probe)
-        .with_context(|| format!("cannot write {}: folder {} is not writable", path.display(), dir.display()))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -146,6 +146,7 @@ fn loop_request(e: &Expected) -> Request {
         out: std::env::temp_dir().join("moss-dit-test-unused.png"),
         save_latents: None,
         embeds: None,
+        prompt_file: None,
         uncond_skip: skips(&lp["uncond_skip"]),
         skip_window: (0.0, 1.0),
         max_tokens: 4096,

@@ -1,7 +1,8 @@
 //! PNG output: metadata round trip (Latin-1 and UTF-8 values), RGB8 pixels, atomic writes,
 //! rounding half to even.
 
-use moss::png::{decode, encode, to_u8, write_atomic, Metadata};
+use moss::output::write as write_atomic;
+use moss::png::{decode, encode, to_u8, Metadata};
 
 #[test]
 fn metadata_and_pixels_round_trip() {

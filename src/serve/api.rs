@@ -111,6 +111,7 @@ pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens
         out: Default::default(),
         save_latents: None,
         embeds: None,
+        prompt_file: None,
         uncond_skip,
         skip_window,
         max_tokens,
