@@ -57,7 +57,11 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
         match ck.open_component(name) {
             Ok(c) => {
                 let (params, bytes, dtypes) = c.summary();
-                rows.push(Row { component: name.into(), params, bytes, dtypes: dtypes.join(","), verdict: Ok(()) });
+                let verdict = match c.first_non_finite() {
+                    None => Ok(()),
+                    Some((t, i)) => Err(format!("tensor `{t}` holds a non-finite value at element {i}")),
+                };
+                rows.push(Row { component: name.into(), params, bytes, dtypes: dtypes.join(","), verdict });
             }
             Err(e) => rows.push(Row {
                 component: name.into(),
@@ -76,7 +80,10 @@ pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
     println!("checkpoint {} ({})", ck.loc.root.display(), ck.loc.id);
     println!("{:<13} {:>15} {:>10} {:<9} verdict", "component", "parameters", "bytes", "dtypes");
     let mut ok = true;
-    for r in checkpoint_rows(ck) {
+    let t = std::time::Instant::now();
+    let rows = checkpoint_rows(ck);
+    let scanned: usize = rows.iter().map(|r| r.bytes).sum();
+    for r in rows {
         let v = match &r.verdict {
             Ok(()) => "ok".to_string(),
             Err(e) => {
@@ -86,6 +93,11 @@ pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
         };
         println!("{:<13} {:>15} {:>10} {:<9} {v}", r.component, r.params, human(r.bytes), r.dtypes);
     }
+    println!(
+        "weights: {} scanned for NaN/Inf in {:.2} s",
+        human(scanned),
+        t.elapsed().as_secs_f64()
+    );
     match device {
         None | Some(Device::Cpu) => {
             println!("kernels: not checked (pass --device cuda to gate the GPU kernels)");

@@ -68,6 +68,7 @@ pub fn read(path: &Path) -> Result<Embeds> {
         model: get("model")?,
     };
     for (k, x) in [("cond", &e.cond), ("uncond", &e.uncond)] {
+        crate::tensor::ensure_finite(&format!("embeds {} tensor `{k}`", path.display()), &x.hidden.data)?;
         if x.hidden.shape[0] != x.ids.len() || x.ids.is_empty() {
             bail!(bad(format!("`{k}` has {} rows for {} token ids", x.hidden.shape[0], x.ids.len())));
         }

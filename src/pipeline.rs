@@ -221,7 +221,9 @@ pub fn encode_ids<B: EncoderOps>(
 /// The encoder's hidden states of one token list, rounded to bf16 (what the DiT is fed:
 /// `generate`, batch mode and the server all encode through here).
 pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32]) -> Result<Tensor> {
-    Ok(enc.forward(b, ids)?.round_bf16())
+    let h = enc.forward(b, ids)?.round_bf16();
+    crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
+    Ok(h)
 }
 
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
@@ -278,7 +280,9 @@ pub fn denoise_with<B: DitOps>(
             Ok(())
         },
     )?;
-    b.download(&x)
+    let z = b.download(&x)?;
+    crate::tensor::ensure_finite("the latents after denoising", &z.data)?;
+    Ok(z)
 }
 
 /// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.

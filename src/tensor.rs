@@ -62,3 +62,16 @@ pub fn to_u8(x: f32) -> u8 {
     let v = ((x / 2.0 + 0.5).clamp(0.0, 1.0)) * 255.0;
     v.round_ties_even() as u8
 }
+
+/// Refuse a tensor holding a NaN or an infinity, naming `what` (a stage's output or a tensor) and
+/// the first bad element: a run never turns non-finite values into a picture.
+pub fn ensure_finite(what: &str, data: &[f32]) -> anyhow::Result<()> {
+    match data.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => anyhow::bail!(
+            "{what} holds a non-finite value ({} at element {i} of {}); nothing was written",
+            data[i],
+            data.len()
+        ),
+    }
+}

@@ -11,21 +11,58 @@ pub fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
-fn get_usize(v: &Value, key: &str, default: Option<usize>, file: &Path) -> Result<usize> {
-    match v.get(key) {
+/// The largest size any config number may name (the real model's largest is 248,320): bounds
+/// every allocation the configs imply before a tensor is looked at.
+const MAX_SIZE: u64 = 1 << 24;
+
+/// Keys a config file left out, whose documented defaults (the real model's values) were used;
+/// named in the error when the stored tensors then disagree.
+pub type Defaulted = Vec<String>;
+
+fn get_usize_in(v: &Value, key: &str, default: Option<usize>, range: (u64, u64), file: &Path, d: &mut Defaulted) -> Result<usize> {
+    let x = match v.get(key) {
         Some(x) => x
             .as_u64()
-            .map(|x| x as usize)
-            .with_context(|| format!("{}: `{key}` is not a non-negative integer", file.display())),
-        None => default.with_context(|| format!("{}: missing `{key}`", file.display())),
+            .with_context(|| format!("{}: `{key}` is not a non-negative integer", file.display()))?,
+        None => {
+            let x = default.with_context(|| format!("{}: missing `{key}`", file.display()))?;
+            d.push(format!("{key} (default {x})"));
+            x as u64
+        }
+    };
+    if x < range.0 || x > range.1 {
+        bail!("{}: `{key}` is {x}, outside {}..={}", file.display(), range.0, range.1);
+    }
+    Ok(x as usize)
+}
+
+fn get_usize(v: &Value, key: &str, default: Option<usize>, file: &Path, d: &mut Defaulted) -> Result<usize> {
+    get_usize_in(v, key, default, (1, MAX_SIZE), file, d)
+}
+
+/// `" (the file leaves out K (default V), ...)"` when defaults were used, for error messages.
+fn left_out(d: &Defaulted) -> String {
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(" (the file leaves out {}, so the real model's values were assumed)", d.join(", "))
     }
 }
 
-fn get_f64(v: &Value, key: &str, default: f64, file: &Path) -> Result<f64> {
-    match v.get(key) {
-        Some(x) => x.as_f64().with_context(|| format!("{}: `{key}` is not a number", file.display())),
-        None => Ok(default),
+/// A finite number; `positive`: also > 0 (an eps, a RoPE base, a shift).
+fn get_f64(v: &Value, key: &str, default: f64, positive: bool, file: &Path, d: &mut Defaulted) -> Result<f64> {
+    let x = match v.get(key) {
+        Some(x) => x.as_f64().with_context(|| format!("{}: `{key}` is not a number", file.display()))?,
+        None => {
+            d.push(format!("{key} (default {default})"));
+            default
+        }
+    };
+    if !x.is_finite() || (positive && x <= 0.0) {
+        let want = if positive { "a finite number above 0" } else { "a finite number" };
+        bail!("{}: `{key}` is {x}, not {want}", file.display());
     }
+    Ok(x)
 }
 
 fn get_usize_list(v: &Value, key: &str, file: &Path) -> Result<Option<Vec<usize>>> {
@@ -71,6 +108,8 @@ pub struct EncoderConfig {
     pub linear_key_head_dim: usize,
     pub linear_value_head_dim: usize,
     pub linear_conv_kernel_dim: usize,
+    /// Keys the file left out (defaults used).
+    pub defaulted: Defaulted,
 }
 
 impl EncoderConfig {
@@ -96,7 +135,8 @@ impl EncoderConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let root = read_json(path)?;
         let v = root.get("text_config").unwrap_or(&root);
-        let num_layers = get_usize(v, "num_hidden_layers", Some(32), path)?;
+        let mut d = Defaulted::new();
+        let num_layers = get_usize_in(v, "num_hidden_layers", Some(32), (1, 1024), path, &mut d)?;
         let layer_types = match v.get("layer_types") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -107,7 +147,7 @@ impl EncoderConfig {
                 })
                 .collect::<Result<Vec<_>>>()?,
             _ => {
-                let interval = get_usize(v, "full_attention_interval", Some(4), path)?;
+                let interval = get_usize(v, "full_attention_interval", Some(4), path, &mut d)?;
                 (0..num_layers)
                     .map(|i| if (i + 1) % interval == 0 { LayerType::Full } else { LayerType::Linear })
                     .collect()
@@ -122,29 +162,31 @@ impl EncoderConfig {
         }
         // transformers 5 keeps rope settings in `rope_parameters`; older files at the top level.
         let rope = v.get("rope_parameters").filter(|r| r.is_object()).unwrap_or(v);
-        let rope_theta = get_f64(rope, "rope_theta", get_f64(v, "rope_theta", 1e7, path)?, path)?;
-        let partial = get_f64(
-            rope,
-            "partial_rotary_factor",
-            get_f64(v, "partial_rotary_factor", 0.25, path)?,
-            path,
-        )?;
+        let mut ignore = Defaulted::new();
+        let top_theta = get_f64(v, "rope_theta", 1e7, true, path, &mut ignore)?;
+        let rope_theta = get_f64(rope, "rope_theta", top_theta, true, path, &mut d)?;
+        let top_partial = get_f64(v, "partial_rotary_factor", 0.25, true, path, &mut ignore)?;
+        let partial = get_f64(rope, "partial_rotary_factor", top_partial, true, path, &mut d)?;
+        if partial > 1.0 {
+            bail!("{}: `partial_rotary_factor` is {partial}, above 1", path.display());
+        }
         let cfg = EncoderConfig {
-            vocab_size: get_usize(v, "vocab_size", Some(248320), path)?,
-            hidden_size: get_usize(v, "hidden_size", Some(4096), path)?,
-            intermediate_size: get_usize(v, "intermediate_size", Some(12288), path)?,
+            vocab_size: get_usize(v, "vocab_size", Some(248320), path, &mut d)?,
+            hidden_size: get_usize(v, "hidden_size", Some(4096), path, &mut d)?,
+            intermediate_size: get_usize(v, "intermediate_size", Some(12288), path, &mut d)?,
             layer_types,
-            num_attention_heads: get_usize(v, "num_attention_heads", Some(16), path)?,
-            num_key_value_heads: get_usize(v, "num_key_value_heads", Some(4), path)?,
-            head_dim: get_usize(v, "head_dim", Some(256), path)?,
+            num_attention_heads: get_usize(v, "num_attention_heads", Some(16), path, &mut d)?,
+            num_key_value_heads: get_usize(v, "num_key_value_heads", Some(4), path, &mut d)?,
+            head_dim: get_usize(v, "head_dim", Some(256), path, &mut d)?,
             rope_theta,
             partial_rotary_factor: partial,
-            rms_norm_eps: get_f64(v, "rms_norm_eps", 1e-6, path)?,
-            linear_num_key_heads: get_usize(v, "linear_num_key_heads", Some(16), path)?,
-            linear_num_value_heads: get_usize(v, "linear_num_value_heads", Some(32), path)?,
-            linear_key_head_dim: get_usize(v, "linear_key_head_dim", Some(128), path)?,
-            linear_value_head_dim: get_usize(v, "linear_value_head_dim", Some(128), path)?,
-            linear_conv_kernel_dim: get_usize(v, "linear_conv_kernel_dim", Some(4), path)?,
+            rms_norm_eps: get_f64(v, "rms_norm_eps", 1e-6, true, path, &mut d)?,
+            linear_num_key_heads: get_usize(v, "linear_num_key_heads", Some(16), path, &mut d)?,
+            linear_num_value_heads: get_usize(v, "linear_num_value_heads", Some(32), path, &mut d)?,
+            linear_key_head_dim: get_usize(v, "linear_key_head_dim", Some(128), path, &mut d)?,
+            linear_value_head_dim: get_usize(v, "linear_value_head_dim", Some(128), path, &mut d)?,
+            linear_conv_kernel_dim: get_usize_in(v, "linear_conv_kernel_dim", Some(4), (1, 64), path, &mut d)?,
+            defaulted: d,
         };
         if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0
             || cfg.linear_num_value_heads % cfg.linear_num_key_heads.max(1) != 0
@@ -169,6 +211,8 @@ pub struct DitConfig {
     /// Text-refiner blocks (`text_embedder.blocks.N`); 2 in the real model.
     pub num_refiner_layers: usize,
     pub eps: f64,
+    /// Keys the file left out (defaults used).
+    pub defaulted: Defaulted,
 }
 
 impl DitConfig {
@@ -177,24 +221,27 @@ impl DitConfig {
     }
     pub fn from_file(path: &Path) -> Result<Self> {
         let v = read_json(path)?;
+        let mut d = Defaulted::new();
         let cfg = DitConfig {
-            dim: get_usize(&v, "dim", Some(3072), path)?,
-            ffn_dim: get_usize(&v, "ffn_dim", Some(8192), path)?,
-            num_heads: get_usize(&v, "num_heads", Some(24), path)?,
-            num_layers: get_usize(&v, "num_layers", Some(42), path)?,
-            text_dim: get_usize(&v, "text_dim", Some(4096), path)?,
-            freq_dim: get_usize(&v, "freq_dim", Some(256), path)?,
-            latent_channels: get_usize(&v, "latent_channels", Some(128), path)?,
-            rope_base: get_f64(&v, "rope_base", 10000.0, path)?,
-            num_refiner_layers: get_usize(&v, "num_refiner_layers", Some(2), path)?,
-            eps: get_f64(&v, "eps", 1e-6, path)?,
+            dim: get_usize(&v, "dim", Some(3072), path, &mut d)?,
+            ffn_dim: get_usize(&v, "ffn_dim", Some(8192), path, &mut d)?,
+            num_heads: get_usize(&v, "num_heads", Some(24), path, &mut d)?,
+            num_layers: get_usize_in(&v, "num_layers", Some(42), (1, 1024), path, &mut d)?,
+            text_dim: get_usize(&v, "text_dim", Some(4096), path, &mut d)?,
+            freq_dim: get_usize(&v, "freq_dim", Some(256), path, &mut d)?,
+            latent_channels: get_usize(&v, "latent_channels", Some(128), path, &mut d)?,
+            rope_base: get_f64(&v, "rope_base", 10000.0, true, path, &mut d)?,
+            num_refiner_layers: get_usize_in(&v, "num_refiner_layers", Some(2), (0, 64), path, &mut d)?,
+            eps: get_f64(&v, "eps", 1e-6, true, path, &mut d)?,
+            defaulted: d,
         };
         if cfg.num_heads == 0 || cfg.dim % cfg.num_heads != 0 || cfg.head_dim() != 128 {
             bail!(
-                "{}: dim {} / num_heads {} must give head_dim 128 (4 RoPE axes x 16 bands x 2)",
+                "{}: dim {} / num_heads {} must give head_dim 128 (4 RoPE axes x 16 bands x 2){}",
                 path.display(),
                 cfg.dim,
-                cfg.num_heads
+                cfg.num_heads,
+                left_out(&cfg.defaulted)
             );
         }
         if cfg.freq_dim % 2 != 0 {
@@ -216,6 +263,8 @@ pub struct VaeConfig {
     pub patch_size: [usize; 2],
     pub use_post_quant_conv: bool,
     pub mid_block_add_attention: bool,
+    /// Keys the file left out (defaults used).
+    pub defaulted: Defaulted,
 }
 
 impl VaeConfig {
@@ -225,29 +274,40 @@ impl VaeConfig {
     }
     pub fn from_file(path: &Path) -> Result<Self> {
         let v = read_json(path)?;
+        let mut d = Defaulted::new();
         let enc = get_usize_list(&v, "block_out_channels", path)?
             .unwrap_or_else(|| vec![128, 256, 512, 512]);
         let dec = get_usize_list(&v, "decoder_block_out_channels", path)?.unwrap_or(enc);
         let patch = get_usize_list(&v, "patch_size", path)?.unwrap_or_else(|| vec![2, 2]);
-        if patch.len() != 2 || dec.is_empty() {
-            bail!("{}: bad patch_size or decoder_block_out_channels", path.display());
+        if patch.len() != 2 || !(1..=8).contains(&patch[0]) || !(1..=8).contains(&patch[1]) {
+            bail!("{}: patch_size {patch:?} is not two numbers in 1..=8", path.display());
+        }
+        if dec.is_empty() || dec.len() > 16 || dec.iter().any(|&c| c == 0 || c as u64 > MAX_SIZE) {
+            bail!("{}: decoder_block_out_channels {dec:?} is not 1..=16 widths in 1..={MAX_SIZE}", path.display());
         }
         let cfg = VaeConfig {
-            latent_channels: get_usize(&v, "latent_channels", Some(32), path)?,
-            out_channels: get_usize(&v, "out_channels", Some(3), path)?,
+            latent_channels: get_usize(&v, "latent_channels", Some(32), path, &mut d)?,
+            out_channels: get_usize(&v, "out_channels", Some(3), path, &mut d)?,
             decoder_block_out_channels: dec,
-            layers_per_block: get_usize(&v, "layers_per_block", Some(2), path)?,
-            norm_num_groups: get_usize(&v, "norm_num_groups", Some(32), path)?,
-            batch_norm_eps: get_f64(&v, "batch_norm_eps", 1e-4, path)?,
+            layers_per_block: get_usize_in(&v, "layers_per_block", Some(2), (0, 64), path, &mut d)?,
+            norm_num_groups: get_usize(&v, "norm_num_groups", Some(32), path, &mut d)?,
+            batch_norm_eps: get_f64(&v, "batch_norm_eps", 1e-4, true, path, &mut d)?,
             patch_size: [patch[0], patch[1]],
             use_post_quant_conv: v.get("use_post_quant_conv").and_then(Value::as_bool).unwrap_or(true),
             mid_block_add_attention: v
                 .get("mid_block_add_attention")
                 .and_then(Value::as_bool)
                 .unwrap_or(true),
+            defaulted: d,
         };
         if cfg.decoder_block_out_channels.iter().any(|c| c % cfg.norm_num_groups != 0) {
-            bail!("{}: decoder widths must be multiples of norm_num_groups", path.display());
+            bail!(
+                "{}: decoder widths {:?} must be multiples of norm_num_groups {}{}",
+                path.display(),
+                cfg.decoder_block_out_channels,
+                cfg.norm_num_groups,
+                left_out(&cfg.defaulted)
+            );
         }
         if cfg.out_channels != 3 {
             bail!("{}: out_channels {} (only RGB is supported)", path.display(), cfg.out_channels);
@@ -276,13 +336,10 @@ impl VaeConfig {
 /// `scheduler/scheduler_config.json`.
 pub fn scheduler_from_file(path: &Path) -> Result<crate::schedule::ScheduleConfig> {
     let v = read_json(path)?;
-    let cfg = crate::schedule::ScheduleConfig {
-        num_train_timesteps: get_usize(&v, "num_train_timesteps", Some(1000), path)?,
-        shift: get_f64(&v, "shift", 5.0, path)?,
-        training_shift: get_f64(&v, "training_shift", 1.0, path)?,
-    };
-    if cfg.num_train_timesteps < 2 || !(cfg.shift > 0.0) || !(cfg.training_shift > 0.0) {
-        bail!("{}: bad scheduler values", path.display());
-    }
-    Ok(cfg)
+    let mut d = Defaulted::new();
+    Ok(crate::schedule::ScheduleConfig {
+        num_train_timesteps: get_usize_in(&v, "num_train_timesteps", Some(1000), (2, 100_000), path, &mut d)?,
+        shift: get_f64(&v, "shift", 5.0, true, path, &mut d)?,
+        training_shift: get_f64(&v, "training_shift", 1.0, true, path, &mut d)?,
+    })
 }

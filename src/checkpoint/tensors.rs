@@ -49,6 +49,22 @@ impl Dtype {
 }
 
 /// Where one tensor lives.
+/// The index of the first NaN or infinity among `bytes` read as `dtype` (little-endian): the
+/// exponent bits all set. Integer dtypes hold none.
+pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
+    match dtype {
+        Dtype::BF16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
+        Dtype::F16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 == 0x7c00),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000),
+        Dtype::F64 => bytes.chunks_exact(8).position(|b| {
+            u64::from_le_bytes(b.try_into().unwrap()) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000
+        }),
+        Dtype::I64 | Dtype::Other => None,
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
     pub dtype: Dtype,

@@ -318,6 +318,11 @@ pub struct VaeDecoder<B: VaeOps> {
 
 impl<B: VaeOps> VaeDecoder<B> {
     pub fn load(b: &B, c: &Component, cfg: &VaeConfig) -> Result<Self> {
+        // z·sqrt(var + eps) needs var + eps >= 0: a negative running variance would make NaN.
+        let (_, var) = c.f32("bn.running_var")?;
+        if let Some(i) = var.iter().position(|&v| !(v as f64 + cfg.batch_norm_eps >= 0.0)) {
+            anyhow::bail!("vae: `bn.running_var` element {i} is {} (a variance must be at least 0)", var[i]);
+        }
         let g = cfg.norm_num_groups;
         let rev: Vec<usize> = cfg.decoder_block_out_channels.iter().rev().copied().collect();
         let top = rev[0];
@@ -488,11 +493,16 @@ impl<B: VaeOps> VaeDecoder<B> {
     fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
         let gz = b.upload_f32(z)?;
         match split {
-            Split::Whole => b.to_rgb8(&self.forward(b, &gz)?),
+            Split::Whole => {
+                let y = self.forward(b, &gz)?;
+                ensure_picture_finite(b, &y)?;
+                b.to_rgb8(&y)
+            }
             Split::Strips(sp) => {
                 // HWC rows are contiguous: the strips' bytes, in order, are the picture's.
                 let mut rgb = Vec::with_capacity(z.shape[2] * z.shape[3] * 256 * 3);
                 self.forward_strips(b, &gz, sp, |_, t| {
+                    ensure_picture_finite(b, &t)?;
                     rgb.extend_from_slice(&b.to_rgb8(&t)?);
                     Ok(())
                 })?;
@@ -500,6 +510,12 @@ impl<B: VaeOps> VaeDecoder<B> {
             }
         }
     }
+}
+
+/// The decoded picture (or strip) holds only finite values: the 8-bit conversion would turn a
+/// NaN into a plausible colour. One download of the f32 picture (12 MB at 1024x1024).
+fn ensure_picture_finite<B: VaeOps>(b: &B, y: &B::T) -> Result<()> {
+    crate::tensor::ensure_finite("the decoded picture", &b.download(y)?.data)
 }
 
 #[cfg(test)]

@@ -148,6 +148,7 @@ mod tests {
             rope_base: 1e4,
             num_refiner_layers: 2,
             eps: 1e-6,
+            defaulted: vec![],
         };
         // 1024x1024 with a 128-token prompt: 4224 tokens, (3·8192 + 3·3072)·2 B a token.
         let b = dit_activation_bytes(&cfg, 4224, DType::BF16);
@@ -174,6 +175,7 @@ mod tests {
             linear_key_head_dim: 128,
             linear_value_head_dim: 128,
             linear_conv_kernel_dim: 4,
+            defaulted: vec![],
         };
         // The FFN dominates: (3·12288 + 3·4096)·2 B a token; 64 chunks of fp32 states at 4096.
         let b = encoder_activation_bytes(&cfg, 4096, DType::BF16);

@@ -1180,6 +1180,7 @@ mod tests {
             patch_size: [2, 2],
             use_post_quant_conv: true,
             mid_block_add_attention: true,
+            defaulted: vec![],
         };
         // 1024x1024: the largest picture is the 192-wide upsampler output at 1024x1024.
         let b = vae_activation_bytes(&cfg, 64, 64);
