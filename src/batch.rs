@@ -872,6 +872,7 @@ impl Ctx<'_> {
             save_latents: None,
             embeds: None,
             prompt_file: None,
+            device: self.o.device,
             uncond_skip: self.o.uncond_skip.clone(),
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,

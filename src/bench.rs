@@ -144,7 +144,7 @@ fn run_on<B: DitOps>(
         .map(|o| (o.op.clone(), serde_json::json!({"ms": o.gpu_ms, "host_ms": o.host_ms, "calls": o.calls})))
         .collect();
     if let (Some(p), Some(v)) = (&a.save_velocity, &vel) {
-        pipeline::write_latents(p, &b.download(v)?)?;
+        pipeline::write_latents_raw(p, &b.download(v)?)?;
     }
     drop(vel);
     drop(tc);
@@ -176,6 +176,7 @@ fn run_on<B: DitOps>(
             save_latents: None,
             embeds: None,
             prompt_file: None,
+            device: Device::Cpu,
             uncond_skip: a.uncond_skip.clone(),
             skip_window: a.skip_window,
             max_tokens: 0,
@@ -187,7 +188,7 @@ fn run_on<B: DitOps>(
         sync()?;
         let loop_s = s.elapsed().as_secs_f64();
         if let Some(p) = &a.save_latents {
-            pipeline::write_latents(p, &z)?;
+            pipeline::write_latents_raw(p, &z)?;
         }
         out["steps"] = a.steps.into();
         out["guidance"] = (a.guidance as f64).into();

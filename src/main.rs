@@ -243,6 +243,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 save_latents: a.save_latents.clone(),
                 embeds: a.embeds.clone(),
                 prompt_file: a.prompt.prompt_file.clone(),
+                device: a.model.device,
                 uncond_skip: a.uncond_skip.0.clone(),
                 skip_window: a.skip_window,
                 max_tokens: a.prompt.max_tokens as usize,

@@ -34,6 +34,8 @@ pub struct Request {
     pub max_tokens: usize,
     /// GPU compute precision (the CPU reference is always fp32).
     pub precision: crate::options::Precision,
+    /// Where it runs (recorded in the picture's metadata).
+    pub device: Device,
 }
 
 /// What a finished picture reports.
@@ -305,26 +307,75 @@ pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req
     png::encode(&rgb, req.width, req.height, &metadata(req, ck))
 }
 
-/// The PNG text metadata of a picture rendered for `req`.
+/// The PNG text metadata of a picture rendered for `req` (`crate::metadata`).
 pub fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
-    let mut m = png::Metadata::default();
-    m.push("prompt", &req.prompt);
-    m.push("negative", &req.negative);
-    m.push("seed", req.seed);
-    m.push("steps", req.steps);
-    m.push("guidance", req.guidance);
-    m.push("size", format!("{}x{}", req.width, req.height));
-    m.push("uncond_skip", req.uncond_skip.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","));
-    m.push("skip_window", format!("{}:{}", req.skip_window.0, req.skip_window.1));
-    m.push("model", &ck.loc.id);
-    m.push("model_revision", ck.loc.revision.as_deref().unwrap_or("local"));
-    m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
-    m
+    crate::metadata::for_request(req, ck)
 }
 
-pub fn write_latents(path: &Path, z: &Tensor) -> Result<()> {
+/// The `format` of a latents file's `moss` metadata.
+pub const LATENTS_FORMAT: &str = "moss-latents-1";
+
+/// The final latents as a self-describing safetensors file: tensor `latents` (f32 `[1, C, h, w]`)
+/// and the picture's settings, which `moss decode` reads back (no `--size` needed).
+pub fn latents_bytes(req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
+    let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, z.shape.clone(), &bytes)?;
+    // One metadata key (a HashMap's order would change the bytes from run to run).
+    let mut settings = serde_json::to_value(crate::metadata::Params::of(req, ck))?;
+    settings["format"] = serde_json::json!(LATENTS_FORMAT);
+    let meta = std::collections::HashMap::from([("moss".to_string(), settings.to_string())]);
+    Ok(safetensors::tensor::serialize([("latents", view)], Some(meta))?)
+}
+
+/// Latents from a file: a `moss-latents-1` safetensors (with the settings it was made with) or
+/// raw little-endian f32 (`size` or a square inferred from the length).
+pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<(Tensor, Option<crate::metadata::Params>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read latents {}", path.display()))?;
+    let looks_st = bytes.len() > 9
+        && bytes[8] == b'{'
+        && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
+    let (z, params) = if looks_st {
+        let bad = |why: String| anyhow::anyhow!("{} is not a moss latents file: {why}", path.display());
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("{e:?}")))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{e:?}")))?;
+        let m = meta.metadata().clone().unwrap_or_default();
+        let settings: serde_json::Value = m.get("moss").and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default();
+        if settings["format"] != LATENTS_FORMAT {
+            bail!(bad(format!("no `moss` metadata of format {LATENTS_FORMAT}")));
+        }
+        let v = st.tensor("latents").map_err(|_| bad("tensor `latents` missing".into()))?;
+        let shape = v.shape().to_vec();
+        if v.dtype() != safetensors::Dtype::F32 || shape.len() != 4 || shape[0] != 1 || shape[1] != channels {
+            bail!(bad(format!("`latents` must be f32 [1,{channels},h,w], is {:?} {shape:?}", v.dtype())));
+        }
+        if let Some((w, h)) = size {
+            if (h / 16, w / 16) != (shape[2] as u32, shape[3] as u32) {
+                bail!("{} holds a {}x{} picture's latents, not {w}x{h}", path.display(), shape[3] * 16, shape[2] * 16);
+            }
+        }
+        if shape[2] * 16 > crate::options::MAX_SIDE as usize || shape[3] * 16 > crate::options::MAX_SIDE as usize || shape[2] == 0 || shape[3] == 0 {
+            bail!(bad(format!("latents {shape:?} are not a picture of 16..{} a side", crate::options::MAX_SIDE)));
+        }
+        let data = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let params = serde_json::from_value(settings).ok();
+        (Tensor::new(shape, data)?, params)
+    } else {
+        let (h, w) = latent_grid(bytes.len() as u64, channels, size)?;
+        let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        (Tensor::new(vec![1, channels, h, w], data)?, None)
+    };
+    crate::tensor::ensure_finite(&format!("latents file {}", path.display()), &z.data)?;
+    Ok((z, params))
+}
+
+/// Raw little-endian f32 latents (the bench tools' format; `moss decode` reads it too).
+pub fn write_latents_raw(path: &Path, z: &Tensor) -> Result<()> {
     let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
     crate::output::write(path, &bytes)
+}
+
+pub fn write_latents(path: &Path, req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<()> {
+    crate::output::write(path, &latents_bytes(req, ck, z)?)
 }
 
 /// One picture, end to end.
@@ -428,7 +479,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
     if let Some(p) = &req.save_latents {
-        write_latents(p, &z)?;
+        write_latents(p, req, ck, &z)?;
     }
     progress.stage("decode");
     let t2 = Instant::now();
@@ -513,27 +564,28 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
 
 /// `moss decode`.
 pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device) -> Result<()> {
-    let meta = std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
+    std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;
     crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
-    let c = ck.dit.latent_channels;
-    let (h, w) = latent_grid(meta.len(), c, size)?;
-    let bytes = std::fs::read(latents)?;
-    let data: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    if let Some(i) = data.iter().position(|v| !v.is_finite()) {
-        bail!("latents file {} holds a non-finite value at index {i}", latents.display());
-    }
-    let z = Tensor::new(vec![1, c, h, w], data)?;
+    let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
+    let (h, w) = (z.shape[2], z.shape[3]);
     let rgb = match device {
         Device::Cpu => decode_rgb(&Cpu, &ck, &z)?,
         Device::Cuda(n) => decode_rgb(&cuda(n, crate::options::Precision::Fp32)?, &ck, &z)?,
     };
-    let mut m = png::Metadata::default();
-    m.push("model", &ck.loc.id);
-    m.push("source", latents.display());
-    m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
+    // The settings the latents were made with, when the file carries them.
+    let m = match params {
+        Some(p) => p.to_png(),
+        None => {
+            let mut m = png::Metadata::default();
+            m.push("moss:model", &ck.loc.id);
+            m.push("moss:source", latents.display());
+            m.push("Software", crate::metadata::version());
+            m
+        }
+    };
     let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
     crate::output::write(out, &png_bytes)
 }

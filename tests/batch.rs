@@ -108,9 +108,15 @@ fn single(model: &str, tag: &str, flags: &[&str]) -> Vec<u8> {
     bytes
 }
 
+/// A setting from the picture's `moss` metadata chunk.
 fn meta(bytes: &[u8], key: &str) -> String {
     let (_, _, _, m) = moss::png::decode(bytes).unwrap();
-    m.get(key).unwrap_or_else(|| panic!("no {key} in the PNG metadata")).to_string()
+    let j: serde_json::Value = serde_json::from_str(m.get("moss").expect("no moss chunk in the PNG")).unwrap();
+    match &j[key] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => panic!("no {key} in the PNG's moss settings"),
+        v => v.to_string(),
+    }
 }
 
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {

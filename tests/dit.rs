@@ -147,6 +147,7 @@ fn loop_request(e: &Expected) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        device: moss::backend::Device::Cpu,
         uncond_skip: skips(&lp["uncond_skip"]),
         skip_window: (0.0, 1.0),
         max_tokens: 4096,

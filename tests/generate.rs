@@ -39,10 +39,6 @@ fn pixels(path: &Path) -> (Vec<u8>, u32, u32) {
     (px, w, h)
 }
 
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-}
-
 /// At most this many of `n` RGB values may be off by one from the golden picture (none by more):
 /// 1 in 400. Our fp32 pipeline differs from torch's in the last bits, which can flip a rounding,
 /// above all the bf16 rounding of the encoder output: on tiny-a 4 of its 1600 values round the
@@ -89,15 +85,17 @@ fn end_to_end(name: &str) {
     let allowed = off_by_one_allowed(got.len());
     assert!(worst <= 1 && off <= allowed, "{name}: {off} values differ (allowed {allowed} off by one), worst by {worst}");
 
-    // --save-latents: [1, 128, H/16, W/16] little-endian f32, the final latents.
+    // --save-latents: a safetensors file, `latents` f32 [1, 128, H/16, W/16] and the settings.
     let c = 128usize;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
-    let len = std::fs::metadata(&lat1).unwrap().len();
-    assert_eq!(len, (4 * c * lh * lw) as u64, "{name}: latents file length");
+    let (z, params) = moss::pipeline::read_latents(&lat1, c, None).unwrap();
+    assert_eq!(z.shape, [1, c, lh, lw], "{name}: latents shape");
+    let params = params.expect("the latents carry their settings");
+    assert_eq!((params.seed.to_string(), params.width as u64, params.height as u64), (seed.clone(), w, h));
     // Through our own encoder the bound is looser than tests/dit.rs's 1e-5 on golden's contexts: a
     // last-bit difference of the encoder can flip a value's bf16 rounding at the stage boundary
     // (tiny-a: 4 of 1600 values flip, giving ~1.5e-5 after 4 steps).
-    common::assert_close(&format!("{name} saved latents vs loop.latents"), &f32s(&lat1), &e.tensor("loop.latents").data, 1e-4);
+    common::assert_close(&format!("{name} saved latents vs loop.latents"), &z.data, &e.tensor("loop.latents").data, 1e-4);
 
     // 2. The same picture with the loop's parameters spelled out, and --json.
     let guidance = lp["guidance"].as_f64().unwrap().to_string();
@@ -119,10 +117,16 @@ fn end_to_end(name: &str) {
     );
     assert!(std::fs::read(&lat1).unwrap() == std::fs::read(&lat2).unwrap(), "{name}: two runs wrote different latents");
 
-    // 3. `moss decode` takes the saved latents and gives the same pixels.
-    let r = moss(&["decode", &p(&lat1), "--size", &size, "--out", &p(&png3), "--device", "cpu", "--model", model]);
+    // 3. `moss decode` takes the saved latents (no --size needed) and gives the same picture,
+    // metadata included; raw f32 latents still decode (with --size) to the same pixels.
+    let r = moss(&["decode", &p(&lat1), "--out", &p(&png3), "--device", "cpu", "--model", model]);
     assert_eq!(r.stdout, format!("{}\n", png3.display()));
-    assert!(pixels(&png3).0 == got, "{name}: `moss decode` of the saved latents gives other pixels");
+    assert!(std::fs::read(&png3).unwrap() == std::fs::read(&png1).unwrap(), "{name}: decode of the saved latents differs from generate's PNG");
+    let raw = dir.join("raw.f32");
+    std::fs::write(&raw, z.data.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let png4 = dir.join("raw.png");
+    moss(&["decode", &p(&raw), "--size", &size, "--out", &p(&png4), "--device", "cpu", "--model", model]);
+    assert!(pixels(&png4).0 == got, "{name}: `moss decode` of raw latents gives other pixels");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -137,7 +137,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         queue: q.clone(),
         tokenizer,
         model: model.clone(),
-        base: api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision),
+        base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
         limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
         api_key: o.api_key.clone(),
         max_body: o.max_body,

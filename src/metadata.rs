@@ -1,0 +1,191 @@
+//! What a picture records about how it was made, in the forms other tools read:
+//!
+//! - `parameters` (tEXt/iTXt): the A1111/Forge text that PNG Info panels, civitai and metadata
+//!   readers parse: the prompt, a `Negative prompt:` line, then `Key: value` pairs
+//!   (`Steps: 50, Sampler: Euler, CFG scale: 3, Seed: 42, Size: 1024x1024, Model: ..., Version: ...`).
+//! - `moss` (iTXt): one JSON object with every setting, which `moss info` prints and
+//!   `moss generate --from` renders again.
+//! - `Software`: `moss VERSION`.
+//!
+//! No bare `prompt` chunk: ComfyUI reads a chunk of that name as its JSON graph.
+
+use crate::checkpoint::Checkpoint;
+use crate::pipeline::Request;
+use crate::png::Metadata;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Every setting that made a picture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    pub prompt: String,
+    pub negative: String,
+    pub seed: u64,
+    pub steps: u32,
+    pub guidance: f32,
+    pub width: u32,
+    pub height: u32,
+    pub uncond_skip: Vec<usize>,
+    pub skip_window: (f64, f64),
+    pub max_tokens: usize,
+    pub precision: String,
+    pub device: String,
+    pub model: String,
+    pub model_revision: String,
+    pub version: String,
+}
+
+/// The version string pictures and `--version` carry.
+pub fn version() -> String {
+    format!("moss {}", env!("CARGO_PKG_VERSION"))
+}
+
+impl Params {
+    pub fn of(req: &Request, ck: &Checkpoint) -> Params {
+        Params {
+            prompt: req.prompt.clone(),
+            negative: req.negative.clone(),
+            seed: req.seed,
+            steps: req.steps,
+            guidance: req.guidance,
+            width: req.width,
+            height: req.height,
+            uncond_skip: req.uncond_skip.clone(),
+            skip_window: req.skip_window,
+            max_tokens: req.max_tokens,
+            precision: req.precision.to_string(),
+            device: req.device.to_string(),
+            model: ck.loc.id.clone(),
+            model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
+            version: version(),
+        }
+    }
+
+    /// The A1111/Forge `parameters` text.
+    pub fn a1111(&self) -> String {
+        let mut s = self.prompt.clone();
+        if !self.negative.is_empty() {
+            s.push_str("\nNegative prompt: ");
+            s.push_str(&self.negative);
+        }
+        let skip = self.uncond_skip.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+        let mut kv: Vec<(&str, String)> = vec![
+            ("Steps", self.steps.to_string()),
+            ("Sampler", "Euler".into()),
+            ("Schedule type", "Simple".into()),
+            ("CFG scale", fmt_num(self.guidance as f64)),
+            ("Seed", self.seed.to_string()),
+            ("Size", format!("{}x{}", self.width, self.height)),
+            ("Model", self.model.clone()),
+            ("Model revision", self.model_revision.clone()),
+            ("Skip layers", if skip.is_empty() { "none".into() } else { skip }),
+            ("Skip window", format!("{}:{}", fmt_num(self.skip_window.0), fmt_num(self.skip_window.1))),
+            ("Precision", self.precision.clone()),
+            ("Device", self.device.clone()),
+        ];
+        if self.max_tokens != 4096 {
+            kv.push(("Max tokens", self.max_tokens.to_string()));
+        }
+        kv.push(("Version", self.version.clone()));
+        s.push('\n');
+        s.push_str(&kv.iter().map(|(k, v)| format!("{k}: {}", quote(v))).collect::<Vec<_>>().join(", "));
+        s
+    }
+
+    /// The picture's text chunks.
+    pub fn to_png(&self) -> Metadata {
+        let mut m = Metadata::default();
+        m.push("parameters", self.a1111());
+        m.push("moss", serde_json::to_string(self).expect("settings serialize"));
+        m.push("Software", &self.version);
+        m
+    }
+
+    /// The settings a moss picture carries (its `moss` chunk).
+    pub fn from_png(meta: &Metadata) -> Result<Params> {
+        let Some(j) = meta.get("moss") else {
+            if meta.get("parameters").is_some() {
+                bail!("the picture has A1111-style parameters but no `moss` settings: it was not made by this moss");
+            }
+            bail!("the picture carries no moss settings");
+        };
+        serde_json::from_str(j).context("the picture's `moss` settings are not valid")
+    }
+}
+
+/// A number as A1111 prints it: integers without a fraction (`3`, not `3.0`).
+fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A1111's `quote`: a value holding `,`, `:` or a newline is written as a JSON string.
+fn quote(v: &str) -> String {
+    if v.contains([',', ':', '\n', '"']) {
+        serde_json::to_string(v).unwrap_or_default()
+    } else {
+        v.to_string()
+    }
+}
+
+/// The picture's metadata (see the module docs).
+pub fn for_request(req: &Request, ck: &Checkpoint) -> Metadata {
+    Params::of(req, ck).to_png()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> Params {
+        Params {
+            prompt: "a fox, in snow".into(),
+            negative: "blurry".into(),
+            seed: 42,
+            steps: 50,
+            guidance: 3.0,
+            width: 1024,
+            height: 768,
+            uncond_skip: vec![22],
+            skip_window: (0.0, 1.0),
+            max_tokens: 4096,
+            precision: "bf16".into(),
+            device: "cuda:0".into(),
+            model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
+            model_revision: "abc".into(),
+            version: "moss 0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn a1111_text() {
+        let t = p().a1111();
+        assert_eq!(
+            t,
+            "a fox, in snow\nNegative prompt: blurry\nSteps: 50, Sampler: Euler, Schedule type: Simple, CFG scale: 3, \
+             Seed: 42, Size: 1024x768, Model: OpenMOSS-Team/MOSS-Image-SFT, Model revision: abc, Skip layers: 22, \
+             Skip window: \"0:1\", Precision: bf16, Device: \"cuda:0\", Version: moss 0.1.0"
+        );
+        let mut q = p();
+        q.negative.clear();
+        q.guidance = 4.5;
+        q.uncond_skip = vec![3, 22];
+        q.max_tokens = 77;
+        let t = q.a1111();
+        assert!(!t.contains("Negative prompt"), "{t}");
+        assert!(t.contains("CFG scale: 4.5,") && t.contains("Skip layers: \"3,22\"") && t.contains("Max tokens: 77"), "{t}");
+    }
+
+    #[test]
+    fn round_trip_through_the_chunks() {
+        let m = p().to_png();
+        assert!(m.get("prompt").is_none(), "no bare prompt chunk");
+        assert_eq!(Params::from_png(&m).unwrap(), p());
+        let mut other = Metadata::default();
+        other.push("parameters", "x\nSteps: 20");
+        assert!(Params::from_png(&other).unwrap_err().to_string().contains("not made by this moss"));
+    }
+}
