@@ -47,7 +47,23 @@ fn find_nvcc() -> Option<PathBuf> {
         .find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
 }
 
+/// The git revision the binary is built from (`--version`), or "unknown" outside a checkout.
+fn git_revision() {
+    println!("cargo:rerun-if-changed=.git/HEAD");
+    println!("cargo:rerun-if-changed=.git/index");
+    let rev = Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=10"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=MOSS_GIT_REV={rev}");
+}
+
 fn main() {
+    git_revision();
     for v in ENV {
         println!("cargo:rerun-if-env-changed={v}");
     }

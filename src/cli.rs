@@ -5,8 +5,26 @@ use clap::{Args, Parser, Subcommand};
 pub use crate::options::{parse_size, Precision, MAX_SIDE};
 use std::path::PathBuf;
 
+/// `--version`: the crate version, the git revision, and the CUDA kernels built in.
+pub fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let kernels = match crate::backend::cuda::kernel_archs() {
+            Some(sms) => format!("CUDA kernels for sm_{}", sms.replace(',', ", sm_")),
+            None => "built without CUDA kernels (CPU only)".to_string(),
+        };
+        format!("{} (git {})\n{kernels}", env!("CARGO_PKG_VERSION"), env!("MOSS_GIT_REV"))
+    })
+}
+
 #[derive(Parser, Debug)]
-#[command(name = "moss", version, about = "Text to PNG with the MOSS-Image model (OpenMOSS), on its own CUDA kernels")]
+#[command(
+    name = "moss",
+    version,
+    long_version = long_version(),
+    about = "Text to picture with the MOSS-Image model (OpenMOSS), on its own CUDA kernels",
+    arg_required_else_help = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -23,6 +41,12 @@ pub enum Command {
     Decode(DecodeArgs),
     /// Check the checkpoint (and with --device cuda, every GPU kernel against the CPU reference).
     Check(CheckArgs),
+    /// Print the settings a moss picture was made with.
+    Info(InfoArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout.
+    Man,
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
     /// Time the prompt encoder on token ids (a bench tool: src/bench_encoder.rs).
@@ -149,9 +173,14 @@ pub struct PromptArgs {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
-    /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise).
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise);
+    /// `random` draws one (printed on stderr and recorded in the picture).
+    #[arg(long, default_value = "42", value_parser = parse_seed)]
+    pub seed: Seed,
+    /// Render the picture a moss picture was made from again, with its recorded settings; flags
+    /// given beside it override them.
+    #[arg(long, value_name = "PICTURE", conflicts_with_all = ["prompts", "embeds"])]
+    pub from: Option<PathBuf>,
     /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
     #[arg(long, default_value_t = 50)]
     pub steps: u32,
@@ -214,7 +243,7 @@ pub struct BatchArgs {
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
     pub shard: Option<crate::batch::Shard>,
     /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = parse_chunk)]
     pub chunk: Option<u64>,
 }
 
@@ -324,6 +353,61 @@ pub struct ServeArgs {
     /// Fraction of the steps in which the skip applies (as `generate --skip-window`).
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// A picture written by moss.
+    pub picture: PathBuf,
+    /// Print the settings as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+/// `--seed`: a number, or `random`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    Fixed(u64),
+    Random,
+}
+
+impl Seed {
+    /// The seed to use: a random one is drawn from the OS.
+    pub fn resolve(self) -> u64 {
+        match self {
+            Seed::Fixed(s) => s,
+            Seed::Random => {
+                let mut b = [0u8; 8];
+                use std::io::Read;
+                match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+                    Ok(()) => u64::from_le_bytes(b),
+                    Err(_) => std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64 ^ (std::process::id() as u64) << 32),
+                }
+            }
+        }
+    }
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a chunk size: give a whole number of pictures, 1 or more (1 writes each picture as soon as it is made)")),
+    }
+}
+
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    if s == "random" || s == "rand" {
+        return Ok(Seed::Random);
+    }
+    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1 or `random`"))
 }
 
 /// A list of block indices.

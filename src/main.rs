@@ -1,8 +1,8 @@
-use clap::Parser;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use moss::batch;
-use moss::cli::{Cli, Command, GenerateArgs, PromptArgs};
+use clap::{CommandFactory, FromArgMatches};
+use moss::cli::{Cli, Command, GenerateArgs, PromptArgs, Seed};
 use moss::pipeline::{self, Progress, Request};
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -160,11 +160,15 @@ impl Drop for BatchBars {
 /// `moss generate --prompts`: exit 0 if every item of this shard was written (or skipped), 1 if
 /// any failed, 128 + the signal if stopped.
 fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> {
+    let seed = a.seed.resolve();
+    if a.seed == Seed::Random && !a.quiet {
+        eprintln!("moss: seed {seed} (random; item i uses {seed} + i)");
+    }
     let o = batch::BatchOptions {
         prompts: prompts.to_path_buf(),
         defaults: batch::Defaults {
             negative: a.prompt.negative.clone(),
-            seed: a.seed,
+            seed,
             steps: a.steps,
             guidance: a.guidance,
             size: a.size,
@@ -219,22 +223,101 @@ fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// The exit code: 0 on success, 1 when something failed.
-fn run(cli: Cli) -> anyhow::Result<u8> {
+/// `--from PIC`: the picture's recorded settings, where no flag on the command line overrides them.
+fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
+    let p = read_settings(pic)?;
+    if a.prompt.prompt.is_none() && a.prompt.prompt_file.is_none() {
+        a.prompt.prompt = Some(p.prompt);
+    }
+    if !given("negative") {
+        a.prompt.negative = p.negative;
+    }
+    if !given("seed") {
+        a.seed = Seed::Fixed(p.seed);
+    }
+    if !given("steps") {
+        a.steps = p.steps;
+    }
+    if !given("guidance") {
+        a.guidance = p.guidance;
+    }
+    if !given("size") {
+        a.size = moss::options::parse_size(&format!("{}x{}", p.width, p.height)).map_err(anyhow::Error::msg)?;
+    }
+    if !given("uncond_skip") {
+        a.uncond_skip = moss::cli::SkipList(p.uncond_skip);
+    }
+    if !given("skip_window") {
+        a.skip_window = p.skip_window;
+    }
+    if !given("max_tokens") {
+        a.prompt.max_tokens = p.max_tokens.clamp(1, 4096) as u32;
+    }
+    if !given("precision") {
+        a.precision = p.precision.parse().map_err(anyhow::Error::msg)?;
+    }
+    if !given("device") {
+        a.model.device = p.device.parse().map_err(anyhow::Error::msg)?;
+    }
+    if !given("model") {
+        a.model.model = p.model;
+    }
+    Ok(())
+}
+
+/// The settings recorded in a moss picture.
+fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
+    use anyhow::Context;
+    let bytes = std::fs::read(pic).with_context(|| format!("cannot read {}", pic.display()))?;
+    let (_, _, _, meta) = moss::png::decode(&bytes).with_context(|| format!("{} is not a PNG moss can read", pic.display()))?;
+    moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
+}
+
+/// The exit code: 0 on success, 1 when something failed. `given(id)`: whether the flag with
+/// that id was on the command line (or in its environment variable), not a default.
+fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
     match cli.command {
+        Command::Info(a) => {
+            let p = read_settings(&a.picture)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&p)?);
+            } else {
+                println!("{}", p.a1111());
+            }
+            Ok(0)
+        }
+        Command::Completions(a) => {
+            clap_complete::generate(a.shell, &mut Cli::command(), "moss", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(0)
+        }
         Command::Generate(a) if a.batch.prompts.is_some() => run_batch(&a, a.batch.prompts.as_deref().unwrap()),
-        Command::Generate(a) => {
+        Command::Generate(mut a) => {
             if let Some(f) = a.batch.stray_flag() {
                 anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
             }
+            if let Some(pic) = a.from.clone() {
+                apply_from(&mut a, &pic, given)?;
+            }
+            if a.embeds.is_some() && (a.prompt.prompt.is_some() || a.prompt.prompt_file.is_some() || given("negative")) {
+                anyhow::bail!("--embeds brings its own prompt and negative: leave out --prompt, --prompt-file and --negative");
+            }
             let prompt = prompt_text(&a.prompt)?;
             if prompt.is_none() && a.embeds.is_none() {
-                anyhow::bail!("give --prompt, --prompt-file, --embeds or --prompts");
+                anyhow::bail!("give --prompt, --prompt-file, --embeds, --prompts or --from");
             }
+            let seed = a.seed.resolve();
+            // The seed is said whenever it was not given (a drawn one, or the default); after the
+            // run, beside the path, so a refusal stays one line.
+            let say_seed = (a.seed == Seed::Random || (!given("seed") && a.from.is_none())) && !a.quiet;
+            let seed_note = format!("moss: seed {seed}{}", if a.seed == Seed::Random { " (random)" } else { " (default)" });
             let req = Request {
                 prompt: prompt.unwrap_or_default(),
                 negative: a.prompt.negative.clone(),
-                seed: a.seed,
+                seed,
                 steps: a.steps,
                 guidance: a.guidance,
                 width: a.size.0,
@@ -256,6 +339,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let mut bars = Bars::new(a.quiet || a.json);
             let rep = pipeline::generate(&req, &a.model.model, a.model.device, &mut bars)?;
             drop(bars);
+            if say_seed && !a.json {
+                eprintln!("{seed_note}");
+            }
             if a.json {
                 println!("{}", rep.json());
             } else if !a.quiet && !to_stdout {
@@ -364,21 +450,37 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print(); // --help, --version
-            return ExitCode::SUCCESS;
-        }
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
         Err(e) => {
-            // One line naming the problem (clap's first line), as for every other error.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("moss: {}", first.trim());
+            // clap's whole message: the problem, the usage line, suggestions (`--promt`: did you
+            // mean `--prompt`?); help and version on stdout with exit 0.
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
             return ExitCode::from(2);
         }
     };
-    match run(cli) {
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A closed stdout (`moss check | head -1`) ends the process quietly, as for other tools.
+        // (Not for the server, whose sockets must never kill it.)
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let sub = matches.subcommand().map(|(_, m)| m.clone());
+    let given = move |id: &str| {
+        sub.as_ref().is_some_and(|m| {
+            m.try_get_raw(id).ok().flatten().is_some()
+                && !matches!(m.value_source(id), Some(clap::parser::ValueSource::DefaultValue) | None)
+        })
+    };
+    match run(cli, &given) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let msg = format!("{e:#}");

@@ -456,12 +456,15 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
         height: req.height,
         ..Default::default()
     };
+    // With embeds, the texts the picture records are the ones the file was encoded from.
+    let mut from_embeds = None;
     let (cond, uncond) = match (&req.embeds, tokens) {
         (Some(p), _) => {
             let e: Embeds = crate::embeds::read(p)?;
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
+            from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
             (e.cond.hidden, e.uncond.hidden)
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
@@ -472,6 +475,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
             (cond, uncond)
         }
     };
+    let req = from_embeds.as_ref().unwrap_or(req);
     rep.encode_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     b.release_cached()?; // the encoder is gone: its memory is free for the DiT's plan

@@ -1,0 +1,152 @@
+//! The command line people expect: clap's whole messages, help for a bare `moss`, a quiet exit on a
+//! closed pipe, `--version` with the revision and kernels, completions and a man page, `moss info`,
+//! `generate --from` (byte-identical), `--seed random`, and true metadata with `--embeds`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+struct Run {
+    code: Option<i32>,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+fn moss(args: &[&str]) -> Run {
+    let o = Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap();
+    Run { code: o.status.code(), stdout: o.stdout, stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+}
+
+fn text(r: &Run) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("moss-habits-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny() -> String {
+    common::golden().join("tiny-a").display().to_string()
+}
+
+#[test]
+fn clap_messages_in_full() {
+    let r = moss(&[]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("Usage:") && r.stderr.contains("generate") && r.stderr.contains("serve"), "{}", r.stderr);
+    let r = moss(&["generate", "--promt", "x"]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("--prompt") && r.stderr.contains("Usage:"), "no suggestion: {}", r.stderr);
+    let r = moss(&["decode", "x.f32"]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("--out") && r.stderr.contains("Usage:"), "the missing argument is not named: {}", r.stderr);
+    let r = moss(&["generate", "--chunk", "0", "--prompts", "x"]);
+    assert!(r.stderr.contains("1 or more"), "{}", r.stderr);
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
+        .args(["check", "--model", &tiny()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before moss writes
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert_ne!(o.status.code(), Some(101), "a panic exit: {err}");
+}
+
+#[test]
+fn version_completions_and_man_page() {
+    let r = moss(&["--version"]);
+    assert_eq!(r.code, Some(0));
+    let v = text(&r);
+    assert!(v.contains(env!("CARGO_PKG_VERSION")) && v.contains("git "), "{v}");
+    assert!(v.contains("CUDA kernels for sm_") || v.contains("built without CUDA kernels"), "{v}");
+    for shell in ["bash", "zsh", "fish"] {
+        let r = moss(&["completions", shell]);
+        assert_eq!(r.code, Some(0), "{shell}: {}", r.stderr);
+        let t = text(&r);
+        assert!(t.contains("generate") && t.contains("prompt") && t.contains("guidance"), "{shell}: {t}");
+    }
+    let r = moss(&["man"]);
+    assert_eq!(r.code, Some(0));
+    assert!(text(&r).contains(".TH moss"), "not a man page");
+}
+
+#[test]
+fn info_from_and_seeds() {
+    let d = scratch("from");
+    let m = tiny();
+    let a = d.join("a.png");
+    let b = d.join("b.png");
+    let r = moss(&[
+        "generate", "--device", "cpu", "--model", &m, "--prompt", "a red fox", "--negative", "blurry, dark", "--seed",
+        "7", "--steps", "2", "--guidance", "2.5", "--size", "64x64", "--out", a.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.is_empty(), "a given seed is not repeated: {}", r.stderr);
+
+    // moss info: the A1111 text, and JSON.
+    let r = moss(&["info", a.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let t = text(&r);
+    assert!(t.starts_with("a red fox\nNegative prompt: blurry, dark\nSteps: 2, Sampler: Euler"), "{t}");
+    assert!(t.contains("CFG scale: 2.5") && t.contains("Seed: 7") && t.contains("Size: 64x64"), "{t}");
+    let r = moss(&["info", "--json", a.to_str().unwrap()]);
+    let j: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!((j["seed"].as_u64(), j["steps"].as_u64(), j["negative"].as_str()), (Some(7), Some(2), Some("blurry, dark")));
+    assert_eq!(j["device"], "cpu");
+
+    // --from: the same bytes; a flag beside it overrides.
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--out", b.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from did not render the same bytes");
+    let c = d.join("c.png");
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--seed", "8", "--out", c.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", c.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!((j["seed"].as_u64(), j["guidance"].as_f64()), (Some(8), Some(2.5)));
+    // A picture without moss settings is refused by name.
+    let r = moss(&["info", common::golden().join("expected/tiny-a.png").to_str().unwrap()]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("moss settings"), "{}", r.stderr);
+
+    // --seed random draws one, says it, records it; a default seed is said too.
+    let e = d.join("e.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "--seed", "random", "--out", e.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let said: u64 = r.stderr.trim().strip_prefix("moss: seed ").and_then(|s| s.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", e.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!(j["seed"].as_u64(), Some(said));
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", e.to_str().unwrap()]);
+    assert_eq!(r.stderr.trim(), "moss: seed 42 (default)");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn embeds_bring_their_texts() {
+    let d = scratch("embeds");
+    let m = tiny();
+    let emb = d.join("e.safetensors");
+    let r = moss(&["encode", "--device", "cpu", "--model", &m, "--prompt", "an owl", "--negative", "fog", "--out", emb.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let out = d.join("o.png");
+    let base = ["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "--seed", "1", "--embeds", emb.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    let r = moss(&[&base[..], &["--prompt", "something else"]].concat());
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("--embeds brings its own prompt"), "{}", r.stderr);
+    assert!(!out.exists());
+    let r = moss(&base);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", out.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!((j["prompt"].as_str(), j["negative"].as_str()), (Some("an owl"), Some("fog")));
+    std::fs::remove_dir_all(&d).unwrap();
+}
