@@ -286,9 +286,7 @@ __device__ void situ_impl(T* __restrict__ out, const T* __restrict__ x, long row
         }
     }
 }
-MOSS_KERNEL void moss_situ_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 0>(out, x, rows, f); }
 MOSS_KERNEL void moss_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 0>(out, x, rows, f); }
-MOSS_KERNEL void moss_ctl_situ_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 1>(out, x, rows, f); }
 MOSS_KERNEL void moss_ctl_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 1>(out, x, rows, f); }
 MOSS_KERNEL void moss_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 0, true>(out, x, rows, f); }
 MOSS_KERNEL void moss_ctl_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 1, true>(out, x, rows, f); }

@@ -64,10 +64,6 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
     MOSS_KERNEL void __launch_bounds__(256) PFX##_add_rms_##SX(T* xo, T* no, const T* x, const T* h,          \
                                                                const float* w, int d, float eps) {            \
         moss_enc_addnorm::add_rms_impl<T, BUG>(xo, no, x, h, w, d, eps);                                      \
-    }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1_##SX(T* no, const T* x, const float* w, int d,         \
-                                                            float eps) {                                      \
-        moss_enc_addnorm::add_rms_impl<T, BUG, false>(nullptr, no, x, nullptr, w, d, eps);                    \
     }
 MOSS_ADD_RMS(moss_enc, 0, __nv_bfloat16, bf16)
 MOSS_ADD_RMS(moss_enc, 0, float, f32)

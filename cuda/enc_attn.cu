@@ -155,13 +155,6 @@ __device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, in
 }  // namespace moss_enca
 
 #define MOSS_ENC_ATTN_OPS(PFX, BUG, T, SX)                                                                      \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_qkrope_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq,    \
-                                                              const T* wk, long L, int nh, int nkv, int hd,     \
-                                                              long ld, long qhs, long koff, long voff,          \
-                                                              float eps, int rot, long theta_bits) {            \
-        moss_enca::qkrope_impl<T, BUG, false>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps,   \
-                                              rot, __longlong_as_double(theta_bits), nullptr);                  \
-    }                                                                                                           \
     MOSS_KERNEL void PFX##_gmulh_##SX(T* out, const T* o, const T* gate, long L, int nh, int hd, long ldt,        \
                                       long ghs) {                                                               \
         moss_enca::gmulh_impl<T, BUG>(out, o, gate, L, nh, hd, ldt, ghs);                                       \

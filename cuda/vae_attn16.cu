@@ -326,7 +326,6 @@ MOSS_KERNEL void moss_vae_f16_prep(__half* dst, const float* q, const float* k, 
         moss_va16::attn16<BUG, MODE>(out, qkv, mx, L, Lq, plane, rsqrt_d);                                         \
     }
 MOSS_VA16_KERNEL(moss_vae_attn16_d384, 0, 0)
-MOSS_VA16_KERNEL(moss_vae_attn16r_d384, 0, 1)
 MOSS_VA16_KERNEL(moss_ctl3_vae_attn16_d384, 0, 2)
 MOSS_VA16_KERNEL(moss_ctl_vae_attn16_d384, 1, 0)
 MOSS_VA16_KERNEL(moss_ctl2_vae_attn16_d384, 2, 0)

@@ -369,54 +369,10 @@ __device__ void conv_small(float* __restrict__ out, const float* __restrict__ x,
                                      int silu) {                                                               \
         moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
     }
-// The fp32 weight stream (W32): half the bytes from L2 and in shared memory, the split in registers.
-#define MOSS_VAE_HALO32(sfx, bm, ks)                                                                            \
-    MOSS_KERNEL void moss_vae_wprep32_##sfx(float* wf, const float* w, int cout, int cin) {                    \
-        moss_vaeconv::wprep<bm, ks, 1>(wf, w, cout, cin);                                                      \
-    }                                                                                                          \
-    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                               \
-        moss_vae_conv_halo32_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h, \
-                                   int wd, int cout, int up, int bug, int wsplit, const double* norm, int silu) \
-    {                                                                                                          \
-        moss_vaeconv::conv_halo<1, bm, ks, 1>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);   \
-    }
-MOSS_VAE_HALO32(b128_k3, 128, 3)
-MOSS_VAE_HALO32(b96_k3, 96, 3)
-MOSS_VAE_HALO32(b128_k1, 128, 1)
-MOSS_VAE_HALO32(b96_k1, 96, 1)
 MOSS_VAE_HALO(b128_k3, 128, 3)
 MOSS_VAE_HALO(b96_k3, 96, 3)
 MOSS_VAE_HALO(b128_k1, 128, 1)
 MOSS_VAE_HALO(b96_k1, 96, 1)
-
-// GroupNorm fused into the halo conv's load: per (image, channel) (mean, w[c] / sqrt(var + eps),
-// b[c]) in f64 from stats [N, groups, 2] = (mean, variance), the same arithmetic as
-// moss_vae_gn_apply. BUG 1 (planted): the channel's group taken as c % groups.
-namespace moss_vaeconv {
-template <int BUG>
-__device__ void gn_coef(double* __restrict__ coef, const double* __restrict__ stats, const float* __restrict__ wt,
-                        const float* __restrict__ bias, int n, int c, int groups, double eps) {
-    const int cg = c / groups;
-    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n * c; idx += gridDim.x * blockDim.x) {
-        int ch = idx % c, ni = idx / c;
-        long g = (long)ni * groups + (BUG == 1 ? ch % groups : ch / cg);
-        double mean = stats[2 * g];
-        double var = stats[2 * g + 1];
-        double inv = 1.0 / sqrt(var + eps);
-        coef[3 * idx] = mean;
-        coef[3 * idx + 1] = (double)wt[ch] * inv;
-        coef[3 * idx + 2] = (double)bias[ch];
-    }
-}
-}  // namespace moss_vaeconv
-MOSS_KERNEL void moss_vae_gn_coef(double* coef, const double* stats, const float* w, const float* b, int n, int c,
-                                  int groups, long eps_bits) {
-    moss_vaeconv::gn_coef<0>(coef, stats, w, b, n, c, groups, __longlong_as_double(eps_bits));
-}
-MOSS_KERNEL void moss_ctl_vae_gn_coef(double* coef, const double* stats, const float* w, const float* b, int n,
-                                      int c, int groups, long eps_bits) {
-    moss_vaeconv::gn_coef<1>(coef, stats, w, b, n, c, groups, __longlong_as_double(eps_bits));
-}
 
 MOSS_KERNEL void moss_vae_conv_small(float* out, const float* x, const float* w, const float* b, int cin, int h,
                                      int wd, int cout, int k, int up, int n) {

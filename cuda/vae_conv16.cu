@@ -354,24 +354,10 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
                                                                    int cout, int cin) {                          \
         moss_vaeconv16::wprep16<bm, ks, 11>(wf, rs, w, cout, cin);                                               \
     }                                                                                                            \
-    MOSS_KERNEL void __launch_bounds__(256) moss_vae_wprep16a_##sfx(unsigned* wf, float* rs, const float* w,    \
-                                                                    int cout, int cin) {                         \
-        moss_vaeconv16::wprep16<bm, ks, 0>(wf, rs, w, cout, cin);                                                \
-    }                                                                                                            \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
         moss_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,   \
                               int cin, int h, int wd, int cout, int up, int bug, int* flag) {                    \
         moss_vaeconv16::conv16<1, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
-    }                                                                                                            \
-    MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
-        moss_vae_conv16a_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,  \
-                               int cin, int h, int wd, int cout, int up, int bug, int* flag) {                   \
-        moss_vaeconv16::conv16<0, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
-    }                                                                                                            \
-    MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
-        moss_vae_conv16b_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,  \
-                               int cin, int h, int wd, int cout, int up, int bug, int* flag) {                   \
-        moss_vaeconv16::conv16<2, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
     }                                                                                                            \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
         moss_ctl_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs,              \

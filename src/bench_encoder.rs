@@ -86,7 +86,7 @@ fn bench<B: EncoderOps>(
         }
         let mut dsorted = device_ms.clone();
         dsorted.sort_by(f64::total_cmp);
-        // The download of the hidden states alone (the way `download` takes: MOSS_DOWNLOAD).
+        // The download of the hidden states alone (the way `download` takes).
         let h = enc.hidden(b, ids)?;
         sync()?;
         let mut download_ms = vec![];
@@ -137,7 +137,7 @@ fn bench<B: EncoderOps>(
             "device_median_ms": dsorted.get(dsorted.len() / 2).copied(),
             "download_ms": download_ms,
             "download_median_ms": dlsorted.get(dlsorted.len() / 2).copied(),
-            "download_mode": format!("{:?}", crate::backend::cuda::ops::Download::from_env()),
+            "download_mode": "pinned",
             "min_ms": sorted.first().copied().unwrap_or(first_ms),
         });
         if let Some(out) = a.outs.get(i) {

@@ -256,5 +256,3 @@ __device__ __forceinline__ void attn(__nv_bfloat16* __restrict__ o, const __nv_b
     }
 MOSS_CWG_KERNEL(moss_enc_fattn_wg_bf16, attn, 0, false)
 MOSS_CWG_KERNEL(moss_ctl_enc_fattn_wg_bf16, attn, 1, false)
-MOSS_CWG_KERNEL_GATED(moss_enc_fattn_wg_gated_bf16, attn, 0)
-MOSS_CWG_KERNEL_GATED(moss_ctl_enc_fattn_wg_gated_bf16, attn, 2)

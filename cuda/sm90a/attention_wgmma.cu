@@ -418,12 +418,9 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
         moss_wg::attn<OVERLAP, CONTROL>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);                            \
     }
 
-// The overlapped schedule (the one DitOps::attention takes on Hopper) and the plain one, each with
-// its planted control for `moss check` (running output not rescaled when the row maximum grows).
-MOSS_WG_KERNEL(moss_attn_d128_bf16_wgmma, true, false)
-MOSS_WG_KERNEL(moss_attn_d128_bf16_wgmma_control, true, true)
-MOSS_WG_KERNEL(moss_attn_d128_bf16_wgmma_serial, false, false)
-MOSS_WG_KERNEL(moss_attn_d128_bf16_wgmma_serial_control, false, true)
+// No kernel of its own any more (the `wgmma` / `wgmma_serial` DiT kernels were measured slower
+// than attention_ws.cu's and deleted): its helpers serve attention_ws.cu and
+// attention_causal_wgmma.cu.
 
 #ifdef MOSS_ATTN_DEBUG
 // Standalone diagnosis only (bench/attn_bench2.py compiles the cubin with -DMOSS_ATTN_DEBUG): one

@@ -32,7 +32,7 @@ pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
 /// on compute capability 9.0 ([`Cuda::has_sm90a`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashKernel {
-    /// `MOSS_FLASH` value that selects it.
+    /// Short name (`ws_nopp`: Hopper, `v2`: portable).
     pub key: &'static str,
     pub name: &'static str,
     pub control: &'static str,
@@ -44,16 +44,13 @@ pub struct FlashKernel {
     pub tma: bool,
 }
 
-/// The flash kernels, fastest first. `wgmma` (`cuda/sm90a/attention_wgmma.cu`): Hopper
-/// warpgroup MMA, 128 query rows per block (two warpgroups), 128 keys a step, next step's
-/// Q Kᵀ issued with this step's P V; `wgmma_serial`: the same without that overlap. `v2`/`v1`
-/// (`cuda/attention.cu`, every GPU): mma.sync, 64 rows per block; `v2` keeps the Q tile in the
-/// second K buffer (64 KiB of shared memory instead of 80: three blocks an SM instead of two).
-/// `ws_nopp` / `ws` (`cuda/sm90a/attention_ws.cu`, the default on Hopper): warp-specialised, a
-/// TMA producer warp feeding mbarrier rings and two consumer warpgroups that run free (`ws_nopp`)
-/// or take turns on the tensor cores (`ws`). Measured on the H200 at N = 4224 (bench/notes-attn3.md):
-/// ws_nopp 0.331 ms, ws 0.366, wgmma 0.553, wgmma_serial 0.540, v2 0.876 (torch SDPA 0.340).
-pub const FLASH_KERNELS: [FlashKernel; 6] = [
+/// The flash kernels: `ws_nopp` (`cuda/sm90a/attention_ws.cu`, Hopper): warp-specialised, a TMA
+/// producer warp feeding mbarrier rings and two consumer warpgroups on wgmma; `v2`
+/// (`cuda/attention.cu`, every other GPU): mma.sync, 64 rows per block, the Q tile kept in the
+/// second K buffer (64 KiB of shared memory: three blocks an SM). Measured on the H200 at
+/// N = 4224: ws_nopp 0.331 ms, v2 0.876 (torch SDPA 0.340); the slower variants were deleted
+/// (git keeps them).
+pub const FLASH_KERNELS: [FlashKernel; 2] = [
     FlashKernel {
         key: "ws_nopp",
         name: "moss_attn_d128_bf16_ws_nopp",
@@ -65,52 +62,12 @@ pub const FLASH_KERNELS: [FlashKernel; 6] = [
         tma: true,
     },
     FlashKernel {
-        key: "ws",
-        name: "moss_attn_d128_bf16_ws",
-        control: "moss_attn_d128_bf16_ws_control",
-        rows: 128,
-        threads: 384,
-        smem: 230528,
-        sm90a: true,
-        tma: true,
-    },
-    FlashKernel {
-        key: "wgmma",
-        name: "moss_attn_d128_bf16_wgmma",
-        control: "moss_attn_d128_bf16_wgmma_control",
-        rows: 128,
-        threads: 256,
-        smem: 230400,
-        sm90a: true,
-        tma: false,
-    },
-    FlashKernel {
-        key: "wgmma_serial",
-        name: "moss_attn_d128_bf16_wgmma_serial",
-        control: "moss_attn_d128_bf16_wgmma_serial_control",
-        rows: 128,
-        threads: 256,
-        smem: 230400,
-        sm90a: true,
-        tma: false,
-    },
-    FlashKernel {
         key: "v2",
         name: "moss_attn_d128_bf16_v2",
         control: "moss_attn_d128_bf16_v2_control",
         rows: 64,
         threads: 128,
         smem: 64 * 1024,
-        sm90a: false,
-        tma: false,
-    },
-    FlashKernel {
-        key: "v1",
-        name: "moss_attn_d128_bf16",
-        control: "moss_attn_d128_bf16_control",
-        rows: 64,
-        threads: 128,
-        smem: 80 * 1024,
         sm90a: false,
         tma: false,
     },
@@ -122,32 +79,19 @@ pub fn flash_spec(name: &str) -> Option<&'static FlashKernel> {
     FLASH_KERNELS.iter().find(|k| k.name == name || k.control == name)
 }
 
-/// Pick the flash kernel from the `MOSS_FLASH` value `env` (`ws_nopp`, `ws`, `wgmma`, `wgmma_serial`, `v2`, `v1`)
-/// among the kernels this device has (`sm90a`: Hopper-only kernels loaded): that one when it is
-/// there, else the fastest there.
-pub fn pick_flash(env: Option<&str>, sm90a: bool) -> &'static FlashKernel {
-    let have = |k: &&FlashKernel| sm90a || !k.sm90a;
-    env.and_then(|e| FLASH_KERNELS.iter().filter(have).find(|k| k.key == e))
-        .unwrap_or_else(|| FLASH_KERNELS.iter().find(have).expect("v1/v2 exist everywhere"))
+/// The flash kernel for a device: the Hopper one where the `cuda/sm90a` kernels are loaded
+/// (`sm90a`), else the portable one.
+pub fn pick_flash(sm90a: bool) -> &'static FlashKernel {
+    FLASH_KERNELS.iter().find(|k| sm90a || !k.sm90a).expect("v2 exists everywhere")
 }
 
 #[cfg(test)]
 mod flash_pick_tests {
     use super::*;
     #[test]
-    fn picks_fastest_available_and_honours_env() {
-        assert_eq!(pick_flash(None, true).key, "ws_nopp");
-        assert_eq!(pick_flash(None, false).key, "v2");
-        assert_eq!(pick_flash(Some("v1"), true).key, "v1");
-        assert_eq!(pick_flash(Some("wgmma_serial"), true).key, "wgmma_serial");
-        assert_eq!(pick_flash(Some("ws"), true).key, "ws");
-        assert_eq!(pick_flash(Some("ws_nopp"), false).key, "v2");
-        assert!(flash_spec("moss_attn_d128_bf16_ws_control").unwrap().tma);
-        assert_eq!(pick_flash(Some("wgmma"), false).key, "v2"); // not on this GPU: the fastest there
-        assert_eq!(pick_flash(Some("nonsense"), true).key, "ws_nopp");
-        assert_eq!(pick_flash(Some("wgmma"), true).key, "wgmma");
-        assert_eq!(flash_spec("moss_attn_d128_bf16_wgmma_control").unwrap().rows, 128);
-        assert!(flash_spec("moss_attn_d128_bf16_v3").is_none());
+    fn picks_by_device() {
+        assert_eq!(pick_flash(true).key, "ws_nopp");
+        assert_eq!(pick_flash(false).key, "v2");
     }
 }
 
@@ -184,12 +128,6 @@ mod tests {
         assert_eq!(super::largest_square(1 << 30, 128, need), None);
         assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::options::MAX_SIDE as usize));
     }
-}
-
-/// Whether bf16 SiTU-GLU takes the fast form (the default; `MOSS_SITU=precise` says no).
-pub fn situ_fast() -> bool {
-    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAST.get_or_init(|| std::env::var("MOSS_SITU").map_or(true, |v| v != "precise"))
 }
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
@@ -464,14 +402,9 @@ impl Cuda {
         Ok((xo, no))
     }
 
-    /// [`DitOps::situ_glu`] with the kernel this build and `MOSS_SITU` pick: at bf16 the fast
-    /// form (`moss_situ_fast_bf16`, see cuda/dit.cu) unless `MOSS_SITU=precise`.
+    /// [`DitOps::situ_glu`]: at bf16 the fast form (`moss_situ_fast_bf16`, see cuda/dit.cu), at
+    /// fp32 the libm one (`moss_situ_f32`).
     pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
-        self.situ_glu_kernel(x, prefix, situ_fast())
-    }
-
-    /// `fast` picks the bf16 kernel's fast form (fp32 has only the libm one).
-    pub(crate) fn situ_glu_kernel(&self, x: &CudaTensor, prefix: &str, fast: bool) -> Result<CudaTensor> {
         let two_f = x.last_dim();
         ensure!(two_f.is_multiple_of(2), "situ_glu: last dim {two_f} is not [up | gate]");
         let f = two_f / 2;
@@ -480,7 +413,7 @@ impl Cuda {
         let out = self.alloc(x.dtype, &shape)?;
         let rows = x.rows();
         let work = if f.is_multiple_of(8) { rows * f / 8 } else { rows * f };
-        let form = if fast && x.dtype == DType::BF16 { "situ_fast" } else { "situ" };
+        let form = if x.dtype == DType::BF16 { "situ_fast" } else { "situ" };
         self.launch(
             &format!("{prefix}_{form}_{}", x.dtype.name()),
             self.grid_for(work),
@@ -586,10 +519,9 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The flash kernel [`DitOps::attention`] uses on this device: [`pick_flash`] with the
-    /// `MOSS_FLASH` environment variable (for side-by-side timing of the older kernels).
+    /// The flash kernel [`DitOps::attention`] uses on this device ([`pick_flash`]).
     pub fn flash_kernel(&self) -> &'static FlashKernel {
-        pick_flash(std::env::var("MOSS_FLASH").ok().as_deref(), self.has_sm90a())
+        pick_flash(self.has_sm90a())
     }
 
     /// The flash kernel on raw bf16 row-major buffers `(pointer, row stride in elements)`:

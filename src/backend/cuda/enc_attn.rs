@@ -3,50 +3,20 @@
 //! ([`EncoderOps::attn_qkv_norm_rope`]), the output gate read in place out of `y`
 //! ([`EncoderOps::causal_attention_gated_y`]). Gated in `gates_enc_attn.rs`.
 //!
-//! Switches (read per call, except `MOSS_ENC_CAT_ATTN`, read when the weights load):
-//! - `MOSS_ENC_CAT_ATTN=0`: q_proj, k_proj, v_proj as three GEMMs into one output (default: one
-//!   GEMM over the weights joined at load);
-//! - `MOSS_ENC_QKROPE=split`: q, k, v narrowed out of `y` and `head_norm_rope` twice (the previous
-//!   path's kernels); `inline`: the one `qkrope` kernel making its sines and cosines per lane;
-//!   default: `rope_tab` + `qkrope_t`, the same kernel reading them from a per-call table;
-//! - `MOSS_ENC_ATTN_GATE=fused`, `MOSS_ENC_ATTN` as for [`EncoderOps::causal_attention_gated`].
+//! q_proj, k_proj, v_proj are one GEMM over the weights joined at load; q and k are normed and
+//! RoPE'd by `qkrope_t` reading the call's sines and cosines from a table (`rope_tab`); shapes it
+//! does not take run the split ops (narrow + `head_norm_rope`).
 //!
 //! [`EncoderOps::attn_qkv_norm_rope`]: crate::backend::ops::EncoderOps::attn_qkv_norm_rope
 //! [`EncoderOps::causal_attention_gated_y`]: crate::backend::ops::EncoderOps::causal_attention_gated_y
 //! [`EncoderOps::causal_attention_gated`]: crate::backend::ops::EncoderOps::causal_attention_gated
 
-use super::encoder::{EncAttn, ATTN_TILED_MAX, FLASH_HD};
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// Rows (warps) per block of `qkrope` (`QK_WARPS`) and its largest head dim (`QK_MAXHD`).
 const QK_WARPS: usize = 8;
 pub const QK_MAXHD: usize = 256;
-
-/// The q/k norm + RoPE path `MOSS_ENC_QKROPE` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QkRope {
-    /// `split`: narrowed copies + `head_norm_rope` twice (the previous kernels).
-    Split,
-    /// `inline`: `qkrope`, one kernel reading y in place, each lane making its own sines and
-    /// cosines (the previous default).
-    Inline,
-    /// Default: `rope_tab` (the call's sines and cosines, [L, rot/2]) then `qkrope_t` (the same
-    /// kernel reading them from that table; bit-identical output).
-    Table,
-}
-
-pub fn pick_qkrope(env: Option<&str>) -> QkRope {
-    match env {
-        Some("split") => QkRope::Split,
-        Some("inline") => QkRope::Inline,
-        _ => QkRope::Table,
-    }
-}
-
-pub fn qkrope_env() -> QkRope {
-    pick_qkrope(std::env::var("MOSS_ENC_QKROPE").ok().as_deref())
-}
 
 impl Cuda {
     /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` by one kernel (`qkrope`), or
@@ -64,7 +34,6 @@ impl Cuda {
         rot: usize,
         theta: f64,
         prefix: &str,
-        tab: bool,
     ) -> Result<Option<(CudaTensor, CudaTensor, CudaTensor)>> {
         let ld = (2 * nh + 2 * nkv) * hd;
         ensure!(y.shape.len() == 2 && y.shape[1] == ld, "attn_qkv: y {:?} for {nh} + {nkv} heads of {hd}", y.shape);
@@ -85,8 +54,8 @@ impl Cuda {
             // tab: the call's (cos, sin) table [L, rot/2] (with the planted position bug under the
             // control prefix: qkrope_t has none of its own), read by qkrope_t
             let half = rot / 2;
-            let table = if tab { Some(self.alloc(DType::F32, &[(l * half * 2).max(1)])?) } else { None };
-            if let Some(t) = table.as_ref().filter(|_| half > 0) {
+            let t = self.alloc(DType::F32, &[(l * half * 2).max(1)])?;
+            if half > 0 {
                 self.launch(
                     &format!("{prefix}_rope_tab"),
                     self.grid_for(l * half),
@@ -95,10 +64,7 @@ impl Cuda {
                     &[Arg::P(t.ptr()), Arg::L(l as i64), Arg::I(rot as i32), Arg::L(theta.to_bits() as i64)],
                 )?;
             }
-            let (name, last) = match &table {
-                Some(t) => (format!("moss_enc_qkrope_t_{}", dt.name()), Arg::P(t.ptr())),
-                None => (format!("{prefix}_qkrope_{}", dt.name()), Arg::L(theta.to_bits() as i64)),
-            };
+            let (name, last) = (format!("moss_enc_qkrope_t_{}", dt.name()), Arg::P(t.ptr()));
             self.launch(
                 &name,
                 rows.div_ceil(QK_WARPS) as u32,
@@ -159,61 +125,5 @@ impl Cuda {
             )?;
         }
         Ok(Some(out))
-    }
-
-    /// The flash kernel of `path` with the sigmoid gate fused into its epilogue, the gate read in
-    /// place out of `y` (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`; `None` otherwise).
-    /// `prefix` "moss_ctl_enc" runs the planted bug (the gate of the KV head).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attn_gated_fused_y_with(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        y: &CudaTensor,
-        scale: f64,
-        prefix: &str,
-        path: EncAttn,
-    ) -> Result<Option<CudaTensor>> {
-        ensure!(q.shape.len() == 3 && k.shape.len() == 3 && v.shape == k.shape, "attn_gated: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
-        let (l, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
-        let nkv = k.shape[1];
-        ensure!(k.shape[0] == l && k.shape[2] == hd && nkv > 0 && nh % nkv == 0, "attn_gated: q {:?} k {:?}", q.shape, k.shape);
-        ensure!(y.shape.len() == 2 && y.shape[0] == l && y.shape[1] >= 2 * nh * hd, "attn_gated: y {:?} for q {:?}", y.shape, q.shape);
-        let ok = path != EncAttn::Gemm
-            && [q.dtype, k.dtype, v.dtype, y.dtype].iter().all(|&d| d == DType::BF16)
-            && hd == FLASH_HD
-            && l > ATTN_TILED_MAX
-            && y.shape[1] % 8 == 0;
-        if !ok {
-            return Ok(None);
-        }
-        let out = self.alloc(q.dtype, &[l, nh * hd])?;
-        self.launch_enc_flash(path, prefix, true, l, nh, &[
-            Arg::P(out.ptr()),
-            Arg::P(q.ptr()),
-            Arg::P(k.ptr()),
-            Arg::P(v.ptr()),
-            Arg::I(l as i32),
-            Arg::I(nh as i32),
-            Arg::I(nkv as i32),
-            Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-            Arg::P(y.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
-            Arg::L(y.shape[1] as i64),
-            Arg::L((2 * hd) as i64),
-        ])?;
-        Ok(Some(out))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn qkrope_switch() {
-        assert_eq!(pick_qkrope(None), QkRope::Table);
-        assert_eq!(pick_qkrope(Some("nonsense")), QkRope::Table);
-        assert_eq!(pick_qkrope(Some("split")), QkRope::Split);
-        assert_eq!(pick_qkrope(Some("inline")), QkRope::Inline);
     }
 }

@@ -20,11 +20,6 @@ use anyhow::{ensure, Result};
 /// 128 rows, 5.5 against 6.0 us; silu_mul8v 70 against 80 us at 4096).
 pub const SILU_V_MIN_ROWS: usize = 1024;
 
-/// `MOSS_ENC_ROWS=old`: the previous row kernels.
-pub fn rows_old() -> bool {
-    std::env::var("MOSS_ENC_ROWS").is_ok_and(|v| v == "old")
-}
-
 /// The conv kernel: [`CONV_V`] channels x [`CONV_TT`] tokens a thread, the fast SiLU, the gates in
 /// its launch; measured on the H200 at 4096 tokens 49.8 us against 72.3 for session 15's convg4
 /// (8 channels x 4 tokens, IEEE SiLU; CUDA events; ncu 47.7 against 71.4), at 128 tokens 3.2

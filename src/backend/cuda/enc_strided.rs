@@ -19,19 +19,13 @@ use super::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::Backend;
 use anyhow::{ensure, Result};
 
-fn env_is(var: &str, val: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v == val)
-}
-
-/// The grouping of a weight group's parts (indices) into concatenated GEMMs, from the switches.
-pub fn cat_groups(group: &str, n: usize, cat: Option<&str>, no_cat_mlp: bool) -> Vec<Vec<usize>> {
-    let each = || (0..n).map(|i| vec![i]).collect();
-    match (group, cat) {
-        ("delta_net_in", Some("off")) => each(),
-        ("delta_net_in", Some("split")) if n == 4 => vec![vec![0, 1], vec![2, 3]],
-        ("delta_net_in", _) => vec![(0..n).collect()],
-        ("mlp_in" | "attn_in", _) if !no_cat_mlp => vec![(0..n).collect()],
-        _ => each(),
+/// The grouping of a weight group's parts (indices) into concatenated GEMMs: every group the
+/// model names (`delta_net_in`: in_proj_qkv, z, a, b; `mlp_in`: gate, up; `attn_in`: q, k, v) as
+/// one GEMM, any other part by itself.
+pub fn cat_groups(group: &str, n: usize) -> Vec<Vec<usize>> {
+    match group {
+        "delta_net_in" | "mlp_in" | "attn_in" => vec![(0..n).collect()],
+        _ => (0..n).map(|i| vec![i]).collect(),
     }
 }
 
@@ -44,9 +38,7 @@ impl Cuda {
         if ws.len() < 2 || !same {
             return Ok(ws);
         }
-        // MOSS_ENC_CAT_ATTN=0: the attention's q_proj | k_proj | v_proj as three GEMMs (src/backend/cuda/enc_attn.rs)
-        let no_cat = env_is(if group == "attn_in" { "MOSS_ENC_CAT_ATTN" } else { "MOSS_ENC_CAT_MLP" }, "0");
-        let groups = cat_groups(group, ws.len(), std::env::var("MOSS_ENC_CAT").ok().as_deref(), no_cat);
+        let groups = cat_groups(group, ws.len());
         self.cat_weights_grouped(&ws, &groups)
     }
 
@@ -273,32 +265,8 @@ impl Cuda {
             }
             Ok(())
         })?;
-        let nrm = self.prof("add_rms_norm", || {
-            if super::enc_floor::rows_old() {
-                self.rms1_with(&xo, w_norm, eps, prefix)
-            } else {
-                self.rms1w_with(&xo, w_norm, eps, prefix)
-            }
-        })?;
+        let nrm = self.prof("add_rms_norm", || self.rms1w_with(&xo, w_norm, eps, prefix))?;
         Ok((xo, nrm))
-    }
-
-    /// The zero-centred RMSNorm of `x [rows, d]` (d % 8 == 0, d ≤ 8192), block per row.
-    pub(crate) fn rms1_with(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
-        let d = x.last_dim();
-        ensure!(d % 8 == 0 && d <= 8192 && d > 0 && w.numel() == d, "rms1: width {d}, weight {:?}", w.shape);
-        let w = self.cast(w, DType::F32)?;
-        let out = self.alloc(x.dtype, &x.shape)?;
-        if x.rows() > 0 {
-            self.launch(
-                &format!("{prefix}_rms1_{}", x.dtype.name()),
-                x.rows() as u32,
-                256,
-                0,
-                &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::I(d as i32), Arg::F(eps as f32)],
-            )?;
-        }
-        Ok(out)
     }
 
     /// The gated attention's output gate in one kernel: `o [L, H·hd] · sigmoid(gate)`, the gate
@@ -318,16 +286,10 @@ impl Cuda {
 mod tests {
     use super::cat_groups;
     #[test]
-    fn cat_switches() {
-        assert_eq!(cat_groups("delta_net_in", 4, None, false), vec![vec![0, 1, 2, 3]]);
-        assert_eq!(cat_groups("delta_net_in", 4, Some("all"), false), vec![vec![0, 1, 2, 3]]);
-        assert_eq!(cat_groups("delta_net_in", 4, Some("split"), false), vec![vec![0, 1], vec![2, 3]]);
-        assert_eq!(cat_groups("delta_net_in", 4, Some("off"), false), vec![vec![0], vec![1], vec![2], vec![3]]);
-        assert_eq!(cat_groups("mlp_in", 2, None, false), vec![vec![0, 1]]);
-        assert_eq!(cat_groups("mlp_in", 2, Some("off"), false), vec![vec![0, 1]]);
-        assert_eq!(cat_groups("mlp_in", 2, None, true), vec![vec![0], vec![1]]);
-        assert_eq!(cat_groups("attn_in", 3, None, false), vec![vec![0, 1, 2]]);
-        assert_eq!(cat_groups("attn_in", 3, Some("off"), false), vec![vec![0, 1, 2]]);
-        assert_eq!(cat_groups("attn_in", 3, None, true), vec![vec![0], vec![1], vec![2]]);
+    fn cat_groups_joined() {
+        assert_eq!(cat_groups("delta_net_in", 4), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(cat_groups("mlp_in", 2), vec![vec![0, 1]]);
+        assert_eq!(cat_groups("attn_in", 3), vec![vec![0, 1, 2]]);
+        assert_eq!(cat_groups("other", 2), vec![vec![0], vec![1]]);
     }
 }

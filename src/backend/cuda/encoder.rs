@@ -10,7 +10,7 @@
 //! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
 use super::blas::Gemm;
-use super::enc_floor::{rows_old, GRMS, SILU_V_MIN_ROWS};
+use super::enc_floor::{GRMS, SILU_V_MIN_ROWS};
 use super::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -80,18 +80,32 @@ pub enum EncAttn {
     Wgmma,
 }
 
-/// The attention path from the `MOSS_ENC_ATTN` value `env` (`gemm`, `flash` = mma.sync,
-/// `wgmma`) on a device with (`sm90a`) or without the Hopper kernels. Default (unset or anything
-/// else): `wgmma` where the Hopper kernels are loaded, else `flash`. Measured on the H200 at
-/// L = 4096 (16 / 4 heads, hd 256, `bench/notes-encew.md`): wgmma 0.328 ms a layer vs flash
-/// 0.954 ms (torch SDPA 0.289).
-pub fn pick_enc_attn(env: Option<&str>, sm90a: bool) -> EncAttn {
-    match env {
-        Some("gemm") => EncAttn::Gemm,
-        Some("flash") => EncAttn::Flash,
-        _ if sm90a => EncAttn::Wgmma,
-        _ => EncAttn::Flash,
+/// The long-prompt bf16 attention path on a device with (`sm90a`) or without the Hopper kernels:
+/// `Wgmma` where they are loaded, else `Flash`. Measured on the H200 at L = 4096 (16 / 4 heads,
+/// hd 256): wgmma 0.328 ms a layer vs flash 0.954 ms (torch SDPA 0.289). `Gemm` is the fp32 path.
+pub fn pick_enc_attn(sm90a: bool) -> EncAttn {
+    if sm90a {
+        EncAttn::Wgmma
+    } else {
+        EncAttn::Flash
     }
+}
+
+/// The kernels the encoder's ops use on a device with (`hopper`) or without the Hopper kernels
+/// ([`super::select::choices`]).
+pub fn kernel_choices(hopper: bool) -> Vec<super::select::Choice> {
+    use super::select::Choice;
+    let (attn, gdr) = if hopper {
+        ("moss_enc_fattn_wg_bf16 (wgmma)", "moss_enc_gdr_prep_tc3p_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)")
+    } else {
+        ("moss_enc_fattn_bf16 (mma.sync)", "moss_enc_gdr_prep_tc3p_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16")
+    };
+    vec![
+        Choice { op: "enc causal_attention (bf16, L > 256, hd 256)", kernel: attn.into() },
+        Choice { op: "enc causal_attention (L <= 256, or fp32)", kernel: "moss_enc_attn_* (tiled) / cuBLASLt + moss_enc_csoftmax_*".into() },
+        Choice { op: "enc gated_delta_rule (bf16)", kernel: gdr.into() },
+        Choice { op: "enc gated_delta_rule (fp32)", kernel: "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq + moss_enc_gdr_out_f32".into() },
+    ]
 }
 
 /// Value columns of the delta-rule state one block owns.
@@ -121,8 +135,8 @@ const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) 
 /// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3p` (`cuda/gdr_prep3.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GdrPath {
-    /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, unless
-    /// `MOSS_GDR_STATE=seq` ([`gdr_state_seq`]); else [`GdrPath::Tc`]. q, k, v not 16-byte
+    /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, else
+    /// [`GdrPath::Tc`]. q, k, v not 16-byte
     /// aligned (or head dims above [`GDR_MAX_DIM`], or Hv / Hk odd) take the one-kernel sequential
     /// version.
     Auto,
@@ -141,13 +155,6 @@ pub(crate) enum GdrPath {
 const GDR_TMA_BYTES: u32 = 201_776;
 const GDR_TMA_THREADS: u32 = 288;
 
-/// `MOSS_GDR_STATE=seq`: the bf16 delta rule's state pass + output as `gdr_seq_tc` + `gdr_out_tc`
-/// (the path of every other GPU) also on Hopper. Anything else (or unset): the Hopper kernel
-/// `cuda/sm90a/gdr_tma.cu` where it runs, measured 0.225 ms a layer at 4096 tokens on the H200
-/// against 0.28 + 0.22 ms for the pair (bench/RESULTS.md, sessions 14-16).
-pub(crate) fn gdr_state_seq(v: Option<&str>) -> bool {
-    v == Some("seq")
-}
 
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
 /// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
@@ -164,9 +171,9 @@ fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, h
 }
 
 impl Cuda {
-    /// The long-prompt attention path of this device: [`pick_enc_attn`] with `MOSS_ENC_ATTN`.
+    /// The long-prompt attention path of this device ([`pick_enc_attn`]).
     pub fn enc_attn(&self) -> EncAttn {
-        pick_enc_attn(std::env::var("MOSS_ENC_ATTN").ok().as_deref(), self.has_sm90a())
+        pick_enc_attn(self.has_sm90a())
     }
 
     fn f32v(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -292,49 +299,6 @@ impl Cuda {
         Ok(out)
     }
 
-    /// [`EncoderOps::causal_attention_gated`] in one kernel: the flash kernel with the sigmoid
-    /// gate in its epilogue, read in place out of `qg [L, H, 512]` (bf16, head dim [`FLASH_HD`],
-    /// `L > ATTN_TILED_MAX` only). → `[L, H·256]`. `prefix` "moss_ctl_enc" runs the planted bug
-    /// (the gate of the KV head). `path`: [`EncAttn::Flash`] or [`EncAttn::Wgmma`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn causal_attention_gated_fused(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        qg: &CudaTensor,
-        scale: f64,
-        prefix: &str,
-        path: EncAttn,
-    ) -> Result<CudaTensor> {
-        ensure!(path != EncAttn::Gemm, "causal_attention_gated: the fused gate needs a flash kernel");
-        let (l, nh, hd) = dims3(q, "causal_attention_gated q")?;
-        let (lk, nkv, hdk) = dims3(k, "causal_attention_gated k")?;
-        ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention_gated: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
-        ensure!(nkv > 0 && nh % nkv == 0, "causal_attention_gated: {nh} query heads over {nkv} KV heads");
-        ensure!(
-            q.dtype == DType::BF16 && hd == FLASH_HD && l > ATTN_TILED_MAX,
-            "causal_attention_gated: the fused kernel takes bf16, head dim {FLASH_HD}, L > {ATTN_TILED_MAX} (got {:?}, {hd}, {l})",
-            q.dtype
-        );
-        ensure!(qg.shape == [l, nh, 2 * hd], "causal_attention_gated: qg {:?} for q {:?}", qg.shape, q.shape);
-        let (k, v, qg) = (self.cast(k, q.dtype)?, self.cast(v, q.dtype)?, self.cast(qg, q.dtype)?);
-        let out = self.alloc(q.dtype, &[l, nh * hd])?;
-        self.launch_enc_flash(path, prefix, true, l, nh, &[
-            Arg::P(out.ptr()),
-            Arg::P(q.ptr()),
-            Arg::P(k.ptr()),
-            Arg::P(v.ptr()),
-            Arg::I(l as i32),
-            Arg::I(nh as i32),
-            Arg::I(nkv as i32),
-            Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-            Arg::P(qg.ptr() + (hd * 2) as u64), // the gate half of each head, bf16
-            Arg::L((nh * 2 * hd) as i64),
-            Arg::L((2 * hd) as i64),
-        ])?;
-        Ok(out)
-    }
 
     /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
     /// `{prefix}_fattn[_gated]_bf16`, grid (L/64, H), 128 threads, or on Hopper
@@ -343,7 +307,7 @@ impl Cuda {
         let g = if gated { "_gated" } else { "" };
         match path {
             EncAttn::Wgmma => {
-                ensure!(self.has_sm90a(), "MOSS_ENC_ATTN=wgmma needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+                ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
                 self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
             }
             EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(64) as u32, nh as u32), 128, FLASH_SMEM, args),
@@ -555,7 +519,7 @@ impl Cuda {
     ) -> Result<CudaTensor> {
         ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
         let tma = match path {
-            GdrPath::Auto => dt == DType::BF16 && self.has_sm90a() && !gdr_state_seq(std::env::var("MOSS_GDR_STATE").ok().as_deref()),
+            GdrPath::Auto => dt == DType::BF16 && self.has_sm90a(),
             GdrPath::Tma => {
                 ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
                 true
@@ -851,10 +815,8 @@ impl Cuda {
 impl EncoderOps for Cuda {
     fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
         self.prof("embed", || {
-            if !rows_old() {
-                if let Some(out) = self.embed8_with(table, ids, P)? {
-                    return Ok(out);
-                }
+            if let Some(out) = self.embed8_with(table, ids, P)? {
+                return Ok(out);
             }
             self.embed_with(table, ids, P)
         })
@@ -867,17 +829,7 @@ impl EncoderOps for Cuda {
         self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, path))
     }
     fn causal_attention_gated(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, qg: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        let path = self.enc_attn();
-        let fused = std::env::var("MOSS_ENC_ATTN_GATE").is_ok_and(|v| v == "fused")
-            && path != EncAttn::Gemm
-            && q.dtype == DType::BF16
-            && q.shape.len() == 3
-            && q.shape[0] > ATTN_TILED_MAX
-            && q.shape[2] == FLASH_HD;
-        if fused {
-            return self.prof("causal_attention_gated", || self.causal_attention_gated_fused(q, k, v, qg, scale, P, path));
-        }
-        if !std::env::var("MOSS_ENC_GATE").is_ok_and(|v| v == "unfused") && qg.shape.len() == 3 && qg.shape[2] % 16 == 0 {
+        if qg.shape.len() == 3 && qg.shape[2] % 16 == 0 {
             let o = self.causal_attention(q, k, v, scale)?;
             if let Some(out) = self.prof("attn_gate", || self.attn_gate_with(&o, qg, P))? {
                 return Ok(out);
@@ -896,23 +848,13 @@ impl EncoderOps for Cuda {
         rot: usize,
         theta: f64,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        let mode = super::enc_attn::qkrope_env();
-        if mode != super::enc_attn::QkRope::Split {
-            let tab = mode == super::enc_attn::QkRope::Table;
-            if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P, tab))? {
-                return Ok(r);
-            }
+        if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P))? {
+            return Ok(r);
         }
         crate::backend::ops::encoder::attn_qkv_split(self, y, heads, wq, wk, eps, rot, theta)
     }
     fn causal_attention_gated_y(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, y: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        let path = self.enc_attn();
-        if std::env::var("MOSS_ENC_ATTN_GATE").is_ok_and(|v| v == "fused") {
-            if let Some(out) = self.prof("causal_attention_gated", || self.attn_gated_fused_y_with(q, k, v, y, scale, P, path))? {
-                return Ok(out);
-            }
-        }
-        if q.shape.len() == 3 && !std::env::var("MOSS_ENC_GATE").is_ok_and(|v| v == "unfused") {
+        if q.shape.len() == 3 {
             let (nh, hd) = (q.shape[1], q.shape[2]);
             let o = self.causal_attention(q, k, v, scale)?;
             if let Some(out) = self.prof("attn_gate", || self.attn_gate_y_with(&o, y, (nh, hd), P))? {
@@ -932,10 +874,8 @@ impl EncoderOps for Cuda {
     }
     fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
-            if !rows_old() {
-                if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, P)? {
-                    return Ok(out);
-                }
+            if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, P)? {
+                return Ok(out);
             }
             self.conv_cols_with(y, start, c, w, P)
         })
@@ -949,11 +889,9 @@ impl EncoderOps for Cuda {
         a_log: &CudaTensor,
         dt_bias: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        if !rows_old() {
-            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), P))?;
-            if let Some((conv, Some((g, beta)))) = r {
-                return Ok((conv, g, beta));
-            }
+        let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), P))?;
+        if let Some((conv, Some((g, beta)))) = r {
+            return Ok((conv, g, beta));
         }
         let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
         let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
@@ -976,12 +914,10 @@ impl EncoderOps for Cuda {
     }
     fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || {
-            if !rows_old() {
-                // grmsf1, then grms8r for heads wider than 128
-                for k in GRMS {
-                    if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
-                        return Ok(out);
-                    }
+            // grmsf1, then grms8r for heads wider than 128
+            for k in GRMS {
+                if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
+                    return Ok(out);
                 }
             }
             self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)
@@ -989,7 +925,7 @@ impl EncoderOps for Cuda {
     }
     fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
         self.prof("silu_mul", || {
-            if !rows_old() && y.rows() >= SILU_V_MIN_ROWS {
+            if y.rows() >= SILU_V_MIN_ROWS {
                 if let Some(out) = self.silu_mul8v_with(y, f, P)? {
                     return Ok(out);
                 }
@@ -998,10 +934,6 @@ impl EncoderOps for Cuda {
         })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        if std::env::var("MOSS_ENC_RESADD").is_ok_and(|v| v == "off") {
-            let h = self.prof("linear", || self.linear(a, w, None))?;
-            return self.add_rms_norm(res, &h, w_norm, eps);
-        }
         self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P, false)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
@@ -1035,13 +967,8 @@ impl EncoderOps for Cuda {
 mod tests {
     use super::*;
     #[test]
-    fn enc_attn_switch() {
-        assert_eq!(pick_enc_attn(None, true), EncAttn::Wgmma);
-        assert_eq!(pick_enc_attn(Some("nonsense"), true), EncAttn::Wgmma);
-        assert_eq!(pick_enc_attn(None, false), EncAttn::Flash);
-        assert_eq!(pick_enc_attn(Some("gemm"), true), EncAttn::Gemm);
-        assert_eq!(pick_enc_attn(Some("wgmma"), true), EncAttn::Wgmma);
-        assert_eq!(pick_enc_attn(Some("wgmma"), false), EncAttn::Flash); // not on this GPU
-        assert_eq!(pick_enc_attn(Some("flash"), true), EncAttn::Flash);
+    fn enc_attn_by_device() {
+        assert_eq!(pick_enc_attn(true), EncAttn::Wgmma);
+        assert_eq!(pick_enc_attn(false), EncAttn::Flash);
     }
 }

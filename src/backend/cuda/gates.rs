@@ -342,7 +342,7 @@ fn gate_upload(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The pinned download path (`MOSS_DOWNLOAD=pinned`): 3½ chunks and a ragged tail of random
+/// The pinned download path: 3½ chunks and a ragged tail of random
 /// values in the run's dtype, bit-exact against what was uploaded, next to the pageable path;
 /// the control drops the last chunk.
 fn gate_download(cx: &mut Cx) -> Result<()> {
@@ -728,14 +728,12 @@ fn gate_situ(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.situ_glu(&x)?;
     let s = shape_str(&[&shape]);
     let bound = cx.out_bound(F32_TRANSCENDENTAL);
-    // bf16 has two forms (the fast one is the default, `MOSS_SITU=precise` the libm one); fp32 one.
-    let forms: &[(bool, &str)] = if cx.dtype == DType::BF16 { &[(true, " (fast form)"), (false, " (libm form)")] } else { &[(false, "")] };
-    for &(fast, what) in forms {
-        let out = cx.cuda.situ_glu_kernel(&gx, "moss", fast);
-        cx.judge(&format!("situ_glu{what}"), &s, Kind::Gate, bound, "", out, &want, None);
-        let out = cx.cuda.situ_glu_kernel(&gx, "moss_ctl", fast);
-        cx.judge(&format!("situ_glu{what}, up and gate swapped"), &s, Kind::Control, bound, "", out, &want, None);
-    }
+    // bf16 runs the fast form (`moss_situ_fast_bf16`), fp32 the libm one.
+    let what = if cx.dtype == DType::BF16 { " (fast form)" } else { "" };
+    let out = cx.cuda.situ_glu_with(&gx, "moss");
+    cx.judge(&format!("situ_glu{what}"), &s, Kind::Gate, bound, "", out, &want, None);
+    let out = cx.cuda.situ_glu_with(&gx, "moss_ctl");
+    cx.judge(&format!("situ_glu{what}, up and gate swapped"), &s, Kind::Control, bound, "", out, &want, None);
     Ok(())
 }
 
@@ -789,6 +787,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
     cuda.set_poison(true);
     let mut rows = vec![];
     let mut rng = Rng::new(seed);
+    super::select::print(cuda);
     for p in [Precision::Bf16, Precision::Fp32] {
         let c = cuda.with_precision(p);
         let mut cx = Cx {

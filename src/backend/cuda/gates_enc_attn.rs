@@ -3,10 +3,8 @@
 //! `head_norm_rope` twice, the separate gate ops), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`super::gates_encoder::GATES`].
 
-use super::encoder::{EncAttn, ATTN_TILED_MAX};
 use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
 use super::gates_encoder::{enc, F32_ROPE};
-use super::ops::{CudaTensor, DType};
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -34,35 +32,23 @@ pub fn gate_qkv_rope(cx: &mut Cx) -> Result<()> {
         let (q, k, v) = cx.cpu.attn_qkv_norm_rope(&y, heads, &wq, &wk, EPS, ROT, THETA)?;
         let s = shape_str(&[&[l, n]]);
         let b = cx.out_bound(F32_ROPE);
-        // qkrope's q and k as the GPU made them: qkrope_t must reproduce them bit for bit
-        let mut first: Option<(Tensor, Tensor)> = None;
-        for (tab, nm) in [(false, "qkrope"), (true, "qkrope_t")] {
-            for (prefix, kind) in [("moss_enc", Kind::Gate), ("moss_ctl_enc", Kind::Control)] {
-                let r = cx.cuda.attn_qkv_rope_with(&gy, heads, &gwq, &gwk, EPS, ROT, THETA, prefix, tab);
-                let r = r.and_then(|o| o.ok_or_else(|| anyhow::anyhow!("{nm} refused the shapes")));
-                let (oq, ok, ov) = match r {
-                    Ok((a, b, c)) => (Ok(a), Ok(b), Ok(c)),
-                    Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
-                };
-                if kind == Kind::Control {
-                    cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}), position t+1"), &s, kind, b, "", oq, &q, None);
-                    cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}), position t+1"), &s, kind, b, "", ok, &k, None);
-                    continue;
-                }
-                if let Some((fq, fk)) = &first {
-                    cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}) = qkrope's, bit for bit"), &s, kind, EXACT, "", oq, fq, None);
-                    cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}) = qkrope's, bit for bit"), &s, kind, EXACT, "", ok, fk, None);
-                    continue;
-                }
-                if let (Ok(a), Ok(c)) = (&oq, &ok) {
-                    first = Some((cx.cuda.download(a)?, cx.cuda.download(c)?));
-                }
-                cx.judge(&format!("enc attn_qkv_norm_rope q ({nm}, in place)"), &s, kind, b, "", oq, &q, None);
-                cx.judge(&format!("enc attn_qkv_norm_rope k ({nm}, in place)"), &s, kind, b, "", ok, &k, None);
-                cx.judge(&format!("enc attn_qkv_norm_rope v ({nm}, copied)"), &s, kind, EXACT, "", ov, &v, None);
+        for (prefix, kind) in [("moss_enc", Kind::Gate), ("moss_ctl_enc", Kind::Control)] {
+            let r = cx.cuda.attn_qkv_rope_with(&gy, heads, &gwq, &gwk, EPS, ROT, THETA, prefix);
+            let r = r.and_then(|o| o.ok_or_else(|| anyhow::anyhow!("qkrope_t refused the shapes")));
+            let (oq, ok, ov) = match r {
+                Ok((a, b, c)) => (Ok(a), Ok(b), Ok(c)),
+                Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
+            };
+            if kind == Kind::Control {
+                cx.judge("enc attn_qkv_norm_rope q (qkrope_t), position t+1", &s, kind, b, "", oq, &q, None);
+                cx.judge("enc attn_qkv_norm_rope k (qkrope_t), position t+1", &s, kind, b, "", ok, &k, None);
+                continue;
             }
+            cx.judge("enc attn_qkv_norm_rope q (qkrope_t, in place)", &s, kind, b, "", oq, &q, None);
+            cx.judge("enc attn_qkv_norm_rope k (qkrope_t, in place)", &s, kind, b, "", ok, &k, None);
+            cx.judge("enc attn_qkv_norm_rope v (qkrope_t, copied)", &s, kind, EXACT, "", ov, &v, None);
         }
-        // the split path (MOSS_ENC_QKROPE=split) on the same inputs
+        // the split path (the fallback for shapes qkrope_t does not take) on the same inputs
         let r = crate::backend::ops::encoder::attn_qkv_split(&cx.cuda, &gy, heads, &gwq, &gwk, EPS, ROT, THETA);
         cx.judge("enc attn_qkv_norm_rope q (split: narrow + head_norm_rope)", &s, Kind::Gate, b, "", r.map(|t| t.0), &q, None);
     }
@@ -86,8 +72,7 @@ fn gated_rows(q: &Tensor, k: &Tensor, v: &Tensor, y: &Tensor, scale: f64, rows: 
     Tensor::new(vec![rows.len(), nh * hd], out)
 }
 
-/// The output gate read in place out of y: alone (`gmulh`; control: the gate of head h + 1), inside
-/// the flash kernels (`MOSS_ENC_ATTN_GATE=fused`; control: the gate of the KV head), and the whole
+/// The output gate read in place out of y: alone (`gmulh`; control: the gate of head h + 1), and the whole
 /// [`EncoderOps::causal_attention_gated_y`] as the model runs it.
 pub fn gate_attn_gate_y(cx: &mut Cx) -> Result<()> {
     use enc::*;
@@ -126,26 +111,6 @@ pub fn gate_attn_gate_y(cx: &mut Cx) -> Result<()> {
         let b = cx.out_bound(F32_GEMM);
         let out = cx.cuda.causal_attention_gated_y(&gq, &gk, &gv, &gy, scale);
         cx.judge("enc causal_attention_gated_y (model path: default kernels)", &s, Kind::Gate, b, &note, out, &want, Some(&rows));
-        if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 {
-            let mut paths = vec![EncAttn::Flash];
-            if cx.cuda.has_sm90a() {
-                paths.push(EncAttn::Wgmma);
-            }
-            for path in paths {
-                let nm = match path {
-                    EncAttn::Wgmma => "wgmma",
-                    _ => "flash",
-                };
-                for (prefix, kind, name) in [
-                    ("moss_enc", Kind::Gate, format!("enc causal_attention_gated_y ({nm}, gate fused, in place in y)")),
-                    ("moss_ctl_enc", Kind::Control, format!("enc causal_attention_gated_y ({nm}, fused), gate of the KV head")),
-                ] {
-                    let none = || anyhow::anyhow!("the fused kernel refused the shapes");
-                    let out: Result<CudaTensor> = cx.cuda.attn_gated_fused_y_with(&gq, &gk, &gv, &gy, scale, prefix, path).and_then(|o| o.ok_or_else(none));
-                    cx.judge(&name, &s, kind, b, &note, out, &want, Some(&rows));
-                }
-            }
-        }
     }
     Ok(())
 }

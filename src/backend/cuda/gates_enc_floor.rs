@@ -7,7 +7,7 @@
 use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use super::gates_encoder::enc;
 use super::enc_floor::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
-use super::ops::{CudaTensor, DType};
+use super::ops::DType;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -112,19 +112,10 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.rms_norm(&x, Some(&w), EPS, true)?;
         let s = shape_str(&[&[l, d]]);
         let b = cx.out_bound(F32_NORM);
-        for (what, ctl, old) in [("enc rms1w", "enc rms1w, weight without 1 +", false), ("enc rms1 (MOSS_ENC_ROWS=old)", "enc rms1, weight without 1 +", true)] {
-            let run = |cx: &Cx, p: &str| -> Result<CudaTensor> {
-                if old {
-                    cx.cuda.rms1_with(&gx, &gw, EPS, p)
-                } else {
-                    cx.cuda.rms1w_with(&gx, &gw, EPS, p)
-                }
-            };
-            let out = run(cx, "moss_enc");
-            cx.judge(what, &s, Kind::Gate, b, "", out, &want, None);
-            let out = run(cx, "moss_ctl_enc");
-            cx.judge(ctl, &s, Kind::Control, b, "", out, &want, None);
-        }
+        let out = cx.cuda.rms1w_with(&gx, &gw, EPS, "moss_enc");
+        cx.judge("enc rms1w", &s, Kind::Gate, b, "", out, &want, None);
+        let out = cx.cuda.rms1w_with(&gx, &gw, EPS, "moss_ctl_enc");
+        cx.judge("enc rms1w, weight without 1 +", &s, Kind::Control, b, "", out, &want, None);
     }
     // embed
     for l in LENGTHS {

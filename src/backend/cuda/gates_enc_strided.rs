@@ -20,7 +20,7 @@ fn rows_of(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
 }
 
 /// The DeltaNet's in_proj_qkv | z | a | b as one GEMM, two (qkv | z, a | b) and four writing one
-/// output (`MOSS_ENC_CAT=all|split|off`), and the MLP's gate | up as one; control: the parts
+/// output, and the MLP's gate | up as one; control: the parts
 /// concatenated in the wrong order (z before qkv).
 pub fn gate_linear_cat(cx: &mut Cx) -> Result<()> {
     use enc::*;

@@ -123,8 +123,8 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let b = bound(cx, F32_GEMM);
         let cu = cx.cuda.clone();
         let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[l, HEADS * HEAD_DIM]));
-        // the flash kernel takes long bf16 prompts; the cuBLASLt path stays gated (MOSS_ENC_ATTN=gemm, fp32)
-        // (and on Hopper the wgmma flash kernel, the default there; MOSS_ENC_ATTN=flash the mma.sync one)
+        // the flash kernel takes long bf16 prompts; the cuBLASLt path stays gated (the fp32 path)
+        // (and on Hopper the wgmma flash kernel, the default there; the mma.sync one everywhere else)
         let flash_paths = flash_paths(cx);
         let paths: Vec<EncAttn> =
             if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { flash_paths.iter().copied().chain([EncAttn::Gemm]).collect() } else { vec![EncAttn::Flash] };
@@ -143,8 +143,8 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", path));
             cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
         }
-        // The sigmoid output gate fused into the flash kernel (MOSS_ENC_ATTN_GATE=fused): the gate
-        // read in place out of a q_proj-shaped [L, H, 2·hd] input.
+        // The sigmoid output gate read out of a q_proj-shaped [L, H, 2·hd] input: the unfused
+        // path (narrow, sigmoid, mul), what the model runs where gmulh does not take the shapes.
         if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 {
             let (qg, gqg) = cx.input(&[l, HEADS, 2 * HEAD_DIM], 2.0)?;
             let picked: Vec<usize> = rows.clone().unwrap_or_else(|| (0..l).collect());
@@ -158,20 +158,6 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 }
             }
             let gs = shape_str(&[&[l, HEADS, HEAD_DIM], &[l, KV_HEADS, HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
-            for &path in &flash_paths {
-                let nm = match path {
-                    EncAttn::Wgmma => "flash wgmma",
-                    _ => "flash",
-                };
-                for (prefix, kind, name) in [
-                    ("moss_enc", Kind::Gate, format!("enc causal_attention_gated ({nm}, sigmoid gate fused)")),
-                    ("moss_ctl_enc", Kind::Control, format!("enc causal_attention_gated ({nm}), gate of the KV head")),
-                ] {
-                    let out = cx.cuda.causal_attention_gated_fused(&gq, &gk, &gv, &gqg, scale, prefix, path);
-                    cx.judge(&name, &gs, kind, b, &note, out, &wg, rows.as_deref());
-                }
-            }
-            // The unfused default (what the model runs without the switch) on the same inputs.
             let out = crate::backend::ops::encoder::causal_attention_gated_unfused(&cx.cuda, &gq, &gk, &gv, &gqg, scale);
             cx.judge("enc causal_attention_gated (unfused: narrow, sigmoid, mul)", &gs, Kind::Gate, b, &note, out, &wg, rows.as_deref());
         }
@@ -301,7 +287,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         let s2 = shape_str(&[&[l, CONV], &[l, V_HEADS, DV]]);
         if bf16 {
             let (b, note) = (BF16_OUT, "bf16 prep, TF32 state pass, fp32 state");
-            // what the model runs (the Hopper kernel there unless MOSS_GDR_STATE=seq)
+            // what the model runs (the Hopper kernel there)
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Auto);
             cx.judge("enc gated_delta_rule (the default path), strided", &s2, Kind::Gate, b, note, out, &want, None);
             let mut paths = vec![];

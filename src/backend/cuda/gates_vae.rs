@@ -5,7 +5,7 @@
 
 use super::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
 use super::ops::{CudaTensor, DType};
-use super::vae::{ConvKernel, F16Var};
+use super::vae::ConvKernel;
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -16,7 +16,6 @@ pub const GATES: &[(&str, GateFn)] = &[
     ("vae conv2d split fp16", gate_conv_f16),
     ("vae conv2d fp16 overflow fallback", gate_conv_f16_overflow),
     ("vae group_norm", gate_group_norm),
-    ("vae conv2d GroupNorm fused", gate_conv_normed),
     ("vae spatial_attention", gate_attention),
     ("vae to_rgb8", gate_to_rgb8),
     ("vae split decode", gate_split_decode),
@@ -74,14 +73,12 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (MOSS_VAE_CONV=halo; fp16 overflow re-run)" };
+        let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fp16 overflow re-run)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
-            (ConvKernel::Halo32, "vae conv2d split-TF32 halo, fp32 weight stream"),
-            (ConvKernel::F16, if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default, f16)" } else { "vae conv2d split fp16 (default, MOSS_VAE_CONV=f16)" }),
+            (ConvKernel::F16, if cout <= 4 { "vae conv2d small-Cout f64 SIMT (default, f16)" } else { "vae conv2d split fp16 (default)" }),
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
-            (ConvKernel::Simt, "vae conv2d fp32 SIMT"),
         ] {
             let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern, 0);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
@@ -102,60 +99,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
                 cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
                 let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo, 1);
                 cx.judge("vae conv2d halo, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo32, 1);
-                cx.judge("vae conv2d halo fp32 weight stream, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
-        }
-    }
-    Ok(())
-}
-
-/// GroupNorm(+SiLU) fused into the halo conv's load against the CPU twin (group_norm_apply then
-/// conv2d, f64 accumulation), and against the unfused CUDA path bit for bit; control: the
-/// coefficients of the wrong group.
-fn gate_conv_normed(cx: &mut Cx) -> Result<()> {
-    if !fp32_pass(cx) {
-        return Ok(());
-    }
-    // (input shape, cout, k, silu, control?)
-    let cases: &[([usize; 4], usize, usize, bool, bool)] = &[
-        ([1, 384, 64, 64], 384, 3, true, true), // a mid / up-block-0 resnet conv, smaller picture
-        ([1, 192, 96, 96], 96, 3, true, false), // up block 3's first conv1 (192 -> 96)
-        ([1, 384, 32, 32], 192, 1, false, false),
-        ([2, 64, 33, 20], 40, 3, true, false), // two images, odd sizes, Cout off the tile
-    ];
-    for &(xs, cout, k, silu, control) in cases {
-        let cin = xs[1];
-        let n: usize = xs.iter().product();
-        // An offset mean so a wrong mean shows.
-        let x = Tensor::new(xs.to_vec(), cx.rng.normals(n, 2.0).iter().map(|v| v + 3.0).collect())?;
-        let (x, gx) = cx.exact(x, DType::F32)?;
-        let nw = Tensor::new(vec![cin], cx.rng.normals(cin, 0.1).iter().map(|v| v + 1.0).collect())?;
-        let (nw, gnw) = cx.exact(nw, DType::F32)?;
-        let (nb, gnb) = cx.input(&[cin], 0.05)?;
-        let (w, gw) = cx.input(&[cout, cin, k, k], 1.0 / ((cin * k * k) as f64).sqrt())?;
-        let (b, gb) = cx.input(&[cout], 0.1)?;
-        let rows = cx.cpu.group_norm_row_stats(&x, 32)?;
-        let st = crate::backend::ops::vae::group_norm_combine(&rows, xs[0] * 32, xs[2], cin / 32 * xs[3]);
-        let want = cx.cpu.conv2d_normed(&x, &nw, &nb, 32, &st, 1e-6, silu, &w, &b, false)?;
-        let s = format!("{} g32{}", shape_str(&[&xs, &[cout, cin, k, k]]), if silu { " +silu" } else { "" });
-        for (kern, what) in [
-            (ConvKernel::Halo, "vae conv2d GroupNorm fused (halo)"),
-            (ConvKernel::Halo32, "vae conv2d GroupNorm fused (halo, fp32 weight stream)"),
-        ] {
-            let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, kern, "moss");
-            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-        }
-        let unfused = cx
-            .cuda
-            .group_norm_apply_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, "moss")
-            .and_then(|t| cx.cuda.conv2d_with(&t, &gw, &gb, false, ConvKernel::Halo, 0))
-            .and_then(|t| crate::backend::Backend::download(&cx.cuda, &t))?;
-        let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, ConvKernel::Halo, "moss");
-        cx.judge("vae conv2d GroupNorm fused == norm pass + conv (bits)", &s, Kind::Gate, EXACT, "vs CUDA unfused", out, &unfused, None);
-        if control {
-            let out = cx.cuda.conv2d_normed_with(&gx, &gnw, &gnb, 32, &st, 1e-6, silu, &gw, &gb, false, ConvKernel::Halo, "moss_ctl");
-            cx.judge("vae conv2d GroupNorm fused, channel's group c % groups", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
     }
     Ok(())
@@ -312,12 +256,10 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss_ctl");
                 cx.judge("vae spatial_attention flash, output not rescaled", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
             }
-            // The fp16 hi/lo kernels (the default f16; MOSS_VAE_ATTN=f16r), same inputs.
+            // The fp16 hi/lo kernel (the default where it fits), same inputs.
             if cx.cuda.f16_attn_fits(d) {
-                for (name, kn) in crate::backend::cuda::vae_attn16::F16_VARIANTS {
-                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, kn);
-                    cx.judge(&format!("vae spatial_attention {name} (fp16 hi/lo split, P in registers)"), &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
-                }
+                let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, crate::backend::cuda::vae_attn16::KERNEL);
+                cx.judge("vae spatial_attention f16 (fp16 hi/lo split, P in registers)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
                 if ctl {
                     let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl_vae_attn16_d384");
                     cx.judge("vae spatial_attention f16, V's scale not undone", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
@@ -385,7 +327,7 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let comp = ck.open_component("vae")?;
     let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
     let c = ck.vae.packed_channels();
-    // The default convs (split fp16) and the TF32 halo kernel (MOSS_VAE_CONV=halo, the overflow re-run).
+    // The default convs (split fp16) and the TF32 halo kernel (the overflow re-run).
     for conv in [None, Some(ConvKernel::Halo)] {
         super::vae::set_conv_override(conv);
         let r = split_decode_rows(cx, &vae, c, conv);
@@ -422,7 +364,7 @@ fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<super::ops
     Ok(())
 }
 
-/// The split-fp16 conv (cuda/vae_conv16.cu, `MOSS_VAE_CONV=f16`) at the decoder's shapes (384->384
+/// The split-fp16 conv (cuda/vae_conv16.cu, the default) at the decoder's shapes (384->384
 /// 3x3 at 64², 192->96 3x3 at 96², 1x1, upsample, odd sizes with Cin off the 16-channel chunk),
 /// both accumulation variants (F16: the small terms in one running tile; F16A: all 3 products
 /// in a fresh tile a k-step) against the f64 CPU twin; a null bias (the GEMM use); controls: the
@@ -450,27 +392,21 @@ fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
         let (b, gb) = cx.input(&[cout], 0.1)?;
         let want = cx.cpu.conv2d(&x, &w, &b, up)?;
         let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        for (var, what) in [
-            (F16Var::Running, "vae conv2d split fp16 (small terms in a running tile)"),
-            (F16Var::A, "vae conv2d split fp16 f16a (3 products in a fresh tile a tap)"),
-            (F16Var::B, "vae conv2d split fp16 f16b (3 products in a fresh tile a tap row)"),
-        ] {
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, var, false, 0);
-            cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-        }
+        let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 0);
+        cx.judge("vae conv2d split fp16 (small terms in a running tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         if k == 1 && !up {
             let zero = Tensor::new(vec![cout], vec![0.0; cout])?;
             let want0 = cx.cpu.conv2d(&x, &w, &zero, false)?;
-            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, F16Var::Running, false, 0);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, false, 0);
             cx.judge("vae conv2d split fp16, null bias (GEMM)", &s, Kind::Gate, F32_GEMM, "", out, &want0, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, true, 0);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, true, 0);
             cx.judge("vae conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 2);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 2);
             cx.judge("vae conv2d split fp16, channel 5's weight scale not undone", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, F16Var::Running, false, 1);
+                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 1);
                 cx.judge("vae conv2d split fp16, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -500,7 +436,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let s = shape_str(&[&xs, &ws]);
     cx.cuda.vae_flag_take()?;
     let flag_of = |cx: &mut Cx, gx: &CudaTensor| -> Result<bool> {
-        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, F16Var::Running, false, 0)?;
+        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, false, 0)?;
         cx.cuda.sync()?;
         drop(o);
         cx.cuda.vae_flag_take()
@@ -512,7 +448,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
     let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo, 0);
     cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, F16Var::Running, false, 0);
+    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, false, 0);
     cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
     cx.cuda.vae_flag_take()?;
     let _ = x_ok;

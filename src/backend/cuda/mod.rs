@@ -18,6 +18,7 @@ pub mod gates_vae;
 pub mod gemm_pins;
 pub mod ops;
 pub mod plan;
+pub mod select;
 pub mod vae;
 pub mod vae_attn16;
 
@@ -90,8 +91,10 @@ impl Gpu {
                 )
             })?;
         // Optional: without them the portable kernels serve (a warning says why).
+        // Not loaded when `MOSS_KERNELS=portable` forces the portable kernels (select.rs).
+        let hopper = select::family()? == select::Family::Auto;
         let module_sm90a = match FATBIN_SM90A {
-            Some(bin) if compute_capability == (9, 0) => {
+            Some(bin) if compute_capability == (9, 0) && hopper => {
                 match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
                     Ok(m) => Some(m),
                     Err(e) => {

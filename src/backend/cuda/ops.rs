@@ -146,7 +146,7 @@ impl Drop for Staging {
 pub const STAGING_CHUNK: usize = 64 << 20;
 /// Below this, host→device copies go straight from pageable memory.
 const STAGING_MIN: usize = 1 << 20;
-/// Chunk size of the pinned download path (`MOSS_DOWNLOAD=pinned`): small enough that a 32 MiB
+/// Chunk size of the pinned download path: small enough that a 32 MiB
 /// tensor is several chunks, so the copy of one overlaps the conversion of the previous.
 pub const DOWNLOAD_CHUNK: usize = 8 << 20;
 /// Download chunks in flight at once (slots in the staging buffers).
@@ -156,24 +156,14 @@ const _: () = assert!(DOWNLOAD_SLOTS % 2 == 0 && DOWNLOAD_SLOTS / 2 * DOWNLOAD_C
 /// How [`Cuda::download_with`] brings a tensor to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Download {
-    /// One `cuMemcpyDtoH` into a fresh pageable byte vector, then the conversion
-    /// (`MOSS_DOWNLOAD=pageable`; measured ~36 ms for the 4096-token encoder output on the H200).
+    /// One `cuMemcpyDtoH` into a fresh pageable byte vector, then the conversion (tensors under
+    /// 1 MiB; for large ones measured slower: ~36 ms for the 4096-token encoder output on the H200).
     Pageable,
     /// Through pinned staging chunks, each converted into the output while the next copies.
     /// `drop_tail` is the planted bug of the gate (the last chunk is never copied).
     Pinned { drop_tail: bool },
 }
 
-impl Download {
-    /// `MOSS_DOWNLOAD=pageable` selects [`Download::Pageable`]; anything else the default,
-    /// [`Download::Pinned`].
-    pub fn from_env() -> Download {
-        match std::env::var("MOSS_DOWNLOAD").as_deref() {
-            Ok("pageable") => Download::Pageable,
-            _ => Download::Pinned { drop_tail: false },
-        }
-    }
-}
 
 struct Inner {
     gpu: Gpu,
@@ -881,7 +871,7 @@ impl Backend for Cuda {
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
-        self.download_with(x, Download::from_env())
+        self.download_with(x, Download::Pinned { drop_tail: false })
     }
 
     fn dims(&self, x: &CudaTensor) -> Vec<usize> {

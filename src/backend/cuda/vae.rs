@@ -2,34 +2,24 @@
 //! decoder runs in fp32 whatever `--precision` says: its weights are f32 in the checkpoint and
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
-//! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing; on the
-//!   tensor cores with split fp16 or split TF32 (3 products per tile, fp32 accuracy): by default
-//!   the split-fp16 kernel of cuda/vae_conv16.cu (m16n8k16; measured on the H200: 100.5 ms a
-//!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048;
-//!   bench/notes-vaeconv16.md); an activation past the fp16 range sets a device flag and the
-//!   decoder decodes again on the TF32 halo kernel of cuda/vae_conv.cu (`MOSS_VAE_CONV=halo`
-//!   takes that one throughout); conv_out's 3 outputs on an f64 SIMT kernel; with
-//!   `MOSS_VAE_KERNELS=classic` (or `MOSS_VAE_CONV=tap`) the earlier per-k-step gather kernel
-//!   (tap-major); or plain fp32 SIMT (`MOSS_VAE_CONV=simt`). The tensor cores' fp32
-//!   accumulation truncates, so each 16-deep k-step accumulates into a fresh tile that is then
-//!   added to the running sum with round-to-nearest adds (without it: 2.4e-5 relative L2 at
-//!   K = 3456, over the fp32 bound).
-//! - `conv2d_normed` (a resnet's GroupNorm + SiLU + conv): the normalise pass then the conv; with
-//!   `MOSS_VAE_FUSE=1` the normalisation is fused into the halo conv's load (same bits; measured
-//!   slower on the H200, so opt-in).
+//! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing, on the
+//!   tensor cores with split fp16 (cuda/vae_conv16.cu, m16n8k16; measured on the H200: 100.5 ms a
+//!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048); an
+//!   activation past the fp16 range sets a device flag and the decoder decodes again on the
+//!   split-TF32 halo kernel of cuda/vae_conv.cu; conv_out's 3 outputs on an f64 SIMT kernel;
+//!   where a kernel's shared memory does not fit (or k is not 1 or 3) the split-TF32 tap-major
+//!   kernel. The tensor cores' fp32 accumulation truncates, so each 16-deep k-step accumulates
+//!   into a fresh tile that is then added to the running sum with round-to-nearest adds.
+//! - `conv2d_normed` (a resnet's GroupNorm + SiLU + conv): the normalise pass then the conv.
 //! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
-//! - `spatial_attention`: by default (D = 384 on a GPU with 210 KB of shared memory a block) one
-//!   flash-style kernel on fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu,
-//!   src/backend/cuda/vae_attn16.rs; measured on the H200: 5.5 ms at L = 16384 and 85.9 ms at
-//!   L = 65536; `MOSS_VAE_ATTN=f16r` a variant). `MOSS_VAE_ATTN=flash` (the default before, where
-//!   f16 does not fit but 204 KB do): one flash-style kernel (cuda/vae_attn.cu: split-TF32 `Q·Kᵀ`
-//!   and `P·V`, online softmax in fp32, no scores in memory; 12.9 / 205 ms);
-//!   `MOSS_VAE_ATTN=split|cublas` for the others. Otherwise query chunks of scores (at most `ATTN_CHUNK_BYTES` with what they
-//!   need): `S = Q_c·Kᵀ`, a row softmax kernel (scale, max subtracted), `P·V`; the products on the
-//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else (or with
-//!   `MOSS_VAE_KERNELS=classic` / `MOSS_VAE_ATTN=cublas`) cuBLAS fp32 (TF32 off). The `[L, L]` matrix never exists at once.
+//! - `spatial_attention`: where D = 384 and its shared memory fits, one flash-style kernel on
+//!   fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu, src/backend/cuda/vae_attn16.rs;
+//!   5.5 ms at L = 16384 and 85.9 ms at L = 65536 on the H200); else where 204 KB fit, the
+//!   split-TF32 flash kernel (cuda/vae_attn.cu); else query chunks of scores (at most
+//!   `ATTN_CHUNK_BYTES`): `S = Q_c·Kᵀ`, a row softmax kernel, `P·V`, the products on the
+//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
 use super::blas::LinearBug;
@@ -82,36 +72,28 @@ const CONV_BN: usize = 128;
 /// Which convolution kernel (the gates pick planted ones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvKernel {
-    Simt,
+    /// Split TF32, any k and Cin (the last fallback).
     Tf32x3,
     /// Split TF32 with the weight re-laid out tap-major (`[Cout, k, k, Cin]`), so one k-step
-    /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`).
+    /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`); where the fp16 or
+    /// halo kernel's shared memory does not fit.
     Tf32x3Tap,
-    /// The default until the split-fp16 kernel (cuda/vae_conv.cu; `MOSS_VAE_CONV=halo`, and the
-    /// decoder's re-run after an fp16 overflow): Cout <= 4 (conv_out) → the f64 SIMT kernel
-    /// (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32 halo kernel (weights
-    /// pre-split and in fragment order, 8-channel input halos, cp.async); else `Tf32x3Tap`.
+    /// The decoder's re-run after an fp16 overflow (cuda/vae_conv.cu): Cout <= 4 (conv_out) →
+    /// the f64 SIMT kernel (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32
+    /// halo kernel (weights pre-split and in fragment order, 8-channel input halos, cp.async);
+    /// else `Tf32x3Tap`.
     Halo,
-    /// The halo kernel with the weight streamed as fp32 and split into hi/lo in registers (half
-    /// the weight bytes from L2 and in shared memory; `MOSS_VAE_CONV=halo32`), same fallbacks.
-    Halo32,
+    /// The default: cuda/vae_conv16.cu, split fp16 on m16n8k16 (weights scaled by a power of two
+    /// per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the small terms
+    /// in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 → `Tf32x3Tap`. An
+    /// activation past the fp16 range sets the overflow flag (the decoder decodes again on `Halo`).
+    F16,
     /// Planted: one TF32 product (the lo parts dropped).
     CtlTf32x1,
     /// Planted: the halo kernel with one TF32 product.
     CtlHaloTf32x1,
     /// Planted: the small-Cout kernel with its taps mirrored in x.
     CtlSmallMirrored,
-    /// The default: cuda/vae_conv16.cu (`MOSS_VAE_CONV=f16`): split fp16 on m16n8k16 (weights scaled by a
-    /// power of two per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the
-    /// small terms in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 →
-    /// `Tf32x3Tap`. An activation past the fp16 range sets the overflow flag (the decoder
-    /// decodes again on `Halo`).
-    F16,
-    /// The same with all 3 products in a fresh tile each k-step, lo parts unscaled
-    /// (`MOSS_VAE_CONV=f16a`).
-    F16A,
-    /// As `F16A` with the fresh tile over a row of taps (3 k-steps of a 3x3; `MOSS_VAE_CONV=f16b`).
-    F16B,
     /// Planted: `F16` with the activation lo parts dropped.
     CtlF16LoDropped,
 }
@@ -119,40 +101,17 @@ pub enum ConvKernel {
 impl ConvKernel {
     fn name(self) -> &'static str {
         match self {
-            ConvKernel::Simt => "moss_vae_conv_simt",
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
             ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
-            ConvKernel::Halo
-            | ConvKernel::Halo32
-            | ConvKernel::CtlHaloTf32x1
-            | ConvKernel::CtlSmallMirrored
-            | ConvKernel::F16
-            | ConvKernel::F16A
-            | ConvKernel::F16B
-            | ConvKernel::CtlF16LoDropped => unreachable!("dispatched in conv2d_with"),
-        }
-    }
-    /// `MOSS_VAE_CONV=simt|tf32x3|tap|halo|halo32|f16|f16a|f16b` if set, else the split-fp16
-    /// kernel (with its small-Cout and tap-major fallbacks, and the decoder's TF32 re-run after an
-    /// overflow) unless `MOSS_VAE_KERNELS=classic`, then tap-major.
-    pub fn default_kernel() -> ConvKernel {
-        match std::env::var("MOSS_VAE_CONV").as_deref() {
-            Ok("simt") => ConvKernel::Simt,
-            Ok("tf32x3") => ConvKernel::Tf32x3,
-            Ok("tap") => ConvKernel::Tf32x3Tap,
-            Ok("halo") => ConvKernel::Halo,
-            Ok("halo32") => ConvKernel::Halo32,
-            Ok("f16") => ConvKernel::F16,
-            Ok("f16a") => ConvKernel::F16A,
-            Ok("f16b") => ConvKernel::F16B,
-            _ if fast_kernels() => ConvKernel::F16,
-            _ => ConvKernel::Tf32x3Tap,
+            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::F16 | ConvKernel::CtlF16LoDropped => {
+                unreachable!("dispatched in conv2d_with")
+            }
         }
     }
 }
 
-/// The gates' override of the decoder's conv kernel (`None`: [`ConvKernel::default_kernel`]).
+/// The gates' override of the decoder's conv kernel (`None`: [`ConvKernel::F16`]).
 static CONV_OVERRIDE: std::sync::Mutex<Option<ConvKernel>> = std::sync::Mutex::new(None);
 /// Gate-only: the overflow flag ignored (the decode keeps the fp16 result).
 static NO_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -167,13 +126,29 @@ pub(crate) fn set_no_fallback(on: bool) {
     NO_FALLBACK.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The decoder on cuda/vae_conv.cu's halo conv (and the f64 conv_out kernel) and the split-TF32
-/// attention products: the default since they were measured on the H200 (1024x1024: 142.7 ms
-/// against 208.6 ms for the tap-major kernels, closer to float64; bench/RESULTS.md).
-/// `MOSS_VAE_KERNELS=classic` takes the earlier kernels (every kernel is gated in `moss check`
-/// either way).
-pub fn fast_kernels() -> bool {
-    std::env::var("MOSS_VAE_KERNELS").as_deref() != Ok("classic")
+/// The kernels the VAE's ops use on a device whose blocks may opt into shared memory for which
+/// `fits(bytes)` holds ([`super::select::choices`]).
+pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<super::select::Choice> {
+    use super::select::Choice;
+    let f16 = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(f16_smem_bytes(bm, k))));
+    let halo = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(halo_smem_bytes(bm, k))));
+    let conv = if f16 { "moss_vae_conv16_b{96,128}_k{1,3} (split fp16)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major: the fp16 kernel's shared memory does not fit)" };
+    let rerun = if halo { "moss_vae_conv_halo_b{96,128}_k{1,3} (split TF32)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major)" };
+    let attn = if fits(super::vae_attn16::SMEM16_BYTES) {
+        super::vae_attn16::KERNEL.to_string()
+    } else if fits(FLASH_SMEM_BYTES) {
+        "moss_vae_flash_d384 (split TF32)".to_string()
+    } else if halo {
+        "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".to_string()
+    } else {
+        "cuBLAS fp32 products + moss_vae_softmax_rows".to_string()
+    };
+    vec![
+        Choice { op: "vae conv2d (k 1, 3)", kernel: conv.into() },
+        Choice { op: "vae conv2d, fp16 overflow re-run", kernel: rerun.into() },
+        Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
+        Choice { op: "vae spatial_attention (D 384)", kernel: attn },
+    ]
 }
 
 /// cuda/vae_attn.cu: the head width it is built for, query rows per block, shared memory
@@ -206,23 +181,6 @@ fn halo_cs(hn: usize) -> usize {
 /// buffers (hi and lo).
 fn halo_smem_bytes(bm: usize, k: usize) -> usize {
     4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
-}
-
-/// [`halo_smem_bytes`] of the fp32-weight-stream build (one weight copy a stage).
-fn halo_smem_bytes_w32(bm: usize, k: usize) -> usize {
-    halo_smem_bytes(bm, k) - 4 * 2 * (k * k * bm * 8)
-}
-
-/// The split-fp16 conv's accumulation (cuda/vae_conv16.cu VAR 1, 0, 2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum F16Var {
-    /// hi·hi in a fresh tile each k-step (RN add), the small terms (lo parts times 2^11) in one
-    /// running tile (`moss_vae_conv16_*`).
-    Running,
-    /// All 3 products in a fresh tile each k-step, lo parts unscaled (`moss_vae_conv16a_*`).
-    A,
-    /// As `A`, the fresh tile over a row of taps (`moss_vae_conv16b_*`).
-    B,
 }
 
 /// cuda/vae_conv16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
@@ -299,28 +257,21 @@ impl Cuda {
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
         match kernel {
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
+            ConvKernel::Halo | ConvKernel::F16 | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
                 return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
             }
-            ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
-                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false, kernel == ConvKernel::Halo32, None);
+            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
+                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false);
             }
-            ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B | ConvKernel::CtlF16LoDropped
-                if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) =>
-            {
-                let var = match kernel {
-                    ConvKernel::F16A => F16Var::A,
-                    ConvKernel::F16B => F16Var::B,
-                    _ => F16Var::Running,
-                };
-                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, var, kernel == ConvKernel::CtlF16LoDropped, bug);
+            ConvKernel::F16 | ConvKernel::CtlF16LoDropped if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) => {
+                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlF16LoDropped, bug);
             }
             ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::CtlF16LoDropped => {
                 anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
-        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32 | ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) { ConvKernel::Tf32x3Tap } else { kernel };
+        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::F16) { ConvKernel::Tf32x3Tap } else { kernel };
         let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
             ConvKernel::Tf32x3
         } else {
@@ -373,10 +324,6 @@ impl Cuda {
     /// `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
     /// multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
     #[allow(clippy::too_many_arguments)]
-    /// `w32`: the fp32 weight stream (`moss_vae_*32_*`), split in registers.
-    /// `norm`: per (image, input channel) GroupNorm coefficients (`moss_vae_gn_coef`, f64
-    /// `[N, Cin, 3]`) and SiLU: the input is normalised as it is loaded.
-    #[allow(clippy::too_many_arguments)]
     fn conv2d_halo(
         &self,
         x: &CudaTensor,
@@ -386,8 +333,6 @@ impl Cuda {
         one_product: bool,
         bug: i32,
         ksplit: bool,
-        w32: bool,
-        norm: Option<(&CudaTensor, bool)>,
     ) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
@@ -395,11 +340,9 @@ impl Cuda {
         let bm = halo_bm(cout);
         let sfx = format!("b{bm}_k{k}");
         let mblocks = cout.div_ceil(bm);
-        let w32 = w32 && !one_product;
-        let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * if w32 { 1 } else { 2 }])?;
-        let v32 = if w32 { "32" } else { "" };
+        let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * 2])?;
         self.launch(
-            &format!("moss_vae_wprep{v32}_{sfx}"),
+            &format!("moss_vae_wprep_{sfx}"),
             self.grid_for(wf.numel()),
             256,
             0,
@@ -412,10 +355,10 @@ impl Cuda {
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         let prefix = if one_product { "moss_ctl" } else { "moss" };
         self.launch(
-            &format!("{prefix}_vae_conv_halo{v32}_{sfx}"),
+            &format!("{prefix}_vae_conv_halo_{sfx}"),
             blocks as u32,
             256,
-            ((if w32 { halo_smem_bytes_w32(bm, k) } else { halo_smem_bytes(bm, k) }) + if norm.is_some() { cin * 24 } else { 0 }) as u32,
+            halo_smem_bytes(bm, k) as u32,
             &[
                 Arg::P(out.ptr()),
                 Arg::P(x.ptr()),
@@ -428,8 +371,10 @@ impl Cuda {
                 Arg::I(up as i32),
                 Arg::I(bug),
                 Arg::I(ksplit as i32),
-                Arg::P(norm.map_or(0, |n| n.0.ptr())),
-                Arg::I(norm.is_some_and(|n| n.1) as i32),
+                // The kernel's GroupNorm-on-load inputs (coefficients, SiLU): unused (the fused
+                // path was measured slower and deleted).
+                Arg::P(0),
+                Arg::I(0),
             ],
         )?;
         Ok(out)
@@ -437,8 +382,7 @@ impl Cuda {
 
     /// The split-fp16 conv (cuda/vae_conv16.cu; k 1 or 3, any Cin): the weight scaled per output
     /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
-    /// one block per output channel), then one launch. `var`: the accumulation ([`F16Var`]);
-    /// `lo_dropped`: the planted build without the activation lo parts;
+    /// one block per output channel), then one launch. `lo_dropped`: the planted build without the activation lo parts;
     /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
     /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
     #[allow(clippy::too_many_arguments)]
@@ -448,7 +392,6 @@ impl Cuda {
         w: &CudaTensor,
         b: Option<&CudaTensor>,
         up: bool,
-        var: F16Var,
         lo_dropped: bool,
         bug: i32,
     ) -> Result<CudaTensor> {
@@ -465,14 +408,8 @@ impl Cuda {
         // [Cout/BM][Cin/16][tap][BM/16][hi|lo][lane][4] words of two halves.
         let wf = self.alloc(DType::F32, &[mblocks * chunks * k * k * (bm / 16) * 2 * 128])?;
         let rs = self.alloc(DType::F32, &[mblocks * bm])?;
-        let (a, prep) = match var {
-            _ if lo_dropped => ("", ""),
-            F16Var::Running => ("", ""),
-            F16Var::A => ("a", "a"),
-            F16Var::B => ("b", "a"),
-        };
         self.launch(
-            &format!("moss_vae_wprep16{prep}_{sfx}"),
+            &format!("moss_vae_wprep16_{sfx}"),
             (mblocks * bm) as u32,
             256,
             0,
@@ -486,7 +423,7 @@ impl Cuda {
         let flag = self.vae_flag_ptr()?;
         let prefix = if lo_dropped { "moss_ctl" } else { "moss" };
         self.launch(
-            &format!("{prefix}_vae_conv16{a}_{sfx}"),
+            &format!("{prefix}_vae_conv16_{sfx}"),
             blocks as u32,
             256,
             f16_smem_bytes(bm, k) as u32,
@@ -508,11 +445,11 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The decoder's conv kernel: the gates' override, else [`ConvKernel::default_kernel`]; the
+    /// The decoder's conv kernel: the gates' override, else [`ConvKernel::F16`]; the
     /// TF32 halo kernel in place of the fp16 ones while the decoder re-runs after an overflow.
     fn conv_kernel(&self) -> ConvKernel {
-        let k = CONV_OVERRIDE.lock().unwrap().unwrap_or_else(ConvKernel::default_kernel);
-        if self.vae_tf32_fallback() && matches!(k, ConvKernel::F16 | ConvKernel::F16A | ConvKernel::F16B) {
+        let k = CONV_OVERRIDE.lock().unwrap().unwrap_or(ConvKernel::F16);
+        if self.vae_tf32_fallback() && k == ConvKernel::F16 {
             ConvKernel::Halo
         } else {
             k
@@ -691,7 +628,7 @@ impl Cuda {
         }
         let w = self.reshape(a, &[m, k, 1, 1])?;
         let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1, false, None)?;
+        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
         let mut sum = self.narrow(&o, 0, 0, 1)?;
         for i in 1..ks {
             sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
@@ -745,69 +682,6 @@ impl Cuda {
         } else {
             self.cat(&outs.iter().collect::<Vec<_>>(), 0)
         }
-    }
-
-    /// [`VaeOps::conv2d_normed`] with an explicit conv kernel: GroupNorm(+SiLU) fused into the
-    /// halo conv's input load (`Halo`/`Halo32` where the halo kernel applies: Cout > 4, k 1 or
-    /// 3, Cin % 8 == 0, the shared memory fits), else `group_norm_apply` then the conv. The
-    /// coefficients (mean, w/sqrt(var+eps), b) per (image, channel) come from `moss_vae_gn_coef`
-    /// (`prefix` `moss_ctl`: the planted wrong group), the normalisation is `moss_vae_gn_apply`'s
-    /// arithmetic, so the result is the unfused one bit for bit.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn conv2d_normed_with(
-        &self,
-        x: &CudaTensor,
-        nw: &CudaTensor,
-        nb: &CudaTensor,
-        groups: usize,
-        stats: &[f64],
-        eps: f64,
-        silu: bool,
-        w: &CudaTensor,
-        b: &CudaTensor,
-        up: bool,
-        kernel: ConvKernel,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
-        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
-        let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
-        ensure!(wcin == cin && k == k2 && b.numel() == cout && h > 0 && wd > 0, "conv2d_normed: {:?} ⊛ {:?}", x.shape, w.shape);
-        ensure!(groups > 0 && cin % groups == 0, "group_norm: {cin} channels in {groups} groups");
-        ensure!(nw.numel() == cin && nb.numel() == cin, "group_norm: affine {:?} / {:?} for {cin} channels", nw.shape, nb.shape);
-        ensure!(stats.len() == n * groups * 2, "group_norm: {} statistics for {n}x{groups} groups", stats.len());
-        let w32 = kernel == ConvKernel::Halo32;
-        let fused = matches!(kernel, ConvKernel::Halo | ConvKernel::Halo32)
-            && cout > 4
-            && (k == 1 || k == 3)
-            && cin % 8 == 0
-            && self.halo_fits_bytes((if w32 { halo_smem_bytes_w32(halo_bm(cout), k) } else { halo_smem_bytes(halo_bm(cout), k) }) + cin * 24);
-        if !fused {
-            let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, prefix)?;
-            return self.conv2d_with(&t, w, b, up, kernel, 0);
-        }
-        let (x, w, b, nw, nb) = (self.f32(x)?, self.f32(w)?, self.f32(b)?, self.f32(nw)?, self.f32(nb)?);
-        let st = self.alloc(DType::F32, &[stats.len() * 2])?;
-        let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.write_bytes(st.ptr(), &bytes, false)?;
-        // [N, Cin, 3] doubles in an f32 buffer of twice the length.
-        let coef = self.alloc(DType::F32, &[n * cin * 6])?;
-        self.launch(
-            &format!("{prefix}_vae_gn_coef"),
-            self.grid_for(n * cin),
-            256,
-            0,
-            &[
-                Arg::P(coef.ptr()),
-                Arg::P(st.ptr()),
-                Arg::P(nw.ptr()),
-                Arg::P(nb.ptr()),
-                Arg::I(n as i32),
-                Arg::I(cin as i32),
-                Arg::I(groups as i32),
-                Arg::L(eps.to_bits() as i64),
-            ],
-        )?;
-        self.conv2d_halo(&x, &w, Some(&b), up, false, 0, false, w32, Some((&coef, silu)))
     }
 
     /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
@@ -1098,15 +972,10 @@ impl VaeOps for Cuda {
         self.timed(
             || format!("norm+conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if up { " up2x" } else { "" }),
             || {
-                // Opt-in: measured on the H200 the fused conv lost more (+23 % in the conv kernel,
-                // which is instruction-bound) than the separate pass cost (1024x1024: 125.9 ms of
-                // norm + convs fused against 121.0 unfused; bench/notes-vae2.md).
-                if std::env::var("MOSS_VAE_FUSE").as_deref() == Ok("1") {
-                    self.conv2d_normed_with(x, nw, nb, groups, stats, eps, silu, w, b, up, self.conv_kernel(), "moss")
-                } else {
-                    let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
-                    self.conv2d_with(&t, w, b, up, self.conv_kernel(), 0)
-                }
+                // The normalise pass then the conv (GroupNorm fused into the halo conv's load was
+                // measured slower on the H200: the conv kernel is instruction-bound).
+                let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
+                self.conv2d_with(&t, w, b, up, self.conv_kernel(), 0)
             },
         )
     }
@@ -1115,32 +984,15 @@ impl VaeOps for Cuda {
         self.group_norm_apply_with(x, w, b, groups, stats, eps, silu, "moss")
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
-        // The split-TF32 products unless MOSS_VAE_ATTN=cublas or MOSS_VAE_KERNELS=classic (and
-        // only for L, D multiples of 16), else cuBLAS fp32.
-        let want = match std::env::var("MOSS_VAE_ATTN").as_deref() {
-            Ok("split") => true,
-            Ok("cublas") => false,
-            _ => fast_kernels(),
-        };
-        let flash = match std::env::var("MOSS_VAE_ATTN").as_deref() {
-            Ok("flash") => true,
-            Ok(_) => false,
-            _ => fast_kernels(),
-        } && q.shape.len() == 3 && self.flash_fits(q.shape[2]);
-        // The default where it fits: fp16 hi/lo split operands (cuda/vae_attn16.cu; measured on
-        // the H200: 85.9 ms at L = 65536 against 205 ms for `flash`, closer to float64);
-        // MOSS_VAE_ATTN=f16 | f16r picks a variant, any other value the kernels below.
-        let f16 = match std::env::var("MOSS_VAE_ATTN").as_deref() {
-            Ok(w) => super::vae_attn16::F16_VARIANTS.iter().find(|(n, _)| *n == w).map(|(_, kn)| *kn),
-            Err(_) => fast_kernels().then_some(super::vae_attn16::F16_VARIANTS[0].1),
-        }
-        .filter(|_| q.shape.len() == 3 && self.f16_attn_fits(q.shape[2]));
-        let split = want && q.shape.len() == 3 && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
+        let fits = q.shape.len() == 3;
+        let f16 = fits && self.f16_attn_fits(q.shape[2]);
+        let flash = fits && self.flash_fits(q.shape[2]);
+        let split = fits && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
         self.timed(
             || format!("attention {:?}", q.shape),
             || {
-                if let Some(kn) = f16 {
-                    self.spatial_attention_f16(q, k, v, kn)
+                if f16 {
+                    self.spatial_attention_f16(q, k, v, super::vae_attn16::KERNEL)
                 } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
                 } else if split {

@@ -1,5 +1,5 @@
 //! The VAE mid block's attention on fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu;
-//! the default for D = 384 on a GPU with 210 KB of shared memory a block, `MOSS_VAE_ATTN=f16 | f16r`):
+//! the default for D = 384 on a GPU with 210 KB of shared memory a block):
 //! per-tensor power-of-two scales from a max-abs pass, Q, K, V written once as fp16 hi/lo, then one
 //! flash kernel (P split in registers, no score matrix in memory). Deterministic (the max-abs
 //! atomicMax is order-independent; no other atomics), so the strip decode's identity holds.
@@ -11,13 +11,12 @@ use super::ops::{Arg, Cuda, CudaTensor, DType};
 /// of 776 halves, the partial-score exchange 8 x 4 x 32 float4).
 const D16: usize = 384;
 const BQ16: usize = 64;
-const SMEM16_BYTES: usize = (64 + 2 * 32) * 776 * 2 + 8 * 4 * 32 * 16;
+pub(crate) const SMEM16_BYTES: usize = (64 + 2 * 32) * 776 * 2 + 8 * 4 * 32 * 16;
 
-/// The f16 kernel variants (`MOSS_VAE_ATTN` value, kernel): `f16` (the default) fresh tiles for
-/// every product sum (the split-TF32 kernels' rule), `f16r` the small terms of S in a running
-/// tile (measured 2 % faster at 2048, same mean error). The third variant measured, P V straight
-/// into O, failed the fp32 bound and is a control (`moss_ctl3_vae_attn16_d384`).
-pub(crate) const F16_VARIANTS: [(&str, &str); 2] = [("f16", "moss_vae_attn16_d384"), ("f16r", "moss_vae_attn16r_d384")];
+/// The kernel: fresh tiles for every product sum (the split-TF32 kernels' rule). A variant with
+/// the small terms of S in a running tile (`f16r`) was deleted (git keeps it); another, P V
+/// straight into O, failed the fp32 bound and is a control (`moss_ctl3_vae_attn16_d384`).
+pub(crate) const KERNEL: &str = "moss_vae_attn16_d384";
 
 impl Cuda {
     /// Whether cuda/vae_attn16.cu applies: D = 384 and its shared memory fits a block.
@@ -27,7 +26,7 @@ impl Cuda {
     }
 
     /// softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, 384] with the kernel `kernel` (one of
-    /// [`F16_VARIANTS`] or a control: `moss_ctl_vae_attn16_d384` leaves V's scale in the output,
+    /// [`KERNEL`] or a control: `moss_ctl_vae_attn16_d384` leaves V's scale in the output,
     /// `moss_ctl2_vae_attn16_d384` drops the small terms of the scores, `moss_ctl3_vae_attn16_d384`
     /// accumulates P V straight into O).
     pub(crate) fn spatial_attention_f16(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, kernel: &str) -> Result<CudaTensor> {
