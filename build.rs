@@ -6,6 +6,9 @@
 //! `sm_90a` alone, into a second fatbin that the CUDA backend loads only on compute
 //! capability 9.0 (cfg `moss_sm90a`).
 //!
+//! Each source set is compiled twice: the production image, and with `-DMOSS_CHECK_IMAGE` the
+//! check image that only `moss check` loads (the planted controls; see cuda/common.cuh).
+//!
 //! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
 //! a development build for one GPU in a fraction of the time. Releases leave it unset.
 
@@ -57,8 +60,9 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let fatbin = out_dir.join("moss_kernels.fatbin");
     let fatbin_sm90a = out_dir.join("moss_kernels_sm90a.fatbin");
-    let _ = std::fs::remove_file(&fatbin);
-    let _ = std::fs::remove_file(&fatbin_sm90a);
+    for f in ["moss_kernels.fatbin", "moss_kernels_sm90a.fatbin", "moss_check.fatbin", "moss_check_sm90a.fatbin"] {
+        let _ = std::fs::remove_file(out_dir.join(f));
+    }
     if std::env::var_os("MOSS_NO_CUDA").is_some() {
         println!("cargo:warning=MOSS_NO_CUDA set: building without CUDA kernels");
         return;
@@ -76,30 +80,25 @@ fn main() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         _ => panic!("{} --list-gpu-code failed: is this a working nvcc?", nvcc.display()),
     };
-    let mut cmd = Command::new(&nvcc);
-    cmd.args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-I"])
-        .arg(root.join("cuda"))
-        .arg("-o")
-        .arg(&fatbin)
-        .arg(&unit);
     // MOSS_CUDA_ARCHS=90 (comma-separated) narrows the list for a quicker development build.
     let only: Option<Vec<String>> = std::env::var("MOSS_CUDA_ARCHS").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
     let mut archs = vec![];
+    let mut gencode = vec![];
     for sm in SMS {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == sm)) {
             continue;
         }
         if offered.lines().any(|l| l.trim() == format!("sm_{sm}")) {
-            cmd.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
+            gencode.push(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
             archs.push(sm);
         }
     }
     if only.is_none() && offered.lines().any(|l| l.trim() == "sm_90") {
-        cmd.arg("-gencode=arch=compute_90,code=compute_90");
+        gencode.push("-gencode=arch=compute_90,code=compute_90".to_string());
     }
     assert!(!archs.is_empty(), "{} offers none of sm_{:?}", nvcc.display(), SMS);
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed compiling cuda/*.cu");
+    compile(&nvcc, &root, &unit, &gencode, &[], &fatbin);
+    compile(&nvcc, &root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check.fatbin"));
     println!("cargo:rustc-cfg=moss_kernels");
     if archs.contains(&"90") {
         build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
@@ -107,18 +106,29 @@ fn main() {
     println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
 }
 
-/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only.
-fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
-    let Some(unit) = write_unit(Path::new("cuda/sm90a"), root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
+/// nvcc `unit` into `fatbin` for the `gencode` targets, with `defines`.
+fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &[&str], fatbin: &Path) {
     let status = Command::new(nvcc)
-        .args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I"])
+        .args(["--fatbin", "-O3", "--threads=0", "-std=c++17"])
+        .args(gencode)
+        .args(defines)
+        .arg("-I")
         .arg(root.join("cuda"))
         .arg("-o")
         .arg(fatbin)
-        .arg(&unit)
+        .arg(unit)
         .status()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed compiling cuda/sm90a/*.cu for sm_90a");
+    assert!(status.success(), "nvcc failed compiling {} {defines:?}", unit.display());
+}
+
+/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only (production and
+/// check images).
+fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
+    let Some(unit) = write_unit(Path::new("cuda/sm90a"), root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
+    let gencode = ["-gencode=arch=compute_90a,code=sm_90a".to_string()];
+    compile(nvcc, root, &unit, &gencode, &[], fatbin);
+    compile(nvcc, root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check_sm90a.fatbin"));
     println!("cargo:rustc-cfg=moss_sm90a");
 }
 

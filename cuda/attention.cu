@@ -179,12 +179,15 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
 // The kernel with Q aliased into the second K buffer (64 KiB of dynamic shared memory; the
 // variant without the alias, `v1`, was deleted as slower), and its planted control for `moss check`
 // (forgets to rescale the running output when the row maximum grows; the same gate must reject it).
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                                                const __nv_bfloat16* v, __nv_bfloat16* o, int n,
                                                                int ldq, int ldk, int ldv, int ldo, float scale_log2) {
     moss_attn::attn_d128<false, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
 }
+#endif
 
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2_control(const __nv_bfloat16* q,
                                                                        const __nv_bfloat16* k,
                                                                        const __nv_bfloat16* v, __nv_bfloat16* o,
@@ -192,3 +195,4 @@ MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2_control(const 
                                                                        float scale_log2) {
     moss_attn::attn_d128<true, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
 }
+#endif

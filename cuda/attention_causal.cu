@@ -186,13 +186,17 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
 }
 }  // namespace moss_fattn
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(128) moss_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                             const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                             int H, int Hkv, float scale_log2) {
     moss_fattn::fattn<0, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(128) moss_ctl_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                                 const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                                 int H, int Hkv, float scale_log2) {
     moss_fattn::fattn<1, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);
 }
+#endif

@@ -57,8 +57,8 @@ __device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, con
     MOSS_RMS_MOD(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_RMS_MOD(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_RMS_MOD(NAME, BUG, float, f32, float, f32)
-MOSS_RMS_MOD4(moss_rms_mod, 0)
-MOSS_RMS_MOD4(moss_ctl_rms_mod, 1)
+MOSS_PRODUCTION(MOSS_RMS_MOD4(moss_rms_mod, 0))
+MOSS_CONTROL(MOSS_RMS_MOD4(moss_ctl_rms_mod, 1))
 
 // ---- per-head QK-norm + rotate-half RoPE, one warp per (token, head) row of hd ------------------
 // y = x·rsqrt(mean(x²)+eps)·w; out[m] = y[m]c − y[m+h]s, out[m+h] = y[m+h]c + y[m]s, h = hd/2,
@@ -99,8 +99,8 @@ __device__ void qk_rope_impl(TX* __restrict__ out, const TX* __restrict__ x, con
     MOSS_QK_ROPE(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_QK_ROPE(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_QK_ROPE(NAME, BUG, float, f32, float, f32)
-MOSS_QK_ROPE4(moss_qk_rope, 0)
-MOSS_QK_ROPE4(moss_ctl_qk_rope, 1)
+MOSS_PRODUCTION(MOSS_QK_ROPE4(moss_qk_rope, 0))
+MOSS_CONTROL(MOSS_QK_ROPE4(moss_ctl_qk_rope, 1))
 
 // ---- QK-norm + RoPE on the q and k parts of a packed projection, in place ------------------------
 // qkv [n, 3·H·hd] = [q | k | v]; the q and k heads are normed and rotated as qk_rope_impl does,
@@ -155,8 +155,8 @@ __device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, c
     MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_QKV_ROPE(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_QKV_ROPE(NAME, BUG, float, f32, float, f32)
-MOSS_QKV_ROPE4(moss_qkv_rope, 0)
-MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1)
+MOSS_PRODUCTION(MOSS_QKV_ROPE4(moss_qkv_rope, 0))
+MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
 // ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
 // xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
@@ -229,8 +229,8 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, cons
     MOSS_GRES_MOD(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_GRES_MOD(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_GRES_MOD(NAME, BUG, float, f32, float, f32)
-MOSS_GRES_MOD4(moss_gres_mod, 0)
-MOSS_GRES_MOD4(moss_ctl_gres_mod, 1)
+MOSS_PRODUCTION(MOSS_GRES_MOD4(moss_gres_mod, 0))
+MOSS_CONTROL(MOSS_GRES_MOD4(moss_ctl_gres_mod, 1))
 
 // ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
 // BUG 1: the halves swapped (gate read as up).
@@ -286,10 +286,18 @@ __device__ void situ_impl(T* __restrict__ out, const T* __restrict__ x, long row
         }
     }
 }
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 0>(out, x, rows, f); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 1>(out, x, rows, f); }
+#endif
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 0, true>(out, x, rows, f); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 1, true>(out, x, rows, f); }
+#endif
 
 // ---- gated residual: out = x + y·gate[i mod d] (x, y of one type) ------------------------------
 // BUG 1: the gate applied as 1 + gate.
@@ -323,8 +331,8 @@ __device__ void gres_impl(TX* __restrict__ out, const TX* __restrict__ x, const 
     MOSS_GRES(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_GRES(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_GRES(NAME, BUG, float, f32, float, f32)
-MOSS_GRES4(moss_gres, 0)
-MOSS_GRES4(moss_ctl_gres, 1)
+MOSS_PRODUCTION(MOSS_GRES4(moss_gres, 0))
+MOSS_CONTROL(MOSS_GRES4(moss_ctl_gres, 1))
 
 // ---- attention softmax: one block per row of n fp32 scores (already scaled) → p in TP --------
 // p = exp(s − max) / Σ exp(s − max), fp32. BUG 1: the normaliser leaves out the row's last
@@ -358,7 +366,15 @@ __device__ void softmax_impl(TP* __restrict__ p, const float* __restrict__ s, lo
     float inv = 1.f / sum;
     for (long j = threadIdx.x; j < n; j += blockDim.x) st(pr, j, expf(sr[j] - m) * inv);
 }
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_softmax_bf16(bf16* p, const float* s, long n) { softmax_impl<bf16, 0>(p, s, n); }
+#endif
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_softmax_f32(float* p, const float* s, long n) { softmax_impl<float, 0>(p, s, n); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_softmax_bf16(bf16* p, const float* s, long n) { softmax_impl<bf16, 1>(p, s, n); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_softmax_f32(float* p, const float* s, long n) { softmax_impl<float, 1>(p, s, n); }
+#endif

@@ -65,7 +65,7 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
                                                                const float* w, int d, float eps) {            \
         moss_enc_addnorm::add_rms_impl<T, BUG>(xo, no, x, h, w, d, eps);                                      \
     }
-MOSS_ADD_RMS(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_ADD_RMS(moss_enc, 0, float, f32)
-MOSS_ADD_RMS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_ADD_RMS(moss_ctl_enc, 1, float, f32)
+MOSS_PRODUCTION(MOSS_ADD_RMS(moss_enc, 0, __nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ADD_RMS(moss_enc, 0, float, f32))
+MOSS_CONTROL(MOSS_ADD_RMS(moss_ctl_enc, 1, __nv_bfloat16, bf16))
+MOSS_CONTROL(MOSS_ADD_RMS(moss_ctl_enc, 1, float, f32))

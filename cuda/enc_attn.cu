@@ -160,12 +160,16 @@ __device__ void gmulh_impl(T* out, const T* o, const T* gate, long L, int nh, in
         moss_enca::gmulh_impl<T, BUG>(out, o, gate, L, nh, hd, ldt, ghs);                                       \
     }
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_enc_rope_tab(float2* tab, long L, int rot, long theta_bits) {
     moss_enca::rope_tab_impl<0>(tab, L, rot, __longlong_as_double(theta_bits));
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_enc_rope_tab(float2* tab, long L, int rot, long theta_bits) {
     moss_enca::rope_tab_impl<1>(tab, L, rot, __longlong_as_double(theta_bits));
 }
+#endif
 // qkrope_t: qkrope reading the (cos, sin) table of rope_tab; no control of its own (the planted
 // position bug is moss_ctl_enc_rope_tab's).
 #define MOSS_ENC_QKROPE_T(T, SX)                                                                                \
@@ -176,9 +180,9 @@ MOSS_KERNEL void moss_ctl_enc_rope_tab(float2* tab, long L, int rot, long theta_
         moss_enca::qkrope_impl<T, 0, true>(qo, ko, vo, y, wq, wk, L, nh, nkv, hd, ld, qhs, koff, voff, eps, rot,  \
                                            0.0, tab);                                                            \
     }
-MOSS_ENC_QKROPE_T(__nv_bfloat16, bf16)
-MOSS_ENC_QKROPE_T(float, f32)
-MOSS_ENC_ATTN_OPS(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_ENC_ATTN_OPS(moss_enc, 0, float, f32)
-MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, float, f32)
+MOSS_PRODUCTION(MOSS_ENC_QKROPE_T(__nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ENC_QKROPE_T(float, f32))
+MOSS_PRODUCTION(MOSS_ENC_ATTN_OPS(moss_enc, 0, __nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ENC_ATTN_OPS(moss_enc, 0, float, f32))
+MOSS_CONTROL(MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, __nv_bfloat16, bf16))
+MOSS_CONTROL(MOSS_ENC_ATTN_OPS(moss_ctl_enc, 1, float, f32))

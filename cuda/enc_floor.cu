@@ -425,7 +425,7 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
         moss_encf::embed8_impl<T, BUG>(out, table, ids, H);                                                   \
     }
 
-MOSS_ENC_FLOOR(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_ENC_FLOOR(moss_enc, 0, float, f32)
-MOSS_ENC_FLOOR(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_ENC_FLOOR(moss_ctl_enc, 1, float, f32)
+MOSS_PRODUCTION(MOSS_ENC_FLOOR(moss_enc, 0, __nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ENC_FLOOR(moss_enc, 0, float, f32))
+MOSS_CONTROL(MOSS_ENC_FLOOR(moss_ctl_enc, 1, __nv_bfloat16, bf16))
+MOSS_CONTROL(MOSS_ENC_FLOOR(moss_ctl_enc, 1, float, f32))

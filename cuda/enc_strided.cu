@@ -43,7 +43,7 @@ __device__ void silu_mul8r_impl(T* out, const T* g, const T* u, long rows, int f
         moss_encs::silu_mul8r_impl<T, BUG>(out, g, u, rows, f, ld);                                           \
     }
 
-MOSS_ENC_STRIDED(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_ENC_STRIDED(moss_enc, 0, float, f32)
-MOSS_ENC_STRIDED(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_ENC_STRIDED(moss_ctl_enc, 1, float, f32)
+MOSS_PRODUCTION(MOSS_ENC_STRIDED(moss_enc, 0, __nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ENC_STRIDED(moss_enc, 0, float, f32))
+MOSS_CONTROL(MOSS_ENC_STRIDED(moss_ctl_enc, 1, __nv_bfloat16, bf16))
+MOSS_CONTROL(MOSS_ENC_STRIDED(moss_ctl_enc, 1, float, f32))

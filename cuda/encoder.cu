@@ -478,7 +478,7 @@ __device__ void csoftmax_impl(T* p, const float* s, int qn, int nk, int i0) {
         moss_enc::gdr_impl<T, BUG>(out, q, k, v, g, beta, L, Hk, Hv, dk, dv, dvb);                            \
     }
 
-MOSS_ENC_KERNELS(moss_enc, 0, __nv_bfloat16, bf16)
-MOSS_ENC_KERNELS(moss_enc, 0, float, f32)
-MOSS_ENC_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16)
-MOSS_ENC_KERNELS(moss_ctl_enc, 1, float, f32)
+MOSS_PRODUCTION(MOSS_ENC_KERNELS(moss_enc, 0, __nv_bfloat16, bf16))
+MOSS_PRODUCTION(MOSS_ENC_KERNELS(moss_enc, 0, float, f32))
+MOSS_CONTROL(MOSS_ENC_KERNELS(moss_ctl_enc, 1, __nv_bfloat16, bf16))
+MOSS_CONTROL(MOSS_ENC_KERNELS(moss_ctl_enc, 1, float, f32))

@@ -398,12 +398,14 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
 // Row strides (elements between tokens): rqk of q and k, rv of v (the conv output when the
 // delta rule reads q, k, v straight out of it). The output is contiguous [L, Hv, dv].
 // fp32: the SIMT kernels; the planted control (moss_ctl_enc_) in gdr_out.
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* Wk, float* U0, float* Wqk, float* gam,
                                                               const float* q, const float* k, const float* v,
                                                               const float* g, const float* beta, int L, int Hk, int Hv,
                                                               int dk, int dv, long rqk, long rv) {
     moss_gdr::prep_impl<float>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv);
 }
+#endif
 #define MOSS_GDR_OUT_F32(PFX, BUG)                                                                            \
     MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_f32(float* out, const float* q, const float* S,      \
                                                               const float* U, const float* Wqk, const float* gam, \
@@ -411,12 +413,14 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* 
                                                               long rv) {                                       \
         moss_gdr::out_impl<float, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);                        \
     }
-MOSS_GDR_OUT_F32(moss_enc, 0)
-MOSS_GDR_OUT_F32(moss_ctl_enc, 1)
+MOSS_PRODUCTION(MOSS_GDR_OUT_F32(moss_enc, 0))
+MOSS_CONTROL(MOSS_GDR_OUT_F32(moss_ctl_enc, 1))
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
                                                          const float* U0, const float* gam, int nc, int Hv, int ncb) {
     moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
+#endif
 
 // bf16: gdr_prep_tc3p (gdr_prep3.cuh; a block per chunk and pair of value heads, 512 threads,
 // 93 KiB, two blocks an SM), its planted control (moss_ctl_enc_) leaving T's lower-left 32x32 block
@@ -435,11 +439,13 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
                                                                   int dv, long rqk, long rv) {                 \
         moss_gdr::out_tc_impl<__nv_bfloat16, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);             \
     }
-MOSS_GDR_BF16(moss_enc, 0)
-MOSS_GDR_BF16(moss_ctl_enc, 1)
+MOSS_PRODUCTION(MOSS_GDR_BF16(moss_enc, 0))
+MOSS_CONTROL(MOSS_GDR_BF16(moss_ctl_enc, 1))
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
                                                             const float* U0, const float* gam, int nc, int Hv,
                                                             int ncb) {
     moss_gdr::seq_tc_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
+#endif
 #endif

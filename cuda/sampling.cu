@@ -2,6 +2,7 @@
 //   v = v_u + g (v_c - v_u);  x += dsigma * v
 #include "common.cuh"
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_cfg_euler_f32(float* __restrict__ x, const float* __restrict__ v_c,
                                     const float* __restrict__ v_u, float guidance, float dsigma,
                                     int n) {
@@ -11,3 +12,4 @@ MOSS_KERNEL void moss_cfg_euler_f32(float* __restrict__ x, const float* __restri
         x[i] = x[i] + dsigma * v;
     }
 }
+#endif

@@ -29,15 +29,23 @@ __device__ void cast_impl(TO* __restrict__ out, const TI* __restrict__ in, long 
         st(out, i, v);
     }
 }
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_cast_f32_bf16(bf16* out, const float* in, long n) { cast_impl<float, bf16, 0>(out, in, n); }
+#endif
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_cast_bf16_f32(float* out, const bf16* in, long n) { cast_impl<bf16, float, 0>(out, in, n); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_cast_f32_bf16(bf16* out, const float* in, long n) { cast_impl<float, bf16, 1>(out, in, n); }
+#endif
 // Planted: bf16 -> f32 widening that forgets the 16-bit shift (the bits land in the low half).
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_cast_bf16_f32(float* out, const bf16* in, long n) {
     const unsigned short* b = reinterpret_cast<const unsigned short*>(in);
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         out[i] = __uint_as_float((unsigned)b[i]);
 }
+#endif
 
 // ---- broadcast add / mul -------------------------------------------------------------------
 // out[i] = a[i] (op) b[i mod nb]; out has a's type. vec: n and nb are multiples of 8.
@@ -77,10 +85,10 @@ __device__ void binary_impl(TA* __restrict__ out, const TA* __restrict__ a, cons
     MOSS_BINARY(NAME, OP, BUG, bf16, bf16, float, f32)   \
     MOSS_BINARY(NAME, OP, BUG, float, f32, bf16, bf16)   \
     MOSS_BINARY(NAME, OP, BUG, float, f32, float, f32)
-MOSS_BINARY4(moss_add, 0, 0)
-MOSS_BINARY4(moss_mul, 1, 0)
-MOSS_BINARY4(moss_ctl_add, 0, 1)
-MOSS_BINARY4(moss_ctl_mul, 1, 1)
+MOSS_PRODUCTION(MOSS_BINARY4(moss_add, 0, 0))
+MOSS_PRODUCTION(MOSS_BINARY4(moss_mul, 1, 0))
+MOSS_CONTROL(MOSS_BINARY4(moss_ctl_add, 0, 1))
+MOSS_CONTROL(MOSS_BINARY4(moss_ctl_mul, 1, 1))
 
 // ---- silu / sigmoid ------------------------------------------------------------------------
 // OP 0 silu x·σ(x), OP 1 sigmoid σ(x) = 1/(1+e^-x). BUG 1: the sign of the exponent flipped.
@@ -107,10 +115,10 @@ __device__ void unary_impl(T* __restrict__ out, const T* __restrict__ in, long n
 #define MOSS_UNARY(NAME, OP, BUG)                                                                           \
     MOSS_KERNEL void NAME##_bf16(bf16* out, const bf16* in, long n) { unary_impl<bf16, OP, BUG>(out, in, n); } \
     MOSS_KERNEL void NAME##_f32(float* out, const float* in, long n) { unary_impl<float, OP, BUG>(out, in, n); }
-MOSS_UNARY(moss_silu, 0, 0)
-MOSS_UNARY(moss_sigmoid, 1, 0)
-MOSS_UNARY(moss_ctl_silu, 0, 1)
-MOSS_UNARY(moss_ctl_sigmoid, 1, 1)
+MOSS_PRODUCTION(MOSS_UNARY(moss_silu, 0, 0))
+MOSS_PRODUCTION(MOSS_UNARY(moss_sigmoid, 1, 0))
+MOSS_CONTROL(MOSS_UNARY(moss_ctl_silu, 0, 1))
+MOSS_CONTROL(MOSS_UNARY(moss_ctl_sigmoid, 1, 1))
 
 // ---- rms_norm ------------------------------------------------------------------------------
 // One warp per row of width d: out = x · rsqrt(mean(x²) + eps) · g, g = 1 + w (one_plus),
@@ -169,9 +177,9 @@ __device__ void rms_norm_impl(TX* __restrict__ out, const TX* __restrict__ x, co
     MOSS_RMS(NAME, BUG, bf16, bf16, float, f32) \
     MOSS_RMS(NAME, BUG, float, f32, bf16, bf16) \
     MOSS_RMS(NAME, BUG, float, f32, float, f32)
-MOSS_RMS4(moss_rms_norm, 0)
-MOSS_RMS4(moss_ctl_rms_noweight, 1)
-MOSS_RMS4(moss_ctl_rms_noplus, 2)
+MOSS_PRODUCTION(MOSS_RMS4(moss_rms_norm, 0))
+MOSS_CONTROL(MOSS_RMS4(moss_ctl_rms_noweight, 1))
+MOSS_CONTROL(MOSS_RMS4(moss_ctl_rms_noplus, 2))
 
 // ---- strided 2-D copy (narrow, cat) --------------------------------------------------------
 // dst[r·dst_stride + dst_off + c] = src[r·src_stride + src_off + c] for r < rows, c < width,
@@ -198,9 +206,9 @@ __device__ void copy2d_impl(U* __restrict__ dst, const U* __restrict__ src, long
     MOSS_COPY2D(NAME, BUG, unsigned int, u4)      \
     MOSS_COPY2D(NAME, BUG, uint2, u8)             \
     MOSS_COPY2D(NAME, BUG, uint4, u16)
-MOSS_COPY2D4(moss_copy2d, 0)
-MOSS_COPY2D4(moss_ctl_copy2d, 1)
-MOSS_COPY2D4(moss_ctlsrc_copy2d, 2)
+MOSS_PRODUCTION(MOSS_COPY2D4(moss_copy2d, 0))
+MOSS_CONTROL(MOSS_COPY2D4(moss_ctl_copy2d, 1))
+MOSS_CONTROL(MOSS_COPY2D4(moss_ctlsrc_copy2d, 2))
 
 // ---- permute -------------------------------------------------------------------------------
 // out (row-major, dims out_dims) [i0..i5] = in[Σ ik · src_strides[k]], in units U (the host folds
@@ -233,5 +241,5 @@ __device__ void permute_impl(U* __restrict__ out, const U* __restrict__ in, Moss
     MOSS_PERMUTE(NAME, BUG, unsigned int, u4)   \
     MOSS_PERMUTE(NAME, BUG, uint2, u8)          \
     MOSS_PERMUTE(NAME, BUG, uint4, u16)
-MOSS_PERMUTE4(moss_permute, 0)
-MOSS_PERMUTE4(moss_ctl_permute, 1)
+MOSS_PRODUCTION(MOSS_PERMUTE4(moss_permute, 0))
+MOSS_CONTROL(MOSS_PERMUTE4(moss_ctl_permute, 1))

@@ -421,14 +421,18 @@ __device__ void to_rgb8(unsigned char* out, const float* __restrict__ x, long hw
 
 using namespace moss_vae;
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_bn_unpatchify(float* out, const float* z, const float* mean, const float* var, float eps,
                                         int n, int c, int h, int w, int ph, int pw) {
     bn_unpatchify<0>(out, z, mean, var, eps, n, c, h, w, ph, pw);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_bn_unpatchify(float* out, const float* z, const float* mean, const float* var,
                                             float eps, int n, int c, int h, int w, int ph, int pw) {
     bn_unpatchify<1>(out, z, mean, var, eps, n, c, h, w, ph, pw);
 }
+#endif
 
 #define MOSS_VAE_CONV_T(name, mode, ks, tap)                                                                \
     MOSS_KERNEL void __launch_bounds__(THREADS) name(float* out, const float* x, const float* w, const float* b, \
@@ -436,35 +440,51 @@ MOSS_KERNEL void moss_ctl_vae_bn_unpatchify(float* out, const float* z, const fl
         conv<mode, ks, tap>(out, x, w, b, cin, h, wd, cout, k, up, bug);                                    \
     }
 #define MOSS_VAE_CONV(name, mode, ks) MOSS_VAE_CONV_T(name, mode, ks, false)
-MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k1, 1, 1, true)
-MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k3, 1, 3, true)
-MOSS_VAE_CONV(moss_vae_conv_tf32x3, 1, 0)
-MOSS_VAE_CONV(moss_vae_conv_tf32x3_k1, 1, 1)
-MOSS_VAE_CONV(moss_vae_conv_tf32x3_k3, 1, 3)
-MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1, 2, 0)
-MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k1, 2, 1)
-MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k3, 2, 3)
+MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k1, 1, 1, true))
+MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k3, 1, 3, true))
+MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3, 1, 0))
+MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3_k1, 1, 1))
+MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3_k3, 1, 3))
+MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1, 2, 0))
+MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k1, 2, 1))
+MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k3, 2, 3))
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_gn_row_stats(double* out, const float* x, int cg, int h, int w) {
     gn_row_stats<0>(out, x, cg, h, w);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_gn_row_stats(double* out, const float* x, int cg, int h, int w) {
     gn_row_stats<1>(out, x, cg, h, w);
 }
+#endif
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_gn_apply(float* out, const float* x, const double* stats, const float* w, const float* b,
                                    long total, int c, long hw, int groups, long eps_bits, int silu) {
     gn_apply<0>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_gn_apply(float* out, const float* x, const double* stats, const float* w,
                                        const float* b, long total, int c, long hw, int groups, long eps_bits,
                                        int silu) {
     gn_apply<1>(out, x, stats, w, b, total, c, hw, groups, __longlong_as_double(eps_bits), silu);
 }
+#endif
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_softmax_rows(float* s, long rows, int n, float scale) { softmax_rows<0>(s, rows, n, scale); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_softmax_rows(float* s, long rows, int n, float scale) {
     softmax_rows<1>(s, rows, n, scale);
 }
+#endif
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_to_rgb8(unsigned char* out, const float* x, long hw) { to_rgb8<0>(out, x, hw); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_to_rgb8(unsigned char* out, const float* x, long hw) { to_rgb8<1>(out, x, hw); }
+#endif

@@ -264,11 +264,15 @@ __device__ void flash(float* __restrict__ out, const float* __restrict__ q, cons
 
 }  // namespace moss_vaeattn
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(moss_vaeattn::THREADS, 1)
     moss_vae_flash_d384(float* out, const float* q, const float* k, const float* v, int L, float scale) {
     moss_vaeattn::flash<0>(out, q, k, v, L, scale);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(moss_vaeattn::THREADS, 1)
     moss_ctl_vae_flash_d384(float* out, const float* q, const float* k, const float* v, int L, float scale) {
     moss_vaeattn::flash<1>(out, q, k, v, L, scale);
 }
+#endif

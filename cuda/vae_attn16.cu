@@ -278,10 +278,13 @@ __device__ void attn16(float* __restrict__ out, const __half* __restrict__ qkv, 
 }  // namespace moss_va16
 
 // mx[0..3) = 0 (before moss_vae_f16_maxabs).
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_f16_zero3(unsigned* mx) {
     if (threadIdx.x < 3) mx[threadIdx.x] = 0u;
 }
+#endif
 // mx[y] = max |x_y| as float bits, x_0 = q, x_1 = k, x_2 = v (blockIdx.y), n4 = N·L·D / 4.
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_f16_maxabs(unsigned* mx, const float* q, const float* k, const float* v, long n4) {
     const float4* x = reinterpret_cast<const float4*>(blockIdx.y == 0 ? q : blockIdx.y == 1 ? k : v);
     float a = 0.f;
@@ -293,8 +296,10 @@ MOSS_KERNEL void moss_vae_f16_maxabs(unsigned* mx, const float* q, const float* 
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if ((threadIdx.x & 31) == 0) atomicMax(mx + blockIdx.y, __float_as_uint(a));
 }
+#endif
 // dst [3][N][Lq][hi D | lo D] halves from q, k, v [N][L][D] (blockIdx.y picks one), y = x·2^s,
 // hi = f16(y), lo = f16(y - hi), zeros for rows past L; i over total = N·Lq·D/4 (4 columns each).
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_f16_prep(__half* dst, const float* q, const float* k, const float* v, const unsigned* mx, int L,
                                    int Lq, long total) {
     constexpr int D = moss_va16::D;
@@ -319,13 +324,14 @@ MOSS_KERNEL void moss_vae_f16_prep(__half* dst, const float* q, const float* k, 
         *reinterpret_cast<uint2*>(row + D) = make_uint2(moss_va16::h2u(l01), moss_va16::h2u(l23));
     }
 }
+#endif
 
 #define MOSS_VA16_KERNEL(NAME, BUG, MODE)                                                                            \
     MOSS_KERNEL void __launch_bounds__(moss_va16::THREADS, 1)                                                      \
         NAME(float* out, const __half* qkv, const unsigned* mx, int L, int Lq, long plane, float rsqrt_d) {        \
         moss_va16::attn16<BUG, MODE>(out, qkv, mx, L, Lq, plane, rsqrt_d);                                         \
     }
-MOSS_VA16_KERNEL(moss_vae_attn16_d384, 0, 0)
-MOSS_VA16_KERNEL(moss_ctl3_vae_attn16_d384, 0, 2)
-MOSS_VA16_KERNEL(moss_ctl_vae_attn16_d384, 1, 0)
-MOSS_VA16_KERNEL(moss_ctl2_vae_attn16_d384, 2, 0)
+MOSS_PRODUCTION(MOSS_VA16_KERNEL(moss_vae_attn16_d384, 0, 0))
+MOSS_CONTROL(MOSS_VA16_KERNEL(moss_ctl3_vae_attn16_d384, 0, 2))
+MOSS_CONTROL(MOSS_VA16_KERNEL(moss_ctl_vae_attn16_d384, 1, 0))
+MOSS_CONTROL(MOSS_VA16_KERNEL(moss_ctl2_vae_attn16_d384, 2, 0))

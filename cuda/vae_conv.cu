@@ -362,23 +362,33 @@ __device__ void conv_small(float* __restrict__ out, const float* __restrict__ x,
         moss_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h,  \
                                  int wd, int cout, int up, int bug, int wsplit, const double* norm, int silu) {  \
         moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
-    }                                                                                                          \
+    }
+// The planted control: one TF32 product (the lo parts dropped).
+#define MOSS_VAE_HALO_CONTROL(sfx, bm, ks)                                                                      \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
         moss_ctl_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin,     \
                                      int h, int wd, int cout, int up, int bug, int wsplit, const double* norm,  \
                                      int silu) {                                                               \
         moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
     }
-MOSS_VAE_HALO(b128_k3, 128, 3)
-MOSS_VAE_HALO(b96_k3, 96, 3)
-MOSS_VAE_HALO(b128_k1, 128, 1)
-MOSS_VAE_HALO(b96_k1, 96, 1)
+MOSS_PRODUCTION(MOSS_VAE_HALO(b128_k3, 128, 3))
+MOSS_CONTROL(MOSS_VAE_HALO_CONTROL(b128_k3, 128, 3))
+MOSS_PRODUCTION(MOSS_VAE_HALO(b96_k3, 96, 3))
+MOSS_CONTROL(MOSS_VAE_HALO_CONTROL(b96_k3, 96, 3))
+MOSS_PRODUCTION(MOSS_VAE_HALO(b128_k1, 128, 1))
+MOSS_CONTROL(MOSS_VAE_HALO_CONTROL(b128_k1, 128, 1))
+MOSS_PRODUCTION(MOSS_VAE_HALO(b96_k1, 96, 1))
+MOSS_CONTROL(MOSS_VAE_HALO_CONTROL(b96_k1, 96, 1))
 
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_conv_small(float* out, const float* x, const float* w, const float* b, int cin, int h,
                                      int wd, int cout, int k, int up, int n) {
     moss_vaeconv::conv_small<0>(out, x, w, b, cin, h, wd, cout, k, up, n);
 }
+#endif
+#ifdef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_ctl_vae_conv_small(float* out, const float* x, const float* w, const float* b, int cin, int h,
                                          int wd, int cout, int k, int up, int n) {
     moss_vaeconv::conv_small<1>(out, x, w, b, cin, h, wd, cout, k, up, n);
 }
+#endif

@@ -358,13 +358,19 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
         moss_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,   \
                               int cin, int h, int wd, int cout, int up, int bug, int* flag) {                    \
         moss_vaeconv16::conv16<1, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
-    }                                                                                                            \
+    }
+// The planted control: the activation lo parts dropped.
+#define MOSS_VAE_CONV16_CONTROL(sfx, bm, ks)                                                                     \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
         moss_ctl_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs,              \
                                   const float* b, int cin, int h, int wd, int cout, int up, int bug, int* flag) { \
         moss_vaeconv16::conv16<1, 2, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
     }
-MOSS_VAE_CONV16(b128_k3, 128, 3)
-MOSS_VAE_CONV16(b96_k3, 96, 3)
-MOSS_VAE_CONV16(b128_k1, 128, 1)
-MOSS_VAE_CONV16(b96_k1, 96, 1)
+MOSS_PRODUCTION(MOSS_VAE_CONV16(b128_k3, 128, 3))
+MOSS_CONTROL(MOSS_VAE_CONV16_CONTROL(b128_k3, 128, 3))
+MOSS_PRODUCTION(MOSS_VAE_CONV16(b96_k3, 96, 3))
+MOSS_CONTROL(MOSS_VAE_CONV16_CONTROL(b96_k3, 96, 3))
+MOSS_PRODUCTION(MOSS_VAE_CONV16(b128_k1, 128, 1))
+MOSS_CONTROL(MOSS_VAE_CONV16_CONTROL(b128_k1, 128, 1))
+MOSS_PRODUCTION(MOSS_VAE_CONV16(b96_k1, 96, 1))
+MOSS_CONTROL(MOSS_VAE_CONV16_CONTROL(b96_k1, 96, 1))

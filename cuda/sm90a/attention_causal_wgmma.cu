@@ -254,5 +254,5 @@ __device__ __forceinline__ void attn(__nv_bfloat16* __restrict__ o, const __nv_b
              int Hkv, float scale_log2, const __nv_bfloat16* gate, long ldg, long gh) {                              \
         moss_cwg::FN<BUG, true>(o, q, k, v, n, H, Hkv, scale_log2, gate, ldg, gh);                                \
     }
-MOSS_CWG_KERNEL(moss_enc_fattn_wg_bf16, attn, 0, false)
-MOSS_CWG_KERNEL(moss_ctl_enc_fattn_wg_bf16, attn, 1, false)
+MOSS_PRODUCTION(MOSS_CWG_KERNEL(moss_enc_fattn_wg_bf16, attn, 0, false))
+MOSS_CONTROL(MOSS_CWG_KERNEL(moss_ctl_enc_fattn_wg_bf16, attn, 1, false))

@@ -426,6 +426,7 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
 // Standalone diagnosis only (bench/attn_bench2.py compiles the cubin with -DMOSS_ATTN_DEBUG): one
 // block, head 0, the first 128 rows of q/k/v (row stride ld). mode 0: out = Q K^T (fp32 128 x 128,
 // the smem-descriptor path); mode 1: out = Q[:, :128] V (Q as the register A operand, V N-major).
+#ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void __launch_bounds__(256, 1) moss_attn_wgmma_debug(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                                                 const __nv_bfloat16* v, float* out, int n, int ld,
                                                                 int mode) {
@@ -472,4 +473,5 @@ MOSS_KERNEL void __launch_bounds__(256, 1) moss_attn_wgmma_debug(const __nv_bflo
 #pragma unroll
         for (int e = 0; e < 4; e++) out[(row + 8 * (e >> 1)) * 128 + 8 * i + 2 * t + (e & 1)] = acc[4 * i + e];
 }
+#endif
 #endif

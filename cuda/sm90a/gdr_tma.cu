@@ -431,6 +431,6 @@ __device__ void tma_impl(const TmaMap* mq, const TmaMap* mwk, const TmaMap* mkd,
              int Hv, int dk, int dv) {                                                                               \
         moss_gdrt::tma_impl<__nv_bfloat16, BUG>(&mq, &mwk, &mkd, &mu0, &mwq, out, gam, L, Hk, Hv, dk, dv);           \
     }
-MOSS_GDR_TMA(moss_enc_gdr_tma_bf16, 0)
-MOSS_GDR_TMA(moss_ctl_enc_gdr_tma_bf16, 1)
+MOSS_PRODUCTION(MOSS_GDR_TMA(moss_enc_gdr_tma_bf16, 0))
+MOSS_CONTROL(MOSS_GDR_TMA(moss_ctl_enc_gdr_tma_bf16, 1))
 #endif

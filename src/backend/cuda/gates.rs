@@ -784,6 +784,10 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
     println!("kernel gates: relative L2 vs the CPU backend (f64 accumulation), fresh random inputs (seed {seed}),");
     println!("  outputs poisoned with NaN before each run; GEMM references on {GEMM_REF_ROWS} random rows of each output");
     println!("  (the whole GPU output is still checked for NaN/Inf); each control is a planted bug that must be rejected");
+    if let Err(e) = cuda.load_check_image() {
+        println!("kernel gates: {e:#}");
+        return false;
+    }
     cuda.set_poison(true);
     let mut rows = vec![];
     let mut rng = Rng::new(seed);

@@ -42,6 +42,17 @@ pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DI
 #[cfg(not(moss_sm90a))]
 pub const FATBIN_SM90A: Option<&[u8]> = None;
 
+/// The check image (`moss check`'s planted controls, cuda/common.cuh `MOSS_CHECK_IMAGE`): the
+/// portable one and the Hopper one. Loaded by [`Cuda::load_check_image`] only.
+#[cfg(moss_kernels)]
+pub const FATBIN_CHECK: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_check.fatbin")));
+#[cfg(not(moss_kernels))]
+pub const FATBIN_CHECK: Option<&[u8]> = None;
+#[cfg(moss_sm90a)]
+pub const FATBIN_CHECK_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_check_sm90a.fatbin")));
+#[cfg(not(moss_sm90a))]
+pub const FATBIN_CHECK_SM90A: Option<&[u8]> = None;
+
 /// The SMs the fatbin holds machine code for.
 pub fn kernel_archs() -> Option<&'static str> {
     #[cfg(moss_kernels)]
@@ -57,6 +68,8 @@ pub struct Gpu {
     pub module: Arc<cudarc::driver::CudaModule>,
     /// [`FATBIN_SM90A`], on a compute capability 9.0 device only.
     pub module_sm90a: Option<Arc<cudarc::driver::CudaModule>>,
+    /// The check image's modules, once `moss check` loaded them ([`Cuda::load_check_image`]).
+    pub check_modules: std::sync::Mutex<Vec<Arc<cudarc::driver::CudaModule>>>,
     pub name: String,
     pub compute_capability: (i32, i32),
 }
@@ -106,7 +119,7 @@ impl Gpu {
             _ => None,
         };
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, module, module_sm90a, name, compute_capability })
+        Ok(Gpu { ctx, stream, module, module_sm90a, check_modules: Default::default(), name, compute_capability })
     }
 
     /// Free and total device memory in bytes.

@@ -343,17 +343,33 @@ impl Cuda {
             return Ok(k.clone());
         }
         let gpu = &self.inner.gpu;
-        let k = match gpu.module.load_function(name) {
-            Ok(k) => k,
-            Err(e) => match &gpu.module_sm90a {
-                Some(m) => m
-                    .load_function(name)
-                    .map_err(|e2| anyhow!("kernel `{name}` is in neither embedded fatbin: {e:?} / {e2:?}"))?,
-                None => return Err(anyhow!("kernel `{name}` is not in the embedded fatbin: {e:?}")),
-            },
-        };
+        let checks = gpu.check_modules.lock().unwrap().clone();
+        let k = std::iter::once(&gpu.module)
+            .chain(gpu.module_sm90a.as_ref())
+            .chain(checks.iter())
+            .find_map(|m| m.load_function(name).ok())
+            .ok_or_else(|| anyhow!("kernel `{name}` is in no loaded image (production{})", if checks.is_empty() { "" } else { ", check" }))?;
         f.insert(name.to_string(), k.clone());
         Ok(k)
+    }
+
+    /// Load the check image (the planted controls of `moss check`; its Hopper part where the
+    /// `sm_90a` production kernels are loaded). Production never calls this.
+    pub fn load_check_image(&self) -> Result<()> {
+        let gpu = &self.inner.gpu;
+        let mut mods = gpu.check_modules.lock().unwrap();
+        if !mods.is_empty() {
+            return Ok(());
+        }
+        let bins = super::FATBIN_CHECK.into_iter().chain(super::FATBIN_CHECK_SM90A.filter(|_| self.has_sm90a()));
+        for bin in bins {
+            let m = gpu
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec()))
+                .map_err(|e| anyhow!("cannot load the check image on {}: {e:?}", gpu.name))?;
+            mods.push(m);
+        }
+        Ok(())
     }
 
     /// Whether the Hopper-only kernels (`cuda/sm90a`) are loaded: a compute capability 9.0
