@@ -1,13 +1,14 @@
-//! Compiles every `cuda/*.cu` into one fatbin (sm_80, 86, 89, 90, 100, 120, 121 and compute_90
-//! PTX, as far as the found nvcc offers them) and embeds it. Without nvcc the crate still builds;
-//! the binary then reports "built without CUDA kernels" when a GPU op is asked for.
+//! Compiles every `cuda/**/*.cu` outside the `sm90a` folders into one fatbin (sm_80, 86, 89, 90,
+//! 100, 120, 121 and compute_90 PTX, as far as the found nvcc offers them) and embeds it. Without
+//! nvcc the crate still builds; the binary then reports "built without CUDA kernels" when a GPU op
+//! is asked for. Headers shared by every network live in `cuda/common` (on the include path).
 //!
-//! `cuda/sm90a/*.cu` (wgmma/setmaxnreg kernels, Hopper only) are compiled apart, for
+//! `cuda/*/sm90a/*.cu` (wgmma/TMA/setmaxnreg kernels, Hopper only) are compiled apart, for
 //! `sm_90a` alone, into a second fatbin that the CUDA backend loads only on compute
 //! capability 9.0 (cfg `moss_sm90a`).
 //!
 //! Each source set is compiled twice: the production image, and with `-DMOSS_CHECK_IMAGE` the
-//! check image that only `moss check` loads (the planted controls; see cuda/common.cuh).
+//! check image that only `moss check` loads (the planted controls; see cuda/common/common.cuh).
 //!
 //! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
 //! a development build for one GPU in a fraction of the time. Releases leave it unset.
@@ -73,7 +74,7 @@ fn main() {
     };
 
     let root = std::env::current_dir().unwrap();
-    let unit = write_unit(Path::new("cuda"), &root, &out_dir.join("moss_kernels.cu")).expect("cuda/*.cu kernel files");
+    let unit = write_unit(false, &root, &out_dir.join("moss_kernels.cu")).expect("cuda/**/*.cu kernel files");
 
     let list = Command::new(&nvcc).arg("--list-gpu-code").output();
     let offered = match list {
@@ -113,7 +114,7 @@ fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &
         .args(gencode)
         .args(defines)
         .arg("-I")
-        .arg(root.join("cuda"))
+        .arg(root.join("cuda/common"))
         .arg("-o")
         .arg(fatbin)
         .arg(unit)
@@ -125,21 +126,31 @@ fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &
 /// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only (production and
 /// check images).
 fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
-    let Some(unit) = write_unit(Path::new("cuda/sm90a"), root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
+    let Some(unit) = write_unit(true, root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
     let gencode = ["-gencode=arch=compute_90a,code=sm_90a".to_string()];
     compile(nvcc, root, &unit, &gencode, &[], fatbin);
     compile(nvcc, root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check_sm90a.fatbin"));
     println!("cargo:rustc-cfg=moss_sm90a");
 }
 
-/// One translation unit at `unit` that includes every `*.cu` of `dir` (sorted): one fatbin,
-/// unique kernel names. None when `dir` holds no `.cu` file (or does not exist).
-fn write_unit(dir: &Path, root: &Path, unit: &Path) -> Option<PathBuf> {
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
+/// Every `.cu` under `dir` (recursively), sorted.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|e| e == "cu") {
+            out.push(p);
+        }
+    }
+}
+
+/// One translation unit at `unit` that includes every `cuda/**/*.cu` inside (`sm90a`) or outside
+/// an `sm90a` folder (sorted): one fatbin, unique kernel names. None when there is no such file.
+fn write_unit(sm90a: bool, root: &Path, unit: &Path) -> Option<PathBuf> {
+    let mut all = vec![];
+    sources(Path::new("cuda"), &mut all);
+    let mut sources: Vec<PathBuf> = all.into_iter().filter(|p| p.components().any(|c| c.as_os_str() == "sm90a") == sm90a).collect();
     if sources.is_empty() {
         return None;
     }

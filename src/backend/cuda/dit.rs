@@ -1,11 +1,11 @@
-//! [`DitOps`] on the GPU: kernels of `cuda/dit.cu` and, for attention, cuBLASLt.
+//! [`DitOps`] on the GPU: kernels of `cuda/dit/dit_ops.cu` and, for attention, cuBLASLt.
 //!
 //! Dtypes follow `ops.rs`: outputs take the dtype of `x` (or `q`); the small per-channel vectors
 //! (weights, shift, scale, gate, RoPE tables) may be bf16 or f32 — when one op's vectors differ,
 //! they are cast to f32 first.
 //!
 //! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel (online softmax, no score
-//! matrix): `cuda/sm90a/attention_ws.cu` (warp-specialised TMA + wgmma) on Hopper, `cuda/attention.cu` (mma.sync)
+//! matrix): `cuda/dit/sm90a/flash_attention_ws.cu` (warp-specialised TMA + wgmma) on Hopper, `cuda/dit/flash_attention.cu` (mma.sync)
 //! elsewhere; see [`FLASH_KERNELS`]. Otherwise (fp32, other head dims) it is
 //! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
 //! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
@@ -44,9 +44,9 @@ pub struct FlashKernel {
     pub tma: bool,
 }
 
-/// The flash kernels: `ws_nopp` (`cuda/sm90a/attention_ws.cu`, Hopper): warp-specialised, a TMA
+/// The flash kernels: `ws_nopp` (`cuda/dit/sm90a/flash_attention_ws.cu`, Hopper): warp-specialised, a TMA
 /// producer warp feeding mbarrier rings and two consumer warpgroups on wgmma; `v2`
-/// (`cuda/attention.cu`, every other GPU): mma.sync, 64 rows per block, the Q tile kept in the
+/// (`cuda/dit/flash_attention.cu`, every other GPU): mma.sync, 64 rows per block, the Q tile kept in the
 /// second K buffer (64 KiB of shared memory: three blocks an SM). Measured on the H200 at
 /// N = 4224: ws_nopp 0.331 ms, v2 0.876 (torch SDPA 0.340); the slower variants were deleted
 /// (git keeps them).
@@ -402,7 +402,7 @@ impl Cuda {
         Ok((xo, no))
     }
 
-    /// [`DitOps::situ_glu`]: at bf16 the fast form (`moss_situ_fast_bf16`, see cuda/dit.cu), at
+    /// [`DitOps::situ_glu`]: at bf16 the fast form (`moss_situ_fast_bf16`, see cuda/dit/dit_ops.cu), at
     /// fp32 the libm one (`moss_situ_f32`).
     pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
         let two_f = x.last_dim();
@@ -501,7 +501,7 @@ impl Cuda {
         Ok(out)
     }
 
-    /// Flash attention (`cuda/attention.cu`) over `[N, H, 128]` bf16 `q`, `k`, `v` (contiguous),
+    /// Flash attention (`cuda/dit/flash_attention.cu`) over `[N, H, 128]` bf16 `q`, `k`, `v` (contiguous),
     /// written into a new `[N, H, 128]`. `kernel` is one of [`FLASH_KERNELS`].
     pub(crate) fn flash_attention_with(
         &self,

@@ -1,5 +1,5 @@
 //! The gated full attention's ops on the joined projection `y = x·[q_proj | k_proj | v_proj]ᵀ`
-//! (`cuda/enc_attn.cu`): q and k normed + RoPE'd and v copied out of `y` in one kernel
+//! (`cuda/encoder/attention_qkv_gate.cu`): q and k normed + RoPE'd and v copied out of `y` in one kernel
 //! ([`EncoderOps::attn_qkv_norm_rope`]), the output gate read in place out of `y`
 //! ([`EncoderOps::causal_attention_gated_y`]). Gated in `gates_enc_attn.rs`.
 //!

@@ -1,4 +1,4 @@
-//! The encoder's row kernels at their byte floor (`cuda/enc_floor.cu`, issue #7): the causal conv
+//! The encoder's row kernels at their byte floor (`cuda/encoder/row_ops.cu`, issue #7): the causal conv
 //! with each thread owning V channels x TT tokens (its TT + 3 input rows loaded once; default 4 x 4
 //! with the fast SiLU, convf4x4) and the DeltaNet gates as extra blocks of the same launch; silu_mul, the RMSNorm after the GEMM's
 //! residual epilogue, the gated RMSNorm and the embedding gather with 2-D grids / loads issued
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     fn kernel_names() {
         // the kernel names the CUDA source defines
-        let src = include_str!("../../../cuda/enc_floor.cu");
+        let src = include_str!("../../../cuda/encoder/row_ops.cu");
         assert!(src.contains(&format!("constexpr int CV = {};", super::CONV_V)), "conv channels a thread");
         assert!(src.contains(&format!("constexpr int CT = {};", super::CONV_TT)), "conv tokens a thread");
         for n in [super::CONV_KERNEL].into_iter().chain(super::GRMS) {

@@ -1,4 +1,4 @@
-//! The encoder's fused-projection ops on the GPU (`cuda/enc_strided.cu`, `cuda/enc_addnorm.cu`):
+//! The encoder's fused-projection ops on the GPU (`cuda/encoder/strided_row_ops.cu`, `cuda/encoder/add_rms_norm.cu`):
 //! weights of linears over one input concatenated at load and run as one cuBLASLt GEMM
 //! ([`EncoderOps::linear_cat`]), the consumers reading their columns of its output in place
 //! (row stride) instead of narrowed copies, the residual add in the output projection's GEMM

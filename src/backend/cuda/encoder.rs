@@ -1,4 +1,4 @@
-//! [`EncoderOps`] on the GPU: the kernels of `cuda/encoder.cu` (the linears are the generic
+//! [`EncoderOps`] on the GPU: the kernels of `cuda/encoder/encoder_ops.cu` (the linears are the generic
 //! cuBLASLt `linear`).
 //!
 //! Dtypes: activations (q, k, v, x, z, gate, up) keep their dtype (bf16, or f32 with
@@ -52,7 +52,7 @@ fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     Ok((x.shape[0], x.shape[1], x.shape[2]))
 }
 
-/// Query rows / key rows per attention tile and its threads (must match `cuda/encoder.cu`).
+/// Query rows / key rows per attention tile and its threads (must match `cuda/encoder/encoder_ops.cu`).
 const ATTN_Q: usize = 32;
 const ATTN_K: usize = 32;
 const ATTN_THREADS: u32 = 256;
@@ -63,10 +63,10 @@ pub const ATTN_TILED_MAX: usize = 256;
 const ATTN_GEMM_CHUNK: usize = 1024;
 /// Largest head dim the attention kernel takes (one output dim per thread).
 pub const ATTN_MAX_HD: usize = 256;
-/// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/attention_causal.cu`).
+/// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/encoder/causal_flash_attention.cu`).
 pub const FLASH_HD: usize = 256;
 const FLASH_SMEM: u32 = 96 * 1024;
-/// Dynamic shared memory of the Hopper kernel (`cuda/sm90a/attention_causal_wgmma.cu`).
+/// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
 const FLASH_WG_SMEM: u32 = 197632;
 
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
@@ -74,9 +74,9 @@ const FLASH_WG_SMEM: u32 = 197632;
 pub enum EncAttn {
     /// cuBLASLt scores + causal softmax + cuBLASLt P V (also every fp32 prompt).
     Gemm,
-    /// `cuda/attention_causal.cu`: mma.sync flash kernel, 64 query rows a block, any GPU.
+    /// `cuda/encoder/causal_flash_attention.cu`: mma.sync flash kernel, 64 query rows a block, any GPU.
     Flash,
-    /// `cuda/sm90a/attention_causal_wgmma.cu`: Hopper wgmma, 128 query rows a block.
+    /// `cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`: Hopper wgmma, 128 query rows a block.
     Wgmma,
 }
 
@@ -110,29 +110,29 @@ pub fn kernel_choices(hopper: bool) -> Vec<super::select::Choice> {
 
 /// Value columns of the delta-rule state one block owns.
 const GDR_COLS: usize = 32;
-/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder.cu`).
+/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder/encoder_ops.cu`).
 const GDR_THREADS: u32 = 512;
-/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/gdr.cu`; smaller dims are
+/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/encoder/delta_rule.cu`; smaller dims are
 /// zero-padded to it).
 pub const GDR_MAX_DIM: usize = 128;
-/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/gdr.cu`).
+/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/encoder/delta_rule.cu`).
 const GDR_SEQ_COLS: usize = 32;
 const GDR_OUT_COLS: usize = 64;
-/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/gdr.cu`.
+/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/encoder/delta_rule.cu`.
 const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
 const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
 const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc` (`TQ_FLOATS`, `TO_FLOATS` in
-/// `cuda/gdr_tc.cuh`).
+/// `cuda/encoder/delta_rule_tc.cuh`).
 const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `gdr_prep_tc3p` (`P3P_FLOATS` in `cuda/gdr_prep3.cuh`; a block of 512 threads per chunk and
+/// `gdr_prep_tc3p` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
 /// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
 /// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
 const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
-/// of `cuda/gdr.cu`). Every bf16 path starts with `gdr_prep_tc3p` (`cuda/gdr_prep3.cuh`).
+/// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `gdr_prep_tc3p` (`cuda/encoder/delta_rule_prep.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GdrPath {
     /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, else
@@ -141,9 +141,9 @@ pub(crate) enum GdrPath {
     /// version.
     Auto,
     /// The state pass + output in one kernel on TMA tensor copies (`moss_enc_gdr_tma_bf16`,
-    /// `cuda/sm90a/gdr_tma.cu`, Hopper only); the planted control in it.
+    /// `cuda/encoder/sm90a/delta_rule_tma.cu`, Hopper only); the planted control in it.
     Tma,
-    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/gdr_tc.cuh`, any GPU); the planted control in the out kernel.
+    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU); the planted control in the out kernel.
     Tc,
     /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3p_bf16`)
     /// and the correct out kernel (the gates).
@@ -151,7 +151,7 @@ pub(crate) enum GdrPath {
 }
 
 /// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
-/// `cuda/sm90a/gdr_tma.cu`: 8 compute warps and a producer warp).
+/// `cuda/encoder/sm90a/delta_rule_tma.cu`: 8 compute warps and a producer warp).
 const GDR_TMA_BYTES: u32 = 201_776;
 const GDR_TMA_THREADS: u32 = 288;
 
@@ -439,7 +439,7 @@ impl Cuda {
         Ok(GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out })
     }
 
-    /// The gated delta rule, chunk-parallel (`cuda/gdr.cu`): a prep over all (chunk, value head)
+    /// The gated delta rule, chunk-parallel (`cuda/encoder/delta_rule.cu`): a prep over all (chunk, value head)
     /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
     /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
     /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
@@ -557,7 +557,7 @@ impl Cuda {
             let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
             self.launch(&format!("{pp}_gdr_prep_tc3p_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
-                // `gdr_tma` (`cuda/sm90a/gdr_tma.cu`): per value head and 32 value columns, in chunk
+                // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
                 // Kdᵀ U; the 2 column blocks of a cluster share each chunk's tiles, loaded as boxes of
                 // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
@@ -613,7 +613,7 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The gated delta rule in one kernel, sequential over chunks (`gdr` in `cuda/encoder.cu`;
+    /// The gated delta rule in one kernel, sequential over chunks (`gdr` in `cuda/encoder/encoder_ops.cu`;
     /// kept for head dims above [`GDR_MAX_DIM`] and as a second implementation under the gates).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_seq_with(
@@ -659,7 +659,7 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The residual add and the next RMSNorm in one kernel (`cuda/enc_addnorm.cu`): block per row,
+    /// The residual add and the next RMSNorm in one kernel (`cuda/encoder/add_rms_norm.cu`): block per row,
     /// rows of a width that is a multiple of 8 up to 8192; other widths take the generic add and
     /// rms_norm (the same rounding points). Planted control (`moss_ctl_enc`): the weight without its
     /// `1 +`.

@@ -1,5 +1,5 @@
 //! Gates of the encoder's fused-projection ops (`src/backend/cuda/enc_strided.rs`,
-//! `cuda/enc_strided.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: separate
+//! `cuda/encoder/strided_row_ops.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: separate
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`super::gates_encoder::GATES`].
 

@@ -1,4 +1,4 @@
-//! The encoder's kernel gates (`cuda/encoder.cu` against the CPU twins of
+//! The encoder's kernel gates (`cuda/encoder/encoder_ops.cu` against the CPU twins of
 //! `backend/cpu/encoder.rs`), at the Qwen3.5-9B shapes for a 128- and a 4096-token prompt, each
 //! with a planted control (`moss_ctl_enc_*`) that the same comparison must reject. Registered
 //! in [`super::gates::GATES`].
@@ -261,7 +261,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     let bf16 = cx.dtype == DType::BF16;
     let tma = bf16 && cx.cuda.has_sm90a();
     if bf16 && !tma {
-        println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the Hopper state pass (cuda/sm90a/gdr_tma.cu) is not gated (not used either)");
+        println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the Hopper state pass (cuda/encoder/sm90a/delta_rule_tma.cu) is not gated (not used either)");
     }
     // the real lengths, and one whose last chunk is partial
     for l in LENGTHS.into_iter().chain([GDR_PARTIAL]) {
@@ -292,7 +292,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             cx.judge("enc gated_delta_rule (the default path), strided", &s2, Kind::Gate, b, note, out, &want, None);
             let mut paths = vec![];
             if tma {
-                paths.push((GdrPath::Tma, "tma (state pass + output, cuda/sm90a/gdr_tma.cu)"));
+                paths.push((GdrPath::Tma, "tma (state pass + output, cuda/encoder/sm90a/delta_rule_tma.cu)"));
             }
             paths.push((GdrPath::Tc, "seq_tc + out_tc"));
             for (path, name) in paths {
@@ -303,7 +303,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
                 let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", path);
                 cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
-            // gdr_prep_tc3p's own control (cuda/gdr_prep3.cuh: (I + A)⁻¹ blockwise), the rest correct
+            // gdr_prep_tc3p's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PrepCtl);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {

@@ -1,4 +1,4 @@
-//! `moss check` gates of the VAE decoder's CUDA kernels (cuda/vae.cu, src/backend/cuda/vae.rs)
+//! `moss check` gates of the VAE decoder's CUDA kernels (cuda/vae/vae_ops.cu, src/backend/cuda/vae.rs)
 //! against the CPU twins (f64 accumulation), at the full decoder's shapes (widths
 //! 96/192/384/384, a 1024×1024 picture: 128×128 in the mid block), each with planted controls.
 //! The VAE is fp32 at every precision, so these run once, in the fp32 pass.
@@ -364,7 +364,7 @@ fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<super::ops
     Ok(())
 }
 
-/// The split-fp16 conv (cuda/vae_conv16.cu, the default) at the decoder's shapes (384->384
+/// The split-fp16 conv (cuda/vae/conv_fp16.cu, the default) at the decoder's shapes (384->384
 /// 3x3 at 64², 192->96 3x3 at 96², 1x1, upsample, odd sizes with Cin off the 16-channel chunk),
 /// both accumulation variants (F16: the small terms in one running tile; F16A: all 3 products
 /// in a fresh tile a k-step) against the f64 CPU twin; a null bias (the GEMM use); controls: the

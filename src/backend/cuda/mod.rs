@@ -42,7 +42,7 @@ pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DI
 #[cfg(not(moss_sm90a))]
 pub const FATBIN_SM90A: Option<&[u8]> = None;
 
-/// The check image (`moss check`'s planted controls, cuda/common.cuh `MOSS_CHECK_IMAGE`): the
+/// The check image (`moss check`'s planted controls, cuda/common/common.cuh `MOSS_CHECK_IMAGE`): the
 /// portable one and the Hopper one. Loaded by [`Cuda::load_check_image`] only.
 #[cfg(moss_kernels)]
 pub const FATBIN_CHECK: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_check.fatbin")));

@@ -1,5 +1,5 @@
 //! The CUDA implementation of the generic [`Backend`] ops: device tensors with a dtype (bf16 or
-//! f32) and a shape, one stream, cuBLASLt for `linear`, `cuda/tensor.cu` for everything else.
+//! f32) and a shape, one stream, cuBLASLt for `linear`, `cuda/common/tensor_ops.cu` for everything else.
 //!
 //! Dtype rules (every op computes in fp32 and rounds once into its output):
 //! - `upload` gives the precision's activation dtype (bf16, or f32 with `--precision fp32`);
@@ -91,7 +91,7 @@ impl CudaTensor {
     }
 }
 
-/// The argument struct of `moss_permute_*` (must match `MossPerm` in cuda/tensor.cu).
+/// The argument struct of `moss_permute_*` (must match `MossPerm` in cuda/common/tensor_ops.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PermArgs {

@@ -1,12 +1,12 @@
-//! The VAE decoder's fused ops on CUDA (kernels in cuda/vae.cu; math on [`VaeOps`]). The whole
+//! The VAE decoder's fused ops on CUDA (kernels in cuda/vae/vae_ops.cu; math on [`VaeOps`]). The whole
 //! decoder runs in fp32 whatever `--precision` says: its weights are f32 in the checkpoint and
 //! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
 //!
 //! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing, on the
-//!   tensor cores with split fp16 (cuda/vae_conv16.cu, m16n8k16; measured on the H200: 100.5 ms a
+//!   tensor cores with split fp16 (cuda/vae/conv_fp16.cu, m16n8k16; measured on the H200: 100.5 ms a
 //!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048); an
 //!   activation past the fp16 range sets a device flag and the decoder decodes again on the
-//!   split-TF32 halo kernel of cuda/vae_conv.cu; conv_out's 3 outputs on an f64 SIMT kernel;
+//!   split-TF32 halo kernel of cuda/vae/conv_tf32.cu; conv_out's 3 outputs on an f64 SIMT kernel;
 //!   where a kernel's shared memory does not fit (or k is not 1 or 3) the split-TF32 tap-major
 //!   kernel. The tensor cores' fp32 accumulation truncates, so each 16-deep k-step accumulates
 //!   into a fresh tile that is then added to the running sum with round-to-nearest adds.
@@ -15,9 +15,9 @@
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: where D = 384 and its shared memory fits, one flash-style kernel on
-//!   fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu, src/backend/cuda/vae_attn16.rs;
+//!   fp16 tensor cores with hi/lo split operands (cuda/vae/attention_fp16.cu, src/backend/cuda/vae_attn16.rs;
 //!   5.5 ms at L = 16384 and 85.9 ms at L = 65536 on the H200); else where 204 KB fit, the
-//!   split-TF32 flash kernel (cuda/vae_attn.cu); else query chunks of scores (at most
+//!   split-TF32 flash kernel (cuda/vae/attention_tf32.cu); else query chunks of scores (at most
 //!   `ATTN_CHUNK_BYTES`): `S = Q_c·Kᵀ`, a row softmax kernel, `P·V`, the products on the
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
@@ -65,7 +65,7 @@ impl Cuda {
 /// Bytes of attention scores one query chunk may hold.
 pub const ATTN_CHUNK_BYTES: usize = 1 << 30;
 
-/// The conv kernels' output tile (channels × pixels), as in cuda/vae.cu.
+/// The conv kernels' output tile (channels × pixels), as in cuda/vae/vae_ops.cu.
 const CONV_BM: usize = 128;
 const CONV_BN: usize = 128;
 
@@ -78,12 +78,12 @@ pub enum ConvKernel {
     /// gathers one tap: for Cin a multiple of 16 and k 1 or 3 (else `Tf32x3`); where the fp16 or
     /// halo kernel's shared memory does not fit.
     Tf32x3Tap,
-    /// The decoder's re-run after an fp16 overflow (cuda/vae_conv.cu): Cout <= 4 (conv_out) →
+    /// The decoder's re-run after an fp16 overflow (cuda/vae/conv_tf32.cu): Cout <= 4 (conv_out) →
     /// the f64 SIMT kernel (`moss_vae_conv_small`); k 1 or 3 with Cin % 8 == 0 → the split-TF32
     /// halo kernel (weights pre-split and in fragment order, 8-channel input halos, cp.async);
     /// else `Tf32x3Tap`.
     Halo,
-    /// The default: cuda/vae_conv16.cu, split fp16 on m16n8k16 (weights scaled by a power of two
+    /// The default: cuda/vae/conv_fp16.cu, split fp16 on m16n8k16 (weights scaled by a power of two
     /// per output channel, lo parts times 2^11, hi·hi in a fresh tile a k-step, the small terms
     /// in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 → `Tf32x3Tap`. An
     /// activation past the fp16 range sets the overflow flag (the decoder decodes again on `Halo`).
@@ -151,13 +151,13 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<super::select::Choice
     ]
 }
 
-/// cuda/vae_attn.cu: the head width it is built for, query rows per block, shared memory
+/// cuda/vae/attention_tf32.cu: the head width it is built for, query rows per block, shared memory
 /// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
 const FLASH_D: usize = 384;
 const FLASH_BQ: usize = 64;
 const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
 
-/// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae_conv.cu.
+/// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae/conv_tf32.cu.
 const HALO_TH: usize = 8;
 const HALO_TW: usize = 16;
 
@@ -171,19 +171,19 @@ fn halo_bm(cout: usize) -> usize {
     }
 }
 
-/// cuda/vae_conv.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
+/// cuda/vae/conv_tf32.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
 fn halo_cs(hn: usize) -> usize {
     let r = hn % 32;
     hn - r + if r <= 8 { 8 } else if r <= 24 { 24 } else { 40 }
 }
 
-/// cuda/vae_conv.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
+/// cuda/vae/conv_tf32.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
 /// buffers (hi and lo).
 fn halo_smem_bytes(bm: usize, k: usize) -> usize {
     4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
 }
 
-/// cuda/vae_conv16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
+/// cuda/vae/conv_fp16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
 /// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
 fn f16_smem_bytes(bm: usize, k: usize) -> usize {
     2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
@@ -380,7 +380,7 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The split-fp16 conv (cuda/vae_conv16.cu; k 1 or 3, any Cin): the weight scaled per output
+    /// The split-fp16 conv (cuda/vae/conv_fp16.cu; k 1 or 3, any Cin): the weight scaled per output
     /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
     /// one block per output channel), then one launch. `lo_dropped`: the planted build without the activation lo parts;
     /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
@@ -690,7 +690,7 @@ impl Cuda {
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
     }
 
-    /// `spatial_attention` as one flash-style kernel (cuda/vae_attn.cu, D = 384): split-TF32
+    /// `spatial_attention` as one flash-style kernel (cuda/vae/attention_tf32.cu, D = 384): split-TF32
     /// products, online softmax, no scores in memory. `prefix` `moss_ctl` plants the running
     /// output not rescaled.
     pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {

@@ -1,4 +1,4 @@
-//! The VAE mid block's attention on fp16 tensor cores with hi/lo split operands (cuda/vae_attn16.cu;
+//! The VAE mid block's attention on fp16 tensor cores with hi/lo split operands (cuda/vae/attention_fp16.cu;
 //! the default for D = 384 on a GPU with 210 KB of shared memory a block):
 //! per-tensor power-of-two scales from a max-abs pass, Q, K, V written once as fp16 hi/lo, then one
 //! flash kernel (P split in registers, no score matrix in memory). Deterministic (the max-abs
@@ -7,7 +7,7 @@ use anyhow::{ensure, Result};
 
 use super::ops::{Arg, Cuda, CudaTensor, DType};
 
-/// cuda/vae_attn16.cu: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows
+/// cuda/vae/attention_fp16.cu: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows
 /// of 776 halves, the partial-score exchange 8 x 4 x 32 float4).
 const D16: usize = 384;
 const BQ16: usize = 64;
@@ -19,7 +19,7 @@ pub(crate) const SMEM16_BYTES: usize = (64 + 2 * 32) * 776 * 2 + 8 * 4 * 32 * 16
 pub(crate) const KERNEL: &str = "moss_vae_attn16_d384";
 
 impl Cuda {
-    /// Whether cuda/vae_attn16.cu applies: D = 384 and its shared memory fits a block.
+    /// Whether cuda/vae/attention_fp16.cu applies: D = 384 and its shared memory fits a block.
     pub(crate) fn f16_attn_fits(&self, d: usize) -> bool {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         d == D16 && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= SMEM16_BYTES).unwrap_or(false)

@@ -3,7 +3,7 @@
 // Q/K/V/O, fp32 scores and softmax statistics, with the warpgroup tensor-core instructions
 // (wgmma.mma_async m64n128k16, fp32 accumulate).
 //
-// Same contract as cuda/attention.cu: token-major rows, head h at columns [128h, 128h+128), row
+// Same contract as cuda/dit/flash_attention.cu: token-major rows, head h at columns [128h, 128h+128), row
 // strides ldq/ldk/ldv/ldo in elements (multiples of 8, bases 16-byte aligned), so Q/K/V may be column
 // slices of one fused QKV projection. scale_log2 = softmax scale * log2(e).
 //
@@ -17,8 +17,8 @@
 //
 // OVERLAP: the next step's S = Q K^T and this step's O += P V are issued together; the next
 // step's exponentials run while the tensor cores do P V (one S and one P set in flight).
-#pragma once  // also #included by attention_ws.cu (its helpers)
-#include "../common.cuh"
+#pragma once  // the helpers of dit/sm90a/flash_attention_ws.cu and encoder/sm90a/causal_flash_attention_wgmma.cu
+#include "common.cuh"
 
 namespace moss_wg {
 constexpr int D = 128;

@@ -20,7 +20,7 @@
 // tensor's row stride in bytes, box {64, 128}, SWIZZLE_128B, made on the host by
 // cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e).
 // Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES of dynamic shared memory.
-#include "attention_wgmma.cu"
+#include "sm90a/wgmma_attention.cuh"
 
 namespace moss_ws {
 using namespace moss_wg;

@@ -1,7 +1,7 @@
 // The encoder's causal GQA attention for head dim 256 (EncoderOps::causal_attention, bf16, long
 // prompts; host side src/backend/cuda/encoder.rs `causal_attention_flash`): flash style (online
 // softmax in fp32, no L x L matrix), tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate), P
-// rounded to bf16 for P V as the DiT kernel (cuda/attention.cu) does.
+// rounded to bf16 for P V as the DiT kernel (cuda/dit/flash_attention.cu) does.
 //
 // q [L, H, 256], k and v [L, Hkv, 256] (row strides H·256 / Hkv·256), out [L, H, 256]; query head
 // h reads KV head h / (H / Hkv). Grid (ceil(L/64), H), 128 threads (4 warps x 16 query rows),

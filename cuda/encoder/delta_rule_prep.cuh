@@ -1,6 +1,6 @@
 // gdr_prep_tc3p: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
 // [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as the fp32 prep_impl
-// (cuda/gdr.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64] (blk = chunk·Hv + head).
+// (cuda/encoder/delta_rule.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64] (blk = chunk·Hv + head).
 //
 // One block of 512 threads per chunk and PAIR of value heads 2p, 2p + 1 of one key head (Hv / Hk
 // even): K, Q tiles, their norms and the raw K Kᵀ, Q Kᵀ products are shared by the two heads (they

@@ -4,7 +4,7 @@
 // instead of a narrowed copy. Same formulas and rounding points as the contiguous kernels of
 // encoder.cu (fp32 inside, one rounding into the output). moss_ctl_enc_* carry a planted bug.
 #include "elem.cuh"
-#include "enc_rows.cuh"  // gates_impl, grms8_impl
+#include "row_impl.cuh"  // gates_impl, grms8_impl
 
 namespace moss_encs {
 using namespace moss_elem;

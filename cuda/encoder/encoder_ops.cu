@@ -5,7 +5,7 @@
 // Activations are bf16 or f32 (T); small per-channel vectors and g/beta are f32. fp32 inside,
 // one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
-#include "enc_rows.cuh"  // gates_impl, grms8_impl (row strides; contiguous here)
+#include "row_impl.cuh"  // gates_impl, grms8_impl (row strides; contiguous here)
 
 namespace moss_enc {
 using namespace moss_elem;

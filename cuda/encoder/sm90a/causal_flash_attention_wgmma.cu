@@ -2,7 +2,7 @@
 // EncoderOps::causal_attention / causal_attention_gated at bf16, L > 256: the default on Hopper,
 // MOSS_ENC_ATTN=flash takes the mma.sync kernel; host side src/backend/cuda/encoder.rs). Measured
 // on the H200 at L = 4096, 16 / 4 heads: 0.328 ms (419 TFLOP/s) vs 0.954 ms for the mma.sync
-// kernel, torch SDPA 0.289 ms (bench/notes-encew.md). Same contract and arguments as cuda/attention_causal.cu
+// kernel, torch SDPA 0.289 ms (bench/notes-encew.md). Same contract and arguments as cuda/encoder/causal_flash_attention.cu
 // (moss_enc_fattn_*): q [L, H, 256], k and v [L, Hkv, 256], out [L, H, 256]; query head h reads
 // KV head h / (H / Hkv); fp32 scores and softmax statistics, P rounded to bf16 for P V.
 //
@@ -16,7 +16,7 @@
 // 128-byte swizzle. Q 64 KiB + double-buffered K and V tiles (32 KiB each) = 192 KiB.
 // BUG 1 (moss_ctl_enc_fattn_wg_bf16): key t + 1 leaks into query t. GATED: out = bf16(bf16(o) ·
 // bf16(σ(gate))) as the mma.sync kernel; BUG 2: the gate read at the KV head.
-#include "attention_wgmma.cu"
+#include "sm90a/wgmma_attention.cuh"
 
 namespace moss_cwg {
 using namespace moss_wg;

@@ -1,7 +1,7 @@
 // The gated delta rule's state pass and output in one kernel on Hopper (sm_90a unit): the default
-// after gdr_prep_tc3p (cuda/gdr_prep3.cuh) wherever the Hopper kernels are loaded and q, k, v are
+// after gdr_prep_tc3p (cuda/encoder/delta_rule_prep.cuh) wherever the Hopper kernels are loaded and q, k, v are
 // 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder.rs; MOSS_GDR_STATE=seq takes
-// gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/gdr.cu;
+// gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/encoder/delta_rule.cu;
 // it reads the prep's scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64],
 // gam [blk][64], and q straight out of the (strided) conv output.
 //
@@ -32,7 +32,7 @@
 // The compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
 // (register double buffer, by hand: the asm statements keep program order). Two named barriers a
 // chunk (Uᵀ, Sᵀ exchanged in smem). Products on TF32 mma.sync m16n8k8 (operands rounded with
-// cvt.rna as gdr_tc.cuh, fp32 accumulators); Sᵀ and Uᵀ are stored TF32-rounded.
+// cvt.rna as delta_rule_tc.cuh, fp32 accumulators); Sᵀ and Uᵀ are stored TF32-rounded.
 // Measured on the H200 (this kernel as `tma2y`, session 16): 0.225 ms a layer at 4096 tokens
 // (Hk 16, Hv 32, dk = dv = 128) after the prep; the history of the variants it replaced is in
 // bench/notes-gdrseq.md, notes-gdrtma.md and bench/RESULTS.md.

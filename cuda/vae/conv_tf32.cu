@@ -1,5 +1,5 @@
 // The VAE decoder's fast convolutions (launch code: src/backend/cuda/vae.rs; the older
-// per-k-step gather kernels stay in cuda/vae.cu as the fallback and the gate's comparison).
+// per-k-step gather kernels stay in cuda/vae/vae_ops.cu as the fallback and the gate's comparison).
 //
 // - moss_vae_wprep_b{96,128}_k{1,3}: the weight [Cout, Cin, k, k] re-laid out once per call for
 //   the halo kernel, already split into TF32 hi/lo (hi = tf32(w), lo = tf32(w - hi)) and in

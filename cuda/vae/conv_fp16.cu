@@ -1,6 +1,6 @@
 // The VAE decoder's convolutions with split fp16 on the tensor cores (`MOSS_VAE_CONV=f16`, issue
 // #8; launch code in src/backend/cuda/vae.rs `conv2d_f16`). Same features and tiling as the split-TF32
-// halo kernel of cuda/vae_conv.cu (3x3 and 1x1, stride 1, zero padding, nearest-x2 upsample folded
+// halo kernel of cuda/vae/conv_tf32.cu (3x3 and 1x1, stride 1, zero padding, nearest-x2 upsample folded
 // into the gather, bias or none, any H/W and Cin), but `mma.sync.m16n8k16` with fp16 operands:
 // fp16 has TF32's 11-bit significand, so x = hi + lo with hi = f16(x), lo = f16(x - hi) keeps
 // ~22 bits as the TF32 split does, and each instruction does twice the work of m16n8k8.tf32.

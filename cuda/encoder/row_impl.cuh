@@ -1,4 +1,4 @@
-// Row kernels shared by cuda/encoder.cu (contiguous inputs) and cuda/enc_strided.cu (inputs read in
+// Row kernels shared by cuda/encoder/encoder_ops.cu (contiguous inputs) and cuda/encoder/strided_row_ops.cu (inputs read in
 // place out of a wider GEMM output row): the Gated-DeltaNet gates and the vectorised gated RMSNorm,
 // each taking its input's row stride. fp32 inside, one rounding into the output; BUG 1 is the
 // planted control of moss_ctl_enc_*.
