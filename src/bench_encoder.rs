@@ -154,7 +154,7 @@ fn bench<B: EncoderOps>(
 pub fn run(a: &BenchEncode) -> Result<()> {
     let (cfg, comp) = open(&a.model)?;
     let inputs: Vec<Vec<u32>> = if a.ids_files.is_empty() {
-        let mut r = crate::backend::cuda::gates::Rng::new(a.seed);
+        let mut r = crate::backend::cuda::check::gates::Rng::new(a.seed);
         vec![(0..a.count).map(|_| (r.next_u64() % cfg.vocab_size as u64) as u32).collect()]
     } else {
         a.ids_files.iter().map(|p| read_ids(p)).collect::<Result<_>>()?

@@ -13,10 +13,10 @@
 //! into `[N, H, hd]`). Scores are chunked by heads (and query rows) to stay under
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
-use super::blas::Gemm;
-use super::plan::MemoryPlan;
+use crate::backend::cuda::blas::Gemm;
+use crate::backend::cuda::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
-use super::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -623,11 +623,11 @@ impl Cuda {
 
 impl Cuda {
     /// The DiT stage's memory plan at `tokens` joint tokens: weights as loaded, one forward's
-    /// activations ([`super::plan::dit_activation_bytes`]; at fp32 plus one chunk of cuBLASLt
+    /// activations ([`crate::backend::cuda::plan::dit_activation_bytes`]; at fp32 plus one chunk of cuBLASLt
     /// attention scores and probabilities), the reserve.
     pub fn dit_plan(&self, c: &Component, cfg: &DitConfig, tokens: usize) -> MemoryPlan {
         let dt = self.act_dtype();
-        let mut act = super::plan::dit_activation_bytes(cfg, tokens, dt);
+        let mut act = crate::backend::cuda::plan::dit_activation_bytes(cfg, tokens, dt);
         if dt != DType::BF16 {
             act += (ATTN_SCORE_BUDGET / 4) * (4 + dt.size());
         }

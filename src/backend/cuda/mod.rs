@@ -3,24 +3,14 @@
 //! (`gates`), and the DiT's fused ops (`dit`). The encoder's and the VAE's follow.
 
 pub mod blas;
+pub mod check;
 pub mod dit;
-pub mod enc_floor;
-pub mod enc_attn;
-pub mod enc_strided;
 pub mod encoder;
-pub mod gates;
-pub mod gates_dit;
-pub mod gates_enc_floor;
-pub mod gates_enc_attn;
-pub mod gates_enc_strided;
-pub mod gates_encoder;
-pub mod gates_vae;
 pub mod gemm_pins;
 pub mod ops;
 pub mod plan;
 pub mod select;
 pub mod vae;
-pub mod vae_attn16;
 
 pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};

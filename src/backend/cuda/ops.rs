@@ -9,7 +9,7 @@
 //!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
-use super::blas::{Blas, LinearBug};
+use crate::backend::cuda::blas::{Blas, LinearBug};
 use super::Gpu;
 use crate::backend::Backend;
 use crate::checkpoint::{Component, Dtype};

@@ -48,19 +48,19 @@ pub struct Choice {
 pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
     let c = |op, kernel: &str| Choice { op, kernel: kernel.to_string() };
     let fits = |bytes: usize| smem_optin >= bytes;
-    let dit_flash = super::dit::pick_flash(hopper);
+    let dit_flash = crate::backend::cuda::dit::pick_flash(hopper);
     let mut v = vec![
         c("dit attention (bf16, head dim 128)", dit_flash.name),
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),
         c("dit situ_glu", "moss_situ_fast_bf16 (bf16), moss_situ_f32 (fp32)"),
     ];
-    v.extend(super::encoder::kernel_choices(hopper));
-    v.extend(super::vae::kernel_choices(fits));
+    v.extend(crate::backend::cuda::encoder::kernel_choices(hopper));
+    v.extend(crate::backend::cuda::vae::kernel_choices(fits));
     v
 }
 
 /// Print which kernel each op uses on `cuda` (`moss check --device cuda`).
-pub fn print(cuda: &super::ops::Cuda) {
+pub fn print(cuda: &crate::backend::cuda::ops::Cuda) {
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
     let optin = cuda.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(0);
     let forced = matches!(family(), Ok(Family::Portable));

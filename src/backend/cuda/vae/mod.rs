@@ -22,8 +22,10 @@
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
-use super::blas::LinearBug;
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+pub mod attention_fp16;
+
+use crate::backend::cuda::blas::LinearBug;
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -127,15 +129,15 @@ pub(crate) fn set_no_fallback(on: bool) {
 }
 
 /// The kernels the VAE's ops use on a device whose blocks may opt into shared memory for which
-/// `fits(bytes)` holds ([`super::select::choices`]).
-pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<super::select::Choice> {
-    use super::select::Choice;
+/// `fits(bytes)` holds ([`crate::backend::cuda::select::choices`]).
+pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda::select::Choice> {
+    use crate::backend::cuda::select::Choice;
     let f16 = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(f16_smem_bytes(bm, k))));
     let halo = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(halo_smem_bytes(bm, k))));
     let conv = if f16 { "moss_vae_conv16_b{96,128}_k{1,3} (split fp16)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major: the fp16 kernel's shared memory does not fit)" };
     let rerun = if halo { "moss_vae_conv_halo_b{96,128}_k{1,3} (split TF32)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major)" };
-    let attn = if fits(super::vae_attn16::SMEM16_BYTES) {
-        super::vae_attn16::KERNEL.to_string()
+    let attn = if fits(crate::backend::cuda::vae::attention_fp16::SMEM16_BYTES) {
+        crate::backend::cuda::vae::attention_fp16::KERNEL.to_string()
     } else if fits(FLASH_SMEM_BYTES) {
         "moss_vae_flash_d384 (split TF32)".to_string()
     } else if halo {
@@ -850,9 +852,9 @@ pub fn strip_rows_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: u
          a one-row strip {:.2} GiB, {:.2} GiB free (after the reserve)",
         w * 16,
         h * 16,
-        mid as f64 / super::ops::GIB,
-        one as f64 / super::ops::GIB,
-        free as f64 / super::ops::GIB
+        mid as f64 / crate::backend::cuda::ops::GIB,
+        one as f64 / crate::backend::cuda::ops::GIB,
+        free as f64 / crate::backend::cuda::ops::GIB
     );
     // The tallest strip that fits (strip bytes grow with the rows).
     let (mut lo, mut hi) = (1usize, h * 16);
@@ -871,11 +873,11 @@ impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
         // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
         let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
-        let plan = super::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
+        let plan = crate::backend::cuda::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }
     fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
-        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(super::plan::RESERVE_BYTES)) };
+        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::backend::cuda::plan::RESERVE_BYTES)) };
         if vae_activation_bytes(cfg, h, w) <= avail(self)? {
             return Ok(None);
         }
@@ -992,7 +994,7 @@ impl VaeOps for Cuda {
             || format!("attention {:?}", q.shape),
             || {
                 if f16 {
-                    self.spatial_attention_f16(q, k, v, super::vae_attn16::KERNEL)
+                    self.spatial_attention_f16(q, k, v, crate::backend::cuda::vae::attention_fp16::KERNEL)
                 } else if flash {
                     self.spatial_attention_flash(q, k, v, "moss")
                 } else if split {
@@ -1053,6 +1055,6 @@ mod tests {
         assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
         let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
         assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
-        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::super::ops::GIB, 4.0 * b as f64 / super::super::ops::GIB);
+        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::crate::backend::cuda::ops::GIB, 4.0 * b as f64 / super::crate::backend::cuda::ops::GIB);
     }
 }

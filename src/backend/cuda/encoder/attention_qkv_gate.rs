@@ -11,7 +11,7 @@
 //! [`EncoderOps::causal_attention_gated_y`]: crate::backend::ops::EncoderOps::causal_attention_gated_y
 //! [`EncoderOps::causal_attention_gated`]: crate::backend::ops::EncoderOps::causal_attention_gated
 
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// Rows (warps) per block of `qkrope` (`QK_WARPS`) and its largest head dim (`QK_MAXHD`).

@@ -5,7 +5,7 @@
 //! atomicMax is order-independent; no other atomics), so the strip decode's identity holds.
 use anyhow::{ensure, Result};
 
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 
 /// cuda/vae/attention_fp16.cu: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows
 /// of 776 halves, the partial-score exchange 8 x 4 x 32 float4).

@@ -9,9 +9,13 @@
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
 //! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
 
-use super::blas::Gemm;
-use super::enc_floor::{GRMS, SILU_V_MIN_ROWS};
-use super::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+pub mod attention_qkv_gate;
+pub mod row_ops;
+pub mod strided_row_ops;
+
+use crate::backend::cuda::blas::Gemm;
+use crate::backend::cuda::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
+use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
@@ -92,9 +96,9 @@ pub fn pick_enc_attn(sm90a: bool) -> EncAttn {
 }
 
 /// The kernels the encoder's ops use on a device with (`hopper`) or without the Hopper kernels
-/// ([`super::select::choices`]).
-pub fn kernel_choices(hopper: bool) -> Vec<super::select::Choice> {
-    use super::select::Choice;
+/// ([`crate::backend::cuda::select::choices`]).
+pub fn kernel_choices(hopper: bool) -> Vec<crate::backend::cuda::select::Choice> {
+    use crate::backend::cuda::select::Choice;
     let (attn, gdr) = if hopper {
         ("moss_enc_fattn_wg_bf16 (wgmma)", "moss_enc_gdr_prep_tc3p_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)")
     } else {
@@ -334,7 +338,7 @@ impl Cuda {
         let rep = nh / nkv;
         let dt = q.dtype;
         let es = dt.size() as u64;
-        let qc = ATTN_GEMM_CHUNK.min(l).min((super::dit::ATTN_SCORE_BUDGET / (nkv * l * 4)).max(1));
+        let qc = ATTN_GEMM_CHUNK.min(l).min((crate::backend::cuda::dit::ATTN_SCORE_BUDGET / (nkv * l * 4)).max(1));
         let s = self.alloc(DType::F32, &[nkv * qc * l])?;
         let p = self.alloc(dt, &[nkv * qc * l])?;
         let (ldq, ldk) = (nh * hd, nkv * hd);

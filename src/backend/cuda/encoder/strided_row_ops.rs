@@ -15,7 +15,7 @@
 //! [`EncoderOps::linear_cat`]: crate::backend::ops::EncoderOps::linear_cat
 //! [`EncoderOps::linear_add_rms_norm`]: crate::backend::ops::EncoderOps::linear_add_rms_norm
 
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::Backend;
 use anyhow::{ensure, Result};
 
@@ -252,7 +252,7 @@ impl Cuda {
         ensure!(w_norm.numel() == n, "linear_add_rms_norm: norm weight {:?} for width {n}", w_norm.shape);
         let dt = w.dtype;
         if n % 8 != 0 || n > 8192 || n == 0 {
-            let h = self.prof("linear", || self.linear_with(a, w, None, super::LinearBug::None))?;
+            let h = self.prof("linear", || self.linear_with(a, w, None, crate::backend::cuda::LinearBug::None))?;
             return self.prof("add_rms_norm", || self.add_rms_norm_with(res, &h, w_norm, eps, prefix));
         }
         let (a, res) = (self.cast(a, dt)?, self.cast(res, dt)?);

@@ -1,11 +1,11 @@
 //! The encoder's kernel gates (`cuda/encoder/encoder_ops.cu` against the CPU twins of
 //! `backend/cpu/encoder.rs`), at the Qwen3.5-9B shapes for a 128- and a 4096-token prompt, each
 //! with a planted control (`moss_ctl_enc_*`) that the same comparison must reject. Registered
-//! in [`super::gates::GATES`].
+//! in [`crate::backend::cuda::check::gates::GATES`].
 
-use super::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
-use super::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
-use super::ops::{CudaTensor, DType};
+use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
+use crate::backend::cuda::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
+use crate::backend::cuda::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::ops::EncoderOps;
@@ -371,8 +371,8 @@ fn gate_add_rms(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The encoder's gates, in table order (appended to [`super::gates::GATES`]).
-pub const GATES: &[(&str, super::gates::GateFn)] = &[
+/// The encoder's gates, in table order (appended to [`crate::backend::cuda::check::gates::GATES`]).
+pub const GATES: &[(&str, crate::backend::cuda::check::gates::GateFn)] = &[
     ("enc embed", gate_embed),
     ("enc head_norm_rope", gate_head_rope),
     ("enc causal_attention", gate_attention),
@@ -382,12 +382,12 @@ pub const GATES: &[(&str, super::gates::GateFn)] = &[
     ("enc gated_delta_rule", gate_delta_rule),
     ("enc gated_rms_norm", gate_gated_rms),
     ("enc add_rms_norm", gate_add_rms),
-    ("enc linear_cat", super::gates_enc_strided::gate_linear_cat),
-    ("enc strided consumers", super::gates_enc_strided::gate_cols),
-    ("enc linear_add_rms_norm", super::gates_enc_strided::gate_linear_add),
-    ("enc attn_gate", super::gates_enc_strided::gate_attn_gate),
-    ("enc convg", super::gates_enc_floor::gate_convg),
-    ("enc floor rows", super::gates_enc_floor::gate_floor_rows),
-    ("enc attn_qkv_norm_rope", super::gates_enc_attn::gate_qkv_rope),
-    ("enc causal_attention_gated_y", super::gates_enc_attn::gate_attn_gate_y),
+    ("enc linear_cat", crate::backend::cuda::check::encoder_strided::gate_linear_cat),
+    ("enc strided consumers", crate::backend::cuda::check::encoder_strided::gate_cols),
+    ("enc linear_add_rms_norm", crate::backend::cuda::check::encoder_strided::gate_linear_add),
+    ("enc attn_gate", crate::backend::cuda::check::encoder_strided::gate_attn_gate),
+    ("enc convg", crate::backend::cuda::check::encoder_rows::gate_convg),
+    ("enc floor rows", crate::backend::cuda::check::encoder_rows::gate_floor_rows),
+    ("enc attn_qkv_norm_rope", crate::backend::cuda::check::encoder_attention::gate_qkv_rope),
+    ("enc causal_attention_gated_y", crate::backend::cuda::check::encoder_attention::gate_attn_gate_y),
 ];

@@ -2,12 +2,12 @@
 //! against the CPU twins, at the Qwen3.5-9B shapes (plus a length that is no multiple of the
 //! conv's token run), each with a planted control the same comparison must reject. The previous
 //! kernels keep their own rows (gates_encoder.rs, gates_enc_strided.rs; `rms1` here). Listed in
-//! [`super::gates_encoder::GATES`].
+//! [`crate::backend::cuda::check::encoder::GATES`].
 
-use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
-use super::gates_encoder::enc;
-use super::enc_floor::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
-use super::ops::DType;
+use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
+use crate::backend::cuda::check::encoder::enc;
+use crate::backend::cuda::encoder::row_ops::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
+use crate::backend::cuda::ops::DType;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;

@@ -12,8 +12,8 @@
 //! that draws inputs with [`Cx::input`], computes the CPU twin, and calls [`Cx::judge`] once
 //! for the real kernel and once per planted control; then list it in [`GATES`].
 
-use super::blas::LinearBug;
-use super::ops::{par_chunks, Cuda, CudaTensor, DType};
+use crate::backend::cuda::blas::LinearBug;
+use crate::backend::cuda::ops::{par_chunks, Cuda, CudaTensor, DType};
 use crate::backend::cpu::{dot, Cpu};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -328,10 +328,10 @@ fn gate_upload(cx: &mut Cx) -> Result<()> {
     if cx.dtype != DType::BF16 {
         return Ok(());
     }
-    let n = super::ops::STAGING_CHUNK * 5 / 2 / 2 + 77; // bf16 values, an odd tail
+    let n = crate::backend::cuda::ops::STAGING_CHUNK * 5 / 2 / 2 + 77; // bf16 values, an odd tail
     let s = format!("{n} bf16 (staged)");
     let t = round_bf16(&Tensor::new(vec![n], cx.rng.normals(n, 1.0))?);
-    let bytes = super::ops::to_bytes(&t.data, DType::BF16);
+    let bytes = crate::backend::cuda::ops::to_bytes(&t.data, DType::BF16);
     for (kind, drop_tail, what) in [(Kind::Gate, false, "upload (pinned staging)"), (Kind::Control, true, "staging drops the last chunk")] {
         let out = cx.cuda.alloc(DType::BF16, &[n]).and_then(|o| {
             cx.cuda.write_bytes(o.ptr(), &bytes, drop_tail)?;
@@ -346,7 +346,7 @@ fn gate_upload(cx: &mut Cx) -> Result<()> {
 /// values in the run's dtype, bit-exact against what was uploaded, next to the pageable path;
 /// the control drops the last chunk.
 fn gate_download(cx: &mut Cx) -> Result<()> {
-    use super::ops::{Download, DOWNLOAD_CHUNK};
+    use crate::backend::cuda::ops::{Download, DOWNLOAD_CHUNK};
     let es = cx.dtype.size();
     let n = DOWNLOAD_CHUNK * 7 / 2 / es + 77;
     let s = format!("{n} {} ({} chunks)", cx.dtype.name(), (n * es).div_ceil(DOWNLOAD_CHUNK));
@@ -791,7 +791,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
     cuda.set_poison(true);
     let mut rows = vec![];
     let mut rng = Rng::new(seed);
-    super::select::print(cuda);
+    crate::backend::cuda::select::print(cuda);
     for p in [Precision::Bf16, Precision::Fp32] {
         let c = cuda.with_precision(p);
         let mut cx = Cx {
@@ -803,7 +803,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in GATES.iter().chain(super::gates_encoder::GATES).chain(super::gates_dit::GATES).chain(super::gates_vae::GATES) {
+        for (name, f) in GATES.iter().chain(crate::backend::cuda::check::encoder::GATES).chain(crate::backend::cuda::check::dit::GATES).chain(crate::backend::cuda::check::vae::GATES) {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {

@@ -1,11 +1,11 @@
 //! Gates of the encoder's fused-projection ops (`src/backend/cuda/enc_strided.rs`,
 //! `cuda/encoder/strided_row_ops.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: separate
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
-//! control the same comparison must reject. Listed in [`super::gates_encoder::GATES`].
+//! control the same comparison must reject. Listed in [`crate::backend::cuda::check::encoder::GATES`].
 
-use super::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
-use super::gates_encoder::enc;
-use super::ops::{CudaTensor, DType};
+use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
+use crate::backend::cuda::check::encoder::enc;
+use crate::backend::cuda::ops::{CudaTensor, DType};
 use crate::backend::ops::EncoderOps;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, Result};

@@ -3,9 +3,9 @@
 //! 96/192/384/384, a 1024×1024 picture: 128×128 in the mid block), each with planted controls.
 //! The VAE is fp32 at every precision, so these run once, in the fp32 pass.
 
-use super::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
-use super::ops::{CudaTensor, DType};
-use super::vae::ConvKernel;
+use crate::backend::cuda::check::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
+use crate::backend::cuda::ops::{CudaTensor, DType};
+use crate::backend::cuda::vae::ConvKernel;
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -171,7 +171,7 @@ fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
         }
         let error = if bad { f64::NAN } else { diff / top.max(f64::MIN_POSITIVE) };
         let kernel = if kind == Kind::Control { format!("  control: {what}") } else { what.to_string() };
-        cx.rows.push(super::gates::Row {
+        cx.rows.push(crate::backend::cuda::check::gates::Row {
             kernel,
             precision: cx.precision,
             shape: s.clone(),
@@ -212,7 +212,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
     if !fp32_pass(cx) {
         return Ok(());
     }
-    for (l, chunk) in [(4096usize, super::vae::ATTN_CHUNK_BYTES), (4096, 4096 * 4 * 1000), (16384, super::vae::ATTN_CHUNK_BYTES)] {
+    for (l, chunk) in [(4096usize, crate::backend::cuda::vae::ATTN_CHUNK_BYTES), (4096, 4096 * 4 * 1000), (16384, crate::backend::cuda::vae::ATTN_CHUNK_BYTES)] {
         let d = 384;
         let sh = [1, l, d];
         let (q, gq) = cx.input(&sh, 1.5)?;
@@ -258,7 +258,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             }
             // The fp16 hi/lo kernel (the default where it fits), same inputs.
             if cx.cuda.f16_attn_fits(d) {
-                let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, crate::backend::cuda::vae_attn16::KERNEL);
+                let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, crate::backend::cuda::vae::attention_fp16::KERNEL);
                 cx.judge("vae spatial_attention f16 (fp16 hi/lo split, P in registers)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
                 if ctl {
                     let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl_vae_attn16_d384");
@@ -329,15 +329,15 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let c = ck.vae.packed_channels();
     // The default convs (split fp16) and the TF32 halo kernel (the overflow re-run).
     for conv in [None, Some(ConvKernel::Halo)] {
-        super::vae::set_conv_override(conv);
+        crate::backend::cuda::vae::set_conv_override(conv);
         let r = split_decode_rows(cx, &vae, c, conv);
-        super::vae::set_conv_override(None);
+        crate::backend::cuda::vae::set_conv_override(None);
         r?;
     }
     Ok(())
 }
 
-fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<super::ops::Cuda>, c: usize, conv: Option<ConvKernel>) -> Result<()> {
+fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<crate::backend::cuda::ops::Cuda>, c: usize, conv: Option<ConvKernel>) -> Result<()> {
     use crate::model::vae::{Split, Strips};
     let tag = conv.map_or(String::new(), |k| format!(" [conv {k:?}]"));
     for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
@@ -464,17 +464,17 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let z = Tensor::new(vec![1, c, h, w], zd)?;
     let s = format!("1x{c}x{h}x{w}, one latent 1e6");
     let decode = |cx: &Cx, k: ConvKernel| -> Result<Tensor> {
-        super::vae::set_conv_override(Some(k));
+        crate::backend::cuda::vae::set_conv_override(Some(k));
         let r = vae.decode_with(&cx.cuda, &z, Split::Whole);
-        super::vae::set_conv_override(None);
+        crate::backend::cuda::vae::set_conv_override(None);
         r
     };
     let want = decode(cx, ConvKernel::Halo)?;
     let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
     cx.judge("vae decode, fp16 convs, overflow -> TF32 re-run == TF32 decode (bits)", &s, Kind::Gate, EXACT, "", out, &want, None);
-    super::vae::set_no_fallback(true);
+    crate::backend::cuda::vae::set_no_fallback(true);
     let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
-    super::vae::set_no_fallback(false);
+    crate::backend::cuda::vae::set_no_fallback(false);
     cx.cuda.conv_overflow()?;
     cx.judge("vae decode, fp16 convs, overflow flag ignored", &s, Kind::Control, EXACT, "", out, &want, None);
     Ok(())

@@ -16,12 +16,12 @@
 //! from the packed projection) and `gated_residual_norm_modulate` (a gated residual and the next
 //! norm + modulation in one pass), each with its planted control.
 
-use super::dit::FLASH_KERNELS;
-use super::gates::{
+use crate::backend::cuda::dit::FLASH_KERNELS;
+use crate::backend::cuda::check::gates::{
     attention_rows, dit, round_bf16, shape_str, stream_rows, uniform_vec, Cx, GateFn, Kind, ATTN_REF_ROWS, BF16_OUT, EXACT,
     F32_ELEMENTWISE, F32_NORM,
 };
-use super::ops::{CudaTensor, DType};
+use crate::backend::cuda::ops::{CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -79,7 +79,7 @@ fn gate_attention_packed(cx: &mut Cx) -> Result<()> {
     let want = attention_rows(&q, &k, &v, scale, &rows)?;
     let note = format!("CPU on {} of {n} query rows", rows.len());
     let s = shape_str(&[&[n, 3 * DIM]]);
-    let bound = cx.out_bound(super::gates::F32_GEMM);
+    let bound = cx.out_bound(crate::backend::cuda::check::gates::F32_GEMM);
     let out = cx.cuda.attention_packed_with(&gqkv, HEADS, scale, false);
     cx.judge("attention_packed", &s, Kind::Gate, bound, &note, out, &want, Some(&rows));
     let out = cx.cuda.attention_packed_with(&gqkv, HEADS, scale, true);

@@ -1,10 +1,10 @@
 //! Gates of the gated attention's ops on the joined projection (`src/backend/cuda/enc_attn.rs`,
 //! `cuda/encoder/attention_qkv_gate.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: narrowed copies,
 //! `head_norm_rope` twice, the separate gate ops), at the Qwen3.5-9B shapes, each with a planted
-//! control the same comparison must reject. Listed in [`super::gates_encoder::GATES`].
+//! control the same comparison must reject. Listed in [`crate::backend::cuda::check::encoder::GATES`].
 
-use super::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
-use super::gates_encoder::{enc, F32_ROPE};
+use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
+use crate::backend::cuda::check::encoder::{enc, F32_ROPE};
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;

@@ -13,7 +13,7 @@
 //! Each `*_with` returns `None` where the shapes do not fit the kernel (the caller takes the old
 //! path).
 
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// silu_mul8v from this many rows on; below, the previous grid-stride silu_mul8r (measured faster at
@@ -226,9 +226,9 @@ mod tests {
     fn kernel_names() {
         // the kernel names the CUDA source defines
         let src = include_str!("../../../cuda/encoder/row_ops.cu");
-        assert!(src.contains(&format!("constexpr int CV = {};", super::CONV_V)), "conv channels a thread");
-        assert!(src.contains(&format!("constexpr int CT = {};", super::CONV_TT)), "conv tokens a thread");
-        for n in [super::CONV_KERNEL].into_iter().chain(super::GRMS) {
+        assert!(src.contains(&format!("constexpr int CV = {};", crate::backend::cuda::CONV_V)), "conv channels a thread");
+        assert!(src.contains(&format!("constexpr int CT = {};", crate::backend::cuda::CONV_TT)), "conv tokens a thread");
+        for n in [crate::backend::cuda::CONV_KERNEL].into_iter().chain(crate::backend::cuda::GRMS) {
             assert!(src.contains(&format!("PFX##_{n}_##SX")), "{n} not in enc_floor.cu");
         }
     }
