@@ -225,10 +225,10 @@ mod tests {
     #[test]
     fn kernel_names() {
         // the kernel names the CUDA source defines
-        let src = include_str!("../../../cuda/encoder/row_ops.cu");
-        assert!(src.contains(&format!("constexpr int CV = {};", crate::backend::cuda::CONV_V)), "conv channels a thread");
-        assert!(src.contains(&format!("constexpr int CT = {};", crate::backend::cuda::CONV_TT)), "conv tokens a thread");
-        for n in [crate::backend::cuda::CONV_KERNEL].into_iter().chain(crate::backend::cuda::GRMS) {
+        let src = include_str!("../../../../cuda/encoder/row_ops.cu");
+        assert!(src.contains(&format!("constexpr int CV = {};", super::CONV_V)), "conv channels a thread");
+        assert!(src.contains(&format!("constexpr int CT = {};", super::CONV_TT)), "conv tokens a thread");
+        for n in [super::CONV_KERNEL].into_iter().chain(super::GRMS) {
             assert!(src.contains(&format!("PFX##_{n}_##SX")), "{n} not in enc_floor.cu");
         }
     }

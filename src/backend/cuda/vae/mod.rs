@@ -1055,6 +1055,6 @@ mod tests {
         assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
         let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
         assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
-        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / super::crate::backend::cuda::ops::GIB, 4.0 * b as f64 / super::crate::backend::cuda::ops::GIB);
+        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / crate::backend::cuda::ops::GIB, 4.0 * b as f64 / crate::backend::cuda::ops::GIB);
     }
 }
