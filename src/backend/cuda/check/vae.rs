@@ -5,7 +5,7 @@
 
 use crate::backend::cuda::check::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
 use crate::backend::cuda::ops::{CudaTensor, DType};
-use crate::backend::cuda::vae::ConvKernel;
+use crate::backend::cuda::vae::{ConvControl, ConvKernel};
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -80,24 +80,24 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
         ] {
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern, 0);
+            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
         if cout <= 4 {
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlSmallMirrored, 0);
+            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::SmallMirrored));
             cx.judge("vae conv2d small-Cout, taps mirrored", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlHaloTf32x1, 0);
+            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::HaloTf32x1));
             cx.judge("vae conv2d halo with one TF32 product", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::CtlTf32x1, 0);
+            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::Tf32x1));
             cx.judge("vae conv2d with one TF32 product (lo dropped)", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3, 1);
+                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::FoldOffByOne));
                 cx.judge("vae conv2d upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Tf32x3Tap, 1);
+                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3Tap, Some(ConvControl::FoldOffByOne));
                 cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-                let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, ConvKernel::Halo, 1);
+                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Halo, Some(ConvControl::FoldOffByOne));
                 cx.judge("vae conv2d halo, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -329,9 +329,9 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let c = ck.vae.packed_channels();
     // The default convs (split fp16) and the TF32 halo kernel (the overflow re-run).
     for conv in [None, Some(ConvKernel::Halo)] {
-        crate::backend::cuda::vae::set_conv_override(conv);
+        cx.cuda.set_conv_fallback(conv.is_some());
         let r = split_decode_rows(cx, &vae, c, conv);
-        crate::backend::cuda::vae::set_conv_override(None);
+        cx.cuda.set_conv_fallback(false);
         r?;
     }
     Ok(())
@@ -446,7 +446,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     cx.judge_value("vae conv2d fp16 overflow flag: clear on a normal input", &s, Kind::Gate, EXACT, "1 if set", if set_ok { 1.0 } else { 0.0 });
     cx.judge_value("vae conv2d fp16 overflow flag: set on one 1e6 value", &s, Kind::Gate, EXACT, "1 if not set", if set_big { 0.0 } else { 1.0 });
     let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
-    let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo, 0);
+    let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo);
     cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
     let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, false, 0);
     cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
@@ -464,17 +464,17 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let z = Tensor::new(vec![1, c, h, w], zd)?;
     let s = format!("1x{c}x{h}x{w}, one latent 1e6");
     let decode = |cx: &Cx, k: ConvKernel| -> Result<Tensor> {
-        crate::backend::cuda::vae::set_conv_override(Some(k));
+        cx.cuda.set_conv_fallback(k == ConvKernel::Halo);
         let r = vae.decode_with(&cx.cuda, &z, Split::Whole);
-        crate::backend::cuda::vae::set_conv_override(None);
+        cx.cuda.set_conv_fallback(false);
         r
     };
     let want = decode(cx, ConvKernel::Halo)?;
     let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
     cx.judge("vae decode, fp16 convs, overflow -> TF32 re-run == TF32 decode (bits)", &s, Kind::Gate, EXACT, "", out, &want, None);
-    crate::backend::cuda::vae::set_no_fallback(true);
-    let out = decode(cx, ConvKernel::F16).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
-    crate::backend::cuda::vae::set_no_fallback(false);
+    // The planted bug: one decode without the re-run (the overflow flag ignored).
+    cx.cuda.conv_overflow()?;
+    let out = vae.decode_once(&cx.cuda, &z, Split::Whole).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
     cx.cuda.conv_overflow()?;
     cx.judge("vae decode, fp16 convs, overflow flag ignored", &s, Kind::Control, EXACT, "", out, &want, None);
     Ok(())

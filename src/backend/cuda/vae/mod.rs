@@ -71,7 +71,7 @@ pub const ATTN_CHUNK_BYTES: usize = 1 << 30;
 const CONV_BM: usize = 128;
 const CONV_BN: usize = 128;
 
-/// Which convolution kernel (the gates pick planted ones).
+/// Which convolution kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvKernel {
     /// Split TF32, any k and Cin (the last fallback).
@@ -90,14 +90,21 @@ pub enum ConvKernel {
     /// in one running tile); Cout <= 4 → the f64 SIMT kernel; k not 1 or 3 → `Tf32x3Tap`. An
     /// activation past the fp16 range sets the overflow flag (the decoder decodes again on `Halo`).
     F16,
-    /// Planted: one TF32 product (the lo parts dropped).
-    CtlTf32x1,
-    /// Planted: the halo kernel with one TF32 product.
-    CtlHaloTf32x1,
-    /// Planted: the small-Cout kernel with its taps mirrored in x.
-    CtlSmallMirrored,
-    /// Planted: `F16` with the activation lo parts dropped.
-    CtlF16LoDropped,
+}
+
+/// A planted bug in one convolution, for `moss check` only (its kernels are in the check image).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvControl {
+    /// One TF32 product (the lo parts dropped), on the generic split-TF32 kernel.
+    Tf32x1,
+    /// The halo kernel with one TF32 product.
+    HaloTf32x1,
+    /// The small-Cout kernel with its taps mirrored in x.
+    SmallMirrored,
+    /// `F16` with the activation lo parts dropped.
+    F16LoDropped,
+    /// The kernel's upsample fold off by one (its runtime `bug` 1).
+    FoldOffByOne,
 }
 
 impl ConvKernel {
@@ -105,27 +112,9 @@ impl ConvKernel {
         match self {
             ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
             ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
-            ConvKernel::CtlTf32x1 => "moss_ctl_vae_conv_tf32x1",
-            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::F16 | ConvKernel::CtlF16LoDropped => {
-                unreachable!("dispatched in conv2d_with")
-            }
+            ConvKernel::Halo | ConvKernel::F16 => unreachable!("dispatched in conv2d_planted"),
         }
     }
-}
-
-/// The gates' override of the decoder's conv kernel (`None`: [`ConvKernel::F16`]).
-static CONV_OVERRIDE: std::sync::Mutex<Option<ConvKernel>> = std::sync::Mutex::new(None);
-/// Gate-only: the overflow flag ignored (the decode keeps the fp16 result).
-static NO_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Make the decoder's convolutions run `k` (`None`: the default again); for the gates.
-pub(crate) fn set_conv_override(k: Option<ConvKernel>) {
-    *CONV_OVERRIDE.lock().unwrap() = k;
-}
-
-/// Gate-only: make [`VaeOps::conv_overflow`] report nothing (the planted "no fallback").
-pub(crate) fn set_no_fallback(on: bool) {
-    NO_FALLBACK.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The kernels the VAE's ops use on a device whose blocks may opt into shared memory for which
@@ -241,15 +230,21 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `conv2d` with an explicit kernel; `bug = 1` plants an off-by-one in the upsample fold.
-    pub(crate) fn conv2d_with(
+    /// `conv2d` on `kernel` (and its fallbacks for shapes it does not take).
+    pub(crate) fn conv2d_with(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool, kernel: ConvKernel) -> Result<CudaTensor> {
+        self.conv2d_planted(x, w, b, upsample2x, kernel, None)
+    }
+
+    /// `conv2d` on `kernel`, or with a planted bug (`ctl`, `moss check` only: the control
+    /// kernels are in the check image).
+    pub(crate) fn conv2d_planted(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         b: &CudaTensor,
         upsample2x: bool,
         kernel: ConvKernel,
-        bug: i32,
+        ctl: Option<ConvControl>,
     ) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
@@ -258,18 +253,22 @@ impl Cuda {
         ensure!(b.numel() == cout, "conv2d: bias {:?} for {cout} outputs", b.shape);
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
-        match kernel {
-            ConvKernel::Halo | ConvKernel::F16 | ConvKernel::CtlSmallMirrored if cout <= 4 && k <= 3 => {
-                return self.conv2d_small(&x, &w, &b, upsample2x, kernel == ConvKernel::CtlSmallMirrored);
+        let bug = i32::from(matches!(ctl, Some(ConvControl::FoldOffByOne)));
+        let small = cout <= 4 && k <= 3;
+        let halo = (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k);
+        let f16 = (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k));
+        match (kernel, ctl) {
+            (ConvKernel::Halo | ConvKernel::F16, None) | (_, Some(ConvControl::SmallMirrored)) if small => {
+                return self.conv2d_small(&x, &w, &b, upsample2x, ctl == Some(ConvControl::SmallMirrored));
             }
-            ConvKernel::Halo | ConvKernel::CtlHaloTf32x1 if (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k) => {
-                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlHaloTf32x1, bug, false);
+            (ConvKernel::Halo, None | Some(ConvControl::FoldOffByOne)) | (_, Some(ConvControl::HaloTf32x1)) if halo => {
+                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, ctl == Some(ConvControl::HaloTf32x1), bug, false);
             }
-            ConvKernel::F16 | ConvKernel::CtlF16LoDropped if (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k)) => {
-                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, kernel == ConvKernel::CtlF16LoDropped, bug);
+            (ConvKernel::F16, None | Some(ConvControl::FoldOffByOne)) | (_, Some(ConvControl::F16LoDropped)) if f16 => {
+                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, ctl == Some(ConvControl::F16LoDropped), bug);
             }
-            ConvKernel::CtlHaloTf32x1 | ConvKernel::CtlSmallMirrored | ConvKernel::CtlF16LoDropped => {
-                anyhow::bail!("conv2d: {kernel:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
+            (_, Some(c @ (ConvControl::HaloTf32x1 | ConvControl::SmallMirrored | ConvControl::F16LoDropped))) => {
+                anyhow::bail!("conv2d: {c:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
             }
             _ => {}
         }
@@ -286,7 +285,8 @@ impl Cuda {
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         // 1x1 and 3x3 have builds with the kernel size a compile-time constant.
-        let name = format!("{}{}", kernel.name(), match k {
+        let base = if ctl == Some(ConvControl::Tf32x1) { "moss_ctl_vae_conv_tf32x1" } else { kernel.name() };
+        let name = format!("{base}{}", match k {
             1 => "_k1",
             3 => "_k3",
             _ => "",
@@ -447,14 +447,13 @@ impl Cuda {
         Ok(out)
     }
 
-    /// The decoder's conv kernel: the gates' override, else [`ConvKernel::F16`]; the
-    /// TF32 halo kernel in place of the fp16 ones while the decoder re-runs after an overflow.
+    /// The decoder's conv kernel: [`ConvKernel::F16`]; the TF32 halo kernel while the decoder
+    /// re-runs after an fp16 overflow.
     fn conv_kernel(&self) -> ConvKernel {
-        let k = CONV_OVERRIDE.lock().unwrap().unwrap_or(ConvKernel::F16);
-        if self.vae_tf32_fallback() && k == ConvKernel::F16 {
+        if self.vae_tf32_fallback() {
             ConvKernel::Halo
         } else {
-            k
+            ConvKernel::F16
         }
     }
 
@@ -942,7 +941,7 @@ impl VaeOps for Cuda {
     fn conv2d(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
         self.timed(
             || format!("conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if upsample2x { " up2x" } else { "" }),
-            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel(), 0),
+            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel()),
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
@@ -977,7 +976,7 @@ impl VaeOps for Cuda {
                 // The normalise pass then the conv (GroupNorm fused into the halo conv's load was
                 // measured slower on the H200: the conv kernel is instruction-bound).
                 let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
-                self.conv2d_with(&t, w, b, up, self.conv_kernel(), 0)
+                self.conv2d_with(&t, w, b, up, self.conv_kernel())
             },
         )
     }
@@ -1009,8 +1008,7 @@ impl VaeOps for Cuda {
         self.to_rgb8_with(x, "moss")
     }
     fn conv_overflow(&self) -> Result<bool> {
-        let set = self.vae_flag_take()?;
-        Ok(set && !NO_FALLBACK.load(std::sync::atomic::Ordering::Relaxed))
+        self.vae_flag_take()
     }
     fn set_conv_fallback(&self, on: bool) {
         self.set_vae_tf32_fallback(on)
