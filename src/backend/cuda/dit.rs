@@ -140,55 +140,6 @@ fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize
     Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
-// ---- the DiT op profile (`moss bench-dit`) -----------------------------------------------------
-
-/// One timed op: CUDA events around its work on the stream, and the host time of the call.
-struct Timed {
-    op: String,
-    start: cudarc::driver::CudaEvent,
-    end: cudarc::driver::CudaEvent,
-    host_ms: f64,
-}
-
-static DIT_PROFILE: std::sync::Mutex<Option<Vec<Timed>>> = std::sync::Mutex::new(None);
-
-/// Turn the DiT op profile on (a fresh table) or off (dropping what was gathered). While on,
-/// [`DitOps::timed`] brackets each op with CUDA events without synchronising, so the forward
-/// runs as usual and an op's GPU time is between its events.
-pub fn set_dit_profile(on: bool) {
-    *DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()) = if on { Some(Vec::new()) } else { None };
-}
-
-/// One profiled op, summed over its calls.
-pub struct OpTime {
-    pub op: String,
-    /// GPU time between its events.
-    pub gpu_ms: f64,
-    /// Host time of the calls (launching, allocating, host work such as the RoPE table).
-    pub host_ms: f64,
-    pub calls: usize,
-}
-
-/// The ops gathered since [`set_dit_profile`]`(true)`, in first-call order (waits for the last
-/// event); the profile stays on with an empty table.
-pub fn take_dit_profile() -> Result<Vec<OpTime>> {
-    let taken = DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut().map(std::mem::take).unwrap_or_default();
-    let mut out: Vec<OpTime> = vec![];
-    for t in taken {
-        t.end.synchronize().map_err(|e| anyhow!("profile event: {e:?}"))?;
-        let ms = t.start.elapsed_ms(&t.end).map_err(|e| anyhow!("profile event: {e:?}"))? as f64;
-        match out.iter_mut().find(|o| o.op == t.op) {
-            Some(o) => {
-                o.gpu_ms += ms;
-                o.host_ms += t.host_ms;
-                o.calls += 1;
-            }
-            None => out.push(OpTime { op: t.op, gpu_ms: ms, host_ms: t.host_ms, calls: 1 }),
-        }
-    }
-    Ok(out)
-}
-
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [N, heads, dim], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1], x.shape[2]))
@@ -705,24 +656,10 @@ impl DitOps for Cuda {
         self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss")
     }
     fn profiling(&self) -> bool {
-        DIT_PROFILE.lock().map(|p| p.is_some()).unwrap_or(false)
+        super::profile::is_on()
     }
     fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        if !self.profiling() {
-            return f();
-        }
-        let (ctx, stream) = (&self.gpu().ctx, &self.gpu().stream);
-        let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("profile event: {e:?}"));
-        let (start, end) = (ev()?, ev()?);
-        start.record(stream).map_err(|e| anyhow!("profile event: {e:?}"))?;
-        let t = std::time::Instant::now();
-        let r = f()?;
-        let host_ms = t.elapsed().as_secs_f64() * 1e3;
-        end.record(stream).map_err(|e| anyhow!("profile event: {e:?}"))?;
-        if let Some(v) = DIT_PROFILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            v.push(Timed { op: op.to_string(), start, end, host_ms });
-        }
-        Ok(r)
+        self.timed_op(|| op.to_string(), f)
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.situ_glu_with(x, "moss")

@@ -9,6 +9,7 @@ pub mod encoder;
 pub mod gemm_pins;
 pub mod ops;
 pub mod plan;
+pub mod profile;
 pub mod select;
 pub mod vae;
 

@@ -22,9 +22,6 @@ use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 /// What [`Cuda::gdr_inputs`] hands both delta-rule kernels.
 struct GdrInputs {
@@ -747,72 +744,10 @@ impl Cuda {
 
 const P: &str = "moss_enc";
 
-static PROFILE: AtomicBool = AtomicBool::new(false);
-static PROFILE_EVENTS: AtomicBool = AtomicBool::new(false);
-static PROFILE_MS: Mutex<BTreeMap<&'static str, (f64, usize)>> = Mutex::new(BTreeMap::new());
-type OpEvents = (&'static str, cudarc::driver::CudaEvent, cudarc::driver::CudaEvent);
-static PROFILE_EV: Mutex<Vec<OpEvents>> = Mutex::new(Vec::new());
-
-/// Profile the encoder ops: while on, each op synchronises before and after and adds its time
-/// (milliseconds) to a table that [`take_profile`] returns and clears (`moss bench-encode`).
-pub fn set_profile(on: bool) {
-    PROFILE.store(on, Ordering::Relaxed);
-}
-
-/// `(op, total ms, calls)` since the last call.
-pub fn take_profile() -> Vec<(&'static str, f64, usize)> {
-    std::mem::take(&mut *PROFILE_MS.lock().unwrap()).into_iter().map(|(k, (ms, n))| (k, ms, n)).collect()
-}
-
-/// Profile the encoder ops without synchronising: while on, each op is bracketed by two CUDA
-/// events on the stream (the forward runs as it does unprofiled), for [`take_profile_events`].
-pub fn set_profile_events(on: bool) {
-    PROFILE_EVENTS.store(on, Ordering::Relaxed);
-}
-
-/// Waits for the recorded events: `(per op: (op, GPU ms between its events, calls), span from the
-/// first op's start to the last op's end in ms)`. The span less the ops' sum is the time the GPU
-/// spent between ops (launch gaps, or work outside any op).
-pub fn take_profile_events() -> Result<(Vec<(&'static str, f64, usize)>, f64)> {
-    let evs = std::mem::take(&mut *PROFILE_EV.lock().unwrap());
-    let mut m: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
-    let de = |e: cudarc::driver::DriverError| anyhow::anyhow!("{e:?}");
-    for (op, a, b) in &evs {
-        b.synchronize().map_err(de)?;
-        let e = m.entry(op).or_insert((0.0, 0));
-        e.0 += a.elapsed_ms(b).map_err(de)? as f64;
-        e.1 += 1;
-    }
-    let span = match (evs.first(), evs.last()) {
-        (Some(f), Some(l)) => f.1.elapsed_ms(&l.2).map_err(de)? as f64,
-        _ => 0.0,
-    };
-    Ok((m.into_iter().map(|(k, (ms, n))| (k, ms, n)).collect(), span))
-}
-
 impl Cuda {
+    /// Run `f`, timed as `op` while the profile ([`crate::backend::cuda::profile`]) is on.
     pub(crate) fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        if PROFILE_EVENTS.load(Ordering::Relaxed) {
-            let s = &self.gpu().stream;
-            let de = |e: cudarc::driver::DriverError| anyhow::anyhow!("{e:?}");
-            let a = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(de)?;
-            let r = f()?;
-            let b = s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(de)?;
-            PROFILE_EV.lock().unwrap().push((op, a, b));
-            return Ok(r);
-        }
-        if !PROFILE.load(Ordering::Relaxed) {
-            return f();
-        }
-        self.sync()?;
-        let t = std::time::Instant::now();
-        let r = f()?;
-        self.sync()?;
-        let mut m = PROFILE_MS.lock().unwrap();
-        let e = m.entry(op).or_insert((0.0, 0));
-        e.0 += t.elapsed().as_secs_f64() * 1e3;
-        e.1 += 1;
-        Ok(r)
+        self.timed_op(|| op.to_string(), f)
     }
 }
 

@@ -32,35 +32,10 @@ use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use cudarc::driver::sys;
 
-/// Per-op GPU times when profiling is on (`moss bench-vae --profile`): op → (ms, calls).
-static PROFILE: std::sync::Mutex<Option<std::collections::BTreeMap<String, (f64, usize)>>> = std::sync::Mutex::new(None);
-
-/// Turn per-op timing on (each op then synchronises before and after) or off; returns the
-/// table gathered so far.
-pub fn profile(on: bool) -> Vec<(String, f64, usize)> {
-    let mut g = PROFILE.lock().unwrap();
-    let rows = g.as_ref().map(|m| m.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect()).unwrap_or_default();
-    *g = if on { Some(Default::default()) } else { None };
-    rows
-}
-
 impl Cuda {
-    /// Run `f`, timing it (synchronised) under `key` when profiling is on.
+    /// Run `f`, timed under `key` while the profile ([`crate::backend::cuda::profile`]) is on.
     fn timed<T>(&self, key: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        if PROFILE.lock().unwrap().is_none() {
-            return f();
-        }
-        self.sync()?;
-        let t = std::time::Instant::now();
-        let r = f()?;
-        self.sync()?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        if let Some(m) = PROFILE.lock().unwrap().as_mut() {
-            let e = m.entry(key()).or_insert((0.0, 0));
-            e.0 += ms;
-            e.1 += 1;
-        }
-        Ok(r)
+        self.timed_op(key, f)
     }
 }
 
