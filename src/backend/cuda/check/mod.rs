@@ -3,9 +3,11 @@
 //! that the same comparison must reject.
 
 pub mod dit;
+pub mod dit_ops;
 pub mod encoder;
 pub mod encoder_attention;
 pub mod encoder_rows;
 pub mod encoder_strided;
 pub mod gates;
+pub mod tensor;
 pub mod vae;
