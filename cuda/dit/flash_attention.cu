@@ -180,7 +180,7 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
 // variant without the alias, `v1`, was deleted as slower), and its planted control for `moss check`
 // (forgets to rescale the running output when the row maximum grows; the same gate must reject it).
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2(const __nv_bfloat16* q, const __nv_bfloat16* k,
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                                                const __nv_bfloat16* v, __nv_bfloat16* o, int n,
                                                                int ldq, int ldk, int ldv, int ldo, float scale_log2) {
     moss_attn::attn_d128<false, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
@@ -188,7 +188,7 @@ MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2(const __nv_bfl
 #endif
 
 #ifdef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128, 3) moss_attn_d128_bf16_v2_control(const __nv_bfloat16* q,
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention_control(const __nv_bfloat16* q,
                                                                        const __nv_bfloat16* k,
                                                                        const __nv_bfloat16* v, __nv_bfloat16* o,
                                                                        int n, int ldq, int ldk, int ldv, int ldo,

@@ -21,7 +21,7 @@
 // q, k, v are read with row strides (rqk, rv), so they may be column slices of the conv output.
 // Kernels (host: `gdr_chunked` in src/backend/cuda/encoder.rs):
 //   fp32 (`--precision fp32`): gdr_prep_f32, gdr_seq, gdr_out_f32 below (SIMT);
-//   bf16: gdr_prep_tc3p (delta_rule_prep.cuh, bf16 mma), then on Hopper the state pass + output in one
+//   bf16: delta_rule_prep (delta_rule_prep.cuh, bf16 mma), then on Hopper the state pass + output in one
 //   kernel (cuda/encoder/sm90a/delta_rule_tma.cu), elsewhere (or MOSS_GDR_STATE=seq) gdr_seq_tc + gdr_out_tc
 //   (delta_rule_tc.cuh, TF32 mma).
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the bodies as host code (one std::thread per thread)
@@ -121,7 +121,7 @@ __device__ void load_state_cols(float* Ss, int ld, const float* Sall, long blk, 
 
 }  // namespace moss_gdr
 #include "delta_rule_tc.cuh"     // bf16: gdr_seq_tc, gdr_out_tc (TF32 mma)
-#include "delta_rule_prep.cuh"  // bf16: gdr_prep_tc3p ((I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma)
+#include "delta_rule_prep.cuh"  // bf16: delta_rule_prep ((I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma)
 namespace moss_gdr {
 
 // ---- gdr_prep (fp32): one block per (chunk, value head) ----------------------------------------
@@ -422,12 +422,12 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
 }
 #endif
 
-// bf16: gdr_prep_tc3p (delta_rule_prep.cuh; a block per chunk and pair of value heads, 512 threads,
+// bf16: delta_rule_prep (delta_rule_prep.cuh; a block per chunk and pair of value heads, 512 threads,
 // 93 KiB, two blocks an SM), its planted control (moss_ctl_enc_) leaving T's lower-left 32x32 block
 // at zero; then either the Hopper kernel (cuda/encoder/sm90a/delta_rule_tma.cu) or gdr_seq_tc + gdr_out_tc, the
 // control in gdr_out_tc.
 #define MOSS_GDR_BF16(PFX, BUG)                                                                               \
-    MOSS_KERNEL void __launch_bounds__(512, 2) PFX##_gdr_prep_tc3p_bf16(                                       \
+    MOSS_KERNEL void __launch_bounds__(512, 2) PFX##_delta_rule_prep_bf16(                                       \
         float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
         const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
         long rv) {                                                                                             \

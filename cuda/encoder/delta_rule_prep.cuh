@@ -1,4 +1,4 @@
-// gdr_prep_tc3p: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
+// delta_rule_prep: the bf16 delta rule's chunk-local kernel with (I + A)⁻¹ built blockwise and
 // [U0 | Wk] as one tensor-core product. Same outputs, same scratch layout as the fp32 prep_impl
 // (cuda/encoder/delta_rule.cu): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64], gam [blk][64] (blk = chunk·Hv + head).
 //
@@ -24,7 +24,7 @@
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
 // and Hv / Hk even (host check in src/backend/cuda/encoder.rs; otherwise the one-kernel sequential
 // version runs).
-// BUG 1 (moss_ctl_enc_gdr_prep_tc3p_bf16): T's lower-left 32x32 block is left at zero.
+// BUG 1 (moss_ctl_enc_delta_rule_prep_bf16): T's lower-left 32x32 block is left at zero.
 #pragma once
 namespace moss_gdr {
 

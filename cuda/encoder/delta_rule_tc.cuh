@@ -1,5 +1,5 @@
 // The bf16 path's state pass and output where the Hopper kernel (cuda/encoder/sm90a/delta_rule_tma.cu) does not
-// run (every other GPU, or MOSS_GDR_STATE=seq): gdr_seq_tc and gdr_out_tc after gdr_prep_tc3p
+// run (every other GPU, or MOSS_GDR_STATE=seq): gdr_seq_tc and gdr_out_tc after delta_rule_prep
 // (cuda/encoder/delta_rule.cu, delta_rule_prep.cuh), every product on TF32 mma.sync (m16n8k8, operands rounded to
 // TF32 with cvt.rna, fp32 accumulators); the state and the decays stay fp32. The fp32 path
 // (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of gdr.cu.

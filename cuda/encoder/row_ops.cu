@@ -3,15 +3,15 @@
 // kernels (fp32 inside, one rounding into the output); what changes is how the bytes move:
 // - weights (conv taps, norm weights, A_log, dt_bias) are read in their loaded dtype (wbf = 1: bf16,
 //   0: f32) instead of an f32 copy made by a cast (+ permute) launch every call;
-// - convf4x4: the causal conv (K = 4) with each thread owning V = 4 channels x TT = 4 tokens, its
+// - conv_silu_gates: the causal conv (K = 4) with each thread owning V = 4 channels x TT = 4 tokens, its
 //   TT + 3 input rows loaded once (conv8 reads every input row 4 times and 4 taps per output), the
 //   fast SiLU (silu_fast), plus the DeltaNet gates as extra blocks of the same launch (no separate
 //   kernel): 49.8 us at 4096 tokens on the H200 against 72.3 for session 15's 8 channels x 4 tokens
 //   with the IEEE SiLU (bench/notes-convfloor.md: the other V x TT and SiLU variants measured there
 //   were slower and are gone);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
-// - rms1w, grms8r: weights and (grms) z loaded before the reduction; grmsf1: one row a 16-lane group
-//   and the fast SiLU, widths <= 128 (30.8 us against 37.7 for grms8r at 4096 tokens; grms8r serves
+// - rms1w, gated_rms_norm_wide: weights and (grms) z loaded before the reduction; gated_rms_norm_row16: one row a 16-lane group
+//   and the fast SiLU, widths <= 128 (30.8 us against 37.7 for gated_rms_norm_wide at 4096 tokens; gated_rms_norm_wide serves
 //   wider heads).
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
 #include "elem.cuh"
@@ -262,7 +262,7 @@ __device__ void rms1w_impl(T* no, const T* x, const void* w, int wbf, int d, flo
 // reduction. BUG 1: sigmoid(z). --------------------------------------------------------------------
 constexpr int GV = 2;
 template <typename T, int BUG>
-__device__ void grms8r_impl(T* out, const T* x, const T* z, const void* w, int wbf, long rows, int d, float eps,
+__device__ void gated_rms_norm_wide_impl(T* out, const T* x, const T* z, const void* w, int wbf, long rows, int d, float eps,
                             int zh, long ldz) {
     const int sub = threadIdx.x & 15;
     const long row = (long)blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
@@ -311,7 +311,7 @@ __device__ void grms8r_impl(T* out, const T* x, const T* z, const void* w, int w
     }
 }
 
-// ---- gated RMSNorm of rows of width d ≤ 128 (d % 8 == 0), as grms8r, each 16-lane group owning R
+// ---- gated RMSNorm of rows of width d ≤ 128 (d % 8 == 0), as gated_rms_norm_wide, each 16-lane group owning R
 // rows (block of 256: 16 groups, 16·R consecutive rows, row = base + k·16 + group): the R rows of x
 // and z (16-byte loads) issued before any arithmetic, the weight loaded once per lane for all R,
 // the R reductions interleaved, the SiLU fast (silu_fast). BUG 1: sigmoid(z). ----------------------
@@ -392,7 +392,7 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
 }  // namespace moss_encf
 
 #define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_KERNEL void __launch_bounds__(128) PFX##_convf4x4_##SX(                                              \
+    MOSS_KERNEL void __launch_bounds__(128) PFX##_conv_silu_gates_##SX(                                              \
         T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
         float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
         moss_encf::convg_impl<T, BUG>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, hv,  \
@@ -410,12 +410,12 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
                                                               float eps) {                                    \
         moss_encf::rms1w_impl<T, BUG, 2>(no, x, w, wbf, d, eps);                                              \
     }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_grms8r_##SX(T* out, const T* x, const T* z, const void* w,  \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gated_rms_norm_wide_##SX(T* out, const T* x, const T* z, const void* w,  \
                                                               int wbf, long rows, int d, float eps, int zh,   \
                                                               long ldz) {                                     \
-        moss_encf::grms8r_impl<T, BUG>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                             \
+        moss_encf::gated_rms_norm_wide_impl<T, BUG>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                             \
     }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_grmsf1_##SX(T* out, const T* x, const T* z, const void* w,  \
+    MOSS_KERNEL void __launch_bounds__(256) PFX##_gated_rms_norm_row16_##SX(T* out, const T* x, const T* z, const void* w,  \
                                                               int wbf, long rows, int d, float eps, int zh,   \
                                                               long ldz) {                                     \
         moss_encf::grmsf_impl<T, BUG, 1>(out, x, z, w, wbf, rows, d, eps, zh, ldz);                           \

@@ -263,5 +263,5 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
 
 // Warp-specialised without ping-pong (`ws_nopp`; the ping-pong build `ws` was measured slower and
 // deleted), with its planted control (running output not rescaled when the row maximum grows).
-MOSS_PRODUCTION(MOSS_WS_KERNEL(moss_attn_d128_bf16_ws_nopp, false, false))
-MOSS_CONTROL(MOSS_WS_KERNEL(moss_attn_d128_bf16_ws_nopp_control, false, true))
+MOSS_PRODUCTION(MOSS_WS_KERNEL(moss_dit_flash_attention_ws, false, false))
+MOSS_CONTROL(MOSS_WS_KERNEL(moss_dit_flash_attention_ws_control, false, true))

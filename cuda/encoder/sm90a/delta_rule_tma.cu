@@ -1,5 +1,5 @@
 // The gated delta rule's state pass and output in one kernel on Hopper (sm_90a unit): the default
-// after gdr_prep_tc3p (cuda/encoder/delta_rule_prep.cuh) wherever the Hopper kernels are loaded and q, k, v are
+// after delta_rule_prep (cuda/encoder/delta_rule_prep.cuh) wherever the Hopper kernels are loaded and q, k, v are
 // 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder.rs; MOSS_GDR_STATE=seq takes
 // gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/encoder/delta_rule.cu;
 // it reads the prep's scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64],

@@ -250,7 +250,7 @@ fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
 
 /// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
 /// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
-/// Every kernel the delta rule can take is gated with its planted control: bf16 `gdr_prep_tc3p`
+/// Every kernel the delta rule can take is gated with its planted control: bf16 `delta_rule_prep`
 /// (control: T's lower-left block zero), then the Hopper state pass + output (`gdr_tma`) and
 /// `gdr_seq_tc` + `gdr_out_tc` (controls: the state read undecayed); fp32 the SIMT kernels; both
 /// the one-kernel sequential version (wide heads, unaligned bf16 rows, bf16 with Hv / Hk odd).
@@ -303,7 +303,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
                 let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", path);
                 cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
-            // gdr_prep_tc3p's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
+            // delta_rule_prep's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PrepCtl);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {

@@ -71,7 +71,7 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// silu_mul8v (halves of `[L, 2·FFN]`), grms8r (z in place), rms1w and the previous rms1 (the
+/// silu_mul8v (halves of `[L, 2·FFN]`), gated_rms_norm_wide (z in place), rms1w and the previous rms1 (the
 /// norm after the GEMM's residual epilogue), embed8. Controls: each kernel's planted bug.
 pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
     use enc::*;
@@ -89,7 +89,7 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         cx.judge("enc silu_mul8v, gate and up swapped", &s2, Kind::Control, b, "", out, &want, None);
         drop((y2, gy2));
     }
-    // gated RMSNorm, z in place: grmsf1 (a row a 16-lane group, fast SiLU; the default) and grms8r
+    // gated RMSNorm, z in place: gated_rms_norm_row16 (a row a 16-lane group, fast SiLU; the default) and gated_rms_norm_wide
     // (heads over 128), at an odd length and the model's two
     for l in [101, LENGTHS[0], LENGTHS[1]] {
         let (y, gy) = cx.input(&[l, n], 1.5)?;

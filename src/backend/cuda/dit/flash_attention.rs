@@ -1,6 +1,6 @@
-//! The DiT's flash attention (bf16, head dim 128): `moss_attn_d128_bf16_ws_nopp`
+//! The DiT's flash attention (bf16, head dim 128): `moss_dit_flash_attention_ws`
 //! (cuda/dit/sm90a/flash_attention_ws.cu, warp-specialised TMA + wgmma) on Hopper,
-//! `moss_attn_d128_bf16_v2` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
+//! `moss_dit_flash_attention` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
 
 use super::dims3;
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
@@ -33,8 +33,8 @@ pub struct FlashKernel {
 pub const FLASH_KERNELS: [FlashKernel; 2] = [
     FlashKernel {
         key: "ws_nopp",
-        name: "moss_attn_d128_bf16_ws_nopp",
-        control: "moss_attn_d128_bf16_ws_nopp_control",
+        name: "moss_dit_flash_attention_ws",
+        control: "moss_dit_flash_attention_ws_control",
         rows: 128,
         threads: 384,
         smem: 230528,
@@ -43,8 +43,8 @@ pub const FLASH_KERNELS: [FlashKernel; 2] = [
     },
     FlashKernel {
         key: "v2",
-        name: "moss_attn_d128_bf16_v2",
-        control: "moss_attn_d128_bf16_v2_control",
+        name: "moss_dit_flash_attention",
+        control: "moss_dit_flash_attention_control",
         rows: 64,
         threads: 128,
         smem: 64 * 1024,

@@ -52,13 +52,13 @@ pub(super) const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
 /// `cuda/encoder/delta_rule_tc.cuh`).
 pub(super) const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
 pub(super) const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `gdr_prep_tc3p` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
+/// `delta_rule_prep` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
 /// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
 /// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
 pub(super) const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
-/// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `gdr_prep_tc3p` (`cuda/encoder/delta_rule_prep.cuh`).
+/// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `delta_rule_prep` (`cuda/encoder/delta_rule_prep.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GdrPath {
     /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, else
@@ -71,7 +71,7 @@ pub(crate) enum GdrPath {
     Tma,
     /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU); the planted control in the out kernel.
     Tc,
-    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_gdr_prep_tc3p_bf16`)
+    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_delta_rule_prep_bf16`)
     /// and the correct out kernel (the gates).
     PrepCtl,
 }
@@ -84,7 +84,7 @@ pub(super) const GDR_TMA_THREADS: u32 = 288;
 
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
 /// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
-/// bf16 (gdr_prep_tc3p's 16-byte copies and pairs of value heads over one key head, the TMA
+/// bf16 (delta_rule_prep's 16-byte copies and pairs of value heads over one key head, the TMA
 /// kernel's tensor map over q) 16-byte aligned addresses, strides and dims, and hv / hk even.
 pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, hv): (usize, usize), dk: usize, dv: usize) -> bool {
     dk <= GDR_MAX_DIM
@@ -224,14 +224,14 @@ impl Cuda {
             self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
-            // bf16: gdr_prep_tc3p (16-byte copies of q, k, v rows; a block per chunk and pair of
+            // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
             // value heads), its control only with PrepCtl
             ensure!(
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
-                "gdr_prep_tc3p: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
+                "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
             let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
-            self.launch(&format!("{pp}_gdr_prep_tc3p_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{pp}_delta_rule_prep_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +

@@ -75,9 +75,9 @@ pub fn pick_enc_attn(sm90a: bool) -> EncAttn {
 pub fn kernel_choices(hopper: bool) -> Vec<crate::backend::cuda::select::Choice> {
     use crate::backend::cuda::select::Choice;
     let (attn, gdr) = if hopper {
-        ("moss_enc_fattn_wg_bf16 (wgmma)", "moss_enc_gdr_prep_tc3p_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)")
+        ("moss_enc_fattn_wg_bf16 (wgmma)", "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)")
     } else {
-        ("moss_enc_fattn_bf16 (mma.sync)", "moss_enc_gdr_prep_tc3p_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16")
+        ("moss_enc_fattn_bf16 (mma.sync)", "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16")
     };
     vec![
         Choice { op: "enc causal_attention (bf16, L > 256, hd 256)", kernel: attn.into() },
@@ -531,7 +531,7 @@ impl EncoderOps for Cuda {
     }
     fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || {
-            // grmsf1, then grms8r for heads wider than 128
+            // gated_rms_norm_row16, then gated_rms_norm_wide for heads wider than 128
             for k in GRMS {
                 if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
                     return Ok(out);

@@ -1,6 +1,6 @@
 //! The encoder's row kernels at their byte floor (`cuda/encoder/row_ops.cu`, issue #7): the causal conv
 //! with each thread owning V channels x TT tokens (its TT + 3 input rows loaded once; default 4 x 4
-//! with the fast SiLU, convf4x4) and the DeltaNet gates as extra blocks of the same launch; silu_mul, the RMSNorm after the GEMM's
+//! with the fast SiLU, conv_silu_gates) and the DeltaNet gates as extra blocks of the same launch; silu_mul, the RMSNorm after the GEMM's
 //! residual epilogue, the gated RMSNorm and the embedding gather with 2-D grids / loads issued
 //! before the reductions; every small weight (taps, norm weights, A_log, dt_bias) read in its
 //! loaded dtype instead of an f32 copy made by a cast (and, for the taps, a permute) every call.
@@ -24,16 +24,16 @@ pub const SILU_V_MIN_ROWS: usize = 1024;
 /// its launch; measured on the H200 at 4096 tokens 49.8 us against 72.3 for session 15's convg4
 /// (8 channels x 4 tokens, IEEE SiLU; CUDA events; ncu 47.7 against 71.4), at 128 tokens 3.2
 /// against 4.8 (bench/notes-convfloor.md, which also has the slower 8x4, 4x8, 2x8, 2x16).
-pub const CONV_KERNEL: &str = "convf4x4";
+pub const CONV_KERNEL: &str = "conv_silu_gates";
 /// Channels a conv thread.
 pub const CONV_V: usize = 4;
 /// Tokens a conv thread.
 pub const CONV_TT: usize = 4;
 
-/// The gated RMSNorm kernels: grmsf1 (one row a 16-lane group, fast SiLU, widths ≤ 128; measured on
-/// the H200 at 4096 tokens 30.8 us against 37.7 for grms8r, CUDA events; ncu 29.2 against 36.4; at
-/// 128 tokens 2.3 against 2.6, bench/notes-convfloor.md), then grms8r for wider heads.
-pub const GRMS: [&str; 2] = ["grmsf1", "grms8r"];
+/// The gated RMSNorm kernels: gated_rms_norm_row16 (one row a 16-lane group, fast SiLU, widths ≤ 128; measured on
+/// the H200 at 4096 tokens 30.8 us against 37.7 for gated_rms_norm_wide, CUDA events; ncu 29.2 against 36.4; at
+/// 128 tokens 2.3 against 2.6, bench/notes-convfloor.md), then gated_rms_norm_wide for wider heads.
+pub const GRMS: [&str; 2] = ["gated_rms_norm_row16", "gated_rms_norm_wide"];
 
 /// The kernels' weight-dtype flag: 1 bf16, 0 f32.
 fn wbf(t: &CudaTensor) -> i32 {
@@ -155,7 +155,7 @@ impl Cuda {
     }
 
     /// The gated RMSNorm of `x [L, Hv, dv]` with z = columns `z0..z0 + Hv·dv` of `y [L, N]`, read
-    /// in place, the weight in its loaded dtype (dv % 8 == 0, dv ≤ 256; `grmsf1`: dv ≤ 128), by
+    /// in place, the weight in its loaded dtype (dv % 8 == 0, dv ≤ 256; `gated_rms_norm_row16`: dv ≤ 128), by
     /// kernel `k` (one of [`GRMS`]).
     pub(crate) fn grms_cols_with(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64, k: &str, prefix: &str) -> Result<Option<CudaTensor>> {
         ensure!(x.shape.len() == 3, "gated_rms_norm: x {:?} is not [L, Hv, dv]", x.shape);
@@ -164,10 +164,10 @@ impl Cuda {
         ensure!(w.numel() == d, "gated_rms_norm: weight {:?} for width {d}", w.shape);
         let ld = y.shape[1];
         ensure!(GRMS.contains(&k), "gated_rms_norm: no kernel {k}");
-        // grmsf1: 8 elements a lane of 16, a row a group, rows < 2^31 (32-bit row arithmetic);
-        // grms8r: a row a warp; both 16 rows a block of 256
+        // gated_rms_norm_row16: 8 elements a lane of 16, a row a group, rows < 2^31 (32-bit row arithmetic);
+        // gated_rms_norm_wide: a row a warp; both 16 rows a block of 256
         let per_block = 16;
-        let dmax = if k == "grms8r" { 256 } else { 128 };
+        let dmax = if k == "gated_rms_norm_wide" { 256 } else { 128 };
         if d % 8 != 0 || d > dmax || ld % 8 != 0 || z0 % 8 != 0 || y.dtype != x.dtype || hv == 0 || l * hv >= (1 << 31) {
             return Ok(None);
         }
