@@ -10,6 +10,10 @@
 //! Each source set is compiled twice: the production image, and with `-DMOSS_CHECK_IMAGE` the
 //! check image that only `moss check` loads (the planted controls; see cuda/common/common.cuh).
 //!
+//! The production compiles run with `-Xptxas -v`: the compiler's own report of every kernel's
+//! registers, spills and static shared memory on every SM goes to `OUT_DIR/kernel_resources.tsv`
+//! (the kernel contract, checked by `src/backend/cuda/contract.rs`'s test).
+//!
 //! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
 //! a development build for one GPU in a fraction of the time. Releases leave it unset.
 
@@ -98,18 +102,20 @@ fn main() {
         gencode.push("-gencode=arch=compute_90,code=compute_90".to_string());
     }
     assert!(!archs.is_empty(), "{} offers none of sm_{:?}", nvcc.display(), SMS);
-    compile(&nvcc, &root, &unit, &gencode, &[], &fatbin);
+    let mut report = compile(&nvcc, &root, &unit, &gencode, &["-Xptxas", "-v"], &fatbin);
     compile(&nvcc, &root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check.fatbin"));
     println!("cargo:rustc-cfg=moss_kernels");
     if archs.contains(&"90") {
-        build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
+        report += &build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
     }
+    std::fs::write(out_dir.join("kernel_resources.tsv"), resources(&report)).unwrap();
     println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
 }
 
-/// nvcc `unit` into `fatbin` for the `gencode` targets, with `defines`.
-fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &[&str], fatbin: &Path) {
-    let status = Command::new(nvcc)
+/// nvcc `unit` into `fatbin` for the `gencode` targets, with `defines`; returns what it said
+/// on stderr (with `-Xptxas -v`: the resource report).
+fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &[&str], fatbin: &Path) -> String {
+    let out = Command::new(nvcc)
         .args(["--fatbin", "-O3", "--threads=0", "-std=c++17"])
         .args(gencode)
         .args(defines)
@@ -118,19 +124,64 @@ fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &
         .arg("-o")
         .arg(fatbin)
         .arg(unit)
-        .status()
+        .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed compiling {} {defines:?}", unit.display());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nvcc failed compiling {} {defines:?}:\n{stderr}", unit.display());
+    stderr
+}
+
+/// The ptxas report (`-Xptxas -v`) as rows `kernel  sm  registers  stack  spill_stores
+/// spill_loads  static_smem` (bytes), one per entry function and SM.
+fn resources(report: &str) -> String {
+    let num = |l: &str, unit: &str| -> u64 {
+        // "N <unit>" somewhere in the line
+        l.split(',').find_map(|p| p.trim().strip_suffix(unit).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())).unwrap_or(0)
+    };
+    let mut rows = String::from("kernel\tsm\tregisters\tstack\tspill_stores\tspill_loads\tstatic_smem\n");
+    let mut cur: Option<(String, String, [u64; 5])> = None;
+    let mut props_of = String::new();
+    let flush = |cur: &mut Option<(String, String, [u64; 5])>, rows: &mut String| {
+        if let Some((k, sm, v)) = cur.take() {
+            rows.push_str(&format!("{k}\t{sm}\t{}\t{}\t{}\t{}\t{}\n", v[0], v[1], v[2], v[3], v[4]));
+        }
+    };
+    for l in report.lines() {
+        if let Some(rest) = l.split("Compiling entry function '").nth(1) {
+            flush(&mut cur, &mut rows);
+            let mut it = rest.split('\'');
+            let k = it.next().unwrap_or("").to_string();
+            let sm = it.nth(1).unwrap_or("").trim_start_matches("sm_").to_string();
+            cur = Some((k, sm, [0; 5]));
+        } else if let Some(f) = l.split("Function properties for ").nth(1) {
+            props_of = f.trim().to_string();
+        } else if l.contains("bytes stack frame") {
+            if let Some((k, _, v)) = cur.as_mut().filter(|c| c.0 == props_of) {
+                let _ = k;
+                v[1] = l.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                v[2] = num(l, "bytes spill stores");
+                v[3] = num(l, "bytes spill loads");
+            }
+        } else if l.contains("Used ") && l.contains(" registers") {
+            if let Some((_, _, v)) = cur.as_mut() {
+                v[0] = l.split("Used ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+                v[4] = num(l, "bytes smem");
+            }
+        }
+    }
+    flush(&mut cur, &mut rows);
+    rows
 }
 
 /// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only (production and
 /// check images).
-fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
-    let Some(unit) = write_unit(true, root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
+fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) -> String {
+    let Some(unit) = write_unit(true, root, &out_dir.join("moss_kernels_sm90a.cu")) else { return String::new() };
     let gencode = ["-gencode=arch=compute_90a,code=sm_90a".to_string()];
-    compile(nvcc, root, &unit, &gencode, &[], fatbin);
+    let report = compile(nvcc, root, &unit, &gencode, &["-Xptxas", "-v"], fatbin);
     compile(nvcc, root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check_sm90a.fatbin"));
     println!("cargo:rustc-cfg=moss_sm90a");
+    report
 }
 
 /// Every `.cu` under `dir` (recursively), sorted.

@@ -4,6 +4,7 @@
 
 pub mod blas;
 pub mod check;
+pub mod contract;
 pub mod dit;
 pub mod encoder;
 pub mod gemm_pins;

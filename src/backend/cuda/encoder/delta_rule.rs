@@ -78,7 +78,7 @@ pub(crate) enum GdrPath {
 
 /// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
 /// `cuda/encoder/sm90a/delta_rule_tma.cu`: 8 compute warps and a producer warp).
-pub(super) const GDR_TMA_BYTES: u32 = 201_776;
+pub(crate) const GDR_TMA_BYTES: u32 = 201_776;
 pub(super) const GDR_TMA_THREADS: u32 = 288;
 
 
@@ -96,7 +96,34 @@ pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usi
                 && hv % (2 * hk) == 0))
 }
 
+/// Dynamic shared memory (bytes) of the chunk-parallel delta rule's kernels that are not the
+/// Hopper TMA one: `(kernel, bytes)`, bf16 (`tc`) or fp32 (the kernel contract lists them too).
+pub(crate) fn gdr_portable_smem(tc: bool) -> [(&'static str, usize); 3] {
+    if tc {
+        [
+            ("moss_enc_delta_rule_prep_bf16", GDR_PREP3P_FLOATS * 4),
+            ("moss_enc_gdr_seq_tc", GDR_SEQ_TC_FLOATS * 4),
+            ("moss_enc_gdr_out_tc_bf16", GDR_OUT_TC_FLOATS * 4),
+        ]
+    } else {
+        [("moss_enc_gdr_prep_f32", GDR_PREP_FLOATS * 4), ("moss_enc_gdr_seq", GDR_SEQ_FLOATS * 4), ("moss_enc_gdr_out_f32", GDR_OUT_FLOATS * 4)]
+    }
+}
+
 impl Cuda {
+    /// Whether the chunk-parallel kernels' shared memory fits a block of this GPU (the Hopper
+    /// TMA path always does; the portable kernels need up to 182 KiB: not on sm_86/89/120/121,
+    /// and `gdr_seq*` not on sm_80). Where they do not, [`GdrPath::Auto`] takes the sequential
+    /// one-kernel version.
+    pub(crate) fn gdr_smem_fits(&self, dt: DType, path: GdrPath) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        if path != GdrPath::Auto || (dt == DType::BF16 && self.has_sm90a()) {
+            return true;
+        }
+        let optin = self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(0);
+        gdr_portable_smem(dt == DType::BF16).iter().all(|&(_, b)| b <= optin)
+    }
+
     /// The shapes of a gated delta rule's inputs checked (`q`, `k [L, Hk, dk]`, `v [L, Hv, dv]`,
     /// `Hv % Hk == 0`, `g`, `beta [L, Hv]`), k and v in q's dtype, g and beta in f32, and the
     /// output buffer: what both delta-rule kernels start from.
@@ -136,7 +163,7 @@ impl Cuda {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
         let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
-        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) {
+        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) || !self.gdr_smem_fits(q.dtype, path) {
             ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
             return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
         }
@@ -165,7 +192,7 @@ impl Cuda {
         let es = dt.size() as u64;
         let p = qkv.ptr();
         let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
-        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), (hk, hv), dk, dv) {
+        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), (hk, hv), dk, dv) || !self.gdr_smem_fits(dt, path) {
             let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
             let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
             let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;

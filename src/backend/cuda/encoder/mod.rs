@@ -44,9 +44,9 @@ const ATTN_GEMM_CHUNK: usize = 1024;
 pub const ATTN_MAX_HD: usize = 256;
 /// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/encoder/causal_flash_attention.cu`).
 pub const FLASH_HD: usize = 256;
-const FLASH_SMEM: u32 = 96 * 1024;
+pub(crate) const FLASH_SMEM: u32 = 96 * 1024;
 /// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
-const FLASH_WG_SMEM: u32 = 197632;
+pub(crate) const FLASH_WG_SMEM: u32 = 197632;
 
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

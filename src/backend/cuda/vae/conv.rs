@@ -80,13 +80,13 @@ pub(super) fn halo_cs(hn: usize) -> usize {
 
 /// cuda/vae/conv_tf32.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
 /// buffers (hi and lo).
-pub(super) fn halo_smem_bytes(bm: usize, k: usize) -> usize {
+pub(crate) fn halo_smem_bytes(bm: usize, k: usize) -> usize {
     4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
 }
 
 /// cuda/vae/conv_fp16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
 /// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
-pub(super) fn f16_smem_bytes(bm: usize, k: usize) -> usize {
+pub(crate) fn f16_smem_bytes(bm: usize, k: usize) -> usize {
     2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
 }
 

@@ -78,7 +78,7 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda:
 /// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
 const FLASH_D: usize = 384;
 const FLASH_BQ: usize = 64;
-const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
+pub(crate) const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
     ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
