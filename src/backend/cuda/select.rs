@@ -54,7 +54,7 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),
         c("dit situ_glu", "moss_situ_fast_bf16 (bf16), moss_situ_f32 (fp32)"),
     ];
-    v.extend(crate::backend::cuda::encoder::kernel_choices(hopper));
+    v.extend(crate::backend::cuda::encoder::kernel_choices(hopper, smem_optin));
     v.extend(crate::backend::cuda::vae::kernel_choices(fits));
     v
 }

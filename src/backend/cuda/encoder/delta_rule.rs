@@ -338,7 +338,14 @@ impl Cuda {
         let ch = DELTA_CHUNK;
         let floats = dk * cols + 2 * ch * (dk + 1) + 2 * ch * cols + 2 * ch * (ch + 1) + 4 * ch;
         let bytes = floats * 4;
-        ensure!(bytes <= 227 * 1024, "gated_delta_rule: dk {dk} needs {bytes} bytes of shared memory");
+        let optin = {
+            use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+            self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(227 * 1024)
+        };
+        ensure!(
+            bytes <= optin,
+            "gated_delta_rule: the sequential kernel needs {bytes} bytes of shared memory a block at dk {dk}; this GPU offers {optin} (the encoder's delta rule has no kernel for it yet)"
+        );
         self.launch(
             &format!("{prefix}_gdr_{}", dt.name()),
             (hv * (dv / cols)) as u32,

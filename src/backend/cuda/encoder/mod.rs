@@ -72,18 +72,23 @@ pub fn pick_enc_attn(sm90a: bool) -> EncAttn {
 
 /// The kernels the encoder's ops use on a device with (`hopper`) or without the Hopper kernels
 /// ([`crate::backend::cuda::select::choices`]).
-pub fn kernel_choices(hopper: bool) -> Vec<crate::backend::cuda::select::Choice> {
+pub fn kernel_choices(hopper: bool, smem_optin: usize) -> Vec<crate::backend::cuda::select::Choice> {
     use crate::backend::cuda::select::Choice;
-    let (attn, gdr) = if hopper {
-        ("moss_enc_fattn_wg_bf16 (wgmma)", "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)")
+    let fits = |tc: bool| delta_rule::gdr_portable_smem(tc).iter().all(|&(_, b)| b <= smem_optin);
+    let attn = if hopper { "moss_enc_fattn_wg_bf16 (wgmma)" } else { "moss_enc_fattn_bf16 (mma.sync)" };
+    let gdr = if hopper {
+        "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)"
+    } else if fits(true) {
+        "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16"
     } else {
-        ("moss_enc_fattn_bf16 (mma.sync)", "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16")
+        "moss_enc_gdr_bf16 (sequential: the chunked kernels' shared memory does not fit)"
     };
+    let gdr32 = if fits(false) { "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq + moss_enc_gdr_out_f32" } else { "moss_enc_gdr_f32 (sequential)" };
     vec![
         Choice { op: "enc causal_attention (bf16, L > 256, hd 256)", kernel: attn.into() },
         Choice { op: "enc causal_attention (L <= 256, or fp32)", kernel: "moss_enc_attn_* (tiled) / cuBLASLt + moss_enc_csoftmax_*".into() },
         Choice { op: "enc gated_delta_rule (bf16)", kernel: gdr.into() },
-        Choice { op: "enc gated_delta_rule (fp32)", kernel: "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq + moss_enc_gdr_out_f32".into() },
+        Choice { op: "enc gated_delta_rule (fp32)", kernel: gdr32.into() },
     ]
 }
 
