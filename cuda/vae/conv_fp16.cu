@@ -356,16 +356,21 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
     }                                                                                                            \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
         moss_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs, const float* b,   \
-                              int cin, int h, int wd, int cout, int up, int bug, int* flag) {                    \
-        moss_vaeconv16::conv16<1, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
+                              int cin, int h, int wd, int cout, int up, int* flag) {                             \
+        moss_vaeconv16::conv16<1, 1, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, 0, flag);                  \
     }
-// The planted control: the activation lo parts dropped.
-#define MOSS_VAE_CONV16_CONTROL(sfx, bm, ks)                                                                     \
+// The planted controls: the activation lo parts dropped (`moss_ctl_vae_conv16_*`), the upsample
+// fold off by one (`_fold_`, bug 1), output channel 5's weight scale not undone (`_scale_`, bug 2).
+#define MOSS_VAE_CONV16_CONTROL_AS(name, mode, bug, bm, ks)                                                      \
     MOSS_KERNEL void __launch_bounds__(moss_vaeconv16::THREADS, 1)                                               \
-        moss_ctl_vae_conv16_##sfx(float* out, const float* x, const unsigned* wf, const float* rs,              \
-                                  const float* b, int cin, int h, int wd, int cout, int up, int bug, int* flag) { \
-        moss_vaeconv16::conv16<1, 2, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);                \
+        name(float* out, const float* x, const unsigned* wf, const float* rs, const float* b, int cin, int h,    \
+             int wd, int cout, int up, int* flag) {                                                              \
+        moss_vaeconv16::conv16<1, mode, bm, ks>(out, x, wf, rs, b, cin, h, wd, cout, up, bug, flag);             \
     }
+#define MOSS_VAE_CONV16_CONTROL(sfx, bm, ks)                                                                     \
+    MOSS_VAE_CONV16_CONTROL_AS(moss_ctl_vae_conv16_##sfx, 2, 0, bm, ks)                                          \
+    MOSS_VAE_CONV16_CONTROL_AS(moss_ctl_vae_conv16_fold_##sfx, 1, 1, bm, ks)                                     \
+    MOSS_VAE_CONV16_CONTROL_AS(moss_ctl_vae_conv16_scale_##sfx, 1, 2, bm, ks)
 MOSS_PRODUCTION(MOSS_VAE_CONV16(b128_k3, 128, 3))
 MOSS_CONTROL(MOSS_VAE_CONV16_CONTROL(b128_k3, 128, 3))
 MOSS_PRODUCTION(MOSS_VAE_CONV16(b96_k3, 96, 3))

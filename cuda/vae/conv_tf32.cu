@@ -356,21 +356,24 @@ __device__ void conv_small(float* __restrict__ out, const float* __restrict__ x,
 
 #define MOSS_VAE_HALO(sfx, bm, ks)                                                                              \
     MOSS_KERNEL void moss_vae_wprep_##sfx(float* wf, const float* w, int cout, int cin) {                      \
-        moss_vaeconv::wprep<bm, ks>(wf, w, cout, cin);                                                                       \
+        moss_vaeconv::wprep<bm, ks>(wf, w, cout, cin);                                                         \
     }                                                                                                          \
-    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
+    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                               \
         moss_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin, int h,  \
-                                 int wd, int cout, int up, int bug, int wsplit, const double* norm, int silu) {  \
-        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
+                                 int wd, int cout, int up, int wsplit, const double* norm, int silu) {         \
+        moss_vaeconv::conv_halo<1, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, 0, wsplit, norm, silu);        \
     }
-// The planted control: one TF32 product (the lo parts dropped).
-#define MOSS_VAE_HALO_CONTROL(sfx, bm, ks)                                                                      \
-    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                                             \
-        moss_ctl_vae_conv_halo_##sfx(float* out, const float* x, const float* wf, const float* b, int cin,     \
-                                     int h, int wd, int cout, int up, int bug, int wsplit, const double* norm,  \
-                                     int silu) {                                                               \
-        moss_vaeconv::conv_halo<2, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);      \
+// The planted controls: one TF32 product (the lo parts dropped; `moss_ctl_vae_conv_halo_*`), the
+// upsample fold off by one (`_fold_`, bug 1).
+#define MOSS_VAE_HALO_CONTROL_AS(name, mode, bug, bm, ks)                                                      \
+    MOSS_KERNEL void __launch_bounds__(moss_vaeconv::THREADS, 1)                                               \
+        name(float* out, const float* x, const float* wf, const float* b, int cin, int h, int wd, int cout,    \
+             int up, int wsplit, const double* norm, int silu) {                                               \
+        moss_vaeconv::conv_halo<mode, bm, ks>(out, x, wf, b, cin, h, wd, cout, up, bug, wsplit, norm, silu);   \
     }
+#define MOSS_VAE_HALO_CONTROL(sfx, bm, ks)                                                                     \
+    MOSS_VAE_HALO_CONTROL_AS(moss_ctl_vae_conv_halo_##sfx, 2, 0, bm, ks)                                       \
+    MOSS_VAE_HALO_CONTROL_AS(moss_ctl_vae_conv_halo_fold_##sfx, 1, 1, bm, ks)
 MOSS_PRODUCTION(MOSS_VAE_HALO(b128_k3, 128, 3))
 MOSS_CONTROL(MOSS_VAE_HALO_CONTROL(b128_k3, 128, 3))
 MOSS_PRODUCTION(MOSS_VAE_HALO(b96_k3, 96, 3))

@@ -434,20 +434,27 @@ MOSS_KERNEL void moss_ctl_vae_bn_unpatchify(float* out, const float* z, const fl
 }
 #endif
 
-#define MOSS_VAE_CONV_T(name, mode, ks, tap)                                                                \
+// `bug` is a compile-time constant of each build: 0 in production, 1 (the upsample fold off by
+// one) in the `_fold` controls of the check image.
+#define MOSS_VAE_CONV_T(name, mode, ks, tap, bug)                                                           \
     MOSS_KERNEL void __launch_bounds__(THREADS) name(float* out, const float* x, const float* w, const float* b, \
-                                                     int cin, int h, int wd, int cout, int k, int up, int bug) { \
+                                                     int cin, int h, int wd, int cout, int k, int up) {     \
         conv<mode, ks, tap>(out, x, w, b, cin, h, wd, cout, k, up, bug);                                    \
     }
-#define MOSS_VAE_CONV(name, mode, ks) MOSS_VAE_CONV_T(name, mode, ks, false)
-MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k1, 1, 1, true))
-MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k3, 1, 3, true))
+#define MOSS_VAE_CONV(name, mode, ks) MOSS_VAE_CONV_T(name, mode, ks, false, 0)
+MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k1, 1, 1, true, 0))
+MOSS_PRODUCTION(MOSS_VAE_CONV_T(moss_vae_conv_tf32x3t_k3, 1, 3, true, 0))
 MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3, 1, 0))
 MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3_k1, 1, 1))
 MOSS_PRODUCTION(MOSS_VAE_CONV(moss_vae_conv_tf32x3_k3, 1, 3))
 MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1, 2, 0))
 MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k1, 2, 1))
 MOSS_CONTROL(MOSS_VAE_CONV(moss_ctl_vae_conv_tf32x1_k3, 2, 3))
+MOSS_CONTROL(MOSS_VAE_CONV_T(moss_ctl_vae_conv_tf32x3t_fold_k1, 1, 1, true, 1))
+MOSS_CONTROL(MOSS_VAE_CONV_T(moss_ctl_vae_conv_tf32x3t_fold_k3, 1, 3, true, 1))
+MOSS_CONTROL(MOSS_VAE_CONV_T(moss_ctl_vae_conv_tf32x3_fold, 1, 0, false, 1))
+MOSS_CONTROL(MOSS_VAE_CONV_T(moss_ctl_vae_conv_tf32x3_fold_k1, 1, 1, false, 1))
+MOSS_CONTROL(MOSS_VAE_CONV_T(moss_ctl_vae_conv_tf32x3_fold_k3, 1, 3, false, 1))
 
 #ifndef MOSS_CHECK_IMAGE
 MOSS_KERNEL void moss_vae_gn_row_stats(double* out, const float* x, int cg, int h, int w) {

@@ -146,7 +146,12 @@ impl Cuda {
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         // 1x1 and 3x3 have builds with the kernel size a compile-time constant.
-        let base = if ctl == Some(ConvControl::Tf32x1) { "moss_ctl_vae_conv_tf32x1" } else { kernel.name() };
+        // The planted builds (check image): one TF32 product, or the upsample fold off by one.
+        let base = match ctl {
+            Some(ConvControl::Tf32x1) => "moss_ctl_vae_conv_tf32x1".to_string(),
+            Some(ConvControl::FoldOffByOne) => format!("moss_ctl_{}_fold", kernel.name().trim_start_matches("moss_")),
+            _ => kernel.name().to_string(),
+        };
         let name = format!("{base}{}", match k {
             1 => "_k1",
             3 => "_k3",
@@ -168,7 +173,6 @@ impl Cuda {
                 Arg::I(cout as i32),
                 Arg::I(k as i32),
                 Arg::I(upsample2x as i32),
-                Arg::I(bug),
             ],
         )?;
         Ok(out)
@@ -216,9 +220,14 @@ impl Cuda {
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
-        let prefix = if one_product { "moss_ctl" } else { "moss" };
+        // The planted builds (check image): one TF32 product, or the upsample fold off by one.
+        let name = match (one_product, bug) {
+            (true, _) => format!("moss_ctl_vae_conv_halo_{sfx}"),
+            (false, 1) => format!("moss_ctl_vae_conv_halo_fold_{sfx}"),
+            _ => format!("moss_vae_conv_halo_{sfx}"),
+        };
         self.launch(
-            &format!("{prefix}_vae_conv_halo_{sfx}"),
+            &name,
             blocks as u32,
             256,
             halo_smem_bytes(bm, k) as u32,
@@ -232,7 +241,6 @@ impl Cuda {
                 Arg::I(wd as i32),
                 Arg::I(cout as i32),
                 Arg::I(up as i32),
-                Arg::I(bug),
                 Arg::I(ksplit as i32),
                 // The kernel's GroupNorm-on-load inputs (coefficients, SiLU): unused (the fused
                 // path was measured slower and deleted).
@@ -284,9 +292,16 @@ impl Cuda {
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         let flag = self.vae_flag_ptr()?;
-        let prefix = if lo_dropped { "moss_ctl" } else { "moss" };
+        // The planted builds (check image): activation lo parts dropped, the upsample fold off by
+        // one (bug 1), channel 5's weight scale not undone (bug 2).
+        let name = match (lo_dropped, bug) {
+            (true, _) => format!("moss_ctl_vae_conv16_{sfx}"),
+            (false, 1) => format!("moss_ctl_vae_conv16_fold_{sfx}"),
+            (false, 2) => format!("moss_ctl_vae_conv16_scale_{sfx}"),
+            _ => format!("moss_vae_conv16_{sfx}"),
+        };
         self.launch(
-            &format!("{prefix}_vae_conv16_{sfx}"),
+            &name,
             blocks as u32,
             256,
             f16_smem_bytes(bm, k) as u32,
@@ -301,7 +316,6 @@ impl Cuda {
                 Arg::I(wd as i32),
                 Arg::I(cout as i32),
                 Arg::I(up as i32),
-                Arg::I(bug),
                 Arg::P(flag),
             ],
         )?;
