@@ -1,10 +1,18 @@
-//! Compiles every `cuda/*.cu` into one fatbin (sm_80, 86, 89, 90, 100, 120, 121 and compute_90
-//! PTX, as far as the found nvcc offers them) and embeds it. Without nvcc the crate still builds;
-//! the binary then reports "built without CUDA kernels" when a GPU op is asked for.
+//! Compiles every `cuda/**/*.cu` outside the `sm90a` folders into one fatbin (sm_80, 86, 89, 90,
+//! 100, 120, 121 and compute_90 PTX, as far as the found nvcc offers them) and embeds it. Without
+//! nvcc the crate still builds; the binary then reports "built without CUDA kernels" when a GPU op
+//! is asked for. Headers shared by every network live in `cuda/common` (on the include path).
 //!
-//! `cuda/sm90a/*.cu` (wgmma/setmaxnreg kernels, Hopper only) are compiled apart, for
+//! `cuda/*/sm90a/*.cu` (wgmma/TMA/setmaxnreg kernels, Hopper only) are compiled apart, for
 //! `sm_90a` alone, into a second fatbin that the CUDA backend loads only on compute
 //! capability 9.0 (cfg `moss_sm90a`).
+//!
+//! Each source set is compiled twice: the production image, and with `-DMOSS_CHECK_IMAGE` the
+//! check image that only `moss check` loads (the planted controls; see cuda/common/common.cuh).
+//!
+//! The production compiles run with `-Xptxas -v`: the compiler's own report of every kernel's
+//! registers, spills and static shared memory on every SM goes to `OUT_DIR/kernel_resources.tsv`
+//! (the kernel contract, checked by `src/backend/cuda/contract.rs`'s test).
 //!
 //! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
 //! a development build for one GPU in a fraction of the time. Releases leave it unset.
@@ -73,8 +81,9 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let fatbin = out_dir.join("moss_kernels.fatbin");
     let fatbin_sm90a = out_dir.join("moss_kernels_sm90a.fatbin");
-    let _ = std::fs::remove_file(&fatbin);
-    let _ = std::fs::remove_file(&fatbin_sm90a);
+    for f in ["moss_kernels.fatbin", "moss_kernels_sm90a.fatbin", "moss_check.fatbin", "moss_check_sm90a.fatbin"] {
+        let _ = std::fs::remove_file(out_dir.join(f));
+    }
     if std::env::var_os("MOSS_NO_CUDA").is_some() {
         println!("cargo:warning=MOSS_NO_CUDA set: building without CUDA kernels");
         return;
@@ -85,67 +94,130 @@ fn main() {
     };
 
     let root = std::env::current_dir().unwrap();
-    let unit = write_unit(Path::new("cuda"), &root, &out_dir.join("moss_kernels.cu")).expect("cuda/*.cu kernel files");
+    let unit = write_unit(false, &root, &out_dir.join("moss_kernels.cu")).expect("cuda/**/*.cu kernel files");
 
     let list = Command::new(&nvcc).arg("--list-gpu-code").output();
     let offered = match list {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         _ => panic!("{} --list-gpu-code failed: is this a working nvcc?", nvcc.display()),
     };
-    let mut cmd = Command::new(&nvcc);
-    cmd.args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-I"])
-        .arg(root.join("cuda"))
-        .arg("-o")
-        .arg(&fatbin)
-        .arg(&unit);
     // MOSS_CUDA_ARCHS=90 (comma-separated) narrows the list for a quicker development build.
     let only: Option<Vec<String>> = std::env::var("MOSS_CUDA_ARCHS").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
     let mut archs = vec![];
+    let mut gencode = vec![];
     for sm in SMS {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == sm)) {
             continue;
         }
         if offered.lines().any(|l| l.trim() == format!("sm_{sm}")) {
-            cmd.arg(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
+            gencode.push(format!("-gencode=arch=compute_{sm},code=sm_{sm}"));
             archs.push(sm);
         }
     }
     if only.is_none() && offered.lines().any(|l| l.trim() == "sm_90") {
-        cmd.arg("-gencode=arch=compute_90,code=compute_90");
+        gencode.push("-gencode=arch=compute_90,code=compute_90".to_string());
     }
     assert!(!archs.is_empty(), "{} offers none of sm_{:?}", nvcc.display(), SMS);
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed compiling cuda/*.cu");
+    let mut report = compile(&nvcc, &root, &unit, &gencode, &["-Xptxas", "-v"], &fatbin);
+    compile(&nvcc, &root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check.fatbin"));
     println!("cargo:rustc-cfg=moss_kernels");
     if archs.contains(&"90") {
-        build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
+        report += &build_sm90a(&nvcc, &root, &out_dir, &fatbin_sm90a);
     }
+    std::fs::write(out_dir.join("kernel_resources.tsv"), resources(&report)).unwrap();
     println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
 }
 
-/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only.
-fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) {
-    let Some(unit) = write_unit(Path::new("cuda/sm90a"), root, &out_dir.join("moss_kernels_sm90a.cu")) else { return };
-    let status = Command::new(nvcc)
-        .args(["--fatbin", "-O3", "--threads=0", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-I"])
-        .arg(root.join("cuda"))
+/// nvcc `unit` into `fatbin` for the `gencode` targets, with `defines`; returns what it said
+/// on stderr (with `-Xptxas -v`: the resource report).
+fn compile(nvcc: &Path, root: &Path, unit: &Path, gencode: &[String], defines: &[&str], fatbin: &Path) -> String {
+    let out = Command::new(nvcc)
+        .args(["--fatbin", "-O3", "--threads=0", "-std=c++17"])
+        .args(gencode)
+        .args(defines)
+        .arg("-I")
+        .arg(root.join("cuda/common"))
         .arg("-o")
         .arg(fatbin)
-        .arg(&unit)
-        .status()
+        .arg(unit)
+        .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed compiling cuda/sm90a/*.cu for sm_90a");
-    println!("cargo:rustc-cfg=moss_sm90a");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nvcc failed compiling {} {defines:?}:\n{stderr}", unit.display());
+    stderr
 }
 
-/// One translation unit at `unit` that includes every `*.cu` of `dir` (sorted): one fatbin,
-/// unique kernel names. None when `dir` holds no `.cu` file (or does not exist).
-fn write_unit(dir: &Path, root: &Path, unit: &Path) -> Option<PathBuf> {
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
+/// The ptxas report (`-Xptxas -v`) as rows `kernel  sm  registers  stack  spill_stores
+/// spill_loads  static_smem` (bytes), one per entry function and SM.
+fn resources(report: &str) -> String {
+    let num = |l: &str, unit: &str| -> u64 {
+        // "N <unit>" somewhere in the line
+        l.split(',').find_map(|p| p.trim().strip_suffix(unit).and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())).unwrap_or(0)
+    };
+    let mut rows = String::from("kernel\tsm\tregisters\tstack\tspill_stores\tspill_loads\tstatic_smem\n");
+    let mut cur: Option<(String, String, [u64; 5])> = None;
+    let mut props_of = String::new();
+    let flush = |cur: &mut Option<(String, String, [u64; 5])>, rows: &mut String| {
+        if let Some((k, sm, v)) = cur.take() {
+            rows.push_str(&format!("{k}\t{sm}\t{}\t{}\t{}\t{}\t{}\n", v[0], v[1], v[2], v[3], v[4]));
+        }
+    };
+    for l in report.lines() {
+        if let Some(rest) = l.split("Compiling entry function '").nth(1) {
+            flush(&mut cur, &mut rows);
+            let mut it = rest.split('\'');
+            let k = it.next().unwrap_or("").to_string();
+            let sm = it.nth(1).unwrap_or("").trim_start_matches("sm_").to_string();
+            cur = Some((k, sm, [0; 5]));
+        } else if let Some(f) = l.split("Function properties for ").nth(1) {
+            props_of = f.trim().to_string();
+        } else if l.contains("bytes stack frame") {
+            if let Some((k, _, v)) = cur.as_mut().filter(|c| c.0 == props_of) {
+                let _ = k;
+                v[1] = l.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                v[2] = num(l, "bytes spill stores");
+                v[3] = num(l, "bytes spill loads");
+            }
+        } else if l.contains("Used ") && l.contains(" registers") {
+            if let Some((_, _, v)) = cur.as_mut() {
+                v[0] = l.split("Used ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+                v[4] = num(l, "bytes smem");
+            }
+        }
+    }
+    flush(&mut cur, &mut rows);
+    rows
+}
+
+/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only (production and
+/// check images).
+fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) -> String {
+    let Some(unit) = write_unit(true, root, &out_dir.join("moss_kernels_sm90a.cu")) else { return String::new() };
+    let gencode = ["-gencode=arch=compute_90a,code=sm_90a".to_string()];
+    let report = compile(nvcc, root, &unit, &gencode, &["-Xptxas", "-v"], fatbin);
+    compile(nvcc, root, &unit, &gencode, &["-DMOSS_CHECK_IMAGE"], &out_dir.join("moss_check_sm90a.fatbin"));
+    println!("cargo:rustc-cfg=moss_sm90a");
+    report
+}
+
+/// Every `.cu` under `dir` (recursively), sorted.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|e| e == "cu") {
+            out.push(p);
+        }
+    }
+}
+
+/// One translation unit at `unit` that includes every `cuda/**/*.cu` inside (`sm90a`) or outside
+/// an `sm90a` folder (sorted): one fatbin, unique kernel names. None when there is no such file.
+fn write_unit(sm90a: bool, root: &Path, unit: &Path) -> Option<PathBuf> {
+    let mut all = vec![];
+    sources(Path::new("cuda"), &mut all);
+    let mut sources: Vec<PathBuf> = all.into_iter().filter(|p| p.components().any(|c| c.as_os_str() == "sm90a") == sm90a).collect();
     if sources.is_empty() {
         return None;
     }

@@ -129,15 +129,15 @@ fn run_on<B: DitOps>(
     }
     // One more forward with every op bracketed by CUDA events (no synchronisation between ops):
     // op -> GPU ms, host ms, calls; CUDA only (the CPU records nothing).
-    crate::backend::cuda::dit::set_dit_profile(true);
+    crate::backend::cuda::profile::start(crate::backend::cuda::profile::Mode::Events);
     sync()?;
     let s = Instant::now();
     let profiled = dit.velocity(b, &x, t, &tc, &[]).and_then(|v| sync().map(|_| v));
     let prof_ms = s.elapsed().as_secs_f64() * 1e3;
-    let ops = crate::backend::cuda::dit::take_dit_profile();
-    crate::backend::cuda::dit::set_dit_profile(false);
+    let ops = crate::backend::cuda::profile::take();
+    crate::backend::cuda::profile::stop();
     drop(profiled?);
-    let ops = ops?;
+    let ops = ops?.ops;
     let gpu_sum: f64 = ops.iter().map(|o| o.gpu_ms).sum();
     let profile: serde_json::Map<String, serde_json::Value> = ops
         .iter()

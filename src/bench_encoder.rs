@@ -86,7 +86,7 @@ fn bench<B: EncoderOps>(
         }
         let mut dsorted = device_ms.clone();
         dsorted.sort_by(f64::total_cmp);
-        // The download of the hidden states alone (the way `download` takes: MOSS_DOWNLOAD).
+        // The download of the hidden states alone (the way `download` takes).
         let h = enc.hidden(b, ids)?;
         sync()?;
         let mut download_ms = vec![];
@@ -101,26 +101,30 @@ fn bench<B: EncoderOps>(
         dlsorted.sort_by(f64::total_cmp);
         // One more forward with every encoder op synchronised and timed (CUDA only); the rest of
         // the forward is the linears and the generic ops.
-        crate::backend::cuda::encoder::set_profile(true);
+        use crate::backend::cuda::profile;
+        let table = |ops: Vec<profile::OpTime>| -> serde_json::Map<String, serde_json::Value> {
+            ops.into_iter().map(|o| (o.op, serde_json::json!({"ms": o.gpu_ms, "calls": o.calls}))).collect()
+        };
+        profile::start(profile::Mode::Synced);
         let tp = Instant::now();
         let profiled = enc.forward(b, ids);
         let prof_total = tp.elapsed().as_secs_f64() * 1e3;
-        crate::backend::cuda::encoder::set_profile(false);
+        let synced = profile::take();
+        profile::stop();
         profiled?;
+        let prof = table(synced?.ops);
         // And one with each op bracketed by CUDA events, unsynchronised (CUDA only).
-        crate::backend::cuda::encoder::set_profile_events(true);
+        profile::start(profile::Mode::Events);
         let evd = enc.hidden(b, ids);
-        crate::backend::cuda::encoder::set_profile_events(false);
+        let synced = sync();
+        let ev = profile::take();
+        profile::stop();
         drop(evd?);
-        sync()?;
-        let (ev_ops, ev_span) = crate::backend::cuda::encoder::take_profile_events()?;
-        let ev_sum: f64 = ev_ops.iter().map(|(_, ms, _)| ms).sum();
-        let ev_prof: serde_json::Map<String, serde_json::Value> =
-            ev_ops.into_iter().map(|(k, ms, n)| (k.to_string(), serde_json::json!({"ms": ms, "calls": n}))).collect();
-        let prof: serde_json::Map<String, serde_json::Value> = crate::backend::cuda::encoder::take_profile()
-            .into_iter()
-            .map(|(k, ms, n)| (k.to_string(), serde_json::json!({"ms": ms, "calls": n})))
-            .collect();
+        synced?;
+        let ev = ev?;
+        let ev_sum: f64 = ev.ops.iter().map(|o| o.gpu_ms).sum();
+        let ev_span = ev.span_ms;
+        let ev_prof = table(ev.ops);
         let j = serde_json::json!({
             "profile_forward_ms": prof_total,
             "profile_ms": prof,
@@ -137,7 +141,7 @@ fn bench<B: EncoderOps>(
             "device_median_ms": dsorted.get(dsorted.len() / 2).copied(),
             "download_ms": download_ms,
             "download_median_ms": dlsorted.get(dlsorted.len() / 2).copied(),
-            "download_mode": format!("{:?}", crate::backend::cuda::ops::Download::from_env()),
+            "download_mode": "pinned",
             "min_ms": sorted.first().copied().unwrap_or(first_ms),
         });
         if let Some(out) = a.outs.get(i) {
@@ -154,7 +158,7 @@ fn bench<B: EncoderOps>(
 pub fn run(a: &BenchEncode) -> Result<()> {
     let (cfg, comp) = open(&a.model)?;
     let inputs: Vec<Vec<u32>> = if a.ids_files.is_empty() {
-        let mut r = crate::backend::cuda::gates::Rng::new(a.seed);
+        let mut r = crate::backend::cuda::check::gates::Rng::new(a.seed);
         vec![(0..a.count).map(|_| (r.next_u64() % cfg.vocab_size as u64) as u32).collect()]
     } else {
         a.ids_files.iter().map(|p| read_ids(p)).collect::<Result<_>>()?

@@ -89,15 +89,15 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
         full.push(t.elapsed().as_secs_f64() * 1e3);
     }
     // One more forward with every op synchronised and timed (not part of the timings above).
-    crate::backend::cuda::vae::profile(true);
+    crate::backend::cuda::profile::start(crate::backend::cuda::profile::Mode::Synced);
     let t = Instant::now();
     drop(vae.forward(&cuda, &gz)?);
     cuda.sync()?;
     let prof_total = t.elapsed().as_secs_f64() * 1e3;
-    let prof: Vec<serde_json::Value> = crate::backend::cuda::vae::profile(false)
-        .into_iter()
-        .map(|(k, ms, n)| serde_json::json!({"op": k, "ms": ms, "calls": n}))
-        .collect();
+    let mut ops = crate::backend::cuda::profile::take()?.ops;
+    crate::backend::cuda::profile::stop();
+    ops.sort_by(|a, b| a.op.cmp(&b.op));
+    let prof: Vec<serde_json::Value> = ops.into_iter().map(|o| serde_json::json!({"op": o.op, "ms": o.gpu_ms, "calls": o.calls})).collect();
     if let Some(p) = &a.out_f32 {
         let img = cuda.download(&vae.forward(&cuda, &gz)?)?;
         let b: Vec<u8> = img.data.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -111,7 +111,7 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
         "device": cuda.name(),
         "latents": [1, c, h, w],
         "picture": [h * 16, w * 16],
-        "conv": format!("{:?}", crate::backend::cuda::vae::ConvKernel::default_kernel()),
+        "conv": "F16",
         "split_of_decode_rgb8": format!("{:?}", vae.split_for(&cuda, h, w)?),
         "load_s": load_s,
         "forward_ms": fwd,

@@ -1,7 +1,7 @@
 //! `moss check`: the checkpoint, component by component, and (with the CUDA issues) every GPU
 //! kernel against the CPU reference with a planted control.
 
-use crate::backend::cuda::{gates, plan, Cuda, DType, MemoryPlan};
+use crate::backend::cuda::{check::gates, plan, Cuda, DType, MemoryPlan};
 use crate::backend::Device;
 use crate::options::Precision;
 use crate::checkpoint::Checkpoint;

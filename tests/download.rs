@@ -1,4 +1,4 @@
-//! Host emulation of the pinned download schedule (`MOSS_DOWNLOAD=pinned`,
+//! Host emulation of the pinned download schedule (
 //! `moss::backend::cuda::ops::pipelined`): the asynchronous copies into the slots are applied
 //! either at once when issued (the earliest a DMA could land) or only when their chunk is taken
 //! (the latest), and the result must be the source bit for bit in both cases, for sizes with a

@@ -461,7 +461,9 @@ impl<B: VaeOps> VaeDecoder<B> {
         r
     }
 
-    fn decode_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
+    /// One decode, without the re-run after an fp16 overflow (`moss check`'s planted "flag
+    /// ignored" control; the product always decodes through [`Self::decode_with`]).
+    pub fn decode_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
         let gz = b.upload_f32(z)?;
         let mut img = match split {
             Split::Whole => b.download(&self.forward(b, &gz)?)?,

@@ -240,7 +240,7 @@ mod tests {
     use super::*;
 
     fn randn(shape: &[usize], seed: u64) -> Tensor {
-        let mut r = crate::backend::cuda::gates::Rng::new(seed);
+        let mut r = crate::backend::cuda::check::gates::Rng::new(seed);
         Tensor::new(shape.to_vec(), r.normals(shape.iter().product(), 1.0)).unwrap()
     }
 

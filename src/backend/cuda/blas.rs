@@ -116,7 +116,7 @@ const TUNE_ROUNDS: usize = 5;
 
 /// The configuration of a cuBLASLt algorithm (`CUBLASLT_ALGO_CONFIG_*`): id, tile, stages,
 /// split-k, reduction scheme, CTA swizzling, custom option, inner shape, cluster shape. Equal
-/// configurations are the same kernel with the same launch: what [`super::gemm_pins`] names.
+/// configurations are the same kernel with the same launch: what [`crate::backend::cuda::gemm_pins`] names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AlgoConfig {
     pub id: u32,
@@ -303,7 +303,7 @@ impl Blas {
                 Ok(())
             });
             let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
-            let pin = if tune() { None } else { super::gemm_pins::pin(self.cc, &g) };
+            let pin = if tune() { None } else { crate::backend::cuda::gemm_pins::pin(self.cc, &g) };
             if h.is_ok() && (tune() || pin.is_some()) {
                 let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); TUNE_CANDIDATES as usize];
                 let mut count = 0i32;

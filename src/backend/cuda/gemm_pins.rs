@@ -8,7 +8,7 @@
 //! the rounding, is the same in every run. `MOSS_GEMM_PIN=0` turns the table off;
 //! `MOSS_GEMM_TUNE=1` (timing every candidate) bypasses it.
 
-use super::blas::{AlgoConfig, Gemm};
+use crate::backend::cuda::blas::{AlgoConfig, Gemm};
 use super::DType;
 
 /// One pinned product: bf16 A/B/D, W transposed (a `linear`), any leading dimensions.

@@ -3,23 +3,16 @@
 //! (`gates`), and the DiT's fused ops (`dit`). The encoder's and the VAE's follow.
 
 pub mod blas;
+pub mod check;
+pub mod contract;
 pub mod dit;
-pub mod enc_floor;
-pub mod enc_attn;
-pub mod enc_strided;
 pub mod encoder;
-pub mod gates;
-pub mod gates_dit;
-pub mod gates_enc_floor;
-pub mod gates_enc_attn;
-pub mod gates_enc_strided;
-pub mod gates_encoder;
-pub mod gates_vae;
 pub mod gemm_pins;
 pub mod ops;
 pub mod plan;
+pub mod profile;
+pub mod select;
 pub mod vae;
-pub mod vae_attn16;
 
 pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};
@@ -41,6 +34,17 @@ pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DI
 #[cfg(not(moss_sm90a))]
 pub const FATBIN_SM90A: Option<&[u8]> = None;
 
+/// The check image (`moss check`'s planted controls, cuda/common/common.cuh `MOSS_CHECK_IMAGE`): the
+/// portable one and the Hopper one. Loaded by [`Cuda::load_check_image`] only.
+#[cfg(moss_kernels)]
+pub const FATBIN_CHECK: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_check.fatbin")));
+#[cfg(not(moss_kernels))]
+pub const FATBIN_CHECK: Option<&[u8]> = None;
+#[cfg(moss_sm90a)]
+pub const FATBIN_CHECK_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_check_sm90a.fatbin")));
+#[cfg(not(moss_sm90a))]
+pub const FATBIN_CHECK_SM90A: Option<&[u8]> = None;
+
 /// The SMs the fatbin holds machine code for.
 pub fn kernel_archs() -> Option<&'static str> {
     #[cfg(moss_kernels)]
@@ -56,6 +60,8 @@ pub struct Gpu {
     pub module: Arc<cudarc::driver::CudaModule>,
     /// [`FATBIN_SM90A`], on a compute capability 9.0 device only.
     pub module_sm90a: Option<Arc<cudarc::driver::CudaModule>>,
+    /// The check image's modules, once `moss check` loaded them ([`Cuda::load_check_image`]).
+    pub check_modules: std::sync::Mutex<Vec<Arc<cudarc::driver::CudaModule>>>,
     pub name: String,
     pub compute_capability: (i32, i32),
 }
@@ -90,8 +96,10 @@ impl Gpu {
                 )
             })?;
         // Optional: without them the portable kernels serve (a warning says why).
+        // Not loaded when `MOSS_KERNELS=portable` forces the portable kernels (select.rs).
+        let hopper = select::family()? == select::Family::Auto;
         let module_sm90a = match FATBIN_SM90A {
-            Some(bin) if compute_capability == (9, 0) => {
+            Some(bin) if compute_capability == (9, 0) && hopper => {
                 match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
                     Ok(m) => Some(m),
                     Err(e) => {
@@ -103,7 +111,7 @@ impl Gpu {
             _ => None,
         };
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, module, module_sm90a, name, compute_capability })
+        Ok(Gpu { ctx, stream, module, module_sm90a, check_modules: Default::default(), name, compute_capability })
     }
 
     /// Free and total device memory in bytes.

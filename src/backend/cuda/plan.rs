@@ -9,7 +9,7 @@
 //! let dit = Dit::load(&cuda, &comp, &ck.dit)?;
 //! ```
 
-use super::ops::{loaded_dtype, DType, GIB};
+use crate::backend::cuda::ops::{loaded_dtype, DType, GIB};
 use super::Gpu;
 use crate::checkpoint::config::{DitConfig, EncoderConfig};
 use crate::checkpoint::Component;

@@ -35,7 +35,7 @@ pub trait EncoderOps: Backend {
     /// then the `hd` gate values) → `[L, H·hd]`:
     /// `out[t, h·hd + c] = attn(q, k, v)[t, h, c] · σ(qg[t, h, hd + c])`.
     /// This default is [`causal_attention_gated_unfused`] (narrow, sigmoid, mul); the CUDA backend
-    /// can fuse the gate into the flash kernel's epilogue (`MOSS_ENC_ATTN_GATE=fused`).
+    /// can fuse the gate into the flash kernel's epilogue.
     fn causal_attention_gated(&self, q: &Self::T, k: &Self::T, v: &Self::T, qg: &Self::T, scale: f64) -> Result<Self::T> {
         causal_attention_gated_unfused(self, q, k, v, qg, scale)
     }

@@ -131,7 +131,7 @@ pub trait VaeOps: Backend {
     fn to_rgb8(&self, x: &Self::T) -> Result<Vec<u8>>;
 
     /// Whether a convolution since the last call met a value outside its fast kernel's range
-    /// (CUDA's fp16-split conv, `MOSS_VAE_CONV=f16`: an activation with |x| > 65504); clears the
+    /// (CUDA's fp16-split conv: an activation with |x| > 65504); clears the
     /// flag. Waits for the backend. The decoder then decodes again with
     /// [`VaeOps::set_conv_fallback`] on.
     fn conv_overflow(&self) -> Result<bool> {

@@ -1,0 +1,477 @@
+// DiT attention on Hopper (sm_90a only; built as its own cubin, loaded on compute capability 9.0):
+// O = softmax(Q K^T * scale) V over all n tokens (bidirectional, no mask), head dim 128, bf16
+// Q/K/V/O, fp32 scores and softmax statistics, with the warpgroup tensor-core instructions
+// (wgmma.mma_async m64n128k16, fp32 accumulate).
+//
+// Same contract as cuda/dit/flash_attention.cu: token-major rows, head h at columns [128h, 128h+128), row
+// strides ldq/ldk/ldv/ldo in elements (multiples of 8, bases 16-byte aligned), so Q/K/V may be column
+// slices of one fused QKV projection. scale_log2 = softmax scale * log2(e).
+//
+// Launch: grid (ceil(n/128), heads), 256 threads (two warpgroups of 64 query rows each), SMEM_BYTES
+// of dynamic shared memory. Tiles of 128 rows x 128 columns are stored as two column halves of
+// [128 rows][64] bf16 (128-byte rows) with the 16-byte chunk index XOR-ed with (row & 7): the
+// wgmma 128-byte-swizzle layout. Q and K are K-major operands; V is read N-major (transpose bit).
+// Keys come in steps of 128 (S = Q K^T per warpgroup: 64 x 128 fp32 in registers); P is rounded
+// to bf16 in registers and is the register A operand of O += P V. K/V tiles are copied with
+// cp.async into 3-stage rings, two steps ahead of use.
+//
+// OVERLAP: the next step's S = Q K^T and this step's O += P V are issued together; the next
+// step's exponentials run while the tensor cores do P V (one S and one P set in flight).
+#pragma once  // the helpers of dit/sm90a/flash_attention_ws.cu and encoder/sm90a/causal_flash_attention_wgmma.cu
+#include "common.cuh"
+
+namespace moss_wg {
+constexpr int D = 128;
+constexpr int BM = 128;  // query rows per block
+constexpr int BN = 128;  // keys per step
+constexpr int THREADS = 256;
+constexpr int STAGES = 3;
+constexpr int TILE = 128 * D * 2;  // 32 KiB
+constexpr int HALF = 128 * 128;    // bytes of one column half of a tile
+constexpr int SMEM_BYTES = TILE * (1 + 2 * STAGES) + 1024;  // + slack to align the base to 1024
+static_assert(SMEM_BYTES == 230400, "host code launches with 230400 bytes");
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Pin registers at this point of the instruction stream (reads of a wgmma result must not move
+// above its wait; writes of an operand must not move above the wait either).
+__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+template <int K>
+__device__ __forceinline__ void pin_all(float (&x)[K]) {
+#pragma unroll
+    for (int i = 0; i < K; i++) pin(x[i]);
+}
+template <int K>
+__device__ __forceinline__ void pin_all(uint32_t (&x)[K]) {
+#pragma unroll
+    for (int i = 0; i < K; i++) pin(x[i]);
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle. lbo/sbo in bytes.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// d (the m64n128 fp32 accumulator, 64 per thread) = A * B (+ d when accumulate != 0); A and B in
+// shared memory (descriptors), both K-major.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d += A * B with A in registers (the m64k16 bf16 fragment: 4 x bf16x2 per thread) and B in shared
+// memory, N-major (transpose bit set).
+__device__ __forceinline__ void wgmma_rs_nmajor(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// Rows row0..row0+127 (zero past n) of columns [col, col+128) into a swizzled tile at `s`.
+// Thread tid copies chunk (tid & 15) of rows (tid >> 4) + 16 i.
+__device__ __forceinline__ void load_tile(uint32_t s, const __nv_bfloat16* g, int ld, int row0, int n, int col, int tid) {
+    const int r0 = tid >> 4, c = tid & 15;
+    const uint32_t dst = s + (c >> 3) * HALF + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+    const __nv_bfloat16* src = g + (long)(row0 + r0) * ld + col + c * 8;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const bool ok = row0 + r0 + 16 * i < n;
+        cp16(dst + i * 2048, ok ? src + (long)(16 * i) * ld : g, ok);
+    }
+}
+
+// S = Q K^T for this warpgroup's 64 rows (Q at sq: its rows in both column halves) and 128 keys.
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t sq, uint32_t sk) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t off = (kk >> 2) * HALF + (kk & 3) * 32;
+        wgmma_ss(s, desc(sq + off, 16, 1024), desc(sk + off, 16, 1024), kk > 0);
+    }
+}
+// O += P V over 128 keys (V tile at sv, read N-major: 64-column halves HALF apart, 8-key groups 1024 apart).
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[32], uint32_t sv) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma_rs_nmajor(o, a, desc(sv + kk * 2048, HALF, 1024));
+    }
+}
+
+// Online softmax over one step's scores (rows g and g+8 of the thread's warp: s[4i + 2r + e] is row
+// g + 8r, key key0 + 8i + 2t + e). Scores become unnormalised probabilities in place; m (scaled
+// by log2 e) and l (this thread's partial row sums) are updated; corr is the factor for O.
+// MASK: 0 = mask when the step runs past n (a run-time branch), 1 = never, 2 = always (no branch:
+// ptxas ends a wgmma pipeline stage at a branch join, so the overlapped loop must not branch).
+template <int MASK>
+__device__ __forceinline__ void softmax_step(float (&s)[64], float (&m)[2], float (&l)[2], float (&corr)[2], int key0,
+                                             int n, float sl2) {
+    if (MASK == 2 || (MASK == 0 && key0 + BN > n)) {
+        const int t = threadIdx.x & 3;
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (key0 + 8 * i + 2 * t + (e & 1) >= n) s[4 * i + e] = -INFINITY;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float mnew = fmaxf(m[r], mx * sl2);
+        corr[r] = ex2(m[r] - mnew);
+        m[r] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float p0 = ex2(fmaf(s[4 * i + 2 * r], sl2, -mnew));
+            const float p1 = ex2(fmaf(s[4 * i + 2 * r + 1], sl2, -mnew));
+            s[4 * i + 2 * r] = p0;
+            s[4 * i + 2 * r + 1] = p1;
+            sum += p0 + p1;
+        }
+        l[r] = l[r] * corr[r] + sum;
+    }
+}
+
+// The same online softmax for the overlapped loop, reading s without writing it (ptxas waits for
+// every wgmma in flight before an accumulator register is written) and writing the bf16
+// probabilities straight into pn (the next P).
+template <int MASK>
+__device__ __forceinline__ void softmax_to_p(const float (&s)[64], uint32_t (&pn)[32], float (&m)[2], float (&l)[2],
+                                             float (&corr)[2], int key0, int n, float sl2) {
+    const int t = threadIdx.x & 3;
+    auto val = [&](int i, int e) -> float {
+        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
+        return s[4 * i + e];
+    };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float mnew = fmaxf(m[r], mx * sl2);
+        corr[r] = ex2(m[r] - mnew);
+        m[r] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float p0 = ex2(fmaf(val(i, 2 * r), sl2, -mnew));
+            const float p1 = ex2(fmaf(val(i, 2 * r + 1), sl2, -mnew));
+            sum += p0 + p1;
+            // s[4i + 2r + e]: n-tile i (keys 8i..8i+7), row g + 8r; A fragment register 4(i/2) + r + 2(i%2)
+            pn[4 * (i >> 1) + r + 2 * (i & 1)] = pack_bf16(p0, p1);
+        }
+        l[r] = l[r] * corr[r] + sum;
+    }
+}
+
+template <int V>
+struct Mask {
+    static constexpr int value = V;
+};
+
+template <bool CONTROL>
+__device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2]) {
+    if (!CONTROL) {  // the planted control forgets to rescale the running output
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            o[4 * i] *= corr[0];
+            o[4 * i + 1] *= corr[0];
+            o[4 * i + 2] *= corr[1];
+            o[4 * i + 3] *= corr[1];
+        }
+    }
+}
+
+// P (bf16 A fragments, 8 steps of 16 keys) from the probabilities in s.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        p[4 * kk] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+        p[4 * kk + 1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        p[4 * kk + 2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        p[4 * kk + 3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+template <bool OVERLAP, bool CONTROL>
+__device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                     const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n, int ldq,
+                                     int ldk, int ldv, int ldo, float sl2) {
+    extern __shared__ char smem_raw[];
+    const uint32_t raw = saddr(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint32_t sq = base, sk = base + TILE, sv = base + TILE * (1 + STAGES);
+    const uint32_t scratch = base + TILE * (1 + 2 * STAGES);  // a word of the alignment slack: written, never read
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31;
+    const int col = blockIdx.y * D;
+    const int m0 = blockIdx.x * BM;
+    const int ntiles = (n + BN - 1) / BN;
+    // K runs one step ahead of V in the overlapped schedule.
+    constexpr int LK = OVERLAP ? 3 : 2;
+    auto load_k = [&](int t) {
+        if (t < ntiles) load_tile(sk + (t % STAGES) * TILE, k, ldk, t * BN, n, col, tid);
+    };
+    auto load_v = [&](int t) {
+        if (t < ntiles) load_tile(sv + (t % STAGES) * TILE, v, ldv, t * BN, n, col, tid);
+    };
+    // Copy groups: G(-2) = {Q, K 0..LK-2, V0}, G(-1) = {K LK-1, V1}, G(i) = {K i+LK, V i+2}, issued
+    // at step i into the buffers of tiles i+LK-3 / i-1, which step i-1 finished with.
+    load_tile(sq, q, ldq, m0, n, col, tid);
+    for (int t = 0; t <= LK - 2; t++) load_k(t);
+    load_v(0);
+    cp_commit();
+    load_k(LK - 1);
+    load_v(1);
+    cp_commit();
+
+    const uint32_t sqw = sq + wg * 64 * 128;  // this warpgroup's 64 rows inside each column half
+    float acc[64], s[64];
+    uint32_t p[32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+
+    if (OVERLAP) {
+        cp_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        wg_fence();
+        issue_qk(s, sqw, sk);
+        wg_commit();
+        wg_wait<0>();
+        pin_all(s);
+        softmax_step<0>(s, m, l, corr, 0, n, sl2);
+        pack_p(p, s);
+        // One step: S(i+1) = Q K(i+1)^T and O += P(i) V(i) issued together; the softmax of S(i+1)
+        // runs while P V is on the tensor cores, into the other P array (pc is in flight: no
+        // register of it may be written before the wait). No branch between issue and wait.
+        auto step = [&](int i, auto mask, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            wg_fence();
+            issue_qk(s, sqw, sk + ((i + 1) % STAGES) * TILE);
+            wg_commit();
+            issue_pv(acc, pc, sv + (i % STAGES) * TILE);
+            wg_commit();
+            // the copies for later steps go out under the GEMMs (their buffers are not read by them)
+            load_k(i + LK);
+            load_v(i + 2);
+            cp_commit();
+            wg_wait<1>();
+            pin_all(s);
+            softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
+            // Keep the exponentials above the wait: ptxas schedules wgmma.wait_group as early as
+            // it may (nothing in registers ties it down; without this it lands before the first
+            // exp and the overlap is lost, as measured: 0.532 ms vs 0.535 ms serial). ptxas does
+            // not hoist the wait above an earlier shared store, and this one needs every exp (the
+            // row sums).
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
+            wg_wait<0>();
+            pin_all(acc);
+            pin_all(pn);
+            rescale<CONTROL>(acc, corr);
+        };
+        // the last step: P V only
+        auto last = [&](uint32_t(&pc)[32]) {
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            wg_fence();
+            issue_pv(acc, pc, sv + ((ntiles - 1) % STAGES) * TILE);
+            wg_commit();
+            wg_wait<0>();
+            pin_all(acc);
+        };
+        // steps 0 .. ntiles-3 bring whole key tiles; step ntiles-2 brings the last (maybe partial) one
+        auto tail = [&](int i, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
+            if (i + 1 < ntiles) {
+                if (n % BN)
+                    step(i, Mask<2>{}, pc, pn);
+                else
+                    step(i, Mask<1>{}, pc, pn);
+                last(pn);
+            } else {
+                last(pc);
+            }
+        };
+        uint32_t p2[32];
+        for (int i = 0;;) {
+            if (i + 2 >= ntiles) {
+                tail(i, p, p2);
+                break;
+            }
+            step(i++, Mask<1>{}, p, p2);
+            if (i + 2 >= ntiles) {
+                tail(i, p2, p);
+                break;
+            }
+            step(i++, Mask<1>{}, p2, p);
+        }
+    } else {
+        for (int i = 0; i < ntiles; i++) {
+            cp_wait<1>();
+            fence_proxy_async();
+            __syncthreads();
+            load_k(i + LK);
+            load_v(i + 2);
+            cp_commit();
+            wg_fence();
+            issue_qk(s, sqw, sk + (i % STAGES) * TILE);
+            wg_commit();
+            wg_wait<0>();
+            pin_all(s);
+            softmax_step<0>(s, m, l, corr, i * BN, n, sl2);
+            rescale<CONTROL>(acc, corr);
+            pack_p(p, s);
+            wg_fence();
+            issue_pv(acc, p, sv + (i % STAGES) * TILE);
+            wg_commit();
+            wg_wait<0>();
+            pin_all(acc);
+        }
+    }
+
+    // Normalise, stage this warpgroup's 64 x 128 bf16 rows in the (now unused) Q tile, store rows
+    // of 256 bytes with 16-byte writes.
+    __syncthreads();  // every warpgroup is done reading Q
+    char* st = smem_raw + (base - raw) + wg * (64 * 256);
+    const int g = lane >> 2, t = lane & 3, wrow = (wtid >> 5) * 16 + g;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        const float inv = 1.f / sum;
+        const int row = wrow + 8 * r;
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            *reinterpret_cast<uint32_t*>(st + row * 256 + ((i ^ (row & 7)) << 4) + 4 * t) =
+                pack_bf16(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int idx = wtid + 128 * i, r = idx >> 4, c = idx & 15;
+        const int row = m0 + wg * 64 + r;
+        if (row < n)
+            *reinterpret_cast<uint4*>(o + (long)row * ldo + col + c * 8) =
+                *reinterpret_cast<const uint4*>(st + r * 256 + ((c ^ (r & 7)) << 4));
+    }
+}
+}  // namespace moss_wg
+
+#define MOSS_WG_KERNEL(NAME, OVERLAP, CONTROL)                                                                      \
+    MOSS_KERNEL void __launch_bounds__(moss_wg::THREADS, 1)                                                                     \
+        NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, int n, int ldq, \
+             int ldk, int ldv, int ldo, float scale_log2) {                                                        \
+        moss_wg::attn<OVERLAP, CONTROL>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);                            \
+    }
+
+// No kernel of its own any more (the `wgmma` / `wgmma_serial` DiT kernels were measured slower
+// than attention_ws.cu's and deleted): its helpers serve attention_ws.cu and
+// attention_causal_wgmma.cu.
+
+#ifdef MOSS_ATTN_DEBUG
+// Standalone diagnosis only (bench/attn_bench2.py compiles the cubin with -DMOSS_ATTN_DEBUG): one
+// block, head 0, the first 128 rows of q/k/v (row stride ld). mode 0: out = Q K^T (fp32 128 x 128,
+// the smem-descriptor path); mode 1: out = Q[:, :128] V (Q as the register A operand, V N-major).
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void __launch_bounds__(256, 1) moss_attn_wgmma_debug(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                                const __nv_bfloat16* v, float* out, int n, int ld,
+                                                                int mode) {
+    using namespace moss_wg;
+    extern __shared__ char smem_raw[];
+    const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
+    const uint32_t sq = base, sk = base + TILE, sv = base + 2 * TILE;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
+    load_tile(sq, q, ld, 0, n, 0, tid);
+    load_tile(sk, k, ld, 0, n, 0, tid);
+    load_tile(sv, v, ld, 0, n, 0, tid);
+    cp_commit();
+    cp_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    const int g = lane >> 2, t = lane & 3, row = wg * 64 + warp * 16 + g;
+    if (mode == 0) {
+        wg_fence();
+        issue_qk(acc, sq + wg * 64 * 128, sk);
+        wg_commit();
+        wg_wait<0>();
+        pin_all(acc);
+    } else {
+        uint32_t p[32];
+        const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            p[4 * kk] = q32[((long)row * ld + 16 * kk + 2 * t) / 2];
+            p[4 * kk + 1] = q32[((long)(row + 8) * ld + 16 * kk + 2 * t) / 2];
+            p[4 * kk + 2] = q32[((long)row * ld + 16 * kk + 8 + 2 * t) / 2];
+            p[4 * kk + 3] = q32[((long)(row + 8) * ld + 16 * kk + 8 + 2 * t) / 2];
+        }
+        wg_fence();
+        issue_pv(acc, p, sv);
+        wg_commit();
+        wg_wait<0>();
+        pin_all(acc);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) out[(row + 8 * (e >> 1)) * 128 + 8 * i + 2 * t + (e & 1)] = acc[4 * i + e];
+}
+#endif
+#endif

@@ -1,0 +1,380 @@
+// The DiT's fused ops (src/backend/ops/dit.rs, CUDA side in src/backend/cuda/dit.rs): the
+// norm + modulation, QK-norm + RoPE, SiTU-GLU, gated residual and the attention softmax. fp32
+// inside, one rounding into the output. moss_ctl_* are the same code with a planted bug.
+#include "elem.cuh"
+
+using bf16 = __nv_bfloat16;
+using namespace moss_elem;
+
+// ---- rms_norm + modulate: y = x·rsqrt(mean(x²)+eps)·w·(1+scale) + shift, one warp a row -------
+// BUG 1: the modulation forgets the 1 (y·scale + shift).
+template <typename TX, typename TV, int BUG>
+__device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, const TV* __restrict__ w,
+                             const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
+                             float eps) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const TX* xr = x + row * d;
+    TX* orow = out + row * d;
+    const float one = BUG == 1 ? 0.f : 1.f;
+    float ss = 0.f;
+    if ((d & 7) == 0) {
+        for (int i = lane * 8; i < d; i += 256) {
+            float v[8];
+            ld8(xr, i, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) ss += v[k] * v[k];
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+        for (int i = lane * 8; i < d; i += 256) {
+            float v[8], g[8], sh[8], sc[8];
+            ld8(xr, i, v);
+            ld8(w, i, g);
+            ld8(shift, i, sh);
+            ld8(scale, i, sc);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = v[k] * inv * g[k] * (one + sc[k]) + sh[k];
+            st8(orow, i, v);
+        }
+    } else {
+        for (int i = lane; i < d; i += 32) {
+            float v = ld(xr, i);
+            ss += v * v;
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+        for (int i = lane; i < d; i += 32)
+            st(orow, i, ld(xr, i) * inv * ld(w, i) * (one + ld(scale, i)) + ld(shift, i));
+    }
+}
+#define MOSS_RMS_MOD(NAME, BUG, TX, SX, TV, SV)                                                          \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* out, const TX* x, const TV* w, const TV* shift, const TV* scale, \
+                                        long rows, int d, float eps) {                                   \
+        rms_mod_impl<TX, TV, BUG>(out, x, w, shift, scale, rows, d, eps);                                \
+    }
+#define MOSS_RMS_MOD4(NAME, BUG)                    \
+    MOSS_RMS_MOD(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_RMS_MOD(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_RMS_MOD(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_RMS_MOD(NAME, BUG, float, f32, float, f32)
+MOSS_PRODUCTION(MOSS_RMS_MOD4(moss_rms_mod, 0))
+MOSS_CONTROL(MOSS_RMS_MOD4(moss_ctl_rms_mod, 1))
+
+// ---- per-head QK-norm + rotate-half RoPE, one warp per (token, head) row of hd ------------------
+// y = x·rsqrt(mean(x²)+eps)·w; out[m] = y[m]c − y[m+h]s, out[m+h] = y[m+h]c + y[m]s, h = hd/2,
+// c, s = cos, sin[token, m]. BUG 1: rotates the other way (the sign of s flipped).
+template <typename TX, typename TV, int BUG>
+__device__ void qk_rope_impl(TX* __restrict__ out, const TX* __restrict__ x, const TV* __restrict__ w,
+                             const TV* __restrict__ cs, const TV* __restrict__ sn, long rows, int heads,
+                             int hd, float eps) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    long tok = row / heads;
+    int half = hd / 2;
+    const TX* xr = x + row * hd;
+    TX* orow = out + row * hd;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) {
+        float v = ld(xr, i);
+        ss += v * v;
+    }
+    float inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    const float sgn = BUG == 1 ? -1.f : 1.f;
+    for (int m = lane; m < half; m += 32) {
+        float a = ld(xr, m) * inv * ld(w, m);
+        float b = ld(xr, m + half) * inv * ld(w, m + half);
+        float c = ld(cs, tok * half + m), s = sgn * ld(sn, tok * half + m);
+        st(orow, m, a * c - b * s);
+        st(orow, m + half, b * c + a * s);
+    }
+}
+#define MOSS_QK_ROPE(NAME, BUG, TX, SX, TV, SV)                                                         \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* out, const TX* x, const TV* w, const TV* cs, const TV* sn,   \
+                                        long rows, int heads, int hd, float eps) {                      \
+        qk_rope_impl<TX, TV, BUG>(out, x, w, cs, sn, rows, heads, hd, eps);                             \
+    }
+#define MOSS_QK_ROPE4(NAME, BUG)                    \
+    MOSS_QK_ROPE(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_QK_ROPE(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_QK_ROPE(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_QK_ROPE(NAME, BUG, float, f32, float, f32)
+MOSS_PRODUCTION(MOSS_QK_ROPE4(moss_qk_rope, 0))
+MOSS_CONTROL(MOSS_QK_ROPE4(moss_ctl_qk_rope, 1))
+
+// ---- QK-norm + RoPE on the q and k parts of a packed projection, in place ------------------------
+// qkv [n, 3·H·hd] = [q | k | v]; the q and k heads are normed and rotated as qk_rope_impl does,
+// v is not touched. Each thread takes 8 elements of each half of a head (16-byte loads of x, the
+// weight and the cos/sin row), so tpr = hd/16 threads own one (token, part, head) row (tpr a power
+// of two ≤ 32: hd ∈ {16, .., 512}; the host checks) and reduce its sum of squares by shuffles.
+// BUG 1: the k heads normed with the q weight.
+template <typename TX, typename TV, int BUG>
+__device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, const TV* __restrict__ wk,
+                              const TV* __restrict__ cs, const TV* __restrict__ sn, long n, int heads, int hd,
+                              float eps) {
+    const int half = hd >> 1, tpr = half >> 3;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long g = t / tpr;  // (token, part, head); a group never straddles a warp (tpr divides 32)
+    if (g >= n * 2 * heads) return;  // whole groups leave together
+    const int m0 = (int)(t - g * tpr) * 8;
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned mask = tpr == 32 ? 0xffffffffu : (((1u << tpr) - 1u) << (lane & ~(unsigned)(tpr - 1)));
+    long tok = g / (2 * heads);
+    int ph = (int)(g - tok * 2 * heads);  // part·heads + head
+    TX* row = qkv + tok * 3L * heads * hd + (long)ph * hd;
+    const TV* w = (ph < heads || BUG == 1) ? wq : wk;
+    float a[8], b[8];
+    ld8(row, m0, a);
+    ld8(row, half + m0, b);
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += a[k] * a[k] + b[k] * b[k];
+    for (int o = tpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+    float inv = rsqrtf(ss / (float)hd + eps);
+    float wa[8], wb[8], c[8], s[8];
+    ld8(w, m0, wa);
+    ld8(w, half + m0, wb);
+    ld8(cs, tok * half + m0, c);
+    ld8(sn, tok * half + m0, s);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float ya = a[k] * inv * wa[k], yb = b[k] * inv * wb[k];
+        a[k] = ya * c[k] - yb * s[k];
+        b[k] = yb * c[k] + ya * s[k];
+    }
+    st8(row, m0, a);
+    st8(row, half + m0, b);
+}
+#define MOSS_QKV_ROPE(NAME, BUG, TX, SX, TV, SV)                                                       \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* qkv, const TV* wq, const TV* wk, const TV* cs, const TV* sn, \
+                                        long n, int heads, int hd, float eps) {                        \
+        qkv_rope_impl<TX, TV, BUG>(qkv, wq, wk, cs, sn, n, heads, hd, eps);                            \
+    }
+#define MOSS_QKV_ROPE4(NAME, BUG)                    \
+    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_QKV_ROPE(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_QKV_ROPE(NAME, BUG, float, f32, float, f32)
+MOSS_PRODUCTION(MOSS_QKV_ROPE4(moss_qkv_rope, 0))
+MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
+
+// ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
+// xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
+// rounded xo, as moss_rms_mod would read it. BUG 1: the norm taken of the old x.
+__device__ __forceinline__ float round_as(float v, const bf16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_as(float v, const float*) { return v; }
+template <typename TX, typename TV, int BUG>
+__device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, const TX* __restrict__ x, const TX* __restrict__ y,
+                                  const TV* __restrict__ gate, const TV* __restrict__ w,
+                                  const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
+                                  float eps) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const TX* xr = x + row * d;
+    const TX* yr = y + row * d;
+    TX* xor_ = xo + row * d;
+    TX* nr = no + row * d;
+    const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
+    float ss = 0.f;
+    if ((d & 7) == 0) {
+        // xo is only ever accessed through xor_/src (restrict), so the loads of the next
+        // vectors need not wait for this vector's store: several rows' worth in flight.
+#pragma unroll 4
+        for (int i = lane * 8; i < d; i += 256) {
+            float a[8], b[8], g[8];
+            ld8(xr, i, a);
+            ld8(yr, i, b);
+            ld8(gate, i, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float old = a[k];
+                a[k] = a[k] + b[k] * g[k];
+                float r = BUG == 1 ? old : round_as(a[k], xo);
+                ss += r * r;
+            }
+            st8(xor_, i, a);
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+#pragma unroll 4
+        for (int i = lane * 8; i < d; i += 256) {
+            float v[8], gw[8], sh[8], sc[8];
+            ld8(src, i, v);  // this lane's own stores above
+            ld8(w, i, gw);
+            ld8(shift, i, sh);
+            ld8(scale, i, sc);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = v[k] * inv * gw[k] * (1.f + sc[k]) + sh[k];
+            st8(nr, i, v);
+        }
+    } else {
+        for (int i = lane; i < d; i += 32) {
+            float a = ld(xr, i) + ld(yr, i) * ld(gate, i);
+            st(xor_, i, a);
+            float r = BUG == 1 ? ld(xr, i) : round_as(a, xo);
+            ss += r * r;
+        }
+        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+        for (int i = lane; i < d; i += 32)
+            st(nr, i, ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i));
+    }
+}
+#define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV)                                                           \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, TX* no, const TX* x, const TX* y, const TV* gate, const TV* w, \
+                                        const TV* shift, const TV* scale, long rows, int d, float eps) {   \
+        gres_rms_mod_impl<TX, TV, BUG>(xo, no, x, y, gate, w, shift, scale, rows, d, eps);                 \
+    }
+#define MOSS_GRES_MOD4(NAME, BUG)                    \
+    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_GRES_MOD(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_GRES_MOD(NAME, BUG, float, f32, float, f32)
+MOSS_PRODUCTION(MOSS_GRES_MOD4(moss_gres_mod, 0))
+MOSS_CONTROL(MOSS_GRES_MOD4(moss_ctl_gres_mod, 1))
+
+// ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
+// BUG 1: the halves swapped (gate read as up).
+template <int BUG>
+__device__ __forceinline__ float situ(float h, float g) {
+    if (BUG == 1) {
+        float t = h;
+        h = g;
+        g = t;
+    }
+    return (4.f * tanhf(g * 0.25f) * (1.f / (1.f + expf(-g)))) * (25.f * tanhf(h * 0.04f));
+}
+// The bf16 kernel's form (`FAST`): one __expf per tanh and a reciprocal for the sigmoid, as
+// tanh(a) = sign(a)·(1 − e)/(1 + e) with e = exp(−2|a|). Its fp32 value is within ~1e-6
+// relative of the libm form (measured on the H200 at the DiT's shape: 0.017 % of the bf16 outputs
+// differ by one bf16 ulp, the same 1.657e-3 relative L2 against float64) and it takes 85 us
+// instead of 100 (the math, not the 62 us of memory traffic, bounded the libm form).
+// `MOSS_SITU=precise` takes the libm form at bf16 too; fp32 always does.
+template <int BUG>
+__device__ __forceinline__ float situ_fast(float h, float g) {
+    if (BUG == 1) {
+        float t = h;
+        h = g;
+        g = t;
+    }
+    float sg = __frcp_rn(1.f + __expf(-g));
+    float eg = __expf(-0.5f * fabsf(g));  // tanh(g/4)
+    float tg = copysignf(__fdividef(1.f - eg, 1.f + eg), g);
+    float eh = __expf(-0.08f * fabsf(h));  // tanh(h/25)
+    float th = copysignf(__fdividef(1.f - eh, 1.f + eh), h);
+    return (4.f * tg * sg) * (25.f * th);
+}
+template <typename T, int BUG, bool FAST = false>
+__device__ void situ_impl(T* __restrict__ out, const T* __restrict__ x, long rows, long f) {
+    long stride = (long)gridDim.x * blockDim.x;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((f & 7) == 0) {
+        long per = f / 8;
+        for (long c = t; c < rows * per; c += stride) {
+            long r = c / per, i = (c - r * per) * 8;
+            float h[8], g[8];
+            ld8(x, r * 2 * f + i, h);
+            ld8(x, r * 2 * f + f + i, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++) h[k] = FAST ? situ_fast<BUG>(h[k], g[k]) : situ<BUG>(h[k], g[k]);
+            st8(out, r * f + i, h);
+        }
+    } else {
+        for (long c = t; c < rows * f; c += stride) {
+            long r = c / f, i = c - r * f;
+            float hv = ld(x, r * 2 * f + i), gv = ld(x, r * 2 * f + f + i);
+            st(out, c, FAST ? situ_fast<BUG>(hv, gv) : situ<BUG>(hv, gv));
+        }
+    }
+}
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 0>(out, x, rows, f); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_ctl_situ_f32(float* out, const float* x, long rows, long f) { situ_impl<float, 1>(out, x, rows, f); }
+#endif
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 0, true>(out, x, rows, f); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_ctl_situ_fast_bf16(bf16* out, const bf16* x, long rows, long f) { situ_impl<bf16, 1, true>(out, x, rows, f); }
+#endif
+
+// ---- gated residual: out = x + y·gate[i mod d] (x, y of one type) ------------------------------
+// BUG 1: the gate applied as 1 + gate.
+template <typename TX, typename TG, int BUG>
+__device__ void gres_impl(TX* __restrict__ out, const TX* __restrict__ x, const TX* __restrict__ y,
+                          const TG* __restrict__ gate, long n, long d) {
+    long stride = (long)gridDim.x * blockDim.x;
+    long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const float one = BUG == 1 ? 1.f : 0.f;
+    if ((d & 7) == 0) {
+        for (long c = t; c < n / 8; c += stride) {
+            long i = c * 8;
+            float a[8], b[8], g[8];
+            ld8(x, i, a);
+            ld8(y, i, b);
+            ld8(gate, i % d, g);
+#pragma unroll
+            for (int k = 0; k < 8; k++) a[k] = a[k] + b[k] * (one + g[k]);
+            st8(out, i, a);
+        }
+    } else {
+        for (long i = t; i < n; i += stride) st(out, i, ld(x, i) + ld(y, i) * (one + ld(gate, i % d)));
+    }
+}
+#define MOSS_GRES(NAME, BUG, TX, SX, TG, SG)                                                           \
+    MOSS_KERNEL void NAME##_##SX##_##SG(TX* out, const TX* x, const TX* y, const TG* g, long n, long d) { \
+        gres_impl<TX, TG, BUG>(out, x, y, g, n, d);                                                    \
+    }
+#define MOSS_GRES4(NAME, BUG)                    \
+    MOSS_GRES(NAME, BUG, bf16, bf16, bf16, bf16) \
+    MOSS_GRES(NAME, BUG, bf16, bf16, float, f32) \
+    MOSS_GRES(NAME, BUG, float, f32, bf16, bf16) \
+    MOSS_GRES(NAME, BUG, float, f32, float, f32)
+MOSS_PRODUCTION(MOSS_GRES4(moss_gres, 0))
+MOSS_CONTROL(MOSS_GRES4(moss_ctl_gres, 1))
+
+// ---- attention softmax: one block per row of n fp32 scores (already scaled) → p in TP --------
+// p = exp(s − max) / Σ exp(s − max), fp32. BUG 1: the normaliser leaves out the row's last
+// 64 scores.
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float r = sh[0];
+    for (int i = 1; i < nw; i++) r = is_max ? fmaxf(r, sh[i]) : r + sh[i];
+    return r;
+}
+template <typename TP, int BUG>
+__device__ void softmax_impl(TP* __restrict__ p, const float* __restrict__ s, long n) {
+    __shared__ float sh[32];
+    const float* sr = s + blockIdx.x * n;
+    TP* pr = p + blockIdx.x * n;
+    float m = -INFINITY;
+    for (long j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sr[j]);
+    m = block_reduce(m, true, sh);
+    long lim = BUG == 1 ? n - 64 : n;
+    float sum = 0.f;
+    for (long j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(sr[j] - m);
+    sum = block_reduce(sum, false, sh);
+    float inv = 1.f / sum;
+    for (long j = threadIdx.x; j < n; j += blockDim.x) st(pr, j, expf(sr[j] - m) * inv);
+}
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_softmax_bf16(bf16* p, const float* s, long n) { softmax_impl<bf16, 0>(p, s, n); }
+#endif
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_softmax_f32(float* p, const float* s, long n) { softmax_impl<float, 0>(p, s, n); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_ctl_softmax_bf16(bf16* p, const float* s, long n) { softmax_impl<bf16, 1>(p, s, n); }
+#endif
+#ifdef MOSS_CHECK_IMAGE
+MOSS_KERNEL void moss_ctl_softmax_f32(float* p, const float* s, long n) { softmax_impl<float, 1>(p, s, n); }
+#endif

@@ -1,0 +1,198 @@
+// DiT attention: O = softmax(Q K^T * scale) V over all n tokens (bidirectional, no mask), head
+// dim 128, bf16 Q/K/V/O, fp32 scores, online softmax in fp32 (flash-style: no n x n matrix),
+// tensor cores (mma.sync m16n8k16).
+//
+// Layout: token-major rows; head h occupies columns [128h, 128h+128) of each row; row strides
+// ldq/ldk/ldv/ldo in elements (multiples of 8; bases 16-byte aligned), so Q, K, V may be column
+// slices of one fused QKV projection. Grid (ceil(n/64), heads), 128 threads, 80 KiB dynamic
+// shared memory (Q tile + double-buffered K/V tiles).
+//
+// Tiles: 64 query rows per block (4 warps x 16 rows), 64 keys per step. Shared tiles are
+// [64][128] bf16 with the 16-byte chunk index XOR-swizzled by (row & 7), so ldmatrix reads of 8
+// rows hit 8 different bank groups.
+#include "mma.cuh"
+
+namespace moss_attn {
+using namespace moss_mma;
+constexpr int D = 128;
+constexpr int BM = 64;
+constexpr int BN = 64;
+constexpr int THREADS = 128;
+constexpr int TILE_BYTES = 64 * D * 2;  // 16 KiB
+constexpr int SMEM_BYTES = 5 * TILE_BYTES;  // the launch needs this much dynamic shared memory
+static_assert(SMEM_BYTES == 80 * 1024, "host code launches with 80 KiB");
+constexpr int SMEM_BYTES_V2 = 4 * TILE_BYTES;  // the _v2 kernels (Q aliased into a K buffer)
+static_assert(SMEM_BYTES_V2 == 64 * 1024, "host code launches the _v2 kernels with 64 KiB");
+
+__device__ __forceinline__ int swz(int row, int chunk) { return row * (D * 2) + ((chunk ^ (row & 7)) << 4); }
+
+// rows row0..row0+63 (zero past n) of columns [col, col+128)
+__device__ __forceinline__ void load_tile(char* sm, const __nv_bfloat16* g, long ld, int row0, int n, int col,
+                                          int tid) {
+#pragma unroll
+    for (int i = tid; i < 64 * 16; i += THREADS) {
+        int r = i >> 4, c = i & 15;
+        int gr = row0 + r;
+        bool ok = gr < n;
+        const __nv_bfloat16* src = g + (ok ? (long)gr * ld : 0) + col + c * 8;
+        cp_async16(sm + swz(r, c), src, ok);
+    }
+}
+
+// scale_log2 = softmax scale * log2(e).
+// QALIAS (the `_v2` kernels): the Q tile lives in the second K buffer — Q is read into registers
+// before the first prefetch overwrites it — so the kernel needs 64 KiB of shared memory instead
+// of 80 and three blocks fit on an SM (with __launch_bounds__(128, 3): at most 168 registers), not two.
+template <bool CONTROL, bool QALIAS = false>
+__device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                          const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ o, int n,
+                                          int ldq, int ldk, int ldv, int ldo, float scale_log2) {
+    extern __shared__ __align__(128) char smem[];
+    char* sq = QALIAS ? smem + TILE_BYTES : smem;
+    char* sk = QALIAS ? smem : smem + TILE_BYTES;
+    char* sv = QALIAS ? smem + 2 * TILE_BYTES : smem + 3 * TILE_BYTES;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int col = blockIdx.y * D;
+    const int m0 = blockIdx.x * BM;
+
+    load_tile(sq, q, ldq, m0, n, col, tid);
+    load_tile(sk, k, ldk, 0, n, col, tid);
+    load_tile(sv, v, ldv, 0, n, col, tid);
+    cp_async_commit();
+
+    unsigned qf[8][4];
+    if (QALIAS) {
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) ldsm_x4(qf[kk], sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        __syncthreads();  // every warp has its Q before tile 1 overwrites it
+    }
+    float acc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+
+    const int ntiles = (n + BN - 1) / BN;
+    for (int j = 0; j < ntiles; j++) {
+        const int buf = j & 1;
+        if (j + 1 < ntiles) {
+            load_tile(sk + (buf ^ 1) * TILE_BYTES, k, ldk, (j + 1) * BN, n, col, tid);
+            load_tile(sv + (buf ^ 1) * TILE_BYTES, v, ldv, (j + 1) * BN, n, col, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (!QALIAS && j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) ldsm_x4(qf[kk], sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        }
+        const char* kb = sk + buf * TILE_BYTES;
+        const char* vb = sv + buf * TILE_BYTES;
+
+        // S = Q K^T for this warp's 16 rows and the 64 keys of the tile
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                unsigned b[4];
+                ldsm_x4(b, kb + swz(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+                mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
+                mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        // keys past n do not exist
+        if ((j + 1) * BN > n) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (j * BN + nt * 8 + (lane & 3) * 2 + (e & 1) >= n) s[nt][e] = -INFINITY;
+        }
+        // online softmax (rows g and g+8 of the warp's 16)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float mnew = fmaxf(mrow[r], mx * scale_log2);
+            const float corr = exp2f(mrow[r] - mnew);
+            mrow[r] = mnew;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                float p0 = exp2f(s[nt][2 * r] * scale_log2 - mnew);
+                float p1 = exp2f(s[nt][2 * r + 1] * scale_log2 - mnew);
+                s[nt][2 * r] = p0;
+                s[nt][2 * r + 1] = p1;
+                sum += p0 + p1;
+            }
+            lrow[r] = lrow[r] * corr + sum;
+            if (!CONTROL) {  // the planted control forgets to rescale the running output
+#pragma unroll
+                for (int dt = 0; dt < 16; dt++) {
+                    acc[dt][2 * r] *= corr;
+                    acc[dt][2 * r + 1] *= corr;
+                }
+            }
+        }
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < 8; dp++) {
+                unsigned b[4];
+                ldsm_x4_t(b, vb + swz(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
+                mma_bf16(acc[2 * dp], a, b[0], b[1]);
+                mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+    // normalise and store
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        const float inv = 1.f / l;
+        const int row = m0 + warp * 16 + (lane >> 2) + r * 8;
+        if (row < n) {
+            __nv_bfloat16* dst = o + (long)row * ldo + col + (lane & 3) * 2;
+#pragma unroll
+            for (int dt = 0; dt < 16; dt++)
+                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                    __floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+        }
+    }
+}
+}  // namespace moss_attn
+
+// The kernel with Q aliased into the second K buffer (64 KiB of dynamic shared memory; the
+// variant without the alias, `v1`, was deleted as slower), and its planted control for `moss check`
+// (forgets to rescale the running output when the row maximum grows; the same gate must reject it).
+#ifndef MOSS_CHECK_IMAGE
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                               const __nv_bfloat16* v, __nv_bfloat16* o, int n,
+                                                               int ldq, int ldk, int ldv, int ldo, float scale_log2) {
+    moss_attn::attn_d128<false, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
+}
+#endif
+
+#ifdef MOSS_CHECK_IMAGE
+MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention_control(const __nv_bfloat16* q,
+                                                                       const __nv_bfloat16* k,
+                                                                       const __nv_bfloat16* v, __nv_bfloat16* o,
+                                                                       int n, int ldq, int ldk, int ldv, int ldo,
+                                                                       float scale_log2) {
+    moss_attn::attn_d128<true, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
+}
+#endif

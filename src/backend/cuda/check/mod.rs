@@ -1,0 +1,13 @@
+//! `moss check --device cuda`: every kernel of the default paths (and the fallbacks they take)
+//! against the CPU backend, each with a planted control (a twin with a bug, from the check image)
+//! that the same comparison must reject.
+
+pub mod dit;
+pub mod dit_ops;
+pub mod encoder;
+pub mod encoder_attention;
+pub mod encoder_rows;
+pub mod encoder_strided;
+pub mod gates;
+pub mod tensor;
+pub mod vae;

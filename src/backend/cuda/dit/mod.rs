@@ -1,0 +1,518 @@
+//! [`DitOps`] on the GPU: kernels of `cuda/dit/dit_ops.cu` and, for attention, cuBLASLt.
+//!
+//! Dtypes follow `ops.rs`: outputs take the dtype of `x` (or `q`); the small per-channel vectors
+//! (weights, shift, scale, gate, RoPE tables) may be bf16 or f32 — when one op's vectors differ,
+//! they are cast to f32 first.
+//!
+//! Attention at bf16 with head dim 128 (the DiT's) is a flash kernel (online softmax, no score
+//! matrix): `cuda/dit/sm90a/flash_attention_ws.cu` (warp-specialised TMA + wgmma) on Hopper, `cuda/dit/flash_attention.cu` (mma.sync)
+//! elsewhere; see [`FLASH_KERNELS`]. Otherwise (fp32, other head dims) it is
+//! three steps per chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt,
+//! strided-batched over heads straight out of the `[N, H, hd]` layout, fp32 scores), a row
+//! softmax (fp32, `P` rounded to the activation dtype), `O = P V` (cuBLASLt, written straight
+//! into `[N, H, hd]`). Scores are chunked by heads (and query rows) to stay under
+//! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
+
+pub mod flash_attention;
+
+pub use flash_attention::{flash_applies, flash_spec, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
+use crate::backend::cuda::blas::Gemm;
+use crate::backend::cuda::plan::MemoryPlan;
+use crate::checkpoint::{config::DitConfig, Component};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::cpu::Cpu;
+use crate::backend::ops::DitOps;
+use crate::backend::Backend;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::result as dr;
+
+/// Bytes of fp32 scores one attention chunk may hold.
+pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
+
+/// The largest square picture side (a multiple of 16, up to the CLI's cap) whose plan at
+/// `side²/256 + text` joint tokens needs at most `free` bytes.
+pub fn largest_square(free: usize, text: usize, needed: impl Fn(usize) -> usize) -> Option<usize> {
+    (1..=crate::options::MAX_SIDE as usize / 16).rev().find(|s| needed(s * s + text) <= free).map(|s| s * 16)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn largest_square_fitting() {
+        // 1 GiB fixed + 1 MiB a token: 2 GiB free leaves 1024 tokens, 128 of them text → 29² = 841
+        // image tokens (30² = 900 > 896), a 464x464 picture.
+        let need = |t: usize| (1usize << 30) + t * (1 << 20);
+        assert_eq!(super::largest_square(2 << 30, 128, need), Some(464));
+        assert_eq!(super::largest_square(1 << 30, 128, need), None);
+        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::options::MAX_SIDE as usize));
+    }
+}
+
+/// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
+fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
+    ensure!(
+        x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
+        "{what}: expected [N, 3·{heads}·hd], got {:?}",
+        x.shape
+    );
+    Ok((x.shape[0], x.shape[1] / (3 * heads)))
+}
+
+fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
+    ensure!(x.shape.len() == 3, "{what}: expected [N, heads, dim], got {:?}", x.shape);
+    Ok((x.shape[0], x.shape[1], x.shape[2]))
+}
+
+impl Cuda {
+    /// The vectors in one dtype: as they are if they agree, else all f32.
+    fn same_dtype(&self, vs: &[&CudaTensor]) -> Result<(DType, Vec<CudaTensor>)> {
+        let dt = if vs.iter().all(|v| v.dtype == vs[0].dtype) { vs[0].dtype } else { DType::F32 };
+        Ok((dt, vs.iter().map(|v| self.cast(v, dt)).collect::<Result<_>>()?))
+    }
+
+    pub(crate) fn rms_norm_modulate_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        ensure!(x.shape.len() == 2, "rms_norm_modulate: expected [N, D], got {:?}", x.shape);
+        let d = x.shape[1];
+        for (n, v) in [("weight", w), ("shift", shift), ("scale", scale)] {
+            ensure!(v.numel() == d, "rms_norm_modulate {n}: {:?} for width {d}", v.shape);
+        }
+        let (vt, v) = self.same_dtype(&[w, shift, scale])?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        let rows = x.shape[0];
+        self.launch(
+            &format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(v[0].ptr()),
+                Arg::P(v[1].ptr()),
+                Arg::P(v[2].ptr()),
+                Arg::L(rows as i64),
+                Arg::I(d as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn qk_norm_rope_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, nh, hd) = dims3(x, "qk_norm_rope")?;
+        ensure!(hd.is_multiple_of(2), "qk_norm_rope: head dim {hd} must be even");
+        ensure!(w.numel() == hd, "qk_norm_rope weight: {:?} for head dim {hd}", w.shape);
+        for (name, t) in [("cos", cos), ("sin", sin)] {
+            ensure!(t.shape == [n, hd / 2], "qk_norm_rope: {name} {:?}, expected [{n}, {}]", t.shape, hd / 2);
+        }
+        let (vt, v) = self.same_dtype(&[w, cos, sin])?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        let rows = n * nh;
+        self.launch(
+            &format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(v[0].ptr()),
+                Arg::P(v[1].ptr()),
+                Arg::P(v[2].ptr()),
+                Arg::L(rows as i64),
+                Arg::I(nh as i32),
+                Arg::I(hd as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// [`DitOps::qkv_norm_rope`]; `prefix` `moss_ctl` is the planted kernel (k normed with the q
+    /// weight). Head dims other than 16·2^i (≤ 512) take the unfused kernel on copies of the parts.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qkv_norm_rope_with(
+        &self,
+        qkv: CudaTensor,
+        heads: usize,
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, hd) = packed_dims(&qkv, heads, "qkv_norm_rope")?;
+        ensure!(hd.is_multiple_of(2), "qkv_norm_rope: head dim {hd} must be even");
+        let half = hd / 2;
+        for (name, w) in [("q weight", wq), ("k weight", wk)] {
+            ensure!(w.numel() == hd, "qkv_norm_rope {name}: {:?} for head dim {hd}", w.shape);
+        }
+        for (name, t) in [("cos", cos), ("sin", sin)] {
+            ensure!(t.shape == [n, half], "qkv_norm_rope: {name} {:?}, expected [{n}, {half}]", t.shape);
+        }
+        let d = heads * hd;
+        let tpr = half / 8;
+        if !half.is_multiple_of(8) || !tpr.is_power_of_two() || tpr > 32 {
+            let part = |i: usize| self.narrow_with(&qkv, 1, i * d, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+            let flat = |t: CudaTensor| self.reshape(&t, &[n, d]);
+            let q = flat(self.qk_norm_rope_with(&part(0)?, wq, cos, sin, eps, prefix)?)?;
+            let k = flat(self.qk_norm_rope_with(&part(1)?, wk, cos, sin, eps, prefix)?)?;
+            let v = flat(part(2)?)?;
+            return self.cat(&[&q, &k, &v], 1);
+        }
+        // Written in place; a buffer someone else still reads is copied first.
+        let qkv = if qkv.is_unique() { qkv } else { self.cat_with(&[&qkv], 1, "moss")? };
+        let (vt, v) = self.same_dtype(&[wq, wk, cos, sin])?;
+        let threads = n * 2 * heads * tpr;
+        if threads > 0 {
+            self.launch(
+                &format!("{prefix}_qkv_rope_{}_{}", qkv.dtype.name(), vt.name()),
+                threads.div_ceil(256) as u32,
+                256,
+                0,
+                &[
+                    Arg::P(qkv.ptr()),
+                    Arg::P(v[0].ptr()),
+                    Arg::P(v[1].ptr()),
+                    Arg::P(v[2].ptr()),
+                    Arg::P(v[3].ptr()),
+                    Arg::L(n as i64),
+                    Arg::I(heads as i32),
+                    Arg::I(hd as i32),
+                    Arg::F(eps as f32),
+                ],
+            )?;
+        }
+        Ok(qkv)
+    }
+
+    /// [`DitOps::attention_packed`]: at bf16 with head dim 128 the flash kernel reads q, k, v as
+    /// column slices of the packed rows (row stride 3·D); otherwise the parts are copied out for
+    /// [`DitOps::attention`]. `swap_kv` is the planted control (k and v slices exchanged).
+    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, swap_kv: bool) -> Result<CudaTensor> {
+        let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
+        let d = heads * hd;
+        let (ko, vo) = if swap_kv { (2 * d, d) } else { (d, 2 * d) };
+        if qkv.dtype == DType::BF16 && hd == FLASH_HEAD_DIM {
+            let out = self.alloc(DType::BF16, &[n, d])?;
+            if n > 0 {
+                let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
+                let kernel = self.flash_kernel().name;
+                self.flash_attention_raw(kernel, (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
+            }
+            return Ok(out);
+        }
+        let part = |o: usize| self.narrow_with(qkv, 1, o, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+        let o = self.attention(&part(0)?, &part(ko)?, &part(vo)?, scale)?;
+        self.reshape(&o, &[n, d])
+    }
+
+    /// [`DitOps::gated_residual_norm_modulate`]; `prefix` `moss_ctl` is the planted kernel (the
+    /// norm taken of the old x).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gres_norm_mod_with(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+        prefix: &str,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(x.shape.len() == 2, "gated_residual_norm_modulate: expected [N, D], got {:?}", x.shape);
+        ensure!(y.shape == x.shape, "gated_residual_norm_modulate: y {:?} for x {:?}", y.shape, x.shape);
+        let d = x.shape[1];
+        for (n, v) in [("gate", gate), ("weight", w), ("shift", shift), ("scale", scale)] {
+            ensure!(v.numel() == d, "gated_residual_norm_modulate {n}: {:?} for width {d}", v.shape);
+        }
+        let y = self.cast(y, x.dtype)?;
+        let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
+        let xo = self.alloc(x.dtype, &x.shape)?;
+        let no = self.alloc(x.dtype, &x.shape)?;
+        let rows = x.shape[0];
+        self.launch(
+            &format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name()),
+            rows.div_ceil(8) as u32,
+            256,
+            0,
+            &[
+                Arg::P(xo.ptr()),
+                Arg::P(no.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(y.ptr()),
+                Arg::P(v[0].ptr()),
+                Arg::P(v[1].ptr()),
+                Arg::P(v[2].ptr()),
+                Arg::P(v[3].ptr()),
+                Arg::L(rows as i64),
+                Arg::I(d as i32),
+                Arg::F(eps as f32),
+            ],
+        )?;
+        Ok((xo, no))
+    }
+
+    /// [`DitOps::situ_glu`]: at bf16 the fast form (`moss_situ_fast_bf16`, see cuda/dit/dit_ops.cu), at
+    /// fp32 the libm one (`moss_situ_f32`).
+    pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        let two_f = x.last_dim();
+        ensure!(two_f.is_multiple_of(2), "situ_glu: last dim {two_f} is not [up | gate]");
+        let f = two_f / 2;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().unwrap() = f;
+        let out = self.alloc(x.dtype, &shape)?;
+        let rows = x.rows();
+        let work = if f.is_multiple_of(8) { rows * f / 8 } else { rows * f };
+        let form = if x.dtype == DType::BF16 { "situ_fast" } else { "situ" };
+        self.launch(
+            &format!("{prefix}_{form}_{}", x.dtype.name()),
+            self.grid_for(work),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::L(rows as i64), Arg::L(f as i64)],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn gated_residual_with(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        ensure!(x.shape.len() == 2, "gated_residual: expected [N, D], got {:?}", x.shape);
+        ensure!(y.shape == x.shape, "gated_residual: y {:?} for x {:?}", y.shape, x.shape);
+        let d = x.shape[1];
+        ensure!(gate.numel() == d, "gated_residual gate: {:?} for width {d}", gate.shape);
+        let y = self.cast(y, x.dtype)?;
+        let out = self.alloc(x.dtype, &x.shape)?;
+        let n = x.numel();
+        let work = if d.is_multiple_of(8) { n / 8 } else { n };
+        self.launch(
+            &format!("{prefix}_gres_{}_{}", x.dtype.name(), gate.dtype.name()),
+            self.grid_for(work),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(y.ptr()), Arg::P(gate.ptr()), Arg::L(n as i64), Arg::L(d as i64)],
+        )?;
+        Ok(out)
+    }
+
+    /// `softmax` names the softmax kernel family (`moss` or the planted `moss_ctl`);
+    /// `alpha` is the factor on the scores (the real op passes `scale`).
+    pub(crate) fn attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        alpha: f64,
+        softmax: &str,
+    ) -> Result<CudaTensor> {
+        let (n, h, hd) = dims3(q, "attention q")?;
+        ensure!(k.shape == q.shape && v.shape == q.shape, "attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let dt = q.dtype;
+        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
+        let out = self.alloc(dt, &q.shape)?;
+        if n == 0 || h == 0 {
+            return Ok(out);
+        }
+        let es = dt.size() as u64;
+        let per_head = n * n * 4;
+        let (hb, qc) = if per_head <= ATTN_SCORE_BUDGET {
+            ((ATTN_SCORE_BUDGET / per_head).clamp(1, h), n)
+        } else {
+            (1, (ATTN_SCORE_BUDGET / (n * 4)).clamp(1, n))
+        };
+        let s = self.alloc(DType::F32, &[hb * qc * n])?;
+        let p = self.alloc(dt, &[hb * qc * n])?;
+        let ld = h * hd;
+        let stream = &self.gpu().stream;
+        for h0 in (0..h).step_by(hb) {
+            let hbn = hb.min(h - h0);
+            for i0 in (0..n).step_by(qc) {
+                let qn = qc.min(n - i0);
+                // S (column-major N × qn per head) = Kᵀ-read K · Q: S[i][j] row-major.
+                let g1 = Gemm::plain(dt, DType::F32, true, false, n, qn, hd, ld, ld, n).batched(hbn, hd, hd, qn * n);
+                let off_q = (i0 * ld + h0 * hd) as u64 * es;
+                self.blas().gemm(stream, g1, k.ptr() + (h0 * hd) as u64 * es, q.ptr() + off_q, s.ptr(), None, alpha as f32)?;
+                self.launch(
+                    &format!("{softmax}_softmax_{}", dt.name()),
+                    (hbn * qn) as u32,
+                    256,
+                    0,
+                    &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::L(n as i64)],
+                )?;
+                // O (column-major hd × qn per head, ld H·hd) = V · P, straight into [N, H, hd].
+                let g2 = Gemm::plain(dt, dt, false, false, hd, qn, n, ld, n, ld).batched(hbn, hd, qn * n, hd);
+                self.blas().gemm(stream, g2, v.ptr() + (h0 * hd) as u64 * es, p.ptr(), out.ptr() + off_q, None, 1.0)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `swap` is the planted bug of the cfg gate (cond and uncond exchanged).
+    pub(crate) fn cfg_euler_with(
+        &self,
+        x: &CudaTensor,
+        v_c: &CudaTensor,
+        v_u: Option<&CudaTensor>,
+        guidance: f32,
+        dsigma: f32,
+        swap: bool,
+    ) -> Result<CudaTensor> {
+        ensure!(v_c.shape == x.shape, "cfg_euler: v_c {:?} for x {:?}", v_c.shape, x.shape);
+        if let Some(u) = v_u {
+            ensure!(u.shape == x.shape, "cfg_euler: v_u {:?} for x {:?}", u.shape, x.shape);
+        }
+        let n = x.numel();
+        ensure!(n < i32::MAX as usize, "cfg_euler: {n} values");
+        let out = self.alloc(DType::F32, &x.shape)?;
+        let xf = self.cast(x, DType::F32)?;
+        let s = &self.gpu().stream;
+        // SAFETY: both buffers hold n f32 values.
+        unsafe { dr::memcpy_dtod_async(out.ptr(), xf.ptr(), n * 4, s.cu_stream()) }
+            .map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
+        let vc = self.cast(v_c, DType::F32)?;
+        let vu = v_u.map(|u| self.cast(u, DType::F32)).transpose()?;
+        let (a, b) = match (&vu, swap) {
+            (Some(u), true) => (u.ptr(), vc.ptr()),
+            (Some(u), false) => (vc.ptr(), u.ptr()),
+            (None, _) => (vc.ptr(), 0),
+        };
+        self.launch(
+            "moss_cfg_euler_f32",
+            n.div_ceil(256) as u32,
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(a), Arg::P(b), Arg::F(guidance), Arg::F(dsigma), Arg::I(n as i32)],
+        )?;
+        Ok(out)
+    }
+}
+
+impl Cuda {
+    /// The DiT stage's memory plan at `tokens` joint tokens: weights as loaded, one forward's
+    /// activations ([`crate::backend::cuda::plan::dit_activation_bytes`]; at fp32 plus one chunk of cuBLASLt
+    /// attention scores and probabilities), the reserve.
+    pub fn dit_plan(&self, c: &Component, cfg: &DitConfig, tokens: usize) -> MemoryPlan {
+        let dt = self.act_dtype();
+        let mut act = crate::backend::cuda::plan::dit_activation_bytes(cfg, tokens, dt);
+        if dt != DType::BF16 {
+            act += (ATTN_SCORE_BUDGET / 4) * (4 + dt.size());
+        }
+        MemoryPlan::component(c, self.precision).activations(act)
+    }
+}
+
+impl DitOps for Cuda {
+    fn plan_dit(&self, c: &Component, cfg: &DitConfig, image: usize, text: usize) -> Result<()> {
+        let (free, total) = self.gpu().mem_info()?;
+        let plan = self.dit_plan(c, cfg, image + text);
+        if let Err(e) = plan.check_against(free, total, &self.gpu().name) {
+            // The largest square picture (sides a multiple of 16) whose plan fits, same text.
+            let fits = largest_square(free, text, |tokens| self.dit_plan(c, cfg, tokens).needed());
+            let hint = match fits {
+                Some(side) => format!("the largest square size that fits is {side}x{side}"),
+                None => "no picture size fits: not even the weights do".to_string(),
+            };
+            return Err(e.context(format!("the DiT stage does not fit ({hint})")));
+        }
+        Ok(())
+    }
+
+    /// Host f64 (the CPU twin's own code: 256 values), uploaded as f32.
+    fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<CudaTensor> {
+        self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32)
+    }
+    fn rms_norm_modulate(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<CudaTensor> {
+        self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss")
+    }
+    fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+        self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
+    }
+    /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
+    /// otherwise cuBLASLt.
+    fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
+        if flash_applies(q, k, v) {
+            self.flash_attention_with(q, k, v, scale, self.flash_kernel().name)
+        } else {
+            self.attention_with(q, k, v, scale, "moss")
+        }
+    }
+    fn qkv_norm_rope(
+        &self,
+        qkv: CudaTensor,
+        heads: usize,
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        eps: f64,
+    ) -> Result<CudaTensor> {
+        self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss")
+    }
+    fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
+        self.attention_packed_with(qkv, heads, scale, false)
+    }
+    fn gated_residual_norm_modulate(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss")
+    }
+    fn profiling(&self) -> bool {
+        super::profile::is_on()
+    }
+    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.timed_op(|| op.to_string(), f)
+    }
+    fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.situ_glu_with(x, "moss")
+    }
+    fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
+        self.gated_residual_with(x, y, gate, "moss")
+    }
+    fn cfg_euler(
+        &self,
+        x: &CudaTensor,
+        v_c: &CudaTensor,
+        v_u: Option<&CudaTensor>,
+        guidance: f32,
+        dsigma: f32,
+    ) -> Result<CudaTensor> {
+        self.cfg_euler_with(x, v_c, v_u, guidance, dsigma, false)
+    }
+}

@@ -1,0 +1,371 @@
+//! The encoder's gated delta rule on the GPU (cuda/encoder/delta_rule*.cu{,h}): the
+//! chunk-parallel kernels (prep on bf16 mma, then on Hopper the one-kernel TMA state pass +
+//! output, elsewhere `gdr_seq_tc` + `gdr_out_tc`; fp32 the SIMT kernels), and the sequential
+//! one-kernel version for inputs the chunked kernels do not take.
+
+use super::dims3;
+use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::backend::ops::encoder::DELTA_CHUNK;
+use crate::backend::Backend;
+use anyhow::{ensure, Result};
+
+/// What [`Cuda::gdr_inputs`] hands both delta-rule kernels.
+pub(super) struct GdrInputs {
+    l: usize,
+    hk: usize,
+    dk: usize,
+    hv: usize,
+    dv: usize,
+    dt: DType,
+    k: CudaTensor,
+    v: CudaTensor,
+    g: CudaTensor,
+    beta: CudaTensor,
+    out: CudaTensor,
+}
+
+/// Where the delta rule reads q, k, v: device addresses of token 0's first head and the row
+/// strides in elements (q and k share one).
+pub(super) struct GdrRows {
+    q: u64,
+    k: u64,
+    v: u64,
+    rqk: usize,
+    rv: usize,
+}
+
+/// Value columns of the delta-rule state one block owns.
+pub(super) const GDR_COLS: usize = 32;
+/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder/encoder_ops.cu`).
+pub(super) const GDR_THREADS: u32 = 512;
+/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/encoder/delta_rule.cu`; smaller dims are
+/// zero-padded to it).
+pub const GDR_MAX_DIM: usize = 128;
+/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/encoder/delta_rule.cu`).
+pub(super) const GDR_SEQ_COLS: usize = 32;
+pub(super) const GDR_OUT_COLS: usize = 64;
+/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/encoder/delta_rule.cu`.
+pub(super) const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
+pub(super) const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
+pub(super) const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
+/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc` (`TQ_FLOATS`, `TO_FLOATS` in
+/// `cuda/encoder/delta_rule_tc.cuh`).
+pub(super) const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
+pub(super) const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
+/// `delta_rule_prep` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
+/// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
+/// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
+pub(super) const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
+
+/// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
+/// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `delta_rule_prep` (`cuda/encoder/delta_rule_prep.cuh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GdrPath {
+    /// What the model runs: [`GdrPath::Tma`] where the Hopper kernels are loaded, else
+    /// [`GdrPath::Tc`]. q, k, v not 16-byte
+    /// aligned (or head dims above [`GDR_MAX_DIM`], or Hv / Hk odd) take the one-kernel sequential
+    /// version.
+    Auto,
+    /// The state pass + output in one kernel on TMA tensor copies (`moss_enc_gdr_tma_bf16`,
+    /// `cuda/encoder/sm90a/delta_rule_tma.cu`, Hopper only); the planted control in it.
+    Tma,
+    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU); the planted control in the out kernel.
+    Tc,
+    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_delta_rule_prep_bf16`)
+    /// and the correct out kernel (the gates).
+    PrepCtl,
+}
+
+/// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
+/// `cuda/encoder/sm90a/delta_rule_tma.cu`: 8 compute warps and a producer warp).
+pub(crate) const GDR_TMA_BYTES: u32 = 201_776;
+pub(super) const GDR_TMA_THREADS: u32 = 288;
+
+
+/// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
+/// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
+/// bf16 (delta_rule_prep's 16-byte copies and pairs of value heads over one key head, the TMA
+/// kernel's tensor map over q) 16-byte aligned addresses, strides and dims, and hv / hk even.
+pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, hv): (usize, usize), dk: usize, dv: usize) -> bool {
+    dk <= GDR_MAX_DIM
+        && dv <= GDR_MAX_DIM
+        && (dt == DType::F32
+            || (ptrs.iter().all(|p| p % 16 == 0)
+                && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)
+                && hk > 0
+                && hv % (2 * hk) == 0))
+}
+
+/// Dynamic shared memory (bytes) of the chunk-parallel delta rule's kernels that are not the
+/// Hopper TMA one: `(kernel, bytes)`, bf16 (`tc`) or fp32 (the kernel contract lists them too).
+pub(crate) fn gdr_portable_smem(tc: bool) -> [(&'static str, usize); 3] {
+    if tc {
+        [
+            ("moss_enc_delta_rule_prep_bf16", GDR_PREP3P_FLOATS * 4),
+            ("moss_enc_gdr_seq_tc", GDR_SEQ_TC_FLOATS * 4),
+            ("moss_enc_gdr_out_tc_bf16", GDR_OUT_TC_FLOATS * 4),
+        ]
+    } else {
+        [("moss_enc_gdr_prep_f32", GDR_PREP_FLOATS * 4), ("moss_enc_gdr_seq", GDR_SEQ_FLOATS * 4), ("moss_enc_gdr_out_f32", GDR_OUT_FLOATS * 4)]
+    }
+}
+
+impl Cuda {
+    /// Whether the chunk-parallel kernels' shared memory fits a block of this GPU (the Hopper
+    /// TMA path always does; the portable kernels need up to 182 KiB: not on sm_86/89/120/121,
+    /// and `gdr_seq*` not on sm_80). Where they do not, [`GdrPath::Auto`] takes the sequential
+    /// one-kernel version.
+    pub(crate) fn gdr_smem_fits(&self, dt: DType, path: GdrPath) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        if path != GdrPath::Auto || (dt == DType::BF16 && self.has_sm90a()) {
+            return true;
+        }
+        let optin = self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(0);
+        gdr_portable_smem(dt == DType::BF16).iter().all(|&(_, b)| b <= optin)
+    }
+
+    /// The shapes of a gated delta rule's inputs checked (`q`, `k [L, Hk, dk]`, `v [L, Hv, dv]`,
+    /// `Hv % Hk == 0`, `g`, `beta [L, Hv]`), k and v in q's dtype, g and beta in f32, and the
+    /// output buffer: what both delta-rule kernels start from.
+    pub(super) fn gdr_inputs(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<GdrInputs> {
+        let (l, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        ensure!(k.shape == q.shape, "gated_delta_rule: k {:?} vs q {:?}", k.shape, q.shape);
+        let (lv, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        ensure!(lv == l && hk > 0 && hv % hk == 0, "gated_delta_rule: v {:?} for q {:?}", v.shape, q.shape);
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let dt = q.dtype;
+        let (k, v) = (self.cast(k, dt)?, self.cast(v, dt)?);
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let out = self.alloc(dt, &v.shape)?;
+        Ok(GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out })
+    }
+
+    /// The gated delta rule, chunk-parallel (`cuda/encoder/delta_rule.cu`): a prep over all (chunk, value head)
+    /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
+    /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
+    /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
+    /// [`GdrPath::Auto`]; the explicit paths are an error there). The planted control
+    /// (`prefix` = `moss_ctl_enc`) lives in the state pass / output kernel ([`GdrPath::PrepCtl`]:
+    /// in the prep).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+        path: GdrPath,
+    ) -> Result<CudaTensor> {
+        let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
+        let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
+        let ptrs = [q.ptr(), k.ptr(), v.ptr()];
+        if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) || !self.gdr_smem_fits(q.dtype, path) {
+            ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
+            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
+        }
+        let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
+        let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
+    }
+
+    /// [`Cuda::gated_delta_rule_with`] reading q, k and v straight out of the conv output
+    /// `qkv [L, 2·Hk·dk + Hv·dv]` (row stride: its width) instead of three narrowed copies.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_qkv_with(
+        &self,
+        qkv: &CudaTensor,
+        (hk, dk, hv, dv): (usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+        path: GdrPath,
+    ) -> Result<CudaTensor> {
+        ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
+        let (l, c) = (qkv.shape[0], qkv.shape[1]);
+        ensure!(c == 2 * hk * dk + hv * dv, "gated_delta_rule_qkv: width {c} for {hk}x{dk} key and {hv}x{dv} value heads");
+        ensure!(hk > 0 && hv % hk == 0, "gated_delta_rule_qkv: {hv} value heads over {hk} key heads");
+        let dt = qkv.dtype;
+        let es = dt.size() as u64;
+        let p = qkv.ptr();
+        let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
+        if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), (hk, hv), dk, dv) || !self.gdr_smem_fits(dt, path) {
+            let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
+            let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
+            let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
+            return self.gated_delta_rule_with(&q, &k, &v, g, beta, prefix, path);
+        }
+        for (n, t) in [("g", g), ("beta", beta)] {
+            ensure!(t.shape == [l, hv], "gated_delta_rule_qkv: {n} {:?}, expected [{l}, {hv}]", t.shape);
+        }
+        let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
+        let out = self.alloc(dt, &[l, hv, dv])?;
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
+    }
+
+    /// The chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]; bf16 rows 16-byte
+    /// aligned, [`gdr_chunked_fits`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gdr_chunked(
+        &self,
+        rows: &GdrRows,
+        (l, hk, dk, hv, dv): (usize, usize, usize, usize, usize),
+        dt: DType,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        out: CudaTensor,
+        prefix: &str,
+        path: GdrPath,
+    ) -> Result<CudaTensor> {
+        ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
+        let tma = match path {
+            GdrPath::Auto => dt == DType::BF16 && self.has_sm90a(),
+            GdrPath::Tma => {
+                ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
+                true
+            }
+            GdrPath::Tc | GdrPath::PrepCtl => false,
+        };
+        if l == 0 {
+            return Ok(out);
+        }
+        let (ch, d) = (DELTA_CHUNK, GDR_MAX_DIM);
+        let nc = l.div_ceil(ch);
+        let nb = nc * hv;
+        let f32s = |n: usize| self.alloc(DType::F32, &[n]);
+        let (kd, wk, u0) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
+        let (wqk, gam) = (f32s(nb * ch * ch)?, f32s(nb * ch)?);
+        let dims = || {
+            [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)]
+                .into_iter()
+                .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
+        };
+        let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
+        args.extend(dims());
+        let (u, s) = if dt == DType::F32 {
+            // fp32: the SIMT kernels, the control in gdr_out
+            self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            (f32s(nb * ch * d)?, f32s(nb * d * d)?)
+        } else {
+            // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
+            // value heads), its control only with PrepCtl
+            ensure!(
+                gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
+                "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
+            );
+            let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
+            self.launch(&format!("{pp}_delta_rule_prep_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            if tma {
+                // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
+                // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
+                // Kdᵀ U; the 2 column blocks of a cluster share each chunk's tiles, loaded as boxes of
+                // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
+                let r = (ch / 2) as u32;
+                let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
+                    tensor_map_2d(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
+                };
+                let mut args = vec![
+                    map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
+                    map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                    map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
+                    map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
+                    map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
+                    Arg::P(out.ptr()),
+                    Arg::P(gam.ptr()),
+                ];
+                args.extend(dims().take(5));
+                // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
+                self.launch(&format!("{prefix}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                return Ok(out);
+            }
+            (f32s(nb * ch * d)?, f32s(nb * d * d)?)
+        };
+        let tc = dt == DType::BF16;
+        let ncb = dv.div_ceil(GDR_SEQ_COLS);
+        self.launch(
+            if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
+            (hv * ncb) as u32,
+            256,
+            ((if tc { GDR_SEQ_TC_FLOATS } else { GDR_SEQ_FLOATS }) * 4) as u32,
+            &[
+                Arg::P(s.ptr()),
+                Arg::P(u.ptr()),
+                Arg::P(wk.ptr()),
+                Arg::P(kd.ptr()),
+                Arg::P(u0.ptr()),
+                Arg::P(gam.ptr()),
+                Arg::I(nc as i32),
+                Arg::I(hv as i32),
+                Arg::I(ncb as i32),
+            ],
+        )?;
+        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
+        args.extend(dims());
+        let op = if path == GdrPath::PrepCtl { "moss_enc" } else { prefix };
+        self.launch_2d(
+            &format!("{op}_gdr_out_{}", if tc { "tc_bf16" } else { "f32" }),
+            (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
+            256,
+            ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
+            &args,
+        )?;
+        Ok(out)
+    }
+
+    /// The gated delta rule in one kernel, sequential over chunks (`gdr` in `cuda/encoder/encoder_ops.cu`;
+    /// kept for head dims above [`GDR_MAX_DIM`] and as a second implementation under the gates).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_seq_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
+        if l == 0 {
+            return Ok(out);
+        }
+        // Columns per block: GDR_COLS, or all of dv when it is narrower or does not divide.
+        let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
+        ensure!(cols <= GDR_THREADS as usize, "gated_delta_rule: value head dim {dv}");
+        let ch = DELTA_CHUNK;
+        let floats = dk * cols + 2 * ch * (dk + 1) + 2 * ch * cols + 2 * ch * (ch + 1) + 4 * ch;
+        let bytes = floats * 4;
+        let optin = {
+            use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+            self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(227 * 1024)
+        };
+        ensure!(
+            bytes <= optin,
+            "gated_delta_rule: the sequential kernel needs {bytes} bytes of shared memory a block at dk {dk}; this GPU offers {optin} (the encoder's delta rule has no kernel for it yet)"
+        );
+        self.launch(
+            &format!("{prefix}_gdr_{}", dt.name()),
+            (hv * (dv / cols)) as u32,
+            GDR_THREADS,
+            bytes as u32,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(q.ptr()),
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::P(g.ptr()),
+                Arg::P(beta.ptr()),
+                Arg::I(l as i32),
+                Arg::I(hk as i32),
+                Arg::I(hv as i32),
+                Arg::I(dk as i32),
+                Arg::I(dv as i32),
+                Arg::I(cols as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,575 @@
+//! The VAE decoder's fused ops on CUDA (kernels in cuda/vae/vae_ops.cu; math on [`VaeOps`]). The whole
+//! decoder runs in fp32 whatever `--precision` says: its weights are f32 in the checkpoint and
+//! `load` keeps f32 tensors f32; every op here casts its inputs to f32 first (a no-op for f32).
+//!
+//! - `conv2d`: implicit GEMM, the nearest-×2 upsample folded into the input indexing, on the
+//!   tensor cores with split fp16 (cuda/vae/conv_fp16.cu, m16n8k16; measured on the H200: 100.5 ms a
+//!   1024x1024 decode against 136.4 ms on the TF32 halo kernel, 536 against 682 ms at 2048); an
+//!   activation past the fp16 range sets a device flag and the decoder decodes again on the
+//!   split-TF32 halo kernel of cuda/vae/conv_tf32.cu; conv_out's 3 outputs on an f64 SIMT kernel;
+//!   where a kernel's shared memory does not fit (or k is not 1 or 3) the split-TF32 tap-major
+//!   kernel. The tensor cores' fp32 accumulation truncates, so each 16-deep k-step accumulates
+//!   into a fresh tile that is then added to the running sum with round-to-nearest adds.
+//! - `conv2d_normed` (a resnet's GroupNorm + SiLU + conv): the normalise pass then the conv.
+//! - `group_norm`: f64 partials per (group, row) on the GPU (fixed order, no atomics), combined
+//!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
+//!   same bits for a row strip as for the whole picture (the split decode relies on it).
+//! - `spatial_attention`: where D = 384 and its shared memory fits, one flash-style kernel on
+//!   fp16 tensor cores with hi/lo split operands (cuda/vae/attention_fp16.cu, src/backend/cuda/vae_attn16.rs;
+//!   5.5 ms at L = 16384 and 85.9 ms at L = 65536 on the H200); else where 204 KB fit, the
+//!   split-TF32 flash kernel (cuda/vae/attention_tf32.cu); else query chunks of scores (at most
+//!   `ATTN_CHUNK_BYTES`): `S = Q_c·Kᵀ`, a row softmax kernel, `P·V`, the products on the
+//!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
+//! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
+
+pub mod attention_fp16;
+pub mod conv;
+pub mod plan;
+
+pub use conv::{ConvControl, ConvKernel};
+pub use plan::{strip_rows_for, vae_activation_bytes, vae_mid_bytes, vae_strip_bytes};
+use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
+use plan::{copy2d_desc, host_rows_dims};
+
+use crate::backend::cuda::blas::LinearBug;
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::ops::VaeOps;
+use crate::backend::Backend;
+use crate::tensor::Tensor;
+use anyhow::{ensure, Result};
+use cudarc::driver::sys;
+
+impl Cuda {
+    /// Run `f`, timed under `key` while the profile ([`crate::backend::cuda::profile`]) is on.
+    fn timed<T>(&self, key: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.timed_op(key, f)
+    }
+}
+
+/// Bytes of attention scores one query chunk may hold.
+pub const ATTN_CHUNK_BYTES: usize = 1 << 30;
+
+/// The kernels the VAE's ops use on a device whose blocks may opt into shared memory for which
+/// `fits(bytes)` holds ([`crate::backend::cuda::select::choices`]).
+pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda::select::Choice> {
+    use crate::backend::cuda::select::Choice;
+    let f16 = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(f16_smem_bytes(bm, k))));
+    let halo = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(halo_smem_bytes(bm, k))));
+    let conv = if f16 { "moss_vae_conv16_b{96,128}_k{1,3} (split fp16)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major: the fp16 kernel's shared memory does not fit)" };
+    let rerun = if halo { "moss_vae_conv_halo_b{96,128}_k{1,3} (split TF32)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major)" };
+    let attn = if fits(crate::backend::cuda::vae::attention_fp16::SMEM16_BYTES) {
+        crate::backend::cuda::vae::attention_fp16::KERNEL.to_string()
+    } else if fits(FLASH_SMEM_BYTES) {
+        "moss_vae_flash_d384 (split TF32)".to_string()
+    } else if halo {
+        "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".to_string()
+    } else {
+        "cuBLAS fp32 products + moss_vae_softmax_rows".to_string()
+    };
+    vec![
+        Choice { op: "vae conv2d (k 1, 3)", kernel: conv.into() },
+        Choice { op: "vae conv2d, fp16 overflow re-run", kernel: rerun.into() },
+        Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
+        Choice { op: "vae spatial_attention (D 384)", kernel: attn },
+    ]
+}
+
+/// cuda/vae/attention_tf32.cu: the head width it is built for, query rows per block, shared memory
+/// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
+const FLASH_D: usize = 384;
+const FLASH_BQ: usize = 64;
+pub(crate) const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
+
+fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
+    ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
+    Ok((x.shape[0], x.shape[1], x.shape[2], x.shape[3]))
+}
+
+impl Cuda {
+    fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.cast(x, DType::F32)
+    }
+
+    pub(crate) fn bn_unpatchify_with(
+        &self,
+        z: &CudaTensor,
+        mean: &CudaTensor,
+        var: &CudaTensor,
+        eps: f64,
+        patch: [usize; 2],
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, ck, h, w) = dims4(z, "bn_unpatchify")?;
+        let [ph, pw] = patch;
+        let pp = ph * pw;
+        ensure!(pp > 0 && ck % pp == 0, "bn_unpatchify: {ck} channels do not split into {ph}x{pw} patches");
+        ensure!(mean.numel() == ck && var.numel() == ck, "bn_unpatchify: statistics {:?} / {:?}", mean.shape, var.shape);
+        let (z, mean, var) = (self.f32(z)?, self.f32(mean)?, self.f32(var)?);
+        let c = ck / pp;
+        let out = self.alloc(DType::F32, &[n, c, h * ph, w * pw])?;
+        let total = out.numel();
+        self.launch(
+            &format!("{prefix}_vae_bn_unpatchify"),
+            self.grid_for(total),
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(z.ptr()),
+                Arg::P(mean.ptr()),
+                Arg::P(var.ptr()),
+                Arg::F(eps as f32),
+                Arg::I(n as i32),
+                Arg::I(c as i32),
+                Arg::I(h as i32),
+                Arg::I(w as i32),
+                Arg::I(ph as i32),
+                Arg::I(pw as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// `group_norm_row_stats`; `prefix` `moss_ctl` plants a skipped element.
+    pub(crate) fn group_norm_row_stats_with(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<Vec<f64>> {
+        let (n, c, h, wd) = dims4(x, "group_norm")?;
+        ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
+        let cg = c / groups;
+        ensure!(cg * wd < i32::MAX as usize && h < i32::MAX as usize, "group_norm: rows too long");
+        let x = self.f32(x)?;
+        let units = n * groups * h;
+        ensure!(units < i32::MAX as usize, "group_norm: {units} rows");
+        // [units, 2] doubles in an f32 buffer of twice the length.
+        let out = self.alloc(DType::F32, &[units * 4])?;
+        self.launch(
+            &format!("{prefix}_vae_gn_row_stats"),
+            units as u32,
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::I(cg as i32), Arg::I(h as i32), Arg::I(wd as i32)],
+        )?;
+        let bytes = self.download_bytes(&out)?;
+        Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
+    }
+
+    /// `group_norm_apply`; `prefix` `moss_ctl` plants the affine channel `idx % C`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn group_norm_apply_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+        prefix: &str,
+    ) -> Result<CudaTensor> {
+        let (n, c, h, wd) = dims4(x, "group_norm")?;
+        ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
+        ensure!(w.numel() == c && b.numel() == c, "group_norm: affine {:?} / {:?} for {c} channels", w.shape, b.shape);
+        ensure!(stats.len() == n * groups * 2, "group_norm: {} statistics for {n}x{groups} groups", stats.len());
+        let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
+        let hw = h * wd;
+        // [n·groups, 2] doubles (mean, variance) in an f32 buffer of twice the length.
+        let st = self.alloc(DType::F32, &[stats.len() * 2])?;
+        let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.write_bytes(st.ptr(), &bytes, false)?;
+        let out = self.alloc(DType::F32, &x.shape)?;
+        let total = x.numel();
+        self.launch(
+            &format!("{prefix}_vae_gn_apply"),
+            self.grid_for(total),
+            256,
+            0,
+            &[
+                Arg::P(out.ptr()),
+                Arg::P(x.ptr()),
+                Arg::P(st.ptr()),
+                Arg::P(w.ptr()),
+                Arg::P(b.ptr()),
+                Arg::L(total as i64),
+                Arg::I(c as i32),
+                Arg::L(hw as i64),
+                Arg::I(groups as i32),
+                Arg::L(eps.to_bits() as i64),
+                Arg::I(silu as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// `spatial_attention`; `prefix` picks the softmax kernel (`moss_ctl` drops the scale);
+    /// `chunk_bytes` bounds the scores one chunk holds.
+    pub(crate) fn spatial_attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        prefix: &str,
+        chunk_bytes: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3, "spatial_attention: expected [N, L, D], got {:?}", q.shape);
+        ensure!(
+            k.shape == q.shape && v.shape == q.shape,
+            "spatial_attention: q {:?}, k {:?}, v {:?}",
+            q.shape,
+            k.shape,
+            v.shape
+        );
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        let scale = 1.0 / (d as f64).sqrt();
+        let rows = (chunk_bytes / (4 * l.max(1))).clamp(1, l.max(1));
+        let mut outs = vec![];
+        for ni in 0..n {
+            let (qn, kn, vn) = if n == 1 {
+                (self.reshape(&q, &[l, d])?, self.reshape(&k, &[l, d])?, self.reshape(&v, &[l, d])?)
+            } else {
+                (
+                    self.reshape(&self.narrow(&q, 0, ni, 1)?, &[l, d])?,
+                    self.reshape(&self.narrow(&k, 0, ni, 1)?, &[l, d])?,
+                    self.reshape(&self.narrow(&v, 0, ni, 1)?, &[l, d])?,
+                )
+            };
+            let vt = self.permute(&vn, &[1, 0])?; // [D, L]: P·V = linear(P, Vᵀ)
+            let mut parts = vec![];
+            for r0 in (0..l).step_by(rows) {
+                let rc = rows.min(l - r0);
+                let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
+                let s = self.linear_with(&qc, &kn, None, LinearBug::None)?; // [rc, L]
+                self.launch(
+                    &format!("{prefix}_vae_softmax_rows"),
+                    (rc as u32).min(65535 * 8),
+                    256,
+                    0,
+                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
+                )?;
+                parts.push(self.linear_with(&s, &vt, None, LinearBug::None)?); // [rc, D]
+            }
+            let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
+            outs.push(self.reshape(&o, &[1, l, d])?);
+        }
+        if outs.len() == 1 {
+            Ok(outs.pop().unwrap())
+        } else {
+            self.cat(&outs.iter().collect::<Vec<_>>(), 0)
+        }
+    }
+
+    /// `a · b` for row-major `a [M, K]` and `b [K, N]` on the halo conv kernel (split TF32, fp32
+    /// accuracy): a 1×1 conv with `a` as the weight and `b` as a `[K, N/16, 16]` picture; split
+    /// over K into `ks` images when the output has few tiles, the partial products then summed.
+    /// Needs K % (8·ks) == 0 and N % 16 == 0.
+    fn matmul_split(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+        ensure!(b.shape[0] == k && k % 8 == 0 && n % 16 == 0, "matmul_split: {:?} · {:?}", a.shape, b.shape);
+        // Aim at two 1-block-per-SM waves (`grid_for` caps a grid at 16 blocks per SM).
+        let sms = self.grid_for(usize::MAX) as usize / 16;
+        let tiles = m.div_ceil(128) * (n / 16).div_ceil(HALO_TH);
+        let mut ks = 1;
+        while tiles * ks < 2 * sms && k % (16 * ks) == 0 && k / (2 * ks) >= 1024 {
+            ks *= 2;
+        }
+        let w = self.reshape(a, &[m, k, 1, 1])?;
+        let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
+        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
+        let mut sum = self.narrow(&o, 0, 0, 1)?;
+        for i in 1..ks {
+            sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
+        }
+        self.reshape(&sum, &[m, n])
+    }
+
+    /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
+    /// per query chunk `S = Q_c · Kᵀ`, the row softmax, `P · V`. Chunks hold `chunk_bytes / 3` of
+    /// scores (the weight prep of `P` takes twice its size). Needs L % 16 == 0, D % 16 == 0.
+    pub(crate) fn spatial_attention_split(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        prefix: &str,
+        chunk_bytes: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
+        let scale = 1.0 / (d as f64).sqrt();
+        let rows = (chunk_bytes / 3 / (4 * l)).clamp(1, l);
+        let mut outs = vec![];
+        for ni in 0..n {
+            let one = |t: &CudaTensor| -> Result<CudaTensor> {
+                if n == 1 { self.reshape(t, &[l, d]) } else { self.reshape(&self.narrow(t, 0, ni, 1)?, &[l, d]) }
+            };
+            let (qn, kn, vn) = (one(&q)?, one(&k)?, one(&v)?);
+            let kt = self.permute(&kn, &[1, 0])?; // [D, L]
+            let mut parts = vec![];
+            for r0 in (0..l).step_by(rows) {
+                let rc = rows.min(l - r0);
+                let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
+                let s = self.matmul_split(&qc, &kt)?; // [rc, L]
+                self.launch(
+                    &format!("{prefix}_vae_softmax_rows"),
+                    (rc as u32).min(65535 * 8),
+                    256,
+                    0,
+                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
+                )?;
+                parts.push(self.matmul_split(&s, &vn)?); // [rc, D]
+            }
+            let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
+            outs.push(self.reshape(&o, &[1, l, d])?);
+        }
+        if outs.len() == 1 {
+            Ok(outs.pop().unwrap())
+        } else {
+            self.cat(&outs.iter().collect::<Vec<_>>(), 0)
+        }
+    }
+
+    /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
+    fn halo_fits_bytes(&self, bytes: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
+    }
+
+    /// `spatial_attention` as one flash-style kernel (cuda/vae/attention_tf32.cu, D = 384): split-TF32
+    /// products, online softmax, no scores in memory. `prefix` `moss_ctl` plants the running
+    /// output not rescaled.
+    pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
+        ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
+        ensure!(l * d < i32::MAX as usize, "spatial_attention_flash: L {l} too long");
+        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
+        let out = self.alloc(DType::F32, &[n, l, d])?;
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        self.launch_2d(
+            &format!("{prefix}_vae_flash_d384"),
+            (l.div_ceil(FLASH_BQ) as u32, n as u32),
+            256,
+            FLASH_SMEM_BYTES as u32,
+            &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
+        )?;
+        Ok(out)
+    }
+
+    /// Whether the flash attention kernel applies: D = 384 and its 203.5 KB of shared memory
+    /// fit (H100/H200; not an A100 or sm_86/89/120).
+    pub(crate) fn flash_fits(&self, d: usize) -> bool {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        d == FLASH_D && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= FLASH_SMEM_BYTES).unwrap_or(false)
+    }
+
+    /// `to_rgb8` as a device byte buffer (`moss_ctl` truncates instead of rounding).
+    pub(crate) fn to_rgb8_with(&self, x: &CudaTensor, prefix: &str) -> Result<Vec<u8>> {
+        let (n, c, h, w) = dims4(x, "to_rgb8")?;
+        ensure!(n == 1 && c == 3, "to_rgb8: expected one RGB picture [1, 3, H, W], got {:?}", x.shape);
+        let x = self.f32(x)?;
+        let hw = h * w;
+        // A byte buffer: an f32 tensor of ceil(3hw/4) elements holds the 3hw bytes.
+        let out = self.alloc(DType::F32, &[(3 * hw).div_ceil(4)])?;
+        self.launch(
+            &format!("{prefix}_vae_to_rgb8"),
+            self.grid_for(3 * hw),
+            256,
+            0,
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::L(hw as i64)],
+        )?;
+        let mut bytes = self.download_bytes(&out)?;
+        bytes.truncate(3 * hw);
+        Ok(bytes)
+    }
+}
+
+impl VaeOps for Cuda {
+    fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
+        // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
+        let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
+        let plan = crate::backend::cuda::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
+        plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
+    }
+    fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
+        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::backend::cuda::plan::RESERVE_BYTES)) };
+        if vae_activation_bytes(cfg, h, w) <= avail(self)? {
+            return Ok(None);
+        }
+        // Freed tensors the pool still holds count as used: hand them back and look again.
+        self.trim_pool()?;
+        strip_rows_for(cfg, h, w, avail(self)?)
+    }
+    fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
+        self.upload_as(t, DType::F32)
+    }
+    fn upload_rows(&self, x: &Tensor, y0: usize, y1: usize) -> Result<CudaTensor> {
+        let (c, h, w) = host_rows_dims(x, y0, y1)?;
+        let r = y1 - y0;
+        let out = self.alloc(DType::F32, &[1, c, r, w])?;
+        // One 2-D copy: C rows of r·W floats, pitch H·W on the host.
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            out.ptr(),
+            r * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the source rows lie inside `x.data` (checked above), the destination holds
+        // C·r·W floats; a copy from pageable memory has read the source when the call returns.
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row upload: {e:?}"))?;
+        Ok(out)
+    }
+    fn download_rows(&self, t: &CudaTensor, x: &mut Tensor, y0: usize) -> Result<()> {
+        let (n, c, r, w) = dims4(t, "download_rows")?;
+        let (xc, h, xw) = host_rows_dims(x, y0, y0 + r)?;
+        ensure!(n == 1 && c == xc && w == xw, "download_rows: strip {:?} into picture {:?}", t.shape, x.shape);
+        let t = self.f32(t)?;
+        let cp = copy2d_desc(
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            t.ptr(),
+            r * w * 4,
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            x.data[y0 * w..].as_mut_ptr() as *mut std::ffi::c_void,
+            0,
+            h * w * 4,
+            r * w * 4,
+            c,
+        );
+        let s = &self.gpu().stream;
+        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
+        // SAFETY: the destination rows lie inside `x.data`; we wait for the copy before
+        // returning (so before `x` can be read or dropped).
+        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row download: {e:?}"))?;
+        self.sync()
+    }
+    fn bn_unpatchify(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
+        self.bn_unpatchify_with(z, mean, var, eps, patch, "moss")
+    }
+    fn conv2d(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
+        self.timed(
+            || format!("conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if upsample2x { " up2x" } else { "" }),
+            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel()),
+        )
+    }
+    fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
+        self.timed(|| format!("group_norm {:?}", x.shape), || {
+            let d = &x.shape;
+            ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
+            let rows = self.group_norm_row_stats_with(x, groups, "moss")?;
+            let stats = crate::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
+            self.group_norm_apply_with(x, w, b, groups, &stats, eps, silu, "moss")
+        })
+    }
+    fn group_norm_row_stats(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
+        self.timed(|| format!("group_norm stats {:?}", x.shape), || self.group_norm_row_stats_with(x, groups, "moss"))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_normed(
+        &self,
+        x: &CudaTensor,
+        nw: &CudaTensor,
+        nb: &CudaTensor,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        up: bool,
+    ) -> Result<CudaTensor> {
+        self.timed(
+            || format!("norm+conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if up { " up2x" } else { "" }),
+            || {
+                // The normalise pass then the conv (GroupNorm fused into the halo conv's load was
+                // measured slower on the H200: the conv kernel is instruction-bound).
+                let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
+                self.conv2d_with(&t, w, b, up, self.conv_kernel())
+            },
+        )
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn group_norm_apply(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<CudaTensor> {
+        self.group_norm_apply_with(x, w, b, groups, stats, eps, silu, "moss")
+    }
+    fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
+        let fits = q.shape.len() == 3;
+        let f16 = fits && self.f16_attn_fits(q.shape[2]);
+        let flash = fits && self.flash_fits(q.shape[2]);
+        let split = fits && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
+        self.timed(
+            || format!("attention {:?}", q.shape),
+            || {
+                if f16 {
+                    self.spatial_attention_f16(q, k, v, crate::backend::cuda::vae::attention_fp16::KERNEL)
+                } else if flash {
+                    self.spatial_attention_flash(q, k, v, "moss")
+                } else if split {
+                    self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                } else {
+                    self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                }
+            },
+        )
+    }
+    fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
+        self.to_rgb8_with(x, "moss")
+    }
+    fn conv_overflow(&self) -> Result<bool> {
+        self.vae_flag_take()
+    }
+    fn set_conv_fallback(&self, on: bool) {
+        self.set_vae_tf32_fallback(on)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::config::VaeConfig;
+
+    #[test]
+    fn activation_estimate_full_size() {
+        let cfg = VaeConfig {
+            latent_channels: 32,
+            out_channels: 3,
+            decoder_block_out_channels: vec![96, 192, 384, 384],
+            layers_per_block: 2,
+            norm_num_groups: 32,
+            batch_norm_eps: 1e-4,
+            patch_size: [2, 2],
+            use_post_quant_conv: true,
+            mid_block_add_attention: true,
+            defaulted: vec![],
+        };
+        // 1024x1024: the largest picture is the 192-wide upsampler output at 1024x1024.
+        let b = vae_activation_bytes(&cfg, 64, 64);
+        let peak = 4 * 192 * 1024 * 1024 * 4;
+        assert_eq!(b, peak + peak / 4);
+        // 2048x2048: four times that (attention's 1 GiB chunk and q/k/v stay below it).
+        assert_eq!(vae_activation_bytes(&cfg, 128, 128), 4 * b);
+        // Split: the widest row is 384 channels x 512 columns (up block 2's input) = 192 x 1024
+        // (the last upsampler's output).
+        let s = vae_strip_bytes(&cfg, 64, 64, 30);
+        let want = 7 * 32 * 192 * 1024 * 4;
+        assert_eq!(s, want + want / 4);
+        assert!(vae_mid_bytes(&cfg, 64, 64) < b);
+        // The planner: whole when it fits, the tallest fitting strip, a refusal with numbers.
+        assert_eq!(strip_rows_for(&cfg, 64, 64, b).unwrap(), None);
+        let free = vae_strip_bytes(&cfg, 64, 64, 300) + 5; // above the mid block's 1.6 GB
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let free = vae_strip_bytes(&cfg, 64, 64, 301) - 1;
+        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
+        let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
+        assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
+        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / crate::backend::cuda::ops::GIB, 4.0 * b as f64 / crate::backend::cuda::ops::GIB);
+    }
+}
