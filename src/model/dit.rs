@@ -396,7 +396,7 @@ impl<B: DitOps> Dit<B> {
         for (j, &(i, blk)) in active.iter().enumerate() {
             let next = active.get(j + 1).map(|(_, n)| &n.norm1);
             let yin = y.take().expect("every block that runs gets its norm");
-            let mats = b.timed("fetch block weights", || self.block_weights(b, i))?;
+            let mats = self.block_weights(b, i)?;
             (xs, y) = self.block(b, blk, &mats, xs, yin, &m, &cos, &sin, next)?;
         }
         b.timed("head", || {
@@ -411,7 +411,7 @@ impl<B: DitOps> Dit<B> {
     fn block_weights(&self, b: &B, i: usize) -> Result<Fetched<'_, B>> {
         match (&self.layers[i].mats, &self.source) {
             (Some(m), _) => Ok(Fetched::Resident(m)),
-            (None, Some(c)) => Ok(Fetched::Streamed(BlockMats::load(b, c, i)?)),
+            (None, Some(c)) => Ok(Fetched::Streamed(b.timed("fetch block weights", || BlockMats::load(b, c, i))?)),
             (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
         }
     }
