@@ -114,12 +114,19 @@ struct RefinerBlock<B: DitOps> {
     ffn_down: Linear<B>,
 }
 
-/// `layers.N`: modulated by the shared modulation, no biases, raw gates.
+/// `layers.N`: modulated by the shared modulation, no biases, raw gates. The norms (vectors)
+/// stay resident; the matrices are resident or fetched per forward (see [`Dit::block_weights`]).
 struct Block<B: DitOps> {
     norm1: B::T,
     norm2: B::T,
     q_norm: B::T,
     k_norm: B::T,
+    /// `None`: streamed (fetched from the checkpoint each time a forward reaches this block).
+    mats: Option<BlockMats<B>>,
+}
+
+/// The matrices of one main block: the bytes that streaming moves.
+pub struct BlockMats<B: DitOps> {
     /// `proj.q`, `proj.k`, `proj.v` stacked at load (rows `[q ; k ; v]`, `[3·D, D]`): one GEMM
     /// gives the packed `[N, 3·D]` projection the fused QK-norm/RoPE and attention read.
     qkv: B::T,
@@ -127,6 +134,35 @@ struct Block<B: DitOps> {
     /// rows `[up ; gate]`
     ffn_up_gate: B::T,
     ffn_down: B::T,
+}
+
+impl<B: DitOps> BlockMats<B> {
+    fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
+        let w = |n: &str| b.load(c, &format!("layers.{i}.{n}"));
+        let (q, k, v) = (w("proj.q.weight")?, w("proj.k.weight")?, w("proj.v.weight")?);
+        Ok(BlockMats {
+            qkv: b.cat(&[&q, &k, &v], 0)?,
+            o: w("proj.o.weight")?,
+            ffn_up_gate: w("proj.ffn_up_gate.weight")?,
+            ffn_down: w("proj.ffn_down.weight")?,
+        })
+    }
+}
+
+/// A block's matrices as the weight provider hands them out: resident, or fetched for this use.
+enum Fetched<'a, B: DitOps> {
+    Resident(&'a BlockMats<B>),
+    Streamed(BlockMats<B>),
+}
+
+impl<B: DitOps> std::ops::Deref for Fetched<'_, B> {
+    type Target = BlockMats<B>;
+    fn deref(&self) -> &BlockMats<B> {
+        match self {
+            Fetched::Resident(m) => m,
+            Fetched::Streamed(m) => m,
+        }
+    }
 }
 
 /// What the timestep gives every block (spec 4.3): `[D]` vectors.
@@ -163,6 +199,8 @@ pub struct Dit<B: DitOps> {
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
+    /// The checkpoint the streamed blocks are fetched from (`None`: every block is resident).
+    source: Option<Component>,
     /// RoPE tables of the joint stream by `(h, w, text_len)`, built on the host once and reused by
     /// every step (cond and uncond differ in `text_len`); the most recent [`ROPE_CACHE`] kept.
     rope_cache: Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
@@ -172,7 +210,28 @@ pub struct Dit<B: DitOps> {
 const ROPE_CACHE: usize = 4;
 
 impl<B: DitOps> Dit<B> {
+    /// Every block resident.
     pub fn load(b: &B, c: &Component, cfg: &DitConfig) -> Result<Self> {
+        Self::load_blocks(b, c, cfg, usize::MAX)
+    }
+
+    /// The first `resident` main blocks resident, the rest streamed from `c` (kept open, a file
+    /// mapping) each time a forward reaches them: the same values through the same kernels, so
+    /// the output is identical to [`Dit::load`]'s; device memory holds one streamed block at a time.
+    pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
+        let mut dit = Self::load_blocks(b, &c, cfg, resident)?;
+        if resident < cfg.num_layers {
+            dit.source = Some(c);
+        }
+        Ok(dit)
+    }
+
+    /// How many main blocks are resident (the rest stream).
+    pub fn resident_blocks(&self) -> usize {
+        self.layers.iter().filter(|l| l.mats.is_some()).count()
+    }
+
+    fn load_blocks(b: &B, c: &Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
         let w = |n: &str| b.load(c, n);
         let lin = |n: &str, bias: bool| Linear::load(b, c, n, bias);
         let mut refiner = vec![];
@@ -199,13 +258,7 @@ impl<B: DitOps> Dit<B> {
                 norm2: w(&format!("{p}norm2.weight"))?,
                 q_norm: w(&format!("{p}q_norm.weight"))?,
                 k_norm: w(&format!("{p}k_norm.weight"))?,
-                qkv: {
-                    let (q, k, v) = (w(&format!("{p}proj.q.weight"))?, w(&format!("{p}proj.k.weight"))?, w(&format!("{p}proj.v.weight"))?);
-                    b.cat(&[&q, &k, &v], 0)?
-                },
-                o: w(&format!("{p}proj.o.weight"))?,
-                ffn_up_gate: w(&format!("{p}proj.ffn_up_gate.weight"))?,
-                ffn_down: w(&format!("{p}proj.ffn_down.weight"))?,
+                mats: if i < resident { Some(BlockMats::load(b, c, i)?) } else { None },
             });
         }
         Ok(Dit {
@@ -220,6 +273,7 @@ impl<B: DitOps> Dit<B> {
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
+            source: None,
             rope_cache: Mutex::new(Vec::new()),
         })
     }
@@ -332,17 +386,18 @@ impl<B: DitOps> Dit<B> {
         drop(img);
         // Each block's first norm is fused with the previous block's last gated residual, so
         // only the first block that runs starts from a plain norm.
-        let active: Vec<&Block<B>> = self.layers.iter().enumerate().filter(|(i, _)| !skip.contains(i)).map(|(_, l)| l).collect();
+        let active: Vec<(usize, &Block<B>)> = self.layers.iter().enumerate().filter(|(i, _)| !skip.contains(i)).collect();
         let mut y = match active.first() {
-            Some(first) => Some(b.timed("rms_norm_modulate", || {
+            Some((_, first)) => Some(b.timed("rms_norm_modulate", || {
                 b.rms_norm_modulate(&xs, &first.norm1, &m.shift_attn, &m.scale_attn, cfg.eps)
             })?),
             None => None,
         };
-        for (j, blk) in active.iter().enumerate() {
-            let next = active.get(j + 1).map(|n| &n.norm1);
+        for (j, &(i, blk)) in active.iter().enumerate() {
+            let next = active.get(j + 1).map(|(_, n)| &n.norm1);
             let yin = y.take().expect("every block that runs gets its norm");
-            (xs, y) = self.block(b, blk, xs, yin, &m, &cos, &sin, next)?;
+            let mats = self.block_weights(b, i)?;
+            (xs, y) = self.block(b, blk, &mats, xs, yin, &m, &cos, &sin, next)?;
         }
         b.timed("head", || {
             let z = b.narrow(&xs, 0, 0, h * w)?;
@@ -350,6 +405,15 @@ impl<B: DitOps> Dit<B> {
             let out = b.linear(&z, &self.final_linear_video, None)?;
             b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
         })
+    }
+
+    /// The weight provider: block `i`'s matrices, resident or fetched from the checkpoint now.
+    fn block_weights(&self, b: &B, i: usize) -> Result<Fetched<'_, B>> {
+        match (&self.layers[i].mats, &self.source) {
+            (Some(m), _) => Ok(Fetched::Resident(m)),
+            (None, Some(c)) => Ok(Fetched::Streamed(b.timed("fetch block weights", || BlockMats::load(b, c, i))?)),
+            (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
+        }
     }
 
     /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);
@@ -360,6 +424,7 @@ impl<B: DitOps> Dit<B> {
         &self,
         b: &B,
         blk: &Block<B>,
+        mats: &BlockMats<B>,
         x: B::T,
         y: B::T,
         m: &Modulation<B>,
@@ -368,20 +433,20 @@ impl<B: DitOps> Dit<B> {
         next_norm: Option<&B::T>,
     ) -> Result<(B::T, Option<B::T>)> {
         let eps = self.cfg.eps;
-        let qkv = linear(b, "qkv", &y, &blk.qkv)?;
+        let qkv = linear(b, "qkv", &y, &mats.qkv)?;
         drop(y);
         let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
-        let o = linear(b, "o", &att, &blk.o)?;
+        let o = linear(b, "o", &att, &mats.o)?;
         drop(att);
         let (x, y) = b.timed("gated_residual + rms_norm_modulate", || {
             b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)
         })?;
         drop(o);
-        let u = linear(b, "up_gate", &y, &blk.ffn_up_gate)?;
+        let u = linear(b, "up_gate", &y, &mats.ffn_up_gate)?;
         drop(y);
         let s = b.timed("situ_glu", || b.situ_glu(&u))?;
         drop(u);
-        let dn = linear(b, "down", &s, &blk.ffn_down)?;
+        let dn = linear(b, "down", &s, &mats.ffn_down)?;
         drop(s);
         match next_norm {
             Some(w) => {

@@ -1,0 +1,186 @@
+//! The streaming memory planner: before any weights load, decide per network (text encoder,
+//! transformer, VAE) what stays resident on the device and what streams from host memory, under a
+//! cap (`--max-vram`). Pure arithmetic on byte counts, so every decision is unit-tested at full
+//! size without a GPU. The stages run one after another, each freeing the last, so each network
+//! must fit the cap alone.
+//!
+//! - Resident: weights + activations + reserve fit.
+//! - Streamed: the non-block weights stay resident (less `host_only`, e.g. the encoder's
+//!   embedding table, of which only the prompt's rows are uploaded), K of N blocks resident, and
+//!   `PREFETCH + 1` block buffers for the streamed rest (the one computing, the ones in flight).
+//! - Strips: a network with strip activations (the VAE) decodes in row strips when whole does not fit.
+
+use anyhow::{bail, Result};
+
+/// Headroom on top of weights and activations (as the per-stage check keeps: cuBLASLt workspace,
+/// pool rounding, per-op temporaries).
+pub const RESERVE: u64 = 512 << 20;
+/// Blocks copied ahead of the one computing.
+pub const PREFETCH: u64 = 1;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One network's byte counts, as loaded at the run's precision.
+#[derive(Clone, Debug)]
+pub struct Network {
+    pub name: &'static str,
+    /// All weights.
+    pub weights: u64,
+    /// Repeated blocks that can stream, and the bytes of one (the largest).
+    pub blocks: u64,
+    pub block_bytes: u64,
+    /// Weights that may stay on the host when streaming (the embedding table).
+    pub host_only: u64,
+    /// Peak activations of the run (size, tokens).
+    pub activations: u64,
+    /// Peak activations when split into strips (`None`: no split).
+    pub strip_activations: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Resident,
+    /// `resident` of `blocks` blocks resident, the rest copied each pass.
+    Streamed { resident: u64, blocks: u64 },
+    /// Whole weights, activations in strips.
+    Strips,
+}
+
+#[derive(Clone, Debug)]
+pub struct NetworkPlan {
+    pub name: &'static str,
+    pub placement: Placement,
+    /// What the network holds on the device at its peak.
+    pub device_bytes: u64,
+    /// Host-to-device bytes per forward pass beyond the first load.
+    pub moved_per_pass: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub cap: u64,
+    pub networks: Vec<NetworkPlan>,
+}
+
+impl Network {
+    fn streamed_fixed(&self) -> u64 {
+        self.weights - self.blocks * self.block_bytes - self.host_only.min(self.weights - self.blocks * self.block_bytes)
+    }
+
+    /// The least cap this network runs under (streaming every block, strips if it has them).
+    pub fn minimum(&self) -> u64 {
+        let act = self.strip_activations.unwrap_or(self.activations).min(self.activations);
+        let whole = self.weights + act + RESERVE;
+        if self.blocks == 0 {
+            return whole;
+        }
+        let buffers = (PREFETCH + 1).min(self.blocks) * self.block_bytes;
+        whole.min(self.streamed_fixed() + buffers + self.activations + RESERVE)
+    }
+
+    /// The placement under `cap`, or `None` when even streaming does not fit.
+    pub fn place(&self, cap: u64) -> Option<NetworkPlan> {
+        let plan = |placement, device_bytes, moved_per_pass| NetworkPlan { name: self.name, placement, device_bytes, moved_per_pass };
+        let resident = self.weights + self.activations + RESERVE;
+        if resident <= cap {
+            return Some(plan(Placement::Resident, resident, 0));
+        }
+        if let Some(strips) = self.strip_activations {
+            let need = self.weights + strips + RESERVE;
+            if need <= cap {
+                return Some(plan(Placement::Strips, need, 0));
+            }
+        }
+        if self.blocks == 0 {
+            return None;
+        }
+        let base = self.streamed_fixed() + self.activations + RESERVE;
+        let buffers = (PREFETCH + 1).min(self.blocks) * self.block_bytes;
+        if base + buffers > cap {
+            return None;
+        }
+        // Every block made resident frees nothing from the buffers until all but the buffered ones are.
+        let k = ((cap - base - buffers) / self.block_bytes).min(self.blocks - 1);
+        let streamed = self.blocks - k;
+        let device = base + k * self.block_bytes + (PREFETCH + 1).min(streamed) * self.block_bytes;
+        Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.block_bytes))
+    }
+}
+
+/// The cap to plan under: `requested` GiB (clamped to the device's total with a warning), or the
+/// device's free memory less [`RESERVE`]. Returns the cap and the warning, if any.
+pub fn cap(requested_gib: Option<f64>, free: u64, total: u64) -> (u64, Option<String>) {
+    match requested_gib {
+        Some(g) => {
+            let want = (g * GIB) as u64;
+            if want > total {
+                let w = format!("--max-vram {g} GiB is above the device's {:.1} GiB; using {:.1} GiB", total as f64 / GIB, total as f64 / GIB);
+                (total, Some(w))
+            } else {
+                (want, None)
+            }
+        }
+        None => (free.saturating_sub(RESERVE), None),
+    }
+}
+
+/// Place every network under `cap`; refuses, naming the smallest cap that works, when one cannot fit.
+pub fn plan(cap: u64, nets: &[Network]) -> Result<Plan> {
+    let mut networks = vec![];
+    for n in nets {
+        match n.place(cap) {
+            Some(p) => networks.push(p),
+            None => {
+                let least = nets.iter().map(Network::minimum).max().unwrap_or(0);
+                bail!(
+                    "{} does not fit in {:.2} GiB even streamed; the smallest cap that works is {:.2} GiB (--max-vram {})",
+                    n.name,
+                    cap as f64 / GIB,
+                    least as f64 / GIB,
+                    (least as f64 / GIB * 100.0).ceil() / 100.0
+                );
+            }
+        }
+    }
+    Ok(Plan { cap, networks })
+}
+
+impl Plan {
+    /// One line for `-v`: per network, what is resident, what streams, bytes moved per pass.
+    pub fn line(&self) -> String {
+        let parts: Vec<String> = self
+            .networks
+            .iter()
+            .map(|n| {
+                let what = match &n.placement {
+                    Placement::Resident => "resident".to_string(),
+                    Placement::Strips => "resident, row strips".to_string(),
+                    Placement::Streamed { resident, blocks } => format!("{resident}/{blocks} blocks resident, {} streamed", blocks - resident),
+                };
+                format!("{} {what} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
+            })
+            .collect();
+        format!("memory plan under {:.2} GiB: {}", self.cap as f64 / GIB, parts.join("; "))
+    }
+
+    /// The `--json` value.
+    pub fn json(&self) -> serde_json::Value {
+        let nets: Vec<serde_json::Value> = self
+            .networks
+            .iter()
+            .map(|n| {
+                let (mode, resident, blocks) = match &n.placement {
+                    Placement::Resident => ("resident", None, None),
+                    Placement::Strips => ("strips", None, None),
+                    Placement::Streamed { resident, blocks } => ("streamed", Some(*resident), Some(*blocks)),
+                };
+                serde_json::json!({"name": n.name, "mode": mode, "resident_blocks": resident, "blocks": blocks,
+                    "device_bytes": n.device_bytes, "moved_per_pass": n.moved_per_pass})
+            })
+            .collect();
+        serde_json::json!({"cap_bytes": self.cap, "networks": nets})
+    }
+}
+
+#[cfg(test)]
+#[path = "memory_plan_tests.rs"]
+mod tests;
