@@ -1,6 +1,6 @@
 """The VAE stage benchmark's PyTorch side (bench/run_all.sh runs it on the GPU machine, diffusers from .whl/).
 
-  table WORK OUT SIZE     moss bench-vae results (OUT/vae_<tag>.json, WORK/vae_<tag>.f32) vs diffusers fp32, a table
+  table WORK OUT SIZE CKPT  moss bench-vae results (OUT/vae_<tag>.json, WORK/vae_<tag>.f32) vs diffusers fp32, a table
 
   golden-z DIR            write DIR/<name>.z.f32 and DIR/<name>.pixels.u8 from golden/expected/<name>.safetensors
   cmp-png A.png B.png REF.u8   pixels of two PNGs against each other and against raw HWC bytes
@@ -188,15 +188,15 @@ def ref(out, side):
         json.dump(rows, f)
 
 
-def table(work, out, side):
+def table(work, out, side, ckpt):
     """The speed table: every OUT/vae_<tag>.json (`moss bench-vae`, one per binary; its picture in
     WORK/vae_<tag>.f32) next to diffusers fp32 (TF32 off) on the same latents WORK/z<side>.f32 and
-    the checkpoint WORK/full/vae, timed with CUDA events (median of 5 after a warm-up)."""
+    the checkpoint CKPT/vae, timed with CUDA events (median of 5 after a warm-up)."""
     import glob
     from diffusers import AutoencoderKLFlux2
     tf32_off()
     z = torch.from_numpy(np.fromfile(f"{work}/z{side}.f32", dtype="<f4").reshape(1, 128, side // 16, side // 16)).cuda()
-    vae = AutoencoderKLFlux2.from_pretrained(f"{work}/full/vae", torch_dtype=torch.float32).cuda().eval()
+    vae = AutoencoderKLFlux2.from_pretrained(f"{ckpt}/vae", torch_dtype=torch.float32).cuda().eval()
     ts = []
     with torch.no_grad():
         for i in range(6):
@@ -229,4 +229,4 @@ if __name__ == "__main__":
     elif cmd == "ref":
         ref(sys.argv[2], int(sys.argv[3]))
     elif cmd == "table":
-        table(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        table(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
