@@ -102,20 +102,9 @@ def sync():
 
 
 def cuda_ms(fn, reps):
-    if DEV != "cuda":
-        out = fn()
-        return 0.0, [0.0], out
-    out = None
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        out = fn()
-        b.record()
-        sync()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2], ts, out
+    from timing import cuda_ms as timed
+
+    return timed(fn, reps, warmup=0)
 
 
 @torch.no_grad()

@@ -178,22 +178,10 @@ def sync():
 
 def timed(fn, reps):
     """fn once as a warm-up, then reps runs timed with CUDA events: (last output, median ms, all ms)."""
-    fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        if DEV == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            out = fn()
-            b.record()
-            sync()
-            ts.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            out = fn()
-            ts.append((time.perf_counter() - t) * 1e3)
-    return out, sorted(ts)[len(ts) // 2], ts
+    from timing import cuda_ms
+
+    med, ts, out = cuda_ms(fn, reps)
+    return out, med, ts
 
 
 def cmd_tf(d):

@@ -197,16 +197,9 @@ def table(work, out, side, ckpt):
     tf32_off()
     z = torch.from_numpy(np.fromfile(f"{work}/z{side}.f32", dtype="<f4").reshape(1, 128, side // 16, side // 16)).cuda()
     vae = AutoencoderKLFlux2.from_pretrained(f"{ckpt}/vae", torch_dtype=torch.float32).cuda().eval()
-    ts = []
+    from timing import cuda_ms
     with torch.no_grad():
-        for i in range(6):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            img = vae.decode(to_input(vae, z)).sample[0]
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b))
-    ref_ms = sorted(ts[1:])[2]
+        ref_ms, ts, img = cuda_ms(lambda: vae.decode(to_input(vae, z)).sample[0], 5)
     img = img.double().cpu()
     print(f"| VAE decode {side}x{side} | ms (median) | speed-up | max abs vs diffusers fp32 |")
     print("|---|---:|---:|---:|")
