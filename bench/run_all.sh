@@ -8,7 +8,7 @@
 #   5. VAE, 1024x1024: moss bench-vae vs diffusers AutoencoderKLFlux2 fp32 (bench/vae.sh);
 #   6. end to end: moss generate 1024x1024, 50 steps (wall time), the PNG and its sha256 (bench/e2e.sh).
 # With --base, each moss step runs for both binaries (BASE then NEW): velocities, pixels and PNGs compared.
-# KERNELS_ALT=portable (default; empty to skip): also `MOSS_KERNELS=$KERNELS_ALT moss check`.
+# KERNELS_ALT=portable (default; empty to skip): also `MOSS_KERNELS=$KERNELS_ALT moss check` with NEW_BIN.
 # Needs diffusers importable or .whl/diffusers-*.whl (see bench/README.md).
 set -uo pipefail
 BASE=; [ "${1:-}" = --base ] && { BASE=$2; shift 2; }
@@ -35,7 +35,7 @@ for b in $BINS; do
   t=${b%%=*}; bin=${b#*=}
   timeout 200 $bin check --device cuda --model golden/tiny-a > $OUT/check_$t.txt 2>&1; echo "$t check rc=$?"
   grep -E "kernel gates:|FAIL|ACCEPTED" $OUT/check_$t.txt
-  if [ -n "${KERNELS_ALT-portable}" ]; then
+  if [ -n "${KERNELS_ALT-portable}" ] && [ $t = new ]; then
     MOSS_KERNELS=${KERNELS_ALT-portable} timeout 200 $bin check --device cuda --model golden/tiny-a > $OUT/check_${t}_alt.txt 2>&1
     echo "$t MOSS_KERNELS=${KERNELS_ALT-portable} check rc=$?"; grep -E "kernel gates:|FAIL|ACCEPTED" $OUT/check_${t}_alt.txt
   fi
