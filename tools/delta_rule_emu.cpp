@@ -1,5 +1,5 @@
-// Host emulation of the chunk-parallel gated delta rule (cuda/gdr.cu, gdr_prep3.cuh, gdr_tc.cuh,
-// cuda/sm90a/gdr_tma.cu): the kernel bodies compiled as C++ with one std::thread per CUDA thread
+// Host emulation of the chunk-parallel gated delta rule (cuda/encoder/delta_rule.cu, delta_rule_prep.cuh, delta_rule_tc.cuh,
+// cuda/encoder/sm90a/delta_rule_tma.cu): the kernel bodies compiled as C++ with one std::thread per CUDA thread
 // (barriers for __syncthreads and warp shuffles, synchronous cp.async, mma.sync and ldmatrix
 // emulated from the PTX fragment layouts with cvt.rna rounding; for gdr_tma.cu a cluster's CTAs at
 // once, mbarriers, tensor-map boxes with the 128-byte swizzle, multicast), checked against the
@@ -7,7 +7,7 @@
 // Cases: `simt` the fp32 SIMT kernels; `tc` gdr_prep_tc3p + gdr_seq_tc + gdr_out_tc (control in
 // the out kernel); `prep` the same with gdr_prep_tc3p's control; `tma` gdr_prep_tc3p + the Hopper
 // state pass + output. The bf16 paths get bf16-valued data (and Hv / Hk even). Contiguous and strided q, k, v.
-//   g++ -O2 -std=c++20 -pthread -Wno-unknown-pragmas -I cuda bench/gdr_emu.cpp -o /tmp/gdr_emu && /tmp/gdr_emu [simt|tc|prep|tma]
+//   g++ -O2 -std=c++20 -pthread -Wno-unknown-pragmas -I cuda tools/delta_rule_emu.cpp -o /tmp/delta_rule_emu && /tmp/delta_rule_emu [simt|tc|prep|tma]
 #include <algorithm>
 #include <atomic>
 #include <barrier>

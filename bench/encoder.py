@@ -6,6 +6,7 @@
   make      DIR                      random Qwen3.5-9B text weights (bf16, language_model.*), ids
   tf        DIR                      transformers Qwen3_5TextModel bf16 and fp32: hidden + times
   compare   DIR                      moss vs transformers (each side against the fp32 run)
+  table     DIR MOSS.jsonl...        the speed table: each `moss bench-encode` file vs transformers bf16
 """
 import glob
 import json
@@ -17,7 +18,7 @@ import torch
 
 DEV = os.environ.get("ENC_DEV", "cuda")
 SMALL = os.environ.get("ENC_SMALL") == "1"
-LENGTHS = [100, 200] if SMALL else [128, 4096]
+LENGTHS = [100, 200] if SMALL else [int(n) for n in os.environ.get("ENC_LENGTHS", "128,4096").split(",")]
 REPS = int(os.environ.get("TF_REPS", "3"))  # timed runs of transformers at 4096 tokens (after one warm-up)
 from safetensors.torch import load_file, save_file
 
@@ -176,16 +177,11 @@ def sync():
 
 
 def timed(fn, reps):
-    fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        out = fn()
-        sync()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return out, sorted(ts)[len(ts) // 2], ts
+    """fn once as a warm-up, then reps runs timed with CUDA events: (last output, median ms, all ms)."""
+    from timing import cuda_ms
+
+    med, ts, out = cuda_ms(fn, reps)
+    return out, med, ts
 
 
 def cmd_tf(d):
@@ -235,6 +231,26 @@ def cmd_tf(d):
     json.dump(res, open(os.path.join(d, again if only_bf16 else "tf_times.json"), "w"))
 
 
+def cmd_table(d, *jsonls):
+    """One row per moss binary (the file name's last _part: enc_base.jsonl -> base) and length, next
+    to the transformers bf16 median of the same length (tf_times*.json in DIR, the latest run)."""
+    tfs = sorted(glob.glob(os.path.join(d, "tf_times*.json")), key=os.path.getmtime)
+    tf = json.load(open(tfs[-1])) if tfs else {}
+    print("| encoder, one H200 | tokens | median ms | transformers bf16 ms | speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    for f in jsonls:
+        tag = os.path.basename(f).rsplit(".", 1)[0].rsplit("_", 1)[-1]
+        for line in open(f):
+            if not line.startswith("{"):
+                continue
+            j = json.loads(line)
+            n = j["tokens"]
+            ms = j.get("device_median_ms") or j["median_ms"]
+            ref = tf.get(f"bf16_{n}", {}).get("median_ms")
+            up = f"{ref / ms:.2f}x" if ref else "-"
+            print(f"| moss {tag} (bf16, device) | {n} | {ms:.2f} | {ref if ref is None else round(ref, 2)} | {up} |")
+
+
 def cmd_compare(d):
     tf = json.load(open(os.path.join(d, "tf_times.json")))
     moss = {}
@@ -282,4 +298,4 @@ def cmd_compare(d):
 if __name__ == "__main__":
     c, args = sys.argv[1], sys.argv[2:]
     {"ids": cmd_ids, "golden": cmd_golden, "encode": cmd_encode, "make": cmd_make, "tf": cmd_tf,
-     "compare": cmd_compare}[c](*args)
+     "compare": cmd_compare, "table": cmd_table}[c](*args)

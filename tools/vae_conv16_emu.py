@@ -1,8 +1,8 @@
-"""CPU emulation of cuda/vae_conv16.cu (the split-fp16 conv) per lane: the weight prep's fragment
+"""CPU emulation of cuda/vae/conv_fp16.cu (the split-fp16 conv) per lane: the weight prep's fragment
 order and scale, the halo planes, ldmatrix.x4 row addresses and fragments, the m16n8k16 fragment
 layouts, the epilogue. fp16 rounding with numpy, products and sums in float64 (no tensor-core
 truncation: this checks the index math, not the rounding). Compares with a direct float64 conv;
-planted layout bugs must give large errors.  Run: python3 bench/vae_conv16_emu.py
+planted layout bugs must give large errors.  Run: python3 tools/vae_conv16_emu.py
 """
 import numpy as np
 

@@ -1,4 +1,6 @@
-"""Helper of bench/vae_gpu.sh (runs on the GPU machine, diffusers from the carried wheel).
+"""The VAE stage benchmark's PyTorch side (bench/run_all.sh runs it on the GPU machine, diffusers from .whl/).
+
+  table WORK OUT SIZE CKPT  moss bench-vae results (OUT/vae_<tag>.json, WORK/vae_<tag>.f32) vs diffusers fp32, a table
 
   golden-z DIR            write DIR/<name>.z.f32 and DIR/<name>.pixels.u8 from golden/expected/<name>.safetensors
   cmp-png A.png B.png REF.u8   pixels of two PNGs against each other and against raw HWC bytes
@@ -186,6 +188,29 @@ def ref(out, side):
         json.dump(rows, f)
 
 
+def table(work, out, side, ckpt):
+    """The speed table: every OUT/vae_<tag>.json (`moss bench-vae`, one per binary; its picture in
+    WORK/vae_<tag>.f32) next to diffusers fp32 (TF32 off) on the same latents WORK/z<side>.f32 and
+    the checkpoint CKPT/vae, timed with CUDA events (median of 5 after a warm-up)."""
+    import glob
+    from diffusers import AutoencoderKLFlux2
+    tf32_off()
+    z = torch.from_numpy(np.fromfile(f"{work}/z{side}.f32", dtype="<f4").reshape(1, 128, side // 16, side // 16)).cuda()
+    vae = AutoencoderKLFlux2.from_pretrained(f"{ckpt}/vae", torch_dtype=torch.float32).cuda().eval()
+    from timing import cuda_ms
+    with torch.no_grad():
+        ref_ms, ts, img = cuda_ms(lambda: vae.decode(to_input(vae, z)).sample[0], 5)
+    img = img.double().cpu()
+    print(f"| VAE decode {side}x{side} | ms (median) | speed-up | max abs vs diffusers fp32 |")
+    print("|---|---:|---:|---:|")
+    for f in sorted(glob.glob(f"{out}/vae_*.json")):
+        tag = os.path.basename(f)[4:-5]
+        ms = json.load(open(f))["forward_ms_median"]
+        m = torch.from_numpy(np.fromfile(f"{work}/vae_{tag}.f32", dtype="<f4").reshape(3, side, side)).double()
+        print(f"| moss {tag} (fp32) | {ms:.1f} | {ref_ms / ms:.2f}x | {float((m - img).abs().max()):.2e} |")
+    print(f"| diffusers AutoencoderKLFlux2 fp32, TF32 off | {ref_ms:.1f} | 1.00x | 0 |")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "golden-z":
@@ -196,3 +221,5 @@ if __name__ == "__main__":
         make_ckpt(sys.argv[2])
     elif cmd == "ref":
         ref(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "table":
+        table(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])

@@ -1,4 +1,4 @@
-"""CPU emulation of cuda/vae_attn16.cu (MOSS_VAE_ATTN=f16 | f16r | f16o), D = 384, small L:
+"""CPU emulation of cuda/vae/attention_fp16.cu (MOSS_VAE_ATTN=f16 | f16r | f16o), D = 384, small L:
 moss_vae_f16_maxabs + moss_vae_f16_prep's index math (power-of-two scales, fp16 hi/lo, rows past L
 zero, [3][N][Lq][hi D | lo D]), the shared-memory rows of 776 halves, every ldmatrix (x4 and
 x4.trans: each lane's row address, the 8x8 matrices, the fragment each lane gets; every 8-address
@@ -10,7 +10,7 @@ float64 softmax attention.
 `EXACT=1` (no fp16/fp32 rounding: hi = x, lo = 0, float64 everywhere) checks the index math alone.
 `BUG=1` (V's scale not undone, = moss_ctl_vae_attn16_d384), `BUG=2` (small terms of S dropped,
 = moss_ctl2), `BUG=3` (the exchange reads its own partial) must fail.
-`python3 bench/vae_attn16_emu.py` prints the max abs error per case (bound 2e-5 relative L2)."""
+`python3 tools/vae_attn16_emu.py` prints the max abs error per case (bound 2e-5 relative L2)."""
 import os
 import sys
 

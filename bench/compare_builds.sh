@@ -2,7 +2,7 @@
 # The product's GPU run, in one device call (about 8 minutes on an H200): this build (NEW) against
 # an earlier one (BASE) on the same GPU, same weights, same inputs.
 #
-#   BASE=.final/moss_base NEW=.final/moss OUT=$OUT bash bench/run_gpu.sh
+#   BASE=.final/moss_base NEW=.final/moss OUT=$OUT bash bench/compare_builds.sh
 #
 #   1. moss check --device cuda (every gate with its planted control), also with the portable path
 #      forced (MOSS_KERNELS=portable) and a bad override value (must be refused);

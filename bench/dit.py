@@ -1,9 +1,9 @@
-"""Full-size DiT bench helpers for bench/dit_gpu.sh (run on the GPU machine).
+"""The DiT stage benchmark's PyTorch side (bench/run_all.sh runs it on the GPU machine).
 
-    python3 bench/dit_full.py write DIR            # random full-size DiT in the real layout + embeds
-    python3 bench/dit_full.py torch DIR MOSS_VEL.f32 [MOSS_FP32_VEL.f32] OUT.json
-    python3 bench/dit_full.py tiny CK CPU_LAT CUDA_LAT [...]   # golden comparisons (prints JSON)
-    python3 bench/dit_full.py table OUTDIR          # the summary table
+    python3 bench/dit.py write DIR            # random full-size DiT in the real layout + embeds
+    python3 bench/dit.py torch DIR MOSS_VEL.f32 [MOSS_FP32_VEL.f32] OUT.json
+    python3 bench/dit.py tiny CK CPU_LAT CUDA_LAT [...]   # golden comparisons (prints JSON)
+    python3 bench/dit.py table OUTDIR          # the table: OUTDIR/dit_<tag>.json (moss bench-dit) vs dit_torch.json
 
 `write` builds golden/dit_ref.py's MOSSImageTransformer at the real configuration (42 blocks, dim
 3072, 24 heads of 128, ffn 8192, text_dim 4096) on the GPU with torch's default init (norm weights
@@ -102,20 +102,9 @@ def sync():
 
 
 def cuda_ms(fn, reps):
-    if DEV != "cuda":
-        out = fn()
-        return 0.0, [0.0], out
-    out = None
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        out = fn()
-        b.record()
-        sync()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2], ts, out
+    from timing import cuda_ms as timed
+
+    return timed(fn, reps, warmup=0)
 
 
 @torch.no_grad()
@@ -234,19 +223,24 @@ def tiny(name, cpu_lat, *cuda_lats):
 
 
 def table(o):
-    moss = json.load(open(f"{o}/moss_full.json"))
-    tr = json.load(open(f"{o}/torch_full.json"))
-    rows = [
-        ("moss (bf16, flash mma.sync attention)", moss["forward_ms_median"], moss.get("loop_s")),
+    """The speed table from OUT: dit_<tag>.json (`moss bench-dit`, one per binary) and dit_torch.json."""
+    import glob
+
+    tr = json.load(open(f"{o}/dit_torch.json"))
+    rows = []
+    for f in sorted(glob.glob(f"{o}/dit_*.json")):
+        tag = os.path.basename(f)[4:-5]
+        if tag != "torch":
+            m = json.load(open(f))
+            rows.append((f"moss {tag} (bf16)", m["forward_ms_median"], m.get("loop_s")))
+    rows += [
         ("torch bf16 eager (SDPA)", tr["bf16_eager_forward_ms"], tr["bf16_eager_50_steps_s"]),
         ("torch bf16 torch.compile per block (SDPA)", tr["bf16_compiled_forward_ms"], tr["bf16_compiled_50_steps_s"]),
     ]
-    print("\n| 1024x1024, L=128/12, one H200 | one forward (ms, median) | 50 guided steps (s) |")
+    print("| DiT 1024x1024, L=128/12 | one forward (ms, median of 5) | 50 guided steps (s) |")
     print("|---|---:|---:|")
     for n, f, l in rows:
         print(f"| {n} | {f:.1f} | {l:.2f} |" if l is not None else f"| {n} | {f:.1f} | - |")
-    bar = moss.get("loop_s") is not None and moss["loop_s"] <= tr["bf16_compiled_50_steps_s"]
-    print(f"\nbar (moss 50 steps <= torch.compile's): {'MET' if bar else 'NOT MET'}")
     print("\n| velocity, relative L2 | value |\n|---|---:|")
     for k, v in tr["rel_l2"].items():
         print(f"| {k} | {v:.3e} |")
