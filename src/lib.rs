@@ -13,6 +13,7 @@ pub mod embeds;
 pub mod model;
 pub mod noise;
 pub mod options;
+pub mod lora;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;

@@ -162,6 +162,7 @@ impl Drop for BatchBars {
 fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> {
     let o = batch::BatchOptions {
         prompts: prompts.to_path_buf(),
+        loras: a.lora.clone(),
         defaults: batch::Defaults {
             negative: a.prompt.negative.clone(),
             seed: a.seed,
@@ -247,7 +248,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 precision: a.precision,
             };
             let mut bars = Bars::new(a.quiet || a.json);
-            let rep = pipeline::generate(&req, &a.model.model, a.model.device, &mut bars)?;
+            let rep = pipeline::generate_with_loras(&req, &a.model.model, &a.lora, a.model.device, &mut bars)?;
             drop(bars);
             if a.json {
                 println!("{}", rep.json());

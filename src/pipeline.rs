@@ -284,6 +284,9 @@ pub fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
     m.push("skip_window", format!("{}:{}", req.skip_window.0, req.skip_window.1));
     m.push("model", &ck.loc.id);
     m.push("model_revision", ck.loc.revision.as_deref().unwrap_or("local"));
+    for l in &ck.loras {
+        m.push("lora", format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash));
+    }
     m.push("Software", format!("moss {}", env!("CARGO_PKG_VERSION")));
     m
 }
@@ -295,9 +298,21 @@ pub fn write_latents(path: &Path, z: &Tensor) -> Result<()> {
 
 /// One picture, end to end.
 pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn Progress) -> Result<Report> {
+    generate_with_loras(req, model, &[], device, progress)
+}
+
+/// [`generate`] with adapters merged into the transformer (checked before any heavy work).
+pub fn generate_with_loras(
+    req: &Request,
+    model: &str,
+    loras: &[crate::lora::LoraSpec],
+    device: Device,
+    progress: &mut dyn Progress,
+) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
-    let ck = open_checkpoint(model)?;
+    let mut ck = open_checkpoint(model)?;
+    ck.attach_loras(loras)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
     let tokens = match &req.embeds {
         Some(_) => None,
