@@ -83,13 +83,13 @@ def main():
                                  ("layers.4.proj.o", "diffusion_model.layers.4.proj.o", 4, 4.0),
                                  ("shared_block_modulation", "lora_unet_shared_block_modulation", 2, 1.0)]:
         out_f, in_f = W[f"{name}.weight"].shape
-        down, up = rnd([r, in_f], 0.3, g), rnd([out_f, r], 0.02, g)
+        # stored as bf16 (as most kohya files are); the reference merge uses the stored values
+        down = rnd([r, in_f], 0.3, g).to(torch.bfloat16).float()
+        up = rnd([out_f, r], 0.02, g).to(torch.bfloat16).float()
         kohya[f"{stem}.lora_down.weight"], kohya[f"{stem}.lora_up.weight"] = down, up
         kohya[f"{stem}.alpha"] = torch.tensor(alpha)
         add(f"{name}.weight", SCALES["kohya"] * alpha / r * (up @ down), "kohya")
     save_file({k: v.to(torch.bfloat16) if v.dim() else v for k, v in kohya.items()}, os.path.join(OUT, "kohya.safetensors"))
-    # bf16 file: the reference merge uses the values as stored
-    kohya = load_file(os.path.join(OUT, "kohya.safetensors"))
 
     # --- fused q|k|v ---
     dim = W["layers.6.proj.q.weight"].shape[0]
