@@ -204,7 +204,7 @@ pub fn map(tensors: &BTreeMap<String, Mat>, model: &TensorStore, config_alpha: O
             .tensors
             .keys()
             .filter_map(|k| k.strip_suffix(".weight"))
-            .filter(|k| k.starts_with("layers.0.") || !k.starts_with("layers."))
+            .filter(|k| (k.starts_with("layers.0.") || !k.starts_with("layers.")) && !k.contains("norm"))
             .collect();
         bail!(
             "{} module(s) map onto no transformer tensor: {}; the model has e.g. {}",
