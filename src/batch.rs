@@ -634,6 +634,8 @@ pub fn install_stop_handler() {
 pub struct BatchOptions {
     /// The list; `-` reads stdin.
     pub prompts: PathBuf,
+    /// Adapters merged into the transformer once, before the first picture.
+    pub loras: Vec<crate::lora::LoraSpec>,
     pub defaults: Defaults,
     pub out_dir: PathBuf,
     pub name: String,
@@ -748,7 +750,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let (bytes, src) = read_list(&o.prompts)?;
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
-    let ck = pipeline::open_checkpoint(&o.model)?;
+    let mut ck = pipeline::open_checkpoint(&o.model)?;
+    ck.attach_loras(&o.loras)?;
 
     let entries = parse_list(&bytes, &o.defaults);
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);

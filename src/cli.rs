@@ -216,6 +216,9 @@ pub struct GenerateArgs {
     /// Print one JSON line with the result instead of the path (batch: one per finished picture).
     #[arg(long)]
     pub json: bool,
+    /// A LoRA to merge into the transformer, PATH[:SCALE] (default scale 1); repeat to add several.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::lora::LoraSpec::parse)]
+    pub lora: Vec<crate::lora::LoraSpec>,
     #[command(flatten)]
     pub batch: BatchArgs,
 }

@@ -166,6 +166,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
     }
     let o = batch::BatchOptions {
         prompts: prompts.to_path_buf(),
+        loras: a.lora.clone(),
         defaults: batch::Defaults {
             negative: a.prompt.negative.clone(),
             seed,
@@ -337,7 +338,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 anyhow::bail!("--json and an output on stdout (-) cannot share stdout");
             }
             let mut bars = Bars::new(a.quiet || a.json);
-            let rep = pipeline::generate(&req, &a.model.model, a.model.device, &mut bars)?;
+            let rep = pipeline::generate_with_loras(&req, &a.model.model, &a.lora, a.model.device, &mut bars)?;
             drop(bars);
             if say_seed && !a.json {
                 eprintln!("{seed_note}");

@@ -32,6 +32,9 @@ pub struct Params {
     pub device: String,
     pub model: String,
     pub model_revision: String,
+    /// LoRAs merged into the weights: `FILE:SCALE:HASH` (a short hash of the file's bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loras: Vec<String>,
     pub version: String,
 }
 
@@ -57,6 +60,7 @@ impl Params {
             device: req.device.to_string(),
             model: ck.loc.id.clone(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
+            loras: ck.loras.iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
             version: version(),
         }
     }
@@ -85,6 +89,9 @@ impl Params {
         ];
         if self.max_tokens != 4096 {
             kv.push(("Max tokens", self.max_tokens.to_string()));
+        }
+        if !self.loras.is_empty() {
+            kv.push(("Lora hashes", self.loras.join(", ")));
         }
         kv.push(("Version", self.version.clone()));
         s.push('\n');
@@ -156,6 +163,7 @@ mod tests {
             device: "cuda:0".into(),
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
             model_revision: "abc".into(),
+            loras: vec![],
             version: "moss 0.1.0".into(),
         }
     }

@@ -380,9 +380,21 @@ pub fn write_latents(path: &Path, req: &Request, ck: &Checkpoint, z: &Tensor) ->
 
 /// One picture, end to end.
 pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn Progress) -> Result<Report> {
+    generate_with_loras(req, model, &[], device, progress)
+}
+
+/// [`generate`] with adapters merged into the transformer (checked before any heavy work).
+pub fn generate_with_loras(
+    req: &Request,
+    model: &str,
+    loras: &[crate::lora::LoraSpec],
+    device: Device,
+    progress: &mut dyn Progress,
+) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
-    let ck = open_checkpoint(model)?;
+    let mut ck = open_checkpoint(model)?;
+    ck.attach_loras(loras)?;
     check_outputs(req, &ck)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
     let tokens = match &req.embeds {

@@ -96,6 +96,8 @@ pub struct Checkpoint {
     pub dit: DitConfig,
     pub vae: VaeConfig,
     pub scheduler: crate::schedule::ScheduleConfig,
+    /// Adapters merged into the transformer whenever it is opened ([`crate::lora`]).
+    pub loras: Vec<crate::lora::Lora>,
 }
 
 /// One component's tensors with the prefix its keys carry.
@@ -134,12 +136,24 @@ impl Checkpoint {
             dit: DitConfig::from_file(&root.join("transformer/config.json"))?,
             vae: VaeConfig::from_file(&root.join("vae/config.json"))?,
             scheduler: config::scheduler_from_file(&root.join("scheduler/scheduler_config.json"))?,
+            loras: vec![],
             loc,
         })
     }
 
     pub fn tokenizer_path(&self) -> PathBuf {
         self.loc.root.join("tokenizer/tokenizer.json")
+    }
+
+    /// Read and check the adapters `specs` against the transformer's tensors; they are merged
+    /// into it by every later [`Checkpoint::open_component`]`("transformer")`.
+    pub fn attach_loras(&mut self, specs: &[crate::lora::LoraSpec]) -> Result<()> {
+        if specs.is_empty() {
+            return Ok(());
+        }
+        let store = TensorStore::open(&self.loc.root.join("transformer"))?;
+        self.loras = crate::lora::load_all(specs, &store)?;
+        Ok(())
     }
 
     /// Map `text_encoder`, `transformer` or `vae` and check it against its config.
@@ -162,19 +176,24 @@ impl Checkpoint {
             "vae" => (String::new(), expected::vae(&self.vae)),
             _ => bail!("unknown component {name}"),
         };
-        let comp = Component { name, store, prefix };
+        let mut comp = Component { name, store, prefix };
         let (defaulted, file) = match name {
             "text_encoder" => (&self.encoder.defaulted, "text_encoder/config.json"),
             "transformer" => (&self.dit.defaulted, "transformer/config.json"),
             _ => (&self.vae.defaulted, "vae/config.json"),
         };
         let checked = comp.validate(&expected).and_then(|_| comp.check_block_counts(self));
-        match checked {
-            Err(e) if !defaulted.is_empty() => {
-                Err(e.context(format!("{file} leaves out {}, so the real model's values were assumed", defaulted.join(", "))))
-            }
-            r => r.map(|_| comp),
+        if let Err(e) = checked {
+            return Err(if defaulted.is_empty() {
+                e
+            } else {
+                e.context(format!("{file} leaves out {}, so the real model's values were assumed", defaulted.join(", ")))
+            });
         }
+        if name == "transformer" && !self.loras.is_empty() {
+            crate::lora::merge::apply(&mut comp.store, &comp.prefix, &self.loras)?;
+        }
+        Ok(comp)
     }
 }
 

@@ -1,0 +1,271 @@
+//! `--lora`: the merged weights against golden/make_lora.py's reference merges (peft
+//! `merge_and_unload` for the PEFT adapter, the plain formula for kohya, fused-qkv and LoKr), the
+//! 4-step picture with all four merged against the reference pipeline, the metadata entries, the
+//! other formats (`.diff`, LoHa) against the formula, and every refusal.
+
+mod common;
+
+use common::{golden, Expected};
+use moss::lora::LoraSpec;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn lora_dir() -> PathBuf {
+    golden().join("lora")
+}
+
+fn file_of(tag: &str) -> PathBuf {
+    match tag {
+        "peft" => lora_dir().join("peft/adapter_model.safetensors"),
+        t => lora_dir().join(format!("{t}.safetensors")),
+    }
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("moss-lora-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The transformer's tensor `name` after merging `specs`, as f32.
+fn merged(specs: &[LoraSpec], name: &str) -> Vec<f32> {
+    let mut ck = common::checkpoint("tiny-a");
+    ck.attach_loras(specs).unwrap_or_else(|e| panic!("{e:#}"));
+    ck.open_component("transformer").unwrap().f32(name).unwrap().1
+}
+
+/// `got` (bf16-stored) equals the fp32 reference within bf16 rounding: half an ulp, at most 2^-8 relative.
+fn assert_bf16_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (g, w) in got.iter().zip(want) {
+        let err = (g - w).abs();
+        let bound = w.abs() * 2f32.powi(-8) + 1e-7;
+        assert!(err <= bound, "{what}: {g} vs reference {w} (more than bf16 rounding)");
+        worst = worst.max(err / w.abs().max(1e-6));
+    }
+    println!("{what}: {} values within bf16 rounding (worst relative {worst:.2e})", got.len());
+}
+
+fn rows_8_and_last_8(t: &[f32], rows: usize) -> Vec<f32> {
+    let cols = t.len() / rows;
+    [&t[..8 * cols], &t[(rows - 8) * cols..]].concat()
+}
+
+#[test]
+fn merges_equal_the_reference() {
+    let e = Expected::load("lora");
+    let base = common::checkpoint("tiny-a");
+    let plain = base.open_component("transformer").unwrap();
+    let mut seen = 0;
+    for c in e.json["checks"].as_array().unwrap() {
+        let (tag, tensor, key) = (c["lora"].as_str().unwrap(), c["tensor"].as_str().unwrap(), c["key"].as_str().unwrap());
+        let scale = e.json["scales"][tag].as_f64().unwrap() as f32;
+        let got = merged(&[LoraSpec { path: file_of(tag), scale }], tensor);
+        let rows = plain.info(tensor).unwrap().shape[0];
+        let got = rows_8_and_last_8(&got, rows);
+        let was = rows_8_and_last_8(&plain.f32(tensor).unwrap().1, rows);
+        assert_ne!(got, was, "{key}: the LoRA changed nothing");
+        assert_bf16_close(key, &got, &e.tensor(key).data);
+        seen += 1;
+    }
+    assert!(seen >= 10, "only {seen} checks in golden/expected/lora.json");
+}
+
+#[test]
+fn scale_zero_and_untouched_tensors_stay_as_stored() {
+    let base = common::checkpoint("tiny-a").open_component("transformer").unwrap();
+    let spec = LoraSpec { path: file_of("kohya"), scale: 0.0 };
+    assert_eq!(merged(&[spec.clone()], "layers.3.proj.q.weight"), base.f32("layers.3.proj.q.weight").unwrap().1);
+    let spec1 = LoraSpec { scale: 1.0, ..spec };
+    assert_eq!(merged(&[spec1], "layers.5.proj.q.weight"), base.f32("layers.5.proj.q.weight").unwrap().1);
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Write a safetensors file of f32 tensors.
+fn write_st(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> =
+        tensors.iter().map(|(n, s, d)| (n.to_string(), f32_bytes(d), s.clone())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+fn pattern(n: usize, k: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * k).collect()
+}
+
+#[test]
+fn diff_and_loha_follow_the_formula() {
+    let dir = scratch("formula");
+    let base = common::checkpoint("tiny-a").open_component("transformer").unwrap();
+    let w = base.f32("layers.1.proj.o.weight").unwrap().1;
+    let d = 128;
+    // full difference, plus a bias difference on a biased layer
+    let diff = pattern(d * d, 0.1);
+    let db = pattern(d, 0.2);
+    let p = dir.join("diff.safetensors");
+    write_st(&p, &[("layers.1.proj.o.diff", vec![d, d], diff.clone()), ("text_embedder.proj.diff_b", vec![d], db.clone())]);
+    let spec = LoraSpec { path: p, scale: 0.5 };
+    let want: Vec<f32> = w.iter().zip(&diff).map(|(w, x)| w + 0.5 * x).collect();
+    assert_bf16_close("diff", &merged(&[spec.clone()], "layers.1.proj.o.weight"), &want);
+    let b = base.f32("text_embedder.proj.bias").unwrap().1;
+    let want_b: Vec<f32> = b.iter().zip(&db).map(|(w, x)| w + 0.5 * x).collect();
+    assert_bf16_close("diff_b", &merged(&[spec], "text_embedder.proj.bias"), &want_b);
+
+    // LoHa: (w1a w1b) * (w2a w2b) * alpha / r
+    let r = 2;
+    let (w1a, w1b, w2a, w2b) = (pattern(d * r, 1.0), pattern(r * d, 0.7), pattern(d * r, 0.9), pattern(r * d, 0.6));
+    let p = dir.join("loha.safetensors");
+    write_st(&p, &[
+        ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, r], w1a.clone()),
+        ("lycoris_layers_2_proj_v.hada_w1_b", vec![r, d], w1b.clone()),
+        ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, r], w2a.clone()),
+        ("lycoris_layers_2_proj_v.hada_w2_b", vec![r, d], w2b.clone()),
+        ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.0]),
+    ]);
+    let w = base.f32("layers.2.proj.v.weight").unwrap().1;
+    let mut want = w.clone();
+    for i in 0..d {
+        for j in 0..d {
+            let p1: f64 = (0..r).map(|k| w1a[i * r + k] as f64 * w1b[k * d + j] as f64).sum();
+            let p2: f64 = (0..r).map(|k| w2a[i * r + k] as f64 * w2b[k * d + j] as f64).sum();
+            want[i * d + j] = (w[i * d + j] as f64 + p1 * p2 * 0.5) as f32;
+        }
+    }
+    assert_bf16_close("loha", &merged(&[LoraSpec { path: p, scale: 1.0 }], "layers.2.proj.v.weight"), &want);
+}
+
+#[test]
+fn lora_spec_parses_path_and_scale() {
+    assert_eq!(LoraSpec::parse("a.safetensors").unwrap(), LoraSpec { path: "a.safetensors".into(), scale: 1.0 });
+    assert_eq!(LoraSpec::parse("a.safetensors:0.5").unwrap(), LoraSpec { path: "a.safetensors".into(), scale: 0.5 });
+    assert_eq!(LoraSpec::parse("C:/x/a.safetensors").unwrap().path, PathBuf::from("C:/x/a.safetensors"));
+    assert_eq!(LoraSpec::parse("a:-1").unwrap().scale, -1.0);
+    assert!(LoraSpec::parse("a.safetensors:inf").is_err());
+    assert!(LoraSpec::parse(":0.5").is_err());
+    assert!(LoraSpec::parse("").is_err());
+}
+
+fn moss(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap()
+}
+
+fn loop_args(e: &Expected, model: &str, out: &Path) -> Vec<String> {
+    let g = Expected::load("tiny-a");
+    let lp = &e.json["loop"];
+    let text = g.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = |k: &str| lp[k].to_string();
+    vec![
+        "generate".into(), "--device".into(), "cpu".into(), "--model".into(), model.into(), "--prompt".into(), text,
+        "--seed".into(), s("seed"), "--steps".into(), s("steps"), "--size".into(), format!("{}x{}", s("width"), s("height")),
+        "--out".into(), out.display().to_string(),
+    ]
+}
+
+#[test]
+fn picture_with_four_loras_matches_the_reference() {
+    let e = Expected::load("lora");
+    let dir = scratch("picture");
+    let model = golden().join("tiny-a");
+    let (png, lat) = (dir.join("lora.png"), dir.join("lora.f32"));
+    let mut args = loop_args(&e, model.to_str().unwrap(), &png);
+    args.extend(["--save-latents".into(), lat.display().to_string()]);
+    for l in e.json["loop"]["loras"].as_array().unwrap() {
+        args.extend(["--lora".into(), lora_dir().join(l.as_str().unwrap()).display().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = moss(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (z, _) = moss::pipeline::read_latents(&lat, 128, None).unwrap();
+    let got = z.data;
+    // the golden fp32 bound of tests/generate.rs (our encoder's last bits against torch's)
+    common::assert_close("latents with 4 LoRAs vs reference", &got, &e.tensor("loop.latents").data, 1e-4);
+    let plain = Expected::load("tiny-a").tensor("loop.latents").data;
+    let moved = got.iter().zip(&plain).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(moved > 0.1, "the LoRAs barely change the latents ({moved})");
+    // The picture's settings name each LoRA (file, scale, short hash), also in the A1111 text.
+    let (_, _, _, meta) = moss::png::decode(&std::fs::read(&png).unwrap()).unwrap();
+    let p = moss::metadata::Params::from_png(&meta).unwrap();
+    let loras: Vec<&str> = p.loras.iter().map(String::as_str).collect();
+    assert_eq!(loras.len(), 4, "{:?}", meta.entries);
+    assert!(meta.get("parameters").unwrap().contains("Lora hashes: "), "{:?}", meta.get("parameters"));
+    assert!(loras[0].starts_with("adapter_model.safetensors:0.8:") && loras[0].len() > 30, "{}", loras[0]);
+    assert!(loras[3].starts_with("lokr.safetensors:1.2:"), "{}", loras[3]);
+}
+
+/// `moss generate --lora FILE` fails before any work with one line containing `want`, writing nothing.
+fn refused(tag: &str, lora: &Path, want: &str) {
+    let dir = scratch(tag);
+    let png = dir.join("x.png");
+    let model = golden().join("tiny-a");
+    let out = moss(&[
+        "generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a cat", "--steps", "1",
+        "--size", "64x64", "--out", png.to_str().unwrap(), "--lora", lora.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{tag}: accepted");
+    assert!(err.starts_with("moss: error: ") && err.trim_end().lines().count() == 1, "{tag}: {err:?}");
+    assert!(err.contains(want), "{tag}: {err:?} lacks {want:?}");
+    assert!(!err.contains("panicked"), "{tag}: {err}");
+    assert!(!png.exists(), "{tag}: wrote a picture");
+    println!("{tag}: {}", err.trim_end());
+}
+
+#[test]
+fn refusals() {
+    let dir = scratch("refusals");
+    let d = 128;
+    refused("missing", &dir.join("nope.safetensors"), "cannot read LoRA");
+    let junk = dir.join("junk.safetensors");
+    std::fs::write(&junk, b"not a safetensors file at all").unwrap();
+    refused("unreadable", &junk, "not a readable safetensors file");
+
+    let p = dir.join("unmapped.safetensors");
+    write_st(&p, &[
+        ("layers.99.proj.q.lora_A.weight", vec![2, d], pattern(2 * d, 1.0)),
+        ("layers.99.proj.q.lora_B.weight", vec![d, 2], pattern(2 * d, 1.0)),
+    ]);
+    refused("unmapped", &p, "map onto no transformer tensor: `layers.99.proj.q`; the model has e.g.");
+
+    let p = dir.join("shape.safetensors");
+    write_st(&p, &[
+        ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
+        ("layers.0.proj.q.lora_up.weight", vec![d + 16, 2], pattern(2 * (d + 16), 1.0)),
+    ]);
+    refused("shape", &p, "shape does not fit");
+
+    let p = dir.join("sdxl.safetensors");
+    write_st(&p, &[
+        ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
+        ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", vec![8, 2], pattern(16, 1.0)),
+    ]);
+    refused("sdxl", &p, "another model family");
+    let p = dir.join("flux.safetensors");
+    write_st(&p, &[("diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight", vec![2, 8], pattern(16, 1.0))]);
+    refused("flux", &p, "another model family");
+
+    let p = dir.join("te.safetensors");
+    write_st(&p, &[
+        ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
+        ("layers.0.proj.q.lora_up.weight", vec![d, 2], pattern(2 * d, 1.0)),
+        ("lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
+    ]);
+    refused("text encoder", &p, "touches the text encoder (key `lora_te_text_model_encoder_layers_0_mlp_fc1");
+
+    let p = dir.join("unknown.safetensors");
+    write_st(&p, &[("layers.0.proj.q.something", vec![2], vec![1.0, 2.0])]);
+    refused("unknown", &p, "no known LoRA format: `layers.0.proj.q.something`");
+
+    let out = moss(&["generate", "--device", "cpu", "--prompt", "x", "--lora", "a.safetensors:nan"]);
+    assert!(!out.status.success());
+}
