@@ -350,6 +350,9 @@ pub struct ServeArgs {
     /// Seconds a client has to send its request headers, and its body.
     #[arg(long, default_value_t = 10)]
     pub client_timeout: u64,
+    /// A LoRA to merge into the transformer at start-up, PATH[:SCALE]; repeat to add several.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::lora::LoraSpec::parse)]
+    pub lora: Vec<crate::lora::LoraSpec>,
     /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
     #[arg(long, default_value = "22", value_parser = parse_skip)]
     pub uncond_skip: SkipList,

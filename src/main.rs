@@ -427,6 +427,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 client_timeout: std::time::Duration::from_secs(a.client_timeout),
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,
+                loras: a.lora,
             })?;
             Ok(0)
         }

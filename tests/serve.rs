@@ -10,7 +10,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -474,4 +474,27 @@ async fn a_second_signal_stops_the_running_picture_between_steps() {
     assert_eq!(status.code(), Some(0), "{}", s.log());
     let log = s.log();
     assert!(log.contains("second signal: stopping the running picture") && log.contains("stopped between steps: shutdown"), "{log}");
+}
+
+/// `moss serve --lora` merges at start-up: the served picture equals `moss generate --lora`'s bytes
+/// (the LoRA recorded in both), and differs from the picture without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lora_given_at_start_up_serves_generates_picture() {
+    let lora = format!("{}:0.7", Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/lora/kohya.safetensors").display());
+    let s = Server::start(&["--lora", &lora], &[]);
+    let r = generate(s.port, json!({"prompt": "a fox", "seed": 5, "size": "64x64", "num_inference_steps": 2})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let served = b64(&r.json()["data"][0]);
+    let dir = scratch("lora");
+    let out = dir.join("g.png");
+    let m = model();
+    let g = Command::new(env!("CARGO_BIN_EXE_moss"))
+        .args(["generate", "--model", &m, "--device", "cpu", "--size", "64x64", "--steps", "2", "--seed", "5", "--prompt", "a fox"])
+        .args(["--lora", &lora, "--out", out.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    assert!(served == std::fs::read(&out).unwrap(), "the served picture differs from moss generate --lora's");
+    let plain = reference("lora-plain", &[("a fox".into(), 5)], 2, "");
+    assert!(served != plain[0], "the LoRA changed nothing");
 }

@@ -54,6 +54,8 @@ pub struct ServeOptions {
     pub client_timeout: Duration,
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
+    /// LoRAs merged into the transformer at start-up (every picture carries them).
+    pub loras: Vec<crate::lora::LoraSpec>,
 }
 
 /// One line on stderr, prefixed like every server line.
@@ -89,14 +91,16 @@ pub fn check(o: &ServeOptions) -> Result<()> {
 /// Serve until a signal; Ok after a clean drain.
 pub fn run(o: ServeOptions) -> Result<()> {
     check(&o)?;
-    let ck = pipeline::open_checkpoint(&o.model)?;
+    let mut ck = pipeline::open_checkpoint(&o.model)?;
+    ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(serve(o, ck.loc.id.clone(), tokenizer))
 }
 
 fn load_engine(o: &ServeOptions) -> Result<Box<dyn Render>> {
-    let ck = pipeline::open_checkpoint(&o.model)?;
+    let mut ck = pipeline::open_checkpoint(&o.model)?;
+    ck.attach_loras(&o.loras)?;
     let pixels = o.max_size.0 as u64 * o.max_size.1 as u64;
     Ok(match o.device {
         Device::Cpu => Box::new(Engine::load(Cpu, ck, pixels, o.max_tokens)?),
