@@ -56,9 +56,10 @@ fn find_nvcc() -> Option<PathBuf> {
 }
 
 /// The git revision the binary is built from (`--version`), or "unknown" outside a checkout.
+/// Read when this script runs (a fresh build, a change under cuda/, a switch of branch): not on
+/// every commit, which would recompile every kernel; a development build may name an older one.
 fn git_revision() {
     println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/index");
     let rev = Command::new("git")
         .args(["describe", "--always", "--dirty", "--abbrev=10"])
         .output()

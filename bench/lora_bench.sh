@@ -44,7 +44,7 @@ run() {  # label, args...: wall seconds of one moss generate
   local t0=$(date +%s.%N)
   "$MOSS" generate --model "$MODEL" --prompt "a red fox in the snow, photo" --seed 1 -q "$@" >/dev/null
   local t1=$(date +%s.%N)
-  printf "%-44s %8.2f s\n" "$label" "$(echo "$t1 - $t0" | bc)"
+  printf "%-44s %8.2f s\n" "$label" "$(python3 -c "print($t1 - $t0)")"
 }
 echo "| run | wall |"
 run "warm-up (no LoRA, 1 step 256x256)" --steps 1 --guidance 1 --size 256x256 --out "$WORK/w.png"

@@ -177,6 +177,13 @@ pub struct GenerateArgs {
     /// `random` draws one (printed on stderr and recorded in the picture).
     #[arg(long, default_value = "42", value_parser = parse_seed)]
     pub seed: Seed,
+    /// Render N pictures of the prompt in one load, seeds --seed, --seed + 1, ... (as batch items;
+    /// -o without a `{seed}` gets `-{seed}` before its extension).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100000), conflicts_with = "seeds")]
+    pub count: Option<u64>,
+    /// Render one picture per seed (comma-separated) in one load.
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',', conflicts_with = "seed")]
+    pub seeds: Option<Vec<u64>>,
     /// Render the picture a moss picture was made from again, with its recorded settings; flags
     /// given beside it override them.
     #[arg(long, value_name = "PICTURE", conflicts_with_all = ["prompts", "embeds"])]

@@ -224,6 +224,48 @@ fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
     }
 }
 
+/// `--count N`, `--seeds A,B,..` or an `-o` name template (`fox-{seed}.png`): the pictures of one
+/// prompt as the items of a batch (one load, the same pictures batch mode gives), listed in a
+/// temporary prompts file; `-o` is the batch's name template in its folder.
+fn run_several(a: &GenerateArgs, prompt: String) -> anyhow::Result<u8> {
+    if a.embeds.is_some() || a.save_latents.is_some() {
+        anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
+    }
+    let base = a.seed.resolve();
+    if a.seed == Seed::Random && !a.quiet {
+        eprintln!("moss: seed {base} (random; picture i uses {base} + i)");
+    }
+    let seeds: Vec<u64> = match &a.seeds {
+        Some(list) => list.clone(),
+        None => (0..a.count.unwrap_or(1)).map(|i| base.wrapping_add(i)).collect(),
+    };
+    let lines: Vec<String> = seeds.iter().map(|s| serde_json::json!({"prompt": prompt, "seed": s}).to_string()).collect();
+    let list = std::env::temp_dir().join(format!("moss-seeds-{}.jsonl", std::process::id()));
+    std::fs::write(&list, lines.join("\n") + "\n").map_err(|e| anyhow::anyhow!("cannot write {}: {e}", list.display()))?;
+    let name = a.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = if name.contains('{') || seeds.len() < 2 {
+        name
+    } else {
+        // Several pictures and no template: moss.png -> moss-{seed}.png.
+        let p = std::path::Path::new(&name);
+        let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        match p.extension() {
+            Some(e) => format!("{stem}-{{seed}}.{}", e.to_string_lossy()),
+            None => format!("{stem}-{{seed}}"),
+        }
+    };
+    let mut b = a.clone();
+    b.seed = Seed::Fixed(base);
+    b.batch.out_dir = Some(match a.out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => ".".into(),
+    });
+    b.batch.name = Some(name);
+    let r = run_batch(&b, &list);
+    let _ = std::fs::remove_file(&list);
+    r
+}
+
 /// `--from PIC`: the picture's recorded settings, where no flag on the command line overrides them.
 fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
     let p = read_settings(pic)?;
@@ -307,6 +349,10 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 anyhow::bail!("--embeds brings its own prompt and negative: leave out --prompt, --prompt-file and --negative");
             }
             let prompt = prompt_text(&a.prompt)?;
+            let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
+            if let (true, Some(p)) = (several, &prompt) {
+                return run_several(&a, p.clone());
+            }
             if prompt.is_none() && a.embeds.is_none() {
                 anyhow::bail!("give --prompt, --prompt-file, --embeds, --prompts or --from");
             }

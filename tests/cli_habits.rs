@@ -150,3 +150,26 @@ fn embeds_bring_their_texts() {
     assert_eq!((j["prompt"].as_str(), j["negative"].as_str()), (Some("an owl"), Some("fog")));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn count_seeds_and_name_templates() {
+    let d = scratch("count");
+    let m = tiny();
+    let tpl = d.join("fox-{seed}.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--count", "3", "--seed", "40", "-o", tpl.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    for s in [40, 41, 42] {
+        assert!(d.join(format!("fox-{s}.png")).is_file(), "fox-{s}.png missing: {}", text(&r));
+    }
+    // The same picture as a single run with that seed.
+    let one = d.join("one.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--seed", "41", "-o", one.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(std::fs::read(&one).unwrap() == std::fs::read(d.join("fox-41.png")).unwrap(), "--count picture differs from the single run");
+    // --seeds with a plain -o: NAME-{seed}.EXT.
+    let plain = d.join("cat.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--seeds", "5,9", "-o", plain.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(d.join("cat-5.png").is_file() && d.join("cat-9.png").is_file() && !plain.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
