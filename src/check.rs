@@ -144,7 +144,7 @@ fn check_cuda(ck: &Checkpoint, n: usize) -> bool {
         println!("device: FAIL after the gates: {e:#}");
         ok = false;
     }
-    if let Ok(c) = ck.open_component("transformer") {
+    if let Ok(c) = ck.open_component_for_plan("transformer") {
         // What `generate` would ask for at 1024x1024 with a 128-token prompt.
         let tokens = (1024 / 16) * (1024 / 16) + 128;
         for p in [Precision::Bf16, Precision::Fp32] {

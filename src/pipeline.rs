@@ -435,7 +435,7 @@ pub fn preflight_cuda(
     use crate::backend::cuda::plan::{encoder_activation_bytes, MemoryPlan};
     let text = text_tokens.unwrap_or(0).max(1);
     if let Some(l) = text_tokens {
-        let comp = ck.open_component("text_encoder")?;
+        let comp = ck.open_component_for_plan("text_encoder")?;
         let act = encoder_activation_bytes(&ck.encoder, l, cu.act_dtype());
         MemoryPlan::component(&comp, cu.precision)
             .activations(act)
@@ -443,9 +443,9 @@ pub fn preflight_cuda(
             .map_err(|e| e.context(format!("the text-encoder stage ({l} tokens) does not fit")))?;
     }
     if let Some(&(w, h)) = sizes.iter().max_by_key(|&&(w, h)| w as u64 * h as u64) {
-        let comp = ck.open_component("transformer")?;
+        let comp = ck.open_component_for_plan("transformer")?;
         cu.plan_dit(&comp, &ck.dit, (h / 16) as usize * (w / 16) as usize, text)?;
-        let comp = ck.open_component("vae")?;
+        let comp = ck.open_component_for_plan("vae")?;
         cu.plan_vae(&comp, &ck.vae, (h / 16) as usize, (w / 16) as usize)?;
     }
     Ok(())

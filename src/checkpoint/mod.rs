@@ -158,6 +158,16 @@ impl Checkpoint {
 
     /// Map `text_encoder`, `transformer` or `vae` and check it against its config.
     pub fn open_component(&self, name: &'static str) -> Result<Component> {
+        self.open_component_with(name, true)
+    }
+
+    /// [`Checkpoint::open_component`] without merging the LoRAs: for memory plans, which need
+    /// only the tensors' sizes (a full-size merge costs far more than the plan).
+    pub fn open_component_for_plan(&self, name: &'static str) -> Result<Component> {
+        self.open_component_with(name, false)
+    }
+
+    fn open_component_with(&self, name: &'static str, merge: bool) -> Result<Component> {
         let store = TensorStore::open(&self.loc.root.join(name))?;
         let (prefix, expected) = match name {
             "text_encoder" => {
@@ -190,7 +200,7 @@ impl Checkpoint {
                 e.context(format!("{file} leaves out {}, so the real model's values were assumed", defaulted.join(", ")))
             });
         }
-        if name == "transformer" && !self.loras.is_empty() {
+        if merge && name == "transformer" && !self.loras.is_empty() {
             crate::lora::merge::apply(&mut comp.store, &comp.prefix, &self.loras)?;
         }
         Ok(comp)

@@ -64,12 +64,12 @@ impl Residency for Cpu {
 impl Residency for Cuda {
     fn plan_residency(&self, ck: &Checkpoint, max_pixels: u64, max_tokens: usize) -> Result<(bool, String)> {
         use crate::backend::cuda::plan::{encoder_activation_bytes, RESERVE_BYTES};
-        let weights = |name: &'static str, p| -> Result<usize> { Ok(MemoryPlan::component(&ck.open_component(name)?, p).weights) };
+        let weights = |name: &'static str, p| -> Result<usize> { Ok(MemoryPlan::component(&ck.open_component_for_plan(name)?, p).weights) };
         let enc = weights("text_encoder", self.precision)?;
         let dit = weights("transformer", self.precision)?;
         let vae = weights("vae", crate::options::Precision::Fp32)?;
         let side = (max_pixels as f64).sqrt() as usize / 16;
-        let dit_act = self.dit_plan(&ck.open_component("transformer")?, &ck.dit, side * side + max_tokens).activations;
+        let dit_act = self.dit_plan(&ck.open_component_for_plan("transformer")?, &ck.dit, side * side + max_tokens).activations;
         let enc_act = encoder_activation_bytes(&ck.encoder, max_tokens, self.act_dtype());
         let (free, total) = self.gpu().mem_info()?;
         let gib = |b: usize| b as f64 / GIB;
