@@ -210,7 +210,11 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         eprintln!("moss: error: {}", parts.join(", "));
         return Ok(1);
     }
-    if terminal && !a.quiet {
+    if s.written == 0 && !a.quiet {
+        // Said even off a terminal: an empty list, or nothing left to do, is worth one line.
+        let why = if s.skipped + s.elsewhere == 0 { "the list has no items".to_string() } else { parts[1..].join(", ") };
+        eprintln!("moss: nothing rendered: {why}");
+    } else if terminal && !a.quiet {
         eprintln!("moss: {}", parts.join(", "));
     }
     Ok(0)

@@ -173,3 +173,21 @@ fn count_seeds_and_name_templates() {
     assert!(d.join("cat-5.png").is_file() && d.join("cat-9.png").is_file() && !plain.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn an_empty_list_or_nothing_left_says_so() {
+    let d = scratch("empty");
+    let m = tiny();
+    let list = d.join("l.txt");
+    std::fs::write(&list, "\n\n").unwrap();
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompts", list.to_str().unwrap(), "--out-dir", d.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stderr.trim(), "moss: nothing rendered: the list has no items");
+    std::fs::write(&list, "a cat\n").unwrap();
+    let args = ["generate", "--device", "cpu", "--model", &m, "--prompts", list.to_str().unwrap(), "--out-dir", d.to_str().unwrap(), "--steps", "1", "--size", "64x64", "--skip-existing"];
+    assert_eq!(moss(&args).code, Some(0));
+    let r = moss(&args);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stderr.trim(), "moss: nothing rendered: 1 skipped (already there)");
+    std::fs::remove_dir_all(&d).unwrap();
+}
