@@ -76,7 +76,16 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
 }
 
 /// Print the table; true if everything passed.
-pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
+/// How `moss check --device cuda` runs its gates.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GateOptions {
+    /// The inputs' seed; a fresh one when None.
+    pub seed: Option<u64>,
+    /// Each gate family's time on stderr.
+    pub verbose: bool,
+}
+
+pub fn run(ck: &Checkpoint, device: Option<Device>, o: GateOptions) -> bool {
     println!("checkpoint {} ({})", ck.loc.root.display(), ck.loc.id);
     println!("{:<13} {:>15} {:>10} {:<9} verdict", "component", "parameters", "bytes", "dtypes");
     let mut ok = true;
@@ -103,7 +112,7 @@ pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
             println!("kernels: not checked (pass --device cuda to gate the GPU kernels)");
         }
         Some(Device::Cuda(n)) => {
-            if !check_cuda(ck, n) {
+            if !check_cuda(ck, n, o) {
                 ok = false;
             }
         }
@@ -114,7 +123,7 @@ pub fn run(ck: &Checkpoint, device: Option<Device>) -> bool {
 
 /// `--device cuda`: open the GPU, gate every kernel (both precisions), show the memory plan of
 /// the checkpoint's DiT and time `linear`. True if every gate passed and every control failed.
-fn check_cuda(ck: &Checkpoint, n: usize) -> bool {
+fn check_cuda(ck: &Checkpoint, n: usize, o: GateOptions) -> bool {
     let cuda = match Cuda::new(n, Precision::Bf16) {
         Ok(c) => c,
         Err(e) => {
@@ -133,12 +142,12 @@ fn check_cuda(ck: &Checkpoint, n: usize) -> bool {
         total as f64 / (1u64 << 30) as f64,
         crate::backend::cuda::kernel_archs().unwrap_or("-")
     );
-    // Fresh inputs every run; MOSS_CHECK_SEED repeats one.
-    let seed = std::env::var("MOSS_CHECK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+    // Fresh inputs every run; --seed repeats one.
+    let seed = o.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     let t = std::time::Instant::now();
-    let mut ok = gates::run_all(&cuda, Some(ck), seed);
+    let mut ok = gates::run_all(&cuda, Some(ck), seed, o.verbose);
     println!("kernel gates took {:.1} s", t.elapsed().as_secs_f64());
     if let Err(e) = cuda.trim_pool() {
         println!("device: FAIL after the gates: {e:#}");

@@ -76,8 +76,8 @@ pub struct BenchVaeArgs {
     /// Write the RGB8 bytes (HWC) here.
     #[arg(long)]
     pub out_rgb: Option<PathBuf>,
-    /// Only the pipeline's decode (`decode_rgb8`, split as the memory plan or
-    /// `MOSS_VAE_STRIP_ROWS` says): no whole forwards, no profile.
+    /// Only the pipeline's decode (`decode_rgb8`, split as the memory plan says): no whole
+    /// forwards, no profile.
     #[arg(long)]
     pub decode_only: bool,
 }
@@ -307,6 +307,9 @@ pub struct DecodeArgs {
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Decode in strips of N latent rows instead of what the memory plan picks (same bytes; tests).
+    #[arg(long, value_name = "N", hide = true, value_parser = parse_strip_rows)]
+    pub strip_rows: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -317,6 +320,12 @@ pub struct CheckArgs {
     /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<Device>,
+    /// The gates' random seed (default: a fresh one each run, printed), to repeat a run.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print each gate family's time on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
 /// `moss serve`: an OpenAI-compatible image server; the weights stay loaded between requests.
@@ -406,6 +415,13 @@ impl Seed {
                 }
             }
         }
+    }
+}
+
+fn parse_strip_rows(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of latent rows (1 or more)")),
     }
 }
 

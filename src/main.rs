@@ -422,7 +422,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Decode(a) => {
-            pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device)?;
+            pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device, a.strip_rows)?;
             if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
             }
@@ -483,7 +483,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
         }
         Command::Check(a) => {
             let ck = pipeline::open_checkpoint(&a.model)?;
-            Ok(if moss::check::run(&ck, a.device) { 0 } else { 1 })
+            Ok(if moss::check::run(&ck, a.device, moss::check::GateOptions { seed: a.seed, verbose: a.verbose }) { 0 } else { 1 })
         }
         Command::BenchEncode(a) => {
             moss::bench_encoder::run(&moss::bench_encoder::BenchEncode {

@@ -579,7 +579,9 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
 }
 
 /// `moss decode`.
-pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device) -> Result<()> {
+/// `strip_rows`: decode in strips of that many latent rows instead of what the memory plan picks
+/// (the same bytes; for tests of the split path).
+pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device, strip_rows: Option<usize>) -> Result<()> {
     std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;
     crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
@@ -587,9 +589,16 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
     check_not_checkpoint(out, &ck)?;
     let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
     let (h, w) = (z.shape[2], z.shape[3]);
+    fn decode_on<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor, strip_rows: Option<usize>) -> Result<Vec<u8>> {
+        let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
+        match strip_rows {
+            Some(n) => vae.decode_rgb8_with(b, z, crate::model::vae::Split::strips(n)),
+            None => vae.decode_rgb8(b, z),
+        }
+    }
     let rgb = match device {
-        Device::Cpu => decode_rgb(&Cpu, &ck, &z)?,
-        Device::Cuda(n) => decode_rgb(&cuda(n, crate::options::Precision::Fp32)?, &ck, &z)?,
+        Device::Cpu => decode_on(&Cpu, &ck, &z, strip_rows)?,
+        Device::Cuda(n) => decode_on(&cuda(n, crate::options::Precision::Fp32)?, &ck, &z, strip_rows)?,
     };
     // The settings the latents were made with, when the file carries them.
     let m = match params {

@@ -131,9 +131,9 @@ fn strip_decode_is_bit_identical_to_whole() {
     }
 }
 
-/// `MOSS_VAE_STRIP_ROWS` forces the split in the CLI (`moss decode`): the same PNG bytes.
+/// `moss decode --strip-rows N` forces the split: the same PNG bytes.
 #[test]
-fn strip_env_var_gives_the_same_png() {
+fn forced_strips_give_the_same_png() {
     let exp = Expected::load("tiny-b");
     let z = exp.tensor("vae.z");
     let dir = std::env::temp_dir().join(format!("moss-vae-strips-{}", std::process::id()));
@@ -147,22 +147,22 @@ fn strip_env_var_gives_the_same_png() {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_moss"))
             .args(["decode", lat.to_str().unwrap(), "--out", dir.join(out).to_str().unwrap(), "--device", "cpu"])
             .args(["--model", model.to_str().unwrap(), "--size", &format!("{w}x{h}")])
-            .env("MOSS_VAE_STRIP_ROWS", rows)
+            .args(if rows.is_empty() { vec![] } else { vec!["--strip-rows", rows] })
             .output()
             .unwrap();
-        assert!(o.status.success(), "moss decode (MOSS_VAE_STRIP_ROWS={rows}): {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "moss decode (--strip-rows {rows}): {}", String::from_utf8_lossy(&o.stderr));
         std::fs::read(dir.join(out)).unwrap()
     };
     let whole = run("", "whole.png");
     let split = run("7", "split.png");
-    assert!(whole == split, "MOSS_VAE_STRIP_ROWS=7 wrote a different PNG");
+    assert!(whole == split, "--strip-rows 7 wrote a different PNG");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_moss"))
         .args(["decode", lat.to_str().unwrap(), "--out", dir.join("x.png").to_str().unwrap(), "--device", "cpu"])
         .args(["--model", model.to_str().unwrap(), "--size", &format!("{w}x{h}")])
-        .env("MOSS_VAE_STRIP_ROWS", "seven")
+        .args(["--strip-rows", "0"])
         .output()
         .unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("MOSS_VAE_STRIP_ROWS"), "a bad value was not refused");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--strip-rows"), "a bad value was not refused");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -415,18 +415,9 @@ impl<B: VaeOps> VaeDecoder<B> {
         conv_strips(b, &x.t, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |_, _, t| Ok(t), |y0, _, t| sink(y0, t))
     }
 
-    /// How to decode latents `[1, C, h, w]` here: `MOSS_VAE_STRIP_ROWS=N` (N ≥ 1) forces strips
-    /// of N rows (tests, benchmarks); otherwise the backend's memory plan decides
+    /// How to decode latents `[1, C, h, w]` here: the backend's memory plan decides
     /// ([`VaeOps::vae_strip_rows`]: whole when it fits).
     pub fn split_for(&self, b: &B, h: usize, w: usize) -> Result<Split> {
-        if let Ok(v) = std::env::var("MOSS_VAE_STRIP_ROWS") {
-            if !v.trim().is_empty() {
-                let n: usize = v.trim().parse().map_err(|_| anyhow::anyhow!("MOSS_VAE_STRIP_ROWS={v}: expected a number of rows"))?;
-                if n > 0 {
-                    return Ok(Split::strips(n));
-                }
-            }
-        }
         Ok(match b.vae_strip_rows(&self.cfg, h, w)? {
             Some(rows) => Split::strips(rows),
             None => Split::Whole,

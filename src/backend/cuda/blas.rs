@@ -105,14 +105,12 @@ struct Plan {
     lb: sys::cublasLtMatrixLayout_t,
     lc: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
-    /// With [`tune`] on: the heuristic's candidates, timed at the first call (then emptied).
+    /// The heuristic's candidates, searched once for a pinned configuration (then emptied).
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
-/// Heuristic candidates timed per shape when tuning (and searched for a pinned configuration).
-const TUNE_CANDIDATES: i32 = 8;
-/// Round-robin rounds over the candidates when tuning.
-const TUNE_ROUNDS: usize = 5;
+/// Heuristic candidates searched for a pinned configuration.
+const PIN_CANDIDATES: i32 = 8;
 
 /// The configuration of a cuBLASLt algorithm (`CUBLASLT_ALGO_CONFIG_*`): id, tile, stages,
 /// split-k, reduction scheme, CTA swizzling, custom option, inner shape, cluster shape. Equal
@@ -158,16 +156,6 @@ impl AlgoConfig {
             cluster: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)?,
         })
     }
-}
-
-/// `MOSS_GEMM_TUNE=1`: time the heuristic's first [`TUNE_CANDIDATES`] algorithms on the first
-/// call of each product ([`TUNE_ROUNDS`] round-robin rounds of a warm-up and three timed runs,
-/// CUDA events, into scratch) and keep the one with the fastest median round, instead of the
-/// heuristic's first (or a pinned one). Off by default: timing noise can pick different
-/// algorithms in different runs, and so different roundings of the same product.
-pub fn tune() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MOSS_GEMM_TUNE").is_ok_and(|v| v == "1"))
 }
 
 impl Drop for Plan {
@@ -303,9 +291,9 @@ impl Blas {
                 Ok(())
             });
             let h = r.and_then(|_| lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, lc, pref));
-            let pin = if tune() { None } else { crate::backend::cuda::gemm_pins::pin(self.cc, &g) };
-            if h.is_ok() && (tune() || pin.is_some()) {
-                let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); TUNE_CANDIDATES as usize];
+            let pin = crate::backend::cuda::gemm_pins::pin(self.cc, &g);
+            if h.is_ok() && pin.is_some() {
+                let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); PIN_CANDIDATES as usize];
                 let mut count = 0i32;
                 let st = sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
@@ -315,7 +303,7 @@ impl Blas {
                     lc,
                     lc,
                     pref,
-                    TUNE_CANDIDATES,
+                    PIN_CANDIDATES,
                     res.as_mut_ptr(),
                     &mut count,
                 );
@@ -365,15 +353,6 @@ impl Blas {
                 set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
             }
             let (desc, la, lb, lc) = (p.desc, p.la, p.lb, p.lc);
-            // Tuning writes its trial products into scratch: D may be C (an in-place residual add),
-            // which a trial run would otherwise add into again.
-            let scratch = if p.candidates.len() > 1 {
-                let bytes = (g.ldd as usize) * (g.n as usize) * (g.batch.max(1) as usize) * g.d.size();
-                Some(cudarc::driver::result::malloc_async(stream.cu_stream(), bytes).map_err(|e| anyhow!("cuBLASLt tuning scratch: {e:?}"))?)
-            } else {
-                None
-            };
-            let trial_d = scratch.unwrap_or(d);
             let run_into = |algo: &sys::cublasLtMatmulAlgo_t, d: u64| {
                 lt::matmul(
                     self.handle,
@@ -394,52 +373,6 @@ impl Blas {
                     stream.cu_stream() as sys::cudaStream_t,
                 )
             };
-            let run = |algo: &sys::cublasLtMatmulAlgo_t| run_into(algo, trial_d);
-            if p.candidates.len() > 1 {
-                // Tuning: every candidate on these inputs into the scratch D, in TUNE_ROUNDS
-                // round-robin rounds of 3 runs each; the median round decides.
-                let ctx = stream.context();
-                let ev = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| anyhow!("{e:?}"));
-                let n = p.candidates.len();
-                let mut rounds: Vec<Vec<f32>> = vec![vec![]; n];
-                for _ in 0..TUNE_ROUNDS {
-                    for (i, algo) in p.candidates.iter().enumerate() {
-                        if run(algo).is_err() {
-                            continue;
-                        }
-                        let (e0, e1) = (ev()?, ev()?);
-                        e0.record(stream).map_err(|e| anyhow!("{e:?}"))?;
-                        let ok = (0..3).all(|_| run(algo).is_ok());
-                        e1.record(stream).map_err(|e| anyhow!("{e:?}"))?;
-                        e1.synchronize().map_err(|e| anyhow!("{e:?}"))?;
-                        if ok {
-                            rounds[i].push(e0.elapsed_ms(&e1).map_err(|e| anyhow!("{e:?}"))? / 3.0);
-                        }
-                    }
-                }
-                let med: Vec<f32> = rounds
-                    .iter_mut()
-                    .map(|r| {
-                        r.sort_by(f32::total_cmp);
-                        r.get(r.len() / 2).copied().unwrap_or(f32::NAN)
-                    })
-                    .collect();
-                let best = (0..n).filter(|&i| med[i].is_finite()).min_by(|&i, &j| med[i].total_cmp(&med[j]));
-                if let Some(b) = best {
-                    p.algo = p.candidates[b];
-                }
-                eprintln!(
-                    "gemm tune m={} n={} k={} acc={} cc={}.{}: candidate {} of {}",
-                    g.m, g.n, g.k, g.accumulate, self.cc.0, self.cc.1, best.map_or(-1, |b| b as i64), n
-                );
-                for (i, a) in p.candidates.iter().enumerate() {
-                    eprintln!("gemm tune   #{i} {:.4} ms {:?}", med[i], AlgoConfig::of(a));
-                }
-                p.candidates.clear();
-            }
-            if let Some(sp) = scratch {
-                cudarc::driver::result::free_async(sp, stream.cu_stream()).map_err(|e| anyhow!("{e:?}"))?;
-            }
             run_into(&p.algo, d)
             .map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
         }

@@ -5,8 +5,8 @@
 //! terms (m = output features, n = rows, k), and names a whole [`AlgoConfig`]. The plan takes the
 //! candidate with exactly that configuration when the heuristic offers it (so another cuBLAS
 //! version or GPU falls back to the heuristic's first choice), never a timing: the choice, and so
-//! the rounding, is the same in every run. `MOSS_GEMM_PIN=0` turns the table off;
-//! `MOSS_GEMM_TUNE=1` (timing every candidate) bypasses it.
+//! the rounding, is the same in every run. The tuning mode that measured
+//! the pins (timing every candidate) is in git history.
 
 use crate::backend::cuda::blas::{AlgoConfig, Gemm};
 use super::DType;
@@ -45,16 +45,8 @@ pub const PINS: &[Pin] = &[
     Pin { cc: H200, m: 10240, n: 128, k: 4096, accumulate: false, config: cfg(165, 0, 4) },
 ];
 
-fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("MOSS_GEMM_PIN").is_ok_and(|v| v == "0"))
-}
-
 /// The pinned configuration for `g` on a device of compute capability `cc`, if any.
 pub fn pin(cc: (i32, i32), g: &Gemm) -> Option<AlgoConfig> {
-    if !enabled() {
-        return None;
-    }
     find(PINS, cc, g)
 }
 

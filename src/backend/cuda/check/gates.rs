@@ -284,7 +284,7 @@ pub(crate) use super::dit_ops::{attention_rows, stream_rows, uniform_vec};
 
 /// Run every gate at bf16 and at fp32; print the table; true if every gate passed and every
 /// control was rejected.
-pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
+pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -> bool {
     println!("kernel gates: relative L2 vs the CPU backend (f64 accumulation), fresh random inputs (seed {seed}),");
     println!("  outputs poisoned with NaN before each run; GEMM references on {GEMM_REF_ROWS} random rows of each output");
     println!("  (the whole GPU output is still checked for NaN/Inf); each control is a planted bug that must be rejected");
@@ -320,7 +320,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64) -> bool {
                     note: format!("[error: {e:#}]"),
                 });
             }
-            if std::env::var_os("MOSS_CHECK_VERBOSE").is_some() {
+            if verbose {
                 eprintln!("  {name} ({}): {:.1} s", cx.precision, t.elapsed().as_secs_f64());
             }
         }
