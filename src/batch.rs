@@ -767,6 +767,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     if !crate::output::is_stdout(&o.prompts) {
         inputs.push(("the prompts list", &o.prompts));
     }
+    let inputs = crate::output::Inputs::new(&inputs);
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();
     let mut jobs = vec![];
@@ -785,7 +786,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             .clone();
         let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
             crate::output::target(&j.path)?;
-            crate::output::check_distinct(&[("the output", &j.path)], &inputs)?;
+            crate::output::check_against(&[("the output", &j.path)], &inputs)?;
             let mut enc = |t: &str, what: &str| -> Result<Vec<u32>> {
                 let tk = tok.encode(t, o.max_tokens)?;
                 if let Some(n) = tk.truncated_from {

@@ -226,10 +226,24 @@ pub fn files_below(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The run's inputs, identified once (a batch checks every picture's path against them).
+pub struct Inputs(Vec<(String, PathBuf, Identity)>);
+
+impl Inputs {
+    pub fn new(inputs: &[(&str, &Path)]) -> Inputs {
+        Inputs(inputs.iter().filter_map(|(w, p)| Some((w.to_string(), p.to_path_buf(), identity(p)?))).collect())
+    }
+}
+
 /// Refuse before any work when an output is one of the run's inputs or two outputs are the same
 /// file. `outputs` and `inputs` are `(what, path)`, e.g. `("--out", ..)`, `("the prompts list", ..)`.
 /// `-`, FIFOs and devices never clash (they are written through, nothing is replaced).
 pub fn check_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    check_against(outputs, &Inputs::new(inputs))
+}
+
+/// [`check_distinct`] against inputs identified beforehand.
+pub fn check_against(outputs: &[(&str, &Path)], inputs: &Inputs) -> Result<()> {
     let ids: Vec<_> = outputs
         .iter()
         .filter(|(_, p)| matches!(target(p), Ok(Target::File(_))))
@@ -242,8 +256,8 @@ pub fn check_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Re
                 bail!("{w} {} and {w2} {} are the same file", p.display(), p2.display());
             }
         }
-        for (what, q) in inputs {
-            if identity(q).as_ref() == Some(id) {
+        for (what, q, qid) in &inputs.0 {
+            if qid == id {
                 bail!("{w} {} would overwrite {what} {}", p.display(), q.display());
             }
         }
