@@ -55,7 +55,12 @@ pub struct Encoder<B: EncoderOps> {
 }
 
 impl<B: EncoderOps> Encoder<B> {
+    /// Every weight, in one load batch.
     pub fn load(b: &B, c: &Component, cfg: &EncoderConfig) -> Result<Self> {
+        b.load_batch(|b| Self::load_unbatched(b, c, cfg))
+    }
+
+    fn load_unbatched(b: &B, c: &Component, cfg: &EncoderConfig) -> Result<Self> {
         let w = |n: &str| b.load(c, n);
         let mut layers = vec![];
         for (i, t) in cfg.layer_types.iter().enumerate() {
