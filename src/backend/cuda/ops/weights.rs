@@ -216,6 +216,10 @@ impl Cuda {
     /// Run `f`'s loads as one batch; the compute stream waits for them before anything after.
     /// Returns `f`'s value and what the mover moved.
     pub fn batch<R>(&self, f: impl FnOnce(&Cuda) -> Result<R>) -> Result<(R, Moved)> {
+        if self.batch.is_some() {
+            // Inside a batch: part of it.
+            return Ok((f(self)?, Moved::default()));
+        }
         let view = self.batch_view(None);
         let r = f(&view)?;
         view.settle()?;
@@ -225,6 +229,9 @@ impl Cuda {
     /// [`Cuda::batch`] whose copies the compute stream waits for only when the result's
     /// [`Behind::ready`] is called (on any thread).
     pub fn batch_behind<R>(&self, f: impl FnOnce(&Cuda) -> Result<R>) -> Result<(Behind<R>, Moved)> {
+        if self.batch.is_some() {
+            return Ok((Behind::new(f(self)?, None), Moved::default()));
+        }
         let view = self.batch_view(None);
         let r = f(&view)?;
         let ready = view.flush()?;
