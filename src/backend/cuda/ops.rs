@@ -411,6 +411,8 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 
 impl Backend for Cuda {
     fn release_cached(&self) -> Result<()> {
+        // A finished stage's streamed-block slots go too (the next stream allocates them again).
+        self.release_slots();
         self.trim_pool()
     }
 
