@@ -9,19 +9,23 @@
 //!
 //! **Split decode** ([`Split::Strips`]): a decode that does not fit in free device memory runs
 //! the part at the latent resolution (`post_quant_conv`, `conv_in`, the mid block with its
-//! attention) whole on the backend, then every later layer in row strips: the layer's full input
-//! lives in host memory, each conv gets its output rows' input rows plus the halo (`k/2` rows;
-//! through the folded upsample, the low-resolution rows those need), computes them on the
-//! backend and the strip's valid rows come back. A conv's output pixel does not depend on the
-//! strip (same inputs, same summation order), and the GroupNorm statistics are gathered as
-//! per-row partials ([`VaeOps::group_norm_row_stats`]) combined in a fixed order, so the picture
-//! is the unsplit one, bit for bit (tests/vae.rs checks it).
+//! attention) whole on the backend, then every later layer in row strips. Between layers only
+//! the pictures a later layer reads are kept ([`VaeOps::picture`]): a resnet's input (its
+//! GroupNorm and its shortcut) and its first conv's output (the second GroupNorm), in device
+//! memory while the plan's budget lasts, else in host memory; a resnet writes its output over
+//! its input. Each conv gets its output rows' input rows plus the halo (`k/2` rows; through the
+//! folded upsample, the low-resolution rows those need) and hands its valid rows to the next
+//! picture. A conv's output pixel does not depend on the strip (same inputs, same summation
+//! order), and the GroupNorm statistics are gathered as per-row partials
+//! ([`VaeOps::group_norm_row_stats`]) combined in a fixed order, so the picture is the unsplit
+//! one, bit for bit (tests/vae.rs checks it).
 
 use crate::backend::ops::VaeOps;
-use crate::backend::ops::vae::group_norm_combine;
+use crate::backend::ops::vae::{group_norm_combine, picture_bytes};
 use crate::checkpoint::{config::VaeConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use std::cell::Cell;
 
 /// The eps of every GroupNorm in diffusers' `Decoder` (`resnet_eps`, fixed there, not in the config).
 const NORM_EPS: f64 = 1e-6;
@@ -62,13 +66,15 @@ impl<B: VaeOps> GroupNorm<B> {
     fn forward(&self, b: &B, x: &B::T, silu: bool) -> Result<B::T> {
         b.group_norm(x, &self.weight, &self.bias, self.groups, NORM_EPS, silu)
     }
-    /// The (mean, variance) per group of a host picture, from the row partials gathered when it
-    /// was made ([`HostAct`]): the same partials, combined the same way, as
-    /// [`VaeOps::group_norm`] over the whole picture.
-    fn stats_of(&self, x: &HostAct) -> Result<Vec<f64>> {
-        let (c, h, w) = (x.t.shape[1], x.t.shape[2], x.t.shape[3]);
-        ensure!(x.groups == self.groups && x.part.len() == self.groups * h * 2, "VAE split: row partials for {} groups, wanted {}", x.groups, self.groups);
-        Ok(group_norm_combine(&x.part, self.groups, h, c / self.groups * w))
+    /// The (mean, variance) per group of a kept picture, from the row partials gathered as its
+    /// strips were written: the same partials, combined the same way, as [`VaeOps::group_norm`]
+    /// over the whole picture.
+    fn stats_of(&self, b: &B, x: &Pic<B>) -> Result<Vec<f64>> {
+        let [c, h, w] = x.dims;
+        ensure!(x.groups == self.groups && c % self.groups == 0, "VAE split: row partials for {} groups, wanted {}", x.groups, self.groups);
+        let part = b.picture_row_stats(&x.p)?;
+        ensure!(part.len() == self.groups * h * 2, "VAE split: {} row partials for {} groups x {h} rows", part.len(), self.groups);
+        Ok(group_norm_combine(&part, self.groups, h, c / self.groups * w))
     }
     /// `conv(silu?(norm(x)))` with statistics given ([`GroupNorm::stats_of`] for a strip, the
     /// whole picture's otherwise), through [`VaeOps::conv2d_normed`] (fused on CUDA).
@@ -130,34 +136,131 @@ impl<B: VaeOps> Resnet<B> {
             None => b.add(x, &h),
         }
     }
-    /// [`Resnet::forward`] in row strips, `x` and the result in host memory.
-    fn forward_strips(&self, b: &B, x: &HostAct, sp: Strips) -> Result<HostAct> {
-        let st1 = self.norm1.stats_of(x)?;
-        let h = conv_strips_host(b, &x.t, Some((&self.norm1, &st1)), &self.conv1, false, sp, x.groups, |_, _, t| Ok(t))?;
-        let st2 = self.norm2.stats_of(&h)?;
-        conv_strips_host(b, &h.t, Some((&self.norm2, &st2)), &self.conv2, false, sp, x.groups, |y0, y1, t| {
-            let xs = b.upload_rows(&x.t, y0, y1)?;
-            match &self.conv_shortcut {
-                Some(s) => b.add(&s.forward(b, &xs)?, &t),
-                None => b.add(&xs, &t),
+    /// [`Resnet::forward`] in row strips, `x` and the result kept pictures: `h` (the first conv's
+    /// output) is kept whole for the second GroupNorm's statistics; the output goes over `x`,
+    /// strip by strip after its rows were read, when it has no more channels than `x`.
+    fn forward_strips<'k>(&self, b: &B, x: Pic<'k, B>, sp: Strips, keep: &'k Keep) -> Result<Pic<'k, B>> {
+        let [c, hh, w] = x.dims;
+        let cout = b.dims(&self.conv1.weight)[0];
+        let st1 = self.norm1.stats_of(b, &x)?;
+        let mut h = keep.picture(b, [cout, hh, w], x.groups)?;
+        conv_strips(b, &x, Some((&self.norm1, &st1)), &self.conv1, false, sp, |y0, y1, t, skip| h.put(b, y0, y1, &t, skip))?;
+        let st2 = self.norm2.stats_of(b, &h)?;
+        let mut x = x;
+        let mut fresh = if cout <= c { None } else { Some(keep.picture(b, [cout, hh, w], x.groups)?) };
+        conv_strips(b, &h, Some((&self.norm2, &st2)), &self.conv2, false, sp, |y0, y1, t, skip| {
+            let t = if skip == 0 && b.dims(&t)[2] == y1 - y0 { t } else { b.narrow(&t, 2, skip, y1 - y0)? };
+            let next = (y1 < hh).then(|| (y1, (y1 + sp.rows).min(hh)));
+            let xs = x.rows(b, y0, y1, next)?;
+            let o = match &self.conv_shortcut {
+                Some(s) => b.add(&s.forward(b, &xs)?, &t)?,
+                None => b.add(&xs, &t)?,
+            };
+            drop(xs);
+            match fresh.as_mut() {
+                Some(f) => f.put(b, y0, y1, &o, 0),
+                None => x.put(b, y0, y1, &o, 0),
             }
-        })
+        })?;
+        drop(h);
+        match fresh {
+            Some(f) => Ok(f),
+            None => {
+                x.set_channels(b, cout)?;
+                Ok(x)
+            }
+        }
     }
 }
 
-/// A picture `[1, C, H, W]` in host memory with the GroupNorm row partials of its rows
-/// ([`VaeOps::group_norm_row_stats`] for `groups` groups, `[groups, H, 2]`), taken on the
-/// backend from each strip as it was made (the same bits as over the whole picture).
-struct HostAct {
-    t: Tensor,
-    part: Vec<f64>,
-    groups: usize,
+/// Where a split decode keeps its pictures: device memory while `budget` bytes last (pictures
+/// live at once counted), host memory after; and what that cost.
+struct Keep {
+    budget: usize,
+    used: Cell<usize>,
+    report: Cell<SplitReport>,
 }
 
-impl HostAct {
-    /// Download a whole backend picture, with its row partials.
-    fn download<B: VaeOps>(b: &B, x: &B::T, groups: usize) -> Result<HostAct> {
-        Ok(HostAct { part: b.group_norm_row_stats(x, groups)?, t: b.download(x)?, groups })
+/// What a split decode kept where ([`VaeDecoder::decode_rgb8_report`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitReport {
+    /// Most device bytes the kept pictures held at once.
+    pub kept_peak_bytes: usize,
+    /// Pictures kept in device memory / in host memory.
+    pub device_pictures: usize,
+    pub host_pictures: usize,
+    /// Bytes copied between host pictures and the device (rows read, rows written).
+    pub host_bytes_moved: usize,
+}
+
+impl Keep {
+    fn new(budget: usize) -> Keep {
+        Keep { budget, used: Cell::new(0), report: Cell::new(SplitReport::default()) }
+    }
+    fn note(&self, f: impl FnOnce(&mut SplitReport)) {
+        let mut r = self.report.get();
+        f(&mut r);
+        self.report.set(r);
+    }
+    /// A new picture `[1, c, h, w]`: on the device if it fits the budget next to those still live.
+    fn picture<'k, B: VaeOps>(&'k self, b: &B, dims: [usize; 3], groups: usize) -> Result<Pic<'k, B>> {
+        let [c, h, w] = dims;
+        let bytes = picture_bytes(c, h, w, groups);
+        let on_device = self.used.get() + bytes <= self.budget;
+        let p = b.picture(c, h, w, groups, on_device)?;
+        let device = if on_device { bytes } else { 0 };
+        self.used.set(self.used.get() + device);
+        let used = self.used.get();
+        self.note(|r| {
+            r.kept_peak_bytes = r.kept_peak_bytes.max(used);
+            if on_device {
+                r.device_pictures += 1;
+            } else {
+                r.host_pictures += 1;
+            }
+        });
+        Ok(Pic { p, dims, groups, device, keep: self })
+    }
+}
+
+/// A picture kept between layers ([`VaeOps::picture`]), `dims` `[C, H, W]`, holding `device`
+/// bytes of the [`Keep`] budget until dropped.
+struct Pic<'k, B: VaeOps> {
+    p: B::Picture,
+    dims: [usize; 3],
+    groups: usize,
+    device: usize,
+    keep: &'k Keep,
+}
+
+impl<B: VaeOps> Pic<'_, B> {
+    fn moved(&self, b: &B, t: &B::T, rows: usize) {
+        if self.device == 0 {
+            let d = b.dims(t);
+            let bytes = 4 * d[1] * rows * d[3];
+            self.keep.note(|r| r.host_bytes_moved += bytes);
+        }
+    }
+    fn rows(&self, b: &B, y0: usize, y1: usize, next: Option<(usize, usize)>) -> Result<B::T> {
+        let t = b.picture_rows(&self.p, y0, y1, next)?;
+        self.moved(b, &t, y1 - y0);
+        Ok(t)
+    }
+    fn put(&mut self, b: &B, y0: usize, y1: usize, t: &B::T, skip: usize) -> Result<()> {
+        b.picture_put(&mut self.p, y0, y1, t, skip)?;
+        self.moved(b, t, y1 - y0);
+        Ok(())
+    }
+    fn set_channels(&mut self, b: &B, c: usize) -> Result<()> {
+        b.picture_set_channels(&mut self.p, c)?;
+        self.dims[0] = c;
+        Ok(())
+    }
+}
+
+impl<B: VaeOps> Drop for Pic<'_, B> {
+    fn drop(&mut self) {
+        self.keep.used.set(self.keep.used.get() - self.device);
     }
 }
 
@@ -170,19 +273,26 @@ pub enum Split {
     Strips(Strips),
 }
 
-/// Row strips: `rows` output rows of each layer (at its own resolution) per strip.
+/// Row strips: `rows` output rows of each layer (at its own resolution) per strip; the pictures
+/// kept between layers on the device while they fit in `keep_bytes`, in host memory after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strips {
     pub rows: usize,
+    pub keep_bytes: usize,
     /// Planted for the tests' control: strips get no halo rows (each strip's edges then see the
     /// conv's zero padding instead of their neighbours). Never set outside tests.
     pub no_halo: bool,
 }
 
 impl Split {
-    /// Strips of `rows` rows (at least 1), with the halo.
+    /// Strips of `rows` rows (at least 1), with the halo, every kept picture in host memory
+    /// (the least device memory; `moss decode --strip-rows`).
     pub fn strips(rows: usize) -> Split {
-        Split::Strips(Strips { rows: rows.max(1), no_halo: false })
+        Split::strips_keeping(rows, 0)
+    }
+    /// Strips of `rows` rows, pictures kept on the device while they fit in `keep_bytes`.
+    pub fn strips_keeping(rows: usize, keep_bytes: usize) -> Split {
+        Split::Strips(Strips { rows: rows.max(1), keep_bytes, no_halo: false })
     }
 }
 
@@ -203,63 +313,36 @@ fn input_span(y0: usize, y1: usize, h_in: usize, k: usize, up: bool, halo: bool)
     }
 }
 
-/// One conv (optionally after a GroupNorm + SiLU with given statistics) over the host picture
-/// `x` in row strips; `post(y0, y1, strip)` gets each strip's valid output rows `y0..y1` on the
-/// backend and returns what is kept; `sink` takes it.
+/// One conv (optionally after a GroupNorm + SiLU with given statistics) over the kept picture
+/// `x` in row strips: `out(y0, y1, strip, skip)` gets each strip's output, whose rows
+/// `skip..skip + y1 − y0` are the conv's output rows `y0..y1` (the others saw the strip's edge).
 #[allow(clippy::too_many_arguments)]
 fn conv_strips<B: VaeOps>(
     b: &B,
-    x: &Tensor,
+    x: &Pic<B>,
     norm: Option<(&GroupNorm<B>, &[f64])>,
     conv: &Conv<B>,
     up: bool,
     sp: Strips,
-    mut post: impl FnMut(usize, usize, B::T) -> Result<B::T>,
-    mut sink: impl FnMut(usize, usize, B::T) -> Result<()>,
+    mut out: impl FnMut(usize, usize, B::T, usize) -> Result<()>,
 ) -> Result<()> {
-    let h_in = x.shape[2];
+    let h_in = x.dims[1];
     let k = b.dims(&conv.weight)[2];
     let oh = if up { 2 * h_in } else { h_in };
+    let span = |y0: usize| input_span(y0, (y0 + sp.rows).min(oh), h_in, k, up, !sp.no_halo);
     for y0 in (0..oh).step_by(sp.rows) {
         let y1 = (y0 + sp.rows).min(oh);
-        let (a, e, off) = input_span(y0, y1, h_in, k, up, !sp.no_halo);
-        let xs = b.upload_rows(x, a, e)?;
+        let (a, e, off) = span(y0);
+        let next = (y1 < oh).then(|| span(y1)).map(|(a, e, _)| (a, e));
+        let xs = x.rows(b, a, e, next)?;
         let o = match norm {
             Some((n, st)) => n.conv_with(b, &xs, st, true, conv, up)?,
             None => conv.conv(b, &xs, up)?,
         };
         drop(xs);
-        let o = if off == 0 && b.dims(&o)[2] == y1 - y0 { o } else { b.narrow(&o, 2, off, y1 - y0)? };
-        sink(y0, y1, post(y0, y1, o)?)?;
+        out(y0, y1, o, off)?;
     }
     Ok(())
-}
-
-/// [`conv_strips`] into a new host picture, with the row partials for `groups` groups of
-/// every strip taken on the backend before it comes back.
-#[allow(clippy::too_many_arguments)]
-fn conv_strips_host<B: VaeOps>(
-    b: &B,
-    x: &Tensor,
-    norm: Option<(&GroupNorm<B>, &[f64])>,
-    conv: &Conv<B>,
-    up: bool,
-    sp: Strips,
-    groups: usize,
-    post: impl FnMut(usize, usize, B::T) -> Result<B::T>,
-) -> Result<HostAct> {
-    let (h, w) = if up { (2 * x.shape[2], 2 * x.shape[3]) } else { (x.shape[2], x.shape[3]) };
-    let cout = b.dims(&conv.weight)[0];
-    let mut out = Tensor { shape: vec![1, cout, h, w], data: vec![0f32; cout * h * w] };
-    let mut part = vec![0f64; groups * h * 2];
-    conv_strips(b, x, norm, conv, up, sp, post, |y0, y1, t| {
-        let s = b.group_norm_row_stats(&t, groups)?;
-        for gi in 0..groups {
-            part[(gi * h + y0) * 2..(gi * h + y1) * 2].copy_from_slice(&s[gi * (y1 - y0) * 2..(gi + 1) * (y1 - y0) * 2]);
-        }
-        b.download_rows(&t, &mut out, y0)
-    })?;
-    Ok(HostAct { t: out, part, groups })
 }
 
 /// The mid block's `Attention` (one head of the full width, residual):
@@ -397,29 +480,41 @@ impl<B: VaeOps> VaeDecoder<B> {
         self.mid_resnets[1].forward(b, &x)
     }
 
-    /// The split decode: the mid block whole, then every layer in row strips with the
-    /// activations in host memory; the last conv's strips (`[1, 3, r, W]`, on the backend, not
-    /// clamped) go to `sink(y0, strip)` in order.
-    fn forward_strips(&self, b: &B, z: &B::T, sp: Strips, mut sink: impl FnMut(usize, B::T) -> Result<()>) -> Result<()> {
+    /// The split decode: the mid block whole, then every layer in row strips, the pictures
+    /// between layers kept as `sp` says; the last conv's strips (`[1, 3, r, W]`, on the backend,
+    /// not clamped) go to `sink(y0, strip)` in order.
+    fn forward_strips(&self, b: &B, z: &B::T, sp: Strips, mut sink: impl FnMut(usize, B::T) -> Result<()>) -> Result<SplitReport> {
         let g = self.conv_norm_out.groups;
-        let mut x = HostAct::download(b, &self.forward_mid(b, z)?, g)?;
+        let keep = Keep::new(sp.keep_bytes);
+        let mid = self.forward_mid(b, z)?;
+        let d = b.dims(&mid);
+        let mut x = keep.picture(b, [d[1], d[2], d[3]], g)?;
+        x.put(b, 0, d[2], &mid, 0)?;
+        drop(mid);
         for up in &self.up_blocks {
             for r in &up.resnets {
-                x = r.forward_strips(b, &x, sp)?;
+                x = r.forward_strips(b, x, sp, &keep)?;
             }
             if let Some(u) = &up.upsampler {
-                x = conv_strips_host(b, &x.t, None, u, true, sp, g, |_, _, t| Ok(t))?;
+                let [_, h, w] = x.dims;
+                let mut o = keep.picture(b, [b.dims(&u.weight)[0], 2 * h, 2 * w], g)?;
+                conv_strips(b, &x, None, u, true, sp, |y0, y1, t, skip| o.put(b, y0, y1, &t, skip))?;
+                x = o;
             }
         }
-        let st = self.conv_norm_out.stats_of(&x)?;
-        conv_strips(b, &x.t, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |_, _, t| Ok(t), |y0, _, t| sink(y0, t))
+        let st = self.conv_norm_out.stats_of(b, &x)?;
+        conv_strips(b, &x, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |y0, y1, t, skip| {
+            sink(y0, if skip == 0 && b.dims(&t)[2] == y1 - y0 { t } else { b.narrow(&t, 2, skip, y1 - y0)? })
+        })?;
+        drop(x);
+        Ok(keep.report.get())
     }
 
     /// How to decode latents `[1, C, h, w]` here: the backend's memory plan decides
-    /// ([`VaeOps::vae_strip_rows`]: whole when it fits).
+    /// ([`VaeOps::vae_strip_plan`]: whole when it fits).
     pub fn split_for(&self, b: &B, h: usize, w: usize) -> Result<Split> {
-        Ok(match b.vae_strip_rows(&self.cfg, h, w)? {
-            Some(rows) => Split::strips(rows),
+        Ok(match b.vae_strip_plan(&self.cfg, h, w)? {
+            Some(p) => Split::strips_keeping(p.rows, p.keep_bytes),
             None => Split::Whole,
         })
     }
@@ -461,8 +556,15 @@ impl<B: VaeOps> VaeDecoder<B> {
             Split::Strips(sp) => {
                 let (h, w) = (z.shape[2] * 16, z.shape[3] * 16);
                 let mut img = Tensor { shape: vec![1, 3, h, w], data: vec![0f32; 3 * h * w] };
-                self.forward_strips(b, &gz, sp, |y0, t| b.download_rows(&t, &mut img, y0))?;
-                ensure!(img.shape == vec![1, 3, h, w], "VAE decode: picture {:?}", img.shape);
+                self.forward_strips(b, &gz, sp, |y0, t| {
+                    let s = b.download(&t)?;
+                    let r = s.shape[2];
+                    ensure!(s.shape == vec![1, 3, r, w] && y0 + r <= h, "VAE decode: strip {:?} at row {y0}", s.shape);
+                    for ci in 0..3 {
+                        img.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
+                    }
+                    Ok(())
+                })?;
                 img
             }
         };
@@ -480,26 +582,31 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode_rgb8`] with the split given.
     pub fn decode_rgb8_with(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
+        Ok(self.decode_rgb8_report(b, z, split)?.0)
+    }
+
+    /// [`VaeDecoder::decode_rgb8_with`], and for a split decode what it kept where.
+    pub fn decode_rgb8_report(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {
         self.with_overflow_fallback(b, || self.decode_rgb8_once(b, z, split))
     }
 
-    fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
+    fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {
         let gz = b.upload_f32(z)?;
         match split {
             Split::Whole => {
                 let y = self.forward(b, &gz)?;
                 ensure_picture_finite(b, &y)?;
-                b.to_rgb8(&y)
+                Ok((b.to_rgb8(&y)?, None))
             }
             Split::Strips(sp) => {
                 // HWC rows are contiguous: the strips' bytes, in order, are the picture's.
                 let mut rgb = Vec::with_capacity(z.shape[2] * z.shape[3] * 256 * 3);
-                self.forward_strips(b, &gz, sp, |_, t| {
+                let report = self.forward_strips(b, &gz, sp, |_, t| {
                     ensure_picture_finite(b, &t)?;
                     rgb.extend_from_slice(&b.to_rgb8(&t)?);
                     Ok(())
                 })?;
-                Ok(rgb)
+                Ok((rgb, Some(report)))
             }
         }
     }

@@ -349,7 +349,7 @@ fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<crate::bac
             (Kind::Control, true, "vae split decode without halo rows"),
         ] {
             let out = vae
-                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, no_halo }))
+                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, keep_bytes: 0, no_halo }))
                 .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
             cx.judge(what, &s, kind, EXACT, "", out, &whole, None);
         }
