@@ -509,6 +509,7 @@ impl VaeOps for Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cuda::vae::plan::PREFERRED_ROWS;
     use crate::backend::ops::vae::{picture_bytes, StripPlan};
     use crate::checkpoint::config::VaeConfig;
 
