@@ -180,6 +180,15 @@ fn conv_strips<B: VaeOps>(
     Ok(())
 }
 
+/// Rows `skip..skip + rows` of a strip `[1, C, r, W]` (itself when that is all of it).
+fn valid_rows<B: VaeOps>(b: &B, t: B::T, skip: usize, rows: usize) -> Result<B::T> {
+    if skip == 0 && b.dims(&t)[2] == rows {
+        Ok(t)
+    } else {
+        b.narrow(&t, 2, skip, rows)
+    }
+}
+
 impl<B: VaeOps> GroupNorm<B> {
     /// The (mean, variance) per group of a kept picture, from the row partials gathered as its
     /// strips were written: the same partials, combined the same way, as [`VaeOps::group_norm`]
@@ -207,7 +216,7 @@ impl<B: VaeOps> Resnet<B> {
         let mut x = x;
         let mut fresh = if cout <= c { None } else { Some(keep.picture(b, [cout, hh, w], x.groups)?) };
         conv_strips(b, &h, Some((&self.norm2, &st2)), &self.conv2, false, sp, |y0, y1, t, skip| {
-            let t = if skip == 0 && b.dims(&t)[2] == y1 - y0 { t } else { b.narrow(&t, 2, skip, y1 - y0)? };
+            let t = valid_rows(b, t, skip, y1 - y0)?;
             let next = (y1 < hh).then(|| (y1, (y1 + sp.rows).min(hh)));
             let xs = x.rows(b, y0, y1, next)?;
             let o = match &self.conv_shortcut {
@@ -256,7 +265,7 @@ impl<B: VaeOps> VaeDecoder<B> {
         }
         let st = self.conv_norm_out.stats_of(b, &x)?;
         conv_strips(b, &x, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |y0, y1, t, skip| {
-            sink(y0, if skip == 0 && b.dims(&t)[2] == y1 - y0 { t } else { b.narrow(&t, 2, skip, y1 - y0)? })
+            sink(y0, valid_rows(b, t, skip, y1 - y0)?)
         })?;
         drop(x);
         Ok(keep.report.get())

@@ -48,8 +48,8 @@ impl Drop for PinnedBlock {
     }
 }
 
-/// The copy streams of host pictures and the pinned blocks no picture holds (handed out again,
-/// best fit first).
+/// The copy streams of host pictures and the pinned blocks no picture holds (handed out again
+/// to pictures of about their size).
 pub struct SplitIo {
     up: Arc<CudaStream>,
     down: Arc<CudaStream>,
@@ -77,14 +77,26 @@ struct HostSide {
     /// Rows fetched ahead (`next`): their span, the strip, the copy's event.
     ahead: RefCell<Option<((usize, usize), CudaTensor, CudaEvent)>>,
     /// Strips being copied into the block, alive until their copy is done.
-    downs: VecDeque<(CudaTensor, Arc<CudaEvent>)>,
+    downs: RefCell<VecDeque<(CudaTensor, CudaEvent)>>,
     /// The last copy into the block (reads of the block wait for it).
-    last_down: Option<Arc<CudaEvent>>,
+    last_down: Option<CudaEvent>,
 }
 
 impl HostSide {
     fn ptr(&self) -> *mut u8 {
         self.block.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr)
+    }
+
+    /// Let go of the strips on their way here, all but the last `keep`: each freed on the
+    /// compute stream after its copy.
+    fn release_downs(&self, keep: usize) -> Result<()> {
+        let mut downs = self.downs.borrow_mut();
+        while downs.len() > keep {
+            let (t, e) = downs.pop_front().unwrap();
+            self.main.wait(&e).map_err(|e| anyhow!("stream wait: {e:?}"))?;
+            drop(t);
+        }
+        Ok(())
     }
 }
 
@@ -95,10 +107,7 @@ impl Drop for HostSide {
             let _ = self.main.wait(&e);
             drop(t);
         }
-        for (t, e) in self.downs.drain(..) {
-            let _ = self.main.wait(&e);
-            drop(t);
-        }
+        let _ = self.release_downs(0);
         // The block may be handed out again only when no copy reads or writes it.
         let _ = self.io.up.synchronize();
         let _ = self.io.down.synchronize();
@@ -136,14 +145,15 @@ impl Cuda {
         Ok(g.as_ref().unwrap().clone())
     }
 
-    /// A pinned block of at least `bytes`: the smallest free one that is large enough, else a
-    /// new one (the free ones, all too small, are let go first).
+    /// A pinned block of at least `bytes`: the smallest free one of `bytes` to twice that, else
+    /// a new one. Pictures come in a few sizes (one per layer width and resolution), so a second
+    /// decode of the same size pins nothing new; the pool goes with `release_cached`.
     fn pinned(&self, io: &SplitIo, bytes: usize) -> Result<PinnedBlock> {
         let mut free = io.free.lock().unwrap();
-        if let Some(i) = (0..free.len()).filter(|&i| free[i].bytes >= bytes).min_by_key(|&i| free[i].bytes) {
+        let fits = |b: &PinnedBlock| b.bytes >= bytes && b.bytes <= 2 * bytes;
+        if let Some(i) = (0..free.len()).filter(|&i| fits(&free[i])).min_by_key(|&i| free[i].bytes) {
             return Ok(free.swap_remove(i));
         }
-        free.clear();
         drop(free);
         self.gpu().ctx.bind_to_thread().map_err(|e| anyhow!("bind context: {e:?}"))?;
         // SAFETY: a plain pinned allocation; its contents are written before they are read.
@@ -164,7 +174,7 @@ impl Cuda {
             let io = self.split_io()?;
             let block = self.pinned(&io, 4 * cap)?;
             let main = self.gpu().stream.clone();
-            Place::Host(HostSide { io, main, block: Some(block), ahead: RefCell::new(None), downs: VecDeque::new(), last_down: None })
+            Place::Host(HostSide { io, main, block: Some(block), ahead: RefCell::new(None), downs: RefCell::new(VecDeque::new()), last_down: None })
         };
         Ok(CudaPicture { c, h, w, cap, groups, stats, place })
     }
@@ -279,20 +289,23 @@ impl Cuda {
         // SAFETY: source rows inside the strip, which stays alive (in `downs`) until the copy is
         // done; destination rows inside the pinned block, which outlives the copy.
         unsafe { sys::cuMemcpy2DAsync_v2(&cp, down.cu_stream()) }.result().map_err(|e| anyhow!("CUDA row download: {e:?}"))?;
-        let done = Arc::new(self.event()?);
+        // Two events for the one point: the strip's (it goes when its copy is done) and the
+        // block's last write (reads wait for it).
+        let (done, last) = (self.event()?, self.event()?);
         done.record(down).map_err(|e| anyhow!("event record: {e:?}"))?;
-        hs.downs.push_back((t, done.clone()));
-        hs.last_down = Some(done);
-        while hs.downs.len() > DOWNLOADS_IN_FLIGHT {
-            let (old, e) = hs.downs.pop_front().unwrap();
-            main.wait(&e).map_err(|e| anyhow!("stream wait: {e:?}"))?;
-            drop(old);
-        }
-        Ok(())
+        last.record(down).map_err(|e| anyhow!("event record: {e:?}"))?;
+        hs.downs.borrow_mut().push_back((t, done));
+        hs.last_down = Some(last);
+        hs.release_downs(DOWNLOADS_IN_FLIGHT)
     }
 
-    /// [`VaeOps::picture_row_stats`](crate::backend::ops::VaeOps::picture_row_stats).
+    /// [`VaeOps::picture_row_stats`](crate::backend::ops::VaeOps::picture_row_stats). The
+    /// picture is then read, not written: the strips still on their way to it go (after their
+    /// copies) rather than wait for the picture's drop.
     pub(crate) fn picture_partials(&self, p: &CudaPicture) -> Result<Vec<f64>> {
+        if let Place::Host(hs) = &p.place {
+            hs.release_downs(0)?;
+        }
         let bytes = self.download_bytes(&p.stats)?;
         Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
     }
