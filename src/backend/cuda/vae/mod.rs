@@ -28,7 +28,7 @@ pub mod picture;
 pub mod plan;
 
 pub use conv::{ConvControl, ConvKernel};
-pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_strip_bytes};
+pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
 
 use crate::backend::cuda::blas::LinearBug;
@@ -395,7 +395,7 @@ impl VaeOps for Cuda {
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
         // Whole if it fits, else the smallest useful split (strips of 8 rows, every picture in
         // host memory) must fit.
-        let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
+        let least = vae_activation_bytes(cfg, h, w).min(vae_split_least_bytes(cfg, h, w));
         let plan = crate::backend::cuda::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }

@@ -125,6 +125,13 @@ pub(super) fn copy2d_desc(
     }
 }
 
+/// The least activation bytes a split decode of latents `[1, C, h, w]` runs in: the mid block
+/// (run whole) or strips of 8 rows with every kept picture in host memory, whichever is more
+/// (`crate::memory_plan`'s `strip_activations` for the VAE).
+pub fn vae_split_least_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> usize {
+    vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8))
+}
+
 /// Strip height the planner settles for when not every kept picture fits on the device: taller
 /// strips save little (halo rows, launches) and take memory the pictures could use.
 pub const PREFERRED_ROWS: usize = 64;
