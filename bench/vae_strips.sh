@@ -7,10 +7,14 @@
 # time (median after the first run, which pins host memory) against the whole decode's, whether
 # the RGB8 bytes are identical (in process, and the files' sha256), the device pool's peak
 # (weights included) of each, where the pictures were kept and the bytes moved host <-> device.
-#   bench/vae_strips.sh MOSS_BIN OUT_DIR [SIDE]
+#   bench/vae_strips.sh MOSS_BIN OUT_DIR [SIDE]      (diffusers importable or .whl/diffusers-*.whl)
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 M=$1; OUT=$2; SIDE=${3:-2048}; W=${WORK:-/tmp/moss-bench}; mkdir -p "$OUT" "$W"
+if ls .whl/diffusers-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if [ ! -e $W/full/vae/config.json ]; then
   python3 bench/vae.py make-ckpt $W > $OUT/vae_strips_ckpt.txt 2>&1 || { cat $OUT/vae_strips_ckpt.txt; exit 1; }
 fi
