@@ -80,6 +80,18 @@ pub struct BenchVaeArgs {
     /// forwards, no profile.
     #[arg(long)]
     pub decode_only: bool,
+    /// Strip mode: time the whole decode against a split decode in strips of N rows (the RGB8
+    /// bytes compared; --out-rgb gets the split decode's).
+    #[arg(long, value_name = "N", value_parser = parse_strip_rows)]
+    pub strip_rows: Option<usize>,
+    /// Strip mode: GiB of device memory the split decode may keep pictures in (default 0: every
+    /// picture in host memory).
+    #[arg(long, value_name = "GIB", requires = "strip_rows")]
+    pub keep_gib: Option<f64>,
+    /// Strip mode with the planner's split for this many GiB free for activations (strips and
+    /// kept pictures), instead of --strip-rows/--keep-gib.
+    #[arg(long, value_name = "GIB", conflicts_with = "strip_rows")]
+    pub plan_free_gib: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]

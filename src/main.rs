@@ -472,6 +472,9 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 out_f32: a.out_f32.clone(),
                 out_rgb: a.out_rgb.clone(),
                 decode_only: a.decode_only,
+                strip_rows: a.strip_rows,
+                keep_gib: a.keep_gib,
+                plan_free_gib: a.plan_free_gib,
             };
             println!("{}", moss::bench_vae::run(&b, a.model.device)?);
             Ok(0)

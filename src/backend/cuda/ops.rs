@@ -144,6 +144,8 @@ struct Inner {
     /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae.rs).
     vae_flag: Mutex<Option<CudaTensor>>,
     vae_tf32_fallback: AtomicBool,
+    /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
+    vae_io: Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>>,
 }
 
 /// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
@@ -207,6 +209,7 @@ impl Cuda {
             sms,
             vae_flag: Mutex::new(None),
             vae_tf32_fallback: AtomicBool::new(false),
+            vae_io: Mutex::new(None),
         };
         Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
     }
@@ -251,6 +254,12 @@ impl Cuda {
 
     pub(crate) fn set_vae_tf32_fallback(&self, on: bool) {
         self.inner.vae_tf32_fallback.store(on, Ordering::Relaxed)
+    }
+
+    /// The VAE split decode's copy streams and pinned host memory, made on first use and let go
+    /// by `release_cached` (between stages).
+    pub(crate) fn vae_io(&self) -> &Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>> {
+        &self.inner.vae_io
     }
 
     pub(crate) fn blas(&self) -> &Blas {
@@ -411,8 +420,10 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 
 impl Backend for Cuda {
     fn release_cached(&self) -> Result<()> {
-        // A finished stage's streamed-block slots go too (the next stream allocates them again).
+        // A finished stage's streamed-block slots go too (the next stream allocates them again),
+        // and the VAE split decode's pinned host memory once no kept picture holds it.
         self.release_slots();
+        self.inner.vae_io.lock().unwrap().take();
         self.trim_pool()
     }
 
