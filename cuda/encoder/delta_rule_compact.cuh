@@ -177,20 +177,14 @@ template <typename T, bool TC, int BUG>
 __device__ void out_compact_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,
                                  const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk) {
     GDR_SMEM(gdr_sm);
-    float* Qs = gdr_sm;           // GC x PKS
-    float* Ss = Qs + GC * PKS;    // GD x CO_BL
-    float* Ws = Ss + GD * CO_BL;  // GC x CO_WL
-    float* Us = Ws + GC * CO_WL;  // GC x CO_BL
-    float* es = Us + GC * CO_BL;  // GC
-    const long blk = blockIdx.x;
-    const int c = (int)(blk / Hv), h = (int)(blk % Hv);
-    const int c0 = c * GC, n = min(GC, L - c0);
-    const int kh = h / (Hv / Hk);
-    const int col0 = blockIdx.y * CO_CB;
-    const int tid = threadIdx.x;
-    if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);
+    // Q̂ [GC][PKS], S0 [GD][CO_BL], Wqk [GC][CO_WL], U [GC][CO_BL], e^γ [GC]
+    float *Qs = gdr_sm, *Ss = Qs + GC * PKS, *Ws = Ss + GD * CO_BL, *Us = Ws + GC * CO_WL, *es = Us + GC * CO_BL;
+    const long blk = blockIdx.x;  // chunk blk / Hv, value head h
+    const int h = (int)(blk % Hv), c0 = (int)(blk / Hv) * GC, n = min(GC, L - c0);
+    const int col0 = blockIdx.y * CO_CB, tid = threadIdx.x;
+    if (tid < GC) es[tid] = BUG == 1 ? 1.f : expf(gam[blk * GC + tid]);  // the state read's decay e^γ
     __syncthreads();
-    load_norm(Qs, PKS, q, rqk, c0, n, kh, dk, rsqrtf((float)dk), es);
+    load_norm(Qs, PKS, q, rqk, c0, n, h / (Hv / Hk), dk, rsqrtf((float)dk), es);  // Q̂ rows times e^γ
     const float* sg = Sall + blk * GD * GD + col0;
     for (int x = tid; x < GD * CO_CB / 4; x += GT) {
         const int d = x / (CO_CB / 4), a = (x % (CO_CB / 4)) * 4;

@@ -5,7 +5,7 @@
 //! (104 / 101 KiB): the RTX 30/40/50 cards (sm_86/89/120/121, 99 KiB) and the A100 (sm_80, 163
 //! KiB). Both preps (`delta_rule_prep_bf16` 92.5 KiB, `gdr_prep_f32` 84 KiB) fit everywhere.
 
-use super::delta_rule::{gdr_portable_smem, GDR_OUT_COLS, GDR_OUT_FLOATS, GDR_OUT_TC_FLOATS, GDR_PREP3P_FLOATS, GDR_PREP_FLOATS, GDR_SEQ_COLS, GDR_SEQ_FLOATS, GDR_SEQ_TC_FLOATS};
+use super::delta_rule::{gdr_portable_smem, GDR_OUT_COLS, GDR_OUT_FLOATS, GDR_OUT_TC_FLOATS, GDR_SEQ_COLS, GDR_SEQ_FLOATS, GDR_SEQ_TC_FLOATS};
 use crate::backend::cuda::ops::Cuda;
 
 /// Shared memory a block every kernel of the compact path stays within (dynamic; they have no
@@ -23,19 +23,9 @@ pub(crate) const OUT_COMPACT_FLOATS: usize = 64 * 132 + 128 * 40 + 64 * 68 + 64 
 /// The compact path's kernels (the prep, the state pass, the output) and their dynamic shared
 /// memory in bytes, bf16 (`tc`) or fp32. The kernel contract records them as picked on every GPU.
 pub(crate) fn gdr_compact_smem(tc: bool) -> [(&'static str, usize); 3] {
-    if tc {
-        [
-            ("moss_enc_delta_rule_prep_bf16", GDR_PREP3P_FLOATS * 4),
-            ("moss_enc_gdr_seq_compact_tc", SEQ_COMPACT_FLOATS * 4),
-            ("moss_enc_gdr_out_compact_tc_bf16", OUT_COMPACT_FLOATS * 4),
-        ]
-    } else {
-        [
-            ("moss_enc_gdr_prep_f32", GDR_PREP_FLOATS * 4),
-            ("moss_enc_gdr_seq_compact_f32", SEQ_COMPACT_FLOATS * 4),
-            ("moss_enc_gdr_out_compact_f32", OUT_COMPACT_FLOATS * 4),
-        ]
-    }
+    let prep = gdr_portable_smem(tc)[0]; // the wide path's prep
+    let (seq, out) = if tc { ("moss_enc_gdr_seq_compact_tc", "moss_enc_gdr_out_compact_tc_bf16") } else { ("moss_enc_gdr_seq_compact_f32", "moss_enc_gdr_out_compact_f32") };
+    [prep, (seq, SEQ_COMPACT_FLOATS * 4), (out, OUT_COMPACT_FLOATS * 4)]
 }
 
 /// The state pass + output after the prep, where the Hopper kernel does not run.
