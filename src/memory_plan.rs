@@ -9,6 +9,11 @@
 //!   embedding table, of which only the prompt's rows are uploaded), K of N blocks resident, and
 //!   `PREFETCH + 1` block buffers for the streamed rest (the one computing, the ones in flight).
 //! - Strips: a network with strip activations (the VAE) decodes in row strips when whole does not fit.
+//!
+//! The cap means what `nvidia-smi` shows for the process: the process's fixed device memory
+//! outside its allocations (the CUDA context, the kernel modules, the cuBLASLt workspace: the
+//! `overhead`, measured at device init) comes off it first, and the networks are placed under
+//! the rest.
 
 use anyhow::{bail, Result};
 
@@ -57,7 +62,11 @@ pub struct NetworkPlan {
 
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The cap on the process's device memory (`u64::MAX`: none).
     pub cap: u64,
+    /// The process's device memory outside its allocations (context, modules, workspace), part
+    /// of the cap: the networks are placed under `cap - overhead`.
+    pub overhead: u64,
     pub networks: Vec<NetworkPlan>,
 }
 
@@ -106,9 +115,11 @@ impl Network {
     }
 }
 
-/// The cap to plan under: `requested` GiB (clamped to the device's total with a warning), or the
-/// device's free memory less [`RESERVE`]. Returns the cap and the warning, if any.
-pub fn cap(requested_gib: Option<f64>, free: u64, total: u64) -> (u64, Option<String>) {
+/// The cap to plan under, on the process's device memory as `nvidia-smi` shows it: `requested`
+/// GiB (clamped to the device's total with a warning), or the device's free memory less
+/// [`RESERVE`] plus the `overhead` the process already holds (free memory is measured after the
+/// context exists, so it is already taken out). Returns the cap and the warning, if any.
+pub fn cap(requested_gib: Option<f64>, free: u64, total: u64, overhead: u64) -> (u64, Option<String>) {
     match requested_gib {
         Some(g) => {
             let want = (g * GIB) as u64;
@@ -119,20 +130,28 @@ pub fn cap(requested_gib: Option<f64>, free: u64, total: u64) -> (u64, Option<St
                 (want, None)
             }
         }
-        None => (free.saturating_sub(RESERVE), None),
+        None => (free.saturating_sub(RESERVE).saturating_add(overhead), None),
     }
 }
 
 /// Place every network under `cap`; refuses, naming the smallest cap that works, when one cannot fit.
 pub fn plan(cap: u64, nets: &[Network]) -> Result<Plan> {
+    plan_for_process(cap, 0, nets)
+}
+
+/// [`plan`] for a process that holds `overhead` bytes of device memory outside its allocations:
+/// the networks are placed under `cap - overhead`, and the smallest cap named includes it.
+pub fn plan_for_process(cap: u64, overhead: u64, nets: &[Network]) -> Result<Plan> {
+    let room = cap.saturating_sub(overhead);
     let mut networks = vec![];
     for n in nets {
-        match n.place(cap) {
+        match n.place(room) {
             Some(p) => networks.push(p),
             None => {
-                let least = nets.iter().map(Network::minimum).max().unwrap_or(0);
+                let least = nets.iter().map(Network::minimum).max().unwrap_or(0).saturating_add(overhead);
+                let context = if overhead > 0 { format!(" (with {:.2} GiB for the CUDA context)", overhead as f64 / GIB) } else { String::new() };
                 bail!(
-                    "{} does not fit in {:.2} GiB even streamed; the smallest cap that works is {:.2} GiB (--max-vram {})",
+                    "{} does not fit in {:.2} GiB even streamed; the smallest cap that works is {:.2} GiB{context} (--max-vram {})",
                     n.name,
                     cap as f64 / GIB,
                     least as f64 / GIB,
@@ -141,7 +160,7 @@ pub fn plan(cap: u64, nets: &[Network]) -> Result<Plan> {
             }
         }
     }
-    Ok(Plan { cap, networks })
+    Ok(Plan { cap, overhead, networks })
 }
 
 impl Plan {
@@ -159,7 +178,11 @@ impl Plan {
                 format!("{} {what} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
             })
             .collect();
-        let cap = if self.cap == u64::MAX { "no cap".to_string() } else { format!("{:.2} GiB", self.cap as f64 / GIB) };
+        let cap = if self.cap == u64::MAX {
+            "no cap".to_string()
+        } else {
+            format!("{:.2} GiB ({:.2} GiB of it the CUDA context)", self.cap as f64 / GIB, self.overhead as f64 / GIB)
+        };
         format!("memory plan under {cap}: {}", parts.join("; "))
     }
 
@@ -178,7 +201,7 @@ impl Plan {
                     "device_bytes": n.device_bytes, "moved_per_pass": n.moved_per_pass})
             })
             .collect();
-        serde_json::json!({"cap_bytes": self.cap, "networks": nets})
+        serde_json::json!({"cap_bytes": self.cap, "overhead_bytes": self.overhead, "networks": nets})
     }
 }
 

@@ -119,10 +119,39 @@ fn below_the_minimum_refuses_naming_the_smallest_cap_that_works() {
 #[test]
 fn the_cap_is_clamped_to_the_device_or_taken_from_free_memory() {
     let (total, free) = (140 * GB, 20 * GB);
-    assert_eq!(cap(Some(8.0), free, total), (8 * GB, None));
-    let (c, w) = cap(Some(500.0), free, total);
+    let ctx = GB / 2;
+    assert_eq!(cap(Some(8.0), free, total, ctx), (8 * GB, None));
+    let (c, w) = cap(Some(500.0), free, total, ctx);
     assert_eq!(c, total);
     assert!(w.unwrap().contains("above the device"));
-    assert_eq!(cap(None, free, total), (free - RESERVE, None));
-    assert_eq!(cap(None, 0, total).0, 0);
+    // Free memory is measured with the context already made: the default cap counts it back in.
+    assert_eq!(cap(None, free, total, 0), (free - RESERVE, None));
+    assert_eq!(cap(None, free, total, ctx), (free - RESERVE + ctx, None));
+    assert_eq!(cap(None, 0, total, 0).0, 0);
+}
+
+#[test]
+fn the_context_comes_off_the_cap() {
+    // What nvidia-smi shows is the context plus the allocations: every network's peak plus the
+    // context stays under the cap, and each network gets less room than without a context.
+    let ctx = 600 << 20;
+    for cap in [4, 6, 8, 12, 24] {
+        let n = nets(2, 1024);
+        let with = plan_for_process(cap * GB, ctx, &n).unwrap_or_else(|e| panic!("{cap} GiB: {e}"));
+        let without = plan(cap * GB, &n).unwrap();
+        for (a, b) in with.networks.iter().zip(&without.networks) {
+            assert!(a.device_bytes + ctx <= cap * GB, "{} at {cap} GiB: {} + context over the cap", a.name, a.device_bytes);
+            assert!(a.device_bytes <= b.device_bytes, "{} at {cap} GiB: more room with a context", a.name);
+        }
+    }
+    // At 8 GiB, the context costs the transformer resident blocks.
+    let dit = |p: &Plan| resident_blocks(placement(p, "transformer"));
+    let n = nets(2, 1024);
+    assert!(dit(&plan_for_process(8 * GB, ctx, &n).unwrap()) < dit(&plan(8 * GB, &n).unwrap()));
+    // The smallest cap named includes the context, and works.
+    let least = n.iter().map(Network::minimum).max().unwrap() + ctx;
+    assert!(plan_for_process(least, ctx, &n).is_ok());
+    let err = plan_for_process(least - (1 << 20), ctx, &n).unwrap_err().to_string();
+    assert!(err.contains(&format!("{:.2} GiB", least as f64 / GIB)), "{err}");
+    assert!(err.contains("CUDA context"), "{err}");
 }

@@ -460,14 +460,14 @@ pub fn generate_planned(
     };
     match device {
         Device::Cpu => {
-            let p = plan(Budget { memory: None, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
+            let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
             generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
         }
         Device::Cuda(n) => {
             let cu = cuda(n, req.precision)?;
             let (free, total) = cu.gpu().mem_info()?;
             let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
-            let p = plan(Budget { memory: Some((free as u64, total as u64)), bf16_loaded: bf16, act: cu.act_dtype() }, progress)?;
+            let p = plan(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded: bf16, act: cu.act_dtype() }, progress)?;
             generate_on(&cu, &ck, req, tokens, progress, t0, &p)
         }
     }

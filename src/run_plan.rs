@@ -22,6 +22,9 @@ pub struct MemoryOptions {
 pub struct Budget {
     /// Free and total bytes (`None`: the CPU, planned only under an explicit cap).
     pub memory: Option<(u64, u64)>,
+    /// Device bytes the process holds outside its allocations (the CUDA context, modules,
+    /// cuBLASLt workspace): part of the cap, as `nvidia-smi` counts them. 0 on the CPU.
+    pub overhead: u64,
     /// Bytes a loaded weight element of a stored dtype takes.
     pub bf16_loaded: usize,
     /// The activation dtype.
@@ -102,13 +105,13 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {
     let (cap, warning) = match budget.memory {
-        Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total),
+        Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, budget.overhead),
         None => match opts.max_vram_gib {
             Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
             None => (u64::MAX, None),
         },
     };
-    let plan = memory_plan::plan(cap, nets)?;
+    let plan = memory_plan::plan_for_process(cap, budget.overhead, nets)?;
     let resident = |name: &str, all: u64| match plan.networks.iter().find(|n| n.name == name).map(|n| &n.placement) {
         Some(Placement::Streamed { resident, .. }) => *resident as usize,
         _ => all as usize,
@@ -117,7 +120,7 @@ pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result
     let dit_resident = resident("transformer", nets[1].blocks);
     let both_resident = encoder_resident as u64 == nets[0].blocks && dit_resident as u64 == nets[1].blocks;
     let enc_peak = plan.networks[0].device_bytes;
-    let overlap = both_resident && enc_peak.saturating_add(nets[1].weights) <= cap;
+    let overlap = both_resident && enc_peak.saturating_add(nets[1].weights).saturating_add(budget.overhead) <= cap;
     Ok(RunPlan { plan, encoder_resident, dit_resident, overlap, warning })
 }
 

@@ -92,7 +92,7 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let mut req = request(11);
-        let budget = Budget { memory: None, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
         let tokens = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let nets = networks(&ck, &budget, longest, (req.width, req.height)).unwrap();

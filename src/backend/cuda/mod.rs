@@ -64,7 +64,17 @@ pub struct Gpu {
     pub check_modules: std::sync::Mutex<Vec<Arc<cudarc::driver::CudaModule>>>,
     pub name: String,
     pub compute_capability: (i32, i32),
+    /// Device bytes the context took when made (total less free right after; at most
+    /// [`CONTEXT_BOUND`], so another process's memory is not taken for ours).
+    pub context_bytes: u64,
+    /// Free device bytes right after the context was made (before our modules loaded).
+    pub free_at_open: u64,
 }
+
+/// The most a CUDA context is taken to hold. Measured on an H200 (CUDA 13): ~0.5 GiB, what
+/// `nvidia-smi` shows for a process that has allocated nothing. When other processes use the
+/// device, total less free overstates our context, and this bounds it (a margin, not a measure).
+pub const CONTEXT_BOUND: u64 = 768 << 20;
 
 impl Gpu {
     /// Open `cuda:ordinal`: a clear error (never a panic) without a driver, a GPU or kernels.
@@ -83,6 +93,9 @@ impl Gpu {
         }
         let ctx = cudarc::driver::CudaContext::new(ordinal)
             .map_err(|e| anyhow!("cannot open cuda:{ordinal}: {e:?}"))?;
+        let (free_at_open, total) = ctx.mem_get_info().map_err(|e| anyhow!("cuda:{ordinal} memory info: {e:?}"))?;
+        let context_bytes = (total.saturating_sub(free_at_open) as u64).min(CONTEXT_BOUND);
+        let free_at_open = free_at_open as u64;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let compute_capability = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
         let module = ctx
@@ -111,7 +124,17 @@ impl Gpu {
             _ => None,
         };
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, module, module_sm90a, check_modules: Default::default(), name, compute_capability })
+        Ok(Gpu {
+            ctx,
+            stream,
+            module,
+            module_sm90a,
+            check_modules: Default::default(),
+            name,
+            compute_capability,
+            context_bytes,
+            free_at_open,
+        })
     }
 
     /// Free and total device memory in bytes.

@@ -146,6 +146,9 @@ struct Inner {
     vae_tf32_fallback: AtomicBool,
     /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
     vae_io: Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>>,
+    /// Device bytes held outside our allocations: the context, the kernel modules, the cuBLASLt
+    /// workspace (measured when the backend was made; see [`Cuda::process_overhead`]).
+    overhead: u64,
 }
 
 /// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
@@ -194,6 +197,10 @@ impl Cuda {
             cc_attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         let blas = Blas::new(&gpu.stream, cc)?;
+        // What the modules and the workspace took beyond the bare context (this process alone
+        // allocates on this context, so the drop in free memory is ours).
+        let (free_now, _) = gpu.mem_info()?;
+        let overhead = gpu.context_bytes + gpu.free_at_open.saturating_sub(free_now as u64);
         let sms = gpu
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -210,12 +217,20 @@ impl Cuda {
             vae_flag: Mutex::new(None),
             vae_tf32_fallback: AtomicBool::new(false),
             vae_io: Mutex::new(None),
+            overhead,
         };
         Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
     }
 
     pub fn with_precision(&self, precision: Precision) -> Cuda {
         Cuda { inner: self.inner.clone(), precision, batch: self.batch.clone() }
+    }
+
+    /// Device bytes this process holds outside its allocations (context, kernel modules,
+    /// cuBLASLt workspace): what `nvidia-smi` shows for a process that has allocated nothing,
+    /// taken off the `--max-vram` cap before the networks are placed.
+    pub fn process_overhead(&self) -> u64 {
+        self.inner.overhead
     }
 
     pub fn gpu(&self) -> &Gpu {
