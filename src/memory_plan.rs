@@ -7,7 +7,7 @@
 //! - Resident: weights + activations + reserve fit.
 //! - Streamed: the non-block weights stay resident (less `host_only`, e.g. the encoder's
 //!   embedding table, of which only the prompt's rows are uploaded), K of N blocks resident, and
-//!   `PREFETCH + 1` block buffers for the streamed rest (the one computing, the ones in flight).
+//!   `ahead + 1` block buffers for the streamed rest (the one computing, the ones in flight).
 //! - Strips: a network with strip activations (the VAE) decodes in row strips when whole does not fit.
 //!
 //! The cap means what `nvidia-smi` shows for the process: the process's fixed device memory
@@ -20,8 +20,9 @@ use anyhow::{bail, Result};
 /// Headroom on top of weights and activations (as the per-stage check keeps: cuBLASLt workspace,
 /// pool rounding, per-op temporaries).
 pub const RESERVE: u64 = 512 << 20;
-/// Blocks copied ahead of the one computing.
-pub const PREFETCH: u64 = 1;
+/// Blocks copied ahead of the one computing: two, so a block's read and copy have the compute of
+/// the two blocks before it to hide behind.
+pub const PREFETCH: u64 = 2;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// One network's byte counts, as loaded at the run's precision.
@@ -33,6 +34,8 @@ pub struct Network {
     /// Repeated blocks that can stream, and the bytes of one (the largest).
     pub blocks: u64,
     pub block_bytes: u64,
+    /// Streamed blocks in flight beside the one computing ([`PREFETCH`] for the transformer).
+    pub ahead: u64,
     /// Weights that may stay on the host when streaming (the embedding table).
     pub host_only: u64,
     /// Peak activations of the run (size, tokens).
@@ -82,7 +85,7 @@ impl Network {
         if self.blocks == 0 {
             return whole;
         }
-        let buffers = (PREFETCH + 1).min(self.blocks) * self.block_bytes;
+        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
         whole.min(self.streamed_fixed() + buffers + self.activations + RESERVE)
     }
 
@@ -103,14 +106,14 @@ impl Network {
             return None;
         }
         let base = self.streamed_fixed() + self.activations + RESERVE;
-        let buffers = (PREFETCH + 1).min(self.blocks) * self.block_bytes;
+        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
         if base + buffers > cap {
             return None;
         }
         // Every block made resident frees nothing from the buffers until all but the buffered ones are.
         let k = ((cap - base - buffers) / self.block_bytes).min(self.blocks - 1);
         let streamed = self.blocks - k;
-        let device = base + k * self.block_bytes + (PREFETCH + 1).min(streamed) * self.block_bytes;
+        let device = base + k * self.block_bytes + (self.ahead + 1).min(streamed) * self.block_bytes;
         Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.block_bytes))
     }
 }

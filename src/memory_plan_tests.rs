@@ -18,6 +18,7 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: (embed + 32 * enc_layer + 50_000_000) * bytes_per_param,
             blocks: 32,
             block_bytes: enc_layer * bytes_per_param,
+            ahead: 1,
             host_only: embed * bytes_per_param,
             activations: 512 << 20,
             strip_activations: None,
@@ -27,6 +28,7 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: (42 * block_params + dit_other) * bytes_per_param,
             blocks: 42,
             block_bytes: block_params * bytes_per_param,
+            ahead: PREFETCH,
             host_only: 0,
             // ~ 1 GiB at 1024x1024, growing with the token count
             activations: px / 1024,
@@ -37,6 +39,7 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: 84_000_000 * 4,
             blocks: 0,
             block_bytes: 0,
+            ahead: 0,
             host_only: 0,
             activations: px * 3 * 1024,
             strip_activations: Some(px * 3 * 1024 / 8),

@@ -302,10 +302,15 @@ pub fn denoise_with<B: DitOps>(
         &sigmas,
         req.guidance,
         req.skip_window,
-        |pass, x| match (pass.cond, &tu) {
-            (true, _) => dit.velocity(b, x, pass.t, &tc, &[]),
-            (false, Some(tu)) => dit.velocity(b, x, pass.t, tu, if pass.skip_active { &req.uncond_skip } else { &[] }),
-            (false, None) => bail!("an unconditional pass with guidance 1"),
+        |step, x| match (step.guided, &tu) {
+            (false, _) => Ok((dit.velocity(b, x, step.t, &tc, &[])?, None)),
+            (true, Some(tu)) => {
+                let skip: &[usize] = if step.skip_active { &req.uncond_skip } else { &[] };
+                let mut v = dit.velocities(b, x, step.t, &[(&tc, &[]), (tu, skip)])?;
+                let v_u = v.pop();
+                Ok((v.pop().expect("two passes, two velocities"), v_u))
+            }
+            (true, None) => bail!("an unconditional pass with guidance 1"),
         },
         |i, n, _| {
             progress.step(i, n);

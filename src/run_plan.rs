@@ -75,6 +75,8 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&enc, "", bl),
             blocks: enc_layers as u64,
             block_bytes: enc_block,
+            // The next layer is loaded while one computes (src/model/encoder.rs).
+            ahead: 1,
             // The embedding table stays on the device for now (its rows are gathered there).
             host_only: 0,
             activations: encoder_activation_bytes(&ck.encoder, text, budget.act) as u64,
@@ -85,8 +87,11 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&dit, "", bl),
             blocks: ck.dit.num_layers as u64,
             block_bytes: dit_block,
+            ahead: memory_plan::PREFETCH,
             host_only: 0,
-            activations: dit_activation_bytes(&ck.dit, lh * lw + text, budget.act) as u64,
+            // Streamed, a guided step's two passes go through the blocks together: the other
+            // pass's stream and modulated norm ([N, D] each) live beside one block's peak.
+            activations: (dit_activation_bytes(&ck.dit, lh * lw + text, budget.act) + 2 * (lh * lw + text) * ck.dit.dim * budget.act.size()) as u64,
             strip_activations: None,
         },
         Network {
@@ -94,6 +99,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&vae, "", 4),
             blocks: 0,
             block_bytes: 0,
+            ahead: 0,
             host_only: 0,
             activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
             strip_activations: Some(vae_mid_bytes(&ck.vae, lh, lw).max(vae_strip_bytes(&ck.vae, lh, lw, 8)) as u64),

@@ -5,20 +5,20 @@
 use crate::backend::ops::DitOps;
 use anyhow::{ensure, Result};
 
-/// What one DiT call of the loop is for.
+/// What one step of the loop asks the transformer for.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pass {
+pub struct Step {
     pub step: usize,
     /// The transformer's timestep (σ·1000, in f32).
     pub t: f32,
-    /// true: the prompt; false: the negative (unconditional) branch.
-    pub cond: bool,
+    /// Whether the negative (unconditional) velocity is wanted too (guidance is not exactly 1).
+    pub guided: bool,
     /// Whether the unconditional skip applies at this step (`start <= i/n < stop`).
     pub skip_active: bool,
 }
 
-/// Run the loop from `x` over `sigmas` (ending in 0). For step `i` of `n`:
-/// `v_c = velocity(cond)`; unless `guidance == 1` exactly, `v_u = velocity(uncond)` and
+/// Run the loop from `x` over `sigmas` (ending in 0). For step `i` of `n`, `velocities` gives
+/// `v_c` (the prompt's) and, unless `guidance == 1` exactly, `v_u` (the negative's), and
 /// `v = v_u + guidance·(v_c − v_u)`, else `v = v_c`; then `x += (σ_{i+1} − σ_i)·v` (the σ
 /// difference in f32). `on_step(i + 1, n, x)` is called after each step (for progress and
 /// tests; an error stops the loop).
@@ -28,7 +28,7 @@ pub fn sample<B: DitOps>(
     sigmas: &[f32],
     guidance: f32,
     skip_window: (f64, f64),
-    mut velocity: impl FnMut(Pass, &B::T) -> Result<B::T>,
+    mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
 ) -> Result<B::T> {
     ensure!(sigmas.len() >= 2, "the schedule needs at least one step");
@@ -37,12 +37,9 @@ pub fn sample<B: DitOps>(
         let t = sigmas[i] * 1000.0;
         let frac = i as f64 / n as f64;
         let skip_active = skip_window.0 <= frac && frac < skip_window.1;
-        let v_c = velocity(Pass { step: i, t, cond: true, skip_active }, &x)?;
-        let v_u = if guidance != 1.0 {
-            Some(velocity(Pass { step: i, t, cond: false, skip_active }, &x)?)
-        } else {
-            None
-        };
+        let guided = guidance != 1.0;
+        let (v_c, v_u) = velocities(Step { step: i, t, guided, skip_active }, &x)?;
+        ensure!(v_u.is_some() == guided, "step {i}: {} negative velocity", if guided { "no" } else { "an unasked" });
         let dsigma = sigmas[i + 1] - sigmas[i];
         x = b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?;
         on_step(i + 1, n, &x)?;

@@ -6,6 +6,7 @@ mod common;
 
 use common::{checkpoint, CHECKPOINTS};
 use moss::backend::cpu::Cpu;
+use moss::backend::Backend;
 use moss::model::dit::Dit;
 use moss::pipeline::{self, Request, Silent};
 
@@ -57,6 +58,46 @@ fn streamed_blocks_give_the_resident_picture_bytes() {
         }
         // The comparison can fail: another seed gives other bytes through the same path.
         assert!(png(&ck, &resident, &request(12)) != want, "{name}: the picture does not depend on the seed");
+    }
+}
+
+/// A guided step with streamed blocks runs the two passes block by block together (each streamed
+/// block fetched once for both): each velocity is, byte for byte, the one its pass gives alone,
+/// with and without the negative's skipped blocks, through the whole loop too.
+#[test]
+fn passes_through_the_blocks_together_give_each_pass_alone() {
+    for name in CHECKPOINTS {
+        let ck = checkpoint(name);
+        let n = ck.dit.num_layers;
+        let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap();
+        let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 1).unwrap();
+        let req = request(5);
+        let enc = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.max_tokens, &mut Silent).unwrap();
+        let (tc, tu) = (resident.refine_text(&Cpu, &enc[0].hidden).unwrap(), resident.refine_text(&Cpu, &enc[1].hidden).unwrap());
+        let c = ck.dit.latent_channels;
+        let x = moss::tensor::Tensor::new(vec![1, c, 3, 4], moss::noise::torch_randn(7, c * 12)).unwrap();
+        let xt = Cpu.upload(&x).unwrap();
+        for skip in [vec![], vec![0], vec![n - 1], (1..n).collect::<Vec<_>>()] {
+            let alone_c = resident.velocity(&Cpu, &xt, 700.0, &tc, &[]).unwrap();
+            let alone_u = resident.velocity(&Cpu, &xt, 700.0, &tu, &skip).unwrap();
+            for dit in [&resident, &streamed] {
+                let v = dit.velocities(&Cpu, &xt, 700.0, &[(&tc, &[]), (&tu, &skip)]).unwrap();
+                assert!(v.len() == 2 && v[0].data == alone_c.data, "{name} skip {skip:?}: the prompt's velocity differs");
+                assert!(v[1].data == alone_u.data, "{name} skip {skip:?}: the negative's velocity differs");
+            }
+            // Not vacuous: the two passes differ, and skipping blocks changes the negative's.
+            assert!(alone_c.data != alone_u.data, "{name}: the passes give the same velocity");
+            if !skip.is_empty() {
+                let full = resident.velocity(&Cpu, &xt, 700.0, &tu, &[]).unwrap();
+                assert!(full.data != alone_u.data, "{name} skip {skip:?}: skipping changes nothing");
+            }
+        }
+        // The loop with the skip window on: streamed (passes together) = resident (one by one).
+        let mut req = request(5);
+        req.uncond_skip = vec![0, n - 1];
+        req.skip_window = (0.0, 0.5);
+        let want = png(&ck, &resident, &req);
+        assert!(png(&ck, &streamed, &req) == want, "{name}: the streamed guided loop with skips differs");
     }
 }
 

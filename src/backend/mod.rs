@@ -113,7 +113,8 @@ pub trait Backend {
     /// A streamed block's tensors, each the dim-0 stack of its names ([`Backend::load_rows`]),
     /// into the reusable memory of `slot` (`0..=`[`crate::memory_plan::PREFETCH`]): the CUDA
     /// backend copies on its copy stream once the compute that read the slot's previous block is
-    /// done, and the compute waits at [`Behind::ready`].
+    /// done (the compute enqueued up to [`Backend::free_slot`] of the slot; without one, all
+    /// compute enqueued so far), and the compute waits at [`Behind::ready`].
     fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<Self::T>>> {
         let _ = slot;
         let mut out = vec![];
@@ -121,6 +122,14 @@ pub trait Backend {
             out.push(self.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
         }
         Ok(Behind::new(out, None))
+    }
+
+    /// The compute enqueued so far is the last to read `slot`'s tensors: its next
+    /// [`Backend::fetch`] may overwrite them as soon as that compute is done, not waiting for
+    /// compute enqueued later (the next blocks' copies overlap the blocks computing before them).
+    fn free_slot(&self, slot: usize) -> Result<()> {
+        let _ = slot;
+        Ok(())
     }
 
     /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.

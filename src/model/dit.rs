@@ -164,14 +164,19 @@ impl<B: DitOps> BlockMats<B> {
 
 /// The streamed blocks' source and the fetches in flight (at most [`PREFETCH`] ahead).
 struct Streamer<B: DitOps> {
+    /// Declared first, so dropped first: a fetch still reading finishes before `source` unmaps.
+    queue: Mutex<(VecDeque<(usize, Fetch<B>)>, usize)>,
     source: Component,
-    queue: Mutex<(VecDeque<(usize, Behind<Vec<B::T>>)>, usize)>,
 }
+
+/// A fetch in flight: the tensors once the copies land, and the slot they land in.
+type Fetch<B> = (Behind<Vec<<B as crate::backend::Backend>::T>>, usize);
 
 /// A block's matrices as the weight provider hands them out: resident, or fetched for this use.
 enum Fetched<'a, B: DitOps> {
     Resident(&'a BlockMats<B>),
-    Streamed(BlockMats<B>),
+    /// The matrices and the slot they were fetched into.
+    Streamed(BlockMats<B>, usize),
 }
 
 impl<B: DitOps> std::ops::Deref for Fetched<'_, B> {
@@ -179,9 +184,22 @@ impl<B: DitOps> std::ops::Deref for Fetched<'_, B> {
     fn deref(&self) -> &BlockMats<B> {
         match self {
             Fetched::Resident(m) => m,
-            Fetched::Streamed(m) => m,
+            Fetched::Streamed(m, _) => m,
         }
     }
+}
+
+/// One pass through the main blocks: its modulation, RoPE table, the joint stream and the
+/// modulated norm the next block reads, the blocks it runs, and the latent grid `(C, h, w)`.
+struct PassRun<'a, B: DitOps> {
+    m: Modulation<B>,
+    cos: B::T,
+    sin: B::T,
+    xs: Option<B::T>,
+    y: Option<B::T>,
+    active: Vec<usize>,
+    grid: (usize, usize, usize),
+    _dit: std::marker::PhantomData<&'a Dit<B>>,
 }
 
 /// What the timestep gives every block (spec 4.3): `[D]` vectors.
@@ -241,7 +259,7 @@ impl<B: DitOps> Dit<B> {
     pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
         let mut dit = Self::load_blocks(b, &c, cfg, resident)?;
         if resident < cfg.num_layers {
-            dit.stream = Some(Streamer { source: c, queue: Mutex::new((VecDeque::new(), 0)) });
+            dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
         }
         Ok(dit)
     }
@@ -252,7 +270,7 @@ impl<B: DitOps> Dit<B> {
         let dit = b.load_behind(|b| Self::load_blocks_unbatched(b, &c, cfg, resident))?;
         Ok(dit.map(|mut dit| {
             if resident < cfg.num_layers {
-                dit.stream = Some(Streamer { source: c, queue: Mutex::new((VecDeque::new(), 0)) });
+                dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
             }
             dit
         }))
@@ -405,6 +423,37 @@ impl<B: DitOps> Dit<B> {
 
     /// [`Dit::forward`] on backend tensors.
     pub fn velocity(&self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<B::T> {
+        let mut v = self.velocities(b, x, t, &[(text, skip)])?;
+        Ok(v.remove(0))
+    }
+
+    /// The velocities of several passes over the same latent `x` and timestep `t` (a guided
+    /// step: the prompt's and the negative's, each `(text, skip)`), each exactly what
+    /// [`Dit::velocity`] gives it. With streamed blocks the passes go through the blocks
+    /// together: every pass that runs block `i` runs it on the one fetch of its weights, so a
+    /// streamed block moves once per step, not once per pass. With every block resident the
+    /// passes run one after the other (fewer activations alive at once).
+    pub fn velocities(&self, b: &B, x: &B::T, t: f32, passes: &[(&TextCond<B>, &[usize])]) -> Result<Vec<B::T>> {
+        if self.stream.is_none() && passes.len() > 1 {
+            return passes.iter().map(|&p| self.velocity(b, x, t, p.0, p.1)).collect();
+        }
+        let mut runs = passes.iter().map(|&(text, skip)| self.begin(b, x, t, text, skip)).collect::<Result<Vec<_>>>()?;
+        // The blocks some pass runs, in order: each fetched (if streamed) once for all passes.
+        let order: Vec<usize> = (0..self.layers.len()).filter(|i| runs.iter().any(|r| r.active.contains(i))).collect();
+        for (j, &i) in order.iter().enumerate() {
+            let mats = self.block_weights(b, i)?;
+            for r in runs.iter_mut().filter(|r| r.active.contains(&i)) {
+                self.advance(b, r, i, &mats)?;
+            }
+            self.done_with(b, mats)?;
+            self.prefetch(b, order[j + 1..].iter().copied())?;
+        }
+        runs.into_iter().map(|r| self.head(b, r)).collect()
+    }
+
+    /// A pass up to the main blocks: the joint stream `[image ; text]` and the first running
+    /// block's modulated norm.
+    fn begin<'a>(&'a self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<PassRun<'a, B>> {
         let cfg = &self.cfg;
         let dims = b.dims(x);
         ensure!(
@@ -418,31 +467,52 @@ impl<B: DitOps> Dit<B> {
         })?;
         let m = b.timed("modulation", || self.modulation(b, t))?;
         let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
-        let mut xs = b.timed("cat", || b.cat(&[&img, &text.tokens], 0))?;
+        let xs = b.timed("cat", || b.cat(&[&img, &text.tokens], 0))?;
         drop(img);
         // Each block's first norm is fused with the previous block's last gated residual, so
         // only the first block that runs starts from a plain norm.
-        let active: Vec<(usize, &Block<B>)> = self.layers.iter().enumerate().filter(|(i, _)| !skip.contains(i)).collect();
-        let mut y = match active.first() {
-            Some((_, first)) => Some(b.timed("rms_norm_modulate", || {
-                b.rms_norm_modulate(&xs, &first.norm1, &m.shift_attn, &m.scale_attn, cfg.eps)
+        let active: Vec<usize> = (0..self.layers.len()).filter(|i| !skip.contains(i)).collect();
+        let y = match active.first() {
+            Some(&first) => Some(b.timed("rms_norm_modulate", || {
+                b.rms_norm_modulate(&xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)
             })?),
             None => None,
         };
-        for (j, &(i, blk)) in active.iter().enumerate() {
-            let next = active.get(j + 1).map(|(_, n)| &n.norm1);
-            let yin = y.take().expect("every block that runs gets its norm");
-            let mats = self.block_weights(b, i)?;
-            (xs, y) = self.block(b, blk, &mats, xs, yin, &m, &cos, &sin, next)?;
-            drop(mats);
-            self.prefetch(b, active[j + 1..].iter().map(|(i, _)| *i))?;
-        }
+        Ok(PassRun { m, cos, sin, xs: Some(xs), y, active, grid: (c, h, w), _dit: std::marker::PhantomData })
+    }
+
+    /// Main block `i` (one the pass runs) on the pass's stream.
+    fn advance(&self, b: &B, r: &mut PassRun<'_, B>, i: usize, mats: &BlockMats<B>) -> Result<()> {
+        let j = r.active.iter().position(|&k| k == i).expect("the pass runs this block");
+        let next = r.active.get(j + 1).map(|&n| &self.layers[n].norm1);
+        let yin = r.y.take().expect("every block that runs gets its norm");
+        let xs = r.xs.take().expect("the stream is there between blocks");
+        let (xs, y) = self.block(b, &self.layers[i], mats, xs, yin, &r.m, &r.cos, &r.sin, next)?;
+        (r.xs, r.y) = (Some(xs), y);
+        Ok(())
+    }
+
+    /// The head on the image tokens: the velocity `[1, C, h, w]`.
+    fn head(&self, b: &B, r: PassRun<'_, B>) -> Result<B::T> {
+        let ((c, h, w), m) = (r.grid, &r.m);
+        let xs = r.xs.expect("the stream is there after the blocks");
         b.timed("head", || {
             let z = b.narrow(&xs, 0, 0, h * w)?;
-            let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, cfg.eps)?;
+            let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, self.cfg.eps)?;
             let out = b.linear(&z, &self.final_linear_video, None)?;
             b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
         })
+    }
+
+    /// A block's compute is enqueued: a streamed block's slot may be refilled once it is done.
+    fn done_with(&self, b: &B, mats: Fetched<'_, B>) -> Result<()> {
+        match mats {
+            Fetched::Resident(_) => Ok(()),
+            Fetched::Streamed(m, slot) => {
+                drop(m);
+                b.free_slot(slot)
+            }
+        }
     }
 
     /// The weight provider: block `i`'s matrices, resident, or streamed: fetched ahead (or now)
@@ -459,25 +529,26 @@ impl<B: DitOps> Dit<B> {
                     }
                     q.0.pop_front().map(|(_, f)| f)
                 };
-                let fetched = match ahead {
+                let (fetched, slot) = match ahead {
                     Some(f) => f,
                     None => self.issue_fetch(b, s, i)?,
                 };
-                Ok(Fetched::Streamed(BlockMats::from_parts(fetched.ready()?)?))
+                Ok(Fetched::Streamed(BlockMats::from_parts(fetched.ready()?)?, slot))
             }
             (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
         }
     }
 
     /// Start fetching block `i` into the next slot.
-    fn issue_fetch(&self, b: &B, s: &Streamer<B>, i: usize) -> Result<Behind<Vec<B::T>>> {
+    fn issue_fetch(&self, b: &B, s: &Streamer<B>, i: usize) -> Result<Fetch<B>> {
         let slot = {
             let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
             let slot = q.1;
             q.1 = (slot + 1) % (PREFETCH as usize + 1);
             slot
         };
-        b.timed("fetch block weights", || b.fetch(&s.source, slot, &BlockMats::<B>::names(i)))
+        let f = b.timed("fetch block weights", || b.fetch(&s.source, slot, &BlockMats::<B>::names(i)))?;
+        Ok((f, slot))
     }
 
     /// After a block's compute is queued: fetch the next streamed blocks this forward runs (`rest`,

@@ -138,6 +138,8 @@ struct Inner {
     mover: Mutex<Option<mover::Mover>>,
     /// The streamed blocks' reusable device memory, by slot.
     slots: Mutex<Vec<Option<Arc<DeviceMem>>>>,
+    /// By slot: the event after the compute that last reads its tensors ([`Cuda::slot_read_until_now`]).
+    slot_free: Mutex<HashMap<usize, cudarc::driver::CudaEvent>>,
     poison: AtomicBool,
     sms: u32,
     /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
@@ -212,6 +214,7 @@ impl Cuda {
             staging: Mutex::new(None),
             mover: Mutex::new(None),
             slots: Mutex::new(vec![]),
+            slot_free: Mutex::new(HashMap::new()),
             poison: AtomicBool::new(false),
             sms,
             vae_flag: Mutex::new(None),
@@ -478,6 +481,9 @@ impl Backend for Cuda {
     }
     fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<crate::backend::Behind<Vec<CudaTensor>>> {
         self.fetch_into_slot(c, slot, groups)
+    }
+    fn free_slot(&self, slot: usize) -> Result<()> {
+        self.slot_read_until_now(slot)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {

@@ -9,7 +9,8 @@
 //! - [`Cuda::batch_behind`]: the same, but the compute stream does not wait yet: the returned
 //!   `ready` does (a stage's weights load while the previous stage computes).
 //! - [`Cuda::fetch_into_slot`]: a streamed block's tensors into reusable slot memory, the copy
-//!   stream first waiting for the compute that read the slot's previous block.
+//!   stream first waiting for the compute that read the slot's previous block; the bytes are
+//!   read on a thread of its own, so the compute thread keeps enqueuing blocks meanwhile.
 //!
 //! Weights are plain `cuMemAlloc` memory, not the stream-ordered pool: the copy stream writes
 //! them, so they must not depend on the compute stream's order; they are freed after a context
@@ -21,7 +22,7 @@ use crate::backend::Behind;
 use crate::checkpoint::{Component, Dtype};
 use crate::tensor::Tensor;
 use anyhow::{anyhow, bail, ensure, Result};
-use cudarc::driver::{result as dr, CudaContext};
+use cudarc::driver::{result as dr, CudaContext, CudaEvent};
 use std::sync::{Arc, Mutex};
 
 /// Alignment of a tensor inside a slot.
@@ -66,7 +67,28 @@ pub(crate) struct Batch {
     slot: Option<(Arc<DeviceMem>, usize)>,
     /// Whether the destinations are slot memory (the copy stream first waits for the compute).
     reuses: bool,
+    /// Slot memory: the event after the compute that last read it (`None`: all compute so far).
+    free_after: Option<cudarc::driver::CudaEvent>,
     moved: Moved,
+}
+
+/// A background read ([`Cuda::flush_in_background`]): joined when finished or dropped.
+struct Reading(Option<std::thread::JoinHandle<Result<CudaEvent>>>);
+
+impl Reading {
+    /// Wait for the read; the event after its copies.
+    fn finish(mut self) -> Result<CudaEvent> {
+        let t = self.0.take().expect("a reading is finished once");
+        t.join().map_err(|_| anyhow!("a weight read thread panicked"))?
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Cuda {
@@ -174,31 +196,65 @@ impl Cuda {
     /// (`None`: nothing was recorded).
     #[allow(clippy::type_complexity)]
     fn flush(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
-        let Some(batch) = &self.batch else { return Ok(None) };
-        let (pieces, casts, reuses) = {
-            let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
-            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses)
-        };
-        if pieces.is_empty() && casts.is_empty() {
-            return Ok(None);
-        }
-        let main = &self.inner.gpu.stream;
-        // Slot memory is free once the compute enqueued so far (the slot's last block) is done.
-        let after = if reuses { Some(main.record_event(None).map_err(de("event record"))?) } else { None };
+        let Some((pieces, casts, after)) = self.take_recorded()? else { return Ok(None) };
         let (done, moved) = self.mover()?.as_ref().unwrap().run(&pieces, after.as_ref())?;
-        {
+        if let Some(batch) = &self.batch {
             let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
             g.moved.bytes += moved.bytes;
             g.moved.issue_s += moved.issue_s;
         }
         let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
+        Ok(Some(Box::new(move || cu.wait_and_cast(&done, &casts))))
+    }
+
+    /// [`Cuda::flush`] with the reading on a thread of its own, so the calling thread goes on
+    /// enqueuing compute while the bytes are read: the returned closure waits for that thread
+    /// (every copy issued), then makes the compute stream wait. Dropped without being called, it
+    /// still waits for the thread (the bytes it reads must stay mapped until then).
+    #[allow(clippy::type_complexity)]
+    fn flush_in_background(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
+        let Some((pieces, casts, after)) = self.take_recorded()? else { return Ok(None) };
+        let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
+        let reader = {
+            let cu = cu.clone();
+            std::thread::spawn(move || -> Result<CudaEvent> { Ok(cu.mover()?.as_ref().unwrap().run(&pieces, after.as_ref())?.0) })
+        };
+        let reader = Reading(Some(reader));
         Ok(Some(Box::new(move || {
-            cu.inner.gpu.stream.wait(&done).map_err(de("stream wait"))?;
-            for (raw, out) in &casts {
-                cu.cast_into(raw, out)?;
-            }
-            Ok(())
+            let done = reader.finish()?;
+            cu.wait_and_cast(&done, &casts)
         })))
+    }
+
+    /// The recorded loads, taken out of the batch, and the event the copy stream first waits for
+    /// (slot memory: the compute that read it last). `None`: nothing was recorded.
+    #[allow(clippy::type_complexity)]
+    fn take_recorded(&self) -> Result<Option<(Vec<Piece>, Vec<(CudaTensor, CudaTensor)>, Option<CudaEvent>)>> {
+        let Some(batch) = &self.batch else { return Ok(None) };
+        let (pieces, casts, reuses, free_after) = {
+            let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
+            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses, g.free_after.take())
+        };
+        if pieces.is_empty() && casts.is_empty() {
+            return Ok(None);
+        }
+        // Slot memory is free once the compute that read the slot's last block is done: up to its
+        // `free_slot` event, or (without one) all compute enqueued so far.
+        let after = match (reuses, free_after) {
+            (true, Some(e)) => Some(e),
+            (true, None) => Some(self.inner.gpu.stream.record_event(None).map_err(de("event record"))?),
+            (false, _) => None,
+        };
+        Ok(Some((pieces, casts, after)))
+    }
+
+    /// The compute stream waits for `done` (the copies), then the casts run.
+    fn wait_and_cast(&self, done: &CudaEvent, casts: &[(CudaTensor, CudaTensor)]) -> Result<()> {
+        self.inner.gpu.stream.wait(done).map_err(de("stream wait"))?;
+        for (raw, out) in casts {
+            self.cast_into(raw, out)?;
+        }
+        Ok(())
     }
 
     /// `out` = `x` cast to `out`'s dtype (same shape).
@@ -265,17 +321,28 @@ impl Cuda {
             }
         };
         let view = self.batch_view(Some(mem));
+        let free_after = self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).remove(&slot);
+        view.batch.as_ref().unwrap().lock().unwrap_or_else(|e| e.into_inner()).free_after = free_after;
         let mut out = vec![];
         for g in groups {
             let names: Vec<&str> = g.iter().map(String::as_str).collect();
             out.push(view.load_rows_with(c, &names, false)?);
         }
-        Ok(Behind::new(out, view.flush()?))
+        Ok(Behind::new(out, view.flush_in_background()?))
+    }
+
+    /// The compute enqueued so far is the last to read `slot`'s tensors: its next fetch's copies
+    /// wait for just that (an event recorded now on the compute stream), not for later compute.
+    pub fn slot_read_until_now(&self, slot: usize) -> Result<()> {
+        let e = self.inner.gpu.stream.record_event(None).map_err(de("event record"))?;
+        self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).insert(slot, e);
+        Ok(())
     }
 
     /// Drop the streamed blocks' slot memory (the next fetch allocates it again).
     pub fn release_slots(&self) {
         self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// Host-to-device bandwidth from pinned memory, measured with CUDA events on the mover's copy
