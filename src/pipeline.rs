@@ -445,37 +445,48 @@ pub fn generate_planned(
 ) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
-    let mut ck = open_checkpoint(model)?;
-    ck.attach_loras(loras)?;
-    check_outputs(req, &ck)?;
-    // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
-    let tokens = match &req.embeds {
-        Some(_) => None,
-        None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
-    };
-    let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
-    let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
-        let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
-        let p = crate::run_plan::decide(&nets, &budget, mem)?;
-        if let Some(w) = &p.warning {
-            progress.warn(w);
+    std::thread::scope(|s| {
+        // The device opens (driver, CUDA context, kernel modules, cuBLASLt) while the checkpoint
+        // opens and the prompts tokenize: neither waits for the other.
+        let opening = match device {
+            Device::Cuda(n) => Some(s.spawn(move || cuda(n, req.precision))),
+            Device::Cpu => None,
+        };
+        let mut ck = open_checkpoint(model)?;
+        ck.attach_loras(loras)?;
+        check_outputs(req, &ck)?;
+        // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
+        let tokens = match &req.embeds {
+            Some(_) => None,
+            None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
+        };
+        let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
+        let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
+            let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
+            let p = crate::run_plan::decide(&nets, &budget, mem)?;
+            if let Some(w) = &p.warning {
+                progress.warn(w);
+            }
+            progress.plan(&p.line());
+            Ok(p)
+        };
+        match opening {
+            None => {
+                let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
+                generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
+            }
+            Some(opening) => {
+                let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
+                // Made on the opening thread: current on this one from here on.
+                cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
+                let (free, total) = cu.gpu().mem_info()?;
+                let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
+                let budget = Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded: bf16, act: cu.act_dtype() };
+                let p = plan(budget, progress)?;
+                generate_on(&cu, &ck, req, tokens, progress, t0, &p)
+            }
         }
-        progress.plan(&p.line());
-        Ok(p)
-    };
-    match device {
-        Device::Cpu => {
-            let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
-            generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
-        }
-        Device::Cuda(n) => {
-            let cu = cuda(n, req.precision)?;
-            let (free, total) = cu.gpu().mem_info()?;
-            let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
-            let p = plan(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded: bf16, act: cu.act_dtype() }, progress)?;
-            generate_on(&cu, &ck, req, tokens, progress, t0, &p)
-        }
-    }
+    })
 }
 
 /// The texts `req` encodes: the prompt, and the negative unless guidance is exactly 1.
@@ -604,6 +615,7 @@ where
     progress.stage("decode");
     let t2 = Instant::now();
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
+    b.limit_vae_activations(plan.vae_activations);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
     let bytes = picture_bytes(b, &vae, ck, req, &z)?;

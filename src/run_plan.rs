@@ -5,7 +5,7 @@
 
 use crate::backend::cuda::ops::DType;
 use crate::backend::cuda::plan::{dit_activation_bytes, encoder_activation_bytes};
-use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_mid_bytes, vae_strip_bytes};
+use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
 use crate::memory_plan::{self, Network, Placement, Plan};
 use anyhow::Result;
@@ -40,6 +40,9 @@ pub struct RunPlan {
     pub dit_resident: usize,
     /// Whether the transformer's weights fit beside the text encoder's, so they load while it runs.
     pub overlap: bool,
+    /// Device bytes the cap leaves the VAE decode's activations (its weights and the reserve
+    /// taken off; `None`: no cap): whole or row strips is decided within this and free memory.
+    pub vae_activations: Option<u64>,
     /// The cap was clamped to the device (the warning to print).
     pub warning: Option<String>,
 }
@@ -102,7 +105,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             ahead: 0,
             host_only: 0,
             activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
-            strip_activations: Some(vae_mid_bytes(&ck.vae, lh, lw).max(vae_strip_bytes(&ck.vae, lh, lw, 8)) as u64),
+            strip_activations: Some(vae_split_least_bytes(&ck.vae, lh, lw) as u64),
         },
     ])
 }
@@ -127,7 +130,8 @@ pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result
     let both_resident = encoder_resident as u64 == nets[0].blocks && dit_resident as u64 == nets[1].blocks;
     let enc_peak = plan.networks[0].device_bytes;
     let overlap = both_resident && enc_peak.saturating_add(nets[1].weights).saturating_add(budget.overhead) <= cap;
-    Ok(RunPlan { plan, encoder_resident, dit_resident, overlap, warning })
+    let vae_activations = (cap != u64::MAX).then(|| cap.saturating_sub(budget.overhead + nets[2].weights + memory_plan::RESERVE));
+    Ok(RunPlan { plan, encoder_resident, dit_resident, overlap, vae_activations, warning })
 }
 
 impl RunPlan {
@@ -145,5 +149,50 @@ impl RunPlan {
         let mut j = self.plan.json();
         j["overlap_loads"] = serde_json::json!(self.overlap);
         j
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1 << 30;
+
+    fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
+        let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
+        Network { name, weights, blocks, block_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+    }
+
+    /// The VAE's whole-or-strips choice on the device (activations that fit the budget: whole)
+    /// agrees with the plan at every cap: the budget handed to the decode holds the whole
+    /// activations exactly when the plan keeps the VAE whole, and the least split when it plans
+    /// strips; the context is taken off it too.
+    #[test]
+    fn the_vae_budget_follows_the_plan() {
+        let (act, strips, weights) = (3 * GB, GB / 2, GB / 3);
+        let nets = vec![net("text_encoder", 2 * GB, 4, GB / 4, None), net("transformer", 2 * GB, 4, GB / 4, None), net("vae", weights, 0, act, Some(strips))];
+        let mut seen = (0, 0);
+        for overhead in [0, 600 << 20] {
+            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: DType::BF16 };
+            for tenth in 20..80 {
+                let opts = MemoryOptions { max_vram_gib: Some(tenth as f64 / 10.0) };
+                let Ok(p) = decide(&nets, &budget, &opts) else { continue };
+                let room = p.vae_activations.expect("a cap gives the decode a budget");
+                match p.plan.networks[2].placement {
+                    Placement::Resident => {
+                        seen.0 += 1;
+                        assert!(room >= act, "{tenth}/10 GiB: whole planned, {room} < {act}")
+                    }
+                    Placement::Strips => {
+                        seen.1 += 1;
+                        assert!(room < act && room >= strips, "{tenth}/10 GiB: strips planned, budget {room}")
+                    }
+                    ref other => panic!("the VAE {other:?}"),
+                }
+            }
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "caps planned whole {} and strips {} times", seen.0, seen.1);
+        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32 };
+        assert_eq!(decide(&nets, &none, &MemoryOptions::default()).unwrap().vae_activations, None);
     }
 }

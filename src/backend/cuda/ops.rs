@@ -148,6 +148,8 @@ struct Inner {
     vae_tf32_fallback: AtomicBool,
     /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
     vae_io: Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>>,
+    /// The run plan's limit on the VAE decode's activations (`VaeOps::limit_vae_activations`).
+    vae_limit: Mutex<Option<u64>>,
     /// Device bytes held outside our allocations: the context, the kernel modules, the cuBLASLt
     /// workspace (measured when the backend was made; see [`Cuda::process_overhead`]).
     overhead: u64,
@@ -220,6 +222,7 @@ impl Cuda {
             vae_flag: Mutex::new(None),
             vae_tf32_fallback: AtomicBool::new(false),
             vae_io: Mutex::new(None),
+            vae_limit: Mutex::new(None),
             overhead,
         };
         Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
@@ -227,6 +230,14 @@ impl Cuda {
 
     pub fn with_precision(&self, precision: Precision) -> Cuda {
         Cuda { inner: self.inner.clone(), precision, batch: self.batch.clone() }
+    }
+
+    pub(crate) fn vae_limit(&self) -> Option<u64> {
+        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_vae_limit(&self, bytes: Option<u64>) {
+        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner()) = bytes;
     }
 
     /// Device bytes this process holds outside its allocations (context, kernel modules,

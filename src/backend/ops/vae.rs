@@ -102,6 +102,10 @@ pub trait VaeOps: Backend {
         self.conv2d(&t, w, b, upsample2x)
     }
 
+    /// The device bytes the run's plan leaves the decode's activations (`--max-vram`; `None`: no
+    /// limit but free memory): [`VaeOps::vae_strip_plan`] plans within the smaller of the two.
+    fn limit_vae_activations(&self, _bytes: Option<u64>) {}
+
     /// How to decode latents `[1, C, h, w]` with the decoder of `cfg` already loaded: `None`
     /// when the whole decode fits in free device memory (always on the CPU), else the row strips
     /// and the device bytes for kept pictures that fit ([`StripPlan`]); an error when not even

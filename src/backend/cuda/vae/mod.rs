@@ -399,8 +399,15 @@ impl VaeOps for Cuda {
         let plan = crate::backend::cuda::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }
+    fn limit_vae_activations(&self, bytes: Option<u64>) {
+        self.set_vae_limit(bytes)
+    }
     fn vae_strip_plan(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<crate::backend::ops::vae::StripPlan>> {
-        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::backend::cuda::plan::RESERVE_BYTES)) };
+        // Free memory less the reserve, and no more than the run's plan leaves (--max-vram).
+        let limit = self.vae_limit().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize;
+        let avail = |cuda: &Cuda| -> Result<usize> {
+            Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::backend::cuda::plan::RESERVE_BYTES).min(limit))
+        };
         if vae_activation_bytes(cfg, h, w) <= avail(self)? {
             return Ok(None);
         }
