@@ -543,7 +543,7 @@ pub fn chunk_budget_bytes(device: Device) -> u64 {
 
 /// The CUDA chunk budget. The stages hand their outputs (hidden states, latents) to each other
 /// as host tensors, and only one stage's weights and working memory are on the GPU at a time
-/// (checked up front by `pipeline::preflight_cuda`), so what a chunk holds between stages lives in
+/// (planned up front by `crate::run_plan`), so what a chunk holds between stages lives in
 /// host memory: a quarter of the host's available memory (8 GiB if /proc/meminfo is unreadable).
 pub fn cuda_chunk_budget_bytes(_ordinal: usize) -> u64 {
     host_available_bytes().map(|b| b / 4).unwrap_or(8 << 30)
@@ -650,6 +650,9 @@ pub struct BatchOptions {
     pub model: String,
     pub device: Device,
     pub precision: crate::options::Precision,
+    /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
+    /// largest picture), networks that do not fit stream.
+    pub memory: crate::run_plan::MemoryOptions,
 }
 
 /// A written picture.
@@ -832,16 +835,37 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let chunks = plan_chunks(&costs, chunk_budget_bytes(o.device), max_items);
     progress.begin(jobs.len(), jobs.iter().map(|j| j.item.steps as u64).sum());
     let ctx = Ctx { ck: &ck, o, src: &src, t0 };
+    // One memory plan for the whole list (the longest prompt, the largest picture), made before
+    // any weights load: what stays resident, what streams; refused naming the smallest cap.
+    let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
+    let largest = jobs.iter().map(|j| (j.item.width, j.item.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
+    let plan_for = |budget: crate::run_plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::run_plan::RunPlan>> {
+        let (Some(l), Some(size)) = (tokens, largest) else { return Ok(None) };
+        let nets = crate::run_plan::networks(&ck, &budget, l, size)?;
+        let p = crate::run_plan::decide(&nets, &budget, &o.memory)?;
+        if let Some(w) = &p.warning {
+            progress.warn(w);
+        }
+        Ok(Some(p))
+    };
     let r = match o.device {
-        Device::Cpu => render(&Cpu, &ctx, &jobs, &texts, &chunks, progress, &mut sum),
+        Device::Cpu => {
+            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 };
+            let plan = plan_for(budget, progress)?;
+            render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
+        }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.precision)?;
-            let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
-            let sizes: Vec<(u32, u32)> = jobs.iter().map(|j| (j.item.width, j.item.height)).collect();
-            if let Some(l) = tokens {
-                pipeline::preflight_cuda(&cu, &ck, Some(l), &sizes)?;
-            }
-            render(&cu, &ctx, &jobs, &texts, &chunks, progress, &mut sum)
+            let (free, total) = cu.gpu().mem_info()?;
+            let bf16 = crate::backend::cuda::ops::loaded_dtype(crate::checkpoint::Dtype::BF16, o.precision).size();
+            let budget = crate::run_plan::Budget {
+                memory: Some((free as u64, total as u64)),
+                overhead: cu.process_overhead(),
+                bf16_loaded: bf16,
+                act: cu.act_dtype(),
+            };
+            let plan = plan_for(budget, progress)?;
+            render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
     };
     match r {
@@ -918,9 +942,11 @@ struct Slot {
 
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
 /// ends the run (Err), as does a stop request (Err(Interrupted)).
+#[allow(clippy::too_many_arguments)]
 fn render<B: EncoderOps + DitOps + VaeOps>(
     b: &B,
     cx: &Ctx,
+    plan: Option<&crate::run_plan::RunPlan>,
     jobs: &[Job],
     texts: &[Texts],
     chunks: &[Range<usize>],
@@ -943,7 +969,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
         let mut hidden: HashMap<&[u32], Tensor> = HashMap::new();
         {
             let comp = ck.open_component("text_encoder")?;
-            let enc = Encoder::load(b, &comp, &ck.encoder)?;
+            let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.map_or(usize::MAX, |p| p.encoder_resident))?;
             for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
                 progress.item(j, i, jobs.len());
                 let t1 = Instant::now();
@@ -975,7 +1001,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
         b.release_cached()?; // the encoder is gone
         {
             let comp = ck.open_component("transformer")?;
-            let dit = Dit::load(b, &comp, &ck.dit)?;
+            let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident))?;
             for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
                 if slots[i].failed {
                     continue;
@@ -1002,6 +1028,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
         // 3. Decode and write every picture with the VAE loaded once.
         progress.stage("decode", ci, chunks.len());
         let comp = ck.open_component("vae")?;
+        b.limit_vae_activations(plan.and_then(|p| p.vae_activations));
         let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
         for (i, j) in jobs.iter().enumerate() {
             let Some(z) = slots[i].latents.take() else { continue };

@@ -197,6 +197,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         model: a.model.model.clone(),
         device: a.model.device,
         precision: a.precision,
+        memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();

@@ -157,3 +157,52 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `generate --prompts --max-vram`: the list is planned like a single picture (its longest
+/// prompt, its largest size); at the smallest cap that works the pictures are the unlimited
+/// run's, byte for byte, and below it the run is refused before anything is written.
+#[test]
+fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
+    use moss::run_plan::{networks, Budget};
+    let dir = std::env::temp_dir().join(format!("moss-maxvram-batch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let req = request(11);
+    let list = dir.join("list.txt");
+    std::fs::write(&list, format!("{}\n", req.prompt)).unwrap();
+    for name in CHECKPOINTS {
+        let ck = checkpoint(name);
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
+        let tokens = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let longest = tokens.iter().map(Vec::len).max().unwrap();
+        let least = networks(&ck, &budget, longest, (req.width, req.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();
+        let gib = |b: u64| format!("{}", b as f64 / (1u64 << 30) as f64 + 1e-9);
+        let model = common::golden().join(name).display().to_string();
+        let run = |cap: Option<String>, out: &str| {
+            let out = dir.join(name).join(out);
+            let (l, o) = (list.display().to_string(), out.display().to_string());
+            let mut args = vec!["generate", "--device", "cpu", "--model", &model, "--prompts", &l, "--out-dir", &o];
+            args.extend(["--seed", "11", "--steps", "3", "--size", "64x48", "--guidance", "3"]);
+            let cap = cap.map(|c| vec!["--max-vram".to_string(), c]).unwrap_or_default();
+            let r = std::process::Command::new(env!("CARGO_BIN_EXE_moss")).args(&args).args(&cap).output().unwrap();
+            (r.status.code(), String::from_utf8_lossy(&r.stderr).into_owned(), out)
+        };
+        let (code, err, unlimited) = run(None, "unlimited");
+        assert_eq!(code, Some(0), "{name}: {err}");
+        let (code, err, capped) = run(Some(gib(least)), "capped");
+        assert_eq!(code, Some(0), "{name}: at the smallest cap: {err}");
+        let pngs = |d: &std::path::Path| {
+            let mut v: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).collect();
+            v.sort();
+            v.iter().map(|p| std::fs::read(p).unwrap()).collect::<Vec<_>>()
+        };
+        let want = pngs(&unlimited);
+        assert_eq!(want.len(), 1, "{name}: one picture");
+        assert!(pngs(&capped) == want, "{name}: the capped batch picture differs from the unlimited one");
+        let (code, err, refused) = run(Some(format!("{}", least as f64 / (1u64 << 30) as f64 * 0.99)), "refused");
+        assert_ne!(code, Some(0), "{name}: below the smallest cap the batch ran");
+        assert!(err.contains("smallest cap that works"), "{name}: {err}");
+        assert!(!refused.exists() || pngs(&refused).is_empty(), "{name}: a refused batch wrote pictures");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
