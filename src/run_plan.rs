@@ -80,8 +80,8 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             block_bytes: enc_block,
             // The next layer is loaded while one computes (src/model/encoder.rs).
             ahead: 1,
-            // The embedding table stays on the device for now (its rows are gathered there).
-            host_only: 0,
+            // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
+            host_only: bytes_under(&enc, "embed_tokens.", bl),
             activations: encoder_activation_bytes(&ck.encoder, text, budget.act) as u64,
             strip_activations: None,
         },

@@ -224,6 +224,24 @@ impl Component {
         self.store.to_f32(&self.full_name(name))
     }
 
+    /// Rows `ids` of the 2-D tensor `name` (`[rows, width]`) as f32 `[ids.len(), width]`, read
+    /// from the mapping row by row (only those rows' bytes are touched): a host gather, e.g. a
+    /// prompt's rows of an embedding table that stays on the host. An id past the rows is an error.
+    pub fn rows_f32(&self, name: &str, ids: &[u32]) -> Result<crate::tensor::Tensor> {
+        let info = self.info(name)?;
+        anyhow::ensure!(info.shape.len() == 2, "`{name}` is {:?}, not a table of rows", info.shape);
+        let (rows, width) = (info.shape[0], info.shape[1]);
+        let all = self.store.bytes(info);
+        let row = all.len() / rows.max(1);
+        let mut data = Vec::with_capacity(ids.len() * width);
+        for &id in ids {
+            anyhow::ensure!((id as usize) < rows, "token id {id} is outside the embedding table of {rows}");
+            let bytes = &all[id as usize * row..][..row];
+            data.extend(tensors::decode_f32(info.dtype, bytes).with_context(|| format!("`{name}` has an unsupported dtype"))?);
+        }
+        crate::tensor::Tensor::new(vec![ids.len(), width], data)
+    }
+
     /// Fail on the first expected tensor that is missing, has another shape or another dtype.
     pub fn validate(&self, expected: &[Expected]) -> Result<()> {
         for e in expected {

@@ -218,30 +218,35 @@ impl TensorStore {
         let info = self.get(name).with_context(|| {
             format!("tensor `{name}` is missing from {}", self.dir.display())
         })?;
-        let b = self.bytes(info);
-        let data = match info.dtype {
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F64 => b
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            Dtype::I64 => b
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect(),
-            Dtype::Other => bail!("tensor `{name}` has an unsupported dtype"),
-        };
+        let data = decode_f32(info.dtype, self.bytes(info)).with_context(|| format!("tensor `{name}` has an unsupported dtype"))?;
         Ok((info.shape.clone(), data))
     }
+}
+
+/// Little-endian stored values of `dtype` as f32 (exact for bf16, f16 and f32); `None` for a
+/// dtype moss does not read.
+pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F64 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        Dtype::I64 => b
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        Dtype::Other => return None,
+    })
 }

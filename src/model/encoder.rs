@@ -12,6 +12,9 @@ use crate::checkpoint::{
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
+/// The token embedding table's name.
+const EMBED: &str = "embed_tokens.weight";
+
 /// Gated full attention (`self_attn.*`).
 struct Attention<B: EncoderOps> {
     /// `q_proj`, `k_proj`, `v_proj` as [`EncoderOps::cat_weights`] made them.
@@ -47,9 +50,17 @@ struct Layer<B: EncoderOps> {
     down_proj: B::T,
 }
 
+/// The token embedding table (`embed_tokens.weight`).
+enum Embedding<B: EncoderOps> {
+    Device(B::T),
+    /// Left in the checkpoint (host memory) when the layers stream: each prompt's rows are
+    /// gathered there and uploaded.
+    Host,
+}
+
 pub struct Encoder<B: EncoderOps> {
     cfg: EncoderConfig,
-    embed_tokens: B::T,
+    embed_tokens: Embedding<B>,
     /// `None`: streamed from `source` each forward.
     layers: Vec<Option<Layer<B>>>,
     norm: B::T,
@@ -83,6 +94,7 @@ impl<B: EncoderOps> Encoder<B> {
     /// states are identical to [`Encoder::load`]'s.
     pub fn load_streamed(b: &B, c: Component, cfg: &EncoderConfig, resident: usize) -> Result<Self> {
         let mut enc = b.load_batch(|b| Self::load_layers(b, &c, cfg, resident))?;
+
         if resident < cfg.num_layers() {
             enc.source = Some(c);
         }
@@ -99,7 +111,8 @@ impl<B: EncoderOps> Encoder<B> {
         let layers = (0..cfg.layer_types.len())
             .map(|i| if i < resident { Self::load_layer(b, c, cfg, i).map(Some) } else { Ok(None) })
             .collect::<Result<_>>()?;
-        Ok(Encoder { cfg: cfg.clone(), embed_tokens: w("embed_tokens.weight")?, layers, norm: w("norm.weight")?, source: None })
+        let embed_tokens = if resident < cfg.layer_types.len() { Embedding::Host } else { Embedding::Device(w(EMBED)?) };
+        Ok(Encoder { cfg: cfg.clone(), embed_tokens, layers, norm: w("norm.weight")?, source: None })
     }
 
     fn load_layer(b: &B, c: &Component, cfg: &EncoderConfig, i: usize) -> Result<Layer<B>> {
@@ -157,7 +170,11 @@ impl<B: EncoderOps> Encoder<B> {
     pub fn hidden(&self, b: &B, ids: &[u32]) -> Result<B::T> {
         ensure!(!ids.is_empty(), "the encoder needs at least one token");
         let eps = self.cfg.rms_norm_eps;
-        let mut x = b.embed(&self.embed_tokens, ids)?;
+        let mut x = match (&self.embed_tokens, &self.source) {
+            (Embedding::Device(table), _) => b.embed(table, ids)?,
+            (Embedding::Host, Some(c)) => b.embed_from_host(c, EMBED, ids)?,
+            (Embedding::Host, None) => anyhow::bail!("the embedding table is on the host but no checkpoint is open"),
+        };
         // Each residual add is fused with the next layer's input norm, so a layer is fetched one
         // layer ahead (at most two layers held when streaming).
         let first_layer = if self.layers.is_empty() { None } else { Some(self.layer(b, 0)?) };

@@ -13,6 +13,13 @@ pub trait EncoderOps: Backend {
     /// An id outside the table is an error.
     fn embed(&self, table: &Self::T, ids: &[u32]) -> Result<Self::T>;
 
+    /// [`EncoderOps::embed`] with the table left in the checkpoint (`name` in `c`, host memory):
+    /// the prompt's rows gathered on the host and uploaded, the same values in the same dtype
+    /// as `embed` of the table as [`Backend::load`] loads it. Only the prompt's rows move.
+    fn embed_from_host(&self, c: &crate::checkpoint::Component, name: &str, ids: &[u32]) -> Result<Self::T> {
+        self.upload(&c.rows_f32(name, ids)?)
+    }
+
     /// Per-head zero-centred RMSNorm followed by partial rotate-half RoPE, for the q and k of the
     /// gated full-attention layers. `x [L, H, hd]`, `w [hd]` → `[L, H, hd]`:
     ///
