@@ -494,6 +494,7 @@ pub fn plan(
             } else if fold_dots(Path::new(&rendered)).is_none() {
                 return Err(bad(format!("output `{rendered}` leaves --out-dir")));
             }
+            crate::picture::Format::of(Path::new(&rendered)).map_err(|e| bad(e.to_string()))?;
             let key = resolved(&path);
             if let Some(first) = owner.get(&key) {
                 return Err(bad(format!("output {} is already line {first}'s", path.display())));
@@ -650,6 +651,8 @@ pub struct BatchOptions {
     pub model: String,
     pub device: Device,
     pub precision: crate::options::Precision,
+    /// JPEG quality (`--quality`) for the items written as JPEG.
+    pub quality: Option<u8>,
 }
 
 /// A written picture.
@@ -747,6 +750,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let t0 = Instant::now();
     check_defaults(&o.defaults)?;
     let name = Template::parse(&o.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let example = name.render(&NameVars { index: 0, line: 1, seed: o.defaults.seed, shard: 0, prompt: "" });
+    crate::picture::Format::of(Path::new(&example)).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let (bytes, src) = read_list(&o.prompts)?;
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
@@ -755,6 +760,13 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
 
     let entries = parse_list(&bytes, &o.defaults);
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
+    if let Some(q) = o.quality {
+        let jpeg = |j: &Job| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg);
+        if !plan.jobs.iter().chain(&plan.skipped).any(jpeg) {
+            anyhow::bail!("--quality {q} applies to JPEG pictures (.jpg, .jpeg), and this batch writes none");
+        }
+        crate::picture::check(Path::new("x.jpg"), Some(q))?;
+    }
     let mut sum = Summary { skipped: plan.skipped.len(), elsewhere: plan.elsewhere, ..Default::default() };
     for b in &plan.bad {
         progress.failed(&format!("{src}:{}: {}", b.line, b.error));
@@ -881,6 +893,7 @@ impl Ctx<'_> {
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,
             precision: self.o.precision,
+            quality: self.o.quality,
         }
     }
 }
@@ -952,7 +965,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
                         continue;
                     }
                     check_stop()?;
-                    match pipeline::hidden_states(b, &enc, ids) {
+                    match pipeline::hidden_states(b, &enc, ids, cx.o.precision) {
                         Ok(h) => {
                             hidden.insert(ids.as_slice(), h);
                         }
@@ -1009,7 +1022,8 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
             let req = cx.request(j);
-            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z).and_then(|bytes| crate::output::write(&j.path, &bytes));
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
+                .and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;

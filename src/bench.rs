@@ -181,6 +181,7 @@ fn run_on<B: DitOps>(
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
+            quality: None,
         };
         sync()?;
         let s = Instant::now();

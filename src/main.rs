@@ -186,6 +186,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         model: a.model.model.clone(),
         device: a.model.device,
         precision: a.precision,
+        quality: a.quality,
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();
@@ -315,8 +316,7 @@ fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) 
 /// The settings recorded in a moss picture.
 fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
     use anyhow::Context;
-    let bytes = std::fs::read(pic).with_context(|| format!("cannot read {}", pic.display()))?;
-    let (_, _, _, meta) = moss::png::decode(&bytes).with_context(|| format!("{} is not a PNG moss can read", pic.display()))?;
+    let meta = moss::picture::read_metadata(pic)?;
     moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
 }
 
@@ -382,6 +382,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 skip_window: a.skip_window,
                 max_tokens: a.prompt.max_tokens as usize,
                 precision: a.precision,
+                quality: a.quality,
             };
             let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
             if to_stdout && a.json {
@@ -406,15 +407,14 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if let Some(f) = &a.prompt.prompt_file {
                 moss::output::check_distinct(&[("--out", &a.out)], &[("the prompt file", f)])?;
             }
-            pipeline::encode_to_file(
-                &prompt,
-                &a.prompt.negative,
-                a.prompt.max_tokens as usize,
-                &a.out,
-                &a.model.model,
-                a.model.device,
-                &mut bars,
-            )?;
+            let job = pipeline::EncodeJob {
+                prompt: &prompt,
+                negative: &a.prompt.negative,
+                max_tokens: a.prompt.max_tokens as usize,
+                precision: a.precision,
+                out: &a.out,
+            };
+            pipeline::encode_to_file(&job, &a.model.model, a.model.device, &mut bars)?;
             drop(bars);
             if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
@@ -422,7 +422,10 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Decode(a) => {
-            pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device, a.strip_rows)?;
+            let job = pipeline::DecodeJob { latents: &a.latents, size: a.size, out: &a.out, quality: a.quality, strip_rows: a.strip_rows };
+            let mut bars = Bars::new(a.quiet);
+            pipeline::decode_file(&job, &a.model.model, a.model.device, &mut bars)?;
+            drop(bars);
             if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
             }

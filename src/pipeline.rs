@@ -7,6 +7,7 @@ use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::options::Precision;
 use crate::png;
 use crate::prompt::PromptTokenizer;
 use crate::tensor::Tensor;
@@ -36,6 +37,8 @@ pub struct Request {
     pub precision: crate::options::Precision,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
+    /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
+    pub quality: Option<u8>,
 }
 
 /// What a finished picture reports.
@@ -109,6 +112,7 @@ pub fn validate(req: &Request) -> Result<()> {
     }
     crate::options::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
     crate::output::check(&req.out)?;
+    crate::picture::check(&req.out, req.quality)?;
     if let Some(p) = &req.save_latents {
         crate::output::check(p)?;
         if crate::output::is_stdout(p) && crate::output::is_stdout(&req.out) {
@@ -173,16 +177,18 @@ pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::bac
     crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
 }
 
-/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states rounded to bf16.
+/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states as
+/// [`stage_boundary`] keeps them at `precision`.
 pub fn encode_prompts<B: EncoderOps>(
     b: &B,
     ck: &Checkpoint,
     texts: &[&str],
     max_tokens: usize,
+    precision: Precision,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Encoded>> {
     let tokens = tokenize_prompts(ck, texts, max_tokens, progress)?;
-    encode_ids(b, ck, texts, tokens, progress)
+    encode_ids(b, ck, texts, tokens, precision, progress)
 }
 
 /// The chat-wrapped token ids of `texts` (the prompt first, then the negative), each cut at
@@ -207,6 +213,7 @@ pub fn encode_ids<B: EncoderOps>(
     ck: &Checkpoint,
     texts: &[&str],
     tokens: Vec<Vec<u32>>,
+    precision: Precision,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Encoded>> {
     progress.stage("encode");
@@ -214,18 +221,28 @@ pub fn encode_ids<B: EncoderOps>(
     let enc = Encoder::load(b, &comp, &ck.encoder)?;
     let mut out = vec![];
     for (t, ids) in texts.iter().zip(tokens) {
-        let hidden = hidden_states(b, &enc, &ids)?;
+        let hidden = hidden_states(b, &enc, &ids, precision)?;
         out.push(Encoded { text: t.to_string(), ids, hidden });
     }
     Ok(out)
 }
 
-/// The encoder's hidden states of one token list, rounded to bf16 (what the DiT is fed:
-/// `generate`, batch mode and the server all encode through here).
-pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32]) -> Result<Tensor> {
-    let h = enc.forward(b, ids)?.round_bf16();
+/// The encoder's hidden states of one token list as the DiT is fed them ([`stage_boundary`]):
+/// `generate`, batch mode and the server all encode through here.
+pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32], precision: Precision) -> Result<Tensor> {
+    let h = stage_boundary(enc.forward(b, ids)?, precision);
     crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
     Ok(h)
+}
+
+/// Hidden states between the encoder and the DiT: rounded to bf16 at `--precision bf16` (the
+/// spec's summary, step 2: the pipeline keeps `last_hidden_state` in bf16), left fp32 at
+/// `--precision fp32`, so that mode is fp32 end to end.
+pub fn stage_boundary(h: Tensor, precision: Precision) -> Tensor {
+    match precision {
+        Precision::Bf16 => h.round_bf16(),
+        Precision::Fp32 => h,
+    }
 }
 
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
@@ -301,10 +318,22 @@ pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result
 }
 
 /// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
-/// with the picture's metadata. `generate`, batch mode and the server all write these bytes.
-pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor) -> Result<Vec<u8>> {
+/// with the picture's metadata in the format of `req.out` (PNG for the server's empty path).
+/// `generate`, batch mode and the server all write these bytes.
+pub fn picture_bytes<B: VaeOps>(
+    b: &B,
+    vae: &VaeDecoder<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    z: &Tensor,
+    progress: &mut dyn Progress,
+) -> Result<Vec<u8>> {
     let rgb = vae.decode_rgb8(b, z)?;
-    png::encode(&rgb, req.width, req.height, &metadata(req, ck))
+    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.width, req.height, &metadata(req, ck))?;
+    if let Some(w) = pic.warning(&req.out) {
+        progress.warn(&w);
+    }
+    Ok(pic.bytes)
 }
 
 /// The PNG text metadata of a picture rendered for `req` (`crate::metadata`).
@@ -477,11 +506,11 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
             from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
-            (e.cond.hidden, e.uncond.hidden)
+            (stage_boundary(e.cond.hidden, req.precision), stage_boundary(e.uncond.hidden, req.precision))
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
         (None, Some(tokens)) => {
-            let mut enc = encode_ids(b, ck, &prompt_texts(req), tokens, progress)?;
+            let mut enc = encode_ids(b, ck, &prompt_texts(req), tokens, req.precision, progress)?;
             let cond = enc.remove(0).hidden;
             let uncond = if enc.is_empty() { cond.clone() } else { enc.remove(0).hidden };
             (cond, uncond)
@@ -501,36 +530,39 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     let t2 = Instant::now();
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
-    let bytes = picture_bytes(b, &vae, ck, req, &z)?;
+    let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
     crate::output::write(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)
 }
 
+/// What `moss encode` encodes.
+pub struct EncodeJob<'a> {
+    pub prompt: &'a str,
+    pub negative: &'a str,
+    pub max_tokens: usize,
+    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded.
+    pub precision: Precision,
+    pub out: &'a Path,
+}
+
 /// `moss encode`.
-pub fn encode_to_file(
-    prompt: &str,
-    negative: &str,
-    max_tokens: usize,
-    out: &Path,
-    model: &str,
-    device: Device,
-    progress: &mut dyn Progress,
-) -> Result<()> {
+pub fn encode_to_file(job: &EncodeJob, model: &str, device: Device, progress: &mut dyn Progress) -> Result<()> {
+    let EncodeJob { prompt, negative, max_tokens, precision, out } = *job;
     crate::output::check(out)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
     let mut enc = match device {
-        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
+        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, precision, progress)?,
         Device::Cuda(n) => {
-            let b = cuda(n, crate::options::Precision::Bf16)?;
-            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, progress)?
+            let b = cuda(n, precision)?;
+            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, precision, progress)?
         }
     };
     let uncond = enc.pop().unwrap();
     let cond = enc.pop().unwrap();
-    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() })?;
+    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() }, precision)?;
     crate::output::write(out, &bytes)
 }
 
@@ -578,13 +610,26 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
     }
 }
 
+/// What `moss decode` reads and writes.
+pub struct DecodeJob<'a> {
+    pub latents: &'a Path,
+    /// `(W, H)` of raw latents (a square is inferred when left out).
+    pub size: Option<(u32, u32)>,
+    pub out: &'a Path,
+    /// JPEG quality (`out` a JPEG only).
+    pub quality: Option<u8>,
+    /// Decode in strips of that many latent rows instead of what the memory plan picks (the same
+    /// bytes; for tests of the split path).
+    pub strip_rows: Option<usize>,
+}
+
 /// `moss decode`.
-/// `strip_rows`: decode in strips of that many latent rows instead of what the memory plan picks
-/// (the same bytes; for tests of the split path).
-pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device, strip_rows: Option<usize>) -> Result<()> {
+pub fn decode_file(job: &DecodeJob, model: &str, device: Device, progress: &mut dyn Progress) -> Result<()> {
+    let DecodeJob { latents, size, out, quality, strip_rows } = *job;
     std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;
     crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
+    crate::picture::check(out, quality)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
     let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
@@ -611,6 +656,9 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
             m
         }
     };
-    let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
-    crate::output::write(out, &png_bytes)
+    let pic = crate::picture::encode(out, quality, &rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
+    if let Some(w) = pic.warning(out) {
+        progress.warn(&w);
+    }
+    crate::output::write(out, &pic.bytes)
 }

@@ -9,6 +9,7 @@ use moss::backend::cpu::encoder::{delta_rule_chunked, delta_rule_recurrent, Delt
 use moss::backend::cpu::Cpu;
 use moss::embeds::{Embeds, Encoded};
 use moss::model::encoder::Encoder;
+use moss::options::Precision;
 use moss::prompt::PromptTokenizer;
 use moss::tensor::{rel_l2, Tensor};
 use std::path::PathBuf;
@@ -221,13 +222,13 @@ fn embeds_round_trip() {
     let e = Embeds { cond: mk("a fox\n  ü ☕", 5, 1), uncond: mk("", 3, 2), model: "golden/tiny-a".into() };
     let dir = tmpdir("roundtrip");
     let p = dir.join("e.safetensors");
-    std::fs::write(&p, moss::embeds::to_bytes(&e).unwrap()).unwrap();
+    std::fs::write(&p, moss::embeds::to_bytes(&e, Precision::Bf16).unwrap()).unwrap();
     let back = moss::embeds::read(&p).unwrap();
     assert_eq!(back, e);
     // Rows that do not match the token ids: refused.
     let mut bad = e.clone();
     bad.cond.ids.pop();
-    std::fs::write(&p, moss::embeds::to_bytes(&bad).unwrap()).unwrap();
+    std::fs::write(&p, moss::embeds::to_bytes(&bad, Precision::Bf16).unwrap()).unwrap();
     let err = format!("{:#}", moss::embeds::read(&p).unwrap_err());
     assert!(err.contains("5 rows for 4 token ids"), "{err}");
     // Not an embeds file: a clear error.

@@ -27,16 +27,17 @@ fn request(seed: u64) -> Request {
         skip_window: (0.0, 1.0),
         max_tokens: 4096,
         precision: moss::options::Precision::Fp32,
+        quality: None,
     }
 }
 
 fn png(ck: &moss::checkpoint::Checkpoint, dit: &Dit<Cpu>, req: &Request) -> Vec<u8> {
     let texts = pipeline::prompt_texts(req);
-    let enc = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, &mut Silent).unwrap();
+    let enc = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
     let uncond = enc.get(1).unwrap_or(&enc[0]);
     let z = pipeline::denoise_with(&Cpu, dit, ck, req, &enc[0].hidden, &uncond.hidden, &mut Silent).unwrap();
     let vae = pipeline::load_vae(&Cpu, ck, z.shape[2], z.shape[3]).unwrap();
-    pipeline::picture_bytes(&Cpu, &vae, ck, req, &z).unwrap()
+    pipeline::picture_bytes(&Cpu, &vae, ck, req, &z, &mut Silent).unwrap()
 }
 
 #[test]
