@@ -743,6 +743,7 @@ fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
 struct Texts {
     prompt: Vec<u32>,
     negative: Option<Vec<u32>>,
+    cut: pipeline::Cut,
 }
 
 /// `moss generate --prompts`: plan, then render this shard's items chunk by chunk.
@@ -799,16 +800,19 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
         let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
             crate::output::target(&j.path)?;
             crate::output::check_against(&[("the output", &j.path)], &inputs)?;
-            let mut enc = |t: &str, what: &str| -> Result<Vec<u32>> {
+            let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
                 let tk = tok.encode(t, o.max_tokens)?;
                 if let Some(n) = tk.truncated_from {
                     progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.max_tokens));
                 }
-                Ok(tk.ids)
+                Ok((tk.ids, tk.truncated_from))
             };
-            let prompt = enc(&j.item.prompt, "prompt")?;
-            let negative = if j.item.guidance != 1.0 { Some(enc(&j.item.negative, "negative prompt")?) } else { None };
-            Ok(Texts { prompt, negative })
+            let (prompt, prompt_cut) = enc(&j.item.prompt, "prompt")?;
+            let (negative, negative_cut) = match j.item.guidance != 1.0 {
+                true => enc(&j.item.negative, "negative prompt").map(|(ids, cut)| (Some(ids), cut))?,
+                false => (None, None),
+            };
+            Ok(Texts { prompt, negative, cut: pipeline::Cut { prompt: prompt_cut, negative: negative_cut } })
         });
         match tk {
             Ok(t) => {
@@ -874,7 +878,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn request(&self, j: &Job) -> Request {
+    fn request(&self, j: &Job, t: &Texts) -> Request {
         let it = &j.item;
         Request {
             prompt: it.prompt.clone(),
@@ -894,6 +898,7 @@ impl Ctx<'_> {
             max_tokens: self.o.max_tokens,
             precision: self.o.precision,
             quality: self.o.quality,
+            cut: t.cut,
         }
     }
 }
@@ -998,7 +1003,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
                 let cond = &hidden[t.prompt.as_slice()];
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
-                match pipeline::denoise_with(b, &dit, ck, &cx.request(j), cond, uncond, &mut Steps(&mut *progress)) {
+                match pipeline::denoise_with(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress)) {
                     Ok(z) => slots[i].latents = Some(z),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),
@@ -1021,7 +1026,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             check_stop()?;
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
-            let req = cx.request(j);
+            let req = cx.request(j, &texts[i]);
             let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
                 .and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {

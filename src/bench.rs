@@ -182,6 +182,7 @@ fn run_on<B: DitOps>(
             max_tokens: 0,
             precision: a.precision,
             quality: None,
+            cut: Default::default(),
         };
         sync()?;
         let s = Instant::now();

@@ -3,6 +3,7 @@
 //! and token ids in metadata.
 
 use crate::options::Precision;
+use crate::prompt::{Cut, MAX_TOKENS};
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
@@ -23,6 +24,10 @@ pub struct Embeds {
     pub cond: Encoded,
     pub uncond: Encoded,
     pub model: String,
+    /// `--max-tokens` of the encode (files without it: the limit, 4096).
+    pub max_tokens: usize,
+    /// What it cut (files without it: nothing).
+    pub cut: Cut,
 }
 
 /// The tensor's values as `dtype` (BF16 rounds to nearest even; F32 as they are).
@@ -51,6 +56,12 @@ pub fn to_bytes(e: &Embeds, precision: Precision) -> Result<Vec<u8>> {
     meta.insert("negative".to_string(), e.uncond.text.clone());
     meta.insert("prompt_ids".to_string(), serde_json::to_string(&e.cond.ids)?);
     meta.insert("negative_ids".to_string(), serde_json::to_string(&e.uncond.ids)?);
+    meta.insert("max_tokens".to_string(), e.max_tokens.to_string());
+    for (k, v) in [("prompt_tokens_before_cut", e.cut.prompt), ("negative_tokens_before_cut", e.cut.negative)] {
+        if let Some(n) = v {
+            meta.insert(k.to_string(), n.to_string());
+        }
+    }
     Ok(safetensors::tensor::serialize(views, Some(meta))?)
 }
 
@@ -74,11 +85,19 @@ pub fn read(path: &Path) -> Result<Embeds> {
         Tensor::new(v.shape().to_vec(), data)
     };
     let ids = |k: &str| -> Result<Vec<u32>> { serde_json::from_str(&get(k)?).map_err(|e| bad(format!("`{k}`: {e}"))) };
+    let number = |k: &str| -> Result<Option<usize>> {
+        m.get(k).map(|v| v.parse().map_err(|_| bad(format!("`{k}` is not a number: {v:?}")))).transpose()
+    };
     let e = Embeds {
         cond: Encoded { text: get("prompt")?, ids: ids("prompt_ids")?, hidden: tensor("cond")? },
         uncond: Encoded { text: get("negative")?, ids: ids("negative_ids")?, hidden: tensor("uncond")? },
         model: get("model")?,
+        max_tokens: number("max_tokens")?.unwrap_or(MAX_TOKENS),
+        cut: Cut { prompt: number("prompt_tokens_before_cut")?, negative: number("negative_tokens_before_cut")? },
     };
+    if !(1..=MAX_TOKENS).contains(&e.max_tokens) {
+        bail!(bad(format!("`max_tokens` {} is not in 1..={MAX_TOKENS}", e.max_tokens)));
+    }
     for (k, x) in [("cond", &e.cond), ("uncond", &e.uncond)] {
         crate::tensor::ensure_finite(&format!("embeds {} tensor `{k}`", path.display()), &x.hidden.data)?;
         if x.hidden.shape[0] != x.ids.len() || x.ids.is_empty() {

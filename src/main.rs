@@ -320,6 +320,18 @@ fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params
     moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
 }
 
+/// A warning for `--uncond-skip` indices the user gave past the model's last block (not for the
+/// default 22, which a small checkpoint may not reach). A checkpoint that does not open is the
+/// run's own error, said there.
+fn warn_skips_beyond(skip: &[usize], model: &str, quiet: bool) {
+    if quiet {
+        return;
+    }
+    if let Some(w) = pipeline::open_checkpoint(model).ok().and_then(|ck| pipeline::skips_beyond(skip, &ck)) {
+        eprintln!("moss: warning: {w}");
+    }
+}
+
 /// The exit code: 0 on success, 1 when something failed. `given(id)`: whether the flag with
 /// that id was on the command line (or in its environment variable), not a default.
 fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
@@ -341,13 +353,21 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
             Ok(0)
         }
-        Command::Generate(a) if a.batch.prompts.is_some() => run_batch(&a, a.batch.prompts.as_deref().unwrap()),
+        Command::Generate(a) if a.batch.prompts.is_some() => {
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
+            }
+            run_batch(&a, a.batch.prompts.as_deref().unwrap())
+        }
         Command::Generate(mut a) => {
             if let Some(f) = a.batch.stray_flag() {
                 anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
             }
             if let Some(pic) = a.from.clone() {
                 apply_from(&mut a, &pic, given)?;
+            }
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
             }
             if a.embeds.is_some() && (a.prompt.prompt.is_some() || a.prompt.prompt_file.is_some() || given("negative")) {
                 anyhow::bail!("--embeds brings its own prompt and negative: leave out --prompt, --prompt-file and --negative");
@@ -383,6 +403,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 max_tokens: a.prompt.max_tokens as usize,
                 precision: a.precision,
                 quality: a.quality,
+                cut: Default::default(),
             };
             let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
             if to_stdout && a.json {
@@ -464,6 +485,9 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Serve(a) => {
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, false);
+            }
             moss::serve::run(moss::serve::ServeOptions {
                 model: a.model.model,
                 device: a.model.device,

@@ -64,7 +64,8 @@ pub fn check(path: &Path, quality: Option<u8>) -> Result<Format> {
             bail!("--quality {q} is not in 1..100");
         }
         if f != Format::Jpeg {
-            bail!("--quality applies to JPEG (.jpg, .jpeg); {} is written as {} (lossless)", path.display(), f.name());
+            let what = if crate::output::is_stdout(path) { "stdout (-)".to_string() } else { path.display().to_string() };
+            bail!("--quality applies to JPEG (.jpg, .jpeg); {what} is written as {} (lossless)", f.name());
         }
     }
     Ok(f)

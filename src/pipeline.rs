@@ -9,6 +9,7 @@ use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
 use crate::png;
+pub use crate::prompt::Cut;
 use crate::prompt::PromptTokenizer;
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
@@ -39,6 +40,8 @@ pub struct Request {
     pub device: Device,
     /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
     pub quality: Option<u8>,
+    /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
+    pub cut: Cut,
 }
 
 /// What a finished picture reports.
@@ -172,6 +175,19 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
     Ok(ck)
 }
 
+/// The warning for `--uncond-skip` indices past the transformer's last block (they skip nothing).
+pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
+    let blocks = ck.dit.num_layers;
+    let past: Vec<String> = skip.iter().filter(|&&i| i >= blocks).map(|i| i.to_string()).collect();
+    (!past.is_empty()).then(|| {
+        format!(
+            "--uncond-skip {}: the transformer has {blocks} blocks (0..{}); an index past the last skips nothing",
+            past.join(","),
+            blocks - 1
+        )
+    })
+}
+
 /// The CUDA backend on `cuda:n`, or a clear error naming the device.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
@@ -186,25 +202,27 @@ pub fn encode_prompts<B: EncoderOps>(
     max_tokens: usize,
     precision: Precision,
     progress: &mut dyn Progress,
-) -> Result<Vec<Encoded>> {
-    let tokens = tokenize_prompts(ck, texts, max_tokens, progress)?;
-    encode_ids(b, ck, texts, tokens, precision, progress)
+) -> Result<(Vec<Encoded>, Cut)> {
+    let (tokens, cut) = tokenize_prompts(ck, texts, max_tokens, progress)?;
+    Ok((encode_ids(b, ck, texts, tokens, precision, progress)?, cut))
 }
 
 /// The chat-wrapped token ids of `texts` (the prompt first, then the negative), each cut at
-/// `max_tokens` with a warning.
-pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<Vec<Vec<u32>>> {
+/// `max_tokens` with a warning, and what was cut.
+pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<(Vec<Vec<u32>>, Cut)> {
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut tokens = vec![];
+    let mut cut = Cut::default();
     for (i, t) in texts.iter().enumerate() {
         let tk = tok.encode(t, max_tokens)?;
         if let Some(n) = tk.truncated_from {
             let what = if i == 0 { "prompt" } else { "negative prompt" };
             progress.warn(&format!("{what} has {n} tokens; keeping the first {max_tokens}"));
         }
+        *(if i == 0 { &mut cut.prompt } else { &mut cut.negative }) = tk.truncated_from;
         tokens.push(tk.ids);
     }
-    Ok(tokens)
+    Ok((tokens, cut))
 }
 
 /// [`encode_prompts`] on ids already made by [`tokenize_prompts`] (one list per text).
@@ -426,10 +444,14 @@ pub fn generate_with_loras(
     ck.attach_loras(loras)?;
     check_outputs(req, &ck)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
-    let tokens = match &req.embeds {
-        Some(_) => None,
-        None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
+    let (tokens, cut) = match &req.embeds {
+        Some(_) => (None, Cut::default()),
+        None => {
+            let (t, cut) = tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?;
+            (Some(t), cut)
+        }
     };
+    let req = &Request { cut, ..req.clone() };
     match device {
         Device::Cpu => generate_on(&Cpu, &ck, req, tokens, progress, t0),
         Device::Cuda(n) => {
@@ -505,7 +527,13 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
-            from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
+            from_embeds = Some(Request {
+                prompt: e.cond.text.clone(),
+                negative: e.uncond.text.clone(),
+                max_tokens: e.max_tokens,
+                cut: e.cut,
+                ..req.clone()
+            });
             (stage_boundary(e.cond.hidden, req.precision), stage_boundary(e.uncond.hidden, req.precision))
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
@@ -553,7 +581,7 @@ pub fn encode_to_file(job: &EncodeJob, model: &str, device: Device, progress: &m
     crate::output::check(out)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
-    let mut enc = match device {
+    let (mut enc, cut) = match device {
         Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, precision, progress)?,
         Device::Cuda(n) => {
             let b = cuda(n, precision)?;
@@ -562,7 +590,7 @@ pub fn encode_to_file(job: &EncodeJob, model: &str, device: Device, progress: &m
     };
     let uncond = enc.pop().unwrap();
     let cond = enc.pop().unwrap();
-    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() }, precision)?;
+    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone(), max_tokens, cut }, precision)?;
     crate::output::write(out, &bytes)
 }
 

@@ -153,6 +153,7 @@ fn loop_request(e: &Expected) -> Request {
         max_tokens: 4096,
         precision: moss::cli::Precision::Fp32,
         quality: None,
+        cut: Default::default(),
     }
 }
 

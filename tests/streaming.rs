@@ -28,6 +28,7 @@ fn request(seed: u64) -> Request {
         max_tokens: 4096,
         precision: moss::options::Precision::Fp32,
         quality: None,
+        cut: Default::default(),
     }
 }
 

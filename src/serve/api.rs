@@ -118,6 +118,7 @@ pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens
         max_tokens,
         precision,
         quality: None,
+        cut: Default::default(),
     }
 }
 
