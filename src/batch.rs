@@ -897,7 +897,8 @@ impl Ctx<'_> {
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,
             precision: self.o.precision,
-            quality: self.o.quality,
+            // --quality is for the batch's JPEG pictures; its PNG and WebP ones have none.
+            quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
             cut: t.cut,
         }
     }
