@@ -97,13 +97,14 @@ impl Params {
             ("Precision", self.precision.clone()),
             ("Device", self.device.clone()),
         ];
-        let cut = [("Prompt", self.prompt_tokens_before_cut), ("Negative prompt", self.negative_tokens_before_cut)];
+        let cut = [("prompt", self.prompt_tokens_before_cut), ("negative", self.negative_tokens_before_cut)];
         if self.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
             kv.push(("Max tokens", self.max_tokens.to_string()));
         }
         let cut: Vec<String> = cut.iter().filter_map(|&(w, n)| n.map(|n| format!("{w} {} of {n} tokens", self.max_tokens.min(n)))).collect();
         if !cut.is_empty() {
-            kv.push(("Cut", cut.join(", ")));
+            // `;`, not `,`: readers that split the line at commas keep the value whole.
+            kv.push(("Cut", cut.join("; ")));
         }
         if !self.loras.is_empty() {
             kv.push(("Lora hashes", self.loras.join(", ")));
@@ -202,6 +203,13 @@ mod tests {
         let t = q.a1111();
         assert!(!t.contains("Negative prompt"), "{t}");
         assert!(t.contains("CFG scale: 4.5,") && t.contains("Skip layers: \"3,22\"") && t.contains("Max tokens: 77"), "{t}");
+        assert!(!t.contains("Cut"), "{t}");
+        q.max_tokens = 4096;
+        q.prompt_tokens_before_cut = Some(5000);
+        let t = q.a1111();
+        assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
+        q.negative_tokens_before_cut = Some(4100);
+        assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
     }
 
     #[test]

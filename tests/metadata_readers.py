@@ -7,6 +7,7 @@ as A1111 writes them). Fails (exit 1) when the reader finds another generator or
 Usage: python3 tests/metadata_readers.py target/debug/moss   (needs `pip install sd-parsers==0.6`)
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,14 @@ def main() -> int:
             want("cfg scale", str(s.parameters.get("cfg_scale")), "2.5")
             want("size", info.metadata.get("Size"), "64x48")
             want("model", s.model.name if s.model else None, model)
+        # A prompt cut at --max-tokens: the note reaches the reader whole.
+        out = os.path.join(d, "cut.jpg")
+        subprocess.run([moss, "generate", "--device", "cpu", "--model", model, "--prompt", prompt, "--max-tokens", "12",
+                        "--steps", "1", "--size", "64x48", "-q", "-o", out], check=True, stderr=subprocess.DEVNULL)
+        info = ParserManager().parse(out)
+        meta = info.metadata if info else {}
+        if meta.get("Max tokens") != "12" or not re.fullmatch(r"prompt 12 of \d+ tokens", meta.get("Cut", "")):
+            fails.append(f"cut.jpg: read Max tokens {meta.get('Max tokens')!r}, Cut {meta.get('Cut')!r}")
     for f in fails:
         print(f"metadata_readers: {f}", file=sys.stderr)
     if not fails:
