@@ -39,10 +39,7 @@ fn latents(name: &str, precision: &str, dir: &Path) -> Vec<f32> {
 fn latents_with(name: &str, precision: &str, dir: &Path, extra: &[&str]) -> Vec<f32> {
     let e = Expected::load(name);
     let lp = &e.json["loop"];
-    let text = e.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let text = e.loop_prompt();
     let size = format!("{}x{}", lp["width"], lp["height"]);
     let (seed, steps) = (lp["seed"].to_string(), lp["steps"].to_string());
     let model = golden().join(name);
@@ -93,12 +90,7 @@ fn fp32_end_to_end_tiny_b() {
 fn fp32_embeds_reach_the_transformer_unrounded() {
     let name = "tiny-b";
     let dir = scratch("embeds");
-    let e = Expected::load(name);
-    let lp = &e.json["loop"];
-    let text = e.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let text = Expected::load(name).loop_prompt();
     let emb = dir.join("e.safetensors");
     let model = golden().join(name);
     moss(&["encode", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", &text, "--precision", "fp32", "--out", emb.to_str().unwrap()]);

@@ -51,10 +51,7 @@ fn off_by_one_allowed(n: usize) -> usize {
 fn end_to_end(name: &str) {
     let e = Expected::load(name);
     let lp = &e.json["loop"];
-    let text = e.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let text = e.loop_prompt();
     let (w, h) = (lp["width"].as_u64().unwrap(), lp["height"].as_u64().unwrap());
     let size = format!("{w}x{h}");
     let seed = lp["seed"].as_u64().unwrap().to_string();
