@@ -34,7 +34,7 @@ fn request(seed: u64) -> Request {
 
 fn png(ck: &moss::checkpoint::Checkpoint, dit: &Dit<Cpu>, req: &Request) -> Vec<u8> {
     let texts = pipeline::prompt_texts(req);
-    let enc = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
+    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
     let uncond = enc.get(1).unwrap_or(&enc[0]);
     let z = pipeline::denoise_with(&Cpu, dit, ck, req, &enc[0].hidden, &uncond.hidden, &mut Silent).unwrap();
     let vae = pipeline::load_vae(&Cpu, ck, z.shape[2], z.shape[3]).unwrap();
