@@ -236,6 +236,7 @@ fn run_several(a: &GenerateArgs, prompt: String) -> anyhow::Result<u8> {
     if a.embeds.is_some() || a.save_latents.is_some() {
         anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
     }
+    moss::picture::check(&a.out, a.quality)?; // said of -o, not of the batch's --name
     let base = a.seed.resolve();
     if a.seed == Seed::Random && !a.quiet {
         eprintln!("moss: seed {base} (random; picture i uses {base} + i)");

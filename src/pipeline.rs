@@ -115,7 +115,6 @@ pub fn validate(req: &Request) -> Result<()> {
     }
     crate::options::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
     crate::output::check(&req.out)?;
-    crate::picture::check(&req.out, req.quality)?;
     if let Some(p) = &req.save_latents {
         crate::output::check(p)?;
         if crate::output::is_stdout(p) && crate::output::is_stdout(&req.out) {
@@ -129,7 +128,8 @@ pub fn validate(req: &Request) -> Result<()> {
 }
 
 /// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
-/// be one of them, and its two outputs may not be one file.
+/// be one of them, and its two outputs may not be one file. Then the picture's format (its
+/// extension, `req.quality`): a clash is the graver mistake, said first.
 pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
@@ -143,7 +143,8 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     if let Some(p) = &req.embeds {
         ins.push(("the embeds file", p));
     }
-    crate::output::check_distinct(&outs, &ins)
+    crate::output::check_distinct(&outs, &ins)?;
+    crate::picture::check(&req.out, req.quality).map(|_| ())
 }
 
 /// `out` is none of the checkpoint's files.
@@ -441,8 +442,8 @@ pub fn generate_with_loras(
     let t0 = Instant::now();
     validate(req)?;
     let mut ck = open_checkpoint(model)?;
-    ck.attach_loras(loras)?;
     check_outputs(req, &ck)?;
+    ck.attach_loras(loras)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
     let (tokens, cut) = match &req.embeds {
         Some(_) => (None, Cut::default()),
@@ -657,9 +658,9 @@ pub fn decode_file(job: &DecodeJob, model: &str, device: Device, progress: &mut 
     std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;
     crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
-    crate::picture::check(out, quality)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
+    crate::picture::check(out, quality)?;
     let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
     let (h, w) = (z.shape[2], z.shape[3]);
     fn decode_on<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor, strip_rows: Option<usize>) -> Result<Vec<u8>> {

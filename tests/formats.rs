@@ -118,8 +118,7 @@ fn jpeg_and_webp_by_extension() {
 #[test]
 fn unknown_extensions_and_misplaced_quality_are_refused_before_any_work() {
     let d = scratch("refuse");
-    // A model that does not exist: the refusal comes before the checkpoint is even looked at.
-    let nowhere = d.join("no-model").display().to_string();
+    let m = tiny();
     for (out, extra, needle) in [
         ("a.gif", &[][..], "no `.gif` pictures (use .png, .jpg, .jpeg or .webp)"),
         ("a.tiff", &[][..], "no `.tiff` pictures"),
@@ -128,8 +127,10 @@ fn unknown_extensions_and_misplaced_quality_are_refused_before_any_work() {
         ("-", &["--quality", "80"][..], "stdout (-) is written as PNG"),
     ] {
         let p = if out == "-" { out.to_string() } else { d.join(out).display().to_string() };
-        refused(&moss(&[&gen(&nowhere, &p)[..], extra].concat()), needle);
+        refused(&moss(&[&gen(&m, &p)[..], extra].concat()), needle);
     }
+    let tpl = d.join("fox-{seed}.gif");
+    refused(&moss(&[&gen(&m, tpl.to_str().unwrap())[..], &["--count", "2"]].concat()), "fox-{seed}.gif: moss writes no `.gif`");
     let o = moss(&[&gen(&tiny(), d.join("a.jpg").to_str().unwrap())[..], &["--quality", "0"]].concat());
     assert_eq!(o.status.code(), Some(2), "clap refuses quality 0");
     // decode too, and batch names.
