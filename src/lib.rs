@@ -21,6 +21,7 @@ pub mod picture;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;
+pub mod run_plan;
 pub mod sampling;
 pub mod schedule;
 pub mod serve;

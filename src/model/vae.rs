@@ -317,7 +317,12 @@ pub struct VaeDecoder<B: VaeOps> {
 }
 
 impl<B: VaeOps> VaeDecoder<B> {
+    /// Every weight, in one load batch.
     pub fn load(b: &B, c: &Component, cfg: &VaeConfig) -> Result<Self> {
+        b.load_batch(|b| Self::load_unbatched(b, c, cfg))
+    }
+
+    fn load_unbatched(b: &B, c: &Component, cfg: &VaeConfig) -> Result<Self> {
         // z·sqrt(var + eps) needs var + eps >= 0: a negative running variance would make NaN.
         let (_, var) = c.f32("bn.running_var")?;
         if let Some(i) = var.iter().position(|&v| !(v as f64 + cfg.batch_norm_eps >= 0.0)) {
