@@ -206,7 +206,8 @@ pub struct GenerateArgs {
     pub quality: Option<u8>,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Also write the final latents as raw little-endian f32 [1,128,H/16,W/16] (for `moss decode`).
+    /// Also write the final latents: safetensors with `latents` f32 [1,128,H/16,W/16] and the
+    /// settings, which `moss decode` reads without --size.
     #[arg(long, value_name = "PATH")]
     pub save_latents: Option<PathBuf>,
     /// Use hidden states written by `moss encode` instead of running the encoder.
