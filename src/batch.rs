@@ -494,6 +494,7 @@ pub fn plan(
             } else if fold_dots(Path::new(&rendered)).is_none() {
                 return Err(bad(format!("output `{rendered}` leaves --out-dir")));
             }
+            crate::picture::Format::of(Path::new(&rendered)).map_err(|e| bad(e.to_string()))?;
             let key = resolved(&path);
             if let Some(first) = owner.get(&key) {
                 return Err(bad(format!("output {} is already line {first}'s", path.display())));
@@ -650,6 +651,8 @@ pub struct BatchOptions {
     pub model: String,
     pub device: Device,
     pub precision: crate::options::Precision,
+    /// JPEG quality (`--quality`) for the items written as JPEG.
+    pub quality: Option<u8>,
 }
 
 /// A written picture.
@@ -740,6 +743,7 @@ fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
 struct Texts {
     prompt: Vec<u32>,
     negative: Option<Vec<u32>>,
+    cut: pipeline::Cut,
 }
 
 /// `moss generate --prompts`: plan, then render this shard's items chunk by chunk.
@@ -747,6 +751,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let t0 = Instant::now();
     check_defaults(&o.defaults)?;
     let name = Template::parse(&o.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let example = name.render(&NameVars { index: 0, line: 1, seed: o.defaults.seed, shard: 0, prompt: "" });
+    crate::picture::Format::of(Path::new(&example)).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let (bytes, src) = read_list(&o.prompts)?;
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
@@ -755,6 +761,13 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
 
     let entries = parse_list(&bytes, &o.defaults);
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
+    if let Some(q) = o.quality {
+        let jpeg = |j: &Job| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg);
+        if !plan.jobs.iter().chain(&plan.skipped).any(jpeg) {
+            anyhow::bail!("--quality {q} applies to JPEG pictures (.jpg, .jpeg), and this batch writes none");
+        }
+        crate::picture::check(Path::new("x.jpg"), Some(q))?;
+    }
     let mut sum = Summary { skipped: plan.skipped.len(), elsewhere: plan.elsewhere, ..Default::default() };
     for b in &plan.bad {
         progress.failed(&format!("{src}:{}: {}", b.line, b.error));
@@ -787,16 +800,19 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
         let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
             crate::output::target(&j.path)?;
             crate::output::check_against(&[("the output", &j.path)], &inputs)?;
-            let mut enc = |t: &str, what: &str| -> Result<Vec<u32>> {
+            let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
                 let tk = tok.encode(t, o.max_tokens)?;
                 if let Some(n) = tk.truncated_from {
                     progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.max_tokens));
                 }
-                Ok(tk.ids)
+                Ok((tk.ids, tk.truncated_from))
             };
-            let prompt = enc(&j.item.prompt, "prompt")?;
-            let negative = if j.item.guidance != 1.0 { Some(enc(&j.item.negative, "negative prompt")?) } else { None };
-            Ok(Texts { prompt, negative })
+            let (prompt, prompt_cut) = enc(&j.item.prompt, "prompt")?;
+            let (negative, negative_cut) = match j.item.guidance != 1.0 {
+                true => enc(&j.item.negative, "negative prompt").map(|(ids, cut)| (Some(ids), cut))?,
+                false => (None, None),
+            };
+            Ok(Texts { prompt, negative, cut: pipeline::Cut { prompt: prompt_cut, negative: negative_cut } })
         });
         match tk {
             Ok(t) => {
@@ -862,7 +878,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn request(&self, j: &Job) -> Request {
+    fn request(&self, j: &Job, t: &Texts) -> Request {
         let it = &j.item;
         Request {
             prompt: it.prompt.clone(),
@@ -881,6 +897,9 @@ impl Ctx<'_> {
             skip_window: self.o.skip_window,
             max_tokens: self.o.max_tokens,
             precision: self.o.precision,
+            // --quality is for the batch's JPEG pictures; its PNG and WebP ones have none.
+            quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
+            cut: t.cut,
         }
     }
 }
@@ -952,7 +971,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
                         continue;
                     }
                     check_stop()?;
-                    match pipeline::hidden_states(b, &enc, ids) {
+                    match pipeline::hidden_states(b, &enc, ids, cx.o.precision) {
                         Ok(h) => {
                             hidden.insert(ids.as_slice(), h);
                         }
@@ -985,7 +1004,7 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
                 let cond = &hidden[t.prompt.as_slice()];
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
-                match pipeline::denoise_with(b, &dit, ck, &cx.request(j), cond, uncond, &mut Steps(&mut *progress)) {
+                match pipeline::denoise_with(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress)) {
                     Ok(z) => slots[i].latents = Some(z),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),
@@ -1008,8 +1027,9 @@ fn render<B: EncoderOps + DitOps + VaeOps>(
             check_stop()?;
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
-            let req = cx.request(j);
-            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z).and_then(|bytes| crate::output::write(&j.path, &bytes));
+            let req = cx.request(j, &texts[i]);
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
+                .and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;

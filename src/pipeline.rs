@@ -7,7 +7,9 @@ use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::options::Precision;
 use crate::png;
+pub use crate::prompt::Cut;
 use crate::prompt::PromptTokenizer;
 pub use crate::run_plan::MemoryOptions;
 use crate::run_plan::{Budget, RunPlan};
@@ -38,6 +40,10 @@ pub struct Request {
     pub precision: crate::options::Precision,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
+    /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
+    pub quality: Option<u8>,
+    /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
+    pub cut: Cut,
 }
 
 /// What a finished picture reports.
@@ -155,7 +161,8 @@ pub fn validate(req: &Request) -> Result<()> {
 }
 
 /// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
-/// be one of them, and its two outputs may not be one file.
+/// be one of them, and its two outputs may not be one file. Then the picture's format (its
+/// extension, `req.quality`): a clash is the graver mistake, said first.
 pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
@@ -169,7 +176,8 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     if let Some(p) = &req.embeds {
         ins.push(("the embeds file", p));
     }
-    crate::output::check_distinct(&outs, &ins)
+    crate::output::check_distinct(&outs, &ins)?;
+    crate::picture::check(&req.out, req.quality).map(|_| ())
 }
 
 /// `out` is none of the checkpoint's files.
@@ -201,37 +209,54 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
     Ok(ck)
 }
 
+/// The warning for `--uncond-skip` indices past the transformer's last block (they skip nothing).
+pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
+    let blocks = ck.dit.num_layers;
+    let past: Vec<String> = skip.iter().filter(|&&i| i >= blocks).map(|i| i.to_string()).collect();
+    (!past.is_empty()).then(|| {
+        format!(
+            "--uncond-skip {}: the transformer has {blocks} blocks (0..{}); an index past the last skips nothing",
+            past.join(","),
+            blocks - 1
+        )
+    })
+}
+
 /// The CUDA backend on `cuda:n`, or a clear error naming the device.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
 }
 
-/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states rounded to bf16.
+/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states as
+/// [`stage_boundary`] keeps them at `precision`.
 pub fn encode_prompts<B: EncoderOps>(
     b: &B,
     ck: &Checkpoint,
     texts: &[&str],
     max_tokens: usize,
+    precision: Precision,
     progress: &mut dyn Progress,
-) -> Result<Vec<Encoded>> {
-    let tokens = tokenize_prompts(ck, texts, max_tokens, progress)?;
-    encode_ids(b, ck, texts, tokens, progress)
+) -> Result<(Vec<Encoded>, Cut)> {
+    let (tokens, cut) = tokenize_prompts(ck, texts, max_tokens, progress)?;
+    Ok((encode_ids(b, ck, texts, tokens, precision, progress)?, cut))
 }
 
 /// The chat-wrapped token ids of `texts` (the prompt first, then the negative), each cut at
-/// `max_tokens` with a warning.
-pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<Vec<Vec<u32>>> {
+/// `max_tokens` with a warning, and what was cut.
+pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<(Vec<Vec<u32>>, Cut)> {
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut tokens = vec![];
+    let mut cut = Cut::default();
     for (i, t) in texts.iter().enumerate() {
         let tk = tok.encode(t, max_tokens)?;
         if let Some(n) = tk.truncated_from {
             let what = if i == 0 { "prompt" } else { "negative prompt" };
             progress.warn(&format!("{what} has {n} tokens; keeping the first {max_tokens}"));
         }
+        *(if i == 0 { &mut cut.prompt } else { &mut cut.negative }) = tk.truncated_from;
         tokens.push(tk.ids);
     }
-    Ok(tokens)
+    Ok((tokens, cut))
 }
 
 /// [`encode_prompts`] on ids already made by [`tokenize_prompts`] (one list per text).
@@ -240,6 +265,7 @@ pub fn encode_ids<B: EncoderOps>(
     ck: &Checkpoint,
     texts: &[&str],
     tokens: Vec<Vec<u32>>,
+    precision: Precision,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Encoded>> {
     progress.stage("encode");
@@ -247,18 +273,28 @@ pub fn encode_ids<B: EncoderOps>(
     let enc = Encoder::load(b, &comp, &ck.encoder)?;
     let mut out = vec![];
     for (t, ids) in texts.iter().zip(tokens) {
-        let hidden = hidden_states(b, &enc, &ids)?;
+        let hidden = hidden_states(b, &enc, &ids, precision)?;
         out.push(Encoded { text: t.to_string(), ids, hidden });
     }
     Ok(out)
 }
 
-/// The encoder's hidden states of one token list, rounded to bf16 (what the DiT is fed:
-/// `generate`, batch mode and the server all encode through here).
-pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32]) -> Result<Tensor> {
-    let h = enc.forward(b, ids)?.round_bf16();
+/// The encoder's hidden states of one token list as the DiT is fed them ([`stage_boundary`]):
+/// `generate`, batch mode and the server all encode through here.
+pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32], precision: Precision) -> Result<Tensor> {
+    let h = stage_boundary(enc.forward(b, ids)?, precision);
     crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
     Ok(h)
+}
+
+/// Hidden states between the encoder and the DiT: rounded to bf16 at `--precision bf16` (the
+/// spec's summary, step 2: the pipeline keeps `last_hidden_state` in bf16), left fp32 at
+/// `--precision fp32`, so that mode is fp32 end to end.
+pub fn stage_boundary(h: Tensor, precision: Precision) -> Tensor {
+    match precision {
+        Precision::Bf16 => h.round_bf16(),
+        Precision::Fp32 => h,
+    }
 }
 
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
@@ -334,10 +370,22 @@ pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result
 }
 
 /// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
-/// with the picture's metadata. `generate`, batch mode and the server all write these bytes.
-pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor) -> Result<Vec<u8>> {
+/// with the picture's metadata in the format of `req.out` (PNG for the server's empty path).
+/// `generate`, batch mode and the server all write these bytes.
+pub fn picture_bytes<B: VaeOps>(
+    b: &B,
+    vae: &VaeDecoder<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    z: &Tensor,
+    progress: &mut dyn Progress,
+) -> Result<Vec<u8>> {
     let rgb = vae.decode_rgb8(b, z)?;
-    png::encode(&rgb, req.width, req.height, &metadata(req, ck))
+    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.width, req.height, &metadata(req, ck))?;
+    if let Some(w) = pic.warning(&req.out) {
+        progress.warn(&w);
+    }
+    Ok(pic.bytes)
 }
 
 /// The PNG text metadata of a picture rendered for `req` (`crate::metadata`).
@@ -441,13 +489,17 @@ pub fn generate_planned(
     let t0 = Instant::now();
     validate(req)?;
     let mut ck = open_checkpoint(model)?;
-    ck.attach_loras(loras)?;
     check_outputs(req, &ck)?;
+    ck.attach_loras(loras)?;
     // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
-    let tokens = match &req.embeds {
-        Some(_) => None,
-        None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
+    let (tokens, cut) = match &req.embeds {
+        Some(_) => (None, Cut::default()),
+        None => {
+            let (t, cut) = tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?;
+            (Some(t), cut)
+        }
     };
+    let req = &Request { cut, ..req.clone() };
     let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
     let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
         let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
@@ -543,8 +595,14 @@ where
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
-            from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
-            (e.cond.hidden, e.uncond.hidden, None)
+            from_embeds = Some(Request {
+                prompt: e.cond.text.clone(),
+                negative: e.uncond.text.clone(),
+                max_tokens: e.max_tokens,
+                cut: e.cut,
+                ..req.clone()
+            });
+            (stage_boundary(e.cond.hidden, req.precision), stage_boundary(e.uncond.hidden, req.precision), None)
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
         (None, Some(tokens)) => {
@@ -553,7 +611,7 @@ where
             let comp = ck.open_component("text_encoder")?;
             let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
             rep.encode_load_s = t.elapsed().as_secs_f64();
-            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids)).collect() };
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids, req.precision)).collect() };
             // On a device with room for both, the transformer loads on another thread (its copies
             // behind the encoder's compute on the copy stream) while the encoder runs.
             let (mut hidden, dit) = if plan.overlap && b.loads_behind() {
@@ -601,36 +659,39 @@ where
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
-    let bytes = picture_bytes(b, &vae, ck, req, &z)?;
+    let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
     crate::output::write(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)
 }
 
+/// What `moss encode` encodes.
+pub struct EncodeJob<'a> {
+    pub prompt: &'a str,
+    pub negative: &'a str,
+    pub max_tokens: usize,
+    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded.
+    pub precision: Precision,
+    pub out: &'a Path,
+}
+
 /// `moss encode`.
-pub fn encode_to_file(
-    prompt: &str,
-    negative: &str,
-    max_tokens: usize,
-    out: &Path,
-    model: &str,
-    device: Device,
-    progress: &mut dyn Progress,
-) -> Result<()> {
+pub fn encode_to_file(job: &EncodeJob, model: &str, device: Device, progress: &mut dyn Progress) -> Result<()> {
+    let EncodeJob { prompt, negative, max_tokens, precision, out } = *job;
     crate::output::check(out)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
-    let mut enc = match device {
-        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
+    let (mut enc, cut) = match device {
+        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, precision, progress)?,
         Device::Cuda(n) => {
-            let b = cuda(n, crate::options::Precision::Bf16)?;
-            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, progress)?
+            let b = cuda(n, precision)?;
+            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, precision, progress)?
         }
     };
     let uncond = enc.pop().unwrap();
     let cond = enc.pop().unwrap();
-    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() })?;
+    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone(), max_tokens, cut }, precision)?;
     crate::output::write(out, &bytes)
 }
 
@@ -678,15 +739,28 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
     }
 }
 
+/// What `moss decode` reads and writes.
+pub struct DecodeJob<'a> {
+    pub latents: &'a Path,
+    /// `(W, H)` of raw latents (a square is inferred when left out).
+    pub size: Option<(u32, u32)>,
+    pub out: &'a Path,
+    /// JPEG quality (`out` a JPEG only).
+    pub quality: Option<u8>,
+    /// Decode in strips of that many rows (of each layer) with every kept picture in host memory,
+    /// instead of what the memory plan picks (the same bytes; for tests of the split path).
+    pub strip_rows: Option<usize>,
+}
+
 /// `moss decode`.
-/// `strip_rows`: decode in strips of that many rows (of each layer) with every kept picture in
-/// host memory, instead of what the memory plan picks (the same bytes; for tests of the split path).
-pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device, strip_rows: Option<usize>) -> Result<()> {
+pub fn decode_file(job: &DecodeJob, model: &str, device: Device, progress: &mut dyn Progress) -> Result<()> {
+    let DecodeJob { latents, size, out, quality, strip_rows } = *job;
     std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;
     crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
+    crate::picture::check(out, quality)?;
     let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
     let (h, w) = (z.shape[2], z.shape[3]);
     fn decode_on<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor, strip_rows: Option<usize>) -> Result<Vec<u8>> {
@@ -711,6 +785,9 @@ pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: 
             m
         }
     };
-    let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
-    crate::output::write(out, &png_bytes)
+    let pic = crate::picture::encode(out, quality, &rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
+    if let Some(w) = pic.warning(out) {
+        progress.warn(&w);
+    }
+    crate::output::write(out, &pic.bytes)
 }
