@@ -50,6 +50,8 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
+    pub lora_merge_s: f64,
     pub warnings: Vec<String>,
 }
 
@@ -62,7 +64,7 @@ impl Report {
             "width": self.width,
             "height": self.height,
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s,
-                        "decode_s": self.decode_s, "total_s": self.total_s},
+                        "decode_s": self.decode_s, "total_s": self.total_s, "lora_merge_s": self.lora_merge_s},
         })
         .to_string()
     }
@@ -494,6 +496,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     let z = denoise(b, ck, req, &cond, &uncond, progress)?;
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
+    rep.lora_merge_s = ck.loras.clock.total().0;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }

@@ -10,9 +10,10 @@ pub mod cpu;
 pub mod ops;
 pub mod cuda;
 
-use crate::checkpoint::Component;
+use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Term};
 use crate::tensor::Tensor;
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 /// Which backend a run uses (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,8 +54,14 @@ pub trait Backend {
     fn upload(&self, t: &Tensor) -> Result<Self::T>;
     fn download(&self, x: &Self::T) -> Result<Tensor>;
     fn dims(&self, x: &Self::T) -> Vec<usize>;
-    /// A checkpoint tensor by its name inside the component, in the backend's storage precision.
+    /// A checkpoint tensor by its name inside the component, in the backend's storage precision,
+    /// with the component's LoRA updates merged in ([`merge_loras`]): the one point every weight
+    /// passes, resident or streamed.
     fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
+    /// `w`, a checkpoint tensor as stored (its dtype `stored`), plus the LoRA updates `terms`:
+    /// in fp32, the updates added in order, rounded once to `stored` ([`crate::lora::merge`]).
+    /// Device time still running when it returns goes on `clock`.
+    fn merge_lora(&self, w: Self::T, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Self::T>;
 
     /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.
     fn linear(&self, x: &Self::T, w: &Self::T, b: Option<&Self::T>) -> Result<Self::T>;
@@ -78,4 +85,20 @@ pub trait Backend {
     fn release_cached(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// The LoRA step of every backend's `load`: `w` (tensor `name` of `c`, as stored) with the
+/// component's updates for it merged in, timed on the plan's clock; `w` itself when none.
+pub fn merge_loras<B: Backend + ?Sized>(b: &B, c: &Component, name: &str, w: B::T) -> Result<B::T> {
+    let terms = c.lora_terms(name);
+    if terms.is_empty() {
+        return Ok(w);
+    }
+    let stored = c.info(name)?.dtype;
+    let t = std::time::Instant::now();
+    let out = b
+        .merge_lora(w, stored, &terms, &c.loras.clock)
+        .with_context(|| format!("merging LoRA updates into `{}`", c.full_name(name)))?;
+    c.loras.clock.add_host(t.elapsed().as_secs_f64());
+    Ok(out)
 }

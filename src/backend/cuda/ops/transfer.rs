@@ -289,11 +289,12 @@ impl Cuda {
                 } else {
                     self.write_bytes(t.ptr(), bytes, false)?;
                 }
+                let t = crate::backend::merge_loras(self, c, name, t)?;
                 self.cast(&t, loaded_dtype(info.dtype, self.precision))
             }
             _ => {
                 let (shape, data) = c.f32(name)?;
-                self.upload_as(&Tensor::new(shape, data)?, DType::F32)
+                crate::backend::merge_loras(self, c, name, self.upload_as(&Tensor::new(shape, data)?, DType::F32)?)
             }
         }
     }
