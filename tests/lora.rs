@@ -266,7 +266,7 @@ fn backend_merge_equals_the_former_host_merge() {
     let want = former_host_merge(&ck);
     let comp = ck.open_component("transformer").unwrap();
     let stacked = want.keys().filter(|n| comp.lora_terms(n).len() > 1).count();
-    assert!(want.len() >= 15 && stacked >= 3, "{} tensors updated, {stacked} by several adapters", want.len());
+    assert!(want.len() >= 12 && stacked >= 3, "{} tensors updated, {stacked} by several adapters", want.len());
     for (name, w) in &want {
         let got = Cpu.load(&comp, name).unwrap().data;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();

@@ -72,5 +72,6 @@ fn merge_memory_is_one_tensors_worth() {
         println!("{name}: peak {peak} bytes (tensor {t}, operands {ops}, bound {bound})");
         assert!(peak <= bound, "{name}: loading took {peak} bytes, more than one tensor's merge ({bound})");
     }
-    assert!(all > 4 * biggest + (64 << 10), "the test's adapters must update more than one tensor's worth");
+    // The former whole-model map (`all`) would not fit under the opening's peak.
+    assert!(all >= 2 * biggest, "the test's adapters must update several tensors' worth");
 }
