@@ -8,7 +8,10 @@
 // mode: bit 0 = add to the running sum in `acc` (else start from zero); bit 1 = the last term:
 // write W = round(W + sum) (else write the sum to `acc`).
 // moss_ctl_* (check image): BUG 1 rounds the update to bf16 before adding it (two roundings).
+// tools/lora_merge_emu.cpp compiles this file on the host (LORA_EMU) to check its index math.
+#ifndef LORA_EMU
 #include "elem.cuh"
+#endif
 
 using bf16 = __nv_bfloat16;
 using namespace moss_elem;

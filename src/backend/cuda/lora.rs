@@ -3,11 +3,10 @@
 //! added with one rounding, in place. The arithmetic is the host merge's ([`crate::lora::merge`]),
 //! operation for operation, so the bytes are the same; `moss check` gates that.
 
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use super::ops::{to_bytes, Arg, Cuda, CudaTensor, DType};
 use crate::lora::keys::Mat;
 use crate::lora::merge::{dims2, operands, Operands};
 use crate::lora::{plan::MergeClock, Term};
-use crate::tensor::Tensor;
 use anyhow::{anyhow, ensure, Result};
 
 /// Rows and columns of a weight's tile in the low-rank kernels, and their threads.
@@ -67,7 +66,9 @@ impl Cuda {
     /// A factor in fp32 on the device (the factors are small: rank x width).
     fn upload_mat(&self, m: &Mat) -> Result<CudaTensor> {
         let (r, c) = dims2(m, "LoRA factor")?;
-        self.upload_as(&Tensor::new(vec![r, c], m.1.clone())?, DType::F32)
+        let t = self.alloc(DType::F32, &[r, c])?;
+        self.write_bytes(t.ptr(), &to_bytes(&m.1, DType::F32), false)?;
+        Ok(t)
     }
 
     /// [`crate::backend::Backend::merge_lora`]: the merge, its device time recorded on `clock` by
