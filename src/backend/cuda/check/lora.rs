@@ -1,10 +1,10 @@
 //! Gates of the LoRA merge (`cuda/dit/lora_merge.cu`) at the DiT's weight shapes: the merged
-//! weight must equal the host merge (`lora::merge::merge_tensor`, the CPU backend's) bit for bit,
-//! and stay within the output rounding of an fp64 reference on random rows. The planted control
-//! rounds the update to bf16 before adding it (two roundings).
+//! weight's stored bits must equal the host merge's (`lora::merge::merge_tensor`, the CPU
+//! backend's) in every element, and stay within the output rounding of an fp64 reference on random
+//! rows. The planted control rounds the update to bf16 before adding it (two roundings).
 
 use super::gates::*;
-use crate::backend::cuda::ops::{CudaTensor, DType};
+use crate::backend::cuda::ops::{to_bytes, CudaTensor, DType};
 use crate::checkpoint::Dtype;
 use crate::lora::keys::{Delta, Factor, Mat, Module};
 use crate::lora::merge::{dims2, merge_tensor, operands, Operands};
@@ -74,13 +74,24 @@ fn judge_case(cx: &mut Cx, what: &str, shape: &[usize], terms: &[Term]) -> Resul
         cx.cuda.merge_lora_with(&g, terms, prefix)?;
         Ok(g)
     };
-    let out = run(cx, "moss");
-    cx.judge(&format!("{what} = host merge"), &s, Kind::Gate, EXACT, "bit-exact", out, &host, None);
+    // The share of elements whose stored bits differ from the host merge's (NaN: no output).
+    let want = to_bytes(&host.data, cx.dtype);
+    let differ = |cx: &mut Cx, prefix: &str| -> f64 {
+        let es = cx.dtype.size();
+        match run(cx, prefix).and_then(|g| cx.cuda.download_bytes(&g)) {
+            Ok(b) if b.len() == want.len() => {
+                b.chunks(es).zip(want.chunks(es)).filter(|(x, y)| x != y).count() as f64 / (b.len() / es) as f64
+            }
+            _ => f64::NAN,
+        }
+    };
+    let e = differ(cx, "moss");
+    cx.judge_value(&format!("{what} = host merge"), &s, Kind::Gate, EXACT, "share of elements whose bits differ", e);
     let out = run(cx, "moss");
     let bound = cx.out_bound(F32_GEMM);
     cx.judge(&format!("{what} vs fp64"), &s, Kind::Gate, bound, "", out, &reference, picked);
-    let out = run(cx, "moss_ctl");
-    cx.judge(&format!("{what}, update rounded before the add"), &s, Kind::Control, EXACT, "", out, &host, None);
+    let e = differ(cx, "moss_ctl");
+    cx.judge_value(&format!("{what}, update rounded before the add"), &s, Kind::Control, EXACT, "", e);
     Ok(())
 }
 
