@@ -12,6 +12,7 @@ use super::keys::{Delta, Factor, Mat, Module};
 use super::plan::Term;
 use crate::checkpoint::Dtype;
 use anyhow::{bail, ensure, Result};
+use std::borrow::Cow;
 
 pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
     match m.0.as_slice() {
@@ -22,12 +23,35 @@ pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
     }
 }
 
+/// A factor, or rows of one: `rows` x `cols` fp32 values, borrowed from the adapter (its own
+/// factors, a tensor's rows of them) or formed on the host (a LoKr product).
+#[derive(Clone, Debug)]
+pub struct Part<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Cow<'a, [f32]>,
+}
+
+impl<'a> Part<'a> {
+    /// All of `m` (a matrix; a vector counts as a column).
+    pub fn whole(m: &'a Mat, what: &str) -> Result<Part<'a>> {
+        let (rows, cols) = dims2(m, what)?;
+        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1) })
+    }
+
+    /// Rows `row0 .. row0 + rows` of `m`.
+    pub fn rows_of(m: &'a Mat, row0: usize, rows: usize, what: &str) -> Result<Part<'a>> {
+        let (r, cols) = dims2(m, what)?;
+        ensure!(row0 + rows <= r, "{what}: rows {row0}..{} of {r}", row0 + rows);
+        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1[row0 * cols..(row0 + rows) * cols]) })
+    }
+}
+
 /// `a [n, r] · b [r, m]` in fp32 (rows in parallel): each element `Σ_k a[i,k]·b[k,j]`, product
 /// and sum rounded to fp32 at every step, k in order.
-pub fn matmul(a: &Mat, b: &Mat, what: &str) -> Result<Mat> {
-    let (n, r) = dims2(a, what)?;
-    let (r2, m) = dims2(b, what)?;
-    ensure!(r == r2, "{what}: inner dimensions {r} and {r2} differ ({:?} · {:?})", a.0, b.0);
+pub fn matmul(a: &Part, b: &Part, what: &str) -> Result<Part<'static>> {
+    let (n, r, m) = (a.rows, a.cols, b.cols);
+    ensure!(r == b.rows, "{what}: inner dimensions {r} and {} differ", b.rows);
     let mut out = vec![0f32; n * m];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, n.max(1));
     let per = n.div_ceil(threads).max(1);
@@ -37,76 +61,70 @@ pub fn matmul(a: &Mat, b: &Mat, what: &str) -> Result<Mat> {
                 for (li, row) in chunk.chunks_mut(m.max(1)).enumerate() {
                     let i = ci * per + li;
                     for k in 0..r {
-                        let s = a.1[i * r + k];
-                        row.iter_mut().zip(&b.1[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
+                        let s = a.data[i * r + k];
+                        row.iter_mut().zip(&b.data[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
                     }
                 }
             });
         }
     });
-    Ok((vec![n, m], out))
+    Ok(Part { rows: n, cols: m, data: Cow::Owned(out) })
 }
 
 /// Rows `row0 .. row0 + rows` of `kron(a, b)`.
-fn kron_rows(a: &Mat, b: &Mat, row0: usize, rows: usize) -> Result<Mat> {
-    let (_, ac) = dims2(a, "lokr_w1")?;
-    let (br, bc) = dims2(b, "lokr_w2")?;
+fn kron_rows(a: &Part, b: &Part, row0: usize, rows: usize) -> Vec<f32> {
+    let (ac, br, bc) = (a.cols, b.rows, b.cols);
     let cols = ac * bc;
     let mut out = vec![0f32; rows * cols];
     for (i, row) in out.chunks_mut(cols.max(1)).enumerate() {
         let (ia, p) = ((row0 + i) / br, (row0 + i) % br);
         for (j, o) in row.iter_mut().enumerate() {
-            *o = a.1[ia * ac + j / bc] * b.1[p * bc + j % bc];
+            *o = a.data[ia * ac + j / bc] * b.data[p * bc + j % bc];
         }
     }
-    Ok((vec![rows, cols], out))
+    out
 }
 
-fn factor(f: &Factor, what: &str) -> Result<(Mat, Option<usize>)> {
+/// A LoKr factor as one matrix (a product formed on the host: small), and its rank if factored.
+fn factor<'a>(f: &'a Factor, what: &str) -> Result<(Part<'a>, Option<usize>)> {
     match f {
-        Factor::Full(m) => Ok((m.clone(), None)),
-        Factor::Product(a, b) => Ok((matmul(a, b, what)?, Some(dims2(b, what)?.0))),
+        Factor::Full(m) => Ok((Part::whole(m, what)?, None)),
+        Factor::Product(a, b) => Ok((matmul(&Part::whole(a, what)?, &Part::whole(b, what)?, what)?, Some(dims2(b, what)?.0))),
     }
-}
-
-/// Rows `row0 .. row0 + rows` of `m` (a matrix; a vector counts as a column).
-fn rows_of(m: &Mat, row0: usize, rows: usize, what: &str) -> Result<Mat> {
-    let (r, c) = dims2(m, what)?;
-    ensure!(row0 + rows <= r, "{what}: rows {row0}..{} of {r}", row0 + rows);
-    Ok((vec![rows, c], m.1[row0 * c..(row0 + rows) * c].to_vec()))
 }
 
 /// What one term computes for a tensor of `rows` rows, before `· alpha/rank` and `· scale`.
 #[derive(Clone, Debug)]
-pub enum Operands {
+pub enum Operands<'a> {
     /// `up · down`; `up` holds the tensor's rows only.
-    LowRank { up: Mat, down: Mat },
+    LowRank { up: Part<'a>, down: Part<'a> },
     /// LoHa: `(w1a · w1b) ⊙ (w2a · w2b)`; `w1a`, `w2a` hold the tensor's rows only.
-    LoHa { w1a: Mat, w1b: Mat, w2a: Mat, w2b: Mat },
-    /// Rows `row0 ..` of `kron(a, b)`: LoKr (the factors formed on the host: small), and a full
-    /// difference as `kron([1], diff rows)`.
-    Kron { a: Mat, b: Mat, row0: usize },
+    LoHa { w1a: Part<'a>, w1b: Part<'a>, w2a: Part<'a>, w2b: Part<'a> },
+    /// Rows `row0 ..` of `kron(a, b)`: LoKr, and a full difference as `kron([1], diff rows)`.
+    Kron { a: Part<'a>, b: Part<'a>, row0: usize },
 }
 
 /// The operands of `term` for a tensor of `rows` rows, and the factor `alpha/rank` (1 without).
-pub fn operands(term: &Term, rows: usize) -> Result<(Operands, f32)> {
+pub fn operands<'a>(term: &Term<'a>, rows: usize) -> Result<(Operands<'a>, f32)> {
     let m = term.module;
     let what = m.key.as_str();
     let row0 = term.row0;
     Ok(match &m.delta {
         Delta::LowRank { up, down, alpha } => {
-            let r = dims2(down, what)?.0;
-            (Operands::LowRank { up: rows_of(up, row0, rows, what)?, down: down.clone() }, alpha.map_or(1.0, |a| a / r as f32))
+            let down = Part::whole(down, what)?;
+            let fs = alpha.map_or(1.0, |a| a / down.rows as f32);
+            (Operands::LowRank { up: Part::rows_of(up, row0, rows, what)?, down }, fs)
         }
         Delta::LoHa { w1a, w1b, w2a, w2b, alpha } => {
-            let r = dims2(w1b, what)?.0;
+            let w1b = Part::whole(w1b, what)?;
+            let fs = alpha.map_or(1.0, |a| a / w1b.rows as f32);
             let ops = Operands::LoHa {
-                w1a: rows_of(w1a, row0, rows, what)?,
-                w1b: w1b.clone(),
-                w2a: rows_of(w2a, row0, rows, what)?,
-                w2b: w2b.clone(),
+                w1a: Part::rows_of(w1a, row0, rows, what)?,
+                w1b,
+                w2a: Part::rows_of(w2a, row0, rows, what)?,
+                w2b: Part::whole(w2b, what)?,
             };
-            (ops, alpha.map_or(1.0, |a| a / r as f32))
+            (ops, fs)
         }
         Delta::LoKr { w1, w2, alpha } => {
             let ((a, ra), (b, rb)) = (factor(w1, what)?, factor(w2, what)?);
@@ -116,7 +134,10 @@ pub fn operands(term: &Term, rows: usize) -> Result<(Operands, f32)> {
             };
             (Operands::Kron { a, b, row0 }, fs)
         }
-        Delta::Full(d) => (Operands::Kron { a: (vec![1, 1], vec![1.0]), b: rows_of(d, row0, rows, what)?, row0: 0 }, 1.0),
+        Delta::Full(d) => {
+            let one = Part { rows: 1, cols: 1, data: Cow::Owned(vec![1.0]) };
+            (Operands::Kron { a: one, b: Part::rows_of(d, row0, rows, what)?, row0: 0 }, 1.0)
+        }
     })
 }
 
@@ -137,16 +158,17 @@ pub fn operand_bytes(m: &Module, numel: usize) -> usize {
 }
 
 /// The delta the operands give, `[rows, cols]` in fp32 (the host's evaluation).
-pub fn evaluate(ops: &Operands, rows: usize, what: &str) -> Result<Mat> {
+pub fn evaluate(ops: &Operands, rows: usize, what: &str) -> Result<Vec<f32>> {
     match ops {
-        Operands::LowRank { up, down } => matmul(up, down, what),
+        Operands::LowRank { up, down } => Ok(matmul(up, down, what)?.data.into_owned()),
         Operands::LoHa { w1a, w1b, w2a, w2b } => {
-            let (mut p, q) = (matmul(w1a, w1b, what)?, matmul(w2a, w2b, what)?);
-            ensure!(p.0 == q.0, "{what}: LoHa halves {:?} and {:?} differ", p.0, q.0);
-            p.1.iter_mut().zip(&q.1).for_each(|(x, y)| *x *= y);
+            let (p, q) = (matmul(w1a, w1b, what)?, matmul(w2a, w2b, what)?);
+            ensure!((p.rows, p.cols) == (q.rows, q.cols), "{what}: LoHa halves [{}, {}] and [{}, {}] differ", p.rows, p.cols, q.rows, q.cols);
+            let mut p = p.data.into_owned();
+            p.iter_mut().zip(q.data.iter()).for_each(|(x, y)| *x *= y);
             Ok(p)
         }
-        Operands::Kron { a, b, row0 } => kron_rows(a, b, *row0, rows),
+        Operands::Kron { a, b, row0 } => Ok(kron_rows(a, b, *row0, rows)),
     }
 }
 
@@ -195,7 +217,7 @@ pub fn merge_tensor(w: &mut [f32], shape: &[usize], stored: Dtype, terms: &[Term
     let mut sum = vec![0f32; w.len()];
     for t in terms {
         let (ops, fs) = operands(t, rows)?;
-        let (_, mut d) = evaluate(&ops, rows, &t.module.key)?;
+        let mut d = evaluate(&ops, rows, &t.module.key)?;
         ensure!(d.len() == w.len(), "`{}`: {} update values for a tensor of {}", t.module.key, d.len(), w.len());
         if fs != 1.0 {
             d.iter_mut().for_each(|x| *x *= fs);
@@ -239,7 +261,7 @@ mod tests {
         for md in &mods {
             let whole = |row0, n| {
                 let (ops, fs) = operands(&Term { module: md, row0, scale: 1.0 }, n).unwrap();
-                (evaluate(&ops, n, "m").unwrap().1, fs)
+                (evaluate(&ops, n, "m").unwrap(), fs)
             };
             let (all, fs) = whole(0, rows);
             for (row0, n) in [(0, 8), (8, 8), (16, 8), (5, 1)] {

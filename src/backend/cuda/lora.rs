@@ -4,8 +4,7 @@
 //! operation for operation, so the bytes are the same; `moss check` gates that.
 
 use super::ops::{to_bytes, Arg, Cuda, CudaTensor, DType};
-use crate::lora::keys::Mat;
-use crate::lora::merge::{dims2, operands, Operands};
+use crate::lora::merge::{operands, Operands, Part};
 use crate::lora::{plan::MergeClock, Term};
 use anyhow::{anyhow, ensure, Result};
 
@@ -33,7 +32,7 @@ impl Cuda {
                 Operands::LowRank { up, down } => {
                     let r = rank(up, down, &t.module.key)?;
                     fits(up, down, rows, cols, &t.module.key)?;
-                    let (u, d) = (self.upload_mat(up)?, self.upload_mat(down)?);
+                    let (u, d) = (self.upload_part(up)?, self.upload_part(down)?);
                     let args = [Arg::P(u.ptr()), Arg::P(d.ptr()), Arg::L(rows as i64), Arg::L(cols as i64), Arg::I(r)];
                     let args: Vec<Arg> = common.into_iter().chain(args).chain(tail).collect();
                     self.launch_2d(&format!("{prefix}_lora_lowrank_{suffix}"), grid, TILE_THREADS, 0, &args)?;
@@ -42,16 +41,16 @@ impl Cuda {
                     let (r1, r2) = (rank(w1a, w1b, &t.module.key)?, rank(w2a, w2b, &t.module.key)?);
                     fits(w1a, w1b, rows, cols, &t.module.key)?;
                     fits(w2a, w2b, rows, cols, &t.module.key)?;
-                    let m = [self.upload_mat(w1a)?, self.upload_mat(w1b)?, self.upload_mat(w2a)?, self.upload_mat(w2b)?];
+                    let m = [self.upload_part(w1a)?, self.upload_part(w1b)?, self.upload_part(w2a)?, self.upload_part(w2b)?];
                     let mut args: Vec<Arg> = common.into_iter().chain(m.iter().map(|x| Arg::P(x.ptr()))).collect();
                     args.extend([Arg::L(rows as i64), Arg::L(cols as i64), Arg::I(r1), Arg::I(r2)]);
                     args.extend(tail);
                     self.launch_2d(&format!("{prefix}_lora_loha_{suffix}"), grid, TILE_THREADS, 0, &args)?;
                 }
                 Operands::Kron { a, b, row0 } => {
-                    let ((_, ac), (br, bc)) = (dims2(a, &t.module.key)?, dims2(b, &t.module.key)?);
-                    ensure!(ac * bc == cols, "`{}`: kron of {:?} and {:?} for {cols} columns", t.module.key, a.0, b.0);
-                    let (ga, gb) = (self.upload_mat(a)?, self.upload_mat(b)?);
+                    let (ac, br, bc) = (a.cols, b.rows, b.cols);
+                    ensure!(ac * bc == cols, "`{}`: kron of {ac} and {bc} columns for {cols}", t.module.key);
+                    let (ga, gb) = (self.upload_part(a)?, self.upload_part(b)?);
                     let mut args: Vec<Arg> = common.into_iter().chain([Arg::P(ga.ptr()), Arg::P(gb.ptr())]).collect();
                     args.extend([Arg::L(rows as i64), Arg::L(cols as i64), Arg::L(*row0 as i64)]);
                     args.extend([Arg::I(ac as i32), Arg::I(br as i32), Arg::I(bc as i32)]);
@@ -64,10 +63,9 @@ impl Cuda {
     }
 
     /// A factor in fp32 on the device (the factors are small: rank x width).
-    fn upload_mat(&self, m: &Mat) -> Result<CudaTensor> {
-        let (r, c) = dims2(m, "LoRA factor")?;
-        let t = self.alloc(DType::F32, &[r, c])?;
-        self.write_bytes(t.ptr(), &to_bytes(&m.1, DType::F32), false)?;
+    fn upload_part(&self, p: &Part) -> Result<CudaTensor> {
+        let t = self.alloc(DType::F32, &[p.rows, p.cols])?;
+        self.write_bytes(t.ptr(), &to_bytes(&p.data, DType::F32), false)?;
         Ok(t)
     }
 
@@ -90,15 +88,13 @@ impl Cuda {
 }
 
 /// The inner dimension of `a · b`, checked.
-fn rank(a: &Mat, b: &Mat, what: &str) -> Result<i32> {
-    let ((_, r), (r2, _)) = (dims2(a, what)?, dims2(b, what)?);
-    ensure!(r == r2, "{what}: inner dimensions {r} and {r2} differ");
-    Ok(r as i32)
+fn rank(a: &Part, b: &Part, what: &str) -> Result<i32> {
+    ensure!(a.cols == b.rows, "{what}: inner dimensions {} and {} differ", a.cols, b.rows);
+    Ok(a.cols as i32)
 }
 
 /// `a · b` gives `rows` x `cols`.
-fn fits(a: &Mat, b: &Mat, rows: usize, cols: usize, what: &str) -> Result<()> {
-    let ((n, _), (_, m)) = (dims2(a, what)?, dims2(b, what)?);
-    ensure!(n == rows && m == cols, "{what}: a [{n}, {m}] update for a [{rows}, {cols}] weight");
+fn fits(a: &Part, b: &Part, rows: usize, cols: usize, what: &str) -> Result<()> {
+    ensure!(a.rows == rows && b.cols == cols, "{what}: a [{}, {}] update for a [{rows}, {cols}] weight", a.rows, b.cols);
     Ok(())
 }

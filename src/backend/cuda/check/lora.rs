@@ -7,7 +7,7 @@ use super::gates::*;
 use crate::backend::cuda::ops::{to_bytes, CudaTensor, DType};
 use crate::checkpoint::Dtype;
 use crate::lora::keys::{Delta, Factor, Mat, Module};
-use crate::lora::merge::{dims2, merge_tensor, operands, Operands};
+use crate::lora::merge::{merge_tensor, operands, Operands, Part};
 use crate::lora::Term;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -32,9 +32,9 @@ fn low_rank(cx: &mut Cx, rows: usize, cols: usize, r: usize, alpha: f32) -> Delt
 /// Rows `rows` of `W + Σ scale · alpha/rank · delta`, every product and sum in f64.
 fn reference_rows(w: &Tensor, terms: &[Term], rows: &[usize]) -> Result<Tensor> {
     let cols = w.numel() / w.shape[0];
-    let prod = |a: &Mat, b: &Mat| -> Vec<f64> {
-        let (r, m) = (a.1.len(), b.1.len() / a.1.len().max(1));
-        (0..m).map(|j| (0..r).map(|k| a.1[k] as f64 * b.1[k * m + j] as f64).sum()).collect()
+    // One row of `a` (rank r) times `b` [r, m].
+    let prod = |a: &Part, b: &Part| -> Vec<f64> {
+        (0..b.cols).map(|j| (0..a.cols).map(|k| a.data[k] as f64 * b.data[k * b.cols + j] as f64).sum()).collect()
     };
     let mut out = Vec::with_capacity(rows.len() * cols);
     for &i in rows {
@@ -45,8 +45,8 @@ fn reference_rows(w: &Tensor, terms: &[Term], rows: &[usize]) -> Result<Tensor> 
                 Operands::LowRank { up, down } => prod(up, down),
                 Operands::LoHa { w1a, w1b, w2a, w2b } => prod(w1a, w1b).iter().zip(prod(w2a, w2b)).map(|(x, y)| x * y).collect(),
                 Operands::Kron { a, b, row0 } => {
-                    let ((_, ac), (br, bc)) = (dims2(a, "a")?, dims2(b, "b")?);
-                    (0..cols).map(|j| a.1[(row0 / br) * ac + j / bc] as f64 * b.1[(row0 % br) * bc + j % bc] as f64).collect()
+                    let (ac, br, bc) = (a.cols, b.rows, b.cols);
+                    (0..cols).map(|j| a.data[(row0 / br) * ac + j / bc] as f64 * b.data[(row0 % br) * bc + j % bc] as f64).collect()
                 }
             };
             row.iter_mut().zip(d).for_each(|(o, x)| *o += t.scale as f64 * fs as f64 * x);
