@@ -275,6 +275,32 @@ fn backend_merge_equals_the_former_host_merge() {
     println!("{} tensors bit-identical ({stacked} with several updates)", want.len());
 }
 
+/// Streamed blocks (fetched at each forward) get the same merged weights as resident ones: the
+/// transformer's output with the golden LoRAs is the same with no block resident, and differs
+/// without the LoRAs.
+#[test]
+fn streamed_blocks_merge_like_resident_ones() {
+    use moss::model::dit::Dit;
+    use moss::tensor::Tensor;
+    let specs: Vec<LoraSpec> = ["peft", "kohya", "qkv", "lokr"].iter().map(|t| LoraSpec { path: file_of(t), scale: 0.9 }).collect();
+    let plain = common::checkpoint("tiny-a");
+    let mut ck = common::checkpoint("tiny-a");
+    ck.attach_loras(&specs).unwrap();
+    let ctx = Tensor::new(vec![5, ck.dit.text_dim], pattern(5 * ck.dit.text_dim, 2.0)).unwrap();
+    let x = Tensor::new(vec![1, ck.dit.latent_channels, 4, 2], pattern(8 * ck.dit.latent_channels, 3.0)).unwrap();
+    let out = |dit: &Dit<Cpu>| {
+        let text = dit.refine_text(&Cpu, &ctx).unwrap();
+        dit.forward(&Cpu, &x, 0.7, &text, &[]).unwrap().data
+    };
+    let resident = out(&Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap());
+    let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 0).unwrap();
+    assert_eq!(streamed.resident_blocks(), 0);
+    assert!(out(&streamed) == resident, "the streamed blocks' merge differs from the resident one");
+    let without = out(&Dit::load(&Cpu, &plain.open_component("transformer").unwrap(), &plain.dit).unwrap());
+    assert!(without != resident, "the LoRAs change nothing");
+    assert!(ck.loras.clock.total().1 > 2 * 9, "streamed blocks merge at each fetch");
+}
+
 #[test]
 fn lora_spec_parses_path_and_scale() {
     assert_eq!(LoraSpec::parse("a.safetensors").unwrap(), LoraSpec { path: "a.safetensors".into(), scale: 1.0 });

@@ -11,7 +11,7 @@ pub mod ops;
 pub mod cuda;
 
 use crate::checkpoint::{Component, Dtype};
-use crate::lora::{plan::MergeClock, Term};
+use crate::lora::{plan::MergeClock, Plan, Term};
 use crate::tensor::Tensor;
 use anyhow::{Context, Result};
 
@@ -45,6 +45,34 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// Weights on their way to the backend: `value` may not be computed with before [`Behind::ready`].
+pub struct Behind<R> {
+    value: R,
+    #[allow(clippy::type_complexity)]
+    ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>,
+}
+
+impl<R> Behind<R> {
+    /// `ready` makes the compute wait for the copies (`None`: nothing to wait for).
+    #[allow(clippy::type_complexity)]
+    pub fn new(value: R, ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>) -> Self {
+        Behind { value, ready }
+    }
+
+    /// `f` of the value, still waiting for the same copies.
+    pub fn map<S>(self, f: impl FnOnce(R) -> S) -> Behind<S> {
+        Behind { value: f(self.value), ready: self.ready }
+    }
+
+    /// The value, once the compute after this call is ordered after its copies.
+    pub fn ready(self) -> Result<R> {
+        if let Some(r) = self.ready {
+            r()?;
+        }
+        Ok(self.value)
+    }
+}
+
 /// Generic ops. Shapes are row-major; "rows" means all leading dimensions flattened.
 pub trait Backend {
     /// A tensor resident on this backend.
@@ -62,6 +90,45 @@ pub trait Backend {
     /// in fp32, the updates added in order, rounded once to `stored` ([`crate::lora::merge`]).
     /// Device time still running when it returns goes on `clock`.
     fn merge_lora(&self, w: Self::T, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Self::T>;
+
+    /// The checkpoint tensors `names` (one dtype, one trailing shape) stacked along dim 0 as one
+    /// tensor: the values of `cat([load(n) for n in names], 0)`.
+    fn load_rows(&self, c: &Component, names: &[&str]) -> Result<Self::T> {
+        let parts = names.iter().map(|n| self.load(c, n)).collect::<Result<Vec<_>>>()?;
+        self.cat(&parts.iter().collect::<Vec<_>>(), 0)
+    }
+
+    /// Run `f`, which only loads weights (through the backend it is given), as one batch: the
+    /// CUDA backend reads them in parallel and copies them on its copy stream, and the compute
+    /// waits for them before anything after. Elsewhere just `f(self)`.
+    fn load_batch<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
+        f(self)
+    }
+
+    /// [`Backend::load_batch`] whose copies the compute waits for only at [`Behind::ready`]: a
+    /// stage's weights load while another stage computes.
+    fn load_behind<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<Behind<R>> {
+        Ok(Behind::new(f(self)?, None))
+    }
+
+    /// Whether [`Backend::load_behind`] overlaps the load with compute (so a caller may start it
+    /// early on another thread).
+    fn loads_behind(&self) -> bool {
+        false
+    }
+
+    /// A streamed block's tensors, each the dim-0 stack of its names ([`Backend::load_rows`]),
+    /// into the reusable memory of `slot` (`0..=`[`crate::memory_plan::PREFETCH`]): the CUDA
+    /// backend copies on its copy stream once the compute that read the slot's previous block is
+    /// done, and the compute waits at [`Behind::ready`].
+    fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<Self::T>>> {
+        let _ = slot;
+        let mut out = vec![];
+        for g in groups {
+            out.push(self.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
+        }
+        Ok(Behind::new(out, None))
+    }
 
     /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.
     fn linear(&self, x: &Self::T, w: &Self::T, b: Option<&Self::T>) -> Result<Self::T>;
@@ -87,18 +154,19 @@ pub trait Backend {
     }
 }
 
-/// The LoRA step of every backend's `load`: `w` (tensor `name` of `c`, as stored) with the
-/// component's updates for it merged in, timed on the plan's clock; `w` itself when none.
-pub fn merge_loras<B: Backend + ?Sized>(b: &B, c: &Component, name: &str, w: B::T) -> Result<B::T> {
-    let terms = c.lora_terms(name);
+/// The LoRA step of every backend's `load`: `w` (the checkpoint tensor `name`, a full name, as
+/// stored: `stored`) with the updates `plan` has for it merged in, timed on the plan's clock; `w`
+/// itself when there are none.
+pub fn merge_loras<B: Backend + ?Sized>(b: &B, plan: &Plan, name: &str, stored: Dtype, w: B::T) -> Result<B::T> {
+    if plan.is_empty() {
+        return Ok(w);
+    }
+    let terms = plan.terms(name);
     if terms.is_empty() {
         return Ok(w);
     }
-    let stored = c.info(name)?.dtype;
     let t = std::time::Instant::now();
-    let out = b
-        .merge_lora(w, stored, &terms, &c.loras.clock)
-        .with_context(|| format!("merging LoRA updates into `{}`", c.full_name(name)))?;
-    c.loras.clock.add_host(t.elapsed().as_secs_f64());
+    let out = b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))?;
+    plan.clock.add_host(t.elapsed().as_secs_f64());
     Ok(out)
 }

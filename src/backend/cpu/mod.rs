@@ -96,7 +96,7 @@ impl Backend for Cpu {
     }
     fn load(&self, c: &Component, name: &str) -> Result<Tensor> {
         let (shape, data) = c.f32(name)?;
-        super::merge_loras(self, c, name, Tensor::new(shape, data)?)
+        super::merge_loras(self, &c.loras, &c.full_name(name), c.info(name)?.dtype, Tensor::new(shape, data)?)
     }
     fn merge_lora(&self, mut w: Tensor, stored: Dtype, terms: &[Term], _: &MergeClock) -> Result<Tensor> {
         crate::lora::merge::merge_tensor(&mut w.data, &w.shape, stored, terms)?;

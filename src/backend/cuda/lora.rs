@@ -5,8 +5,45 @@
 
 use super::ops::{to_bytes, Arg, Cuda, CudaTensor, DType};
 use crate::lora::merge::{operands, Operands, Part};
-use crate::lora::{plan::MergeClock, Term};
+use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Plan, Term};
 use anyhow::{anyhow, ensure, Result};
+use std::sync::Arc;
+
+/// A loaded weight's LoRA merge, waiting for its bytes (a batched load merges once the copies
+/// are done, on the compute stream, before the cast to the compute dtype).
+pub(crate) struct PendingMerge {
+    /// The weight's rows as stored (a view into the stacked tensor of a `load_rows`).
+    w: CudaTensor,
+    plan: Arc<Plan>,
+    /// Its full name.
+    name: String,
+    stored: Dtype,
+}
+
+impl PendingMerge {
+    /// The merges of the tensors `names`, stacked in order in `raw` (as stored), that `c`'s
+    /// adapters update.
+    pub(crate) fn of(c: &Component, names: &[&str], raw: &CudaTensor) -> Result<Vec<PendingMerge>> {
+        let mut out = vec![];
+        let mut row0 = 0;
+        for n in names {
+            let info = c.info(n)?;
+            let rows = info.shape.first().copied().unwrap_or(1);
+            if !c.lora_terms(n).is_empty() {
+                let w = Cuda::weight_rows(raw, row0, rows)?;
+                out.push(PendingMerge { w, plan: c.loras.clone(), name: c.full_name(n), stored: info.dtype });
+            }
+            row0 += rows;
+        }
+        Ok(out)
+    }
+
+    /// The merge, in place, through [`crate::backend::merge_loras`] (its clock).
+    pub(crate) fn run(self, cu: &Cuda) -> Result<()> {
+        crate::backend::merge_loras(cu, &self.plan, &self.name, self.stored, self.w).map(|_| ())
+    }
+}
 
 /// Rows and columns of a weight's tile in the low-rank kernels, and their threads.
 const TILE: usize = 64;

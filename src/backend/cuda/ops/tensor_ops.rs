@@ -31,6 +31,7 @@ impl Cuda {
         bug: LinearBug,
     ) -> Result<CudaTensor> {
         ensure!(w.shape.len() == 2, "linear: weight must be 2-D, got {:?}", w.shape);
+        self.settle()?;
         let (n, k) = (w.shape[0], w.shape[1]);
         ensure!(x.last_dim() == k, "linear: input {:?} does not match weight {:?}", x.shape, w.shape);
         if let Some(b) = b {

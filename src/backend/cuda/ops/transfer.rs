@@ -1,8 +1,8 @@
 //! Host <-> device copies: `load` through pinned staging chunks (two alternating buffers), the
 //! pipelined download (chunks converted while the next copies), and the byte conversions.
 
-use super::{de, loaded_dtype, Cuda, CudaTensor, DType};
-use crate::checkpoint::{Component, Dtype};
+use super::{de, Cuda, CudaTensor, DType};
+use crate::checkpoint::Component;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use cudarc::driver::{result as dr, CudaEvent, PinnedHostSlice};
@@ -276,26 +276,6 @@ impl Cuda {
 
     /// `load`; `shift` is the planted bug of the load gate (bytes written one element late).
     pub(crate) fn load_with(&self, c: &Component, name: &str, shift: bool) -> Result<CudaTensor> {
-        let info = c.info(name)?;
-        let shape = info.shape.clone();
-        match info.dtype {
-            Dtype::BF16 | Dtype::F32 => {
-                let stored = if info.dtype == Dtype::BF16 { DType::BF16 } else { DType::F32 };
-                let t = self.alloc(stored, &shape)?;
-                let bytes = c.store.bytes(info);
-                if shift {
-                    let es = stored.size().min(bytes.len());
-                    self.write_bytes(t.ptr() + es as u64, &bytes[..bytes.len() - es], false)?;
-                } else {
-                    self.write_bytes(t.ptr(), bytes, false)?;
-                }
-                let t = crate::backend::merge_loras(self, c, name, t)?;
-                self.cast(&t, loaded_dtype(info.dtype, self.precision))
-            }
-            _ => {
-                let (shape, data) = c.f32(name)?;
-                crate::backend::merge_loras(self, c, name, self.upload_as(&Tensor::new(shape, data)?, DType::F32)?)
-            }
-        }
+        self.load_rows_with(c, &[name], shift)
     }
 }
