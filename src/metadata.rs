@@ -70,7 +70,7 @@ impl Params {
             device: req.device.to_string(),
             model: ck.loc.id.clone(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
-            loras: ck.loras.iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
+            loras: ck.loras.adapters().iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
             version: version(),
         }
     }

@@ -58,6 +58,8 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
+    pub lora_merge_s: f64,
     /// Each stage split into loading its weights (host time reading and issuing the copies, or
     /// waiting for a load that ran behind the previous stage) and the rest.
     pub encode_load_s: f64,
@@ -83,7 +85,8 @@ impl Report {
                         "encode_load_s": self.encode_load_s, "encode_compute_s": self.encode_s - self.encode_load_s,
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
-                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s},
+                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
+                        "lora_merge_s": self.lora_merge_s},
             "plan": self.plan,
         })
         .to_string()
@@ -92,12 +95,13 @@ impl Report {
     /// The `-v` line of the timings: each stage's load and compute.
     pub fn timing_line(&self) -> String {
         format!(
-            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}), decode {:.2} s (load {:.2}), total {:.2} s",
+            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}{}), decode {:.2} s (load {:.2}), total {:.2} s",
             self.encode_s,
             self.encode_load_s,
             self.denoise_s,
             self.denoise_load_s,
             if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
+            if self.lora_merge_s > 0.0 { format!(", LoRA merge {:.3}", self.lora_merge_s) } else { String::new() },
             self.decode_s,
             self.decode_load_s,
             self.total_s
@@ -651,6 +655,7 @@ where
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
+    rep.lora_merge_s = ck.loras.clock.total().0;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }

@@ -13,6 +13,7 @@ use crate::backend::cuda::blas::{Blas, LinearBug};
 use super::Gpu;
 use crate::backend::Backend;
 use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Term};
 use crate::options::Precision;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, ensure, Result};
@@ -448,6 +449,15 @@ impl Backend for Cuda {
 
     fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
         self.load_with(c, name, false)
+    }
+    fn merge_lora(&self, w: CudaTensor, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<CudaTensor> {
+        let want = match stored {
+            Dtype::BF16 => DType::BF16,
+            Dtype::F32 => DType::F32,
+            d => anyhow::bail!("the GPU merges LoRAs into bf16 and f32 weights only, this one is stored as {}", d.name()),
+        };
+        ensure!(w.dtype == want, "LoRA merge: the weight is {} on the device, stored as {}", w.dtype.name(), stored.name());
+        self.merge_lora_timed(w, terms, clock)
     }
     fn load_rows(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
         self.load_rows_with(c, names, false)

@@ -17,6 +17,8 @@
 
 use super::mover::{Moved, Mover, Piece};
 use super::{de, kernel_ptr, loaded_dtype, Arg, Buf, Cuda, CudaTensor, DType, Mem};
+use crate::backend::cpu::Cpu;
+use crate::backend::cuda::lora::PendingMerge;
 use crate::backend::Behind;
 use crate::checkpoint::{Component, Dtype};
 use crate::tensor::Tensor;
@@ -67,6 +69,8 @@ pub(crate) struct Batch {
     /// Whether the destinations are slot memory (the copy stream first waits for the compute).
     reuses: bool,
     moved: Moved,
+    /// LoRA updates of the loaded tensors, merged once their bytes are there, before the casts.
+    merges: Vec<PendingMerge>,
 }
 
 impl Cuda {
@@ -119,8 +123,12 @@ impl Cuda {
             Dtype::BF16 => DType::BF16,
             Dtype::F32 => DType::F32,
             _ => {
-                // Other stored dtypes convert on the host (exact to f32) and upload.
-                let parts = names.iter().map(|n| c.f32(n).map(|x| x.1)).collect::<Result<Vec<_>>>()?;
+                // Other stored dtypes convert on the host (exact to f32), merge there, and upload.
+                let merged = |n: &&str| -> Result<Vec<f32>> {
+                    let (s, d) = c.f32(n)?;
+                    Ok(crate::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
+                };
+                let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
                 return self.upload_as(&Tensor::new(shape, parts.concat())?, DType::F32);
             }
         };
@@ -139,6 +147,7 @@ impl Cuda {
                 g.pieces.push(Piece { src: src.as_ptr(), len: src.len() - es, dst: dst + es as u64 });
                 dst += src.len() as u64;
             }
+            g.merges.extend(PendingMerge::of(c, names, &raw)?);
             raw
         };
         let out = if target == stored {
@@ -152,6 +161,17 @@ impl Cuda {
             view.settle()?;
         }
         Ok(out)
+    }
+
+    /// Rows `row0 .. row0 + rows` (dim 0) of a loaded weight, sharing its memory.
+    pub(crate) fn weight_rows(w: &CudaTensor, row0: usize, rows: usize) -> Result<CudaTensor> {
+        let Mem::Device(mem) = &w.buf.mem else { bail!("rows of a weight: {:?} is not weight memory", w) };
+        ensure!(row0 + rows <= w.shape[0], "rows {row0}..{} of {:?}", row0 + rows, w.shape);
+        let row = w.numel() / w.shape[0].max(1) * w.dtype.size();
+        let mut shape = w.shape.clone();
+        shape[0] = rows;
+        let buf = Buf { mem: Mem::Device(mem.clone()), ptr: w.ptr() + (row0 * row) as u64, bytes: rows * row };
+        Ok(CudaTensor { buf: Arc::new(buf), shape, dtype: w.dtype })
     }
 
     /// A view of this backend whose loads are recorded into a new batch (in `slot` memory).
@@ -175,9 +195,9 @@ impl Cuda {
     #[allow(clippy::type_complexity)]
     fn flush(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
         let Some(batch) = &self.batch else { return Ok(None) };
-        let (pieces, casts, reuses) = {
+        let (pieces, casts, reuses, merges) = {
             let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
-            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses)
+            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses, std::mem::take(&mut g.merges))
         };
         if pieces.is_empty() && casts.is_empty() {
             return Ok(None);
@@ -194,6 +214,9 @@ impl Cuda {
         let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
         Ok(Some(Box::new(move || {
             cu.inner.gpu.stream.wait(&done).map_err(de("stream wait"))?;
+            for m in merges {
+                m.run(&cu)?;
+            }
             for (raw, out) in &casts {
                 cu.cast_into(raw, out)?;
             }
