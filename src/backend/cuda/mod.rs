@@ -14,7 +14,6 @@ pub mod profile;
 pub mod select;
 pub mod vae;
 
-pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};
 pub use plan::MemoryPlan;
 

@@ -9,7 +9,7 @@
 //!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
-use crate::backend::cuda::blas::{Blas, LinearBug};
+use crate::backend::cuda::blas::Blas;
 use super::Gpu;
 use crate::backend::Backend;
 use crate::checkpoint::{Component, Dtype};
@@ -205,7 +205,7 @@ impl Cuda {
         let mut g = self.inner.vae_flag.lock().unwrap();
         if g.is_none() {
             let t = self.alloc(DType::F32, &[4])?;
-            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
             *g = Some(t);
         }
         Ok(g.as_ref().unwrap().ptr())
@@ -218,7 +218,7 @@ impl Cuda {
         let b = self.download_bytes(t)?;
         let set = b[..4] != [0u8; 4];
         if set {
-            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
         }
         Ok(set)
     }
@@ -404,7 +404,7 @@ impl Backend for Cuda {
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
-        self.download_with(x, Download::Pinned { drop_tail: false })
+        self.download_with(x, Download::Pinned)
     }
 
     fn dims(&self, x: &CudaTensor) -> Vec<usize> {
@@ -412,11 +412,11 @@ impl Backend for Cuda {
     }
 
     fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
-        self.load_with(c, name, false)
+        self.load_tensor(c, name)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
-        self.linear_with(x, w, b, LinearBug::None)
+        self.linear_dense(x, w, b)
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.binary_with("add", a, b, "moss")

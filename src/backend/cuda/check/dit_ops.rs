@@ -182,14 +182,14 @@ fn gate_cfg_euler(cx: &mut Cx) -> Result<()> {
     let (g, ds) = (3.0f32, -0.05f32);
     let s = shape_str(&[&shape]);
     let want = cx.cpu.cfg_euler(&x, &c, Some(&u), g, ds)?;
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, Some(&gu), g, ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, Some(&gu), g, ds);
     cx.judge("cfg_euler", &s, Kind::Gate, F32_ELEMENTWISE, "", out, &want, None);
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, Some(&gu), g, ds, true);
+    let out = cx.cuda.cfg_euler(&gx, &gu, Some(&gc), g, ds);
     cx.judge("cfg_euler, cond and uncond swapped", &s, Kind::Control, F32_ELEMENTWISE, "", out, &want, None);
     let want = cx.cpu.cfg_euler(&x, &c, None, g, ds)?;
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, None, g, ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, None, g, ds);
     cx.judge("cfg_euler (no uncond)", &s, Kind::Gate, F32_ELEMENTWISE, "", out, &want, None);
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, None, g, -ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, None, g, -ds);
     cx.judge("cfg_euler stepping backwards", &s, Kind::Control, F32_ELEMENTWISE, "", out, &want, None);
     Ok(())
 }

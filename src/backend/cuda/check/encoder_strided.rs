@@ -5,7 +5,7 @@
 
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::backend::cuda::check::encoder::enc;
-use crate::backend::cuda::ops::{CudaTensor, DType};
+use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
 use crate::backend::ops::EncoderOps;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, Result};
@@ -119,6 +119,15 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// The control of `linear_add_rms_norm`'s x': its GEMM (`linear_into`) with the residual left
+/// out of the epilogue.
+fn linear_without_residual(cu: &Cuda, a: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+    let (n, k, rows) = (w.shape[0], w.shape[1], a.rows());
+    let xo = cu.alloc(w.dtype, &[rows, n])?;
+    cu.blas().linear_into(&cu.gpu().stream, w.dtype, (rows, n, k), a.ptr(), w.ptr(), None, xo.ptr(), n)?;
+    Ok(xo)
+}
+
 /// The output projections with the residual in the GEMM epilogue, then the norm alone: o_proj /
 /// out_proj (K = 4096) and down_proj (K = 12288). Controls: the residual left out (x'), the norm
 /// weight without its 1 + (n).
@@ -135,15 +144,15 @@ pub fn gate_linear_add(cx: &mut Cx) -> Result<()> {
             let s = format!("{l}x{k} · {k}x{HIDDEN} + {l}x{HIDDEN}");
             let note = format!("CPU on {} of {l} rows", rows.len());
             let b = cx.out_bound(F32_GEMM);
-            let (ox, on) = match cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc", false) {
+            let (ox, on) = match cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc") {
                 Ok((x, n)) => (Ok(x), Ok(n)),
                 Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
             };
             cx.judge("enc linear_add_rms_norm: res + a·wᵀ (epilogue)", &s, Kind::Gate, b, &note, ox, &wx, Some(&rows));
             cx.judge("enc linear_add_rms_norm: norm (rms1)", &s, Kind::Gate, b, &note, on, &wnrm, Some(&rows));
-            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc", true).map(|(x, _)| x);
+            let out = linear_without_residual(&cx.cuda, &ga, &gw);
             cx.judge("enc linear_add_rms_norm, residual left out", &s, Kind::Control, b, &note, out, &wx, Some(&rows));
-            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_ctl_enc", false).map(|(_, n)| n);
+            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_ctl_enc").map(|(_, n)| n);
             cx.judge("enc linear_add_rms_norm, norm weight without 1 +", &s, Kind::Control, b, &note, out, &wnrm, Some(&rows));
         }
     }

@@ -15,7 +15,7 @@
 
 pub mod flash_attention;
 
-pub use flash_attention::{flash_applies, flash_spec, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
+pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
@@ -205,17 +205,18 @@ impl Cuda {
 
     /// [`DitOps::attention_packed`]: at bf16 with head dim 128 the flash kernel reads q, k, v as
     /// column slices of the packed rows (row stride 3·D); otherwise the parts are copied out for
-    /// [`DitOps::attention`]. `swap_kv` is the planted control (k and v slices exchanged).
-    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, swap_kv: bool) -> Result<CudaTensor> {
+    /// [`DitOps::attention`]. `(kb, vb)`: the column blocks (of D) holding k and v, (1, 2) in the
+    /// projection's packing.
+    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, (kb, vb): (usize, usize)) -> Result<CudaTensor> {
         let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
         let d = heads * hd;
-        let (ko, vo) = if swap_kv { (2 * d, d) } else { (d, 2 * d) };
+        ensure!(kb.max(vb) < 3, "attention_packed: column blocks ({kb}, {vb}) of a q|k|v projection");
+        let (ko, vo) = (kb * d, vb * d);
         if qkv.dtype == DType::BF16 && hd == FLASH_HEAD_DIM {
             let out = self.alloc(DType::BF16, &[n, d])?;
             if n > 0 {
                 let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
-                let kernel = self.flash_kernel().name;
-                self.flash_attention_raw(kernel, (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
+                self.flash_attention_raw(self.flash_kernel(), (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
             }
             return Ok(out);
         }
@@ -370,15 +371,15 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `swap` is the planted bug of the cfg gate (cond and uncond exchanged).
-    pub(crate) fn cfg_euler_with(
+    /// [`DitOps::cfg_euler`]: `x + dsigma · (v_u + guidance · (v_c − v_u))` (`v_c` alone without
+    /// `v_u`), in f32.
+    pub(crate) fn cfg_euler_f32(
         &self,
         x: &CudaTensor,
         v_c: &CudaTensor,
         v_u: Option<&CudaTensor>,
         guidance: f32,
         dsigma: f32,
-        swap: bool,
     ) -> Result<CudaTensor> {
         ensure!(v_c.shape == x.shape, "cfg_euler: v_c {:?} for x {:?}", v_c.shape, x.shape);
         if let Some(u) = v_u {
@@ -394,11 +395,7 @@ impl Cuda {
             .map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
         let vc = self.cast(v_c, DType::F32)?;
         let vu = v_u.map(|u| self.cast(u, DType::F32)).transpose()?;
-        let (a, b) = match (&vu, swap) {
-            (Some(u), true) => (u.ptr(), vc.ptr()),
-            (Some(u), false) => (vc.ptr(), u.ptr()),
-            (None, _) => (vc.ptr(), 0),
-        };
+        let (a, b) = (vc.ptr(), vu.as_ref().map_or(0, |u| u.ptr()));
         self.launch(
             "moss_cfg_euler_f32",
             n.div_ceil(256) as u32,
@@ -461,7 +458,7 @@ impl DitOps for Cuda {
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         if flash_applies(q, k, v) {
-            self.flash_attention_with(q, k, v, scale, self.flash_kernel().name)
+            self.flash_attention_with(q, k, v, scale, self.flash_kernel())
         } else {
             self.attention_with(q, k, v, scale, "moss")
         }
@@ -479,7 +476,7 @@ impl DitOps for Cuda {
         self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss")
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
-        self.attention_packed_with(qkv, heads, scale, false)
+        self.attention_packed_with(qkv, heads, scale, (1, 2))
     }
     fn gated_residual_norm_modulate(
         &self,
@@ -513,6 +510,6 @@ impl DitOps for Cuda {
         guidance: f32,
         dsigma: f32,
     ) -> Result<CudaTensor> {
-        self.cfg_euler_with(x, v_c, v_u, guidance, dsigma, false)
+        self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma)
     }
 }

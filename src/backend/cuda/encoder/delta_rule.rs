@@ -71,9 +71,21 @@ pub(crate) enum GdrPath {
     Tma,
     /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU); the planted control in the out kernel.
     Tc,
-    /// [`GdrPath::Tc`] with the planted control in the prep (`moss_ctl_enc_delta_rule_prep_bf16`)
-    /// and the correct out kernel (the gates).
-    PrepCtl,
+}
+
+/// The kernel-name prefixes of the delta rule's stages: the bf16 prep, and the state pass /
+/// output (or the sequential kernel). `moss_enc` for both in production ([`GdrPrefix::all`]);
+/// `moss check` puts its planted twins (`moss_ctl_enc`, check image) in one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GdrPrefix<'a> {
+    pub prep: &'a str,
+    pub pass: &'a str,
+}
+
+impl<'a> GdrPrefix<'a> {
+    pub(crate) fn all(prefix: &'a str) -> Self {
+        GdrPrefix { prep: prefix, pass: prefix }
+    }
 }
 
 /// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
@@ -146,9 +158,7 @@ impl Cuda {
     /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
     /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
     /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
-    /// [`GdrPath::Auto`]; the explicit paths are an error there). The planted control
-    /// (`prefix` = `moss_ctl_enc`) lives in the state pass / output kernel ([`GdrPath::PrepCtl`]:
-    /// in the prep).
+    /// [`GdrPath::Auto`]; the explicit paths are an error there).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -157,7 +167,7 @@ impl Cuda {
         v: &CudaTensor,
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
@@ -165,7 +175,7 @@ impl Cuda {
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
         if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) || !self.gdr_smem_fits(q.dtype, path) {
             ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
-            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
+            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix.pass);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
@@ -181,7 +191,7 @@ impl Cuda {
         (hk, dk, hv, dv): (usize, usize, usize, usize),
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
@@ -217,7 +227,7 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         out: CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
@@ -227,7 +237,7 @@ impl Cuda {
                 ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
                 true
             }
-            GdrPath::Tc | GdrPath::PrepCtl => false,
+            GdrPath::Tc => false,
         };
         if l == 0 {
             return Ok(out);
@@ -252,13 +262,12 @@ impl Cuda {
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
             // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
-            // value heads), its control only with PrepCtl
+            // value heads)
             ensure!(
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
                 "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
-            let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
-            self.launch(&format!("{pp}_delta_rule_prep_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{}_delta_rule_prep_bf16", prefix.prep), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
@@ -279,7 +288,7 @@ impl Cuda {
                 ];
                 args.extend(dims().take(5));
                 // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-                self.launch(&format!("{prefix}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                self.launch(&format!("{}_gdr_tma_bf16", prefix.pass), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
                 return Ok(out);
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
@@ -305,9 +314,8 @@ impl Cuda {
         )?;
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
-        let op = if path == GdrPath::PrepCtl { "moss_enc" } else { prefix };
         self.launch_2d(
-            &format!("{op}_gdr_out_{}", if tc { "tc_bf16" } else { "f32" }),
+            &format!("{}_gdr_out_{}", prefix.pass, if tc { "tc_bf16" } else { "f32" }),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
             256,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,

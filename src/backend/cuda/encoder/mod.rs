@@ -7,14 +7,14 @@
 //! kernels of `enc_floor.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
-//! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
+//! controls of `moss check` (src/backend/cuda/check/encoder*.rs).
 
 pub mod attention_qkv_gate;
 pub mod delta_rule;
 pub mod row_ops;
 pub mod strided_row_ops;
 
-pub(crate) use delta_rule::GdrPath;
+pub(crate) use delta_rule::{GdrPath, GdrPrefix};
 pub use delta_rule::GDR_MAX_DIM;
 
 use crate::backend::cuda::blas::Gemm;
@@ -556,13 +556,13 @@ impl EncoderOps for Cuda {
         })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P, false)
+        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_qkv(
@@ -572,7 +572,7 @@ impl EncoderOps for Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))

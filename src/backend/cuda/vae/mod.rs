@@ -26,12 +26,11 @@ pub mod attention_fp16;
 pub mod conv;
 pub mod plan;
 
-pub use conv::{ConvControl, ConvKernel};
+pub use conv::ConvKernel;
 pub use plan::{strip_rows_for, vae_activation_bytes, vae_mid_bytes, vae_strip_bytes};
 use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
 use plan::{copy2d_desc, host_rows_dims};
 
-use crate::backend::cuda::blas::LinearBug;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
@@ -86,7 +85,7 @@ fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
 }
 
 impl Cuda {
-    fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
+    pub(crate) fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.cast(x, DType::F32)
     }
 
@@ -174,7 +173,7 @@ impl Cuda {
         // [n·groups, 2] doubles (mean, variance) in an f32 buffer of twice the length.
         let st = self.alloc(DType::F32, &[stats.len() * 2])?;
         let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.write_bytes(st.ptr(), &bytes, false)?;
+        self.write_bytes(st.ptr(), &bytes)?;
         let out = self.alloc(DType::F32, &x.shape)?;
         let total = x.numel();
         self.launch(
@@ -237,7 +236,7 @@ impl Cuda {
             for r0 in (0..l).step_by(rows) {
                 let rc = rows.min(l - r0);
                 let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
-                let s = self.linear_with(&qc, &kn, None, LinearBug::None)?; // [rc, L]
+                let s = self.linear_dense(&qc, &kn, None)?; // [rc, L]
                 self.launch(
                     &format!("{prefix}_vae_softmax_rows"),
                     (rc as u32).min(65535 * 8),
@@ -245,7 +244,7 @@ impl Cuda {
                     0,
                     &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
                 )?;
-                parts.push(self.linear_with(&s, &vt, None, LinearBug::None)?); // [rc, D]
+                parts.push(self.linear_dense(&s, &vt, None)?); // [rc, D]
             }
             let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
             outs.push(self.reshape(&o, &[1, l, d])?);
@@ -273,7 +272,7 @@ impl Cuda {
         }
         let w = self.reshape(a, &[m, k, 1, 1])?;
         let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
+        let o = self.conv2d_halo(conv::HALO_KERNEL, &x, &w, None, false, ks > 1)?;
         let mut sum = self.narrow(&o, 0, 0, 1)?;
         for i in 1..ks {
             sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
@@ -330,7 +329,7 @@ impl Cuda {
     }
 
     /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
-    fn halo_fits_bytes(&self, bytes: usize) -> bool {
+    pub(crate) fn halo_fits_bytes(&self, bytes: usize) -> bool {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
     }
