@@ -8,6 +8,7 @@ pub mod contract;
 pub mod dit;
 pub mod encoder;
 pub mod gemm_pins;
+pub mod launch;
 pub mod ops;
 pub mod plan;
 pub mod profile;

@@ -3,6 +3,7 @@
 //! `moss_dit_flash_attention` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
 
 use super::dims3;
+use crate::backend::cuda::launch::{DIT_FLASH_HEAD_DIM, DIT_FLASH_ROWS, DIT_FLASH_SMEM, DIT_FLASH_THREADS, DIT_FLASH_WS_ROWS, DIT_FLASH_WS_SMEM, DIT_FLASH_WS_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
@@ -32,23 +33,23 @@ pub const FLASH_KERNELS: [FlashKernel; 2] = [
     FlashKernel {
         key: "ws_nopp",
         name: "moss_dit_flash_attention_ws",
-        rows: 128,
-        threads: 384,
-        smem: 230528,
+        rows: DIT_FLASH_WS_ROWS,
+        threads: DIT_FLASH_WS_THREADS as u32,
+        smem: DIT_FLASH_WS_SMEM as u32,
         sm90a: true,
         tma: true,
     },
     FlashKernel {
         key: "v2",
         name: "moss_dit_flash_attention",
-        rows: 64,
-        threads: 128,
-        smem: 64 * 1024,
+        rows: DIT_FLASH_ROWS,
+        threads: DIT_FLASH_THREADS as u32,
+        smem: DIT_FLASH_SMEM as u32,
         sm90a: false,
         tma: false,
     },
 ];
-pub const FLASH_HEAD_DIM: usize = 128;
+pub const FLASH_HEAD_DIM: usize = DIT_FLASH_HEAD_DIM;
 
 /// The flash kernel for a device: the Hopper one where the `cuda/sm90a` kernels are loaded
 /// (`sm90a`), else the portable one.

@@ -4,6 +4,7 @@
 //! one-kernel version for inputs the chunked kernels do not take.
 
 use super::dims3;
+use crate::backend::cuda::launch;
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::Backend;
@@ -34,28 +35,28 @@ pub(super) struct GdrRows {
     rv: usize,
 }
 
-/// Value columns of the delta-rule state one block owns.
-pub(super) const GDR_COLS: usize = 32;
-/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder/encoder_ops.cu`).
-pub(super) const GDR_THREADS: u32 = 512;
-/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/encoder/delta_rule.cu`; smaller dims are
-/// zero-padded to it).
-pub const GDR_MAX_DIM: usize = 128;
-/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/encoder/delta_rule.cu`).
-pub(super) const GDR_SEQ_COLS: usize = 32;
-pub(super) const GDR_OUT_COLS: usize = 64;
-/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/encoder/delta_rule.cu`.
-pub(super) const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
-pub(super) const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
-pub(super) const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
-/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc` (`TQ_FLOATS`, `TO_FLOATS` in
-/// `cuda/encoder/delta_rule_tc.cuh`).
-pub(super) const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
-pub(super) const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `delta_rule_prep` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
-/// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
-/// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
-pub(super) const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
+// The launch constants (cuda/encoder/launch.h, one definition for the kernels and this code).
+const _: () = assert!(DELTA_CHUNK == launch::ENC_GDR_CHUNK, "the kernels' chunk is the model's");
+/// Value columns of the delta-rule state one block of the sequential kernel owns.
+pub(super) const GDR_COLS: usize = launch::ENC_GDR_SEQ1_COLS;
+/// Threads per block of the sequential kernel.
+pub(super) const GDR_THREADS: u32 = launch::ENC_GDR_SEQ1_THREADS as u32;
+/// Largest head dim of the chunk-parallel delta rule (smaller dims are zero-padded to it).
+pub const GDR_MAX_DIM: usize = launch::ENC_GDR_MAX_DIM;
+/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*`.
+pub(super) const GDR_SEQ_COLS: usize = launch::ENC_GDR_SEQ_COLS;
+pub(super) const GDR_OUT_COLS: usize = launch::ENC_GDR_OUT_COLS;
+/// Shared memory (floats) of the fp32 SIMT kernels.
+pub(super) const GDR_PREP_FLOATS: usize = launch::ENC_GDR_PREP_FLOATS;
+pub(super) const GDR_SEQ_FLOATS: usize = launch::ENC_GDR_SEQ_FLOATS;
+pub(super) const GDR_OUT_FLOATS: usize = launch::ENC_GDR_OUT_FLOATS;
+/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc`.
+pub(super) const GDR_SEQ_TC_FLOATS: usize = launch::ENC_GDR_SEQ_TC_FLOATS;
+pub(super) const GDR_OUT_TC_FLOATS: usize = launch::ENC_GDR_OUT_TC_FLOATS;
+/// `delta_rule_prep` (a block per chunk and pair of value heads of one key head): the K bf16
+/// tile [64][136], the Q tile / T₀, T₁, A₀ / V₀, A₁ / V₁ as fp32 [64][72], fourteen vectors of
+/// 64 (93 KiB: two blocks an SM).
+pub(super) const GDR_PREP3P_FLOATS: usize = launch::ENC_GDR_PREP_BF16_FLOATS;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
 /// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `delta_rule_prep` (`cuda/encoder/delta_rule_prep.cuh`).
@@ -88,10 +89,9 @@ impl<'a> GdrPrefix<'a> {
     }
 }
 
-/// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
-/// `cuda/encoder/sm90a/delta_rule_tma.cu`: 8 compute warps and a producer warp).
-pub(crate) const GDR_TMA_BYTES: u32 = 201_776;
-pub(super) const GDR_TMA_THREADS: u32 = 288;
+/// Dynamic shared memory and threads of `gdr_tma` (8 compute warps and a producer warp).
+pub(crate) const GDR_TMA_BYTES: u32 = launch::ENC_GDR_TMA_BYTES as u32;
+pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 
 
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
@@ -258,7 +258,7 @@ impl Cuda {
         args.extend(dims());
         let (u, s) = if dt == DType::F32 {
             // fp32: the SIMT kernels, the control in gdr_out
-            self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            self.launch("moss_enc_gdr_prep_f32", nb as u32, launch::ENC_GDR_THREADS as u32, (GDR_PREP_FLOATS * 4) as u32, &args)?;
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
             // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
@@ -267,7 +267,7 @@ impl Cuda {
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
                 "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
-            self.launch(&format!("{}_delta_rule_prep_bf16", prefix.prep), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{}_delta_rule_prep_bf16", prefix.prep), (nb / 2) as u32, launch::ENC_GDR_PREP_BF16_THREADS as u32, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
@@ -288,7 +288,8 @@ impl Cuda {
                 ];
                 args.extend(dims().take(5));
                 // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-                self.launch(&format!("{}_gdr_tma_bf16", prefix.pass), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                let ncb = GDR_MAX_DIM / launch::ENC_GDR_TMA_COLS;
+                self.launch(&format!("{}_gdr_tma_bf16", prefix.pass), (ncb * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
                 return Ok(out);
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
@@ -298,7 +299,7 @@ impl Cuda {
         self.launch(
             if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
             (hv * ncb) as u32,
-            256,
+            launch::ENC_GDR_THREADS as u32,
             ((if tc { GDR_SEQ_TC_FLOATS } else { GDR_SEQ_FLOATS }) * 4) as u32,
             &[
                 Arg::P(s.ptr()),
@@ -317,7 +318,7 @@ impl Cuda {
         self.launch_2d(
             &format!("{}_gdr_out_{}", prefix.pass, if tc { "tc_bf16" } else { "f32" }),
             (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
-            256,
+            launch::ENC_GDR_THREADS as u32,
             ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
             &args,
         )?;
@@ -343,9 +344,7 @@ impl Cuda {
         // Columns per block: GDR_COLS, or all of dv when it is narrower or does not divide.
         let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
         ensure!(cols <= GDR_THREADS as usize, "gated_delta_rule: value head dim {dv}");
-        let ch = DELTA_CHUNK;
-        let floats = dk * cols + 2 * ch * (dk + 1) + 2 * ch * cols + 2 * ch * (ch + 1) + 4 * ch;
-        let bytes = floats * 4;
+        let bytes = launch::ENC_GDR_SEQ1_SMEM_FLOATS(dk, cols) * 4;
         let optin = {
             use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
             self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(227 * 1024)

@@ -31,22 +31,22 @@ fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     Ok((x.shape[0], x.shape[1], x.shape[2]))
 }
 
-/// Query rows / key rows per attention tile and its threads (must match `cuda/encoder/encoder_ops.cu`).
-const ATTN_Q: usize = 32;
-const ATTN_K: usize = 32;
-const ATTN_THREADS: u32 = 256;
+use crate::backend::cuda::launch::{
+    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS,
+    ENC_FLASH_SMEM, ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
+};
 /// Prompts longer than this take the cuBLASLt attention path (tensor cores), shorter ones the
 /// tiled kernel.
 pub const ATTN_TILED_MAX: usize = 256;
 /// Query rows per chunk of the cuBLASLt path (keys only up to the chunk's end are scored).
 const ATTN_GEMM_CHUNK: usize = 1024;
 /// Largest head dim the attention kernel takes (one output dim per thread).
-pub const ATTN_MAX_HD: usize = 256;
+pub const ATTN_MAX_HD: usize = ENC_ATTN_THREADS;
 /// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/encoder/causal_flash_attention.cu`).
-pub const FLASH_HD: usize = 256;
-pub(crate) const FLASH_SMEM: u32 = 96 * 1024;
+pub const FLASH_HD: usize = ENC_FLASH_HD;
+pub(crate) const FLASH_SMEM: u32 = ENC_FLASH_SMEM as u32;
 /// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
-pub(crate) const FLASH_WG_SMEM: u32 = 197632;
+pub(crate) const FLASH_WG_SMEM: u32 = ENC_FLASH_WG_SMEM as u32;
 
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,13 +199,12 @@ impl Cuda {
         if l > ATTN_TILED_MAX {
             return self.causal_attention_gemm(q, &k, &v, scale, prefix, out);
         }
-        let floats = ATTN_Q * (hd + 1) + ATTN_K * (hd + 1) + ATTN_K * hd + ATTN_Q * (ATTN_K + 1) + 3 * ATTN_Q;
-        let blocks = l.div_ceil(ATTN_Q) * nh;
+        let blocks = l.div_ceil(ENC_ATTN_Q) * nh;
         self.launch(
             &format!("{prefix}_attn_{}", q.dtype.name()),
             blocks as u32,
-            ATTN_THREADS,
-            (floats * 4) as u32,
+            ENC_ATTN_THREADS as u32,
+            (ENC_ATTN_SMEM_FLOATS(hd) * 4) as u32,
             &[
                 Arg::P(out.ptr()),
                 Arg::P(q.ptr()),
@@ -230,9 +229,9 @@ impl Cuda {
         match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
-                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
+                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM, args)
             }
-            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(64) as u32, nh as u32), 128, FLASH_SMEM, args),
+            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args),
             EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
         }
     }
@@ -359,7 +358,7 @@ impl Cuda {
         let d = x.last_dim();
         ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
         let h = self.cast(h, x.dtype)?;
-        if d % 8 != 0 || d > 8192 || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
+        if d % 8 != 0 || d > ENC_ADD_RMS_MAX_WIDTH || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
             let xo = self.binary_with("add", x, &h, "moss")?;
             // the planted control there: the generic kernel's variant with the same bug (no 1 +)
             let kernel = if prefix == P { "moss_rms_norm" } else { "moss_ctl_rms_noplus" };
@@ -372,7 +371,7 @@ impl Cuda {
         self.launch(
             &format!("{prefix}_add_rms_{}", x.dtype.name()),
             x.rows() as u32,
-            256,
+            ENC_ADD_RMS_THREADS as u32,
             0,
             &[
                 Arg::P(xo.ptr()),

@@ -249,7 +249,7 @@ impl Cuda {
         ensure!(a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(), "linear_add_rms_norm: a {:?} · w {:?} + res {:?}", a.shape, w.shape, res.shape);
         ensure!(w_norm.numel() == n, "linear_add_rms_norm: norm weight {:?} for width {n}", w_norm.shape);
         let dt = w.dtype;
-        if n % 8 != 0 || n > 8192 || n == 0 {
+        if n % 8 != 0 || n > crate::backend::cuda::launch::ENC_RMS1_MAX_WIDTH || n == 0 {
             let h = self.prof("linear", || self.linear_dense(a, w, None))?;
             return self.prof("add_rms_norm", || self.add_rms_norm_with(res, &h, w_norm, eps, prefix));
         }

@@ -8,9 +8,11 @@ use crate::backend::Backend;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// The conv kernels' output tile (channels × pixels), as in cuda/vae/vae_ops.cu.
-pub(super) const CONV_BM: usize = 128;
-pub(super) const CONV_BN: usize = 128;
+use crate::backend::cuda::launch::{VAE_CONV16_SMEM, VAE_CONV_BM, VAE_CONV_BN, VAE_CONV_THREADS, VAE_HALO_SMEM, VAE_HALO_THREADS};
+
+/// The implicit-GEMM conv kernels' output tile (channels × pixels), cuda/vae/launch.h.
+pub(super) const CONV_BM: usize = VAE_CONV_BM;
+pub(super) const CONV_BN: usize = VAE_CONV_BN;
 
 /// Which convolution kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +44,9 @@ pub(crate) const SMALL_KERNEL: &str = "moss_vae_conv_small";
 pub(crate) const TF32X3_KERNEL: &str = "moss_vae_conv_tf32x3";
 pub(crate) const TF32X3_TAP_KERNEL: &str = "moss_vae_conv_tf32x3t";
 
-/// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae/conv_tf32.cu.
-pub(super) const HALO_TH: usize = 8;
-pub(super) const HALO_TW: usize = 16;
+/// The halo and fp16 kernels' output tile in pixels (rows × columns), cuda/vae/launch.h.
+pub(super) const HALO_TH: usize = crate::backend::cuda::launch::VAE_HALO_TH;
+pub(super) const HALO_TW: usize = crate::backend::cuda::launch::VAE_HALO_TW;
 
 /// The halo kernel's output-channel block: 96 or 128, whichever pads Cout less (ties: 128).
 pub(crate) fn halo_bm(cout: usize) -> usize {
@@ -56,22 +58,16 @@ pub(crate) fn halo_bm(cout: usize) -> usize {
     }
 }
 
-/// cuda/vae/conv_tf32.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
-pub(super) fn halo_cs(hn: usize) -> usize {
-    let r = hn % 32;
-    hn - r + if r <= 8 { 8 } else if r <= 24 { 24 } else { 40 }
-}
-
-/// cuda/vae/conv_tf32.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
-/// buffers (hi and lo).
+/// The halo kernel's dynamic shared memory in bytes (`VAE_HALO_SMEM`): two weight stages (hi
+/// and lo) and two halo buffers (hi and lo).
 pub(crate) fn halo_smem_bytes(bm: usize, k: usize) -> usize {
-    4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
+    VAE_HALO_SMEM(bm, k)
 }
 
-/// cuda/vae/conv_fp16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
-/// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
+/// The fp16 kernel's (`VAE_CONV16_SMEM`): two weight stages (BM/16 fragments x hi/lo x 512
+/// bytes a tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
 pub(crate) fn f16_smem_bytes(bm: usize, k: usize) -> usize {
-    2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
+    VAE_CONV16_SMEM(bm, k)
 }
 
 impl Cuda {
@@ -118,7 +114,7 @@ impl Cuda {
         self.launch(
             &name,
             blocks as u32,
-            256,
+            VAE_CONV_THREADS as u32,
             0,
             &[
                 Arg::P(out.ptr()),
@@ -171,7 +167,7 @@ impl Cuda {
         self.launch(
             &format!("{kernel}_{sfx}"),
             blocks as u32,
-            256,
+            VAE_HALO_THREADS as u32,
             halo_smem_bytes(bm, k) as u32,
             &[
                 Arg::P(out.ptr()),
@@ -227,7 +223,7 @@ impl Cuda {
         self.launch(
             &format!("{kernel}_{sfx}"),
             blocks as u32,
-            256,
+            VAE_HALO_THREADS as u32,
             f16_smem_bytes(bm, k) as u32,
             &[
                 Arg::P(out.ptr()),

@@ -73,11 +73,11 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda:
     ]
 }
 
-/// cuda/vae/attention_tf32.cu: the head width it is built for, query rows per block, shared memory
-/// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
-const FLASH_D: usize = 384;
-const FLASH_BQ: usize = 64;
-pub(crate) const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
+/// cuda/vae/attention_tf32.cu (cuda/vae/launch.h): the head width it is built for, query rows per
+/// block, shared memory (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
+const FLASH_D: usize = crate::backend::cuda::launch::VAE_ATTN_D;
+const FLASH_BQ: usize = crate::backend::cuda::launch::VAE_ATTN_ROWS;
+pub(crate) const FLASH_SMEM_BYTES: usize = crate::backend::cuda::launch::VAE_ATTN_TF32_SMEM;
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
     ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
@@ -348,7 +348,7 @@ impl Cuda {
         self.launch_2d(
             &format!("{prefix}_vae_flash_d384"),
             (l.div_ceil(FLASH_BQ) as u32, n as u32),
-            256,
+            crate::backend::cuda::launch::VAE_ATTN_THREADS as u32,
             FLASH_SMEM_BYTES as u32,
             &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
         )?;
