@@ -400,11 +400,11 @@ impl Backend for Cuda {
     }
 
     fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
-        self.upload_as(t, self.act_dtype())
+        self.prof("upload", || self.upload_as(t, self.act_dtype()))
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
-        self.download_with(x, Download::Pinned)
+        self.prof("download", || self.download_with(x, Download::Pinned))
     }
 
     fn dims(&self, x: &CudaTensor) -> Vec<usize> {
@@ -412,26 +412,28 @@ impl Backend for Cuda {
     }
 
     fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
-        self.load_tensor(c, name)
+        self.prof("load", || self.load_tensor(c, name))
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
-        self.linear_dense(x, w, b)
+        // named by its shape (rows x in x out): the DiT's linears tell apart by it
+        let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
+        self.timed_op(name, || self.linear_dense(x, w, b))
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.binary_with("add", a, b, "moss")
+        self.prof("add", || self.binary_with("add", a, b, "moss"))
     }
     fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.binary_with("mul", a, b, "moss")
+        self.prof("mul", || self.binary_with("mul", a, b, "moss"))
     }
     fn silu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.unary_with("silu", x, "moss")
+        self.prof("silu", || self.unary_with("silu", x, "moss"))
     }
     fn sigmoid(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.unary_with("sigmoid", x, "moss")
+        self.prof("sigmoid", || self.unary_with("sigmoid", x, "moss"))
     }
     fn rms_norm(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool) -> Result<CudaTensor> {
-        self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm")
+        self.prof("rms_norm", || self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm"))
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
         ensure!(
@@ -443,13 +445,13 @@ impl Backend for Cuda {
         Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
-        self.narrow_with(x, dim, start, len, "moss")
+        self.prof("narrow", || self.narrow_with(x, dim, start, len, "moss"))
     }
     fn cat(&self, xs: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
-        self.cat_with(xs, dim, "moss")
+        self.prof("cat", || self.cat_with(xs, dim, "moss"))
     }
     fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor> {
-        self.permute_with(x, perm, "moss")
+        self.prof("permute", || self.permute_with(x, perm, "moss"))
     }
 }
 

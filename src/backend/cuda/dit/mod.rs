@@ -439,7 +439,7 @@ impl DitOps for Cuda {
 
     /// Host f64 (the CPU twin's own code: 256 values), uploaded as f32.
     fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<CudaTensor> {
-        self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32)
+        self.prof("timestep_sinusoid (host + upload)", || self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32))
     }
     fn rms_norm_modulate(
         &self,
@@ -449,19 +449,21 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss")
+        self.prof("rms_norm_modulate", || self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss"))
     }
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
+        self.prof("qk_norm_rope", || self.qk_norm_rope_with(x, w, cos, sin, eps, "moss"))
     }
     /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        if flash_applies(q, k, v) {
-            self.flash_attention_with(q, k, v, scale, self.flash_kernel())
-        } else {
-            self.attention_with(q, k, v, scale, "moss")
-        }
+        self.prof("attention", || {
+            if flash_applies(q, k, v) {
+                self.flash_attention_with(q, k, v, scale, self.flash_kernel())
+            } else {
+                self.attention_with(q, k, v, scale, "moss")
+            }
+        })
     }
     fn qkv_norm_rope(
         &self,
@@ -473,10 +475,10 @@ impl DitOps for Cuda {
         sin: &CudaTensor,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss")
+        self.prof("qkv_norm_rope", || self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss"))
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
-        self.attention_packed_with(qkv, heads, scale, (1, 2))
+        self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
     }
     fn gated_residual_norm_modulate(
         &self,
@@ -488,19 +490,13 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss")
-    }
-    fn profiling(&self) -> bool {
-        super::profile::is_on()
-    }
-    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.timed_op(|| op.to_string(), f)
+        self.prof("gated_residual_norm_modulate", || self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss"))
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.situ_glu_with(x, "moss")
+        self.prof("situ_glu", || self.situ_glu_with(x, "moss"))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.gated_residual_with(x, y, gate, "moss")
+        self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
     }
     fn cfg_euler(
         &self,
@@ -510,6 +506,6 @@ impl DitOps for Cuda {
         guidance: f32,
         dsigma: f32,
     ) -> Result<CudaTensor> {
-        self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma)
+        self.prof("cfg_euler", || self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma))
     }
 }

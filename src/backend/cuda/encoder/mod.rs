@@ -21,6 +21,7 @@ use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
+use crate::backend::ops::encoder::Cols;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -426,11 +427,9 @@ impl Cuda {
 
 const P: &str = "moss_enc";
 
-impl Cuda {
-    /// Run `f`, timed as `op` while the profile ([`crate::backend::cuda::profile`]) is on.
-    pub(crate) fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.timed_op(|| op.to_string(), f)
-    }
+/// Whether two column blocks are columns of one tensor (the fused kernels read both from it).
+fn same_cols(a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>) -> bool {
+    a.of.ptr() == b.of.ptr() && a.of.shape == b.of.shape
 }
 
 impl EncoderOps for Cuda {
@@ -493,47 +492,48 @@ impl EncoderOps for Cuda {
     fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
     }
-    fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
+    fn causal_conv1d_silu_cols(&self, x: Cols<'_, CudaTensor>, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
-            if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, P)? {
+            if let Some((out, _)) = self.convg_cols_with(x.of, (x.start, x.len), w, None, P)? {
                 return Ok(out);
             }
-            self.conv_cols_with(y, start, c, w, P)
+            self.conv_cols_with(x.of, x.start, x.len, w, P)
         })
     }
     fn conv_gates_cols(
         &self,
-        y: &CudaTensor,
-        (start, c): (usize, usize),
+        x: Cols<'_, CudaTensor>,
         w: &CudaTensor,
-        gates: (usize, usize, usize),
+        (a, b): (Cols<'_, CudaTensor>, Cols<'_, CudaTensor>),
         a_log: &CudaTensor,
         dt_bias: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), P))?;
-        if let Some((conv, Some((g, beta)))) = r {
-            return Ok((conv, g, beta));
+        if same_cols(x, a) && same_cols(a, b) && a.len == b.len {
+            let gates = ((a.start, b.start, a.len), a_log, dt_bias);
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(x.of, (x.start, x.len), w, Some(gates), P))?;
+            if let Some((conv, Some((g, beta)))) = r {
+                return Ok((conv, g, beta));
+            }
         }
-        let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
-        let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
+        let conv = self.causal_conv1d_silu_cols(x, w)?;
+        let (g, beta) = self.gdn_gates_cols(a, b, a_log, dt_bias)?;
         Ok((conv, g, beta))
     }
     fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
         self.cat_weights_with(group, ws)
     }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
-        self.linear_cat_with(x, ws)
+        self.prof("linear", || self.linear_cat_with(x, ws))
     }
-    fn gdn_gates_cols(
-        &self,
-        y: &CudaTensor,
-        cols: (usize, usize, usize),
-        a_log: &CudaTensor,
-        dt_bias: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        self.prof("gdn_gates", || self.gdn_gates_cols_with(y, cols, a_log, dt_bias, P))
+    fn gdn_gates_cols(&self, a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        if !same_cols(a, b) || a.len != b.len {
+            return self.gdn_gates(&self.cols(a)?, &self.cols(b)?, a_log, dt_bias);
+        }
+        self.prof("gdn_gates", || self.gdn_gates_cols_with(a.of, (a.start, b.start, a.len), a_log, dt_bias, P))
     }
-    fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+    fn gated_rms_norm_cols(&self, x: &CudaTensor, z: Cols<'_, CudaTensor>, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+        let (y, z0) = (z.of, z.start);
+        ensure!(z.len == x.numel() / x.shape.first().copied().unwrap_or(1).max(1), "gated_rms_norm: z block of {} columns for x {:?}", z.len, x.shape);
         self.prof("gated_rms_norm", || {
             // gated_rms_norm_row16, then gated_rms_norm_wide for heads wider than 128
             for k in GRMS {
@@ -544,7 +544,12 @@ impl EncoderOps for Cuda {
             self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)
         })
     }
-    fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
+    fn silu_mul_cols(&self, gate: Cols<'_, CudaTensor>, up: Cols<'_, CudaTensor>) -> Result<CudaTensor> {
+        // the kernels read gate | up as the two halves of one `[L, 2f]`
+        let (y, f) = (gate.of, gate.len);
+        if !(same_cols(gate, up) && gate.start == 0 && up.start == f && up.len == f && y.last_dim() == 2 * f) {
+            return self.silu_mul(&self.cols(gate)?, &self.cols(up)?);
+        }
         self.prof("silu_mul", || {
             if y.rows() >= SILU_V_MIN_ROWS {
                 if let Some(out) = self.silu_mul8v_with(y, f, P)? {
@@ -578,9 +583,6 @@ impl EncoderOps for Cuda {
     }
     fn add_rms_norm(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("add_rms_norm", || self.add_rms_norm_with(x, h, w, eps, P))
-    }
-    fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.prof(op, f)
     }
 }
 

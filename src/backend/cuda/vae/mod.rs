@@ -522,10 +522,32 @@ impl VaeOps for Cuda {
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
     }
-    fn conv_overflow(&self) -> Result<bool> {
+    /// `decode`, and again with the convolutions on the split-TF32 halo kernel when the fp16-split
+    /// one met an activation past the fp16 range (|x| > 65504; one line on stderr). The flag is
+    /// read once, after the decode (which has synchronised to bring its result back anyway).
+    fn run_decode<R>(&self, decode: impl Fn() -> Result<R>) -> Result<R> {
+        self.conv_overflow()?; // a stale flag (an earlier failed decode) is not this decode's
+        let r = decode()?;
+        if !self.conv_overflow()? {
+            return Ok(r);
+        }
+        eprintln!("moss: VAE decode: an activation past the fp16 range (|x| > 65504) in the fp16-split convolution; decoding again with the TF32 convolution");
+        self.set_conv_fallback(true);
+        let r = decode();
+        self.set_conv_fallback(false);
+        r
+    }
+}
+
+impl Cuda {
+    /// Whether a convolution since the last call met an activation past the fp16-split conv's
+    /// range; clears the flag. Waits for the stream.
+    pub(crate) fn conv_overflow(&self) -> Result<bool> {
         self.vae_flag_take()
     }
-    fn set_conv_fallback(&self, on: bool) {
+
+    /// Run the convolutions on the split-TF32 halo kernel (full range) while on.
+    pub(crate) fn set_conv_fallback(&self, on: bool) {
         self.set_vae_tf32_fallback(on)
     }
 }
