@@ -82,6 +82,29 @@ fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up:
     }
 }
 
+/// One conv gate's inputs (random, weights scaled by 1/√(Cin·k²)), the CPU twin's output and
+/// the row's shape text.
+struct ConvCase {
+    x: Tensor,
+    gx: CudaTensor,
+    w: Tensor,
+    gw: CudaTensor,
+    gb: CudaTensor,
+    want: Tensor,
+    s: String,
+}
+
+fn conv_case(cx: &mut Cx, xs: [usize; 4], cout: usize, k: usize, up: bool) -> Result<ConvCase> {
+    let cin = xs[1];
+    let ws = [cout, cin, k, k];
+    let (x, gx) = cx.input(&xs, 1.0)?;
+    let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
+    let (b, gb) = cx.input(&[cout], 0.1)?;
+    let want = cx.cpu.conv2d(&x, &w, &b, up)?;
+    let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+    Ok(ConvCase { x, gx, w, gw, gb, want, s })
+}
+
 fn gate_conv(cx: &mut Cx) -> Result<()> {
     if !fp32_pass(cx) {
         return Ok(());
@@ -96,13 +119,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         ([2, 40, 37, 45], 52, 3, true, false),     // odd sizes, two images, upsampled
     ];
     for &(xs, cout, k, up, controls) in cases {
-        let cin = xs[1];
-        let ws = [cout, cin, k, k];
-        let (x, gx) = cx.input(&xs, 1.0)?;
-        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
-        let (b, gb) = cx.input(&[cout], 0.1)?;
-        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
-        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        let ConvCase { gx, gw, gb, want, s, .. } = conv_case(cx, xs, cout, k, up)?;
         let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fp16 overflow re-run)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
@@ -415,13 +432,7 @@ fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
         ([1, 24, 21, 19], 130, 1, false, false),
     ];
     for &(xs, cout, k, up, controls) in cases {
-        let cin = xs[1];
-        let ws = [cout, cin, k, k];
-        let (x, gx) = cx.input(&xs, 1.0)?;
-        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
-        let (b, gb) = cx.input(&[cout], 0.1)?;
-        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
-        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        let ConvCase { x, gx, w, gw, gb, want, s, .. } = conv_case(cx, xs, cout, k, up)?;
         let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx, &gw, Some(&gb), up);
         cx.judge("vae conv2d split fp16 (small terms in a running tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         if k == 1 && !up {

@@ -70,6 +70,15 @@ impl Cuda {
         Ok((dt, vs.iter().map(|v| self.cast(v, dt)).collect::<Result<_>>()?))
     }
 
+    /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
+    /// arguments `ptrs` (device addresses), `rows`, then `tail`.
+    fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
+        args.push(Arg::L(rows as i64));
+        args.extend(tail);
+        self.launch(name, rows.div_ceil(8) as u32, 256, 0, &args)
+    }
+
     pub(crate) fn rms_norm_modulate_with(
         &self,
         x: &CudaTensor,
@@ -86,23 +95,9 @@ impl Cuda {
         }
         let (vt, v) = self.same_dtype(&[w, shift, scale])?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        let rows = x.shape[0];
-        self.launch(
-            &format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
+        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok(out)
     }
 
@@ -123,24 +118,9 @@ impl Cuda {
         }
         let (vt, v) = self.same_dtype(&[w, cos, sin])?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        let rows = n * nh;
-        self.launch(
-            &format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(nh as i32),
-                Arg::I(hd as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
+        self.launch_rows(&name, n * nh, &ptrs, vec![Arg::I(nh as i32), Arg::I(hd as i32), Arg::F(eps as f32)])?;
         Ok(out)
     }
 
@@ -249,26 +229,9 @@ impl Cuda {
         let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let no = self.alloc(x.dtype, &x.shape)?;
-        let rows = x.shape[0];
-        self.launch(
-            &format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(xo.ptr()),
-                Arg::P(no.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(y.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::P(v[3].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [xo.ptr(), no.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
+        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok((xo, no))
     }
 
