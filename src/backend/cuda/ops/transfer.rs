@@ -237,10 +237,10 @@ impl Cuda {
     /// The pinned download of `x`'s first `copied` bytes (whole elements; the values past them
     /// read 0): chunks of [`DOWNLOAD_CHUNK`] bytes through [`DOWNLOAD_SLOTS`] staging slots.
     pub(crate) fn download_pinned(&self, x: &CudaTensor, copied: usize) -> Result<Tensor> {
-        ensure!(copied <= x.bytes(), "download of {copied} bytes out of {}", x.bytes());
+        let es = x.dtype.size();
+        ensure!(copied <= x.bytes() && copied % es == 0, "download of {copied} bytes out of {}", x.bytes());
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
-        let es = x.dtype.size();
         let total = x.bytes();
         let mut guard = self.staging()?;
         let st = guard.as_mut().unwrap();
