@@ -63,7 +63,13 @@ fn find_nvcc() -> Option<PathBuf> {
 /// Read when this script runs (a fresh build, a change under cuda/, a switch of branch): not on
 /// every commit, which would recompile every kernel; a development build may name an older one.
 fn git_revision() {
+    // HEAD, the branch it names and the packed refs: a commit moves one of them. (The CUDA
+    // images are not rebuilt for it: see `cuda_stamp`.)
     println!("cargo:rerun-if-changed=.git/HEAD");
+    println!("cargo:rerun-if-changed=.git/packed-refs");
+    if let Some(r) = std::fs::read_to_string(".git/HEAD").ok().and_then(|h| h.strip_prefix("ref: ").map(|r| r.trim().to_string())) {
+        println!("cargo:rerun-if-changed=.git/{r}");
+    }
     let rev = Command::new("git")
         .args(["describe", "--always", "--dirty", "--abbrev=10"])
         .output()
@@ -88,6 +94,19 @@ fn main() {
     std::fs::write(out_dir.join("launch.rs"), launch_constants()).unwrap();
     let fatbin = out_dir.join("moss_kernels.fatbin");
     let fatbin_sm90a = out_dir.join("moss_kernels_sm90a.fatbin");
+    // The images of the same sources, compiler and settings are already there (the script reran
+    // for the git revision): keep them.
+    let stamp = cuda_stamp();
+    let stamp_file = out_dir.join("cuda.stamp");
+    if let Ok(prev) = std::fs::read_to_string(&stamp_file) {
+        if let Some(cfgs) = prev.strip_prefix(&format!("{stamp}\n")) {
+            if ["moss_kernels.fatbin", "moss_check.fatbin", "kernel_resources.tsv"].iter().all(|f| out_dir.join(f).is_file()) {
+                print!("{cfgs}");
+                return;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&stamp_file);
     for f in ["moss_kernels.fatbin", "moss_kernels_sm90a.fatbin", "moss_check.fatbin", "moss_check_sm90a.fatbin"] {
         let _ = std::fs::remove_file(out_dir.join(f));
     }
@@ -133,6 +152,47 @@ fn main() {
     }
     std::fs::write(out_dir.join("kernel_resources.tsv"), resources(&report)).unwrap();
     println!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}", archs.join(","));
+    // What a later run with the same stamp prints instead of compiling.
+    let mut cfgs = String::from("cargo:rustc-cfg=moss_kernels\n");
+    if fatbin_sm90a.is_file() {
+        cfgs += "cargo:rustc-cfg=moss_sm90a\n";
+    }
+    cfgs += &format!("cargo:rustc-env=MOSS_KERNEL_ARCHS={}\n", archs.join(","));
+    std::fs::write(stamp_file, format!("{stamp}\n{cfgs}")).unwrap();
+}
+
+/// A fingerprint of what the CUDA images are built from: every file under `cuda/` (names and
+/// bytes) and the environment the build reads. FNV-1a, stable across Rust versions.
+fn cuda_stamp() -> String {
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+            if p.is_dir() {
+                files(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut all = vec![];
+    files(Path::new("cuda"), &mut all);
+    all.sort();
+    let mut h: u64 = 0xcbf29ce484222325;
+    let mut eat = |b: &[u8]| {
+        for &x in b.iter().chain(&[0xff]) {
+            h = (h ^ x as u64).wrapping_mul(0x100000001b3);
+        }
+    };
+    eat(env!("CARGO_PKG_VERSION").as_bytes());
+    for v in ENV {
+        eat(std::env::var_os(v).unwrap_or_default().as_encoded_bytes());
+    }
+    for p in &all {
+        eat(p.as_os_str().as_encoded_bytes());
+        eat(&std::fs::read(p).unwrap_or_default());
+    }
+    eat(&std::fs::read("build.rs").unwrap_or_default());
+    format!("{h:016x}")
 }
 
 /// nvcc `unit` into `fatbin` for the `gencode` targets, with `defines`; returns what it said

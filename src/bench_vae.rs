@@ -21,6 +21,11 @@ pub struct BenchVae {
     pub out_rgb: Option<PathBuf>,
     /// Only `decode_rgb8` (split as planned): no whole forward, no profile.
     pub decode_only: bool,
+    /// Strip mode ([`strips`]): strips of this many rows, `keep_gib` GiB of kept pictures on the
+    /// device (0: all in host memory); or the planner's split for `plan_free_gib` GiB free.
+    pub strip_rows: Option<usize>,
+    pub keep_gib: Option<f64>,
+    pub plan_free_gib: Option<f64>,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -44,6 +49,9 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     let vae = VaeDecoder::load(&cuda, &comp, &ck.vae)?;
     cuda.sync()?;
     let load_s = t0.elapsed().as_secs_f64();
+    if a.strip_rows.is_some() || a.plan_free_gib.is_some() {
+        return strips(a, &cuda, &vae, &ck.vae, &z);
+    }
     // The whole decode as the pipeline runs it: upload, forward, clamp + round on the GPU, bytes
     // back; `reps` times (ms each) and the last picture.
     let decodes = || -> Result<(Vec<f64>, Vec<u8>)> {
@@ -119,6 +127,87 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
         "gpu_used_bytes_after": peak,
         "profile_total_ms": prof_total,
         "profile": prof,
+    })
+    .to_string())
+}
+
+/// The device memory pool's high-water mark of used bytes since the last reset (weights
+/// included: they live in the same pool), reset to the current use when `reset`.
+fn pool_high(cuda: &Cuda, reset: bool) -> Result<u64> {
+    use cudarc::driver::{result as dr, sys};
+    cuda.sync()?;
+    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+    let mut v = 0u64;
+    // SAFETY: the device's default pool; the attribute is a u64 (set to 0 resets it).
+    unsafe {
+        let pool = dr::device::get_default_mem_pool(cuda.gpu().ctx.cu_device()).map_err(|e| anyhow::anyhow!("memory pool: {e:?}"))?;
+        dr::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
+        if reset {
+            let mut z = 0u64;
+            dr::mem_pool::set_attribute(pool, attr, &mut z as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
+        }
+    }
+    Ok(v)
+}
+
+/// Strip mode: the pipeline's whole decode (`decode_rgb8`, one warm-up, then `reps`) against
+/// the split decode (`reps`, the first one included: it pins the host memory of host-kept
+/// pictures), the RGB8 bytes compared, each side's peak of the device pool, what the split kept
+/// where and the bytes it moved between host and device.
+fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkpoint::config::VaeConfig, z: &Tensor) -> Result<String> {
+    use crate::model::vae::Split;
+    let (h, w) = (z.shape[2], z.shape[3]);
+    const GIB: f64 = (1u64 << 30) as f64;
+    let split = match (a.plan_free_gib, a.strip_rows) {
+        (Some(g), _) => match crate::backend::cuda::vae::strip_plan_for(cfg, h, w, (g * GIB) as usize)? {
+            Some(p) => Split::strips_keeping(p.rows, p.keep_bytes),
+            None => Split::Whole,
+        },
+        (None, Some(rows)) => Split::strips_keeping(rows, (a.keep_gib.unwrap_or(0.0) * GIB) as usize),
+        (None, None) => bail!("strip mode needs --strip-rows or --plan-free-gib"),
+    };
+    let reps = a.reps.max(1);
+    let time = |split: Split| -> Result<(Vec<f64>, Vec<u8>, Option<crate::model::vae::SplitReport>, u64)> {
+        pool_high(cuda, true)?;
+        let mut ms = vec![];
+        let mut last = (vec![], None);
+        for _ in 0..reps {
+            let t = Instant::now();
+            last = vae.decode_rgb8_report(cuda, z, split)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((ms, last.0, last.1, pool_high(cuda, false)?))
+    };
+    drop(vae.decode_rgb8_with(cuda, z, Split::Whole)?); // warm-up
+    let (whole_ms, whole_rgb, _, whole_high) = time(Split::Whole)?;
+    let (split_ms, split_rgb, report, split_high) = time(split)?;
+    if let Some(p) = &a.out_rgb {
+        std::fs::write(p, &split_rgb)?;
+    }
+    let tail = |v: &[f64]| if v.len() > 1 { median(&v[1..]) } else { v[0] };
+    let r = report.unwrap_or_default();
+    Ok(serde_json::json!({
+        "device": cuda.name(),
+        "picture": [h * 16, w * 16],
+        "split": format!("{split:?}"),
+        "whole_ms": whole_ms,
+        "whole_ms_median": median(&whole_ms),
+        "split_ms": split_ms,
+        "split_ms_median_after_first": tail(&split_ms),
+        "split_over_whole": tail(&split_ms) / median(&whole_ms),
+        "identical_rgb8": whole_rgb == split_rgb,
+        "pool_peak_bytes_whole": whole_high,
+        "pool_peak_bytes_split": split_high,
+        "kept_peak_bytes": r.kept_peak_bytes,
+        "device_pictures": r.device_pictures,
+        "host_pictures": r.host_pictures,
+        "host_bytes_moved": r.host_bytes_moved,
+        "planner": {
+            "whole_bytes": crate::backend::cuda::vae::vae_activation_bytes(cfg, h, w),
+            "mid_bytes": crate::backend::cuda::vae::vae_mid_bytes(cfg, h, w),
+            "keep_all_bytes": crate::backend::cuda::vae::vae_keep_bytes(cfg, h, w),
+            "strip_bytes": match split { Split::Strips(s) => crate::backend::cuda::vae::vae_strip_bytes(cfg, h, w, s.rows), Split::Whole => 0 },
+        },
     })
     .to_string())
 }

@@ -80,6 +80,18 @@ pub struct BenchVaeArgs {
     /// forwards, no profile.
     #[arg(long)]
     pub decode_only: bool,
+    /// Strip mode: time the whole decode against a split decode in strips of N rows (the RGB8
+    /// bytes compared; --out-rgb gets the split decode's).
+    #[arg(long, value_name = "N", value_parser = parse_strip_rows)]
+    pub strip_rows: Option<usize>,
+    /// Strip mode: GiB of device memory the split decode may keep pictures in (default 0: every
+    /// picture in host memory).
+    #[arg(long, value_name = "GIB", requires = "strip_rows")]
+    pub keep_gib: Option<f64>,
+    /// Strip mode with the planner's split for this many GiB free for activations (strips and
+    /// kept pictures), instead of --strip-rows/--keep-gib.
+    #[arg(long, value_name = "GIB", conflicts_with = "strip_rows")]
+    pub plan_free_gib: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -226,6 +238,15 @@ pub struct GenerateArgs {
     /// A LoRA to merge into the transformer, PATH[:SCALE] (default scale 1); repeat to add several.
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::lora::LoraSpec::parse)]
     pub lora: Vec<crate::lora::LoraSpec>,
+    /// GPU memory moss may use, in GiB [default: the device's free memory less 0.5 GiB]. Networks
+    /// that do not fit stream their weights from host memory (same picture, slower); a cap above
+    /// the device's memory is clamped, one below the smallest that works is refused naming it.
+    #[arg(long, value_name = "GIB", value_parser = parse_max_vram)]
+    pub max_vram: Option<f64>,
+    /// Print the memory plan (what is resident, what streams, bytes moved per pass) and each
+    /// stage's load and compute time on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
     #[command(flatten)]
     pub batch: BatchArgs,
 }
@@ -449,6 +470,13 @@ fn parse_shard(s: &str) -> Result<crate::batch::Shard, String> {
 
 fn parse_device(s: &str) -> Result<Device, String> {
     s.parse()
+}
+
+fn parse_max_vram(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 => Ok(g),
+        _ => Err(format!("`{s}` is not a positive number of GiB")),
+    }
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {

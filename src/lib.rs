@@ -20,6 +20,7 @@ pub mod output;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;
+pub mod run_plan;
 pub mod sampling;
 pub mod schedule;
 pub mod serve;

@@ -12,11 +12,20 @@ struct Bars {
     bar: Option<ProgressBar>,
     enabled: bool,
     quiet: bool,
+    /// `-v`: the memory plan and the timings on stderr.
+    verbose: bool,
 }
 
 impl Bars {
     fn new(quiet: bool) -> Bars {
-        Bars { bar: None, enabled: !quiet && std::io::stderr().is_terminal(), quiet }
+        Bars { bar: None, enabled: !quiet && std::io::stderr().is_terminal(), quiet, verbose: false }
+    }
+
+    fn say(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("moss: {line}")),
+            None => eprintln!("moss: {line}"),
+        }
     }
 }
 
@@ -48,10 +57,12 @@ impl Progress for Bars {
     }
     fn warn(&mut self, msg: &str) {
         if !self.quiet {
-            match &self.bar {
-                Some(b) => b.suspend(|| eprintln!("moss: warning: {msg}")),
-                None => eprintln!("moss: warning: {msg}"),
-            }
+            self.say(&format!("warning: {msg}"));
+        }
+    }
+    fn plan(&mut self, line: &str) {
+        if self.verbose {
+            self.say(line);
         }
     }
 }
@@ -388,7 +399,12 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 anyhow::bail!("--json and an output on stdout (-) cannot share stdout");
             }
             let mut bars = Bars::new(a.quiet || a.json);
-            let rep = pipeline::generate_with_loras(&req, &a.model.model, &a.lora, a.model.device, &mut bars)?;
+            bars.verbose = a.verbose;
+            let mem = pipeline::MemoryOptions { max_vram_gib: a.max_vram };
+            let rep = pipeline::generate_planned(&req, &a.model.model, &a.lora, a.model.device, &mem, &mut bars)?;
+            if a.verbose {
+                bars.say(&rep.timing_line());
+            }
             drop(bars);
             if say_seed && !a.json {
                 eprintln!("{seed_note}");
@@ -456,6 +472,9 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 out_f32: a.out_f32.clone(),
                 out_rgb: a.out_rgb.clone(),
                 decode_only: a.decode_only,
+                strip_rows: a.strip_rows,
+                keep_gib: a.keep_gib,
+                plan_free_gib: a.plan_free_gib,
             };
             println!("{}", moss::bench_vae::run(&b, a.model.device)?);
             Ok(0)

@@ -159,7 +159,8 @@ impl Plan {
                 format!("{} {what} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
             })
             .collect();
-        format!("memory plan under {:.2} GiB: {}", self.cap as f64 / GIB, parts.join("; "))
+        let cap = if self.cap == u64::MAX { "no cap".to_string() } else { format!("{:.2} GiB", self.cap as f64 / GIB) };
+        format!("memory plan under {cap}: {}", parts.join("; "))
     }
 
     /// The `--json` value.

@@ -59,3 +59,60 @@ fn streamed_blocks_give_the_resident_picture_bytes() {
         assert!(png(&ck, &resident, &request(12)) != want, "{name}: the picture does not depend on the seed");
     }
 }
+
+#[test]
+fn streamed_encoder_layers_give_the_resident_hidden_states() {
+    use moss::model::encoder::Encoder;
+    for name in CHECKPOINTS {
+        let ck = checkpoint(name);
+        let n = ck.encoder.num_layers();
+        let ids: Vec<u32> = (1..40).map(|i| (i * 37) % 200).collect();
+        let resident = Encoder::load(&Cpu, &ck.open_component("text_encoder").unwrap(), &ck.encoder).unwrap();
+        assert_eq!(resident.resident_layers(), n);
+        let want = pipeline::hidden_states(&Cpu, &resident, &ids).unwrap();
+        for k in [0, 1, n - 1] {
+            let streamed = Encoder::load_streamed(&Cpu, ck.open_component("text_encoder").unwrap(), &ck.encoder, k).unwrap();
+            assert_eq!(streamed.resident_layers(), k, "{name}: {k} resident");
+            let got = pipeline::hidden_states(&Cpu, &streamed, &ids).unwrap();
+            assert!(got.data == want.data, "{name}: {k} of {n} layers resident, the hidden states differ");
+        }
+        let other: Vec<u32> = ids.iter().map(|i| i + 1).collect();
+        assert!(pipeline::hidden_states(&Cpu, &resident, &other).unwrap().data != want.data, "{name}: the states do not depend on the ids");
+    }
+}
+
+/// `generate --max-vram` on the CPU plans like on a GPU: at the smallest cap that works the
+/// network that needs it streams, and the picture is the unlimited run's, byte for byte; a
+/// cap below it is refused before anything loads, naming it.
+#[test]
+fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
+    use moss::run_plan::{networks, Budget, MemoryOptions};
+    let dir = std::env::temp_dir().join(format!("moss-maxvram-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in CHECKPOINTS {
+        let ck = checkpoint(name);
+        let mut req = request(11);
+        let budget = Budget { memory: None, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
+        let tokens = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let longest = tokens.iter().map(Vec::len).max().unwrap();
+        let nets = networks(&ck, &budget, longest, (req.width, req.height)).unwrap();
+        let least = nets.iter().map(|n| n.minimum()).max().unwrap();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let model = common::golden().join(name).display().to_string();
+        let tightest = nets.iter().position(|n| n.minimum() == least).unwrap();
+        let mut run = |cap: Option<f64>, out: &str| {
+            req.out = dir.join(out);
+            let r = pipeline::generate_planned(&req, &model, &[], moss::backend::Device::Cpu, &MemoryOptions { max_vram_gib: cap }, &mut Silent);
+            r.map(|rep| (rep, std::fs::read(dir.join(out)).unwrap()))
+        };
+        let (_, want) = run(None, "unlimited.png").unwrap();
+        let (rep, got) = run(Some(gib(least) + 1e-9), "least.png").unwrap();
+        let plan = rep.plan.unwrap();
+        assert_eq!(plan["networks"][tightest]["mode"], "streamed", "{name}: at the smallest cap {plan}");
+        assert!(got == want, "{name}: the streamed picture differs from the unlimited run's");
+        let err = run(Some(gib(least) * 0.99), "refused.png").unwrap_err().to_string();
+        assert!(err.contains("smallest cap that works"), "{err}");
+        assert!(!dir.join("refused.png").exists(), "{name}: a refused run wrote its picture");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -100,34 +100,68 @@ fn decode_works_for_odd_and_non_square_grids() {
 /// output and the RGB8 bytes, on both golden checkpoints (64x64 and 96x64 pictures: the strips
 /// run at 16, 32 and 64/96 rows after the mid block's 8/12), for strip heights that divide the
 /// heights, that do not (3, 5, 7, 13: strip edges at odd rows, so the folded ×2 upsample's halo
-/// comes from the low-resolution row before), a single row, and one taller than the picture.
-/// The planted control (strips without their halo rows) must differ, so the comparison can fail.
+/// comes from the low-resolution row before), strips smaller than the halo (1 and 2 rows), and
+/// one taller than the picture; with every kept picture in host memory, all on the device, and
+/// some of each (the CPU keeps them all in memory, but the decoder's bookkeeping, the resnets
+/// writing their output over their input included, is the same). The planted control (strips
+/// without their halo rows) must differ, so the comparison can fail.
 #[test]
 fn strip_decode_is_bit_identical_to_whole() {
     for name in CHECKPOINTS {
         let exp = Expected::load(name);
-        let (_, vae) = decoder(name);
+        let (ck, vae) = decoder(name);
         let z = exp.tensor("vae.z");
         let whole = vae.decode_with(&Cpu, &z, Split::Whole).unwrap();
         let whole_px = vae.decode_rgb8_with(&Cpu, &z, Split::Whole).unwrap();
         assert_close(&format!("{name} whole vae.out"), &whole.data, &exp.tensor("vae.out").data, VAE_BOUND);
         let bits = |t: &Tensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-        for rows in [1, 3, 5, 7, 8, 13, 64, 1000] {
-            let img = vae.decode_with(&Cpu, &z, Split::strips(rows)).unwrap();
-            assert_eq!(img.shape, whole.shape, "{name} rows {rows}: shape");
-            let differ = bits(&img).iter().zip(bits(&whole)).filter(|(a, b)| **a != *b).count();
-            println!("{name}: strips of {rows} rows: {differ} float values differ from the whole decode");
-            assert_eq!(differ, 0, "{name}: strips of {rows} rows differ from the whole decode");
-            let px = vae.decode_rgb8_with(&Cpu, &z, Split::strips(rows)).unwrap();
-            assert!(px == whole_px, "{name}: RGB8 of strips of {rows} rows differs");
+        let all = moss::backend::cuda::vae::vae_keep_bytes(&ck.vae, z.shape[2], z.shape[3]);
+        for rows in [1, 2, 3, 5, 7, 8, 13, 64, 1000] {
+            for keep in [0, all / 2, usize::MAX] {
+                let split = Split::strips_keeping(rows, keep);
+                let img = vae.decode_with(&Cpu, &z, split).unwrap();
+                assert_eq!(img.shape, whole.shape, "{name} rows {rows}: shape");
+                let differ = bits(&img).iter().zip(bits(&whole)).filter(|(a, b)| **a != *b).count();
+                println!("{name}: strips of {rows} rows, {keep} bytes kept: {differ} float values differ from the whole decode");
+                assert_eq!(differ, 0, "{name}: strips of {rows} rows ({keep} bytes kept) differ from the whole decode");
+                let (px, report) = vae.decode_rgb8_report(&Cpu, &z, split).unwrap();
+                assert!(px == whole_px, "{name}: RGB8 of strips of {rows} rows ({keep} bytes kept) differs");
+                let r = report.unwrap();
+                assert!(r.device_pictures + r.host_pictures > 0 && r.kept_peak_bytes <= keep, "{name}: {r:?} for {keep} bytes kept");
+            }
         }
         for rows in [5, 8] {
-            let bad = Split::Strips(Strips { rows, no_halo: true });
+            let bad = Split::Strips(Strips { rows, keep_bytes: 0, no_halo: true });
             let img = vae.decode_with(&Cpu, &z, bad).unwrap();
             let differ = bits(&img).iter().zip(bits(&whole)).filter(|(a, b)| **a != *b).count();
             println!("{name}: control, strips of {rows} rows without halo: {differ} float values differ");
             assert!(differ > 0, "{name}: the control (no halo) was not told apart from the whole decode");
         }
+    }
+}
+
+/// The planner's count of the kept pictures' device bytes (`vae_keep_bytes`, the budget that
+/// keeps every picture on the device) is what the decoder holds at its peak: with that budget
+/// no picture goes to host memory and the peak is reached; a byte less sends one there. With
+/// no budget every picture is in host memory, and its rows cross at least once each way.
+#[test]
+fn keep_budget_matches_the_planner() {
+    for name in CHECKPOINTS {
+        let exp = Expected::load(name);
+        let (ck, vae) = decoder(name);
+        let z = exp.tensor("vae.z");
+        let all = moss::backend::cuda::vae::vae_keep_bytes(&ck.vae, z.shape[2], z.shape[3]);
+        let report = |keep| vae.decode_rgb8_report(&Cpu, &z, Split::strips_keeping(8, keep)).unwrap().1.unwrap();
+        let r = report(all);
+        println!("{name}: {all} bytes kept: {r:?}");
+        assert_eq!((r.host_pictures, r.kept_peak_bytes, r.host_bytes_moved), (0, all, 0), "{name}: {r:?}");
+        let r = report(all - 1);
+        println!("{name}: {} bytes kept: {r:?}", all - 1);
+        assert!(r.host_pictures > 0 && r.kept_peak_bytes < all && r.host_bytes_moved > 0, "{name}: {r:?}");
+        let r = report(0);
+        assert_eq!((r.device_pictures, r.kept_peak_bytes), (0, 0), "{name}: {r:?}");
+        // Every picture is written once and read at least once: at least twice its bytes cross.
+        assert!(r.host_bytes_moved >= 2 * all, "{name}: {r:?}");
     }
 }
 

@@ -6,8 +6,10 @@
 // plain per-token recurrence in double, for index and synchronisation bugs before a device run.
 // Cases: `simt` the fp32 SIMT kernels; `tc` gdr_prep_tc3p + gdr_seq_tc + gdr_out_tc (control in
 // the out kernel); `prep` the same with gdr_prep_tc3p's control; `tma` gdr_prep_tc3p + the Hopper
-// state pass + output. The bf16 paths get bf16-valued data (and Hv / Hk even). Contiguous and strided q, k, v.
-//   g++ -O2 -std=c++20 -pthread -Wno-unknown-pragmas -I cuda tools/delta_rule_emu.cpp -o /tmp/delta_rule_emu && /tmp/delta_rule_emu [simt|tc|prep|tma]
+// state pass + output; `compact` gdr_prep_f32 + the fp32 gdr_seq_compact + gdr_out_compact
+// (delta_rule_compact.cuh, control in the out kernel); `compact_tc` gdr_prep_tc3p + their TF32
+// versions. The bf16 paths get bf16-valued data (and Hv / Hk even). Contiguous and strided q, k, v.
+//   g++ -O2 -std=c++20 -pthread -Wno-unknown-pragmas -I cuda tools/delta_rule_emu.cpp -o /tmp/delta_rule_emu && /tmp/delta_rule_emu [simt|tc|prep|tma|compact|compact_tc]
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -402,18 +404,20 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 
 // tc: 0 the fp32 SIMT kernels (control in gdr_out), 1 gdr_prep_tc3p + gdr_seq_tc + gdr_out_tc
 // (control in gdr_out_tc), 2 the same with gdr_prep_tc3p's control (T's lower-left block zero),
-// 3 gdr_prep_tc3p + the Hopper state pass + output (gdr_tma.cu, control in it); the bf16 paths
-// (1-3) take bf16-valued q, k, v. strided: q, k, v read out of one [L, C] buffer with a row
+// 3 gdr_prep_tc3p + the Hopper state pass + output (gdr_tma.cu, control in it), 4 gdr_prep_f32 +
+// gdr_seq_compact + gdr_out_compact in fp32, 5 gdr_prep_tc3p + their TF32 versions (controls in
+// gdr_out_compact); the bf16 paths (1-3, 5) take bf16-valued q, k, v. strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
 static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned seed, int tc, bool strided) {
     using namespace moss_gdr;
+    const bool bf = tc != 0 && tc != 4, compact = tc >= 4;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> q(L * Hk * dk), k(L * Hk * dk), v(L * Hv * dv), g(L * Hv), beta(L * Hv);
     for (auto& x : q) x = nd(rng);
     for (auto& x : k) x = nd(rng);
     for (auto& x : v) x = nd(rng);
-    if (tc > 0)  // bf16 data: every value exactly a bf16
+    if (bf)  // bf16 data: every value exactly a bf16
         for (auto* a : {&q, &k, &v})
             for (auto& x : *a) x = moss_mma::bf16f(moss_gdr::bf16_rn(x));
     const long C = 2L * Hk * dk + Hv * dv + 8;
@@ -442,7 +446,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
     const unsigned short* qbp = strided ? &qkvb[0] : qb.data();
     const unsigned short* kbp = strided ? &qkvb[Hk * dk] : kb.data();
     const unsigned short* vbp = strided ? &qkvb[2 * Hk * dk] : vb.data();
-    if (tc)  // gdr_prep_tc3p: a block of 512 threads per chunk and pair of value heads
+    if (bf)  // gdr_prep_tc3p: a block of 512 threads per chunk and pair of value heads
         launch(
             nb / 2, 1, P3P_FLOATS,
             [&] {
@@ -472,6 +476,19 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                 f(&mq, &mwk, &mkd, &mu0, &mwq, out.data(), gam.data(), L, Hk, Hv, dk, dv);
             },
             moss_gdrt::TLay<float>::SLOT);
+    } else if (compact) {  // delta_rule_compact.cuh
+        const int nco = (dv + CO_CB - 1) / CO_CB;
+        launch(Hv * ((dv + CS_CB - 1) / CS_CB), 1, CS_FLOATS, [&] {
+            auto f = tc == 5 ? seq_compact_impl<true> : seq_compact_impl<false>;
+            f(S.data(), U.data(), Wk.data(), Kd.data(), U0.data(), gam.data(), nc, Hv, (dv + CS_CB - 1) / CS_CB);
+        });
+        launch(nb, nco, CO_FLOATS, [&] {
+            float* o = out.data();
+            const float *Sp = S.data(), *Up = U.data(), *Wp = Wqk.data(), *gp = gam.data();
+            auto f = tc == 5 ? (bug ? out_compact_impl<float, true, 1> : out_compact_impl<float, true, 0>)
+                             : (bug ? out_compact_impl<float, false, 1> : out_compact_impl<float, false, 0>);
+            f(o, qp, Sp, Up, Wp, gp, L, Hk, Hv, dk, dv, rqk);
+        });
     } else {
         if (tc)
             launch(Hv * ncb, 1, TQ_FLOATS,
@@ -528,12 +545,12 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
 
 // `gdr_emu` runs every case; `gdr_emu simt` / `tc` / `prep` / `tma` that one.
 int main(int argc, char** argv) {
-    const char* names[] = {"simt", "tc", "prep", "tma"};
-    int tc0 = 0, tc1 = 4;
-    for (int i = 0; argc > 1 && i < 4; i++)
+    const char* names[] = {"simt", "tc", "prep", "tma", "compact", "compact_tc"};
+    int tc0 = 0, tc1 = 6;
+    for (int i = 0; argc > 1 && i < 6; i++)
         if (std::strcmp(argv[1], names[i]) == 0) tc0 = i, tc1 = i + 1;
     if (argc > 1 && tc1 - tc0 != 1) {
-        fprintf(stderr, "usage: gdr_emu [simt|tc|prep|tma]\n");
+        fprintf(stderr, "usage: delta_rule_emu [simt|tc|prep|tma|compact|compact_tc]\n");
         return 2;
     }
     struct C {
@@ -542,16 +559,17 @@ int main(int argc, char** argv) {
     int bad = 0;
     for (int tc = tc0; tc < tc1; tc++)
         for (auto c : cs) {
-            if (tc && (c.Hv / c.Hk) % 2) continue;  // bf16 (gdr_prep_tc3p) needs Hv / Hk even
+            const bool bf = tc != 0 && tc != 4;
+            if (bf && (c.Hv / c.Hk) % 2) continue;  // bf16 (gdr_prep_tc3p) needs Hv / Hk even
             // SIMT fp32: 1e-5; TF32 operands (2^-11 relative rounding): 2e-3
-            double bound = tc ? 2e-3 : 1e-5;
+            double bound = bf ? 2e-3 : 1e-5;
             bool strided = (c.L % 2) == 1;
             double e = run_case(c.L, c.Hk, c.Hv, c.dk, c.dv, false, 1, tc, strided);
             double eb = run_case(c.L, c.Hk, c.Hv, c.dk, c.dv, true, 1, tc, strided);
             // one chunk (L ≤ 64): the state-read controls cannot differ; the prep's can
             bool ok = e < bound && ((c.L <= 64 && tc != 2) || eb > 1e-2);
             bad += !ok;
-            printf("%-4s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n", names[tc],
+            printf("%-10s%s L=%d Hk=%d Hv=%d dk=%d dv=%d: rel L2 %.3e (bound %.0e), planted bug %.3e %s\n", names[tc],
                    strided ? " strided" : "", c.L, c.Hk, c.Hv, c.dk, c.dv, e, bound, eb, ok ? "ok" : "FAIL");
         }
     return bad != 0;

@@ -127,6 +127,7 @@ __device__ void load_state_cols(float* Ss, int ld, const float* Sall, long blk, 
 }  // namespace moss_gdr
 #include "delta_rule_tc.cuh"     // bf16: gdr_seq_tc, gdr_out_tc (TF32 mma)
 #include "delta_rule_prep.cuh"  // bf16: delta_rule_prep ((I + A)⁻¹ blockwise, [U0 | Wk] on bf16 mma)
+#include "delta_rule_compact.cuh"  // gdr_seq_compact, gdr_out_compact: within 96 KiB a block (99 KiB GPUs)
 namespace moss_gdr {
 
 // ---- gdr_prep (fp32): one block per (chunk, value head) ----------------------------------------

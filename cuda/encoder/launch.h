@@ -76,6 +76,13 @@
 #define ENC_GDR_TMA_THREADS 288
 #define ENC_GDR_TMA_COLS 32
 #define ENC_GDR_TMA_BYTES 201776
+// delta_rule_compact.cuh (every GPU; <= 96 KiB a block): value columns a block of
+// gdr_seq_compact and gdr_out_compact, and their dynamic shared memory in floats (a ring of 3
+// quarter tiles [64][72] of Wk / Kd, S [128][40], U [64][40]; Q̂ [64][132], S0 [128][40], Wqk
+// [64][68], U [64][40], e^γ).
+#define ENC_GDR_COMPACT_COLS 32
+#define ENC_GDR_SEQ_COMPACT_FLOATS 21504
+#define ENC_GDR_OUT_COMPACT_FLOATS 20544
 // The one-kernel sequential version (encoder_ops.cu `gdr`): threads, value columns a block
 // (or all of dv), dynamic shared memory in floats at key head dim DK and COLS columns.
 #define ENC_GDR_SEQ1_THREADS 512

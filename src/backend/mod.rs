@@ -44,6 +44,34 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// Weights on their way to the backend: `value` may not be computed with before [`Behind::ready`].
+pub struct Behind<R> {
+    value: R,
+    #[allow(clippy::type_complexity)]
+    ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>,
+}
+
+impl<R> Behind<R> {
+    /// `ready` makes the compute wait for the copies (`None`: nothing to wait for).
+    #[allow(clippy::type_complexity)]
+    pub fn new(value: R, ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>) -> Self {
+        Behind { value, ready }
+    }
+
+    /// `f` of the value, still waiting for the same copies.
+    pub fn map<S>(self, f: impl FnOnce(R) -> S) -> Behind<S> {
+        Behind { value: f(self.value), ready: self.ready }
+    }
+
+    /// The value, once the compute after this call is ordered after its copies.
+    pub fn ready(self) -> Result<R> {
+        if let Some(r) = self.ready {
+            r()?;
+        }
+        Ok(self.value)
+    }
+}
+
 /// Generic ops. Shapes are row-major; "rows" means all leading dimensions flattened.
 pub trait Backend {
     /// A tensor resident on this backend.
@@ -55,6 +83,45 @@ pub trait Backend {
     fn dims(&self, x: &Self::T) -> Vec<usize>;
     /// A checkpoint tensor by its name inside the component, in the backend's storage precision.
     fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
+
+    /// The checkpoint tensors `names` (one dtype, one trailing shape) stacked along dim 0 as one
+    /// tensor: the values of `cat([load(n) for n in names], 0)`.
+    fn load_rows(&self, c: &Component, names: &[&str]) -> Result<Self::T> {
+        let parts = names.iter().map(|n| self.load(c, n)).collect::<Result<Vec<_>>>()?;
+        self.cat(&parts.iter().collect::<Vec<_>>(), 0)
+    }
+
+    /// Run `f`, which only loads weights (through the backend it is given), as one batch: the
+    /// CUDA backend reads them in parallel and copies them on its copy stream, and the compute
+    /// waits for them before anything after. Elsewhere just `f(self)`.
+    fn load_batch<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
+        f(self)
+    }
+
+    /// [`Backend::load_batch`] whose copies the compute waits for only at [`Behind::ready`]: a
+    /// stage's weights load while another stage computes.
+    fn load_behind<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<Behind<R>> {
+        Ok(Behind::new(f(self)?, None))
+    }
+
+    /// Whether [`Backend::load_behind`] overlaps the load with compute (so a caller may start it
+    /// early on another thread).
+    fn loads_behind(&self) -> bool {
+        false
+    }
+
+    /// A streamed block's tensors, each the dim-0 stack of its names ([`Backend::load_rows`]),
+    /// into the reusable memory of `slot` (`0..=`[`crate::memory_plan::PREFETCH`]): the CUDA
+    /// backend copies on its copy stream once the compute that read the slot's previous block is
+    /// done, and the compute waits at [`Behind::ready`].
+    fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<Self::T>>> {
+        let _ = slot;
+        let mut out = vec![];
+        for g in groups {
+            out.push(self.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
+        }
+        Ok(Behind::new(out, None))
+    }
 
     /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.
     fn linear(&self, x: &Self::T, w: &Self::T, b: Option<&Self::T>) -> Result<Self::T>;

@@ -8,7 +8,10 @@
 use crate::backend::ops::DitOps;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
+use crate::backend::Behind;
+use crate::memory_plan::PREFETCH;
 use anyhow::{ensure, Result};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table, in one place.
@@ -137,16 +140,32 @@ pub struct BlockMats<B: DitOps> {
 }
 
 impl<B: DitOps> BlockMats<B> {
-    fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
-        let w = |n: &str| b.load(c, &format!("layers.{i}.{n}"));
-        let (q, k, v) = (w("proj.q.weight")?, w("proj.k.weight")?, w("proj.v.weight")?);
-        Ok(BlockMats {
-            qkv: b.cat(&[&q, &k, &v], 0)?,
-            o: w("proj.o.weight")?,
-            ffn_up_gate: w("proj.ffn_up_gate.weight")?,
-            ffn_down: w("proj.ffn_down.weight")?,
-        })
+    /// The checkpoint tensors of block `i`'s matrices, each a dim-0 stack of these names:
+    /// `qkv`, `o`, `ffn_up_gate`, `ffn_down`.
+    fn names(i: usize) -> Vec<Vec<String>> {
+        let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
+        vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
     }
+
+    fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
+        let mut m = vec![];
+        for g in Self::names(i) {
+            m.push(b.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
+        }
+        Self::from_parts(m)
+    }
+
+    fn from_parts(m: Vec<B::T>) -> Result<Self> {
+        let [qkv, o, ffn_up_gate, ffn_down]: [B::T; 4] =
+            m.try_into().map_err(|m: Vec<B::T>| anyhow::anyhow!("a block fetch gave {} tensors, not 4", m.len()))?;
+        Ok(BlockMats { qkv, o, ffn_up_gate, ffn_down })
+    }
+}
+
+/// The streamed blocks' source and the fetches in flight (at most [`PREFETCH`] ahead).
+struct Streamer<B: DitOps> {
+    source: Component,
+    queue: Mutex<(VecDeque<(usize, Behind<Vec<B::T>>)>, usize)>,
 }
 
 /// A block's matrices as the weight provider hands them out: resident, or fetched for this use.
@@ -199,8 +218,8 @@ pub struct Dit<B: DitOps> {
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
-    /// The checkpoint the streamed blocks are fetched from (`None`: every block is resident).
-    source: Option<Component>,
+    /// Where the streamed blocks come from (`None`: every block is resident).
+    stream: Option<Streamer<B>>,
     /// RoPE tables of the joint stream by `(h, w, text_len)`, built on the host once and reused by
     /// every step (cond and uncond differ in `text_len`); the most recent [`ROPE_CACHE`] kept.
     rope_cache: Mutex<Vec<((usize, usize, usize), (B::T, B::T))>>,
@@ -216,14 +235,27 @@ impl<B: DitOps> Dit<B> {
     }
 
     /// The first `resident` main blocks resident, the rest streamed from `c` (kept open, a file
-    /// mapping) each time a forward reaches them: the same values through the same kernels, so
-    /// the output is identical to [`Dit::load`]'s; device memory holds one streamed block at a time.
+    /// mapping) each time a forward reaches them, fetched up to [`PREFETCH`] blocks ahead into
+    /// `PREFETCH + 1` reused block buffers: the same values through the same kernels, so the
+    /// output is identical to [`Dit::load`]'s.
     pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
         let mut dit = Self::load_blocks(b, &c, cfg, resident)?;
         if resident < cfg.num_layers {
-            dit.source = Some(c);
+            dit.stream = Some(Streamer { source: c, queue: Mutex::new((VecDeque::new(), 0)) });
         }
         Ok(dit)
+    }
+
+    /// [`Dit::load_streamed`] with the resident weights' copies still in flight: the compute
+    /// waits for them at [`Behind::ready`] (the DiT loads while the text encoder runs).
+    pub fn load_behind(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Behind<Self>> {
+        let dit = b.load_behind(|b| Self::load_blocks_unbatched(b, &c, cfg, resident))?;
+        Ok(dit.map(|mut dit| {
+            if resident < cfg.num_layers {
+                dit.stream = Some(Streamer { source: c, queue: Mutex::new((VecDeque::new(), 0)) });
+            }
+            dit
+        }))
     }
 
     /// How many main blocks are resident (the rest stream).
@@ -231,14 +263,18 @@ impl<B: DitOps> Dit<B> {
         self.layers.iter().filter(|l| l.mats.is_some()).count()
     }
 
+    /// Every resident weight in one load batch.
     fn load_blocks(b: &B, c: &Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
+        b.load_batch(|b| Self::load_blocks_unbatched(b, c, cfg, resident))
+    }
+
+    fn load_blocks_unbatched(b: &B, c: &Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
         let w = |n: &str| b.load(c, n);
         let lin = |n: &str, bias: bool| Linear::load(b, c, n, bias);
         let mut refiner = vec![];
         for i in 0..cfg.num_refiner_layers {
             let p = format!("text_embedder.blocks.{i}.");
-            let (up, gate) = (lin(&format!("{p}ffn_up"), true)?, lin(&format!("{p}ffn_gate"), true)?);
-            let (ub, gb) = (up.bias.as_ref().unwrap(), gate.bias.as_ref().unwrap());
+            let rows = |what: &str| b.load_rows(c, &[&format!("{p}ffn_up.{what}"), &format!("{p}ffn_gate.{what}")]);
             refiner.push(RefinerBlock {
                 norm1: w(&format!("{p}norm1.weight"))?,
                 norm2: w(&format!("{p}norm2.weight"))?,
@@ -246,7 +282,7 @@ impl<B: DitOps> Dit<B> {
                 k_norm: w(&format!("{p}k_norm.weight"))?,
                 qkv: lin(&format!("{p}qkv"), true)?,
                 proj: lin(&format!("{p}proj"), true)?,
-                ffn_up_gate: Linear { weight: b.cat(&[&up.weight, &gate.weight], 0)?, bias: Some(b.cat(&[ub, gb], 0)?) },
+                ffn_up_gate: Linear { weight: rows("weight")?, bias: Some(rows("bias")?) },
                 ffn_down: lin(&format!("{p}ffn_down"), true)?,
             });
         }
@@ -273,7 +309,7 @@ impl<B: DitOps> Dit<B> {
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
-            source: None,
+            stream: None,
             rope_cache: Mutex::new(Vec::new()),
         })
     }
@@ -394,6 +430,8 @@ impl<B: DitOps> Dit<B> {
             let yin = y.take().expect("every block that runs gets its norm");
             let mats = self.block_weights(b, i)?;
             (xs, y) = self.block(b, blk, &mats, xs, yin, &m, &cos, &sin, next)?;
+            drop(mats);
+            self.prefetch(b, active[j + 1..].iter().map(|(i, _)| *i))?;
         }
         let z = b.narrow(&xs, 0, 0, h * w)?;
         let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, cfg.eps)?;
@@ -401,13 +439,61 @@ impl<B: DitOps> Dit<B> {
         b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
     }
 
-    /// The weight provider: block `i`'s matrices, resident or fetched from the checkpoint now.
+    /// The weight provider: block `i`'s matrices, resident, or streamed: fetched ahead (or now)
+    /// and waited for here.
     fn block_weights(&self, b: &B, i: usize) -> Result<Fetched<'_, B>> {
-        match (&self.layers[i].mats, &self.source) {
+        match (&self.layers[i].mats, &self.stream) {
             (Some(m), _) => Ok(Fetched::Resident(m)),
-            (None, Some(c)) => Ok(Fetched::Streamed(BlockMats::load(b, c, i)?)),
+            (None, Some(s)) => {
+                let ahead = {
+                    let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
+                    // Fetches for blocks this forward skips are dropped (their slots are reused).
+                    while q.0.front().is_some_and(|(k, _)| *k != i) {
+                        q.0.pop_front();
+                    }
+                    q.0.pop_front().map(|(_, f)| f)
+                };
+                let fetched = match ahead {
+                    Some(f) => f,
+                    None => self.issue_fetch(b, s, i)?,
+                };
+                Ok(Fetched::Streamed(BlockMats::from_parts(fetched.ready()?)?))
+            }
             (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
         }
+    }
+
+    /// Start fetching block `i` into the next slot.
+    fn issue_fetch(&self, b: &B, s: &Streamer<B>, i: usize) -> Result<Behind<Vec<B::T>>> {
+        let slot = {
+            let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = q.1;
+            q.1 = (slot + 1) % (PREFETCH as usize + 1);
+            slot
+        };
+        b.fetch(&s.source, slot, &BlockMats::<B>::names(i))
+    }
+
+    /// After a block's compute is queued: fetch the next streamed blocks this forward runs (`rest`,
+    /// in order), then those the next forward starts with, up to [`PREFETCH`] in flight.
+    fn prefetch(&self, b: &B, rest: impl Iterator<Item = usize>) -> Result<()> {
+        let Some(s) = &self.stream else { return Ok(()) };
+        let streamed = |k: &usize| self.layers[*k].mats.is_none();
+        let wrap = (0..self.layers.len()).filter(streamed);
+        for k in rest.filter(streamed).chain(wrap).take(PREFETCH as usize) {
+            let queued = {
+                let q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
+                if q.0.len() >= PREFETCH as usize {
+                    return Ok(());
+                }
+                q.0.iter().any(|(j, _)| *j == k)
+            };
+            if !queued {
+                let f = self.issue_fetch(b, s, k)?;
+                s.queue.lock().unwrap_or_else(|e| e.into_inner()).0.push_back((k, f));
+            }
+        }
+        Ok(())
     }
 
     /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);

@@ -51,50 +51,102 @@ struct Layer<B: EncoderOps> {
 pub struct Encoder<B: EncoderOps> {
     cfg: EncoderConfig,
     embed_tokens: B::T,
-    layers: Vec<Layer<B>>,
+    /// `None`: streamed from `source` each forward.
+    layers: Vec<Option<Layer<B>>>,
     norm: B::T,
+    source: Option<Component>,
+}
+
+/// A layer as the weight provider hands it out: resident, or loaded for this use.
+enum Fetched<'a, L> {
+    Resident(&'a L),
+    Streamed(L),
+}
+
+impl<L> std::ops::Deref for Fetched<'_, L> {
+    type Target = L;
+    fn deref(&self) -> &L {
+        match self {
+            Fetched::Resident(l) => l,
+            Fetched::Streamed(l) => l,
+        }
+    }
 }
 
 impl<B: EncoderOps> Encoder<B> {
+    /// Every weight, in one load batch.
     pub fn load(b: &B, c: &Component, cfg: &EncoderConfig) -> Result<Self> {
-        let w = |n: &str| b.load(c, n);
-        let mut layers = vec![];
-        for (i, t) in cfg.layer_types.iter().enumerate() {
-            let p = format!("layers.{i}.");
-            let mixer = match t {
-                LayerType::Full => {
-                    let a = |n: &str| w(&format!("{p}self_attn.{n}"));
-                    Mixer::Full(Attention {
-                        qkv: b.cat_weights("attn_in", vec![a("q_proj.weight")?, a("k_proj.weight")?, a("v_proj.weight")?])?,
-                        o_proj: a("o_proj.weight")?,
-                        q_norm: a("q_norm.weight")?,
-                        k_norm: a("k_norm.weight")?,
-                    })
-                }
-                LayerType::Linear => {
-                    let a = |n: &str| w(&format!("{p}linear_attn.{n}"));
-                    Mixer::Linear(DeltaNet {
-                        in_proj: b.cat_weights(
-                            "delta_net_in",
-                            vec![a("in_proj_qkv.weight")?, a("in_proj_z.weight")?, a("in_proj_a.weight")?, a("in_proj_b.weight")?],
-                        )?,
-                        conv1d: a("conv1d.weight")?,
-                        dt_bias: a("dt_bias")?,
-                        a_log: a("A_log")?,
-                        norm: a("norm.weight")?,
-                        out_proj: a("out_proj.weight")?,
-                    })
-                }
-            };
-            layers.push(Layer {
-                input_layernorm: w(&format!("{p}input_layernorm.weight"))?,
-                post_attention_layernorm: w(&format!("{p}post_attention_layernorm.weight"))?,
-                mixer,
-                mlp_in: b.cat_weights("mlp_in", vec![w(&format!("{p}mlp.gate_proj.weight"))?, w(&format!("{p}mlp.up_proj.weight"))?])?,
-                down_proj: w(&format!("{p}mlp.down_proj.weight"))?,
-            });
+        b.load_batch(|b| Self::load_layers(b, c, cfg, usize::MAX))
+    }
+
+    /// The first `resident` layers resident, the rest loaded from `c` (kept open, a file mapping)
+    /// each time a forward reaches them: the same values through the same kernels, so the hidden
+    /// states are identical to [`Encoder::load`]'s.
+    pub fn load_streamed(b: &B, c: Component, cfg: &EncoderConfig, resident: usize) -> Result<Self> {
+        let mut enc = b.load_batch(|b| Self::load_layers(b, &c, cfg, resident))?;
+        if resident < cfg.num_layers() {
+            enc.source = Some(c);
         }
-        Ok(Encoder { cfg: cfg.clone(), embed_tokens: w("embed_tokens.weight")?, layers, norm: w("norm.weight")? })
+        Ok(enc)
+    }
+
+    /// How many layers are resident (the rest stream).
+    pub fn resident_layers(&self) -> usize {
+        self.layers.iter().filter(|l| l.is_some()).count()
+    }
+
+    fn load_layers(b: &B, c: &Component, cfg: &EncoderConfig, resident: usize) -> Result<Self> {
+        let w = |n: &str| b.load(c, n);
+        let layers = (0..cfg.layer_types.len())
+            .map(|i| if i < resident { Self::load_layer(b, c, cfg, i).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        Ok(Encoder { cfg: cfg.clone(), embed_tokens: w("embed_tokens.weight")?, layers, norm: w("norm.weight")?, source: None })
+    }
+
+    fn load_layer(b: &B, c: &Component, cfg: &EncoderConfig, i: usize) -> Result<Layer<B>> {
+        let w = |n: &str| b.load(c, n);
+        let p = format!("layers.{i}.");
+        let mixer = match cfg.layer_types[i] {
+            LayerType::Full => {
+                let a = |n: &str| w(&format!("{p}self_attn.{n}"));
+                Mixer::Full(Attention {
+                    qkv: b.cat_weights("attn_in", vec![a("q_proj.weight")?, a("k_proj.weight")?, a("v_proj.weight")?])?,
+                    o_proj: a("o_proj.weight")?,
+                    q_norm: a("q_norm.weight")?,
+                    k_norm: a("k_norm.weight")?,
+                })
+            }
+            LayerType::Linear => {
+                let a = |n: &str| w(&format!("{p}linear_attn.{n}"));
+                Mixer::Linear(DeltaNet {
+                    in_proj: b.cat_weights(
+                        "delta_net_in",
+                        vec![a("in_proj_qkv.weight")?, a("in_proj_z.weight")?, a("in_proj_a.weight")?, a("in_proj_b.weight")?],
+                    )?,
+                    conv1d: a("conv1d.weight")?,
+                    dt_bias: a("dt_bias")?,
+                    a_log: a("A_log")?,
+                    norm: a("norm.weight")?,
+                    out_proj: a("out_proj.weight")?,
+                })
+            }
+        };
+        Ok(Layer {
+            input_layernorm: w(&format!("{p}input_layernorm.weight"))?,
+            post_attention_layernorm: w(&format!("{p}post_attention_layernorm.weight"))?,
+            mixer,
+            mlp_in: b.cat_weights("mlp_in", vec![w(&format!("{p}mlp.gate_proj.weight"))?, w(&format!("{p}mlp.up_proj.weight"))?])?,
+            down_proj: w(&format!("{p}mlp.down_proj.weight"))?,
+        })
+    }
+
+    /// Layer `i`: resident, or loaded from the checkpoint now (one load batch).
+    fn layer(&self, b: &B, i: usize) -> Result<Fetched<'_, Layer<B>>> {
+        match (&self.layers[i], &self.source) {
+            (Some(l), _) => Ok(Fetched::Resident(l)),
+            (None, Some(c)) => Ok(Fetched::Streamed(b.load_batch(|b| Self::load_layer(b, c, &self.cfg, i))?)),
+            (None, None) => anyhow::bail!("text-encoder layer {i} is neither resident nor streamed"),
+        }
     }
 
     /// Hidden states `[L, hidden]` (f32) of one unpadded prompt, on the host.
@@ -107,11 +159,19 @@ impl<B: EncoderOps> Encoder<B> {
         ensure!(!ids.is_empty(), "the encoder needs at least one token");
         let eps = self.cfg.rms_norm_eps;
         let mut x = b.embed(&self.embed_tokens, ids)?;
-        let first = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
+        // Each residual add is fused with the next layer's input norm, so a layer is fetched one
+        // layer ahead (at most two layers held when streaming).
+        let first_layer = if self.layers.is_empty() { None } else { Some(self.layer(b, 0)?) };
+        let first = first_layer.as_ref().map_or(&self.norm, |l| &l.input_layernorm);
         // h: the norm of the residual stream x that the next sublayer reads; each residual add
         // is fused with that norm (the next layer's input_layernorm, or the final norm)
         let mut h = b.rms_norm(&x, Some(first), eps, true)?;
-        for (i, layer) in self.layers.iter().enumerate() {
+        let mut current = first_layer;
+        for i in 0..self.layers.len() {
+            let layer = match current.take() {
+                Some(l) => l,
+                None => self.layer(b, i)?,
+            };
             // the mixer's output before its projection, and that projection
             let (m, w_out) = match &layer.mixer {
                 Mixer::Full(a) => (self.attention(b, a, &h)?, &a.o_proj),
@@ -122,7 +182,9 @@ impl<B: EncoderOps> Encoder<B> {
             let y = b.linear_cat(&h, &layer.mlp_in)?;
             let [gate, up] = split_cols(&y, [ffn, ffn]);
             let f = b.silu_mul_cols(gate, up)?;
-            let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
+            // The residual add is fused with the next layer's input norm: fetch that layer now.
+            current = if i + 1 < self.layers.len() { Some(self.layer(b, i + 1)?) } else { None };
+            let next = current.as_ref().map_or(&self.norm, |l| &l.input_layernorm);
             (x, h) = b.linear_add_rms_norm(&f, &layer.down_proj, &x, next, eps)?;
         }
         Ok(h)

@@ -9,19 +9,25 @@
 //!
 //! **Split decode** ([`Split::Strips`]): a decode that does not fit in free device memory runs
 //! the part at the latent resolution (`post_quant_conv`, `conv_in`, the mid block with its
-//! attention) whole on the backend, then every later layer in row strips: the layer's full input
-//! lives in host memory, each conv gets its output rows' input rows plus the halo (`k/2` rows;
-//! through the folded upsample, the low-resolution rows those need), computes them on the
-//! backend and the strip's valid rows come back. A conv's output pixel does not depend on the
-//! strip (same inputs, same summation order), and the GroupNorm statistics are gathered as
-//! per-row partials ([`VaeOps::group_norm_row_stats`]) combined in a fixed order, so the picture
-//! is the unsplit one, bit for bit (tests/vae.rs checks it).
+//! attention) whole on the backend, then every later layer in row strips. Between layers only
+//! the pictures a later layer reads are kept ([`VaeOps::picture`]): a resnet's input (its
+//! GroupNorm and its shortcut) and its first conv's output (the second GroupNorm), in device
+//! memory while the plan's budget lasts, else in host memory; a resnet writes its output over
+//! its input. Each conv gets its output rows' input rows plus the halo (`k/2` rows; through the
+//! folded upsample, the low-resolution rows those need) and hands its valid rows to the next
+//! picture. A conv's output pixel does not depend on the strip (same inputs, same summation
+//! order), and the GroupNorm statistics are gathered as per-row partials
+//! ([`VaeOps::group_norm_row_stats`]) combined in a fixed order, so the picture is the unsplit
+//! one, bit for bit (tests/vae.rs checks it).
 
 use crate::backend::ops::VaeOps;
 use crate::backend::ops::vae::group_norm_combine;
 use crate::checkpoint::{config::VaeConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+
+mod split;
+pub use split::{Split, SplitReport, Strips};
 
 /// The eps of every GroupNorm in diffusers' `Decoder` (`resnet_eps`, fixed there, not in the config).
 const NORM_EPS: f64 = 1e-6;
@@ -61,14 +67,6 @@ impl<B: VaeOps> GroupNorm<B> {
     }
     fn forward(&self, b: &B, x: &B::T, silu: bool) -> Result<B::T> {
         b.group_norm(x, &self.weight, &self.bias, self.groups, NORM_EPS, silu)
-    }
-    /// The (mean, variance) per group of a host picture, from the row partials gathered when it
-    /// was made ([`HostAct`]): the same partials, combined the same way, as
-    /// [`VaeOps::group_norm`] over the whole picture.
-    fn stats_of(&self, x: &HostAct) -> Result<Vec<f64>> {
-        let (c, h, w) = (x.t.shape[1], x.t.shape[2], x.t.shape[3]);
-        ensure!(x.groups == self.groups && x.part.len() == self.groups * h * 2, "VAE split: row partials for {} groups, wanted {}", x.groups, self.groups);
-        Ok(group_norm_combine(&x.part, self.groups, h, c / self.groups * w))
     }
     /// `conv(silu?(norm(x)))` with statistics given ([`GroupNorm::stats_of`] for a strip, the
     /// whole picture's otherwise), through [`VaeOps::conv2d_normed`] (fused on CUDA).
@@ -130,136 +128,7 @@ impl<B: VaeOps> Resnet<B> {
             None => b.add(x, &h),
         }
     }
-    /// [`Resnet::forward`] in row strips, `x` and the result in host memory.
-    fn forward_strips(&self, b: &B, x: &HostAct, sp: Strips) -> Result<HostAct> {
-        let st1 = self.norm1.stats_of(x)?;
-        let h = conv_strips_host(b, &x.t, Some((&self.norm1, &st1)), &self.conv1, false, sp, x.groups, |_, _, t| Ok(t))?;
-        let st2 = self.norm2.stats_of(&h)?;
-        conv_strips_host(b, &h.t, Some((&self.norm2, &st2)), &self.conv2, false, sp, x.groups, |y0, y1, t| {
-            let xs = b.upload_rows(&x.t, y0, y1)?;
-            match &self.conv_shortcut {
-                Some(s) => b.add(&s.forward(b, &xs)?, &t),
-                None => b.add(&xs, &t),
-            }
-        })
-    }
-}
 
-/// A picture `[1, C, H, W]` in host memory with the GroupNorm row partials of its rows
-/// ([`VaeOps::group_norm_row_stats`] for `groups` groups, `[groups, H, 2]`), taken on the
-/// backend from each strip as it was made (the same bits as over the whole picture).
-struct HostAct {
-    t: Tensor,
-    part: Vec<f64>,
-    groups: usize,
-}
-
-impl HostAct {
-    /// Download a whole backend picture, with its row partials.
-    fn download<B: VaeOps>(b: &B, x: &B::T, groups: usize) -> Result<HostAct> {
-        Ok(HostAct { part: b.group_norm_row_stats(x, groups)?, t: b.download(x)?, groups })
-    }
-}
-
-/// How a decode runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Split {
-    /// Every activation on the backend at once.
-    Whole,
-    /// After the mid block, layer by layer in row strips (see the module doc).
-    Strips(Strips),
-}
-
-/// Row strips: `rows` output rows of each layer (at its own resolution) per strip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Strips {
-    pub rows: usize,
-    /// Planted for the tests' control: strips get no halo rows (each strip's edges then see the
-    /// conv's zero padding instead of their neighbours). Never set outside tests.
-    pub no_halo: bool,
-}
-
-impl Split {
-    /// Strips of `rows` rows (at least 1), with the halo.
-    pub fn strips(rows: usize) -> Split {
-        Split::Strips(Strips { rows: rows.max(1), no_halo: false })
-    }
-}
-
-/// The input rows `a..b` (of `h_in`) a conv with kernel `k` needs for its output rows
-/// `y0..y1`, and where `y0` sits in the conv's output over those input rows. The halo is `k/2`
-/// rows; with the folded ×2 upsample, output row `Y` reads upsampled rows `Y ± k/2`, i.e. input
-/// rows `⌊(Y ± k/2)/2⌋`. Rows of the strip's own output that saw the strip's edge (zero padding
-/// standing in for a neighbour row) lie outside `y0..y1` and are dropped.
-fn input_span(y0: usize, y1: usize, h_in: usize, k: usize, up: bool, halo: bool) -> (usize, usize, usize) {
-    let p = if halo { k / 2 } else { 0 };
-    if up {
-        let a = y0.saturating_sub(p) / 2;
-        let b = ((y1 - 1 + p) / 2 + 1).min(h_in);
-        (a, b, y0 - 2 * a)
-    } else {
-        let a = y0.saturating_sub(p);
-        (a, (y1 + p).min(h_in), y0 - a)
-    }
-}
-
-/// One conv (optionally after a GroupNorm + SiLU with given statistics) over the host picture
-/// `x` in row strips; `post(y0, y1, strip)` gets each strip's valid output rows `y0..y1` on the
-/// backend and returns what is kept; `sink` takes it.
-#[allow(clippy::too_many_arguments)]
-fn conv_strips<B: VaeOps>(
-    b: &B,
-    x: &Tensor,
-    norm: Option<(&GroupNorm<B>, &[f64])>,
-    conv: &Conv<B>,
-    up: bool,
-    sp: Strips,
-    mut post: impl FnMut(usize, usize, B::T) -> Result<B::T>,
-    mut sink: impl FnMut(usize, usize, B::T) -> Result<()>,
-) -> Result<()> {
-    let h_in = x.shape[2];
-    let k = b.dims(&conv.weight)[2];
-    let oh = if up { 2 * h_in } else { h_in };
-    for y0 in (0..oh).step_by(sp.rows) {
-        let y1 = (y0 + sp.rows).min(oh);
-        let (a, e, off) = input_span(y0, y1, h_in, k, up, !sp.no_halo);
-        let xs = b.upload_rows(x, a, e)?;
-        let o = match norm {
-            Some((n, st)) => n.conv_with(b, &xs, st, true, conv, up)?,
-            None => conv.conv(b, &xs, up)?,
-        };
-        drop(xs);
-        let o = if off == 0 && b.dims(&o)[2] == y1 - y0 { o } else { b.narrow(&o, 2, off, y1 - y0)? };
-        sink(y0, y1, post(y0, y1, o)?)?;
-    }
-    Ok(())
-}
-
-/// [`conv_strips`] into a new host picture, with the row partials for `groups` groups of
-/// every strip taken on the backend before it comes back.
-#[allow(clippy::too_many_arguments)]
-fn conv_strips_host<B: VaeOps>(
-    b: &B,
-    x: &Tensor,
-    norm: Option<(&GroupNorm<B>, &[f64])>,
-    conv: &Conv<B>,
-    up: bool,
-    sp: Strips,
-    groups: usize,
-    post: impl FnMut(usize, usize, B::T) -> Result<B::T>,
-) -> Result<HostAct> {
-    let (h, w) = if up { (2 * x.shape[2], 2 * x.shape[3]) } else { (x.shape[2], x.shape[3]) };
-    let cout = b.dims(&conv.weight)[0];
-    let mut out = Tensor { shape: vec![1, cout, h, w], data: vec![0f32; cout * h * w] };
-    let mut part = vec![0f64; groups * h * 2];
-    conv_strips(b, x, norm, conv, up, sp, post, |y0, y1, t| {
-        let s = b.group_norm_row_stats(&t, groups)?;
-        for gi in 0..groups {
-            part[(gi * h + y0) * 2..(gi * h + y1) * 2].copy_from_slice(&s[gi * (y1 - y0) * 2..(gi + 1) * (y1 - y0) * 2]);
-        }
-        b.download_rows(&t, &mut out, y0)
-    })?;
-    Ok(HostAct { t: out, part, groups })
 }
 
 /// The mid block's `Attention` (one head of the full width, residual):
@@ -317,7 +186,12 @@ pub struct VaeDecoder<B: VaeOps> {
 }
 
 impl<B: VaeOps> VaeDecoder<B> {
+    /// Every weight, in one load batch.
     pub fn load(b: &B, c: &Component, cfg: &VaeConfig) -> Result<Self> {
+        b.load_batch(|b| Self::load_unbatched(b, c, cfg))
+    }
+
+    fn load_unbatched(b: &B, c: &Component, cfg: &VaeConfig) -> Result<Self> {
         // z·sqrt(var + eps) needs var + eps >= 0: a negative running variance would make NaN.
         let (_, var) = c.f32("bn.running_var")?;
         if let Some(i) = var.iter().position(|&v| !(v as f64 + cfg.batch_norm_eps >= 0.0)) {
@@ -397,29 +271,11 @@ impl<B: VaeOps> VaeDecoder<B> {
         self.mid_resnets[1].forward(b, &x)
     }
 
-    /// The split decode: the mid block whole, then every layer in row strips with the
-    /// activations in host memory; the last conv's strips (`[1, 3, r, W]`, on the backend, not
-    /// clamped) go to `sink(y0, strip)` in order.
-    fn forward_strips(&self, b: &B, z: &B::T, sp: Strips, mut sink: impl FnMut(usize, B::T) -> Result<()>) -> Result<()> {
-        let g = self.conv_norm_out.groups;
-        let mut x = HostAct::download(b, &self.forward_mid(b, z)?, g)?;
-        for up in &self.up_blocks {
-            for r in &up.resnets {
-                x = r.forward_strips(b, &x, sp)?;
-            }
-            if let Some(u) = &up.upsampler {
-                x = conv_strips_host(b, &x.t, None, u, true, sp, g, |_, _, t| Ok(t))?;
-            }
-        }
-        let st = self.conv_norm_out.stats_of(&x)?;
-        conv_strips(b, &x.t, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |_, _, t| Ok(t), |y0, _, t| sink(y0, t))
-    }
-
     /// How to decode latents `[1, C, h, w]` here: the backend's memory plan decides
-    /// ([`VaeOps::vae_strip_rows`]: whole when it fits).
+    /// ([`VaeOps::vae_strip_plan`]: whole when it fits).
     pub fn split_for(&self, b: &B, h: usize, w: usize) -> Result<Split> {
-        Ok(match b.vae_strip_rows(&self.cfg, h, w)? {
-            Some(rows) => Split::strips(rows),
+        Ok(match b.vae_strip_plan(&self.cfg, h, w)? {
+            Some(p) => Split::strips_keeping(p.rows, p.keep_bytes),
             None => Split::Whole,
         })
     }
@@ -445,8 +301,15 @@ impl<B: VaeOps> VaeDecoder<B> {
             Split::Strips(sp) => {
                 let (h, w) = (z.shape[2] * 16, z.shape[3] * 16);
                 let mut img = Tensor { shape: vec![1, 3, h, w], data: vec![0f32; 3 * h * w] };
-                self.forward_strips(b, &gz, sp, |y0, t| b.download_rows(&t, &mut img, y0))?;
-                ensure!(img.shape == vec![1, 3, h, w], "VAE decode: picture {:?}", img.shape);
+                self.forward_strips(b, &gz, sp, |y0, t| {
+                    let s = b.download(&t)?;
+                    let r = s.shape[2];
+                    ensure!(s.shape == vec![1, 3, r, w] && y0 + r <= h, "VAE decode: strip {:?} at row {y0}", s.shape);
+                    for ci in 0..3 {
+                        img.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
+                    }
+                    Ok(())
+                })?;
                 img
             }
         };
@@ -464,26 +327,31 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode_rgb8`] with the split given.
     pub fn decode_rgb8_with(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
+        Ok(self.decode_rgb8_report(b, z, split)?.0)
+    }
+
+    /// [`VaeDecoder::decode_rgb8_with`], and for a split decode what it kept where.
+    pub fn decode_rgb8_report(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {
         b.run_decode(|| self.decode_rgb8_once(b, z, split))
     }
 
-    fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Vec<u8>> {
+    fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {
         let gz = b.upload_f32(z)?;
         match split {
             Split::Whole => {
                 let y = self.forward(b, &gz)?;
                 ensure_picture_finite(b, &y)?;
-                b.to_rgb8(&y)
+                Ok((b.to_rgb8(&y)?, None))
             }
             Split::Strips(sp) => {
                 // HWC rows are contiguous: the strips' bytes, in order, are the picture's.
                 let mut rgb = Vec::with_capacity(z.shape[2] * z.shape[3] * 256 * 3);
-                self.forward_strips(b, &gz, sp, |_, t| {
+                let report = self.forward_strips(b, &gz, sp, |_, t| {
                     ensure_picture_finite(b, &t)?;
                     rgb.extend_from_slice(&b.to_rgb8(&t)?);
                     Ok(())
                 })?;
-                Ok(rgb)
+                Ok((rgb, Some(report)))
             }
         }
     }
@@ -493,48 +361,4 @@ impl<B: VaeOps> VaeDecoder<B> {
 /// NaN into a plausible colour. One download of the f32 picture (12 MB at 1024x1024).
 fn ensure_picture_finite<B: VaeOps>(b: &B, y: &B::T) -> Result<()> {
     crate::tensor::ensure_finite("the decoded picture", &b.download(y)?.data)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::input_span;
-
-    /// Every output row of every strip sees, for each 3×3 tap, exactly what it sees in the whole
-    /// picture: the same input row where the whole picture has one, zero padding where the whole
-    /// picture pads; with and without the folded ×2 upsample, for all small heights and strips.
-    /// Without the halo that fails (the planted control of the model's own test, here on the
-    /// bookkeeping alone).
-    #[test]
-    fn input_span_covers_every_tap() {
-        let ok = |halo: bool| -> bool {
-            for up in [false, true] {
-                let f = if up { 2 } else { 1 };
-                for h_in in 1..12usize {
-                    let oh = f * h_in;
-                    for rows in 1..8usize {
-                        for y0 in (0..oh).step_by(rows) {
-                            let y1 = (y0 + rows).min(oh);
-                            let (a, b, off) = input_span(y0, y1, h_in, 3, up, halo);
-                            assert!(a < b && b <= h_in && off == y0 - f * a);
-                            let u = (b - a) * f as usize; // rows of the strip's (upsampled) input
-                            for y in y0..y1 {
-                                for ky in 0..3 {
-                                    let yy = y as isize + ky - 1; // the whole picture's row
-                                    let yl = yy - (f * a) as isize; // the strip's row
-                                    let whole = (0..oh as isize).contains(&yy).then(|| yy as usize / f);
-                                    let strip = (0..u as isize).contains(&yl).then(|| yl as usize / f + a);
-                                    if whole != strip {
-                                        return false;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            true
-        };
-        assert!(ok(true), "a strip reads a different row than the whole picture");
-        assert!(!ok(false), "without the halo the check must fail");
-    }
 }

@@ -149,8 +149,8 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
 }
 
 /// `moss decode`.
-/// `strip_rows`: decode in strips of that many latent rows instead of what the memory plan picks
-/// (the same bytes; for tests of the split path).
+/// `strip_rows`: decode in strips of that many rows (of each layer) with every kept picture in
+/// host memory, instead of what the memory plan picks (the same bytes; for tests of the split path).
 pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device, strip_rows: Option<usize>) -> Result<()> {
     std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
     crate::output::check(out)?;

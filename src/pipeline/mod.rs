@@ -9,6 +9,8 @@ use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::png;
 use crate::prompt::PromptTokenizer;
+pub use crate::run_plan::MemoryOptions;
+use crate::run_plan::{Budget, RunPlan};
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -53,6 +55,15 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
+    /// Each stage split into loading its weights (host time reading and issuing the copies, or
+    /// waiting for a load that ran behind the previous stage) and the rest.
+    pub encode_load_s: f64,
+    pub denoise_load_s: f64,
+    pub decode_load_s: f64,
+    /// The transformer's load time on its own thread while the text encoder ran (0: it did not).
+    pub denoise_load_behind_s: f64,
+    /// The memory plan (`--json` `plan`), when one was made.
+    pub plan: Option<serde_json::Value>,
     pub warnings: Vec<String>,
 }
 
@@ -65,9 +76,29 @@ impl Report {
             "width": self.width,
             "height": self.height,
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s,
-                        "decode_s": self.decode_s, "total_s": self.total_s},
+                        "decode_s": self.decode_s, "total_s": self.total_s,
+                        "encode_load_s": self.encode_load_s, "encode_compute_s": self.encode_s - self.encode_load_s,
+                        "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
+                        "denoise_load_behind_s": self.denoise_load_behind_s,
+                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s},
+            "plan": self.plan,
         })
         .to_string()
+    }
+
+    /// The `-v` line of the timings: each stage's load and compute.
+    pub fn timing_line(&self) -> String {
+        format!(
+            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}), decode {:.2} s (load {:.2}), total {:.2} s",
+            self.encode_s,
+            self.encode_load_s,
+            self.denoise_s,
+            self.denoise_load_s,
+            if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
+            self.decode_s,
+            self.decode_load_s,
+            self.total_s
+        )
     }
 }
 
@@ -78,6 +109,8 @@ pub trait Progress {
     fn warn(&mut self, msg: &str) {
         eprintln!("moss: warning: {msg}");
     }
+    /// The memory plan's line (`-v` prints it).
+    fn plan(&mut self, _line: &str) {}
     /// Asked after every denoising step: true stops the loop there with [`Interrupted`].
     fn cancelled(&self) -> bool {
         false
@@ -328,6 +361,20 @@ pub fn generate_with_loras(
     device: Device,
     progress: &mut dyn Progress,
 ) -> Result<Report> {
+    generate_planned(req, model, loras, device, &MemoryOptions::default(), progress)
+}
+
+/// [`generate_with_loras`] under the memory options `mem` (`--max-vram`): the plan is made
+/// before any weights load (refused when even streaming does not fit), shown through
+/// [`Progress::plan`], and followed: networks resident, streamed, or loaded behind the encoder.
+pub fn generate_planned(
+    req: &Request,
+    model: &str,
+    loras: &[crate::lora::LoraSpec],
+    device: Device,
+    mem: &MemoryOptions,
+    progress: &mut dyn Progress,
+) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
     let mut ck = open_checkpoint(model)?;
@@ -338,13 +385,27 @@ pub fn generate_with_loras(
         Some(_) => None,
         None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
     };
+    let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
+    let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
+        let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
+        let p = crate::run_plan::decide(&nets, &budget, mem)?;
+        if let Some(w) = &p.warning {
+            progress.warn(w);
+        }
+        progress.plan(&p.line());
+        Ok(p)
+    };
     match device {
-        Device::Cpu => generate_on(&Cpu, &ck, req, tokens, progress, t0),
+        Device::Cpu => {
+            let p = plan(Budget { memory: None, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
+            generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
+        }
         Device::Cuda(n) => {
             let cu = cuda(n, req.precision)?;
-            let longest = tokens.as_ref().map(|t| t.iter().map(Vec::len).max().unwrap_or(0));
-            preflight_cuda(&cu, &ck, longest, &[(req.width, req.height)])?;
-            generate_on(&cu, &ck, req, tokens, progress, t0)
+            let (free, total) = cu.gpu().mem_info()?;
+            let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
+            let p = plan(Budget { memory: Some((free as u64, total as u64)), bf16_loaded: bf16, act: cu.act_dtype() }, progress)?;
+            generate_on(&cu, &ck, req, tokens, progress, t0, &p)
         }
     }
 }
@@ -388,47 +449,85 @@ pub fn preflight_cuda(
     Ok(())
 }
 
-/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`).
-fn generate_on<B: EncoderOps + DitOps + VaeOps>(
+/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
+fn generate_on<B: EncoderOps + DitOps + VaeOps + Sync>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
     tokens: Option<Vec<Vec<u32>>>,
     progress: &mut dyn Progress,
     t0: Instant,
-) -> Result<Report> {
+    plan: &RunPlan,
+) -> Result<Report>
+where
+    B::T: Send,
+{
     let mut rep = Report {
         path: req.out.clone(),
         seed: req.seed,
         steps: req.steps,
         width: req.width,
         height: req.height,
+        plan: Some(plan.json()),
         ..Default::default()
     };
+    let mut dit_comp = Some(ck.open_component("transformer")?);
     // With embeds, the texts the picture records are the ones the file was encoded from.
     let mut from_embeds = None;
-    let (cond, uncond) = match (&req.embeds, tokens) {
+    let (cond, uncond, dit) = match (&req.embeds, tokens) {
         (Some(p), _) => {
             let e: Embeds = crate::embeds::read(p)?;
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
             from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
-            (e.cond.hidden, e.uncond.hidden)
+            (e.cond.hidden, e.uncond.hidden, None)
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
         (None, Some(tokens)) => {
-            let mut enc = encode_ids(b, ck, &prompt_texts(req), tokens, progress)?;
-            let cond = enc.remove(0).hidden;
-            let uncond = if enc.is_empty() { cond.clone() } else { enc.remove(0).hidden };
-            (cond, uncond)
+            progress.stage("encode");
+            let t = Instant::now();
+            let comp = ck.open_component("text_encoder")?;
+            let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
+            rep.encode_load_s = t.elapsed().as_secs_f64();
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids)).collect() };
+            // On a device with room for both, the transformer loads on another thread (its copies
+            // behind the encoder's compute on the copy stream) while the encoder runs.
+            let (mut hidden, dit) = if plan.overlap && b.loads_behind() {
+                std::thread::scope(|s| -> Result<_> {
+                    let comp = dit_comp.take().expect("the transformer is opened once");
+                    let behind = s.spawn(move || -> Result<_> {
+                        let t = Instant::now();
+                        let d = Dit::load_behind(b, comp, &ck.dit, ck.dit.num_layers)?;
+                        Ok((d, t.elapsed().as_secs_f64()))
+                    });
+                    let hidden = encode(&enc);
+                    let dit = behind.join().map_err(|_| anyhow::anyhow!("the transformer's load thread panicked"))?;
+                    Ok((hidden?, Some(dit?)))
+                })?
+            } else {
+                (encode(&enc)?, None)
+            };
+            drop(enc);
+            let cond = hidden.remove(0);
+            let uncond = if hidden.is_empty() { cond.clone() } else { hidden.remove(0) };
+            (cond, uncond, dit)
         }
     };
     let req = from_embeds.as_ref().unwrap_or(req);
     rep.encode_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    b.release_cached()?; // the encoder is gone: its memory is free for the DiT's plan
-    let z = denoise(b, ck, req, &cond, &uncond, progress)?;
+    b.release_cached()?; // the encoder is gone: its memory is free for the DiT
+    let dit = match dit {
+        Some((d, behind_s)) => {
+            rep.denoise_load_behind_s = behind_s;
+            d.ready()?
+        }
+        None => Dit::load_streamed(b, dit_comp.take().expect("the transformer is opened once"), &ck.dit, plan.dit_resident)?,
+    };
+    rep.denoise_load_s = t1.elapsed().as_secs_f64();
+    let z = denoise_with(b, &dit, ck, req, &cond, &uncond, progress)?;
+    drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
     if let Some(p) = &req.save_latents {
@@ -438,6 +537,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps>(
     let t2 = Instant::now();
     anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
+    rep.decode_load_s = t2.elapsed().as_secs_f64();
     let bytes = picture_bytes(b, &vae, ck, req, &z)?;
     crate::output::write(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();

@@ -8,6 +8,7 @@
 //! build, picked at run time, with identical results.
 
 use super::{par_rows, silu, Cpu};
+use crate::backend::ops::vae::HostPicture;
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
@@ -208,6 +209,26 @@ fn dims4(x: &Tensor, what: &str) -> Result<(usize, usize, usize, usize)> {
 }
 
 impl VaeOps for Cpu {
+    /// Host memory, wherever the decoder asks for it.
+    type Picture = HostPicture;
+
+    fn picture(&self, c: usize, h: usize, w: usize, groups: usize, _on_device: bool) -> Result<HostPicture> {
+        HostPicture::new(c, h, w, groups)
+    }
+    fn picture_rows(&self, p: &HostPicture, y0: usize, y1: usize, _next: Option<(usize, usize)>) -> Result<Tensor> {
+        p.rows(y0, y1)
+    }
+    fn picture_put(&self, p: &mut HostPicture, y0: usize, y1: usize, t: &Tensor, skip: usize) -> Result<()> {
+        let part = self.group_norm_row_stats(t, p.groups)?;
+        p.put(y0, y1, t, skip, &part)
+    }
+    fn picture_row_stats(&self, p: &HostPicture) -> Result<Vec<f64>> {
+        Ok(p.part.clone())
+    }
+    fn picture_set_channels(&self, p: &mut HostPicture, c: usize) -> Result<()> {
+        p.set_channels(c)
+    }
+
     fn bn_unpatchify(&self, z: &Tensor, mean: &Tensor, var: &Tensor, eps: f64, patch: [usize; 2]) -> Result<Tensor> {
         let (n, ck, h, w) = dims4(z, "bn_unpatchify")?;
         let [ph, pw] = patch;

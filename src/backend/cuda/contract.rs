@@ -68,6 +68,8 @@ pub fn launch_configs() -> Vec<(String, usize, Picked)> {
     v.push(("moss_enc_gdr_tma_bf16".into(), encoder::delta_rule::GDR_TMA_BYTES as usize, Picked::Hopper));
     for tc in [true, false] {
         v.extend(encoder::delta_rule::gdr_portable_smem(tc).iter().map(|&(k, b)| (k.to_string(), b, Picked::Checked)));
+        // what the selector takes where those do not fit: must fit every GPU (prep included)
+        v.extend(encoder::delta_rule_compact::gdr_compact_smem(tc).iter().map(|&(k, b)| (k.to_string(), b, Picked::Everywhere)));
     }
     for bm in [96, 128] {
         for k in [1, 3] {

@@ -22,8 +22,11 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub mod mover;
 mod tensor_ops;
 mod transfer;
+mod weights;
+pub use weights::DeviceMem;
 pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
 use transfer::Staging;
 
@@ -57,9 +60,18 @@ impl DType {
     }
 }
 
-/// One device allocation (stream-ordered; freed on drop).
+/// What owns a tensor's device memory.
+enum Mem {
+    /// A stream-ordered allocation of the compute stream (activations).
+    Pool(#[allow(dead_code)] CudaSlice<u8>),
+    /// Weight memory (its own, or a streamed block slot it is part of).
+    Device(#[allow(dead_code)] Arc<DeviceMem>),
+}
+
+/// One device allocation (freed on drop).
 pub struct Buf {
-    _slice: CudaSlice<u8>,
+    #[allow(dead_code)]
+    mem: Mem,
     ptr: u64,
     bytes: usize,
 }
@@ -122,12 +134,18 @@ struct Inner {
     blas: Blas,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     staging: Mutex<Option<Staging>>,
+    /// The weight mover (copy stream, pinned pool), made at the first load.
+    mover: Mutex<Option<mover::Mover>>,
+    /// The streamed blocks' reusable device memory, by slot.
+    slots: Mutex<Vec<Option<Arc<DeviceMem>>>>,
     poison: AtomicBool,
     sms: u32,
     /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
     /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae.rs).
     vae_flag: Mutex<Option<CudaTensor>>,
     vae_tf32_fallback: AtomicBool,
+    /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
+    vae_io: Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>>,
 }
 
 /// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
@@ -136,6 +154,8 @@ struct Inner {
 pub struct Cuda {
     inner: Arc<Inner>,
     pub precision: Precision,
+    /// Loads recorded by a batch view ([`Cuda::batch`]), read at its end.
+    batch: Option<Arc<Mutex<weights::Batch>>>,
 }
 
 fn de(what: &str) -> impl Fn(dr::DriverError) -> anyhow::Error + '_ {
@@ -183,16 +203,19 @@ impl Cuda {
             blas,
             funcs: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            mover: Mutex::new(None),
+            slots: Mutex::new(vec![]),
             poison: AtomicBool::new(false),
             sms,
             vae_flag: Mutex::new(None),
             vae_tf32_fallback: AtomicBool::new(false),
+            vae_io: Mutex::new(None),
         };
-        Ok(Cuda { inner: Arc::new(inner), precision })
+        Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
     }
 
     pub fn with_precision(&self, precision: Precision) -> Cuda {
-        Cuda { inner: self.inner.clone(), precision }
+        Cuda { inner: self.inner.clone(), precision, batch: self.batch.clone() }
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -231,6 +254,12 @@ impl Cuda {
 
     pub(crate) fn set_vae_tf32_fallback(&self, on: bool) {
         self.inner.vae_tf32_fallback.store(on, Ordering::Relaxed)
+    }
+
+    /// The VAE split decode's copy streams and pinned host memory, made on first use and let go
+    /// by `release_cached` (between stages).
+    pub(crate) fn vae_io(&self) -> &Mutex<Option<Arc<crate::backend::cuda::vae::picture::SplitIo>>> {
+        &self.inner.vae_io
     }
 
     pub(crate) fn blas(&self) -> &Blas {
@@ -286,7 +315,7 @@ impl Cuda {
             // SAFETY: ptr/bytes is the allocation just made.
             unsafe { dr::memset_d8_async(ptr, 0xff, bytes, s.cu_stream()) }.map_err(de("memset"))?;
         }
-        Ok(CudaTensor { buf: Arc::new(Buf { _slice: slice, ptr, bytes }), shape: shape.to_vec(), dtype })
+        Ok(CudaTensor { buf: Arc::new(Buf { mem: Mem::Pool(slice), ptr, bytes }), shape: shape.to_vec(), dtype })
     }
 
     fn func(&self, name: &str) -> Result<CudaFunction> {
@@ -338,6 +367,8 @@ impl Cuda {
     /// Launch `name` on the stream with a 2-D grid `(x, y)`; more than 48 KiB of dynamic shared
     /// memory is opted into per function.
     pub fn launch_2d(&self, name: &str, grid: (u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
+        // A batch view's loads land before any kernel it launches (which may read them).
+        self.settle()?;
         let f = self.func(name)?;
         if shmem > 48 * 1024 {
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem as i32)
@@ -389,6 +420,10 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 
 impl Backend for Cuda {
     fn release_cached(&self) -> Result<()> {
+        // A finished stage's streamed-block slots go too (the next stream allocates them again),
+        // and the VAE split decode's pinned host memory once no kept picture holds it.
+        self.release_slots();
+        self.inner.vae_io.lock().unwrap().take();
         self.trim_pool()
     }
 
@@ -412,7 +447,22 @@ impl Backend for Cuda {
     }
 
     fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
-        self.prof("load", || self.load_tensor(c, name))
+        self.prof("load", || self.load_stacked(c, &[name]))
+    }
+    fn load_rows(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
+        self.prof("load", || self.load_stacked(c, names))
+    }
+    fn load_batch<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
+        Ok(self.batch(f)?.0)
+    }
+    fn load_behind<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<crate::backend::Behind<R>> {
+        Ok(self.batch_behind(f)?.0)
+    }
+    fn loads_behind(&self) -> bool {
+        true
+    }
+    fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<crate::backend::Behind<Vec<CudaTensor>>> {
+        self.prof("fetch block weights", || self.fetch_into_slot(c, slot, groups))
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {

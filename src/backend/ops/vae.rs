@@ -11,6 +11,9 @@ use anyhow::Result;
 
 /// Ops the VAE decoder needs beyond the generic set.
 pub trait VaeOps: Backend {
+    /// A picture a split decode keeps between layers ([`VaeOps::picture`]).
+    type Picture;
+
     /// Fail early, with numbers, when decoding latents `[1, C, h, w]` would not fit in free
     /// device memory even split into row strips (weights, the smallest peak activations,
     /// reserve). The CPU has nothing to plan.
@@ -99,25 +102,36 @@ pub trait VaeOps: Backend {
         self.conv2d(&t, w, b, upsample2x)
     }
 
-    /// Rows per strip for decoding latents `[1, C, h, w]` with the decoder of `cfg` already
-    /// loaded: `None` when the whole decode fits in free device memory (always on the CPU),
-    /// else the strip height (output rows of each layer at its own resolution) that fits; an
-    /// error when not even the smallest split fits.
-    fn vae_strip_rows(&self, _cfg: &crate::checkpoint::config::VaeConfig, _h: usize, _w: usize) -> Result<Option<usize>> {
+    /// How to decode latents `[1, C, h, w]` with the decoder of `cfg` already loaded: `None`
+    /// when the whole decode fits in free device memory (always on the CPU), else the row strips
+    /// and the device bytes for kept pictures that fit ([`StripPlan`]); an error when not even
+    /// the smallest split fits.
+    fn vae_strip_plan(&self, _cfg: &crate::checkpoint::config::VaeConfig, _h: usize, _w: usize) -> Result<Option<StripPlan>> {
         Ok(None)
     }
 
-    /// Rows `y0..y1` of the host picture `x [1, C, H, W]` as a backend tensor
-    /// `[1, C, y1 − y0, W]`, fp32 (the split decode's strips).
-    fn upload_rows(&self, x: &crate::tensor::Tensor, y0: usize, y1: usize) -> Result<Self::T> {
-        self.upload_f32(&rows_of(x, y0, y1))
-    }
+    /// A picture `[1, c, h, w]` (fp32) that a split decode keeps between two layers, with room
+    /// for the GroupNorm row partials of its rows for `groups` groups; in device memory if
+    /// `on_device`, else in host memory (its rows then travel to the device strip by strip).
+    /// Laid out by channel planes of `h·w` values. Rows are undefined until written.
+    fn picture(&self, c: usize, h: usize, w: usize, groups: usize, on_device: bool) -> Result<Self::Picture>;
 
-    /// Write `t [1, C, r, W]` into rows `y0..y0 + r` of the host picture `x [1, C, H, W]`.
-    fn download_rows(&self, t: &Self::T, x: &mut crate::tensor::Tensor, y0: usize) -> Result<()> {
-        put_rows(x, y0, &self.download(t)?);
-        Ok(())
-    }
+    /// Rows `y0..y1` of `p` as a backend tensor `[1, C, y1 − y0, W]` (`C` its channels now);
+    /// `next`: the rows the caller asks `p` for next, which a backend may start fetching now.
+    fn picture_rows(&self, p: &Self::Picture, y0: usize, y1: usize, next: Option<(usize, usize)>) -> Result<Self::T>;
+
+    /// Write rows `skip..skip + (y1 − y0)` of `t [1, C', r, W]` into rows `y0..y1` of `p`'s first
+    /// `C'` channel planes (`C'` at most the channels `p` was made with), and their GroupNorm row
+    /// partials ([`VaeOps::group_norm_row_stats`] of those rows of `t`) into `p`'s. Nothing else
+    /// of `p` changes: a layer may write its output over its input strip by strip, rows it has
+    /// read for the last time (then [`VaeOps::picture_set_channels`]).
+    fn picture_put(&self, p: &mut Self::Picture, y0: usize, y1: usize, t: &Self::T, skip: usize) -> Result<()>;
+
+    /// The row partials `[groups, H, 2]` written into `p` (waits for the backend).
+    fn picture_row_stats(&self, p: &Self::Picture) -> Result<Vec<f64>>;
+
+    /// `p` from now on holds `c` channels (at most those it was made with), the planes it has.
+    fn picture_set_channels(&self, p: &mut Self::Picture, c: usize) -> Result<()>;
 
     /// Single-head attention over all positions of a picture (the mid block):
     /// `q`, `k`, `v` `[N, L, D]` → `[N, L, D]`, `out[n, i] = Σ_j p_ij · v[n, j]` with
@@ -166,21 +180,68 @@ pub fn group_norm_combine(rows: &[f64], ng: usize, h: usize, per_row: usize) -> 
 }
 
 
-/// Rows `y0..y1` of a host picture `[1, C, H, W]` as `[1, C, y1 − y0, W]`.
-pub fn rows_of(x: &crate::tensor::Tensor, y0: usize, y1: usize) -> crate::tensor::Tensor {
-    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-    let mut data = Vec::with_capacity(c * (y1 - y0) * w);
-    for ci in 0..c {
-        data.extend_from_slice(&x.data[(ci * h + y0) * w..(ci * h + y1) * w]);
-    }
-    crate::tensor::Tensor { shape: vec![1, c, y1 - y0, w], data }
+/// The split decode's plan ([`VaeOps::vae_strip_plan`]): `rows` output rows of each layer per
+/// strip, and `keep_bytes` of device memory for the pictures kept between layers (the rest wait
+/// in host memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StripPlan {
+    pub rows: usize,
+    pub keep_bytes: usize,
 }
 
-/// Write `s` `[1, C, r, W]` into rows `y0..y0 + r` of the host picture `x` `[1, C, H, W]`.
-pub fn put_rows(x: &mut crate::tensor::Tensor, y0: usize, s: &crate::tensor::Tensor) {
-    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-    let r = s.shape[2];
-    for ci in 0..c {
-        x.data[(ci * h + y0) * w..(ci * h + y0 + r) * w].copy_from_slice(&s.data[ci * r * w..(ci + 1) * r * w]);
+/// Bytes of a kept picture `[1, c, h, w]` ([`VaeOps::picture`]): its f32 values and the f64
+/// pairs of its row partials for `groups` groups.
+pub fn picture_bytes(c: usize, h: usize, w: usize, groups: usize) -> usize {
+    4 * c * h * w + 16 * groups * h
+}
+
+/// A picture kept in host memory (the CPU backend's [`VaeOps::Picture`]): `cap` values laid out
+/// by channel planes of `h·w`, `c` channels in use, the row partials `[groups, h, 2]`.
+pub struct HostPicture {
+    pub data: Vec<f32>,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub groups: usize,
+    pub part: Vec<f64>,
+}
+
+impl HostPicture {
+    pub fn new(c: usize, h: usize, w: usize, groups: usize) -> Result<HostPicture> {
+        anyhow::ensure!(groups > 0 && h > 0 && w > 0, "picture [{c}, {h}, {w}] in {groups} groups");
+        Ok(HostPicture { data: vec![0f32; c * h * w], c, h, w, groups, part: vec![0f64; groups * h * 2] })
+    }
+
+    /// Rows `y0..y1` as `[1, C, y1 − y0, W]`.
+    pub fn rows(&self, y0: usize, y1: usize) -> Result<crate::tensor::Tensor> {
+        let (c, h, w) = (self.c, self.h, self.w);
+        anyhow::ensure!(y0 < y1 && y1 <= h, "rows {y0}..{y1} of a picture of {h} rows");
+        let mut data = Vec::with_capacity(c * (y1 - y0) * w);
+        for ci in 0..c {
+            data.extend_from_slice(&self.data[(ci * h + y0) * w..(ci * h + y1) * w]);
+        }
+        crate::tensor::Tensor::new(vec![1, c, y1 - y0, w], data)
+    }
+
+    /// [`VaeOps::picture_put`] given the partials `part` `[groups, r, 2]` of all rows of `t`.
+    pub fn put(&mut self, y0: usize, y1: usize, t: &crate::tensor::Tensor, skip: usize, part: &[f64]) -> Result<()> {
+        let (h, w, g) = (self.h, self.w, self.groups);
+        anyhow::ensure!(t.shape.len() == 4 && t.shape[0] == 1 && t.shape[3] == w, "picture_put: strip {:?} into [{}, {h}, {w}]", t.shape, self.c);
+        let (tc, r, n) = (t.shape[1], t.shape[2], y1 - y0);
+        anyhow::ensure!(y0 < y1 && y1 <= h && skip + n <= r, "picture_put: rows {skip}..{} of {r} into rows {y0}..{y1} of {h}", skip + n);
+        anyhow::ensure!(tc * h * w <= self.data.len() && part.len() == g * r * 2, "picture_put: {tc} channels / {} partials into [{}, {h}, {w}]", part.len(), self.c);
+        for ci in 0..tc {
+            self.data[(ci * h + y0) * w..(ci * h + y1) * w].copy_from_slice(&t.data[(ci * r + skip) * w..(ci * r + skip + n) * w]);
+        }
+        for gi in 0..g {
+            self.part[(gi * h + y0) * 2..(gi * h + y1) * 2].copy_from_slice(&part[(gi * r + skip) * 2..(gi * r + skip + n) * 2]);
+        }
+        Ok(())
+    }
+
+    pub fn set_channels(&mut self, c: usize) -> Result<()> {
+        anyhow::ensure!(c * self.h * self.w <= self.data.len(), "picture of {} values set to {c} channels of {}x{}", self.data.len(), self.h, self.w);
+        self.c = c;
+        Ok(())
     }
 }

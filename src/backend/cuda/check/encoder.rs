@@ -4,6 +4,8 @@
 //! in [`crate::backend::cuda::check::gates::GATES`].
 
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
+use crate::backend::cuda::encoder::delta_rule::gdr_seq_smem;
+use crate::backend::cuda::encoder::delta_rule_compact::{pick_state_pass, StatePass};
 use crate::backend::cuda::encoder::{EncAttn, GdrPath, GdrPrefix, ATTN_TILED_MAX};
 use crate::backend::cuda::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
@@ -256,9 +258,12 @@ const PREP_CONTROL: GdrPrefix = GdrPrefix { prep: "moss_ctl_enc", pass: "moss_en
 /// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
 /// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
 /// Every kernel the delta rule can take is gated with its planted control: bf16 `delta_rule_prep`
-/// (control: T's lower-left block zero), then the Hopper state pass + output (`gdr_tma`) and
-/// `gdr_seq_tc` + `gdr_out_tc` (controls: the state read undecayed); fp32 the SIMT kernels; both
-/// the one-kernel sequential version (wide heads, unaligned bf16 rows, bf16 with Hv / Hk odd).
+/// (control: T's lower-left block zero), then the Hopper state pass + output (`gdr_tma`),
+/// `gdr_seq_tc` + `gdr_out_tc` and the compact `gdr_seq_compact` + `gdr_out_compact` (controls:
+/// the state read undecayed); fp32 the SIMT kernels and the compact ones; both the one-kernel
+/// sequential version (wide heads, unaligned bf16 rows, bf16 with Hv / Hk odd). The compact pair
+/// (what GPUs of 99 KiB a block run) is gated on every GPU; a kernel whose shared memory this GPU
+/// does not offer is said not gated (and is not used here either).
 fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     use enc::*;
     let heads = (K_HEADS, DK, V_HEADS, DV);
@@ -267,6 +272,15 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
     let tma = bf16 && cx.cuda.has_sm90a();
     if bf16 && !tma {
         println!("  enc gated_delta_rule: no sm_90a kernels on this GPU/build; the Hopper state pass (cuda/encoder/sm90a/delta_rule_tma.cu) is not gated (not used either)");
+    }
+    let optin = cx.cuda.smem_optin();
+    let wide = pick_state_pass(bf16, optin) == Some(StatePass::Wide);
+    if !wide {
+        println!("  enc gated_delta_rule: {optin} bytes of shared memory a block; the wide state pass (gdr_seq_tc / gdr_seq, up to 182 KiB) is not gated (not used either)");
+    }
+    let seq_fits = gdr_seq_smem(DK, DV).1 <= optin;
+    if !seq_fits {
+        println!("  enc gated_delta_rule: the sequential kernel needs {} bytes a block at dk {DK}, this GPU offers {optin}: not gated (the model's shapes take the chunked kernels)", gdr_seq_smem(DK, DV).1);
     }
     // the real lengths, and one whose last chunk is partial
     for l in LENGTHS.into_iter().chain([GDR_PARTIAL]) {
@@ -299,7 +313,10 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             if tma {
                 paths.push((GdrPath::Tma, "tma (state pass + output, cuda/encoder/sm90a/delta_rule_tma.cu)"));
             }
-            paths.push((GdrPath::Tc, "seq_tc + out_tc"));
+            if wide {
+                paths.push((GdrPath::Tc, "seq_tc + out_tc"));
+            }
+            paths.push((GdrPath::Compact, "seq_compact + out_compact (<= 96 KiB)"));
             for (path, name) in paths {
                 let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), path);
                 cx.judge(&format!("enc gated_delta_rule {name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
@@ -322,8 +339,19 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             cx.judge("enc gated_delta_rule (SIMT), q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
             let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT) strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
+            // the compact pair (<= 96 KiB a block, fp32 FMA), on every GPU
+            let (name, note) = ("enc gated_delta_rule seq_compact + out_compact (<= 96 KiB)", "fp32 FMA");
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
+            cx.judge(&format!("{name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Compact);
+            cx.judge(&format!("{name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
+            cx.judge(&format!("{name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
         }
         // the one-kernel sequential version (head dims above GDR_MAX_DIM, unaligned bf16 rows)
+        if !seq_fits {
+            continue;
+        }
         let b = if bf16 { BF16_OUT } else { F32_DELTA };
         let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
         cx.judge("enc gated_delta_rule (sequential kernel)", &s, Kind::Gate, b, "fp32 state", out, &want, None);

@@ -360,11 +360,13 @@ fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
 }
 
 /// The split decode (issue #8) on CUDA: the checkpoint's decoder (`--model`, e.g. golden/tiny-a)
-/// on random latents, whole vs row strips (`MOSS_VAE_STRIP_ROWS`' path: the mid block whole,
-/// every later layer in strips through the host, `upload_rows` / `download_rows`): the float
-/// picture must be bit-identical (bound 0), at the golden size and at 368x320 (widths 23·16 etc.,
-/// not multiples of the conv's 128-pixel tile), and the RGB8 bytes too. Control: strips without
-/// their halo rows. Skipped without a checkpoint (like `load`).
+/// on random latents, whole vs row strips (`moss decode --strip-rows`' path: the mid block whole,
+/// every later layer in strips, the kept pictures in pinned host memory (rows on the copy
+/// streams, fetched ahead), all in device memory, or half the planner's budget for keeping them
+/// all): the float picture must be bit-identical (bound 0), at the golden size (strips of 5 and
+/// of 1 row, less than the halo) and at 368x320 (widths 23·16 etc., not multiples of the conv's
+/// 128-pixel tile), and the RGB8 bytes too. Control: strips without their halo rows. Skipped
+/// without a checkpoint (like `load`).
 fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     use crate::model::vae::VaeDecoder;
     if !fp32_pass(cx) {
@@ -373,40 +375,49 @@ fn gate_split_decode(cx: &mut Cx) -> Result<()> {
     let Some(ck) = cx.ck.clone() else { return Ok(()) };
     let comp = ck.open_component("vae")?;
     let vae = VaeDecoder::load(&cx.cuda, &comp, &ck.vae)?;
-    let c = ck.vae.packed_channels();
     // The default convs (split fp16) and the TF32 halo kernel (the overflow re-run).
     for conv in [None, Some(ConvKernel::Halo)] {
         cx.cuda.set_conv_fallback(conv.is_some());
-        let r = split_decode_rows(cx, &vae, c, conv);
+        let r = split_decode_rows(cx, &vae, &ck.vae, conv);
         cx.cuda.set_conv_fallback(false);
         r?;
     }
     Ok(())
 }
 
-fn split_decode_rows(cx: &mut Cx, vae: &crate::model::vae::VaeDecoder<crate::backend::cuda::ops::Cuda>, c: usize, conv: Option<ConvKernel>) -> Result<()> {
+fn split_decode_rows(
+    cx: &mut Cx,
+    vae: &crate::model::vae::VaeDecoder<crate::backend::cuda::ops::Cuda>,
+    cfg: &crate::checkpoint::config::VaeConfig,
+    conv: Option<ConvKernel>,
+) -> Result<()> {
     use crate::model::vae::{Split, Strips};
+    let c = cfg.packed_channels();
     let tag = conv.map_or(String::new(), |k| format!(" [conv {k:?}]"));
-    for (h, w, rows) in [(4usize, 4usize, 5usize), (20, 23, 13)] {
+    for (h, w, rows) in [(4usize, 4usize, 5usize), (4, 4, 1), (20, 23, 13)] {
         let z = Tensor::new(vec![1, c, h, w], cx.rng.normals(c * h * w, 1.0))?;
         let whole = vae.decode_with(&cx.cuda, &z, Split::Whole)?;
-        let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}{tag}", 16 * w, 16 * h);
-        for (kind, no_halo, what) in [
-            (Kind::Gate, false, "vae split decode == whole (float bits)"),
-            (Kind::Control, true, "vae split decode without halo rows"),
-        ] {
-            let out = vae
-                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, no_halo }))
-                .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
-            cx.judge(what, &s, kind, EXACT, "", out, &whole, None);
-        }
-        let px = |split| -> Result<Tensor> {
-            let b = vae.decode_rgb8_with(&cx.cuda, &z, split)?;
-            Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())
+        let want = {
+            let b = vae.decode_rgb8_with(&cx.cuda, &z, Split::Whole)?;
+            Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?
         };
-        let want = px(Split::Whole)?;
-        let out = px(Split::strips(rows)).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
-        cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
+        let all = crate::backend::cuda::vae::vae_keep_bytes(cfg, h, w);
+        for (keep, place) in [(0, "host"), (all / 2, "half kept"), (usize::MAX, "device")] {
+            let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}, pictures in {place}{tag}", 16 * w, 16 * h);
+            let out = vae.decode_with(&cx.cuda, &z, Split::strips_keeping(rows, keep)).and_then(|img| cx.cuda.upload_as(&img, DType::F32));
+            cx.judge("vae split decode == whole (float bits)", &s, Kind::Gate, EXACT, "", out, &whole, None);
+            let out = vae.decode_rgb8_with(&cx.cuda, &z, Split::strips_keeping(rows, keep)).and_then(|b| {
+                cx.cuda.upload_as(&Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?, DType::F32)
+            });
+            cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
+        }
+        if rows > 1 {
+            let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}{tag}", 16 * w, 16 * h);
+            let out = vae
+                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, keep_bytes: 0, no_halo: true }))
+                .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
+            cx.judge("vae split decode without halo rows", &s, Kind::Control, EXACT, "", out, &whole, None);
+        }
     }
     Ok(())
 }

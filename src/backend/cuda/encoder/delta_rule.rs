@@ -1,8 +1,10 @@
 //! The encoder's gated delta rule on the GPU (cuda/encoder/delta_rule*.cu{,h}): the
 //! chunk-parallel kernels (prep on bf16 mma, then on Hopper the one-kernel TMA state pass +
-//! output, elsewhere `gdr_seq_tc` + `gdr_out_tc`; fp32 the SIMT kernels), and the sequential
+//! output, elsewhere `gdr_seq_tc` + `gdr_out_tc`, or where those do not fit the 96 KiB compact
+//! pair of `delta_rule_compact.rs`; fp32 the SIMT kernels, likewise), and the sequential
 //! one-kernel version for inputs the chunked kernels do not take.
 
+use super::delta_rule_compact::{pick_state_pass, state_launch, StatePass};
 use super::dims3;
 use crate::backend::cuda::launch;
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
@@ -70,8 +72,13 @@ pub(crate) enum GdrPath {
     /// The state pass + output in one kernel on TMA tensor copies (`moss_enc_gdr_tma_bf16`,
     /// `cuda/encoder/sm90a/delta_rule_tma.cu`, Hopper only); the planted control in it.
     Tma,
-    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU); the planted control in the out kernel.
+    /// `gdr_seq_tc` + `gdr_out_tc` (`cuda/encoder/delta_rule_tc.cuh`, any GPU whose opt-in shared
+    /// memory a block holds 182 KiB); the planted control in the out kernel.
     Tc,
+    /// `gdr_seq_compact` + `gdr_out_compact` (`cuda/encoder/delta_rule_compact.cuh`, ≤ 96 KiB a
+    /// block, any GPU; bf16 on TF32 mma, fp32 on FMA): what [`GdrPath::Auto`] takes where the
+    /// [`GdrPath::Tc`] kernels (fp32: the SIMT ones) do not fit; the planted control in the out kernel.
+    Compact,
 }
 
 /// The kernel-name prefixes of the delta rule's stages: the bf16 prep, and the state pass /
@@ -108,6 +115,14 @@ pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usi
                 && hv % (2 * hk) == 0))
 }
 
+/// The sequential one-kernel delta rule's value columns a block (GDR_COLS, or all of dv when it
+/// is narrower or does not divide) and its dynamic shared memory in bytes (`gdr_impl` in
+/// `cuda/encoder/encoder_ops.cu`): 130 KiB at dk = 128.
+pub(crate) fn gdr_seq_smem(dk: usize, dv: usize) -> (usize, usize) {
+    let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
+    (cols, 4 * launch::ENC_GDR_SEQ1_SMEM_FLOATS(dk, cols))
+}
+
 /// Dynamic shared memory (bytes) of the chunk-parallel delta rule's kernels that are not the
 /// Hopper TMA one: `(kernel, bytes)`, bf16 (`tc`) or fp32 (the kernel contract lists them too).
 pub(crate) fn gdr_portable_smem(tc: bool) -> [(&'static str, usize); 3] {
@@ -124,16 +139,14 @@ pub(crate) fn gdr_portable_smem(tc: bool) -> [(&'static str, usize); 3] {
 
 impl Cuda {
     /// Whether the chunk-parallel kernels' shared memory fits a block of this GPU (the Hopper
-    /// TMA path always does; the portable kernels need up to 182 KiB: not on sm_86/89/120/121,
-    /// and `gdr_seq*` not on sm_80). Where they do not, [`GdrPath::Auto`] takes the sequential
+    /// TMA path always does; the wide portable kernels need up to 182 KiB, the compact ones 96
+    /// KiB: every GPU the fatbin targets). Where none do, [`GdrPath::Auto`] takes the sequential
     /// one-kernel version.
     pub(crate) fn gdr_smem_fits(&self, dt: DType, path: GdrPath) -> bool {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         if path != GdrPath::Auto || (dt == DType::BF16 && self.has_sm90a()) {
             return true;
         }
-        let optin = self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(0);
-        gdr_portable_smem(dt == DType::BF16).iter().all(|&(_, b)| b <= optin)
+        pick_state_pass(dt == DType::BF16, self.smem_optin()).is_some()
     }
 
     /// The shapes of a gated delta rule's inputs checked (`q`, `k [L, Hk, dk]`, `v [L, Hv, dv]`,
@@ -230,14 +243,23 @@ impl Cuda {
         prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
-        ensure!(dt == DType::BF16 || path == GdrPath::Auto, "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels)");
+        ensure!(
+            dt == DType::BF16 || matches!(path, GdrPath::Auto | GdrPath::Compact),
+            "gated_delta_rule: {path:?} is a bf16 path (fp32 takes the SIMT kernels or the compact ones)"
+        );
         let tma = match path {
             GdrPath::Auto => dt == DType::BF16 && self.has_sm90a(),
             GdrPath::Tma => {
                 ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
                 true
             }
-            GdrPath::Tc => false,
+            GdrPath::Tc | GdrPath::Compact => false,
+        };
+        // off Hopper: the wide kernels where they fit the device, else the compact ones
+        let pass = match path {
+            GdrPath::Tc => StatePass::Wide,
+            GdrPath::Compact => StatePass::Compact,
+            GdrPath::Auto | GdrPath::Tma => pick_state_pass(dt == DType::BF16, self.smem_optin()).unwrap_or(StatePass::Compact),
         };
         if l == 0 {
             return Ok(out);
@@ -294,13 +316,13 @@ impl Cuda {
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         };
-        let tc = dt == DType::BF16;
-        let ncb = dv.div_ceil(GDR_SEQ_COLS);
+        let k = state_launch(pass, dt == DType::BF16, prefix.pass);
+        let ncb = dv.div_ceil(k.seq_cols);
         self.launch(
-            if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
+            k.seq,
             (hv * ncb) as u32,
             launch::ENC_GDR_THREADS as u32,
-            ((if tc { GDR_SEQ_TC_FLOATS } else { GDR_SEQ_FLOATS }) * 4) as u32,
+            k.seq_bytes,
             &[
                 Arg::P(s.ptr()),
                 Arg::P(u.ptr()),
@@ -315,13 +337,7 @@ impl Cuda {
         )?;
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
-        self.launch_2d(
-            &format!("{}_gdr_out_{}", prefix.pass, if tc { "tc_bf16" } else { "f32" }),
-            (nb as u32, dv.div_ceil(GDR_OUT_COLS) as u32),
-            launch::ENC_GDR_THREADS as u32,
-            ((if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }) * 4) as u32,
-            &args,
-        )?;
+        self.launch_2d(&k.out, (nb as u32, dv.div_ceil(k.out_cols) as u32), launch::ENC_GDR_THREADS as u32, k.out_bytes, &args)?;
         Ok(out)
     }
 
@@ -341,17 +357,12 @@ impl Cuda {
         if l == 0 {
             return Ok(out);
         }
-        // Columns per block: GDR_COLS, or all of dv when it is narrower or does not divide.
-        let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
+        let (cols, bytes) = gdr_seq_smem(dk, dv);
         ensure!(cols <= GDR_THREADS as usize, "gated_delta_rule: value head dim {dv}");
-        let bytes = launch::ENC_GDR_SEQ1_SMEM_FLOATS(dk, cols) * 4;
-        let optin = {
-            use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
-            self.gpu().ctx.attribute(OPTIN).map(|v| v as usize).unwrap_or(227 * 1024)
-        };
+        let optin = self.smem_optin();
         ensure!(
             bytes <= optin,
-            "gated_delta_rule: the sequential kernel needs {bytes} bytes of shared memory a block at dk {dk}; this GPU offers {optin} (the encoder's delta rule has no kernel for it yet)"
+            "gated_delta_rule: the sequential kernel (taken for head dims above {GDR_MAX_DIM}, bf16 q k v not 16-byte aligned or Hv / Hk odd) needs {bytes} bytes of shared memory a block at dk {dk}; this GPU offers {optin}"
         );
         self.launch(
             &format!("{prefix}_gdr_{}", dt.name()),

@@ -11,6 +11,7 @@
 
 pub mod attention_qkv_gate;
 pub mod delta_rule;
+pub mod delta_rule_compact;
 pub mod row_ops;
 pub mod strided_row_ops;
 
@@ -75,16 +76,21 @@ pub fn pick_enc_attn(sm90a: bool) -> EncAttn {
 /// ([`crate::backend::cuda::select::choices`]).
 pub fn kernel_choices(hopper: bool, smem_optin: usize) -> Vec<crate::backend::cuda::select::Choice> {
     use crate::backend::cuda::select::Choice;
-    let fits = |tc: bool| delta_rule::gdr_portable_smem(tc).iter().all(|&(_, b)| b <= smem_optin);
+    use delta_rule_compact::{pick_state_pass, StatePass};
     let attn = if hopper { "moss_enc_fattn_wg_bf16 (wgmma)" } else { "moss_enc_fattn_bf16 (mma.sync)" };
-    let gdr = if hopper {
-        "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)"
-    } else if fits(true) {
-        "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16"
-    } else {
-        "moss_enc_gdr_bf16 (sequential: the chunked kernels' shared memory does not fit)"
+    let gdr = match (hopper, pick_state_pass(true, smem_optin)) {
+        (true, _) => "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_tma_bf16 (TMA, clusters of 2)",
+        (false, Some(StatePass::Wide)) => "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_tc + moss_enc_gdr_out_tc_bf16",
+        (false, Some(StatePass::Compact)) => {
+            "moss_enc_delta_rule_prep_bf16 + moss_enc_gdr_seq_compact_tc + moss_enc_gdr_out_compact_tc_bf16 (≤ 96 KiB a block)"
+        }
+        (false, None) => "moss_enc_gdr_bf16 (sequential: the chunked kernels' shared memory does not fit)",
     };
-    let gdr32 = if fits(false) { "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq + moss_enc_gdr_out_f32" } else { "moss_enc_gdr_f32 (sequential)" };
+    let gdr32 = match pick_state_pass(false, smem_optin) {
+        Some(StatePass::Wide) => "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq + moss_enc_gdr_out_f32",
+        Some(StatePass::Compact) => "moss_enc_gdr_prep_f32 + moss_enc_gdr_seq_compact_f32 + moss_enc_gdr_out_compact_f32 (≤ 96 KiB a block)",
+        None => "moss_enc_gdr_f32 (sequential)",
+    };
     vec![
         Choice { op: "enc causal_attention (bf16, L > 256, hd 256)", kernel: attn.into() },
         Choice { op: "enc causal_attention (L <= 256, or fp32)", kernel: "moss_enc_attn_* (tiled) / cuBLASLt + moss_enc_csoftmax_*".into() },

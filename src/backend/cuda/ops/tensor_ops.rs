@@ -25,6 +25,7 @@ impl Cuda {
     /// [`crate::backend::Backend::linear`]: `x · wᵀ (+ b)` in the weight's dtype (cuBLASLt).
     pub(crate) fn linear_dense(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
         ensure!(w.shape.len() == 2, "linear: weight must be 2-D, got {:?}", w.shape);
+        self.settle()?;
         let (n, k) = (w.shape[0], w.shape[1]);
         ensure!(x.last_dim() == k, "linear: input {:?} does not match weight {:?}", x.shape, w.shape);
         if let Some(b) = b {

@@ -1,8 +1,7 @@
 //! Host <-> device copies: `load` through pinned staging chunks (two alternating buffers), the
 //! pipelined download (chunks converted while the next copies), and the byte conversions.
 
-use super::{de, loaded_dtype, Cuda, CudaTensor, DType};
-use crate::checkpoint::{Component, Dtype};
+use super::{de, Cuda, CudaTensor, DType};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use cudarc::driver::{result as dr, CudaEvent, PinnedHostSlice};
@@ -267,23 +266,5 @@ impl Cuda {
         pipelined(copied, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, issue, take)?;
         drop(guard);
         Tensor::new(x.shape.clone(), out)
-    }
-
-    /// [`crate::backend::Backend::load`]: a bf16 or f32 tensor's stored bytes through the staging
-    /// chunks, then cast to the precision's dtype; other stored types through the host as f32.
-    pub(crate) fn load_tensor(&self, c: &Component, name: &str) -> Result<CudaTensor> {
-        let info = c.info(name)?;
-        match info.dtype {
-            Dtype::BF16 | Dtype::F32 => {
-                let stored = if info.dtype == Dtype::BF16 { DType::BF16 } else { DType::F32 };
-                let t = self.alloc(stored, &info.shape)?;
-                self.write_bytes(t.ptr(), c.store.bytes(info))?;
-                self.cast(&t, loaded_dtype(info.dtype, self.precision))
-            }
-            _ => {
-                let (shape, data) = c.f32(name)?;
-                self.upload_as(&Tensor::new(shape, data)?, DType::F32)
-            }
-        }
     }
 }

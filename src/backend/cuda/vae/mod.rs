@@ -24,19 +24,18 @@
 
 pub mod attention_fp16;
 pub mod conv;
+pub mod picture;
 pub mod plan;
 
 pub use conv::ConvKernel;
-pub use plan::{strip_rows_for, vae_activation_bytes, vae_mid_bytes, vae_strip_bytes};
+pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
-use plan::{copy2d_desc, host_rows_dims};
 
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
-use cudarc::driver::sys;
 
 impl Cuda {
     /// Run `f`, timed under `key` while the profile ([`crate::backend::cuda::profile`]) is on.
@@ -131,6 +130,13 @@ impl Cuda {
 
     /// `group_norm_row_stats`; `prefix` `moss_ctl` plants a skipped element.
     pub(crate) fn group_norm_row_stats_with(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<Vec<f64>> {
+        let bytes = self.download_bytes(&self.group_norm_row_partials(x, groups, prefix)?)?;
+        Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
+    }
+
+    /// `group_norm_row_stats` left on the device: `[N, groups, H, 2]` f64 in an f32 buffer of
+    /// `N·groups·H·4` words.
+    pub(crate) fn group_norm_row_partials(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         let cg = c / groups;
@@ -147,8 +153,7 @@ impl Cuda {
             0,
             &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::I(cg as i32), Arg::I(h as i32), Arg::I(wd as i32)],
         )?;
-        let bytes = self.download_bytes(&out)?;
-        Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
+        Ok(out)
     }
 
     /// `group_norm_apply`; `prefix` `moss_ctl` plants the affine channel `idx % C`.
@@ -384,71 +389,41 @@ impl Cuda {
 }
 
 impl VaeOps for Cuda {
+    type Picture = picture::CudaPicture;
+
     fn plan_vae(&self, c: &crate::checkpoint::Component, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<()> {
-        // Whole if it fits, else the smallest useful split (strips of 8 rows) must fit.
-        let least = vae_activation_bytes(cfg, h, w).min(vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8)));
+        // Whole if it fits, else the smallest useful split (strips of 8 rows, every picture in
+        // host memory) must fit.
+        let least = vae_activation_bytes(cfg, h, w).min(vae_split_least_bytes(cfg, h, w));
         let plan = crate::backend::cuda::plan::MemoryPlan::component(c, crate::options::Precision::Fp32).activations(least);
         plan.check(self.gpu()).map_err(|e| e.context(format!("the VAE decode of a {}x{} picture does not fit, even in row strips", w * 16, h * 16)))
     }
-    fn vae_strip_rows(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<usize>> {
+    fn vae_strip_plan(&self, cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<crate::backend::ops::vae::StripPlan>> {
         let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::backend::cuda::plan::RESERVE_BYTES)) };
         if vae_activation_bytes(cfg, h, w) <= avail(self)? {
             return Ok(None);
         }
         // Freed tensors the pool still holds count as used: hand them back and look again.
         self.trim_pool()?;
-        strip_rows_for(cfg, h, w, avail(self)?)
+        strip_plan_for(cfg, h, w, avail(self)?)
     }
     fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
         self.upload_as(t, DType::F32)
     }
-    fn upload_rows(&self, x: &Tensor, y0: usize, y1: usize) -> Result<CudaTensor> {
-        let (c, h, w) = host_rows_dims(x, y0, y1)?;
-        let r = y1 - y0;
-        let out = self.alloc(DType::F32, &[1, c, r, w])?;
-        // One 2-D copy: C rows of r·W floats, pitch H·W on the host.
-        let cp = copy2d_desc(
-            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
-            x.data[y0 * w..].as_ptr() as *mut std::ffi::c_void,
-            0,
-            h * w * 4,
-            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            std::ptr::null_mut(),
-            out.ptr(),
-            r * w * 4,
-            r * w * 4,
-            c,
-        );
-        let s = &self.gpu().stream;
-        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
-        // SAFETY: the source rows lie inside `x.data` (checked above), the destination holds
-        // C·r·W floats; a copy from pageable memory has read the source when the call returns.
-        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row upload: {e:?}"))?;
-        Ok(out)
+    fn picture(&self, c: usize, h: usize, w: usize, groups: usize, on_device: bool) -> Result<Self::Picture> {
+        self.picture_new(c, h, w, groups, on_device)
     }
-    fn download_rows(&self, t: &CudaTensor, x: &mut Tensor, y0: usize) -> Result<()> {
-        let (n, c, r, w) = dims4(t, "download_rows")?;
-        let (xc, h, xw) = host_rows_dims(x, y0, y0 + r)?;
-        ensure!(n == 1 && c == xc && w == xw, "download_rows: strip {:?} into picture {:?}", t.shape, x.shape);
-        let t = self.f32(t)?;
-        let cp = copy2d_desc(
-            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            std::ptr::null_mut(),
-            t.ptr(),
-            r * w * 4,
-            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
-            x.data[y0 * w..].as_mut_ptr() as *mut std::ffi::c_void,
-            0,
-            h * w * 4,
-            r * w * 4,
-            c,
-        );
-        let s = &self.gpu().stream;
-        s.context().bind_to_thread().map_err(|e| anyhow::anyhow!("bind context: {e:?}"))?;
-        // SAFETY: the destination rows lie inside `x.data`; we wait for the copy before
-        // returning (so before `x` can be read or dropped).
-        unsafe { sys::cuMemcpy2DAsync_v2(&cp, s.cu_stream()) }.result().map_err(|e| anyhow::anyhow!("CUDA row download: {e:?}"))?;
-        self.sync()
+    fn picture_rows(&self, p: &Self::Picture, y0: usize, y1: usize, next: Option<(usize, usize)>) -> Result<CudaTensor> {
+        self.picture_rows_of(p, y0, y1, next)
+    }
+    fn picture_put(&self, p: &mut Self::Picture, y0: usize, y1: usize, t: &CudaTensor, skip: usize) -> Result<()> {
+        self.picture_put_in(p, y0, y1, t, skip)
+    }
+    fn picture_row_stats(&self, p: &Self::Picture) -> Result<Vec<f64>> {
+        self.picture_partials(p)
+    }
+    fn picture_set_channels(&self, p: &mut Self::Picture, c: usize) -> Result<()> {
+        self.picture_channels(p, c)
     }
     fn bn_unpatchify(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
         self.bn_unpatchify_with(z, mean, var, eps, patch, "moss")
@@ -555,11 +530,12 @@ impl Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cuda::vae::plan::PREFERRED_ROWS;
+    use crate::backend::ops::vae::{picture_bytes, StripPlan};
     use crate::checkpoint::config::VaeConfig;
 
-    #[test]
-    fn activation_estimate_full_size() {
-        let cfg = VaeConfig {
+    fn full_size() -> VaeConfig {
+        VaeConfig {
             latent_channels: 32,
             out_channels: 3,
             decoder_block_out_channels: vec![96, 192, 384, 384],
@@ -570,7 +546,12 @@ mod tests {
             use_post_quant_conv: true,
             mid_block_add_attention: true,
             defaulted: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn activation_estimate_full_size() {
+        let cfg = full_size();
         // 1024x1024: the largest picture is the 192-wide upsampler output at 1024x1024.
         let b = vae_activation_bytes(&cfg, 64, 64);
         let peak = 4 * 192 * 1024 * 1024 * 4;
@@ -579,18 +560,65 @@ mod tests {
         assert_eq!(vae_activation_bytes(&cfg, 128, 128), 4 * b);
         // Split: the widest row is 384 channels x 512 columns (up block 2's input) = 192 x 1024
         // (the last upsampler's output).
-        let s = vae_strip_bytes(&cfg, 64, 64, 30);
-        let want = 7 * 32 * 192 * 1024 * 4;
+        let s = vae_strip_bytes(&cfg, 64, 64, 28);
+        let want = 8 * 32 * 192 * 1024 * 4;
         assert_eq!(s, want + want / 4);
         assert!(vae_mid_bytes(&cfg, 64, 64) < b);
-        // The planner: whole when it fits, the tallest fitting strip, a refusal with numbers.
-        assert_eq!(strip_rows_for(&cfg, 64, 64, b).unwrap(), None);
-        let free = vae_strip_bytes(&cfg, 64, 64, 300) + 5; // above the mid block's 1.6 GB
-        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
-        let free = vae_strip_bytes(&cfg, 64, 64, 301) - 1;
-        assert_eq!(strip_rows_for(&cfg, 64, 64, free).unwrap(), Some(300));
-        let e = strip_rows_for(&cfg, 64, 64, vae_mid_bytes(&cfg, 64, 64) - 1).unwrap_err().to_string();
+        // Kept pictures, all on the device: the peak is the first resnet of the last up block,
+        // its 192-wide input (the upsampler's output, 1024x1024) and its 96-wide first conv
+        // output; its own output goes over its input.
+        let px = 1024 * 1024;
+        assert_eq!(vae_keep_bytes(&cfg, 64, 64), picture_bytes(192, 1024, 1024, 32) + picture_bytes(96, 1024, 1024, 32));
+        assert_eq!(vae_keep_bytes(&cfg, 64, 64), 4 * 288 * px + 2 * 16 * 32 * 1024);
+        assert!(vae_keep_bytes(&cfg, 64, 64) < b / 2);
+    }
+
+    /// The planner: whole when it fits; every kept picture on the device beside the tallest
+    /// strips when that leaves strips of [`PREFERRED_ROWS`]; else strips of at most that and
+    /// the rest for pictures; a refusal with numbers.
+    #[test]
+    fn strip_plan_full_size() {
+        let cfg = full_size();
+        let (h, w) = (128, 128); // 2048x2048
+        let whole = vae_activation_bytes(&cfg, h, w);
+        let all = vae_keep_bytes(&cfg, h, w);
+        assert_eq!(strip_plan_for(&cfg, h, w, whole).unwrap(), None);
+        let free = all + vae_strip_bytes(&cfg, h, w, 300) + 5;
+        assert_eq!(strip_plan_for(&cfg, h, w, free).unwrap(), Some(StripPlan { rows: 300, keep_bytes: all }));
+        let free = all + vae_strip_bytes(&cfg, h, w, 301) - 1;
+        assert_eq!(strip_plan_for(&cfg, h, w, free).unwrap(), Some(StripPlan { rows: 300, keep_bytes: all }));
+        // Not room for all pictures beside 64-row strips: 64-row strips, the rest for pictures.
+        let free = all + vae_strip_bytes(&cfg, h, w, PREFERRED_ROWS) - 1;
+        let p = strip_plan_for(&cfg, h, w, free).unwrap().unwrap();
+        assert_eq!(p, StripPlan { rows: PREFERRED_ROWS, keep_bytes: free - vae_strip_bytes(&cfg, h, w, PREFERRED_ROWS) });
+        assert!(p.keep_bytes < all);
+        // Just above what the mid block needs: strips, nothing kept beyond what is left.
+        let free = vae_mid_bytes(&cfg, h, w).max(vae_strip_bytes(&cfg, h, w, 8));
+        let p = strip_plan_for(&cfg, h, w, free).unwrap().unwrap();
+        assert!(p.rows >= 8 && p.rows <= PREFERRED_ROWS && vae_strip_bytes(&cfg, h, w, p.rows) + p.keep_bytes <= free, "{p:?}");
+        let e = strip_plan_for(&cfg, h, w, vae_mid_bytes(&cfg, h, w) - 1).unwrap_err().to_string();
         assert!(e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
-        println!("VAE activations: 1024x1024 {:.2} GiB, 2048x2048 {:.2} GiB", b as f64 / crate::backend::cuda::ops::GIB, 4.0 * b as f64 / crate::backend::cuda::ops::GIB);
+        // A small picture whose strips reach the whole height: the whole height will do.
+        let (h1, w1) = (4, 4);
+        let free = vae_keep_bytes(&cfg, h1, w1) + vae_strip_bytes(&cfg, h1, w1, 64);
+        if vae_activation_bytes(&cfg, h1, w1) > free {
+            assert_eq!(strip_plan_for(&cfg, h1, w1, free).unwrap().unwrap().rows, 64);
+        }
+        // The peak device bytes of a split decode (pictures + strips, or the mid block), for the
+        // report: 2048x2048 and 4096x4096 at 64-row strips.
+        let g = crate::backend::cuda::ops::GIB;
+        for (side, h) in [(2048, 128), (4096, 256)] {
+            let (mid, strips, all) = (vae_mid_bytes(&cfg, h, h), vae_strip_bytes(&cfg, h, h, 64), vae_keep_bytes(&cfg, h, h));
+            println!(
+                "{side}x{side}: whole {:.2} GiB; split at 64 rows: mid block {:.2} GiB, strips {:.2} GiB, all pictures kept {:.2} GiB \
+                 -> peak {:.2} GiB all on the device, {:.2} GiB all in host memory",
+                vae_activation_bytes(&cfg, h, h) as f64 / g,
+                mid as f64 / g,
+                strips as f64 / g,
+                all as f64 / g,
+                mid.max(all + strips) as f64 / g,
+                mid.max(strips) as f64 / g
+            );
+        }
     }
 }

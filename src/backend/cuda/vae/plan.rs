@@ -1,7 +1,8 @@
-//! The VAE decode's memory plan (whole or in row strips) and the row copies of a split decode.
+//! The VAE decode's memory plan (whole, or in row strips with the kept pictures on the device
+//! or in host memory) and the 2-D copy descriptor of a host picture's rows.
 
 use super::ATTN_CHUNK_BYTES;
-use crate::tensor::Tensor;
+use crate::backend::ops::vae::{picture_bytes, StripPlan};
 use anyhow::{ensure, Result};
 use cudarc::driver::sys;
 
@@ -37,10 +38,11 @@ pub fn vae_mid_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: us
     peak + peak / 4
 }
 
-/// Peak live bytes of one strip of `rows` output rows in a split decode: at most 7 strip
-/// tensors (input, normed input, conv output and its valid rows, the shortcut's input and
-/// output, the sum) of `rows` + 2 halo rows at the widest `channels × width` of any layer after
-/// the mid block; a quarter on top.
+/// Peak live bytes of the strips of a split decode with `rows` output rows a strip (the kept
+/// pictures not counted, [`vae_keep_bytes`]): at most 8 strip tensors (the rows read and those
+/// fetched ahead for the next strip, the normalised input, the conv output and its valid rows,
+/// the shortcut and the sum, two strips on their way to host memory) of `rows` + 4 halo rows at
+/// the widest `channels × width` of any layer after the mid block; a quarter on top.
 pub fn vae_strip_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, rows: usize) -> usize {
     let rev: Vec<usize> = cfg.decoder_block_out_channels.iter().rev().copied().collect();
     let mut width = w * cfg.patch_size[1];
@@ -55,16 +57,38 @@ pub fn vae_strip_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: 
         prev = ch;
     }
     let _ = h;
-    let b = 7 * (rows + 2) * per_row * 4;
+    let b = 8 * (rows + 4) * per_row * 4;
     b + b / 4
 }
 
-/// `(C, H, W)` of a host picture `[1, C, H, W]` whose rows `y0..y1` exist.
-pub(super) fn host_rows_dims(x: &Tensor, y0: usize, y1: usize) -> Result<(usize, usize, usize)> {
-    ensure!(x.shape.len() == 4 && x.shape[0] == 1, "row strips of {:?}: expected [1, C, H, W]", x.shape);
-    let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
-    ensure!(y0 < y1 && y1 <= h && x.data.len() == c * h * w, "rows {y0}..{y1} of {:?}", x.shape);
-    Ok((c, h, w))
+/// Device bytes of the pictures a split decode keeps between layers when all of them stay on
+/// the device: the most live at once, as `crate::model::vae` makes them (a resnet's input, its
+/// first conv's output, its own output over its input when it has no more channels, else a
+/// new picture; an upsampler's input and output), each [`picture_bytes`] of its size when made.
+pub fn vae_keep_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> usize {
+    let g = cfg.norm_num_groups;
+    let rev: Vec<usize> = cfg.decoder_block_out_channels.iter().rev().copied().collect();
+    let (mut hh, mut ww) = (h * cfg.patch_size[0], w * cfg.patch_size[1]);
+    let mut c = rev[0];
+    let mut x = picture_bytes(c, hh, ww, g); // the mid block's output
+    let mut peak = x;
+    for (i, &ch) in rev.iter().enumerate() {
+        for _ in 0..=cfg.layers_per_block {
+            let hp = picture_bytes(ch, hh, ww, g);
+            let out = if ch <= c { 0 } else { picture_bytes(ch, hh, ww, g) };
+            peak = peak.max(x + hp + out);
+            if ch > c {
+                x = out;
+            }
+            c = ch;
+        }
+        if i + 1 < rev.len() {
+            let o = picture_bytes(c, 2 * hh, 2 * ww, g);
+            peak = peak.max(x + o);
+            (x, hh, ww) = (o, 2 * hh, 2 * ww);
+        }
+    }
+    peak
 }
 
 /// A `cuMemcpy2D` descriptor: `height` rows of `width` bytes, each side with its pitch.
@@ -101,11 +125,25 @@ pub(super) fn copy2d_desc(
     }
 }
 
+/// The least activation bytes a split decode of latents `[1, C, h, w]` runs in: the mid block
+/// (run whole) or strips of 8 rows with every kept picture in host memory, whichever is more
+/// (`crate::memory_plan`'s `strip_activations` for the VAE).
+pub fn vae_split_least_bytes(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize) -> usize {
+    vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8))
+}
+
+/// Strip height the planner settles for when not every kept picture fits on the device: taller
+/// strips save little (halo rows, launches) and take memory the pictures could use.
+pub const PREFERRED_ROWS: usize = 64;
+
 /// The split for latents `[1, C, h, w]` with `free` bytes available to activations: `None`
-/// (whole) if [`vae_activation_bytes`] fits, else the tallest strip whose
-/// [`vae_strip_bytes`] fits, else an error with numbers (the mid block, run whole, or a
-/// one-row strip does not fit).
-pub fn strip_rows_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, free: usize) -> Result<Option<usize>> {
+/// (whole) if [`vae_activation_bytes`] fits; else, when every kept picture fits on the device
+/// ([`vae_keep_bytes`]) beside strips of [`PREFERRED_ROWS`] rows (or the whole height), those
+/// pictures on the device and the tallest strips that fit beside them; else strips of at most
+/// [`PREFERRED_ROWS`] rows and the rest of `free` for pictures (the others in host memory);
+/// an error with numbers when the mid block (run whole) or a one-row strip does not fit.
+/// Peak device bytes: `max(mid, min(keep, vae_keep_bytes) + vae_strip_bytes(rows))`.
+pub fn strip_plan_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: usize, free: usize) -> Result<Option<StripPlan>> {
     if vae_activation_bytes(cfg, h, w) <= free {
         return Ok(None);
     }
@@ -120,15 +158,29 @@ pub fn strip_rows_for(cfg: &crate::checkpoint::config::VaeConfig, h: usize, w: u
         one as f64 / crate::backend::cuda::ops::GIB,
         free as f64 / crate::backend::cuda::ops::GIB
     );
-    // The tallest strip that fits (strip bytes grow with the rows).
-    let (mut lo, mut hi) = (1usize, h * 16);
-    while lo < hi {
-        let m = (lo + hi).div_ceil(2);
-        if vae_strip_bytes(cfg, h, w, m) <= free {
-            lo = m;
-        } else {
-            hi = m - 1;
+    let height = h * 16;
+    // The tallest strip (at most the picture) within `budget`, if a one-row strip is.
+    let tallest = |budget: usize| -> Option<usize> {
+        if vae_strip_bytes(cfg, h, w, 1) > budget {
+            return None;
+        }
+        let (mut lo, mut hi) = (1usize, height);
+        while lo < hi {
+            let m = (lo + hi).div_ceil(2);
+            if vae_strip_bytes(cfg, h, w, m) <= budget {
+                lo = m;
+            } else {
+                hi = m - 1;
+            }
+        }
+        Some(lo)
+    };
+    let all = vae_keep_bytes(cfg, h, w);
+    if let Some(rows) = free.checked_sub(all).and_then(tallest) {
+        if rows >= PREFERRED_ROWS.min(height) {
+            return Ok(Some(StripPlan { rows, keep_bytes: all }));
         }
     }
-    Ok(Some(lo))
+    let rows = tallest(free).unwrap_or(1).min(PREFERRED_ROWS);
+    Ok(Some(StripPlan { rows, keep_bytes: free - vae_strip_bytes(cfg, h, w, rows) }))
 }
