@@ -326,7 +326,9 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
                 cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
             // delta_rule_prep's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PREP_CONTROL, GdrPath::Tc);
+            // (after it the wide state pass where it fits this GPU, else the compact one)
+            let after_prep = if wide { GdrPath::Tc } else { GdrPath::Compact };
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PREP_CONTROL, after_prep);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {
             // fp32: the SIMT chunk kernels
