@@ -101,8 +101,7 @@ impl Cuda {
 
     /// The dim-0 concatenation of the checkpoint tensors `names` (one dtype, the same trailing
     /// shape), loaded at this precision: the bytes of `cat(load(n) for n in names, 0)`.
-    /// `shift` is the planted bug of the load gate (bytes written one element late).
-    pub(crate) fn load_rows_with(&self, c: &Component, names: &[&str], shift: bool) -> Result<CudaTensor> {
+    pub(crate) fn load_stacked(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
         ensure!(!names.is_empty(), "load of no tensors");
         let infos = names.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
         let first = infos[0];
@@ -141,10 +140,9 @@ impl Cuda {
             let (mem, ptr) = view.weight_mem(Some(&mut g), bytes)?;
             let raw = CudaTensor { buf: Arc::new(Buf { mem, ptr, bytes }), shape: shape.clone(), dtype: stored };
             let mut dst = ptr;
-            for (k, i) in infos.iter().enumerate() {
+            for i in &infos {
                 let src = c.store.bytes(i);
-                let es = if shift && k == 0 { stored.size().min(src.len()) } else { 0 };
-                g.pieces.push(Piece { src: src.as_ptr(), len: src.len() - es, dst: dst + es as u64 });
+                g.pieces.push(Piece { src: src.as_ptr(), len: src.len(), dst });
                 dst += src.len() as u64;
             }
             g.merges.extend(PendingMerge::of(c, names, &raw)?);
@@ -261,7 +259,7 @@ impl Cuda {
         Ok((Behind::new(r, ready), view.moved()))
     }
 
-    /// The tensors `groups` (each the dim-0 concatenation of its names, as [`Cuda::load_rows_with`])
+    /// The tensors `groups` (each the dim-0 concatenation of its names, as [`Cuda::load_stacked`])
     /// into slot `slot`'s memory, reused from the slot's previous fetch: the copy stream first waits
     /// for the compute enqueued so far (which read the slot's previous tensors). The compute
     /// stream waits for the copies at [`Behind::ready`].
@@ -291,7 +289,7 @@ impl Cuda {
         let mut out = vec![];
         for g in groups {
             let names: Vec<&str> = g.iter().map(String::as_str).collect();
-            out.push(view.load_rows_with(c, &names, false)?);
+            out.push(view.load_stacked(c, &names)?);
         }
         Ok(Behind::new(out, view.flush()?))
     }

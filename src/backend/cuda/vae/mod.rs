@@ -27,11 +27,10 @@ pub mod conv;
 pub mod picture;
 pub mod plan;
 
-pub use conv::{ConvControl, ConvKernel};
+pub use conv::ConvKernel;
 pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
 
-use crate::backend::cuda::blas::LinearBug;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
 use crate::backend::Backend;
@@ -73,11 +72,11 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda:
     ]
 }
 
-/// cuda/vae/attention_tf32.cu: the head width it is built for, query rows per block, shared memory
-/// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
-const FLASH_D: usize = 384;
-const FLASH_BQ: usize = 64;
-pub(crate) const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
+/// cuda/vae/attention_tf32.cu (cuda/vae/launch.h): the head width it is built for, query rows per
+/// block, shared memory (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
+const FLASH_D: usize = crate::backend::cuda::launch::VAE_ATTN_D;
+const FLASH_BQ: usize = crate::backend::cuda::launch::VAE_ATTN_ROWS;
+pub(crate) const FLASH_SMEM_BYTES: usize = crate::backend::cuda::launch::VAE_ATTN_TF32_SMEM;
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
     ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
@@ -85,7 +84,7 @@ fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
 }
 
 impl Cuda {
-    fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
+    pub(crate) fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.cast(x, DType::F32)
     }
 
@@ -179,7 +178,7 @@ impl Cuda {
         // [n·groups, 2] doubles (mean, variance) in an f32 buffer of twice the length.
         let st = self.alloc(DType::F32, &[stats.len() * 2])?;
         let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.write_bytes(st.ptr(), &bytes, false)?;
+        self.write_bytes(st.ptr(), &bytes)?;
         let out = self.alloc(DType::F32, &x.shape)?;
         let total = x.numel();
         self.launch(
@@ -242,7 +241,7 @@ impl Cuda {
             for r0 in (0..l).step_by(rows) {
                 let rc = rows.min(l - r0);
                 let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
-                let s = self.linear_with(&qc, &kn, None, LinearBug::None)?; // [rc, L]
+                let s = self.linear_dense(&qc, &kn, None)?; // [rc, L]
                 self.launch(
                     &format!("{prefix}_vae_softmax_rows"),
                     (rc as u32).min(65535 * 8),
@@ -250,7 +249,7 @@ impl Cuda {
                     0,
                     &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
                 )?;
-                parts.push(self.linear_with(&s, &vt, None, LinearBug::None)?); // [rc, D]
+                parts.push(self.linear_dense(&s, &vt, None)?); // [rc, D]
             }
             let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
             outs.push(self.reshape(&o, &[1, l, d])?);
@@ -278,7 +277,7 @@ impl Cuda {
         }
         let w = self.reshape(a, &[m, k, 1, 1])?;
         let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
+        let o = self.conv2d_halo(conv::HALO_KERNEL, &x, &w, None, false, ks > 1)?;
         let mut sum = self.narrow(&o, 0, 0, 1)?;
         for i in 1..ks {
             sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
@@ -335,7 +334,7 @@ impl Cuda {
     }
 
     /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
-    fn halo_fits_bytes(&self, bytes: usize) -> bool {
+    pub(crate) fn halo_fits_bytes(&self, bytes: usize) -> bool {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
     }
@@ -354,7 +353,7 @@ impl Cuda {
         self.launch_2d(
             &format!("{prefix}_vae_flash_d384"),
             (l.div_ceil(FLASH_BQ) as u32, n as u32),
-            256,
+            crate::backend::cuda::launch::VAE_ATTN_THREADS as u32,
             FLASH_SMEM_BYTES as u32,
             &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
         )?;
@@ -498,10 +497,32 @@ impl VaeOps for Cuda {
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
     }
-    fn conv_overflow(&self) -> Result<bool> {
+    /// `decode`, and again with the convolutions on the split-TF32 halo kernel when the fp16-split
+    /// one met an activation past the fp16 range (|x| > 65504; one line on stderr). The flag is
+    /// read once, after the decode (which has synchronised to bring its result back anyway).
+    fn run_decode<R>(&self, decode: impl Fn() -> Result<R>) -> Result<R> {
+        self.conv_overflow()?; // a stale flag (an earlier failed decode) is not this decode's
+        let r = decode()?;
+        if !self.conv_overflow()? {
+            return Ok(r);
+        }
+        eprintln!("moss: VAE decode: an activation past the fp16 range (|x| > 65504) in the fp16-split convolution; decoding again with the TF32 convolution");
+        self.set_conv_fallback(true);
+        let r = decode();
+        self.set_conv_fallback(false);
+        r
+    }
+}
+
+impl Cuda {
+    /// Whether a convolution since the last call met an activation past the fp16-split conv's
+    /// range; clears the flag. Waits for the stream.
+    pub(crate) fn conv_overflow(&self) -> Result<bool> {
         self.vae_flag_take()
     }
-    fn set_conv_fallback(&self, on: bool) {
+
+    /// Run the convolutions on the split-TF32 halo kernel (full range) while on.
+    pub(crate) fn set_conv_fallback(&self, on: bool) {
         self.set_vae_tf32_fallback(on)
     }
 }
