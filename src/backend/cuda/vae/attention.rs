@@ -5,6 +5,7 @@
 
 use super::conv::{self, HALO_TH};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::backend::ops::vae::attention_dims;
 use crate::backend::Backend;
 use anyhow::{ensure, Result};
 
@@ -25,16 +26,8 @@ impl Cuda {
         prefix: &str,
         chunk_bytes: usize,
     ) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3, "spatial_attention: expected [N, L, D], got {:?}", q.shape);
-        ensure!(
-            k.shape == q.shape && v.shape == q.shape,
-            "spatial_attention: q {:?}, k {:?}, v {:?}",
-            q.shape,
-            k.shape,
-            v.shape
-        );
+        let (n, l, d) = attention_dims(&q.shape, &k.shape, &v.shape)?;
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
         let scale = 1.0 / (d as f64).sqrt();
         let rows = (chunk_bytes / (4 * l.max(1))).clamp(1, l.max(1));
         let mut outs = vec![];
@@ -108,9 +101,8 @@ impl Cuda {
         prefix: &str,
         chunk_bytes: usize,
     ) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
+        let (n, l, d) = attention_dims(&q.shape, &k.shape, &v.shape)?;
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
         ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
         let scale = 1.0 / (d as f64).sqrt();
         let rows = (chunk_bytes / 3 / (4 * l)).clamp(1, l);
