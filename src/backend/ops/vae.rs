@@ -245,3 +245,9 @@ impl HostPicture {
         Ok(())
     }
 }
+
+/// `(N, L, D)` of `spatial_attention`'s q, k, v: `[N, L, D]` each, one shape.
+pub fn attention_dims(q: &[usize], k: &[usize], v: &[usize]) -> anyhow::Result<(usize, usize, usize)> {
+    anyhow::ensure!(q.len() == 3 && k == q && v == q, "spatial_attention: q {q:?}, k {k:?}, v {v:?} (expected [N, L, D] each)");
+    Ok((q[0], q[1], q[2]))
+}
