@@ -53,7 +53,11 @@ fn median(v: &[f64]) -> f64 {
 
 pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
     let ck = Checkpoint::open(checkpoint::locate(&a.model)?)?;
-    let e = crate::embeds::read(&a.embeds)?;
+    let mut e = crate::embeds::read(&a.embeds)?;
+    // As `generate --embeds` feeds them: F32 hidden states rounded to bf16 at --precision bf16.
+    for x in [&mut e.cond, &mut e.uncond] {
+        x.hidden = crate::pipeline::stage_boundary(x.hidden.clone(), a.precision);
+    }
     if e.cond.hidden.shape[1] != ck.dit.text_dim {
         bail!(
             "{}: hidden states are {} wide, the transformer takes {}",
@@ -181,6 +185,8 @@ fn run_on<B: DitOps>(
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
+            quality: None,
+            cut: Default::default(),
         };
         sync()?;
         let s = Instant::now();

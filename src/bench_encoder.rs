@@ -43,7 +43,7 @@ fn open(dir: &Path) -> Result<(EncoderConfig, Component)> {
         .into_iter()
         .find(|p| store.tensors.keys().any(|k| k.starts_with(p)))
         .with_context(|| format!("{}: no tensor under `language_model.`", dir.display()))?;
-    let comp = Component { name: "text_encoder", store, prefix: prefix.to_string() };
+    let comp = Component { name: "text_encoder", store, prefix: prefix.to_string(), loras: Default::default() };
     comp.validate(&expected::encoder(&cfg))?;
     Ok((cfg, comp))
 }

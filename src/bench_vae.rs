@@ -52,15 +52,20 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     if a.strip_rows.is_some() || a.plan_free_gib.is_some() {
         return strips(a, &cuda, &vae, &ck.vae, &z);
     }
-    if a.decode_only {
-        let split = vae.split_for(&cuda, h, w)?;
-        let mut full = vec![];
-        let mut rgb = vec![];
+    // The whole decode as the pipeline runs it: upload, forward, clamp + round on the GPU, bytes
+    // back; `reps` times (ms each) and the last picture.
+    let decodes = || -> Result<(Vec<f64>, Vec<u8>)> {
+        let (mut full, mut rgb) = (vec![], vec![]);
         for _ in 0..a.reps.max(1) {
             let t = Instant::now();
             rgb = vae.decode_rgb8(&cuda, &z)?;
             full.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        Ok((full, rgb))
+    };
+    if a.decode_only {
+        let split = vae.split_for(&cuda, h, w)?;
+        let (full, rgb) = decodes()?;
         if let Some(p) = &a.out_rgb {
             std::fs::write(p, &rgb)?;
         }
@@ -88,14 +93,7 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
         fwd.push(t.elapsed().as_secs_f64() * 1e3);
         drop(img);
     }
-    // The whole decode as the pipeline runs it: upload, forward, clamp + round on the GPU, bytes back.
-    let mut full = vec![];
-    let mut rgb = vec![];
-    for _ in 0..a.reps.max(1) {
-        let t = Instant::now();
-        rgb = vae.decode_rgb8(&cuda, &z)?;
-        full.push(t.elapsed().as_secs_f64() * 1e3);
-    }
+    let (full, rgb) = decodes()?;
     // One more forward with every op synchronised and timed (not part of the timings above).
     crate::backend::cuda::profile::start(crate::backend::cuda::profile::Mode::Synced);
     let t = Instant::now();

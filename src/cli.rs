@@ -33,15 +33,15 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 #[allow(clippy::large_enum_variant)] // parsed once per run
 pub enum Command {
-    /// Render a prompt to a PNG: encode, denoise (50 Euler steps, CFG), decode.
+    /// Render a prompt to a picture (PNG, JPEG or WebP): encode, denoise (50 Euler steps, CFG), decode.
     Generate(GenerateArgs),
     /// Encode a prompt (and the negative) to hidden states, for `generate --embeds`.
     Encode(EncodeArgs),
-    /// Decode raw latents (little-endian f32 [1,128,H/16,W/16]) to a PNG.
+    /// Decode latents (--save-latents' file, or raw little-endian f32 [1,128,H/16,W/16]) to a picture.
     Decode(DecodeArgs),
     /// Check the checkpoint (and with --device cuda, every GPU kernel against the CPU reference).
     Check(CheckArgs),
-    /// Print the settings a moss picture was made with.
+    /// Print the settings a moss picture (PNG, JPEG or WebP) was made with.
     Info(InfoArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
@@ -209,12 +209,17 @@ pub struct GenerateArgs {
     /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.
     #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
     pub size: (u32, u32),
-    /// Output PNG.
+    /// Output picture, its format by the extension: .png, .jpg/.jpeg (--quality) or .webp
+    /// (lossless); `-` writes PNG to stdout.
     #[arg(long, short, default_value = "moss.png")]
     pub out: PathBuf,
+    /// JPEG quality, 1..100 [default: 90] (JPEG output only).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: Option<u8>,
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Also write the final latents as raw little-endian f32 [1,128,H/16,W/16] (for `moss decode`).
+    /// Also write the final latents: safetensors with `latents` f32 [1,128,H/16,W/16] and the
+    /// settings, which `moss decode` reads without --size.
     #[arg(long, value_name = "PATH")]
     pub save_latents: Option<PathBuf>,
     /// Use hidden states written by `moss encode` instead of running the encoder.
@@ -226,7 +231,9 @@ pub struct GenerateArgs {
     /// Fraction of the steps START:STOP in which the skip applies (step i skips if START <= i/n < STOP).
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
-    /// Compute precision on the GPU.
+    /// bf16: the model's own (bf16 weights and activations on the GPU, the hidden states
+    /// rounded to bf16 between encoder and transformer); fp32: fp32 end to end, for verification
+    /// (the CPU computes in fp32 either way; this keeps its hidden states fp32).
     #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Print nothing but errors.
@@ -303,11 +310,15 @@ impl BatchArgs {
 pub struct EncodeArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
-    /// Output safetensors file (bf16 hidden states, token ids and prompt in its metadata).
+    /// Output safetensors file (hidden states, token ids and prompt in its metadata).
     #[arg(long, short)]
     pub out: PathBuf,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// bf16: the hidden states rounded to bf16, as `generate` feeds them to the transformer;
+    /// fp32: an fp32 encoder (on the GPU) and F32 hidden states, for `generate --precision fp32`.
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
     /// Print nothing but errors.
     #[arg(long, short)]
     pub quiet: bool,
@@ -320,9 +331,12 @@ pub struct DecodeArgs {
     /// Picture size WIDTHxHEIGHT; square is inferred from the file length when left out.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<(u32, u32)>,
-    /// Output PNG.
+    /// Output picture: .png, .jpg/.jpeg (--quality) or .webp (lossless); `-` writes PNG to stdout.
     #[arg(long, short)]
     pub out: PathBuf,
+    /// JPEG quality, 1..100 [default: 90] (JPEG output only).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: Option<u8>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Print nothing but errors.

@@ -17,6 +17,7 @@ pub mod model;
 pub mod noise;
 pub mod options;
 pub mod output;
+pub mod picture;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;

@@ -197,6 +197,7 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         model: a.model.model.clone(),
         device: a.model.device,
         precision: a.precision,
+        quality: a.quality,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
     };
     batch::install_stop_handler();
@@ -247,6 +248,7 @@ fn run_several(a: &GenerateArgs, prompt: String) -> anyhow::Result<u8> {
     if a.embeds.is_some() || a.save_latents.is_some() {
         anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
     }
+    moss::picture::check(&a.out, a.quality)?; // said of -o, not of the batch's --name
     let base = a.seed.resolve();
     if a.seed == Seed::Random && !a.quiet {
         eprintln!("moss: seed {base} (random; picture i uses {base} + i)");
@@ -327,9 +329,20 @@ fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) 
 /// The settings recorded in a moss picture.
 fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
     use anyhow::Context;
-    let bytes = std::fs::read(pic).with_context(|| format!("cannot read {}", pic.display()))?;
-    let (_, _, _, meta) = moss::png::decode(&bytes).with_context(|| format!("{} is not a PNG moss can read", pic.display()))?;
+    let meta = moss::picture::read_metadata(pic)?;
     moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
+}
+
+/// A warning for `--uncond-skip` indices the user gave past the model's last block (not for the
+/// default 22, which a small checkpoint may not reach). A checkpoint that does not open is the
+/// run's own error, said there.
+fn warn_skips_beyond(skip: &[usize], model: &str, quiet: bool) {
+    if quiet {
+        return;
+    }
+    if let Some(w) = pipeline::open_checkpoint(model).ok().and_then(|ck| pipeline::skips_beyond(skip, &ck)) {
+        eprintln!("moss: warning: {w}");
+    }
 }
 
 /// The exit code: 0 on success, 1 when something failed. `given(id)`: whether the flag with
@@ -353,13 +366,21 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
             Ok(0)
         }
-        Command::Generate(a) if a.batch.prompts.is_some() => run_batch(&a, a.batch.prompts.as_deref().unwrap()),
+        Command::Generate(a) if a.batch.prompts.is_some() => {
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
+            }
+            run_batch(&a, a.batch.prompts.as_deref().unwrap())
+        }
         Command::Generate(mut a) => {
             if let Some(f) = a.batch.stray_flag() {
                 anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
             }
             if let Some(pic) = a.from.clone() {
                 apply_from(&mut a, &pic, given)?;
+            }
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
             }
             if a.embeds.is_some() && (a.prompt.prompt.is_some() || a.prompt.prompt_file.is_some() || given("negative")) {
                 anyhow::bail!("--embeds brings its own prompt and negative: leave out --prompt, --prompt-file and --negative");
@@ -394,6 +415,8 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 skip_window: a.skip_window,
                 max_tokens: a.prompt.max_tokens as usize,
                 precision: a.precision,
+                quality: a.quality,
+                cut: Default::default(),
             };
             let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
             if to_stdout && a.json {
@@ -423,15 +446,14 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if let Some(f) = &a.prompt.prompt_file {
                 moss::output::check_distinct(&[("--out", &a.out)], &[("the prompt file", f)])?;
             }
-            pipeline::encode_to_file(
-                &prompt,
-                &a.prompt.negative,
-                a.prompt.max_tokens as usize,
-                &a.out,
-                &a.model.model,
-                a.model.device,
-                &mut bars,
-            )?;
+            let job = pipeline::EncodeJob {
+                prompt: &prompt,
+                negative: &a.prompt.negative,
+                max_tokens: a.prompt.max_tokens as usize,
+                precision: a.precision,
+                out: &a.out,
+            };
+            pipeline::encode_to_file(&job, &a.model.model, a.model.device, &mut bars)?;
             drop(bars);
             if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
@@ -439,7 +461,10 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Decode(a) => {
-            pipeline::decode_file(&a.latents, a.size, &a.out, &a.model.model, a.model.device, a.strip_rows)?;
+            let job = pipeline::DecodeJob { latents: &a.latents, size: a.size, out: &a.out, quality: a.quality, strip_rows: a.strip_rows };
+            let mut bars = Bars::new(a.quiet);
+            pipeline::decode_file(&job, &a.model.model, a.model.device, &mut bars)?;
+            drop(bars);
             if !a.quiet && !moss::output::is_stdout(&a.out) {
                 println!("{}", a.out.display());
             }
@@ -481,6 +506,9 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Serve(a) => {
+            if given("uncond_skip") {
+                warn_skips_beyond(&a.uncond_skip.0, &a.model.model, false);
+            }
             moss::serve::run(moss::serve::ServeOptions {
                 model: a.model.model,
                 device: a.model.device,

@@ -12,6 +12,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::pipeline::Request;
 use crate::png::Metadata;
+use crate::prompt::trim;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,12 @@ pub struct Params {
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
     pub max_tokens: usize,
+    /// The prompt's token count before `max_tokens` cut it (absent: not cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_before_cut: Option<usize>,
+    /// The same for the negative prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negative_tokens_before_cut: Option<usize>,
     pub precision: String,
     pub device: String,
     pub model: String,
@@ -45,9 +52,10 @@ pub fn version() -> String {
 
 impl Params {
     pub fn of(req: &Request, ck: &Checkpoint) -> Params {
+        // The texts as the chat template encodes them (trimmed).
         Params {
-            prompt: req.prompt.clone(),
-            negative: req.negative.clone(),
+            prompt: trim(&req.prompt).to_string(),
+            negative: trim(&req.negative).to_string(),
             seed: req.seed,
             steps: req.steps,
             guidance: req.guidance,
@@ -56,11 +64,13 @@ impl Params {
             uncond_skip: req.uncond_skip.clone(),
             skip_window: req.skip_window,
             max_tokens: req.max_tokens,
+            prompt_tokens_before_cut: req.cut.prompt,
+            negative_tokens_before_cut: req.cut.negative,
             precision: req.precision.to_string(),
             device: req.device.to_string(),
             model: ck.loc.id.clone(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
-            loras: ck.loras.iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
+            loras: ck.loras.adapters().iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
             version: version(),
         }
     }
@@ -87,8 +97,14 @@ impl Params {
             ("Precision", self.precision.clone()),
             ("Device", self.device.clone()),
         ];
-        if self.max_tokens != 4096 {
+        let cut = [("prompt", self.prompt_tokens_before_cut), ("negative", self.negative_tokens_before_cut)];
+        if self.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
             kv.push(("Max tokens", self.max_tokens.to_string()));
+        }
+        let cut: Vec<String> = cut.iter().filter_map(|&(w, n)| n.map(|n| format!("{w} {} of {n} tokens", self.max_tokens.min(n)))).collect();
+        if !cut.is_empty() {
+            // `;`, not `,`: readers that split the line at commas keep the value whole.
+            kv.push(("Cut", cut.join("; ")));
         }
         if !self.loras.is_empty() {
             kv.push(("Lora hashes", self.loras.join(", ")));
@@ -159,6 +175,8 @@ mod tests {
             uncond_skip: vec![22],
             skip_window: (0.0, 1.0),
             max_tokens: 4096,
+            prompt_tokens_before_cut: None,
+            negative_tokens_before_cut: None,
             precision: "bf16".into(),
             device: "cuda:0".into(),
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
@@ -185,6 +203,13 @@ mod tests {
         let t = q.a1111();
         assert!(!t.contains("Negative prompt"), "{t}");
         assert!(t.contains("CFG scale: 4.5,") && t.contains("Skip layers: \"3,22\"") && t.contains("Max tokens: 77"), "{t}");
+        assert!(!t.contains("Cut"), "{t}");
+        q.max_tokens = 4096;
+        q.prompt_tokens_before_cut = Some(5000);
+        let t = q.a1111();
+        assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
+        q.negative_tokens_before_cut = Some(4100);
+        assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
     }
 
     #[test]

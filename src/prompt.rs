@@ -8,12 +8,20 @@ pub const MAX_TOKENS: usize = 4096;
 /// The Qwen3.5 chat template for one user turn with the generation prompt and thinking on:
 /// `<|im_start|>user\n{prompt|trim}<|im_end|>\n<|im_start|>assistant\n<think>\n`.
 pub fn chat_wrap(prompt: &str) -> String {
-    format!("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n", jinja_trim(prompt))
+    format!("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n", trim(prompt))
 }
 
-/// Jinja's `trim` filter: Python's `str.strip()`, which strips Unicode whitespace.
-fn jinja_trim(s: &str) -> &str {
+/// The prompt as the chat template takes it: Jinja's `trim` filter, Python's `str.strip()`,
+/// which strips Unicode whitespace (what a picture records as its prompt).
+pub fn trim(s: &str) -> &str {
     s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+/// Token counts before the cut of the texts that `max_tokens` cut (None: not cut).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub prompt: Option<usize>,
+    pub negative: Option<usize>,
 }
 
 pub struct PromptTokenizer {

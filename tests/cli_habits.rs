@@ -1,6 +1,7 @@
 //! The command line people expect: clap's whole messages, help for a bare `moss`, a quiet exit on a
 //! closed pipe, `--version` with the revision and kernels, completions and a man page, `moss info`,
-//! `generate --from` (byte-identical), `--seed random`, and true metadata with `--embeds`.
+//! `generate --from` (byte-identical), `--seed random`, true metadata (with `--embeds`; the trimmed
+//! prompt and what `--max-tokens` cut), and a warning for `--uncond-skip` past the last block.
 
 mod common;
 
@@ -189,5 +190,73 @@ fn an_empty_list_or_nothing_left_says_so() {
     let r = moss(&args);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stderr.trim(), "moss: nothing rendered: 1 skipped (already there)");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn uncond_skip_past_the_last_block_warns() {
+    let d = scratch("skip");
+    let b = common::golden().join("tiny-b").display().to_string(); // 2 blocks
+    let out = d.join("s.png");
+    let base = ["generate", "--device", "cpu", "--model", &b, "--prompt", "x", "--steps", "1", "--size", "96x64", "--seed", "1", "--out", out.to_str().unwrap()];
+    let r = moss(&[&base[..], &["--uncond-skip", "1,5,9"]].concat());
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(
+        r.stderr.trim(),
+        "moss: warning: --uncond-skip 5,9: the transformer has 2 blocks (0..1); an index past the last skips nothing"
+    );
+    // The default (22) is past tiny-b's blocks too, but the user did not ask for it: no warning.
+    let r = moss(&base);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+    // -q keeps it quiet; an index inside the model says nothing.
+    assert!(moss(&[&base[..], &["--uncond-skip", "5", "-q"]].concat()).stderr.is_empty());
+    assert!(moss(&[&base[..], &["--uncond-skip", "1"]].concat()).stderr.is_empty());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn the_picture_records_the_prompt_as_encoded() {
+    let d = scratch("cut");
+    let m = tiny();
+    let a = d.join("a.png");
+    let r = moss(&[
+        "generate", "--device", "cpu", "--model", &m, "--prompt", " \n a red fox in the snow at dawn \t\n", "--negative", "blurry and dark",
+        "--max-tokens", "12", "--steps", "1", "--size", "64x64", "--seed", "3", "--out", a.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // The counts the warnings name are the ones recorded.
+    let count = |what: &str| -> usize {
+        let head = format!("moss: warning: {what} has ");
+        let l = r.stderr.lines().find_map(|l| l.strip_prefix(&head)).unwrap_or_else(|| panic!("{}", r.stderr));
+        l.split(' ').next().unwrap().parse().unwrap()
+    };
+    let (np, nn) = (count("prompt"), count("negative prompt"));
+    let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", a.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!(j["prompt"], "a red fox in the snow at dawn", "the trimmed prompt the template encoded");
+    assert_eq!((j["max_tokens"].as_u64(), j["prompt_tokens_before_cut"].as_u64(), j["negative_tokens_before_cut"].as_u64()), (Some(12), Some(np as u64), Some(nn as u64)));
+    let t = text(&moss(&["info", a.to_str().unwrap()]));
+    assert!(t.starts_with("a red fox in the snow at dawn\nNegative prompt: blurry and dark\n"), "{t}");
+    assert!(t.contains("Max tokens: 12") && t.contains(&format!("Cut: prompt 12 of {np} tokens; negative 12 of {nn} tokens,")), "{t}");
+    // --from cuts the same way: the same bytes.
+    let b = d.join("b.png");
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "-q", "--out", b.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from of a cut prompt differs");
+    // An uncut prompt records no cut, and the default limit is not spelled out.
+    let c = d.join("c.png");
+    assert_eq!(moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--seed", "3", "--out", c.to_str().unwrap()]).code, Some(0));
+    let t = text(&moss(&["info", c.to_str().unwrap()]));
+    assert!(!t.contains("Cut:") && !t.contains("Max tokens"), "{t}");
+
+    // Through moss encode: the embeds file carries the limit and the cut.
+    let emb = d.join("e.safetensors");
+    let r = moss(&["encode", "--device", "cpu", "--model", &m, "--prompt", "a red fox in the snow at dawn", "--max-tokens", "12", "-q", "--out", emb.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let e = d.join("e.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--embeds", emb.to_str().unwrap(), "--steps", "1", "--size", "64x64", "--seed", "3", "--out", e.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", e.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!((j["max_tokens"].as_u64(), j["prompt_tokens_before_cut"].as_u64()), (Some(12), Some(np as u64)));
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -152,6 +152,8 @@ fn loop_request(e: &Expected) -> Request {
         skip_window: (0.0, 1.0),
         max_tokens: 4096,
         precision: moss::cli::Precision::Fp32,
+        quality: None,
+        cut: Default::default(),
     }
 }
 

@@ -3,7 +3,8 @@
 //! either at once when issued (the earliest a DMA could land) or only when their chunk is taken
 //! (the latest), and the result must be the source bit for bit in both cases, for sizes with a
 //! ragged tail, exactly one chunk, under one chunk, and more chunks than slots. The planted bug
-//! (`drop_tail`) must leave the tail unwritten, and a schedule that re-issued a slot before its
+//! of `moss check` (`drop_tail`: the schedule run over the bytes before the last chunk, what
+//! `Cuda::download_pinned` does when asked for fewer bytes) must leave the tail unwritten, and a schedule that re-issued a slot before its
 //! chunk was taken would fail the "earliest" emulation (checked with a deliberately broken one).
 
 use moss::backend::cuda::ops::{convert_into, pipelined, DType};
@@ -64,7 +65,9 @@ fn emulate(src: &[u8], chunk: usize, slots: usize, drop_tail: bool, early: bool,
             take(i, i % slots, off, len).unwrap();
         }
     } else {
-        pipelined(src.len(), chunk, slots, drop_tail, &mut issue, &mut take).unwrap();
+        // The planted bug: the same schedule over the bytes before the last chunk.
+        let copied = if drop_tail { (src.len() - 1) / chunk * chunk } else { src.len() };
+        pipelined(copied, chunk, slots, &mut issue, &mut take).unwrap();
     }
     assert!(st.borrow().pending.is_empty(), "copies left in flight");
     out
@@ -113,9 +116,9 @@ fn pipelined_download_controls_are_caught() {
 
 #[test]
 fn pipelined_rejects_empty_geometry() {
-    assert!(pipelined(10, 0, 2, false, |_, _, _, _| Ok(()), |_, _, _, _| Ok(())).is_err());
+    assert!(pipelined(10, 0, 2, |_, _, _, _| Ok(()), |_, _, _, _| Ok(())).is_err());
     let mut n = 0;
-    pipelined(0, 8, 2, false, |_, _, _, _| Ok(()), |_, _, _, _| {
+    pipelined(0, 8, 2, |_, _, _, _| Ok(()), |_, _, _, _| {
         n += 1;
         Ok(())
     })

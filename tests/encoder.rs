@@ -9,6 +9,7 @@ use moss::backend::cpu::encoder::{delta_rule_chunked, delta_rule_recurrent, Delt
 use moss::backend::cpu::Cpu;
 use moss::embeds::{Embeds, Encoded};
 use moss::model::encoder::Encoder;
+use moss::options::Precision;
 use moss::prompt::PromptTokenizer;
 use moss::tensor::{rel_l2, Tensor};
 use std::path::PathBuf;
@@ -218,16 +219,24 @@ fn embeds_round_trip() {
         let h = Tensor::new(vec![l, 8], randn(seed, l * 8)).unwrap().round_bf16();
         Encoded { text: text.into(), ids: (0..l as u32).map(|i| i * 7 + 1).collect(), hidden: h }
     };
-    let e = Embeds { cond: mk("a fox\n  ü ☕", 5, 1), uncond: mk("", 3, 2), model: "golden/tiny-a".into() };
+    let cut = moss::prompt::Cut { prompt: Some(9), negative: None };
+    let e = Embeds { cond: mk("a fox\n  ü ☕", 5, 1), uncond: mk("", 3, 2), model: "golden/tiny-a".into(), max_tokens: 5, cut };
     let dir = tmpdir("roundtrip");
     let p = dir.join("e.safetensors");
-    std::fs::write(&p, moss::embeds::to_bytes(&e).unwrap()).unwrap();
+    std::fs::write(&p, moss::embeds::to_bytes(&e, Precision::Bf16).unwrap()).unwrap();
     let back = moss::embeds::read(&p).unwrap();
     assert_eq!(back, e);
+    // F32 (--precision fp32) keeps values bf16 would round.
+    let mut f = e.clone();
+    f.cond.hidden = Tensor::new(vec![5, 8], randn(3, 40)).unwrap();
+    std::fs::write(&p, moss::embeds::to_bytes(&f, Precision::Fp32).unwrap()).unwrap();
+    assert_eq!(moss::embeds::read(&p).unwrap(), f);
+    std::fs::write(&p, moss::embeds::to_bytes(&f, Precision::Bf16).unwrap()).unwrap();
+    assert_ne!(moss::embeds::read(&p).unwrap(), f, "bf16 storage rounds");
     // Rows that do not match the token ids: refused.
     let mut bad = e.clone();
     bad.cond.ids.pop();
-    std::fs::write(&p, moss::embeds::to_bytes(&bad).unwrap()).unwrap();
+    std::fs::write(&p, moss::embeds::to_bytes(&bad, Precision::Bf16).unwrap()).unwrap();
     let err = format!("{:#}", moss::embeds::read(&p).unwrap_err());
     assert!(err.contains("5 rows for 4 token ids"), "{err}");
     // Not an embeds file: a clear error.
@@ -283,6 +292,42 @@ fn moss_encode_writes_the_bf16_hidden_states() {
         println!("moss encode {what} vs golden fp32: rel L2 {e:.3e} (bf16 rounding, bound 4e-3)");
         assert!(e < 4e-3, "{what}: {e:.3e}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `moss encode --precision fp32`: F32 tensors holding the forward's output unrounded (most values
+/// are not bf16-representable), within the fp32 bound of transformers' output; `generate --embeds`
+/// takes the file.
+#[test]
+fn moss_encode_fp32_writes_unrounded_f32() {
+    let exp = Expected::load("tiny-a");
+    let ps = prompts(&exp);
+    let plain = ps.iter().find(|p| p.name == "plain").unwrap();
+    let dir = tmpdir("fp32");
+    let out = dir.join("emb.safetensors");
+    let r = moss_encode(&["--prompt", &plain.text, "--precision", "fp32", "--out", out.to_str().unwrap()]);
+    assert!(r.status.success(), "moss encode failed: {}", String::from_utf8_lossy(&r.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for k in ["cond", "uncond"] {
+        assert_eq!(st.tensor(k).unwrap().dtype(), safetensors::Dtype::F32, "`{k}` is not F32");
+    }
+    let e = moss::embeds::read(&out).unwrap();
+    let (_, enc) = load_encoder("tiny-a");
+    let want = enc.forward(&Cpu, &plain.ids).unwrap();
+    assert!(e.cond.hidden.data == want.data, "the file is not the forward's fp32 output");
+    let off_grid = want.data.iter().filter(|v| half::bf16::from_f32(**v).to_f32() != **v).count();
+    println!("moss encode --precision fp32: {off_grid} of {} values are not bf16-representable", want.numel());
+    assert!(off_grid * 2 > want.numel(), "the hidden states look bf16-rounded");
+    let golden = exp.tensor(&plain.key);
+    let e32 = rel_l2(&e.cond.hidden.data, &golden.data);
+    println!("moss encode --precision fp32 vs golden fp32: rel L2 {e32:.3e} (bound {ENC_BOUND:.0e})");
+    assert!(e32 < ENC_BOUND, "{e32:.3e}");
+    // The bf16 file of the same prompt is rounded, hence farther away (the control).
+    let out16 = dir.join("emb16.safetensors");
+    assert!(moss_encode(&["--prompt", &plain.text, "--out", out16.to_str().unwrap()]).status.success());
+    let e16 = rel_l2(&moss::embeds::read(&out16).unwrap().cond.hidden.data, &golden.data);
+    assert!(e16 > 10.0 * ENC_BOUND, "bf16 {e16:.3e}: the bound cannot tell rounded from unrounded");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,12 +1,17 @@
 //! `--lora`: the merged weights against golden/make_lora.py's reference merges (peft
 //! `merge_and_unload` for the PEFT adapter, the plain formula for kohya, fused-qkv and LoKr), the
 //! 4-step picture with all four merged against the reference pipeline, the metadata entries, the
-//! other formats (`.diff`, LoHa) against the formula, and every refusal.
+//! other formats (`.diff`, LoHa) against the formula, the backend's per-tensor merge against the
+//! former whole-model host merge byte for byte, and every refusal.
 
 mod common;
 
 use common::{golden, Expected};
+use moss::backend::cpu::Cpu;
+use moss::backend::Backend;
+use moss::lora::keys::{Delta, Factor, Mat};
 use moss::lora::LoraSpec;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,11 +33,11 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
-/// The transformer's tensor `name` after merging `specs`, as f32.
+/// The transformer's tensor `name` as the CPU backend loads it with `specs` merged, as f32.
 fn merged(specs: &[LoraSpec], name: &str) -> Vec<f32> {
     let mut ck = common::checkpoint("tiny-a");
     ck.attach_loras(specs).unwrap_or_else(|e| panic!("{e:#}"));
-    ck.open_component("transformer").unwrap().f32(name).unwrap().1
+    Cpu.load(&ck.open_component("transformer").unwrap(), name).unwrap().data
 }
 
 /// `got` (bf16-stored) equals the fp32 reference within bf16 rounding: half an ulp, at most 2^-8 relative.
@@ -140,6 +145,160 @@ fn diff_and_loha_follow_the_formula() {
         }
     }
     assert_bf16_close("loha", &merged(&[LoraSpec { path: p, scale: 1.0 }], "layers.2.proj.v.weight"), &want);
+}
+
+fn dims(m: &Mat) -> (usize, usize) {
+    match m.0.as_slice() {
+        [r, c] | [r, c, 1, 1] => (*r, *c),
+        [r] => (*r, 1),
+        s => panic!("shape {s:?}"),
+    }
+}
+
+/// `a · b` as the former host merge computed it: rows of `a` times `b`, k in order, fp32.
+fn product(a: &Mat, b: &Mat) -> (usize, Vec<f32>) {
+    let ((n, r), (_, m)) = (dims(a), dims(b));
+    let mut out = vec![0f32; n * m];
+    for i in 0..n {
+        for k in 0..r {
+            let s = a.1[i * r + k];
+            if s != 0.0 {
+                for j in 0..m {
+                    out[i * m + j] += s * b.1[k * m + j];
+                }
+            }
+        }
+    }
+    (n, out)
+}
+
+/// A module's whole delta, times alpha/rank, as the former host merge formed it.
+fn former_delta(d: &Delta) -> Vec<f32> {
+    let (mut v, fs) = match d {
+        Delta::LowRank { up, down, alpha } => (product(up, down).1, alpha.map_or(1.0, |a| a / dims(down).0 as f32)),
+        Delta::LoHa { w1a, w1b, w2a, w2b, alpha } => {
+            let (p, q) = (product(w1a, w1b).1, product(w2a, w2b).1);
+            (p.iter().zip(&q).map(|(x, y)| x * y).collect(), alpha.map_or(1.0, |a| a / dims(w1b).0 as f32))
+        }
+        Delta::LoKr { w1, w2, alpha } => {
+            let f = |f: &Factor| match f {
+                Factor::Full(m) => (dims(m), m.1.clone(), None),
+                Factor::Product(a, b) => ((dims(a).0, dims(b).1), product(a, b).1, Some(dims(b).0)),
+            };
+            let (((ar, ac), a, ra), ((br, bc), b, rb)) = (f(w1), f(w2));
+            let cols = ac * bc;
+            let mut out = vec![0f32; ar * br * cols];
+            for i in 0..ar * br {
+                for j in 0..cols {
+                    out[i * cols + j] = a[(i / br) * ac + j / bc] * b[(i % br) * bc + j % bc];
+                }
+            }
+            (out, match (alpha, rb.or(ra)) {
+                (Some(al), Some(r)) => al / r as f32,
+                _ => 1.0,
+            })
+        }
+        Delta::Full(m) => (m.1.clone(), 1.0),
+    };
+    if fs != 1.0 {
+        v.iter_mut().for_each(|x| *x *= fs);
+    }
+    v
+}
+
+/// The merge as moss did it before it became the backends' per-tensor op (up to commit 4acc57f):
+/// a map of fp32 sums for every updated tensor of the model, then `W + sum` rounded to bf16.
+fn former_host_merge(ck: &moss::checkpoint::Checkpoint) -> BTreeMap<String, Vec<f32>> {
+    let base = ck.open_component("transformer").unwrap();
+    let mut sums: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    for l in ck.loras.adapters() {
+        for m in &l.modules {
+            let d = former_delta(&m.delta);
+            let mut off = 0;
+            for (name, shape) in &m.targets {
+                let n: usize = shape.iter().product();
+                let acc = sums.entry(name.clone()).or_insert_with(|| vec![0f32; n]);
+                acc.iter_mut().zip(&d[off..off + n]).for_each(|(a, &x)| *a += l.spec.scale * x);
+                off += n;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|(name, d)| {
+            let w = base.f32(&name).unwrap().1;
+            (name, w.iter().zip(&d).map(|(w, d)| half::bf16::from_f32(w + d).to_f32()).collect())
+        })
+        .collect()
+}
+
+/// Every golden adapter, one twice (two updates of the same tensors add up), a LoHa and full
+/// differences: each updated tensor as `Cpu.load` merges it equals the former whole-model merge
+/// bit for bit.
+#[test]
+fn backend_merge_equals_the_former_host_merge() {
+    let dir = scratch("former");
+    let d = 128;
+    let loha = dir.join("loha.safetensors");
+    write_st(&loha, &[
+        ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, 3], pattern(d * 3, 1.0)),
+        ("lycoris_layers_2_proj_v.hada_w1_b", vec![3, d], pattern(3 * d, 0.7)),
+        ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, 3], pattern(d * 3, 0.9)),
+        ("lycoris_layers_2_proj_v.hada_w2_b", vec![3, d], pattern(3 * d, 0.6)),
+        ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.5]),
+    ]);
+    let diff = dir.join("diff.safetensors");
+    write_st(&diff, &[
+        ("layers.3.proj.q.diff", vec![d, d], pattern(d * d, 0.01)),
+        ("text_embedder.proj.diff_b", vec![d], pattern(d, 0.2)),
+    ]);
+    let spec = |p: PathBuf, scale: f32| LoraSpec { path: p, scale };
+    let specs = [
+        spec(file_of("peft"), 0.8),
+        spec(file_of("kohya"), 0.7),
+        spec(file_of("qkv"), 1.1),
+        spec(file_of("lokr"), 1.2),
+        spec(file_of("kohya"), -0.3),
+        spec(loha, 0.9),
+        spec(diff, 0.5),
+    ];
+    let mut ck = common::checkpoint("tiny-a");
+    ck.attach_loras(&specs).unwrap_or_else(|e| panic!("{e:#}"));
+    let want = former_host_merge(&ck);
+    let comp = ck.open_component("transformer").unwrap();
+    let stacked = want.keys().filter(|n| comp.lora_terms(n).len() > 1).count();
+    assert!(want.len() >= 12 && stacked >= 3, "{} tensors updated, {stacked} by several adapters", want.len());
+    for (name, w) in &want {
+        let got = Cpu.load(&comp, name).unwrap().data;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert!(bits(&got) == bits(w), "{name}: the backend's merge differs from the former host merge");
+    }
+    println!("{} tensors bit-identical ({stacked} with several updates)", want.len());
+}
+
+/// Streamed blocks (fetched at each forward) get the same merged weights as resident ones: the
+/// transformer's output with the golden LoRAs is the same with no block resident, and differs
+/// without the LoRAs.
+#[test]
+fn streamed_blocks_merge_like_resident_ones() {
+    use moss::model::dit::Dit;
+    use moss::tensor::Tensor;
+    let specs: Vec<LoraSpec> = ["peft", "kohya", "qkv", "lokr"].iter().map(|t| LoraSpec { path: file_of(t), scale: 0.9 }).collect();
+    let plain = common::checkpoint("tiny-a");
+    let mut ck = common::checkpoint("tiny-a");
+    ck.attach_loras(&specs).unwrap();
+    let ctx = Tensor::new(vec![5, ck.dit.text_dim], pattern(5 * ck.dit.text_dim, 2.0)).unwrap();
+    let x = Tensor::new(vec![1, ck.dit.latent_channels, 4, 2], pattern(8 * ck.dit.latent_channels, 3.0)).unwrap();
+    let out = |dit: &Dit<Cpu>| {
+        let text = dit.refine_text(&Cpu, &ctx).unwrap();
+        dit.forward(&Cpu, &x, 0.7, &text, &[]).unwrap().data
+    };
+    let resident = out(&Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap());
+    let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 0).unwrap();
+    assert_eq!(streamed.resident_blocks(), 0);
+    assert!(out(&streamed) == resident, "the streamed blocks' merge differs from the resident one");
+    let without = out(&Dit::load(&Cpu, &plain.open_component("transformer").unwrap(), &plain.dit).unwrap());
+    assert!(without != resident, "the LoRAs change nothing");
+    assert!(ck.loras.clock.total().1 > 2 * 9, "streamed blocks merge at each fetch");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """A third-party reader (sd-parsers, as PNG Info panels and civitai-style tools parse pictures)
 reads back what `moss generate` records: prompt, negative, steps, sampler, CFG scale, seed, size
-and model. Fails (exit 1) when the reader finds another generator or other values.
+and model, from a PNG (the `parameters` text chunk) and from a JPEG and a WebP (EXIF UserComment,
+as A1111 writes them). Fails (exit 1) when the reader finds another generator or other values.
 
 Usage: python3 tests/metadata_readers.py target/debug/moss   (needs `pip install sd-parsers==0.6`)
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,39 +21,49 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main() -> int:
     moss = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/debug/moss")
     model = os.path.join(ROOT, "golden", "tiny-a")
-    prompt, negative = "a red fox, in snow: morning", "blurry, dark"
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "fox.png")
-        subprocess.run(
-            [moss, "generate", "--device", "cpu", "--model", model, "--prompt", prompt,
-             "--negative", negative, "--steps", "2", "--seed", "7", "--guidance", "2.5",
-             "--size", "64x48", "-q", "-o", out],
-            check=True,
-        )
-        info = ParserManager().parse(out)
+    prompt, negative = "a red fox, in snow: morning ☕", "blurry, dark"
     fails = []
+    with tempfile.TemporaryDirectory() as d:
+        for ext in ("png", "jpg", "webp"):
+            out = os.path.join(d, "fox." + ext)
+            subprocess.run(
+                [moss, "generate", "--device", "cpu", "--model", model, "--prompt", prompt,
+                 "--negative", negative, "--steps", "2", "--seed", "7", "--guidance", "2.5",
+                 "--size", "64x48", "-q", "-o", out],
+                check=True,
+            )
+            info = ParserManager().parse(out)
 
-    def want(what, got, expected):
-        if got != expected:
-            fails.append(f"{what}: read {got!r}, want {expected!r}")
+            def want(what, got, expected):
+                if got != expected:
+                    fails.append(f"{ext}: {what}: read {got!r}, want {expected!r}")
 
-    if info is None:
-        print("metadata_readers: sd-parsers found no metadata", file=sys.stderr)
-        return 1
-    want("generator", info.generator, Generators.AUTOMATIC1111)
-    want("prompt", info.full_prompt, prompt)
-    want("negative prompt", info.full_negative_prompt, negative)
-    s = info.samplers[0]
-    want("sampler", s.name, "Euler")
-    want("steps", str(s.parameters.get("steps")), "2")
-    want("seed", str(s.parameters.get("seed")), "7")
-    want("cfg scale", str(s.parameters.get("cfg_scale")), "2.5")
-    want("size", info.metadata.get("Size"), "64x48")
-    want("model", s.model.name if s.model else None, model)
+            if info is None:
+                fails.append(f"{ext}: sd-parsers found no metadata")
+                continue
+            want("generator", info.generator, Generators.AUTOMATIC1111)
+            want("prompt", info.full_prompt, prompt)
+            want("negative prompt", info.full_negative_prompt, negative)
+            s = info.samplers[0]
+            want("sampler", s.name, "Euler")
+            want("steps", str(s.parameters.get("steps")), "2")
+            want("seed", str(s.parameters.get("seed")), "7")
+            want("cfg scale", str(s.parameters.get("cfg_scale")), "2.5")
+            want("size", info.metadata.get("Size"), "64x48")
+            want("model", s.model.name if s.model else None, model)
+        # A prompt cut at --max-tokens: the note reaches the reader whole.
+        out = os.path.join(d, "cut.jpg")
+        subprocess.run([moss, "generate", "--device", "cpu", "--model", model, "--prompt", prompt, "--max-tokens", "12",
+                        "--steps", "1", "--size", "64x48", "-q", "-o", out], check=True, stderr=subprocess.DEVNULL)
+        info = ParserManager().parse(out)
+        meta = info.metadata if info else {}
+        if meta.get("Max tokens") != "12" or not re.fullmatch(r"prompt 12 of \d+ tokens", meta.get("Cut", "")):
+            fails.append(f"cut.jpg: read Max tokens {meta.get('Max tokens')!r}, Cut {meta.get('Cut')!r}")
     for f in fails:
         print(f"metadata_readers: {f}", file=sys.stderr)
     if not fails:
-        print("metadata_readers: sd-parsers reads prompt, negative, sampler, steps, seed, CFG, size, model")
+        print("metadata_readers: sd-parsers reads prompt, negative, sampler, steps, seed, CFG, size, model "
+              "from PNG, JPEG and WebP")
     return 1 if fails else 0
 
 

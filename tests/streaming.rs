@@ -8,6 +8,7 @@ use common::{checkpoint, CHECKPOINTS};
 use moss::backend::cpu::Cpu;
 use moss::backend::Backend;
 use moss::model::dit::Dit;
+use moss::options::Precision;
 use moss::pipeline::{self, Request, Silent};
 
 fn request(seed: u64) -> Request {
@@ -28,16 +29,18 @@ fn request(seed: u64) -> Request {
         skip_window: (0.0, 1.0),
         max_tokens: 4096,
         precision: moss::options::Precision::Fp32,
+        quality: None,
+        cut: Default::default(),
     }
 }
 
 fn png(ck: &moss::checkpoint::Checkpoint, dit: &Dit<Cpu>, req: &Request) -> Vec<u8> {
     let texts = pipeline::prompt_texts(req);
-    let enc = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, &mut Silent).unwrap();
+    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
     let uncond = enc.get(1).unwrap_or(&enc[0]);
     let z = pipeline::denoise_with(&Cpu, dit, ck, req, &enc[0].hidden, &uncond.hidden, &mut Silent).unwrap();
     let vae = pipeline::load_vae(&Cpu, ck, z.shape[2], z.shape[3]).unwrap();
-    pipeline::picture_bytes(&Cpu, &vae, ck, req, &z).unwrap()
+    pipeline::picture_bytes(&Cpu, &vae, ck, req, &z, &mut Silent).unwrap()
 }
 
 #[test]
@@ -72,7 +75,7 @@ fn passes_through_the_blocks_together_give_each_pass_alone() {
         let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap();
         let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 1).unwrap();
         let req = request(5);
-        let enc = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.max_tokens, &mut Silent).unwrap();
+        let (enc, _) = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.max_tokens, req.precision, &mut Silent).unwrap();
         let (tc, tu) = (resident.refine_text(&Cpu, &enc[0].hidden).unwrap(), resident.refine_text(&Cpu, &enc[1].hidden).unwrap());
         let c = ck.dit.latent_channels;
         let x = moss::tensor::Tensor::new(vec![1, c, 3, 4], moss::noise::torch_randn(7, c * 12)).unwrap();
@@ -110,15 +113,15 @@ fn streamed_encoder_layers_give_the_resident_hidden_states() {
         let ids: Vec<u32> = (1..40).map(|i| (i * 37) % 200).collect();
         let resident = Encoder::load(&Cpu, &ck.open_component("text_encoder").unwrap(), &ck.encoder).unwrap();
         assert_eq!(resident.resident_layers(), n);
-        let want = pipeline::hidden_states(&Cpu, &resident, &ids).unwrap();
+        let want = pipeline::hidden_states(&Cpu, &resident, &ids, Precision::Bf16).unwrap();
         for k in [0, 1, n - 1] {
             let streamed = Encoder::load_streamed(&Cpu, ck.open_component("text_encoder").unwrap(), &ck.encoder, k).unwrap();
             assert_eq!(streamed.resident_layers(), k, "{name}: {k} resident");
-            let got = pipeline::hidden_states(&Cpu, &streamed, &ids).unwrap();
+            let got = pipeline::hidden_states(&Cpu, &streamed, &ids, Precision::Bf16).unwrap();
             assert!(got.data == want.data, "{name}: {k} of {n} layers resident, the hidden states differ");
         }
         let other: Vec<u32> = ids.iter().map(|i| i + 1).collect();
-        assert!(pipeline::hidden_states(&Cpu, &resident, &other).unwrap().data != want.data, "{name}: the states do not depend on the ids");
+        assert!(pipeline::hidden_states(&Cpu, &resident, &other, Precision::Bf16).unwrap().data != want.data, "{name}: the states do not depend on the ids");
     }
 }
 
@@ -134,7 +137,7 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
         let ck = checkpoint(name);
         let mut req = request(11);
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
-        let tokens = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let nets = networks(&ck, &budget, longest, (req.width, req.height)).unwrap();
         let least = nets.iter().map(|n| n.minimum()).max().unwrap();
@@ -173,7 +176,7 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
-        let tokens = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let least = networks(&ck, &budget, longest, (req.width, req.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();
         let gib = |b: u64| format!("{}", b as f64 / (1u64 << 30) as f64 + 1e-9);

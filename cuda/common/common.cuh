@@ -17,3 +17,12 @@
 #define MOSS_PRODUCTION(...) __VA_ARGS__
 #define MOSS_CONTROL(...)
 #endif
+
+// The instantiations of an op's kernel macro `M`: every (activation, vector) dtype pair,
+// `M(NAME, BUG, TX, SX, TV, SV)` (type and kernel-name suffix, bf16 / f32 each; `bf16` is the
+// including file's alias of __nv_bfloat16), or every unit of the byte-moving kernels,
+// `M(NAME, BUG, T, S)` (2, 4, 8, 16 bytes).
+#define MOSS_EACH_TX_TV(M, NAME, BUG) \
+    M(NAME, BUG, bf16, bf16, bf16, bf16) M(NAME, BUG, bf16, bf16, float, f32) M(NAME, BUG, float, f32, bf16, bf16) M(NAME, BUG, float, f32, float, f32)
+#define MOSS_EACH_UNIT(M, NAME, BUG) \
+    M(NAME, BUG, unsigned short, u2) M(NAME, BUG, unsigned int, u4) M(NAME, BUG, uint2, u8) M(NAME, BUG, uint4, u16)

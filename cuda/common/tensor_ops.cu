@@ -172,11 +172,7 @@ __device__ void rms_norm_impl(TX* __restrict__ out, const TX* __restrict__ x, co
                                         int one_plus) {                                            \
         rms_norm_impl<TX, TW, BUG>(out, x, w, rows, d, eps, one_plus);                             \
     }
-#define MOSS_RMS4(NAME, BUG)                    \
-    MOSS_RMS(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_RMS(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_RMS(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_RMS(NAME, BUG, float, f32, float, f32)
+#define MOSS_RMS4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS, NAME, BUG)
 MOSS_PRODUCTION(MOSS_RMS4(moss_rms_norm, 0))
 MOSS_CONTROL(MOSS_RMS4(moss_ctl_rms_noweight, 1))
 MOSS_CONTROL(MOSS_RMS4(moss_ctl_rms_noplus, 2))
@@ -201,11 +197,7 @@ __device__ void copy2d_impl(U* __restrict__ dst, const U* __restrict__ src, long
                                 long src_off, long dst_stride, long dst_off) {                      \
         copy2d_impl<U, BUG>(dst, src, rows, width, src_stride, src_off, dst_stride, dst_off);       \
     }
-#define MOSS_COPY2D4(NAME, BUG)                   \
-    MOSS_COPY2D(NAME, BUG, unsigned short, u2)    \
-    MOSS_COPY2D(NAME, BUG, unsigned int, u4)      \
-    MOSS_COPY2D(NAME, BUG, uint2, u8)             \
-    MOSS_COPY2D(NAME, BUG, uint4, u16)
+#define MOSS_COPY2D4(NAME, BUG) MOSS_EACH_UNIT(MOSS_COPY2D, NAME, BUG)
 MOSS_PRODUCTION(MOSS_COPY2D4(moss_copy2d, 0))
 MOSS_CONTROL(MOSS_COPY2D4(moss_ctl_copy2d, 1))
 MOSS_CONTROL(MOSS_COPY2D4(moss_ctlsrc_copy2d, 2))
@@ -236,10 +228,6 @@ __device__ void permute_impl(U* __restrict__ out, const U* __restrict__ in, Moss
 }
 #define MOSS_PERMUTE(NAME, BUG, U, S) \
     MOSS_KERNEL void NAME##_##S(U* out, const U* in, MossPerm p, long n) { permute_impl<U, BUG>(out, in, p, n); }
-#define MOSS_PERMUTE4(NAME, BUG)                \
-    MOSS_PERMUTE(NAME, BUG, unsigned short, u2) \
-    MOSS_PERMUTE(NAME, BUG, unsigned int, u4)   \
-    MOSS_PERMUTE(NAME, BUG, uint2, u8)          \
-    MOSS_PERMUTE(NAME, BUG, uint4, u16)
+#define MOSS_PERMUTE4(NAME, BUG) MOSS_EACH_UNIT(MOSS_PERMUTE, NAME, BUG)
 MOSS_PRODUCTION(MOSS_PERMUTE4(moss_permute, 0))
 MOSS_CONTROL(MOSS_PERMUTE4(moss_ctl_permute, 1))

@@ -52,11 +52,7 @@ __device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, con
                                         long rows, int d, float eps) {                                   \
         rms_mod_impl<TX, TV, BUG>(out, x, w, shift, scale, rows, d, eps);                                \
     }
-#define MOSS_RMS_MOD4(NAME, BUG)                    \
-    MOSS_RMS_MOD(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_RMS_MOD(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_RMS_MOD(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_RMS_MOD(NAME, BUG, float, f32, float, f32)
+#define MOSS_RMS_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS_MOD, NAME, BUG)
 MOSS_PRODUCTION(MOSS_RMS_MOD4(moss_rms_mod, 0))
 MOSS_CONTROL(MOSS_RMS_MOD4(moss_ctl_rms_mod, 1))
 
@@ -94,11 +90,7 @@ __device__ void qk_rope_impl(TX* __restrict__ out, const TX* __restrict__ x, con
                                         long rows, int heads, int hd, float eps) {                      \
         qk_rope_impl<TX, TV, BUG>(out, x, w, cs, sn, rows, heads, hd, eps);                             \
     }
-#define MOSS_QK_ROPE4(NAME, BUG)                    \
-    MOSS_QK_ROPE(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_QK_ROPE(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_QK_ROPE(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_QK_ROPE(NAME, BUG, float, f32, float, f32)
+#define MOSS_QK_ROPE4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_QK_ROPE, NAME, BUG)
 MOSS_PRODUCTION(MOSS_QK_ROPE4(moss_qk_rope, 0))
 MOSS_CONTROL(MOSS_QK_ROPE4(moss_ctl_qk_rope, 1))
 
@@ -150,11 +142,7 @@ __device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, c
                                         long n, int heads, int hd, float eps) {                        \
         qkv_rope_impl<TX, TV, BUG>(qkv, wq, wk, cs, sn, n, heads, hd, eps);                            \
     }
-#define MOSS_QKV_ROPE4(NAME, BUG)                    \
-    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_QKV_ROPE(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_QKV_ROPE(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_QKV_ROPE(NAME, BUG, float, f32, float, f32)
+#define MOSS_QKV_ROPE4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_QKV_ROPE, NAME, BUG)
 MOSS_PRODUCTION(MOSS_QKV_ROPE4(moss_qkv_rope, 0))
 MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
@@ -224,11 +212,7 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, cons
                                         const TV* shift, const TV* scale, long rows, int d, float eps) {   \
         gres_rms_mod_impl<TX, TV, BUG>(xo, no, x, y, gate, w, shift, scale, rows, d, eps);                 \
     }
-#define MOSS_GRES_MOD4(NAME, BUG)                    \
-    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_GRES_MOD(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_GRES_MOD(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_GRES_MOD(NAME, BUG, float, f32, float, f32)
+#define MOSS_GRES_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES_MOD, NAME, BUG)
 MOSS_PRODUCTION(MOSS_GRES_MOD4(moss_gres_mod, 0))
 MOSS_CONTROL(MOSS_GRES_MOD4(moss_ctl_gres_mod, 1))
 
@@ -326,11 +310,7 @@ __device__ void gres_impl(TX* __restrict__ out, const TX* __restrict__ x, const 
     MOSS_KERNEL void NAME##_##SX##_##SG(TX* out, const TX* x, const TX* y, const TG* g, long n, long d) { \
         gres_impl<TX, TG, BUG>(out, x, y, g, n, d);                                                    \
     }
-#define MOSS_GRES4(NAME, BUG)                    \
-    MOSS_GRES(NAME, BUG, bf16, bf16, bf16, bf16) \
-    MOSS_GRES(NAME, BUG, bf16, bf16, float, f32) \
-    MOSS_GRES(NAME, BUG, float, f32, bf16, bf16) \
-    MOSS_GRES(NAME, BUG, float, f32, float, f32)
+#define MOSS_GRES4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES, NAME, BUG)
 MOSS_PRODUCTION(MOSS_GRES4(moss_gres, 0))
 MOSS_CONTROL(MOSS_GRES4(moss_ctl_gres, 1))
 

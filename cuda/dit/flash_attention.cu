@@ -11,18 +11,18 @@
 // [64][128] bf16 with the 16-byte chunk index XOR-swizzled by (row & 7), so ldmatrix reads of 8
 // rows hit 8 different bank groups.
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_attn {
 using namespace moss_mma;
-constexpr int D = 128;
-constexpr int BM = 64;
+constexpr int D = DIT_FLASH_HEAD_DIM;
+constexpr int BM = DIT_FLASH_ROWS;
 constexpr int BN = 64;
-constexpr int THREADS = 128;
+constexpr int THREADS = DIT_FLASH_THREADS;
 constexpr int TILE_BYTES = 64 * D * 2;  // 16 KiB
-constexpr int SMEM_BYTES = 5 * TILE_BYTES;  // the launch needs this much dynamic shared memory
-static_assert(SMEM_BYTES == 80 * 1024, "host code launches with 80 KiB");
-constexpr int SMEM_BYTES_V2 = 4 * TILE_BYTES;  // the _v2 kernels (Q aliased into a K buffer)
-static_assert(SMEM_BYTES_V2 == 64 * 1024, "host code launches the _v2 kernels with 64 KiB");
+constexpr int SMEM_BYTES_V2 = 4 * TILE_BYTES;  // Q aliased into a K buffer
+static_assert(SMEM_BYTES_V2 == DIT_FLASH_SMEM, "the host launches with DIT_FLASH_SMEM (launch.h)");
+static_assert(BM == 64 && THREADS == 128, "4 warps of 16 query rows");
 
 __device__ __forceinline__ int swz(int row, int chunk) { return row * (D * 2) + ((chunk ^ (row & 7)) << 4); }
 
@@ -180,7 +180,7 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
 // variant without the alias, `v1`, was deleted as slower), and its planted control for `moss check`
 // (forgets to rescale the running output when the row maximum grows; the same gate must reject it).
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention(const __nv_bfloat16* q, const __nv_bfloat16* k,
+MOSS_KERNEL void __launch_bounds__(DIT_FLASH_THREADS, 3) moss_dit_flash_attention(const __nv_bfloat16* q, const __nv_bfloat16* k,
                                                                const __nv_bfloat16* v, __nv_bfloat16* o, int n,
                                                                int ldq, int ldk, int ldv, int ldo, float scale_log2) {
     moss_attn::attn_d128<false, true>(q, k, v, o, n, ldq, ldk, ldv, ldo, scale_log2);
@@ -188,7 +188,7 @@ MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention(const __nv_b
 #endif
 
 #ifdef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128, 3) moss_dit_flash_attention_control(const __nv_bfloat16* q,
+MOSS_KERNEL void __launch_bounds__(DIT_FLASH_THREADS, 3) moss_dit_flash_attention_control(const __nv_bfloat16* q,
                                                                        const __nv_bfloat16* k,
                                                                        const __nv_bfloat16* v, __nv_bfloat16* o,
                                                                        int n, int ldq, int ldk, int ldv, int ldo,

@@ -5,11 +5,12 @@
 // in fp32, one rounding into the output. Same rounding points as the unfused add + rms_norm.
 // BUG 1 (moss_ctl_enc_add_rms_*): the weight without its 1 + (n = x' · rsqrt(..) · w).
 #include "elem.cuh"
+#include "launch.h"
 
 namespace moss_enc_addnorm {
 using namespace moss_elem;
-constexpr int AN_T = 256;  // threads per row
-constexpr int AN_V = 4;    // 8-wide vectors per thread: d <= 8 · 256 · 4
+constexpr int AN_T = ENC_ADD_RMS_THREADS;  // threads per row
+constexpr int AN_V = ENC_ADD_RMS_VECS;     // 8-wide vectors per thread: d <= ENC_ADD_RMS_MAX_WIDTH
 
 __device__ __forceinline__ float rnd(float v, const float*) { return v; }
 __device__ __forceinline__ float rnd(float v, const __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
@@ -61,7 +62,7 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
 }  // namespace moss_enc_addnorm
 
 #define MOSS_ADD_RMS(PFX, BUG, T, SX)                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_add_rms_##SX(T* xo, T* no, const T* x, const T* h,          \
+    MOSS_KERNEL void __launch_bounds__(ENC_ADD_RMS_THREADS) PFX##_add_rms_##SX(T* xo, T* no, const T* x, const T* h,          \
                                                                const float* w, int d, float eps) {            \
         moss_enc_addnorm::add_rms_impl<T, BUG>(xo, no, x, h, w, d, eps);                                      \
     }

@@ -4,12 +4,13 @@
 // values: q_proj's layout), then the Hkv k heads, then the Hkv v heads. Activations bf16 or f32
 // (T), fp32 inside, one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
+#include "launch.h"
 
 namespace moss_enca {
 using namespace moss_elem;
 
-constexpr int QK_WARPS = 8;     // rows (one warp each) per 256-thread block
-constexpr int QK_MAXHD = 256;   // 8 columns a lane
+constexpr int QK_WARPS = ENC_QK_WARPS;     // rows (one warp each) per 256-thread block
+constexpr int QK_MAXHD = ENC_QK_MAXHD;   // 8 columns a lane
 
 // ---- q and k: per-head zero-centred RMSNorm + partial rotate-half RoPE, read in place out of y;
 // v copied. One warp per (token, slot), slots 0..H-1 the q heads, H..H+Hkv-1 the k heads, then the
@@ -173,7 +174,7 @@ MOSS_KERNEL void moss_ctl_enc_rope_tab(float2* tab, long L, int rot, long theta_
 // qkrope_t: qkrope reading the (cos, sin) table of rope_tab; no control of its own (the planted
 // position bug is moss_ctl_enc_rope_tab's).
 #define MOSS_ENC_QKROPE_T(T, SX)                                                                                \
-    MOSS_KERNEL void __launch_bounds__(256) moss_enc_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq, \
+    MOSS_KERNEL void __launch_bounds__(ENC_QK_WARPS * 32) moss_enc_qkrope_t_##SX(T* qo, T* ko, T* vo, const T* y, const T* wq, \
                                                                    const T* wk, long L, int nh, int nkv, int hd, \
                                                                    long ld, long qhs, long koff, long voff,     \
                                                                    float eps, int rot, const float2* tab) {     \

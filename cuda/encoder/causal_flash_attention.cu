@@ -14,18 +14,19 @@
 // element (t, h, c) at gate[t·ldg + h·gh + c] (the q_proj output in place: ldg = H·512, gh = 512).
 // (BUG 2 was its control: the gate read at the KV head's column instead of h.)
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_fattn {
 using namespace moss_mma;
-constexpr int D = 256;
-constexpr int BM = 64;
+constexpr int D = ENC_FLASH_HD;
+constexpr int BM = ENC_FLASH_ROWS;
 constexpr int BN = 32;
-constexpr int THREADS = 128;
+constexpr int THREADS = ENC_FLASH_THREADS;
 constexpr int ROW_BYTES = D * 2;  // 512
 constexpr int Q_BYTES = BM * ROW_BYTES;
 constexpr int KV_BYTES = BN * ROW_BYTES;
 constexpr int SMEM_BYTES = Q_BYTES + 4 * KV_BYTES;
-static_assert(SMEM_BYTES == 96 * 1024, "host code launches with 96 KiB");
+static_assert(SMEM_BYTES == ENC_FLASH_SMEM, "the host launches with ENC_FLASH_SMEM (launch.h)");
 
 __device__ __forceinline__ int swz(int row, int chunk) { return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4); }
 
@@ -187,14 +188,14 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
 }  // namespace moss_fattn
 
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128) moss_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
+MOSS_KERNEL void __launch_bounds__(ENC_FLASH_THREADS) moss_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                             const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                             int H, int Hkv, float scale_log2) {
     moss_fattn::fattn<0, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);
 }
 #endif
 #ifdef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(128) moss_ctl_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
+MOSS_KERNEL void __launch_bounds__(ENC_FLASH_THREADS) moss_ctl_enc_fattn_bf16(__nv_bfloat16* o, const __nv_bfloat16* q,
                                                                 const __nv_bfloat16* k, const __nv_bfloat16* v, int n,
                                                                 int H, int Hkv, float scale_log2) {
     moss_fattn::fattn<1, false>(o, q, k, v, n, H, Hkv, scale_log2, nullptr, 0, 0);

@@ -22,8 +22,9 @@
 // Kernels (host: `gdr_chunked` in src/backend/cuda/encoder.rs):
 //   fp32 (`--precision fp32`): gdr_prep_f32, gdr_seq, gdr_out_f32 below (SIMT);
 //   bf16: delta_rule_prep (delta_rule_prep.cuh, bf16 mma), then on Hopper the state pass + output in one
-//   kernel (cuda/encoder/sm90a/delta_rule_tma.cu), elsewhere (or MOSS_GDR_STATE=seq) gdr_seq_tc + gdr_out_tc
+//   kernel (cuda/encoder/sm90a/delta_rule_tma.cu), elsewhere (or MOSS_KERNELS=portable) gdr_seq_tc + gdr_out_tc
 //   (delta_rule_tc.cuh, TF32 mma).
+#include "launch.h"
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the bodies as host code (one std::thread per thread)
 #include "elem.cuh"
 #include "mma.cuh"
@@ -43,16 +44,20 @@ inline float4 gdr_lds4(const float* p) { return *reinterpret_cast<const float4*>
 namespace moss_gdr {
 using namespace moss_elem;
 
-constexpr int GC = 64;        // chunk
-constexpr int GD = 128;       // padded head dim
-constexpr int GT = 256;       // threads per block (all three kernels)
+constexpr int GC = ENC_GDR_CHUNK;    // chunk
+constexpr int GD = ENC_GDR_MAX_DIM;  // padded head dim
+constexpr int GT = ENC_GDR_THREADS;  // threads per block (all three kernels)
 constexpr int PKS = GD + 4;   // row stride of K/Q tiles (16-byte rows: float4 reads along d)
 constexpr int AS = GC + 4;    // row stride of Aᵀ (16-byte rows)
 constexpr int SQ_LD = GD + 4; // gdr_seq: row stride of Wk / Kd tiles (16-byte rows for cp.async)
-constexpr int SQ_CB = 32;     // gdr_seq: value columns per block
+constexpr int SQ_CB = ENC_GDR_SEQ_COLS;  // gdr_seq: value columns per block
 constexpr int SQ_UL = SQ_CB + 4;
-constexpr int OC = 64;        // gdr_out: value columns per block
+constexpr int OC = ENC_GDR_OUT_COLS;  // gdr_out: value columns per block
 constexpr int OL = OC + 4;
+// The fp32 kernels' shared memory (floats), as prep_impl, seq_impl and out_impl carve it.
+static_assert(2 * GC * PKS + GC * AS + 4 * GC == ENC_GDR_PREP_FLOATS, "launch.h: ENC_GDR_PREP_FLOATS");
+static_assert(2 * (2 * GC * SQ_LD + GC * SQ_UL) + GD * SQ_UL + GC * SQ_UL == ENC_GDR_SEQ_FLOATS, "launch.h: ENC_GDR_SEQ_FLOATS");
+static_assert(GC * PKS + GD * OL + 2 * GC * OL + GC == ENC_GDR_OUT_FLOATS, "launch.h: ENC_GDR_OUT_FLOATS");
 
 // Rows c0..c0+63 of head kh of x (token t's head kh at x[t·rs + kh·dk ..]), L2-normalised (rsqrt(Σx² + 1e-6)), times scale and
 // rowscale[i] (if given), zero-padded to GD columns and 64 rows, into dst[64][stride]. Warp per row.
@@ -400,7 +405,7 @@ __device__ void out_impl(T* out, const T* q, const float* Sall, const float* Ual
 // delta rule reads q, k, v straight out of it). The output is contiguous [L, Hv, dv].
 // fp32: the SIMT kernels; the planted control (moss_ctl_enc_) in gdr_out.
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* Wk, float* U0, float* Wqk, float* gam,
+MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) moss_enc_gdr_prep_f32(float* Kd, float* Wk, float* U0, float* Wqk, float* gam,
                                                               const float* q, const float* k, const float* v,
                                                               const float* g, const float* beta, int L, int Hk, int Hv,
                                                               int dk, int dv, long rqk, long rv) {
@@ -408,7 +413,7 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* 
 }
 #endif
 #define MOSS_GDR_OUT_F32(PFX, BUG)                                                                            \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_f32(float* out, const float* q, const float* S,      \
+    MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) PFX##_gdr_out_f32(float* out, const float* q, const float* S,      \
                                                               const float* U, const float* Wqk, const float* gam, \
                                                               int L, int Hk, int Hv, int dk, int dv, long rqk, \
                                                               long rv) {                                       \
@@ -417,7 +422,7 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_prep_f32(float* Kd, float* 
 MOSS_PRODUCTION(MOSS_GDR_OUT_F32(moss_enc, 0))
 MOSS_CONTROL(MOSS_GDR_OUT_F32(moss_ctl_enc, 1))
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
+MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) moss_enc_gdr_seq(float* S, float* U, const float* Wk, const float* Kd,
                                                          const float* U0, const float* gam, int nc, int Hv, int ncb) {
     moss_gdr::seq_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
@@ -428,13 +433,13 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
 // at zero; then either the Hopper kernel (cuda/encoder/sm90a/delta_rule_tma.cu) or gdr_seq_tc + gdr_out_tc, the
 // control in gdr_out_tc.
 #define MOSS_GDR_BF16(PFX, BUG)                                                                               \
-    MOSS_KERNEL void __launch_bounds__(512, 2) PFX##_delta_rule_prep_bf16(                                       \
+    MOSS_KERNEL void __launch_bounds__(ENC_GDR_PREP_BF16_THREADS, 2) PFX##_delta_rule_prep_bf16(                                       \
         float* Kd, float* Wk, float* U0, float* Wqk, float* gam, const __nv_bfloat16* q, const __nv_bfloat16* k, \
         const __nv_bfloat16* v, const float* g, const float* beta, int L, int Hk, int Hv, int dk, int dv, long rqk, \
         long rv) {                                                                                             \
         moss_gdr::prep3p_impl<__nv_bfloat16, BUG>(Kd, Wk, U0, Wqk, gam, q, k, v, g, beta, L, Hk, Hv, dk, dv, rqk, rv); \
     }                                                                                                          \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_tc_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,  \
+    MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) PFX##_gdr_out_tc_bf16(__nv_bfloat16* out, const __nv_bfloat16* q,  \
                                                                   const float* S, const float* U, const float* Wqk, \
                                                                   const float* gam, int L, int Hk, int Hv, int dk, \
                                                                   int dv, long rqk, long rv) {                 \
@@ -443,7 +448,7 @@ MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq(float* S, float* U, con
 MOSS_PRODUCTION(MOSS_GDR_BF16(moss_enc, 0))
 MOSS_CONTROL(MOSS_GDR_BF16(moss_ctl_enc, 1))
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
+MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) moss_enc_gdr_seq_tc(float* S, float* U, const float* Wk, const float* Kd,
                                                             const float* U0, const float* gam, int nc, int Hv,
                                                             int ncb) {
     moss_gdr::seq_tc_impl(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);

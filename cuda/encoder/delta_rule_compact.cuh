@@ -81,7 +81,7 @@ struct CTile {
 };
 
 // ---- gdr_seq_compact ----------------------------------------------------------------------------
-constexpr int CS_CB = 32;             // value columns a block
+constexpr int CS_CB = ENC_GDR_COMPACT_COLS;  // value columns a block
 constexpr int CS_WL = 64 + 4;         // Wk quarter (A, row-major)
 constexpr int CS_KL = 64 + 8;         // Kd quarter (A read transposed: Kdᵀ)
 constexpr int CS_SLOT = GC * CS_KL;   // floats a ring slot (the larger quarter)
@@ -89,6 +89,7 @@ constexpr int CS_NSLOT = 3;
 constexpr int CS_BL = CS_CB + 8;      // S and U tiles (B, row-major)
 constexpr int CS_FLOATS = CS_NSLOT * CS_SLOT + GD * CS_BL + GC * CS_BL;
 static_assert(CS_FLOATS * 4 <= 96 * 1024, "gdr_seq_compact: at most 96 KiB a block");
+static_assert(CS_FLOATS == ENC_GDR_SEQ_COMPACT_FLOATS, "launch.h: ENC_GDR_SEQ_COMPACT_FLOATS");
 
 // Quarter p (chunk p / 4; p % 4: Wk[:, 0:64], Wk[:, 64:128], Kd[:, 0:64], Kd[:, 64:128]) of head
 // h into slot dst (row stride CS_WL or CS_KL), 16 bytes a copy. Not committed.
@@ -167,11 +168,12 @@ __device__ void seq_compact_impl(float* Sall, float* Uall, const float* Wk, cons
 }
 
 // ---- gdr_out_compact ----------------------------------------------------------------------------
-constexpr int CO_CB = 32;         // value columns a block
+constexpr int CO_CB = ENC_GDR_COMPACT_COLS;  // value columns a block
 constexpr int CO_BL = CO_CB + 8;  // S0 and U tiles (B, row-major)
 constexpr int CO_WL = GC + 4;     // Wqk (A, row-major)
 constexpr int CO_FLOATS = GC * PKS + GD * CO_BL + GC * CO_WL + GC * CO_BL + GC;
 static_assert(CO_FLOATS * 4 <= 96 * 1024, "gdr_out_compact: at most 96 KiB a block");
+static_assert(CO_FLOATS == ENC_GDR_OUT_COMPACT_FLOATS, "launch.h: ENC_GDR_OUT_COMPACT_FLOATS");
 
 template <typename T, bool TC, int BUG>
 __device__ void out_compact_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,
@@ -217,24 +219,24 @@ __device__ void out_compact_impl(T* out, const T* q, const float* Sall, const fl
 #ifndef GDR_EMU
 // Same arguments as gdr_seq_tc / gdr_out_tc_bf16 (rv unused); grids: Hv·⌈dv/32⌉ and (chunks·Hv, ⌈dv/32⌉).
 #ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_compact_tc(float* S, float* U, const float* Wk,
+MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) moss_enc_gdr_seq_compact_tc(float* S, float* U, const float* Wk,
                                                                     const float* Kd, const float* U0,
                                                                     const float* gam, int nc, int Hv, int ncb) {
     moss_gdr::seq_compact_impl<true>(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
-MOSS_KERNEL void __launch_bounds__(256) moss_enc_gdr_seq_compact_f32(float* S, float* U, const float* Wk,
+MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) moss_enc_gdr_seq_compact_f32(float* S, float* U, const float* Wk,
                                                                      const float* Kd, const float* U0,
                                                                      const float* gam, int nc, int Hv, int ncb) {
     moss_gdr::seq_compact_impl<false>(S, U, Wk, Kd, U0, gam, nc, Hv, ncb);
 }
 #endif
 #define MOSS_GDR_OUT_COMPACT(PFX, BUG)                                                                        \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_compact_tc_bf16(                                    \
+    MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) PFX##_gdr_out_compact_tc_bf16(                                    \
         __nv_bfloat16* out, const __nv_bfloat16* q, const float* S, const float* U, const float* Wqk,         \
         const float* gam, int L, int Hk, int Hv, int dk, int dv, long rqk, long rv) {                          \
         moss_gdr::out_compact_impl<__nv_bfloat16, true, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk); \
     }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_gdr_out_compact_f32(                                        \
+    MOSS_KERNEL void __launch_bounds__(ENC_GDR_THREADS) PFX##_gdr_out_compact_f32(                                        \
         float* out, const float* q, const float* S, const float* U, const float* Wqk, const float* gam, int L,  \
         int Hk, int Hv, int dk, int dv, long rqk, long rv) {                                                   \
         moss_gdr::out_compact_impl<float, false, BUG>(out, q, S, U, Wqk, gam, L, Hk, Hv, dk, dv, rqk);         \

@@ -196,7 +196,8 @@ __device__ __forceinline__ void p3_apply(float* u0, float* wk, const float* Ts, 
 
 // The kernel's shared memory: the K tile, the Q tile / T₀, T₁, A₀ / V₀, A₁ / V₁, 14 vectors of 64.
 constexpr int P3P_BYTES = P3_TILE_B + 4 * P3_MAT_B + 14 * GC * 4;
-constexpr int P3P_FLOATS = P3P_BYTES / 4;  // 23680
+constexpr int P3P_FLOATS = P3P_BYTES / 4;
+static_assert(P3P_FLOATS == ENC_GDR_PREP_BF16_FLOATS, "launch.h: ENC_GDR_PREP_BF16_FLOATS");
 
 #ifndef GDR_EMU
 template <int ID>

@@ -1,5 +1,5 @@
 // The bf16 path's state pass and output where the Hopper kernel (cuda/encoder/sm90a/delta_rule_tma.cu) does not
-// run (every other GPU, or MOSS_GDR_STATE=seq): gdr_seq_tc and gdr_out_tc after delta_rule_prep
+// run (every other GPU, or MOSS_KERNELS=portable): gdr_seq_tc and gdr_out_tc after delta_rule_prep
 // (cuda/encoder/delta_rule.cu, delta_rule_prep.cuh), every product on TF32 mma.sync (m16n8k8, operands rounded to
 // TF32 with cvt.rna, fp32 accumulators); the state and the decays stay fp32. The fp32 path
 // (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of gdr.cu.
@@ -70,6 +70,7 @@ constexpr int TQ_UL = SQ_CB + 4;  // U0 tile
 constexpr int TQ_SL = SQ_CB + 8;  // S and U tiles (B, row-major)
 constexpr int TQ_BUF = GC * TQ_WL + GC * TQ_KL + GC * TQ_UL;
 constexpr int TQ_FLOATS = 2 * TQ_BUF + GD * TQ_SL + GC * TQ_SL;
+static_assert(TQ_FLOATS == ENC_GDR_SEQ_TC_FLOATS, "launch.h: ENC_GDR_SEQ_TC_FLOATS");
 
 __device__ __forceinline__ void seq_tc_issue(float* dst, const float* Wk, const float* Kd, const float* U0, long blk,
                                              int j0) {
@@ -162,6 +163,7 @@ __device__ void seq_tc_impl(float* Sall, float* Uall, const float* Wk, const flo
 constexpr int TO_SL = OC + 8;  // S0 and U tiles (B, row-major)
 constexpr int TO_WL = GC + 4;  // Wqk tile (A, row-major)
 constexpr int TO_FLOATS = GC * PKS + GD * TO_SL + GC * TO_WL + GC * TO_SL + GC;
+static_assert(TO_FLOATS == ENC_GDR_OUT_TC_FLOATS, "launch.h: ENC_GDR_OUT_TC_FLOATS");
 
 template <typename T, int BUG>
 __device__ void out_tc_impl(T* out, const T* q, const float* Sall, const float* Uall, const float* Wqk,

@@ -5,6 +5,7 @@
 // Activations are bf16 or f32 (T); small per-channel vectors and g/beta are f32. fp32 inside,
 // one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
+#include "launch.h"
 #include "row_impl.cuh"  // gates_impl, grms8_impl (row strides; contiguous here)
 
 namespace moss_enc {
@@ -64,7 +65,7 @@ __device__ void head_rope_impl(T* out, const T* x, const float* w, const float* 
 // ---- causal GQA attention: one block = 32 query rows of one head, 256 threads -------------------
 // Key tiles of 32; fp32 scores and online softmax; thread d owns output dim d (hd <= 256).
 // BUG 1: query head h reads KV head h % Hkv instead of h / (H / Hkv).
-constexpr int AQ = 32, AK = 32, ATHREADS = 256;
+constexpr int AQ = ENC_ATTN_Q, AK = ENC_ATTN_K, ATHREADS = ENC_ATTN_THREADS;
 template <typename T, int BUG>
 __device__ void attn_impl(T* out, const T* q, const T* k, const T* v, int L, int H, int Hkv, int hd, float scale) {
     extern __shared__ float sm[];
@@ -257,7 +258,7 @@ __device__ void grms_impl(T* out, const T* x, const T* z, const float* w, long r
 //   o_i = e^{γ_i} S0ᵀq_i + Σ_{j≤i} W[i,j] u_j;  S ← e^{γ_n−1} S0 + Σ_j e^{γ_n−1 − γ_j} k_j u_jᵀ
 // q, k are L2-normalised in the kernel (q also by 1/√dk). BUG 1: the state read e^{γ_i} S0ᵀq_i
 // forgets its decay e^{γ_i}.
-constexpr int CH = 64, DTHREADS = 512;
+constexpr int CH = ENC_GDR_CHUNK, DTHREADS = ENC_GDR_SEQ1_THREADS;
 template <typename T, int BUG>
 __device__ void gdr_impl(T* out, const T* q, const T* k, const T* v, const float* g, const float* beta, int L,
                          int Hk, int Hv, int dk, int dv, int dvb) {

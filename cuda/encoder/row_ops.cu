@@ -1,5 +1,5 @@
-// The encoder's row kernels written for their byte floor (src/backend/cuda/enc_floor.rs; the
-// previous kernels stay, selected by MOSS_ENC_ROWS=old). Same formulas and rounding points as those
+// The encoder's row kernels written for their byte floor (src/backend/cuda/encoder/row_ops.rs; the
+// previous kernels serve the shapes these do not take). Same formulas and rounding points as those
 // kernels (fp32 inside, one rounding into the output); what changes is how the bytes move:
 // - weights (conv taps, norm weights, A_log, dt_bias) are read in their loaded dtype (wbf = 1: bf16,
 //   0: f32) instead of an f32 copy made by a cast (+ permute) launch every call;
@@ -15,6 +15,7 @@
 //   wider heads).
 // moss_ctl_enc_* carry the planted bug (BUG 1) that the gates must reject.
 #include "elem.cuh"
+#include "launch.h"
 
 namespace moss_encf {
 using namespace moss_elem;
@@ -123,8 +124,8 @@ __device__ __forceinline__ void gate_one(float* g, float* beta, const T* a, cons
 // when g is null). Each thread loads its TT + 3 input rows once, all before any arithmetic. Sum
 // over taps in order (fma), as conv8; the fast SiLU. BUG 1: taps reversed. --------------------------------------
 constexpr int CK = 4;
-constexpr int CV = 4;  // channels a thread (src/backend/cuda/enc_floor.rs: CONV_V)
-constexpr int CT = 4;  // tokens a thread (CONV_TT)
+constexpr int CV = ENC_CONV_V;   // channels a thread
+constexpr int CT = ENC_CONV_TT;  // tokens a thread
 template <typename T, int BUG>
 __device__ void convg_impl(T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb,
                            float* g, float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf,
@@ -213,7 +214,7 @@ __device__ void silu_mul8v_impl(T* out, const T* g, const T* u, int f, long ld) 
 // ---- the zero-centred RMSNorm of row blockIdx.x of x [rows, d] (d % 8 == 0, d <= 8·RT·RV; RV 2 or 4):
 // n = x·rsqrt(mean(x²)+eps)·(1 + w), w in its loaded dtype and loaded with x, before the
 // reduction. BUG 1: w without its 1 +. ---------------------------------------------------------------
-constexpr int RT = 256;
+constexpr int RT = ENC_RMS1_THREADS;
 template <typename T, int BUG, int RV>
 __device__ void rms1w_impl(T* no, const T* x, const void* w, int wbf, int d, float eps) {
     __shared__ float red[RT / 32];
@@ -392,7 +393,7 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
 }  // namespace moss_encf
 
 #define MOSS_ENC_FLOOR(PFX, BUG, T, SX)                                                                       \
-    MOSS_KERNEL void __launch_bounds__(128) PFX##_conv_silu_gates_##SX(                                              \
+    MOSS_KERNEL void __launch_bounds__(ENC_CONV_THREADS) PFX##_conv_silu_gates_##SX(                                              \
         T* out, const T* x, const void* w, int wbf, int L, int C, long ldx, int ncx, int ncb, float* g,        \
         float* beta, const T* a, const T* b, const void* alog, const void* dt, int gbf, int hv, long lda) {   \
         moss_encf::convg_impl<T, BUG>(out, x, w, wbf, L, C, ldx, ncx, ncb, g, beta, a, b, alog, dt, gbf, hv,  \
@@ -402,11 +403,11 @@ __device__ void embed8_impl(T* out, const T* table, const float* ids, long H) {
                                                                   long ld) {                                  \
         moss_encf::silu_mul8v_impl<T, BUG, 2>(out, g, u, f, ld);                                              \
     }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1w_##SX(T* no, const T* x, const void* w, int wbf, int d, \
+    MOSS_KERNEL void __launch_bounds__(ENC_RMS1_THREADS) PFX##_rms1w_##SX(T* no, const T* x, const void* w, int wbf, int d, \
                                                              float eps) {                                     \
         moss_encf::rms1w_impl<T, BUG, 4>(no, x, w, wbf, d, eps);                                              \
     }                                                                                                         \
-    MOSS_KERNEL void __launch_bounds__(256) PFX##_rms1w2_##SX(T* no, const T* x, const void* w, int wbf, int d, \
+    MOSS_KERNEL void __launch_bounds__(ENC_RMS1_THREADS) PFX##_rms1w2_##SX(T* no, const T* x, const void* w, int wbf, int d, \
                                                               float eps) {                                    \
         moss_encf::rms1w_impl<T, BUG, 2>(no, x, w, wbf, d, eps);                                              \
     }                                                                                                         \

@@ -42,14 +42,16 @@
 #include <cuda_fp16.h>
 #include "common.cuh"
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_va16 {
 
-constexpr int D = 384, BQ = 64, BK = 32, THREADS = 256, HALF = D / 2, NT = HALF / 8;
+constexpr int D = VAE_ATTN_D, BQ = VAE_ATTN_ROWS, BK = 32, THREADS = VAE_ATTN_THREADS, HALF = D / 2, NT = HALF / 8;
 constexpr int RS = 2 * D + 8;   // halves per shared row
 constexpr int ROW16 = 2 * D / 8; // 16-byte chunks per global row
 constexpr int PEXP = 15;        // P scaled by 2^15 before the split
 constexpr int SMEM_BYTES = (BQ + 2 * BK) * RS * 2 + 8 * 4 * 32 * 16;
+static_assert(SMEM_BYTES == VAE_ATTN_FP16_SMEM, "launch.h: VAE_ATTN_FP16_SMEM");
 
 __device__ __forceinline__ int scale_exp(unsigned bits) {
     const float mx = __uint_as_float(bits);

@@ -25,17 +25,19 @@
 // maximum grows.
 #include "common.cuh"
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_vaeattn {
 
-constexpr int D = 384, BQ = 64, BK = 32, THREADS = 256;
+constexpr int D = VAE_ATTN_D, BQ = VAE_ATTN_ROWS, BK = 32, THREADS = VAE_ATTN_THREADS;
 constexpr int QST = D + 4;   // Q rows: a fragment (row g, column t) at 4g + t: 32 banks
 constexpr int KST = D + 4;   // K rows: b fragment (key g, d t) at 4g + t
 constexpr int VST = D + 8;   // V rows: b fragment (key t, column g) at 8t + g
 constexpr int SST = BK + 4;  // S rows: a fragment (row g, key t) at 4g + t
 constexpr int HALF = D / 2, NT = HALF / 8;  // O columns per warp, n8 tiles per warp
 
-__host__ __device__ constexpr int smem_floats() { return BQ * QST + BK * KST + BK * VST + BQ * SST; }
+// The dynamic shared memory: Q, K, V and S tiles, as the kernel carves it.
+static_assert(4 * (BQ * QST + BK * KST + BK * VST + BQ * SST) == VAE_ATTN_TF32_SMEM, "launch.h: VAE_ATTN_TF32_SMEM");
 
 using moss_mma::tf32;
 

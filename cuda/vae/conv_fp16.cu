@@ -32,11 +32,12 @@
 // moss_ctl_vae_conv16_*: planted: the activation lo part dropped (stored as zero).
 #include "common.cuh"
 #include "mma.cuh"
+#include "launch.h"
 #include <cuda_fp16.h>
 
 namespace moss_vaeconv16 {
 
-constexpr int TH = 8, TW = 16, THREADS = 256;
+constexpr int TH = VAE_HALO_TH, TW = VAE_HALO_TW, THREADS = VAE_HALO_THREADS;
 #ifndef TAP_UNROLL16
 #define TAP_UNROLL16 1
 #endif
@@ -68,13 +69,6 @@ __device__ __forceinline__ void split2(float v0, float v1, unsigned& hi, unsigne
     __half2 l = __floats2half2_rn((v0 - hf.x) * (float)(1 << LS), (v1 - hf.y) * (float)(1 << LS));
     hi = h2u(h);
     lo = h2u(l);
-}
-
-// Dynamic shared memory in bytes (vae.rs `f16_smem_bytes` mirrors it): two weight stages and two
-// halo stages.
-template <int BM, int KS>
-__host__ __device__ constexpr int smem_bytes() {
-    return 2 * (KS * KS * (BM / 16) * 2 * 512) + 2 * 4 * (TH + KS - 1) * (TW + KS - 1) * 16;
 }
 
 // ---- weight preparation: one block (256 threads) per padded output row ----------------------
@@ -139,6 +133,7 @@ __device__ void conv16(float* __restrict__ out, const float* __restrict__ x, con
     extern __shared__ __align__(16) unsigned char smem16[];
     unsigned char* As = smem16;
     unsigned char* Bs = smem16 + 2 * AST;
+    static_assert(2 * AST + 2 * BST == VAE_CONV16_SMEM(BM, KS), "launch.h: VAE_CONV16_SMEM");
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3;

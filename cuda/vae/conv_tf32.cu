@@ -30,10 +30,11 @@
 // moss_ctl_*: planted bugs for `moss check` (one TF32 product; mirrored taps).
 #include "common.cuh"
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_vaeconv {
 
-constexpr int TH = 8, TW = 16, THREADS = 256;
+constexpr int TH = VAE_HALO_TH, TW = VAE_HALO_TW, THREADS = VAE_HALO_THREADS;
 #ifndef TAP_UNROLL
 #define TAP_UNROLL 1
 #endif
@@ -59,18 +60,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-// Halo channel stride: the smallest cs >= hn with cs % 32 == 8 or 24, so the B fragment
-// loads (4 channels x 8 consecutive pixels per instruction) hit 32 different banks.
-__host__ __device__ constexpr int halo_cs(int hn) {
-    return (hn % 32 <= 8) ? hn - hn % 32 + 8 : (hn % 32 <= 24 ? hn - hn % 32 + 24 : hn - hn % 32 + 40);
-}
-
-// Dynamic shared memory of the halo kernel in floats (vae.rs mirrors it). W32: the weight
-// stream holds fp32 values (split into hi/lo in registers), half the bytes of hi + lo.
-template <int BM, int KS, int W32 = 0>
-__host__ __device__ constexpr int halo_smem_floats() {
-    return 2 * (KS * KS * BM * (W32 ? 8 : 16)) + 2 * 2 * 8 * halo_cs((TH + KS - 1) * (TW + KS - 1));
-}
+// Halo channel stride (launch.h): the smallest cs >= hn with cs % 32 == 8 or 24, so the B
+// fragment loads (4 channels x 8 consecutive pixels per instruction) hit 32 different banks.
+__host__ __device__ constexpr int halo_cs(int hn) { return VAE_HALO_CS(hn); }
 
 // ---- weight preparation ---------------------------------------------------------------------
 // W32: [Cout/BM][Cin/8][tap][BM/16][lane][4] fp32 (no hi/lo: the kernel splits).
@@ -112,6 +104,7 @@ __device__ void conv_halo(float* __restrict__ out, const float* __restrict__ x, 
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                 // [2][AST]
     float* Bs = smem + 2 * AST;       // [2][2 (hi, lo)][8][CS]
+    static_assert(W32 || 4 * (2 * AST + 2 * 2 * 8 * CS) == VAE_HALO_SMEM(BM, KS), "launch.h: VAE_HALO_SMEM");
     // norm (GroupNorm fused into the load): per input channel (mean, w/sqrt(var+eps), bias) as
     // moss_vae_gn_coef writes them, staged here for all of cin: [cin][3] doubles.
     double* Ns = reinterpret_cast<double*>(Bs + 2 * 2 * 8 * CS);

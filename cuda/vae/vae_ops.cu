@@ -19,6 +19,7 @@
 // moss_ctl_vae_*: the same code with a planted bug, for `moss check`.
 #include "common.cuh"
 #include "mma.cuh"
+#include "launch.h"
 
 namespace moss_vae {
 
@@ -45,7 +46,7 @@ __device__ void bn_unpatchify(float* __restrict__ out, const float* __restrict__
 }
 
 // ---- convolution ---------------------------------------------------------------------------
-constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
+constexpr int BM = VAE_CONV_BM, BN = VAE_CONV_BN, BK = 16, THREADS = VAE_CONV_THREADS;
 constexpr int AS = BK + 4;   // As[BM][AS]: row stride 20 words (conflict-free fragment loads)
 constexpr int BS = BN + 8;   // Bs[BK][BS]: row stride 136 words
 

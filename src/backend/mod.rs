@@ -10,9 +10,10 @@ pub mod cpu;
 pub mod ops;
 pub mod cuda;
 
-use crate::checkpoint::Component;
+use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Plan, Term};
 use crate::tensor::Tensor;
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 /// Which backend a run uses (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,8 +82,14 @@ pub trait Backend {
     fn upload(&self, t: &Tensor) -> Result<Self::T>;
     fn download(&self, x: &Self::T) -> Result<Tensor>;
     fn dims(&self, x: &Self::T) -> Vec<usize>;
-    /// A checkpoint tensor by its name inside the component, in the backend's storage precision.
+    /// A checkpoint tensor by its name inside the component, in the backend's storage precision,
+    /// with the component's LoRA updates merged in ([`merge_loras`]): the one point every weight
+    /// passes, resident or streamed.
     fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
+    /// `w`, a checkpoint tensor as stored (its dtype `stored`), plus the LoRA updates `terms`:
+    /// in fp32, the updates added in order, rounded once to `stored` ([`crate::lora::merge`]).
+    /// Device time still running when it returns goes on `clock`.
+    fn merge_lora(&self, w: Self::T, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Self::T>;
 
     /// The checkpoint tensors `names` (one dtype, one trailing shape) stacked along dim 0 as one
     /// tensor: the values of `cat([load(n) for n in names], 0)`.
@@ -154,4 +161,21 @@ pub trait Backend {
     fn release_cached(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// The LoRA step of every backend's `load`: `w` (the checkpoint tensor `name`, a full name, as
+/// stored: `stored`) with the updates `plan` has for it merged in, timed on the plan's clock; `w`
+/// itself when there are none.
+pub fn merge_loras<B: Backend + ?Sized>(b: &B, plan: &Plan, name: &str, stored: Dtype, w: B::T) -> Result<B::T> {
+    if plan.is_empty() {
+        return Ok(w);
+    }
+    let terms = plan.terms(name);
+    if terms.is_empty() {
+        return Ok(w);
+    }
+    let t = std::time::Instant::now();
+    let out = b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))?;
+    plan.clock.add_host(t.elapsed().as_secs_f64());
+    Ok(out)
 }

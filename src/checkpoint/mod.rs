@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use config::{DitConfig, EncoderConfig, VaeConfig};
 use expected::Expected;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 pub use tensors::{Dtype, TensorInfo, TensorStore};
 
 pub const DEFAULT_MODEL: &str = "OpenMOSS-Team/MOSS-Image-SFT";
@@ -96,8 +97,8 @@ pub struct Checkpoint {
     pub dit: DitConfig,
     pub vae: VaeConfig,
     pub scheduler: crate::schedule::ScheduleConfig,
-    /// Adapters merged into the transformer whenever it is opened ([`crate::lora`]).
-    pub loras: Vec<crate::lora::Lora>,
+    /// Adapters merged into the transformer's tensors as a backend loads them ([`crate::lora`]).
+    pub loras: Arc<crate::lora::Plan>,
 }
 
 /// One component's tensors with the prefix its keys carry.
@@ -106,6 +107,8 @@ pub struct Component {
     pub store: TensorStore,
     /// Prepended to the model's names (`language_model.` for the encoder).
     pub prefix: String,
+    /// The LoRA updates of its tensors (empty but for the transformer with adapters attached).
+    pub loras: Arc<crate::lora::Plan>,
 }
 
 impl Checkpoint {
@@ -136,7 +139,7 @@ impl Checkpoint {
             dit: DitConfig::from_file(&root.join("transformer/config.json"))?,
             vae: VaeConfig::from_file(&root.join("vae/config.json"))?,
             scheduler: config::scheduler_from_file(&root.join("scheduler/scheduler_config.json"))?,
-            loras: vec![],
+            loras: Default::default(),
             loc,
         })
     }
@@ -145,29 +148,25 @@ impl Checkpoint {
         self.loc.root.join("tokenizer/tokenizer.json")
     }
 
-    /// Read and check the adapters `specs` against the transformer's tensors; they are merged
-    /// into it by every later [`Checkpoint::open_component`]`("transformer")`.
+    /// Read and check the adapters `specs` against the transformer's tensors; a backend merges
+    /// them into each tensor it loads from [`Checkpoint::open_component`]`("transformer")`.
     pub fn attach_loras(&mut self, specs: &[crate::lora::LoraSpec]) -> Result<()> {
         if specs.is_empty() {
             return Ok(());
         }
         let store = TensorStore::open(&self.loc.root.join("transformer"))?;
-        self.loras = crate::lora::load_all(specs, &store)?;
+        self.loras = Arc::new(crate::lora::Plan::new(crate::lora::load_all(specs, &store)?));
         Ok(())
+    }
+
+    /// For memory plans (the tensors' sizes): the same as [`Checkpoint::open_component`], which
+    /// merges nothing itself (LoRAs merge as each tensor loads).
+    pub fn open_component_for_plan(&self, name: &'static str) -> Result<Component> {
+        self.open_component(name)
     }
 
     /// Map `text_encoder`, `transformer` or `vae` and check it against its config.
     pub fn open_component(&self, name: &'static str) -> Result<Component> {
-        self.open_component_with(name, true)
-    }
-
-    /// [`Checkpoint::open_component`] without merging the LoRAs: for memory plans, which need
-    /// only the tensors' sizes (a full-size merge costs far more than the plan).
-    pub fn open_component_for_plan(&self, name: &'static str) -> Result<Component> {
-        self.open_component_with(name, false)
-    }
-
-    fn open_component_with(&self, name: &'static str, merge: bool) -> Result<Component> {
         let store = TensorStore::open(&self.loc.root.join(name))?;
         let (prefix, expected) = match name {
             "text_encoder" => {
@@ -186,7 +185,8 @@ impl Checkpoint {
             "vae" => (String::new(), expected::vae(&self.vae)),
             _ => bail!("unknown component {name}"),
         };
-        let mut comp = Component { name, store, prefix };
+        let loras = if name == "transformer" { self.loras.clone() } else { Default::default() };
+        let comp = Component { name, store, prefix, loras };
         let (defaulted, file) = match name {
             "text_encoder" => (&self.encoder.defaulted, "text_encoder/config.json"),
             "transformer" => (&self.dit.defaulted, "transformer/config.json"),
@@ -200,9 +200,6 @@ impl Checkpoint {
                 e.context(format!("{file} leaves out {}, so the real model's values were assumed", defaulted.join(", ")))
             });
         }
-        if merge && name == "transformer" && !self.loras.is_empty() {
-            crate::lora::merge::apply(&mut comp.store, &comp.prefix, &self.loras)?;
-        }
         Ok(comp)
     }
 }
@@ -210,6 +207,14 @@ impl Checkpoint {
 impl Component {
     pub fn full_name(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
+    }
+
+    /// The LoRA updates of tensor `name` (inside the component), in the order they add up.
+    pub fn lora_terms(&self, name: &str) -> Vec<crate::lora::Term<'_>> {
+        if self.loras.is_empty() {
+            return vec![];
+        }
+        self.loras.terms(&self.full_name(name))
     }
 
     pub fn info(&self, name: &str) -> Result<&TensorInfo> {

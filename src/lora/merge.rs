@@ -1,13 +1,20 @@
-//! The merge: every adapter's delta in fp32, summed per tensor, added to the stored weight and
-//! rounded once to its dtype; the merged bytes replace the tensor in the component's store.
+//! The merge of one tensor: every update's delta rows in fp32, summed, added to the stored weight
+//! and rounded once to its dtype.
+//!
+//! [`operands`] says what a term computes (the factors cut to the tensor's rows): both backends
+//! start from it. [`merge_tensor`] is the host's evaluation, the CPU backend's merge and the
+//! reference of the CUDA kernels (`cuda/dit/lora_merge.cu`), which repeat its arithmetic
+//! exactly: every product and every sum rounded to fp32 (no fused multiply-add), the rank summed
+//! in order, then `· alpha/rank`, `· scale`, the updates added in order to a sum that starts at
+//! zero, and `W + sum` rounded once. So both give the same bytes.
 
 use super::keys::{Delta, Factor, Mat, Module};
-use super::Lora;
-use crate::checkpoint::{Dtype, TensorStore};
-use anyhow::{bail, ensure, Context, Result};
-use std::collections::BTreeMap;
+use super::plan::Term;
+use crate::checkpoint::Dtype;
+use anyhow::{bail, ensure, Result};
+use std::borrow::Cow;
 
-fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
+pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
     match m.0.as_slice() {
         [r, c] => Ok((*r, *c)),
         [r, c, 1, 1] => Ok((*r, *c)),
@@ -16,11 +23,35 @@ fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
     }
 }
 
-/// `a [n, r] · b [r, m]` in fp32 (rows in parallel).
-pub fn matmul(a: &Mat, b: &Mat, what: &str) -> Result<Mat> {
-    let (n, r) = dims2(a, what)?;
-    let (r2, m) = dims2(b, what)?;
-    ensure!(r == r2, "{what}: inner dimensions {r} and {r2} differ ({:?} · {:?})", a.0, b.0);
+/// A factor, or rows of one: `rows` x `cols` fp32 values, borrowed from the adapter (its own
+/// factors, a tensor's rows of them) or formed on the host (a LoKr product).
+#[derive(Clone, Debug)]
+pub struct Part<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Cow<'a, [f32]>,
+}
+
+impl<'a> Part<'a> {
+    /// All of `m` (a matrix; a vector counts as a column).
+    pub fn whole(m: &'a Mat, what: &str) -> Result<Part<'a>> {
+        let (rows, cols) = dims2(m, what)?;
+        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1) })
+    }
+
+    /// Rows `row0 .. row0 + rows` of `m`.
+    pub fn rows_of(m: &'a Mat, row0: usize, rows: usize, what: &str) -> Result<Part<'a>> {
+        let (r, cols) = dims2(m, what)?;
+        ensure!(row0 + rows <= r, "{what}: rows {row0}..{} of {r}", row0 + rows);
+        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1[row0 * cols..(row0 + rows) * cols]) })
+    }
+}
+
+/// `a [n, r] · b [r, m]` in fp32 (rows in parallel): each element `Σ_k a[i,k]·b[k,j]`, product
+/// and sum rounded to fp32 at every step, k in order.
+pub fn matmul(a: &Part, b: &Part, what: &str) -> Result<Part<'static>> {
+    let (n, r, m) = (a.rows, a.cols, b.cols);
+    ensure!(r == b.rows, "{what}: inner dimensions {r} and {} differ", b.rows);
     let mut out = vec![0f32; n * m];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, n.max(1));
     let per = n.div_ceil(threads).max(1);
@@ -30,72 +61,115 @@ pub fn matmul(a: &Mat, b: &Mat, what: &str) -> Result<Mat> {
                 for (li, row) in chunk.chunks_mut(m.max(1)).enumerate() {
                     let i = ci * per + li;
                     for k in 0..r {
-                        let s = a.1[i * r + k];
-                        if s != 0.0 {
-                            row.iter_mut().zip(&b.1[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
-                        }
+                        let s = a.data[i * r + k];
+                        row.iter_mut().zip(&b.data[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
                     }
                 }
             });
         }
     });
-    Ok((vec![n, m], out))
+    Ok(Part { rows: n, cols: m, data: Cow::Owned(out) })
 }
 
-fn kron(a: &Mat, b: &Mat) -> Result<Mat> {
-    let (ar, ac) = dims2(a, "lokr_w1")?;
-    let (br, bc) = dims2(b, "lokr_w2")?;
-    let (rows, cols) = (ar * br, ac * bc);
+/// Rows `row0 .. row0 + rows` of `kron(a, b)`.
+fn kron_rows(a: &Part, b: &Part, row0: usize, rows: usize) -> Vec<f32> {
+    let (ac, br, bc) = (a.cols, b.rows, b.cols);
+    let cols = ac * bc;
     let mut out = vec![0f32; rows * cols];
-    for i in 0..ar {
-        for j in 0..ac {
-            let s = a.1[i * ac + j];
-            for p in 0..br {
-                let row = (i * br + p) * cols + j * bc;
-                for (o, &x) in out[row..row + bc].iter_mut().zip(&b.1[p * bc..(p + 1) * bc]) {
-                    *o = s * x;
-                }
-            }
+    for (i, row) in out.chunks_mut(cols.max(1)).enumerate() {
+        let (ia, p) = ((row0 + i) / br, (row0 + i) % br);
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = a.data[ia * ac + j / bc] * b.data[p * bc + j % bc];
         }
     }
-    Ok((vec![rows, cols], out))
+    out
 }
 
-fn factor(f: &Factor, what: &str) -> Result<(Mat, Option<usize>)> {
+/// A LoKr factor as one matrix (a product formed on the host: small), and its rank if factored.
+fn factor<'a>(f: &'a Factor, what: &str) -> Result<(Part<'a>, Option<usize>)> {
     match f {
-        Factor::Full(m) => Ok((m.clone(), None)),
-        Factor::Product(a, b) => Ok((matmul(a, b, what)?, Some(dims2(b, what)?.0))),
+        Factor::Full(m) => Ok((Part::whole(m, what)?, None)),
+        Factor::Product(a, b) => Ok((matmul(&Part::whole(a, what)?, &Part::whole(b, what)?, what)?, Some(dims2(b, what)?.0))),
     }
 }
 
-/// The module's delta `[rows, cols]` in fp32, alpha/rank applied (not yet the user's scale).
-pub fn delta(m: &Module) -> Result<Mat> {
+/// What one term computes for a tensor of `rows` rows, before `· alpha/rank` and `· scale`.
+#[derive(Clone, Debug)]
+pub enum Operands<'a> {
+    /// `up · down`; `up` holds the tensor's rows only.
+    LowRank { up: Part<'a>, down: Part<'a> },
+    /// LoHa: `(w1a · w1b) ⊙ (w2a · w2b)`; `w1a`, `w2a` hold the tensor's rows only.
+    LoHa { w1a: Part<'a>, w1b: Part<'a>, w2a: Part<'a>, w2b: Part<'a> },
+    /// Rows `row0 ..` of `kron(a, b)`: LoKr, and a full difference as `kron([1], diff rows)`.
+    Kron { a: Part<'a>, b: Part<'a>, row0: usize },
+}
+
+/// The operands of `term` for a tensor of `rows` rows, and the factor `alpha/rank` (1 without).
+pub fn operands<'a>(term: &Term<'a>, rows: usize) -> Result<(Operands<'a>, f32)> {
+    let m = term.module;
     let what = m.key.as_str();
-    let (mut d, factor_scale) = match &m.delta {
+    let row0 = term.row0;
+    Ok(match &m.delta {
         Delta::LowRank { up, down, alpha } => {
-            let r = dims2(down, what)?.0;
-            (matmul(up, down, what)?, alpha.map_or(1.0, |a| a / r as f32))
+            let down = Part::whole(down, what)?;
+            let fs = alpha.map_or(1.0, |a| a / down.rows as f32);
+            (Operands::LowRank { up: Part::rows_of(up, row0, rows, what)?, down }, fs)
         }
         Delta::LoHa { w1a, w1b, w2a, w2b, alpha } => {
-            let (mut p, q) = (matmul(w1a, w1b, what)?, matmul(w2a, w2b, what)?);
-            ensure!(p.0 == q.0, "{what}: LoHa halves {:?} and {:?} differ", p.0, q.0);
-            p.1.iter_mut().zip(&q.1).for_each(|(x, y)| *x *= y);
-            (p, alpha.map_or(1.0, |a| a / dims2(w1b, what).map_or(1, |d| d.0) as f32))
+            let w1b = Part::whole(w1b, what)?;
+            let fs = alpha.map_or(1.0, |a| a / w1b.rows as f32);
+            let ops = Operands::LoHa {
+                w1a: Part::rows_of(w1a, row0, rows, what)?,
+                w1b,
+                w2a: Part::rows_of(w2a, row0, rows, what)?,
+                w2b: Part::whole(w2b, what)?,
+            };
+            (ops, fs)
         }
         Delta::LoKr { w1, w2, alpha } => {
             let ((a, ra), (b, rb)) = (factor(w1, what)?, factor(w2, what)?);
-            let rank = rb.or(ra);
-            (kron(&a, &b)?, match (alpha, rank) {
+            let fs = match (alpha, rb.or(ra)) {
                 (Some(al), Some(r)) => al / r as f32,
                 _ => 1.0,
-            })
+            };
+            (Operands::Kron { a, b, row0 }, fs)
         }
-        Delta::Full(d) => (d.clone(), 1.0),
+        Delta::Full(d) => {
+            let one = Part { rows: 1, cols: 1, data: Cow::Owned(vec![1.0]) };
+            (Operands::Kron { a: one, b: Part::rows_of(d, row0, rows, what)?, row0: 0 }, 1.0)
+        }
+    })
+}
+
+/// Device bytes of a term's operands in fp32 for a tensor of `numel` values (an upper bound
+/// for the memory plan: a fused module counts whole).
+pub fn operand_bytes(m: &Module, numel: usize) -> usize {
+    let n = |x: &Mat| x.1.len();
+    let f = |x: &Factor| match x {
+        Factor::Full(a) => n(a),
+        Factor::Product(a, b) => n(a) + n(b) + dims2(a, "").map_or(0, |d| d.0) * dims2(b, "").map_or(0, |d| d.1),
     };
-    if factor_scale != 1.0 {
-        d.1.iter_mut().for_each(|x| *x *= factor_scale);
+    4 * match &m.delta {
+        Delta::LowRank { up, down, .. } => n(up) + n(down),
+        Delta::LoHa { w1a, w1b, w2a, w2b, .. } => n(w1a) + n(w1b) + n(w2a) + n(w2b),
+        Delta::LoKr { w1, w2, .. } => f(w1) + f(w2),
+        Delta::Full(_) => numel + 1,
     }
-    Ok(d)
+}
+
+/// The delta the operands give, `[rows, cols]` in fp32 (the host's evaluation).
+pub fn evaluate(ops: &Operands, rows: usize, what: &str) -> Result<Vec<f32>> {
+    match ops {
+        Operands::LowRank { up, down } => Ok(matmul(up, down, what)?.data.into_owned()),
+        Operands::LoHa { w1a, w1b, w2a, w2b } => {
+            let (p, q) = (matmul(w1a, w1b, what)?, matmul(w2a, w2b, what)?);
+            ensure!((p.rows, p.cols) == (q.rows, q.cols), "{what}: LoHa halves [{}, {}] and [{}, {}] differ", p.rows, p.cols, q.rows, q.cols);
+            let mut p = p.data.into_owned();
+            p.iter_mut().zip(q.data.iter()).for_each(|(x, y)| *x *= y);
+            Ok(p)
+        }
+        Operands::Kron { a, b, row0 } => Ok(kron_rows(a, b, *row0, rows)),
+    }
 }
 
 /// The delta's rows and columns must tile the target tensors (rows split in order).
@@ -124,46 +198,97 @@ pub fn check_shape(m: &Module) -> Result<()> {
     Ok(())
 }
 
-/// Sum every adapter's scaled delta per target tensor (full names without the store prefix).
-pub fn deltas(loras: &[Lora]) -> Result<BTreeMap<String, Vec<f32>>> {
-    let mut sums: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    for l in loras {
-        for m in &l.modules {
-            let d = delta(m).with_context(|| format!("LoRA {}", l.spec.path.display()))?;
-            let mut off = 0;
-            for (name, shape) in &m.targets {
-                let n: usize = shape.iter().product();
-                let acc = sums.entry(name.clone()).or_insert_with(|| vec![0f32; n]);
-                for (a, &x) in acc.iter_mut().zip(&d.1[off..off + n]) {
-                    *a += l.spec.scale * x;
-                }
-                off += n;
+/// Rounding to `dtype` and back (round to nearest even).
+pub fn rounding(dtype: Dtype) -> Result<fn(f32) -> f32> {
+    Ok(match dtype {
+        Dtype::BF16 => |v| half::bf16::from_f32(v).to_f32(),
+        Dtype::F16 => |v| half::f16::from_f32(v).to_f32(),
+        Dtype::F32 => |v| v,
+        d => bail!("cannot merge a LoRA into a tensor stored as {}", d.name()),
+    })
+}
+
+/// Merge `terms` into `w` (a tensor of shape `shape` stored as `stored`, its values as f32):
+/// `W + Σ scale · (alpha/rank) · delta` in fp32, rounded once to `stored`. Memory: the tensor's
+/// sum and one term's delta rows.
+pub fn merge_tensor(w: &mut [f32], shape: &[usize], stored: Dtype, terms: &[Term]) -> Result<()> {
+    let round = rounding(stored)?;
+    let rows = shape.first().copied().unwrap_or(1);
+    let mut sum = vec![0f32; w.len()];
+    for t in terms {
+        let (ops, fs) = operands(t, rows)?;
+        let mut d = evaluate(&ops, rows, &t.module.key)?;
+        ensure!(d.len() == w.len(), "`{}`: {} update values for a tensor of {}", t.module.key, d.len(), w.len());
+        if fs != 1.0 {
+            d.iter_mut().for_each(|x| *x *= fs);
+        }
+        sum.iter_mut().zip(&d).for_each(|(a, &x)| *a += t.scale * x);
+    }
+    w.iter_mut().zip(&sum).for_each(|(w, a)| *w = round(*w + a));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(n: usize, k: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * k).collect()
+    }
+
+    /// A tensor's rows of a fused module's delta, from its operands, equal those rows of the
+    /// whole delta, for every kind of update (so no term needs the whole module's delta).
+    #[test]
+    fn row_ranges_equal_the_whole_deltas_rows() {
+        let (rows, cols) = (24, 12);
+        let m = |delta| Module { key: "m".into(), targets: vec![("m.weight".into(), vec![rows, cols])], delta };
+        let mods = [
+            m(Delta::LowRank { up: (vec![rows, 3], pattern(rows * 3, 1.0)), down: (vec![3, cols], pattern(3 * cols, 0.7)), alpha: Some(2.0) }),
+            m(Delta::LoHa {
+                w1a: (vec![rows, 2], pattern(rows * 2, 1.0)),
+                w1b: (vec![2, cols], pattern(2 * cols, 0.6)),
+                w2a: (vec![rows, 2], pattern(rows * 2, 0.9)),
+                w2b: (vec![2, cols], pattern(2 * cols, 0.8)),
+                alpha: None,
+            }),
+            m(Delta::LoKr {
+                w1: Factor::Full((vec![4, 3], pattern(12, 1.0))),
+                w2: Factor::Product((vec![6, 2], pattern(12, 0.5)), (vec![2, 4], pattern(8, 0.3))),
+                alpha: Some(1.0),
+            }),
+            m(Delta::Full((vec![rows, cols], pattern(rows * cols, 0.1)))),
+        ];
+        for md in &mods {
+            let whole = |row0, n| {
+                let (ops, fs) = operands(&Term { module: md, row0, scale: 1.0 }, n).unwrap();
+                (evaluate(&ops, n, "m").unwrap(), fs)
+            };
+            let (all, fs) = whole(0, rows);
+            for (row0, n) in [(0, 8), (8, 8), (16, 8), (5, 1)] {
+                let (part, fs2) = whole(row0, n);
+                assert_eq!(fs, fs2);
+                assert_eq!(part, all[row0 * cols..(row0 + n) * cols], "{:?}: rows {row0}..{}", md.delta, row0 + n);
             }
         }
     }
-    Ok(sums)
-}
 
-/// Merge `loras` into `store` (tensor names carry `prefix`): `W + Σ delta` in fp32, rounded once
-/// to the stored dtype; the merged tensors are served from memory from then on.
-pub fn apply(store: &mut TensorStore, prefix: &str, loras: &[Lora]) -> Result<()> {
-    for (name, d) in deltas(loras)? {
-        let full = format!("{prefix}{name}");
-        let (_, mut w) = store.to_f32(&full)?;
-        w.iter_mut().zip(&d).for_each(|(w, d)| *w += d);
-        let info = store.get(&full).cloned().context("merged tensor vanished")?;
-        let bytes: Vec<u8> = match info.dtype {
-            Dtype::BF16 => w.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-            Dtype::F16 => w.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-            Dtype::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            d => bail!("cannot merge a LoRA into `{full}` stored as {}", d.name()),
+    /// The sum starts at zero, takes each update in order, and `W + sum` is rounded once.
+    #[test]
+    fn merge_tensor_rounds_once() {
+        let md = Module {
+            key: "m".into(),
+            targets: vec![("m.weight".into(), vec![1, 1])],
+            delta: Delta::Full((vec![1, 1], vec![1.0])),
         };
-        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).context("LoRA merge: no memory")?;
-        map[..bytes.len()].copy_from_slice(&bytes);
-        let file = store.files.len();
-        store.files.push((format!("<{full} merged with LoRA>").into(), map.make_read_only()?));
-        let t = store.tensors.get_mut(&full).unwrap();
-        (t.file, t.start, t.end) = (file, 0, bytes.len());
+        // 1 + 2·(3·2^-10) = 1 + 0.75·2^-7 rounds to bf16's 1 + 2^-7; rounding after each update
+        // (1 + 0.375·2^-7 → 1) would stay at 1.
+        let t = Term { module: &md, row0: 0, scale: 3.0 * 2f32.powi(-10) };
+        let mut w = vec![1.0f32];
+        merge_tensor(&mut w, &[1, 1], Dtype::BF16, &[t, t]).unwrap();
+        assert_eq!(w[0], 1.0 + 2f32.powi(-7));
+        let mut w = vec![1.0f32];
+        merge_tensor(&mut w, &[1, 1], Dtype::F32, &[t]).unwrap();
+        assert_eq!(w[0], 1.0 + 3.0 * 2f32.powi(-10));
+        assert!(merge_tensor(&mut [0.0], &[1, 1], Dtype::I64, &[t]).is_err());
     }
-    Ok(())
 }

@@ -5,11 +5,16 @@
 //! dotted or underscore names), LyCORIS LoHa (`hada_*`) and LoKr (`lokr_*`), full differences
 //! (`diff`, `diff_b`), and LoRAs for a fused `proj.qkv` applied to the split q, k, v rows.
 //! The merge ([`merge`]) is `W + scale * (alpha/rank) * B A` in fp32, every LoRA added up, then
-//! rounded once to the stored dtype. It runs on the host before upload (both backends load the
-//! merged bytes), so the CPU and CUDA backends see the same weights.
+//! rounded once to the stored dtype. It happens tensor by tensor as the backend loads each weight
+//! ([`plan`] says which updates a tensor gets; `Backend::merge_lora` applies them): on the host
+//! for the CPU backend, on the GPU for the CUDA one (`cuda/dit/lora_merge.cu`), with the same
+//! arithmetic, so both backends see the same weights.
 
 pub mod keys;
 pub mod merge;
+pub mod plan;
+
+pub use plan::{Plan, Term};
 
 use crate::checkpoint::TensorStore;
 use anyhow::{bail, Context, Result};

@@ -353,7 +353,7 @@ impl<B: DitOps> Dit<B> {
             cache.push(hit);
             return Ok(t);
         }
-        let t = b.timed("rope table (host + upload)", || self.rope(b, &rope::joint_positions(h, w, text_len)))?;
+        let t = self.rope(b, &rope::joint_positions(h, w, text_len))?;
         if cache.len() == ROPE_CACHE {
             cache.remove(0);
         }
@@ -365,9 +365,9 @@ impl<B: DitOps> Dit<B> {
     /// → `[N, D]`.
     fn packed_attention(&self, b: &B, qkv: B::T, wq: &B::T, wk: &B::T, cos: &B::T, sin: &B::T) -> Result<B::T> {
         let (eps, heads) = (self.cfg.eps, self.cfg.num_heads);
-        let qkv = b.timed("qkv_norm_rope", || b.qkv_norm_rope(qkv, heads, wq, wk, cos, sin, eps))?;
+        let qkv = b.qkv_norm_rope(qkv, heads, wq, wk, cos, sin, eps)?;
         let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
-        b.timed("attention", || b.attention_packed(&qkv, heads, scale))
+        b.attention_packed(&qkv, heads, scale)
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.
@@ -462,20 +462,16 @@ impl<B: DitOps> Dit<B> {
             cfg.latent_channels
         );
         let (c, h, w) = (dims[1], dims[2], dims[3]);
-        let img = b.timed("embed image (permute + linear)", || {
-            self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)
-        })?;
-        let m = b.timed("modulation", || self.modulation(b, t))?;
+        let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
+        let m = self.modulation(b, t)?;
         let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
-        let xs = b.timed("cat", || b.cat(&[&img, &text.tokens], 0))?;
+        let xs = b.cat(&[&img, &text.tokens], 0)?;
         drop(img);
         // Each block's first norm is fused with the previous block's last gated residual, so
         // only the first block that runs starts from a plain norm.
         let active: Vec<usize> = (0..self.layers.len()).filter(|i| !skip.contains(i)).collect();
         let y = match active.first() {
-            Some(&first) => Some(b.timed("rms_norm_modulate", || {
-                b.rms_norm_modulate(&xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)
-            })?),
+            Some(&first) => Some(b.rms_norm_modulate(&xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)?),
             None => None,
         };
         Ok(PassRun { m, cos, sin, xs: Some(xs), y, active, grid: (c, h, w), _dit: std::marker::PhantomData })
@@ -496,12 +492,10 @@ impl<B: DitOps> Dit<B> {
     fn head(&self, b: &B, r: PassRun<'_, B>) -> Result<B::T> {
         let ((c, h, w), m) = (r.grid, &r.m);
         let xs = r.xs.expect("the stream is there after the blocks");
-        b.timed("head", || {
-            let z = b.narrow(&xs, 0, 0, h * w)?;
-            let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, self.cfg.eps)?;
-            let out = b.linear(&z, &self.final_linear_video, None)?;
-            b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
-        })
+        let z = b.narrow(&xs, 0, 0, h * w)?;
+        let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, self.cfg.eps)?;
+        let out = b.linear(&z, &self.final_linear_video, None)?;
+        b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
     }
 
     /// A block's compute is enqueued: a streamed block's slot may be refilled once it is done.
@@ -547,8 +541,7 @@ impl<B: DitOps> Dit<B> {
             q.1 = (slot + 1) % (PREFETCH as usize + 1);
             slot
         };
-        let f = b.timed("fetch block weights", || b.fetch(&s.source, slot, &BlockMats::<B>::names(i)))?;
-        Ok((f, slot))
+        Ok((b.fetch(&s.source, slot, &BlockMats::<B>::names(i))?, slot))
     }
 
     /// After a block's compute is queued: fetch the next streamed blocks this forward runs (`rest`,
@@ -590,39 +583,25 @@ impl<B: DitOps> Dit<B> {
         next_norm: Option<&B::T>,
     ) -> Result<(B::T, Option<B::T>)> {
         let eps = self.cfg.eps;
-        let qkv = linear(b, "qkv", &y, &mats.qkv)?;
+        let qkv = b.linear(&y, &mats.qkv, None)?;
         drop(y);
         let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
-        let o = linear(b, "o", &att, &mats.o)?;
+        let o = b.linear(&att, &mats.o, None)?;
         drop(att);
-        let (x, y) = b.timed("gated_residual + rms_norm_modulate", || {
-            b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)
-        })?;
+        let (x, y) = b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
         drop(o);
-        let u = linear(b, "up_gate", &y, &mats.ffn_up_gate)?;
+        let u = b.linear(&y, &mats.ffn_up_gate, None)?;
         drop(y);
-        let s = b.timed("situ_glu", || b.situ_glu(&u))?;
+        let s = b.situ_glu(&u)?;
         drop(u);
-        let dn = linear(b, "down", &s, &mats.ffn_down)?;
+        let dn = b.linear(&s, &mats.ffn_down, None)?;
         drop(s);
         match next_norm {
             Some(w) => {
-                let (x, y) = b.timed("gated_residual + rms_norm_modulate", || {
-                    b.gated_residual_norm_modulate(&x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)
-                })?;
+                let (x, y) = b.gated_residual_norm_modulate(&x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)?;
                 Ok((x, Some(y)))
             }
-            None => Ok((b.timed("gated_residual", || b.gated_residual(&x, &dn, &m.gate_ffn))?, None)),
+            None => Ok((b.gated_residual(&x, &dn, &m.gate_ffn)?, None)),
         }
     }
-}
-
-/// A bias-free linear, profiled as `linear WHAT MxKxN` (rows x in x out).
-fn linear<B: DitOps>(b: &B, what: &str, x: &B::T, w: &B::T) -> Result<B::T> {
-    if !b.profiling() {
-        return b.linear(x, w, None);
-    }
-    let (xd, wd) = (b.dims(x), b.dims(w));
-    let rows: usize = xd[..xd.len() - 1].iter().product();
-    b.timed(&format!("linear {what} {rows}x{}x{}", wd[1], wd[0]), || b.linear(x, w, None))
 }

@@ -4,6 +4,7 @@
 //! `x += mixer(input_layernorm(x)); x += mlp(post_attention_layernorm(x))`, the mixer being a
 //! gated full attention (`self_attn`) or a Gated DeltaNet (`linear_attn`); then `norm`.
 
+use crate::backend::ops::encoder::split_cols;
 use crate::backend::ops::EncoderOps;
 use crate::checkpoint::{
     config::{EncoderConfig, LayerType},
@@ -181,7 +182,7 @@ impl<B: EncoderOps> Encoder<B> {
         let first = first_layer.as_ref().map_or(&self.norm, |l| &l.input_layernorm);
         // h: the norm of the residual stream x that the next sublayer reads; each residual add
         // is fused with that norm (the next layer's input_layernorm, or the final norm)
-        let mut h = b.timed("rms_norm", || b.rms_norm(&x, Some(first), eps, true))?;
+        let mut h = b.rms_norm(&x, Some(first), eps, true)?;
         let mut current = first_layer;
         for i in 0..self.layers.len() {
             let layer = match current.take() {
@@ -195,7 +196,9 @@ impl<B: EncoderOps> Encoder<B> {
             };
             (x, h) = b.linear_add_rms_norm(&m, w_out, &x, &layer.post_attention_layernorm, eps)?;
             let ffn = b.dims(&layer.down_proj)[1];
-            let f = b.silu_mul_cols(&b.timed("linear", || b.linear_cat(&h, &layer.mlp_in))?, ffn)?;
+            let y = b.linear_cat(&h, &layer.mlp_in)?;
+            let [gate, up] = split_cols(&y, [ffn, ffn]);
+            let f = b.silu_mul_cols(gate, up)?;
             // The residual add is fused with the next layer's input norm: fetch that layer now.
             current = if i + 1 < self.layers.len() { Some(self.layer(b, i + 1)?) } else { None };
             let next = current.as_ref().map_or(&self.norm, |l| &l.input_layernorm);
@@ -211,7 +214,7 @@ impl<B: EncoderOps> Encoder<B> {
         let c = &self.cfg;
         let hd = c.head_dim;
         let heads = (c.num_attention_heads, c.num_key_value_heads, hd);
-        let y = b.timed("linear", || b.linear_cat(x, &a.qkv))?;
+        let y = b.linear_cat(x, &a.qkv)?;
         let (q, k, v) = b.attn_qkv_norm_rope(&y, heads, &a.q_norm, &a.k_norm, c.rms_norm_eps, c.rotary_dim(), c.rope_theta)?;
         b.causal_attention_gated_y(&q, &k, &v, &y, 1.0 / (hd as f64).sqrt())
     }
@@ -222,14 +225,14 @@ impl<B: EncoderOps> Encoder<B> {
         let l = b.dims(x)[0];
         let (nk, dk, nv, dv) =
             (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
-        // y = [qkv | z | a | b] per token; each op below reads its columns of y
-        let (conv, vd) = (2 * nk * dk + nv * dv, nv * dv);
-        let y = b.timed("linear", || b.linear_cat(x, &d.in_proj))?;
+        // the joined projection: [q | k | v], z, a, b per token
+        let vd = nv * dv;
+        let y = b.linear_cat(x, &d.in_proj)?;
+        let [qkv, z, a, beta_in] = split_cols(&y, [2 * nk * dk + vd, vd, nv, nv]);
         // the conv output holds q, k, v side by side; the delta rule reads them in place
-        // with the DeltaNet gates of its a, b columns (one launch on CUDA)
-        let (qkv, g, beta) = b.conv_gates_cols(&y, (0, conv), &d.conv1d, (conv + vd, conv + vd + nv, nv), &d.a_log, &d.dt_bias)?;
+        let (qkv, g, beta) = b.conv_gates_cols(qkv, &d.conv1d, (a, beta_in), &d.a_log, &d.dt_bias)?;
         let o = b.gated_delta_rule_qkv(&qkv, (nk, dk, nv, dv), &g, &beta)?;
-        let o = b.gated_rms_norm_cols(&o, &y, conv, &d.norm, c.rms_norm_eps)?;
+        let o = b.gated_rms_norm_cols(&o, z, &d.norm, c.rms_norm_eps)?;
         b.reshape(&o, &[l, vd])
     }
 }

@@ -289,27 +289,11 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode`] with the split given.
     pub fn decode_with(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
-        self.with_overflow_fallback(b, || self.decode_once(b, z, split))
+        b.run_decode(|| self.decode_once(b, z, split))
     }
 
-    /// `run` (a decode); again with the convolutions on their full-range kernel when one of
-    /// them reported an overflow ([`VaeOps::conv_overflow`]; one line on stderr). The flag is read
-    /// once, after the decode (which has synchronised to bring its result back anyway).
-    fn with_overflow_fallback<T>(&self, b: &B, run: impl Fn() -> Result<T>) -> Result<T> {
-        b.conv_overflow()?; // a stale flag (an earlier failed decode) is not this decode's
-        let r = run()?;
-        if !b.conv_overflow()? {
-            return Ok(r);
-        }
-        eprintln!("moss: VAE decode: an activation past the fp16 range (|x| > 65504) in the fp16-split convolution; decoding again with the TF32 convolution");
-        b.set_conv_fallback(true);
-        let r = run();
-        b.set_conv_fallback(false);
-        r
-    }
-
-    /// One decode, without the re-run after an fp16 overflow (`moss check`'s planted "flag
-    /// ignored" control; the product always decodes through [`Self::decode_with`]).
+    /// One decode, outside [`VaeOps::run_decode`] (`moss check`'s planted "overflow ignored"
+    /// control; the product always decodes through [`Self::decode_with`]).
     pub fn decode_once(&self, b: &B, z: &Tensor, split: Split) -> Result<Tensor> {
         let gz = b.upload_f32(z)?;
         let mut img = match split {
@@ -348,7 +332,7 @@ impl<B: VaeOps> VaeDecoder<B> {
 
     /// [`VaeDecoder::decode_rgb8_with`], and for a split decode what it kept where.
     pub fn decode_rgb8_report(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {
-        self.with_overflow_fallback(b, || self.decode_rgb8_once(b, z, split))
+        b.run_decode(|| self.decode_rgb8_once(b, z, split))
     }
 
     fn decode_rgb8_once(&self, b: &B, z: &Tensor, split: Split) -> Result<(Vec<u8>, Option<SplitReport>)> {

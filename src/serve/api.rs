@@ -117,6 +117,8 @@ pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens
         skip_window,
         max_tokens,
         precision,
+        quality: None,
+        cut: Default::default(),
     }
 }
 

@@ -15,6 +15,7 @@ use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::options::Precision;
 use crate::pipeline::{self, Progress, Request};
 use crate::tensor::Tensor;
 use anyhow::{bail, Result};
@@ -159,7 +160,7 @@ impl<B: Residency> Engine<B> {
         Ok(Engine { b, ck, encoder, dit, vae, joint_tokens, plan })
     }
 
-    fn conditions(&self, tokens: &[Vec<u32>]) -> Result<(Tensor, Tensor)> {
+    fn conditions(&self, tokens: &[Vec<u32>], precision: Precision) -> Result<(Tensor, Tensor)> {
         let swapped;
         let enc = match &self.encoder {
             Some(e) => e,
@@ -168,7 +169,7 @@ impl<B: Residency> Engine<B> {
                 &swapped
             }
         };
-        let mut hidden = tokens.iter().map(|ids| pipeline::hidden_states(&self.b, enc, ids)).collect::<Result<Vec<_>>>()?;
+        let mut hidden = tokens.iter().map(|ids| pipeline::hidden_states(&self.b, enc, ids, precision)).collect::<Result<Vec<_>>>()?;
         anyhow::ensure!(!hidden.is_empty(), "no prompt tokens");
         let cond = hidden.remove(0);
         let uncond = if hidden.is_empty() { cond.clone() } else { hidden.remove(0) };
@@ -179,7 +180,7 @@ impl<B: Residency> Engine<B> {
         let t0 = Instant::now();
         // The pool is trimmed between the stages as `generate` does, so each stage sees the free
         // memory it sees there, less the resident weights (the VAE's strip plan reads it).
-        let (cond, uncond) = self.conditions(tokens)?;
+        let (cond, uncond) = self.conditions(tokens, req.precision)?;
         self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -187,7 +188,7 @@ impl<B: Residency> Engine<B> {
         self.b.release_cached()?;
         let denoise_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        let bytes = pipeline::picture_bytes(&self.b, &self.vae, &self.ck, req, &z)?;
+        let bytes = pipeline::picture_bytes(&self.b, &self.vae, &self.ck, req, &z, progress)?;
         let decode_s = t2.elapsed().as_secs_f64();
         Ok(Picture { bytes, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64() })
     }

@@ -28,8 +28,6 @@ constexpr int THREADS = 256;
 constexpr int STAGES = 3;
 constexpr int TILE = 128 * D * 2;  // 32 KiB
 constexpr int HALF = 128 * 128;    // bytes of one column half of a tile
-constexpr int SMEM_BYTES = TILE * (1 + 2 * STAGES) + 1024;  // + slack to align the base to 1024
-static_assert(SMEM_BYTES == 230400, "host code launches with 230400 bytes");
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -421,57 +419,3 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
 // No kernel of its own any more (the `wgmma` / `wgmma_serial` DiT kernels were measured slower
 // than attention_ws.cu's and deleted): its helpers serve attention_ws.cu and
 // attention_causal_wgmma.cu.
-
-#ifdef MOSS_ATTN_DEBUG
-// Standalone diagnosis only (bench/attn_bench2.py compiles the cubin with -DMOSS_ATTN_DEBUG): one
-// block, head 0, the first 128 rows of q/k/v (row stride ld). mode 0: out = Q K^T (fp32 128 x 128,
-// the smem-descriptor path); mode 1: out = Q[:, :128] V (Q as the register A operand, V N-major).
-#ifndef MOSS_CHECK_IMAGE
-MOSS_KERNEL void __launch_bounds__(256, 1) moss_attn_wgmma_debug(const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                                                const __nv_bfloat16* v, float* out, int n, int ld,
-                                                                int mode) {
-    using namespace moss_wg;
-    extern __shared__ char smem_raw[];
-    const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
-    const uint32_t sq = base, sk = base + TILE, sv = base + 2 * TILE;
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = (tid >> 5) & 3;
-    load_tile(sq, q, ld, 0, n, 0, tid);
-    load_tile(sk, k, ld, 0, n, 0, tid);
-    load_tile(sv, v, ld, 0, n, 0, tid);
-    cp_commit();
-    cp_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.f;
-    const int g = lane >> 2, t = lane & 3, row = wg * 64 + warp * 16 + g;
-    if (mode == 0) {
-        wg_fence();
-        issue_qk(acc, sq + wg * 64 * 128, sk);
-        wg_commit();
-        wg_wait<0>();
-        pin_all(acc);
-    } else {
-        uint32_t p[32];
-        const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q);
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            p[4 * kk] = q32[((long)row * ld + 16 * kk + 2 * t) / 2];
-            p[4 * kk + 1] = q32[((long)(row + 8) * ld + 16 * kk + 2 * t) / 2];
-            p[4 * kk + 2] = q32[((long)row * ld + 16 * kk + 8 + 2 * t) / 2];
-            p[4 * kk + 3] = q32[((long)(row + 8) * ld + 16 * kk + 8 + 2 * t) / 2];
-        }
-        wg_fence();
-        issue_pv(acc, p, sv);
-        wg_commit();
-        wg_wait<0>();
-        pin_all(acc);
-    }
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) out[(row + 8 * (e >> 1)) * 128 + 8 * i + 2 * t + (e & 1)] = acc[4 * i + e];
-}
-#endif
-#endif

@@ -21,14 +21,16 @@
 // cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e).
 // Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES of dynamic shared memory.
 #include "sm90a/wgmma_attention.cuh"
+#include "../launch.h"
 
 namespace moss_ws {
 using namespace moss_wg;
-constexpr int THREADS = 384;
+constexpr int THREADS = DIT_FLASH_WS_THREADS;
 constexpr int STAGES = 3;
 constexpr int BAR_BYTES = 128;  // mbarriers + the scratch words
 constexpr int SMEM_BYTES = TILE * (1 + 2 * STAGES) + BAR_BYTES + 1024;
-static_assert(SMEM_BYTES == 230528, "host code launches with 230528 bytes");
+static_assert(SMEM_BYTES == DIT_FLASH_WS_SMEM, "the host launches with DIT_FLASH_WS_SMEM (launch.h)");
+static_assert(BM == DIT_FLASH_WS_ROWS && D == DIT_FLASH_HEAD_DIM, "the host's grid: ceil(n / DIT_FLASH_WS_ROWS) x heads");
 
 struct alignas(64) TmaMap {
     uint64_t opaque[16];

@@ -17,19 +17,20 @@
 // BUG 1 (moss_ctl_enc_fattn_wg_bf16): key t + 1 leaks into query t. GATED: out = bf16(bf16(o) ·
 // bf16(σ(gate))) as the mma.sync kernel; BUG 2: the gate read at the KV head.
 #include "sm90a/wgmma_attention.cuh"
+#include "../launch.h"
 
 namespace moss_cwg {
 using namespace moss_wg;
-constexpr int D = 256;
-constexpr int BM = 128;
+constexpr int D = ENC_FLASH_HD;
+constexpr int BM = ENC_FLASH_WG_ROWS;
 constexpr int BN = 64;
-constexpr int THREADS = 256;
+constexpr int THREADS = ENC_FLASH_WG_THREADS;
 constexpr int QCH = BM * 128;                 // bytes of one 64-column chunk of the Q tile
 constexpr int KCH = BN * 128;                 // of a K or V tile
 constexpr int QT = 4 * QCH;                   // 64 KiB
 constexpr int KT = 4 * KCH;                   // 32 KiB
 constexpr int SMEM_BYTES = QT + 4 * KT + 1024;  // + slack to align the base to 1024
-static_assert(SMEM_BYTES == 197632, "host code launches with 197632 bytes");
+static_assert(SMEM_BYTES == ENC_FLASH_WG_SMEM, "the host launches with ENC_FLASH_WG_SMEM (launch.h)");
 
 // d (m64n64 fp32, 32 per thread) = A B (+ d), both from shared memory, K-major.
 __device__ __forceinline__ void wgmma_ss64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {

@@ -1,7 +1,7 @@
 // The gated delta rule's state pass and output in one kernel on Hopper (sm_90a unit): the default
 // after delta_rule_prep (cuda/encoder/delta_rule_prep.cuh) wherever the Hopper kernels are loaded and q, k, v are
-// 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder.rs; MOSS_GDR_STATE=seq takes
-// gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/encoder/delta_rule.cu;
+// 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder/delta_rule.rs; MOSS_KERNELS=portable
+// takes gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/encoder/delta_rule.cu;
 // it reads the prep's scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64],
 // gam [blk][64], and q straight out of the (strided) conv output.
 //
@@ -38,6 +38,7 @@
 // bench/notes-gdrseq.md, notes-gdrtma.md and bench/RESULTS.md.
 // BUG 1 (moss_ctl_enc_gdr_tma_bf16): the state read Q S forgets its decay e^{γ}.
 // Needs dk % 8 == 0, dk, dv ≤ 128, q rows 16-byte aligned (the host checks).
+#include "../launch.h"
 #ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the body as host code with emulated primitives
 #include "elem.cuh"
 #include "mma.cuh"
@@ -45,11 +46,12 @@
 
 namespace moss_gdrt {
 
-constexpr int GC = 64;         // chunk
-constexpr int GD = 128;        // padded head dim
-constexpr int CW = 8;          // compute warps
+constexpr int GC = ENC_GDR_CHUNK;    // chunk
+constexpr int GD = ENC_GDR_MAX_DIM;  // padded head dim
+constexpr int CW = 8;                // compute warps
 constexpr int THREADS = 32 * (CW + 1);
-constexpr int CB = 32;         // value columns per CTA
+static_assert(THREADS == ENC_GDR_TMA_THREADS, "launch.h: ENC_GDR_TMA_THREADS");
+constexpr int CB = ENC_GDR_TMA_COLS;  // value columns per CTA
 constexpr int CL = 2;          // CTAs a cluster (column CTAs of one head)
 constexpr int NSLOT = 3;
 constexpr int SL = GD + 4;     // Sᵀ [CB][SL] (ldmatrix B operand)
@@ -78,7 +80,7 @@ struct TLay {
     static constexpr unsigned TX_B = 6 * PANEL;
 };
 #ifndef GDR_EMU
-static_assert(TLay<__nv_bfloat16>::BYTES == 201776, "src/backend/cuda/encoder.rs launches with 201776 bytes");
+static_assert(TLay<__nv_bfloat16>::BYTES == ENC_GDR_TMA_BYTES, "launch.h: ENC_GDR_TMA_BYTES");
 #endif
 
 // Byte offset of 16-byte chunk ch of row r in a 128-byte-swizzled panel.

@@ -3,7 +3,8 @@
 //! gated against.
 
 use super::Backend;
-use crate::checkpoint::Component;
+use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Term};
 use crate::tensor::Tensor;
 use anyhow::{bail, ensure, Result};
 
@@ -95,7 +96,11 @@ impl Backend for Cpu {
     }
     fn load(&self, c: &Component, name: &str) -> Result<Tensor> {
         let (shape, data) = c.f32(name)?;
-        Tensor::new(shape, data)
+        super::merge_loras(self, &c.loras, &c.full_name(name), c.info(name)?.dtype, Tensor::new(shape, data)?)
+    }
+    fn merge_lora(&self, mut w: Tensor, stored: Dtype, terms: &[Term], _: &MergeClock) -> Result<Tensor> {
+        crate::lora::merge::merge_tensor(&mut w.data, &w.shape, stored, terms)?;
+        Ok(w)
     }
 
     fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {

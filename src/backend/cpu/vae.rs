@@ -370,15 +370,7 @@ impl VaeOps for Cpu {
     }
 
     fn spatial_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        ensure!(q.shape.len() == 3, "spatial_attention: expected [N, L, D], got {:?}", q.shape);
-        ensure!(
-            k.shape == q.shape && v.shape == q.shape,
-            "spatial_attention: q {:?}, k {:?}, v {:?}",
-            q.shape,
-            k.shape,
-            v.shape
-        );
-        let (l, d) = (q.shape[1], q.shape[2]);
+        let (_, l, d) = crate::backend::ops::vae::attention_dims(&q.shape, &k.shape, &v.shape)?;
         let scale = 1.0 / (d as f64).sqrt();
         let mut out = vec![0f32; q.numel()];
         for (ni, out_n) in out.chunks_mut((l * d).max(1)).enumerate() {

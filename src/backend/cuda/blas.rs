@@ -12,20 +12,6 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// A planted bug in the GEMM call, used only by `moss check` to show the linear gates can fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinearBug {
-    None,
-    /// The bias epilogue is left out.
-    NoBias,
-    /// W is read as stored instead of transposed (only shape-valid for square W).
-    NoTranspose,
-    /// fp32 with TF32 tensor-core compute (what the fp32 path must not do).
-    Tf32,
-    /// Only the first half of the reduction (k = K/2 with the leading dimension still K).
-    ShortK,
-}
-
 /// One cuBLASLt product in its own column-major terms: `D [m, n] = alpha · op(A) · op(B)
 /// (+ bias [m])`, optionally strided-batched. Also the cache key of its plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,7 +33,8 @@ pub struct Gemm {
     pub stride_b: i64,
     pub stride_d: i64,
     pub bias: bool,
-    /// fp32 inputs through TF32 tensor cores (only the planted control uses this).
+    /// fp32 inputs through TF32 tensor cores (production never sets it; `moss check`'s planted
+    /// linear does).
     pub tf32: bool,
     /// `D = alpha · op(A) · op(B) + C` (beta 1), C of D's type and layout ([`Blas::gemm_acc`]).
     pub accumulate: bool,
@@ -391,20 +378,9 @@ impl Blas {
         w: u64,
         bias: Option<u64>,
         out: u64,
-        bug: LinearBug,
     ) -> Result<()> {
-        if bug == LinearBug::NoTranspose && n != k {
-            bail!("linear control `NoTranspose` needs a square weight");
-        }
-        let bias = if bug == LinearBug::NoBias { None } else { bias };
         // cuBLAS's m is our n (rows of the column-major result), its n is our rows.
-        let kk = if bug == LinearBug::ShortK { k / 2 } else { k };
-        let mut g = if bug == LinearBug::NoTranspose {
-            Gemm::plain(dtype, dtype, false, false, n, rows, kk, n, k, n)
-        } else {
-            Gemm::plain(dtype, dtype, true, false, n, rows, kk, k, k, n)
-        };
-        g.tf32 = bug == LinearBug::Tf32;
+        let g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, n);
         self.gemm(stream, g, w, x, out, bias, 1.0)
     }
 

@@ -8,13 +8,14 @@ pub mod contract;
 pub mod dit;
 pub mod encoder;
 pub mod gemm_pins;
+pub mod launch;
+pub mod lora;
 pub mod ops;
 pub mod plan;
 pub mod profile;
 pub mod select;
 pub mod vae;
 
-pub use blas::LinearBug;
 pub use ops::{Cuda, CudaTensor, DType};
 pub use plan::MemoryPlan;
 

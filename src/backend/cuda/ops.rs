@@ -9,10 +9,11 @@
 //!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
-use crate::backend::cuda::blas::{Blas, LinearBug};
+use crate::backend::cuda::blas::Blas;
 use super::Gpu;
 use crate::backend::Backend;
 use crate::checkpoint::{Component, Dtype};
+use crate::lora::{plan::MergeClock, Term};
 use crate::options::Precision;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, ensure, Result};
@@ -257,7 +258,7 @@ impl Cuda {
         let mut g = self.inner.vae_flag.lock().unwrap();
         if g.is_none() {
             let t = self.alloc(DType::F32, &[4])?;
-            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
             *g = Some(t);
         }
         Ok(g.as_ref().unwrap().ptr())
@@ -270,7 +271,7 @@ impl Cuda {
         let b = self.download_bytes(t)?;
         let set = b[..4] != [0u8; 4];
         if set {
-            self.write_bytes(t.ptr(), &[0u8; 16], false)?;
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
         }
         Ok(set)
     }
@@ -464,11 +465,11 @@ impl Backend for Cuda {
     }
 
     fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
-        self.upload_as(t, self.act_dtype())
+        self.prof("upload", || self.upload_as(t, self.act_dtype()))
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
-        self.download_with(x, Download::Pinned { drop_tail: false })
+        self.prof("download", || self.download_with(x, Download::Pinned))
     }
 
     fn dims(&self, x: &CudaTensor) -> Vec<usize> {
@@ -476,10 +477,19 @@ impl Backend for Cuda {
     }
 
     fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
-        self.load_with(c, name, false)
+        self.prof("load", || self.load_stacked(c, &[name]))
+    }
+    fn merge_lora(&self, w: CudaTensor, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<CudaTensor> {
+        let want = match stored {
+            Dtype::BF16 => DType::BF16,
+            Dtype::F32 => DType::F32,
+            d => anyhow::bail!("the GPU merges LoRAs into bf16 and f32 weights only, this one is stored as {}", d.name()),
+        };
+        ensure!(w.dtype == want, "LoRA merge: the weight is {} on the device, stored as {}", w.dtype.name(), stored.name());
+        self.merge_lora_timed(w, terms, clock)
     }
     fn load_rows(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
-        self.load_rows_with(c, names, false)
+        self.prof("load", || self.load_stacked(c, names))
     }
     fn load_batch<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
         Ok(self.batch(f)?.0)
@@ -491,29 +501,31 @@ impl Backend for Cuda {
         true
     }
     fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<crate::backend::Behind<Vec<CudaTensor>>> {
-        self.fetch_into_slot(c, slot, groups)
+        self.prof("fetch block weights", || self.fetch_into_slot(c, slot, groups))
     }
     fn free_slot(&self, slot: usize) -> Result<()> {
         self.slot_read_until_now(slot)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
-        self.linear_with(x, w, b, LinearBug::None)
+        // named by its shape (rows x in x out): the DiT's linears tell apart by it
+        let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
+        self.timed_op(name, || self.linear_dense(x, w, b))
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.binary_with("add", a, b, "moss")
+        self.prof("add", || self.binary_with("add", a, b, "moss"))
     }
     fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.binary_with("mul", a, b, "moss")
+        self.prof("mul", || self.binary_with("mul", a, b, "moss"))
     }
     fn silu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.unary_with("silu", x, "moss")
+        self.prof("silu", || self.unary_with("silu", x, "moss"))
     }
     fn sigmoid(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.unary_with("sigmoid", x, "moss")
+        self.prof("sigmoid", || self.unary_with("sigmoid", x, "moss"))
     }
     fn rms_norm(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool) -> Result<CudaTensor> {
-        self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm")
+        self.prof("rms_norm", || self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm"))
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
         ensure!(
@@ -525,13 +537,13 @@ impl Backend for Cuda {
         Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
-        self.narrow_with(x, dim, start, len, "moss")
+        self.prof("narrow", || self.narrow_with(x, dim, start, len, "moss"))
     }
     fn cat(&self, xs: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
-        self.cat_with(xs, dim, "moss")
+        self.prof("cat", || self.cat_with(xs, dim, "moss"))
     }
     fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor> {
-        self.permute_with(x, perm, "moss")
+        self.prof("permute", || self.permute_with(x, perm, "moss"))
     }
 }
 

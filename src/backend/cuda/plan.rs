@@ -46,7 +46,9 @@ impl MemoryPlan {
             .filter(|(k, _)| k.starts_with(&c.prefix))
             .map(|(_, t)| loaded_dtype(t.dtype, precision).size() * t.numel())
             .sum();
-        MemoryPlan::new(c.name, weights)
+        let mut plan = MemoryPlan::new(c.name, weights);
+        plan.reserve += c.loras.scratch_bytes(); // one tensor's LoRA merge at a time
+        plan
     }
 
     pub fn activations(mut self, bytes: usize) -> MemoryPlan {

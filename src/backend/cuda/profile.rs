@@ -1,14 +1,38 @@
 //! The one op profiler of the three networks (`moss bench-dit`, `bench-encode`, `bench-vae`):
-//! while on, every op the backend times ([`Cuda::timed_op`]: the DiT's `DitOps::timed`, the
-//! encoder's ops, the VAE's convolutions, norms and attention) adds a row. Two modes:
+//! while on, every op the backend runs for the model code (the generic ops of `Backend`, the
+//! DiT's, the encoder's and the VAE's ops, each under its own name: [`Cuda::timed_op`]) adds a
+//! row; the model code has no timing calls. An op called inside a timed op is part of the outer
+//! op's row (only the outermost call is timed). Two modes:
 //! [`Mode::Events`] brackets each op with CUDA events and does not synchronise (the forward runs
 //! as it does unprofiled; an op's GPU time is between its events); [`Mode::Synced`] synchronises
 //! before and after each op and takes the wall time between.
 
 use super::ops::Cuda;
 use anyhow::{anyhow, Result};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
+thread_local! {
+    /// Timed ops running on this thread (only the outermost one records).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Marks a timed op running on this thread until dropped.
+struct Nested;
+
+impl Nested {
+    fn enter() -> Nested {
+        DEPTH.with(|d| d.set(d.get() + 1));
+        Nested
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
 
 /// How ops are timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,11 +117,17 @@ pub fn take() -> Result<Profile> {
 }
 
 impl Cuda {
-    /// Run `f`, timed as `op()` while the profile is on.
+    /// Run `f`, one op, timed under the name `op` while the profile is on.
+    pub(crate) fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.timed_op(|| op.to_string(), f)
+    }
+
+    /// Run `f`, timed as `op()` while the profile is on (and no timed op encloses this one).
     pub(crate) fn timed_op<T>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        if !is_on() {
+        if !is_on() || DEPTH.with(|d| d.get()) > 0 {
             return f();
         }
+        let _nested = Nested::enter();
         let mode = match STATE.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             Some((m, _)) => *m,
             None => return f(),

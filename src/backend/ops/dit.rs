@@ -67,18 +67,6 @@ pub trait DitOps: Backend {
         eps: f64,
     ) -> Result<(Self::T, Self::T)>;
 
-    /// Whether [`DitOps::timed`] records anything (so callers build profile keys only then).
-    fn profiling(&self) -> bool {
-        false
-    }
-
-    /// Run `f`, one op of the DiT forward, under the name `op` for the CUDA backend's op
-    /// profile (`moss bench-dit`); elsewhere just `f()`.
-    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        let _ = op;
-        f()
-    }
-
     /// Bidirectional softmax attention, no mask, flash style (no `[N, N]` matrix needs to exist).
     /// `q`, `k`, `v` `[N, H, hd]` → `[N, H, hd]`:
     /// `out[n, h] = Σ_j softmax_j(scale · q[n,h]·k[j,h]) · v[j,h]`.

@@ -7,6 +7,32 @@
 use crate::backend::Backend;
 use anyhow::Result;
 
+/// Columns `start..start + len` of `of [L, N]`: one block of a joined projection's output
+/// ([`EncoderOps::linear_cat`]). The `*_cols` ops take their inputs as such blocks; the CUDA
+/// backend reads them in place, the CPU twin narrows them out.
+pub struct Cols<'a, T> {
+    pub of: &'a T,
+    pub start: usize,
+    pub len: usize,
+}
+
+impl<T> Clone for Cols<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Cols<'_, T> {}
+
+/// `y`'s column blocks of the given widths, left to right from column 0.
+pub fn split_cols<T, const N: usize>(y: &T, widths: [usize; N]) -> [Cols<'_, T>; N] {
+    let mut start = 0;
+    widths.map(|len| {
+        let c = Cols { of: y, start, len };
+        start += len;
+        c
+    })
+}
+
 /// Ops the encoder needs beyond the generic set.
 pub trait EncoderOps: Backend {
     /// Token embedding: `out[t, :] = table[ids[t], :]`. `table [vocab, hidden]` → `[L, hidden]`.
@@ -75,7 +101,7 @@ pub trait EncoderOps: Backend {
         let d = self.dims(q);
         anyhow::ensure!(d.len() == 3, "causal_attention_gated_y: q {d:?} is not [L, H, hd]");
         let (l, nh, hd) = (d[0], d[1], d[2]);
-        let qg = self.reshape(&self.timed("narrow", || self.narrow(y, 1, 0, nh * 2 * hd))?, &[l, nh, 2 * hd])?;
+        let qg = self.reshape(&self.narrow(y, 1, 0, nh * 2 * hd)?, &[l, nh, 2 * hd])?;
         self.causal_attention_gated(q, k, v, &qg, scale)
     }
 
@@ -156,54 +182,47 @@ pub trait EncoderOps: Backend {
         self.cat(&ys.iter().collect::<Vec<_>>(), 1)
     }
 
-    /// [`EncoderOps::causal_conv1d_silu`] of the columns `start..start + c` of `y [L, N]`
-    /// → `[L, c]`. Default: narrowed out, then the op; CUDA reads them in place.
-    fn causal_conv1d_silu_cols(&self, y: &Self::T, start: usize, c: usize, w: &Self::T) -> Result<Self::T> {
-        self.causal_conv1d_silu(&self.narrow(y, 1, start, c)?, w)
+    /// The column block `c` as a tensor `[L, c.len]` (a copy).
+    fn cols(&self, c: Cols<'_, Self::T>) -> Result<Self::T> {
+        self.narrow(c.of, 1, c.start, c.len)
     }
 
-    /// [`EncoderOps::gdn_gates`] of `a` = columns `a0..a0 + hv` and `b` = columns `b0..b0 + hv` of
-    /// `y [L, N]`. Default: narrowed out, then the op; CUDA reads them in place.
-    fn gdn_gates_cols(
-        &self,
-        y: &Self::T,
-        (a0, b0, hv): (usize, usize, usize),
-        a_log: &Self::T,
-        dt_bias: &Self::T,
-    ) -> Result<(Self::T, Self::T)> {
-        self.gdn_gates(&self.narrow(y, 1, a0, hv)?, &self.narrow(y, 1, b0, hv)?, a_log, dt_bias)
+    /// [`EncoderOps::causal_conv1d_silu`] of the column block `x` → `[L, x.len]`.
+    fn causal_conv1d_silu_cols(&self, x: Cols<'_, Self::T>, w: &Self::T) -> Result<Self::T> {
+        self.causal_conv1d_silu(&self.cols(x)?, w)
     }
 
-    /// [`EncoderOps::causal_conv1d_silu_cols`] of columns `start..start + c` and
-    /// [`EncoderOps::gdn_gates_cols`] of `gates` = `(a0, b0, hv)` of the same `y` → `(conv, g,
-    /// beta)`. Default: the two ops; CUDA: one launch (the gates as extra blocks of the conv's).
-    #[allow(clippy::too_many_arguments)]
+    /// [`EncoderOps::gdn_gates`] of the column blocks `a` and `b` (Hv columns each).
+    fn gdn_gates_cols(&self, a: Cols<'_, Self::T>, b: Cols<'_, Self::T>, a_log: &Self::T, dt_bias: &Self::T) -> Result<(Self::T, Self::T)> {
+        self.gdn_gates(&self.cols(a)?, &self.cols(b)?, a_log, dt_bias)
+    }
+
+    /// [`EncoderOps::causal_conv1d_silu_cols`] of `x` and [`EncoderOps::gdn_gates_cols`] of `a`,
+    /// `b` → `(conv, g, beta)`. Default: the two ops; CUDA: one launch (the gates as extra blocks
+    /// of the conv's) where the blocks are columns of one tensor.
     fn conv_gates_cols(
         &self,
-        y: &Self::T,
-        (start, c): (usize, usize),
+        x: Cols<'_, Self::T>,
         w: &Self::T,
-        gates: (usize, usize, usize),
+        (a, b): (Cols<'_, Self::T>, Cols<'_, Self::T>),
         a_log: &Self::T,
         dt_bias: &Self::T,
     ) -> Result<(Self::T, Self::T, Self::T)> {
-        let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
-        let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
+        let conv = self.causal_conv1d_silu_cols(x, w)?;
+        let (g, beta) = self.gdn_gates_cols(a, b, a_log, dt_bias)?;
         Ok((conv, g, beta))
     }
 
-    /// [`EncoderOps::gated_rms_norm`] of `x [L, Hv, dv]` with `z` = columns `z0..z0 + Hv·dv` of
-    /// `y [L, N]`. Default: narrowed out, then the op; CUDA reads z in place.
-    fn gated_rms_norm_cols(&self, x: &Self::T, y: &Self::T, z0: usize, w: &Self::T, eps: f64) -> Result<Self::T> {
-        let d = self.dims(x);
-        let z = self.reshape(&self.narrow(y, 1, z0, d[1..].iter().product())?, &d)?;
+    /// [`EncoderOps::gated_rms_norm`] of `x [L, Hv, dv]` with `z` the column block of Hv·dv
+    /// columns.
+    fn gated_rms_norm_cols(&self, x: &Self::T, z: Cols<'_, Self::T>, w: &Self::T, eps: f64) -> Result<Self::T> {
+        let z = self.reshape(&self.cols(z)?, &self.dims(x))?;
         self.gated_rms_norm(x, &z, w, eps)
     }
 
-    /// [`EncoderOps::silu_mul`] of gate = columns `0..f` and up = columns `f..2f` of `y [L, 2f]`
-    /// → `[L, f]`. Default: narrowed out, then the op; CUDA reads them in place.
-    fn silu_mul_cols(&self, y: &Self::T, f: usize) -> Result<Self::T> {
-        self.silu_mul(&self.narrow(y, 1, 0, f)?, &self.narrow(y, 1, f, f)?)
+    /// [`EncoderOps::silu_mul`] of the column blocks `gate` and `up` → `[L, gate.len]`.
+    fn silu_mul_cols(&self, gate: Cols<'_, Self::T>, up: Cols<'_, Self::T>) -> Result<Self::T> {
+        self.silu_mul(&self.cols(gate)?, &self.cols(up)?)
     }
 
     /// A sublayer's output projection, the residual add and the next norm:
@@ -212,15 +231,8 @@ pub trait EncoderOps: Backend {
     /// the residual in the GEMM's epilogue (`x'` rounded once, from the fp32 product) and runs
     /// the norm alone.
     fn linear_add_rms_norm(&self, a: &Self::T, w: &Self::T, res: &Self::T, w_norm: &Self::T, eps: f64) -> Result<(Self::T, Self::T)> {
-        let h = self.timed("linear", || self.linear(a, w, None))?;
+        let h = self.linear(a, w, None)?;
         self.add_rms_norm(res, &h, w_norm, eps)
-    }
-
-    /// Run `f`, one of the encoder's generic ops (linears, norms, adds, copies), under the name
-    /// `op` for the CUDA backend's op profile (`moss bench-encode`); elsewhere just `f()`.
-    fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        let _ = op;
-        f()
     }
 }
 
@@ -237,9 +249,9 @@ pub fn causal_attention_gated_unfused<B: EncoderOps + ?Sized>(
     let d = b.dims(q);
     anyhow::ensure!(d.len() == 3, "causal_attention_gated: q {d:?} is not [L, H, hd]");
     let (l, nh, hd) = (d[0], d[1], d[2]);
-    let gate = b.reshape(&b.timed("narrow", || b.narrow(qg, 2, hd, hd))?, &[l, nh * hd])?;
+    let gate = b.reshape(&b.narrow(qg, 2, hd, hd)?, &[l, nh * hd])?;
     let o = b.causal_attention(q, k, v, scale)?;
-    b.timed("attn_gate", || b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?))
+    b.mul(&b.reshape(&o, &[l, nh * hd])?, &b.sigmoid(&gate)?)
 }
 
 /// [`EncoderOps::attn_qkv_norm_rope`] as separate ops: q (out of q_proj's per-head [q | gate]
@@ -258,12 +270,10 @@ pub fn attn_qkv_split<B: EncoderOps + ?Sized>(
     let d = b.dims(y);
     anyhow::ensure!(d.len() == 2 && d[1] == (2 * nh + 2 * nkv) * hd, "attn_qkv: y {d:?} for {nh} + {nkv} heads of {hd}");
     let l = d[0];
-    let q = b.timed("narrow", || {
-        let qg = b.reshape(&b.narrow(y, 1, 0, 2 * nh * hd)?, &[l, nh, 2 * hd])?;
-        b.narrow(&qg, 2, 0, hd)
-    })?;
-    let k = b.reshape(&b.timed("narrow", || b.narrow(y, 1, 2 * nh * hd, nkv * hd))?, &[l, nkv, hd])?;
-    let v = b.reshape(&b.timed("narrow", || b.narrow(y, 1, (2 * nh + nkv) * hd, nkv * hd))?, &[l, nkv, hd])?;
+    let qg = b.reshape(&b.narrow(y, 1, 0, 2 * nh * hd)?, &[l, nh, 2 * hd])?;
+    let q = b.narrow(&qg, 2, 0, hd)?;
+    let k = b.reshape(&b.narrow(y, 1, 2 * nh * hd, nkv * hd)?, &[l, nkv, hd])?;
+    let v = b.reshape(&b.narrow(y, 1, (2 * nh + nkv) * hd, nkv * hd)?, &[l, nkv, hd])?;
     let q = b.head_norm_rope(&q, wq, eps, rot, theta)?;
     let k = b.head_norm_rope(&k, wk, eps, rot, theta)?;
     Ok((q, k, v))

@@ -148,16 +148,12 @@ pub trait VaeOps: Backend {
     /// and torch's rounding of the reference).
     fn to_rgb8(&self, x: &Self::T) -> Result<Vec<u8>>;
 
-    /// Whether a convolution since the last call met a value outside its fast kernel's range
-    /// (CUDA's fp16-split conv: an activation with |x| > 65504); clears the
-    /// flag. Waits for the backend. The decoder then decodes again with
-    /// [`VaeOps::set_conv_fallback`] on.
-    fn conv_overflow(&self) -> Result<bool> {
-        Ok(false)
+    /// Run `decode`, one whole decode on this backend. A backend whose fast kernels have a
+    /// limited range runs it again on full-range ones when they met a value outside it (CUDA: the
+    /// fp16-split convolutions, re-run on split TF32). Default: once.
+    fn run_decode<R>(&self, decode: impl Fn() -> Result<R>) -> Result<R> {
+        decode()
     }
-
-    /// Run the convolutions on the full-range kernel (CUDA: the split-TF32 halo kernel) while on.
-    fn set_conv_fallback(&self, _on: bool) {}
 }
 
 /// GroupNorm statistics, part 2 (host, f64, a fixed order): the per-row partials `rows`
@@ -252,4 +248,10 @@ impl HostPicture {
         self.c = c;
         Ok(())
     }
+}
+
+/// `(N, L, D)` of `spatial_attention`'s q, k, v: `[N, L, D]` each, one shape.
+pub fn attention_dims(q: &[usize], k: &[usize], v: &[usize]) -> anyhow::Result<(usize, usize, usize)> {
+    anyhow::ensure!(q.len() == 3 && k == q && v == q, "spatial_attention: q {q:?}, k {k:?}, v {v:?} (expected [N, L, D] each)");
+    Ok((q[0], q[1], q[2]))
 }

@@ -3,7 +3,6 @@
 
 use super::gates::*;
 use crate::backend::cuda::ops::{CudaTensor, DType};
-use crate::backend::cpu::dot;
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use crate::tensor::{rel_l2, Tensor};
@@ -74,32 +73,9 @@ fn gate_qk_rope(cx: &mut Cx) -> Result<()> {
 
 /// The CPU twin's attention (f64 scores, max, exp-weighted sum) for the query `rows` only.
 pub(crate) fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
-    let (n, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (nh, hd) = (q.shape[1], q.shape[2]);
     let mut out = vec![0f32; rows.len() * nh * hd];
-    crate::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
-        let i = rows[r];
-        let mut s = vec![0f64; n];
-        for h in 0..nh {
-            let qr = &q.data[(i * nh + h) * hd..][..hd];
-            let mut max = f64::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = scale * dot(qr, &k.data[(j * nh + h) * hd..][..hd]);
-                max = max.max(*sj);
-            }
-            let mut acc = vec![0f64; hd];
-            let mut sum = 0f64;
-            for (j, &sj) in s.iter().enumerate() {
-                let p = (sj - max).exp();
-                sum += p;
-                for (a, &vv) in acc.iter_mut().zip(&v.data[(j * nh + h) * hd..][..hd]) {
-                    *a += p * vv as f64;
-                }
-            }
-            for (o, a) in row[h * hd..(h + 1) * hd].iter_mut().zip(&acc) {
-                *o = (a / sum) as f32;
-            }
-        }
-    });
+    crate::backend::cpu::par_rows(&mut out, nh * hd, |r, row| crate::backend::cpu::dit::attention_row(q, k, v, scale, rows[r], row));
     Tensor::new(vec![rows.len(), nh * hd], out)
 }
 
@@ -182,14 +158,14 @@ fn gate_cfg_euler(cx: &mut Cx) -> Result<()> {
     let (g, ds) = (3.0f32, -0.05f32);
     let s = shape_str(&[&shape]);
     let want = cx.cpu.cfg_euler(&x, &c, Some(&u), g, ds)?;
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, Some(&gu), g, ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, Some(&gu), g, ds);
     cx.judge("cfg_euler", &s, Kind::Gate, F32_ELEMENTWISE, "", out, &want, None);
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, Some(&gu), g, ds, true);
+    let out = cx.cuda.cfg_euler(&gx, &gu, Some(&gc), g, ds);
     cx.judge("cfg_euler, cond and uncond swapped", &s, Kind::Control, F32_ELEMENTWISE, "", out, &want, None);
     let want = cx.cpu.cfg_euler(&x, &c, None, g, ds)?;
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, None, g, ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, None, g, ds);
     cx.judge("cfg_euler (no uncond)", &s, Kind::Gate, F32_ELEMENTWISE, "", out, &want, None);
-    let out = cx.cuda.cfg_euler_with(&gx, &gc, None, g, -ds, false);
+    let out = cx.cuda.cfg_euler(&gx, &gc, None, g, -ds);
     cx.judge("cfg_euler stepping backwards", &s, Kind::Control, F32_ELEMENTWISE, "", out, &want, None);
     Ok(())
 }

@@ -6,7 +6,7 @@
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::backend::cuda::encoder::delta_rule::gdr_seq_smem;
 use crate::backend::cuda::encoder::delta_rule_compact::{pick_state_pass, StatePass};
-use crate::backend::cuda::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
+use crate::backend::cuda::encoder::{EncAttn, GdrPath, GdrPrefix, ATTN_TILED_MAX};
 use crate::backend::cuda::ops::{CudaTensor, DType};
 use crate::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use crate::backend::ops::encoder::DELTA_CHUNK;
@@ -250,6 +250,11 @@ fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// The delta rule with the planted twin (check image) of its state pass / output kernel.
+const PASS_CONTROL: GdrPrefix = GdrPrefix { prep: "moss_enc", pass: "moss_ctl_enc" };
+/// The delta rule with the planted twin of its bf16 prep, the rest correct.
+const PREP_CONTROL: GdrPrefix = GdrPrefix { prep: "moss_ctl_enc", pass: "moss_enc" };
+
 /// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
 /// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
 /// Every kernel the delta rule can take is gated with its planted control: bf16 `delta_rule_prep`
@@ -302,7 +307,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         if bf16 {
             let (b, note) = (BF16_OUT, "bf16 prep, TF32 state pass, fp32 state");
             // what the model runs (the Hopper kernel there)
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
             cx.judge("enc gated_delta_rule (the default path), strided", &s2, Kind::Gate, b, note, out, &want, None);
             let mut paths = vec![];
             if tma {
@@ -313,34 +318,36 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             }
             paths.push((GdrPath::Compact, "seq_compact + out_compact (<= 96 KiB)"));
             for (path, name) in paths {
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", path);
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), path);
                 cx.judge(&format!("enc gated_delta_rule {name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", path);
+                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, path);
                 cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", path);
+                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), path);
                 cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
             // delta_rule_prep's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::PrepCtl);
+            // (after it the wide state pass where it fits this GPU, else the compact one)
+            let after_prep = if wide { GdrPath::Tc } else { GdrPath::Compact };
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PREP_CONTROL, after_prep);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {
             // fp32: the SIMT chunk kernels
             let (b, note) = (F32_DELTA, "fp32 SIMT");
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
             cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc", GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, PASS_CONTROL, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT), q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT) strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             // the compact pair (<= 96 KiB a block, fp32 FMA), on every GPU
             let (name, note) = ("enc gated_delta_rule seq_compact + out_compact (<= 96 KiB)", "fp32 FMA");
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_enc", GdrPath::Compact);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
             cx.judge(&format!("{name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, "moss_ctl_enc", GdrPath::Compact);
+            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Compact);
             cx.judge(&format!("{name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc", GdrPath::Compact);
+            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
             cx.judge(&format!("{name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
         }
         // the one-kernel sequential version (head dims above GDR_MAX_DIM, unaligned bf16 rows)

@@ -8,6 +8,7 @@ use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENT
 use crate::backend::cuda::check::encoder::enc;
 use crate::backend::cuda::encoder::row_ops::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
 use crate::backend::cuda::ops::DType;
+use crate::backend::ops::encoder::Cols;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -37,8 +38,8 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
         let al = bf16_exact((0..V_HEADS).map(|_| (0.5 + 15.5 * cx.rng.uniform()).ln() as f32).collect());
         let dt = bf16_exact(cx.rng.normals(V_HEADS, 4.0));
         let (al, dt) = (Tensor::new(vec![V_HEADS], al)?, Tensor::new(vec![V_HEADS], dt)?);
-        let want = cx.cpu.causal_conv1d_silu_cols(&y, 0, CONV, &w)?;
-        let (wg, wb) = cx.cpu.gdn_gates_cols(&y, cols, &al, &dt)?;
+        let want = cx.cpu.causal_conv1d_silu_cols(Cols { of: &y, start: 0, len: CONV }, &w)?;
+        let (wg, wb) = cx.cpu.gdn_gates_cols(Cols { of: &y, start: cols.0, len: cols.2 }, Cols { of: &y, start: cols.1, len: cols.2 }, &al, &dt)?;
         let sy = format!("columns of {l}x{n}");
         let bc = cx.out_bound(F32_TRANSCENDENTAL);
         for gdt in [DType::F32, DType::BF16] {
@@ -80,7 +81,7 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
     for l in LENGTHS {
         // silu_mul
         let (y2, gy2) = cx.input(&[l, 2 * FFN], 1.5)?;
-        let want = cx.cpu.silu_mul_cols(&y2, FFN)?;
+        let want = cx.cpu.silu_mul_cols(Cols { of: &y2, start: 0, len: FFN }, Cols { of: &y2, start: FFN, len: FFN })?;
         let s2 = format!("halves of {l}x{}", 2 * FFN);
         let b = cx.out_bound(F32_ELEMENTWISE);
         let out = some(cx.cuda.silu_mul8v_with(&gy2, FFN, "moss_enc"));
@@ -95,7 +96,7 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let (y, gy) = cx.input(&[l, n], 1.5)?;
         let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
         let (wn, gwn) = cx.input(&[DV], 1.0)?;
-        let want = cx.cpu.gated_rms_norm_cols(&x, &y, CONV, &wn, EPS)?;
+        let want = cx.cpu.gated_rms_norm_cols(&x, Cols { of: &y, start: CONV, len: vd }, &wn, EPS)?;
         let sy = format!("columns of {l}x{n}");
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
         for k in GRMS {

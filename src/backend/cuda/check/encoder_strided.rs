@@ -5,7 +5,8 @@
 
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::backend::cuda::check::encoder::enc;
-use crate::backend::cuda::ops::{CudaTensor, DType};
+use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
+use crate::backend::ops::encoder::Cols;
 use crate::backend::ops::EncoderOps;
 use crate::tensor::Tensor;
 use anyhow::{anyhow, Result};
@@ -77,7 +78,7 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         let sy = format!("columns of {l}x{n}");
         // conv of columns 0..CONV
         let (w, gw) = cx.input(&[CONV, 1, CONV_K], 0.5)?;
-        let want = cx.cpu.causal_conv1d_silu_cols(&y, 0, CONV, &w)?;
+        let want = cx.cpu.causal_conv1d_silu_cols(Cols { of: &y, start: 0, len: CONV }, &w)?;
         let b = cx.out_bound(F32_TRANSCENDENTAL);
         let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_enc");
         cx.judge("enc causal_conv1d_silu, strided", &sy, Kind::Gate, b, "", out, &want, None);
@@ -88,7 +89,7 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         let (al, gal) = cx.exact(Tensor::new(vec![V_HEADS], al)?, DType::F32)?;
         let (dt, gdt) = cx.input_as(&[V_HEADS], 4.0, DType::F32)?;
         let cols = (CONV + vd, CONV + vd + V_HEADS, V_HEADS);
-        let (wg, wb) = cx.cpu.gdn_gates_cols(&y, cols, &al, &dt)?;
+        let (wg, wb) = cx.cpu.gdn_gates_cols(Cols { of: &y, start: cols.0, len: cols.2 }, Cols { of: &y, start: cols.1, len: cols.2 }, &al, &dt)?;
         let (g, beta) = match cx.cuda.gdn_gates_cols_with(&gy, cols, &gal, &gdt, "moss_enc") {
             Ok((g, b)) => (Ok(g), Ok(b)),
             Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
@@ -100,7 +101,7 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         // gated RMSNorm with z = columns CONV..CONV+vd
         let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
         let (wn, gwn) = cx.input(&[DV], 1.0)?;
-        let want = cx.cpu.gated_rms_norm_cols(&x, &y, CONV, &wn, EPS)?;
+        let want = cx.cpu.gated_rms_norm_cols(&x, Cols { of: &y, start: CONV, len: vd }, &wn, EPS)?;
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
         let out = cx.cuda.gated_rms_norm_cols_with(&gx, &gy, CONV, &gwn, EPS, "moss_enc");
         cx.judge("enc gated_rms_norm, z strided", &sy, Kind::Gate, b, "", out, &want, None);
@@ -108,7 +109,7 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         cx.judge("enc gated_rms_norm z strided, sigmoid gate", &sy, Kind::Control, b, "", out, &want, None);
         // silu_mul of the two halves of [L, 2·FFN]
         let (y2, gy2) = cx.input(&[l, 2 * FFN], 1.5)?;
-        let want = cx.cpu.silu_mul_cols(&y2, FFN)?;
+        let want = cx.cpu.silu_mul_cols(Cols { of: &y2, start: 0, len: FFN }, Cols { of: &y2, start: FFN, len: FFN })?;
         let s2 = format!("halves of {l}x{}", 2 * FFN);
         let b = cx.out_bound(F32_ELEMENTWISE);
         let out = cx.cuda.silu_mul_cols_with(&gy2, FFN, "moss_enc");
@@ -117,6 +118,15 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         cx.judge("enc silu_mul halves, gate and up swapped", &s2, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
+}
+
+/// The control of `linear_add_rms_norm`'s x': its GEMM (`linear_into`) with the residual left
+/// out of the epilogue.
+fn linear_without_residual(cu: &Cuda, a: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+    let (n, k, rows) = (w.shape[0], w.shape[1], a.rows());
+    let xo = cu.alloc(w.dtype, &[rows, n])?;
+    cu.blas().linear_into(&cu.gpu().stream, w.dtype, (rows, n, k), a.ptr(), w.ptr(), None, xo.ptr(), n)?;
+    Ok(xo)
 }
 
 /// The output projections with the residual in the GEMM epilogue, then the norm alone: o_proj /
@@ -135,15 +145,15 @@ pub fn gate_linear_add(cx: &mut Cx) -> Result<()> {
             let s = format!("{l}x{k} · {k}x{HIDDEN} + {l}x{HIDDEN}");
             let note = format!("CPU on {} of {l} rows", rows.len());
             let b = cx.out_bound(F32_GEMM);
-            let (ox, on) = match cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc", false) {
+            let (ox, on) = match cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc") {
                 Ok((x, n)) => (Ok(x), Ok(n)),
                 Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
             };
             cx.judge("enc linear_add_rms_norm: res + a·wᵀ (epilogue)", &s, Kind::Gate, b, &note, ox, &wx, Some(&rows));
             cx.judge("enc linear_add_rms_norm: norm (rms1)", &s, Kind::Gate, b, &note, on, &wnrm, Some(&rows));
-            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc", true).map(|(x, _)| x);
+            let out = linear_without_residual(&cx.cuda, &ga, &gw);
             cx.judge("enc linear_add_rms_norm, residual left out", &s, Kind::Control, b, &note, out, &wx, Some(&rows));
-            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_ctl_enc", false).map(|(_, n)| n);
+            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_ctl_enc").map(|(_, n)| n);
             cx.judge("enc linear_add_rms_norm, norm weight without 1 +", &s, Kind::Control, b, &note, out, &wnrm, Some(&rows));
         }
     }

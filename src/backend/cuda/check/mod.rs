@@ -9,5 +9,6 @@ pub mod encoder_attention;
 pub mod encoder_rows;
 pub mod encoder_strided;
 pub mod gates;
+pub mod lora;
 pub mod tensor;
 pub mod vae;

@@ -2,8 +2,8 @@
 //! narrow, cat, permute) against the CPU backend, each with its planted control.
 
 use super::gates::*;
-use crate::backend::cuda::blas::LinearBug;
-use crate::backend::cuda::ops::DType;
+use crate::backend::cuda::blas::Gemm;
+use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
 use crate::backend::Backend;
 use crate::tensor::{rel_l2, Tensor};
 use anyhow::{anyhow, Result};
@@ -52,13 +52,16 @@ fn gate_upload(cx: &mut Cx) -> Result<()> {
     if cx.dtype != DType::BF16 {
         return Ok(());
     }
-    let n = crate::backend::cuda::ops::STAGING_CHUNK * 5 / 2 / 2 + 77; // bf16 values, an odd tail
+    use crate::backend::cuda::ops::STAGING_CHUNK;
+    let n = STAGING_CHUNK * 5 / 2 / 2 + 77; // bf16 values, an odd tail
     let s = format!("{n} bf16 (staged)");
     let t = round_bf16(&Tensor::new(vec![n], cx.rng.normals(n, 1.0))?);
     let bytes = crate::backend::cuda::ops::to_bytes(&t.data, DType::BF16);
-    for (kind, drop_tail, what) in [(Kind::Gate, false, "upload (pinned staging)"), (Kind::Control, true, "staging drops the last chunk")] {
+    // The control: the same staged copy without its last chunk.
+    let head = (bytes.len() - 1) / STAGING_CHUNK * STAGING_CHUNK;
+    for (kind, copied, what) in [(Kind::Gate, &bytes[..], "upload (pinned staging)"), (Kind::Control, &bytes[..head], "staging drops the last chunk")] {
         let out = cx.cuda.alloc(DType::BF16, &[n]).and_then(|o| {
-            cx.cuda.write_bytes(o.ptr(), &bytes, drop_tail)?;
+            cx.cuda.write_bytes(o.ptr(), copied)?;
             Ok(o)
         });
         cx.judge(what, &s, kind, EXACT, "", out, &t, None);
@@ -75,15 +78,18 @@ fn gate_download(cx: &mut Cx) -> Result<()> {
     let n = DOWNLOAD_CHUNK * 7 / 2 / es + 77;
     let s = format!("{n} {} ({} chunks)", cx.dtype.name(), (n * es).div_ceil(DOWNLOAD_CHUNK));
     let (t, g) = cx.input(&[n], 1.0)?;
-    let modes = [
-        (Kind::Gate, Download::Pageable, "download (pageable)"),
-        (Kind::Gate, Download::Pinned { drop_tail: false }, "download (pinned chunks)"),
-        (Kind::Control, Download::Pinned { drop_tail: true }, "pinned download drops the last chunk"),
+    // The control: the pinned download without its last chunk.
+    let head = (n * es - 1) / DOWNLOAD_CHUNK * DOWNLOAD_CHUNK;
+    let cu = cx.cuda.clone();
+    let modes: [(Kind, &dyn Fn() -> Result<Tensor>, &str); 3] = [
+        (Kind::Gate, &|| cu.download_with(&g, Download::Pageable), "download (pageable)"),
+        (Kind::Gate, &|| cu.download_with(&g, Download::Pinned), "download (pinned chunks)"),
+        (Kind::Control, &|| cu.download_pinned(&g, head), "pinned download drops the last chunk"),
     ];
-    for (kind, mode, what) in modes {
+    for (kind, download, what) in modes {
         // Twice: the second call reuses the slots and their events.
         for rep in 0..2 {
-            let error = match cx.cuda.download_with(&g, mode) {
+            let error = match download() {
                 Ok(h) if h.data.len() != t.data.len() || h.shape != t.shape => f64::NAN,
                 Ok(h) if h.data.iter().any(|v| !v.is_finite()) => f64::NAN,
                 Ok(h) => rel_l2(&h.data, &t.data),
@@ -96,6 +102,23 @@ fn gate_download(cx: &mut Cx) -> Result<()> {
 }
 
 /// Every tensor of the checkpoint's transformer and vae, loaded, against the CPU loader.
+/// `load` with the stored bytes written one element late (bf16 and f32 tensors; others load
+/// as they are).
+fn load_one_late(cu: &Cuda, c: &crate::checkpoint::Component, name: &str) -> Result<CudaTensor> {
+    use crate::checkpoint::Dtype;
+    let info = c.info(name)?;
+    let stored = match info.dtype {
+        Dtype::BF16 => DType::BF16,
+        Dtype::F32 => DType::F32,
+        _ => return cu.load(c, name),
+    };
+    let t = cu.alloc(stored, &info.shape)?;
+    let bytes = c.store.bytes(info);
+    let es = stored.size().min(bytes.len());
+    cu.write_bytes(t.ptr() + es as u64, &bytes[..bytes.len() - es])?;
+    cu.cast(&t, crate::backend::cuda::ops::loaded_dtype(info.dtype, cu.precision))
+}
+
 fn gate_load(cx: &mut Cx) -> Result<()> {
     let Some(ck) = cx.ck.clone() else { return Ok(()) };
     for comp in ["transformer", "vae"] {
@@ -114,7 +137,8 @@ fn gate_load(cx: &mut Cx) -> Result<()> {
         for shift in [false, true] {
             let mut data = vec![];
             for name in &names {
-                match cx.cuda.load_with(&c, name, shift).and_then(|g| cx.cuda.download(&g)) {
+                let loaded = if shift { load_one_late(&cx.cuda, &c, name) } else { cx.cuda.load(&c, name) };
+                match loaded.and_then(|g| cx.cuda.download(&g)) {
                     Ok(t) => data.extend(t.data),
                     Err(e) => bad.push(format!("{name}: {e:#}")),
                 }
@@ -140,6 +164,38 @@ fn gate_load(cx: &mut Cx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A planted bug in `linear`'s cuBLASLt call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinearBug {
+    /// The bias epilogue is left out.
+    NoBias,
+    /// W is read as stored instead of transposed (only shape-valid for square W).
+    NoTranspose,
+    /// fp32 with TF32 tensor-core compute (what the fp32 path must not do).
+    Tf32,
+    /// Only the first half of the reduction (k = K/2 with the leading dimension still K).
+    ShortK,
+}
+
+/// `linear` (x, w, b of one dtype, as the gate makes them) with `bug` in its cuBLASLt product.
+fn linear_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, bug: LinearBug) -> Result<CudaTensor> {
+    let (n, k) = (w.shape[0], w.shape[1]);
+    anyhow::ensure!(bug != LinearBug::NoTranspose || n == k, "linear control `NoTranspose` needs a square weight");
+    let (dt, rows) = (w.dtype, x.rows());
+    let out = cu.alloc(dt, &[rows, n])?;
+    let bias = b.filter(|_| bug != LinearBug::NoBias).map(|b| b.ptr());
+    // cuBLAS's m is our n (rows of the column-major result), its n is our rows.
+    let kk = if bug == LinearBug::ShortK { k / 2 } else { k };
+    let mut g = if bug == LinearBug::NoTranspose {
+        Gemm::plain(dt, dt, false, false, n, rows, kk, n, k, n)
+    } else {
+        Gemm::plain(dt, dt, true, false, n, rows, kk, k, k, n)
+    };
+    g.tf32 = bug == LinearBug::Tf32;
+    cu.blas().gemm(&cu.gpu().stream, g, w.ptr(), x.ptr(), out.ptr(), bias, 1.0)?;
+    Ok(out)
 }
 
 fn gate_linear(cx: &mut Cx) -> Result<()> {
@@ -173,10 +229,10 @@ fn gate_linear(cx: &mut Cx) -> Result<()> {
         let s = format!("{m}x{k} · {k}x{n}{}", if bias { " + b" } else { "" });
         let bound = cx.out_bound(F32_GEMM);
         let note = format!("CPU on {} of {m} rows", rows.len());
-        let out = cx.cuda.linear_with(&gx, &gw, gb.as_ref(), LinearBug::None);
+        let out = cx.cuda.linear(&gx, &gw, gb.as_ref());
         cx.judge("linear (cuBLASLt)", &s, Kind::Gate, bound, &note, out, &want, Some(&rows));
         for (bug, what) in controls {
-            let out = cx.cuda.linear_with(&gx, &gw, gb.as_ref(), bug);
+            let out = linear_planted(&cx.cuda, &gx, &gw, gb.as_ref(), bug);
             cx.judge(&format!("linear, {what}"), &s, Kind::Control, bound, &note, out, &want, Some(&rows));
         }
     }

@@ -4,8 +4,9 @@
 //! The VAE is fp32 at every precision, so these run once, in the fp32 pass.
 
 use crate::backend::cuda::check::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
-use crate::backend::cuda::ops::{CudaTensor, DType};
-use crate::backend::cuda::vae::{ConvControl, ConvKernel};
+use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
+use crate::backend::cuda::vae::conv::{halo_bm, F16_KERNEL};
+use crate::backend::cuda::vae::ConvKernel;
 use crate::backend::ops::VaeOps;
 use crate::tensor::Tensor;
 use anyhow::Result;
@@ -52,6 +53,58 @@ fn gate_bn_unpatchify(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// A planted bug in one convolution (the kernels are twins in the check image).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConvControl {
+    /// One TF32 product (the lo parts dropped), on the generic split-TF32 kernel.
+    Tf32x1,
+    /// The halo kernel with one TF32 product.
+    HaloTf32x1,
+    /// The small-Cout kernel with its taps mirrored in x.
+    SmallMirrored,
+    /// The upsample fold off by one, in the kernel `conv2d_with` takes for this one and the shape.
+    FoldOffByOne(ConvKernel),
+}
+
+/// `conv2d` (f32 inputs) with the planted bug `ctl`, dispatched as `conv2d_with` dispatches.
+fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, ctl: ConvControl) -> Result<CudaTensor> {
+    let (cout, cin, k) = (w.shape[0], w.shape[1], w.shape[2]);
+    let halo = (k == 1 || k == 3) && cin % 8 == 0 && cu.halo_fits(halo_bm(cout), k);
+    let tap = cin % 16 == 0 && (k == 1 || k == 3);
+    match ctl {
+        ConvControl::SmallMirrored if cout <= 4 && k <= 3 => cu.conv2d_small("moss_ctl_vae_conv_small", x, w, b, up),
+        ConvControl::HaloTf32x1 if halo => cu.conv2d_halo("moss_ctl_vae_conv_halo", x, w, Some(b), up, false),
+        ConvControl::Tf32x1 => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x1", false, x, w, b, up),
+        ConvControl::FoldOffByOne(ConvKernel::Halo) if halo => cu.conv2d_halo("moss_ctl_vae_conv_halo_fold", x, w, Some(b), up, false),
+        ConvControl::FoldOffByOne(ConvKernel::Halo | ConvKernel::Tf32x3Tap) if tap => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x3t_fold", true, x, w, b, up),
+        ConvControl::FoldOffByOne(_) => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x3_fold", false, x, w, b, up),
+        c => anyhow::bail!("conv2d: {c:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape),
+    }
+}
+
+/// One conv gate's inputs (random, weights scaled by 1/√(Cin·k²)), the CPU twin's output and
+/// the row's shape text.
+struct ConvCase {
+    x: Tensor,
+    gx: CudaTensor,
+    w: Tensor,
+    gw: CudaTensor,
+    gb: CudaTensor,
+    want: Tensor,
+    s: String,
+}
+
+fn conv_case(cx: &mut Cx, xs: [usize; 4], cout: usize, k: usize, up: bool) -> Result<ConvCase> {
+    let cin = xs[1];
+    let ws = [cout, cin, k, k];
+    let (x, gx) = cx.input(&xs, 1.0)?;
+    let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
+    let (b, gb) = cx.input(&[cout], 0.1)?;
+    let want = cx.cpu.conv2d(&x, &w, &b, up)?;
+    let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+    Ok(ConvCase { x, gx, w, gw, gb, want, s })
+}
+
 fn gate_conv(cx: &mut Cx) -> Result<()> {
     if !fp32_pass(cx) {
         return Ok(());
@@ -66,13 +119,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         ([2, 40, 37, 45], 52, 3, true, false),     // odd sizes, two images, upsampled
     ];
     for &(xs, cout, k, up, controls) in cases {
-        let cin = xs[1];
-        let ws = [cout, cin, k, k];
-        let (x, gx) = cx.input(&xs, 1.0)?;
-        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
-        let (b, gb) = cx.input(&[cout], 0.1)?;
-        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
-        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
+        let ConvCase { gx, gw, gb, want, s, .. } = conv_case(cx, xs, cout, k, up)?;
         let default_what = if cout <= 4 { "vae conv2d small-Cout f64 SIMT (fast kernels)" } else { "vae conv2d split-TF32 halo (fp16 overflow re-run)" };
         for (kern, what) in [
             (ConvKernel::Halo, default_what),
@@ -84,20 +131,20 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
         if cout <= 4 {
-            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::SmallMirrored));
+            let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::SmallMirrored);
             cx.judge("vae conv2d small-Cout, taps mirrored", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::HaloTf32x1));
+            let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::HaloTf32x1);
             cx.judge("vae conv2d halo with one TF32 product", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::Tf32x1));
+            let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::Tf32x1);
             cx.judge("vae conv2d with one TF32 product (lo dropped)", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3, Some(ConvControl::FoldOffByOne));
+                let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::FoldOffByOne(ConvKernel::Tf32x3));
                 cx.judge("vae conv2d upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Tf32x3Tap, Some(ConvControl::FoldOffByOne));
+                let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::FoldOffByOne(ConvKernel::Tf32x3Tap));
                 cx.judge("vae conv2d tap-major, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-                let out = cx.cuda.conv2d_planted(&gx, &gw, &gb, up, ConvKernel::Halo, Some(ConvControl::FoldOffByOne));
+                let out = conv2d_planted(&cx.cuda, &gx, &gw, &gb, up, ConvControl::FoldOffByOne(ConvKernel::Halo));
                 cx.judge("vae conv2d halo, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -396,28 +443,22 @@ fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
         ([1, 24, 21, 19], 130, 1, false, false),
     ];
     for &(xs, cout, k, up, controls) in cases {
-        let cin = xs[1];
-        let ws = [cout, cin, k, k];
-        let (x, gx) = cx.input(&xs, 1.0)?;
-        let (w, gw) = cx.input(&ws, 1.0 / ((cin * k * k) as f64).sqrt())?;
-        let (b, gb) = cx.input(&[cout], 0.1)?;
-        let want = cx.cpu.conv2d(&x, &w, &b, up)?;
-        let s = format!("{}{}", shape_str(&[&xs, &ws]), if up { " up2x" } else { "" });
-        let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 0);
+        let ConvCase { x, gx, w, gw, gb, want, s, .. } = conv_case(cx, xs, cout, k, up)?;
+        let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx, &gw, Some(&gb), up);
         cx.judge("vae conv2d split fp16 (small terms in a running tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         if k == 1 && !up {
             let zero = Tensor::new(vec![cout], vec![0.0; cout])?;
             let want0 = cx.cpu.conv2d(&x, &w, &zero, false)?;
-            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false, false, 0);
+            let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx, &gw, None, false);
             cx.judge("vae conv2d split fp16, null bias (GEMM)", &s, Kind::Gate, F32_GEMM, "", out, &want0, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, true, 0);
+            let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16", &gx, &gw, Some(&gb), up);
             cx.judge("vae conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 2);
+            let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16_scale", &gx, &gw, Some(&gb), up);
             cx.judge("vae conv2d split fp16, channel 5's weight scale not undone", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up, false, 1);
+                let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16_fold", &gx, &gw, Some(&gb), up);
                 cx.judge("vae conv2d split fp16, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -447,7 +488,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let s = shape_str(&[&xs, &ws]);
     cx.cuda.vae_flag_take()?;
     let flag_of = |cx: &mut Cx, gx: &CudaTensor| -> Result<bool> {
-        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false, false, 0)?;
+        let o = cx.cuda.conv2d_f16(F16_KERNEL, gx, &gw, Some(&gb), false)?;
         cx.cuda.sync()?;
         drop(o);
         cx.cuda.vae_flag_take()
@@ -459,7 +500,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
     let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo);
     cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false, false, 0);
+    let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx_big, &gw, Some(&gb), false);
     cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
     cx.cuda.vae_flag_take()?;
     let _ = x_ok;

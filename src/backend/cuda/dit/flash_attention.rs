@@ -3,11 +3,11 @@
 //! `moss_dit_flash_attention` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
 
 use super::dims3;
+use crate::backend::cuda::launch::{DIT_FLASH_HEAD_DIM, DIT_FLASH_ROWS, DIT_FLASH_SMEM, DIT_FLASH_THREADS, DIT_FLASH_WS_ROWS, DIT_FLASH_WS_SMEM, DIT_FLASH_WS_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{ensure, Result};
 
-/// One flash attention kernel: its name, its planted control (running output not rescaled when
-/// the row maximum grows), and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
+/// One flash attention kernel: its name and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
 /// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/sm90a/` and exist only
 /// on compute capability 9.0 ([`Cuda::has_sm90a`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,7 +15,6 @@ pub struct FlashKernel {
     /// Short name (`ws_nopp`: Hopper, `v2`: portable).
     pub key: &'static str,
     pub name: &'static str,
-    pub control: &'static str,
     pub rows: usize,
     pub threads: u32,
     pub smem: u32,
@@ -34,30 +33,23 @@ pub const FLASH_KERNELS: [FlashKernel; 2] = [
     FlashKernel {
         key: "ws_nopp",
         name: "moss_dit_flash_attention_ws",
-        control: "moss_dit_flash_attention_ws_control",
-        rows: 128,
-        threads: 384,
-        smem: 230528,
+        rows: DIT_FLASH_WS_ROWS,
+        threads: DIT_FLASH_WS_THREADS as u32,
+        smem: DIT_FLASH_WS_SMEM as u32,
         sm90a: true,
         tma: true,
     },
     FlashKernel {
         key: "v2",
         name: "moss_dit_flash_attention",
-        control: "moss_dit_flash_attention_control",
-        rows: 64,
-        threads: 128,
-        smem: 64 * 1024,
+        rows: DIT_FLASH_ROWS,
+        threads: DIT_FLASH_THREADS as u32,
+        smem: DIT_FLASH_SMEM as u32,
         sm90a: false,
         tma: false,
     },
 ];
-pub const FLASH_HEAD_DIM: usize = 128;
-
-/// The flash kernel (or its control) called `name`.
-pub fn flash_spec(name: &str) -> Option<&'static FlashKernel> {
-    FLASH_KERNELS.iter().find(|k| k.name == name || k.control == name)
-}
+pub const FLASH_HEAD_DIM: usize = DIT_FLASH_HEAD_DIM;
 
 /// The flash kernel for a device: the Hopper one where the `cuda/sm90a` kernels are loaded
 /// (`sm90a`), else the portable one.
@@ -100,7 +92,7 @@ impl Cuda {
         k: &CudaTensor,
         v: &CudaTensor,
         scale: f64,
-        kernel: &str,
+        kernel: &FlashKernel,
     ) -> Result<CudaTensor> {
         let (n, h, hd) = dims3(q, "attention q")?;
         ensure!(flash_applies(q, k, v), "flash attention: q {:?} {:?}, k {:?}, v {:?}", q.shape, q.dtype, k.shape, v.shape);
@@ -121,7 +113,7 @@ impl Cuda {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn flash_attention_raw(
         &self,
-        kernel: &str,
+        spec: &FlashKernel,
         q: (u64, usize),
         k: (u64, usize),
         v: (u64, usize),
@@ -138,7 +130,7 @@ impl Cuda {
         if n == 0 || heads == 0 {
             return Ok(());
         }
-        let spec = flash_spec(kernel).ok_or_else(|| anyhow!("no flash kernel `{kernel}`"))?;
+        let kernel = spec.name;
         ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
         let grid = (n.div_ceil(spec.rows) as u32, heads as u32);

@@ -15,7 +15,7 @@
 
 pub mod flash_attention;
 
-pub use flash_attention::{flash_applies, flash_spec, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
+pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
@@ -70,6 +70,15 @@ impl Cuda {
         Ok((dt, vs.iter().map(|v| self.cast(v, dt)).collect::<Result<_>>()?))
     }
 
+    /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
+    /// arguments `ptrs` (device addresses), `rows`, then `tail`.
+    fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
+        args.push(Arg::L(rows as i64));
+        args.extend(tail);
+        self.launch(name, rows.div_ceil(8) as u32, 256, 0, &args)
+    }
+
     pub(crate) fn rms_norm_modulate_with(
         &self,
         x: &CudaTensor,
@@ -86,23 +95,9 @@ impl Cuda {
         }
         let (vt, v) = self.same_dtype(&[w, shift, scale])?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        let rows = x.shape[0];
-        self.launch(
-            &format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
+        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok(out)
     }
 
@@ -123,24 +118,9 @@ impl Cuda {
         }
         let (vt, v) = self.same_dtype(&[w, cos, sin])?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        let rows = n * nh;
-        self.launch(
-            &format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(nh as i32),
-                Arg::I(hd as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
+        self.launch_rows(&name, n * nh, &ptrs, vec![Arg::I(nh as i32), Arg::I(hd as i32), Arg::F(eps as f32)])?;
         Ok(out)
     }
 
@@ -205,17 +185,18 @@ impl Cuda {
 
     /// [`DitOps::attention_packed`]: at bf16 with head dim 128 the flash kernel reads q, k, v as
     /// column slices of the packed rows (row stride 3·D); otherwise the parts are copied out for
-    /// [`DitOps::attention`]. `swap_kv` is the planted control (k and v slices exchanged).
-    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, swap_kv: bool) -> Result<CudaTensor> {
+    /// [`DitOps::attention`]. `(kb, vb)`: the column blocks (of D) holding k and v, (1, 2) in the
+    /// projection's packing.
+    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, (kb, vb): (usize, usize)) -> Result<CudaTensor> {
         let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
         let d = heads * hd;
-        let (ko, vo) = if swap_kv { (2 * d, d) } else { (d, 2 * d) };
+        ensure!(kb.max(vb) < 3, "attention_packed: column blocks ({kb}, {vb}) of a q|k|v projection");
+        let (ko, vo) = (kb * d, vb * d);
         if qkv.dtype == DType::BF16 && hd == FLASH_HEAD_DIM {
             let out = self.alloc(DType::BF16, &[n, d])?;
             if n > 0 {
                 let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
-                let kernel = self.flash_kernel().name;
-                self.flash_attention_raw(kernel, (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
+                self.flash_attention_raw(self.flash_kernel(), (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
             }
             return Ok(out);
         }
@@ -248,26 +229,9 @@ impl Cuda {
         let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let no = self.alloc(x.dtype, &x.shape)?;
-        let rows = x.shape[0];
-        self.launch(
-            &format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(xo.ptr()),
-                Arg::P(no.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(y.ptr()),
-                Arg::P(v[0].ptr()),
-                Arg::P(v[1].ptr()),
-                Arg::P(v[2].ptr()),
-                Arg::P(v[3].ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
-        )?;
+        let name = format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name());
+        let ptrs = [xo.ptr(), no.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
+        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok((xo, no))
     }
 
@@ -370,15 +334,15 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `swap` is the planted bug of the cfg gate (cond and uncond exchanged).
-    pub(crate) fn cfg_euler_with(
+    /// [`DitOps::cfg_euler`]: `x + dsigma · (v_u + guidance · (v_c − v_u))` (`v_c` alone without
+    /// `v_u`), in f32.
+    pub(crate) fn cfg_euler_f32(
         &self,
         x: &CudaTensor,
         v_c: &CudaTensor,
         v_u: Option<&CudaTensor>,
         guidance: f32,
         dsigma: f32,
-        swap: bool,
     ) -> Result<CudaTensor> {
         ensure!(v_c.shape == x.shape, "cfg_euler: v_c {:?} for x {:?}", v_c.shape, x.shape);
         if let Some(u) = v_u {
@@ -394,11 +358,7 @@ impl Cuda {
             .map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
         let vc = self.cast(v_c, DType::F32)?;
         let vu = v_u.map(|u| self.cast(u, DType::F32)).transpose()?;
-        let (a, b) = match (&vu, swap) {
-            (Some(u), true) => (u.ptr(), vc.ptr()),
-            (Some(u), false) => (vc.ptr(), u.ptr()),
-            (None, _) => (vc.ptr(), 0),
-        };
+        let (a, b) = (vc.ptr(), vu.as_ref().map_or(0, |u| u.ptr()));
         self.launch(
             "moss_cfg_euler_f32",
             n.div_ceil(256) as u32,
@@ -442,7 +402,7 @@ impl DitOps for Cuda {
 
     /// Host f64 (the CPU twin's own code: 256 values), uploaded as f32.
     fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<CudaTensor> {
-        self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32)
+        self.prof("timestep_sinusoid (host + upload)", || self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32))
     }
     fn rms_norm_modulate(
         &self,
@@ -452,19 +412,21 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss")
+        self.prof("rms_norm_modulate", || self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss"))
     }
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.qk_norm_rope_with(x, w, cos, sin, eps, "moss")
+        self.prof("qk_norm_rope", || self.qk_norm_rope_with(x, w, cos, sin, eps, "moss"))
     }
     /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        if flash_applies(q, k, v) {
-            self.flash_attention_with(q, k, v, scale, self.flash_kernel().name)
-        } else {
-            self.attention_with(q, k, v, scale, "moss")
-        }
+        self.prof("attention", || {
+            if flash_applies(q, k, v) {
+                self.flash_attention_with(q, k, v, scale, self.flash_kernel())
+            } else {
+                self.attention_with(q, k, v, scale, "moss")
+            }
+        })
     }
     fn qkv_norm_rope(
         &self,
@@ -476,10 +438,10 @@ impl DitOps for Cuda {
         sin: &CudaTensor,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss")
+        self.prof("qkv_norm_rope", || self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss"))
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
-        self.attention_packed_with(qkv, heads, scale, false)
+        self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
     }
     fn gated_residual_norm_modulate(
         &self,
@@ -491,19 +453,13 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss")
-    }
-    fn profiling(&self) -> bool {
-        super::profile::is_on()
-    }
-    fn timed<R>(&self, op: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.timed_op(|| op.to_string(), f)
+        self.prof("gated_residual_norm_modulate", || self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss"))
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.situ_glu_with(x, "moss")
+        self.prof("situ_glu", || self.situ_glu_with(x, "moss"))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.gated_residual_with(x, y, gate, "moss")
+        self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
     }
     fn cfg_euler(
         &self,
@@ -513,6 +469,6 @@ impl DitOps for Cuda {
         guidance: f32,
         dsigma: f32,
     ) -> Result<CudaTensor> {
-        self.cfg_euler_with(x, v_c, v_u, guidance, dsigma, false)
+        self.prof("cfg_euler", || self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma))
     }
 }

@@ -14,9 +14,9 @@
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// Rows (warps) per block of `qkrope` (`QK_WARPS`) and its largest head dim (`QK_MAXHD`).
-const QK_WARPS: usize = 8;
-pub const QK_MAXHD: usize = 256;
+/// Rows (warps) per block of `qkrope` and its largest head dim (cuda/encoder/launch.h).
+const QK_WARPS: usize = crate::backend::cuda::launch::ENC_QK_WARPS;
+pub const QK_MAXHD: usize = crate::backend::cuda::launch::ENC_QK_MAXHD;
 
 impl Cuda {
     /// q, k (normed + RoPE'd) and v out of `y [L, (2H + 2Hkv)·hd]` by one kernel (`qkrope`), or
@@ -68,7 +68,7 @@ impl Cuda {
             self.launch(
                 &name,
                 rows.div_ceil(QK_WARPS) as u32,
-                256,
+                (QK_WARPS * 32) as u32,
                 0,
                 &[
                     Arg::P(q.ptr()),

@@ -6,6 +6,7 @@
 
 use super::delta_rule_compact::{pick_state_pass, state_launch, StatePass};
 use super::dims3;
+use crate::backend::cuda::launch;
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::encoder::DELTA_CHUNK;
 use crate::backend::Backend;
@@ -36,28 +37,28 @@ pub(super) struct GdrRows {
     rv: usize,
 }
 
-/// Value columns of the delta-rule state one block owns.
-pub(super) const GDR_COLS: usize = 32;
-/// Threads per delta-rule block (must match `DTHREADS` in `cuda/encoder/encoder_ops.cu`).
-pub(super) const GDR_THREADS: u32 = 512;
-/// Largest head dim of the chunk-parallel delta rule (`GD` in `cuda/encoder/delta_rule.cu`; smaller dims are
-/// zero-padded to it).
-pub const GDR_MAX_DIM: usize = 128;
-/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*` (`SQ_CB`, `OC` in `cuda/encoder/delta_rule.cu`).
-pub(super) const GDR_SEQ_COLS: usize = 32;
-pub(super) const GDR_OUT_COLS: usize = 64;
-/// Shared memory (floats) of the fp32 SIMT kernels, as laid out in `cuda/encoder/delta_rule.cu`.
-pub(super) const GDR_PREP_FLOATS: usize = 2 * 64 * 132 + 64 * 68 + 4 * 64;
-pub(super) const GDR_SEQ_FLOATS: usize = 2 * (2 * 64 * 132 + 64 * 36) + 128 * 36 + 64 * 36;
-pub(super) const GDR_OUT_FLOATS: usize = 64 * 132 + 128 * 68 + 2 * 64 * 68 + 64;
-/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc` (`TQ_FLOATS`, `TO_FLOATS` in
-/// `cuda/encoder/delta_rule_tc.cuh`).
-pub(super) const GDR_SEQ_TC_FLOATS: usize = 2 * (64 * 132 + 64 * 136 + 64 * 36) + 128 * 40 + 64 * 40;
-pub(super) const GDR_OUT_TC_FLOATS: usize = 64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64;
-/// `delta_rule_prep` (`P3P_FLOATS` in `cuda/encoder/delta_rule_prep.cuh`; a block of 512 threads per chunk and
-/// pair of value heads of one key head): the K bf16 tile [64][136], the Q tile / T₀, T₁, A₀ / V₀,
-/// A₁ / V₁ as fp32 [64][72], fourteen vectors of 64 (93 KiB: two blocks an SM).
-pub(super) const GDR_PREP3P_FLOATS: usize = (64 * 136 * 2 + 4 * 64 * 72 * 4 + 14 * 64 * 4) / 4;
+// The launch constants (cuda/encoder/launch.h, one definition for the kernels and this code).
+const _: () = assert!(DELTA_CHUNK == launch::ENC_GDR_CHUNK, "the kernels' chunk is the model's");
+/// Value columns of the delta-rule state one block of the sequential kernel owns.
+pub(super) const GDR_COLS: usize = launch::ENC_GDR_SEQ1_COLS;
+/// Threads per block of the sequential kernel.
+pub(super) const GDR_THREADS: u32 = launch::ENC_GDR_SEQ1_THREADS as u32;
+/// Largest head dim of the chunk-parallel delta rule (smaller dims are zero-padded to it).
+pub const GDR_MAX_DIM: usize = launch::ENC_GDR_MAX_DIM;
+/// Value columns per block of `gdr_seq` / `gdr_seq_tc` / `gdr_out*`.
+pub(super) const GDR_SEQ_COLS: usize = launch::ENC_GDR_SEQ_COLS;
+pub(super) const GDR_OUT_COLS: usize = launch::ENC_GDR_OUT_COLS;
+/// Shared memory (floats) of the fp32 SIMT kernels.
+pub(super) const GDR_PREP_FLOATS: usize = launch::ENC_GDR_PREP_FLOATS;
+pub(super) const GDR_SEQ_FLOATS: usize = launch::ENC_GDR_SEQ_FLOATS;
+pub(super) const GDR_OUT_FLOATS: usize = launch::ENC_GDR_OUT_FLOATS;
+/// The same for the bf16 path's `gdr_seq_tc`, `gdr_out_tc`.
+pub(super) const GDR_SEQ_TC_FLOATS: usize = launch::ENC_GDR_SEQ_TC_FLOATS;
+pub(super) const GDR_OUT_TC_FLOATS: usize = launch::ENC_GDR_OUT_TC_FLOATS;
+/// `delta_rule_prep` (a block per chunk and pair of value heads of one key head): the K bf16
+/// tile [64][136], the Q tile / T₀, T₁, A₀ / V₀, A₁ / V₁ as fp32 [64][72], fourteen vectors of
+/// 64 (93 KiB: two blocks an SM).
+pub(super) const GDR_PREP3P_FLOATS: usize = launch::ENC_GDR_PREP_BF16_FLOATS;
 
 /// Which chunk-parallel delta-rule kernels a bf16 call takes (fp32 always takes the SIMT kernels
 /// of `cuda/encoder/delta_rule.cu`). Every bf16 path starts with `delta_rule_prep` (`cuda/encoder/delta_rule_prep.cuh`).
@@ -78,15 +79,26 @@ pub(crate) enum GdrPath {
     /// block, any GPU; bf16 on TF32 mma, fp32 on FMA): what [`GdrPath::Auto`] takes where the
     /// [`GdrPath::Tc`] kernels (fp32: the SIMT ones) do not fit; the planted control in the out kernel.
     Compact,
-    /// [`GdrPath::Tc`] (or [`GdrPath::Compact`] where Tc does not fit) with the planted control in
-    /// the prep (`moss_ctl_enc_delta_rule_prep_bf16`) and the correct out kernel (the gates).
-    PrepCtl,
 }
 
-/// Dynamic shared memory and threads of `gdr_tma` (`TLay<bf16>::BYTES`, `THREADS` in
-/// `cuda/encoder/sm90a/delta_rule_tma.cu`: 8 compute warps and a producer warp).
-pub(crate) const GDR_TMA_BYTES: u32 = 201_776;
-pub(super) const GDR_TMA_THREADS: u32 = 288;
+/// The kernel-name prefixes of the delta rule's stages: the bf16 prep, and the state pass /
+/// output (or the sequential kernel). `moss_enc` for both in production ([`GdrPrefix::all`]);
+/// `moss check` puts its planted twins (`moss_ctl_enc`, check image) in one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GdrPrefix<'a> {
+    pub prep: &'a str,
+    pub pass: &'a str,
+}
+
+impl<'a> GdrPrefix<'a> {
+    pub(crate) fn all(prefix: &'a str) -> Self {
+        GdrPrefix { prep: prefix, pass: prefix }
+    }
+}
+
+/// Dynamic shared memory and threads of `gdr_tma` (8 compute warps and a producer warp).
+pub(crate) const GDR_TMA_BYTES: u32 = launch::ENC_GDR_TMA_BYTES as u32;
+pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 
 
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
@@ -108,8 +120,7 @@ pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usi
 /// `cuda/encoder/encoder_ops.cu`): 130 KiB at dk = 128.
 pub(crate) fn gdr_seq_smem(dk: usize, dv: usize) -> (usize, usize) {
     let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
-    let ch = DELTA_CHUNK;
-    (cols, 4 * (dk * cols + 2 * ch * (dk + 1) + 2 * ch * cols + 2 * ch * (ch + 1) + 4 * ch))
+    (cols, 4 * launch::ENC_GDR_SEQ1_SMEM_FLOATS(dk, cols))
 }
 
 /// Dynamic shared memory (bytes) of the chunk-parallel delta rule's kernels that are not the
@@ -160,9 +171,7 @@ impl Cuda {
     /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
     /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
     /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
-    /// [`GdrPath::Auto`]; the explicit paths are an error there). The planted control
-    /// (`prefix` = `moss_ctl_enc`) lives in the state pass / output kernel ([`GdrPath::PrepCtl`]:
-    /// in the prep).
+    /// [`GdrPath::Auto`]; the explicit paths are an error there).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_with(
         &self,
@@ -171,7 +180,7 @@ impl Cuda {
         v: &CudaTensor,
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
@@ -179,7 +188,7 @@ impl Cuda {
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
         if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) || !self.gdr_smem_fits(q.dtype, path) {
             ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
-            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix);
+            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix.pass);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
@@ -195,7 +204,7 @@ impl Cuda {
         (hk, dk, hv, dv): (usize, usize, usize, usize),
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
@@ -231,7 +240,7 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         out: CudaTensor,
-        prefix: &str,
+        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(
@@ -244,13 +253,13 @@ impl Cuda {
                 ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
                 true
             }
-            GdrPath::Tc | GdrPath::Compact | GdrPath::PrepCtl => false,
+            GdrPath::Tc | GdrPath::Compact => false,
         };
         // off Hopper: the wide kernels where they fit the device, else the compact ones
         let pass = match path {
             GdrPath::Tc => StatePass::Wide,
             GdrPath::Compact => StatePass::Compact,
-            GdrPath::Auto | GdrPath::PrepCtl | GdrPath::Tma => pick_state_pass(dt == DType::BF16, self.smem_optin()).unwrap_or(StatePass::Compact),
+            GdrPath::Auto | GdrPath::Tma => pick_state_pass(dt == DType::BF16, self.smem_optin()).unwrap_or(StatePass::Compact),
         };
         if l == 0 {
             return Ok(out);
@@ -271,17 +280,16 @@ impl Cuda {
         args.extend(dims());
         let (u, s) = if dt == DType::F32 {
             // fp32: the SIMT kernels, the control in gdr_out
-            self.launch("moss_enc_gdr_prep_f32", nb as u32, 256, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            self.launch("moss_enc_gdr_prep_f32", nb as u32, launch::ENC_GDR_THREADS as u32, (GDR_PREP_FLOATS * 4) as u32, &args)?;
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
             // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
-            // value heads), its control only with PrepCtl
+            // value heads)
             ensure!(
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
                 "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
-            let pp = if path == GdrPath::PrepCtl { prefix } else { "moss_enc" };
-            self.launch(&format!("{pp}_delta_rule_prep_bf16"), (nb / 2) as u32, 512, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            self.launch(&format!("{}_delta_rule_prep_bf16", prefix.prep), (nb / 2) as u32, launch::ENC_GDR_PREP_BF16_THREADS as u32, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
@@ -302,18 +310,18 @@ impl Cuda {
                 ];
                 args.extend(dims().take(5));
                 // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
-                self.launch(&format!("{prefix}_gdr_tma_bf16"), (4 * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                let ncb = GDR_MAX_DIM / launch::ENC_GDR_TMA_COLS;
+                self.launch(&format!("{}_gdr_tma_bf16", prefix.pass), (ncb * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
                 return Ok(out);
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         };
-        let op = if path == GdrPath::PrepCtl { "moss_enc" } else { prefix };
-        let k = state_launch(pass, dt == DType::BF16, op);
+        let k = state_launch(pass, dt == DType::BF16, prefix.pass);
         let ncb = dv.div_ceil(k.seq_cols);
         self.launch(
             k.seq,
             (hv * ncb) as u32,
-            256,
+            launch::ENC_GDR_THREADS as u32,
             k.seq_bytes,
             &[
                 Arg::P(s.ptr()),
@@ -329,7 +337,7 @@ impl Cuda {
         )?;
         let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
         args.extend(dims());
-        self.launch_2d(&k.out, (nb as u32, dv.div_ceil(k.out_cols) as u32), 256, k.out_bytes, &args)?;
+        self.launch_2d(&k.out, (nb as u32, dv.div_ceil(k.out_cols) as u32), launch::ENC_GDR_THREADS as u32, k.out_bytes, &args)?;
         Ok(out)
     }
 

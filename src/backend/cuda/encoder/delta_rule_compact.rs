@@ -11,14 +11,12 @@ use crate::backend::cuda::ops::Cuda;
 /// Shared memory a block every kernel of the compact path stays within (dynamic; they have no
 /// static): 99 KiB GPUs with 3 KiB to spare.
 pub const COMPACT_BUDGET: usize = 96 * 1024;
-/// Value columns a block of `gdr_seq_compact` and `gdr_out_compact` (`CS_CB`, `CO_CB`).
-pub(super) const COMPACT_COLS: usize = 32;
-/// `gdr_seq_compact` (`CS_FLOATS`): a ring of 3 quarter tiles [64][72] of Wk / Kd, S [128][40],
-/// U [64][40] (84 KiB).
-pub(crate) const SEQ_COMPACT_FLOATS: usize = 3 * 64 * 72 + 128 * 40 + 64 * 40;
-/// `gdr_out_compact` (`CO_FLOATS`): Q̂ [64][132], S0 [128][40], Wqk [64][68], U [64][40], e^γ
-/// (80.25 KiB).
-pub(crate) const OUT_COMPACT_FLOATS: usize = 64 * 132 + 128 * 40 + 64 * 68 + 64 * 40 + 64;
+/// Value columns a block of `gdr_seq_compact` and `gdr_out_compact` (cuda/encoder/launch.h).
+pub(super) const COMPACT_COLS: usize = crate::backend::cuda::launch::ENC_GDR_COMPACT_COLS;
+/// `gdr_seq_compact`: a ring of 3 quarter tiles [64][72] of Wk / Kd, S [128][40], U [64][40] (84 KiB).
+pub(crate) const SEQ_COMPACT_FLOATS: usize = crate::backend::cuda::launch::ENC_GDR_SEQ_COMPACT_FLOATS;
+/// `gdr_out_compact`: Q̂ [64][132], S0 [128][40], Wqk [64][68], U [64][40], e^γ (80.25 KiB).
+pub(crate) const OUT_COMPACT_FLOATS: usize = crate::backend::cuda::launch::ENC_GDR_OUT_COMPACT_FLOATS;
 
 /// The compact path's kernels (the prep, the state pass, the output) and their dynamic shared
 /// memory in bytes, bf16 (`tc`) or fp32. The kernel contract records them as picked on every GPU.

@@ -7,7 +7,7 @@
 //! kernels of `enc_floor.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
-//! controls of `moss check` (src/backend/cuda/gates_encoder.rs).
+//! controls of `moss check` (src/backend/cuda/check/encoder*.rs).
 
 pub mod attention_qkv_gate;
 pub mod delta_rule;
@@ -15,13 +15,14 @@ pub mod delta_rule_compact;
 pub mod row_ops;
 pub mod strided_row_ops;
 
-pub(crate) use delta_rule::GdrPath;
+pub(crate) use delta_rule::{GdrPath, GdrPrefix};
 pub use delta_rule::GDR_MAX_DIM;
 
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::encoder::rope_angles;
+use crate::backend::ops::encoder::Cols;
 use crate::backend::ops::EncoderOps;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
@@ -32,22 +33,22 @@ fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     Ok((x.shape[0], x.shape[1], x.shape[2]))
 }
 
-/// Query rows / key rows per attention tile and its threads (must match `cuda/encoder/encoder_ops.cu`).
-const ATTN_Q: usize = 32;
-const ATTN_K: usize = 32;
-const ATTN_THREADS: u32 = 256;
+use crate::backend::cuda::launch::{
+    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS,
+    ENC_FLASH_SMEM, ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
+};
 /// Prompts longer than this take the cuBLASLt attention path (tensor cores), shorter ones the
 /// tiled kernel.
 pub const ATTN_TILED_MAX: usize = 256;
 /// Query rows per chunk of the cuBLASLt path (keys only up to the chunk's end are scored).
 const ATTN_GEMM_CHUNK: usize = 1024;
 /// Largest head dim the attention kernel takes (one output dim per thread).
-pub const ATTN_MAX_HD: usize = 256;
+pub const ATTN_MAX_HD: usize = ENC_ATTN_THREADS;
 /// Head dim of the flash causal kernel and its dynamic shared memory (`cuda/encoder/causal_flash_attention.cu`).
-pub const FLASH_HD: usize = 256;
-pub(crate) const FLASH_SMEM: u32 = 96 * 1024;
+pub const FLASH_HD: usize = ENC_FLASH_HD;
+pub(crate) const FLASH_SMEM: u32 = ENC_FLASH_SMEM as u32;
 /// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
-pub(crate) const FLASH_WG_SMEM: u32 = 197632;
+pub(crate) const FLASH_WG_SMEM: u32 = ENC_FLASH_WG_SMEM as u32;
 
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,13 +206,12 @@ impl Cuda {
         if l > ATTN_TILED_MAX {
             return self.causal_attention_gemm(q, &k, &v, scale, prefix, out);
         }
-        let floats = ATTN_Q * (hd + 1) + ATTN_K * (hd + 1) + ATTN_K * hd + ATTN_Q * (ATTN_K + 1) + 3 * ATTN_Q;
-        let blocks = l.div_ceil(ATTN_Q) * nh;
+        let blocks = l.div_ceil(ENC_ATTN_Q) * nh;
         self.launch(
             &format!("{prefix}_attn_{}", q.dtype.name()),
             blocks as u32,
-            ATTN_THREADS,
-            (floats * 4) as u32,
+            ENC_ATTN_THREADS as u32,
+            (ENC_ATTN_SMEM_FLOATS(hd) * 4) as u32,
             &[
                 Arg::P(out.ptr()),
                 Arg::P(q.ptr()),
@@ -236,9 +236,9 @@ impl Cuda {
         match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
-                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(128) as u32), 256, FLASH_WG_SMEM, args)
+                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM, args)
             }
-            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(64) as u32, nh as u32), 128, FLASH_SMEM, args),
+            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args),
             EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
         }
     }
@@ -365,7 +365,7 @@ impl Cuda {
         let d = x.last_dim();
         ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
         let h = self.cast(h, x.dtype)?;
-        if d % 8 != 0 || d > 8192 || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
+        if d % 8 != 0 || d > ENC_ADD_RMS_MAX_WIDTH || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
             let xo = self.binary_with("add", x, &h, "moss")?;
             // the planted control there: the generic kernel's variant with the same bug (no 1 +)
             let kernel = if prefix == P { "moss_rms_norm" } else { "moss_ctl_rms_noplus" };
@@ -378,7 +378,7 @@ impl Cuda {
         self.launch(
             &format!("{prefix}_add_rms_{}", x.dtype.name()),
             x.rows() as u32,
-            256,
+            ENC_ADD_RMS_THREADS as u32,
             0,
             &[
                 Arg::P(xo.ptr()),
@@ -433,11 +433,9 @@ impl Cuda {
 
 const P: &str = "moss_enc";
 
-impl Cuda {
-    /// Run `f`, timed as `op` while the profile ([`crate::backend::cuda::profile`]) is on.
-    pub(crate) fn prof<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.timed_op(|| op.to_string(), f)
-    }
+/// Whether two column blocks are columns of one tensor (the fused kernels read both from it).
+fn same_cols(a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>) -> bool {
+    a.of.ptr() == b.of.ptr() && a.of.shape == b.of.shape
 }
 
 impl EncoderOps for Cuda {
@@ -506,47 +504,48 @@ impl EncoderOps for Cuda {
     fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
     }
-    fn causal_conv1d_silu_cols(&self, y: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
+    fn causal_conv1d_silu_cols(&self, x: Cols<'_, CudaTensor>, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
-            if let Some((out, _)) = self.convg_cols_with(y, (start, c), w, None, P)? {
+            if let Some((out, _)) = self.convg_cols_with(x.of, (x.start, x.len), w, None, P)? {
                 return Ok(out);
             }
-            self.conv_cols_with(y, start, c, w, P)
+            self.conv_cols_with(x.of, x.start, x.len, w, P)
         })
     }
     fn conv_gates_cols(
         &self,
-        y: &CudaTensor,
-        (start, c): (usize, usize),
+        x: Cols<'_, CudaTensor>,
         w: &CudaTensor,
-        gates: (usize, usize, usize),
+        (a, b): (Cols<'_, CudaTensor>, Cols<'_, CudaTensor>),
         a_log: &CudaTensor,
         dt_bias: &CudaTensor,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(y, (start, c), w, Some((gates, a_log, dt_bias)), P))?;
-        if let Some((conv, Some((g, beta)))) = r {
-            return Ok((conv, g, beta));
+        if same_cols(x, a) && same_cols(a, b) && a.len == b.len {
+            let gates = ((a.start, b.start, a.len), a_log, dt_bias);
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(x.of, (x.start, x.len), w, Some(gates), P))?;
+            if let Some((conv, Some((g, beta)))) = r {
+                return Ok((conv, g, beta));
+            }
         }
-        let conv = self.causal_conv1d_silu_cols(y, start, c, w)?;
-        let (g, beta) = self.gdn_gates_cols(y, gates, a_log, dt_bias)?;
+        let conv = self.causal_conv1d_silu_cols(x, w)?;
+        let (g, beta) = self.gdn_gates_cols(a, b, a_log, dt_bias)?;
         Ok((conv, g, beta))
     }
     fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
         self.cat_weights_with(group, ws)
     }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
-        self.linear_cat_with(x, ws)
+        self.prof("linear", || self.linear_cat_with(x, ws))
     }
-    fn gdn_gates_cols(
-        &self,
-        y: &CudaTensor,
-        cols: (usize, usize, usize),
-        a_log: &CudaTensor,
-        dt_bias: &CudaTensor,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        self.prof("gdn_gates", || self.gdn_gates_cols_with(y, cols, a_log, dt_bias, P))
+    fn gdn_gates_cols(&self, a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        if !same_cols(a, b) || a.len != b.len {
+            return self.gdn_gates(&self.cols(a)?, &self.cols(b)?, a_log, dt_bias);
+        }
+        self.prof("gdn_gates", || self.gdn_gates_cols_with(a.of, (a.start, b.start, a.len), a_log, dt_bias, P))
     }
-    fn gated_rms_norm_cols(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+    fn gated_rms_norm_cols(&self, x: &CudaTensor, z: Cols<'_, CudaTensor>, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
+        let (y, z0) = (z.of, z.start);
+        ensure!(z.len == x.numel() / x.shape.first().copied().unwrap_or(1).max(1), "gated_rms_norm: z block of {} columns for x {:?}", z.len, x.shape);
         self.prof("gated_rms_norm", || {
             // gated_rms_norm_row16, then gated_rms_norm_wide for heads wider than 128
             for k in GRMS {
@@ -557,7 +556,12 @@ impl EncoderOps for Cuda {
             self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)
         })
     }
-    fn silu_mul_cols(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
+    fn silu_mul_cols(&self, gate: Cols<'_, CudaTensor>, up: Cols<'_, CudaTensor>) -> Result<CudaTensor> {
+        // the kernels read gate | up as the two halves of one `[L, 2f]`
+        let (y, f) = (gate.of, gate.len);
+        if !(same_cols(gate, up) && gate.start == 0 && up.start == f && up.len == f && y.last_dim() == 2 * f) {
+            return self.silu_mul(&self.cols(gate)?, &self.cols(up)?);
+        }
         self.prof("silu_mul", || {
             if y.rows() >= SILU_V_MIN_ROWS {
                 if let Some(out) = self.silu_mul8v_with(y, f, P)? {
@@ -568,13 +572,13 @@ impl EncoderOps for Cuda {
         })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P, false)
+        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, P, GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_qkv(
@@ -584,16 +588,13 @@ impl EncoderOps for Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, P, GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))
     }
     fn add_rms_norm(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("add_rms_norm", || self.add_rms_norm_with(x, h, w, eps, P))
-    }
-    fn timed<R>(&self, op: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.prof(op, f)
     }
 }
 

@@ -6,13 +6,14 @@
 //! loaded dtype instead of an f32 copy made by a cast (and, for the taps, a permute) every call.
 //! Same formulas and rounding points as the kernels they replace. Measured: bench/notes-encrows.md.
 //!
-//! Switch (read per call): `MOSS_ENC_ROWS=old`, the previous kernels (conv8 + gates_s with their
-//! casts, silu_mul8r, rms1, grms8s, the scalar embed). The conv and gated-RMSNorm variants measured
-//! slower by helper convfloor (bench/notes-convfloor.md) are gone.
+//! The previous kernels (conv8 + gates_s with their casts, silu_mul8r, rms1, grms8s, the scalar
+//! embed) serve the shapes these do not take. The conv and gated-RMSNorm variants measured slower
+//! were deleted (git keeps them).
 //!
 //! Each `*_with` returns `None` where the shapes do not fit the kernel (the caller takes the old
 //! path).
 
+use crate::backend::cuda::launch::{ENC_CONV_THREADS, ENC_RMS1_2_MAX_WIDTH, ENC_RMS1_MAX_WIDTH, ENC_RMS1_THREADS};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
@@ -25,10 +26,10 @@ pub const SILU_V_MIN_ROWS: usize = 1024;
 /// (8 channels x 4 tokens, IEEE SiLU; CUDA events; ncu 47.7 against 71.4), at 128 tokens 3.2
 /// against 4.8 (bench/notes-convfloor.md, which also has the slower 8x4, 4x8, 2x8, 2x16).
 pub const CONV_KERNEL: &str = "conv_silu_gates";
-/// Channels a conv thread.
-pub const CONV_V: usize = 4;
+/// Channels a conv thread (cuda/encoder/launch.h).
+pub const CONV_V: usize = crate::backend::cuda::launch::ENC_CONV_V;
 /// Tokens a conv thread.
-pub const CONV_TT: usize = 4;
+pub const CONV_TT: usize = crate::backend::cuda::launch::ENC_CONV_TT;
 
 /// The gated RMSNorm kernels: gated_rms_norm_row16 (one row a 16-lane group, fast SiLU, widths ≤ 128; measured on
 /// the H200 at 4096 tokens 30.8 us against 37.7 for gated_rms_norm_wide, CUDA events; ncu 29.2 against 36.4; at
@@ -66,7 +67,7 @@ impl Cuda {
             return Ok(None);
         }
         let out = self.alloc(y.dtype, &[l, c])?;
-        let (ncx, nty) = ((c / v).div_ceil(128), l.div_ceil(tt));
+        let (ncx, nty) = ((c / v).div_ceil(ENC_CONV_THREADS), l.div_ceil(tt));
         let ncb = ncx * nty;
         let mut gate_args = vec![Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::P(0), Arg::I(0), Arg::I(0), Arg::L(0)];
         let mut ngb = 0;
@@ -78,7 +79,7 @@ impl Cuda {
             let (al, dt) = if a_log.dtype == dt_bias.dtype { (a_log.clone(), dt_bias.clone()) } else { (self.cast(a_log, DType::F32)?, self.cast(dt_bias, DType::F32)?) };
             let g = self.alloc(DType::F32, &[l, hv])?;
             let beta = self.alloc(DType::F32, &[l, hv])?;
-            ngb = (l * hv).div_ceil(128);
+            ngb = (l * hv).div_ceil(ENC_CONV_THREADS);
             gate_args = vec![
                 Arg::P(g.ptr()),
                 Arg::P(beta.ptr()),
@@ -107,7 +108,7 @@ impl Cuda {
             Arg::I(ncb as i32),
         ];
         args.extend(gate_args);
-        self.launch(&format!("{prefix}_{CONV_KERNEL}_{}", y.dtype.name()), (ncb + ngb) as u32, 128, 0, &args)?;
+        self.launch(&format!("{prefix}_{CONV_KERNEL}_{}", y.dtype.name()), (ncb + ngb) as u32, ENC_CONV_THREADS as u32, 0, &args)?;
         Ok(Some((out, gb)))
     }
 
@@ -139,14 +140,14 @@ impl Cuda {
     /// in its loaded dtype.
     pub(crate) fn rms1w_with(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
         let d = x.last_dim();
-        ensure!(d % 8 == 0 && d <= 8192 && d > 0 && w.numel() == d, "rms1w: width {d}, weight {:?}", w.shape);
+        ensure!(d % 8 == 0 && d <= ENC_RMS1_MAX_WIDTH && d > 0 && w.numel() == d, "rms1w: width {d}, weight {:?}", w.shape);
         let out = self.alloc(x.dtype, &x.shape)?;
         if x.rows() > 0 {
-            let k = if d <= 4096 { "rms1w2" } else { "rms1w" };
+            let k = if d <= ENC_RMS1_2_MAX_WIDTH { "rms1w2" } else { "rms1w" };
             self.launch(
                 &format!("{prefix}_{k}_{}", x.dtype.name()),
                 x.rows() as u32,
-                256,
+                ENC_RMS1_THREADS as u32,
                 0,
                 &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::I(wbf(w)), Arg::I(d as i32), Arg::F(eps as f32)],
             )?;
@@ -226,10 +227,8 @@ mod tests {
     fn kernel_names() {
         // the kernel names the CUDA source defines
         let src = include_str!("../../../../cuda/encoder/row_ops.cu");
-        assert!(src.contains(&format!("constexpr int CV = {};", super::CONV_V)), "conv channels a thread");
-        assert!(src.contains(&format!("constexpr int CT = {};", super::CONV_TT)), "conv tokens a thread");
         for n in [super::CONV_KERNEL].into_iter().chain(super::GRMS) {
-            assert!(src.contains(&format!("PFX##_{n}_##SX")), "{n} not in enc_floor.cu");
+            assert!(src.contains(&format!("PFX##_{n}_##SX")), "{n} not in row_ops.cu");
         }
     }
 }

@@ -233,8 +233,7 @@ impl Cuda {
 
     /// `(x', n)`: `x' = res + a·wᵀ` from one GEMM (residual as its C, beta 1), then the
     /// zero-centred RMSNorm alone (`rms1`). Widths that are not a multiple of 8 or above 8192 take
-    /// the plain GEMM and the add_rms_norm path. `no_add` is the planted control (the residual
-    /// left out of the epilogue).
+    /// the plain GEMM and the add_rms_norm path.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear_add_rms_norm_with(
         &self,
@@ -244,15 +243,14 @@ impl Cuda {
         w_norm: &CudaTensor,
         eps: f64,
         prefix: &str,
-        no_add: bool,
     ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "linear_add_rms_norm: weight {:?}", w.shape);
         let (n, k) = (w.shape[0], w.shape[1]);
         ensure!(a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(), "linear_add_rms_norm: a {:?} · w {:?} + res {:?}", a.shape, w.shape, res.shape);
         ensure!(w_norm.numel() == n, "linear_add_rms_norm: norm weight {:?} for width {n}", w_norm.shape);
         let dt = w.dtype;
-        if n % 8 != 0 || n > 8192 || n == 0 {
-            let h = self.prof("linear", || self.linear_with(a, w, None, crate::backend::cuda::LinearBug::None))?;
+        if n % 8 != 0 || n > crate::backend::cuda::launch::ENC_RMS1_MAX_WIDTH || n == 0 {
+            let h = self.prof("linear", || self.linear_dense(a, w, None))?;
             return self.prof("add_rms_norm", || self.add_rms_norm_with(res, &h, w_norm, eps, prefix));
         }
         let (a, res) = (self.cast(a, dt)?, self.cast(res, dt)?);
@@ -260,8 +258,7 @@ impl Cuda {
         let xo = self.alloc(dt, &res.shape)?;
         self.prof("linear", || {
             if rows > 0 {
-                let r = if no_add { None } else { Some(res.ptr()) };
-                self.blas().linear_into(&self.gpu().stream, dt, (rows, n, k), a.ptr(), w.ptr(), r, xo.ptr(), n)?;
+                self.blas().linear_into(&self.gpu().stream, dt, (rows, n, k), a.ptr(), w.ptr(), Some(res.ptr()), xo.ptr(), n)?;
             }
             Ok(())
         })?;

@@ -1,9 +1,8 @@
 //! The generic tensor ops on `cuda/common/tensor_ops.cu` (casts, elementwise, RMSNorm, strided
-//! copies for narrow / cat / permute) and cuBLASLt `linear`; `prefix` `moss_ctl` runs a planted
-//! control of `moss check`.
+//! copies for narrow / cat / permute) and cuBLASLt `linear`. `prefix` names the kernel family:
+//! `moss` in production; `moss check` passes its check-image twins' (`moss_ctl`).
 
 use super::{kernel_ptr, Arg, Cuda, CudaTensor, DType, PermArgs};
-use crate::backend::cuda::blas::LinearBug;
 use anyhow::{bail, ensure, Result};
 
 impl Cuda {
@@ -23,13 +22,8 @@ impl Cuda {
         Ok(out)
     }
 
-    pub(crate) fn linear_with(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        b: Option<&CudaTensor>,
-        bug: LinearBug,
-    ) -> Result<CudaTensor> {
+    /// [`crate::backend::Backend::linear`]: `x · wᵀ (+ b)` in the weight's dtype (cuBLASLt).
+    pub(crate) fn linear_dense(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
         ensure!(w.shape.len() == 2, "linear: weight must be 2-D, got {:?}", w.shape);
         self.settle()?;
         let (n, k) = (w.shape[0], w.shape[1]);
@@ -55,7 +49,6 @@ impl Cuda {
                 w.ptr(),
                 b.as_ref().map(|b| b.ptr()),
                 out.ptr(),
-                bug,
             )?;
         }
         Ok(out)

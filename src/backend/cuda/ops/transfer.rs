@@ -2,7 +2,6 @@
 //! pipelined download (chunks converted while the next copies), and the byte conversions.
 
 use super::{de, Cuda, CudaTensor, DType};
-use crate::checkpoint::Component;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 use cudarc::driver::{result as dr, CudaEvent, PinnedHostSlice};
@@ -55,8 +54,7 @@ pub enum Download {
     /// 1 MiB; for large ones measured slower: ~36 ms for the 4096-token encoder output on the H200).
     Pageable,
     /// Through pinned staging chunks, each converted into the output while the next copies.
-    /// `drop_tail` is the planted bug of the gate (the last chunk is never copied).
-    Pinned { drop_tail: bool },
+    Pinned,
 }
 
 
@@ -109,19 +107,16 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
 /// the last one ragged) goes through slot `i % slots`. `issue(i, slot, off, len)` starts the
 /// copy of chunk `i` into its slot (asynchronous: it may land any time before the matching
 /// `take`); `take(i, slot, off, len)` waits for it and consumes the slot. A slot is issued again
-/// only after its previous chunk was taken. `drop_tail` (the planted bug) never copies the last
-/// chunk. Host-emulated in the tests (`pipelined_*`).
+/// only after its previous chunk was taken. Host-emulated in the tests (`pipelined_*`).
 pub fn pipelined(
     total: usize,
     chunk: usize,
     slots: usize,
-    drop_tail: bool,
     mut issue: impl FnMut(usize, usize, usize, usize) -> Result<()>,
     mut take: impl FnMut(usize, usize, usize, usize) -> Result<()>,
 ) -> Result<()> {
     ensure!(chunk > 0 && slots > 0, "pipelined: chunk {chunk}, slots {slots}");
-    let chunks = total.div_ceil(chunk);
-    let count = if drop_tail { chunks.saturating_sub(1) } else { chunks };
+    let count = total.div_ceil(chunk);
     let span = |i: usize| (i * chunk, chunk.min(total - i * chunk));
     for i in 0..count.min(slots) {
         let (off, len) = span(i);
@@ -167,8 +162,7 @@ pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
 impl Cuda {
     /// Copy `src` to device address `dst`: straight for small copies, else through two pinned
     /// chunks of [`STAGING_CHUNK`] bytes, alternating, each reused only after its copy finished.
-    /// `drop_tail` is the planted bug of the staging gate (the last chunk is never copied).
-    pub fn write_bytes(&self, dst: u64, src: &[u8], drop_tail: bool) -> Result<()> {
+    pub fn write_bytes(&self, dst: u64, src: &[u8]) -> Result<()> {
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
         if src.len() < STAGING_MIN {
@@ -178,9 +172,7 @@ impl Cuda {
         }
         let mut guard = self.staging()?;
         let st = guard.as_mut().unwrap();
-        let chunks: Vec<&[u8]> = src.chunks(STAGING_CHUNK).collect();
-        let count = if drop_tail { chunks.len() - 1 } else { chunks.len() };
-        for (i, c) in chunks.iter().take(count).enumerate() {
+        for (i, c) in src.chunks(STAGING_CHUNK).enumerate() {
             let j = i % 2;
             st.done[j].synchronize().map_err(de("staging wait"))?;
             // SAFETY: the chunk's previous copy has finished; the buffer holds STAGING_CHUNK bytes.
@@ -216,7 +208,7 @@ impl Cuda {
     /// Upload with an explicit dtype (bf16 rounds to nearest even).
     pub fn upload_as(&self, t: &Tensor, dtype: DType) -> Result<CudaTensor> {
         let out = self.alloc(dtype, &t.shape)?;
-        self.write_bytes(out.ptr(), &to_bytes(&t.data, dtype), false)?;
+        self.write_bytes(out.ptr(), &to_bytes(&t.data, dtype))?;
         Ok(out)
     }
 
@@ -234,16 +226,20 @@ impl Cuda {
     /// `x` as f32 values on the host (waits for the stream), the way `mode` says. Tensors under
     /// 1 MiB always take the pageable copy.
     pub fn download_with(&self, x: &CudaTensor, mode: Download) -> Result<Tensor> {
-        let drop_tail = match mode {
-            Download::Pinned { drop_tail } if x.bytes() >= STAGING_MIN => drop_tail,
-            _ => {
-                let b = self.download_bytes(x)?;
-                return Tensor::new(x.shape.clone(), from_bytes(&b, x.dtype));
-            }
-        };
+        if mode == Download::Pageable || x.bytes() < STAGING_MIN {
+            let b = self.download_bytes(x)?;
+            return Tensor::new(x.shape.clone(), from_bytes(&b, x.dtype));
+        }
+        self.download_pinned(x, x.bytes())
+    }
+
+    /// The pinned download of `x`'s first `copied` bytes (whole elements; the values past them
+    /// read 0): chunks of [`DOWNLOAD_CHUNK`] bytes through [`DOWNLOAD_SLOTS`] staging slots.
+    pub(crate) fn download_pinned(&self, x: &CudaTensor, copied: usize) -> Result<Tensor> {
+        let es = x.dtype.size();
+        ensure!(copied <= x.bytes() && copied % es == 0, "download of {copied} bytes out of {}", x.bytes());
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
-        let es = x.dtype.size();
         let total = x.bytes();
         let mut guard = self.staging()?;
         let st = guard.as_mut().unwrap();
@@ -267,15 +263,8 @@ impl Cuda {
             convert_into(&mut out[off / es..][..len / es], bytes, x.dtype);
             Ok(())
         };
-        pipelined(total, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, drop_tail, issue, take)?;
+        pipelined(copied, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, issue, take)?;
         drop(guard);
         Tensor::new(x.shape.clone(), out)
-    }
-
-    // ---- casts and the parametrised op bodies (the gates call these with planted bugs) ---------
-
-    /// `load`; `shift` is the planted bug of the load gate (bytes written one element late).
-    pub(crate) fn load_with(&self, c: &Component, name: &str, shift: bool) -> Result<CudaTensor> {
-        self.load_rows_with(c, &[name], shift)
     }
 }

@@ -18,6 +18,8 @@
 
 use super::mover::{Moved, Mover, Piece};
 use super::{de, kernel_ptr, loaded_dtype, Arg, Buf, Cuda, CudaTensor, DType, Mem};
+use crate::backend::cpu::Cpu;
+use crate::backend::cuda::lora::PendingMerge;
 use crate::backend::Behind;
 use crate::checkpoint::{Component, Dtype};
 use crate::tensor::Tensor;
@@ -70,6 +72,17 @@ pub(crate) struct Batch {
     /// Slot memory: the event after the compute that last read it (`None`: all compute so far).
     free_after: Option<cudarc::driver::CudaEvent>,
     moved: Moved,
+    /// LoRA updates of the loaded tensors, merged once their bytes are there, before the casts.
+    merges: Vec<PendingMerge>,
+}
+
+/// Loads taken out of a batch to be read and issued.
+struct Recorded {
+    pieces: Vec<Piece>,
+    casts: Vec<(CudaTensor, CudaTensor)>,
+    merges: Vec<PendingMerge>,
+    /// What the copy stream waits for first (slot memory).
+    after: Option<CudaEvent>,
 }
 
 /// A background read ([`Cuda::flush_in_background`]): joined when finished or dropped.
@@ -119,8 +132,7 @@ impl Cuda {
 
     /// The dim-0 concatenation of the checkpoint tensors `names` (one dtype, the same trailing
     /// shape), loaded at this precision: the bytes of `cat(load(n) for n in names, 0)`.
-    /// `shift` is the planted bug of the load gate (bytes written one element late).
-    pub(crate) fn load_rows_with(&self, c: &Component, names: &[&str], shift: bool) -> Result<CudaTensor> {
+    pub(crate) fn load_stacked(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
         ensure!(!names.is_empty(), "load of no tensors");
         let infos = names.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
         let first = infos[0];
@@ -141,8 +153,12 @@ impl Cuda {
             Dtype::BF16 => DType::BF16,
             Dtype::F32 => DType::F32,
             _ => {
-                // Other stored dtypes convert on the host (exact to f32) and upload.
-                let parts = names.iter().map(|n| c.f32(n).map(|x| x.1)).collect::<Result<Vec<_>>>()?;
+                // Other stored dtypes convert on the host (exact to f32), merge there, and upload.
+                let merged = |n: &&str| -> Result<Vec<f32>> {
+                    let (s, d) = c.f32(n)?;
+                    Ok(crate::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
+                };
+                let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
                 return self.upload_as(&Tensor::new(shape, parts.concat())?, DType::F32);
             }
         };
@@ -155,12 +171,12 @@ impl Cuda {
             let (mem, ptr) = view.weight_mem(Some(&mut g), bytes)?;
             let raw = CudaTensor { buf: Arc::new(Buf { mem, ptr, bytes }), shape: shape.clone(), dtype: stored };
             let mut dst = ptr;
-            for (k, i) in infos.iter().enumerate() {
+            for i in &infos {
                 let src = c.store.bytes(i);
-                let es = if shift && k == 0 { stored.size().min(src.len()) } else { 0 };
-                g.pieces.push(Piece { src: src.as_ptr(), len: src.len() - es, dst: dst + es as u64 });
+                g.pieces.push(Piece { src: src.as_ptr(), len: src.len(), dst });
                 dst += src.len() as u64;
             }
+            g.merges.extend(PendingMerge::of(c, names, &raw)?);
             raw
         };
         let out = if target == stored {
@@ -174,6 +190,17 @@ impl Cuda {
             view.settle()?;
         }
         Ok(out)
+    }
+
+    /// Rows `row0 .. row0 + rows` (dim 0) of a loaded weight, sharing its memory.
+    pub(crate) fn weight_rows(w: &CudaTensor, row0: usize, rows: usize) -> Result<CudaTensor> {
+        let Mem::Device(mem) = &w.buf.mem else { bail!("rows of a weight: {:?} is not weight memory", w) };
+        ensure!(row0 + rows <= w.shape[0], "rows {row0}..{} of {:?}", row0 + rows, w.shape);
+        let row = w.numel() / w.shape[0].max(1) * w.dtype.size();
+        let mut shape = w.shape.clone();
+        shape[0] = rows;
+        let buf = Buf { mem: Mem::Device(mem.clone()), ptr: w.ptr() + (row0 * row) as u64, bytes: rows * row };
+        Ok(CudaTensor { buf: Arc::new(buf), shape, dtype: w.dtype })
     }
 
     /// A view of this backend whose loads are recorded into a new batch (in `slot` memory).
@@ -196,7 +223,7 @@ impl Cuda {
     /// (`None`: nothing was recorded).
     #[allow(clippy::type_complexity)]
     fn flush(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
-        let Some((pieces, casts, after)) = self.take_recorded()? else { return Ok(None) };
+        let Some(Recorded { pieces, casts, merges, after }) = self.take_recorded()? else { return Ok(None) };
         let (done, moved) = self.mover()?.as_ref().unwrap().run(&pieces, after.as_ref())?;
         if let Some(batch) = &self.batch {
             let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
@@ -204,7 +231,7 @@ impl Cuda {
             g.moved.issue_s += moved.issue_s;
         }
         let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
-        Ok(Some(Box::new(move || cu.wait_and_cast(&done, &casts))))
+        Ok(Some(Box::new(move || cu.wait_and_cast(&done, merges, &casts))))
     }
 
     /// [`Cuda::flush`] with the reading on a thread of its own, so the calling thread goes on
@@ -213,7 +240,7 @@ impl Cuda {
     /// still waits for the thread (the bytes it reads must stay mapped until then).
     #[allow(clippy::type_complexity)]
     fn flush_in_background(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
-        let Some((pieces, casts, after)) = self.take_recorded()? else { return Ok(None) };
+        let Some(Recorded { pieces, casts, merges, after }) = self.take_recorded()? else { return Ok(None) };
         let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
         let reader = {
             let cu = cu.clone();
@@ -222,18 +249,17 @@ impl Cuda {
         let reader = Reading(Some(reader));
         Ok(Some(Box::new(move || {
             let done = reader.finish()?;
-            cu.wait_and_cast(&done, &casts)
+            cu.wait_and_cast(&done, merges, &casts)
         })))
     }
 
     /// The recorded loads, taken out of the batch, and the event the copy stream first waits for
     /// (slot memory: the compute that read it last). `None`: nothing was recorded.
-    #[allow(clippy::type_complexity)]
-    fn take_recorded(&self) -> Result<Option<(Vec<Piece>, Vec<(CudaTensor, CudaTensor)>, Option<CudaEvent>)>> {
+    fn take_recorded(&self) -> Result<Option<Recorded>> {
         let Some(batch) = &self.batch else { return Ok(None) };
-        let (pieces, casts, reuses, free_after) = {
+        let (pieces, casts, reuses, free_after, merges) = {
             let mut g = batch.lock().unwrap_or_else(|e| e.into_inner());
-            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses, g.free_after.take())
+            (std::mem::take(&mut g.pieces), std::mem::take(&mut g.casts), g.reuses, g.free_after.take(), std::mem::take(&mut g.merges))
         };
         if pieces.is_empty() && casts.is_empty() {
             return Ok(None);
@@ -245,12 +271,15 @@ impl Cuda {
             (true, None) => Some(self.inner.gpu.stream.record_event(None).map_err(de("event record"))?),
             (false, _) => None,
         };
-        Ok(Some((pieces, casts, after)))
+        Ok(Some(Recorded { pieces, casts, merges, after }))
     }
 
-    /// The compute stream waits for `done` (the copies), then the casts run.
-    fn wait_and_cast(&self, done: &CudaEvent, casts: &[(CudaTensor, CudaTensor)]) -> Result<()> {
+    /// The compute stream waits for `done` (the copies), then the LoRA merges and the casts run.
+    fn wait_and_cast(&self, done: &CudaEvent, merges: Vec<PendingMerge>, casts: &[(CudaTensor, CudaTensor)]) -> Result<()> {
         self.inner.gpu.stream.wait(done).map_err(de("stream wait"))?;
+        for m in merges {
+            m.run(self)?;
+        }
         for (raw, out) in casts {
             self.cast_into(raw, out)?;
         }
@@ -294,7 +323,7 @@ impl Cuda {
         Ok((Behind::new(r, ready), view.moved()))
     }
 
-    /// The tensors `groups` (each the dim-0 concatenation of its names, as [`Cuda::load_rows_with`])
+    /// The tensors `groups` (each the dim-0 concatenation of its names, as [`Cuda::load_stacked`])
     /// into slot `slot`'s memory, reused from the slot's previous fetch: the copy stream first waits
     /// for the compute enqueued so far (which read the slot's previous tensors). The compute
     /// stream waits for the copies at [`Behind::ready`].
@@ -326,7 +355,7 @@ impl Cuda {
         let mut out = vec![];
         for g in groups {
             let names: Vec<&str> = g.iter().map(String::as_str).collect();
-            out.push(view.load_rows_with(c, &names, false)?);
+            out.push(view.load_stacked(c, &names)?);
         }
         Ok(Behind::new(out, view.flush_in_background()?))
     }

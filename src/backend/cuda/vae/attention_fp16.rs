@@ -7,11 +7,11 @@ use anyhow::{ensure, Result};
 
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 
-/// cuda/vae/attention_fp16.cu: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows
-/// of 776 halves, the partial-score exchange 8 x 4 x 32 float4).
-const D16: usize = 384;
-const BQ16: usize = 64;
-pub(crate) const SMEM16_BYTES: usize = (64 + 2 * 32) * 776 * 2 + 8 * 4 * 32 * 16;
+/// cuda/vae/launch.h: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows of
+/// 776 halves, the partial-score exchange 8 x 4 x 32 float4).
+const D16: usize = crate::backend::cuda::launch::VAE_ATTN_D;
+const BQ16: usize = crate::backend::cuda::launch::VAE_ATTN_ROWS;
+pub(crate) const SMEM16_BYTES: usize = crate::backend::cuda::launch::VAE_ATTN_FP16_SMEM;
 
 /// The kernel: fresh tiles for every product sum (the split-TF32 kernels' rule). A variant with
 /// the small terms of S in a running tile (`f16r`) was deleted (git keeps it); another, P V
@@ -72,7 +72,7 @@ impl Cuda {
         self.launch_2d(
             kernel,
             ((lq / BQ16) as u32, n as u32),
-            256,
+            crate::backend::cuda::launch::VAE_ATTN_THREADS as u32,
             SMEM16_BYTES as u32,
             &[
                 Arg::P(out.ptr()),

@@ -8,9 +8,11 @@ use crate::backend::Backend;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// The conv kernels' output tile (channels × pixels), as in cuda/vae/vae_ops.cu.
-pub(super) const CONV_BM: usize = 128;
-pub(super) const CONV_BN: usize = 128;
+use crate::backend::cuda::launch::{VAE_CONV16_SMEM, VAE_CONV_BM, VAE_CONV_BN, VAE_CONV_THREADS, VAE_HALO_SMEM, VAE_HALO_THREADS};
+
+/// The implicit-GEMM conv kernels' output tile (channels × pixels), cuda/vae/launch.h.
+pub(super) const CONV_BM: usize = VAE_CONV_BM;
+pub(super) const CONV_BN: usize = VAE_CONV_BN;
 
 /// Which convolution kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,37 +35,21 @@ pub enum ConvKernel {
     F16,
 }
 
-/// A planted bug in one convolution, for `moss check` only (its kernels are in the check image).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvControl {
-    /// One TF32 product (the lo parts dropped), on the generic split-TF32 kernel.
-    Tf32x1,
-    /// The halo kernel with one TF32 product.
-    HaloTf32x1,
-    /// The small-Cout kernel with its taps mirrored in x.
-    SmallMirrored,
-    /// `F16` with the activation lo parts dropped.
-    F16LoDropped,
-    /// The kernel's upsample fold off by one (its runtime `bug` 1).
-    FoldOffByOne,
-}
+/// The kernel-name stems of the convolutions (the launch appends the build: `_b{BM}_k{k}` for
+/// the halo and fp16 kernels, `_k1` / `_k3` for the implicit GEMMs). `moss check` passes its
+/// planted twins' stems (`moss_ctl_vae_conv*`, check image) to the same launches.
+pub(crate) const HALO_KERNEL: &str = "moss_vae_conv_halo";
+pub(crate) const F16_KERNEL: &str = "moss_vae_conv16";
+pub(crate) const SMALL_KERNEL: &str = "moss_vae_conv_small";
+pub(crate) const TF32X3_KERNEL: &str = "moss_vae_conv_tf32x3";
+pub(crate) const TF32X3_TAP_KERNEL: &str = "moss_vae_conv_tf32x3t";
 
-impl ConvKernel {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            ConvKernel::Tf32x3 => "moss_vae_conv_tf32x3",
-            ConvKernel::Tf32x3Tap => "moss_vae_conv_tf32x3t",
-            ConvKernel::Halo | ConvKernel::F16 => unreachable!("dispatched in conv2d_planted"),
-        }
-    }
-}
-
-/// The halo kernel's output tile in pixels (rows × columns), as in cuda/vae/conv_tf32.cu.
-pub(super) const HALO_TH: usize = 8;
-pub(super) const HALO_TW: usize = 16;
+/// The halo and fp16 kernels' output tile in pixels (rows × columns), cuda/vae/launch.h.
+pub(super) const HALO_TH: usize = crate::backend::cuda::launch::VAE_HALO_TH;
+pub(super) const HALO_TW: usize = crate::backend::cuda::launch::VAE_HALO_TW;
 
 /// The halo kernel's output-channel block: 96 or 128, whichever pads Cout less (ties: 128).
-pub(super) fn halo_bm(cout: usize) -> usize {
+pub(crate) fn halo_bm(cout: usize) -> usize {
     let pad = |bm: usize| cout.div_ceil(bm) * bm - cout;
     if pad(96) < pad(128) {
         96
@@ -72,87 +58,55 @@ pub(super) fn halo_bm(cout: usize) -> usize {
     }
 }
 
-/// cuda/vae/conv_tf32.cu `halo_cs`: the halo's channel stride (≡ 8 or 24 mod 32 words).
-pub(super) fn halo_cs(hn: usize) -> usize {
-    let r = hn % 32;
-    hn - r + if r <= 8 { 8 } else if r <= 24 { 24 } else { 40 }
-}
-
-/// cuda/vae/conv_tf32.cu `halo_smem_floats`, in bytes: two weight stages (hi and lo) and two halo
-/// buffers (hi and lo).
+/// The halo kernel's dynamic shared memory in bytes (`VAE_HALO_SMEM`): two weight stages (hi
+/// and lo) and two halo buffers (hi and lo).
 pub(crate) fn halo_smem_bytes(bm: usize, k: usize) -> usize {
-    4 * (2 * (k * k * bm * 16) + 2 * 2 * 8 * halo_cs((HALO_TH + k - 1) * (HALO_TW + k - 1)))
+    VAE_HALO_SMEM(bm, k)
 }
 
-/// cuda/vae/conv_fp16.cu `smem_bytes`: two weight stages (BM/16 fragments x hi/lo x 512 bytes a
-/// tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
+/// The fp16 kernel's (`VAE_CONV16_SMEM`): two weight stages (BM/16 fragments x hi/lo x 512
+/// bytes a tap) and two halo stages (hi/lo x two channel halves x pixels x 16 bytes).
 pub(crate) fn f16_smem_bytes(bm: usize, k: usize) -> usize {
-    2 * (k * k * (bm / 16) * 2 * 512) + 2 * 4 * (HALO_TH + k - 1) * (HALO_TW + k - 1) * 16
+    VAE_CONV16_SMEM(bm, k)
 }
 
 impl Cuda {
     /// `conv2d` on `kernel` (and its fallbacks for shapes it does not take).
     pub(crate) fn conv2d_with(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool, kernel: ConvKernel) -> Result<CudaTensor> {
-        self.conv2d_planted(x, w, b, upsample2x, kernel, None)
-    }
-
-    /// `conv2d` on `kernel`, or with a planted bug (`ctl`, `moss check` only: the control
-    /// kernels are in the check image).
-    pub(crate) fn conv2d_planted(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        b: &CudaTensor,
-        upsample2x: bool,
-        kernel: ConvKernel,
-        ctl: Option<ConvControl>,
-    ) -> Result<CudaTensor> {
-        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (_, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
         ensure!(wcin == cin, "conv2d: weight {:?} for {cin} input channels", w.shape);
         ensure!(k == k2 && k % 2 == 1, "conv2d: kernel {k}x{k2} (odd square kernels only)");
         ensure!(b.numel() == cout, "conv2d: bias {:?} for {cout} outputs", b.shape);
         ensure!(h > 0 && wd > 0, "conv2d: empty picture {:?}", x.shape);
         let (x, w, b) = (self.f32(x)?, self.f32(w)?, self.f32(b)?);
-        let bug = i32::from(matches!(ctl, Some(ConvControl::FoldOffByOne)));
         let small = cout <= 4 && k <= 3;
         let halo = (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k);
         let f16 = (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k));
-        match (kernel, ctl) {
-            (ConvKernel::Halo | ConvKernel::F16, None) | (_, Some(ConvControl::SmallMirrored)) if small => {
-                return self.conv2d_small(&x, &w, &b, upsample2x, ctl == Some(ConvControl::SmallMirrored));
-            }
-            (ConvKernel::Halo, None | Some(ConvControl::FoldOffByOne)) | (_, Some(ConvControl::HaloTf32x1)) if halo => {
-                return self.conv2d_halo(&x, &w, Some(&b), upsample2x, ctl == Some(ConvControl::HaloTf32x1), bug, false);
-            }
-            (ConvKernel::F16, None | Some(ConvControl::FoldOffByOne)) | (_, Some(ConvControl::F16LoDropped)) if f16 => {
-                return self.conv2d_f16(&x, &w, Some(&b), upsample2x, ctl == Some(ConvControl::F16LoDropped), bug);
-            }
-            (_, Some(c @ (ConvControl::HaloTf32x1 | ConvControl::SmallMirrored | ConvControl::F16LoDropped))) => {
-                anyhow::bail!("conv2d: {c:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape)
-            }
+        match kernel {
+            ConvKernel::Halo | ConvKernel::F16 if small => return self.conv2d_small(SMALL_KERNEL, &x, &w, &b, upsample2x),
+            ConvKernel::Halo if halo => return self.conv2d_halo(HALO_KERNEL, &x, &w, Some(&b), upsample2x, false),
+            ConvKernel::F16 if f16 => return self.conv2d_f16(F16_KERNEL, &x, &w, Some(&b), upsample2x),
             _ => {}
         }
-        let kernel = if matches!(kernel, ConvKernel::Halo | ConvKernel::F16) { ConvKernel::Tf32x3Tap } else { kernel };
-        let kernel = if kernel == ConvKernel::Tf32x3Tap && !(cin % 16 == 0 && (k == 1 || k == 3)) {
-            ConvKernel::Tf32x3
-        } else {
-            kernel
-        };
-        let w = if kernel == ConvKernel::Tf32x3Tap && k > 1 { self.permute(&w, &[0, 2, 3, 1])? } else { w };
+        let tap = kernel != ConvKernel::Tf32x3 && cin % 16 == 0 && (k == 1 || k == 3);
+        self.conv2d_gemm(if tap { TF32X3_TAP_KERNEL } else { TF32X3_KERNEL }, tap, &x, &w, &b, upsample2x)
+    }
+
+    /// The split-TF32 implicit GEMM `kernel` (a stem, see [`TF32X3_KERNEL`]) on f32 `x`, `w`, `b`
+    /// of a checked shape; `tap_major`: the weight re-laid out `[Cout, k, k, Cin]` first (the
+    /// tap-major kernel, Cin a multiple of 16, k 1 or 3).
+    pub(crate) fn conv2d_gemm(&self, kernel: &str, tap_major: bool, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
+        let (n, cin, h, wd) = dims4(x, "conv2d input")?;
+        let (cout, _, k, _) = dims4(w, "conv2d weight")?;
+        let w = if tap_major && k > 1 { self.permute(w, &[0, 2, 3, 1])? } else { w.clone() };
         let (oh, ow) = if upsample2x { (2 * h, 2 * wd) } else { (h, wd) };
         ensure!((oh * ow) < i32::MAX as usize && cin * k * k < i32::MAX as usize, "conv2d: picture too large");
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         // 1x1 and 3x3 have builds with the kernel size a compile-time constant.
-        // The planted builds (check image): one TF32 product, or the upsample fold off by one.
-        let base = match ctl {
-            Some(ConvControl::Tf32x1) => "moss_ctl_vae_conv_tf32x1".to_string(),
-            Some(ConvControl::FoldOffByOne) => format!("moss_ctl_{}_fold", kernel.name().trim_start_matches("moss_")),
-            _ => kernel.name().to_string(),
-        };
-        let name = format!("{base}{}", match k {
+        let name = format!("{kernel}{}", match k {
             1 => "_k1",
             3 => "_k3",
             _ => "",
@@ -160,7 +114,7 @@ impl Cuda {
         self.launch(
             &name,
             blocks as u32,
-            256,
+            VAE_CONV_THREADS as u32,
             0,
             &[
                 Arg::P(out.ptr()),
@@ -180,27 +134,17 @@ impl Cuda {
 
     /// Whether the halo kernel's shared memory fits this GPU (171 KB for 128 channels, 3x3: an
     /// H100/H200 has 227 KB, an A100 163 KB, sm_86/89/120 99 KB; else the tap-major kernel runs).
-    pub(super) fn halo_fits(&self, bm: usize, k: usize) -> bool {
+    pub(crate) fn halo_fits(&self, bm: usize, k: usize) -> bool {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= halo_smem_bytes(bm, k)).unwrap_or(false)
     }
 
     /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
-    /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch.
-    /// `one_product` runs the planted one-TF32-product build; `bug = 1` the fold off by one.
-    /// `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
+    /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch of
+    /// `kernel` ([`HALO_KERNEL`]). `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
     /// multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn conv2d_halo(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        b: Option<&CudaTensor>,
-        up: bool,
-        one_product: bool,
-        bug: i32,
-        ksplit: bool,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn conv2d_halo(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, ksplit: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
         ensure!(wcin == if ksplit { n * cin } else { cin }, "conv2d_halo: weight {:?} for input {:?}", w.shape, x.shape);
@@ -220,16 +164,10 @@ impl Cuda {
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
-        // The planted builds (check image): one TF32 product, or the upsample fold off by one.
-        let name = match (one_product, bug) {
-            (true, _) => format!("moss_ctl_vae_conv_halo_{sfx}"),
-            (false, 1) => format!("moss_ctl_vae_conv_halo_fold_{sfx}"),
-            _ => format!("moss_vae_conv_halo_{sfx}"),
-        };
         self.launch(
-            &name,
+            &format!("{kernel}_{sfx}"),
             blocks as u32,
-            256,
+            VAE_HALO_THREADS as u32,
             halo_smem_bytes(bm, k) as u32,
             &[
                 Arg::P(out.ptr()),
@@ -253,19 +191,9 @@ impl Cuda {
 
     /// The split-fp16 conv (cuda/vae/conv_fp16.cu; k 1 or 3, any Cin): the weight scaled per output
     /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
-    /// one block per output channel), then one launch. `lo_dropped`: the planted build without the activation lo parts;
-    /// `bug` 1: the upsample fold off by one, 2: output channel 5's weight scale not undone. An
+    /// one block per output channel), then one launch of `kernel` ([`F16_KERNEL`]). An
     /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn conv2d_f16(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        b: Option<&CudaTensor>,
-        up: bool,
-        lo_dropped: bool,
-        bug: i32,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn conv2d_f16(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
         ensure!(wcin == cin && k == k2 && (k == 1 || k == 3), "conv2d_f16: weight {:?} for input {:?}", w.shape, x.shape);
@@ -292,18 +220,10 @@ impl Cuda {
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         let flag = self.vae_flag_ptr()?;
-        // The planted builds (check image): activation lo parts dropped, the upsample fold off by
-        // one (bug 1), channel 5's weight scale not undone (bug 2).
-        let name = match (lo_dropped, bug) {
-            (true, _) => format!("moss_ctl_vae_conv16_{sfx}"),
-            (false, 1) => format!("moss_ctl_vae_conv16_fold_{sfx}"),
-            (false, 2) => format!("moss_ctl_vae_conv16_scale_{sfx}"),
-            _ => format!("moss_vae_conv16_{sfx}"),
-        };
         self.launch(
-            &name,
+            &format!("{kernel}_{sfx}"),
             blocks as u32,
-            256,
+            VAE_HALO_THREADS as u32,
             f16_smem_bytes(bm, k) as u32,
             &[
                 Arg::P(out.ptr()),
@@ -332,15 +252,14 @@ impl Cuda {
         }
     }
 
-    /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`mirrored`: the planted
-    /// build with the taps mirrored in x).
-    pub(super) fn conv2d_small(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, mirrored: bool) -> Result<CudaTensor> {
+    /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`kernel`: [`SMALL_KERNEL`]).
+    pub(crate) fn conv2d_small(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, _, k, _) = dims4(w, "conv2d weight")?;
         let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         self.launch(
-            if mirrored { "moss_ctl_vae_conv_small" } else { "moss_vae_conv_small" },
+            kernel,
             self.grid_for(n * oh * ow),
             256,
             0,

@@ -22,19 +22,19 @@
 //!   split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
 //! - `to_rgb8`: clamp, scale, `rintf`, HWC bytes; only the bytes come back.
 
+pub mod attention;
 pub mod attention_fp16;
 pub mod conv;
 pub mod picture;
 pub mod plan;
 
-pub use conv::{ConvControl, ConvKernel};
+pub(crate) use attention::FLASH_SMEM_BYTES;
+pub use conv::ConvKernel;
 pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
-use conv::{f16_smem_bytes, halo_smem_bytes, HALO_TH};
+use conv::{f16_smem_bytes, halo_smem_bytes};
 
-use crate::backend::cuda::blas::LinearBug;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
-use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
@@ -73,11 +73,6 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda:
     ]
 }
 
-/// cuda/vae/attention_tf32.cu: the head width it is built for, query rows per block, shared memory
-/// (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
-const FLASH_D: usize = 384;
-const FLASH_BQ: usize = 64;
-pub(crate) const FLASH_SMEM_BYTES: usize = 4 * (64 * 388 + 32 * 388 + 32 * 392 + 64 * 36);
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
     ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
@@ -85,7 +80,7 @@ fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
 }
 
 impl Cuda {
-    fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
+    pub(crate) fn f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.cast(x, DType::F32)
     }
 
@@ -179,7 +174,7 @@ impl Cuda {
         // [n·groups, 2] doubles (mean, variance) in an f32 buffer of twice the length.
         let st = self.alloc(DType::F32, &[stats.len() * 2])?;
         let bytes: Vec<u8> = stats.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.write_bytes(st.ptr(), &bytes, false)?;
+        self.write_bytes(st.ptr(), &bytes)?;
         let out = self.alloc(DType::F32, &x.shape)?;
         let total = x.numel();
         self.launch(
@@ -204,168 +199,10 @@ impl Cuda {
         Ok(out)
     }
 
-    /// `spatial_attention`; `prefix` picks the softmax kernel (`moss_ctl` drops the scale);
-    /// `chunk_bytes` bounds the scores one chunk holds.
-    pub(crate) fn spatial_attention_with(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        prefix: &str,
-        chunk_bytes: usize,
-    ) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3, "spatial_attention: expected [N, L, D], got {:?}", q.shape);
-        ensure!(
-            k.shape == q.shape && v.shape == q.shape,
-            "spatial_attention: q {:?}, k {:?}, v {:?}",
-            q.shape,
-            k.shape,
-            v.shape
-        );
-        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        let scale = 1.0 / (d as f64).sqrt();
-        let rows = (chunk_bytes / (4 * l.max(1))).clamp(1, l.max(1));
-        let mut outs = vec![];
-        for ni in 0..n {
-            let (qn, kn, vn) = if n == 1 {
-                (self.reshape(&q, &[l, d])?, self.reshape(&k, &[l, d])?, self.reshape(&v, &[l, d])?)
-            } else {
-                (
-                    self.reshape(&self.narrow(&q, 0, ni, 1)?, &[l, d])?,
-                    self.reshape(&self.narrow(&k, 0, ni, 1)?, &[l, d])?,
-                    self.reshape(&self.narrow(&v, 0, ni, 1)?, &[l, d])?,
-                )
-            };
-            let vt = self.permute(&vn, &[1, 0])?; // [D, L]: P·V = linear(P, Vᵀ)
-            let mut parts = vec![];
-            for r0 in (0..l).step_by(rows) {
-                let rc = rows.min(l - r0);
-                let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
-                let s = self.linear_with(&qc, &kn, None, LinearBug::None)?; // [rc, L]
-                self.launch(
-                    &format!("{prefix}_vae_softmax_rows"),
-                    (rc as u32).min(65535 * 8),
-                    256,
-                    0,
-                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
-                )?;
-                parts.push(self.linear_with(&s, &vt, None, LinearBug::None)?); // [rc, D]
-            }
-            let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
-            outs.push(self.reshape(&o, &[1, l, d])?);
-        }
-        if outs.len() == 1 {
-            Ok(outs.pop().unwrap())
-        } else {
-            self.cat(&outs.iter().collect::<Vec<_>>(), 0)
-        }
-    }
-
-    /// `a · b` for row-major `a [M, K]` and `b [K, N]` on the halo conv kernel (split TF32, fp32
-    /// accuracy): a 1×1 conv with `a` as the weight and `b` as a `[K, N/16, 16]` picture; split
-    /// over K into `ks` images when the output has few tiles, the partial products then summed.
-    /// Needs K % (8·ks) == 0 and N % 16 == 0.
-    fn matmul_split(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-        ensure!(b.shape[0] == k && k % 8 == 0 && n % 16 == 0, "matmul_split: {:?} · {:?}", a.shape, b.shape);
-        // Aim at two 1-block-per-SM waves (`grid_for` caps a grid at 16 blocks per SM).
-        let sms = self.grid_for(usize::MAX) as usize / 16;
-        let tiles = m.div_ceil(128) * (n / 16).div_ceil(HALO_TH);
-        let mut ks = 1;
-        while tiles * ks < 2 * sms && k % (16 * ks) == 0 && k / (2 * ks) >= 1024 {
-            ks *= 2;
-        }
-        let w = self.reshape(a, &[m, k, 1, 1])?;
-        let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(&x, &w, None, false, false, 0, ks > 1)?;
-        let mut sum = self.narrow(&o, 0, 0, 1)?;
-        for i in 1..ks {
-            sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
-        }
-        self.reshape(&sum, &[m, n])
-    }
-
-    /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
-    /// per query chunk `S = Q_c · Kᵀ`, the row softmax, `P · V`. Chunks hold `chunk_bytes / 3` of
-    /// scores (the weight prep of `P` takes twice its size). Needs L % 16 == 0, D % 16 == 0.
-    pub(crate) fn spatial_attention_split(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        prefix: &str,
-        chunk_bytes: usize,
-    ) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
-        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
-        let scale = 1.0 / (d as f64).sqrt();
-        let rows = (chunk_bytes / 3 / (4 * l)).clamp(1, l);
-        let mut outs = vec![];
-        for ni in 0..n {
-            let one = |t: &CudaTensor| -> Result<CudaTensor> {
-                if n == 1 { self.reshape(t, &[l, d]) } else { self.reshape(&self.narrow(t, 0, ni, 1)?, &[l, d]) }
-            };
-            let (qn, kn, vn) = (one(&q)?, one(&k)?, one(&v)?);
-            let kt = self.permute(&kn, &[1, 0])?; // [D, L]
-            let mut parts = vec![];
-            for r0 in (0..l).step_by(rows) {
-                let rc = rows.min(l - r0);
-                let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
-                let s = self.matmul_split(&qc, &kt)?; // [rc, L]
-                self.launch(
-                    &format!("{prefix}_vae_softmax_rows"),
-                    (rc as u32).min(65535 * 8),
-                    256,
-                    0,
-                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
-                )?;
-                parts.push(self.matmul_split(&s, &vn)?); // [rc, D]
-            }
-            let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
-            outs.push(self.reshape(&o, &[1, l, d])?);
-        }
-        if outs.len() == 1 {
-            Ok(outs.pop().unwrap())
-        } else {
-            self.cat(&outs.iter().collect::<Vec<_>>(), 0)
-        }
-    }
-
     /// Whether `bytes` of dynamic shared memory fit a block on this GPU.
-    fn halo_fits_bytes(&self, bytes: usize) -> bool {
+    pub(crate) fn halo_fits_bytes(&self, bytes: usize) -> bool {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
-    }
-
-    /// `spatial_attention` as one flash-style kernel (cuda/vae/attention_tf32.cu, D = 384): split-TF32
-    /// products, online softmax, no scores in memory. `prefix` `moss_ctl` plants the running
-    /// output not rescaled.
-    pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
-        ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
-        let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
-        ensure!(l * d < i32::MAX as usize, "spatial_attention_flash: L {l} too long");
-        let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
-        let out = self.alloc(DType::F32, &[n, l, d])?;
-        let scale = (1.0 / (d as f64).sqrt()) as f32;
-        self.launch_2d(
-            &format!("{prefix}_vae_flash_d384"),
-            (l.div_ceil(FLASH_BQ) as u32, n as u32),
-            256,
-            FLASH_SMEM_BYTES as u32,
-            &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
-        )?;
-        Ok(out)
-    }
-
-    /// Whether the flash attention kernel applies: D = 384 and its 203.5 KB of shared memory
-    /// fit (H100/H200; not an A100 or sm_86/89/120).
-    pub(crate) fn flash_fits(&self, d: usize) -> bool {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
-        d == FLASH_D && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= FLASH_SMEM_BYTES).unwrap_or(false)
     }
 
     /// `to_rgb8` as a device byte buffer (`moss_ctl` truncates instead of rounding).
@@ -505,10 +342,32 @@ impl VaeOps for Cuda {
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         self.to_rgb8_with(x, "moss")
     }
-    fn conv_overflow(&self) -> Result<bool> {
+    /// `decode`, and again with the convolutions on the split-TF32 halo kernel when the fp16-split
+    /// one met an activation past the fp16 range (|x| > 65504; one line on stderr). The flag is
+    /// read once, after the decode (which has synchronised to bring its result back anyway).
+    fn run_decode<R>(&self, decode: impl Fn() -> Result<R>) -> Result<R> {
+        self.conv_overflow()?; // a stale flag (an earlier failed decode) is not this decode's
+        let r = decode()?;
+        if !self.conv_overflow()? {
+            return Ok(r);
+        }
+        eprintln!("moss: VAE decode: an activation past the fp16 range (|x| > 65504) in the fp16-split convolution; decoding again with the TF32 convolution");
+        self.set_conv_fallback(true);
+        let r = decode();
+        self.set_conv_fallback(false);
+        r
+    }
+}
+
+impl Cuda {
+    /// Whether a convolution since the last call met an activation past the fp16-split conv's
+    /// range; clears the flag. Waits for the stream.
+    pub(crate) fn conv_overflow(&self) -> Result<bool> {
         self.vae_flag_take()
     }
-    fn set_conv_fallback(&self, on: bool) {
+
+    /// Run the convolutions on the split-TF32 halo kernel (full range) while on.
+    pub(crate) fn set_conv_fallback(&self, on: bool) {
         self.set_vae_tf32_fallback(on)
     }
 }

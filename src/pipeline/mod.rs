@@ -7,7 +7,9 @@ use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::options::Precision;
 use crate::png;
+pub use crate::prompt::Cut;
 use crate::prompt::PromptTokenizer;
 pub use crate::run_plan::MemoryOptions;
 use crate::run_plan::{Budget, RunPlan};
@@ -15,6 +17,9 @@ use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+mod files;
+pub use files::*;
 
 /// Everything one picture needs.
 #[derive(Clone, Debug)]
@@ -38,6 +43,10 @@ pub struct Request {
     pub precision: crate::options::Precision,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
+    /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
+    pub quality: Option<u8>,
+    /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
+    pub cut: Cut,
 }
 
 /// What a finished picture reports.
@@ -52,6 +61,8 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
+    pub lora_merge_s: f64,
     /// Each stage split into loading its weights (host time reading and issuing the copies, or
     /// waiting for a load that ran behind the previous stage) and the rest.
     pub encode_load_s: f64,
@@ -77,7 +88,8 @@ impl Report {
                         "encode_load_s": self.encode_load_s, "encode_compute_s": self.encode_s - self.encode_load_s,
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
-                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s},
+                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
+                        "lora_merge_s": self.lora_merge_s},
             "plan": self.plan,
         })
         .to_string()
@@ -86,12 +98,13 @@ impl Report {
     /// The `-v` line of the timings: each stage's load and compute.
     pub fn timing_line(&self) -> String {
         format!(
-            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}), decode {:.2} s (load {:.2}), total {:.2} s",
+            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}{}), decode {:.2} s (load {:.2}), total {:.2} s",
             self.encode_s,
             self.encode_load_s,
             self.denoise_s,
             self.denoise_load_s,
             if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
+            if self.lora_merge_s > 0.0 { format!(", LoRA merge {:.3}", self.lora_merge_s) } else { String::new() },
             self.decode_s,
             self.decode_load_s,
             self.total_s
@@ -155,7 +168,8 @@ pub fn validate(req: &Request) -> Result<()> {
 }
 
 /// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
-/// be one of them, and its two outputs may not be one file.
+/// be one of them, and its two outputs may not be one file. Then the picture's format (its
+/// extension, `req.quality`): a clash is the graver mistake, said first.
 pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
@@ -169,7 +183,8 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     if let Some(p) = &req.embeds {
         ins.push(("the embeds file", p));
     }
-    crate::output::check_distinct(&outs, &ins)
+    crate::output::check_distinct(&outs, &ins)?;
+    crate::picture::check(&req.out, req.quality).map(|_| ())
 }
 
 /// `out` is none of the checkpoint's files.
@@ -201,37 +216,54 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
     Ok(ck)
 }
 
+/// The warning for `--uncond-skip` indices past the transformer's last block (they skip nothing).
+pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
+    let blocks = ck.dit.num_layers;
+    let past: Vec<String> = skip.iter().filter(|&&i| i >= blocks).map(|i| i.to_string()).collect();
+    (!past.is_empty()).then(|| {
+        format!(
+            "--uncond-skip {}: the transformer has {blocks} blocks (0..{}); an index past the last skips nothing",
+            past.join(","),
+            blocks - 1
+        )
+    })
+}
+
 /// The CUDA backend on `cuda:n`, or a clear error naming the device.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
 }
 
-/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states rounded to bf16.
+/// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states as
+/// [`stage_boundary`] keeps them at `precision`.
 pub fn encode_prompts<B: EncoderOps>(
     b: &B,
     ck: &Checkpoint,
     texts: &[&str],
     max_tokens: usize,
+    precision: Precision,
     progress: &mut dyn Progress,
-) -> Result<Vec<Encoded>> {
-    let tokens = tokenize_prompts(ck, texts, max_tokens, progress)?;
-    encode_ids(b, ck, texts, tokens, progress)
+) -> Result<(Vec<Encoded>, Cut)> {
+    let (tokens, cut) = tokenize_prompts(ck, texts, max_tokens, progress)?;
+    Ok((encode_ids(b, ck, texts, tokens, precision, progress)?, cut))
 }
 
 /// The chat-wrapped token ids of `texts` (the prompt first, then the negative), each cut at
-/// `max_tokens` with a warning.
-pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<Vec<Vec<u32>>> {
+/// `max_tokens` with a warning, and what was cut.
+pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, progress: &mut dyn Progress) -> Result<(Vec<Vec<u32>>, Cut)> {
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut tokens = vec![];
+    let mut cut = Cut::default();
     for (i, t) in texts.iter().enumerate() {
         let tk = tok.encode(t, max_tokens)?;
         if let Some(n) = tk.truncated_from {
             let what = if i == 0 { "prompt" } else { "negative prompt" };
             progress.warn(&format!("{what} has {n} tokens; keeping the first {max_tokens}"));
         }
+        *(if i == 0 { &mut cut.prompt } else { &mut cut.negative }) = tk.truncated_from;
         tokens.push(tk.ids);
     }
-    Ok(tokens)
+    Ok((tokens, cut))
 }
 
 /// [`encode_prompts`] on ids already made by [`tokenize_prompts`] (one list per text).
@@ -240,6 +272,7 @@ pub fn encode_ids<B: EncoderOps>(
     ck: &Checkpoint,
     texts: &[&str],
     tokens: Vec<Vec<u32>>,
+    precision: Precision,
     progress: &mut dyn Progress,
 ) -> Result<Vec<Encoded>> {
     progress.stage("encode");
@@ -247,18 +280,28 @@ pub fn encode_ids<B: EncoderOps>(
     let enc = Encoder::load(b, &comp, &ck.encoder)?;
     let mut out = vec![];
     for (t, ids) in texts.iter().zip(tokens) {
-        let hidden = hidden_states(b, &enc, &ids)?;
+        let hidden = hidden_states(b, &enc, &ids, precision)?;
         out.push(Encoded { text: t.to_string(), ids, hidden });
     }
     Ok(out)
 }
 
-/// The encoder's hidden states of one token list, rounded to bf16 (what the DiT is fed:
-/// `generate`, batch mode and the server all encode through here).
-pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32]) -> Result<Tensor> {
-    let h = enc.forward(b, ids)?.round_bf16();
+/// The encoder's hidden states of one token list as the DiT is fed them ([`stage_boundary`]):
+/// `generate`, batch mode and the server all encode through here.
+pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32], precision: Precision) -> Result<Tensor> {
+    let h = stage_boundary(enc.forward(b, ids)?, precision);
     crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
     Ok(h)
+}
+
+/// Hidden states between the encoder and the DiT: rounded to bf16 at `--precision bf16` (the
+/// spec's summary, step 2: the pipeline keeps `last_hidden_state` in bf16), left fp32 at
+/// `--precision fp32`, so that mode is fp32 end to end.
+pub fn stage_boundary(h: Tensor, precision: Precision) -> Tensor {
+    match precision {
+        Precision::Bf16 => h.round_bf16(),
+        Precision::Fp32 => h,
+    }
 }
 
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
@@ -339,81 +382,27 @@ pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result
 }
 
 /// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
-/// with the picture's metadata. `generate`, batch mode and the server all write these bytes.
-pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor) -> Result<Vec<u8>> {
+/// with the picture's metadata in the format of `req.out` (PNG for the server's empty path).
+/// `generate`, batch mode and the server all write these bytes.
+pub fn picture_bytes<B: VaeOps>(
+    b: &B,
+    vae: &VaeDecoder<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    z: &Tensor,
+    progress: &mut dyn Progress,
+) -> Result<Vec<u8>> {
     let rgb = vae.decode_rgb8(b, z)?;
-    png::encode(&rgb, req.width, req.height, &metadata(req, ck))
+    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.width, req.height, &metadata(req, ck))?;
+    if let Some(w) = pic.warning(&req.out) {
+        progress.warn(&w);
+    }
+    Ok(pic.bytes)
 }
 
 /// The PNG text metadata of a picture rendered for `req` (`crate::metadata`).
 pub fn metadata(req: &Request, ck: &Checkpoint) -> png::Metadata {
     crate::metadata::for_request(req, ck)
-}
-
-/// The `format` of a latents file's `moss` metadata.
-pub const LATENTS_FORMAT: &str = "moss-latents-1";
-
-/// The final latents as a self-describing safetensors file: tensor `latents` (f32 `[1, C, h, w]`)
-/// and the picture's settings, which `moss decode` reads back (no `--size` needed).
-pub fn latents_bytes(req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u8>> {
-    let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, z.shape.clone(), &bytes)?;
-    // One metadata key (a HashMap's order would change the bytes from run to run).
-    let mut settings = serde_json::to_value(crate::metadata::Params::of(req, ck))?;
-    settings["format"] = serde_json::json!(LATENTS_FORMAT);
-    let meta = std::collections::HashMap::from([("moss".to_string(), settings.to_string())]);
-    Ok(safetensors::tensor::serialize([("latents", view)], Some(meta))?)
-}
-
-/// Latents from a file: a `moss-latents-1` safetensors (with the settings it was made with) or
-/// raw little-endian f32 (`size` or a square inferred from the length).
-pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<(Tensor, Option<crate::metadata::Params>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read latents {}", path.display()))?;
-    let looks_st = bytes.len() > 9
-        && bytes[8] == b'{'
-        && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
-    let (z, params) = if looks_st {
-        let bad = |why: String| anyhow::anyhow!("{} is not a moss latents file: {why}", path.display());
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("{e:?}")))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{e:?}")))?;
-        let m = meta.metadata().clone().unwrap_or_default();
-        let settings: serde_json::Value = m.get("moss").and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default();
-        if settings["format"] != LATENTS_FORMAT {
-            bail!(bad(format!("no `moss` metadata of format {LATENTS_FORMAT}")));
-        }
-        let v = st.tensor("latents").map_err(|_| bad("tensor `latents` missing".into()))?;
-        let shape = v.shape().to_vec();
-        if v.dtype() != safetensors::Dtype::F32 || shape.len() != 4 || shape[0] != 1 || shape[1] != channels {
-            bail!(bad(format!("`latents` must be f32 [1,{channels},h,w], is {:?} {shape:?}", v.dtype())));
-        }
-        if let Some((w, h)) = size {
-            if (h / 16, w / 16) != (shape[2] as u32, shape[3] as u32) {
-                bail!("{} holds a {}x{} picture's latents, not {w}x{h}", path.display(), shape[3] * 16, shape[2] * 16);
-            }
-        }
-        if shape[2] * 16 > crate::options::MAX_SIDE as usize || shape[3] * 16 > crate::options::MAX_SIDE as usize || shape[2] == 0 || shape[3] == 0 {
-            bail!(bad(format!("latents {shape:?} are not a picture of 16..{} a side", crate::options::MAX_SIDE)));
-        }
-        let data = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let params = serde_json::from_value(settings).ok();
-        (Tensor::new(shape, data)?, params)
-    } else {
-        let (h, w) = latent_grid(bytes.len() as u64, channels, size)?;
-        let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        (Tensor::new(vec![1, channels, h, w], data)?, None)
-    };
-    crate::tensor::ensure_finite(&format!("latents file {}", path.display()), &z.data)?;
-    Ok((z, params))
-}
-
-/// Raw little-endian f32 latents (the bench tools' format; `moss decode` reads it too).
-pub fn write_latents_raw(path: &Path, z: &Tensor) -> Result<()> {
-    let bytes: Vec<u8> = z.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    crate::output::write(path, &bytes)
-}
-
-pub fn write_latents(path: &Path, req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<()> {
-    crate::output::write(path, &latents_bytes(req, ck, z)?)
 }
 
 /// One picture, end to end.
@@ -453,13 +442,17 @@ pub fn generate_planned(
             Device::Cpu => None,
         };
         let mut ck = open_checkpoint(model)?;
-        ck.attach_loras(loras)?;
         check_outputs(req, &ck)?;
+        ck.attach_loras(loras)?;
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
-        let tokens = match &req.embeds {
-            Some(_) => None,
-            None => Some(tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?),
+        let (tokens, cut) = match &req.embeds {
+            Some(_) => (None, Cut::default()),
+            None => {
+                let (t, cut) = tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?;
+                (Some(t), cut)
+            }
         };
+        let req = &Request { cut, ..req.clone() };
         let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
             let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
@@ -559,8 +552,14 @@ where
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
-            from_embeds = Some(Request { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), ..req.clone() });
-            (e.cond.hidden, e.uncond.hidden, None)
+            from_embeds = Some(Request {
+                prompt: e.cond.text.clone(),
+                negative: e.uncond.text.clone(),
+                max_tokens: e.max_tokens,
+                cut: e.cut,
+                ..req.clone()
+            });
+            (stage_boundary(e.cond.hidden, req.precision), stage_boundary(e.uncond.hidden, req.precision), None)
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
         (None, Some(tokens)) => {
@@ -569,7 +568,7 @@ where
             let comp = ck.open_component("text_encoder")?;
             let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
             rep.encode_load_s = t.elapsed().as_secs_f64();
-            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids)).collect() };
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids, req.precision)).collect() };
             // On a device with room for both, the transformer loads on another thread (its copies
             // behind the encoder's compute on the copy stream) while the encoder runs.
             let (mut hidden, dit) = if plan.overlap && b.loads_behind() {
@@ -609,6 +608,7 @@ where
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
+    rep.lora_merge_s = ck.loras.clock.total().0;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }
@@ -618,116 +618,9 @@ where
     b.limit_vae_activations(plan.vae_activations);
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
-    let bytes = picture_bytes(b, &vae, ck, req, &z)?;
+    let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
     crate::output::write(&req.out, &bytes)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)
-}
-
-/// `moss encode`.
-pub fn encode_to_file(
-    prompt: &str,
-    negative: &str,
-    max_tokens: usize,
-    out: &Path,
-    model: &str,
-    device: Device,
-    progress: &mut dyn Progress,
-) -> Result<()> {
-    crate::output::check(out)?;
-    let ck = open_checkpoint(model)?;
-    check_not_checkpoint(out, &ck)?;
-    let mut enc = match device {
-        Device::Cpu => encode_prompts(&Cpu, &ck, &[prompt, negative], max_tokens, progress)?,
-        Device::Cuda(n) => {
-            let b = cuda(n, crate::options::Precision::Bf16)?;
-            encode_prompts(&b, &ck, &[prompt, negative], max_tokens, progress)?
-        }
-    };
-    let uncond = enc.pop().unwrap();
-    let cond = enc.pop().unwrap();
-    let bytes = crate::embeds::to_bytes(&Embeds { cond, uncond, model: ck.loc.id.clone() })?;
-    crate::output::write(out, &bytes)
-}
-
-/// The latent grid `(h, w)` a raw latents file of `len` bytes holds (little-endian f32
-/// `[1, channels, h, w]`): the given size `(W, H)`, or a square one inferred from the length.
-/// A length that fits no size (or not the given one) is refused, naming the length expected.
-pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Result<(usize, usize)> {
-    let per = (channels * 4) as u64; // bytes of one latent cell (16x16 pixels)
-    match size {
-        Some((w, h)) => {
-            let (lh, lw) = ((h / 16) as u64, (w / 16) as u64);
-            let want = per * lh * lw;
-            if len != want {
-                bail!("latents file is {len} bytes; a {w}x{h} picture needs exactly {want} (f32 [1,{channels},{lh},{lw}])");
-            }
-            Ok((lh as usize, lw as usize))
-        }
-        None => {
-            let cells = len / per;
-            let side = (cells as f64).sqrt().round() as u64;
-            if len.is_multiple_of(per) && side > 0 && side * side == cells {
-                if side * 16 > crate::options::MAX_SIDE as u64 {
-                    bail!(
-                        "latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}",
-                        side * 16,
-                        crate::options::MAX_SIDE
-                    );
-                }
-                return Ok((side as usize, side as usize));
-            }
-            // The square sizes on either side of this length, for the message.
-            let lo = ((len as f64 / per as f64).sqrt().floor() as u64).max(1);
-            let near = [lo, lo + 1].map(|s| format!("{0}x{0} needs {1} bytes", s * 16, per * s * s)).join(", ");
-            if !len.is_multiple_of(per) || cells == 0 {
-                bail!(
-                    "latents file is {len} bytes, which fits no picture size: f32 [1,{channels},h,w] latents are \
-                     {per}*h*w bytes (a square picture: {near})"
-                );
-            }
-            bail!(
-                "latents file is {len} bytes ({cells} latent cells), which fits no square size ({near}); \
-                 pass --size WxH for a non-square picture"
-            )
-        }
-    }
-}
-
-/// `moss decode`.
-/// `strip_rows`: decode in strips of that many rows (of each layer) with every kept picture in
-/// host memory, instead of what the memory plan picks (the same bytes; for tests of the split path).
-pub fn decode_file(latents: &Path, size: Option<(u32, u32)>, out: &Path, model: &str, device: Device, strip_rows: Option<usize>) -> Result<()> {
-    std::fs::metadata(latents).with_context(|| format!("cannot read latents {}", latents.display()))?;
-    crate::output::check(out)?;
-    crate::output::check_distinct(&[("--out", out)], &[("the latents file", latents)])?;
-    let ck = open_checkpoint(model)?;
-    check_not_checkpoint(out, &ck)?;
-    let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
-    let (h, w) = (z.shape[2], z.shape[3]);
-    fn decode_on<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor, strip_rows: Option<usize>) -> Result<Vec<u8>> {
-        let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
-        match strip_rows {
-            Some(n) => vae.decode_rgb8_with(b, z, crate::model::vae::Split::strips(n)),
-            None => vae.decode_rgb8(b, z),
-        }
-    }
-    let rgb = match device {
-        Device::Cpu => decode_on(&Cpu, &ck, &z, strip_rows)?,
-        Device::Cuda(n) => decode_on(&cuda(n, crate::options::Precision::Fp32)?, &ck, &z, strip_rows)?,
-    };
-    // The settings the latents were made with, when the file carries them.
-    let m = match params {
-        Some(p) => p.to_png(),
-        None => {
-            let mut m = png::Metadata::default();
-            m.push("moss:model", &ck.loc.id);
-            m.push("moss:source", latents.display());
-            m.push("Software", crate::metadata::version());
-            m
-        }
-    };
-    let png_bytes = png::encode(&rgb, (w * 16) as u32, (h * 16) as u32, &m)?;
-    crate::output::write(out, &png_bytes)
 }

@@ -1,0 +1,21 @@
+// Launch constants of the DiT kernels: the kernels use them, and the host code launches with
+// them (build.rs turns this file into Rust constants: src/backend/cuda/launch.rs). Only
+// `#define NAME EXPR` lines (integers, names above, + - * / % and parentheses) and comments.
+#pragma once
+
+// Head dim of the flash attention kernels (bf16 q, k, v, o).
+#define DIT_FLASH_HEAD_DIM 128
+// cuda/dit/flash_attention.cu (every GPU): query rows a block (grid: ceil(N / rows) x heads).
+#define DIT_FLASH_ROWS 64
+// Its threads (4 warps of 16 query rows).
+#define DIT_FLASH_THREADS 128
+// Its dynamic shared memory: four [64][128] bf16 tiles (K and V double-buffered, Q in the second
+// K buffer), 64 KiB: three blocks an SM.
+#define DIT_FLASH_SMEM (4 * 64 * DIT_FLASH_HEAD_DIM * 2)
+// cuda/dit/sm90a/flash_attention_ws.cu (Hopper): query rows a block.
+#define DIT_FLASH_WS_ROWS 128
+// Its threads: a producer warpgroup and two consumer warpgroups.
+#define DIT_FLASH_WS_THREADS 384
+// Its dynamic shared memory: the Q tile and three-stage K and V rings of 32 KiB tiles, 128 bytes
+// of mbarriers and scratch, 1024 bytes to align the base.
+#define DIT_FLASH_WS_SMEM (32768 * 7 + 128 + 1024)

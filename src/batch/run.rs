@@ -1,0 +1,275 @@
+//! The run: the options, the summary, the progress callbacks, and the driver that plans and
+//! renders this shard's chunks.
+
+use super::*;
+use crate::backend::cpu::Cpu;
+use crate::backend::Device;
+use crate::pipeline::{self, Interrupted};
+use crate::prompt::PromptTokenizer;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct BatchOptions {
+    /// The list; `-` reads stdin.
+    pub prompts: PathBuf,
+    /// Adapters merged into the transformer once, before the first picture.
+    pub loras: Vec<crate::lora::LoraSpec>,
+    pub defaults: Defaults,
+    pub out_dir: PathBuf,
+    pub name: String,
+    pub skip_existing: bool,
+    /// Let a list item's `out` be an absolute path (off by default: a list is untrusted input).
+    pub allow_absolute_out: bool,
+    pub shard: Shard,
+    pub chunk: Option<usize>,
+    pub uncond_skip: Vec<usize>,
+    pub skip_window: (f64, f64),
+    pub max_tokens: usize,
+    pub model: String,
+    pub device: Device,
+    pub precision: crate::options::Precision,
+    /// JPEG quality (`--quality`) for the items written as JPEG.
+    pub quality: Option<u8>,
+    /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
+    /// largest picture), networks that do not fit stream.
+    pub memory: crate::run_plan::MemoryOptions,
+}
+
+/// A written picture.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub index: usize,
+    pub line: usize,
+    pub path: PathBuf,
+    pub seed: u64,
+    pub steps: u32,
+    pub width: u32,
+    pub height: u32,
+    /// This picture's own compute: encoding its texts (0 when an earlier item of its chunk had
+    /// the same ones), denoising, decoding and writing. Weight loading is not in them.
+    pub encode_s: f64,
+    pub denoise_s: f64,
+    pub decode_s: f64,
+    /// Seconds since the batch started.
+    pub elapsed_s: f64,
+}
+
+impl Finished {
+    pub fn json(&self) -> String {
+        serde_json::json!({
+            "index": self.index,
+            "line": self.line,
+            "path": self.path.display().to_string(),
+            "seed": self.seed,
+            "steps": self.steps,
+            "width": self.width,
+            "height": self.height,
+            "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s, "decode_s": self.decode_s,
+                        "total_s": self.encode_s + self.denoise_s + self.decode_s},
+            "elapsed_s": self.elapsed_s,
+        })
+        .to_string()
+    }
+}
+
+/// How a batch ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    pub written: usize,
+    /// Items of this shard that were not rendered: bad lines and failed renders.
+    pub failed: usize,
+    pub skipped: usize,
+    pub elsewhere: usize,
+    /// The signal that stopped the run early.
+    pub stopped_by: Option<i32>,
+}
+
+/// What the batch tells the user (the CLI draws bars on a terminal; the default says nothing).
+pub trait BatchProgress {
+    /// The work ahead: `pictures` to render, with `steps` denoising steps in all.
+    fn begin(&mut self, _pictures: usize, _steps: u64) {}
+    /// Stage `name` ("encode", "denoise", "decode") of chunk `chunk` of `chunks` (from 0) starts.
+    fn stage(&mut self, _name: &str, _chunk: usize, _chunks: usize) {}
+    /// Work on `job` starts in the current stage: `i` of the `n` in it (from 0).
+    fn item(&mut self, _job: &Job, _i: usize, _n: usize) {}
+    /// A denoising step of the current picture ended.
+    fn step(&mut self, _done: usize, _total: usize) {}
+    fn finished(&mut self, _f: &Finished) {}
+    /// An item failed; `msg` starts with `FILE:LINE:`.
+    fn failed(&mut self, msg: &str) {
+        eprintln!("moss: error: {msg}");
+    }
+    fn warn(&mut self, msg: &str) {
+        eprintln!("moss: warning: {msg}");
+    }
+}
+
+pub struct Quiet;
+impl BatchProgress for Quiet {}
+
+/// Read the list: a file, or stdin for `-`.
+pub(super) fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
+    if p.as_os_str() == "-" {
+        let mut b = vec![];
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("cannot read the prompts from stdin")?;
+        Ok((b, "<stdin>".to_string()))
+    } else {
+        let b = std::fs::read(p).with_context(|| format!("cannot read prompts {}", p.display()))?;
+        Ok((b, p.display().to_string()))
+    }
+}
+
+/// Token ids of a job's texts (the negative only with guidance != 1).
+pub(super) struct Texts {
+    pub(super) prompt: Vec<u32>,
+    pub(super) negative: Option<Vec<u32>>,
+    pub(super) cut: pipeline::Cut,
+}
+
+/// `moss generate --prompts`: plan, then render this shard's items chunk by chunk.
+pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary> {
+    let t0 = Instant::now();
+    check_defaults(&o.defaults)?;
+    let name = Template::parse(&o.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let example = name.render(&NameVars { index: 0, line: 1, seed: o.defaults.seed, shard: 0, prompt: "" });
+    crate::picture::Format::of(Path::new(&example)).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let (bytes, src) = read_list(&o.prompts)?;
+    std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
+    crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
+    let mut ck = pipeline::open_checkpoint(&o.model)?;
+    ck.attach_loras(&o.loras)?;
+
+    let entries = parse_list(&bytes, &o.defaults);
+    let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
+    if let Some(q) = o.quality {
+        let jpeg = |j: &Job| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg);
+        if !plan.jobs.iter().chain(&plan.skipped).any(jpeg) {
+            anyhow::bail!("--quality {q} applies to JPEG pictures (.jpg, .jpeg), and this batch writes none");
+        }
+        crate::picture::check(Path::new("x.jpg"), Some(q))?;
+    }
+    let mut sum = Summary { skipped: plan.skipped.len(), elsewhere: plan.elsewhere, ..Default::default() };
+    for b in &plan.bad {
+        progress.failed(&format!("{src}:{}: {}", b.line, b.error));
+        sum.failed += 1;
+    }
+
+    // Folders and tokens, still before any weights are read. No output may be an input.
+    let ck_files = crate::output::files_below(&ck.loc.root);
+    let mut inputs: Vec<(&str, &Path)> = ck_files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
+    if !crate::output::is_stdout(&o.prompts) {
+        inputs.push(("the prompts list", &o.prompts));
+    }
+    let inputs = crate::output::Inputs::new(&inputs);
+    let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();
+    let mut jobs = vec![];
+    let mut texts = vec![];
+    for j in plan.jobs {
+        let at = format!("{src}:{}", j.item.line);
+        let dir = j.path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let ok = folders
+            .entry(dir.clone())
+            .or_insert_with(|| {
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create folder {}", dir.display()))
+                    .and_then(|_| crate::output::check(&j.path))
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .clone();
+        let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
+            crate::output::target(&j.path)?;
+            crate::output::check_against(&[("the output", &j.path)], &inputs)?;
+            let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
+                let tk = tok.encode(t, o.max_tokens)?;
+                if let Some(n) = tk.truncated_from {
+                    progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.max_tokens));
+                }
+                Ok((tk.ids, tk.truncated_from))
+            };
+            let (prompt, prompt_cut) = enc(&j.item.prompt, "prompt")?;
+            let (negative, negative_cut) = match j.item.guidance != 1.0 {
+                true => enc(&j.item.negative, "negative prompt").map(|(ids, cut)| (Some(ids), cut))?,
+                false => (None, None),
+            };
+            Ok(Texts { prompt, negative, cut: pipeline::Cut { prompt: prompt_cut, negative: negative_cut } })
+        });
+        match tk {
+            Ok(t) => {
+                jobs.push(j);
+                texts.push(t);
+            }
+            Err(e) => {
+                progress.failed(&format!("{at}: {e:#}"));
+                sum.failed += 1;
+            }
+        }
+    }
+    if jobs.is_empty() {
+        return Ok(sum);
+    }
+
+    let hidden = ck.encoder.hidden_size;
+    let c = ck.dit.latent_channels;
+    let costs: Vec<u64> = jobs
+        .iter()
+        .zip(&texts)
+        .map(|(j, t)| {
+            let n = t.prompt.len() + t.negative.as_ref().map_or(0, |v| v.len());
+            job_bytes(n, hidden, c, j.item.width, j.item.height)
+        })
+        .collect();
+    // On the CPU a picture takes minutes or hours and a weight load well under its time: chunks
+    // of one write every picture as soon as it is decoded, so a stopped list keeps its work.
+    let max_items = o.chunk.or(match o.device {
+        Device::Cpu => Some(1),
+        Device::Cuda(_) => None,
+    });
+    let chunks = plan_chunks(&costs, chunk_budget_bytes(o.device), max_items);
+    progress.begin(jobs.len(), jobs.iter().map(|j| j.item.steps as u64).sum());
+    let ctx = Ctx { ck: &ck, o, src: &src, t0 };
+    // One memory plan for the whole list (the longest prompt, the largest picture), made before
+    // any weights load: what stays resident, what streams; refused naming the smallest cap.
+    let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
+    let largest = jobs.iter().map(|j| (j.item.width, j.item.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
+    let plan_for = |budget: crate::run_plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::run_plan::RunPlan>> {
+        let (Some(l), Some(size)) = (tokens, largest) else { return Ok(None) };
+        let nets = crate::run_plan::networks(&ck, &budget, l, size)?;
+        let p = crate::run_plan::decide(&nets, &budget, &o.memory)?;
+        if let Some(w) = &p.warning {
+            progress.warn(w);
+        }
+        Ok(Some(p))
+    };
+    let r = match o.device {
+        Device::Cpu => {
+            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 };
+            let plan = plan_for(budget, progress)?;
+            render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
+        }
+        Device::Cuda(n) => {
+            let cu = pipeline::cuda(n, o.precision)?;
+            let (free, total) = cu.gpu().mem_info()?;
+            let bf16 = crate::backend::cuda::ops::loaded_dtype(crate::checkpoint::Dtype::BF16, o.precision).size();
+            let budget = crate::run_plan::Budget {
+                memory: Some((free as u64, total as u64)),
+                overhead: cu.process_overhead(),
+                bf16_loaded: bf16,
+                act: cu.act_dtype(),
+            };
+            let plan = plan_for(budget, progress)?;
+            render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
+        }
+    };
+    match r {
+        Ok(()) => Ok(sum),
+        Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
+            sum.stopped_by = Some(stop_signal().unwrap_or(2));
+            Ok(sum)
+        }
+        Err(e) => Err(e),
+    }
+}

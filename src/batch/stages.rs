@@ -1,0 +1,200 @@
+//! One chunk through the three stages: encode every distinct text, denoise every item, decode
+//! and write every picture, each network loaded once.
+
+use super::*;
+use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::checkpoint::Checkpoint;
+use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::pipeline::{self, Interrupted, Progress, Request};
+use crate::tensor::Tensor;
+use anyhow::Result;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Instant;
+
+pub(super) struct Ctx<'a> {
+    pub(super) ck: &'a Checkpoint,
+    pub(super) o: &'a BatchOptions,
+    pub(super) src: &'a str,
+    pub(super) t0: Instant,
+}
+
+impl Ctx<'_> {
+    fn request(&self, j: &Job, t: &Texts) -> Request {
+        let it = &j.item;
+        Request {
+            prompt: it.prompt.clone(),
+            negative: it.negative.clone(),
+            seed: it.seed,
+            steps: it.steps,
+            guidance: it.guidance,
+            width: it.width,
+            height: it.height,
+            out: j.path.clone(),
+            save_latents: None,
+            embeds: None,
+            prompt_file: None,
+            device: self.o.device,
+            uncond_skip: self.o.uncond_skip.clone(),
+            skip_window: self.o.skip_window,
+            max_tokens: self.o.max_tokens,
+            precision: self.o.precision,
+            // --quality is for the batch's JPEG pictures; its PNG and WebP ones have none.
+            quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
+            cut: t.cut,
+        }
+    }
+}
+
+pub(super) fn check_stop() -> Result<()> {
+    if stop_signal().is_some() {
+        return Err(Interrupted.into());
+    }
+    Ok(())
+}
+
+/// Steps of one picture go to the batch's progress; the stop request is asked after each.
+pub(super) struct Steps<'a>(&'a mut dyn BatchProgress);
+
+impl Progress for Steps<'_> {
+    fn step(&mut self, done: usize, total: usize) {
+        self.0.step(done, total);
+    }
+    fn warn(&mut self, msg: &str) {
+        self.0.warn(msg);
+    }
+    fn cancelled(&self) -> bool {
+        stop_signal().is_some()
+    }
+}
+
+/// Per-picture state through the stages of a chunk.
+#[derive(Default)]
+pub(super) struct Slot {
+    pub(super) failed: bool,
+    pub(super) encode_s: f64,
+    pub(super) denoise_s: f64,
+    pub(super) latents: Option<Tensor>,
+}
+
+/// Render the chunks; a failing item is reported and the rest go on; a failing component load
+/// ends the run (Err), as does a stop request (Err(Interrupted)).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
+    b: &B,
+    cx: &Ctx,
+    plan: Option<&crate::run_plan::RunPlan>,
+    jobs: &[Job],
+    texts: &[Texts],
+    chunks: &[Range<usize>],
+    progress: &mut dyn BatchProgress,
+    sum: &mut Summary,
+) -> Result<()> {
+    let ck = cx.ck;
+    for (ci, range) in chunks.iter().enumerate() {
+        let jobs = &jobs[range.clone()];
+        let texts = &texts[range.clone()];
+        let mut slots: Vec<Slot> = jobs.iter().map(|_| Slot::default()).collect();
+        let fail = |slot: &mut Slot, j: &Job, e: &anyhow::Error, progress: &mut dyn BatchProgress, sum: &mut Summary| {
+            progress.failed(&format!("{}:{}: {e:#}", cx.src, j.item.line));
+            slot.failed = true;
+            sum.failed += 1;
+        };
+
+        // 1. Encode every distinct text once; then the encoder is freed.
+        progress.stage("encode", ci, chunks.len());
+        let mut hidden: HashMap<&[u32], Tensor> = HashMap::new();
+        {
+            let comp = ck.open_component("text_encoder")?;
+            let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.map_or(usize::MAX, |p| p.encoder_resident))?;
+            for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
+                progress.item(j, i, jobs.len());
+                let t1 = Instant::now();
+                for ids in std::iter::once(&t.prompt).chain(t.negative.as_ref()) {
+                    if hidden.contains_key(ids.as_slice()) {
+                        continue;
+                    }
+                    check_stop()?;
+                    match pipeline::hidden_states(b, &enc, ids, cx.o.precision) {
+                        Ok(h) => {
+                            hidden.insert(ids.as_slice(), h);
+                        }
+                        Err(e) => {
+                            fail(&mut slots[i], j, &e, progress, sum);
+                            break;
+                        }
+                    }
+                }
+                slots[i].encode_s = t1.elapsed().as_secs_f64();
+            }
+        }
+
+        if slots.iter().all(|s| s.failed) {
+            continue;
+        }
+
+        // 2. Denoise every picture with the DiT loaded once; then it is freed.
+        progress.stage("denoise", ci, chunks.len());
+        b.release_cached()?; // the encoder is gone
+        {
+            let comp = ck.open_component("transformer")?;
+            let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident))?;
+            for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
+                if slots[i].failed {
+                    continue;
+                }
+                check_stop()?;
+                progress.item(j, i, jobs.len());
+                let cond = &hidden[t.prompt.as_slice()];
+                let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
+                let t1 = Instant::now();
+                match pipeline::denoise_with(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress)) {
+                    Ok(z) => slots[i].latents = Some(z),
+                    Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
+                    Err(e) => fail(&mut slots[i], j, &e, progress, sum),
+                }
+                slots[i].denoise_s = t1.elapsed().as_secs_f64();
+            }
+        }
+        drop(hidden);
+        b.release_cached()?; // the DiT is gone
+        if slots.iter().all(|s| s.latents.is_none()) {
+            continue;
+        }
+
+        // 3. Decode and write every picture with the VAE loaded once.
+        progress.stage("decode", ci, chunks.len());
+        let comp = ck.open_component("vae")?;
+        b.limit_vae_activations(plan.and_then(|p| p.vae_activations));
+        let vae = VaeDecoder::load(b, &comp, &ck.vae)?;
+        for (i, j) in jobs.iter().enumerate() {
+            let Some(z) = slots[i].latents.take() else { continue };
+            check_stop()?;
+            progress.item(j, i, jobs.len());
+            let t1 = Instant::now();
+            let req = cx.request(j, &texts[i]);
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
+                .and_then(|bytes| crate::output::write(&j.path, &bytes));
+            match res {
+                Ok(()) => {
+                    sum.written += 1;
+                    progress.finished(&Finished {
+                        index: j.item.index,
+                        line: j.item.line,
+                        path: j.path.clone(),
+                        seed: j.item.seed,
+                        steps: j.item.steps,
+                        width: j.item.width,
+                        height: j.item.height,
+                        encode_s: slots[i].encode_s,
+                        denoise_s: slots[i].denoise_s,
+                        decode_s: t1.elapsed().as_secs_f64(),
+                        elapsed_s: cx.t0.elapsed().as_secs_f64(),
+                    });
+                }
+                Err(e) => fail(&mut slots[i], j, &e, progress, sum),
+            }
+        }
+    }
+    Ok(())
+}

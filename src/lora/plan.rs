@@ -1,0 +1,193 @@
+//! Which updates each tensor receives, and the clock of the merges.
+//!
+//! The plan holds the adapters' factors as read and, per target tensor, the list of updates in
+//! the order they add up; no delta is formed here. A backend's `load` asks for the terms of the
+//! one tensor it is loading and merges them ([`crate::backend::Backend::merge_lora`]), so the
+//! work and memory of a merge are those of one tensor, on whichever device holds it.
+
+use super::keys::Module;
+use super::Lora;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// One update of one tensor: rows `row0 .. row0 + rows` of `module`'s delta (a fused q|k|v module
+/// gives its q, k and v rows to three tensors), times the adapter's `scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct Term<'a> {
+    pub module: &'a Module,
+    pub row0: usize,
+    pub scale: f32,
+}
+
+/// Every adapter attached to a checkpoint and the updates of each tensor.
+#[derive(Debug, Default)]
+pub struct Plan {
+    adapters: Vec<Lora>,
+    /// Full tensor name → (adapter, module, first row), in the order the updates add up.
+    by_tensor: BTreeMap<String, Vec<(usize, usize, usize)>>,
+    /// Time spent merging, over every load (streamed blocks merge at each fetch).
+    pub clock: MergeClock,
+}
+
+impl Plan {
+    pub fn new(adapters: Vec<Lora>) -> Plan {
+        let mut by_tensor: BTreeMap<String, Vec<(usize, usize, usize)>> = BTreeMap::new();
+        for (li, l) in adapters.iter().enumerate() {
+            for (mi, m) in l.modules.iter().enumerate() {
+                let mut row0 = 0;
+                for (name, shape) in &m.targets {
+                    by_tensor.entry(name.clone()).or_default().push((li, mi, row0));
+                    row0 += shape.first().copied().unwrap_or(1);
+                }
+            }
+        }
+        Plan { adapters, by_tensor, clock: MergeClock::default() }
+    }
+
+    pub fn adapters(&self) -> &[Lora] {
+        &self.adapters
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.adapters.is_empty()
+    }
+
+    /// The tensors (full names) some adapter updates.
+    pub fn tensors(&self) -> impl Iterator<Item = &str> {
+        self.by_tensor.keys().map(String::as_str)
+    }
+
+    /// The updates of tensor `name` (full name), in the order they add up; empty if none.
+    pub fn terms(&self, name: &str) -> Vec<Term<'_>> {
+        self.by_tensor.get(name).map_or(vec![], |v| {
+            v.iter()
+                .map(|&(li, mi, row0)| Term {
+                    module: &self.adapters[li].modules[mi],
+                    row0,
+                    scale: self.adapters[li].spec.scale,
+                })
+                .collect()
+        })
+    }
+
+    /// The most device memory one tensor's merge takes besides the tensor (bytes): its
+    /// operands in fp32 and, with several updates, the fp32 sum.
+    pub fn scratch_bytes(&self) -> usize {
+        self.by_tensor
+            .keys()
+            .map(|name| {
+                let terms = self.terms(name);
+                let numel: usize = terms[0].module.targets.iter().find(|t| &t.0 == name).map_or(0, |t| t.1.iter().product());
+                let sum = if terms.len() > 1 { numel * 4 } else { 0 };
+                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).max().unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Seconds the merges took: host time, plus device intervals read once they have finished.
+#[derive(Default)]
+pub struct MergeClock {
+    state: Mutex<ClockState>,
+}
+
+pub type Pending = Box<dyn FnOnce() -> f64 + Send>;
+
+#[derive(Default)]
+struct ClockState {
+    seconds: f64,
+    tensors: usize,
+    /// Device intervals still on the stream: each call waits for its end and gives its seconds.
+    pending: Vec<Pending>,
+}
+
+/// Device intervals kept before the oldest are read (a streamed DiT merges at every fetch).
+const PENDING_MAX: usize = 256;
+
+impl MergeClock {
+    /// One merged tensor's host time.
+    pub fn add_host(&self, seconds: f64) {
+        let mut s = self.state.lock().unwrap();
+        s.seconds += seconds;
+        s.tensors += 1;
+    }
+
+    /// A device interval of a merge, read (waiting for its end) when the total is asked for.
+    pub fn add_device(&self, interval: Pending) {
+        let mut s = self.state.lock().unwrap();
+        s.pending.push(interval);
+        if s.pending.len() > PENDING_MAX {
+            let old: Vec<Pending> = s.pending.drain(..PENDING_MAX / 2).collect();
+            s.seconds += old.into_iter().map(|f| f()).sum::<f64>();
+        }
+    }
+
+    /// Seconds spent merging so far and the tensors merged (waits for the device intervals).
+    pub fn total(&self) -> (f64, usize) {
+        let mut s = self.state.lock().unwrap();
+        let pending: Vec<Pending> = s.pending.drain(..).collect();
+        s.seconds += pending.into_iter().map(|f| f()).sum::<f64>();
+        (s.seconds, s.tensors)
+    }
+}
+
+impl std::fmt::Debug for MergeClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock().unwrap();
+        write!(f, "MergeClock({:.3} s over {} tensors, {} pending)", s.seconds, s.tensors, s.pending.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lora::keys::Delta;
+    use crate::lora::LoraSpec;
+
+    fn lora(scale: f32, modules: Vec<Module>) -> Lora {
+        Lora { spec: LoraSpec { path: "a.safetensors".into(), scale }, hash: String::new(), format: "kohya".into(), modules }
+    }
+
+    /// A rank-`r` module onto `targets` (name, rows), `cols` wide.
+    fn module(key: &str, targets: &[(&str, usize)], cols: usize, r: usize) -> Module {
+        let rows: usize = targets.iter().map(|t| t.1).sum();
+        Module {
+            key: key.into(),
+            targets: targets.iter().map(|(n, rows)| (n.to_string(), vec![*rows, cols])).collect(),
+            delta: Delta::LowRank { up: (vec![rows, r], vec![0.5; rows * r]), down: (vec![r, cols], vec![0.25; r * cols]), alpha: None },
+        }
+    }
+
+    #[test]
+    fn terms_by_tensor_in_order_with_row_offsets() {
+        let qkv = [("b.q.weight", 8), ("b.k.weight", 8), ("b.v.weight", 8)];
+        let plan = Plan::new(vec![
+            lora(0.5, vec![module("b.qkv", &qkv, 16, 4), module("b.o", &[("b.o.weight", 16)], 16, 2)]),
+            lora(2.0, vec![module("b.q", &[("b.q.weight", 8)], 16, 3)]),
+        ]);
+        let q = plan.terms("b.q.weight");
+        assert_eq!(q.len(), 2);
+        assert_eq!((q[0].module.key.as_str(), q[0].row0, q[0].scale), ("b.qkv", 0, 0.5));
+        assert_eq!((q[1].module.key.as_str(), q[1].row0, q[1].scale), ("b.q", 0, 2.0));
+        let rows = |n: &str| plan.terms(n).iter().map(|t| t.row0).collect::<Vec<_>>();
+        assert_eq!((rows("b.k.weight"), rows("b.v.weight"), rows("b.o.weight")), (vec![8], vec![16], vec![0]));
+        assert!(plan.terms("b.ffn.weight").is_empty());
+        assert_eq!(plan.tensors().collect::<Vec<_>>(), ["b.k.weight", "b.o.weight", "b.q.weight", "b.v.weight"]);
+        // The largest one-tensor merge: q's fp32 sum (two updates) and the fused factors.
+        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + 4 * (24 * 4 + 4 * 16));
+    }
+
+    #[test]
+    fn clock_adds_host_and_device_time() {
+        let c = MergeClock::default();
+        c.add_host(0.25);
+        c.add_device(Box::new(|| 0.5));
+        c.add_host(0.125);
+        assert_eq!(c.total(), (0.875, 2));
+        for _ in 0..PENDING_MAX + 10 {
+            c.add_device(Box::new(|| 1.0));
+        }
+        assert_eq!(c.total().0, 0.875 + (PENDING_MAX + 10) as f64);
+    }
+}
