@@ -47,21 +47,23 @@ impl std::fmt::Display for Device {
 
 /// Weights on their way to the backend: `value` may not be computed with before [`Behind::ready`].
 pub struct Behind<R> {
-    value: R,
+    /// Declared first, so dropped first: a copy still being issued (a background read) finishes
+    /// before `value` can free the memory it lands in.
     #[allow(clippy::type_complexity)]
     ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>,
+    value: R,
 }
 
 impl<R> Behind<R> {
     /// `ready` makes the compute wait for the copies (`None`: nothing to wait for).
     #[allow(clippy::type_complexity)]
     pub fn new(value: R, ready: Option<Box<dyn FnOnce() -> Result<()> + Send>>) -> Self {
-        Behind { value, ready }
+        Behind { ready, value }
     }
 
     /// `f` of the value, still waiting for the same copies.
     pub fn map<S>(self, f: impl FnOnce(R) -> S) -> Behind<S> {
-        Behind { value: f(self.value), ready: self.ready }
+        Behind { ready: self.ready, value: f(self.value) }
     }
 
     /// The value, once the compute after this call is ordered after its copies.
