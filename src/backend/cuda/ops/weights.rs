@@ -373,33 +373,4 @@ impl Cuda {
         self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
-
-    /// Host-to-device bandwidth from pinned memory, measured with CUDA events on the mover's copy
-    /// stream: `bytes` copied `reps` times; returns GB/s (1e9 bytes a second).
-    pub fn pinned_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
-        ensure!(bytes > 0 && reps > 0, "bandwidth of nothing");
-        let guard = self.mover()?;
-        let stream = &guard.as_ref().unwrap().stream;
-        let ctx = &self.inner.gpu.ctx;
-        // SAFETY: pinned memory, only read by the copies (its contents do not matter).
-        let mut host = unsafe { ctx.alloc_pinned::<u8>(bytes) }.map_err(de("pinned alloc"))?;
-        let hp = host.as_mut_ptr().map_err(de("pinned"))?;
-        let dev = DeviceMem::new(ctx, bytes)?;
-        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let (t0, t1) = (ctx.new_event(timing).map_err(de("event"))?, ctx.new_event(timing).map_err(de("event"))?);
-        // SAFETY: `host` and `dev` hold `bytes` bytes each and outlive the copies (synchronised below).
-        let src = unsafe { std::slice::from_raw_parts(hp as *const u8, bytes) };
-        unsafe { dr::memcpy_htod_async(dev.ptr, src, stream.cu_stream()) }.map_err(de("copy"))?; // warm-up
-        t0.record(stream).map_err(de("event record"))?;
-        for _ in 0..reps {
-            unsafe { dr::memcpy_htod_async(dev.ptr, src, stream.cu_stream()) }.map_err(de("copy"))?;
-        }
-        t1.record(stream).map_err(de("event record"))?;
-        t1.synchronize().map_err(de("event wait"))?;
-        let ms = t0.elapsed_ms(&t1).map_err(de("event time"))? as f64;
-        if ms <= 0.0 {
-            bail!("bandwidth: no time measured");
-        }
-        Ok((bytes * reps) as f64 / (ms / 1e3) / 1e9)
-    }
 }
