@@ -10,6 +10,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod cli;
 pub mod embeds;
+pub mod fp8;
 pub mod lora;
 pub mod memory_plan;
 pub mod metadata;

@@ -143,6 +143,14 @@ pub trait Backend {
 
     /// `x [.., K] · wᵀ [N, K] (+ b [N])` → `[.., N]`.
     fn linear(&self, x: &Self::T, w: &Self::T, b: Option<&Self::T>) -> Result<Self::T>;
+    /// A linear's weight `w [N, K]` quantized per output row to float8 e4m3 ([`crate::fp8`]):
+    /// `scale[n] = max(amax(w[n]), MIN_AMAX) / 448`, `q[n, k] = e4m3(w[n, k] / scale[n])` →
+    /// `(q [N, K], scale [N] f32)`. The CPU holds `q` as the codes' f32 values, CUDA as one byte each.
+    fn quantize_rows(&self, w: &Self::T) -> Result<(Self::T, Self::T)>;
+    /// `x [.., K]` times a weight from [`Backend::quantize_rows`]: each row of `x` quantized the
+    /// same way (`s_x[r]`, `q_x[r, k]`), then `y[r, n] = s_x[r] · s_w[n] · Σ_k q_x[r, k] · q_w[n, k]`
+    /// (fp32 or wider accumulation) → `[.., N]` in `x`'s dtype.
+    fn linear_fp8(&self, x: &Self::T, q: &Self::T, scale: &Self::T) -> Result<Self::T>;
     /// Elementwise `a + b`; `b` either has `a`'s shape or `a`'s trailing shape (broadcast).
     fn add(&self, a: &Self::T, b: &Self::T) -> Result<Self::T>;
     /// Elementwise `a · b`, broadcasting like [`Backend::add`].

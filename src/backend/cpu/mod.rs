@@ -123,6 +123,38 @@ impl Backend for Cpu {
         Tensor::new(shape, out)
     }
 
+    fn quantize_rows(&self, w: &Tensor) -> Result<(Tensor, Tensor)> {
+        ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
+        let (n, k) = (w.shape[0], w.shape[1]);
+        let mut q = vec![0f32; n * k];
+        let mut scale = vec![0f32; n];
+        for ((qr, wr), s) in q.chunks_mut(k.max(1)).zip(w.data.chunks(k.max(1))).zip(&mut scale) {
+            *s = crate::fp8::quantize_row(wr, qr);
+        }
+        Ok((Tensor::new(w.shape.clone(), q)?, Tensor::new(vec![n], scale)?))
+    }
+
+    fn linear_fp8(&self, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        ensure!(q.shape.len() == 2, "linear_fp8: weight must be 2-D, got {:?}", q.shape);
+        let (n, k) = (q.shape[0], q.shape[1]);
+        ensure!(x.last_dim() == k, "linear_fp8: input {:?} does not match weight {:?}", x.shape, q.shape);
+        ensure!(scale.numel() == n, "linear_fp8: {} scales for {n} rows", scale.numel());
+        let (mut xq, mut xs) = (vec![0f32; x.numel()], vec![0f32; x.rows()]);
+        for ((qr, xr), s) in xq.chunks_mut(k.max(1)).zip(x.data.chunks(k.max(1))).zip(&mut xs) {
+            *s = crate::fp8::quantize_row(xr, qr);
+        }
+        let mut shape = x.shape.clone();
+        *shape.last_mut().unwrap() = n;
+        let mut out = vec![0f32; x.rows() * n];
+        par_rows(&mut out, n, |r, row| {
+            let xr = &xq[r * k..(r + 1) * k];
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = (dot(xr, &q.data[j * k..(j + 1) * k]) * xs[r] as f64 * scale.data[j] as f64) as f32;
+            }
+        });
+        Tensor::new(shape, out)
+    }
+
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         broadcast(a, b, |x, y| x + y)
     }

@@ -512,6 +512,12 @@ impl Backend for Cuda {
         let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
         self.timed_op(name, || self.linear_dense(x, w, b))
     }
+    fn quantize_rows(&self, _w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    }
+    fn linear_fp8(&self, _x: &CudaTensor, _q: &CudaTensor, _scale: &CudaTensor) -> Result<CudaTensor> {
+        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.prof("add", || self.binary_with("add", a, b, "moss"))
     }
