@@ -11,11 +11,24 @@ pub enum Precision {
     Bf16,
     /// fp32 everywhere (verification; slower, twice the memory).
     Fp32,
+    /// The DiT's main-block linears in float8 e4m3 with per-output-channel weight scales and
+    /// per-token activation scales ([`crate::fp8`]); everything else bf16 (the text encoder, the
+    /// refiner, embedders, modulation, final linear, attention, norms; the VAE stays fp32).
+    Fp8,
 }
 
 impl Precision {
     /// The names `FromStr` accepts, in the order `--help` lists them.
-    pub const NAMES: [&'static str; 2] = ["bf16", "fp32"];
+    pub const NAMES: [&'static str; 3] = ["bf16", "fp32", "fp8"];
+
+    /// The precision the text encoder runs at: an fp8 run encodes in bf16 (its hidden states are
+    /// the bf16 run's), the others at their own.
+    pub fn encoder(self) -> Precision {
+        match self {
+            Precision::Fp8 => Precision::Bf16,
+            p => p,
+        }
+    }
 }
 
 impl std::str::FromStr for Precision {
@@ -24,7 +37,8 @@ impl std::str::FromStr for Precision {
         match s {
             "bf16" => Ok(Precision::Bf16),
             "fp32" => Ok(Precision::Fp32),
-            _ => Err(format!("unknown precision `{s}` (use bf16 or fp32)")),
+            "fp8" => Ok(Precision::Fp8),
+            _ => Err(format!("unknown precision `{s}` (use bf16, fp32 or fp8)")),
         }
     }
 }
@@ -34,6 +48,7 @@ impl std::fmt::Display for Precision {
         f.write_str(match self {
             Precision::Bf16 => "bf16",
             Precision::Fp32 => "fp32",
+            Precision::Fp8 => "fp8",
         })
     }
 }

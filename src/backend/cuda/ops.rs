@@ -55,7 +55,7 @@ impl DType {
     /// The activation dtype of a precision.
     pub fn of(p: Precision) -> DType {
         match p {
-            Precision::Bf16 => DType::BF16,
+            Precision::Bf16 | Precision::Fp8 => DType::BF16,
             Precision::Fp32 => DType::F32,
         }
     }
@@ -441,7 +441,7 @@ impl Cuda {
 /// The device dtype a checkpoint tensor is loaded as.
 pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     match (stored, p) {
-        (Dtype::BF16, Precision::Bf16) => DType::BF16,
+        (Dtype::BF16, Precision::Bf16 | Precision::Fp8) => DType::BF16,
         _ => DType::F32,
     }
 }
