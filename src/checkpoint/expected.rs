@@ -9,13 +9,21 @@ pub struct Expected {
     pub name: String,
     pub shape: Vec<usize>,
     pub dtype: Dtype,
+    /// It may instead be stored as float8 e4m3 with a scale tensor ([`super::scaled_fp8`]): the
+    /// DiT's main-block matrices.
+    pub scaled_fp8: bool,
 }
 
 struct List(Vec<Expected>, Dtype);
 
 impl List {
     fn add(&mut self, name: impl Into<String>, shape: &[usize]) {
-        self.0.push(Expected { name: name.into(), shape: shape.to_vec(), dtype: self.1 });
+        self.0.push(Expected { name: name.into(), shape: shape.to_vec(), dtype: self.1, scaled_fp8: false });
+    }
+    /// [`List::add`] of a weight that may be stored as scaled float8.
+    fn add_fp8(&mut self, name: impl Into<String>, shape: &[usize]) {
+        self.add(name, shape);
+        self.0.last_mut().expect("just added").scaled_fp8 = true;
     }
 }
 
@@ -99,10 +107,10 @@ pub fn dit(c: &DitConfig) -> Vec<Expected> {
         l.add(format!("{p}q_norm.weight"), &[hd]);
         l.add(format!("{p}k_norm.weight"), &[hd]);
         for n in ["q", "k", "v", "o"] {
-            l.add(format!("{p}proj.{n}.weight"), &[d, d]);
+            l.add_fp8(format!("{p}proj.{n}.weight"), &[d, d]);
         }
-        l.add(format!("{p}proj.ffn_up_gate.weight"), &[2 * f, d]);
-        l.add(format!("{p}proj.ffn_down.weight"), &[d, f]);
+        l.add_fp8(format!("{p}proj.ffn_up_gate.weight"), &[2 * f, d]);
+        l.add_fp8(format!("{p}proj.ffn_down.weight"), &[d, f]);
     }
     l.add("final_norm_video.weight", &[d]);
     l.add("final_linear_video.weight", &[c.latent_channels, d]);

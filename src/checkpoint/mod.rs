@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod expected;
+pub mod scaled_fp8;
 pub mod tensors;
 
 use anyhow::{bail, Context, Result};
@@ -266,6 +267,13 @@ impl Component {
                     info.shape,
                     e.shape
                 );
+            }
+            if info.dtype == Dtype::F8E5M2 {
+                return Err(scaled_fp8::refuse_e5m2(&full));
+            }
+            if info.dtype == Dtype::F8E4M3 && e.scaled_fp8 {
+                scaled_fp8::row_scales(self, &e.name)?;
+                continue;
             }
             if info.dtype != e.dtype {
                 bail!(

@@ -14,6 +14,10 @@ pub enum Dtype {
     F32,
     F64,
     I64,
+    /// float8 e4m3 (`float8_e4m3fn`, safetensors `F8_E4M3`): the codes of [`crate::fp8`].
+    F8E4M3,
+    /// float8 e5m2 (`F8_E5M2`): recognised only to be refused by name.
+    F8E5M2,
     Other,
 }
 
@@ -25,6 +29,8 @@ impl Dtype {
             safetensors::Dtype::F32 => Dtype::F32,
             safetensors::Dtype::F64 => Dtype::F64,
             safetensors::Dtype::I64 => Dtype::I64,
+            safetensors::Dtype::F8_E4M3 => Dtype::F8E4M3,
+            safetensors::Dtype::F8_E5M2 => Dtype::F8E5M2,
             _ => Dtype::Other,
         }
     }
@@ -33,7 +39,7 @@ impl Dtype {
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::F64 | Dtype::I64 => 8,
-            Dtype::Other => 1,
+            Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::Other => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -43,12 +49,13 @@ impl Dtype {
             Dtype::F32 => "f32",
             Dtype::F64 => "f64",
             Dtype::I64 => "i64",
+            Dtype::F8E4M3 => "f8_e4m3",
+            Dtype::F8E5M2 => "f8_e5m2",
             Dtype::Other => "other",
         }
     }
 }
 
-/// Where one tensor lives.
 /// The index of the first NaN or infinity among `bytes` read as `dtype` (little-endian): the
 /// exponent bits all set. Integer dtypes hold none.
 pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
@@ -61,9 +68,14 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
         Dtype::F64 => bytes.chunks_exact(8).position(|b| {
             u64::from_le_bytes(b.try_into().unwrap()) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000
         }),
+        // e4m3fn has no infinities; its NaN is S.1111.111. e5m2 is IEEE-like: exponent all ones.
+        Dtype::F8E4M3 => bytes.iter().position(|b| b & 0x7f == 0x7f),
+        Dtype::F8E5M2 => bytes.iter().position(|b| b & 0x7c == 0x7c),
         Dtype::I64 | Dtype::Other => None,
     }
 }
+
+/// Where one tensor lives.
 
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
@@ -223,8 +235,8 @@ impl TensorStore {
     }
 }
 
-/// Little-endian stored values of `dtype` as f32 (exact for bf16, f16 and f32); `None` for a
-/// dtype moss does not read.
+/// Little-endian stored values of `dtype` as f32 (exact for bf16, f16, f32 and float8 e4m3,
+/// whose codes' values come out unscaled); `None` for a dtype moss does not read.
 pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
         Dtype::BF16 => b
@@ -247,6 +259,7 @@ pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
-        Dtype::Other => return None,
+        Dtype::F8E4M3 => b.iter().map(|&c| crate::fp8::e4m3_to_f32(c)).collect(),
+        Dtype::F8E5M2 | Dtype::Other => return None,
     })
 }
