@@ -107,7 +107,7 @@ fn run_on<B: DitOps>(
     let t0 = Instant::now();
     let comp = ck.open_component("transformer")?;
     b.plan_dit(&comp, &ck.dit, h * w, cond.shape[0].max(uncond.shape[0]))?;
-    let dit = Dit::load(b, &comp, &ck.dit)?;
+    let dit = Dit::load(b, &comp, &ck.dit, crate::model::dit::MainLinears::of(a.precision))?;
     sync()?;
     let load_s = t0.elapsed().as_secs_f64();
 

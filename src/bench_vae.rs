@@ -3,7 +3,6 @@
 //! bytes (HWC) for an error table against a float64 decode (bench/vae_gpu.sh).
 
 use crate::backend::cuda::ops::Cuda;
-use crate::backend::ops::VaeOps;
 use crate::backend::{Backend, Device};
 use crate::model::vae::VaeDecoder;
 use crate::pipeline;

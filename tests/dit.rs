@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, checkpoint, Expected, CHECKPOINTS};
 use moss::backend::cpu::Cpu;
-use moss::model::dit::{rope, Dit};
+use moss::model::dit::{rope, Dit, MainLinears::Dense};
 use moss::pipeline::{self, Request, Silent};
 use moss::tensor::Tensor;
 
@@ -15,7 +15,7 @@ const BOUND: f64 = 1e-5;
 fn load(name: &str) -> (moss::checkpoint::Checkpoint, Dit<Cpu>, Expected) {
     let ck = checkpoint(name);
     let comp = ck.open_component("transformer").unwrap();
-    let dit = Dit::load(&Cpu, &comp, &ck.dit).unwrap();
+    let dit = Dit::load(&Cpu, &comp, &ck.dit, Dense).unwrap();
     (ck, dit, Expected::load(name))
 }
 

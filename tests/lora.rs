@@ -280,7 +280,7 @@ fn backend_merge_equals_the_former_host_merge() {
 /// without the LoRAs.
 #[test]
 fn streamed_blocks_merge_like_resident_ones() {
-    use moss::model::dit::Dit;
+    use moss::model::dit::{Dit, MainLinears::Dense};
     use moss::tensor::Tensor;
     let specs: Vec<LoraSpec> = ["peft", "kohya", "qkv", "lokr"].iter().map(|t| LoraSpec { path: file_of(t), scale: 0.9 }).collect();
     let plain = common::checkpoint("tiny-a");
@@ -292,11 +292,11 @@ fn streamed_blocks_merge_like_resident_ones() {
         let text = dit.refine_text(&Cpu, &ctx).unwrap();
         dit.forward(&Cpu, &x, 0.7, &text, &[]).unwrap().data
     };
-    let resident = out(&Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap());
-    let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 0).unwrap();
+    let resident = out(&Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit, Dense).unwrap());
+    let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 0, Dense).unwrap();
     assert_eq!(streamed.resident_blocks(), 0);
     assert!(out(&streamed) == resident, "the streamed blocks' merge differs from the resident one");
-    let without = out(&Dit::load(&Cpu, &plain.open_component("transformer").unwrap(), &plain.dit).unwrap());
+    let without = out(&Dit::load(&Cpu, &plain.open_component("transformer").unwrap(), &plain.dit, Dense).unwrap());
     assert!(without != resident, "the LoRAs change nothing");
     assert!(ck.loras.clock.total().1 > 2 * 9, "streamed blocks merge at each fetch");
 }

@@ -7,7 +7,7 @@ mod common;
 use common::{checkpoint, CHECKPOINTS};
 use moss::backend::cpu::Cpu;
 use moss::backend::Backend;
-use moss::model::dit::Dit;
+use moss::model::dit::{Dit, MainLinears::Dense};
 use moss::options::Precision;
 use moss::pipeline::{self, Request, Silent};
 
@@ -50,11 +50,11 @@ fn streamed_blocks_give_the_resident_picture_bytes() {
         let n = ck.dit.num_layers;
         assert!(n >= 2, "{name}: {n} blocks, the test needs a resident and a streamed one");
         let req = request(11);
-        let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap();
+        let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit, Dense).unwrap();
         assert_eq!(resident.resident_blocks(), n);
         let want = png(&ck, &resident, &req);
         for k in [0, 1, n - 1] {
-            let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, k).unwrap();
+            let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, k, Dense).unwrap();
             assert_eq!(streamed.resident_blocks(), k, "{name}: {k} resident");
             let got = png(&ck, &streamed, &req);
             assert!(got == want, "{name}: {k} of {n} blocks resident, the PNG differs from the resident run's");
@@ -72,8 +72,8 @@ fn passes_through_the_blocks_together_give_each_pass_alone() {
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let n = ck.dit.num_layers;
-        let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit).unwrap();
-        let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 1).unwrap();
+        let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit, Dense).unwrap();
+        let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 1, Dense).unwrap();
         let req = request(5);
         let (enc, _) = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.max_tokens, req.precision, &mut Silent).unwrap();
         let (tc, tu) = (resident.refine_text(&Cpu, &enc[0].hidden).unwrap(), resident.refine_text(&Cpu, &enc[1].hidden).unwrap());

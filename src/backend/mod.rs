@@ -82,6 +82,9 @@ pub trait Backend {
 
     fn name(&self) -> String;
     fn upload(&self, t: &Tensor) -> Result<Self::T>;
+    /// `t` on this backend in f32 whatever the precision: what the VAE computes in, and the
+    /// per-row scales of float8 weights ([`Backend::upload`] gives bf16 at `--precision bf16`).
+    fn upload_f32(&self, t: &Tensor) -> Result<Self::T>;
     fn download(&self, x: &Self::T) -> Result<Tensor>;
     fn dims(&self, x: &Self::T) -> Vec<usize>;
     /// A checkpoint tensor by its name inside the component, in the backend's storage precision,

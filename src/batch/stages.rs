@@ -138,7 +138,8 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
         b.release_cached()?; // the encoder is gone
         {
             let comp = ck.open_component("transformer")?;
-            let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident))?;
+            let linears = crate::model::dit::MainLinears::of(cx.o.precision);
+            let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident), linears)?;
             for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
                 if slots[i].failed {
                     continue;

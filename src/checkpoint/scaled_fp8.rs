@@ -78,3 +78,19 @@ pub fn dequantized(c: &Component, name: &str) -> Result<Tensor> {
     }
     Tensor::new(shape, q)
 }
+
+/// [`dequantized`] with the component's LoRA updates of `name` merged in on the host, in fp32
+/// ([`crate::lora::merge::merge_tensor`] onto the f32 product; no rounding to a stored dtype:
+/// the backend's upload rounds to its storage precision), timed on the plan's clock.
+pub fn dequantized_merged(c: &Component, name: &str) -> Result<Tensor> {
+    let mut w = dequantized(c, name)?;
+    let terms = c.lora_terms(name);
+    if !terms.is_empty() {
+        let t = std::time::Instant::now();
+        let shape = w.shape.clone();
+        crate::lora::merge::merge_tensor(&mut w.data, &shape, Dtype::F32, &terms)
+            .with_context(|| format!("merging LoRA updates into `{}` (dequantized from float8)", c.full_name(name)))?;
+        c.loras.clock.add_host(t.elapsed().as_secs_f64());
+    }
+    Ok(w)
+}

@@ -18,6 +18,13 @@ use std::sync::Mutex;
 #[path = "dit_rope.rs"]
 pub mod rope;
 
+/// The main blocks' matrices: dense, or float8 with per-row scales.
+#[path = "dit_mats.rs"]
+pub mod mats;
+
+use mats::{BlockMats, Source};
+pub use mats::MainLinears;
+
 /// A linear layer: `weight [out, in]` and an optional `bias [out]`.
 struct Linear<B: DitOps> {
     weight: B::T,
@@ -56,42 +63,10 @@ struct Block<B: DitOps> {
     norm2: B::T,
     q_norm: B::T,
     k_norm: B::T,
+    /// How each matrix is made from what is loaded (the run's [`MainLinears`], the stored dtypes).
+    sources: Vec<Source<B>>,
     /// `None`: streamed (fetched from the checkpoint each time a forward reaches this block).
     mats: Option<BlockMats<B>>,
-}
-
-/// The matrices of one main block: the bytes that streaming moves.
-pub struct BlockMats<B: DitOps> {
-    /// `proj.q`, `proj.k`, `proj.v` stacked at load (rows `[q ; k ; v]`, `[3·D, D]`): one GEMM
-    /// gives the packed `[N, 3·D]` projection the fused QK-norm/RoPE and attention read.
-    qkv: B::T,
-    o: B::T,
-    /// rows `[up ; gate]`
-    ffn_up_gate: B::T,
-    ffn_down: B::T,
-}
-
-impl<B: DitOps> BlockMats<B> {
-    /// The checkpoint tensors of block `i`'s matrices, each a dim-0 stack of these names:
-    /// `qkv`, `o`, `ffn_up_gate`, `ffn_down`.
-    fn names(i: usize) -> Vec<Vec<String>> {
-        let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
-        vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
-    }
-
-    fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
-        let mut m = vec![];
-        for g in Self::names(i) {
-            m.push(b.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
-        }
-        Self::from_parts(m)
-    }
-
-    fn from_parts(m: Vec<B::T>) -> Result<Self> {
-        let [qkv, o, ffn_up_gate, ffn_down]: [B::T; 4] =
-            m.try_into().map_err(|m: Vec<B::T>| anyhow::anyhow!("a block fetch gave {} tensors, not 4", m.len()))?;
-        Ok(BlockMats { qkv, o, ffn_up_gate, ffn_down })
-    }
 }
 
 /// The streamed blocks' source and the fetches in flight (at most [`PREFETCH`] ahead).
@@ -179,17 +154,18 @@ pub struct Dit<B: DitOps> {
 const ROPE_CACHE: usize = 4;
 
 impl<B: DitOps> Dit<B> {
-    /// Every block resident.
-    pub fn load(b: &B, c: &Component, cfg: &DitConfig) -> Result<Self> {
-        Self::load_blocks(b, c, cfg, usize::MAX)
+    /// Every block resident, its matrices held as `linears` says.
+    pub fn load(b: &B, c: &Component, cfg: &DitConfig, linears: MainLinears) -> Result<Self> {
+        Self::load_blocks(b, c, cfg, usize::MAX, linears)
     }
 
     /// The first `resident` main blocks resident, the rest streamed from `c` (kept open, a file
     /// mapping) each time a forward reaches them, fetched up to [`PREFETCH`] blocks ahead into
     /// `PREFETCH + 1` reused block buffers: the same values through the same kernels, so the
-    /// output is identical to [`Dit::load`]'s.
-    pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
-        let mut dit = Self::load_blocks(b, &c, cfg, resident)?;
+    /// output is identical to [`Dit::load`]'s. At fp8, a streamed bf16/f32 block is quantized
+    /// after each fetch.
+    pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Self> {
+        let mut dit = Self::load_blocks(b, &c, cfg, resident, linears)?;
         if resident < cfg.num_layers {
             dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
         }
@@ -198,8 +174,8 @@ impl<B: DitOps> Dit<B> {
 
     /// [`Dit::load_streamed`] with the resident weights' copies still in flight: the compute
     /// waits for them at [`Behind::ready`] (the DiT loads while the text encoder runs).
-    pub fn load_behind(b: &B, c: Component, cfg: &DitConfig, resident: usize) -> Result<Behind<Self>> {
-        let dit = b.load_behind(|b| Self::load_blocks_unbatched(b, &c, cfg, resident))?;
+    pub fn load_behind(b: &B, c: Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Behind<Self>> {
+        let dit = b.load_behind(|b| Self::load_blocks_unbatched(b, &c, cfg, resident, linears))?;
         Ok(dit.map(|mut dit| {
             if resident < cfg.num_layers {
                 dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
@@ -214,11 +190,11 @@ impl<B: DitOps> Dit<B> {
     }
 
     /// Every resident weight in one load batch.
-    fn load_blocks(b: &B, c: &Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
-        b.load_batch(|b| Self::load_blocks_unbatched(b, c, cfg, resident))
+    fn load_blocks(b: &B, c: &Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Self> {
+        b.load_batch(|b| Self::load_blocks_unbatched(b, c, cfg, resident, linears))
     }
 
-    fn load_blocks_unbatched(b: &B, c: &Component, cfg: &DitConfig, resident: usize) -> Result<Self> {
+    fn load_blocks_unbatched(b: &B, c: &Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Self> {
         let w = |n: &str| b.load(c, n);
         let lin = |n: &str, bias: bool| Linear::load(b, c, n, bias);
         let mut refiner = vec![];
@@ -239,12 +215,14 @@ impl<B: DitOps> Dit<B> {
         let mut layers = vec![];
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}.");
+            let sources = mats::sources(b, c, i, linears)?;
             layers.push(Block {
                 norm1: w(&format!("{p}norm1.weight"))?,
                 norm2: w(&format!("{p}norm2.weight"))?,
                 q_norm: w(&format!("{p}q_norm.weight"))?,
                 k_norm: w(&format!("{p}k_norm.weight"))?,
-                mats: if i < resident { Some(BlockMats::load(b, c, i)?) } else { None },
+                mats: if i < resident { Some(BlockMats::load(b, c, i, &sources)?) } else { None },
+                sources,
             });
         }
         Ok(Dit {
@@ -459,7 +437,8 @@ impl<B: DitOps> Dit<B> {
                     Some(f) => f,
                     None => self.issue_fetch(b, s, i)?,
                 };
-                Ok(Fetched::Streamed(BlockMats::from_parts(fetched.ready()?)?, slot))
+                let mats = BlockMats::from_loaded(b, &s.source, i, &self.layers[i].sources, fetched.ready()?)?;
+                Ok(Fetched::Streamed(mats, slot))
             }
             (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
         }
@@ -473,7 +452,11 @@ impl<B: DitOps> Dit<B> {
             q.1 = (slot + 1) % (PREFETCH as usize + 1);
             slot
         };
-        Ok((b.fetch(&s.source, slot, &BlockMats::<B>::names(i))?, slot))
+        let groups = mats::fetched(i, &self.layers[i].sources);
+        if groups.is_empty() {
+            return Ok((Behind::new(vec![], None), slot)); // every matrix comes from the host
+        }
+        Ok((b.fetch(&s.source, slot, &groups)?, slot))
     }
 
     /// After a block's compute is queued: fetch the next streamed blocks this forward runs (`rest`,
@@ -515,18 +498,18 @@ impl<B: DitOps> Dit<B> {
         next_norm: Option<&B::T>,
     ) -> Result<(B::T, Option<B::T>)> {
         let eps = self.cfg.eps;
-        let qkv = b.linear(&y, &mats.qkv, None)?;
+        let qkv = mats.qkv.forward(b, &y)?;
         drop(y);
         let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
-        let o = b.linear(&att, &mats.o, None)?;
+        let o = mats.o.forward(b, &att)?;
         drop(att);
         let (x, y) = b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
         drop(o);
-        let u = b.linear(&y, &mats.ffn_up_gate, None)?;
+        let u = mats.ffn_up_gate.forward(b, &y)?;
         drop(y);
         let s = b.situ_glu(&u)?;
         drop(u);
-        let dn = b.linear(&s, &mats.ffn_down, None)?;
+        let dn = mats.ffn_down.forward(b, &s)?;
         drop(s);
         match next_norm {
             Some(w) => {

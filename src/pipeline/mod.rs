@@ -6,7 +6,7 @@ use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
 use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
-use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
 use crate::png;
 pub use crate::prompt::Cut;
@@ -318,7 +318,7 @@ pub fn denoise<B: DitOps>(
     let comp = ck.open_component("transformer")?;
     let image = (req.height / 16) as usize * (req.width / 16) as usize;
     b.plan_dit(&comp, &ck.dit, image, cond.shape[0].max(uncond.shape[0]))?;
-    let dit = Dit::load(b, &comp, &ck.dit)?;
+    let dit = Dit::load(b, &comp, &ck.dit, MainLinears::of(req.precision))?;
     denoise_with(b, &dit, ck, req, cond, uncond, progress)
 }
 
@@ -576,7 +576,7 @@ where
                     let comp = dit_comp.take().expect("the transformer is opened once");
                     let behind = s.spawn(move || -> Result<_> {
                         let t = Instant::now();
-                        let d = Dit::load_behind(b, comp, &ck.dit, ck.dit.num_layers)?;
+                        let d = Dit::load_behind(b, comp, &ck.dit, ck.dit.num_layers, MainLinears::of(req.precision))?;
                         Ok((d, t.elapsed().as_secs_f64()))
                     });
                     let hidden = encode(&enc);
@@ -601,7 +601,10 @@ where
             rep.denoise_load_behind_s = behind_s;
             d.ready()?
         }
-        None => Dit::load_streamed(b, dit_comp.take().expect("the transformer is opened once"), &ck.dit, plan.dit_resident)?,
+        None => {
+            let comp = dit_comp.take().expect("the transformer is opened once");
+            Dit::load_streamed(b, comp, &ck.dit, plan.dit_resident, MainLinears::of(req.precision))?
+        }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
     let z = denoise_with(b, &dit, ck, req, &cond, &uncond, progress)?;

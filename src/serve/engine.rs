@@ -14,7 +14,7 @@ use crate::backend::cuda::{plan::MemoryPlan, Cuda};
 use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
-use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
+use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
 use crate::pipeline::{self, Progress, Request};
 use crate::tensor::Tensor;
@@ -140,7 +140,8 @@ pub struct Engine<B: Residency> {
 impl<B: Residency> Engine<B> {
     /// Load every network that stays resident. `max_pixels` and `max_tokens`: the largest picture
     /// (W x H) and prompt the server accepts, which the memory plan must hold.
-    pub fn load(b: B, ck: Checkpoint, max_pixels: u64, max_tokens: usize) -> Result<Engine<B>> {
+    /// `linears`: how the transformer's main blocks hold their matrices (the server's precision).
+    pub fn load(b: B, ck: Checkpoint, max_pixels: u64, max_tokens: usize, linears: MainLinears) -> Result<Engine<B>> {
         let (keep_encoder, mut plan) = b.plan_residency(&ck, max_pixels, max_tokens)?;
         let t = Instant::now();
         let encoder = Some(Encoder::load(&b, &ck.open_component("text_encoder")?, &ck.encoder)?);
@@ -153,7 +154,7 @@ impl<B: Residency> Engine<B> {
             plan.push_str(&format!(" (about {encoder_load_s:.1} s more per request: its load at start-up)"));
             None
         };
-        let dit = Dit::load(&b, &ck.open_component("transformer")?, &ck.dit)?;
+        let dit = Dit::load(&b, &ck.open_component("transformer")?, &ck.dit, linears)?;
         let side = (max_pixels as f64).sqrt() as usize / 16;
         let vae = pipeline::load_vae(&b, &ck, side.max(1), side.max(1))?;
         let joint_tokens = b.joint_token_budget(&ck)?;

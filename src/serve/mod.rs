@@ -20,6 +20,7 @@ pub mod queue;
 pub mod routes;
 
 use crate::backend::{cpu::Cpu, Device};
+use crate::model::dit::MainLinears;
 use crate::options::Precision;
 use crate::pipeline;
 use anyhow::{bail, Context, Result};
@@ -103,8 +104,8 @@ fn load_engine(o: &ServeOptions) -> Result<Box<dyn Render>> {
     ck.attach_loras(&o.loras)?;
     let pixels = o.max_size.0 as u64 * o.max_size.1 as u64;
     Ok(match o.device {
-        Device::Cpu => Box::new(Engine::load(Cpu, ck, pixels, o.max_tokens)?),
-        Device::Cuda(n) => Box::new(Engine::load(pipeline::cuda(n, o.precision)?, ck, pixels, o.max_tokens)?),
+        Device::Cpu => Box::new(Engine::load(Cpu, ck, pixels, o.max_tokens, MainLinears::of(o.precision))?),
+        Device::Cuda(n) => Box::new(Engine::load(pipeline::cuda(n, o.precision)?, ck, pixels, o.max_tokens, MainLinears::of(o.precision))?),
     })
 }
 

@@ -88,6 +88,9 @@ impl Backend for Cpu {
     fn upload(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
     }
+    fn upload_f32(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
     fn download(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.clone())
     }

@@ -467,6 +467,9 @@ impl Backend for Cuda {
     fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
         self.prof("upload", || self.upload_as(t, self.act_dtype()))
     }
+    fn upload_f32(&self, t: &Tensor) -> Result<CudaTensor> {
+        self.prof("upload", || self.upload_as(t, DType::F32))
+    }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
         self.prof("download", || self.download_with(x, Download::Pinned))

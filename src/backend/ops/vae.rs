@@ -21,12 +21,6 @@ pub trait VaeOps: Backend {
         Ok(())
     }
 
-    /// Upload host values as the decoder computes them: fp32 (the CUDA backend's `upload`
-    /// would give bf16 at `--precision bf16`; the VAE is fp32 throughout).
-    fn upload_f32(&self, t: &crate::tensor::Tensor) -> Result<Self::T> {
-        self.upload(t)
-    }
-
     /// Undo the latent BatchNorm and unpatchify (spec 7.2 steps 1–2), in one pass.
     ///
     /// `z [N, C·ph·pw, h, w]`, `mean`, `var` `[C·ph·pw]` (the BatchNorm's running statistics; it

@@ -35,7 +35,6 @@ use conv::{f16_smem_bytes, halo_smem_bytes};
 
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::VaeOps;
-use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
 impl Cuda {
@@ -251,9 +250,6 @@ impl VaeOps for Cuda {
         // Freed tensors the pool still holds count as used: hand them back and look again.
         self.trim_pool()?;
         strip_plan_for(cfg, h, w, avail(self)?)
-    }
-    fn upload_f32(&self, t: &Tensor) -> Result<Self::T> {
-        self.upload_as(t, DType::F32)
     }
     fn picture(&self, c: usize, h: usize, w: usize, groups: usize, on_device: bool) -> Result<Self::Picture> {
         self.picture_new(c, h, w, groups, on_device)

@@ -1,0 +1,158 @@
+//! The main blocks' matrices (`layers.N.proj.*`): dense in the backend's storage precision, or
+//! float8 e4m3 with one scale per output row (`--precision fp8`, [`crate::fp8`]), made from a
+//! bf16/f32 checkpoint (quantized after any LoRA merge) or from one stored as scaled float8
+//! ([`crate::checkpoint::scaled_fp8`]). Everything else in the DiT stays dense.
+
+use crate::backend::ops::DitOps;
+use crate::checkpoint::{scaled_fp8, Component};
+use crate::options::Precision;
+use crate::tensor::Tensor;
+use anyhow::{bail, Result};
+
+/// How the main blocks' matrices are held: the load option the run's precision gives the DiT
+/// (the backend's ops stay precision-agnostic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MainLinears {
+    /// In the backend's storage precision; a float8 checkpoint is dequantized.
+    #[default]
+    Dense,
+    /// float8 e4m3 codes with per-output-row scales, activations quantized per token.
+    Fp8,
+}
+
+impl MainLinears {
+    /// What `--precision p` asks for.
+    pub fn of(p: Precision) -> MainLinears {
+        match p {
+            Precision::Fp8 => MainLinears::Fp8,
+            Precision::Bf16 | Precision::Fp32 => MainLinears::Dense,
+        }
+    }
+}
+
+/// A weight matrix `W [N, K]` (no bias) and `x · Wᵀ`.
+pub enum Matrix<B: DitOps> {
+    Dense(B::T),
+    /// `W ≈ diag(scale) · q`: codes `q [N, K]`, f32 `scale [N]`.
+    Fp8 { q: B::T, scale: B::T },
+}
+
+impl<B: DitOps> Matrix<B> {
+    pub fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
+        match self {
+            Matrix::Dense(w) => b.linear(x, w, None),
+            Matrix::Fp8 { q, scale } => b.linear_fp8(x, q, scale),
+        }
+    }
+}
+
+/// How one of a block's matrices is made from the checkpoint (decided once, at load).
+pub enum Source<B: DitOps> {
+    /// The stored weights as the backend loads them ([`crate::backend::Backend::load_rows`] or a
+    /// fetch; LoRA updates merged there).
+    Dense,
+    /// Loaded as [`Source::Dense`], then quantized per row ([`crate::backend::Backend::quantize_rows`]).
+    Quantized,
+    /// Stored float8 codes loaded as they are, with their per-row scales (f32, resident).
+    Codes(B::T),
+    /// Stored float8 dequantized on the host (`W = q · scale`, LoRA updates merged there in fp32),
+    /// uploaded (so rounded to the storage precision), then quantized per row if `quantize`.
+    Host { quantize: bool },
+}
+
+/// The matrices of one main block: the bytes that streaming moves.
+pub struct BlockMats<B: DitOps> {
+    /// `proj.q`, `proj.k`, `proj.v` stacked at load (rows `[q ; k ; v]`, `[3·D, D]`): one GEMM
+    /// gives the packed `[N, 3·D]` projection the fused QK-norm/RoPE and attention read.
+    pub qkv: Matrix<B>,
+    pub o: Matrix<B>,
+    /// rows `[up ; gate]`
+    pub ffn_up_gate: Matrix<B>,
+    pub ffn_down: Matrix<B>,
+}
+
+/// The checkpoint tensors of block `i`'s matrices, each a dim-0 stack of these names: `qkv`,
+/// `o`, `ffn_up_gate`, `ffn_down`.
+pub fn names(i: usize) -> Vec<Vec<String>> {
+    let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
+    vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
+}
+
+fn strs(g: &[String]) -> Vec<&str> {
+    g.iter().map(String::as_str).collect()
+}
+
+/// How each of block `i`'s matrices is made under `linears`: from the stored dtypes (a stack is
+/// all float8 or none) and the LoRA updates (a float8 matrix with updates is dequantized,
+/// merged, and requantized at fp8).
+pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) -> Result<Vec<Source<B>>> {
+    let fp8 = linears == MainLinears::Fp8;
+    let mut out = vec![];
+    for g in names(i) {
+        let stored = g.iter().map(|n| scaled_fp8::is_fp8(c, n, c.info(n)?)).collect::<Result<Vec<bool>>>()?;
+        if stored.iter().any(|&s| s != stored[0]) {
+            bail!("{} are stored partly as float8, partly not: one matrix needs one storage", g.join(", "));
+        }
+        let merged = g.iter().any(|n| !c.lora_terms(n).is_empty());
+        out.push(match (stored[0], fp8) {
+            (false, false) => Source::Dense,
+            (false, true) => Source::Quantized,
+            (true, true) if !merged => {
+                let scales = g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat();
+                Source::Codes(b.upload_f32(&Tensor::new(vec![scales.len()], scales)?)?)
+            }
+            (true, quantize) => Source::Host { quantize },
+        });
+    }
+    Ok(out)
+}
+
+/// The groups of [`names`] that go through the backend's loads and fetches (all but
+/// [`Source::Host`]), in order.
+pub fn fetched<B: DitOps>(i: usize, sources: &[Source<B>]) -> Vec<Vec<String>> {
+    names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s, Source::Host { .. })).map(|(g, _)| g).collect()
+}
+
+impl<B: DitOps> BlockMats<B> {
+    /// Block `i`'s matrices, loaded now.
+    pub fn load(b: &B, c: &Component, i: usize, sources: &[Source<B>]) -> Result<Self> {
+        let mut raw = vec![];
+        for g in fetched::<B>(i, sources) {
+            raw.push(b.load_rows(c, &strs(&g))?);
+        }
+        Self::from_loaded(b, c, i, sources, raw)
+    }
+
+    /// Block `i`'s matrices from `raw`, the tensors of [`fetched`] as loaded (or fetched).
+    pub fn from_loaded(b: &B, c: &Component, i: usize, sources: &[Source<B>], raw: Vec<B::T>) -> Result<Self> {
+        let mut raw = raw.into_iter();
+        let mut m = vec![];
+        for (g, s) in names(i).iter().zip(sources) {
+            let mut next = || raw.next().ok_or_else(|| anyhow::anyhow!("block {i}: fewer loaded tensors than matrices"));
+            let quantize = |w: &B::T| -> Result<Matrix<B>> {
+                let (q, scale) = b.quantize_rows(w)?;
+                Ok(Matrix::Fp8 { q, scale })
+            };
+            m.push(match s {
+                Source::Dense => Matrix::Dense(next()?),
+                Source::Quantized => quantize(&next()?)?,
+                Source::Codes(scale) => Matrix::Fp8 { q: next()?, scale: scale.clone() },
+                Source::Host { quantize: q } => {
+                    let parts = g.iter().map(|n| scaled_fp8::dequantized_merged(c, n)).collect::<Result<Vec<_>>>()?;
+                    let mut shape = parts[0].shape.clone();
+                    shape[0] = parts.iter().map(|p| p.shape[0]).sum();
+                    let w = b.upload(&Tensor::new(shape, parts.into_iter().flat_map(|p| p.data).collect())?)?;
+                    if *q {
+                        quantize(&w)?
+                    } else {
+                        Matrix::Dense(w)
+                    }
+                }
+            });
+        }
+        anyhow::ensure!(raw.next().is_none(), "block {i}: more loaded tensors than matrices");
+        let [qkv, o, ffn_up_gate, ffn_down]: [Matrix<B>; 4] =
+            m.try_into().map_err(|m: Vec<Matrix<B>>| anyhow::anyhow!("block {i}: {} matrices, not 4", m.len()))?;
+        Ok(BlockMats { qkv, o, ffn_up_gate, ffn_down })
+    }
+}
