@@ -31,9 +31,13 @@ pub struct Network {
     pub name: &'static str,
     /// All weights.
     pub weights: u64,
-    /// Repeated blocks that can stream, and the bytes of one (the largest).
+    /// Repeated blocks that can stream, and the bytes of one resident (the largest).
     pub blocks: u64,
     pub block_bytes: u64,
+    /// A streamed block: the bytes of its slot (what one fetch moves), and the bytes made from
+    /// them while it computes (at fp8, its quantized codes and scales; 0 for most networks).
+    pub slot_bytes: u64,
+    pub derived_bytes: u64,
     /// Streamed blocks in flight beside the one computing ([`PREFETCH`] for the transformer).
     pub ahead: u64,
     /// Weights that may stay on the host when streaming (the embedding table).
@@ -85,8 +89,7 @@ impl Network {
         if self.blocks == 0 {
             return whole;
         }
-        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
-        whole.min(self.streamed_fixed() + buffers + self.activations + RESERVE)
+        whole.min(self.streamed_fixed() + self.buffers(self.blocks) + self.activations + RESERVE)
     }
 
     /// The placement under `cap`, or `None` when even streaming does not fit.
@@ -106,15 +109,21 @@ impl Network {
             return None;
         }
         let base = self.streamed_fixed() + self.activations + RESERVE;
-        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
+        let buffers = self.buffers(self.blocks);
         if base + buffers > cap {
             return None;
         }
         // Every block made resident frees nothing from the buffers until all but the buffered ones are.
-        let k = ((cap - base - buffers) / self.block_bytes).min(self.blocks - 1);
+        let k = ((cap - base - buffers) / self.block_bytes.max(1)).min(self.blocks - 1);
         let streamed = self.blocks - k;
-        let device = base + k * self.block_bytes + (self.ahead + 1).min(streamed) * self.block_bytes;
-        Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.block_bytes))
+        let device = base + k * self.block_bytes + self.buffers(streamed);
+        Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.slot_bytes))
+    }
+
+    /// The device bytes of `streamed` streamed blocks: their slots (the one computing and those in
+    /// flight) and what the computing one derives from its slot.
+    fn buffers(&self, streamed: u64) -> u64 {
+        (self.ahead + 1).min(streamed) * self.slot_bytes + self.derived_bytes
     }
 }
 

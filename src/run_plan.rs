@@ -8,6 +8,8 @@ use crate::backend::cuda::plan::{dit_activation_bytes, encoder_activation_bytes}
 use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
 use crate::memory_plan::{self, Network, Placement, Plan};
+use crate::model::dit::mats::{self, Kind};
+use crate::model::dit::MainLinears;
 use anyhow::Result;
 
 /// How a run may use device memory (the CLI's `--max-vram`).
@@ -29,6 +31,8 @@ pub struct Budget {
     pub bf16_loaded: usize,
     /// The activation dtype.
     pub act: DType,
+    /// How the transformer's main blocks hold their matrices (the run's precision).
+    pub linears: MainLinears,
 }
 
 /// What a run loads and how.
@@ -50,9 +54,46 @@ pub struct RunPlan {
 fn loaded(dtype: Dtype, numel: usize, bf16_loaded: usize) -> u64 {
     let es = match dtype {
         Dtype::BF16 => bf16_loaded,
+        Dtype::F8E4M3 => 1,
         _ => 4,
     };
     (es * numel) as u64
+}
+
+/// One main-block matrix on the device ([`Kind`]): resident, in a streaming slot, and made from
+/// the slot (or the host) while its block computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatrixBytes {
+    pub resident: u64,
+    pub slot: u64,
+    pub derived: u64,
+}
+
+/// [`MatrixBytes`] of a matrix of `numel` elements in `rows` rows, `stored` bytes as the backend
+/// loads it, activations of `act` bytes: fp8 is 1 byte an element and an f32 scale a row.
+pub fn matrix_bytes(kind: Kind, numel: u64, rows: u64, stored: u64, act: u64) -> MatrixBytes {
+    let fp8 = numel + 4 * rows;
+    match kind {
+        Kind::Dense => MatrixBytes { resident: stored, slot: stored, derived: 0 },
+        Kind::Quantized => MatrixBytes { resident: fp8, slot: stored, derived: fp8 },
+        Kind::Codes => MatrixBytes { resident: fp8, slot: numel, derived: 0 },
+        Kind::Host { quantize: false } => MatrixBytes { resident: numel * act, slot: 0, derived: numel * act },
+        Kind::Host { quantize: true } => MatrixBytes { resident: fp8, slot: 0, derived: numel * act + fp8 },
+    }
+}
+
+/// Block `i`'s matrices ([`mats::names`]) under `budget`, summed.
+fn dit_block(c: &Component, i: usize, budget: &Budget) -> Result<MatrixBytes> {
+    let mut sum = MatrixBytes::default();
+    for g in mats::names(i) {
+        let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
+        let numel = infos.iter().map(|t| t.numel() as u64).sum();
+        let rows = infos.iter().map(|t| t.shape.first().copied().unwrap_or(1) as u64).sum();
+        let stored = infos.iter().map(|t| loaded(t.dtype, t.numel(), budget.bf16_loaded)).sum();
+        let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act.size() as u64);
+        sum = MatrixBytes { resident: sum.resident + m.resident, slot: sum.slot + m.slot, derived: sum.derived + m.derived };
+    }
+    Ok(sum)
 }
 
 /// Bytes of `c`'s tensors under `prefix` (inside the component), as loaded.
@@ -69,7 +110,11 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let vae = ck.open_component_for_plan("vae")?;
     let enc_layers = ck.encoder.num_layers();
     let enc_block = (0..enc_layers).map(|i| bytes_under(&enc, &format!("layers.{i}."), bl)).max().unwrap_or(0);
-    let dit_block = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).max().unwrap_or(0);
+    let blocks = (0..ck.dit.num_layers).map(|i| dit_block(&dit, i, budget)).collect::<Result<Vec<_>>>()?;
+    let most = |f: fn(&MatrixBytes) -> u64| blocks.iter().map(f).max().unwrap_or(0);
+    // The stored matrices (and their scale tensors, read on the host) are replaced by what the blocks hold.
+    let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).sum();
+    let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + blocks.iter().map(|b| b.resident).sum::<u64>();
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
     Ok(vec![
@@ -78,6 +123,8 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&enc, "", bl),
             blocks: enc_layers as u64,
             block_bytes: enc_block,
+            slot_bytes: enc_block,
+            derived_bytes: 0,
             // The next layer is loaded while one computes (src/model/encoder.rs).
             ahead: 1,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
@@ -87,9 +134,11 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
         },
         Network {
             name: "transformer",
-            weights: bytes_under(&dit, "", bl),
+            weights: dit_weights,
             blocks: ck.dit.num_layers as u64,
-            block_bytes: dit_block,
+            block_bytes: most(|b| b.resident),
+            slot_bytes: most(|b| b.slot),
+            derived_bytes: most(|b| b.derived),
             ahead: memory_plan::PREFETCH,
             host_only: 0,
             // Streamed, a guided step's two passes go through the blocks together: the other
@@ -102,6 +151,8 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&vae, "", 4),
             blocks: 0,
             block_bytes: 0,
+            slot_bytes: 0,
+            derived_bytes: 0,
             ahead: 0,
             host_only: 0,
             activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
@@ -160,7 +211,8 @@ mod tests {
 
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
-        Network { name, weights, blocks, block_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+        let (slot_bytes, derived_bytes) = (block_bytes, 0);
+        Network { name, weights, blocks, block_bytes, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
     }
 
     /// The VAE's whole-or-strips choice on the device (activations that fit the budget: whole)
@@ -173,7 +225,7 @@ mod tests {
         let nets = vec![net("text_encoder", 2 * GB, 4, GB / 4, None), net("transformer", 2 * GB, 4, GB / 4, None), net("vae", weights, 0, act, Some(strips))];
         let mut seen = (0, 0);
         for overhead in [0, 600 << 20] {
-            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: DType::BF16 };
+            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
             for tenth in 20..80 {
                 let opts = MemoryOptions { max_vram_gib: Some(tenth as f64 / 10.0) };
                 let Ok(p) = decide(&nets, &budget, &opts) else { continue };
@@ -192,7 +244,55 @@ mod tests {
             }
         }
         assert!(seen.0 > 0 && seen.1 > 0, "caps planned whole {} and strips {} times", seen.0, seen.1);
-        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32 };
+        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
         assert_eq!(decide(&nets, &none, &MemoryOptions::default()).unwrap().vae_activations, None);
+    }
+
+    /// The full-size DiT (42 blocks of dim 3072, FFN 8192, ~0.33 B other parameters in bf16):
+    /// resident at fp8 its matrices take 1 byte an element and an f32 scale a row, 5.04 GiB in
+    /// all (the "resident DiT 5.1 GB"), against 9.5 GiB at bf16; streamed from a bf16
+    /// checkpoint a block moves its bf16 bytes and holds its fp8 copy beside them while it computes.
+    #[test]
+    fn fp8_counts_a_byte_an_element_and_a_scale_a_row() {
+        let (d, f) = (3072u64, 8192u64);
+        let block = [(3 * d, d), (d, d), (2 * f, d), (d, f)]; // qkv, o, ffn_up_gate, ffn_down: [rows, cols]
+        let other = 326_000_000 * 2;
+        let total = |kind: Kind| -> (u64, MatrixBytes) {
+            let mut sum = MatrixBytes::default();
+            for (rows, cols) in block {
+                let m = matrix_bytes(kind, rows * cols, rows, 2 * rows * cols, 2);
+                sum = MatrixBytes { resident: sum.resident + m.resident, slot: sum.slot + m.slot, derived: sum.derived + m.derived };
+            }
+            (other + 42 * sum.resident, sum)
+        };
+        let gib = |b: u64| b as f64 / GB as f64;
+        let (fp8, q) = total(Kind::Quantized);
+        let (bf16, dense) = total(Kind::Dense);
+        assert!((5.0..5.1).contains(&gib(fp8)), "resident fp8 DiT {:.2} GiB", gib(fp8));
+        assert!((9.0..10.0).contains(&gib(bf16)), "resident bf16 DiT {:.2} GiB", gib(bf16));
+        assert_eq!((q.slot, q.derived), (dense.slot, q.resident), "a streamed fp8 block: its bf16 slot and its fp8 copy");
+        let (codes, c) = total(Kind::Codes);
+        assert_eq!((codes, c.slot), (fp8, c.resident - 4 * (3 * d + d + 2 * f + d)), "a float8 checkpoint moves its codes");
+        // The planner streams fewer fp8 blocks under the same cap.
+        let net = |w: u64, b: MatrixBytes| Network {
+            name: "transformer",
+            weights: w,
+            blocks: 42,
+            block_bytes: b.resident,
+            slot_bytes: b.slot,
+            derived_bytes: b.derived,
+            ahead: memory_plan::PREFETCH,
+            host_only: 0,
+            activations: GB,
+            strip_activations: None,
+        };
+        let resident = |n: &Network, cap| match n.place(cap).unwrap().placement {
+            Placement::Streamed { resident, .. } => resident,
+            Placement::Resident => 42,
+            ref p => panic!("{p:?}"),
+        };
+        assert_eq!(resident(&net(fp8, q), 7 * GB), 42);
+        let (r8, r16) = (resident(&net(fp8, q), 5 * GB), resident(&net(bf16, dense), 5 * GB));
+        assert!(r8 >= 2 * r16 && r16 > 0, "under 5 GiB: {r8} fp8 blocks resident, {r16} bf16");
     }
 }

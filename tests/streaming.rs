@@ -136,7 +136,7 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let mut req = request(11);
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
         let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let nets = networks(&ck, &budget, longest, (req.width, req.height)).unwrap();
@@ -175,7 +175,7 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
     std::fs::write(&list, format!("{}\n", req.prompt)).unwrap();
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32 };
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
         let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let least = networks(&ck, &budget, longest, (req.width, req.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();

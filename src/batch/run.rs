@@ -246,7 +246,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     };
     let r = match o.device {
         Device::Cpu => {
-            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 };
+            let linears = crate::model::dit::MainLinears::of(o.precision);
+            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32, linears };
             let plan = plan_for(budget, progress)?;
             render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
@@ -259,6 +260,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
                 overhead: cu.process_overhead(),
                 bf16_loaded: bf16,
                 act: cu.act_dtype(),
+                linears: crate::model::dit::MainLinears::of(o.precision),
             };
             let plan = plan_for(budget, progress)?;
             render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)

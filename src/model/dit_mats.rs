@@ -46,18 +46,26 @@ impl<B: DitOps> Matrix<B> {
     }
 }
 
-/// How one of a block's matrices is made from the checkpoint (decided once, at load).
-pub enum Source<B: DitOps> {
+/// How one of a block's matrices is made from the checkpoint (decided once, at load, from the
+/// stored dtypes, the run's [`MainLinears`] and the LoRA updates).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
     /// The stored weights as the backend loads them ([`crate::backend::Backend::load_rows`] or a
     /// fetch; LoRA updates merged there).
     Dense,
-    /// Loaded as [`Source::Dense`], then quantized per row ([`crate::backend::Backend::quantize_rows`]).
+    /// Loaded as [`Kind::Dense`], then quantized per row ([`crate::backend::Backend::quantize_rows`]).
     Quantized,
     /// Stored float8 codes loaded as they are, with their per-row scales (f32, resident).
-    Codes(B::T),
+    Codes,
     /// Stored float8 dequantized on the host (`W = q · scale`, LoRA updates merged there in fp32),
     /// uploaded (so rounded to the storage precision), then quantized per row if `quantize`.
     Host { quantize: bool },
+}
+
+/// A matrix's [`Kind`], with the per-row scales of [`Kind::Codes`] on the backend.
+pub struct Source<B: DitOps> {
+    pub kind: Kind,
+    scale: Option<B::T>,
 }
 
 /// The matrices of one main block: the bytes that streaming moves.
@@ -82,35 +90,43 @@ fn strs(g: &[String]) -> Vec<&str> {
     g.iter().map(String::as_str).collect()
 }
 
-/// How each of block `i`'s matrices is made under `linears`: from the stored dtypes (a stack is
-/// all float8 or none) and the LoRA updates (a float8 matrix with updates is dequantized,
-/// merged, and requantized at fp8).
-pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) -> Result<Vec<Source<B>>> {
+/// How the matrix stacking the checkpoint tensors `group` is made under `linears`: a stack is all
+/// float8 or none; a float8 matrix with LoRA updates is dequantized, merged, and requantized at fp8.
+pub fn kind(c: &Component, group: &[String], linears: MainLinears) -> Result<Kind> {
+    let stored = group.iter().map(|n| scaled_fp8::is_fp8(c, n, c.info(n)?)).collect::<Result<Vec<bool>>>()?;
+    if stored.iter().any(|&s| s != stored[0]) {
+        bail!("{} are stored partly as float8, partly not: one matrix needs one storage", group.join(", "));
+    }
+    let merged = group.iter().any(|n| !c.lora_terms(n).is_empty());
     let fp8 = linears == MainLinears::Fp8;
+    Ok(match (stored[0], fp8) {
+        (false, false) => Kind::Dense,
+        (false, true) => Kind::Quantized,
+        (true, true) if !merged => Kind::Codes,
+        (true, quantize) => Kind::Host { quantize },
+    })
+}
+
+/// The [`Source`] of each of block `i`'s matrices under `linears`.
+pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) -> Result<Vec<Source<B>>> {
     let mut out = vec![];
     for g in names(i) {
-        let stored = g.iter().map(|n| scaled_fp8::is_fp8(c, n, c.info(n)?)).collect::<Result<Vec<bool>>>()?;
-        if stored.iter().any(|&s| s != stored[0]) {
-            bail!("{} are stored partly as float8, partly not: one matrix needs one storage", g.join(", "));
-        }
-        let merged = g.iter().any(|n| !c.lora_terms(n).is_empty());
-        out.push(match (stored[0], fp8) {
-            (false, false) => Source::Dense,
-            (false, true) => Source::Quantized,
-            (true, true) if !merged => {
-                let scales = g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat();
-                Source::Codes(b.upload_f32(&Tensor::new(vec![scales.len()], scales)?)?)
-            }
-            (true, quantize) => Source::Host { quantize },
-        });
+        let kind = kind(c, &g, linears)?;
+        let scale = if kind == Kind::Codes {
+            let scales = g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat();
+            Some(b.upload_f32(&Tensor::new(vec![scales.len()], scales)?)?)
+        } else {
+            None
+        };
+        out.push(Source { kind, scale });
     }
     Ok(out)
 }
 
 /// The groups of [`names`] that go through the backend's loads and fetches (all but
-/// [`Source::Host`]), in order.
+/// [`Kind::Host`]), in order.
 pub fn fetched<B: DitOps>(i: usize, sources: &[Source<B>]) -> Vec<Vec<String>> {
-    names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s, Source::Host { .. })).map(|(g, _)| g).collect()
+    names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s.kind, Kind::Host { .. })).map(|(g, _)| g).collect()
 }
 
 impl<B: DitOps> BlockMats<B> {
@@ -133,16 +149,17 @@ impl<B: DitOps> BlockMats<B> {
                 let (q, scale) = b.quantize_rows(w)?;
                 Ok(Matrix::Fp8 { q, scale })
             };
-            m.push(match s {
-                Source::Dense => Matrix::Dense(next()?),
-                Source::Quantized => quantize(&next()?)?,
-                Source::Codes(scale) => Matrix::Fp8 { q: next()?, scale: scale.clone() },
-                Source::Host { quantize: q } => {
+            m.push(match (s.kind, &s.scale) {
+                (Kind::Dense, _) => Matrix::Dense(next()?),
+                (Kind::Quantized, _) => quantize(&next()?)?,
+                (Kind::Codes, Some(scale)) => Matrix::Fp8 { q: next()?, scale: scale.clone() },
+                (Kind::Codes, None) => bail!("block {i}: float8 codes without their scales"),
+                (Kind::Host { quantize: q }, _) => {
                     let parts = g.iter().map(|n| scaled_fp8::dequantized_merged(c, n)).collect::<Result<Vec<_>>>()?;
                     let mut shape = parts[0].shape.clone();
                     shape[0] = parts.iter().map(|p| p.shape[0]).sum();
                     let w = b.upload(&Tensor::new(shape, parts.into_iter().flat_map(|p| p.data).collect())?)?;
-                    if *q {
+                    if q {
                         quantize(&w)?
                     } else {
                         Matrix::Dense(w)

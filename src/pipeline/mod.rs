@@ -465,7 +465,8 @@ pub fn generate_planned(
         };
         match opening {
             None => {
-                let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
+                let linears = MainLinears::of(req.precision);
+                let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32, linears }, progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
             }
             Some(opening) => {
@@ -474,7 +475,13 @@ pub fn generate_planned(
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
                 let (free, total) = cu.gpu().mem_info()?;
                 let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
-                let budget = Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded: bf16, act: cu.act_dtype() };
+                let budget = Budget {
+                    memory: Some((free as u64, total as u64)),
+                    overhead: cu.process_overhead(),
+                    bf16_loaded: bf16,
+                    act: cu.act_dtype(),
+                    linears: MainLinears::of(req.precision),
+                };
                 let p = plan(budget, progress)?;
                 generate_on(&cu, &ck, req, tokens, progress, t0, &p)
             }
