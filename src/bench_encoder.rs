@@ -172,7 +172,7 @@ pub fn run(a: &BenchEncode) -> Result<()> {
     match a.device {
         Device::Cpu => bench(&Cpu, a, &cfg, &comp, &inputs, &|| Ok(())),
         Device::Cuda(n) => {
-            let b = crate::pipeline::cuda(n, a.precision)?;
+            let b = crate::pipeline::cuda(n, a.precision.encoder())?;
             bench(&b, a, &cfg, &comp, &inputs, &|| b.sync())
         }
     }

@@ -83,7 +83,8 @@ pub struct EncodeJob<'a> {
     pub prompt: &'a str,
     pub negative: &'a str,
     pub max_tokens: usize,
-    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded.
+    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded; fp8:
+    /// the bf16 ones (an fp8 run's encoder is the bf16 one).
     pub precision: Precision,
     pub out: &'a Path,
 }
@@ -91,6 +92,7 @@ pub struct EncodeJob<'a> {
 /// `moss encode`.
 pub fn encode_to_file(job: &EncodeJob, model: &str, device: Device, progress: &mut dyn Progress) -> Result<()> {
     let EncodeJob { prompt, negative, max_tokens, precision, out } = *job;
+    let precision = precision.encoder();
     crate::output::check(out)?;
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;

@@ -3,7 +3,7 @@
 
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
-use crate::backend::Device;
+use crate::backend::{Backend, Device};
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
@@ -229,9 +229,29 @@ pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
     })
 }
 
-/// The CUDA backend on `cuda:n`, or a clear error naming the device.
+/// The CUDA backend on `cuda:n`, or a clear error naming the device. At `--precision fp8` the
+/// device must have float8 tensor cores, and the fp8 ops run once on a tiny input, so a GPU or
+/// a build without them stops here, before any weights load.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
-    crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))
+    let cu = crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))?;
+    if precision == Precision::Fp8 {
+        let g = cu.gpu();
+        if !g.supports_fp8() {
+            let (major, minor) = g.compute_capability;
+            bail!(
+                "--precision fp8 needs float8 tensor cores (compute capability 8.9 or later: Ada, Hopper, Blackwell); \
+                 cuda:{n} ({}) is {major}.{minor}: use --precision bf16",
+                g.name
+            );
+        }
+        let probe = || -> Result<()> {
+            let x = cu.upload(&Tensor::zeros(&[1, 16]))?;
+            let (q, scale) = cu.quantize_rows(&x)?;
+            cu.linear_fp8(&x, &q, &scale).map(drop)
+        };
+        probe().with_context(|| format!("--precision fp8 on cuda:{n}"))?;
+    }
+    Ok(cu)
 }
 
 /// Encode `prompt` and `negative` with the checkpoint's encoder; hidden states as

@@ -78,6 +78,12 @@ pub struct Gpu {
 pub const CONTEXT_BOUND: u64 = 768 << 20;
 
 impl Gpu {
+    /// Whether the device has float8 e4m3 tensor cores (`--precision fp8`): compute capability
+    /// 8.9 (Ada) and later.
+    pub fn supports_fp8(&self) -> bool {
+        self.compute_capability >= (8, 9)
+    }
+
     /// Open `cuda:ordinal`: a clear error (never a panic) without a driver, a GPU or kernels.
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let Some(fatbin) = FATBIN else {
