@@ -6,6 +6,8 @@ use moss::checkpoint::{self, Checkpoint, TensorStore};
 use moss::tensor::Tensor;
 use std::path::PathBuf;
 
+pub mod folders;
+
 pub const CHECKPOINTS: [&str; 2] = ["tiny-a", "tiny-b"];
 
 pub fn golden() -> PathBuf {
