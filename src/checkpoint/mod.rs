@@ -276,8 +276,9 @@ impl Component {
                 continue;
             }
             if info.dtype != e.dtype {
+                let fp8 = if info.dtype == Dtype::F8E4M3 { " (moss reads float8 only in the main blocks' matrices)" } else { "" };
                 bail!(
-                    "checkpoint mismatch: `{full}` in {} is {}, expected {}",
+                    "checkpoint mismatch: `{full}` in {} is {}, expected {}{fp8}",
                     self.store.file_of(info).display(),
                     info.dtype.name(),
                     e.dtype.name()
