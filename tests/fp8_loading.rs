@@ -348,3 +348,38 @@ fn float8_checkpoints_moss_cannot_read_are_refused() {
         vec![(n.into(), safetensors::Dtype::BF16, i.shape.clone(), bf16_bytes(&q))]
     }));
 }
+
+/// `moss encode --precision fp8` writes the bf16 embeds (an fp8 run's encoder is the bf16 one),
+/// value for value, and `generate --embeds` at fp8 gives the latents of the direct fp8 run.
+#[test]
+fn encode_at_fp8_writes_the_bf16_embeds() {
+    let dir = scratch("encode");
+    let model = golden().join("tiny-b");
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let m = model.to_str().unwrap();
+    let emb = |p: &str| dir.join(format!("{p}.safetensors"));
+    for p in ["fp8", "bf16"] {
+        run(&["encode", "--device", "cpu", "--model", m, "--prompt", "a red fox", "--precision", p, "--out", emb(p).to_str().unwrap()]);
+    }
+    // (The files' metadata order varies from run to run: the tensors and their dtypes are compared.)
+    let (a, b) = (moss::checkpoint::TensorStore::open_file(&emb("fp8")).unwrap(), moss::checkpoint::TensorStore::open_file(&emb("bf16")).unwrap());
+    for k in ["cond", "uncond"] {
+        assert_eq!(a.get(k).unwrap().dtype, Dtype::BF16, "{k}");
+        assert!(a.to_f32(k).unwrap() == b.to_f32(k).unwrap(), "the fp8 embeds' {k} are not the bf16 ones");
+    }
+    let lat = |name: &str, extra: &[&str]| {
+        let (pic, lat) = (dir.join(format!("{name}.png")), dir.join(format!("{name}.f32")));
+        let mut args = vec!["generate", "--device", "cpu", "--model", m, "--precision", "fp8", "--steps", "2", "--size", "64x48"];
+        args.extend(["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap()]);
+        args.extend(extra);
+        run(&args);
+        moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data
+    };
+    let via = lat("via", &["--embeds", emb("fp8").to_str().unwrap()]);
+    assert!(via == lat("direct", &["--prompt", "a red fox"]), "generate --embeds at fp8 differs from the direct fp8 run");
+    assert!(via != lat("other", &["--prompt", "a blue fox"]), "the latents do not depend on the prompt");
+    let _ = std::fs::remove_dir_all(&dir);
+}
