@@ -155,7 +155,8 @@ fn run_on<B: DitOps>(
 
     let mut out = serde_json::json!({
         "device": device,
-        "precision": if device == "cpu" { "fp32".to_string() } else { format!("{:?}", a.precision).to_lowercase() },
+        // The CPU computes in fp32, but for the fp8 linears.
+        "precision": if device == "cpu" && a.precision != Precision::Fp8 { "fp32".to_string() } else { a.precision.to_string() },
         "size": format!("{}x{}", a.width, a.height),
         "tokens_cond": h * w + cond.shape[0],
         "tokens_uncond": h * w + uncond.shape[0],

@@ -114,15 +114,11 @@ fn fp8_matrices_match_torchs() {
         for m in json["checkpoints"][tag]["mats"].as_array().unwrap() {
             let i = m["block"].as_u64().unwrap() as usize;
             let pick = |b: &BlockMats<Cpu>| -> Matrix<Cpu> {
-                let src = match m["matrix"].as_str().unwrap() {
-                    "qkv" => &b.qkv,
-                    "o" => &b.o,
-                    "ffn_up_gate" => &b.ffn_up_gate,
-                    _ => &b.ffn_down,
-                };
-                match src {
-                    Matrix::Dense(w) => Matrix::Dense(w.clone()),
-                    Matrix::Fp8 { q, scale } => Matrix::Fp8 { q: q.clone(), scale: scale.clone() },
+                match m["matrix"].as_str().unwrap() {
+                    "qkv" => b.qkv.clone(),
+                    "o" => b.o.clone(),
+                    "ffn_up_gate" => b.ffn_up_gate.clone(),
+                    _ => b.ffn_down.clone(),
                 }
             };
             let (x, want) = (tensor(&store, m["x"].as_str().unwrap()), tensor(&store, m["y"].as_str().unwrap()));

@@ -276,12 +276,7 @@ fn a_float8_checkpoint_takes_a_lora() {
     for i in 0..2 {
         let (with, without) = (block(&stored, i, MainLinears::Dense), block(&base, i, MainLinears::Dense));
         let (with8, without8) = (block(&stored, i, MainLinears::Fp8), block(&base, i, MainLinears::Fp8));
-        let pick = |b: &BlockMats<Cpu>, m: usize| -> Matrix<Cpu> {
-            match [&b.qkv, &b.o, &b.ffn_up_gate, &b.ffn_down][m] {
-                Matrix::Dense(w) => Matrix::Dense(w.clone()),
-                Matrix::Fp8 { q, scale } => Matrix::Fp8 { q: q.clone(), scale: scale.clone() },
-            }
-        };
+        let pick = |b: &BlockMats<Cpu>, m: usize| -> Matrix<Cpu> { [&b.qkv, &b.o, &b.ffn_up_gate, &b.ffn_down][m].clone() };
         for m in 0..4 {
             let (w, w0) = (pick(&with, m), pick(&without, m));
             let (got8, plain8) = (parts(&pick(&with8, m)), parts(&pick(&without8, m)));

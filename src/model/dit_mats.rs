@@ -37,6 +37,15 @@ pub enum Matrix<B: DitOps> {
     Fp8 { q: B::T, scale: B::T },
 }
 
+impl<B: DitOps> Clone for Matrix<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Matrix::Dense(w) => Matrix::Dense(w.clone()),
+            Matrix::Fp8 { q, scale } => Matrix::Fp8 { q: q.clone(), scale: scale.clone() },
+        }
+    }
+}
+
 impl<B: DitOps> Matrix<B> {
     pub fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
         match self {
