@@ -1,4 +1,4 @@
-// The VAE decoder's fused ops (src/backend/cuda/vae.rs; math on `VaeOps` in
+// The VAE decoder's fused ops (src/backend/cuda/vae/mod.rs; math on `VaeOps` in
 // src/backend/ops/vae.rs). Everything is fp32.
 //
 // - moss_vae_bn_unpatchify: undo the latent BatchNorm and unpatchify, one pass.
@@ -14,7 +14,7 @@
 //   [G, 2] (mean, variance), then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in
 //   f32 like the CPU). Split-invariant: a row strip gives the whole picture's bits.
 // - moss_vae_softmax_rows: scaled, max-subtracted softmax over rows of a score block (the
-//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see vae.rs).
+//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see src/backend/cuda/vae/attention.rs).
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
 // moss_ctl_vae_*: the same code with a planted bug, for `moss check`.
 #include "common.cuh"
