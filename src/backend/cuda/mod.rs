@@ -28,7 +28,7 @@ pub const FATBIN: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "
 #[cfg(not(moss_kernels))]
 pub const FATBIN: Option<&[u8]> = None;
 
-/// The Hopper-only kernels of `cuda/sm90a/*.cu` (wgmma), `sm_90a` machine code only; loaded on
+/// The Hopper-only kernels of `cuda/*/sm90a/*.cu` (wgmma), `sm_90a` machine code only; loaded on
 /// compute capability 9.0 alone (absent when build.rs built no sm_90 code).
 #[cfg(moss_sm90a)]
 pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_kernels_sm90a.fatbin")));

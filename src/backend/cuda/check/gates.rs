@@ -10,7 +10,8 @@
 //!
 //! To add a gate (a DiT, encoder or VAE kernel): write `fn gate_x(cx: &mut Cx) -> Result<()>`
 //! that draws inputs with [`Cx::input`], computes the CPU twin, and calls [`Cx::judge`] once
-//! for the real kernel and once per planted control; then list it in [`GATES`].
+//! for the real kernel and once per planted control; then list it in its module's `GATES` table
+//! (chained in [`run_all`]).
 
 use crate::backend::cuda::ops::{par_chunks, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
@@ -383,7 +384,7 @@ pub fn time_ms(cuda: &Cuda, warmup: usize, reps: usize, mut f: impl FnMut() -> R
 }
 
 /// moss's bf16 `linear` at the DiT's GEMM shapes and its attention at the DiT's full size (the
-/// numbers bench/linear_torch.py compares).
+/// numbers the since-deleted bench/linear_torch.py compared; git history: 6711694).
 pub fn time_ops(cuda: &Cuda) -> Result<()> {
     use dit::*;
     let c = cuda.with_precision(Precision::Bf16);

@@ -8,7 +8,7 @@ use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// One flash attention kernel: its name and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
-/// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/sm90a/` and exist only
+/// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/*/sm90a/` and exist only
 /// on compute capability 9.0 ([`Cuda::has_sm90a`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashKernel {

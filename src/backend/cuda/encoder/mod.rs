@@ -4,7 +4,7 @@
 //! Dtypes: activations (q, k, v, x, z, gate, up) keep their dtype (bf16, or f32 with
 //! `--precision fp32`) and the output takes it; the small per-channel vectors (norm weights, the
 //! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16; the
-//! kernels of `enc_floor.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
+//! kernels of `row_ops.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
 //! controls of `moss check` (src/backend/cuda/check/encoder*.rs).

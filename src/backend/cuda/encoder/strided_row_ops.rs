@@ -3,14 +3,15 @@
 //! ([`EncoderOps::linear_cat`]), the consumers reading their columns of its output in place
 //! (row stride) instead of narrowed copies, the residual add in the output projection's GEMM
 //! epilogue ([`EncoderOps::linear_add_rms_norm`]), and the attention's sigmoid gate in one
-//! kernel. Measured on the H200 in bench/notes-encops.md.
+//! kernel. Measured on the H200 (git history: 7b8ab91).
 //!
-//! Switches (read per call, except `MOSS_ENC_CAT*`, read when the weights load):
-//! - `MOSS_ENC_CAT`: `all` (default; the DeltaNet's qkv | z | a | b in one GEMM), `split` (qkv | z
-//!   and a | b: two), `off` (four GEMMs, each writing its columns of the shared output);
-//! - `MOSS_ENC_CAT_MLP=0`: gate and up as two GEMMs into one output (default: one GEMM);
-//! - `MOSS_ENC_RESADD=off`: the output projections as plain GEMMs + the add_rms_norm kernel;
-//! - `MOSS_ENC_GATE=unfused`: the attention gate as narrow + sigmoid + mul.
+//! One path each (the other groupings and the unfused forms, once behind environment switches,
+//! were deleted in 2abea24; git keeps them):
+//! - the DeltaNet's qkv | z | a | b, the MLP's gate | up and the attention's q | k | v each as one
+//!   GEMM ([`cat_groups`], the weights joined when they load);
+//! - the output projections with the residual add in the GEMM epilogue, then the RMSNorm alone
+//!   (a plain GEMM + the add_rms_norm kernel only for widths that kernel does not take);
+//! - the attention gate in one kernel (narrow + sigmoid + mul only where it does not apply).
 //!
 //! [`EncoderOps::linear_cat`]: crate::backend::ops::EncoderOps::linear_cat
 //! [`EncoderOps::linear_add_rms_norm`]: crate::backend::ops::EncoderOps::linear_add_rms_norm
@@ -86,7 +87,7 @@ impl Cuda {
     /// The causal conv + SiLU of columns `start..start + c` of `x [L, N]` (row stride N) → `[L, c]`:
     /// `conv8` (8 channels a thread, taps transposed) where the columns are 8-aligned, else the
     /// scalar kernel on a narrowed copy. (A variant with 8 tokens a thread and its 11 input rows
-    /// loaded once, `convt`, measured slower on the H200: bench/notes-encops.md.)
+    /// loaded once, `convt`, measured slower on the H200; git history: 7b8ab91.)
     pub(crate) fn conv_cols_with(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2 && start + c <= x.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", x.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
