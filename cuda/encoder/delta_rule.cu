@@ -1,5 +1,5 @@
 // Chunk-parallel gated delta rule (the op of src/backend/ops/encoder.rs, host side
-// src/backend/cuda/encoder.rs `gated_delta_rule_with`). Same algebra as the CPU twin
+// src/backend/cuda/encoder/delta_rule.rs `gated_delta_rule_with`). Same algebra as the CPU twin
 // `delta_rule_chunked` (chunks of GC = 64 tokens, fp32 throughout, state and decays fp32),
 // rearranged so that only the state passing is sequential:
 //
