@@ -383,7 +383,7 @@ impl Cuda {
         Ok(())
     }
 
-    /// Whether the Hopper-only kernels (`cuda/sm90a`) are loaded: a compute capability 9.0
+    /// Whether the Hopper-only kernels (`cuda/*/sm90a`) are loaded: a compute capability 9.0
     /// device and a build with them.
     pub fn has_sm90a(&self) -> bool {
         self.inner.gpu.module_sm90a.is_some()

@@ -1,5 +1,5 @@
 //! Which kernel each op runs on this device: decided from the compute capability (through
-//! whether the Hopper-only `cuda/sm90a` image is loaded), the precision and the shape, and
+//! whether the Hopper-only `cuda/*/sm90a` image is loaded), the precision and the shape, and
 //! printed by `moss check --device cuda`.
 //!
 //! Two families: the Hopper kernels (`sm_90a` machine code: wgmma, TMA, thread-block clusters;
@@ -43,7 +43,7 @@ pub struct Choice {
     pub kernel: String,
 }
 
-/// The kernels each op uses on a device: `hopper` when the `cuda/sm90a` image is loaded (compute
+/// The kernels each op uses on a device: `hopper` when the `cuda/*/sm90a` image is loaded (compute
 /// capability 9.0, not forced portable), `smem_optin` the device's opt-in shared memory per block.
 pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
     let c = |op, kernel: &str| Choice { op, kernel: kernel.to_string() };

@@ -51,7 +51,7 @@ pub const FLASH_KERNELS: [FlashKernel; 2] = [
 ];
 pub const FLASH_HEAD_DIM: usize = DIT_FLASH_HEAD_DIM;
 
-/// The flash kernel for a device: the Hopper one where the `cuda/sm90a` kernels are loaded
+/// The flash kernel for a device: the Hopper one where the `cuda/*/sm90a` kernels are loaded
 /// (`sm90a`), else the portable one.
 pub fn pick_flash(sm90a: bool) -> &'static FlashKernel {
     FLASH_KERNELS.iter().find(|k| sm90a || !k.sm90a).expect("v2 exists everywhere")
