@@ -131,7 +131,7 @@ impl Cuda {
             return Ok(());
         }
         let kernel = spec.name;
-        ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+        ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
         let grid = (n.div_ceil(spec.rows) as u32, heads as u32);
         if spec.tma {

@@ -235,7 +235,7 @@ impl Cuda {
         let g = if gated { "_gated" } else { "" };
         match path {
             EncAttn::Wgmma => {
-                ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+                ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
                 self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM, args)
             }
             EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args),
