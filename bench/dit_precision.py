@@ -12,9 +12,10 @@ block torch.compile'd, and the bf16 model with torchao's float8 dynamic row-wise
 (`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`: e4m3 weights with one scale
 per output channel, activations quantized per token on the fly) on the 42 main blocks' linears
 (q, k, v, o, ffn_up_gate, ffn_down: what `moss --precision fp8` quantizes), every block
-torch.compile'd. For each: one forward of the cond pass at the first step's timestep (median of 5
-after a warm-up, CUDA events), its velocity, and the 50-step loop (LOOP_REPS timed runs, default
-1, CUDA events) and its latents, written to WORK as raw f32 (vel_<row>.f32, lat_<row>.f32).
+torch.compile'd (torchao's recommended inductor settings, its default). For each: one forward of
+the cond pass at the first step's timestep (median of 5 after a warm-up, CUDA events), its
+velocity, and the 50-step loop (LOOP_REPS timed runs, default 1; the fp32 row: one forward, one
+loop) and its latents, written to WORK as raw f32 (vel_<row>.f32, lat_<row>.f32).
 OUT.json is rewritten after every row, so a run stopped by the time limit keeps what it measured;
 a row that fails records why ("not_run").
 
@@ -25,7 +26,8 @@ every latent decoded by the same decoder: diffusers AutoencoderKLFlux2 fp32, TF3
 golden/dit_ref.py's decode), prints the markdown table (with the speed ratios, issue 22's targets
 and bars) and writes OUT_DIR/dit_precision.json.
 
-DIT_FULL_SMOKE=1 (bench/dit.py) runs all of it at a tiny size on the CPU (3 steps, 64x64).
+DIT_FULL_SMOKE=1 (bench/dit.py) runs all of it at a tiny size on the CPU (3 steps, 64x64; the
+"compiled" rows stay eager there, torchao's row-wise float8 and moss fp8 report "not run").
 """
 
 import gc
@@ -78,22 +80,21 @@ def quantize_fp8_rowwise(m):
     """torchao float8 dynamic activation + weight, row-wise scales, on the main blocks' linears
     (`layers.N.proj.*`); returns (the number of linears quantized, torchao's version)."""
     import torchao
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8Tensor, PerRow, quantize_
 
     def main_block_linear(mod, fqn):
         return isinstance(mod, torch.nn.Linear) and fqn.startswith("layers.")
 
     quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=main_block_linear)
-    n = sum(1 for name, mod in m.named_modules()
-            if name.startswith("layers.") and isinstance(mod, torch.nn.Linear) and mod.weight.dtype != torch.bfloat16)
+    n = sum(1 for mod in m.modules() if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, Float8Tensor))
     return n, torchao.__version__
 
 
-def measure(name, m, x, t, c, u, work, res, out_json, forwards=FORWARDS, warmup=1):
-    """One row: forward median (CUDA events), velocity, LOOP_REPS timed loops, latents; saved."""
+def measure(name, m, x, t, c, u, work, res, out_json, forwards=FORWARDS, warmup=1, loops=LOOP_REPS):
+    """One row: forward median (CUDA events), velocity, `loops` timed loops, latents; saved."""
     ms, all_ms, v = cuda_ms(lambda: m(x, t, c, impl="sdpa"), forwards, warmup=warmup)
     v.float().cpu().numpy().astype("<f4").tofile(f"{work}/vel_{name}.f32")
-    loop_ms, loops_ms, lat = cuda_ms(lambda: dit_ref.sample(m, x, c, u, STEPS, GUIDANCE), LOOP_REPS, warmup=0)
+    loop_ms, loops_ms, lat = cuda_ms(lambda: dit_ref.sample(m, x, c, u, STEPS, GUIDANCE), loops, warmup=0)
     lat.float().cpu().numpy().astype("<f4").tofile(f"{work}/lat_{name}.f32")
     res[name].update(forward_ms=ms, forward_all_ms=all_ms, loop_s=loop_ms / 1e3, loop_all_s=[s / 1e3 for s in loops_ms])
     save(res, out_json)
@@ -136,7 +137,7 @@ def torch_rows(d, work, out_json):
 
     def fp32():
         measure(REF, dit_ref.load_transformer(f"{d}/transformer", torch.float32, DEV), x, t, c, u, work, res,
-                out_json, forwards=1, warmup=0)
+                out_json, forwards=1, warmup=0, loops=1)
 
     m = None  # the bf16 model, eager then compiled
 
