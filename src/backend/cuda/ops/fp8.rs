@@ -152,3 +152,57 @@ impl Cuda {
         Ok(y)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{from_bytes, loaded_dtype, to_bytes};
+    use super::*;
+    use crate::checkpoint::{tensors, Dtype, TensorStore};
+    use crate::fp8::e4m3_to_f32;
+    use crate::options::Precision;
+
+    /// Every finite code's value uploads as that code and downloads as that value (-0 included);
+    /// other values round to the nearest code (ties to even) and saturate, as the kernel does; the
+    /// checkpoint reader gives the same values and finds a NaN code.
+    #[test]
+    fn e4m3_codes_go_up_and_down_as_their_values() {
+        let codes: Vec<u8> = (0..=255u8).filter(|c| c & 0x7f != 0x7f).collect();
+        let vals: Vec<f32> = codes.iter().map(|&c| e4m3_to_f32(c)).collect();
+        assert_eq!(to_bytes(&vals, DType::F8E4M3), codes);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&from_bytes(&codes, DType::F8E4M3)), bits(&vals));
+        assert_eq!(bits(&tensors::decode_f32(Dtype::F8E4M3, &codes).unwrap()), bits(&vals));
+        // 1.0625 lies halfway between 1 (0x38) and 1.125 (0x39): the even code
+        assert_eq!(to_bytes(&[1.0625, -1000.0, 450.0, 1e-4], DType::F8E4M3), vec![0x38, 0xfe, 0x7e, 0x00]);
+        assert_eq!(tensors::first_non_finite(Dtype::F8E4M3, &[0x38, 0x7e, 0xff]), Some(2));
+        assert_eq!(tensors::first_non_finite(Dtype::F8E4M3, &[0x38, 0xfe]), None);
+    }
+
+    #[test]
+    fn stored_e4m3_loads_as_e4m3_at_every_precision() {
+        for p in [Precision::Bf16, Precision::Fp32] {
+            assert_eq!(loaded_dtype(Dtype::F8E4M3, p), DType::F8E4M3);
+        }
+        assert_eq!(loaded_dtype(Dtype::BF16, Precision::Bf16), DType::BF16);
+        assert_eq!(loaded_dtype(Dtype::BF16, Precision::Fp32), DType::F32);
+        assert_eq!(loaded_dtype(Dtype::F32, Precision::Bf16), DType::F32);
+    }
+
+    /// A safetensors `F8_E4M3` tensor reads as `Dtype::F8E4M3`, one byte an element, its values the codes'.
+    #[test]
+    fn a_float8_checkpoint_tensor_is_read_as_e4m3() {
+        let dir = std::env::temp_dir().join(format!("moss-f8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        let codes = vec![0x38u8, 0xb8, 0x7e, 0x01, 0x00, 0x40];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F8_E4M3, vec![2, 3], &codes).unwrap();
+        std::fs::write(&path, safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
+        let store = TensorStore::open_file(&path).unwrap();
+        let info = store.get("w").unwrap();
+        assert_eq!((info.dtype, info.dtype.size(), info.end - info.start), (Dtype::F8E4M3, 1, 6));
+        let (shape, data) = store.to_f32("w").unwrap();
+        assert_eq!(shape, vec![2, 3]);
+        assert_eq!(data, vec![1.0, -1.0, 448.0, 1.0 / 512.0, 0.0, 2.0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
