@@ -88,9 +88,11 @@ impl Cuda {
 
     /// [`crate::backend::Backend::linear_fp8`], each part under its own profile row: the
     /// activation's quantization (`quantize_fp8 MxK`) and the product (`linear_fp8 MxKxN`).
+    /// The weight's scales may be bf16 (a checkpoint's), used as f32.
     pub(crate) fn linear_fp8_timed(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
         let (rows, k, n) = (x.rows(), x.last_dim(), q.shape.first().copied().unwrap_or(0));
         let path = self.fp8_gemm()?;
+        let scale = &self.cast(scale, DType::F32)?;
         let (xq, xs) = self.timed_op(|| format!("quantize_fp8 {rows}x{k}"), || self.quantize_fp8_with(x, "moss_quantize_fp8"))?;
         self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.gemm_fp8_with(&xq, &xs, q, scale, x.dtype, path, "moss_fp8_scale_rows"))
     }
