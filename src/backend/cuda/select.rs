@@ -107,7 +107,7 @@ pub fn print(cuda: &crate::backend::cuda::ops::Cuda) {
         println!("  {:<48} {}", c.op, c.kernel);
     }
     let fp8 = match cuda.fp8_gemm() {
-        Ok(Fp8Gemm::OuterVec) => "cuBLASLt e4m3, outer-vector scales, bf16 out (fp32 activations: as below)".to_string(),
+        Ok(Fp8Gemm::OuterVec) => "cuBLASLt e4m3, outer-vector scales, bf16 out (fp32 activations: unit scales + moss_fp8_scale_rows_*)".to_string(),
         Ok(Fp8Gemm::UnitThenScale) => "cuBLASLt e4m3 with unit scales into fp32, moss_fp8_scale_rows_*".to_string(),
         Err(e) => format!("refused: {e:#}"),
     };
