@@ -14,6 +14,8 @@ pub enum Dtype {
     F32,
     F64,
     I64,
+    /// float8 e4m3 (`float8_e4m3fn`, [`crate::fp8`]): a quantized linear's codes.
+    F8E4M3,
     Other,
 }
 
@@ -25,6 +27,7 @@ impl Dtype {
             safetensors::Dtype::F32 => Dtype::F32,
             safetensors::Dtype::F64 => Dtype::F64,
             safetensors::Dtype::I64 => Dtype::I64,
+            safetensors::Dtype::F8_E4M3 => Dtype::F8E4M3,
             _ => Dtype::Other,
         }
     }
@@ -33,7 +36,7 @@ impl Dtype {
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::F64 | Dtype::I64 => 8,
-            Dtype::Other => 1,
+            Dtype::F8E4M3 | Dtype::Other => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -43,6 +46,7 @@ impl Dtype {
             Dtype::F32 => "f32",
             Dtype::F64 => "f64",
             Dtype::I64 => "i64",
+            Dtype::F8E4M3 => "f8_e4m3",
             Dtype::Other => "other",
         }
     }
@@ -61,6 +65,8 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
         Dtype::F64 => bytes.chunks_exact(8).position(|b| {
             u64::from_le_bytes(b.try_into().unwrap()) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000
         }),
+        // e4m3 has no infinities; NaN is S.1111.111
+        Dtype::F8E4M3 => bytes.iter().position(|b| b & 0x7f == 0x7f),
         Dtype::I64 | Dtype::Other => None,
     }
 }
@@ -247,6 +253,7 @@ pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
+        Dtype::F8E4M3 => b.iter().map(|&c| crate::fp8::e4m3_to_f32(c)).collect(),
         Dtype::Other => return None,
     })
 }

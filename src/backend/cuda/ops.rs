@@ -4,7 +4,8 @@
 //! Dtype rules (every op computes in fp32 and rounds once into its output):
 //! - `upload` gives the precision's activation dtype (bf16, or f32 with `--precision fp32`);
 //!   [`Cuda::upload_as`] picks one explicitly.
-//! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`) and an f32 one f32.
+//! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`), an f32 one f32 and
+//!   a float8 e4m3 one e4m3 (the codes, one byte each; `download` gives their values).
 //! - `linear` computes in the weight's dtype (x and the bias are cast to it if they differ) and
 //!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
@@ -23,6 +24,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod fp8;
 pub mod mover;
 mod tensor_ops;
 mod transfer;
@@ -36,6 +38,8 @@ use transfer::Staging;
 pub enum DType {
     BF16,
     F32,
+    /// float8 e4m3 codes ([`crate::fp8`]): the weights and activations of the fp8 linears.
+    F8E4M3,
 }
 
 impl DType {
@@ -43,6 +47,7 @@ impl DType {
         match self {
             DType::BF16 => 2,
             DType::F32 => 4,
+            DType::F8E4M3 => 1,
         }
     }
     /// The suffix of kernel names (`moss_add_bf16_f32`).
@@ -50,13 +55,14 @@ impl DType {
         match self {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
+            DType::F8E4M3 => "f8e4m3",
         }
     }
-    /// The activation dtype of a precision.
+    /// The activation dtype of a precision: f32 at fp32, else bf16 (the fp8 linears' activations too).
     pub fn of(p: Precision) -> DType {
         match p {
-            Precision::Bf16 => DType::BF16,
             Precision::Fp32 => DType::F32,
+            _ => DType::BF16,
         }
     }
 }
@@ -441,7 +447,8 @@ impl Cuda {
 /// The device dtype a checkpoint tensor is loaded as.
 pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     match (stored, p) {
-        (Dtype::BF16, Precision::Bf16) => DType::BF16,
+        (Dtype::F8E4M3, _) => DType::F8E4M3,
+        (Dtype::BF16, p) if p != Precision::Fp32 => DType::BF16,
         _ => DType::F32,
     }
 }
@@ -512,11 +519,12 @@ impl Backend for Cuda {
         let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
         self.timed_op(name, || self.linear_dense(x, w, b))
     }
-    fn quantize_rows(&self, _w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
-        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    fn quantize_rows(&self, w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
+        self.prof("quantize_rows", || self.quantize_fp8_with(w, "moss_quantize_fp8"))
     }
-    fn linear_fp8(&self, _x: &CudaTensor, _q: &CudaTensor, _scale: &CudaTensor) -> Result<CudaTensor> {
-        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_fp8_timed(x, q, scale)
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.prof("add", || self.binary_with("add", a, b, "moss"))
@@ -553,9 +561,6 @@ impl Backend for Cuda {
     }
 }
 
-impl Cuda {
-}
-
 impl std::fmt::Debug for CudaTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaTensor({:?} {:?}, {} bytes)", self.dtype, self.shape, self.buf.bytes)
@@ -569,6 +574,7 @@ pub fn tensor_map_2d(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, b
     let (ty, es) = match dt {
         DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
         DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
+        DType::F8E4M3 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
     };
     ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "tensor map: address / stride {ld} / {cols} columns / box {bx}");
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
