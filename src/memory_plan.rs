@@ -31,9 +31,11 @@ pub struct Network {
     pub name: &'static str,
     /// All weights.
     pub weights: u64,
-    /// Repeated blocks that can stream, and the bytes of one (the largest).
+    /// Repeated blocks that can stream, the bytes of one (the largest), and of all of them
+    /// together (the encoder's attention and DeltaNet layers differ).
     pub blocks: u64,
     pub block_bytes: u64,
+    pub all_blocks: u64,
     /// Streamed blocks in flight beside the one computing ([`PREFETCH`] for the transformer).
     pub ahead: u64,
     /// Weights that may stay on the host when streaming (the embedding table).
@@ -74,8 +76,18 @@ pub struct Plan {
 }
 
 impl Network {
+    /// What stays on the device when the blocks stream: the rest, less what stays on the host.
     fn streamed_fixed(&self) -> u64 {
-        self.weights - self.blocks * self.block_bytes - self.host_only.min(self.weights - self.blocks * self.block_bytes)
+        let rest = self.weights.saturating_sub(self.all_blocks);
+        rest - self.host_only.min(rest)
+    }
+
+    /// The device bytes with `k` of the blocks resident (`k` < `blocks`) and `ahead + 1` buffers
+    /// for the streamed rest.
+    fn streamed_with(&self, k: u64) -> NetworkPlan {
+        let streamed = self.blocks - k;
+        let device = self.streamed_fixed() + k * self.block_bytes + (self.ahead + 1).min(streamed) * self.block_bytes + self.activations + RESERVE;
+        NetworkPlan { name: self.name, placement: Placement::Streamed { resident: k, blocks: self.blocks }, device_bytes: device, moved_per_pass: streamed * self.block_bytes }
     }
 
     /// The least cap this network runs under (streaming every block, strips if it has them).
@@ -85,36 +97,54 @@ impl Network {
         if self.blocks == 0 {
             return whole;
         }
-        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
-        whole.min(self.streamed_fixed() + buffers + self.activations + RESERVE)
+        whole.min(self.streamed_with(0).device_bytes)
     }
 
     /// The placement under `cap`, or `None` when even streaming does not fit.
     pub fn place(&self, cap: u64) -> Option<NetworkPlan> {
-        let plan = |placement, device_bytes, moved_per_pass| NetworkPlan { name: self.name, placement, device_bytes, moved_per_pass };
-        let resident = self.weights + self.activations + RESERVE;
-        if resident <= cap {
-            return Some(plan(Placement::Resident, resident, 0));
-        }
-        if let Some(strips) = self.strip_activations {
-            let need = self.weights + strips + RESERVE;
-            if need <= cap {
-                return Some(plan(Placement::Strips, need, 0));
-            }
+        if let Some(p) = self.place_whole(cap) {
+            return Some(p);
         }
         if self.blocks == 0 {
             return None;
         }
-        let base = self.streamed_fixed() + self.activations + RESERVE;
-        let buffers = (self.ahead + 1).min(self.blocks) * self.block_bytes;
-        if base + buffers > cap {
+        let least = self.streamed_with(0);
+        if least.device_bytes > cap {
             return None;
         }
         // Every block made resident frees nothing from the buffers until all but the buffered ones are.
-        let k = ((cap - base - buffers) / self.block_bytes).min(self.blocks - 1);
-        let streamed = self.blocks - k;
-        let device = base + k * self.block_bytes + (self.ahead + 1).min(streamed) * self.block_bytes;
-        Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.block_bytes))
+        let k = ((cap - least.device_bytes) / self.block_bytes.max(1)).min(self.blocks - 1);
+        Some(self.streamed_with(k))
+    }
+
+    /// Every weight resident under `cap`: activations whole, else in strips; `None` if neither fits.
+    pub fn place_whole(&self, cap: u64) -> Option<NetworkPlan> {
+        let plan = |placement, device_bytes| NetworkPlan { name: self.name, placement, device_bytes, moved_per_pass: 0 };
+        let resident = self.weights + self.activations + RESERVE;
+        if resident <= cap {
+            return Some(plan(Placement::Resident, resident));
+        }
+        let need = self.weights + self.strip_activations? + RESERVE;
+        (need <= cap).then(|| plan(Placement::Strips, need))
+    }
+
+    /// `k` of the blocks kept resident (all of them: [`Network::place_whole`]), the rest
+    /// streamed, under `cap`; `None` if that does not fit.
+    pub fn place_keeping(&self, k: u64, cap: u64) -> Option<NetworkPlan> {
+        if k >= self.blocks {
+            return self.place_whole(cap);
+        }
+        Some(self.streamed_with(k)).filter(|p| p.device_bytes <= cap)
+    }
+
+    /// The device bytes kept between passes with `k` blocks resident: the weights that stay on
+    /// the device when streaming, and those blocks (all of them: every weight).
+    pub fn kept_bytes(&self, k: u64) -> u64 {
+        if k >= self.blocks {
+            self.weights
+        } else {
+            self.streamed_fixed() + k * self.block_bytes
+        }
     }
 }
 

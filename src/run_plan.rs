@@ -8,6 +8,7 @@ use crate::backend::cuda::plan::{dit_activation_bytes, encoder_activation_bytes}
 use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
 use crate::memory_plan::{self, Network, Placement, Plan};
+use crate::model::{dit::block_matrix_names, encoder::layer_matrix_names};
 use anyhow::Result;
 
 /// How a run may use device memory (the CLI's `--max-vram`).
@@ -61,6 +62,29 @@ fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize) -> u64 {
     c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)).map(|(_, t)| loaded(t.dtype, t.numel(), bf16_loaded)).sum()
 }
 
+/// Bytes of the tensors `groups` names (inside `c`), as loaded.
+fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize) -> Result<u64> {
+    let mut sum = 0;
+    for n in groups.iter().flatten() {
+        let t = c.info(n)?;
+        sum += loaded(t.dtype, t.numel(), bf16_loaded);
+    }
+    Ok(sum)
+}
+
+/// The largest and the total bytes of the `blocks` streamable blocks `names(i)` lists.
+fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize) -> Result<(u64, u64)> {
+    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl)).collect::<Result<Vec<_>>>()?;
+    Ok((each.iter().copied().max().unwrap_or(0), each.iter().sum()))
+}
+
+/// The DiT's activations over `tokens` joint tokens: one forward's peak, and (streamed, a guided
+/// step's two passes go through the blocks together) the other pass's stream and modulated norm
+/// (`[N, D]` each) beside it.
+pub fn dit_activations(ck: &Checkpoint, tokens: usize, act: DType) -> u64 {
+    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size()) as u64
+}
+
 /// The three networks of `ck` for prompts of `tokens` tokens and a `w` x `h` picture.
 pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u32)) -> Result<Vec<Network>> {
     let bl = budget.bf16_loaded;
@@ -68,8 +92,9 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let dit = ck.open_component_for_plan("transformer")?;
     let vae = ck.open_component_for_plan("vae")?;
     let enc_layers = ck.encoder.num_layers();
-    let enc_block = (0..enc_layers).map(|i| bytes_under(&enc, &format!("layers.{i}."), bl)).max().unwrap_or(0);
-    let dit_block = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).max().unwrap_or(0);
+    // What streams is what the models fetch: each layer's (block's) matrices.
+    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl)?;
+    let (dit_block, dit_all) = block_bytes(&dit, ck.dit.num_layers, block_matrix_names, bl)?;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
     Ok(vec![
@@ -78,8 +103,8 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&enc, "", bl),
             blocks: enc_layers as u64,
             block_bytes: enc_block,
-            // The next layer is loaded while one computes (src/model/encoder.rs).
-            ahead: 1,
+            all_blocks: enc_all,
+            ahead: memory_plan::PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
             host_only: bytes_under(&enc, "embed_tokens.", bl),
             activations: encoder_activation_bytes(&ck.encoder, text, budget.act) as u64,
@@ -90,11 +115,10 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&dit, "", bl),
             blocks: ck.dit.num_layers as u64,
             block_bytes: dit_block,
+            all_blocks: dit_all,
             ahead: memory_plan::PREFETCH,
             host_only: 0,
-            // Streamed, a guided step's two passes go through the blocks together: the other
-            // pass's stream and modulated norm ([N, D] each) live beside one block's peak.
-            activations: (dit_activation_bytes(&ck.dit, lh * lw + text, budget.act) + 2 * (lh * lw + text) * ck.dit.dim * budget.act.size()) as u64,
+            activations: dit_activations(ck, lh * lw + text, budget.act),
             strip_activations: None,
         },
         Network {
@@ -102,6 +126,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&vae, "", 4),
             blocks: 0,
             block_bytes: 0,
+            all_blocks: 0,
             ahead: 0,
             host_only: 0,
             activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
@@ -160,7 +185,7 @@ mod tests {
 
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
-        Network { name, weights, blocks, block_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+        Network { name, weights, blocks, block_bytes, all_blocks: blocks * block_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
     }
 
     /// The VAE's whole-or-strips choice on the device (activations that fit the budget: whole)

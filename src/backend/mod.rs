@@ -126,11 +126,7 @@ pub trait Backend {
     /// compute enqueued so far), and the compute waits at [`Behind::ready`].
     fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<Self::T>>> {
         let _ = slot;
-        let mut out = vec![];
-        for g in groups {
-            out.push(self.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
-        }
-        Ok(Behind::new(out, None))
+        Ok(Behind::new(load_groups(self, c, groups)?, None))
     }
 
     /// The compute enqueued so far is the last to read `slot`'s tensors: its next
@@ -171,6 +167,12 @@ pub trait Backend {
     fn release_cached(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// The tensors `groups`, each the dim-0 stack of its names ([`Backend::load_rows`]): what a
+/// [`Backend::fetch`] of them gives, loaded as resident weights.
+pub fn load_groups<B: Backend + ?Sized>(b: &B, c: &Component, groups: &[Vec<String>]) -> Result<Vec<B::T>> {
+    groups.iter().map(|g| b.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())).collect()
 }
 
 /// The LoRA step of every backend's `load`: `w` (the checkpoint tensor `name`, a full name, as

@@ -70,25 +70,20 @@ pub struct BlockMats<B: DitOps> {
     ffn_down: B::T,
 }
 
-impl<B: DitOps> BlockMats<B> {
-    /// The checkpoint tensors of block `i`'s matrices, each a dim-0 stack of these names:
-    /// `qkv`, `o`, `ffn_up_gate`, `ffn_down`.
-    pub fn names(i: usize) -> Vec<Vec<String>> {
-        let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
-        vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
-    }
+/// The checkpoint tensors of block `i`'s matrices ([`BlockMats`], what streaming moves), each a
+/// dim-0 stack of these names: `qkv`, `o`, `ffn_up_gate`, `ffn_down`.
+pub fn block_matrix_names(i: usize) -> Vec<Vec<String>> {
+    let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
+    vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
+}
 
+impl<B: DitOps> BlockMats<B> {
     fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
-        let mut m = vec![];
-        for g in Self::names(i) {
-            m.push(b.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
-        }
-        Self::from_parts(m)
+        Self::from_parts(crate::backend::load_groups(b, c, &block_matrix_names(i))?)
     }
 
     fn from_parts(m: Vec<B::T>) -> Result<Self> {
-        let [qkv, o, ffn_up_gate, ffn_down]: [B::T; 4] =
-            m.try_into().map_err(|m: Vec<B::T>| anyhow::anyhow!("a block fetch gave {} tensors, not 4", m.len()))?;
+        let [qkv, o, ffn_up_gate, ffn_down] = stream::parts(m)?;
         Ok(BlockMats { qkv, o, ffn_up_gate, ffn_down })
     }
 }
@@ -167,7 +162,7 @@ impl<B: DitOps> Dit<B> {
 
     /// The provider of blocks `resident..`.
     fn streamer(c: Component, cfg: &DitConfig, resident: usize) -> Option<Streamer<B>> {
-        Streamer::new(c, (0..cfg.num_layers).map(|i| (i >= resident).then(|| BlockMats::<B>::names(i))).collect())
+        Streamer::new(c, (0..cfg.num_layers).map(|i| (i >= resident).then(|| block_matrix_names(i))).collect())
     }
 
     /// [`Dit::load_streamed`] with the resident weights' copies still in flight: the compute

@@ -9,7 +9,7 @@
 use crate::backend::{Backend, Behind};
 use crate::checkpoint::Component;
 use crate::memory_plan::PREFETCH;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -65,6 +65,11 @@ impl<R> Fetched<'_, R> {
     }
 }
 
+/// A fetch's tensors as the `N` a layer's weights are made of.
+pub fn parts<T, const N: usize>(m: Vec<T>) -> Result<[T; N]> {
+    m.try_into().map_err(|m: Vec<T>| anyhow!("a layer's fetch gave {} tensors, not {N}", m.len()))
+}
+
 /// Layer `i`'s weights: `resident` ones as they are, else fetched through `stream` (ahead, or now)
 /// and built by `build` from the fetched tensors once their copies are waited for.
 pub fn weights<'a, B: Backend, R>(
@@ -91,6 +96,11 @@ impl<B: Backend> Streamer<B> {
             return None;
         }
         Some(Streamer { queue: Mutex::new(Queue { in_flight: VecDeque::new(), next_slot: 0 }), source, names })
+    }
+
+    /// The checkpoint the layers stream from.
+    pub fn source(&self) -> &Component {
+        &self.source
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue<B>> {

@@ -531,9 +531,6 @@ impl EncoderOps for Cuda {
         let (g, beta) = self.gdn_gates_cols(a, b, a_log, dt_bias)?;
         Ok((conv, g, beta))
     }
-    fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
-        self.cat_weights_with(group, ws)
-    }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
         self.prof("linear", || self.linear_cat_with(x, ws))
     }
