@@ -196,47 +196,58 @@ pub fn plan_for_process(cap: u64, overhead: u64, nets: &[Network]) -> Result<Pla
     Ok(Plan { cap, overhead, networks })
 }
 
+impl NetworkPlan {
+    /// How it runs: "resident", "resident, row strips", "K/N blocks resident, M streamed".
+    pub fn what(&self) -> String {
+        match &self.placement {
+            Placement::Resident => "resident".to_string(),
+            Placement::Strips => "resident, row strips".to_string(),
+            Placement::Streamed { resident, blocks } => format!("{resident}/{blocks} blocks resident, {} streamed", blocks - resident),
+        }
+    }
+
+    /// Its `--json` fields.
+    pub fn json(&self) -> serde_json::Value {
+        let (mode, resident, blocks) = match &self.placement {
+            Placement::Resident => ("resident", None, None),
+            Placement::Strips => ("strips", None, None),
+            Placement::Streamed { resident, blocks } => ("streamed", Some(*resident), Some(*blocks)),
+        };
+        serde_json::json!({"name": self.name, "mode": mode, "resident_blocks": resident, "blocks": blocks,
+            "device_bytes": self.device_bytes, "moved_per_pass": self.moved_per_pass})
+    }
+}
+
+/// "no cap", or the cap and the part of it the context takes.
+fn cap_text(cap: u64, overhead: u64) -> String {
+    if cap == u64::MAX {
+        "no cap".to_string()
+    } else {
+        format!("{:.2} GiB ({:.2} GiB of it the CUDA context)", cap as f64 / GIB, overhead as f64 / GIB)
+    }
+}
+
 impl Plan {
     /// One line for `-v`: per network, what is resident, what streams, bytes moved per pass.
     pub fn line(&self) -> String {
         let parts: Vec<String> = self
             .networks
             .iter()
-            .map(|n| {
-                let what = match &n.placement {
-                    Placement::Resident => "resident".to_string(),
-                    Placement::Strips => "resident, row strips".to_string(),
-                    Placement::Streamed { resident, blocks } => format!("{resident}/{blocks} blocks resident, {} streamed", blocks - resident),
-                };
-                format!("{} {what} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
-            })
+            .map(|n| format!("{} {} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.what(), n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB))
             .collect();
-        let cap = if self.cap == u64::MAX {
-            "no cap".to_string()
-        } else {
-            format!("{:.2} GiB ({:.2} GiB of it the CUDA context)", self.cap as f64 / GIB, self.overhead as f64 / GIB)
-        };
-        format!("memory plan under {cap}: {}", parts.join("; "))
+        format!("memory plan under {}: {}", cap_text(self.cap, self.overhead), parts.join("; "))
     }
 
     /// The `--json` value.
     pub fn json(&self) -> serde_json::Value {
-        let nets: Vec<serde_json::Value> = self
-            .networks
-            .iter()
-            .map(|n| {
-                let (mode, resident, blocks) = match &n.placement {
-                    Placement::Resident => ("resident", None, None),
-                    Placement::Strips => ("strips", None, None),
-                    Placement::Streamed { resident, blocks } => ("streamed", Some(*resident), Some(*blocks)),
-                };
-                serde_json::json!({"name": n.name, "mode": mode, "resident_blocks": resident, "blocks": blocks,
-                    "device_bytes": n.device_bytes, "moved_per_pass": n.moved_per_pass})
-            })
-            .collect();
+        let nets: Vec<serde_json::Value> = self.networks.iter().map(NetworkPlan::json).collect();
         serde_json::json!({"cap_bytes": self.cap, "overhead_bytes": self.overhead, "networks": nets})
     }
 }
+
+/// The server's plan: what stays on the device between requests.
+#[path = "memory_plan_serve.rs"]
+pub mod serve;
 
 #[cfg(test)]
 #[path = "memory_plan_tests.rs"]

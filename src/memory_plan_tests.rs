@@ -6,7 +6,7 @@ use super::*;
 
 const GB: u64 = 1 << 30;
 
-fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
+pub(super) fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
     let block_params = 4 * 3072 * 3072 + 3 * 3072 * 8192;
     let dit_other = 326_000_000;
     let embed = 248_320 * 4096;
@@ -33,7 +33,7 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             ahead: PREFETCH,
             host_only: 0,
             // ~ 1 GiB at 1024x1024, growing with the token count
-            activations: px / 1024,
+            activations: px * 1024,
             strip_activations: None,
         },
         Network {
