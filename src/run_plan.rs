@@ -32,6 +32,32 @@ pub struct Budget {
     pub act: DType,
 }
 
+impl Budget {
+    /// The CPU: no device memory to measure (planned only under an explicit cap), fp32 throughout.
+    pub fn cpu() -> Budget {
+        Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32 }
+    }
+
+    /// The CUDA device `cu` now, at its precision.
+    pub fn cuda(cu: &crate::backend::cuda::ops::Cuda) -> Result<Budget> {
+        let (free, total) = cu.gpu().mem_info()?;
+        let bf16_loaded = crate::backend::cuda::ops::loaded_dtype(Dtype::BF16, cu.precision).size();
+        Ok(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded, act: cu.act_dtype() })
+    }
+
+    /// The cap `opts` asks for on this device (on the CPU: the one given, else none), and the
+    /// warning when it was clamped to the device.
+    pub fn cap(&self, opts: &MemoryOptions) -> (u64, Option<String>) {
+        match self.memory {
+            Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, self.overhead),
+            None => match opts.max_vram_gib {
+                Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
+                None => (u64::MAX, None),
+            },
+        }
+    }
+}
+
 /// What a run loads and how.
 #[derive(Clone, Debug)]
 pub struct RunPlan {
@@ -138,13 +164,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
 /// Place `nets` under the cap `opts` and `budget` give; refuses (naming the smallest cap that
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {
-    let (cap, warning) = match budget.memory {
-        Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, budget.overhead),
-        None => match opts.max_vram_gib {
-            Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
-            None => (u64::MAX, None),
-        },
-    };
+    let (cap, warning) = budget.cap(opts);
     let plan = memory_plan::plan_for_process(cap, budget.overhead, nets)?;
     let resident = |name: &str, all: u64| match plan.networks.iter().find(|n| n.name == name).map(|n| &n.placement) {
         Some(Placement::Streamed { resident, .. }) => *resident as usize,

@@ -246,21 +246,12 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     };
     let r = match o.device {
         Device::Cpu => {
-            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 };
-            let plan = plan_for(budget, progress)?;
+            let plan = plan_for(crate::run_plan::Budget::cpu(), progress)?;
             render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.precision)?;
-            let (free, total) = cu.gpu().mem_info()?;
-            let bf16 = crate::backend::cuda::ops::loaded_dtype(crate::checkpoint::Dtype::BF16, o.precision).size();
-            let budget = crate::run_plan::Budget {
-                memory: Some((free as u64, total as u64)),
-                overhead: cu.process_overhead(),
-                bf16_loaded: bf16,
-                act: cu.act_dtype(),
-            };
-            let plan = plan_for(budget, progress)?;
+            let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
             render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
     };

@@ -465,17 +465,14 @@ pub fn generate_planned(
         };
         match opening {
             None => {
-                let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32 }, progress)?;
+                let p = plan(Budget::cpu(), progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
-                let (free, total) = cu.gpu().mem_info()?;
-                let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
-                let budget = Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded: bf16, act: cu.act_dtype() };
-                let p = plan(budget, progress)?;
+                let p = plan(Budget::cuda(&cu)?, progress)?;
                 generate_on(&cu, &ck, req, tokens, progress, t0, &p)
             }
         }
