@@ -279,15 +279,22 @@ async fn api_key_401_and_insecure_bind_refused() {
     let ok = call(p, "POST", "/v1/images/generations", &[("authorization", "Bearer sk-test-123")], body.as_bytes()).await;
     assert_eq!(ok.status, 200);
     // A non-loopback address without a key: refused before anything loads.
+    let err = refused(&["--host", "0.0.0.0"]);
+    assert!(err.contains("without an API key") && err.contains("--allow-insecure-bind"), "{err}");
+}
+
+/// `moss serve` on the CPU with `extra`, which must refuse to start (exit 1): its stderr.
+fn refused(extra: &[&str]) -> String {
     let m = model();
     let out = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(["serve", "--model", &m, "--device", "cpu", "--host", "0.0.0.0", "--port", "0"])
+        .args(["serve", "--model", &m, "--device", "cpu", "--port", "0"])
+        .args(extra)
         .env_remove("MOSS_API_KEY")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("without an API key") && err.contains("--allow-insecure-bind"), "{err}");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+    err
 }
 
 /// Read server-sent events from `res` until one named `until`; the events seen.
@@ -504,14 +511,7 @@ async fn a_lora_given_at_start_up_serves_generates_picture() {
 /// served picture is `moss generate`'s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_vram_is_planned_logged_and_shown_by_health() {
-    let m = model();
-    let out = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(["serve", "--model", &m, "--device", "cpu", "--port", "0", "--max-vram", "0.01"])
-        .env_remove("MOSS_API_KEY")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused(&["--max-vram", "0.01"]);
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.contains("smallest cap that works") && err.contains("--max-vram"), "{err}");
     let s = Server::start(&["--max-vram", "2", "--max-size", "256x256"], &[]);

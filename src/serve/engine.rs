@@ -75,6 +75,16 @@ enum Held<N> {
     PerRequest,
 }
 
+impl<N> Held<N> {
+    /// The kept network, or the one `load` gives for this request (held in `slot`).
+    fn or_load<'a>(&'a self, slot: &'a mut Option<N>, load: impl FnOnce() -> Result<N>) -> Result<&'a N> {
+        match self {
+            Held::Kept(n) => Ok(n),
+            Held::PerRequest => Ok(slot.insert(load()?)),
+        }
+    }
+}
+
 /// The three networks as the plan holds them.
 pub struct Engine<B: Serving> {
     b: B,
@@ -111,15 +121,10 @@ impl<B: Serving> Engine<B> {
     }
 
     fn conditions(&self, tokens: &[Vec<u32>], precision: Precision) -> Result<(Tensor, Tensor)> {
-        let per_request;
-        let enc = match &self.encoder {
-            Held::Kept(e) => e,
-            Held::PerRequest => {
-                let comp = self.ck.open_component("text_encoder")?;
-                per_request = Encoder::load_streamed(&self.b, comp, &self.ck.encoder, self.plan.resident_blocks("text_encoder"))?;
-                &per_request
-            }
-        };
+        let mut per_request = None;
+        let enc = self.encoder.or_load(&mut per_request, || {
+            Encoder::load_streamed(&self.b, self.ck.open_component("text_encoder")?, &self.ck.encoder, self.plan.resident_blocks("text_encoder"))
+        })?;
         let hidden = tokens.iter().map(|ids| pipeline::hidden_states(&self.b, enc, ids, precision)).collect::<Result<Vec<_>>>();
         enc.end_stream();
         let mut hidden = hidden?;
@@ -130,15 +135,10 @@ impl<B: Serving> Engine<B> {
     }
 
     fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
-        let per_request;
-        let dit = match &self.dit {
-            Held::Kept(d) => d,
-            Held::PerRequest => {
-                let comp = self.ck.open_component("transformer")?;
-                per_request = Dit::load_streamed(&self.b, comp, &self.ck.dit, self.plan.resident_blocks("transformer"))?;
-                &per_request
-            }
-        };
+        let mut per_request = None;
+        let dit = self.dit.or_load(&mut per_request, || {
+            Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"))
+        })?;
         let z = pipeline::denoise_with(&self.b, dit, &self.ck, req, cond, uncond, progress);
         dit.end_stream();
         z
@@ -147,14 +147,8 @@ impl<B: Serving> Engine<B> {
     fn picture(&self, req: &Request, z: &Tensor, progress: &mut dyn Progress) -> Result<Vec<u8>> {
         anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
         self.b.limit_vae_activations(self.plan.vae_activations);
-        let per_request;
-        let vae = match &self.vae {
-            Held::Kept(v) => v,
-            Held::PerRequest => {
-                per_request = pipeline::load_vae(&self.b, &self.ck, z.shape[2], z.shape[3])?;
-                &per_request
-            }
-        };
+        let mut per_request = None;
+        let vae = self.vae.or_load(&mut per_request, || pipeline::load_vae(&self.b, &self.ck, z.shape[2], z.shape[3]))?;
         pipeline::picture_bytes(&self.b, vae, &self.ck, req, z, progress)
     }
 
