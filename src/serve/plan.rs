@@ -86,6 +86,9 @@ impl ServeRunPlan {
     /// The plan as the server's `/health` shows it.
     pub fn json(&self) -> serde_json::Value {
         let mut j = self.plan.json();
+        if self.plan.cap == u64::MAX {
+            j["cap_bytes"] = serde_json::Value::Null; // no cap (not a number a JSON reader rounds)
+        }
         j["vae_activation_bytes"] = serde_json::json!(self.vae_activations);
         j["max_joint_tokens"] = serde_json::json!((self.joint_tokens != usize::MAX).then_some(self.joint_tokens));
         j
