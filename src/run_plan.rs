@@ -133,7 +133,9 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             ahead: memory_plan::PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
             host_only: bytes_under(&enc, "embed_tokens.", bl),
-            activations: encoder_activation_bytes(&ck.encoder, text, budget.act) as u64,
+            // A picture's prompts go through the layers together: the other prompt's stream and
+            // its norm ([L, hidden] each) live beside one forward's peak.
+            activations: (encoder_activation_bytes(&ck.encoder, text, budget.act) + 2 * text * ck.encoder.hidden_size * budget.act.size()) as u64,
             strip_activations: None,
         },
         Network {

@@ -114,11 +114,20 @@ fn streamed_encoder_layers_give_the_resident_hidden_states() {
         let resident = Encoder::load(&Cpu, &ck.open_component("text_encoder").unwrap(), &ck.encoder).unwrap();
         assert_eq!(resident.resident_layers(), n);
         let want = pipeline::hidden_states(&Cpu, &resident, &ids, Precision::Bf16).unwrap();
-        for k in [0, 1, n - 1] {
+        // A shorter second prompt (a negative): through the layers together with the first, each
+        // gets its states alone.
+        let neg: Vec<u32> = (1..9).map(|i| (i * 11) % 200).collect();
+        let want_neg = pipeline::hidden_states(&Cpu, &resident, &neg, Precision::Bf16).unwrap();
+        assert!(want_neg.data != want.data[..want_neg.data.len()], "{name}: the two prompts' states agree");
+        let both = [ids.clone(), neg.clone()];
+        for k in [0, 1, n - 1, n] {
             let streamed = Encoder::load_streamed(&Cpu, ck.open_component("text_encoder").unwrap(), &ck.encoder, k).unwrap();
             assert_eq!(streamed.resident_layers(), k, "{name}: {k} resident");
             let got = pipeline::hidden_states(&Cpu, &streamed, &ids, Precision::Bf16).unwrap();
             assert!(got.data == want.data, "{name}: {k} of {n} layers resident, the hidden states differ");
+            let got = pipeline::hidden_states_all(&Cpu, &streamed, &both, Precision::Bf16).unwrap();
+            assert!(got[0].data == want.data, "{name}: {k} resident, the prompt's states through the layers with the negative differ");
+            assert!(got[1].data == want_neg.data, "{name}: {k} resident, the negative's states through the layers with the prompt differ");
         }
         let other: Vec<u32> = ids.iter().map(|i| i + 1).collect();
         assert!(pipeline::hidden_states(&Cpu, &resident, &other, Precision::Bf16).unwrap().data != want.data, "{name}: the states do not depend on the ids");

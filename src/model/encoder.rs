@@ -163,37 +163,67 @@ impl<B: EncoderOps> Encoder<B> {
 
     /// The final-norm hidden states `[L, hidden]` of one unpadded prompt, left on the backend.
     pub fn hidden(&self, b: &B, ids: &[u32]) -> Result<B::T> {
-        ensure!(!ids.is_empty(), "the encoder needs at least one token");
-        let eps = self.cfg.rms_norm_eps;
-        let mut x = match (&self.embed_tokens, &self.stream) {
-            (Embedding::Device(table), _) => b.embed(table, ids)?,
-            (Embedding::Host, Some(s)) => b.embed_from_host(s.source(), EMBED, ids)?,
-            (Embedding::Host, None) => anyhow::bail!("the embedding table is on the host but no checkpoint is open"),
-        };
-        // The norm the residual stream goes through before layer `i` (past the last: the final norm).
-        let norm_before = |i: usize| self.layers.get(i).map_or(&self.norm, |l| &l.input_layernorm);
-        // h: the norm of the residual stream x that the next sublayer reads; each residual add
-        // is fused with that norm (the next layer's input_layernorm, or the final norm)
-        let mut h = b.rms_norm(&x, Some(norm_before(0)), eps, true)?;
+        Ok(self.hidden_all(b, &[ids])?.remove(0))
+    }
+
+    /// The final-norm hidden states of several prompts (a picture's prompt and negative), each
+    /// exactly what [`Encoder::hidden`] gives it. With streamed layers the prompts go through the
+    /// layers together: a streamed layer is fetched once for all of them. With every layer
+    /// resident they run one after the other (fewer activations alive at once).
+    pub fn hidden_all(&self, b: &B, prompts: &[&[u32]]) -> Result<Vec<B::T>> {
+        if self.stream.is_none() && prompts.len() > 1 {
+            return prompts.iter().map(|ids| self.hidden(b, ids)).collect();
+        }
+        // Per prompt, the residual stream x and its norm h that the next sublayer reads.
+        let mut states = prompts.iter().map(|ids| self.begin(b, ids)).collect::<Result<Vec<_>>>()?;
         for (i, layer) in self.layers.iter().enumerate() {
             let mats = self.layer_weights(b, i)?;
-            // the mixer's output before its projection
-            let m = match &layer.mixer {
-                Mixer::Full(a) => self.attention(b, a, &mats.mixer_in, &h)?,
-                Mixer::Linear(d) => self.delta_net(b, d, &mats.mixer_in, &h)?,
-            };
-            (x, h) = b.linear_add_rms_norm(&m, &mats.mixer_out, &x, &layer.post_attention_layernorm, eps)?;
-            let ffn = b.dims(&mats.down_proj)[1];
-            let y = b.linear_cat(&h, from_ref(&mats.mlp_in))?;
-            let [gate, up] = split_cols(&y, [ffn, ffn]);
-            let f = b.silu_mul_cols(gate, up)?;
-            (x, h) = b.linear_add_rms_norm(&f, &mats.down_proj, &x, norm_before(i + 1), eps)?;
+            states = states.into_iter().map(|s| self.layer(b, layer, &mats, s, self.norm_before(i + 1))).collect::<Result<_>>()?;
             mats.done(b)?;
             if let Some(s) = &self.stream {
                 s.prefetch(b, i + 1..self.layers.len())?;
             }
         }
-        Ok(h)
+        Ok(states.into_iter().map(|(_, h)| h).collect())
+    }
+
+    /// The norm the residual stream goes through before layer `i` (past the last: the final norm).
+    fn norm_before(&self, i: usize) -> &B::T {
+        self.layers.get(i).map_or(&self.norm, |l| &l.input_layernorm)
+    }
+
+    /// A prompt's residual stream `x` (its token embeddings) and the first layer's norm of it.
+    fn begin(&self, b: &B, ids: &[u32]) -> Result<(B::T, B::T)> {
+        ensure!(!ids.is_empty(), "the encoder needs at least one token");
+        let x = match (&self.embed_tokens, &self.stream) {
+            (Embedding::Device(table), _) => b.embed(table, ids)?,
+            (Embedding::Host, Some(s)) => b.embed_from_host(s.source(), EMBED, ids)?,
+            (Embedding::Host, None) => anyhow::bail!("the embedding table is on the host but no checkpoint is open"),
+        };
+        let h = b.rms_norm(&x, Some(self.norm_before(0)), self.cfg.rms_norm_eps, true)?;
+        Ok((x, h))
+    }
+
+    /// One layer on the stream `x` and its input norm `h`: the new stream and its norm by `next`
+    /// (the next layer's input_layernorm, or the final norm); each residual add is fused with the
+    /// norm that follows it.
+    fn layer(&self, b: &B, layer: &Layer<B>, mats: &LayerMats<B>, (x, h): (B::T, B::T), next: &B::T) -> Result<(B::T, B::T)> {
+        let eps = self.cfg.rms_norm_eps;
+        // the mixer's output before its projection
+        let m = match &layer.mixer {
+            Mixer::Full(a) => self.attention(b, a, &mats.mixer_in, &h)?,
+            Mixer::Linear(d) => self.delta_net(b, d, &mats.mixer_in, &h)?,
+        };
+        drop(h);
+        let (x, h) = b.linear_add_rms_norm(&m, &mats.mixer_out, &x, &layer.post_attention_layernorm, eps)?;
+        drop(m);
+        let ffn = b.dims(&mats.down_proj)[1];
+        let y = b.linear_cat(&h, from_ref(&mats.mlp_in))?;
+        drop(h);
+        let [gate, up] = split_cols(&y, [ffn, ffn]);
+        let f = b.silu_mul_cols(gate, up)?;
+        drop(y);
+        b.linear_add_rms_norm(&f, &mats.down_proj, &x, next, eps)
     }
 
     /// The gated attention's output before `o_proj`, `[L, H·hd]`. `q_proj` holds, per head,

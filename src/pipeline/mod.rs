@@ -289,7 +289,19 @@ pub fn encode_ids<B: EncoderOps>(
 /// The encoder's hidden states of one token list as the DiT is fed them ([`stage_boundary`]):
 /// `generate`, batch mode and the server all encode through here.
 pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32], precision: Precision) -> Result<Tensor> {
-    let h = stage_boundary(enc.forward(b, ids)?, precision);
+    boundary(enc.forward(b, ids)?, precision)
+}
+
+/// [`hidden_states`] of each of a picture's prompts (the prompt, the negative), through the
+/// encoder together ([`Encoder::hidden_all`]: a streamed layer moves once for both).
+pub fn hidden_states_all<B: EncoderOps>(b: &B, enc: &Encoder<B>, prompts: &[Vec<u32>], precision: Precision) -> Result<Vec<Tensor>> {
+    let ids: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    enc.hidden_all(b, &ids)?.iter().map(|h| boundary(b.download(h)?, precision)).collect()
+}
+
+/// Encoder output `h` as the DiT is fed it, checked finite.
+fn boundary(h: Tensor, precision: Precision) -> Result<Tensor> {
+    let h = stage_boundary(h, precision);
     crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
     Ok(h)
 }
@@ -565,7 +577,7 @@ where
             let comp = ck.open_component("text_encoder")?;
             let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
             rep.encode_load_s = t.elapsed().as_secs_f64();
-            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids, req.precision)).collect() };
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { hidden_states_all(b, enc, &tokens, req.precision) };
             // On a device with room for both, the transformer loads on another thread (its copies
             // behind the encoder's compute on the copy stream) while the encoder runs.
             let (mut hidden, dit) = if plan.overlap && b.loads_behind() {

@@ -125,7 +125,7 @@ impl<B: Serving> Engine<B> {
         let enc = self.encoder.or_load(&mut per_request, || {
             Encoder::load_streamed(&self.b, self.ck.open_component("text_encoder")?, &self.ck.encoder, self.plan.resident_blocks("text_encoder"))
         })?;
-        let hidden = tokens.iter().map(|ids| pipeline::hidden_states(&self.b, enc, ids, precision)).collect::<Result<Vec<_>>>();
+        let hidden = pipeline::hidden_states_all(&self.b, enc, tokens, precision);
         enc.end_stream();
         let mut hidden = hidden?;
         anyhow::ensure!(!hidden.is_empty(), "no prompt tokens");
