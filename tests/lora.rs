@@ -148,7 +148,7 @@ fn diff_and_loha_follow_the_formula() {
 }
 
 fn dims(m: &Mat) -> (usize, usize) {
-    match m.0.as_slice() {
+    match m.shape.as_slice() {
         [r, c] | [r, c, 1, 1] => (*r, *c),
         [r] => (*r, 1),
         s => panic!("shape {s:?}"),
@@ -158,13 +158,14 @@ fn dims(m: &Mat) -> (usize, usize) {
 /// `a · b` as the former host merge computed it: rows of `a` times `b`, k in order, fp32.
 fn product(a: &Mat, b: &Mat) -> (usize, Vec<f32>) {
     let ((n, r), (_, m)) = (dims(a), dims(b));
+    let (a, b) = (a.values(), b.values());
     let mut out = vec![0f32; n * m];
     for i in 0..n {
         for k in 0..r {
-            let s = a.1[i * r + k];
+            let s = a[i * r + k];
             if s != 0.0 {
                 for j in 0..m {
-                    out[i * m + j] += s * b.1[k * m + j];
+                    out[i * m + j] += s * b[k * m + j];
                 }
             }
         }
@@ -182,7 +183,7 @@ fn former_delta(d: &Delta) -> Vec<f32> {
         }
         Delta::LoKr { w1, w2, alpha } => {
             let f = |f: &Factor| match f {
-                Factor::Full(m) => (dims(m), m.1.clone(), None),
+                Factor::Full(m) => (dims(m), m.values().into_owned(), None),
                 Factor::Product(a, b) => ((dims(a).0, dims(b).1), product(a, b).1, Some(dims(b).0)),
             };
             let (((ar, ac), a, ra), ((br, bc), b, rb)) = (f(w1), f(w2));
@@ -198,7 +199,7 @@ fn former_delta(d: &Delta) -> Vec<f32> {
                 _ => 1.0,
             })
         }
-        Delta::Full(m) => (m.1.clone(), 1.0),
+        Delta::Full(m) => (m.values().into_owned(), 1.0),
     };
     if fs != 1.0 {
         v.iter_mut().for_each(|x| *x *= fs);

@@ -142,11 +142,11 @@ impl std::fmt::Debug for MergeClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lora::keys::Delta;
+    use crate::lora::keys::{Delta, Mat};
     use crate::lora::LoraSpec;
 
     fn lora(scale: f32, modules: Vec<Module>) -> Lora {
-        Lora { spec: LoraSpec { path: "a.safetensors".into(), scale }, hash: String::new(), format: "kohya".into(), modules }
+        Lora { spec: LoraSpec { path: "a.safetensors".into(), scale }, hash: crate::lora::FileHash::known(""), format: "kohya".into(), modules }
     }
 
     /// A rank-`r` module onto `targets` (name, rows), `cols` wide.
@@ -155,7 +155,7 @@ mod tests {
         Module {
             key: key.into(),
             targets: targets.iter().map(|(n, rows)| (n.to_string(), vec![*rows, cols])).collect(),
-            delta: Delta::LowRank { up: (vec![rows, r], vec![0.5; rows * r]), down: (vec![r, cols], vec![0.25; r * cols]), alpha: None },
+            delta: Delta::LowRank { up: Mat::new(vec![rows, r], vec![0.5; rows * r]), down: Mat::new(vec![r, cols], vec![0.25; r * cols]), alpha: None },
         }
     }
 
@@ -174,8 +174,9 @@ mod tests {
         assert_eq!((rows("b.k.weight"), rows("b.v.weight"), rows("b.o.weight")), (vec![8], vec![16], vec![0]));
         assert!(plan.terms("b.ffn.weight").is_empty());
         assert_eq!(plan.tensors().collect::<Vec<_>>(), ["b.k.weight", "b.o.weight", "b.q.weight", "b.v.weight"]);
-        // The largest one-tensor merge: q's fp32 sum (two updates) and the fused factors.
-        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + 4 * (24 * 4 + 4 * 16));
+        // The largest one-tensor merge: q's fp32 sum (two updates) and the fused factors in
+        // fp32 (f32 values here: no stored copy), each aligned to 256 bytes.
+        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + (4 * 24 * 4 + 256) + (4 * 4 * 16 + 256));
     }
 
     #[test]

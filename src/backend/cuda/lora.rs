@@ -102,7 +102,7 @@ impl Cuda {
     /// A factor in fp32 on the device (the factors are small: rank x width).
     fn upload_part(&self, p: &Part) -> Result<CudaTensor> {
         let t = self.alloc(DType::F32, &[p.rows, p.cols])?;
-        self.write_bytes(t.ptr(), &to_bytes(&p.data, DType::F32))?;
+        self.write_bytes(t.ptr(), &to_bytes(&p.data.f32(), DType::F32))?;
         Ok(t)
     }
 

@@ -16,7 +16,7 @@ use anyhow::Result;
 pub const GATES: &[(&str, GateFn)] = &[("lora merge (low rank)", gate_low_rank), ("lora merge (LoHa, LoKr, diff)", gate_other)];
 
 fn mat(cx: &mut Cx, rows: usize, cols: usize, std: f64) -> Mat {
-    (vec![rows, cols], cx.rng.normals(rows * cols, std))
+    Mat::new(vec![rows, cols], cx.rng.normals(rows * cols, std))
 }
 
 /// A module onto `targets` (name, shape) with `delta`.
@@ -34,7 +34,8 @@ fn reference_rows(w: &Tensor, terms: &[Term], rows: &[usize]) -> Result<Tensor> 
     let cols = w.numel() / w.shape[0];
     // One row of `a` (rank r) times `b` [r, m].
     let prod = |a: &Part, b: &Part| -> Vec<f64> {
-        (0..b.cols).map(|j| (0..a.cols).map(|k| a.data[k] as f64 * b.data[k * b.cols + j] as f64).sum()).collect()
+        let (ad, bd) = (a.data.f32(), b.data.f32());
+        (0..b.cols).map(|j| (0..a.cols).map(|k| ad[k] as f64 * bd[k * b.cols + j] as f64).sum()).collect()
     };
     let mut out = Vec::with_capacity(rows.len() * cols);
     for &i in rows {
@@ -46,7 +47,8 @@ fn reference_rows(w: &Tensor, terms: &[Term], rows: &[usize]) -> Result<Tensor> 
                 Operands::LoHa { w1a, w1b, w2a, w2b } => prod(w1a, w1b).iter().zip(prod(w2a, w2b)).map(|(x, y)| x * y).collect(),
                 Operands::Kron { a, b, row0 } => {
                     let (ac, br, bc) = (a.cols, b.rows, b.cols);
-                    (0..cols).map(|j| a.data[(row0 / br) * ac + j / bc] as f64 * b.data[(row0 % br) * bc + j % bc] as f64).collect()
+                    let (ad, bd) = (a.data.f32(), b.data.f32());
+                    (0..cols).map(|j| ad[(row0 / br) * ac + j / bc] as f64 * bd[(row0 % br) * bc + j % bc] as f64).collect()
                 }
             };
             row.iter_mut().zip(d).for_each(|(o, x)| *o += t.scale as f64 * fs as f64 * x);
@@ -97,11 +99,11 @@ fn judge_case(cx: &mut Cx, what: &str, shape: &[usize], terms: &[Term]) -> Resul
 
 fn describe(m: &Module) -> String {
     match &m.delta {
-        Delta::LowRank { down, .. } => format!("rank {}", down.0[0]),
-        Delta::LoHa { w1b, .. } => format!("LoHa rank {}", w1b.0[0]),
+        Delta::LowRank { down, .. } => format!("rank {}", down.shape[0]),
+        Delta::LoHa { w1b, .. } => format!("LoHa rank {}", w1b.shape[0]),
         Delta::LoKr { w1, .. } => format!("LoKr {:?}", match w1 {
-            Factor::Full(a) => &a.0,
-            Factor::Product(a, _) => &a.0,
+            Factor::Full(a) => &a.shape,
+            Factor::Product(a, _) => &a.shape,
         }),
         Delta::Full(_) => "diff".into(),
     }
@@ -149,7 +151,7 @@ fn gate_other(cx: &mut Cx) -> Result<()> {
 pub fn time_merge(cuda: &crate::backend::cuda::ops::Cuda) -> Result<()> {
     use dit::*;
     let mut rng = Rng::new(11);
-    let mut mat = |r: usize, c: usize, std: f64| -> Mat { (vec![r, c], rng.normals(r * c, std)) };
+    let mut mat = |r: usize, c: usize, std: f64| -> Mat { Mat::new(vec![r, c], rng.normals(r * c, std)) };
     let shapes = [(DIM, DIM), (DIM, DIM), (DIM, DIM), (DIM, DIM), (2 * FFN, DIM), (DIM, FFN)];
     let mut total = 0.0;
     for (rows, cols) in shapes {
