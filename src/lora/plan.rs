@@ -27,6 +27,8 @@ pub struct Plan {
     by_tensor: BTreeMap<String, Vec<(usize, usize, usize)>>,
     /// Time spent merging, over every load (streamed blocks merge at each fetch).
     pub clock: MergeClock,
+    /// Seconds reading and checking the adapters' files (set by whoever read them).
+    pub read_s: f64,
 }
 
 impl Plan {
@@ -41,7 +43,7 @@ impl Plan {
                 }
             }
         }
-        Plan { adapters, by_tensor, clock: MergeClock::default() }
+        Plan { adapters, by_tensor, clock: MergeClock::default(), read_s: 0.0 }
     }
 
     pub fn adapters(&self) -> &[Lora] {
@@ -86,7 +88,11 @@ impl Plan {
     }
 }
 
-/// Seconds the merges took: host time, plus device intervals read once they have finished.
+/// Seconds the merges took: the host's (on the GPU backend, preparing the factors: their bytes
+/// into the upload ring, device memory; not waits for the device) and the device's (the factors'
+/// copies and widening, the merge kernels; read from events once they have finished), apart. The
+/// two overlap (the host prepares the next tensor while the device merges one), so their sum
+/// bounds the merge's cost from above.
 #[derive(Default)]
 pub struct MergeClock {
     state: Mutex<ClockState>,
@@ -94,10 +100,30 @@ pub struct MergeClock {
 
 pub type Pending = Box<dyn FnOnce() -> f64 + Send>;
 
+/// What a [`MergeClock`] counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MergeTime {
+    pub host_s: f64,
+    pub device_s: f64,
+    /// Merged tensors (streamed blocks count at every fetch).
+    pub tensors: usize,
+}
+
+impl MergeTime {
+    /// Host and device seconds together: the merge's cost if nothing overlapped.
+    pub fn total_s(&self) -> f64 {
+        self.host_s + self.device_s
+    }
+
+    /// For the `-v` timings line: `0.123 s (host 0.040, device 0.083)`.
+    pub fn line(&self) -> String {
+        format!("{:.3} s (host {:.3}, device {:.3})", self.total_s(), self.host_s, self.device_s)
+    }
+}
+
 #[derive(Default)]
 struct ClockState {
-    seconds: f64,
-    tensors: usize,
+    time: MergeTime,
     /// Device intervals still on the stream: each call waits for its end and gives its seconds.
     pending: Vec<Pending>,
 }
@@ -109,8 +135,8 @@ impl MergeClock {
     /// One merged tensor's host time.
     pub fn add_host(&self, seconds: f64) {
         let mut s = self.state.lock().unwrap();
-        s.seconds += seconds;
-        s.tensors += 1;
+        s.time.host_s += seconds;
+        s.time.tensors += 1;
     }
 
     /// A device interval of a merge, read (waiting for its end) when the total is asked for.
@@ -119,23 +145,23 @@ impl MergeClock {
         s.pending.push(interval);
         if s.pending.len() > PENDING_MAX {
             let old: Vec<Pending> = s.pending.drain(..PENDING_MAX / 2).collect();
-            s.seconds += old.into_iter().map(|f| f()).sum::<f64>();
+            s.time.device_s += old.into_iter().map(|f| f()).sum::<f64>();
         }
     }
 
-    /// Seconds spent merging so far and the tensors merged (waits for the device intervals).
-    pub fn total(&self) -> (f64, usize) {
+    /// The time spent merging so far (waits for the device intervals).
+    pub fn total(&self) -> MergeTime {
         let mut s = self.state.lock().unwrap();
         let pending: Vec<Pending> = s.pending.drain(..).collect();
-        s.seconds += pending.into_iter().map(|f| f()).sum::<f64>();
-        (s.seconds, s.tensors)
+        s.time.device_s += pending.into_iter().map(|f| f()).sum::<f64>();
+        s.time
     }
 }
 
 impl std::fmt::Debug for MergeClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.state.lock().unwrap();
-        write!(f, "MergeClock({:.3} s over {} tensors, {} pending)", s.seconds, s.tensors, s.pending.len())
+        write!(f, "MergeClock({:?}, {} pending)", s.time, s.pending.len())
     }
 }
 
@@ -180,15 +206,17 @@ mod tests {
     }
 
     #[test]
-    fn clock_adds_host_and_device_time() {
+    fn clock_adds_host_and_device_time_apart() {
         let c = MergeClock::default();
         c.add_host(0.25);
         c.add_device(Box::new(|| 0.5));
         c.add_host(0.125);
-        assert_eq!(c.total(), (0.875, 2));
+        assert_eq!(c.total(), MergeTime { host_s: 0.375, device_s: 0.5, tensors: 2 });
+        assert_eq!(c.total().total_s(), 0.875);
         for _ in 0..PENDING_MAX + 10 {
             c.add_device(Box::new(|| 1.0));
         }
-        assert_eq!(c.total().0, 0.875 + (PENDING_MAX + 10) as f64);
+        assert_eq!(c.total().device_s, 0.5 + (PENDING_MAX + 10) as f64);
+        assert_eq!(c.total().host_s, 0.375);
     }
 }

@@ -61,8 +61,11 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
-    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
-    pub lora_merge_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load):
+    /// the host's preparation and the device's time, apart.
+    pub lora_merge: crate::lora::plan::MergeTime,
+    /// Reading and checking the LoRA files (before the stages; beside the device's start-up).
+    pub lora_read_s: f64,
     /// Each stage split into loading its weights (host time reading and issuing the copies, or
     /// waiting for a load that ran behind the previous stage) and the rest.
     pub encode_load_s: f64,
@@ -89,7 +92,8 @@ impl Report {
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
-                        "lora_merge_s": self.lora_merge_s},
+                        "lora_merge_s": self.lora_merge.total_s(), "lora_merge_host_s": self.lora_merge.host_s,
+                        "lora_merge_device_s": self.lora_merge.device_s, "lora_read_s": self.lora_read_s},
             "plan": self.plan,
         })
         .to_string()
@@ -104,7 +108,7 @@ impl Report {
             self.denoise_s,
             self.denoise_load_s,
             if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
-            if self.lora_merge_s > 0.0 { format!(", LoRA merge {:.3}", self.lora_merge_s) } else { String::new() },
+            if self.lora_merge.tensors > 0 { format!(", LoRA merge {}", self.lora_merge.line()) } else { String::new() },
             self.decode_s,
             self.decode_load_s,
             self.total_s
@@ -608,7 +612,8 @@ where
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
-    rep.lora_merge_s = ck.loras.clock.total().0;
+    rep.lora_merge = ck.loras.clock.total();
+    rep.lora_read_s = ck.loras.read_s;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }

@@ -29,6 +29,25 @@ fn low_rank(cx: &mut Cx, rows: usize, cols: usize, r: usize, alpha: f32) -> Delt
     Delta::LowRank { up: mat(cx, rows, r, 0.02), down: mat(cx, r, cols, 0.2), alpha: Some(alpha) }
 }
 
+/// `m`'s values rounded to `dtype` and kept as the bytes an adapter file stores (the merge
+/// uploads stored bf16 and f32 as they are and widens bf16 on the device; f16 converts on the host).
+fn stored(m: Mat, dtype: Dtype) -> Mat {
+    let v = m.values();
+    let bytes: Vec<u8> = match dtype {
+        Dtype::BF16 => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+        Dtype::F16 => v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let n = bytes.len();
+    Mat::stored(m.shape.clone(), dtype, std::sync::Arc::new(bytes), 0..n).expect("bytes of the tensor's size")
+}
+
+/// [`low_rank`] with both factors stored as `dtype`.
+fn low_rank_stored(cx: &mut Cx, rows: usize, cols: usize, r: usize, alpha: f32, dtype: Dtype) -> Delta {
+    let (up, down) = (stored(mat(cx, rows, r, 0.02), dtype), stored(mat(cx, r, cols, 0.2), dtype));
+    Delta::LowRank { up, down, alpha: Some(alpha) }
+}
+
 /// Rows `rows` of `W + Σ scale · alpha/rank · delta`, every product and sum in f64.
 fn reference_rows(w: &Tensor, terms: &[Term], rows: &[usize]) -> Result<Tensor> {
     let cols = w.numel() / w.shape[0];
@@ -109,8 +128,10 @@ fn describe(m: &Module) -> String {
     }
 }
 
-/// Rank 64 onto a 3072x3072 weight and onto the 16384x3072 ffn_up_gate; a fused q|k|v LoRA's k
-/// rows plus a second adapter on the same weight (the fp32 sum between the two).
+/// Rank 64 onto a 3072x3072 weight (f32 factors) and onto the 16384x3072 ffn_up_gate (bf16
+/// factors as a file stores them: uploaded as stored, widened on the device); a fused q|k|v
+/// LoRA's k rows (f32 as stored) plus a second adapter (f16, converted on the host) on the same
+/// weight (the fp32 sum between the two).
 fn gate_low_rank(cx: &mut Cx) -> Result<()> {
     use dit::*;
     let sq = vec![DIM, DIM];
@@ -118,17 +139,18 @@ fn gate_low_rank(cx: &mut Cx) -> Result<()> {
     judge_case(cx, "lora merge", &sq, &[Term { module: &m, row0: 0, scale: 0.8 }])?;
     if cx.dtype == DType::BF16 {
         let ug = vec![2 * FFN, DIM];
-        let m = module(&[("ffn_up_gate", ug.clone())], low_rank(cx, 2 * FFN, DIM, 64, 64.0));
+        let m = module(&[("ffn_up_gate", ug.clone())], low_rank_stored(cx, 2 * FFN, DIM, 64, 64.0, Dtype::BF16));
         judge_case(cx, "lora merge", &ug, &[Term { module: &m, row0: 0, scale: 1.0 }])?;
     }
-    let fused = module(&[("q", sq.clone()), ("k", sq.clone()), ("v", sq.clone())], low_rank(cx, 3 * DIM, DIM, 32, 16.0));
-    let second = module(&[("k", sq.clone())], low_rank(cx, DIM, DIM, 16, 16.0));
+    let fused = module(&[("q", sq.clone()), ("k", sq.clone()), ("v", sq.clone())], low_rank_stored(cx, 3 * DIM, DIM, 32, 16.0, Dtype::F32));
+    let second = module(&[("k", sq.clone())], low_rank_stored(cx, DIM, DIM, 16, 16.0, Dtype::F16));
     let terms = [Term { module: &fused, row0: DIM, scale: 1.1 }, Term { module: &second, row0: 0, scale: -0.6 }];
     judge_case(cx, "lora merge, qkv k rows + 2nd", &sq, &terms)
 }
 
-/// LoHa, LoKr (a 4x4 by a factored 768x768) and a full difference onto 3072x3072 alone and all
-/// three on one weight; a bias difference.
+/// LoHa, LoKr (a 4x4 by a factored 768x768) and a full difference (bf16 as stored: too large
+/// for the upload ring, it goes through the staging chunks) onto 3072x3072 alone and all three
+/// on one weight; a bias difference.
 fn gate_other(cx: &mut Cx) -> Result<()> {
     use dit::*;
     let sq = vec![DIM, DIM];
@@ -136,7 +158,7 @@ fn gate_other(cx: &mut Cx) -> Result<()> {
     let loha = module(&[("w", sq.clone())], loha);
     let w2 = Factor::Product(mat(cx, DIM / 4, 8, 0.1), mat(cx, 8, DIM / 4, 0.1));
     let lokr = module(&[("w", sq.clone())], Delta::LoKr { w1: Factor::Full(mat(cx, 4, 4, 1.0)), w2, alpha: Some(4.0) });
-    let diff = module(&[("w", sq.clone())], Delta::Full(mat(cx, DIM, DIM, 0.01)));
+    let diff = module(&[("w", sq.clone())], Delta::Full(stored(mat(cx, DIM, DIM, 0.01), Dtype::BF16)));
     let t = |m| Term { module: m, row0: 0, scale: 0.9 };
     judge_case(cx, "lora merge", &sq, &[t(&loha)])?;
     judge_case(cx, "lora merge", &sq, &[t(&lokr)])?;
@@ -146,20 +168,29 @@ fn gate_other(cx: &mut Cx) -> Result<()> {
     judge_case(cx, "lora merge", &[DIM], &[t(&bias)])
 }
 
-/// The device time of one rank-64 update of each of a DiT block's six weights (bf16), by CUDA
-/// events: a full-size LoRA on every linear costs about num_layers times this.
+/// The time of one rank-64 update of each of a DiT block's six weights (bf16, the factors bf16 as
+/// a file stores them): the host's preparation and the device's part (CUDA events), as `moss
+/// generate` counts them in `lora_merge_host_s` / `lora_merge_device_s`. A full-size LoRA on
+/// every linear costs about num_layers times this.
 pub fn time_merge(cuda: &crate::backend::cuda::ops::Cuda) -> Result<()> {
     use dit::*;
     let mut rng = Rng::new(11);
-    let mut mat = |r: usize, c: usize, std: f64| -> Mat { Mat::new(vec![r, c], rng.normals(r * c, std)) };
+    let mut mat = |r: usize, c: usize, std: f64| -> Mat { stored(Mat::new(vec![r, c], rng.normals(r * c, std)), Dtype::BF16) };
     let shapes = [(DIM, DIM), (DIM, DIM), (DIM, DIM), (DIM, DIM), (2 * FFN, DIM), (DIM, FFN)];
-    let mut total = 0.0;
+    let reps = 10;
+    let clock = crate::lora::plan::MergeClock::default();
     for (rows, cols) in shapes {
         let m = module(&[("w", vec![rows, cols])], Delta::LowRank { up: mat(rows, 64, 0.02), down: mat(64, cols, 0.2), alpha: Some(64.0) });
         let w = cuda.upload_as(&Tensor::new(vec![rows, cols], vec![0.01; rows * cols])?, DType::BF16)?;
         let terms = [Term { module: &m, row0: 0, scale: 1.0 }];
-        total += time_ms(cuda, 2, 10, || cuda.merge_lora_with(&w, &terms, "moss"))?;
+        cuda.merge_lora_with(&w, &terms, "moss")?;
+        cuda.sync()?;
+        for _ in 0..reps {
+            cuda.merge_lora_timed(w.clone(), &terms, &clock)?;
+        }
     }
-    println!("  lora merge, rank 64 into one DiT block's 6 weights (bf16, factors uploaded each time): {total:.3} ms");
+    let t = clock.total();
+    let (host, device) = (t.host_s * 1e3 / reps as f64, t.device_s * 1e3 / reps as f64);
+    println!("  lora merge, rank 64 into one DiT block's 6 weights (bf16, factors bf16 as stored): host preparation {host:.3} ms, device {device:.3} ms");
     Ok(())
 }
