@@ -363,6 +363,47 @@ fn picture_with_four_loras_matches_the_reference() {
     assert!(loras[3].starts_with("lokr.safetensors:1.2:"), "{}", loras[3]);
 }
 
+/// `--json` reports the merge's time, host and device apart, for one picture and for each
+/// picture of a batch (the chunk's load on its first picture): on the CPU all of it is host time;
+/// without a LoRA all of it is zero.
+#[test]
+fn json_reports_the_merge_time() {
+    let dir = scratch("json");
+    let model = golden().join("tiny-a");
+    let m = model.to_str().unwrap();
+    let lora = format!("{}:0.7", file_of("kohya").display());
+    let merge = |j: &serde_json::Value| -> [f64; 3] {
+        ["lora_merge_s", "lora_merge_host_s", "lora_merge_device_s"].map(|k| j["timings"][k].as_f64().unwrap_or_else(|| panic!("{j} lacks timings.{k}")))
+    };
+    let lines = |out: std::process::Output| -> Vec<serde_json::Value> {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let one = ["generate", "--device", "cpu", "--model", m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--json"];
+    let png = dir.join("a.png");
+    let png = png.to_str().unwrap();
+    let j = &lines(moss(&[&one[..], &["--out", png, "--lora", &lora]].concat()))[0];
+    let [all, host, device] = merge(j);
+    assert!(host > 0.0 && device == 0.0 && all == host, "{j}");
+    assert!(j["timings"]["lora_read_s"].as_f64().unwrap() > 0.0, "{j}");
+    let j = &lines(moss(&[&one[..], &["--out", png]].concat()))[0];
+    assert_eq!(merge(j), [0.0; 3], "{j}");
+
+    // A batch of three in one chunk: the load's merges on the first line, none on the others.
+    let list = dir.join("list.txt");
+    std::fs::write(&list, "a cat\na dog\na fox\n").unwrap();
+    let batch = ["generate", "--device", "cpu", "--model", m, "--steps", "1", "--size", "64x64", "--json", "--chunk", "3"];
+    let out = dir.join("out");
+    let args = [&batch[..], &["--prompts", list.to_str().unwrap(), "--out-dir", out.to_str().unwrap(), "--lora", &lora]].concat();
+    let js = lines(moss(&args));
+    assert_eq!(js.len(), 3);
+    let [all, host, device] = merge(&js[0]);
+    assert!(host > 0.0 && device == 0.0 && all == host, "{}", js[0]);
+    for j in &js[1..] {
+        assert_eq!(merge(j), [0.0; 3], "{j}: a resident transformer merges once a chunk");
+    }
+}
+
 /// `moss generate --lora FILE` fails before any work with one line containing `want`, writing nothing.
 fn refused(tag: &str, lora: &Path, want: &str) {
     let dir = scratch(tag);

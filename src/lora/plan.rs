@@ -115,6 +115,21 @@ impl MergeTime {
         self.host_s + self.device_s
     }
 
+    /// What was counted after `earlier` (a total read before this one).
+    pub fn since(&self, earlier: &MergeTime) -> MergeTime {
+        MergeTime {
+            host_s: self.host_s - earlier.host_s,
+            device_s: self.device_s - earlier.device_s,
+            tensors: self.tensors - earlier.tensors,
+        }
+    }
+
+    /// The `--json` timings entries: `lora_merge_s` (host and device together, the cost if
+    /// nothing overlapped), `lora_merge_host_s`, `lora_merge_device_s`.
+    pub fn json_entries(&self) -> [(&'static str, f64); 3] {
+        [("lora_merge_s", self.total_s()), ("lora_merge_host_s", self.host_s), ("lora_merge_device_s", self.device_s)]
+    }
+
     /// For the `-v` timings line: `0.123 s (host 0.040, device 0.083)`.
     pub fn line(&self) -> String {
         format!("{:.3} s (host {:.3}, device {:.3})", self.total_s(), self.host_s, self.device_s)
@@ -216,7 +231,11 @@ mod tests {
         for _ in 0..PENDING_MAX + 10 {
             c.add_device(Box::new(|| 1.0));
         }
-        assert_eq!(c.total().device_s, 0.5 + (PENDING_MAX + 10) as f64);
-        assert_eq!(c.total().host_s, 0.375);
+        let before = c.total();
+        assert_eq!(before.device_s, 0.5 + (PENDING_MAX + 10) as f64);
+        assert_eq!(before.host_s, 0.375);
+        c.add_host(0.5);
+        c.add_device(Box::new(|| 0.25));
+        assert_eq!(c.total().since(&before), MergeTime { host_s: 0.5, device_s: 0.25, tensors: 1 });
     }
 }

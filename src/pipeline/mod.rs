@@ -80,7 +80,7 @@ pub struct Report {
 
 impl Report {
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "path": self.path.display().to_string(),
             "seed": self.seed,
             "steps": self.steps,
@@ -92,11 +92,13 @@ impl Report {
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
-                        "lora_merge_s": self.lora_merge.total_s(), "lora_merge_host_s": self.lora_merge.host_s,
-                        "lora_merge_device_s": self.lora_merge.device_s, "lora_read_s": self.lora_read_s},
+                        "lora_read_s": self.lora_read_s},
             "plan": self.plan,
-        })
-        .to_string()
+        });
+        for (k, v) in self.lora_merge.json_entries() {
+            j["timings"][k] = v.into();
+        }
+        j.to_string()
     }
 
     /// The `-v` line of the timings: each stage's load and compute.

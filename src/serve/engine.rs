@@ -154,6 +154,11 @@ impl<B: Residency> Engine<B> {
             None
         };
         let dit = Dit::load(&b, &ck.open_component("transformer")?, &ck.dit)?;
+        if !ck.loras.is_empty() {
+            let n = ck.loras.adapters().len();
+            let merge = ck.loras.clock.total();
+            plan.push_str(&format!("; {n} LoRA(s) read in {:.3} s, merged in {}", ck.loras.read_s, merge.line()));
+        }
         let side = (max_pixels as f64).sqrt() as usize / 16;
         let vae = pipeline::load_vae(&b, &ck, side.max(1), side.max(1))?;
         let joint_tokens = b.joint_token_budget(&ck)?;

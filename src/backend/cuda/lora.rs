@@ -74,20 +74,24 @@ struct Upload<'p> {
 }
 
 impl Upload<'_> {
-    /// Bytes uploaded: the stored bf16 or f32 values as they are, other values as f32.
     fn len(&self) -> usize {
-        self.part.data.len() * if self.widen.is_some() { 2 } else { 4 }
+        upload_len(self.part)
     }
 }
 
-/// Whether a part goes up as stored bf16 (widened on the device; exact, as on the host).
-fn is_bf16(p: &Part) -> bool {
+/// Whether a factor goes up as stored bf16 (widened on the device; exact, as on the host).
+pub fn widens(p: &Part) -> bool {
     matches!(p.data, Values::Stored { dtype: Dtype::BF16, .. })
 }
 
-/// `p`'s upload bytes into `out`: stored bf16 or f32 bytes copied as they are, anything else
-/// converted to f32 as it is written.
-fn fill(p: &Part, out: &mut [u8]) {
+/// Bytes a factor uploads: stored bf16 as they are (2 a value), anything else as f32.
+pub fn upload_len(p: &Part) -> usize {
+    p.data.len() * if widens(p) { 2 } else { 4 }
+}
+
+/// `p`'s upload bytes ([`upload_len`]) into `out`: stored bf16 or f32 bytes copied as they are,
+/// anything else converted to f32 as it is written (the host's whole share of a factor's upload).
+pub fn write_upload(p: &Part, out: &mut [u8]) {
     match &p.data {
         Values::Stored { dtype: Dtype::BF16 | Dtype::F32, bytes } => out.copy_from_slice(bytes),
         Values::Stored { .. } => write_f32(&p.data.f32(), out),
@@ -134,13 +138,13 @@ impl Cuda {
         for (o, _) in &ops {
             let parts = parts_of(o);
             let n32: usize = parts.iter().map(|p| aligned(4 * p.data.len())).sum();
-            let n16: usize = parts.iter().filter(|p| is_bf16(p)).map(|p| aligned(2 * p.data.len())).sum();
+            let n16: usize = parts.iter().filter(|p| widens(p)).map(|p| aligned(2 * p.data.len())).sum();
             let f32s = self.alloc(DType::F32, &[n32 / 4])?;
             let raw = if n16 > 0 { Some(self.alloc(DType::BF16, &[n16 / 2])?) } else { None };
             let (mut at32, mut at16, mut ptrs) = (0, 0, vec![]);
             for p in parts {
                 let dst = f32s.ptr() + at32 as u64;
-                let widen = is_bf16(p).then(|| raw.as_ref().map_or(0, |r| r.ptr()) + at16 as u64);
+                let widen = widens(p).then(|| raw.as_ref().map_or(0, |r| r.ptr()) + at16 as u64);
                 at32 += aligned(4 * p.data.len());
                 if widen.is_some() {
                     at16 += aligned(2 * p.data.len());
@@ -165,7 +169,7 @@ impl Cuda {
         let (region, waited) = ring.reserve(ring_len)?;
         for u in &uploads {
             if let Some(at) = u.at {
-                fill(u.part, ring.bytes(region, at, u.len()));
+                write_upload(u.part, ring.bytes(region, at, u.len()));
             }
         }
         let staged: Vec<Option<Vec<u8>>> = uploads
@@ -173,7 +177,7 @@ impl Cuda {
             .map(|u| {
                 u.at.is_none().then(|| {
                     let mut b = vec![0u8; u.len()];
-                    fill(u.part, &mut b);
+                    write_upload(u.part, &mut b);
                     b
                 })
             })
@@ -250,7 +254,7 @@ impl Cuda {
 }
 
 /// A term's factors in the order its kernel takes them.
-fn parts_of<'o>(o: &'o Operands<'o>) -> Vec<&'o Part<'o>> {
+pub fn parts_of<'o>(o: &'o Operands<'o>) -> Vec<&'o Part<'o>> {
     match o {
         Operands::LowRank { up, down } => vec![up, down],
         Operands::LoHa { w1a, w1b, w2a, w2b } => vec![w1a, w1b, w2a, w2b],
