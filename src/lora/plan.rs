@@ -72,8 +72,11 @@ impl Plan {
         })
     }
 
-    /// The most device memory one tensor's merge takes besides the tensor (bytes): its
-    /// operands in fp32 and, with several updates, the fp32 sum.
+    /// The most device memory one tensor's merge takes besides the tensor (bytes): every
+    /// update's operands ([`super::merge::operand_bytes`]: the GPU merge holds them all at once)
+    /// and, with several updates, the fp32 sum. Tensors merge one after another, each freeing
+    /// its scratch (stream-ordered) before the next takes it, so the largest is the peak. 0
+    /// without adapters.
     pub fn scratch_bytes(&self) -> usize {
         self.by_tensor
             .keys()
@@ -81,7 +84,7 @@ impl Plan {
                 let terms = self.terms(name);
                 let numel: usize = terms[0].module.targets.iter().find(|t| &t.0 == name).map_or(0, |t| t.1.iter().product());
                 let sum = if terms.len() > 1 { numel * 4 } else { 0 };
-                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).max().unwrap_or(0)
+                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).sum::<usize>()
             })
             .max()
             .unwrap_or(0)
@@ -215,9 +218,36 @@ mod tests {
         assert_eq!((rows("b.k.weight"), rows("b.v.weight"), rows("b.o.weight")), (vec![8], vec![16], vec![0]));
         assert!(plan.terms("b.ffn.weight").is_empty());
         assert_eq!(plan.tensors().collect::<Vec<_>>(), ["b.k.weight", "b.o.weight", "b.q.weight", "b.v.weight"]);
-        // The largest one-tensor merge: q's fp32 sum (two updates) and the fused factors in
-        // fp32 (f32 values here: no stored copy), each aligned to 256 bytes.
-        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + (4 * 24 * 4 + 256) + (4 * 4 * 16 + 256));
+        // The largest one-tensor merge: q's fp32 sum (two updates) and both updates' factors in
+        // fp32 (f32 values here: no stored copy; the fused module's whole), each aligned to 256 bytes.
+        let fused = (4 * 24 * 4 + 256) + (4 * 4 * 16 + 256);
+        let own = (4 * 8 * 3 + 256) + (4 * 3 * 16 + 256);
+        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + fused + own);
+        assert_eq!(Plan::default().scratch_bytes(), 0);
+    }
+
+    /// A rank-64 adapter on every linear of the full-size DiT, factors stored in bf16 as files
+    /// hold them: the largest merge is ffn_up_gate's, both factors in fp32 plus their bf16 copies.
+    #[test]
+    fn scratch_of_a_full_size_rank_64_adapter() {
+        let (dim, ffn, r) = (3072, 8192, 64);
+        let bf16 = |rows: usize, cols: usize| {
+            let n = 2 * rows * cols;
+            let bytes: crate::lora::keys::Bytes = std::sync::Arc::new(vec![0u8; n]);
+            Mat::stored(vec![rows, cols], crate::checkpoint::Dtype::BF16, bytes, 0..n).unwrap()
+        };
+        let mut modules = vec![];
+        for l in 0..42 {
+            for (p, o, i) in [("q", dim, dim), ("k", dim, dim), ("v", dim, dim), ("o", dim, dim), ("ffn_up_gate", 2 * ffn, dim), ("ffn_down", dim, ffn)] {
+                let name = format!("layers.{l}.proj.{p}.weight");
+                let delta = Delta::LowRank { up: bf16(o, r), down: bf16(r, i), alpha: Some(r as f32) };
+                modules.push(Module { key: name.clone(), targets: vec![(name, vec![o, i])], delta });
+            }
+        }
+        let plan = Plan::new(vec![lora(1.0, modules)]);
+        let want = (4 + 2) * (2 * ffn * r + r * dim) + 4 * 256;
+        assert_eq!(plan.scratch_bytes(), want);
+        println!("full-size rank-64 adapter: merge scratch {:.1} MiB", want as f64 / (1 << 20) as f64);
     }
 
     #[test]
