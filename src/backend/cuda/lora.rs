@@ -94,13 +94,54 @@ pub fn upload_len(p: &Part) -> usize {
 pub fn write_upload(p: &Part, out: &mut [u8]) {
     match &p.data {
         Values::Stored { dtype: Dtype::BF16 | Dtype::F32, bytes } => out.copy_from_slice(bytes),
+        Values::Stored { dtype: Dtype::F16, bytes } => f16_to_f32_bytes(bytes, out),
         Values::Stored { .. } => write_f32(&p.data.f32(), out),
         Values::F32(v) => write_f32(v, out),
     }
 }
 
+/// Little-endian f16 `bytes` as f32 bytes into `out`: 8 at a time with the CPU's conversion
+/// instructions where both are aligned (the usual case: a file's f16 tensor, the ring), else one
+/// by one. Exact either way.
+fn f16_to_f32_bytes(bytes: &[u8], out: &mut [u8]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    // SAFETY: u16 and f32 hold any bit pattern; only the aligned middles are reinterpreted.
+    let ((p, src, q), (po, dst, qo)) = unsafe { (bytes.align_to::<u16>(), out.align_to_mut::<f32>()) };
+    if cfg!(target_endian = "little") && p.is_empty() && q.is_empty() && po.is_empty() && qo.is_empty() && src.len() == dst.len() {
+        src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
+    } else {
+        let v = bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32());
+        out.chunks_exact_mut(4).zip(v).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
+    }
+}
+
 fn write_f32(v: &[f32], out: &mut [u8]) {
     out.chunks_exact_mut(4).zip(v).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every f16 bit pattern converts to the f32 the host merge reads (NaNs aside: any NaN),
+    /// on the aligned fast path and on the one-by-one path (bytes at an odd address).
+    #[test]
+    fn f16_bytes_widen_exactly_aligned_or_not() {
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_le_bytes()).collect();
+        let want: Vec<f32> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).collect();
+        let shifted: Vec<u8> = [&[0u8][..], &all].concat();
+        for (what, src) in [("aligned", &all[..]), ("odd address", &shifted[1..])] {
+            // f32 storage viewed as bytes: aligned as the ring is.
+            let mut out = vec![0f32; want.len()];
+            // SAFETY: the vector's own bytes, any pattern valid for f32.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, 4 * want.len()) };
+            f16_to_f32_bytes(src, o);
+            for (i, (c, w)) in o.chunks_exact(4).zip(&want).enumerate() {
+                let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: f16 bits {i:#06x}: {g} vs {w}");
+            }
+        }
+    }
 }
 
 /// A term's operands on the device: every factor in fp32 (the kernels' input) at `ptrs`, the
