@@ -119,31 +119,6 @@ fn write_f32(v: &[f32], out: &mut [u8]) {
     out.chunks_exact_mut(4).zip(v).for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every f16 bit pattern converts to the f32 the host merge reads (NaNs aside: any NaN),
-    /// on the aligned fast path and on the one-by-one path (bytes at an odd address).
-    #[test]
-    fn f16_bytes_widen_exactly_aligned_or_not() {
-        let all: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_le_bytes()).collect();
-        let want: Vec<f32> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).collect();
-        let shifted: Vec<u8> = [&[0u8][..], &all].concat();
-        for (what, src) in [("aligned", &all[..]), ("odd address", &shifted[1..])] {
-            // f32 storage viewed as bytes: aligned as the ring is.
-            let mut out = vec![0f32; want.len()];
-            // SAFETY: the vector's own bytes, any pattern valid for f32.
-            let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, 4 * want.len()) };
-            f16_to_f32_bytes(src, o);
-            for (i, (c, w)) in o.chunks_exact(4).zip(&want).enumerate() {
-                let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: f16 bits {i:#06x}: {g} vs {w}");
-            }
-        }
-    }
-}
-
 /// A term's operands on the device: every factor in fp32 (the kernels' input) at `ptrs`, the
 /// bf16 ones also as stored (`_raw`, widened into `_f32s`).
 struct Operands32 {
@@ -337,4 +312,29 @@ fn rank(a: &Part, b: &Part, what: &str) -> Result<i32> {
 fn fits(a: &Part, b: &Part, rows: usize, cols: usize, what: &str) -> Result<()> {
     ensure!(a.rows == rows && b.cols == cols, "{what}: a [{}, {}] update for a [{rows}, {cols}] weight", a.rows, b.cols);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every f16 bit pattern converts to the f32 the host merge reads (NaNs aside: any NaN),
+    /// on the aligned fast path and on the one-by-one path (bytes at an odd address).
+    #[test]
+    fn f16_bytes_widen_exactly_aligned_or_not() {
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|b| b.to_le_bytes()).collect();
+        let want: Vec<f32> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).collect();
+        let shifted: Vec<u8> = [&[0u8][..], &all].concat();
+        for (what, src) in [("aligned", &all[..]), ("odd address", &shifted[1..])] {
+            // f32 storage viewed as bytes: aligned as the ring is.
+            let mut out = vec![0f32; want.len()];
+            // SAFETY: the vector's own bytes, any pattern valid for f32.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, 4 * want.len()) };
+            f16_to_f32_bytes(src, o);
+            for (i, (c, w)) in o.chunks_exact(4).zip(&want).enumerate() {
+                let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: f16 bits {i:#06x}: {g} vs {w}");
+            }
+        }
+    }
 }
