@@ -106,9 +106,10 @@ fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<St
 
 /// The DiT's activations over `tokens` joint tokens: one forward's peak, and (streamed, a guided
 /// step's two passes go through the blocks together) the other pass's stream and modulated norm
-/// (`[N, D]` each) beside it.
+/// (`[N, D]` each) beside it; with LoRAs, one tensor's merge scratch (streamed blocks merge at
+/// every fetch, beside the activations).
 pub fn dit_activations(ck: &Checkpoint, tokens: usize, act: DType) -> u64 {
-    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size()) as u64
+    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size() + ck.loras.scratch_bytes()) as u64
 }
 
 /// The three networks of `ck` for prompts of `tokens` tokens and a `w` x `h` picture.
@@ -208,6 +209,38 @@ mod tests {
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
         Network { name, weights, blocks, block_bytes, all_blocks: blocks * block_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+    }
+
+    /// With LoRAs attached the transformer's activations hold one tensor's merge scratch, so the
+    /// plan under a cap counts it: a cap that holds the transformer resident without it streams
+    /// a block with it, and every planned peak stays under the cap.
+    #[test]
+    fn the_merge_scratch_is_planned() {
+        let mut ck = crate::checkpoint::Checkpoint::open(
+            crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap(),
+        )
+        .unwrap();
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16 };
+        let plain = networks(&ck, &budget, 16, (256, 256)).unwrap();
+        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/lora/kohya.safetensors");
+        ck.attach_loras(&[crate::lora::LoraSpec { path: lora.into(), scale: 1.0 }]).unwrap();
+        let scratch = ck.loras.scratch_bytes() as u64;
+        assert!(scratch > 0);
+        let with = networks(&ck, &budget, 16, (256, 256)).unwrap();
+        assert_eq!(with[1].activations, plain[1].activations + scratch, "the transformer's activations");
+        assert_eq!((with[0].activations, with[2].activations), (plain[0].activations, plain[2].activations), "only the transformer merges");
+        // The least room that holds the transformer resident without the LoRA does not with it.
+        let (p, w) = (&plain[1], &with[1]);
+        let room = p.weights + p.activations + memory_plan::RESERVE;
+        assert_eq!(p.place(room).unwrap().placement, Placement::Resident);
+        let streamed = w.place(room).expect("the transformer streams in that room");
+        assert!(matches!(streamed.placement, Placement::Streamed { .. }), "{streamed:?}");
+        assert_eq!(w.place(room + scratch).unwrap().placement, Placement::Resident);
+        for room in [room, room + scratch, room - 3 * w.block_bytes] {
+            let Some(n) = w.place(room) else { continue };
+            assert!(n.device_bytes <= room, "{room}: the transformer's peak {} over the room", n.device_bytes);
+            assert!(n.device_bytes >= w.activations + memory_plan::RESERVE, "{room}: the peak leaves out the scratch");
+        }
     }
 
     /// The VAE's whole-or-strips choice on the device (activations that fit the budget: whole)

@@ -504,6 +504,9 @@ async fn a_lora_given_at_start_up_serves_generates_picture() {
     assert!(served == std::fs::read(&out).unwrap(), "the served picture differs from moss generate --lora's");
     let plain = reference("lora-plain", &[("a fox".into(), 5)], 2, "");
     assert!(served != plain[0], "the LoRA changed nothing");
+    // The start-up log says what reading and merging the LoRA took.
+    let log = s.log();
+    assert!(log.contains("1 LoRA(s) read in ") && log.contains(", merged in ") && log.contains("(host "), "{log}");
 }
 
 /// `moss serve --max-vram`: a cap below the smallest that works is refused in one line before

@@ -90,7 +90,8 @@ pub trait Backend {
     fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
     /// `w`, a checkpoint tensor as stored (its dtype `stored`), plus the LoRA updates `terms`:
     /// in fp32, the updates added in order, rounded once to `stored` ([`crate::lora::merge`]).
-    /// Device time still running when it returns goes on `clock`.
+    /// Its time goes on `clock`: the host's (on the GPU, the preparation of the factors) and the
+    /// device's, apart.
     fn merge_lora(&self, w: Self::T, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Self::T>;
 
     /// The checkpoint tensors `names` (one dtype, one trailing shape) stacked along dim 0 as one
@@ -186,8 +187,5 @@ pub fn merge_loras<B: Backend + ?Sized>(b: &B, plan: &Plan, name: &str, stored: 
     if terms.is_empty() {
         return Ok(w);
     }
-    let t = std::time::Instant::now();
-    let out = b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))?;
-    plan.clock.add_host(t.elapsed().as_secs_f64());
-    Ok(out)
+    b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))
 }

@@ -53,13 +53,17 @@ pub struct Finished {
     pub encode_s: f64,
     pub denoise_s: f64,
     pub decode_s: f64,
+    /// The LoRA merges since the chunk's previous picture: the transformer's load for the first
+    /// picture of a chunk, and the streamed blocks' merges at each fetch of this picture's denoise
+    /// (so over the lines they add up to the batch's merges; zero without LoRAs).
+    pub lora_merge: crate::lora::plan::MergeTime,
     /// Seconds since the batch started.
     pub elapsed_s: f64,
 }
 
 impl Finished {
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "index": self.index,
             "line": self.line,
             "path": self.path.display().to_string(),
@@ -70,8 +74,11 @@ impl Finished {
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s, "decode_s": self.decode_s,
                         "total_s": self.encode_s + self.denoise_s + self.decode_s},
             "elapsed_s": self.elapsed_s,
-        })
-        .to_string()
+        });
+        for (k, v) in self.lora_merge.json_entries() {
+            j["timings"][k] = v.into();
+        }
+        j.to_string()
     }
 }
 

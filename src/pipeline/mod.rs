@@ -61,8 +61,11 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
-    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
-    pub lora_merge_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load):
+    /// the host's preparation and the device's time, apart.
+    pub lora_merge: crate::lora::plan::MergeTime,
+    /// Reading and checking the LoRA files (before the stages; beside the device's start-up).
+    pub lora_read_s: f64,
     /// Each stage split into loading its weights (host time reading and issuing the copies, or
     /// waiting for a load that ran behind the previous stage) and the rest.
     pub encode_load_s: f64,
@@ -77,7 +80,7 @@ pub struct Report {
 
 impl Report {
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "path": self.path.display().to_string(),
             "seed": self.seed,
             "steps": self.steps,
@@ -89,10 +92,13 @@ impl Report {
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
-                        "lora_merge_s": self.lora_merge_s},
+                        "lora_read_s": self.lora_read_s},
             "plan": self.plan,
-        })
-        .to_string()
+        });
+        for (k, v) in self.lora_merge.json_entries() {
+            j["timings"][k] = v.into();
+        }
+        j.to_string()
     }
 
     /// The `-v` line of the timings: each stage's load and compute.
@@ -104,7 +110,7 @@ impl Report {
             self.denoise_s,
             self.denoise_load_s,
             if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
-            if self.lora_merge_s > 0.0 { format!(", LoRA merge {:.3}", self.lora_merge_s) } else { String::new() },
+            if self.lora_merge.tensors > 0 { format!(", LoRA merge {}", self.lora_merge.line()) } else { String::new() },
             self.decode_s,
             self.decode_load_s,
             self.total_s
@@ -617,7 +623,8 @@ where
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
-    rep.lora_merge_s = ck.loras.clock.total().0;
+    rep.lora_merge = ck.loras.clock.total();
+    rep.lora_read_s = ck.loras.read_s;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }

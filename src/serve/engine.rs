@@ -112,6 +112,11 @@ impl<B: Serving> Engine<B> {
             true => Held::Kept(Dit::load_streamed(&b, ck.open_component("transformer")?, &ck.dit, plan.resident_blocks("transformer"))?),
             false => Held::PerRequest,
         };
+        if !ck.loras.is_empty() {
+            let n = ck.loras.adapters().len();
+            let merge = ck.loras.clock.total();
+            super::log(&format!("{n} LoRA(s) read in {:.3} s, merged in {}", ck.loras.read_s, merge.line()));
+        }
         b.limit_vae_activations(plan.vae_activations);
         let vae = match plan.keeps("vae") {
             true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 mod fp8;
 pub mod mover;
+pub(crate) mod ring;
 mod tensor_ops;
 mod transfer;
 mod weights;
@@ -141,6 +142,8 @@ struct Inner {
     blas: Blas,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     staging: Mutex<Option<Staging>>,
+    /// The pinned ring the LoRA merge uploads its factors through (made at the first merge).
+    ring: Mutex<Option<ring::Ring>>,
     /// The weight mover (copy stream, pinned pool), made at the first load.
     mover: Mutex<Option<mover::Mover>>,
     /// The streamed blocks' reusable device memory, by slot.
@@ -221,6 +224,7 @@ impl Cuda {
             blas,
             funcs: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            ring: Mutex::new(None),
             mover: Mutex::new(None),
             slots: Mutex::new(vec![]),
             slot_free: Mutex::new(HashMap::new()),
@@ -461,6 +465,7 @@ impl Backend for Cuda {
         // and the VAE split decode's pinned host memory once no kept picture holds it.
         self.release_slots();
         self.inner.vae_io.lock().unwrap().take();
+        self.inner.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.trim_pool()
     }
 

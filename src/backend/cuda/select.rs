@@ -83,7 +83,7 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
         c("dit attention (bf16, head dim 128)", dit_flash.name),
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),
         c("dit situ_glu", "moss_situ_fast_bf16 (bf16), moss_situ_f32 (fp32)"),
-        c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order)"),
+        c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32"),
         c("fp8 quantize (per row)", "moss_quantize_fp8_bf16 / _f32 (IEEE divisions, e4m3 round-to-nearest, saturating)"),
     ];
     v.extend(crate::backend::cuda::encoder::kernel_choices(hopper, smem_optin));
