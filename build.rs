@@ -256,7 +256,7 @@ fn resources(report: &str) -> String {
     rows
 }
 
-/// The Hopper-only unit: every `cuda/sm90a/*.cu`, `sm_90a` machine code only (production and
+/// The Hopper-only unit: every `cuda/*/sm90a/*.cu`, `sm_90a` machine code only (production and
 /// check images).
 fn build_sm90a(nvcc: &Path, root: &Path, out_dir: &Path, fatbin: &Path) -> String {
     let Some(unit) = write_unit(true, root, &out_dir.join("moss_kernels_sm90a.cu")) else { return String::new() };

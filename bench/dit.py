@@ -96,6 +96,28 @@ def noise():
     return torch.randn([1, 128, h, h], generator=torch.Generator().manual_seed(SEED), dtype=torch.float32).to(DEV)
 
 
+def read_f32(path):
+    """A raw little-endian f32 latent/velocity file ([1, 128, SIZE/16, SIZE/16], as moss writes them) on DEV."""
+    import numpy as np
+
+    h = SIZE // 16
+    return torch.from_numpy(np.fromfile(path, dtype="<f4")).reshape(1, 128, h, h).to(DEV)
+
+
+def compile_blocks(m, x, t, c, u):
+    """torch.compile every block of `m` (on the GPU; the CPU smoke test stays eager) and warm it up
+    on the loop's three shapes (cond, uncond, uncond skipping block 22); returns the seconds."""
+    for blk in m.layers:
+        if DEV == "cuda":
+            blk.compile()
+    s = time.time()
+    m(x, t, c, impl="sdpa")
+    m(x, t, u, impl="sdpa")
+    m(x, t, u, skip_layers=(22,), impl="sdpa")
+    sync()
+    return time.time() - s
+
+
 def sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -117,8 +139,7 @@ def torch_bench(d, moss_vel, moss_fp32_vel, out_json):
     sig = dit_ref.sigmas_for(STEPS)
     t = float(sig[0] * dit_ref.TIME_SCALE)
     res["t"] = t
-    h = SIZE // 16
-    mv = torch.from_numpy(__import__("numpy").fromfile(moss_vel, dtype="<f4")).reshape(1, 128, h, h).to(DEV)
+    mv = read_f32(moss_vel)
 
     m = dit_ref.load_transformer(f"{d}/transformer", torch.bfloat16, DEV)
     fwd = lambda: m(x, t, c, impl="sdpa")  # noqa: E731
@@ -133,15 +154,7 @@ def torch_bench(d, moss_vel, moss_fp32_vel, out_json):
     res["bf16_eager_50_steps_s"] = time.time() - s
     print("eager:", json.dumps(res), flush=True)
 
-    for blk in m.layers:
-        if DEV == "cuda":
-            blk.compile()
-    s = time.time()
-    fwd()
-    m(x, t, u, impl="sdpa")  # the uncond shape too
-    m(x, t, u, skip_layers=(22,), impl="sdpa")
-    sync()
-    res["compile_warmup_s"] = time.time() - s
+    res["compile_warmup_s"] = compile_blocks(m, x, t, c, u)
     ms, all_ms, v_comp = cuda_ms(fwd, 5)
     res["bf16_compiled_forward_ms"], res["bf16_compiled_forward_all_ms"] = ms, all_ms
     sync()
@@ -167,7 +180,7 @@ def torch_bench(d, moss_vel, moss_fp32_vel, out_json):
         "latents_50_steps_torch_compiled_vs_eager": rel(lat_comp, lat_eager),
     }
     if moss_fp32_vel and os.path.exists(moss_fp32_vel):
-        m32 = torch.from_numpy(__import__("numpy").fromfile(moss_fp32_vel, dtype="<f4")).reshape(1, 128, h, h).to(DEV)
+        m32 = read_f32(moss_fp32_vel)
         res["rel_l2"]["moss_fp32_vs_torch_fp32"] = rel(m32, v32)
     res["velocity_rms_fp32"] = float(v32.double().pow(2).mean().sqrt())
     json.dump(res, open(out_json, "w"), indent=1)
@@ -184,18 +197,10 @@ def compiled_only(d, moss_vel, out_json):
     c, u = embeds(d)
     x = noise()
     t = float(dit_ref.sigmas_for(STEPS)[0] * dit_ref.TIME_SCALE)
-    h = SIZE // 16
-    mv = torch.from_numpy(__import__("numpy").fromfile(moss_vel, dtype="<f4")).reshape(1, 128, h, h).to(DEV)
+    mv = read_f32(moss_vel)
     m = dit_ref.load_transformer(f"{d}/transformer", torch.bfloat16, DEV)
-    for blk in m.layers:
-        blk.compile()
+    res["compile_warmup_s"] = compile_blocks(m, x, t, c, u)
     fwd = lambda: m(x, t, c, impl="sdpa")  # noqa: E731
-    s = time.time()
-    fwd()
-    m(x, t, u, impl="sdpa")
-    m(x, t, u, skip_layers=(22,), impl="sdpa")
-    sync()
-    res["compile_warmup_s"] = time.time() - s
     ms, all_ms, v = cuda_ms(fwd, 3)
     res["bf16_compiled_forward_ms"], res["bf16_compiled_forward_all_ms"] = ms, all_ms
     res["moss_bf16_vs_torch_bf16_compiled_rel_l2"] = rel(mv, v)

@@ -1,4 +1,4 @@
-"""Helper of bench/encoder_gpu.sh: golden comparisons and the full-size Qwen3.5-9B side-by-side.
+"""Helper of bench/encoder.sh and bench/full_ckpt.sh: golden comparisons and the full-size Qwen3.5-9B side-by-side.
 
   ids       CKPT_JSON DIR            write DIR/<prompt>.txt, the golden prompts' token ids
   golden    CKPT_JSON CKPT_ST DIR    moss hidden states DIR/<dev>_<prompt>.st vs enc / enc64

@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""`moss serve` with the weights resident against a fresh `moss generate`, at full size.
+"""`moss serve` (weights resident, or under a --max-vram cap) against a fresh `moss generate`, at full size.
 
     python3 bench/serve_bench.py BIN MODEL_DIR [WORK_DIR]
 
 BIN is the moss binary (e.g. target/release/moss), MODEL_DIR the checkpoint folder. Environment:
 DEVICE (cuda), SIZE (1024x1024), STEPS (50), N (8, the queued requests of the throughput run),
-REPEAT (3, latency requests), SEED (42). Measures, printing one table:
+REPEAT (3, latency requests), SEED (42), MAX_VRAM (GiB, passed to `moss serve --max-vram`; unset: the
+server's default cap). Measures, printing one table:
 
 - a fresh `moss generate` (wall, and its own encode/denoise/decode timings from --json);
 - the server's start-up (to /health 200);
 - latency of one picture through the server, weights resident (median of REPEAT, after one
   untimed warm-up request), next to generate's denoise + decode (the target: within 0.3 s);
 - throughput: N requests sent at once (one picture each, seeds SEED+1..SEED+N), queued FIFO;
-- peak GPU memory used while serving (nvidia-smi sampled every 100 ms; "n/a" without it);
-- byte identity: the served picture of seed SEED against generate's file;
+- peak GPU memory used while serving (nvidia-smi sampled every 100 ms, less what the device used
+  before the server started; "n/a" without it), and with MAX_VRAM whether it stayed under the cap;
+- byte identity: the served picture of seed SEED against generate's file (generate runs uncapped);
 - SIGTERM: the server's exit code.
 
 A smoke run on the CPU: DEVICE=cpu SIZE=64x64 STEPS=2 N=3 python3 bench/serve_bench.py target/debug/moss golden/tiny-a
@@ -43,6 +45,7 @@ STEPS = int(os.environ.get("STEPS", "50"))
 N = int(os.environ.get("N", "8"))
 REPEAT = int(os.environ.get("REPEAT", "3"))
 SEED = int(os.environ.get("SEED", "42"))
+MAX_VRAM = os.environ.get("MAX_VRAM", "")
 PROMPT = "a lighthouse at dusk, oil painting"
 os.makedirs(WORK, exist_ok=True)
 
@@ -70,6 +73,16 @@ class GpuMemory(threading.Thread):
                 self.samples.append(int(line.strip()))
             except ValueError:
                 pass
+
+    def now(self):
+        """memory.used (MiB) now, from a one-off query (None without nvidia-smi)."""
+        idx = DEVICE.split(":")[1] if ":" in DEVICE else "0"
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", idx],
+                                 capture_output=True, text=True, check=True)
+            return int(out.stdout.strip().splitlines()[0])
+        except (OSError, ValueError, IndexError, subprocess.CalledProcessError):
+            return None
 
     def stop(self):
         if self.proc is not None:
@@ -108,18 +121,20 @@ def main():
 
     # 2. The server: start-up to ready.
     mem = GpuMemory()
+    idle = mem.now()
     mem.start()
+    cap = ["--max-vram", MAX_VRAM] if MAX_VRAM else []
     log = open(os.path.join(WORK, "serve.log"), "w")
     t = time.time()
     srv = subprocess.Popen(
         [BIN, "serve", "--model", MODEL, "--device", DEVICE, "--port", "0", "--max-queue", str(max(N, 16)),
-         "--max-size", SIZE, "--max-steps", str(max(STEPS, 1))],
+         "--max-size", SIZE, "--max-steps", str(max(STEPS, 1))] + cap,
         stderr=subprocess.PIPE, text=True,
     )
     port, plan = None, ""
     for line in srv.stderr:
         log.write(line)
-        if "resident" in line:
+        if "memory plan under" in line:
             plan = line.strip().removeprefix("moss serve: ")
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if m:
@@ -177,17 +192,22 @@ def main():
     srv.send_signal(signal.SIGTERM)
     code = srv.wait(timeout=120)
     peak = mem.stop()
-    rows.append(("peak GPU memory while serving (nvidia-smi)", f"{peak / 1024:.1f} GiB" if peak else "n/a"))
+    over = (peak - idle) / 1024 if peak and idle is not None else None
+    rows.append(("peak GPU memory while serving (nvidia-smi, over the idle device)", f"{over:.2f} GiB" if over is not None else "n/a"))
+    under = over is None or not MAX_VRAM or over <= float(MAX_VRAM)
+    if MAX_VRAM:
+        rows.append((f"  under --max-vram {MAX_VRAM}", "n/a" if over is None else ("yes" if under else "NO")))
     rows.append(("SIGTERM exit code", str(code)))
     with open(os.path.join(WORK, "metrics.txt"), "w") as f:
         f.write("\n".join(f"{k}\t{v}" for k, v in rows) + "\n")
 
-    print(f"moss serve bench: {DEVICE}, {SIZE}, {STEPS} steps, model {MODEL} (work dir {WORK})")
+    capped = f", --max-vram {MAX_VRAM}" if MAX_VRAM else ""
+    print(f"moss serve bench: {DEVICE}{capped}, {SIZE}, {STEPS} steps, model {MODEL} (work dir {WORK})")
     w = max(len(k) for k, _ in rows)
     print(f"| {'what'.ljust(w)} | value |\n|{'-' * (w + 2)}|-------|")
     for k, v in rows:
         print(f"| {k.ljust(w)} | {v} |")
-    if not same or code != 0 or errors or ok != N:
+    if not same or code != 0 or errors or ok != N or not under:
         sys.exit(1)
 
 

@@ -167,9 +167,9 @@ def ref(out, side):
         n1, n2, dm = off(px, ref_px)
         rows.append(dict(what=name, side=side, mean_abs=mean, max_abs=mx, px_off=n1, px_off_gt1=n2, px_maxdiff=dm, ms=ms))
     # VAE_EXTRA="name=PREFIX,...": more moss outputs (PREFIX.f32 / .rgb / .json of `moss bench-vae`,
-    # e.g. an opt-in switch) against the same float64 decode
+    # e.g. another build or MOSS_KERNELS=portable) against the same float64 decode
     for item in filter(None, os.environ.get("VAE_EXTRA", "").split(",")):
-        name, pre = item.rsplit("=", 1)  # the name may hold '=' (e.g. "MOSS_VAE_CONV=f16")
+        name, pre = item.rsplit("=", 1)  # the name may hold '=' (e.g. "MOSS_KERNELS=portable")
         img = torch.from_numpy(np.fromfile(f"{pre}.f32", dtype="<f4").reshape(3, h, w))
         px = torch.from_numpy(np.fromfile(f"{pre}.rgb", dtype=np.uint8).reshape(h, w, 3))
         mean, mx = stats(img, img64)

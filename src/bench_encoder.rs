@@ -1,7 +1,7 @@
 //! `moss bench-encode` (hidden): run the prompt encoder on given token ids straight from a
 //! `text_encoder/` folder (config.json + safetensors with `language_model.` keys), time the
 //! forward and write the hidden states. For the full-size side-by-side against transformers
-//! (bench/encoder_gpu.sh), where no tokenizer or other component exists.
+//! (bench/encoder.sh), where no tokenizer or other component exists.
 
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::EncoderOps;

@@ -1,6 +1,6 @@
 //! `moss bench-vae` (hidden): the VAE decoder alone on raw latents, CUDA-synchronised timings,
 //! JSON out; optionally writes the raw float picture (`[3, H, W]` f32, not clamped) and the RGB8
-//! bytes (HWC) for an error table against a float64 decode (bench/vae_gpu.sh).
+//! bytes (HWC) for an error table against a float64 decode (bench/vae.sh).
 
 use crate::backend::cuda::ops::Cuda;
 use crate::backend::{Backend, Device};

@@ -413,6 +413,12 @@ pub struct ServeArgs {
     /// Fraction of the steps in which the skip applies (as `generate --skip-window`).
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
+    /// GPU memory the server may use, in GiB [default: the device's free memory less 0.5 GiB].
+    /// What does not fit stays on the host and streams (same pictures, slower): the transformer
+    /// keeps as many blocks as fit, then the VAE, then the text encoder's layers; a cap above the
+    /// device's memory is clamped, one below the smallest that works is refused naming it.
+    #[arg(long, value_name = "GIB", value_parser = parse_max_vram)]
+    pub max_vram: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]

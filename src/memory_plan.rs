@@ -31,9 +31,11 @@ pub struct Network {
     pub name: &'static str,
     /// All weights.
     pub weights: u64,
-    /// Repeated blocks that can stream, and the bytes of one resident (the largest).
+    /// Repeated blocks that can stream, the bytes of one resident (the largest), and of all of
+    /// them together (the encoder's attention and DeltaNet layers differ).
     pub blocks: u64,
     pub block_bytes: u64,
+    pub all_blocks: u64,
     /// A streamed block: the bytes of its slot (what one fetch moves), and the bytes made from
     /// them while it computes (at fp8, its quantized codes and scales; 0 for most networks).
     pub slot_bytes: u64,
@@ -78,8 +80,19 @@ pub struct Plan {
 }
 
 impl Network {
+    /// What stays on the device when the blocks stream: the rest, less what stays on the host.
     fn streamed_fixed(&self) -> u64 {
-        self.weights - self.blocks * self.block_bytes - self.host_only.min(self.weights - self.blocks * self.block_bytes)
+        let rest = self.weights.saturating_sub(self.all_blocks);
+        rest - self.host_only.min(rest)
+    }
+
+    /// The device bytes with `k` of the blocks resident (`k` < `blocks`) and `ahead + 1` slots
+    /// for the streamed rest, beside what the computing one derives from its slot.
+    fn streamed_with(&self, k: u64) -> NetworkPlan {
+        let streamed = self.blocks - k;
+        let buffers = (self.ahead + 1).min(streamed) * self.slot_bytes + self.derived_bytes;
+        let device = self.streamed_fixed() + k * self.block_bytes + buffers + self.activations + RESERVE;
+        NetworkPlan { name: self.name, placement: Placement::Streamed { resident: k, blocks: self.blocks }, device_bytes: device, moved_per_pass: streamed * self.slot_bytes }
     }
 
     /// The least cap this network runs under (streaming every block, strips if it has them).
@@ -89,41 +102,54 @@ impl Network {
         if self.blocks == 0 {
             return whole;
         }
-        whole.min(self.streamed_fixed() + self.buffers(self.blocks) + self.activations + RESERVE)
+        whole.min(self.streamed_with(0).device_bytes)
     }
 
     /// The placement under `cap`, or `None` when even streaming does not fit.
     pub fn place(&self, cap: u64) -> Option<NetworkPlan> {
-        let plan = |placement, device_bytes, moved_per_pass| NetworkPlan { name: self.name, placement, device_bytes, moved_per_pass };
-        let resident = self.weights + self.activations + RESERVE;
-        if resident <= cap {
-            return Some(plan(Placement::Resident, resident, 0));
-        }
-        if let Some(strips) = self.strip_activations {
-            let need = self.weights + strips + RESERVE;
-            if need <= cap {
-                return Some(plan(Placement::Strips, need, 0));
-            }
+        if let Some(p) = self.place_whole(cap) {
+            return Some(p);
         }
         if self.blocks == 0 {
             return None;
         }
-        let base = self.streamed_fixed() + self.activations + RESERVE;
-        let buffers = self.buffers(self.blocks);
-        if base + buffers > cap {
+        let least = self.streamed_with(0);
+        if least.device_bytes > cap {
             return None;
         }
         // Every block made resident frees nothing from the buffers until all but the buffered ones are.
-        let k = ((cap - base - buffers) / self.block_bytes.max(1)).min(self.blocks - 1);
-        let streamed = self.blocks - k;
-        let device = base + k * self.block_bytes + self.buffers(streamed);
-        Some(plan(Placement::Streamed { resident: k, blocks: self.blocks }, device, streamed * self.slot_bytes))
+        let k = ((cap - least.device_bytes) / self.block_bytes.max(1)).min(self.blocks - 1);
+        Some(self.streamed_with(k))
     }
 
-    /// The device bytes of `streamed` streamed blocks: their slots (the one computing and those in
-    /// flight) and what the computing one derives from its slot.
-    fn buffers(&self, streamed: u64) -> u64 {
-        (self.ahead + 1).min(streamed) * self.slot_bytes + self.derived_bytes
+    /// Every weight resident under `cap`: activations whole, else in strips; `None` if neither fits.
+    pub fn place_whole(&self, cap: u64) -> Option<NetworkPlan> {
+        let plan = |placement, device_bytes| NetworkPlan { name: self.name, placement, device_bytes, moved_per_pass: 0 };
+        let resident = self.weights + self.activations + RESERVE;
+        if resident <= cap {
+            return Some(plan(Placement::Resident, resident));
+        }
+        let need = self.weights + self.strip_activations? + RESERVE;
+        (need <= cap).then(|| plan(Placement::Strips, need))
+    }
+
+    /// `k` of the blocks kept resident (all of them: [`Network::place_whole`]), the rest
+    /// streamed, under `cap`; `None` if that does not fit.
+    pub fn place_keeping(&self, k: u64, cap: u64) -> Option<NetworkPlan> {
+        if k >= self.blocks {
+            return self.place_whole(cap);
+        }
+        Some(self.streamed_with(k)).filter(|p| p.device_bytes <= cap)
+    }
+
+    /// The device bytes kept between passes with `k` blocks resident: the weights that stay on
+    /// the device when streaming, and those blocks (all of them: every weight).
+    pub fn kept_bytes(&self, k: u64) -> u64 {
+        if k >= self.blocks {
+            self.weights
+        } else {
+            self.streamed_fixed() + k * self.block_bytes
+        }
     }
 }
 
@@ -175,47 +201,58 @@ pub fn plan_for_process(cap: u64, overhead: u64, nets: &[Network]) -> Result<Pla
     Ok(Plan { cap, overhead, networks })
 }
 
+impl NetworkPlan {
+    /// How it runs: "resident", "resident, row strips", "K/N blocks resident, M streamed".
+    pub fn what(&self) -> String {
+        match &self.placement {
+            Placement::Resident => "resident".to_string(),
+            Placement::Strips => "resident, row strips".to_string(),
+            Placement::Streamed { resident, blocks } => format!("{resident}/{blocks} blocks resident, {} streamed", blocks - resident),
+        }
+    }
+
+    /// Its `--json` fields.
+    pub fn json(&self) -> serde_json::Value {
+        let (mode, resident, blocks) = match &self.placement {
+            Placement::Resident => ("resident", None, None),
+            Placement::Strips => ("strips", None, None),
+            Placement::Streamed { resident, blocks } => ("streamed", Some(*resident), Some(*blocks)),
+        };
+        serde_json::json!({"name": self.name, "mode": mode, "resident_blocks": resident, "blocks": blocks,
+            "device_bytes": self.device_bytes, "moved_per_pass": self.moved_per_pass})
+    }
+}
+
+/// "no cap", or the cap and the part of it the context takes.
+fn cap_text(cap: u64, overhead: u64) -> String {
+    if cap == u64::MAX {
+        "no cap".to_string()
+    } else {
+        format!("{:.2} GiB ({:.2} GiB of it the CUDA context)", cap as f64 / GIB, overhead as f64 / GIB)
+    }
+}
+
 impl Plan {
     /// One line for `-v`: per network, what is resident, what streams, bytes moved per pass.
     pub fn line(&self) -> String {
         let parts: Vec<String> = self
             .networks
             .iter()
-            .map(|n| {
-                let what = match &n.placement {
-                    Placement::Resident => "resident".to_string(),
-                    Placement::Strips => "resident, row strips".to_string(),
-                    Placement::Streamed { resident, blocks } => format!("{resident}/{blocks} blocks resident, {} streamed", blocks - resident),
-                };
-                format!("{} {what} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
-            })
+            .map(|n| format!("{} {} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.what(), n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB))
             .collect();
-        let cap = if self.cap == u64::MAX {
-            "no cap".to_string()
-        } else {
-            format!("{:.2} GiB ({:.2} GiB of it the CUDA context)", self.cap as f64 / GIB, self.overhead as f64 / GIB)
-        };
-        format!("memory plan under {cap}: {}", parts.join("; "))
+        format!("memory plan under {}: {}", cap_text(self.cap, self.overhead), parts.join("; "))
     }
 
     /// The `--json` value.
     pub fn json(&self) -> serde_json::Value {
-        let nets: Vec<serde_json::Value> = self
-            .networks
-            .iter()
-            .map(|n| {
-                let (mode, resident, blocks) = match &n.placement {
-                    Placement::Resident => ("resident", None, None),
-                    Placement::Strips => ("strips", None, None),
-                    Placement::Streamed { resident, blocks } => ("streamed", Some(*resident), Some(*blocks)),
-                };
-                serde_json::json!({"name": n.name, "mode": mode, "resident_blocks": resident, "blocks": blocks,
-                    "device_bytes": n.device_bytes, "moved_per_pass": n.moved_per_pass})
-            })
-            .collect();
+        let nets: Vec<serde_json::Value> = self.networks.iter().map(NetworkPlan::json).collect();
         serde_json::json!({"cap_bytes": self.cap, "overhead_bytes": self.overhead, "networks": nets})
     }
 }
+
+/// The server's plan: what stays on the device between requests.
+#[path = "memory_plan_serve.rs"]
+pub mod serve;
 
 #[cfg(test)]
 #[path = "memory_plan_tests.rs"]

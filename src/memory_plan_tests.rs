@@ -6,7 +6,7 @@ use super::*;
 
 const GB: u64 = 1 << 30;
 
-fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
+pub(super) fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
     let block_params = 4 * 3072 * 3072 + 3 * 3072 * 8192;
     let dit_other = 326_000_000;
     let embed = 248_320 * 4096;
@@ -18,9 +18,10 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: (embed + 32 * enc_layer + 50_000_000) * bytes_per_param,
             blocks: 32,
             block_bytes: enc_layer * bytes_per_param,
+            all_blocks: 32 * enc_layer * bytes_per_param,
             slot_bytes: enc_layer * bytes_per_param,
             derived_bytes: 0,
-            ahead: 1,
+            ahead: PREFETCH,
             host_only: embed * bytes_per_param,
             activations: 512 << 20,
             strip_activations: None,
@@ -30,12 +31,13 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: (42 * block_params + dit_other) * bytes_per_param,
             blocks: 42,
             block_bytes: block_params * bytes_per_param,
+            all_blocks: 42 * block_params * bytes_per_param,
             slot_bytes: block_params * bytes_per_param,
             derived_bytes: 0,
             ahead: PREFETCH,
             host_only: 0,
             // ~ 1 GiB at 1024x1024, growing with the token count
-            activations: px / 1024,
+            activations: px * 1024,
             strip_activations: None,
         },
         Network {
@@ -43,6 +45,7 @@ fn nets(bytes_per_param: u64, side: u64) -> Vec<Network> {
             weights: 84_000_000 * 4,
             blocks: 0,
             block_bytes: 0,
+            all_blocks: 0,
             slot_bytes: 0,
             derived_bytes: 0,
             ahead: 0,

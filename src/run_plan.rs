@@ -10,6 +10,7 @@ use crate::checkpoint::{Checkpoint, Component, Dtype};
 use crate::memory_plan::{self, Network, Placement, Plan};
 use crate::model::dit::mats::{self, Kind};
 use crate::model::dit::MainLinears;
+use crate::model::encoder::layer_matrix_names;
 use anyhow::Result;
 
 /// How a run may use device memory (the CLI's `--max-vram`).
@@ -33,6 +34,38 @@ pub struct Budget {
     pub act: DType,
     /// How the transformer's main blocks hold their matrices (the run's precision).
     pub linears: MainLinears,
+}
+
+impl Budget {
+    /// The CPU: no device memory to measure (planned only under an explicit cap), fp32 throughout.
+    pub fn cpu() -> Budget {
+        Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense }
+    }
+
+    /// This budget for a run whose transformer holds its main blocks' matrices as `linears`.
+    pub fn with_linears(self, linears: MainLinears) -> Budget {
+        Budget { linears, ..self }
+    }
+
+    /// The CUDA device `cu` now, at its precision.
+    pub fn cuda(cu: &crate::backend::cuda::ops::Cuda) -> Result<Budget> {
+        let (free, total) = cu.gpu().mem_info()?;
+        let bf16_loaded = crate::backend::cuda::ops::loaded_dtype(Dtype::BF16, cu.precision).size();
+        let linears = MainLinears::of(cu.precision);
+        Ok(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded, act: cu.act_dtype(), linears })
+    }
+
+    /// The cap `opts` asks for on this device (on the CPU: the one given, else none), and the
+    /// warning when it was clamped to the device.
+    pub fn cap(&self, opts: &MemoryOptions) -> (u64, Option<String>) {
+        match self.memory {
+            Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, self.overhead),
+            None => match opts.max_vram_gib {
+                Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
+                None => (u64::MAX, None),
+            },
+        }
+    }
 }
 
 /// What a run loads and how.
@@ -82,10 +115,10 @@ pub fn matrix_bytes(kind: Kind, numel: u64, rows: u64, stored: u64, act: u64) ->
     }
 }
 
-/// Block `i`'s matrices ([`mats::names`]) under `budget`, summed.
+/// Block `i`'s matrices ([`mats::block_matrix_names`]) under `budget`, summed.
 fn dit_block(c: &Component, i: usize, budget: &Budget) -> Result<MatrixBytes> {
     let mut sum = MatrixBytes::default();
-    for g in mats::names(i) {
+    for g in mats::block_matrix_names(i) {
         let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
         let numel = infos.iter().map(|t| t.numel() as u64).sum();
         let rows = infos.iter().map(|t| t.shape.first().copied().unwrap_or(1) as u64).sum();
@@ -102,6 +135,30 @@ fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize) -> u64 {
     c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)).map(|(_, t)| loaded(t.dtype, t.numel(), bf16_loaded)).sum()
 }
 
+/// Bytes of the tensors `groups` names (inside `c`), as loaded.
+fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize) -> Result<u64> {
+    let mut sum = 0;
+    for n in groups.iter().flatten() {
+        let t = c.info(n)?;
+        sum += loaded(t.dtype, t.numel(), bf16_loaded);
+    }
+    Ok(sum)
+}
+
+/// The largest and the total bytes of the `blocks` streamable blocks `names(i)` lists.
+fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize) -> Result<(u64, u64)> {
+    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl)).collect::<Result<Vec<_>>>()?;
+    Ok((each.iter().copied().max().unwrap_or(0), each.iter().sum()))
+}
+
+/// The DiT's activations over `tokens` joint tokens: one forward's peak, and (streamed, a guided
+/// step's two passes go through the blocks together) the other pass's stream and modulated norm
+/// (`[N, D]` each) beside it; with LoRAs, one tensor's merge scratch (streamed blocks merge at
+/// every fetch, beside the activations).
+pub fn dit_activations(ck: &Checkpoint, tokens: usize, act: DType) -> u64 {
+    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size() + ck.loras.scratch_bytes()) as u64
+}
+
 /// The three networks of `ck` for prompts of `tokens` tokens and a `w` x `h` picture.
 pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u32)) -> Result<Vec<Network>> {
     let bl = budget.bf16_loaded;
@@ -109,12 +166,14 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let dit = ck.open_component_for_plan("transformer")?;
     let vae = ck.open_component_for_plan("vae")?;
     let enc_layers = ck.encoder.num_layers();
-    let enc_block = (0..enc_layers).map(|i| bytes_under(&enc, &format!("layers.{i}."), bl)).max().unwrap_or(0);
+    // What streams is what the models fetch: each layer's (block's) matrices.
+    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl)?;
     let blocks = (0..ck.dit.num_layers).map(|i| dit_block(&dit, i, budget)).collect::<Result<Vec<_>>>()?;
     let most = |f: fn(&MatrixBytes) -> u64| blocks.iter().map(f).max().unwrap_or(0);
+    let dit_all: u64 = blocks.iter().map(|b| b.resident).sum();
     // The stored matrices (and their scale tensors, read on the host) are replaced by what the blocks hold.
     let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).sum();
-    let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + blocks.iter().map(|b| b.resident).sum::<u64>();
+    let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + dit_all;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
     Ok(vec![
@@ -123,13 +182,15 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&enc, "", bl),
             blocks: enc_layers as u64,
             block_bytes: enc_block,
+            all_blocks: enc_all,
             slot_bytes: enc_block,
             derived_bytes: 0,
-            // The next layer is loaded while one computes (src/model/encoder.rs).
-            ahead: 1,
+            ahead: memory_plan::PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
             host_only: bytes_under(&enc, "embed_tokens.", bl),
-            activations: encoder_activation_bytes(&ck.encoder, text, budget.act) as u64,
+            // A picture's prompts go through the layers together: the other prompt's stream and
+            // its norm ([L, hidden] each) live beside one forward's peak.
+            activations: (encoder_activation_bytes(&ck.encoder, text, budget.act) + 2 * text * ck.encoder.hidden_size * budget.act.size()) as u64,
             strip_activations: None,
         },
         Network {
@@ -137,13 +198,12 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: dit_weights,
             blocks: ck.dit.num_layers as u64,
             block_bytes: most(|b| b.resident),
+            all_blocks: dit_all,
             slot_bytes: most(|b| b.slot),
             derived_bytes: most(|b| b.derived),
             ahead: memory_plan::PREFETCH,
             host_only: 0,
-            // Streamed, a guided step's two passes go through the blocks together: the other
-            // pass's stream and modulated norm ([N, D] each) live beside one block's peak.
-            activations: (dit_activation_bytes(&ck.dit, lh * lw + text, budget.act) + 2 * (lh * lw + text) * ck.dit.dim * budget.act.size()) as u64,
+            activations: dit_activations(ck, lh * lw + text, budget.act),
             strip_activations: None,
         },
         Network {
@@ -151,6 +211,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             weights: bytes_under(&vae, "", 4),
             blocks: 0,
             block_bytes: 0,
+            all_blocks: 0,
             slot_bytes: 0,
             derived_bytes: 0,
             ahead: 0,
@@ -164,13 +225,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
 /// Place `nets` under the cap `opts` and `budget` give; refuses (naming the smallest cap that
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {
-    let (cap, warning) = match budget.memory {
-        Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, budget.overhead),
-        None => match opts.max_vram_gib {
-            Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
-            None => (u64::MAX, None),
-        },
-    };
+    let (cap, warning) = budget.cap(opts);
     let plan = memory_plan::plan_for_process(cap, budget.overhead, nets)?;
     let resident = |name: &str, all: u64| match plan.networks.iter().find(|n| n.name == name).map(|n| &n.placement) {
         Some(Placement::Streamed { resident, .. }) => *resident as usize,
@@ -211,8 +266,40 @@ mod tests {
 
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
-        let (slot_bytes, derived_bytes) = (block_bytes, 0);
-        Network { name, weights, blocks, block_bytes, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+        let (all_blocks, slot_bytes, derived_bytes) = (blocks * block_bytes, block_bytes, 0);
+        Network { name, weights, blocks, block_bytes, all_blocks, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
+    }
+
+    /// With LoRAs attached the transformer's activations hold one tensor's merge scratch, so the
+    /// plan under a cap counts it: a cap that holds the transformer resident without it streams
+    /// a block with it, and every planned peak stays under the cap.
+    #[test]
+    fn the_merge_scratch_is_planned() {
+        let mut ck = crate::checkpoint::Checkpoint::open(
+            crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap(),
+        )
+        .unwrap();
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+        let plain = networks(&ck, &budget, 16, (256, 256)).unwrap();
+        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/lora/kohya.safetensors");
+        ck.attach_loras(&[crate::lora::LoraSpec { path: lora.into(), scale: 1.0 }]).unwrap();
+        let scratch = ck.loras.scratch_bytes() as u64;
+        assert!(scratch > 0);
+        let with = networks(&ck, &budget, 16, (256, 256)).unwrap();
+        assert_eq!(with[1].activations, plain[1].activations + scratch, "the transformer's activations");
+        assert_eq!((with[0].activations, with[2].activations), (plain[0].activations, plain[2].activations), "only the transformer merges");
+        // The least room that holds the transformer resident without the LoRA does not with it.
+        let (p, w) = (&plain[1], &with[1]);
+        let room = p.weights + p.activations + memory_plan::RESERVE;
+        assert_eq!(p.place(room).unwrap().placement, Placement::Resident);
+        let streamed = w.place(room).expect("the transformer streams in that room");
+        assert!(matches!(streamed.placement, Placement::Streamed { .. }), "{streamed:?}");
+        assert_eq!(w.place(room + scratch).unwrap().placement, Placement::Resident);
+        for room in [room, room + scratch, room - 3 * w.block_bytes] {
+            let Some(n) = w.place(room) else { continue };
+            assert!(n.device_bytes <= room, "{room}: the transformer's peak {} over the room", n.device_bytes);
+            assert!(n.device_bytes >= w.activations + memory_plan::RESERVE, "{room}: the peak leaves out the scratch");
+        }
     }
 
     /// The VAE's whole-or-strips choice on the device (activations that fit the budget: whole)
@@ -279,6 +366,7 @@ mod tests {
             weights: w,
             blocks: 42,
             block_bytes: b.resident,
+            all_blocks: 42 * b.resident,
             slot_bytes: b.slot,
             derived_bytes: b.derived,
             ahead: memory_plan::PREFETCH,

@@ -148,7 +148,7 @@ fn diff_and_loha_follow_the_formula() {
 }
 
 fn dims(m: &Mat) -> (usize, usize) {
-    match m.0.as_slice() {
+    match m.shape.as_slice() {
         [r, c] | [r, c, 1, 1] => (*r, *c),
         [r] => (*r, 1),
         s => panic!("shape {s:?}"),
@@ -158,13 +158,14 @@ fn dims(m: &Mat) -> (usize, usize) {
 /// `a · b` as the former host merge computed it: rows of `a` times `b`, k in order, fp32.
 fn product(a: &Mat, b: &Mat) -> (usize, Vec<f32>) {
     let ((n, r), (_, m)) = (dims(a), dims(b));
+    let (a, b) = (a.values(), b.values());
     let mut out = vec![0f32; n * m];
     for i in 0..n {
         for k in 0..r {
-            let s = a.1[i * r + k];
+            let s = a[i * r + k];
             if s != 0.0 {
                 for j in 0..m {
-                    out[i * m + j] += s * b.1[k * m + j];
+                    out[i * m + j] += s * b[k * m + j];
                 }
             }
         }
@@ -182,7 +183,7 @@ fn former_delta(d: &Delta) -> Vec<f32> {
         }
         Delta::LoKr { w1, w2, alpha } => {
             let f = |f: &Factor| match f {
-                Factor::Full(m) => (dims(m), m.1.clone(), None),
+                Factor::Full(m) => (dims(m), m.values().into_owned(), None),
                 Factor::Product(a, b) => ((dims(a).0, dims(b).1), product(a, b).1, Some(dims(b).0)),
             };
             let (((ar, ac), a, ra), ((br, bc), b, rb)) = (f(w1), f(w2));
@@ -198,7 +199,7 @@ fn former_delta(d: &Delta) -> Vec<f32> {
                 _ => 1.0,
             })
         }
-        Delta::Full(m) => (m.1.clone(), 1.0),
+        Delta::Full(m) => (m.values().into_owned(), 1.0),
     };
     if fs != 1.0 {
         v.iter_mut().for_each(|x| *x *= fs);
@@ -298,7 +299,7 @@ fn streamed_blocks_merge_like_resident_ones() {
     assert!(out(&streamed) == resident, "the streamed blocks' merge differs from the resident one");
     let without = out(&Dit::load(&Cpu, &plain.open_component("transformer").unwrap(), &plain.dit, Dense).unwrap());
     assert!(without != resident, "the LoRAs change nothing");
-    assert!(ck.loras.clock.total().1 > 2 * 9, "streamed blocks merge at each fetch");
+    assert!(ck.loras.clock.total().tensors > 2 * 9, "streamed blocks merge at each fetch");
 }
 
 #[test]
@@ -360,6 +361,47 @@ fn picture_with_four_loras_matches_the_reference() {
     assert!(meta.get("parameters").unwrap().contains("Lora hashes: "), "{:?}", meta.get("parameters"));
     assert!(loras[0].starts_with("adapter_model.safetensors:0.8:") && loras[0].len() > 30, "{}", loras[0]);
     assert!(loras[3].starts_with("lokr.safetensors:1.2:"), "{}", loras[3]);
+}
+
+/// `--json` reports the merge's time, host and device apart, for one picture and for each
+/// picture of a batch (the chunk's load on its first picture): on the CPU all of it is host time;
+/// without a LoRA all of it is zero.
+#[test]
+fn json_reports_the_merge_time() {
+    let dir = scratch("json");
+    let model = golden().join("tiny-a");
+    let m = model.to_str().unwrap();
+    let lora = format!("{}:0.7", file_of("kohya").display());
+    let merge = |j: &serde_json::Value| -> [f64; 3] {
+        ["lora_merge_s", "lora_merge_host_s", "lora_merge_device_s"].map(|k| j["timings"][k].as_f64().unwrap_or_else(|| panic!("{j} lacks timings.{k}")))
+    };
+    let lines = |out: std::process::Output| -> Vec<serde_json::Value> {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let one = ["generate", "--device", "cpu", "--model", m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--json"];
+    let png = dir.join("a.png");
+    let png = png.to_str().unwrap();
+    let j = &lines(moss(&[&one[..], &["--out", png, "--lora", &lora]].concat()))[0];
+    let [all, host, device] = merge(j);
+    assert!(host > 0.0 && device == 0.0 && all == host, "{j}");
+    assert!(j["timings"]["lora_read_s"].as_f64().unwrap() > 0.0, "{j}");
+    let j = &lines(moss(&[&one[..], &["--out", png]].concat()))[0];
+    assert_eq!(merge(j), [0.0; 3], "{j}");
+
+    // A batch of three in one chunk: the load's merges on the first line, none on the others.
+    let list = dir.join("list.txt");
+    std::fs::write(&list, "a cat\na dog\na fox\n").unwrap();
+    let batch = ["generate", "--device", "cpu", "--model", m, "--steps", "1", "--size", "64x64", "--json", "--chunk", "3"];
+    let out = dir.join("out");
+    let args = [&batch[..], &["--prompts", list.to_str().unwrap(), "--out-dir", out.to_str().unwrap(), "--lora", &lora]].concat();
+    let js = lines(moss(&args));
+    assert_eq!(js.len(), 3);
+    let [all, host, device] = merge(&js[0]);
+    assert!(host > 0.0 && device == 0.0 && all == host, "{}", js[0]);
+    for j in &js[1..] {
+        assert_eq!(merge(j), [0.0; 3], "{j}: a resident transformer merges once a chunk");
+    }
 }
 
 /// `moss generate --lora FILE` fails before any work with one line containing `want`, writing nothing.

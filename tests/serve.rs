@@ -279,15 +279,22 @@ async fn api_key_401_and_insecure_bind_refused() {
     let ok = call(p, "POST", "/v1/images/generations", &[("authorization", "Bearer sk-test-123")], body.as_bytes()).await;
     assert_eq!(ok.status, 200);
     // A non-loopback address without a key: refused before anything loads.
+    let err = refused(&["--host", "0.0.0.0"]);
+    assert!(err.contains("without an API key") && err.contains("--allow-insecure-bind"), "{err}");
+}
+
+/// `moss serve` on the CPU with `extra`, which must refuse to start (exit 1): its stderr.
+fn refused(extra: &[&str]) -> String {
     let m = model();
     let out = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(["serve", "--model", &m, "--device", "cpu", "--host", "0.0.0.0", "--port", "0"])
+        .args(["serve", "--model", &m, "--device", "cpu", "--port", "0"])
+        .args(extra)
         .env_remove("MOSS_API_KEY")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("without an API key") && err.contains("--allow-insecure-bind"), "{err}");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+    err
 }
 
 /// Read server-sent events from `res` until one named `until`; the events seen.
@@ -497,4 +504,27 @@ async fn a_lora_given_at_start_up_serves_generates_picture() {
     assert!(served == std::fs::read(&out).unwrap(), "the served picture differs from moss generate --lora's");
     let plain = reference("lora-plain", &[("a fox".into(), 5)], 2, "");
     assert!(served != plain[0], "the LoRA changed nothing");
+    // The start-up log says what reading and merging the LoRA took.
+    let log = s.log();
+    assert!(log.contains("1 LoRA(s) read in ") && log.contains(", merged in ") && log.contains("(host "), "{log}");
+}
+
+/// `moss serve --max-vram`: a cap below the smallest that works is refused in one line before
+/// the server binds; under a cap the plan is logged at start-up and shown by `/health`, and the
+/// served picture is `moss generate`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_vram_is_planned_logged_and_shown_by_health() {
+    let err = refused(&["--max-vram", "0.01"]);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("smallest cap that works") && err.contains("--max-vram"), "{err}");
+    let s = Server::start(&["--max-vram", "2", "--max-size", "256x256"], &[]);
+    assert!(s.log().contains("memory plan under 2.00 GiB"), "{}", s.log());
+    let h = call(s.port, "GET", "/health", &[], b"").await.json();
+    let nets = h["memory_plan"]["networks"].as_array().unwrap_or_else(|| panic!("{h}"));
+    assert_eq!(nets.len(), 3, "{h}");
+    assert_eq!(h["memory_plan"]["cap_bytes"], 2u64 << 30, "{h}");
+    let r = generate(s.port, json!({"prompt": "a red fox", "seed": 100, "size": "64x64", "num_inference_steps": 3, "negative_prompt": "blurry"})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let want = reference("maxvram", &[("a red fox".into(), 100)], 3, "blurry");
+    assert!(b64(&r.json()["data"][0]) == want[0], "the capped server's picture differs from moss generate's");
 }

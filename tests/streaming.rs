@@ -114,11 +114,20 @@ fn streamed_encoder_layers_give_the_resident_hidden_states() {
         let resident = Encoder::load(&Cpu, &ck.open_component("text_encoder").unwrap(), &ck.encoder).unwrap();
         assert_eq!(resident.resident_layers(), n);
         let want = pipeline::hidden_states(&Cpu, &resident, &ids, Precision::Bf16).unwrap();
-        for k in [0, 1, n - 1] {
+        // A shorter second prompt (a negative): through the layers together with the first, each
+        // gets its states alone.
+        let neg: Vec<u32> = (1..9).map(|i| (i * 11) % 200).collect();
+        let want_neg = pipeline::hidden_states(&Cpu, &resident, &neg, Precision::Bf16).unwrap();
+        assert!(want_neg.data != want.data[..want_neg.data.len()], "{name}: the two prompts' states agree");
+        let both = [ids.clone(), neg.clone()];
+        for k in [0, 1, n - 1, n] {
             let streamed = Encoder::load_streamed(&Cpu, ck.open_component("text_encoder").unwrap(), &ck.encoder, k).unwrap();
             assert_eq!(streamed.resident_layers(), k, "{name}: {k} resident");
             let got = pipeline::hidden_states(&Cpu, &streamed, &ids, Precision::Bf16).unwrap();
             assert!(got.data == want.data, "{name}: {k} of {n} layers resident, the hidden states differ");
+            let got = pipeline::hidden_states_all(&Cpu, &streamed, &both, Precision::Bf16).unwrap();
+            assert!(got[0].data == want.data, "{name}: {k} resident, the prompt's states through the layers with the negative differ");
+            assert!(got[1].data == want_neg.data, "{name}: {k} resident, the negative's states through the layers with the prompt differ");
         }
         let other: Vec<u32> = ids.iter().map(|i| i + 1).collect();
         assert!(pipeline::hidden_states(&Cpu, &resident, &other, Precision::Bf16).unwrap().data != want.data, "{name}: the states do not depend on the ids");
@@ -208,4 +217,57 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
         assert!(!refused.exists() || pngs(&refused).is_empty(), "{name}: a refused batch wrote pictures");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `moss serve --max-vram` on the CPU: the server's engine planned under caps from the smallest
+/// that works up to one where everything stays loaded renders the same picture bytes as the
+/// unlimited engine, while the plans go through every way of holding a network (loaded per
+/// request, kept with blocks streamed, kept whole).
+#[test]
+fn a_capped_server_renders_the_unlimited_servers_bytes() {
+    use moss::memory_plan::serve::Keep;
+    use moss::run_plan::{networks, Budget, MemoryOptions};
+    use moss::serve::engine::{self, Engine, Render};
+    let ck = checkpoint("tiny-a");
+    let mut req = request(11);
+    req.out = std::path::PathBuf::new(); // the server's: PNG
+    let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+    let longest = tokens.iter().map(Vec::len).max().unwrap();
+    let size = (req.width, req.height);
+    let render = |req: &Request, cap: Option<u64>| {
+        let mem = MemoryOptions { max_vram_gib: cap.map(|b| (b as f64 + 0.5) / (1u64 << 30) as f64) };
+        let ck = checkpoint("tiny-a");
+        let plan = engine::plan(&Cpu, &ck, &mem, size, longest, Dense)?;
+        let keeps: Vec<Keep> = plan.plan.networks.iter().map(|n| n.keep).collect();
+        let streams = plan.plan.networks.iter().map(|n| n.stage.moved_per_pass > 0).collect::<Vec<_>>();
+        let mut e = Engine::load(Cpu, ck, plan, size)?;
+        // Two pictures: what the first leaves behind must not change the second.
+        let a = e.render(req, &tokens, &mut Silent)?.bytes;
+        let b = e.render(req, &tokens, &mut Silent)?.bytes;
+        assert!(a == b, "at {cap:?} bytes the second picture differs from the first");
+        anyhow::Ok((a, keeps, streams))
+    };
+    let (want, keeps, _) = render(&req, None).unwrap();
+    assert!(keeps.iter().all(|k| matches!(k, Keep::Blocks(_))), "unlimited: {keeps:?}");
+    let nets = networks(&ck, &Budget::cpu(), longest, size).unwrap();
+    let least = nets.iter().map(|n| n.minimum()).max().unwrap();
+    let all: u64 = nets.iter().map(|n| n.weights).sum::<u64>() + nets.iter().map(|n| n.activations).max().unwrap() + moss::memory_plan::RESERVE;
+    let mut seen = (false, false, false);
+    for j in 0..=12 {
+        let cap = least + (all - least) * j / 12;
+        let (got, keeps, streams) = render(&req, Some(cap)).unwrap_or_else(|e| panic!("cap {cap}: {e:#}"));
+        assert!(got == want, "cap {cap} ({keeps:?}): the picture differs from the unlimited server's");
+        for (k, s) in keeps.iter().zip(&streams) {
+            seen.0 |= *k == Keep::PerRequest;
+            seen.1 |= matches!(k, Keep::Blocks(_)) && *s;
+            seen.2 |= matches!(k, Keep::Blocks(_)) && !*s;
+        }
+    }
+    assert!(seen.0 && seen.1 && seen.2, "per request, kept streamed, kept whole seen: {seen:?}");
+    // Below the smallest cap: refused before anything loads, naming it.
+    let err = render(&req, Some(least - 1)).unwrap_err().to_string();
+    assert!(err.contains("smallest cap that works"), "{err}");
+    // The comparison can fail: another seed gives other bytes.
+    req.seed = 12;
+    assert!(render(&req, None).unwrap().0 != want, "the picture does not depend on the seed");
 }

@@ -1,7 +1,7 @@
 // Host emulation of the chunk-parallel gated delta rule (cuda/encoder/delta_rule.cu, delta_rule_prep.cuh, delta_rule_tc.cuh,
 // cuda/encoder/sm90a/delta_rule_tma.cu): the kernel bodies compiled as C++ with one std::thread per CUDA thread
 // (barriers for __syncthreads and warp shuffles, synchronous cp.async, mma.sync and ldmatrix
-// emulated from the PTX fragment layouts with cvt.rna rounding; for gdr_tma.cu a cluster's CTAs at
+// emulated from the PTX fragment layouts with cvt.rna rounding; for delta_rule_tma.cu a cluster's CTAs at
 // once, mbarriers, tensor-map boxes with the 128-byte swizzle, multicast), checked against the
 // plain per-token recurrence in double, for index and synchronisation bugs before a device run.
 // Cases: `simt` the fp32 SIMT kernels; `tc` gdr_prep_tc3p + gdr_seq_tc + gdr_out_tc (control in
@@ -52,12 +52,12 @@ struct alignas(8) uint2 {
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
 // Per-block state; every emulated thread points at its block's (thread_local), so the blocks of a
-// cluster (gdr_tma.cu) can run at the same time.
+// cluster (delta_rule_tma.cu) can run at the same time.
 namespace emu {
 struct Block {
     std::barrier<>* bar = nullptr;
     std::vector<std::unique_ptr<std::barrier<>>> wbar;
-    std::unique_ptr<std::barrier<>> nbar[3];  // named barriers 1, 2 of 256 threads (gdr_prep3.cuh's pair)
+    std::unique_ptr<std::barrier<>> nbar[3];  // named barriers 1, 2 of 256 threads (delta_rule_prep.cuh's pair)
     float slot[32][32];
     unsigned mslot[32][32][6];
     const void* pslot[32][32];
@@ -126,7 +126,7 @@ inline float bf16f(unsigned short b) {
     std::memcpy(&f, &u, 4);
     return f;
 }
-// mma.sync m16n8k16 bf16 (fp32 accumulate) from the fragment layouts of cuda/mma.cuh: A(row, k) in
+// mma.sync m16n8k16 bf16 (fp32 accumulate) from the fragment layouts of cuda/common/mma.cuh: A(row, k) in
 // lane (row % 8)·4 + (k % 8)/2, register (row ≥ 8) + 2(k ≥ 8), half k % 2; B(k, col) in lane
 // col·4 + (k % 8)/2, register k ≥ 8, half k % 2. bf16 products are exact in fp32.
 inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -155,7 +155,7 @@ template <int N>
 inline void cp_async_wait() {}
 }  // namespace moss_mma
 
-// TF32 mma.sync m16n8k8 (gdr_tc.cuh, gdr_tma.cu): cvt.rna rounding (to nearest, ties away from zero, 10
+// TF32 mma.sync m16n8k8 (delta_rule_tc.cuh, delta_rule_tma.cu): cvt.rna rounding (to nearest, ties away from zero, 10
 // mantissa bits) and the warp-collective product, built from the documented fragment layouts.
 namespace moss_gdr {
 inline unsigned tf32(float x) {
@@ -189,7 +189,7 @@ inline void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
     }
     emu::blk->wbar[w]->arrive_and_wait();
 }
-// gdr_prep3.cuh's bit helpers: bf16 bits <-> float, two floats to bf16x2 (round to nearest even).
+// delta_rule_prep.cuh's bit helpers: bf16 bits <-> float, two floats to bf16x2 (round to nearest even).
 inline float p3_bf(unsigned bits) { return uf(bits); }
 inline unsigned p3_bits(float x) {
     unsigned u;
@@ -208,7 +208,7 @@ inline void p3_named_bar() { emu::blk->nbar[ID]->arrive_and_wait(); }
 }  // namespace moss_gdr
 #include "encoder/delta_rule.cu"
 
-// ---- cuda/sm90a/gdr_tma.cu: a cluster's CTAs run together (one std::thread per thread of all of
+// ---- cuda/encoder/sm90a/delta_rule_tma.cu: a cluster's CTAs run together (one std::thread per thread of all of
 // them); mbarriers (arrivals, signed transaction count, phases), tensor-map boxes (2-D, 128-byte
 // swizzle: 16-byte chunk c of a 128-byte row at shared address a lands at chunk c ^ ((a >> 7) & 7);
 // elements past the map's extent read as zero; the whole box's bytes complete on the barrier of
@@ -404,7 +404,7 @@ static void launch(unsigned gx, unsigned gy, size_t smem_floats, const std::func
 
 // tc: 0 the fp32 SIMT kernels (control in gdr_out), 1 gdr_prep_tc3p + gdr_seq_tc + gdr_out_tc
 // (control in gdr_out_tc), 2 the same with gdr_prep_tc3p's control (T's lower-left block zero),
-// 3 gdr_prep_tc3p + the Hopper state pass + output (gdr_tma.cu, control in it), 4 gdr_prep_f32 +
+// 3 gdr_prep_tc3p + the Hopper state pass + output (delta_rule_tma.cu, control in it), 4 gdr_prep_f32 +
 // gdr_seq_compact + gdr_out_compact in fp32, 5 gdr_prep_tc3p + their TF32 versions (controls in
 // gdr_out_compact); the bf16 paths (1-3, 5) take bf16-valued q, k, v. strided: q, k, v read out of one [L, C] buffer with a row
 // stride (as from the conv output).
@@ -461,7 +461,7 @@ static double run_case(int L, int Hk, int Hv, int dk, int dv, bool bug, unsigned
                              beta.data(), L, Hk, Hv, dk, dv, rqk, rv);
         });
     int ncb = (dv + SQ_CB - 1) / SQ_CB;
-    if (tc == 3) {  // gdr_tma.cu with the host's tensor maps (q as fp32 here: bf16 values, exact)
+    if (tc == 3) {  // delta_rule_tma.cu with the host's tensor maps (q as fp32 here: bf16 values, exact)
         using moss_gdrt::TmaMap;
         const long nr = nb * GC;
         const int cl = moss_gdrt::CL, br = GC / cl;

@@ -1,4 +1,4 @@
-"""CPU emulation of cuda/vae/attention_fp16.cu (MOSS_VAE_ATTN=f16 | f16r | f16o), D = 384, small L:
+"""CPU emulation of cuda/vae/attention_fp16.cu (its MODE 0 | 1 | 2; 1 has no kernel now, 2 is moss_ctl3), D = 384, small L:
 moss_vae_f16_maxabs + moss_vae_f16_prep's index math (power-of-two scales, fp16 hi/lo, rows past L
 zero, [3][N][Lq][hi D | lo D]), the shared-memory rows of 776 halves, every ldmatrix (x4 and
 x4.trans: each lane's row address, the 8x8 matrices, the fragment each lane gets; every 8-address

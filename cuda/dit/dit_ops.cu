@@ -1,4 +1,4 @@
-// The DiT's fused ops (src/backend/ops/dit.rs, CUDA side in src/backend/cuda/dit.rs): the
+// The DiT's fused ops (src/backend/ops/dit.rs, CUDA side in src/backend/cuda/dit/mod.rs): the
 // norm + modulation, QK-norm + RoPE, SiTU-GLU, gated residual and the attention softmax. fp32
 // inside, one rounding into the output. moss_ctl_* are the same code with a planted bug.
 #include "elem.cuh"
@@ -232,7 +232,8 @@ __device__ __forceinline__ float situ(float h, float g) {
 // relative of the libm form (measured on the H200 at the DiT's shape: 0.017 % of the bf16 outputs
 // differ by one bf16 ulp, the same 1.657e-3 relative L2 against float64) and it takes 85 us
 // instead of 100 (the math, not the 62 us of memory traffic, bounded the libm form).
-// `MOSS_SITU=precise` takes the libm form at bf16 too; fp32 always does.
+// bf16 always takes it (the bf16 libm kernel was deleted, git keeps it: 2abea24); fp32 takes the
+// libm form.
 template <int BUG>
 __device__ __forceinline__ float situ_fast(float h, float g) {
     if (BUG == 1) {

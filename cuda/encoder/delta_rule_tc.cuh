@@ -2,7 +2,7 @@
 // run (every other GPU, or MOSS_KERNELS=portable): gdr_seq_tc and gdr_out_tc after delta_rule_prep
 // (cuda/encoder/delta_rule.cu, delta_rule_prep.cuh), every product on TF32 mma.sync (m16n8k8, operands rounded to
 // TF32 with cvt.rna, fp32 accumulators); the state and the decays stay fp32. The fp32 path
-// (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of gdr.cu.
+// (`--precision fp32`, bound 1e-4) keeps the SIMT kernels of delta_rule.cu.
 //
 // Fragment layouts of m16n8k8 .tf32 (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
 //   A 16x8: a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4)

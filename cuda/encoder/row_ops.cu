@@ -7,7 +7,7 @@
 //   TT + 3 input rows loaded once (conv8 reads every input row 4 times and 4 taps per output), the
 //   fast SiLU (silu_fast), plus the DeltaNet gates as extra blocks of the same launch (no separate
 //   kernel): 49.8 us at 4096 tokens on the H200 against 72.3 for session 15's 8 channels x 4 tokens
-//   with the IEEE SiLU (bench/notes-convfloor.md: the other V x TT and SiLU variants measured there
+//   with the IEEE SiLU (git history: cadccde; the other V x TT and SiLU variants measured there
 //   were slower and are gone);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
 // - rms1w, gated_rms_norm_wide: weights and (grms) z loaded before the reduction; gated_rms_norm_row16: one row a 16-lane group

@@ -1,20 +1,19 @@
-// The VAE decoder's fused ops (src/backend/cuda/vae.rs; math on `VaeOps` in
+// The VAE decoder's fused ops (src/backend/cuda/vae/mod.rs; math on `VaeOps` in
 // src/backend/ops/vae.rs). Everything is fp32.
 //
 // - moss_vae_bn_unpatchify: undo the latent BatchNorm and unpatchify, one pass.
-// - moss_vae_conv_{simt,tf32x3}: 2-D "same" convolution as an implicit GEMM,
+// - moss_vae_conv_tf32x3*: 2-D "same" convolution as an implicit GEMM,
 //   out[o, p] = b[o] + sum_kk W[o, kk] * U[kk, p] with kk = (i, ky, kx) and U the im2col of the
 //   input gathered on the fly (zero padding; the nearest-x2 upsample folded into the indexing:
 //   U reads x[i, Y>>1, X>>1]). 128x128 output tiles (channels x pixels), k-steps of 16, 256
-//   threads. simt: plain fp32 FMAs (the slow, obvious one). tf32x3: mma.sync m16n8k8 TF32 on
-//   the tensor cores with split operands, a = a_hi + a_lo (hi = tf32(a), lo = tf32(a - hi)),
+//   threads. mma.sync m16n8k8 TF32 on the tensor cores with split operands, a = a_hi + a_lo (hi = tf32(a), lo = tf32(a - hi)),
 //   acc += a_lo*b_hi + a_hi*b_lo + a_hi*b_hi in fp32: fp32-level accuracy at tensor-core speed.
 // - moss_vae_gn_*: GroupNorm (+SiLU): per-(group, row) f64 partials (sum, squared deviations
 //   from the row's mean; no atomics, a fixed order), combined on the host in a fixed order into
 //   [G, 2] (mean, variance), then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in
 //   f32 like the CPU). Split-invariant: a row strip gives the whole picture's bits.
 // - moss_vae_softmax_rows: scaled, max-subtracted softmax over rows of a score block (the
-//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see vae.rs).
+//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see src/backend/cuda/vae/attention.rs).
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
 // moss_ctl_vae_*: the same code with a planted bug, for `moss check`.
 #include "common.cuh"

@@ -93,7 +93,8 @@ pub trait Backend {
     fn load(&self, c: &Component, name: &str) -> Result<Self::T>;
     /// `w`, a checkpoint tensor as stored (its dtype `stored`), plus the LoRA updates `terms`:
     /// in fp32, the updates added in order, rounded once to `stored` ([`crate::lora::merge`]).
-    /// Device time still running when it returns goes on `clock`.
+    /// Its time goes on `clock`: the host's (on the GPU, the preparation of the factors) and the
+    /// device's, apart.
     fn merge_lora(&self, w: Self::T, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Self::T>;
 
     /// The checkpoint tensors `names` (one dtype, one trailing shape) stacked along dim 0 as one
@@ -129,11 +130,7 @@ pub trait Backend {
     /// compute enqueued so far), and the compute waits at [`Behind::ready`].
     fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<Self::T>>> {
         let _ = slot;
-        let mut out = vec![];
-        for g in groups {
-            out.push(self.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())?);
-        }
-        Ok(Behind::new(out, None))
+        Ok(Behind::new(load_groups(self, c, groups)?, None))
     }
 
     /// The compute enqueued so far is the last to read `slot`'s tensors: its next
@@ -176,6 +173,12 @@ pub trait Backend {
     }
 }
 
+/// The tensors `groups`, each the dim-0 stack of its names ([`Backend::load_rows`]): what a
+/// [`Backend::fetch`] of them gives, loaded as resident weights.
+pub fn load_groups<B: Backend + ?Sized>(b: &B, c: &Component, groups: &[Vec<String>]) -> Result<Vec<B::T>> {
+    groups.iter().map(|g| b.load_rows(c, &g.iter().map(String::as_str).collect::<Vec<_>>())).collect()
+}
+
 /// The LoRA step of every backend's `load`: `w` (the checkpoint tensor `name`, a full name, as
 /// stored: `stored`) with the updates `plan` has for it merged in, timed on the plan's clock; `w`
 /// itself when there are none.
@@ -187,8 +190,5 @@ pub fn merge_loras<B: Backend + ?Sized>(b: &B, plan: &Plan, name: &str, stored: 
     if terms.is_empty() {
         return Ok(w);
     }
-    let t = std::time::Instant::now();
-    let out = b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))?;
-    plan.clock.add_host(t.elapsed().as_secs_f64());
-    Ok(out)
+    b.merge_lora(w, stored, &terms, &plan.clock).with_context(|| format!("merging LoRA updates into `{name}`"))
 }

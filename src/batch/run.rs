@@ -53,13 +53,17 @@ pub struct Finished {
     pub encode_s: f64,
     pub denoise_s: f64,
     pub decode_s: f64,
+    /// The LoRA merges since the chunk's previous picture: the transformer's load for the first
+    /// picture of a chunk, and the streamed blocks' merges at each fetch of this picture's denoise
+    /// (so over the lines they add up to the batch's merges; zero without LoRAs).
+    pub lora_merge: crate::lora::plan::MergeTime,
     /// Seconds since the batch started.
     pub elapsed_s: f64,
 }
 
 impl Finished {
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "index": self.index,
             "line": self.line,
             "path": self.path.display().to_string(),
@@ -70,8 +74,11 @@ impl Finished {
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s, "decode_s": self.decode_s,
                         "total_s": self.encode_s + self.denoise_s + self.decode_s},
             "elapsed_s": self.elapsed_s,
-        })
-        .to_string()
+        });
+        for (k, v) in self.lora_merge.json_entries() {
+            j["timings"][k] = v.into();
+        }
+        j.to_string()
     }
 }
 
@@ -246,23 +253,12 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     };
     let r = match o.device {
         Device::Cpu => {
-            let linears = crate::model::dit::MainLinears::of(o.precision);
-            let budget = crate::run_plan::Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32, linears };
-            let plan = plan_for(budget, progress)?;
+            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(crate::model::dit::MainLinears::of(o.precision)), progress)?;
             render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.precision)?;
-            let (free, total) = cu.gpu().mem_info()?;
-            let bf16 = crate::backend::cuda::ops::loaded_dtype(crate::checkpoint::Dtype::BF16, o.precision).size();
-            let budget = crate::run_plan::Budget {
-                memory: Some((free as u64, total as u64)),
-                overhead: cu.process_overhead(),
-                bf16_loaded: bf16,
-                act: cu.act_dtype(),
-                linears: crate::model::dit::MainLinears::of(o.precision),
-            };
-            let plan = plan_for(budget, progress)?;
+            let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
             render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
     };

@@ -74,6 +74,8 @@ pub(super) struct Slot {
     pub(super) failed: bool,
     pub(super) encode_s: f64,
     pub(super) denoise_s: f64,
+    /// The LoRA merges counted from the chunk's previous picture to the end of this one's denoise.
+    pub(super) lora_merge: crate::lora::plan::MergeTime,
     pub(super) latents: Option<Tensor>,
 }
 
@@ -137,6 +139,10 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
         progress.stage("denoise", ci, chunks.len());
         b.release_cached()?; // the encoder is gone
         {
+            // The merge clock read before the load and after each picture (it waits for the
+            // merges' device time: only with LoRAs attached).
+            let merged = || if ck.loras.is_empty() { Default::default() } else { ck.loras.clock.total() };
+            let mut seen = merged();
             let comp = ck.open_component("transformer")?;
             let linears = crate::model::dit::MainLinears::of(cx.o.precision);
             let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident), linears)?;
@@ -155,6 +161,9 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),
                 }
                 slots[i].denoise_s = t1.elapsed().as_secs_f64();
+                let now = merged();
+                slots[i].lora_merge = now.since(&seen);
+                seen = now;
             }
         }
         drop(hidden);
@@ -190,6 +199,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                         encode_s: slots[i].encode_s,
                         denoise_s: slots[i].denoise_s,
                         decode_s: t1.elapsed().as_secs_f64(),
+                        lora_merge: slots[i].lora_merge,
                         elapsed_s: cx.t0.elapsed().as_secs_f64(),
                     });
                 }

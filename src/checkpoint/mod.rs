@@ -156,7 +156,10 @@ impl Checkpoint {
             return Ok(());
         }
         let store = TensorStore::open(&self.loc.root.join("transformer"))?;
-        self.loras = Arc::new(crate::lora::Plan::new(crate::lora::load_all(specs, &store)?));
+        let t = std::time::Instant::now();
+        let mut plan = crate::lora::Plan::new(crate::lora::load_all(specs, &store)?);
+        plan.read_s = t.elapsed().as_secs_f64();
+        self.loras = Arc::new(plan);
         Ok(())
     }
 

@@ -22,7 +22,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    fn from_st(d: safetensors::Dtype) -> Dtype {
+    pub(crate) fn from_st(d: safetensors::Dtype) -> Dtype {
         match d {
             safetensors::Dtype::BF16 => Dtype::BF16,
             safetensors::Dtype::F16 => Dtype::F16,

@@ -1,11 +1,93 @@
 //! LoRA key names → the transformer's tensor names, per format.
 
-use crate::checkpoint::TensorStore;
-use anyhow::{bail, Result};
+use super::merge::Values;
+use crate::checkpoint::{Dtype, TensorStore};
+use anyhow::{bail, ensure, Result};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-/// A tensor of the LoRA file: shape and values.
-pub type Mat = (Vec<usize>, Vec<f32>);
+/// Bytes a [`Mat`] is stored in: the adapter file's mapping (or any byte buffer).
+pub type Bytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A tensor of the LoRA file: its shape and values. Read from a file it stays as stored (bytes of
+/// the file's mapping, bf16, f16, f32 or f64), converted where it is used: the GPU merge uploads
+/// the stored bytes as they are, the host merge converts the rows it needs.
+#[derive(Clone)]
+pub struct Mat {
+    pub shape: Vec<usize>,
+    data: Data,
+}
+
+#[derive(Clone)]
+enum Data {
+    F32(Arc<[f32]>),
+    Stored { dtype: Dtype, bytes: Bytes, start: usize, end: usize },
+}
+
+impl Mat {
+    /// A tensor of f32 values.
+    pub fn new(shape: Vec<usize>, values: Vec<f32>) -> Mat {
+        Mat { shape, data: Data::F32(values.into()) }
+    }
+
+    /// The tensor stored as `dtype` in `bytes[range]` (little-endian); bf16, f16, f32 and f64 only.
+    pub fn stored(shape: Vec<usize>, dtype: Dtype, bytes: Bytes, range: std::ops::Range<usize>) -> Result<Mat> {
+        ensure!(matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::F64), "unsupported dtype {}", dtype.name());
+        let numel: usize = shape.iter().product();
+        ensure!(
+            range.end <= (*bytes).as_ref().len() && range.len() == numel * dtype.size(),
+            "{} bytes for {numel} values of {}",
+            range.len(),
+            dtype.name()
+        );
+        Ok(Mat { shape, data: Data::Stored { dtype, bytes, start: range.start, end: range.end } })
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The dtype of a tensor kept as stored (`None`: f32 values).
+    pub fn stored_dtype(&self) -> Option<Dtype> {
+        match &self.data {
+            Data::F32(_) => None,
+            Data::Stored { dtype, .. } => Some(*dtype),
+        }
+    }
+
+    /// Values `start .. start + len` (in row-major order), as stored.
+    pub fn elements(&self, start: usize, len: usize) -> Values<'_> {
+        match &self.data {
+            Data::F32(v) => Values::F32(std::borrow::Cow::Borrowed(&v[start..start + len])),
+            Data::Stored { dtype, bytes, start: s, end } => {
+                let es = dtype.size();
+                let b = &(**bytes).as_ref()[*s..*end];
+                Values::Stored { dtype: *dtype, bytes: &b[start * es..(start + len) * es] }
+            }
+        }
+    }
+
+    /// Every value, as stored.
+    pub fn view(&self) -> Values<'_> {
+        self.elements(0, self.numel())
+    }
+
+    /// Every value as f32 (exact: the stored dtypes convert without rounding, f64 but for its
+    /// rounding to f32).
+    pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
+        self.view().into_f32()
+    }
+}
+
+impl std::fmt::Debug for Mat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dtype = match &self.data {
+            Data::F32(_) => "f32 values",
+            Data::Stored { dtype, .. } => dtype.name(),
+        };
+        write!(f, "Mat({:?}, {dtype})", self.shape)
+    }
+}
 
 /// What one module of an adapter adds to its weight.
 #[derive(Clone, Debug)]
@@ -158,7 +240,7 @@ pub fn map(tensors: &BTreeMap<String, Mat>, model: &TensorStore, config_alpha: O
             unmapped.push(*stem);
             continue;
         };
-        let alpha = parts.get("alpha").map(|a| a.1.first().copied().unwrap_or(0.0));
+        let alpha = parts.get("alpha").map(|a| a.values().first().copied().unwrap_or(0.0));
         let get = |p: &str| parts.get(p).map(|m| (*m).clone());
         let mut push = |delta: Delta, targets: Vec<(String, Vec<usize>)>, fmt: &'static str| {
             modules.push(Module { key: stem.to_string(), targets, delta });

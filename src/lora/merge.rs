@@ -15,7 +15,7 @@ use anyhow::{bail, ensure, Result};
 use std::borrow::Cow;
 
 pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
-    match m.0.as_slice() {
+    match m.shape.as_slice() {
         [r, c] => Ok((*r, *c)),
         [r, c, 1, 1] => Ok((*r, *c)),
         [r] => Ok((*r, 1)),
@@ -23,27 +23,68 @@ pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
     }
 }
 
-/// A factor, or rows of one: `rows` x `cols` fp32 values, borrowed from the adapter (its own
-/// factors, a tensor's rows of them) or formed on the host (a LoKr product).
+/// Values of a factor (or of rows of one): f32, or the adapter file's bytes as stored.
+#[derive(Clone, Debug)]
+pub enum Values<'a> {
+    F32(Cow<'a, [f32]>),
+    /// Little-endian `dtype` values (bf16, f16, f32 or f64).
+    Stored { dtype: Dtype, bytes: &'a [u8] },
+}
+
+impl<'a> Values<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::Stored { dtype, bytes } => bytes.len() / dtype.size(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as f32, borrowed when they are f32 already.
+    pub fn f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            Values::F32(v) => Cow::Borrowed(v),
+            Values::Stored { dtype, bytes } => Cow::Owned(decode(*dtype, bytes)),
+        }
+    }
+
+    pub fn into_f32(self) -> Cow<'a, [f32]> {
+        match self {
+            Values::F32(v) => v,
+            Values::Stored { dtype, bytes } => Cow::Owned(decode(dtype, bytes)),
+        }
+    }
+}
+
+/// Stored values as f32 (the dtypes a [`Mat`] admits: exact but for f64's rounding).
+fn decode(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
+    crate::checkpoint::tensors::decode_f32(dtype, bytes).expect("a LoRA tensor's dtype is checked when it is read")
+}
+
+/// A factor, or rows of one: `rows` x `cols` values, borrowed from the adapter (its own factors,
+/// a tensor's rows of them, as stored) or formed on the host (a LoKr product).
 #[derive(Clone, Debug)]
 pub struct Part<'a> {
     pub rows: usize,
     pub cols: usize,
-    pub data: Cow<'a, [f32]>,
+    pub data: Values<'a>,
 }
 
 impl<'a> Part<'a> {
     /// All of `m` (a matrix; a vector counts as a column).
     pub fn whole(m: &'a Mat, what: &str) -> Result<Part<'a>> {
         let (rows, cols) = dims2(m, what)?;
-        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1) })
+        Ok(Part { rows, cols, data: m.view() })
     }
 
     /// Rows `row0 .. row0 + rows` of `m`.
     pub fn rows_of(m: &'a Mat, row0: usize, rows: usize, what: &str) -> Result<Part<'a>> {
         let (r, cols) = dims2(m, what)?;
         ensure!(row0 + rows <= r, "{what}: rows {row0}..{} of {r}", row0 + rows);
-        Ok(Part { rows, cols, data: Cow::Borrowed(&m.1[row0 * cols..(row0 + rows) * cols]) })
+        Ok(Part { rows, cols, data: m.elements(row0 * cols, rows * cols) })
     }
 }
 
@@ -52,6 +93,8 @@ impl<'a> Part<'a> {
 pub fn matmul(a: &Part, b: &Part, what: &str) -> Result<Part<'static>> {
     let (n, r, m) = (a.rows, a.cols, b.cols);
     ensure!(r == b.rows, "{what}: inner dimensions {r} and {} differ", b.rows);
+    let (ad, bd) = (a.data.f32(), b.data.f32());
+    let (ad, bd) = (&ad[..], &bd[..]);
     let mut out = vec![0f32; n * m];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, n.max(1));
     let per = n.div_ceil(threads).max(1);
@@ -61,25 +104,26 @@ pub fn matmul(a: &Part, b: &Part, what: &str) -> Result<Part<'static>> {
                 for (li, row) in chunk.chunks_mut(m.max(1)).enumerate() {
                     let i = ci * per + li;
                     for k in 0..r {
-                        let s = a.data[i * r + k];
-                        row.iter_mut().zip(&b.data[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
+                        let s = ad[i * r + k];
+                        row.iter_mut().zip(&bd[k * m..(k + 1) * m]).for_each(|(o, &x)| *o += s * x);
                     }
                 }
             });
         }
     });
-    Ok(Part { rows: n, cols: m, data: Cow::Owned(out) })
+    Ok(Part { rows: n, cols: m, data: Values::F32(Cow::Owned(out)) })
 }
 
 /// Rows `row0 .. row0 + rows` of `kron(a, b)`.
 fn kron_rows(a: &Part, b: &Part, row0: usize, rows: usize) -> Vec<f32> {
     let (ac, br, bc) = (a.cols, b.rows, b.cols);
+    let (ad, bd) = (a.data.f32(), b.data.f32());
     let cols = ac * bc;
     let mut out = vec![0f32; rows * cols];
     for (i, row) in out.chunks_mut(cols.max(1)).enumerate() {
         let (ia, p) = ((row0 + i) / br, (row0 + i) % br);
         for (j, o) in row.iter_mut().enumerate() {
-            *o = a.data[ia * ac + j / bc] * b.data[p * bc + j % bc];
+            *o = ad[ia * ac + j / bc] * bd[p * bc + j % bc];
         }
     }
     out
@@ -135,37 +179,46 @@ pub fn operands<'a>(term: &Term<'a>, rows: usize) -> Result<(Operands<'a>, f32)>
             (Operands::Kron { a, b, row0 }, fs)
         }
         Delta::Full(d) => {
-            let one = Part { rows: 1, cols: 1, data: Cow::Owned(vec![1.0]) };
+            let one = Part { rows: 1, cols: 1, data: Values::F32(Cow::Owned(vec![1.0])) };
             (Operands::Kron { a: one, b: Part::rows_of(d, row0, rows, what)?, row0: 0 }, 1.0)
         }
     })
 }
 
-/// Device bytes of a term's operands in fp32 for a tensor of `numel` values (an upper bound
-/// for the memory plan: a fused module counts whole).
+/// Device bytes of a term's operands for a tensor of `numel` values: each factor in fp32, and a
+/// bf16 one also as stored (uploaded as it is and widened on the device), every buffer 256-byte
+/// aligned. An upper bound for the memory plan (a fused module counts whole).
 pub fn operand_bytes(m: &Module, numel: usize) -> usize {
-    let n = |x: &Mat| x.1.len();
+    let dev = |n: usize, x: Option<&Mat>| {
+        let raw = if x.is_some_and(|x| x.stored_dtype() == Some(Dtype::BF16)) { 2 * n + ALIGN } else { 0 };
+        4 * n + ALIGN + raw
+    };
+    let n = |x: &Mat| dev(x.numel(), Some(x));
     let f = |x: &Factor| match x {
         Factor::Full(a) => n(a),
-        Factor::Product(a, b) => n(a) + n(b) + dims2(a, "").map_or(0, |d| d.0) * dims2(b, "").map_or(0, |d| d.1),
+        // The product is formed on the host and uploaded in fp32.
+        Factor::Product(a, b) => dev(dims2(a, "").map_or(0, |d| d.0) * dims2(b, "").map_or(0, |d| d.1), None),
     };
-    4 * match &m.delta {
+    match &m.delta {
         Delta::LowRank { up, down, .. } => n(up) + n(down),
         Delta::LoHa { w1a, w1b, w2a, w2b, .. } => n(w1a) + n(w1b) + n(w2a) + n(w2b),
         Delta::LoKr { w1, w2, .. } => f(w1) + f(w2),
-        Delta::Full(_) => numel + 1,
+        Delta::Full(d) => dev(numel, Some(d)) + dev(1, None),
     }
 }
+
+/// Alignment of each operand in the merge's device buffers (bytes).
+pub const ALIGN: usize = 256;
 
 /// The delta the operands give, `[rows, cols]` in fp32 (the host's evaluation).
 pub fn evaluate(ops: &Operands, rows: usize, what: &str) -> Result<Vec<f32>> {
     match ops {
-        Operands::LowRank { up, down } => Ok(matmul(up, down, what)?.data.into_owned()),
+        Operands::LowRank { up, down } => Ok(matmul(up, down, what)?.data.into_f32().into_owned()),
         Operands::LoHa { w1a, w1b, w2a, w2b } => {
             let (p, q) = (matmul(w1a, w1b, what)?, matmul(w2a, w2b, what)?);
             ensure!((p.rows, p.cols) == (q.rows, q.cols), "{what}: LoHa halves [{}, {}] and [{}, {}] differ", p.rows, p.cols, q.rows, q.cols);
-            let mut p = p.data.into_owned();
-            p.iter_mut().zip(q.data.iter()).for_each(|(x, y)| *x *= y);
+            let mut p = p.data.into_f32().into_owned();
+            p.iter_mut().zip(q.data.f32().iter()).for_each(|(x, y)| *x *= y);
             Ok(p)
         }
         Operands::Kron { a, b, row0 } => Ok(kron_rows(a, b, *row0, rows)),
@@ -243,20 +296,20 @@ mod tests {
         let (rows, cols) = (24, 12);
         let m = |delta| Module { key: "m".into(), targets: vec![("m.weight".into(), vec![rows, cols])], delta };
         let mods = [
-            m(Delta::LowRank { up: (vec![rows, 3], pattern(rows * 3, 1.0)), down: (vec![3, cols], pattern(3 * cols, 0.7)), alpha: Some(2.0) }),
+            m(Delta::LowRank { up: Mat::new(vec![rows, 3], pattern(rows * 3, 1.0)), down: Mat::new(vec![3, cols], pattern(3 * cols, 0.7)), alpha: Some(2.0) }),
             m(Delta::LoHa {
-                w1a: (vec![rows, 2], pattern(rows * 2, 1.0)),
-                w1b: (vec![2, cols], pattern(2 * cols, 0.6)),
-                w2a: (vec![rows, 2], pattern(rows * 2, 0.9)),
-                w2b: (vec![2, cols], pattern(2 * cols, 0.8)),
+                w1a: Mat::new(vec![rows, 2], pattern(rows * 2, 1.0)),
+                w1b: Mat::new(vec![2, cols], pattern(2 * cols, 0.6)),
+                w2a: Mat::new(vec![rows, 2], pattern(rows * 2, 0.9)),
+                w2b: Mat::new(vec![2, cols], pattern(2 * cols, 0.8)),
                 alpha: None,
             }),
             m(Delta::LoKr {
-                w1: Factor::Full((vec![4, 3], pattern(12, 1.0))),
-                w2: Factor::Product((vec![6, 2], pattern(12, 0.5)), (vec![2, 4], pattern(8, 0.3))),
+                w1: Factor::Full(Mat::new(vec![4, 3], pattern(12, 1.0))),
+                w2: Factor::Product(Mat::new(vec![6, 2], pattern(12, 0.5)), Mat::new(vec![2, 4], pattern(8, 0.3))),
                 alpha: Some(1.0),
             }),
-            m(Delta::Full((vec![rows, cols], pattern(rows * cols, 0.1)))),
+            m(Delta::Full(Mat::new(vec![rows, cols], pattern(rows * cols, 0.1)))),
         ];
         for md in &mods {
             let whole = |row0, n| {
@@ -272,13 +325,57 @@ mod tests {
         }
     }
 
+    /// A factor kept as the file stores it (bf16, f16, f32, f64 bytes at an offset of a buffer)
+    /// gives the values it holds, whole and by rows, and the same merge as those values in f32.
+    #[test]
+    fn stored_factors_read_as_their_values() {
+        let (rows, cols) = (6, 5);
+        // Values every stored dtype holds exactly.
+        let v: Vec<f32> = (0..rows * cols).map(|i| (i as f32 - 11.0) * 0.125).collect();
+        let encodings: [(Dtype, Vec<u8>); 4] = [
+            (Dtype::BF16, v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()),
+            (Dtype::F16, v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()),
+            (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            (Dtype::F64, v.iter().flat_map(|x| (*x as f64).to_le_bytes()).collect()),
+        ];
+        let down = Mat::new(vec![rows, cols], v.clone());
+        for (dtype, enc) in encodings {
+            // Three bytes of something else before it, as in a file.
+            let bytes: crate::lora::keys::Bytes = std::sync::Arc::new([vec![7u8; 3], enc.clone()].concat());
+            let m = Mat::stored(vec![rows, cols], dtype, bytes.clone(), 3..3 + enc.len()).unwrap();
+            assert_eq!(m.stored_dtype(), Some(dtype));
+            assert_eq!(*m.values(), v[..], "{}", dtype.name());
+            let p = Part::rows_of(&m, 2, 3, "m").unwrap();
+            assert_eq!(*p.data.f32(), v[2 * cols..5 * cols], "{}", dtype.name());
+            let Values::Stored { bytes: b, .. } = p.data else { panic!("rows of a stored factor are stored") };
+            assert_eq!(b, &enc[2 * cols * dtype.size()..5 * cols * dtype.size()]);
+            assert!(Mat::stored(vec![rows, cols + 1], dtype, bytes.clone(), 3..3 + enc.len()).is_err(), "a wrong size");
+            // The same update from the stored factor and from its f32 values.
+            let up = Mat::new(vec![rows, rows], (0..rows * rows).map(|i| i as f32 * 0.01).collect());
+            let md = |down: Mat| Module {
+                key: "m".into(),
+                targets: vec![("m.weight".into(), vec![rows, cols])],
+                delta: Delta::LowRank { up: up.clone(), down, alpha: Some(3.0) },
+            };
+            let (a, b) = (md(m.clone()), md(down.clone()));
+            let merged = |md: &Module| {
+                let mut w = vec![0.5f32; rows * cols];
+                merge_tensor(&mut w, &[rows, cols], Dtype::BF16, &[Term { module: md, row0: 0, scale: 0.7 }]).unwrap();
+                w
+            };
+            assert_eq!(merged(&a), merged(&b), "{}", dtype.name());
+        }
+        let bytes: crate::lora::keys::Bytes = std::sync::Arc::new(vec![0u8; 8]);
+        assert!(Mat::stored(vec![1], Dtype::I64, bytes, 0..8).is_err(), "i64 is no factor dtype");
+    }
+
     /// The sum starts at zero, takes each update in order, and `W + sum` is rounded once.
     #[test]
     fn merge_tensor_rounds_once() {
         let md = Module {
             key: "m".into(),
             targets: vec![("m.weight".into(), vec![1, 1])],
-            delta: Delta::Full((vec![1, 1], vec![1.0])),
+            delta: Delta::Full(Mat::new(vec![1, 1], vec![1.0])),
         };
         // 1 + 2·(3·2^-10) = 1 + 0.75·2^-7 rounds to bf16's 1 + 2^-7; rounding after each update
         // (1 + 0.375·2^-7 → 1) would stay at 1.

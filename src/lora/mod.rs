@@ -18,7 +18,9 @@ pub use plan::{Plan, Term};
 
 use crate::checkpoint::TensorStore;
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// `--lora PATH[:SCALE]`: one adapter and its strength (default 1).
 #[derive(Clone, Debug, PartialEq)]
@@ -53,16 +55,59 @@ impl LoraSpec {
 pub struct Lora {
     pub spec: LoraSpec,
     /// A short content hash (FNV-1a 64 of the file, 12 hex digits), recorded in the metadata.
-    pub hash: String,
+    pub hash: FileHash,
     /// The detected format (`peft`, `kohya`, `loha`, `lokr`, `diff`, or several joined by `+`).
     pub format: String,
-    /// Parsed modules, each mapped onto checkpoint tensor names.
+    /// Parsed modules, each mapped onto checkpoint tensor names (their factors as stored in the
+    /// file's mapping).
     pub modules: Vec<keys::Module>,
 }
 
 impl Lora {
     pub fn file_name(&self) -> String {
         self.spec.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
+/// An adapter file's [`short_hash`], computed on a thread of its own while the run goes on (it
+/// reads every byte of the file: ~0.3 s for a 300 MB adapter); [`FileHash::get`] waits for it.
+#[derive(Clone)]
+pub struct FileHash(Arc<HashState>);
+
+struct HashState {
+    value: OnceLock<String>,
+    thread: Mutex<Option<std::thread::JoinHandle<String>>>,
+}
+
+impl FileHash {
+    /// The hash of `bytes`, started now.
+    pub fn of(bytes: keys::Bytes) -> FileHash {
+        let thread = std::thread::spawn(move || short_hash((*bytes).as_ref()));
+        FileHash(Arc::new(HashState { value: OnceLock::new(), thread: Mutex::new(Some(thread)) }))
+    }
+
+    /// A hash known already.
+    pub fn known(hash: &str) -> FileHash {
+        FileHash(Arc::new(HashState { value: OnceLock::from(hash.to_string()), thread: Mutex::new(None) }))
+    }
+
+    pub fn get(&self) -> &str {
+        self.0.value.get_or_init(|| {
+            let t = self.0.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+            t.and_then(|t| t.join().ok()).unwrap_or_default()
+        })
+    }
+}
+
+impl std::fmt::Display for FileHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl std::fmt::Debug for FileHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileHash({:?})", self.0.value.get())
     }
 }
 
@@ -85,20 +130,30 @@ pub fn load_all(specs: &[LoraSpec], model: &TensorStore) -> Result<Vec<Lora>> {
 
 fn load(spec: &LoraSpec, model: &TensorStore) -> Result<Lora> {
     let p = &spec.path;
-    let bytes = std::fs::read(p).with_context(|| format!("cannot read LoRA {}", p.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| anyhow::anyhow!("LoRA {} is not a readable safetensors file ({e:?})", p.display()))?;
-    let mut tensors = std::collections::BTreeMap::new();
-    for (name, view) in st.tensors() {
-        let data = to_f32(&view).with_context(|| format!("LoRA {}: tensor `{name}`", p.display()))?;
-        tensors.insert(name, (view.shape().to_vec(), data));
+    let file = std::fs::File::open(p).with_context(|| format!("cannot read LoRA {}", p.display()))?;
+    // SAFETY: the adapter is read-only input; a file changed underneath us while mapped is outside
+    // what we guard against (as with the checkpoint's mappings).
+    let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot read LoRA {}", p.display()))?;
+    let bytes: keys::Bytes = Arc::new(map);
+    let unreadable = |e| anyhow::anyhow!("LoRA {} is not a readable safetensors file ({e:?})", p.display());
+    let (n, meta) = safetensors::SafeTensors::read_metadata((*bytes).as_ref()).map_err(unreadable)?;
+    // Deserializing checks every tensor's offsets against the file.
+    safetensors::SafeTensors::deserialize((*bytes).as_ref()).map_err(unreadable)?;
+    let base = 8 + n;
+    let mut tensors = BTreeMap::new();
+    for (name, info) in meta.tensors() {
+        let dtype = crate::checkpoint::Dtype::from_st(info.dtype);
+        let range = base + info.data_offsets.0..base + info.data_offsets.1;
+        let m = keys::Mat::stored(info.shape.clone(), dtype, bytes.clone(), range)
+            .with_context(|| format!("LoRA {}: tensor `{name}`", p.display()))?;
+        tensors.insert(name, m);
     }
     if tensors.is_empty() {
         bail!("LoRA {} holds no tensors", p.display());
     }
     let config_alpha = peft_config_alpha(p)?;
     let (modules, format) = keys::map(&tensors, model, config_alpha).with_context(|| format!("LoRA {}", p.display()))?;
-    Ok(Lora { spec: spec.clone(), hash: short_hash(&bytes), format, modules })
+    Ok(Lora { spec: spec.clone(), hash: FileHash::of(bytes), format, modules })
 }
 
 /// `lora_alpha` of an `adapter_config.json` beside the file (PEFT writes alpha there, not in the
@@ -110,16 +165,4 @@ fn peft_config_alpha(p: &Path) -> Result<Option<f32>> {
     }
     let v = crate::checkpoint::config::read_json(&cfg)?;
     Ok(v.get("lora_alpha").and_then(|a| a.as_f64()).map(|a| a as f32))
-}
-
-fn to_f32(v: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
-    use safetensors::Dtype as D;
-    let b = v.data();
-    Ok(match v.dtype() {
-        D::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        D::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        D::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        D::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
-        d => bail!("unsupported dtype {d:?}"),
-    })
 }

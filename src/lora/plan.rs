@@ -27,6 +27,8 @@ pub struct Plan {
     by_tensor: BTreeMap<String, Vec<(usize, usize, usize)>>,
     /// Time spent merging, over every load (streamed blocks merge at each fetch).
     pub clock: MergeClock,
+    /// Seconds reading and checking the adapters' files (set by whoever read them).
+    pub read_s: f64,
 }
 
 impl Plan {
@@ -41,7 +43,7 @@ impl Plan {
                 }
             }
         }
-        Plan { adapters, by_tensor, clock: MergeClock::default() }
+        Plan { adapters, by_tensor, clock: MergeClock::default(), read_s: 0.0 }
     }
 
     pub fn adapters(&self) -> &[Lora] {
@@ -70,8 +72,11 @@ impl Plan {
         })
     }
 
-    /// The most device memory one tensor's merge takes besides the tensor (bytes): its
-    /// operands in fp32 and, with several updates, the fp32 sum.
+    /// The most device memory one tensor's merge takes besides the tensor (bytes): every
+    /// update's operands ([`super::merge::operand_bytes`]: the GPU merge holds them all at once)
+    /// and, with several updates, the fp32 sum. Tensors merge one after another, each freeing
+    /// its scratch (stream-ordered) before the next takes it, so the largest is the peak. 0
+    /// without adapters.
     pub fn scratch_bytes(&self) -> usize {
         self.by_tensor
             .keys()
@@ -79,14 +84,18 @@ impl Plan {
                 let terms = self.terms(name);
                 let numel: usize = terms[0].module.targets.iter().find(|t| &t.0 == name).map_or(0, |t| t.1.iter().product());
                 let sum = if terms.len() > 1 { numel * 4 } else { 0 };
-                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).max().unwrap_or(0)
+                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).sum::<usize>()
             })
             .max()
             .unwrap_or(0)
     }
 }
 
-/// Seconds the merges took: host time, plus device intervals read once they have finished.
+/// Seconds the merges took: the host's (on the GPU backend, preparing the factors: their bytes
+/// into the upload ring, device memory; not waits for the device) and the device's (the factors'
+/// copies and widening, the merge kernels; read from events once they have finished), apart. The
+/// two overlap (the host prepares the next tensor while the device merges one), so their sum
+/// bounds the merge's cost from above.
 #[derive(Default)]
 pub struct MergeClock {
     state: Mutex<ClockState>,
@@ -94,10 +103,45 @@ pub struct MergeClock {
 
 pub type Pending = Box<dyn FnOnce() -> f64 + Send>;
 
+/// What a [`MergeClock`] counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MergeTime {
+    pub host_s: f64,
+    pub device_s: f64,
+    /// Merged tensors (streamed blocks count at every fetch).
+    pub tensors: usize,
+}
+
+impl MergeTime {
+    /// Host and device seconds together: the merge's cost if nothing overlapped.
+    pub fn total_s(&self) -> f64 {
+        self.host_s + self.device_s
+    }
+
+    /// What was counted after `earlier` (a total read before this one).
+    pub fn since(&self, earlier: &MergeTime) -> MergeTime {
+        MergeTime {
+            host_s: self.host_s - earlier.host_s,
+            device_s: self.device_s - earlier.device_s,
+            tensors: self.tensors - earlier.tensors,
+        }
+    }
+
+    /// The `--json` timings entries: `lora_merge_s` (host and device together, the cost if
+    /// nothing overlapped), `lora_merge_host_s`, `lora_merge_device_s`.
+    pub fn json_entries(&self) -> [(&'static str, f64); 3] {
+        [("lora_merge_s", self.total_s()), ("lora_merge_host_s", self.host_s), ("lora_merge_device_s", self.device_s)]
+    }
+
+    /// For the `-v` timings line: `0.123 s (host 0.040, device 0.083)`.
+    pub fn line(&self) -> String {
+        format!("{:.3} s (host {:.3}, device {:.3})", self.total_s(), self.host_s, self.device_s)
+    }
+}
+
 #[derive(Default)]
 struct ClockState {
-    seconds: f64,
-    tensors: usize,
+    time: MergeTime,
     /// Device intervals still on the stream: each call waits for its end and gives its seconds.
     pending: Vec<Pending>,
 }
@@ -109,8 +153,8 @@ impl MergeClock {
     /// One merged tensor's host time.
     pub fn add_host(&self, seconds: f64) {
         let mut s = self.state.lock().unwrap();
-        s.seconds += seconds;
-        s.tensors += 1;
+        s.time.host_s += seconds;
+        s.time.tensors += 1;
     }
 
     /// A device interval of a merge, read (waiting for its end) when the total is asked for.
@@ -119,34 +163,34 @@ impl MergeClock {
         s.pending.push(interval);
         if s.pending.len() > PENDING_MAX {
             let old: Vec<Pending> = s.pending.drain(..PENDING_MAX / 2).collect();
-            s.seconds += old.into_iter().map(|f| f()).sum::<f64>();
+            s.time.device_s += old.into_iter().map(|f| f()).sum::<f64>();
         }
     }
 
-    /// Seconds spent merging so far and the tensors merged (waits for the device intervals).
-    pub fn total(&self) -> (f64, usize) {
+    /// The time spent merging so far (waits for the device intervals).
+    pub fn total(&self) -> MergeTime {
         let mut s = self.state.lock().unwrap();
         let pending: Vec<Pending> = s.pending.drain(..).collect();
-        s.seconds += pending.into_iter().map(|f| f()).sum::<f64>();
-        (s.seconds, s.tensors)
+        s.time.device_s += pending.into_iter().map(|f| f()).sum::<f64>();
+        s.time
     }
 }
 
 impl std::fmt::Debug for MergeClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.state.lock().unwrap();
-        write!(f, "MergeClock({:.3} s over {} tensors, {} pending)", s.seconds, s.tensors, s.pending.len())
+        write!(f, "MergeClock({:?}, {} pending)", s.time, s.pending.len())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lora::keys::Delta;
+    use crate::lora::keys::{Delta, Mat};
     use crate::lora::LoraSpec;
 
     fn lora(scale: f32, modules: Vec<Module>) -> Lora {
-        Lora { spec: LoraSpec { path: "a.safetensors".into(), scale }, hash: String::new(), format: "kohya".into(), modules }
+        Lora { spec: LoraSpec { path: "a.safetensors".into(), scale }, hash: crate::lora::FileHash::known(""), format: "kohya".into(), modules }
     }
 
     /// A rank-`r` module onto `targets` (name, rows), `cols` wide.
@@ -155,7 +199,7 @@ mod tests {
         Module {
             key: key.into(),
             targets: targets.iter().map(|(n, rows)| (n.to_string(), vec![*rows, cols])).collect(),
-            delta: Delta::LowRank { up: (vec![rows, r], vec![0.5; rows * r]), down: (vec![r, cols], vec![0.25; r * cols]), alpha: None },
+            delta: Delta::LowRank { up: Mat::new(vec![rows, r], vec![0.5; rows * r]), down: Mat::new(vec![r, cols], vec![0.25; r * cols]), alpha: None },
         }
     }
 
@@ -174,20 +218,54 @@ mod tests {
         assert_eq!((rows("b.k.weight"), rows("b.v.weight"), rows("b.o.weight")), (vec![8], vec![16], vec![0]));
         assert!(plan.terms("b.ffn.weight").is_empty());
         assert_eq!(plan.tensors().collect::<Vec<_>>(), ["b.k.weight", "b.o.weight", "b.q.weight", "b.v.weight"]);
-        // The largest one-tensor merge: q's fp32 sum (two updates) and the fused factors.
-        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + 4 * (24 * 4 + 4 * 16));
+        // The largest one-tensor merge: q's fp32 sum (two updates) and both updates' factors in
+        // fp32 (f32 values here: no stored copy; the fused module's whole), each aligned to 256 bytes.
+        let fused = (4 * 24 * 4 + 256) + (4 * 4 * 16 + 256);
+        let own = (4 * 8 * 3 + 256) + (4 * 3 * 16 + 256);
+        assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + fused + own);
+        assert_eq!(Plan::default().scratch_bytes(), 0);
+    }
+
+    /// A rank-64 adapter on every linear of the full-size DiT, factors stored in bf16 as files
+    /// hold them: the largest merge is ffn_up_gate's, both factors in fp32 plus their bf16 copies.
+    #[test]
+    fn scratch_of_a_full_size_rank_64_adapter() {
+        let (dim, ffn, r) = (3072, 8192, 64);
+        let bf16 = |rows: usize, cols: usize| {
+            let n = 2 * rows * cols;
+            let bytes: crate::lora::keys::Bytes = std::sync::Arc::new(vec![0u8; n]);
+            Mat::stored(vec![rows, cols], crate::checkpoint::Dtype::BF16, bytes, 0..n).unwrap()
+        };
+        let mut modules = vec![];
+        for l in 0..42 {
+            for (p, o, i) in [("q", dim, dim), ("k", dim, dim), ("v", dim, dim), ("o", dim, dim), ("ffn_up_gate", 2 * ffn, dim), ("ffn_down", dim, ffn)] {
+                let name = format!("layers.{l}.proj.{p}.weight");
+                let delta = Delta::LowRank { up: bf16(o, r), down: bf16(r, i), alpha: Some(r as f32) };
+                modules.push(Module { key: name.clone(), targets: vec![(name, vec![o, i])], delta });
+            }
+        }
+        let plan = Plan::new(vec![lora(1.0, modules)]);
+        let want = (4 + 2) * (2 * ffn * r + r * dim) + 4 * 256;
+        assert_eq!(plan.scratch_bytes(), want);
+        println!("full-size rank-64 adapter: merge scratch {:.1} MiB", want as f64 / (1 << 20) as f64);
     }
 
     #[test]
-    fn clock_adds_host_and_device_time() {
+    fn clock_adds_host_and_device_time_apart() {
         let c = MergeClock::default();
         c.add_host(0.25);
         c.add_device(Box::new(|| 0.5));
         c.add_host(0.125);
-        assert_eq!(c.total(), (0.875, 2));
+        assert_eq!(c.total(), MergeTime { host_s: 0.375, device_s: 0.5, tensors: 2 });
+        assert_eq!(c.total().total_s(), 0.875);
         for _ in 0..PENDING_MAX + 10 {
             c.add_device(Box::new(|| 1.0));
         }
-        assert_eq!(c.total().0, 0.875 + (PENDING_MAX + 10) as f64);
+        let before = c.total();
+        assert_eq!(before.device_s, 0.5 + (PENDING_MAX + 10) as f64);
+        assert_eq!(before.host_s, 0.375);
+        c.add_host(0.5);
+        c.add_device(Box::new(|| 0.25));
+        assert_eq!(c.total().since(&before), MergeTime { host_s: 0.5, device_s: 0.25, tensors: 1 });
     }
 }

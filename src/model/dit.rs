@@ -8,10 +8,9 @@
 use crate::backend::ops::DitOps;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
+use super::stream::{self, Fetched, Streamer};
 use crate::backend::Behind;
-use crate::memory_plan::PREFETCH;
 use anyhow::{ensure, Result};
-use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table.
@@ -23,7 +22,7 @@ pub mod rope;
 pub mod mats;
 
 use mats::{BlockMats, Source};
-pub use mats::MainLinears;
+pub use mats::{block_matrix_names, MainLinears};
 
 /// A linear layer: `weight [out, in]` and an optional `bias [out]`.
 struct Linear<B: DitOps> {
@@ -67,33 +66,6 @@ struct Block<B: DitOps> {
     sources: Vec<Source<B>>,
     /// `None`: streamed (fetched from the checkpoint each time a forward reaches this block).
     mats: Option<BlockMats<B>>,
-}
-
-/// The streamed blocks' source and the fetches in flight (at most [`PREFETCH`] ahead).
-struct Streamer<B: DitOps> {
-    /// Declared first, so dropped first: a fetch still reading finishes before `source` unmaps.
-    queue: Mutex<(VecDeque<(usize, Fetch<B>)>, usize)>,
-    source: Component,
-}
-
-/// A fetch in flight: the tensors once the copies land, and the slot they land in.
-type Fetch<B> = (Behind<Vec<<B as crate::backend::Backend>::T>>, usize);
-
-/// A block's matrices as the weight provider hands them out: resident, or fetched for this use.
-enum Fetched<'a, B: DitOps> {
-    Resident(&'a BlockMats<B>),
-    /// The matrices and the slot they were fetched into.
-    Streamed(BlockMats<B>, usize),
-}
-
-impl<B: DitOps> std::ops::Deref for Fetched<'_, B> {
-    type Target = BlockMats<B>;
-    fn deref(&self) -> &BlockMats<B> {
-        match self {
-            Fetched::Resident(m) => m,
-            Fetched::Streamed(m, _) => m,
-        }
-    }
 }
 
 /// One pass through the main blocks: its modulation, RoPE table, the joint stream and the
@@ -160,16 +132,19 @@ impl<B: DitOps> Dit<B> {
     }
 
     /// The first `resident` main blocks resident, the rest streamed from `c` (kept open, a file
-    /// mapping) each time a forward reaches them, fetched up to [`PREFETCH`] blocks ahead into
-    /// `PREFETCH + 1` reused block buffers: the same values through the same kernels, so the
-    /// output is identical to [`Dit::load`]'s. At fp8, a streamed bf16/f32 block is quantized
-    /// after each fetch.
+    /// mapping) each time a forward reaches them ([`stream`]: fetched ahead into reused slots):
+    /// the same values through the same kernels, so the output is identical to [`Dit::load`]'s.
+    /// At fp8, a streamed bf16/f32 block is quantized after each fetch.
     pub fn load_streamed(b: &B, c: Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Self> {
         let mut dit = Self::load_blocks(b, &c, cfg, resident, linears)?;
-        if resident < cfg.num_layers {
-            dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
-        }
+        dit.stream = dit.streamer(c, resident);
         Ok(dit)
+    }
+
+    /// The provider of blocks `resident..`: each fetches the matrices its sources load.
+    fn streamer(&self, c: Component, resident: usize) -> Option<Streamer<B>> {
+        let names = self.layers.iter().enumerate().map(|(i, l)| (i >= resident).then(|| mats::fetched(i, &l.sources)));
+        Streamer::new(c, names.collect())
     }
 
     /// [`Dit::load_streamed`] with the resident weights' copies still in flight: the compute
@@ -177,9 +152,7 @@ impl<B: DitOps> Dit<B> {
     pub fn load_behind(b: &B, c: Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Behind<Self>> {
         let dit = b.load_behind(|b| Self::load_blocks_unbatched(b, &c, cfg, resident, linears))?;
         Ok(dit.map(|mut dit| {
-            if resident < cfg.num_layers {
-                dit.stream = Some(Streamer { queue: Mutex::new((VecDeque::new(), 0)), source: c });
-            }
+            dit.stream = dit.streamer(c, resident);
             dit
         }))
     }
@@ -355,7 +328,7 @@ impl<B: DitOps> Dit<B> {
             for r in runs.iter_mut().filter(|r| r.active.contains(&i)) {
                 self.advance(b, r, i, &mats)?;
             }
-            self.done_with(b, mats)?;
+            mats.done(b)?;
             self.prefetch(b, order[j + 1..].iter().copied())?;
         }
         runs.into_iter().map(|r| self.head(b, r)).collect()
@@ -408,77 +381,27 @@ impl<B: DitOps> Dit<B> {
         b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
     }
 
-    /// A block's compute is enqueued: a streamed block's slot may be refilled once it is done.
-    fn done_with(&self, b: &B, mats: Fetched<'_, B>) -> Result<()> {
-        match mats {
-            Fetched::Resident(_) => Ok(()),
-            Fetched::Streamed(m, slot) => {
-                drop(m);
-                b.free_slot(slot)
-            }
-        }
-    }
-
-    /// The weight provider: block `i`'s matrices, resident, or streamed: fetched ahead (or now)
-    /// and waited for here.
-    fn block_weights(&self, b: &B, i: usize) -> Result<Fetched<'_, B>> {
-        match (&self.layers[i].mats, &self.stream) {
-            (Some(m), _) => Ok(Fetched::Resident(m)),
-            (None, Some(s)) => {
-                let ahead = {
-                    let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
-                    // Fetches for blocks this forward skips are dropped (their slots are reused).
-                    while q.0.front().is_some_and(|(k, _)| *k != i) {
-                        q.0.pop_front();
-                    }
-                    q.0.pop_front().map(|(_, f)| f)
-                };
-                let (fetched, slot) = match ahead {
-                    Some(f) => f,
-                    None => self.issue_fetch(b, s, i)?,
-                };
-                let mats = BlockMats::from_loaded(b, &s.source, i, &self.layers[i].sources, fetched.ready()?)?;
-                Ok(Fetched::Streamed(mats, slot))
-            }
-            (None, None) => anyhow::bail!("transformer block {i} is neither resident nor streamed"),
-        }
-    }
-
-    /// Start fetching block `i` into the next slot.
-    fn issue_fetch(&self, b: &B, s: &Streamer<B>, i: usize) -> Result<Fetch<B>> {
-        let slot = {
-            let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let slot = q.1;
-            q.1 = (slot + 1) % (PREFETCH as usize + 1);
-            slot
+    /// The weight provider: block `i`'s matrices, resident, or streamed ([`stream::weights`]).
+    fn block_weights(&self, b: &B, i: usize) -> Result<Fetched<'_, BlockMats<B>>> {
+        let build = |raw| match &self.stream {
+            Some(s) => BlockMats::from_loaded(b, s.source(), i, &self.layers[i].sources, raw),
+            None => anyhow::bail!("block {i} is neither resident nor streamed"),
         };
-        let groups = mats::fetched(i, &self.layers[i].sources);
-        if groups.is_empty() {
-            return Ok((Behind::new(vec![], None), slot)); // every matrix comes from the host
-        }
-        Ok((b.fetch(&s.source, slot, &groups)?, slot))
+        stream::weights(b, self.stream.as_ref(), i, self.layers[i].mats.as_ref(), build)
     }
 
-    /// After a block's compute is queued: fetch the next streamed blocks this forward runs (`rest`,
-    /// in order), then those the next forward starts with, up to [`PREFETCH`] in flight.
+    /// After a block's compute is queued: fetch the next streamed blocks (`rest` of this forward,
+    /// then the next forward's first).
     fn prefetch(&self, b: &B, rest: impl Iterator<Item = usize>) -> Result<()> {
-        let Some(s) = &self.stream else { return Ok(()) };
-        let streamed = |k: &usize| self.layers[*k].mats.is_none();
-        let wrap = (0..self.layers.len()).filter(streamed);
-        for k in rest.filter(streamed).chain(wrap).take(PREFETCH as usize) {
-            let queued = {
-                let q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
-                if q.0.len() >= PREFETCH as usize {
-                    return Ok(());
-                }
-                q.0.iter().any(|(j, _)| *j == k)
-            };
-            if !queued {
-                let f = self.issue_fetch(b, s, k)?;
-                s.queue.lock().unwrap_or_else(|e| e.into_inner()).0.push_back((k, f));
-            }
+        self.stream.as_ref().map_or(Ok(()), |s| s.prefetch(b, rest))
+    }
+
+    /// Drop the blocks fetched ahead for a next forward (the denoising is over: their slots'
+    /// memory may go with the stage's).
+    pub fn end_stream(&self) {
+        if let Some(s) = &self.stream {
+            s.cancel();
         }
-        Ok(())
     }
 
     /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);

@@ -88,15 +88,11 @@ pub struct BlockMats<B: DitOps> {
     pub ffn_down: Matrix<B>,
 }
 
-/// The checkpoint tensors of block `i`'s matrices, each a dim-0 stack of these names: `qkv`,
-/// `o`, `ffn_up_gate`, `ffn_down`.
-pub fn names(i: usize) -> Vec<Vec<String>> {
+/// The checkpoint tensors of block `i`'s matrices ([`BlockMats`], what streaming moves), each a
+/// dim-0 stack of these names: `qkv`, `o`, `ffn_up_gate`, `ffn_down`.
+pub fn block_matrix_names(i: usize) -> Vec<Vec<String>> {
     let w = |n: &str| format!("layers.{i}.proj.{n}.weight");
     vec![vec![w("q"), w("k"), w("v")], vec![w("o")], vec![w("ffn_up_gate")], vec![w("ffn_down")]]
-}
-
-fn strs(g: &[String]) -> Vec<&str> {
-    g.iter().map(String::as_str).collect()
 }
 
 /// How the matrix stacking the checkpoint tensors `group` is made under `linears`: a stack is all
@@ -119,7 +115,7 @@ pub fn kind(c: &Component, group: &[String], linears: MainLinears) -> Result<Kin
 /// The [`Source`] of each of block `i`'s matrices under `linears`.
 pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) -> Result<Vec<Source<B>>> {
     let mut out = vec![];
-    for g in names(i) {
+    for g in block_matrix_names(i) {
         let kind = kind(c, &g, linears)?;
         let scale = if kind == Kind::Codes {
             let scales = g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat();
@@ -132,27 +128,23 @@ pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) 
     Ok(out)
 }
 
-/// The groups of [`names`] that go through the backend's loads and fetches (all but
+/// The groups of [`block_matrix_names`] that go through the backend's loads and fetches (all but
 /// [`Kind::Host`]), in order.
 pub fn fetched<B: DitOps>(i: usize, sources: &[Source<B>]) -> Vec<Vec<String>> {
-    names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s.kind, Kind::Host { .. })).map(|(g, _)| g).collect()
+    block_matrix_names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s.kind, Kind::Host { .. })).map(|(g, _)| g).collect()
 }
 
 impl<B: DitOps> BlockMats<B> {
     /// Block `i`'s matrices, loaded now.
     pub fn load(b: &B, c: &Component, i: usize, sources: &[Source<B>]) -> Result<Self> {
-        let mut raw = vec![];
-        for g in fetched::<B>(i, sources) {
-            raw.push(b.load_rows(c, &strs(&g))?);
-        }
-        Self::from_loaded(b, c, i, sources, raw)
+        Self::from_loaded(b, c, i, sources, crate::backend::load_groups(b, c, &fetched(i, sources))?)
     }
 
     /// Block `i`'s matrices from `raw`, the tensors of [`fetched`] as loaded (or fetched).
     pub fn from_loaded(b: &B, c: &Component, i: usize, sources: &[Source<B>], raw: Vec<B::T>) -> Result<Self> {
         let mut raw = raw.into_iter();
         let mut m = vec![];
-        for (g, s) in names(i).iter().zip(sources) {
+        for (g, s) in block_matrix_names(i).iter().zip(sources) {
             let mut next = || raw.next().ok_or_else(|| anyhow::anyhow!("block {i}: fewer loaded tensors than matrices"));
             let quantize = |w: &B::T| -> Result<Matrix<B>> {
                 let (q, scale) = b.quantize_rows(w)?;

@@ -3,7 +3,7 @@
 
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
-use crate::backend::{Backend, Device};
+use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::{Embeds, Encoded};
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
@@ -61,8 +61,11 @@ pub struct Report {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
-    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load).
-    pub lora_merge_s: f64,
+    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load):
+    /// the host's preparation and the device's time, apart.
+    pub lora_merge: crate::lora::plan::MergeTime,
+    /// Reading and checking the LoRA files (before the stages; beside the device's start-up).
+    pub lora_read_s: f64,
     /// Each stage split into loading its weights (host time reading and issuing the copies, or
     /// waiting for a load that ran behind the previous stage) and the rest.
     pub encode_load_s: f64,
@@ -77,7 +80,7 @@ pub struct Report {
 
 impl Report {
     pub fn json(&self) -> String {
-        serde_json::json!({
+        let mut j = serde_json::json!({
             "path": self.path.display().to_string(),
             "seed": self.seed,
             "steps": self.steps,
@@ -89,10 +92,13 @@ impl Report {
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
                         "denoise_load_behind_s": self.denoise_load_behind_s,
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
-                        "lora_merge_s": self.lora_merge_s},
+                        "lora_read_s": self.lora_read_s},
             "plan": self.plan,
-        })
-        .to_string()
+        });
+        for (k, v) in self.lora_merge.json_entries() {
+            j["timings"][k] = v.into();
+        }
+        j.to_string()
     }
 
     /// The `-v` line of the timings: each stage's load and compute.
@@ -104,7 +110,7 @@ impl Report {
             self.denoise_s,
             self.denoise_load_s,
             if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
-            if self.lora_merge_s > 0.0 { format!(", LoRA merge {:.3}", self.lora_merge_s) } else { String::new() },
+            if self.lora_merge.tensors > 0 { format!(", LoRA merge {}", self.lora_merge.line()) } else { String::new() },
             self.decode_s,
             self.decode_load_s,
             self.total_s
@@ -229,27 +235,13 @@ pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
     })
 }
 
-/// The CUDA backend on `cuda:n`, or a clear error naming the device. At `--precision fp8` the
-/// device must have float8 tensor cores, and the fp8 ops run once on a tiny input, so a GPU or
-/// a build without them stops here, before any weights load.
+/// The CUDA backend on `cuda:n`, or a clear error naming the device. At `--precision fp8` a GPU
+/// without float8 tensor cores (compute capability below 8.9) is refused here, before any
+/// weights load.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     let cu = crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))?;
     if precision == Precision::Fp8 {
-        let g = cu.gpu();
-        if !g.supports_fp8() {
-            let (major, minor) = g.compute_capability;
-            bail!(
-                "--precision fp8 needs float8 tensor cores (compute capability 8.9 or later: Ada, Hopper, Blackwell); \
-                 cuda:{n} ({}) is {major}.{minor}: use --precision bf16",
-                g.name
-            );
-        }
-        let probe = || -> Result<()> {
-            let x = cu.upload(&Tensor::zeros(&[1, 16]))?;
-            let (q, scale) = cu.quantize_rows(&x)?;
-            cu.linear_fp8(&x, &q, &scale).map(drop)
-        };
-        probe().with_context(|| format!("--precision fp8 on cuda:{n}"))?;
+        cu.check_fp8().with_context(|| format!("--precision fp8 on cuda:{n} ({})", cu.gpu().name))?;
     }
     Ok(cu)
 }
@@ -309,7 +301,19 @@ pub fn encode_ids<B: EncoderOps>(
 /// The encoder's hidden states of one token list as the DiT is fed them ([`stage_boundary`]):
 /// `generate`, batch mode and the server all encode through here.
 pub fn hidden_states<B: EncoderOps>(b: &B, enc: &Encoder<B>, ids: &[u32], precision: Precision) -> Result<Tensor> {
-    let h = stage_boundary(enc.forward(b, ids)?, precision);
+    boundary(enc.forward(b, ids)?, precision)
+}
+
+/// [`hidden_states`] of each of a picture's prompts (the prompt, the negative), through the
+/// encoder together ([`Encoder::hidden_all`]: a streamed layer moves once for both).
+pub fn hidden_states_all<B: EncoderOps>(b: &B, enc: &Encoder<B>, prompts: &[Vec<u32>], precision: Precision) -> Result<Vec<Tensor>> {
+    let ids: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    enc.hidden_all(b, &ids)?.iter().map(|h| boundary(b.download(h)?, precision)).collect()
+}
+
+/// Encoder output `h` as the DiT is fed it, checked finite.
+fn boundary(h: Tensor, precision: Precision) -> Result<Tensor> {
+    let h = stage_boundary(h, precision);
     crate::tensor::ensure_finite("the text encoder's hidden states", &h.data)?;
     Ok(h)
 }
@@ -485,24 +489,14 @@ pub fn generate_planned(
         };
         match opening {
             None => {
-                let linears = MainLinears::of(req.precision);
-                let p = plan(Budget { memory: None, overhead: 0, bf16_loaded: 4, act: crate::backend::cuda::DType::F32, linears }, progress)?;
+                let p = plan(Budget::cpu().with_linears(MainLinears::of(req.precision)), progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
-                let (free, total) = cu.gpu().mem_info()?;
-                let bf16 = crate::backend::cuda::ops::loaded_dtype(checkpoint::Dtype::BF16, req.precision).size();
-                let budget = Budget {
-                    memory: Some((free as u64, total as u64)),
-                    overhead: cu.process_overhead(),
-                    bf16_loaded: bf16,
-                    act: cu.act_dtype(),
-                    linears: MainLinears::of(req.precision),
-                };
-                let p = plan(budget, progress)?;
+                let p = plan(Budget::cuda(&cu)?, progress)?;
                 generate_on(&cu, &ck, req, tokens, progress, t0, &p)
             }
         }
@@ -595,7 +589,7 @@ where
             let comp = ck.open_component("text_encoder")?;
             let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
             rep.encode_load_s = t.elapsed().as_secs_f64();
-            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { tokens.iter().map(|ids| hidden_states(b, enc, ids, req.precision)).collect() };
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { hidden_states_all(b, enc, &tokens, req.precision) };
             // On a device with room for both, the transformer loads on another thread (its copies
             // behind the encoder's compute on the copy stream) while the encoder runs.
             let (mut hidden, dit) = if plan.overlap && b.loads_behind() {
@@ -638,7 +632,8 @@ where
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
-    rep.lora_merge_s = ck.loras.clock.total().0;
+    rep.lora_merge = ck.loras.clock.total();
+    rep.lora_read_s = ck.loras.read_s;
     if let Some(p) = &req.save_latents {
         write_latents(p, req, ck, &z)?;
     }

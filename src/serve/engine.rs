@@ -1,27 +1,27 @@
-//! The resident engine behind `moss serve`: the text encoder, the DiT and the VAE loaded once on
-//! one backend, rendering one request at a time to the exact bytes `moss generate` writes for the
-//! same settings (the same [`pipeline::hidden_states`], [`pipeline::denoise_with`] and
+//! The engine behind `moss serve`: the text encoder, the DiT and the VAE on one backend,
+//! rendering one request at a time to the exact bytes `moss generate` writes for the same
+//! settings (the same [`pipeline::hidden_states`], [`pipeline::denoise_with`] and
 //! [`pipeline::picture_bytes`] that `generate` and batch mode go through).
 //!
-//! On CUDA the start-up plan keeps all three networks resident when their weights and the
-//! largest picture's activations fit in free memory; otherwise the text encoder is loaded for
-//! each request (its load time is measured at start-up and logged) and only the DiT and the VAE
-//! stay. Requests whose DiT activations do not fit next to the resident weights are refused
-//! before any work ([`Engine::max_joint_tokens`]).
+//! What stays loaded is the start-up plan's ([`super::plan`], made before anything loads under
+//! `--max-vram` or the device's free memory): every network when they fit together; otherwise
+//! the transformer with as many blocks as fit (the rest streamed each forward), the VAE, and the
+//! text encoder's layers as room allows (the rest streamed), a network that cannot stay being
+//! loaded for each request. Streaming moves the same values through the same kernels, so the
+//! picture's bytes do not depend on the plan.
 
+use super::plan::ServeRunPlan;
 use crate::backend::cpu::Cpu;
-use crate::backend::cuda::{plan::MemoryPlan, Cuda};
+use crate::backend::cuda::Cuda;
 use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
-use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
 use crate::pipeline::{self, Progress, Request};
+use crate::run_plan::{Budget, MemoryOptions};
 use crate::tensor::Tensor;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::time::Instant;
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// One rendered picture and where its time went.
 #[derive(Clone, Debug, Default)]
@@ -39,163 +39,144 @@ pub trait Render {
     /// Stops with [`pipeline::Interrupted`] when `progress` says so between two steps.
     fn render(&mut self, req: &Request, tokens: &[Vec<u32>], progress: &mut dyn Progress) -> Result<Picture>;
     /// The largest count of joint tokens (`W/16 * H/16` + prompt tokens) one DiT forward may take
-    /// next to the resident weights (`usize::MAX` where memory is not planned: the CPU).
+    /// beside what stays loaded (`usize::MAX` where memory is not capped).
     fn max_joint_tokens(&self) -> usize;
-    /// Start-up plan, for the log: what is resident, what is swapped per request.
-    fn plan(&self) -> &str;
 }
 
-/// Where the per-backend differences live: memory (CUDA) or none (CPU).
-pub trait Residency: EncoderOps + DitOps + VaeOps + Sized {
-    /// Decide what stays resident given the sizes the server accepts; the text says it.
-    fn plan_residency(&self, ck: &Checkpoint, max_pixels: u64, max_tokens: usize) -> Result<(bool, String)>;
-    /// See [`Render::max_joint_tokens`]; asked once, after the weights are loaded.
-    fn joint_token_budget(&self, ck: &Checkpoint) -> Result<usize>;
+/// Where the per-backend differences live: the device's memory and threads.
+pub trait Serving: EncoderOps + DitOps + VaeOps + Sized {
+    /// The memory the plan is made for.
+    fn budget(&self) -> Result<Budget>;
+    /// Make the backend usable on the calling thread (the engine loads on its own thread).
+    fn use_on_this_thread(&self) -> Result<()>;
 }
 
-impl Residency for Cpu {
-    fn plan_residency(&self, _ck: &Checkpoint, _max_pixels: u64, _max_tokens: usize) -> Result<(bool, String)> {
-        Ok((true, "cpu: the text encoder, the transformer and the VAE stay resident in host memory".into()))
+impl Serving for Cpu {
+    fn budget(&self) -> Result<Budget> {
+        Ok(Budget::cpu())
     }
-    fn joint_token_budget(&self, _ck: &Checkpoint) -> Result<usize> {
-        Ok(usize::MAX)
+    fn use_on_this_thread(&self) -> Result<()> {
+        Ok(())
     }
 }
 
-impl Residency for Cuda {
-    fn plan_residency(&self, ck: &Checkpoint, max_pixels: u64, max_tokens: usize) -> Result<(bool, String)> {
-        use crate::backend::cuda::plan::{encoder_activation_bytes, RESERVE_BYTES};
-        let weights = |name: &'static str, p| -> Result<usize> { Ok(MemoryPlan::component(&ck.open_component_for_plan(name)?, p).weights) };
-        let enc = weights("text_encoder", self.precision)?;
-        let dit = weights("transformer", self.precision)?;
-        let vae = weights("vae", crate::options::Precision::Fp32)?;
-        let side = (max_pixels as f64).sqrt() as usize / 16;
-        let dit_act = self.dit_plan(&ck.open_component_for_plan("transformer")?, &ck.dit, side * side + max_tokens).activations;
-        let enc_act = encoder_activation_bytes(&ck.encoder, max_tokens, self.act_dtype());
-        let (free, total) = self.gpu().mem_info()?;
-        let gib = |b: usize| b as f64 / GIB;
-        let name = &self.gpu().name;
-        let all = enc + dit + vae + dit_act.max(enc_act) + RESERVE_BYTES;
-        if all <= free {
-            let msg = format!(
-                "{name}: resident: text encoder {:.1} GiB, transformer {:.1} GiB, VAE {:.1} GiB \
-                 ({:.1} GiB with the largest request's activations; {:.1} of {:.1} GiB free)",
-                gib(enc), gib(dit), gib(vae), gib(all), gib(free), gib(total)
-            );
-            return Ok((true, msg));
-        }
-        let swapped = dit + vae + dit_act.max(enc + enc_act) + RESERVE_BYTES;
-        if swapped <= free {
-            let msg = format!(
-                "{name}: resident: transformer {:.1} GiB, VAE {:.1} GiB; the text encoder ({:.1} GiB) does not fit \
-                 next to them ({:.1} GiB needed, {:.1} of {:.1} GiB free) and is loaded for each request",
-                gib(dit), gib(vae), gib(enc), gib(all), gib(free), gib(total)
-            );
-            return Ok((false, msg));
-        }
-        bail!(
-            "{name}: the transformer ({:.1} GiB) and the VAE ({:.1} GiB) with the activations of a {}x{} picture \
-             need {:.1} GiB, {:.1} of {:.1} GiB is free; lower --max-size or free GPU memory",
-            gib(dit), gib(vae), side * 16, side * 16, gib(swapped), gib(free), gib(total)
-        )
+impl Serving for Cuda {
+    fn budget(&self) -> Result<Budget> {
+        Budget::cuda(self)
     }
-
-    fn joint_token_budget(&self, ck: &Checkpoint) -> Result<usize> {
-        self.release_cached()?;
-        let (free, _) = self.gpu().mem_info()?;
-        let comp = ck.open_component("transformer")?;
-        let need = |tokens: usize| {
-            let p = self.dit_plan(&comp, &ck.dit, tokens);
-            p.activations + p.reserve
-        };
-        // The activations grow with the tokens: the largest count that fits, by bisection.
-        let (mut lo, mut hi) = (0usize, (crate::options::MAX_SIDE as usize / 16).pow(2) + crate::prompt::MAX_TOKENS);
-        if need(hi) <= free {
-            return Ok(hi);
-        }
-        while lo + 1 < hi {
-            let mid = (lo + hi) / 2;
-            if need(mid) <= free {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(lo)
+    fn use_on_this_thread(&self) -> Result<()> {
+        self.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))
     }
 }
 
-/// The three networks, loaded once.
-pub struct Engine<B: Residency> {
+/// A network kept loaded between requests, or loaded for each.
+enum Held<N> {
+    Kept(N),
+    PerRequest,
+}
+
+impl<N> Held<N> {
+    /// The kept network, or the one `load` gives for this request (held in `slot`).
+    fn or_load<'a>(&'a self, slot: &'a mut Option<N>, load: impl FnOnce() -> Result<N>) -> Result<&'a N> {
+        match self {
+            Held::Kept(n) => Ok(n),
+            Held::PerRequest => Ok(slot.insert(load()?)),
+        }
+    }
+}
+
+/// The three networks as the plan holds them.
+pub struct Engine<B: Serving> {
     b: B,
     ck: Checkpoint,
-    /// None: loaded for each request (it does not fit next to the others).
-    encoder: Option<Encoder<B>>,
-    dit: Dit<B>,
-    vae: VaeDecoder<B>,
-    joint_tokens: usize,
-    plan: String,
+    plan: ServeRunPlan,
+    encoder: Held<Encoder<B>>,
+    dit: Held<Dit<B>>,
+    vae: Held<VaeDecoder<B>>,
 }
 
-impl<B: Residency> Engine<B> {
-    /// Load every network that stays resident. `max_pixels` and `max_tokens`: the largest picture
-    /// (W x H) and prompt the server accepts, which the memory plan must hold.
-    /// `linears`: how the transformer's main blocks hold their matrices (the server's precision).
-    pub fn load(b: B, ck: Checkpoint, max_pixels: u64, max_tokens: usize, linears: MainLinears) -> Result<Engine<B>> {
-        let (keep_encoder, mut plan) = b.plan_residency(&ck, max_pixels, max_tokens)?;
-        let t = Instant::now();
-        let encoder = Some(Encoder::load(&b, &ck.open_component("text_encoder")?, &ck.encoder)?);
-        let encoder_load_s = t.elapsed().as_secs_f64();
-        let encoder = if keep_encoder {
-            encoder
-        } else {
-            drop(encoder);
-            b.release_cached()?;
-            plan.push_str(&format!(" (about {encoder_load_s:.1} s more per request: its load at start-up)"));
-            None
+/// The plan for requests up to `max_size` and `max_tokens` on `b` under `mem`, the transformer's
+/// main blocks held as `linears` (the server's precision), made before any weights load
+/// (refused, naming the smallest cap that works, when even streaming does not fit).
+pub fn plan<B: Serving>(b: &B, ck: &Checkpoint, mem: &MemoryOptions, max_size: (u32, u32), max_tokens: usize, linears: MainLinears) -> Result<ServeRunPlan> {
+    super::plan::decide(ck, &b.budget()?.with_linears(linears), mem, max_size, max_tokens)
+}
+
+impl<B: Serving> Engine<B> {
+    /// Load what `plan` keeps; `max_size` is the largest picture (W, H) the server accepts.
+    pub fn load(b: B, ck: Checkpoint, plan: ServeRunPlan, max_size: (u32, u32)) -> Result<Engine<B>> {
+        let encoder = match plan.keeps("text_encoder") {
+            true => Held::Kept(Encoder::load_streamed(&b, ck.open_component("text_encoder")?, &ck.encoder, plan.resident_blocks("text_encoder"))?),
+            false => Held::PerRequest,
         };
-        let dit = Dit::load(&b, &ck.open_component("transformer")?, &ck.dit, linears)?;
-        let side = (max_pixels as f64).sqrt() as usize / 16;
-        let vae = pipeline::load_vae(&b, &ck, side.max(1), side.max(1))?;
-        let joint_tokens = b.joint_token_budget(&ck)?;
-        Ok(Engine { b, ck, encoder, dit, vae, joint_tokens, plan })
+        let dit = match plan.keeps("transformer") {
+            true => Held::Kept(Dit::load_streamed(&b, ck.open_component("transformer")?, &ck.dit, plan.resident_blocks("transformer"), plan.linears)?),
+            false => Held::PerRequest,
+        };
+        if !ck.loras.is_empty() {
+            let n = ck.loras.adapters().len();
+            let merge = ck.loras.clock.total();
+            super::log(&format!("{n} LoRA(s) read in {:.3} s, merged in {}", ck.loras.read_s, merge.line()));
+        }
+        b.limit_vae_activations(plan.vae_activations);
+        let vae = match plan.keeps("vae") {
+            true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),
+            false => Held::PerRequest,
+        };
+        Ok(Engine { b, ck, plan, encoder, dit, vae })
     }
 
     fn conditions(&self, tokens: &[Vec<u32>], precision: Precision) -> Result<(Tensor, Tensor)> {
-        let swapped;
-        let enc = match &self.encoder {
-            Some(e) => e,
-            None => {
-                swapped = Encoder::load(&self.b, &self.ck.open_component("text_encoder")?, &self.ck.encoder)?;
-                &swapped
-            }
-        };
-        let mut hidden = tokens.iter().map(|ids| pipeline::hidden_states(&self.b, enc, ids, precision)).collect::<Result<Vec<_>>>()?;
+        let mut per_request = None;
+        let enc = self.encoder.or_load(&mut per_request, || {
+            Encoder::load_streamed(&self.b, self.ck.open_component("text_encoder")?, &self.ck.encoder, self.plan.resident_blocks("text_encoder"))
+        })?;
+        let hidden = pipeline::hidden_states_all(&self.b, enc, tokens, precision);
+        enc.end_stream();
+        let mut hidden = hidden?;
         anyhow::ensure!(!hidden.is_empty(), "no prompt tokens");
         let cond = hidden.remove(0);
         let uncond = if hidden.is_empty() { cond.clone() } else { hidden.remove(0) };
         Ok((cond, uncond))
     }
 
+    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
+        let mut per_request = None;
+        let dit = self.dit.or_load(&mut per_request, || {
+            Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)
+        })?;
+        let z = pipeline::denoise_with(&self.b, dit, &self.ck, req, cond, uncond, progress);
+        dit.end_stream();
+        z
+    }
+
+    fn picture(&self, req: &Request, z: &Tensor, progress: &mut dyn Progress) -> Result<Vec<u8>> {
+        anyhow::ensure!(z.shape.len() == 4, "VAE decode: latents {:?}", z.shape);
+        self.b.limit_vae_activations(self.plan.vae_activations);
+        let mut per_request = None;
+        let vae = self.vae.or_load(&mut per_request, || pipeline::load_vae(&self.b, &self.ck, z.shape[2], z.shape[3]))?;
+        pipeline::picture_bytes(&self.b, vae, &self.ck, req, z, progress)
+    }
+
     fn render_inner(&mut self, req: &Request, tokens: &[Vec<u32>], progress: &mut dyn Progress) -> Result<Picture> {
         let t0 = Instant::now();
-        // The pool is trimmed between the stages as `generate` does, so each stage sees the free
-        // memory it sees there, less the resident weights (the VAE's strip plan reads it).
+        // The pool is trimmed between the stages as `generate` does, so each stage has the
+        // memory its plan gives it (the streamed layers' slots go too).
         let (cond, uncond) = self.conditions(tokens, req.precision)?;
         self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let z = pipeline::denoise_with(&self.b, &self.dit, &self.ck, req, &cond, &uncond, progress)?;
+        let z = self.latents(req, &cond, &uncond, progress)?;
         self.b.release_cached()?;
         let denoise_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        let bytes = pipeline::picture_bytes(&self.b, &self.vae, &self.ck, req, &z, progress)?;
+        let bytes = self.picture(req, &z, progress)?;
         let decode_s = t2.elapsed().as_secs_f64();
         Ok(Picture { bytes, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64() })
     }
 }
 
-impl<B: Residency> Render for Engine<B> {
+impl<B: Serving> Render for Engine<B> {
     fn render(&mut self, req: &Request, tokens: &[Vec<u32>], progress: &mut dyn Progress) -> Result<Picture> {
         let r = self.render_inner(req, tokens, progress);
         // A failed or stopped picture leaves nothing behind for the next one.
@@ -205,9 +186,6 @@ impl<B: Residency> Render for Engine<B> {
         Ok(pic)
     }
     fn max_joint_tokens(&self) -> usize {
-        self.joint_tokens
-    }
-    fn plan(&self) -> &str {
-        &self.plan
+        self.plan.joint_tokens
     }
 }

@@ -1,6 +1,8 @@
-//! `moss serve`: an OpenAI-compatible image server over a resident engine ([`engine`]). It binds
-//! first (so `/health` answers 503 while the weights load), loads every network once on the
-//! worker thread ([`queue::work`]), then serves one picture at a time from a FIFO queue.
+//! `moss serve`: an OpenAI-compatible image server over a loaded engine ([`engine`]). It opens the
+//! device and makes its memory plan first ([`plan`]: refused there, before anything binds, when
+//! even streaming cannot fit the cap), binds (so `/health` answers 503 while the weights load),
+//! loads what the plan keeps on the worker thread ([`queue::work`]), then serves one picture at a
+//! time from a FIFO queue.
 //!
 //! **Shutdown.** The first SIGTERM or SIGINT stops accepting connections, answers every queued
 //! request with 503 and lets the running picture finish (its client gets it; a request's later
@@ -16,15 +18,15 @@
 pub mod api;
 pub mod engine;
 pub mod metrics;
+pub mod plan;
 pub mod queue;
 pub mod routes;
 
 use crate::backend::{cpu::Cpu, Device};
-use crate::model::dit::MainLinears;
 use crate::options::Precision;
 use crate::pipeline;
 use anyhow::{bail, Context, Result};
-use engine::{Engine, Render};
+use engine::{Engine, Render, Serving};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use queue::Queue;
 use std::net::{IpAddr, SocketAddr};
@@ -57,6 +59,8 @@ pub struct ServeOptions {
     pub skip_window: (f64, f64),
     /// LoRAs merged into the transformer at start-up (every picture carries them).
     pub loras: Vec<crate::lora::LoraSpec>,
+    /// The device memory the server may use (`--max-vram`).
+    pub memory: crate::run_plan::MemoryOptions,
 }
 
 /// One line on stderr, prefixed like every server line.
@@ -95,36 +99,50 @@ pub fn run(o: ServeOptions) -> Result<()> {
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let model = ck.loc.id.clone();
+    let t0 = Instant::now();
+    let (plan, loader) = match o.device {
+        Device::Cpu => planned(Cpu, ck, &o, t0)?,
+        Device::Cuda(n) => planned(pipeline::cuda(n, o.precision)?, ck, &o, t0)?,
+    };
+    if let Some(w) = &plan.warning {
+        log(&format!("warning: {w}"));
+    }
+    log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(serve(o, ck.loc.id.clone(), tokenizer))
+    rt.block_on(serve(o, model, tokenizer, plan.json(), loader))
 }
 
-fn load_engine(o: &ServeOptions) -> Result<Box<dyn Render>> {
-    let mut ck = pipeline::open_checkpoint(&o.model)?;
-    ck.attach_loras(&o.loras)?;
-    let pixels = o.max_size.0 as u64 * o.max_size.1 as u64;
-    Ok(match o.device {
-        Device::Cpu => Box::new(Engine::load(Cpu, ck, pixels, o.max_tokens, MainLinears::of(o.precision))?),
-        Device::Cuda(n) => Box::new(Engine::load(pipeline::cuda(n, o.precision)?, ck, pixels, o.max_tokens, MainLinears::of(o.precision))?),
-    })
+/// Loads the planned engine (on the worker thread).
+type Loader = Box<dyn FnOnce() -> Result<Box<dyn Render>> + Send>;
+
+/// The memory plan on the opened backend `b`, and what loads the engine it plans (`t0`: when
+/// start-up began).
+fn planned<B: Serving + Send + 'static>(b: B, ck: crate::checkpoint::Checkpoint, o: &ServeOptions, t0: Instant) -> Result<(plan::ServeRunPlan, Loader)> {
+    let p = engine::plan(&b, &ck, &o.memory, o.max_size, o.max_tokens, crate::model::dit::MainLinears::of(o.precision))?;
+    let (kept, max_size) = (p.clone(), o.max_size);
+    let load = move || -> Result<Box<dyn Render>> {
+        b.use_on_this_thread()?;
+        let e = Engine::load(b, ck, kept, max_size)?;
+        log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
+        Ok(Box::new(e))
+    };
+    Ok((p, Box::new(load)))
 }
 
 /// The worker thread: load, say so, then render until the queue drains.
-fn spawn_worker(o: ServeOptions, q: Arc<Queue>) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
+fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("moss-engine".into())
         .spawn(move || {
-            let t0 = Instant::now();
-            let mut engine = match load_engine(&o) {
+            let mut engine = match load() {
                 Ok(e) => e,
                 Err(e) => {
                     let _ = tx.send(Err(format!("{e:#}")));
                     return;
                 }
             };
-            log(engine.plan());
-            log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
             q.set_ready(engine.max_joint_tokens());
             queue::work(&q, engine.as_mut());
             let _ = tx.send(Ok(()));
@@ -133,7 +151,7 @@ fn spawn_worker(o: ServeOptions, q: Arc<Queue>) -> tokio::sync::oneshot::Receive
     rx
 }
 
-async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer) -> Result<()> {
+async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer, plan: serde_json::Value, load: Loader) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -145,6 +163,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
         limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
         api_key: o.api_key.clone(),
+        plan,
         max_body: o.max_body,
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -152,7 +171,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
     let app = routes::router(st, o.client_timeout);
     let auth = if o.api_key.is_some() { "API key required" } else { "no API key" };
     log(&format!("listening on http://{bound} ({auth}); loading {model} on {} ...", o.device));
-    let mut worker = spawn_worker(o.clone(), q.clone());
+    let mut worker = spawn_worker(q.clone(), load);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

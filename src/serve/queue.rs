@@ -340,9 +340,6 @@ mod tests {
         fn max_joint_tokens(&self) -> usize {
             usize::MAX
         }
-        fn plan(&self) -> &str {
-            "fake"
-        }
     }
 
     fn last(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<Event> {

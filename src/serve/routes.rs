@@ -29,6 +29,8 @@ pub struct AppState {
     /// What a request's fields are written over ([`api::base_request`]).
     pub base: crate::pipeline::Request,
     pub api_key: Option<String>,
+    /// The memory plan, as `/health` shows it.
+    pub plan: Value,
     pub max_body: usize,
     pub next_id: AtomicU64,
     pub started: u64,
@@ -114,7 +116,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
     };
-    (code, Json(json!({"status": status, "model": st.model}))).into_response()
+    (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {

@@ -417,5 +417,5 @@ __device__ __forceinline__ void attn(const __nv_bfloat16* __restrict__ q, const 
     }
 
 // No kernel of its own any more (the `wgmma` / `wgmma_serial` DiT kernels were measured slower
-// than attention_ws.cu's and deleted): its helpers serve attention_ws.cu and
-// attention_causal_wgmma.cu.
+// than the warp-specialised one and deleted): its helpers serve dit/sm90a/flash_attention_ws.cu and
+// encoder/sm90a/causal_flash_attention_wgmma.cu.

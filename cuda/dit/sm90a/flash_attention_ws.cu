@@ -1,5 +1,5 @@
 // DiT attention on Hopper, warp-specialised (sm_90a only): the same contract and math as
-// attention_wgmma.cu (O = softmax(Q K^T * scale) V, head dim 128, bf16 in/out, fp32 scores and
+// cuda/common/sm90a/wgmma_attention.cuh (O = softmax(Q K^T * scale) V, head dim 128, bf16 in/out, fp32 scores and
 // statistics, wgmma m64n128k16), with the loads moved to a producer warp:
 //
 // - 384 threads = 3 warpgroups. Warpgroup 0 is the producer: one thread issues TMA tensor copies
@@ -10,11 +10,12 @@
 // - Warpgroups 1 and 2 are consumers of 64 query rows each; they never meet at a CTA-wide barrier:
 //   each waits only on the mbarriers of the tiles it reads. Each step issues S(i+1) = Q K(i+1)^T and
 //   O += P(i) V(i) together and runs the softmax of S(i+1) under P V (intra-warpgroup overlap, the
-//   same step as attention_wgmma.cu's overlapped kernel).
+//   same step as the overlapped loop of cuda/common/sm90a/wgmma_attention.cuh).
 // - PINGPONG: the two consumers take turns issuing their GEMMs (named barriers 1 and 2, 256 threads)
 //   so that one warpgroup's softmax runs while the other's GEMMs are on the tensor cores.
-//   Measured on the H200 (bench/notes-attn3.md), N = 4224: 0.366 ms with ping-pong, 0.331 ms
-//   without (free-running consumers desynchronise by themselves); `_ws_nopp` is the default.
+//   Measured on the H200 (git history: bd933bf), N = 4224: 0.366 ms with ping-pong, 0.331 ms
+//   without (free-running consumers desynchronise by themselves); the kernel built is the one
+//   without (`ws_nopp`).
 //
 // Arguments: three CUtensorMaps (q, k, v: 2-D bf16 {heads*128 columns, n rows}, row stride = the
 // tensor's row stride in bytes, box {64, 128}, SWIZZLE_128B, made on the host by
@@ -183,7 +184,7 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
         pin_all(s);
         free_k(i + 1);
         softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
-        // keeps the exponentials above the wait for P V (see attention_wgmma.cu)
+        // keeps the exponentials above the wait for P V (see cuda/common/sm90a/wgmma_attention.cuh)
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
         wg_wait<0>();
         pin_all(acc);

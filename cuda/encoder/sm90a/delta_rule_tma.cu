@@ -28,18 +28,19 @@
 // copies landing in this CTA) and an "empty" one (CW·CL arrivals: every compute warp of every CTA
 // of the cluster, since each CTA writes into the other's slot). The waits and the remote arrivals
 // use the instructions' default semantics (acquire / release at CTA scope, as CUTLASS's cluster
-// barriers): the explicit cluster-scope forms cost `membar` stalls (bench/RESULTS.md, session 15).
+// barriers): the explicit cluster-scope forms cost `membar` stalls (ncu on the H200, session 15;
+// git history: a54bcba).
 // The compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
 // (register double buffer, by hand: the asm statements keep program order). Two named barriers a
 // chunk (Uᵀ, Sᵀ exchanged in smem). Products on TF32 mma.sync m16n8k8 (operands rounded with
 // cvt.rna as delta_rule_tc.cuh, fp32 accumulators); Sᵀ and Uᵀ are stored TF32-rounded.
-// Measured on the H200 (this kernel as `tma2y`, session 16): 0.225 ms a layer at 4096 tokens
-// (Hk 16, Hv 32, dk = dv = 128) after the prep; the history of the variants it replaced is in
-// bench/notes-gdrseq.md, notes-gdrtma.md and bench/RESULTS.md.
+// Measured on the H200 (this kernel as `tma2y`, session 16; git history: e64bff3): 0.225 ms a layer
+// at 4096 tokens (Hk 16, Hv 32, dk = dv = 128) after the prep; the variants it replaced and their
+// measurements are in git history (017c48b, de7abb4, a54bcba).
 // BUG 1 (moss_ctl_enc_gdr_tma_bf16): the state read Q S forgets its decay e^{γ}.
 // Needs dk % 8 == 0, dk, dv ≤ 128, q rows 16-byte aligned (the host checks).
 #include "../launch.h"
-#ifndef GDR_EMU  // bench/gdr_emu.cpp compiles the body as host code with emulated primitives
+#ifndef GDR_EMU  // tools/delta_rule_emu.cpp compiles the body as host code with emulated primitives
 #include "elem.cuh"
 #include "mma.cuh"
 #endif
@@ -176,7 +177,7 @@ __device__ __forceinline__ void ft_st2(__nv_bfloat16* out, long i, float x, floa
     }
 }
 #endif
-// The emulator's fp32 data (bench/gdr_emu.cpp): q rounded to TF32 like every other operand.
+// The emulator's fp32 data (tools/delta_rule_emu.cpp): q rounded to TF32 like every other operand.
 __device__ __forceinline__ float ft_qv(float x) { return x; }
 __device__ __forceinline__ unsigned ft_qbits(const float*, float x) { return ft_tf32(x); }
 __device__ __forceinline__ void ft_st2(float* out, long i, float x, float y, bool two, bool) {

@@ -101,8 +101,10 @@ impl Backend for Cpu {
         let (shape, data) = c.f32(name)?;
         super::merge_loras(self, &c.loras, &c.full_name(name), c.info(name)?.dtype, Tensor::new(shape, data)?)
     }
-    fn merge_lora(&self, mut w: Tensor, stored: Dtype, terms: &[Term], _: &MergeClock) -> Result<Tensor> {
+    fn merge_lora(&self, mut w: Tensor, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<Tensor> {
+        let t = std::time::Instant::now();
         crate::lora::merge::merge_tensor(&mut w.data, &w.shape, stored, terms)?;
+        clock.add_host(t.elapsed().as_secs_f64());
         Ok(w)
     }
 

@@ -1,12 +1,14 @@
 //! cuBLASLt for `linear`: `out [M, N] = x [M, K] · wᵀ (+ b)`, row-major, in bf16 (fp32
-//! accumulate, bf16 out, bias through the epilogue) or fp32 (CUBLAS_COMPUTE_32F: TF32 off).
+//! accumulate, bf16 out, bias through the epilogue) or fp32 (CUBLAS_COMPUTE_32F: TF32 off); and
+//! for `linear_fp8`: float8 e4m3 A and B (fp32 accumulate, fast accumulation off), bf16 or fp32
+//! out, with or without one f32 scale per output row and column ([`Gemm::outer_scales`]).
 //!
 //! In cuBLAS's column-major terms the row-major product is `Dᵀ [N, M] = op(W) · X` with W read
 //! transposed (`TRANSA = T`, the "TN" layout the tensor-core kernels like best). Descriptors,
 //! layouts and the heuristic's algorithm are built once per (dtype, M, N, K, bias) and cached.
 
 use super::DType;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
@@ -42,6 +44,10 @@ pub struct Gemm {
     /// column block of a wider output): the heuristic then excludes algorithms that need more.
     /// 0: 256-byte aligned.
     pub align_cd: u32,
+    /// FP8 A and B (`ab` = e4m3) scaled by vectors: `D[i, j] = scale_a[i] · scale_b[j] · Σ_l
+    /// op(A)[i, l] · op(B)[l, j]`, `scale_a` of length m and `scale_b` of n, f32
+    /// (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`; [`Blas::gemm_fp8`]). Off: unit scales.
+    pub outer_scales: bool,
 }
 
 impl Gemm {
@@ -67,6 +73,7 @@ impl Gemm {
             tf32: false,
             accumulate: false,
             align_cd: 0,
+            outer_scales: false,
         }
     }
     /// Strided batches: `batch` products, A, B, D advancing by their strides (elements).
@@ -83,6 +90,7 @@ fn mtype(d: DType) -> sys::cudaDataType {
     match d {
         DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
         DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        DType::F8E4M3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
     }
 }
 
@@ -164,6 +172,8 @@ pub struct Blas {
     ws_size: usize,
     plans: Mutex<HashMap<Gemm, Plan>>,
     cc: (i32, i32),
+    /// The device's FP8 product path, picked at the first `linear_fp8` (`Cuda::fp8_gemm`).
+    pub(crate) fp8_path: std::sync::OnceLock<std::result::Result<super::select::Fp8Gemm, String>>,
 }
 
 // SAFETY: the handle and plans are only used under the `plans` mutex or through `&self` calls
@@ -203,10 +213,10 @@ impl Blas {
         // SAFETY: the workspace is scratch memory cuBLASLt writes before it reads.
         let ws = unsafe { stream.alloc::<u8>(ws_size) }.map_err(|e| anyhow!("cuBLASLt workspace: {e:?}"))?;
         let ws_ptr = ws.device_ptr(stream).0;
-        Ok(Blas { handle, _workspace: ws, ws_ptr, ws_size, plans: Mutex::new(HashMap::new()), cc })
+        Ok(Blas { handle, _workspace: ws, ws_ptr, ws_size, plans: Mutex::new(HashMap::new()), cc, fp8_path: Default::default() })
     }
 
-    fn plan(&self, g: Gemm, bias_ptr: u64) -> Result<Plan> {
+    fn plan(&self, g: Gemm, bias_ptr: u64, scales: Option<(u64, u64)>) -> Result<Plan> {
         let compute = match (g.ab, g.tf32) {
             (DType::F32, true) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
             _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -257,6 +267,20 @@ impl Blas {
                 sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
             };
             set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+            if g.ab == DType::F8E4M3 {
+                // The tensor cores' partial sums go to fp32 at intervals (the default, said here so
+                // a reader sees the choice): fast accumulation keeps them in the narrower accumulator.
+                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &0i8)?;
+            }
+            if g.outer_scales {
+                use sys::cublasLtMatmulDescAttributes_t as D;
+                let mode = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode)?;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode)?;
+                let (sa, sb) = scales.ok_or_else(|| anyhow!("cuBLASLt: {g:?} without its scale vectors"))?;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa)?;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb)?;
+            }
             let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
             let ws = self.ws_size;
             let r = lt::set_matmul_pref_attribute(
@@ -326,11 +350,36 @@ impl Blas {
     /// type and layout (it may be `d` itself).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_acc(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, c: Option<u64>, d: u64, bias: Option<u64>, alpha: f32) -> Result<()> {
+        self.matmul(stream, g, a, b, c, d, bias, None, alpha)
+    }
+
+    /// An FP8 product (`g.ab` e4m3): `d = op(a) · op(b)`, scaled by the f32 vectors `scales` =
+    /// (`scale_a` [m], `scale_b` [n]) when given ([`Gemm::outer_scales`]), else by 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, d: u64, scales: Option<(u64, u64)>) -> Result<()> {
+        ensure!(g.ab == DType::F8E4M3, "gemm_fp8 of {:?} inputs", g.ab);
+        let g = Gemm { outer_scales: scales.is_some(), ..g };
+        self.matmul(stream, g, a, b, None, d, None, scales, 1.0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        stream: &CudaStream,
+        g: Gemm,
+        a: u64,
+        b: u64,
+        c: Option<u64>,
+        d: u64,
+        bias: Option<u64>,
+        scales: Option<(u64, u64)>,
+        alpha: f32,
+    ) -> Result<()> {
         let g = Gemm { bias: bias.is_some(), accumulate: c.is_some(), ..g };
         let mut plans = self.plans.lock().unwrap();
         let p = match plans.entry(g) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(g, bias.unwrap_or(0))?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(g, bias.unwrap_or(0), scales)?),
         };
         let beta = if c.is_some() { 1f32 } else { 0f32 };
         let c = c.unwrap_or(d);
@@ -338,6 +387,10 @@ impl Blas {
         unsafe {
             if let Some(b) = bias {
                 set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b)?;
+            }
+            if let Some((sa, sb)) = scales {
+                set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa)?;
+                set_desc(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb)?;
             }
             let (desc, la, lb, lc) = (p.desc, p.la, p.lb, p.lc);
             let run_into = |algo: &sys::cublasLtMatmulAlgo_t, d: u64| {

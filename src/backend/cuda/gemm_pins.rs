@@ -1,5 +1,6 @@
 //! cuBLASLt algorithms pinned per product shape, where a device call measured one of the
-//! heuristic's candidates clearly faster than its first choice (bench/RESULTS.md names the call).
+//! heuristic's candidates clearly faster than its first choice (measured on the H200, session 17;
+//! git history: d0c23f2, c21509d).
 //!
 //! A pin is looked up by compute capability and the product's shape in cuBLAS's column-major
 //! terms (m = output features, n = rows, k), and names a whole [`AlgoConfig`]. The plan takes the
@@ -29,9 +30,9 @@ const fn cfg(tile: u32, custom: u32, cluster: u32) -> AlgoConfig {
 const H200: (i32, i32) = (9, 0);
 
 /// The table: the text encoder's products at 4096 and 128 tokens on the H200 (cuBLASLt of CUDA
-/// 13.0), where `MOSS_GEMM_TUNE=1` timed the candidate faster than the heuristic's first choice
-/// in each of three processes (bench/lead17-h200/call1-tune_sum.txt: median of 5 round-robin
-/// rounds; the fraction is the time against the first choice's).
+/// 13.0), where the tuning mode (deleted in 72188d7) timed the candidate faster than the
+/// heuristic's first choice in each of three processes (median of 5 round-robin rounds; git
+/// history: d0c23f2; the fraction is the time against the first choice's).
 pub const PINS: &[Pin] = &[
     // q|k|v at 4096 tokens: 0.943 (0.4454 against 0.4724 ms)
     Pin { cc: H200, m: 10240, n: 4096, k: 4096, accumulate: false, config: cfg(197, 2, 5) },

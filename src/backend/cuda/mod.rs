@@ -28,7 +28,7 @@ pub const FATBIN: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "
 #[cfg(not(moss_kernels))]
 pub const FATBIN: Option<&[u8]> = None;
 
-/// The Hopper-only kernels of `cuda/sm90a/*.cu` (wgmma), `sm_90a` machine code only; loaded on
+/// The Hopper-only kernels of `cuda/*/sm90a/*.cu` (wgmma), `sm_90a` machine code only; loaded on
 /// compute capability 9.0 alone (absent when build.rs built no sm_90 code).
 #[cfg(moss_sm90a)]
 pub const FATBIN_SM90A: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/moss_kernels_sm90a.fatbin")));
@@ -78,12 +78,6 @@ pub struct Gpu {
 pub const CONTEXT_BOUND: u64 = 768 << 20;
 
 impl Gpu {
-    /// Whether the device has float8 e4m3 tensor cores (`--precision fp8`): compute capability
-    /// 8.9 (Ada) and later.
-    pub fn supports_fp8(&self) -> bool {
-        self.compute_capability >= (8, 9)
-    }
-
     /// Open `cuda:ordinal`: a clear error (never a panic) without a driver, a GPU or kernels.
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let Some(fatbin) = FATBIN else {

@@ -4,7 +4,8 @@
 //! Dtype rules (every op computes in fp32 and rounds once into its output):
 //! - `upload` gives the precision's activation dtype (bf16, or f32 with `--precision fp32`);
 //!   [`Cuda::upload_as`] picks one explicitly.
-//! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`) and an f32 one f32.
+//! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`), an f32 one f32 and
+//!   a float8 e4m3 one e4m3 (the codes, one byte each; `download` gives their values).
 //! - `linear` computes in the weight's dtype (x and the bias are cast to it if they differ) and
 //!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
@@ -23,7 +24,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod fp8;
 pub mod mover;
+pub(crate) mod ring;
 mod tensor_ops;
 mod transfer;
 mod weights;
@@ -36,6 +39,8 @@ use transfer::Staging;
 pub enum DType {
     BF16,
     F32,
+    /// float8 e4m3 codes ([`crate::fp8`]): the weights and activations of the fp8 linears.
+    F8E4M3,
 }
 
 impl DType {
@@ -43,6 +48,7 @@ impl DType {
         match self {
             DType::BF16 => 2,
             DType::F32 => 4,
+            DType::F8E4M3 => 1,
         }
     }
     /// The suffix of kernel names (`moss_add_bf16_f32`).
@@ -50,13 +56,14 @@ impl DType {
         match self {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
+            DType::F8E4M3 => "f8e4m3",
         }
     }
-    /// The activation dtype of a precision.
+    /// The activation dtype of a precision: f32 at fp32, else bf16 (the fp8 linears' activations too).
     pub fn of(p: Precision) -> DType {
         match p {
-            Precision::Bf16 | Precision::Fp8 => DType::BF16,
             Precision::Fp32 => DType::F32,
+            _ => DType::BF16,
         }
     }
 }
@@ -135,6 +142,8 @@ struct Inner {
     blas: Blas,
     funcs: Mutex<HashMap<String, CudaFunction>>,
     staging: Mutex<Option<Staging>>,
+    /// The pinned ring the LoRA merge uploads its factors through (made at the first merge).
+    ring: Mutex<Option<ring::Ring>>,
     /// The weight mover (copy stream, pinned pool), made at the first load.
     mover: Mutex<Option<mover::Mover>>,
     /// The streamed blocks' reusable device memory, by slot.
@@ -144,7 +153,7 @@ struct Inner {
     poison: AtomicBool,
     sms: u32,
     /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
-    /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae.rs).
+    /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae/conv.rs).
     vae_flag: Mutex<Option<CudaTensor>>,
     vae_tf32_fallback: AtomicBool,
     /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
@@ -215,6 +224,7 @@ impl Cuda {
             blas,
             funcs: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            ring: Mutex::new(None),
             mover: Mutex::new(None),
             slots: Mutex::new(vec![]),
             slot_free: Mutex::new(HashMap::new()),
@@ -383,7 +393,7 @@ impl Cuda {
         Ok(())
     }
 
-    /// Whether the Hopper-only kernels (`cuda/sm90a`) are loaded: a compute capability 9.0
+    /// Whether the Hopper-only kernels (`cuda/*/sm90a`) are loaded: a compute capability 9.0
     /// device and a build with them.
     pub fn has_sm90a(&self) -> bool {
         self.inner.gpu.module_sm90a.is_some()
@@ -441,7 +451,8 @@ impl Cuda {
 /// The device dtype a checkpoint tensor is loaded as.
 pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     match (stored, p) {
-        (Dtype::BF16, Precision::Bf16 | Precision::Fp8) => DType::BF16,
+        (Dtype::F8E4M3, _) => DType::F8E4M3,
+        (Dtype::BF16, p) if p != Precision::Fp32 => DType::BF16,
         _ => DType::F32,
     }
 }
@@ -454,6 +465,7 @@ impl Backend for Cuda {
         // and the VAE split decode's pinned host memory once no kept picture holds it.
         self.release_slots();
         self.inner.vae_io.lock().unwrap().take();
+        self.inner.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.trim_pool()
     }
 
@@ -515,11 +527,12 @@ impl Backend for Cuda {
         let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
         self.timed_op(name, || self.linear_dense(x, w, b))
     }
-    fn quantize_rows(&self, _w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
-        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    fn quantize_rows(&self, w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
+        self.prof("quantize_rows", || self.quantize_fp8_with(w, "moss_quantize_fp8"))
     }
-    fn linear_fp8(&self, _x: &CudaTensor, _q: &CudaTensor, _scale: &CudaTensor) -> Result<CudaTensor> {
-        anyhow::bail!("fp8 linears are not built for CUDA yet")
+    fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_fp8_timed(x, q, scale)
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.prof("add", || self.binary_with("add", a, b, "moss"))
@@ -556,9 +569,6 @@ impl Backend for Cuda {
     }
 }
 
-impl Cuda {
-}
-
 impl std::fmt::Debug for CudaTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaTensor({:?} {:?}, {} bytes)", self.dtype, self.shape, self.buf.bytes)
@@ -572,6 +582,7 @@ pub fn tensor_map_2d(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, b
     let (ty, es) = match dt {
         DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
         DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
+        DType::F8E4M3 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
     };
     ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "tensor map: address / stride {ld} / {cols} columns / box {bx}");
     let mut map = sys::CUtensorMap { opaque: [0; 16] };

@@ -1,5 +1,5 @@
 //! Which kernel each op runs on this device: decided from the compute capability (through
-//! whether the Hopper-only `cuda/sm90a` image is loaded), the precision and the shape, and
+//! whether the Hopper-only `cuda/*/sm90a` image is loaded), the precision and the shape, and
 //! printed by `moss check --device cuda`.
 //!
 //! Two families: the Hopper kernels (`sm_90a` machine code: wgmma, TMA, thread-block clusters;
@@ -37,13 +37,43 @@ pub fn family() -> Result<Family> {
         .map_err(|e| anyhow::anyhow!(e))
 }
 
+/// The FP8 product of `linear_fp8` (after `moss_quantize_fp8_*` quantized the activation rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Gemm {
+    /// cuBLASLt applies s_w[n] · s_x[r] itself (outer-vector scaling of cuBLAS 12.9+: Hopper,
+    /// Blackwell) and rounds once into bf16.
+    OuterVec,
+    /// cuBLASLt with unit scales into an fp32 scratch, then `moss_fp8_scale_rows_*` multiplies by
+    /// s_x[r] · s_w[n] and rounds once (where cuBLASLt does not run outer-vector scales: Ada; and
+    /// fp32 activations everywhere).
+    UnitThenScale,
+}
+
+/// The oldest compute capability with FP8 tensor cores (Ada).
+pub const FP8_MIN_CC: (i32, i32) = (8, 9);
+
+/// Why a GPU of compute capability `cc` cannot run the fp8 linears (`None`: it can).
+pub fn fp8_refusal(cc: (i32, i32)) -> Option<String> {
+    (cc < FP8_MIN_CC).then(|| format!("fp8 needs compute capability 8.9 or newer; this GPU is {}.{}", cc.0, cc.1))
+}
+
+/// The FP8 product on a device of compute capability `cc`: outer-vector scales where cuBLASLt
+/// runs them right (`outer_vec_runs`: a small probe product on the device, checked against its
+/// exact result; asked only from 8.9 on), else unit scales and our scaling kernel; refused below 8.9.
+pub fn pick_fp8_gemm(cc: (i32, i32), outer_vec_runs: impl FnOnce() -> bool) -> Result<Fp8Gemm> {
+    if let Some(why) = fp8_refusal(cc) {
+        bail!(why);
+    }
+    Ok(if outer_vec_runs() { Fp8Gemm::OuterVec } else { Fp8Gemm::UnitThenScale })
+}
+
 /// One op and the kernel it runs here (and under which condition, when the shape decides).
 pub struct Choice {
     pub op: &'static str,
     pub kernel: String,
 }
 
-/// The kernels each op uses on a device: `hopper` when the `cuda/sm90a` image is loaded (compute
+/// The kernels each op uses on a device: `hopper` when the `cuda/*/sm90a` image is loaded (compute
 /// capability 9.0, not forced portable), `smem_optin` the device's opt-in shared memory per block.
 pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
     let c = |op, kernel: &str| Choice { op, kernel: kernel.to_string() };
@@ -53,7 +83,8 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
         c("dit attention (bf16, head dim 128)", dit_flash.name),
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),
         c("dit situ_glu", "moss_situ_fast_bf16 (bf16), moss_situ_f32 (fp32)"),
-        c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order)"),
+        c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32"),
+        c("fp8 quantize (per row)", "moss_quantize_fp8_bf16 / _f32 (IEEE divisions, e4m3 round-to-nearest, saturating)"),
     ];
     v.extend(crate::backend::cuda::encoder::kernel_choices(hopper, smem_optin));
     v.extend(crate::backend::cuda::vae::kernel_choices(fits));
@@ -75,11 +106,28 @@ pub fn print(cuda: &crate::backend::cuda::ops::Cuda) {
     for c in choices(cuda.has_sm90a(), optin) {
         println!("  {:<48} {}", c.op, c.kernel);
     }
+    let fp8 = match cuda.fp8_gemm() {
+        Ok(Fp8Gemm::OuterVec) => "cuBLASLt e4m3, outer-vector scales, bf16 out (fp32 activations: unit scales + moss_fp8_scale_rows_*)".to_string(),
+        Ok(Fp8Gemm::UnitThenScale) => "cuBLASLt e4m3 with unit scales into fp32, moss_fp8_scale_rows_*".to_string(),
+        Err(e) => format!("refused: {e:#}"),
+    };
+    println!("  {:<48} {fp8}", "linear_fp8 (e4m3 product, row-wise scales)");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn fp8_paths_by_device() {
+        let e = pick_fp8_gemm((8, 6), || panic!("no probe below 8.9")).unwrap_err().to_string();
+        assert_eq!(e, "fp8 needs compute capability 8.9 or newer; this GPU is 8.6");
+        assert!(pick_fp8_gemm((8, 0), || true).is_err());
+        assert_eq!(pick_fp8_gemm((8, 9), || false).unwrap(), Fp8Gemm::UnitThenScale);
+        assert_eq!(pick_fp8_gemm((9, 0), || true).unwrap(), Fp8Gemm::OuterVec);
+        assert_eq!(pick_fp8_gemm((12, 0), || false).unwrap(), Fp8Gemm::UnitThenScale);
+        assert!(fp8_refusal((8, 9)).is_none() && fp8_refusal((10, 0)).is_none());
+    }
+
     #[test]
     fn override_values() {
         assert_eq!(parse_family(None).unwrap(), Family::Auto);

@@ -162,18 +162,10 @@ pub trait EncoderOps: Backend {
         Ok((x, n))
     }
 
-    /// Weights of linears that read one input (`[N_i, K]` each, in this order), made ready at load
-    /// for [`EncoderOps::linear_cat`]; `group` names them (`"delta_net_in"`, `"mlp_in"`). This
-    /// default keeps them apart; the CUDA backend concatenates them along N into fewer buffers
-    /// (one GEMM each), the parts' own buffers freed.
-    fn cat_weights(&self, group: &'static str, ws: Vec<Self::T>) -> Result<Vec<Self::T>> {
-        let _ = group;
-        Ok(ws)
-    }
-
-    /// `[x·w_0ᵀ | x·w_1ᵀ | …]` of the weights [`EncoderOps::cat_weights`] made: `x [L, K]` →
-    /// `[L, ΣN_i]`, the products side by side in each row. This default (the CPU twin) is the
-    /// separate linears and a `cat`, so its values are those of the separate linears.
+    /// `[x·w_0ᵀ | x·w_1ᵀ | …]`: `x [L, K]`, weights `[N_i, K]` → `[L, ΣN_i]`, the products side by
+    /// side in each row. The model passes one weight whose rows stack the linears that read `x`
+    /// (loaded stacked), so one GEMM gives them all. This default (the CPU twin) is the separate
+    /// linears and a `cat`, so its values are those of the separate linears.
     fn linear_cat(&self, x: &Self::T, ws: &[Self::T]) -> Result<Self::T> {
         let ys = ws.iter().map(|w| self.linear(x, w, None)).collect::<Result<Vec<_>>>()?;
         if ys.len() == 1 {

@@ -1,6 +1,7 @@
-//! Gates of the DiT's flash attention kernels ([`FLASH_KERNELS`]: `moss_attn_d128_bf16` and its
-//! `_v2` in `cuda/dit/flash_attention.cu`; on compute capability 9.0 also the wgmma kernels of
-//! `cuda/common/sm90a/wgmma_attention.cuh` and the warp-specialised TMA ones of `cuda/dit/sm90a/flash_attention_ws.cu`, which other GPUs do not have and do not gate), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
+//! Gates of the DiT's flash attention kernels ([`FLASH_KERNELS`]: `moss_dit_flash_attention` in
+//! `cuda/dit/flash_attention.cu`; on compute capability 9.0 also the warp-specialised TMA kernel
+//! `moss_dit_flash_attention_ws` of `cuda/dit/sm90a/flash_attention_ws.cu` (on the wgmma helpers of
+//! `cuda/common/sm90a/wgmma_attention.cuh`), which other GPUs do not have and do not gate), behind [`crate::backend::ops::DitOps::attention`] at bf16 with head dim 128. Registered in
 //! `gates::run_all` next to the table of `gates.rs`.
 //!
 //! Rows, for each kernel (bf16 only: at fp32 the op takes the cuBLASLt path, gated in

@@ -1,7 +1,7 @@
 //! The encoder's kernel gates (`cuda/encoder/encoder_ops.cu` against the CPU twins of
 //! `backend/cpu/encoder.rs`), at the Qwen3.5-9B shapes for a 128- and a 4096-token prompt, each
 //! with a planted control (`moss_ctl_enc_*`) that the same comparison must reject. Registered
-//! in [`crate::backend::cuda::check::gates::GATES`].
+//! in [`GATES`] (run by [`crate::backend::cuda::check::gates::run_all`]).
 
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::backend::cuda::encoder::delta_rule::gdr_seq_smem;
@@ -406,7 +406,7 @@ fn gate_add_rms(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The encoder's gates, in table order (appended to [`crate::backend::cuda::check::gates::GATES`]).
+/// The encoder's gates, in table order (chained after the others' in [`crate::backend::cuda::check::gates::run_all`]).
 pub const GATES: &[(&str, crate::backend::cuda::check::gates::GateFn)] = &[
     ("enc embed", gate_embed),
     ("enc head_norm_rope", gate_head_rope),

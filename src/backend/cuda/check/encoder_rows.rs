@@ -1,7 +1,7 @@
-//! Gates of the byte-floor row kernels (`src/backend/cuda/enc_floor.rs`, `cuda/encoder/row_ops.cu`)
+//! Gates of the byte-floor row kernels (`src/backend/cuda/encoder/row_ops.rs`, `cuda/encoder/row_ops.cu`)
 //! against the CPU twins, at the Qwen3.5-9B shapes (plus a length that is no multiple of the
 //! conv's token run), each with a planted control the same comparison must reject. The previous
-//! kernels keep their own rows (gates_encoder.rs, gates_enc_strided.rs; `rms1` here). Listed in
+//! kernels keep their own rows (check/encoder.rs, check/encoder_strided.rs; `rms1` here). Listed in
 //! [`crate::backend::cuda::check::encoder::GATES`].
 
 use crate::backend::cuda::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};

@@ -10,7 +10,8 @@
 //!
 //! To add a gate (a DiT, encoder or VAE kernel): write `fn gate_x(cx: &mut Cx) -> Result<()>`
 //! that draws inputs with [`Cx::input`], computes the CPU twin, and calls [`Cx::judge`] once
-//! for the real kernel and once per planted control; then list it in [`GATES`].
+//! for the real kernel and once per planted control; then list it in its module's `GATES` table
+//! (chained in [`run_all`]).
 
 use crate::backend::cuda::ops::{par_chunks, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
@@ -189,8 +190,8 @@ impl Cx {
     /// The bound of ops whose output is the activation dtype.
     pub fn out_bound(&self, f32_bound: f64) -> f64 {
         match self.dtype {
-            DType::BF16 => BF16_OUT,
             DType::F32 => f32_bound,
+            _ => BF16_OUT,
         }
     }
 
@@ -307,7 +308,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(crate::backend::cuda::check::encoder::GATES).chain(crate::backend::cuda::check::dit::GATES).chain(crate::backend::cuda::check::vae::GATES).chain(crate::backend::cuda::check::lora::GATES) {
+        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(crate::backend::cuda::check::encoder::GATES).chain(crate::backend::cuda::check::dit::GATES).chain(crate::backend::cuda::check::vae::GATES).chain(crate::backend::cuda::check::lora::GATES).chain(super::fp8::GATES) {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {
@@ -383,7 +384,7 @@ pub fn time_ms(cuda: &Cuda, warmup: usize, reps: usize, mut f: impl FnMut() -> R
 }
 
 /// moss's bf16 `linear` at the DiT's GEMM shapes and its attention at the DiT's full size (the
-/// numbers bench/linear_torch.py compares).
+/// numbers the since-deleted bench/linear_torch.py compared; git history: 6711694).
 pub fn time_ops(cuda: &Cuda) -> Result<()> {
     use dit::*;
     let c = cuda.with_precision(Precision::Bf16);
@@ -404,7 +405,8 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     let ms = time_ms(&c, 10, 50, || c.attention(&qkv[0], &qkv[1], &qkv[2], scale).map(|_| ()))?;
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
     println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (cuBLASLt + softmax): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
-    super::lora::time_merge(&c)
+    super::lora::time_merge(&c)?;
+    super::fp8::time_fp8(&c)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// One flash attention kernel: its name and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
-/// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/sm90a/` and exist only
+/// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/*/sm90a/` and exist only
 /// on compute capability 9.0 ([`Cuda::has_sm90a`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashKernel {
@@ -51,7 +51,7 @@ pub const FLASH_KERNELS: [FlashKernel; 2] = [
 ];
 pub const FLASH_HEAD_DIM: usize = DIT_FLASH_HEAD_DIM;
 
-/// The flash kernel for a device: the Hopper one where the `cuda/sm90a` kernels are loaded
+/// The flash kernel for a device: the Hopper one where the `cuda/*/sm90a` kernels are loaded
 /// (`sm90a`), else the portable one.
 pub fn pick_flash(sm90a: bool) -> &'static FlashKernel {
     FLASH_KERNELS.iter().find(|k| sm90a || !k.sm90a).expect("v2 exists everywhere")
@@ -131,7 +131,7 @@ impl Cuda {
             return Ok(());
         }
         let kernel = spec.name;
-        ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+        ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
         let grid = (n.div_ceil(spec.rows) as u32, heads as u32);
         if spec.tma {

@@ -1,7 +1,7 @@
 //! The gated full attention's ops on the joined projection `y = x·[q_proj | k_proj | v_proj]ᵀ`
 //! (`cuda/encoder/attention_qkv_gate.cu`): q and k normed + RoPE'd and v copied out of `y` in one kernel
 //! ([`EncoderOps::attn_qkv_norm_rope`]), the output gate read in place out of `y`
-//! ([`EncoderOps::causal_attention_gated_y`]). Gated in `gates_enc_attn.rs`.
+//! ([`EncoderOps::causal_attention_gated_y`]). Gated in `check/encoder_attention.rs`.
 //!
 //! q_proj, k_proj, v_proj are one GEMM over the weights joined at load; q and k are normed and
 //! RoPE'd by `qkrope_t` reading the call's sines and cosines from a table (`rope_tab`); shapes it

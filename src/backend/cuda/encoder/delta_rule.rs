@@ -250,7 +250,7 @@ impl Cuda {
         let tma = match path {
             GdrPath::Auto => dt == DType::BF16 && self.has_sm90a(),
             GdrPath::Tma => {
-                ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the cuda/sm90a kernels");
+                ensure!(self.has_sm90a(), "gated_delta_rule: the TMA state pass needs an sm_90 GPU with the sm_90a kernels");
                 true
             }
             GdrPath::Tc | GdrPath::Compact => false,

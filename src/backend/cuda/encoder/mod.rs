@@ -4,7 +4,7 @@
 //! Dtypes: activations (q, k, v, x, z, gate, up) keep their dtype (bf16, or f32 with
 //! `--precision fp32`) and the output takes it; the small per-channel vectors (norm weights, the
 //! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16; the
-//! kernels of `enc_floor.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
+//! kernels of `row_ops.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
 //! controls of `moss check` (src/backend/cuda/check/encoder*.rs).
@@ -235,7 +235,7 @@ impl Cuda {
         let g = if gated { "_gated" } else { "" };
         match path {
             EncAttn::Wgmma => {
-                ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with cuda/sm90a");
+                ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
                 self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM, args)
             }
             EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args),
@@ -530,9 +530,6 @@ impl EncoderOps for Cuda {
         let conv = self.causal_conv1d_silu_cols(x, w)?;
         let (g, beta) = self.gdn_gates_cols(a, b, a_log, dt_bias)?;
         Ok((conv, g, beta))
-    }
-    fn cat_weights(&self, group: &'static str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
-        self.cat_weights_with(group, ws)
     }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
         self.prof("linear", || self.linear_cat_with(x, ws))

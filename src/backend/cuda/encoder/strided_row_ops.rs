@@ -1,16 +1,17 @@
 //! The encoder's fused-projection ops on the GPU (`cuda/encoder/strided_row_ops.cu`, `cuda/encoder/add_rms_norm.cu`):
-//! weights of linears over one input concatenated at load and run as one cuBLASLt GEMM
-//! ([`EncoderOps::linear_cat`]), the consumers reading their columns of its output in place
-//! (row stride) instead of narrowed copies, the residual add in the output projection's GEMM
-//! epilogue ([`EncoderOps::linear_add_rms_norm`]), and the attention's sigmoid gate in one
-//! kernel. Measured on the H200 in bench/notes-encops.md.
+//! weights of linears over one input stacked at load (the model loads them as one tensor) and
+//! run as one cuBLASLt GEMM ([`EncoderOps::linear_cat`]), the consumers reading their columns of
+//! its output in place (row stride) instead of narrowed copies, the residual add in the output
+//! projection's GEMM epilogue ([`EncoderOps::linear_add_rms_norm`]), and the attention's sigmoid
+//! gate in one kernel. Measured on the H200 (git history: 7b8ab91).
 //!
-//! Switches (read per call, except `MOSS_ENC_CAT*`, read when the weights load):
-//! - `MOSS_ENC_CAT`: `all` (default; the DeltaNet's qkv | z | a | b in one GEMM), `split` (qkv | z
-//!   and a | b: two), `off` (four GEMMs, each writing its columns of the shared output);
-//! - `MOSS_ENC_CAT_MLP=0`: gate and up as two GEMMs into one output (default: one GEMM);
-//! - `MOSS_ENC_RESADD=off`: the output projections as plain GEMMs + the add_rms_norm kernel;
-//! - `MOSS_ENC_GATE=unfused`: the attention gate as narrow + sigmoid + mul.
+//! One path each (the other groupings and the unfused forms, once behind environment switches,
+//! were deleted in 2abea24; git keeps them):
+//! - the DeltaNet's qkv | z | a | b, the MLP's gate | up and the attention's q | k | v each as one
+//!   GEMM (the model stacks their rows when it loads them, `crate::model::encoder::LayerMats`);
+//! - the output projections with the residual add in the GEMM epilogue, then the RMSNorm alone
+//!   (a plain GEMM + the add_rms_norm kernel only for widths that kernel does not take);
+//! - the attention gate in one kernel (narrow + sigmoid + mul only where it does not apply).
 //!
 //! [`EncoderOps::linear_cat`]: crate::backend::ops::EncoderOps::linear_cat
 //! [`EncoderOps::linear_add_rms_norm`]: crate::backend::ops::EncoderOps::linear_add_rms_norm
@@ -19,29 +20,7 @@ use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::Backend;
 use anyhow::{ensure, Result};
 
-/// The grouping of a weight group's parts (indices) into concatenated GEMMs: every group the
-/// model names (`delta_net_in`: in_proj_qkv, z, a, b; `mlp_in`: gate, up; `attn_in`: q, k, v) as
-/// one GEMM, any other part by itself.
-pub fn cat_groups(group: &str, n: usize) -> Vec<Vec<usize>> {
-    match group {
-        "delta_net_in" | "mlp_in" | "attn_in" => vec![(0..n).collect()],
-        _ => (0..n).map(|i| vec![i]).collect(),
-    }
-}
-
 impl Cuda {
-    /// [`EncoderOps::cat_weights`](crate::backend::ops::EncoderOps::cat_weights): the parts of each
-    /// [`cat_groups`] group concatenated along N (rows) into one buffer; parts of another K or
-    /// dtype are left as they are.
-    pub(crate) fn cat_weights_with(&self, group: &str, ws: Vec<CudaTensor>) -> Result<Vec<CudaTensor>> {
-        let same = ws.iter().all(|w| w.shape.len() == 2 && w.shape[1] == ws[0].shape[1] && w.dtype == ws[0].dtype);
-        if ws.len() < 2 || !same {
-            return Ok(ws);
-        }
-        let groups = cat_groups(group, ws.len());
-        self.cat_weights_grouped(&ws, &groups)
-    }
-
     /// The parts `ws` (same K and dtype) concatenated along N per group of indices.
     pub(crate) fn cat_weights_grouped(&self, ws: &[CudaTensor], groups: &[Vec<usize>]) -> Result<Vec<CudaTensor>> {
         let mut out = vec![];
@@ -86,7 +65,7 @@ impl Cuda {
     /// The causal conv + SiLU of columns `start..start + c` of `x [L, N]` (row stride N) → `[L, c]`:
     /// `conv8` (8 channels a thread, taps transposed) where the columns are 8-aligned, else the
     /// scalar kernel on a narrowed copy. (A variant with 8 tokens a thread and its 11 input rows
-    /// loaded once, `convt`, measured slower on the H200: bench/notes-encops.md.)
+    /// loaded once, `convt`, measured slower on the H200; git history: 7b8ab91.)
     pub(crate) fn conv_cols_with(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2 && start + c <= x.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", x.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
@@ -276,17 +255,5 @@ impl Cuda {
         // q_proj's [L, H, 2·hd] is the joined projection's layout without its k and v columns:
         // `gmulh` with the row stride 2·H·hd
         self.attn_gate_y_with(o, &Backend::reshape(self, qg, &[l, 2 * nh * hd])?, (nh, hd), prefix)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cat_groups;
-    #[test]
-    fn cat_groups_joined() {
-        assert_eq!(cat_groups("delta_net_in", 4), vec![vec![0, 1, 2, 3]]);
-        assert_eq!(cat_groups("mlp_in", 2), vec![vec![0, 1]]);
-        assert_eq!(cat_groups("attn_in", 3), vec![vec![0, 1, 2]]);
-        assert_eq!(cat_groups("other", 2), vec![vec![0], vec![1]]);
     }
 }

@@ -86,7 +86,8 @@ pub fn par_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [
 /// Elements per host conversion chunk.
 const CONVERT_CHUNK: usize = 1 << 16;
 
-/// `data` as little-endian bytes of `dtype` (bf16 rounds to nearest even), on all cores.
+/// `data` as little-endian bytes of `dtype` (bf16 and e4m3 round to nearest even, e4m3 saturates
+/// to ±448), on all cores.
 pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
     let es = dtype.size();
     let mut bytes = vec![0u8; data.len() * es];
@@ -98,6 +99,7 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
                 .chunks_exact_mut(2)
                 .zip(src)
                 .for_each(|(o, &v)| o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
+            DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &v)| *o = crate::fp8::e4m3_from_f32(v)),
         }
     });
     bytes
@@ -155,6 +157,7 @@ pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
                 .iter_mut()
                 .zip(src.chunks_exact(2))
                 .for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &c)| *o = crate::fp8::e4m3_to_f32(c)),
         }
     });
 }

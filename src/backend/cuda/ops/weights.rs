@@ -152,6 +152,8 @@ impl Cuda {
         let stored = match first.dtype {
             Dtype::BF16 => DType::BF16,
             Dtype::F32 => DType::F32,
+            // the codes as stored (their scales are tensors of their own)
+            Dtype::F8E4M3 => DType::F8E4M3,
             _ => {
                 // Other stored dtypes convert on the host (exact to f32), merge there, and upload.
                 let merged = |n: &&str| -> Result<Vec<f32>> {
