@@ -25,11 +25,6 @@ pub const FP8_GEMM_F32: f64 = 1e-3;
 
 /// The quantization's small shape: odd rows, K not a multiple of 8 (the scalar path).
 const ODD_QUANT: (usize, usize) = (77, 99);
-/// Odd rows, K a multiple of 8 that fills neither its warps' vectors nor its blocks (3 warps a
-/// row, 2 rows a block: the register path's partial vectors and last block).
-const PARTIAL_QUANT: (usize, usize) = (77, 2984);
-/// K past the register path's widest row (cuda/common/launch.h): one block a row, vectors of 8.
-const WIDE_QUANT: (usize, usize) = (9, crate::backend::cuda::launch::FP8_QUANT_MAX_K + 512);
 /// `linear_fp8`'s small shape: odd rows; K and N multiples of 16 (what cuBLASLt's FP8 products
 /// take), not of 32.
 const ODD_LINEAR: (usize, usize, usize) = (77, 208, 48);
@@ -63,12 +58,11 @@ fn mismatches(cu: &Cuda, out: Result<(CudaTensor, CudaTensor)>, want: &(Tensor, 
 fn gate_quantize(cx: &mut Cx) -> Result<()> {
     use dit::*;
     // (rows, K, std): activations into the DiT's linears (the joint stream, the ffn's hidden),
-    // a q|k|v weight, and the odd shapes.
+    // a q|k|v weight, and the odd shape.
     let cases: Vec<(usize, usize, f32)> = if cx.dtype == DType::BF16 {
-        let [odd, partial, wide] = [ODD_QUANT, PARTIAL_QUANT, WIDE_QUANT].map(|(r, k)| (r, k, 1.0));
-        vec![(TOKENS, DIM, 1.0), (TOKENS, FFN, 1.0), (3 * DIM, DIM, 0.02), odd, partial, wide]
+        vec![(TOKENS, DIM, 1.0), (TOKENS, FFN, 1.0), (3 * DIM, DIM, 0.02), (ODD_QUANT.0, ODD_QUANT.1, 1.0)]
     } else {
-        vec![(TOKENS, DIM, 1.0), (ODD_QUANT.0, ODD_QUANT.1, 1.0), (PARTIAL_QUANT.0, PARTIAL_QUANT.1, 1.0)]
+        vec![(TOKENS, DIM, 1.0), (ODD_QUANT.0, ODD_QUANT.1, 1.0)]
     };
     for (rows, k, std) in cases {
         let x = rows_with_outliers(cx, rows, k, std)?;

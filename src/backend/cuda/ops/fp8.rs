@@ -6,11 +6,13 @@
 
 use super::{kernel_ptr, Arg, Cuda, CudaTensor, DType, Download};
 use crate::backend::cuda::blas::Gemm;
-use crate::backend::cuda::launch::{FP8_QUANT_MAX_K, FP8_QUANT_ROWS, FP8_QUANT_THREADS, FP8_QUANT_WARPS};
 use crate::backend::cuda::select::{self, Fp8Gemm};
 use crate::fp8::{E4M3_MAX, MIN_AMAX};
 use crate::tensor::Tensor;
 use anyhow::{anyhow, ensure, Result};
+
+/// Threads of a quantization block (one row at a time; the kernel takes any count up to 1024).
+const QUANTIZE_THREADS: u32 = 256;
 
 /// cuBLASLt's FP8 products want 16-byte aligned rows and dimensions: K and N multiples of 16.
 const FP8_ALIGN: usize = 16;
@@ -73,11 +75,10 @@ impl Cuda {
         let q = self.alloc(DType::F8E4M3, &x.shape)?;
         let scale = self.alloc(DType::F32, &[rows])?;
         if rows > 0 && k > 0 {
-            let (grid, threads) = quantize_geometry(rows, k);
             self.launch(
                 &format!("{kernel}_{}", x.dtype.name()),
-                grid,
-                threads,
+                rows.min(1 << 16) as u32,
+                QUANTIZE_THREADS,
                 0,
                 &[kernel_ptr(&q), kernel_ptr(&scale), kernel_ptr(x), Arg::L(rows as i64), Arg::L(k as i64), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)],
             )?;
@@ -154,19 +155,6 @@ impl Cuda {
     }
 }
 
-/// (blocks, threads a block) of the quantization of `rows` rows of `k` (both > 0): rows of K a
-/// multiple of 8 up to [`FP8_QUANT_MAX_K`] in registers, [`FP8_QUANT_ROWS`] rows a block of
-/// [`FP8_QUANT_WARPS`] warps each; other rows one block of [`FP8_QUANT_THREADS`] a row. The kernel
-/// picks its path by the same test; both paths stride over the rows past the grid.
-fn quantize_geometry(rows: usize, k: usize) -> (u32, u32) {
-    if k % 8 == 0 && k <= FP8_QUANT_MAX_K {
-        let per_block = FP8_QUANT_ROWS(k);
-        (rows.div_ceil(per_block).min(1 << 20) as u32, (per_block * FP8_QUANT_WARPS(k) * 32) as u32)
-    } else {
-        (rows.min(1 << 16) as u32, FP8_QUANT_THREADS as u32)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{from_bytes, loaded_dtype, to_bytes};
@@ -174,46 +162,6 @@ mod tests {
     use crate::checkpoint::{tensors, Dtype, TensorStore};
     use crate::fp8::e4m3_to_f32;
     use crate::options::Precision;
-
-    /// The register path's geometry, walked as the kernel walks it (`quantize_fp8_in_registers`):
-    /// for every K it takes, each element of each row is loaded and stored by exactly one thread,
-    /// within the thread's FP8_QUANT_VECS vectors, every row's warps lie in one block, and the
-    /// named barriers (ids 1..=rows a block) exist; other K get one block a row.
-    #[test]
-    fn quantize_geometry_covers_every_element_once() {
-        use crate::backend::cuda::launch::FP8_QUANT_VECS;
-        for k in (8..=FP8_QUANT_MAX_K).step_by(8) {
-            for rows in [5, 13] {
-                let (grid, threads) = quantize_geometry(rows, k);
-                let (grid, threads, wpr) = (grid as usize, threads as usize, FP8_QUANT_WARPS(k));
-                assert!(threads % (32 * wpr) == 0 && threads <= FP8_QUANT_THREADS, "K {k}: {threads} threads");
-                let (group_threads, per_block) = (32 * wpr, threads / (32 * wpr));
-                assert!(per_block >= 1 && (wpr == 1 || per_block <= 15), "K {k}: {per_block} rows a block");
-                let mut seen = vec![0u8; rows * k];
-                for b in 0..grid {
-                    for tid in 0..threads {
-                        let (group, t) = (tid / group_threads, tid % group_threads);
-                        let mut r = b * per_block + group;
-                        while r < rows {
-                            for u in 0..FP8_QUANT_VECS {
-                                let i = (u * group_threads + t) * 8;
-                                if i < k {
-                                    seen[r * k + i..r * k + i + 8].iter_mut().for_each(|c| *c += 1);
-                                }
-                            }
-                            r += grid * per_block;
-                        }
-                    }
-                }
-                assert!(seen.iter().all(|&c| c == 1), "K {k}, {rows} rows: an element not covered exactly once");
-            }
-        }
-        assert_eq!(quantize_geometry(4224, 3072), (2112, 192));
-        assert_eq!(quantize_geometry(4224, 8192), (4224, 256));
-        for k in [99, FP8_QUANT_MAX_K + 8, 3 * FP8_QUANT_MAX_K] {
-            assert_eq!(quantize_geometry(77, k), (77, FP8_QUANT_THREADS as u32));
-        }
-    }
 
     /// Every finite code's value uploads as that code and downloads as that value (-0 included);
     /// other values round to the nearest code (ties to even) and saturate, as the kernel does; the
