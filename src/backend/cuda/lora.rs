@@ -80,18 +80,18 @@ impl Upload<'_> {
 }
 
 /// Whether a factor goes up as stored bf16 (widened on the device; exact, as on the host).
-pub fn widens(p: &Part) -> bool {
+pub(crate) fn widens(p: &Part) -> bool {
     matches!(p.data, Values::Stored { dtype: Dtype::BF16, .. })
 }
 
 /// Bytes a factor uploads: stored bf16 as they are (2 a value), anything else as f32.
-pub fn upload_len(p: &Part) -> usize {
+pub(crate) fn upload_len(p: &Part) -> usize {
     p.data.len() * if widens(p) { 2 } else { 4 }
 }
 
 /// `p`'s upload bytes ([`upload_len`]) into `out`: stored bf16 or f32 bytes copied as they are,
 /// anything else converted to f32 as it is written (the host's whole share of a factor's upload).
-pub fn write_upload(p: &Part, out: &mut [u8]) {
+pub(crate) fn write_upload(p: &Part, out: &mut [u8]) {
     match &p.data {
         Values::Stored { dtype: Dtype::BF16 | Dtype::F32, bytes } => out.copy_from_slice(bytes),
         Values::Stored { dtype: Dtype::F16, bytes } => f16_to_f32_bytes(bytes, out),
@@ -270,7 +270,7 @@ impl Cuda {
 }
 
 /// A term's factors in the order its kernel takes them.
-pub fn parts_of<'o>(o: &'o Operands<'o>) -> Vec<&'o Part<'o>> {
+pub(crate) fn parts_of<'o>(o: &'o Operands<'o>) -> Vec<&'o Part<'o>> {
     match o {
         Operands::LowRank { up, down } => vec![up, down],
         Operands::LoHa { w1a, w1b, w2a, w2b } => vec![w1a, w1b, w2a, w2b],
