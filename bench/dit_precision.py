@@ -19,12 +19,14 @@ loop) and its latents, written to WORK as raw f32 (vel_<row>.f32, lat_<row>.f32)
 OUT.json is rewritten after every row, so a run stopped by the time limit keeps what it measured;
 a row that fails records why ("not_run").
 
+The torch step first measures the GEMM and attention ceilings of this GPU (bench/dit_profile.py).
 `report` reads moss's rows (OUT_DIR/moss_<bf16|fp8>.json from `moss bench-dit`, .err, .rc; its
 files WORK/vel_moss_<p>.f32, lat_moss_<p>.f32) and OUT_DIR/torch.json, computes every row's error
 against torch fp32 (velocity rel L2, latents rel L2, PSNR of the decoded picture's RGB8 pixels,
 every latent decoded by the same decoder: diffusers AutoencoderKLFlux2 fp32, TF32 off, through
 golden/dit_ref.py's decode), prints the markdown table (with the speed ratios, issue 22's targets
-and bars) and writes OUT_DIR/dit_precision.json.
+and bars), then the per-op profiles (moss_<p>.json, and moss_base_<p>.json when BASE_BIN ran: the
+build before) with the floor and the fraction of it reached, and writes OUT_DIR/dit_precision.json.
 
 DIT_FULL_SMOKE=1 (bench/dit.py) runs all of it at a tiny size on the CPU (3 steps, 64x64; the
 "compiled" rows stay eager there, torchao's row-wise float8 and moss fp8 report "not run").
@@ -43,6 +45,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import dit  # noqa: E402
+import dit_profile  # noqa: E402
 from dit import DEV, GUIDANCE, SIZE, STEPS, dit_ref  # noqa: E402
 from timing import cuda_ms  # noqa: E402
 
@@ -162,6 +165,13 @@ def torch_rows(d, work, out_json):
         res["torchao_fp8_compiled"]["compile_warmup_s"] = dit.compile_blocks(q, x, t, c, u)
         measure("torchao_fp8_compiled", q, x, t, c, u, work, res, out_json)
 
+    if DEV == "cuda":
+        try:
+            res["ceilings"] = dit_profile.ceilings((SIZE // 16) ** 2 + c.shape[-2])
+        except Exception as e:  # the table says the floor was not measured
+            res["ceilings"] = {"not_run": f"{type(e).__name__}: {e}"}
+        save(res, out_json)
+        print("ceilings", json.dumps(res["ceilings"]), flush=True)
     row(REF, fp32)
     release()
     row("torch_bf16_eager", eager)
@@ -293,6 +303,14 @@ def report(d, work, out):
     else:
         errors(d, work, rows)
     lines = table(rows, meta)
+    runs = {}
+    for p in ("bf16", "fp8"):
+        for tag, label in (("base_", f"{p} before"), ("", p)):
+            f = f"{out}/moss_{tag}{p}.json"
+            js = [ln for ln in open(f).read().splitlines() if ln.startswith("{")] if os.path.exists(f) else []
+            if js:
+                runs[label] = json.loads(js[-1])
+    lines += ["", "## Where a forward's time goes", ""] + dit_profile.lines(runs, meta.get("ceilings"))
     with open(f"{out}/dit_precision.json", "w") as f:
         json.dump({"rows": rows, "meta": {k: meta[k] for k in ("size", "steps", "device", "torch", "loop_reps")}}, f, indent=1)
     print("\n".join(lines))

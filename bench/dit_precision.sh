@@ -6,11 +6,12 @@
 # torchao float8 row-wise + torch.compile (bench/dit_precision.py torch); the report: times, velocity and
 # latents rel L2 and the decoded picture's PSNR against fp32, speed-ups, issue 22's targets and bars.
 # CKPT: bench/full_ckpt.sh's folder (its DiT and VAE are written here if missing). Installs .whl/torchao-*.whl and
-# .whl/diffusers-*.whl offline when present (bench/README.md). DEADLINE_S (default 540): the whole run's seconds;
+# .whl/diffusers-*.whl offline when present (bench/README.md). BASE_BIN: an earlier moss build, whose per-op
+# profiles the report prints beside this one's (before/after). DEADLINE_S (default 540): the whole run's seconds;
 # the torch side gets what is left less the report's share, and keeps what it measured when stopped.
 # Out: OUT_DIR/dit_precision.md (the table), dit_precision.json, torch.json, moss_<p>.json/.err/.rc, log.txt.
 set -uo pipefail
-[ $# -eq 3 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -eq 3 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 F=$1; OUT=$2; BIN=$3; W=${WORK:-/tmp/moss-bench}/precision; mkdir -p "$OUT" "$W"
 T0=$(date +%s); DEADLINE=${DEADLINE_S:-540}; left() { echo $(( T0 + DEADLINE - $(date +%s) )); }
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -27,7 +28,7 @@ el() { echo; echo "[$(( $(date +%s) - T0 )) s] == $*"; }
 el "checkpoint (DiT + VAE, written if missing)"
 timeout 300 python3 bench/dit_precision.py ckpt "$F" || { echo "no checkpoint: stop"; exit 1; }
 
-rm -f "$W"/*.f32 "$OUT"/moss_*.json "$OUT"/moss_*.err "$OUT"/moss_*.rc "$OUT"/torch.json  # nothing stale is reported
+rm -f "$W"/*.f32 "$OUT"/moss_*.json "$OUT"/moss_base_* "$OUT"/moss_*.err "$OUT"/moss_*.rc "$OUT"/torch.json  # nothing stale is reported
 for p in bf16 fp8; do
   el "moss bench-dit --precision $p"
   timeout 150 "$BIN" bench-dit --device "$DEV" --precision $p --model "$F" --embeds "$F/embeds.safetensors" \
@@ -35,6 +36,16 @@ for p in bf16 fp8; do
     --save-latents "$W/lat_moss_$p.f32" > "$OUT/moss_$p.json" 2> "$OUT/moss_$p.err"
   echo $? > "$OUT/moss_$p.rc"; echo "rc=$(cat "$OUT/moss_$p.rc")"; tail -2 "$OUT/moss_$p.err"
 done
+
+if [ -n "${BASE_BIN:-}" ]; then  # the build before: its per-op profiles, for the report's before/after
+  chmod +x "$BASE_BIN" 2>/dev/null
+  for p in bf16 fp8; do
+    el "before: $BASE_BIN bench-dit --precision $p --forward-only"
+    timeout 120 "$BASE_BIN" bench-dit --device "$DEV" --precision $p --model "$F" --embeds "$F/embeds.safetensors" \
+      --size ${SIZE}x$SIZE --forwards 5 --forward-only > "$OUT/moss_base_$p.json" 2> "$OUT/moss_base_$p.err"
+    echo "rc=$?"; tail -2 "$OUT/moss_base_$p.err"
+  done
+fi
 
 TL=$(( $(left) - 90 )); [ $TL -ge 60 ] || TL=60
 el "torch: fp32 reference, bf16 eager, bf16 compiled, torchao fp8 compiled (time limit $TL s)"
