@@ -71,7 +71,7 @@ def ceilings(n):
 
 
 GROUPS = [
-    ("GEMMs (main blocks)", lambda op: re.match(r"linear(_fp8|_situ_glu)? (\d+)x", op) and int(op.split()[1].split("x")[0]) > 64),
+    ("GEMMs (main blocks)", lambda op: re.match(r"linear[a-z0-9_]* (\d+)x", op) and int(op.split()[1].split("x")[0]) > 64),
     ("attention", lambda op: op == "attention"),
     ("SiTU-GLU", lambda op: op.startswith("situ_glu")),
     ("gated residual + norm/modulate", lambda op: op.startswith(("gated_residual", "rms_norm_modulate"))),
@@ -87,7 +87,7 @@ def group(op):
 
 def flops(op, n):
     """An op's FLOPs per call from its profile name (products and attention; else 0)."""
-    m = re.match(r"linear(?:_fp8|_situ_glu)? (\d+)x(\d+)x(\d+)", op)
+    m = re.match(r"linear[a-z0-9_]* (\d+)x(\d+)x(\d+)", op)
     if m:
         a, b, c = map(int, m.groups())
         return 2 * a * b * c
