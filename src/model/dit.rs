@@ -289,10 +289,10 @@ impl<B: DitOps> Dit<B> {
             time: b.reshape(&time, &[d])?,
             shift_attn: row(&m, 0)?,
             scale_attn: row(&m, 1)?,
-            gate_attn: b.gate_vector(row(&m, 2)?)?,
+            gate_attn: row(&m, 2)?,
             shift_ffn: row(&m, 3)?,
             scale_ffn: row(&m, 4)?,
-            gate_ffn: b.gate_vector(row(&m, 5)?)?,
+            gate_ffn: row(&m, 5)?,
             head_shift: row(&hm, 0)?,
             head_scale: row(&hm, 1)?,
         })
@@ -350,8 +350,8 @@ impl<B: DitOps> Dit<B> {
         let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
         let xs = b.cat(&[&img, &text.tokens], 0)?;
         drop(img);
-        // Each block's first modulated norm is taken at the end of the block before it (right
-        // after that block's last gated residual), so the first block that runs gets it here.
+        // Each block's first norm is fused with the previous block's last gated residual, so
+        // only the first block that runs starts from a plain norm.
         let active: Vec<usize> = (0..self.layers.len()).filter(|i| !skip.contains(i)).collect();
         let y = match active.first() {
             Some(&first) => Some(b.rms_norm_modulate(&xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)?),
@@ -406,7 +406,7 @@ impl<B: DitOps> Dit<B> {
 
     /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);
     /// returns the new stream and, when `next_norm` (the next running block's norm1 weight) is
-    /// given, its modulated norm (taken of the new stream).
+    /// given, its modulated norm (the last gated residual fused with it).
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -424,16 +424,22 @@ impl<B: DitOps> Dit<B> {
         let qkv = mats.qkv.forward(b, &y)?;
         drop(y);
         let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
-        let x = mats.o.forward_gated_residual(b, &att, &x, &m.gate_attn)?;
+        let o = mats.o.forward(b, &att)?;
         drop(att);
-        let y = b.rms_norm_modulate(&x, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
+        let (x, y) = b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
+        drop(o);
         let u = mats.ffn_up_gate.forward(b, &y)?;
         drop(y);
         let s = b.situ_glu(&u)?;
         drop(u);
-        let x = mats.ffn_down.forward_gated_residual(b, &s, &x, &m.gate_ffn)?;
+        let dn = mats.ffn_down.forward(b, &s)?;
         drop(s);
-        let y = next_norm.map(|w| b.rms_norm_modulate(&x, w, &m.shift_attn, &m.scale_attn, eps)).transpose()?;
-        Ok((x, y))
+        match next_norm {
+            Some(w) => {
+                let (x, y) = b.gated_residual_norm_modulate(&x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)?;
+                Ok((x, Some(y)))
+            }
+            None => Ok((b.gated_residual(&x, &dn, &m.gate_ffn)?, None)),
+        }
     }
 }

@@ -53,14 +53,6 @@ impl<B: DitOps> Matrix<B> {
             Matrix::Fp8 { q, scale } => b.linear_fp8(x, q, scale),
         }
     }
-
-    /// `res + (x · Wᵀ) · gate`: this matrix's product with a gated residual after it.
-    pub fn forward_gated_residual(&self, b: &B, x: &B::T, res: &B::T, gate: &B::T) -> Result<B::T> {
-        match self {
-            Matrix::Dense(w) => b.linear_gated_residual(x, w, res, gate),
-            Matrix::Fp8 { q, scale } => b.linear_fp8_gated_residual(x, q, scale, res, gate),
-        }
-    }
 }
 
 /// How one of a block's matrices is made from the checkpoint (decided once, at load, from the

@@ -48,10 +48,6 @@ pub struct Gemm {
     /// op(A)[i, l] · op(B)[l, j]`, `scale_a` of length m and `scale_b` of n, f32
     /// (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`; [`Blas::gemm_fp8`]). Off: unit scales.
     pub outer_scales: bool,
-    /// alpha a device f32 vector of length m (one factor per row of the column-major result:
-    /// per output feature of a linear), beta the host 1 of `accumulate`
-    /// (`CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST`; [`Blas::linear_gated`]).
-    pub alpha_vector: bool,
 }
 
 impl Gemm {
@@ -78,7 +74,6 @@ impl Gemm {
             accumulate: false,
             align_cd: 0,
             outer_scales: false,
-            alpha_vector: false,
         }
     }
     /// Strided batches: `batch` products, A, B, D advancing by their strides (elements).
@@ -286,10 +281,6 @@ impl Blas {
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa)?;
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb)?;
             }
-            if g.alpha_vector {
-                let mode = sys::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
-                set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode)?;
-            }
             let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
             let ws = self.ws_size;
             let r = lt::set_matmul_pref_attribute(
@@ -359,7 +350,7 @@ impl Blas {
     /// type and layout (it may be `d` itself).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_acc(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, c: Option<u64>, d: u64, bias: Option<u64>, alpha: f32) -> Result<()> {
-        self.matmul(stream, g, a, b, c, d, bias, None, Alpha::Host(alpha))
+        self.matmul(stream, g, a, b, c, d, bias, None, alpha)
     }
 
     /// An FP8 product (`g.ab` e4m3): `d = op(a) · op(b)`, scaled by the f32 vectors `scales` =
@@ -368,16 +359,7 @@ impl Blas {
     pub fn gemm_fp8(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, d: u64, scales: Option<(u64, u64)>) -> Result<()> {
         ensure!(g.ab == DType::F8E4M3, "gemm_fp8 of {:?} inputs", g.ab);
         let g = Gemm { outer_scales: scales.is_some(), ..g };
-        self.matmul(stream, g, a, b, None, d, None, scales, Alpha::Host(1.0))
-    }
-
-    /// [`Blas::gemm_fp8`] plus `c` (D's type and layout), the product's columns scaled by the
-    /// device f32 vector `alpha` ([m]): `d[i, j] = alpha[i] · scales · Σ op(a) op(b) + c[i, j]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_fp8_gated(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, c: u64, d: u64, scales: Option<(u64, u64)>, alpha: u64) -> Result<()> {
-        ensure!(g.ab == DType::F8E4M3, "gemm_fp8 of {:?} inputs", g.ab);
-        let g = Gemm { outer_scales: scales.is_some(), alpha_vector: true, ..g };
-        self.matmul(stream, g, a, b, Some(c), d, None, scales, Alpha::Device(alpha))
+        self.matmul(stream, g, a, b, None, d, None, scales, 1.0)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -391,9 +373,9 @@ impl Blas {
         d: u64,
         bias: Option<u64>,
         scales: Option<(u64, u64)>,
-        alpha: Alpha,
+        alpha: f32,
     ) -> Result<()> {
-        let g = Gemm { bias: bias.is_some(), accumulate: c.is_some(), alpha_vector: matches!(alpha, Alpha::Device(_)), ..g };
+        let g = Gemm { bias: bias.is_some(), accumulate: c.is_some(), ..g };
         let mut plans = self.plans.lock().unwrap();
         let p = match plans.entry(g) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -401,14 +383,6 @@ impl Blas {
         };
         let beta = if c.is_some() { 1f32 } else { 0f32 };
         let c = c.unwrap_or(d);
-        let host_alpha = match alpha {
-            Alpha::Host(a) => a,
-            Alpha::Device(_) => 0.0,
-        };
-        let alpha_ptr = match alpha {
-            Alpha::Host(_) => &host_alpha as *const f32 as *const std::ffi::c_void,
-            Alpha::Device(p) => p as *const std::ffi::c_void,
-        };
         // SAFETY: see above; the plan's handles are valid while the lock is held.
         unsafe {
             if let Some(b) = bias {
@@ -423,7 +397,7 @@ impl Blas {
                 lt::matmul(
                     self.handle,
                     desc,
-                    alpha_ptr,
+                    &alpha as *const f32 as *const _,
                     &beta as *const f32 as *const _,
                     a as *const _,
                     la,
@@ -487,30 +461,4 @@ impl Blas {
         }
         self.gemm_acc(stream, g, w, x, res, out, None, 1.0)
     }
-
-    /// `out [rows, n] = res + (x [rows, k] · w [n, k]ᵀ) · gate`, `gate` [n] f32 on the device,
-    /// `x`, `w`, `res`, `out` of `dtype` (`out` may be `res`): a linear with a gated residual in
-    /// its epilogue, the fp32 product scaled and added before the one rounding.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_gated(
-        &self,
-        stream: &CudaStream,
-        dtype: DType,
-        (rows, n, k): (usize, usize, usize),
-        x: u64,
-        w: u64,
-        res: u64,
-        gate: u64,
-        out: u64,
-    ) -> Result<()> {
-        let g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, n);
-        self.matmul(stream, g, w, x, Some(res), out, None, None, Alpha::Device(gate))
-    }
-}
-
-/// A product's alpha: one host value, or a device f32 vector ([`Gemm::alpha_vector`]).
-#[derive(Clone, Copy, Debug)]
-enum Alpha {
-    Host(f32),
-    Device(u64),
 }

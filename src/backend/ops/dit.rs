@@ -80,25 +80,6 @@ pub trait DitOps: Backend {
     /// no `1 +`).
     fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;
 
-    /// A linear with the gated residual after it: `x + (a · wᵀ) · gate`, `a [N, K]`, `w [M, K]`
-    /// (no bias), `x [N, M]`, `gate [M]` (raw). A backend may fold the residual into the
-    /// product's epilogue (the product then is not rounded on its own before the gate).
-    fn linear_gated_residual(&self, a: &Self::T, w: &Self::T, x: &Self::T, gate: &Self::T) -> Result<Self::T> {
-        self.gated_residual(x, &self.linear(a, w, None)?, gate)
-    }
-
-    /// [`DitOps::linear_gated_residual`] with the fp8 linear of [`Backend::linear_fp8`]:
-    /// `x + linear_fp8(a, q, scale) · gate`.
-    fn linear_fp8_gated_residual(&self, a: &Self::T, q: &Self::T, scale: &Self::T, x: &Self::T, gate: &Self::T) -> Result<Self::T> {
-        self.gated_residual(x, &self.linear_fp8(a, q, scale)?, gate)
-    }
-
-    /// A modulation gate as the gated products take it (the GPU scales fp32 accumulators by an
-    /// f32 vector); the values are unchanged.
-    fn gate_vector(&self, gate: Self::T) -> Result<Self::T> {
-        Ok(gate)
-    }
-
     /// Before the transformer loads: check that its weights and the activations of one forward
     /// over `image + text` joint tokens fit on the device, and fail with needed/free (and the
     /// largest size that fits) if not. The CPU has nothing to plan.

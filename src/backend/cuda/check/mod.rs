@@ -9,7 +9,6 @@ pub mod encoder_attention;
 pub mod encoder_rows;
 pub mod encoder_strided;
 pub mod fp8;
-pub mod gated_linear;
 pub mod gates;
 pub mod lora;
 pub mod tensor;

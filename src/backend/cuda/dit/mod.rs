@@ -14,7 +14,6 @@
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
 pub mod flash_attention;
-mod gated_linear;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 use crate::backend::cuda::blas::Gemm;
@@ -461,15 +460,6 @@ impl DitOps for Cuda {
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
-    }
-    fn linear_gated_residual(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.timed_op(|| gated_linear::gated_name(a, w), || self.linear_gated_with(a, w, x, gate))
-    }
-    fn linear_fp8_gated_residual(&self, a: &CudaTensor, q: &CudaTensor, scale: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.linear_fp8_gated_with(a, q, scale, x, gate)
-    }
-    fn gate_vector(&self, gate: CudaTensor) -> Result<CudaTensor> {
-        self.cast(&gate, DType::F32)
     }
     fn cfg_euler(
         &self,
