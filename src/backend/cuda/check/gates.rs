@@ -404,7 +404,12 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
     let ms = time_ms(&c, 10, 50, || c.attention(&qkv[0], &qkv[1], &qkv[2], scale).map(|_| ()))?;
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
-    println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (cuBLASLt + softmax): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
+    println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (q, k, v apart): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
+    // as the DiT runs it: out of the packed [N, 3·D] projection, after the QK-norm + RoPE
+    let qkv = c.upload_as(&Tensor::new(vec![TOKENS, 3 * DIM], rng.normals(TOKENS * 3 * DIM, 1.0))?, DType::BF16)?;
+    let ms = time_ms(&c, 10, 50, || c.attention_packed(&qkv, HEADS, scale).map(|_| ()))?;
+    let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
+    println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (packed q|k|v): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
     super::lora::time_merge(&c)?;
     super::fp8::time_fp8(&c)
 }
