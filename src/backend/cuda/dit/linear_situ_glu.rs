@@ -1,0 +1,101 @@
+//! [`DitOps::linear_situ_glu`], the DiT FFN's `[up ; gate]` projection with SiTU-GLU on the way
+//! out: on Hopper `moss_dit_linear_situ_glu` (`cuda/dit/sm90a/linear_situ_glu.cu`: TMA + wgmma,
+//! SiTU in the epilogue, the `[M, 2F]` product never written) where the shape qualifies
+//! ([`situ_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
+//! `situ_glu`, each timed under its own name.
+
+use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
+use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::backend::ops::DitOps;
+use crate::backend::Backend;
+use anyhow::{anyhow, ensure, Result};
+
+/// The fused kernel (production image; the check image has `_swapped_control` and
+/// `_short_k_control`).
+pub const SITU_GEMM_KERNEL: &str = "moss_dit_linear_situ_glu";
+
+/// How many blocks the fused kernel runs: one an output tile, or one an SM, each looping over
+/// tiles (its producer loads the next tile while the consumers store this one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SituGrid {
+    PerTile,
+    Persistent,
+}
+
+/// The grid production launches. `moss check --device cuda` times both (its timing section).
+pub const SITU_GRID: SituGrid = SituGrid::Persistent;
+
+/// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ`: both bf16, K a positive
+/// multiple of 64, F of 128, sizes within its 32-bit indices, 16-byte aligned buffers (TMA);
+/// `None` otherwise (then the op is `linear` + `situ_glu`).
+pub fn situ_gemm_shape(x: &CudaTensor, w: &CudaTensor) -> Option<(usize, usize, usize)> {
+    if x.dtype != DType::BF16 || w.dtype != DType::BF16 || w.shape.len() != 2 || x.shape.is_empty() {
+        return None;
+    }
+    let (two_f, k) = (w.shape[0], w.shape[1]);
+    let (m, f) = (x.rows(), two_f / 2);
+    let fits = |v: usize| v < i32::MAX as usize;
+    let ok = x.last_dim() == k
+        && k > 0
+        && k.is_multiple_of(DIT_SITU_GEMM_KTILE)
+        && f > 0
+        && two_f.is_multiple_of(2 * DIT_SITU_GEMM_COLS)
+        && fits(m)
+        && fits(two_f)
+        && fits(k)
+        && fits(m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS))
+        && x.ptr().is_multiple_of(16)
+        && w.ptr().is_multiple_of(16);
+    ok.then_some((m, k, f))
+}
+
+impl Cuda {
+    /// The fused kernel `kernel` (the production one, or a check-image twin) on `x [.., K]`,
+    /// `w [2F, K]` → `[.., F]` bf16, launched on `grid`.
+    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, kernel: &str, grid: SituGrid) -> Result<CudaTensor> {
+        let (m, k, f) = situ_gemm_shape(x, w).ok_or_else(|| {
+            anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
+        })?;
+        ensure!(self.has_sm90a(), "`{kernel}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
+        let mut shape = x.shape.clone();
+        *shape.last_mut().unwrap() = f;
+        let out = self.alloc(DType::BF16, &shape)?;
+        if m == 0 {
+            return Ok(out);
+        }
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
+        let blocks = match grid {
+            SituGrid::PerTile => tiles,
+            SituGrid::Persistent => tiles.min(self.sm_count()?),
+        };
+        let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
+        let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
+        let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
+        self.launch(
+            kernel,
+            blocks as u32,
+            DIT_SITU_GEMM_THREADS as u32,
+            DIT_SITU_GEMM_SMEM as u32,
+            &[Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw)), Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)],
+        )?;
+        Ok(out)
+    }
+
+    /// [`DitOps::linear_situ_glu`]: the fused kernel where the sm_90a kernels are loaded and the
+    /// shape qualifies (profile row `linear_situ_glu MxKxN`, N = 2F), else `linear` + `situ_glu`.
+    pub(crate) fn linear_situ_glu_op(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        match situ_gemm_shape(x, w).filter(|_| self.has_sm90a()) {
+            Some((m, k, f)) => {
+                self.timed_op(|| format!("linear_situ_glu {m}x{k}x{}", 2 * f), || self.linear_situ_glu_fused(x, w, SITU_GEMM_KERNEL, SITU_GRID))
+            }
+            None => self.situ_glu(&self.linear(x, w, None)?),
+        }
+    }
+
+    /// The device's streaming multiprocessors (the persistent grid).
+    fn sm_count(&self) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS;
+        let n = self.gpu().ctx.attribute(SMS).map_err(|e| anyhow!("multiprocessor count: {e:?}"))?;
+        Ok((n as usize).max(1))
+    }
+}
