@@ -25,28 +25,45 @@ pub enum SituGrid {
 /// The grid production launches. `moss check --device cuda` times both (its timing section).
 pub const SITU_GRID: SituGrid = SituGrid::Persistent;
 
-/// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ`: both bf16, K a positive
-/// multiple of 64, F of 128, sizes within its 32-bit indices, 16-byte aligned buffers (TMA);
-/// `None` otherwise (then the op is `linear` + `situ_glu`).
-pub fn situ_gemm_shape(x: &CudaTensor, w: &CudaTensor) -> Option<(usize, usize, usize)> {
-    if x.dtype != DType::BF16 || w.dtype != DType::BF16 || w.shape.len() != 2 || x.shape.is_empty() {
-        return None;
-    }
-    let (two_f, k) = (w.shape[0], w.shape[1]);
-    let (m, f) = (x.rows(), two_f / 2);
+/// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ` by their shapes: K a positive
+/// multiple of 64, F of 128, sizes within its 32-bit indices.
+pub fn situ_gemm_dims(x: &[usize], w: &[usize]) -> Option<(usize, usize, usize)> {
+    let (&k, &[two_f, wk]) = (x.last()?, w) else { return None };
+    let (m, f) = (x[..x.len() - 1].iter().product::<usize>(), two_f / 2);
     let fits = |v: usize| v < i32::MAX as usize;
-    let ok = x.last_dim() == k
+    let ok = wk == k
         && k > 0
         && k.is_multiple_of(DIT_SITU_GEMM_KTILE)
         && f > 0
         && two_f.is_multiple_of(2 * DIT_SITU_GEMM_COLS)
-        && fits(m)
-        && fits(two_f)
-        && fits(k)
-        && fits(m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS))
-        && x.ptr().is_multiple_of(16)
-        && w.ptr().is_multiple_of(16);
+        && [m, two_f, k, m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)].into_iter().all(fits);
     ok.then_some((m, k, f))
+}
+
+/// [`situ_gemm_dims`] of two device tensors that are also bf16 and 16-byte aligned (TMA); `None`:
+/// the op is `linear` + `situ_glu`.
+pub fn situ_gemm_shape(x: &CudaTensor, w: &CudaTensor) -> Option<(usize, usize, usize)> {
+    let ok = x.dtype == DType::BF16 && w.dtype == DType::BF16 && x.ptr().is_multiple_of(16) && w.ptr().is_multiple_of(16);
+    situ_gemm_dims(&x.shape, &w.shape).filter(|_| ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::situ_gemm_dims;
+
+    #[test]
+    fn takes_the_dit_shape_and_refuses_the_rest() {
+        assert_eq!(situ_gemm_dims(&[4224, 3072], &[16384, 3072]), Some((4224, 3072, 8192)));
+        assert_eq!(situ_gemm_dims(&[2, 77, 128], &[256, 128]), Some((154, 128, 128)));
+        assert_eq!(situ_gemm_dims(&[0, 64], &[256, 64]), Some((0, 64, 128)));
+        assert_eq!(situ_gemm_dims(&[77, 96], &[256, 96]), None, "K not a multiple of 64");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[384, 128]), None, "F = 192, not a multiple of 128");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 192]), None, "K of x and w differ");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 128, 1]), None, "w not 2-D");
+        assert_eq!(situ_gemm_dims(&[], &[256, 128]), None);
+        assert_eq!(situ_gemm_dims(&[77, 0], &[256, 0]), None, "K = 0");
+        assert_eq!(situ_gemm_dims(&[1 << 31, 64], &[256, 64]), None, "rows past 32-bit indices");
+    }
 }
 
 impl Cuda {
