@@ -27,8 +27,11 @@
 #define DIT_SITU_GEMM_KTILE 64
 // Its threads: a producer warpgroup (TMA) and two consumer warpgroups (wgmma, 64 rows each).
 #define DIT_SITU_GEMM_THREADS 384
-// Its pipeline stages (x tile + up and gate tiles of W each).
-#define DIT_SITU_GEMM_STAGES 4
-// Its dynamic shared memory: the stages ((128 + 2 x 128) rows x 64 bf16 each, 48 KiB), the
-// output staging (128 x 128 bf16), 64 bytes of mbarriers, 1024 bytes to align the base.
-#define DIT_SITU_GEMM_SMEM (DIT_SITU_GEMM_STAGES * (DIT_SITU_GEMM_ROWS + 2 * DIT_SITU_GEMM_COLS) * DIT_SITU_GEMM_KTILE * 2 + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// Bytes of a pipeline stage: the x tile and the up and gate tiles of W, (128 + 2 x 128) rows x 64 bf16.
+#define DIT_SITU_GEMM_STAGE ((DIT_SITU_GEMM_ROWS + 2 * DIT_SITU_GEMM_COLS) * DIT_SITU_GEMM_KTILE * 2)
+// `tile_end` (SiTU at the end of each tile): four stages, the output staging (128 x 128 bf16),
+// 64 bytes of mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_GEMM_SMEM (4 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// `overlap` (a tile's SiTU under the next tile's products): three stages, the tile's bf16 product
+// (128 x 256), 64 bytes of mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_GEMM_OVERLAP_SMEM (3 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * 2 * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)

@@ -1,29 +1,46 @@
 //! [`DitOps::linear_situ_glu`], the DiT FFN's `[up ; gate]` projection with SiTU-GLU on the way
-//! out: on Hopper `moss_dit_linear_situ_glu` (`cuda/dit/sm90a/linear_situ_glu.cu`: TMA + wgmma,
-//! SiTU in the epilogue, the `[M, 2F]` product never written) where the shape qualifies
+//! out: on Hopper our own GEMM with SiTU in its epilogue (`cuda/dit/sm90a/linear_situ_glu.cu`:
+//! TMA + wgmma, the `[M, 2F]` product never written) where the shape qualifies
 //! ([`situ_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `situ_glu`, each timed under its own name.
 
-use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
+use crate::backend::cuda::launch::{
+    DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_OVERLAP_SMEM, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS,
+};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
 
-/// The fused kernel (production image; the check image has `_swapped_control` and
-/// `_short_k_control`).
-pub const SITU_GEMM_KERNEL: &str = "moss_dit_linear_situ_glu";
+/// One build of the fused kernel: its name (the check image has `{name}_swapped_control` and
+/// `{name}_short_k_control`) and its dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SituKernel {
+    /// `overlap`: a tile's SiTU runs under the next tile's products; `tile_end`: at the end of
+    /// each tile, the tensor cores idle meanwhile.
+    pub key: &'static str,
+    pub name: &'static str,
+    pub smem: u32,
+}
+
+/// The two epilogues, both built until the H200 has timed them (`moss check`'s timing section);
+/// the first is what production runs.
+pub const SITU_KERNELS: [SituKernel; 2] = [
+    SituKernel { key: "overlap", name: "moss_dit_linear_situ_glu_overlap", smem: DIT_SITU_GEMM_OVERLAP_SMEM as u32 },
+    SituKernel { key: "tile_end", name: "moss_dit_linear_situ_glu_tile_end", smem: DIT_SITU_GEMM_SMEM as u32 },
+];
 
 /// How many blocks the fused kernel runs: one an output tile, or one an SM, each looping over
-/// tiles (its producer loads the next tile while the consumers store this one).
+/// tiles (its producer loads the next tile while the consumers finish this one; `overlap` needs
+/// it to overlap anything).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SituGrid {
     PerTile,
     Persistent,
 }
 
-/// The grid production launches. `moss check --device cuda` times both (its timing section).
-pub const SITU_GRID: SituGrid = SituGrid::Persistent;
+/// What production launches.
+pub const SITU_PRODUCTION: (SituKernel, SituGrid) = (SITU_KERNELS[0], SituGrid::Persistent);
 
 /// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ` by their shapes: K a positive
 /// multiple of 64, F of 128, sizes within its 32-bit indices.
@@ -67,13 +84,13 @@ mod tests {
 }
 
 impl Cuda {
-    /// The fused kernel `kernel` (the production one, or a check-image twin) on `x [.., K]`,
-    /// `w [2F, K]` → `[.., F]` bf16, launched on `grid`.
-    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, kernel: &str, grid: SituGrid) -> Result<CudaTensor> {
+    /// The fused kernel `name` (one of [`SITU_KERNELS`] or a check-image twin, launched with
+    /// `smem` bytes) on `x [.., K]`, `w [2F, K]` → `[.., F]` bf16, on `grid`.
+    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str, smem: u32, grid: SituGrid) -> Result<CudaTensor> {
         let (m, k, f) = situ_gemm_shape(x, w).ok_or_else(|| {
             anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
         })?;
-        ensure!(self.has_sm90a(), "`{kernel}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
+        ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let mut shape = x.shape.clone();
         *shape.last_mut().unwrap() = f;
         let out = self.alloc(DType::BF16, &shape)?;
@@ -89,10 +106,10 @@ impl Cuda {
         let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
         let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
         self.launch(
-            kernel,
+            name,
             blocks as u32,
             DIT_SITU_GEMM_THREADS as u32,
-            DIT_SITU_GEMM_SMEM as u32,
+            smem,
             &[Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw)), Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)],
         )?;
         Ok(out)
@@ -103,7 +120,9 @@ impl Cuda {
     pub(crate) fn linear_situ_glu_op(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         match situ_gemm_shape(x, w).filter(|_| self.has_sm90a()) {
             Some((m, k, f)) => {
-                self.timed_op(|| format!("linear_situ_glu {m}x{k}x{}", 2 * f), || self.linear_situ_glu_fused(x, w, SITU_GEMM_KERNEL, SITU_GRID))
+                let (kernel, grid) = SITU_PRODUCTION;
+                let run = || self.linear_situ_glu_fused(x, w, kernel.name, kernel.smem, grid);
+                self.timed_op(|| format!("linear_situ_glu {m}x{k}x{}", 2 * f), run)
             }
             None => self.situ_glu(&self.linear(x, w, None)?),
         }

@@ -17,7 +17,7 @@ pub mod flash_attention;
 pub mod linear_situ_glu;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
-pub use linear_situ_glu::{situ_gemm_shape, SituGrid, SITU_GEMM_KERNEL, SITU_GRID};
+pub use linear_situ_glu::{situ_gemm_shape, SituGrid, SituKernel, SITU_KERNELS, SITU_PRODUCTION};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
