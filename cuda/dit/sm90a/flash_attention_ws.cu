@@ -71,8 +71,7 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
             mbar_init(empty_k(s), 8);  // one arrival per consumer warp
             mbar_init(empty_v(s), 8);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 

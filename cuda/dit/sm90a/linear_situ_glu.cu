@@ -102,8 +102,7 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
             mbar_init(full(s), 1);
             mbar_init(empty(s), 8);  // one arrival per consumer warp
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 
