@@ -19,3 +19,19 @@
 // Its dynamic shared memory: the Q tile and three-stage K and V rings of 32 KiB tiles, 128 bytes
 // of mbarriers and scratch, 1024 bytes to align the base.
 #define DIT_FLASH_WS_SMEM (32768 * 7 + 128 + 1024)
+// cuda/dit/sm90a/linear_situ_glu.cu (Hopper): x rows an output tile.
+#define DIT_SITU_GEMM_ROWS 128
+// Output (F) columns an output tile: the tile reads the matching 128 up rows and 128 gate rows of W.
+#define DIT_SITU_GEMM_COLS 128
+// K a pipeline stage: 64 bf16, one 128-byte swizzled row (K must be a multiple of it).
+#define DIT_SITU_GEMM_KTILE 64
+// Its threads: a producer warpgroup (TMA) and two consumer warpgroups (wgmma, 64 rows each).
+#define DIT_SITU_GEMM_THREADS 384
+// Bytes of a pipeline stage: the x tile and the up and gate tiles of W, (128 + 2 x 128) rows x 64 bf16.
+#define DIT_SITU_GEMM_STAGE ((DIT_SITU_GEMM_ROWS + 2 * DIT_SITU_GEMM_COLS) * DIT_SITU_GEMM_KTILE * 2)
+// `tile_end` (SiTU at the end of each tile): four stages, the output staging (128 x 128 bf16),
+// 64 bytes of mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_GEMM_SMEM (4 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// `overlap` (a tile's SiTU under the next tile's products): three stages, the tile's bf16 product
+// (128 x 256), 64 bytes of mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_GEMM_OVERLAP_SMEM (3 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * 2 * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)

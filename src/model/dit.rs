@@ -428,10 +428,8 @@ impl<B: DitOps> Dit<B> {
         drop(att);
         let (x, y) = b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
         drop(o);
-        let u = mats.ffn_up_gate.forward(b, &y)?;
+        let s = mats.ffn_up_gate.forward_situ_glu(b, &y)?;
         drop(y);
-        let s = b.situ_glu(&u)?;
-        drop(u);
         let dn = mats.ffn_down.forward(b, &s)?;
         drop(s);
         match next_norm {

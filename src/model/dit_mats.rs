@@ -53,6 +53,15 @@ impl<B: DitOps> Matrix<B> {
             Matrix::Fp8 { q, scale } => b.linear_fp8(x, q, scale),
         }
     }
+
+    /// SiTU-GLU of `x · Wᵀ` (`W`'s rows `[up ; gate]`): one fused op where dense
+    /// ([`DitOps::linear_situ_glu`]), the fp8 product then [`DitOps::situ_glu`] otherwise.
+    pub fn forward_situ_glu(&self, b: &B, x: &B::T) -> Result<B::T> {
+        match self {
+            Matrix::Dense(w) => b.linear_situ_glu(x, w),
+            Matrix::Fp8 { .. } => b.situ_glu(&self.forward(b, x)?),
+        }
+    }
 }
 
 /// How one of a block's matrices is made from the checkpoint (decided once, at load, from the

@@ -22,10 +22,12 @@
 // cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e).
 // Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES of dynamic shared memory.
 #include "sm90a/wgmma_attention.cuh"
+#include "sm90a/tma.cuh"
 #include "../launch.h"
 
 namespace moss_ws {
 using namespace moss_wg;
+using namespace moss_tma;
 constexpr int THREADS = DIT_FLASH_WS_THREADS;
 constexpr int STAGES = 3;
 constexpr int BAR_BYTES = 128;  // mbarriers + the scratch words
@@ -33,38 +35,6 @@ constexpr int SMEM_BYTES = TILE * (1 + 2 * STAGES) + BAR_BYTES + 1024;
 static_assert(SMEM_BYTES == DIT_FLASH_WS_SMEM, "the host launches with DIT_FLASH_WS_SMEM (launch.h)");
 static_assert(BM == DIT_FLASH_WS_ROWS && D == DIT_FLASH_HEAD_DIM, "the host's grid: ceil(n / DIT_FLASH_WS_ROWS) x heads");
 
-struct alignas(64) TmaMap {
-    uint64_t opaque[16];
-};
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred P1;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        "@!P1 bra WAIT_%=;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-// Box {64 columns, 128 rows} at (column c0, row c1) of the tensor map into shared memory at dst
-// (1024-byte aligned: the 128-byte swizzle is the wgmma one), completing on mbarrier bar.
-__device__ __forceinline__ void tma_load(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
-__device__ __forceinline__ void prefetch_map(const TmaMap* map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
 // One 128 x 128 tile (two column halves) at rows row0.., columns col..
 __device__ __forceinline__ void tma_tile(uint32_t dst, const TmaMap* map, int col, int row0, uint32_t bar) {
     mbar_expect_tx(bar, TILE);
@@ -101,8 +71,7 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
             mbar_init(empty_k(s), 8);  // one arrival per consumer warp
             mbar_init(empty_v(s), 8);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 
@@ -259,8 +228,8 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
 
 #define MOSS_WS_KERNEL(NAME, PINGPONG, CONTROL)                                                                    \
     MOSS_KERNEL void __launch_bounds__(moss_ws::THREADS, 1)                                                         \
-        NAME(const __grid_constant__ moss_ws::TmaMap tq, const __grid_constant__ moss_ws::TmaMap tk,                 \
-             const __grid_constant__ moss_ws::TmaMap tv, __nv_bfloat16* o, int n, int ldo, float scale_log2) {      \
+        NAME(const __grid_constant__ moss_tma::TmaMap tq, const __grid_constant__ moss_tma::TmaMap tk,               \
+             const __grid_constant__ moss_tma::TmaMap tv, __nv_bfloat16* o, int n, int ldo, float scale_log2) {    \
         moss_ws::attn_ws<PINGPONG, CONTROL>(&tq, &tk, &tv, o, n, ldo, scale_log2);                                  \
     }
 

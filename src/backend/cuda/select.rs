@@ -79,10 +79,19 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
     let c = |op, kernel: &str| Choice { op, kernel: kernel.to_string() };
     let fits = |bytes: usize| smem_optin >= bytes;
     let dit_flash = crate::backend::cuda::dit::pick_flash(hopper);
+    let situ = crate::backend::cuda::dit::SITU_PRODUCTION.0.name;
     let mut v = vec![
         c("dit attention (bf16, head dim 128)", dit_flash.name),
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),
         c("dit situ_glu", "moss_situ_fast_bf16 (bf16), moss_situ_f32 (fp32)"),
+        c(
+            "dit ffn up/gate + situ_glu (bf16, K%64, F%128)",
+            &if hopper {
+                format!("{situ} (TMA + wgmma, SiTU in the epilogue, persistent; other shapes, fp32: cuBLASLt + situ_glu)")
+            } else {
+                "cuBLASLt linear, then moss_situ_fast_bf16 / moss_situ_f32".to_string()
+            },
+        ),
         c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32"),
         c("fp8 quantize (per row)", "moss_quantize_fp8_bf16 / _f32 (IEEE divisions, e4m3 round-to-nearest, saturating)"),
     ];

@@ -76,6 +76,14 @@ pub trait DitOps: Backend {
     /// `g = x[.., F:]`: `out = (4·tanh(g/4)·sigmoid(g)) · (25·tanh(h/25))`.
     fn situ_glu(&self, x: &Self::T) -> Result<Self::T>;
 
+    /// [`DitOps::situ_glu`] of the bias-free linear `x [.., K] · wᵀ`, `w [2F, K]` with rows
+    /// `[up ; gate]` → `[.., F]`: `situ_glu(linear(x, w, None))`, the product rounded to the
+    /// activation dtype before SiTU as the two ops round it. A backend may fuse the two (CUDA on
+    /// Hopper: the product is never written); the default (the CPU twin) runs them in turn.
+    fn linear_situ_glu(&self, x: &Self::T, w: &Self::T) -> Result<Self::T> {
+        self.situ_glu(&self.linear(x, w, None)?)
+    }
+
     /// Gated residual: `x [N, D]`, `y [N, D]`, `gate [D]` → `x + y · gate` (raw gate: no tanh,
     /// no `1 +`).
     fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;

@@ -10,6 +10,7 @@ pub mod encoder_rows;
 pub mod encoder_strided;
 pub mod fp8;
 pub mod gates;
+pub mod linear_situ_glu;
 pub mod lora;
 pub mod tensor;
 pub mod vae;

@@ -14,8 +14,10 @@
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
 pub mod flash_attention;
+pub mod linear_situ_glu;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
+pub use linear_situ_glu::{situ_gemm_shape, SituGrid, SituKernel, SITU_KERNELS, SITU_PRODUCTION};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::checkpoint::{config::DitConfig, Component};
@@ -457,6 +459,10 @@ impl DitOps for Cuda {
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.prof("situ_glu", || self.situ_glu_with(x, "moss"))
+    }
+    /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_situ_glu_op`]).
+    fn linear_situ_glu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_situ_glu_op(x, w)
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
