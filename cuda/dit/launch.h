@@ -19,3 +19,9 @@
 // Its dynamic shared memory: the Q tile and three-stage K and V rings of 32 KiB tiles, 128 bytes
 // of mbarriers and scratch, 1024 bytes to align the base.
 #define DIT_FLASH_WS_SMEM (32768 * 7 + 128 + 1024)
+// cuda/dit/situ_fp8.cu (SiTU-GLU into fp8 codes, one block a row): vectors of 8 outputs a thread
+// holds in registers.
+#define DIT_SITU_FP8_VECS 4
+// Its most threads a block: with the vectors, the widest F it takes (8192, the DiT's).
+#define DIT_SITU_FP8_THREADS 256
+#define DIT_SITU_FP8_MAX_F (8 * DIT_SITU_FP8_VECS * DIT_SITU_FP8_THREADS)
