@@ -14,10 +14,12 @@
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
 pub mod flash_attention;
+mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
+use crate::backend::cuda::select;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
@@ -457,6 +459,30 @@ impl DitOps for Cuda {
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.prof("situ_glu", || self.situ_glu_with(x, "moss"))
+    }
+    fn rms_norm_modulate_fp8(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<fp8_act::Quantized> {
+        self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_with(x, w, shift, scale, eps, "moss"))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gated_residual_norm_modulate_fp8(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, fp8_act::Quantized)> {
+        self.prof("gated_residual_norm_modulate_fp8", || self.gres_norm_mod_fp8_with(x, y, gate, w, shift, scale, eps, "moss"))
+    }
+    /// The fused kernel where [`select::situ_fp8_fused`] takes the width, else `situ_glu` and
+    /// `quantize_rows` (the trait's composition).
+    fn situ_glu_fp8(&self, x: &CudaTensor) -> Result<fp8_act::Quantized> {
+        if !select::situ_fp8_fused(x.last_dim() / 2) {
+            return self.quantize_rows(&self.situ_glu(x)?);
+        }
+        self.prof("situ_glu_fp8", || self.situ_glu_fp8_with(x, "moss"))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
