@@ -24,8 +24,10 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const TX* xr = x + row * d;
+    TX* orow = FP8 ? nullptr : out + row * d;
+    unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const float one = BUG == 1 ? 0.f : 1.f;
-    float ss = 0.f, m = 0.f;
+    float ss = 0.f;
     if ((d & 7) == 0) {
         for (int i = lane * 8; i < d; i += 256) {
             float v[8];
@@ -47,24 +49,10 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
             for (int i = lane * 8; i < d; i += 256) {
                 float v[8];
                 y8(i, v);
-                st8(out + row * d, i, v);
+                st8(orow, i, v);
             }
         } else {
-            for (int i = lane * 8; i < d; i += 256) {
-                float v[8];
-                y8(i, v);
-#pragma unroll
-                for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(round_as(v[k], x)));
-            }
-            const float s = e4m3_scale(BUG == 2 ? m : warp_max(m), e4m3_max, min_amax);
-            if (lane == 0) qs[row] = s;
-            for (int i = lane * 8; i < d; i += 256) {
-                float v[8];
-                y8(i, v);
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = round_as(v[k], x);
-                st8_e4m3<0>(q + row * d + i, v, s);
-            }
+            warp_row_to_e4m3_8<BUG == 2 ? 2 : 0>(y8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -74,12 +62,9 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
         auto y1 = [&](int i) { return ld(xr, i) * inv * ld(w, i) * (one + ld(scale, i)) + ld(shift, i); };
         if (!FP8) {
-            for (int i = lane; i < d; i += 32) st(out + row * d, i, y1(i));
+            for (int i = lane; i < d; i += 32) st(orow, i, y1(i));
         } else {
-            for (int i = lane; i < d; i += 32) m = fmaxf(m, fabsf(round_as(y1(i), x)));
-            const float s = e4m3_scale(BUG == 2 ? m : warp_max(m), e4m3_max, min_amax);
-            if (lane == 0) qs[row] = s;
-            for (int i = lane; i < d; i += 32) q[row * d + i] = to_e4m3<0>(__fdiv_rn(round_as(y1(i), x), s));
+            warp_row_to_e4m3_1<BUG == 2 ? 2 : 0>(y1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     }
 }
@@ -208,8 +193,10 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
     const TX* xr = x + row * d;
     const TX* yr = y + row * d;
     TX* xor_ = xo + row * d;
+    TX* nr = FP8 ? nullptr : no + row * d;
+    unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
-    float ss = 0.f, m = 0.f;
+    float ss = 0.f;
     if ((d & 7) == 0) {
         // xo is only ever accessed through xor_/src (restrict), so the loads of the next
         // vectors need not wait for this vector's store: several rows' worth in flight.
@@ -243,26 +230,10 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
             for (int i = lane * 8; i < d; i += 256) {
                 float v[8];
                 n8(i, v);
-                st8(no + row * d, i, v);
+                st8(nr, i, v);
             }
         } else {
-#pragma unroll 4
-            for (int i = lane * 8; i < d; i += 256) {
-                float v[8];
-                n8(i, v);
-#pragma unroll
-                for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(round_as(v[k], x)));
-            }
-            const float s = e4m3_scale(warp_max(m), e4m3_max, min_amax);
-            if (lane == 0) qs[row] = s;
-#pragma unroll 4
-            for (int i = lane * 8; i < d; i += 256) {
-                float v[8];
-                n8(i, v);
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = round_as(v[k], x);
-                st8_e4m3<BUG == 2 ? 1 : 0>(q + row * d + i, v, s);
-            }
+            warp_row_to_e4m3_8<BUG == 2 ? 1 : 0>(n8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -274,12 +245,9 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
         auto n1 = [&](int i) { return ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i); };
         if (!FP8) {
-            for (int i = lane; i < d; i += 32) st(no + row * d, i, n1(i));
+            for (int i = lane; i < d; i += 32) st(nr, i, n1(i));
         } else {
-            for (int i = lane; i < d; i += 32) m = fmaxf(m, fabsf(round_as(n1(i), x)));
-            const float s = e4m3_scale(warp_max(m), e4m3_max, min_amax);
-            if (lane == 0) qs[row] = s;
-            for (int i = lane; i < d; i += 32) q[row * d + i] = to_e4m3<BUG == 2 ? 1 : 0>(__fdiv_rn(round_as(n1(i), x), s));
+            warp_row_to_e4m3_1<BUG == 2 ? 1 : 0>(n1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     }
 }

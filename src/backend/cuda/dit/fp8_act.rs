@@ -13,16 +13,6 @@ use anyhow::{ensure, Result};
 /// Codes and scales of a quantized activation (`[.., K]` e4m3, `[rows]` f32).
 pub type Quantized = (CudaTensor, CudaTensor);
 
-/// `D` of `x [N, D]`, each vector of `vs` checked to hold `D` values.
-fn width(x: &CudaTensor, vs: &[(&str, &CudaTensor)], what: &str) -> Result<usize> {
-    ensure!(x.shape.len() == 2, "{what}: expected [N, D], got {:?}", x.shape);
-    let d = x.shape[1];
-    for (n, v) in vs {
-        ensure!(v.numel() == d, "{what} {n}: {:?} for width {d}", v.shape);
-    }
-    Ok(d)
-}
-
 impl Cuda {
     /// Room for `shape` quantized per row: codes `shape`, one scale a row.
     fn alloc_quantized(&self, shape: &[usize]) -> Result<Quantized> {
@@ -41,8 +31,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<Quantized> {
-        let d = width(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
-        let (vt, v) = self.same_dtype(&[w, shift, scale])?;
+        let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
         let (q, qs) = self.alloc_quantized(&x.shape)?;
         let name = format!("{prefix}_rms_mod_fp8_{}_{}", x.dtype.name(), vt.name());
         let ptrs = [q.ptr(), qs.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
@@ -64,11 +53,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<(CudaTensor, Quantized)> {
-        let what = "gated_residual_norm_modulate";
-        let d = width(x, &[("gate", gate), ("weight", w), ("shift", shift), ("scale", scale)], what)?;
-        ensure!(y.shape == x.shape, "{what}: y {:?} for x {:?}", y.shape, x.shape);
-        let y = self.cast(y, x.dtype)?;
-        let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
+        let (d, y, vt, v) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let (q, qs) = self.alloc_quantized(&x.shape)?;
         let name = format!("{prefix}_gres_mod_fp8_{}_{}", x.dtype.name(), vt.name());

@@ -72,6 +72,27 @@ impl Cuda {
         Ok((dt, vs.iter().map(|v| self.cast(v, dt)).collect::<Result<_>>()?))
     }
 
+    /// A one-warp-a-row norm's inputs checked, `x [N, D]` and each named vector of `vs` `[D]`:
+    /// `(D, the vectors' dtype, the vectors in it)` ([`Cuda::same_dtype`]).
+    fn row_vectors(&self, x: &CudaTensor, vs: &[(&str, &CudaTensor)], what: &str) -> Result<(usize, DType, Vec<CudaTensor>)> {
+        ensure!(x.shape.len() == 2, "{what}: expected [N, D], got {:?}", x.shape);
+        let d = x.shape[1];
+        for (n, v) in vs {
+            ensure!(v.numel() == d, "{what} {n}: {:?} for width {d}", v.shape);
+        }
+        let (vt, v) = self.same_dtype(&vs.iter().map(|(_, v)| *v).collect::<Vec<_>>())?;
+        Ok((d, vt, v))
+    }
+
+    /// The gated residual + norm's inputs ([`Cuda::row_vectors`] of gate, weight, shift, scale),
+    /// with `y` checked and in `x`'s dtype.
+    fn gres_inputs(&self, x: &CudaTensor, y: &CudaTensor, vs: [&CudaTensor; 4]) -> Result<(usize, CudaTensor, DType, Vec<CudaTensor>)> {
+        let what = "gated_residual_norm_modulate";
+        let (d, vt, v) = self.row_vectors(x, &[("gate", vs[0]), ("weight", vs[1]), ("shift", vs[2]), ("scale", vs[3])], what)?;
+        ensure!(y.shape == x.shape, "{what}: y {:?} for x {:?}", y.shape, x.shape);
+        Ok((d, self.cast(y, x.dtype)?, vt, v))
+    }
+
     /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
     /// arguments `ptrs` (device addresses), `rows`, then `tail`.
     fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
@@ -90,12 +111,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<CudaTensor> {
-        ensure!(x.shape.len() == 2, "rms_norm_modulate: expected [N, D], got {:?}", x.shape);
-        let d = x.shape[1];
-        for (n, v) in [("weight", w), ("shift", shift), ("scale", scale)] {
-            ensure!(v.numel() == d, "rms_norm_modulate {n}: {:?} for width {d}", v.shape);
-        }
-        let (vt, v) = self.same_dtype(&[w, shift, scale])?;
+        let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
         let out = self.alloc(x.dtype, &x.shape)?;
         let name = format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name());
         let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
@@ -221,14 +237,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        ensure!(x.shape.len() == 2, "gated_residual_norm_modulate: expected [N, D], got {:?}", x.shape);
-        ensure!(y.shape == x.shape, "gated_residual_norm_modulate: y {:?} for x {:?}", y.shape, x.shape);
-        let d = x.shape[1];
-        for (n, v) in [("gate", gate), ("weight", w), ("shift", shift), ("scale", scale)] {
-            ensure!(v.numel() == d, "gated_residual_norm_modulate {n}: {:?} for width {d}", v.shape);
-        }
-        let y = self.cast(y, x.dtype)?;
-        let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
+        let (d, y, vt, v) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let no = self.alloc(x.dtype, &x.shape)?;
         let name = format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name());
