@@ -87,7 +87,7 @@ pub trait DitOps: Backend {
 
     /// [`DitOps::gated_residual_norm_modulate`] with the norm quantized per row:
     /// `(x', quantize_rows(n))`, bit for bit (this default).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn gated_residual_norm_modulate_fp8(
         &self,
         x: &Self::T,
