@@ -144,6 +144,45 @@ fn fp8_matrices_match_torchs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A main matrix's input quantized by its producer (`Act::Fp8`, the DiT's path at fp8: the CPU
+/// quantizes the producer's output with `quantize_rows`) gives the bytes of `linear_fp8` on the
+/// dense input, for every main-block matrix of tiny-b on torch's inputs to it, also with the rows
+/// under two leading dims; the dense input passes through as it was; a dense matrix refuses
+/// a quantized input (one error, no panic).
+#[test]
+fn a_quantized_activation_gives_linear_fp8s_bytes() {
+    use moss::backend::Backend;
+    use moss::model::dit::mats::Act;
+    let (json, store) = reference();
+    let ck = checkpoint("tiny-b");
+    let c = ck.open_component("transformer").unwrap();
+    let bits = |t: &Tensor| t.data.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let mut compared = 0;
+    for m in json["checkpoints"]["tiny-b"]["mats"].as_array().unwrap() {
+        let i = m["block"].as_u64().unwrap() as usize;
+        let b = BlockMats::load(&Cpu, &c, i, &mats::sources(&Cpu, &c, i, MainLinears::Fp8).unwrap()).unwrap();
+        let w = match m["matrix"].as_str().unwrap() {
+            "qkv" => b.qkv,
+            "o" => b.o,
+            "ffn_up_gate" => b.ffn_up_gate,
+            _ => b.ffn_down,
+        };
+        let x = tensor(&store, m["x"].as_str().unwrap());
+        let want = bits(&w.forward(&Cpu, &x).unwrap());
+        let (q, scale) = Cpu.quantize_rows(&x).unwrap();
+        assert_eq!(bits(&w.forward_act(&Cpu, &Act::Fp8 { q: q.clone(), scale: scale.clone() }).unwrap()), want, "block {i} {}", m["matrix"]);
+        assert_eq!(bits(&w.forward_act(&Cpu, &Act::Dense(x.clone())).unwrap()), want);
+        let (rows, k) = (x.shape[0], x.shape[1]);
+        let q3 = Tensor::new(vec![rows, 1, k], q.data.clone()).unwrap();
+        let Matrix::Fp8 { q: wq, scale: ws } = &w else { panic!("a dense matrix at fp8") };
+        assert_eq!(bits(&Cpu.linear_fp8_quantized(&q3, &scale, wq, ws).unwrap()), want, "[{rows}, 1, {k}]");
+        let dense = Matrix::<Cpu>::Dense(Tensor::new(vec![4, k], vec![0.0; 4 * k]).unwrap());
+        assert!(dense.forward_act(&Cpu, &Act::Fp8 { q, scale }).is_err());
+        compared += 1;
+    }
+    assert_eq!(compared, 2 * 4);
+}
+
 /// Every golden forward at fp8 (tiny-a, tiny-b, golden/tiny-b-fp8 as stored) has an fp8 error of
 /// torch's size ([`SIZE`]; none is well conditioned enough for a closer comparison: fp8.json
 /// `cond`); the dense model's, the control, is out of it (1e-5x; 0.7x for tiny-b-fp8 dequantized,

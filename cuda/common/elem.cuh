@@ -39,6 +39,10 @@ __device__ __forceinline__ void st8(__nv_bfloat16* p, long i, const float* v) {
     *reinterpret_cast<uint4*>(p + i) = u;
 }
 
+// `v` rounded to the storage type `T` of the pointer's tensor and back (what a store then a load give).
+__device__ __forceinline__ float round_as(float v, const __nv_bfloat16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_as(float v, const float*) { return v; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -2,31 +2,16 @@
 // quantization, the arithmetic of src/fp8.rs bit for bit, and the scaling of an FP8 product that
 // cuBLASLt ran with unit scales. The moss_ctl_* twins (check image) carry a planted bug.
 #include "elem.cuh"
-#include <cuda_fp8.h>
+#include "fp8.cuh"
 
 using bf16 = __nv_bfloat16;
 using namespace moss_elem;
+using namespace moss_fp8;
 
 // ---- quantize ------------------------------------------------------------------------------
-// One block a row (grid-stride over rows; any block size up to 1024 threads):
-//   scale = max(amax(x), min_amax) / e4m3_max,  q = e4m3(x / scale),
-// both divisions IEEE (__fdiv_rn), e4m3 rounded to nearest even and saturated to ±448
-// (__NV_SATFINITE: cvt.rn.satfinite.e4m3x2.f32 from sm_89). e4m3_max and min_amax come from the
-// host (src/fp8.rs E4M3_MAX, MIN_AMAX). fmaxf ignores a NaN operand, as Rust's f32::max does.
-// BUG 1: toward zero (the mantissa cut to e4m3's 3 bits before the conversion).
+// One block a row (grid-stride over rows; any block size up to 1024 threads), the arithmetic of
+// fp8.cuh. BUG 1: toward zero (the mantissa cut to e4m3's 3 bits before the conversion).
 // BUG 2: the amax misses the row's last element.
-
-template <int BUG>
-__device__ __forceinline__ unsigned char to_e4m3(float v) {
-    if (BUG == 1) v = __uint_as_float(__float_as_uint(v) & 0xfff00000u);
-    return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 template <typename T, int BUG>
 __device__ void quantize_fp8_impl(unsigned char* __restrict__ q, float* __restrict__ scale, const T* __restrict__ x,
@@ -55,7 +40,7 @@ __device__ void quantize_fp8_impl(unsigned char* __restrict__ q, float* __restri
         if (warp == 0) {
             m = warp_max(lane < warps ? part[lane] : 0.f);
             if (lane == 0) {
-                float s = __fdiv_rn(fmaxf(m, min_amax), e4m3_max);
+                float s = e4m3_scale(m, e4m3_max, min_amax);
                 row_scale = s;
                 scale[r] = s;
             }
@@ -67,11 +52,7 @@ __device__ void quantize_fp8_impl(unsigned char* __restrict__ q, float* __restri
             for (long i = threadIdx.x * 8L; i < k; i += blockDim.x * 8L) {
                 float v[8];
                 ld8(xr, i, v);
-                uint2 out;
-                unsigned char* b = reinterpret_cast<unsigned char*>(&out);
-#pragma unroll
-                for (int j = 0; j < 8; j++) b[j] = to_e4m3<BUG>(__fdiv_rn(v[j], s));
-                *reinterpret_cast<uint2*>(qr + i) = out;
+                st8_e4m3<BUG>(qr + i, v, s);
             }
         } else {
             for (long i = threadIdx.x; i < k; i += blockDim.x) qr[i] = to_e4m3<BUG>(__fdiv_rn(ld(xr, i), s));

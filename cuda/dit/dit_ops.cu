@@ -2,22 +2,30 @@
 // norm + modulation, QK-norm + RoPE, SiTU-GLU, gated residual and the attention softmax. fp32
 // inside, one rounding into the output. moss_ctl_* are the same code with a planted bug.
 #include "elem.cuh"
+#include "fp8.cuh"
 #include "situ.cuh"
 
 using bf16 = __nv_bfloat16;
 using namespace moss_elem;
+using namespace moss_fp8;
 
 // ---- rms_norm + modulate: y = x·rsqrt(mean(x²)+eps)·w·(1+scale) + shift, one warp a row -------
-// BUG 1: the modulation forgets the 1 (y·scale + shift).
-template <typename TX, typename TV, int BUG>
-__device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, const TV* __restrict__ w,
-                             const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
-                             float eps) {
+// Written as TX, or (FP8, `--precision fp8`) quantized per row (fp8.cuh: codes q, scales qs) from
+// the values rounded to TX: what moss_quantize_fp8 makes of the TX output. The row's values are
+// computed twice by the same code (for the amax, then for the codes); x stays in L1 between.
+// BUG 1: the modulation forgets the 1 (y·scale + shift). BUG 2 (FP8): each lane scales its codes
+// by its own amax (no warp reduction).
+template <typename TX, typename TV, int BUG, bool FP8>
+__device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q, float* __restrict__ qs,
+                             const TX* __restrict__ x, const TV* __restrict__ w, const TV* __restrict__ shift,
+                             const TV* __restrict__ scale, long rows, int d, float eps, float e4m3_max,
+                             float min_amax) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const TX* xr = x + row * d;
-    TX* orow = out + row * d;
+    TX* orow = FP8 ? nullptr : out + row * d;
+    unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const float one = BUG == 1 ? 0.f : 1.f;
     float ss = 0.f;
     if ((d & 7) == 0) {
@@ -28,15 +36,23 @@ __device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, con
             for (int k = 0; k < 8; k++) ss += v[k] * v[k];
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        for (int i = lane * 8; i < d; i += 256) {
-            float v[8], g[8], sh[8], sc[8];
+        auto y8 = [&](int i, float* v) {
+            float g[8], sh[8], sc[8];
             ld8(xr, i, v);
             ld8(w, i, g);
             ld8(shift, i, sh);
             ld8(scale, i, sc);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = v[k] * inv * g[k] * (one + sc[k]) + sh[k];
-            st8(orow, i, v);
+        };
+        if (!FP8) {
+            for (int i = lane * 8; i < d; i += 256) {
+                float v[8];
+                y8(i, v);
+                st8(orow, i, v);
+            }
+        } else {
+            warp_row_to_e4m3_8<BUG == 2 ? 2 : 0>(y8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -44,18 +60,31 @@ __device__ void rms_mod_impl(TX* __restrict__ out, const TX* __restrict__ x, con
             ss += v * v;
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        for (int i = lane; i < d; i += 32)
-            st(orow, i, ld(xr, i) * inv * ld(w, i) * (one + ld(scale, i)) + ld(shift, i));
+        auto y1 = [&](int i) { return ld(xr, i) * inv * ld(w, i) * (one + ld(scale, i)) + ld(shift, i); };
+        if (!FP8) {
+            for (int i = lane; i < d; i += 32) st(orow, i, y1(i));
+        } else {
+            warp_row_to_e4m3_1<BUG == 2 ? 2 : 0>(y1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+        }
     }
 }
 #define MOSS_RMS_MOD(NAME, BUG, TX, SX, TV, SV)                                                          \
     MOSS_KERNEL void NAME##_##SX##_##SV(TX* out, const TX* x, const TV* w, const TV* shift, const TV* scale, \
                                         long rows, int d, float eps) {                                   \
-        rms_mod_impl<TX, TV, BUG>(out, x, w, shift, scale, rows, d, eps);                                \
+        rms_mod_impl<TX, TV, BUG, false>(out, nullptr, nullptr, x, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
 #define MOSS_RMS_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS_MOD, NAME, BUG)
 MOSS_PRODUCTION(MOSS_RMS_MOD4(moss_rms_mod, 0))
 MOSS_CONTROL(MOSS_RMS_MOD4(moss_ctl_rms_mod, 1))
+#define MOSS_RMS_MOD_FP8(NAME, BUG, TX, SX, TV, SV)                                                       \
+    MOSS_KERNEL void NAME##_##SX##_##SV(unsigned char* q, float* qs, const TX* x, const TV* w, const TV* shift, \
+                                        const TV* scale, long rows, int d, float eps, float e4m3_max,        \
+                                        float min_amax) {                                                    \
+        rms_mod_impl<TX, TV, BUG, true>(nullptr, q, qs, x, w, shift, scale, rows, d, eps, e4m3_max, min_amax); \
+    }
+#define MOSS_RMS_MOD_FP8_4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS_MOD_FP8, NAME, BUG)
+MOSS_PRODUCTION(MOSS_RMS_MOD_FP8_4(moss_rms_mod_fp8, 0))
+MOSS_CONTROL(MOSS_RMS_MOD_FP8_4(moss_ctl_rms_mod_fp8, 2))
 
 // ---- per-head QK-norm + rotate-half RoPE, one warp per (token, head) row of hd ------------------
 // y = x·rsqrt(mean(x²)+eps)·w; out[m] = y[m]c − y[m+h]s, out[m+h] = y[m+h]c + y[m]s, h = hd/2,
@@ -149,21 +178,23 @@ MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
 // ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
 // xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
-// rounded xo, as moss_rms_mod would read it. BUG 1: the norm taken of the old x.
-__device__ __forceinline__ float round_as(float v, const bf16*) { return __bfloat162float(__float2bfloat16_rn(v)); }
-__device__ __forceinline__ float round_as(float v, const float*) { return v; }
-template <typename TX, typename TV, int BUG>
-__device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, const TX* __restrict__ x, const TX* __restrict__ y,
+// rounded xo, as moss_rms_mod would read it; or (FP8) no quantized per row as rms_mod_impl's FP8
+// form does (codes q, scales qs). BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes
+// rounded toward zero.
+template <typename TX, typename TV, int BUG, bool FP8>
+__device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsigned char* __restrict__ q,
+                                  float* __restrict__ qs, const TX* __restrict__ x, const TX* __restrict__ y,
                                   const TV* __restrict__ gate, const TV* __restrict__ w,
                                   const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
-                                  float eps) {
+                                  float eps, float e4m3_max, float min_amax) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const TX* xr = x + row * d;
     const TX* yr = y + row * d;
     TX* xor_ = xo + row * d;
-    TX* nr = no + row * d;
+    TX* nr = FP8 ? nullptr : no + row * d;
+    unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
     float ss = 0.f;
     if ((d & 7) == 0) {
@@ -185,16 +216,24 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, cons
             st8(xor_, i, a);
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-#pragma unroll 4
-        for (int i = lane * 8; i < d; i += 256) {
-            float v[8], gw[8], sh[8], sc[8];
+        auto n8 = [&](int i, float* v) {
+            float gw[8], sh[8], sc[8];
             ld8(src, i, v);  // this lane's own stores above
             ld8(w, i, gw);
             ld8(shift, i, sh);
             ld8(scale, i, sc);
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = v[k] * inv * gw[k] * (1.f + sc[k]) + sh[k];
-            st8(nr, i, v);
+        };
+        if (!FP8) {
+#pragma unroll 4
+            for (int i = lane * 8; i < d; i += 256) {
+                float v[8];
+                n8(i, v);
+                st8(nr, i, v);
+            }
+        } else {
+            warp_row_to_e4m3_8<BUG == 2 ? 1 : 0>(n8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -204,18 +243,32 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, cons
             ss += r * r;
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        for (int i = lane; i < d; i += 32)
-            st(nr, i, ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i));
+        auto n1 = [&](int i) { return ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i); };
+        if (!FP8) {
+            for (int i = lane; i < d; i += 32) st(nr, i, n1(i));
+        } else {
+            warp_row_to_e4m3_1<BUG == 2 ? 1 : 0>(n1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+        }
     }
 }
 #define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV)                                                           \
     MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, TX* no, const TX* x, const TX* y, const TV* gate, const TV* w, \
                                         const TV* shift, const TV* scale, long rows, int d, float eps) {   \
-        gres_rms_mod_impl<TX, TV, BUG>(xo, no, x, y, gate, w, shift, scale, rows, d, eps);                 \
+        gres_rms_mod_impl<TX, TV, BUG, false>(xo, no, nullptr, nullptr, x, y, gate, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
 #define MOSS_GRES_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES_MOD, NAME, BUG)
 MOSS_PRODUCTION(MOSS_GRES_MOD4(moss_gres_mod, 0))
 MOSS_CONTROL(MOSS_GRES_MOD4(moss_ctl_gres_mod, 1))
+#define MOSS_GRES_MOD_FP8(NAME, BUG, TX, SX, TV, SV)                                                       \
+    MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, unsigned char* q, float* qs, const TX* x, const TX* y,       \
+                                        const TV* gate, const TV* w, const TV* shift, const TV* scale,       \
+                                        long rows, int d, float eps, float e4m3_max, float min_amax) {       \
+        gres_rms_mod_impl<TX, TV, BUG, true>(xo, nullptr, q, qs, x, y, gate, w, shift, scale, rows, d, eps, \
+                                             e4m3_max, min_amax);                                            \
+    }
+#define MOSS_GRES_MOD_FP8_4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES_MOD_FP8, NAME, BUG)
+MOSS_PRODUCTION(MOSS_GRES_MOD_FP8_4(moss_gres_mod_fp8, 0))
+MOSS_CONTROL(MOSS_GRES_MOD_FP8_4(moss_ctl_gres_mod_fp8, 2))
 
 // ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
 // BUG 1: the halves swapped (gate read as up).

@@ -35,3 +35,9 @@
 // `overlap` (a tile's SiTU under the next tile's products): three stages, the tile's bf16 product
 // (128 x 256), 64 bytes of mbarriers, 1024 bytes to align the base.
 #define DIT_SITU_GEMM_OVERLAP_SMEM (3 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * 2 * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// cuda/dit/situ_fp8.cu (SiTU-GLU into fp8 codes, one block a row): vectors of 8 outputs a thread
+// holds in registers.
+#define DIT_SITU_FP8_VECS 4
+// Its most threads a block: with the vectors, the widest F it takes (8192, the DiT's).
+#define DIT_SITU_FP8_THREADS 256
+#define DIT_SITU_FP8_MAX_F (8 * DIT_SITU_FP8_VECS * DIT_SITU_FP8_THREADS)

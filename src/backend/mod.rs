@@ -151,6 +151,11 @@ pub trait Backend {
     /// same way (`s_x[r]`, `q_x[r, k]`), then `y[r, n] = s_x[r] · s_w[n] · Σ_k q_x[r, k] · q_w[n, k]`
     /// (fp32 or wider accumulation) → `[.., N]` in `x`'s dtype.
     fn linear_fp8(&self, x: &Self::T, q: &Self::T, scale: &Self::T) -> Result<Self::T>;
+    /// [`Backend::linear_fp8`] of rows already quantized: `xq [.., K]` codes and `xs [rows]` f32
+    /// scales (as `quantize_rows` makes them, or an op that writes its output quantized) →
+    /// `y[r, n] = xs[r] · s_w[n] · Σ_k xq[r, k] · q_w[n, k]` `[.., N]` in the activation dtype.
+    /// `linear_fp8(x, ..)` is `linear_fp8_quantized(quantize_rows(x), ..)`, bit for bit.
+    fn linear_fp8_quantized(&self, xq: &Self::T, xs: &Self::T, q: &Self::T, scale: &Self::T) -> Result<Self::T>;
     /// Elementwise `a + b`; `b` either has `a`'s shape or `a`'s trailing shape (broadcast).
     fn add(&self, a: &Self::T, b: &Self::T) -> Result<Self::T>;
     /// Elementwise `a · b`, broadcasting like [`Backend::add`].

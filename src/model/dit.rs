@@ -21,7 +21,7 @@ pub mod rope;
 #[path = "dit_mats.rs"]
 pub mod mats;
 
-use mats::{BlockMats, Source};
+use mats::{Act, BlockMats, Source};
 pub use mats::{block_matrix_names, MainLinears};
 
 /// A linear layer: `weight [out, in]` and an optional `bias [out]`.
@@ -75,7 +75,7 @@ struct PassRun<'a, B: DitOps> {
     cos: B::T,
     sin: B::T,
     xs: Option<B::T>,
-    y: Option<B::T>,
+    y: Option<Act<B>>,
     active: Vec<usize>,
     grid: (usize, usize, usize),
     _dit: std::marker::PhantomData<&'a Dit<B>>,
@@ -112,6 +112,8 @@ pub struct Dit<B: DitOps> {
     time_embedding_2: Linear<B>,
     shared_block_modulation: Linear<B>,
     layers: Vec<Block<B>>,
+    /// How the main blocks' matrices are held (so the form their inputs are made in).
+    linears: MainLinears,
     final_norm_video: B::T,
     final_linear_video: B::T,
     video_head_modulation: Linear<B>,
@@ -207,6 +209,7 @@ impl<B: DitOps> Dit<B> {
             time_embedding_2: lin("time_embedding.2", true)?,
             shared_block_modulation: lin("shared_block_modulation", true)?,
             layers,
+            linears,
             final_norm_video: w("final_norm_video.weight")?,
             final_linear_video: w("final_linear_video.weight")?,
             video_head_modulation: lin("video_head_modulation", true)?,
@@ -354,7 +357,7 @@ impl<B: DitOps> Dit<B> {
         // only the first block that runs starts from a plain norm.
         let active: Vec<usize> = (0..self.layers.len()).filter(|i| !skip.contains(i)).collect();
         let y = match active.first() {
-            Some(&first) => Some(b.rms_norm_modulate(&xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)?),
+            Some(&first) => Some(self.linears.rms_norm_modulate(b, &xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)?),
             None => None,
         };
         Ok(PassRun { m, cos, sin, xs: Some(xs), y, active, grid: (c, h, w), _dit: std::marker::PhantomData })
@@ -406,7 +409,8 @@ impl<B: DitOps> Dit<B> {
 
     /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);
     /// returns the new stream and, when `next_norm` (the next running block's norm1 weight) is
-    /// given, its modulated norm (the last gated residual fused with it).
+    /// given, its modulated norm (the last gated residual fused with it). The matrices' inputs
+    /// come in the form the main linears read ([`MainLinears`]: at fp8 quantized by their producer).
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -414,27 +418,27 @@ impl<B: DitOps> Dit<B> {
         blk: &Block<B>,
         mats: &BlockMats<B>,
         x: B::T,
-        y: B::T,
+        y: Act<B>,
         m: &Modulation<B>,
         cos: &B::T,
         sin: &B::T,
         next_norm: Option<&B::T>,
-    ) -> Result<(B::T, Option<B::T>)> {
-        let eps = self.cfg.eps;
-        let qkv = mats.qkv.forward(b, &y)?;
+    ) -> Result<(B::T, Option<Act<B>>)> {
+        let (eps, l) = (self.cfg.eps, self.linears);
+        let qkv = mats.qkv.forward_act(b, &y)?;
         drop(y);
         let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
         let o = mats.o.forward(b, &att)?;
         drop(att);
-        let (x, y) = b.gated_residual_norm_modulate(&x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
+        let (x, y) = l.gated_residual_norm_modulate(b, &x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
         drop(o);
-        let s = mats.ffn_up_gate.forward_situ_glu(b, &y)?;
+        let s = mats.ffn_up_gate.forward_situ_glu(b, &y, l)?;
         drop(y);
-        let dn = mats.ffn_down.forward(b, &s)?;
+        let dn = mats.ffn_down.forward_act(b, &s)?;
         drop(s);
         match next_norm {
             Some(w) => {
-                let (x, y) = b.gated_residual_norm_modulate(&x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)?;
+                let (x, y) = l.gated_residual_norm_modulate(b, &x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)?;
                 Ok((x, Some(y)))
             }
             None => Ok((b.gated_residual(&x, &dn, &m.gate_ffn)?, None)),

@@ -30,6 +30,67 @@ impl MainLinears {
     }
 }
 
+/// The input of a main-block matrix: dense, or (`--precision fp8`, float8 matrices) quantized
+/// per row by the op that produced it (its output as [`crate::backend::Backend::quantize_rows`]
+/// gives it, never held dense).
+pub enum Act<B: DitOps> {
+    Dense(B::T),
+    /// `x ≈ diag(scale) · q`: codes `q [N, K]`, f32 `scale [N]`.
+    Fp8 { q: B::T, scale: B::T },
+}
+
+impl<B: DitOps> Act<B> {
+    fn fp8((q, scale): (B::T, B::T)) -> Self {
+        Act::Fp8 { q, scale }
+    }
+}
+
+/// The producers of the main matrices' inputs, in the form `self` reads: dense, or at fp8 each
+/// op's output quantized per row (the same values as quantizing the dense output; the CUDA
+/// backend writes them so in the op's own kernel).
+impl MainLinears {
+    /// `rms_norm_modulate(x, w, shift, scale)`.
+    pub fn rms_norm_modulate<B: DitOps>(self, b: &B, x: &B::T, w: &B::T, shift: &B::T, scale: &B::T, eps: f64) -> Result<Act<B>> {
+        Ok(match self {
+            MainLinears::Dense => Act::Dense(b.rms_norm_modulate(x, w, shift, scale, eps)?),
+            MainLinears::Fp8 => Act::fp8(b.rms_norm_modulate_fp8(x, w, shift, scale, eps)?),
+        })
+    }
+
+    /// `(x', n) = gated_residual_norm_modulate(x, y, gate, w, shift, scale)`, `n` in this form.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_residual_norm_modulate<B: DitOps>(
+        self,
+        b: &B,
+        x: &B::T,
+        y: &B::T,
+        gate: &B::T,
+        w: &B::T,
+        shift: &B::T,
+        scale: &B::T,
+        eps: f64,
+    ) -> Result<(B::T, Act<B>)> {
+        Ok(match self {
+            MainLinears::Dense => {
+                let (x, n) = b.gated_residual_norm_modulate(x, y, gate, w, shift, scale, eps)?;
+                (x, Act::Dense(n))
+            }
+            MainLinears::Fp8 => {
+                let (x, n) = b.gated_residual_norm_modulate_fp8(x, y, gate, w, shift, scale, eps)?;
+                (x, Act::fp8(n))
+            }
+        })
+    }
+
+    /// `situ_glu(x)`.
+    pub fn situ_glu<B: DitOps>(self, b: &B, x: &B::T) -> Result<Act<B>> {
+        Ok(match self {
+            MainLinears::Dense => Act::Dense(b.situ_glu(x)?),
+            MainLinears::Fp8 => Act::fp8(b.situ_glu_fp8(x)?),
+        })
+    }
+}
+
 /// A weight matrix `W [N, K]` (no bias) and `x · Wᵀ`.
 pub enum Matrix<B: DitOps> {
     Dense(B::T),
@@ -47,6 +108,7 @@ impl<B: DitOps> Clone for Matrix<B> {
 }
 
 impl<B: DitOps> Matrix<B> {
+    /// `x · Wᵀ` for a dense `x` (quantized per row first if `W` is float8).
     pub fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
         match self {
             Matrix::Dense(w) => b.linear(x, w, None),
@@ -54,12 +116,22 @@ impl<B: DitOps> Matrix<B> {
         }
     }
 
-    /// SiTU-GLU of `x · Wᵀ` (`W`'s rows `[up ; gate]`): one fused op where dense
-    /// ([`DitOps::linear_situ_glu`]), the fp8 product then [`DitOps::situ_glu`] otherwise.
-    pub fn forward_situ_glu(&self, b: &B, x: &B::T) -> Result<B::T> {
-        match self {
-            Matrix::Dense(w) => b.linear_situ_glu(x, w),
-            Matrix::Fp8 { .. } => b.situ_glu(&self.forward(b, x)?),
+    /// `x · Wᵀ` for `x` in either form (a quantized `x` needs a float8 `W`).
+    pub fn forward_act(&self, b: &B, x: &Act<B>) -> Result<B::T> {
+        match (self, x) {
+            (_, Act::Dense(x)) => self.forward(b, x),
+            (Matrix::Fp8 { q, scale }, Act::Fp8 { q: xq, scale: xs }) => b.linear_fp8_quantized(xq, xs, q, scale),
+            (Matrix::Dense(_), Act::Fp8 { .. }) => bail!("a dense matrix given a float8 activation (the main matrices are all float8 or none)"),
+        }
+    }
+
+    /// SiTU-GLU of `x · Wᵀ` (`W`'s rows `[up ; gate]`) in the form `l` gives the next matrix: one
+    /// fused op where dense ([`DitOps::linear_situ_glu`]), else the product, then
+    /// [`MainLinears::situ_glu`].
+    pub fn forward_situ_glu(&self, b: &B, x: &Act<B>, l: MainLinears) -> Result<Act<B>> {
+        match (self, x, l) {
+            (Matrix::Dense(w), Act::Dense(x), MainLinears::Dense) => Ok(Act::Dense(b.linear_situ_glu(x, w)?)),
+            _ => l.situ_glu(b, &self.forward_act(b, x)?),
         }
     }
 }

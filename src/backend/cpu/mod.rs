@@ -141,20 +141,28 @@ impl Backend for Cpu {
 
     fn linear_fp8(&self, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
         ensure!(q.shape.len() == 2, "linear_fp8: weight must be 2-D, got {:?}", q.shape);
-        let (n, k) = (q.shape[0], q.shape[1]);
+        let k = q.shape[1];
         ensure!(x.last_dim() == k, "linear_fp8: input {:?} does not match weight {:?}", x.shape, q.shape);
-        ensure!(scale.numel() == n, "linear_fp8: {} scales for {n} rows", scale.numel());
         let (mut xq, mut xs) = (vec![0f32; x.numel()], vec![0f32; x.rows()]);
         for ((qr, xr), s) in xq.chunks_mut(k.max(1)).zip(x.data.chunks(k.max(1))).zip(&mut xs) {
             *s = crate::fp8::quantize_row(xr, qr);
         }
-        let mut shape = x.shape.clone();
+        self.linear_fp8_quantized(&Tensor::new(x.shape.clone(), xq)?, &Tensor::new(vec![xs.len()], xs)?, q, scale)
+    }
+
+    fn linear_fp8_quantized(&self, xq: &Tensor, xs: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        ensure!(q.shape.len() == 2, "linear_fp8: weight must be 2-D, got {:?}", q.shape);
+        let (n, k) = (q.shape[0], q.shape[1]);
+        ensure!(xq.last_dim() == k, "linear_fp8: input {:?} does not match weight {:?}", xq.shape, q.shape);
+        ensure!(scale.numel() == n, "linear_fp8: {} scales for {n} rows", scale.numel());
+        ensure!(xs.numel() == xq.rows(), "linear_fp8: {} activation scales for {} rows", xs.numel(), xq.rows());
+        let mut shape = xq.shape.clone();
         *shape.last_mut().unwrap() = n;
-        let mut out = vec![0f32; x.rows() * n];
+        let mut out = vec![0f32; xq.rows() * n];
         par_rows(&mut out, n, |r, row| {
-            let xr = &xq[r * k..(r + 1) * k];
+            let xr = &xq.data[r * k..(r + 1) * k];
             for (j, o) in row.iter_mut().enumerate() {
-                *o = (dot(xr, &q.data[j * k..(j + 1) * k]) * xs[r] as f64 * scale.data[j] as f64) as f32;
+                *o = (dot(xr, &q.data[j * k..(j + 1) * k]) * xs.data[r] as f64 * scale.data[j] as f64) as f32;
             }
         });
         Tensor::new(shape, out)

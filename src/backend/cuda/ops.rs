@@ -534,6 +534,9 @@ impl Backend for Cuda {
     fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
         self.linear_fp8_timed(x, q, scale)
     }
+    fn linear_fp8_quantized(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, s: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_fp8_quantized_timed(xq, xs, q, s)
+    }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.prof("add", || self.binary_with("add", a, b, "moss"))
     }

@@ -8,6 +8,7 @@
 //! A100 or an RTX card runs can be gated on an H200. It is read once per process; any value but
 //! `portable` (or `auto`, the default) is an error.
 
+use crate::backend::cuda::launch::DIT_SITU_FP8_MAX_F;
 use anyhow::{bail, Result};
 use std::sync::OnceLock;
 
@@ -67,6 +68,14 @@ pub fn pick_fp8_gemm(cc: (i32, i32), outer_vec_runs: impl FnOnce() -> bool) -> R
     Ok(if outer_vec_runs() { Fp8Gemm::OuterVec } else { Fp8Gemm::UnitThenScale })
 }
 
+/// Whether `situ_glu_fp8` (the ffn's hidden quantized per row, `--precision fp8`) runs the fused
+/// kernel at width `f` (`cuda/dit/situ_fp8.cu`: one block a row, held in registers: `f` a
+/// multiple of 8 up to [`DIT_SITU_FP8_MAX_F`], the DiT's 8192); otherwise `situ_glu` then
+/// `moss_quantize_fp8`.
+pub fn situ_fp8_fused(f: usize) -> bool {
+    f > 0 && f.is_multiple_of(8) && f <= DIT_SITU_FP8_MAX_F
+}
+
 /// One op and the kernel it runs here (and under which condition, when the shape decides).
 pub struct Choice {
     pub op: &'static str,
@@ -94,6 +103,8 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
         ),
         c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32"),
         c("fp8 quantize (per row)", "moss_quantize_fp8_bf16 / _f32 (IEEE divisions, e4m3 round-to-nearest, saturating)"),
+        c("fp8 activations of the dit's norms", "moss_rms_mod_fp8_*, moss_gres_mod_fp8_* (the norm and its quantization in one kernel)"),
+        c("fp8 activation of the dit's situ_glu", "moss_situ_fast_fp8_bf16 / moss_situ_fp8_f32 (F % 8 = 0, F <= 8192; else moss_situ_* + moss_quantize_fp8_*)"),
     ];
     v.extend(crate::backend::cuda::encoder::kernel_choices(hopper, smem_optin));
     v.extend(crate::backend::cuda::vae::kernel_choices(fits));
@@ -135,6 +146,13 @@ mod tests {
         assert_eq!(pick_fp8_gemm((9, 0), || true).unwrap(), Fp8Gemm::OuterVec);
         assert_eq!(pick_fp8_gemm((12, 0), || false).unwrap(), Fp8Gemm::UnitThenScale);
         assert!(fp8_refusal((8, 9)).is_none() && fp8_refusal((10, 0)).is_none());
+    }
+
+    #[test]
+    fn situ_fp8_fuses_the_dits_width_only_where_a_block_holds_the_row() {
+        assert!(situ_fp8_fused(8192) && situ_fp8_fused(8) && situ_fp8_fused(264));
+        assert!(!situ_fp8_fused(8200) && !situ_fp8_fused(8196) && !situ_fp8_fused(100) && !situ_fp8_fused(0));
+        assert_eq!(DIT_SITU_FP8_MAX_F, 8192);
     }
 
     #[test]

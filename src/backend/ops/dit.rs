@@ -84,6 +84,38 @@ pub trait DitOps: Backend {
         self.situ_glu(&self.linear(x, w, None)?)
     }
 
+    /// [`DitOps::rms_norm_modulate`] with its output quantized per row as
+    /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
+    /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit
+    /// `quantize_rows(rms_norm_modulate(..))`, which is what this default does.
+    fn rms_norm_modulate_fp8(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64)
+        -> Result<(Self::T, Self::T)> {
+        self.quantize_rows(&self.rms_norm_modulate(x, w, shift, scale, eps)?)
+    }
+
+    /// [`DitOps::gated_residual_norm_modulate`] with the norm quantized per row:
+    /// `(x', quantize_rows(n))`, bit for bit (this default).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn gated_residual_norm_modulate_fp8(
+        &self,
+        x: &Self::T,
+        y: &Self::T,
+        gate: &Self::T,
+        w: &Self::T,
+        shift: &Self::T,
+        scale: &Self::T,
+        eps: f64,
+    ) -> Result<(Self::T, (Self::T, Self::T))> {
+        let (x, n) = self.gated_residual_norm_modulate(x, y, gate, w, shift, scale, eps)?;
+        Ok((x, self.quantize_rows(&n)?))
+    }
+
+    /// [`DitOps::situ_glu`] of `x [N, 2F]` quantized per row: `quantize_rows(situ_glu(x))`, bit
+    /// for bit (this default).
+    fn situ_glu_fp8(&self, x: &Self::T) -> Result<(Self::T, Self::T)> {
+        self.quantize_rows(&self.situ_glu(x)?)
+    }
+
     /// Gated residual: `x [N, D]`, `y [N, D]`, `gate [D]` → `x + y · gate` (raw gate: no tanh,
     /// no `1 +`).
     fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;

@@ -9,6 +9,7 @@ pub mod encoder_attention;
 pub mod encoder_rows;
 pub mod encoder_strided;
 pub mod fp8;
+pub mod fp8_act;
 pub mod gates;
 pub mod linear_situ_glu;
 pub mod lora;

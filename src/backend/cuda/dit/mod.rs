@@ -15,11 +15,13 @@
 
 pub mod flash_attention;
 pub mod linear_situ_glu;
+mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 pub use linear_situ_glu::{situ_gemm_shape, SituGrid, SituKernel, SITU_KERNELS, SITU_PRODUCTION};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
+use crate::backend::cuda::select;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::cpu::Cpu;
@@ -72,6 +74,27 @@ impl Cuda {
         Ok((dt, vs.iter().map(|v| self.cast(v, dt)).collect::<Result<_>>()?))
     }
 
+    /// A one-warp-a-row norm's inputs checked, `x [N, D]` and each named vector of `vs` `[D]`:
+    /// `(D, the vectors' dtype, the vectors in it)` ([`Cuda::same_dtype`]).
+    fn row_vectors(&self, x: &CudaTensor, vs: &[(&str, &CudaTensor)], what: &str) -> Result<(usize, DType, Vec<CudaTensor>)> {
+        ensure!(x.shape.len() == 2, "{what}: expected [N, D], got {:?}", x.shape);
+        let d = x.shape[1];
+        for (n, v) in vs {
+            ensure!(v.numel() == d, "{what} {n}: {:?} for width {d}", v.shape);
+        }
+        let (vt, v) = self.same_dtype(&vs.iter().map(|(_, v)| *v).collect::<Vec<_>>())?;
+        Ok((d, vt, v))
+    }
+
+    /// The gated residual + norm's inputs ([`Cuda::row_vectors`] of gate, weight, shift, scale),
+    /// with `y` checked and in `x`'s dtype.
+    fn gres_inputs(&self, x: &CudaTensor, y: &CudaTensor, vs: [&CudaTensor; 4]) -> Result<(usize, CudaTensor, DType, Vec<CudaTensor>)> {
+        let what = "gated_residual_norm_modulate";
+        let (d, vt, v) = self.row_vectors(x, &[("gate", vs[0]), ("weight", vs[1]), ("shift", vs[2]), ("scale", vs[3])], what)?;
+        ensure!(y.shape == x.shape, "{what}: y {:?} for x {:?}", y.shape, x.shape);
+        Ok((d, self.cast(y, x.dtype)?, vt, v))
+    }
+
     /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
     /// arguments `ptrs` (device addresses), `rows`, then `tail`.
     fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
@@ -90,12 +113,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<CudaTensor> {
-        ensure!(x.shape.len() == 2, "rms_norm_modulate: expected [N, D], got {:?}", x.shape);
-        let d = x.shape[1];
-        for (n, v) in [("weight", w), ("shift", shift), ("scale", scale)] {
-            ensure!(v.numel() == d, "rms_norm_modulate {n}: {:?} for width {d}", v.shape);
-        }
-        let (vt, v) = self.same_dtype(&[w, shift, scale])?;
+        let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
         let out = self.alloc(x.dtype, &x.shape)?;
         let name = format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name());
         let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
@@ -221,14 +239,7 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        ensure!(x.shape.len() == 2, "gated_residual_norm_modulate: expected [N, D], got {:?}", x.shape);
-        ensure!(y.shape == x.shape, "gated_residual_norm_modulate: y {:?} for x {:?}", y.shape, x.shape);
-        let d = x.shape[1];
-        for (n, v) in [("gate", gate), ("weight", w), ("shift", shift), ("scale", scale)] {
-            ensure!(v.numel() == d, "gated_residual_norm_modulate {n}: {:?} for width {d}", v.shape);
-        }
-        let y = self.cast(y, x.dtype)?;
-        let (vt, v) = self.same_dtype(&[gate, w, shift, scale])?;
+        let (d, y, vt, v) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let no = self.alloc(x.dtype, &x.shape)?;
         let name = format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name());
@@ -463,6 +474,30 @@ impl DitOps for Cuda {
     /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_situ_glu_op`]).
     fn linear_situ_glu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         self.linear_situ_glu_op(x, w)
+    }
+    fn rms_norm_modulate_fp8(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<fp8_act::Quantized> {
+        self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_with(x, w, shift, scale, eps, "moss"))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gated_residual_norm_modulate_fp8(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, fp8_act::Quantized)> {
+        self.prof("gated_residual_norm_modulate_fp8", || self.gres_norm_mod_fp8_with(x, y, gate, w, shift, scale, eps, "moss"))
+    }
+    /// The fused kernel where [`select::situ_fp8_fused`] takes the width, else `situ_glu` and
+    /// `quantize_rows` (the trait's composition).
+    fn situ_glu_fp8(&self, x: &CudaTensor) -> Result<fp8_act::Quantized> {
+        if !select::situ_fp8_fused(x.last_dim() / 2) {
+            return self.quantize_rows(&self.situ_glu(x)?);
+        }
+        self.prof("situ_glu_fp8", || self.situ_glu_fp8_with(x, "moss"))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))

@@ -97,6 +97,16 @@ impl Cuda {
         self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.gemm_fp8_with(&xq, &xs, q, scale, x.dtype, path, "moss_fp8_scale_rows"))
     }
 
+    /// [`crate::backend::Backend::linear_fp8_quantized`]: the product of [`Cuda::linear_fp8_timed`]
+    /// on rows quantized already, into the activation dtype (profile row `linear_fp8 MxKxN`).
+    pub(crate) fn linear_fp8_quantized_timed(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
+        let (rows, k, n) = (xq.rows(), xq.last_dim(), q.shape.first().copied().unwrap_or(0));
+        let path = self.fp8_gemm()?;
+        let scale = &self.cast(scale, DType::F32)?;
+        let out = self.act_dtype();
+        self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.gemm_fp8_with(xq, xs, q, scale, out, path, "moss_fp8_scale_rows"))
+    }
+
     /// `y [.., N] = xs[r] · ws[n] · Σ_k xq[r, k] · wq[n, k]` in `out` (bf16 or f32): the quantized
     /// rows `xq [.., K]`, `xs [rows]` times the quantized weight `wq [N, K]`, `ws [N]`, on `path`
     /// (fp32 output always takes the unit-scale product and `scale_kernel`).
