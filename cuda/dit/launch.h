@@ -29,12 +29,11 @@
 #define DIT_SITU_GEMM_THREADS 384
 // Bytes of a pipeline stage: the x tile and the up and gate tiles of W, (128 + 2 x 128) rows x 64 bf16.
 #define DIT_SITU_GEMM_STAGE ((DIT_SITU_GEMM_ROWS + 2 * DIT_SITU_GEMM_COLS) * DIT_SITU_GEMM_KTILE * 2)
-// `tile_end` (SiTU at the end of each tile): four stages, the output staging (128 x 128 bf16),
-// 64 bytes of mbarriers, 1024 bytes to align the base.
-#define DIT_SITU_GEMM_SMEM (4 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
-// `overlap` (a tile's SiTU under the next tile's products): three stages, the tile's bf16 product
-// (128 x 256), 64 bytes of mbarriers, 1024 bytes to align the base.
-#define DIT_SITU_GEMM_OVERLAP_SMEM (3 * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * 2 * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// Its pipeline stages (the ring of x and W tiles).
+#define DIT_SITU_GEMM_STAGES 4
+// Its dynamic shared memory: the stages, the output staging (128 x 128 bf16), 64 bytes of
+// mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_GEMM_SMEM (DIT_SITU_GEMM_STAGES * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
 // cuda/dit/situ_fp8.cu (SiTU-GLU into fp8 codes, one block a row): vectors of 8 outputs a thread
 // holds in registers.
 #define DIT_SITU_FP8_VECS 4

@@ -18,25 +18,20 @@
 //   x · Wᵀ is a K-major x K-major product, like Q · Kᵀ in dit/sm90a/flash_attention_ws.cu).
 //   One K step's products stay in flight while the next is issued; a stage goes back to the
 //   producer once the products reading it are done (wgmma.wait_group 1).
-// - Two epilogues (template OVERLAP; both built until the H200 decides, `moss check` times both):
-//   `tile_end` (4 stages): at the end of a tile, SiTU from the registers, bf16 into this
+// - Epilogue (`tile_end`): at the end of a tile, SiTU from the registers, bf16 into this
 //   warpgroup's staging rows (16-byte chunks XOR-swizzled by row: no bank conflicts), then
-//   16-byte coalesced stores. `overlap` (3 stages): at the end of a tile the warpgroup only
-//   writes its bf16 h and g (the rounded product, 64 rows x 256) to shared memory and goes on
-//   with the next tile; in each of that tile's first 32 K steps, while the step's products run on
-//   the tensor cores, every thread takes SiTU of one column pair of one row from there and stores
-//   it (4 bytes; a warp writes 128 contiguous bytes). The tensor cores then do not wait for SiTU
-//   (a tile's products take ~40 us, its SiTU ~4). Rows past M are never stored.
-// - Tiles in a loop (tile = blockIdx.x, += gridDim.x): the host's grid is one block a tile or
-//   one block an SM (persistent: the producer runs ahead into the next tile while the consumers
-//   store this one). The ring's position runs on across tiles. Tile t is rows (t % ⌈M/128⌉),
-//   columns (t / ⌈M/128⌉): the blocks running together share a few W tiles in L2.
+//   16-byte coalesced stores; rows past M are never stored. (An `overlap` epilogue, SiTU of a tile
+//   under the next tile's products with 3 stages, measured slower on the H200 and was deleted:
+//   docs/DEVELOPERS.md.)
+// - Persistent: one block an SM (the host's grid), tiles in a loop (tile = blockIdx.x,
+//   += gridDim.x): the producer runs ahead into the next tile while the consumers store this one.
+//   The ring's position runs on across tiles. Tile t is rows (t % ⌈M/128⌉), columns (t / ⌈M/128⌉):
+//   the blocks running together share a few W tiles in L2.
 //
 // Arguments: two CUtensorMaps (x: {K, M}, W: {K, 2F}; bf16, box {64, 128}, SWIZZLE_128B; made by
 // the host's `tensor_map_2d`) passed by value, out (row stride F), M, F, K.
-// Launch: 1-D grid (up to ⌈M/128⌉ · F/128 blocks), DIT_SITU_GEMM_THREADS threads,
-// DIT_SITU_GEMM_SMEM (`tile_end`) / DIT_SITU_GEMM_OVERLAP_SMEM (`overlap`) bytes of dynamic
-// shared memory. Requires F % 128 == 0, K % 64 == 0 (the host
+// Launch: 1-D grid of min(SMs, ⌈M/128⌉ · F/128) blocks, DIT_SITU_GEMM_THREADS threads,
+// DIT_SITU_GEMM_SMEM bytes of dynamic shared memory. Requires F % 128 == 0, K % 64 == 0 (the host
 // checks). BUG 1 (check image): up and gate swapped in the epilogue; BUG 2: the last K step's
 // products left out.
 #include "sm90a/wgmma.cuh"
@@ -55,20 +50,14 @@ constexpr int X_BYTES = BM * BK * 2;  // 16 KiB: [128 rows][128 B]
 constexpr int W_BYTES = BN * BK * 2;  // 16 KiB: one of the up / gate boxes
 constexpr int STAGE_BYTES = X_BYTES + 2 * W_BYTES;
 constexpr int BAR_BYTES = 64;         // 2 x STAGES mbarriers
-constexpr int PIECES = 64 * (BN / 2) / 128;  // `overlap`: column pairs of a warpgroup's 64 rows a thread
-// `tile_end` / `overlap`: stages, and a consumer's shared rows (64 output rows of 256 bytes /
-// 64 product rows of 512).
-template <bool OVERLAP>
-struct Cfg {
-    static constexpr int STAGES = OVERLAP ? 3 : 4;
-    static constexpr int ROW_BYTES = OVERLAP ? 2 * BN * 2 : BN * 2;
-    static constexpr int WG_BYTES = 64 * ROW_BYTES;
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * WG_BYTES + BAR_BYTES + 1024;
-    static_assert(16 * STAGES <= BAR_BYTES, "the mbarriers fit their bytes");
-};
+constexpr int STAGES = 4;
+constexpr int ROW_BYTES = BN * 2;     // a consumer's staging row: 128 bf16 outputs
+constexpr int WG_BYTES = 64 * ROW_BYTES;
+constexpr int SMEM = STAGES * STAGE_BYTES + 2 * WG_BYTES + BAR_BYTES + 1024;
+static_assert(16 * STAGES <= BAR_BYTES, "the mbarriers fit their bytes");
+static_assert(STAGES == DIT_SITU_GEMM_STAGES, "launch.h's stages");
 static_assert(STAGE_BYTES == DIT_SITU_GEMM_STAGE, "launch.h's stage");
-static_assert(Cfg<false>::SMEM == DIT_SITU_GEMM_SMEM, "the host launches `tile_end` with DIT_SITU_GEMM_SMEM (launch.h)");
-static_assert(Cfg<true>::SMEM == DIT_SITU_GEMM_OVERLAP_SMEM, "the host launches `overlap` with DIT_SITU_GEMM_OVERLAP_SMEM");
+static_assert(SMEM == DIT_SITU_GEMM_SMEM, "the host launches with DIT_SITU_GEMM_SMEM (launch.h)");
 static_assert(BM == DIT_SITU_GEMM_ROWS && BN == DIT_SITU_GEMM_COLS && BK == DIT_SITU_GEMM_KTILE,
               "the host's tiles: ceil(M / DIT_SITU_GEMM_ROWS) x F / DIT_SITU_GEMM_COLS, K % DIT_SITU_GEMM_KTILE == 0");
 static_assert(THREADS == DIT_SITU_GEMM_THREADS, "the host launches DIT_SITU_GEMM_THREADS threads");
@@ -76,14 +65,10 @@ static_assert(X_BYTES % 1024 == 0 && W_BYTES % 1024 == 0, "every box starts 1024
 
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ float2 bf16x2_floats(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
 
-template <int BUG, bool OVERLAP>
+template <int BUG>
 __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out, int m,
                                             int f, int k) {
-    constexpr int STAGES = Cfg<OVERLAP>::STAGES, ROW_BYTES = Cfg<OVERLAP>::ROW_BYTES, WG_BYTES = Cfg<OVERLAP>::WG_BYTES;
     constexpr int SWAP = BUG == 1 ? 1 : 0;
     extern __shared__ char smem_raw[];
     const uint32_t raw = saddr(smem_raw);
@@ -143,22 +128,6 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
-    // `overlap`: the tile whose bf16 product rows wait in wg_rows (row ρ: h at columns 0..127, g at
-    // 128..255, 16-byte chunk q at chunk index q ^ (ρ & 7)), and its origin.
-    bool pending = false;
-    int pm0 = 0, pn0 = 0;
-    // Piece p (< PIECES) of the pending tile: output columns pn0 + 2·pc, + 1 of its row
-    // (wtid >> 6) + 2p of this warpgroup's 64 (a warp: one row, 64 contiguous columns).
-    const int pc = wtid & 63;
-    auto piece = [&](int p, bool store) {
-        const int rr = (wtid >> 6) + 2 * p, sw = rr & 7, at = (pc & 3) * 4;
-        const char* urow = wg_rows + rr * ROW_BYTES;
-        const float2 h = bf16x2_floats(*reinterpret_cast<const uint32_t*>(urow + (((pc >> 2) ^ sw) << 4) + at));
-        const float2 gt = bf16x2_floats(*reinterpret_cast<const uint32_t*>(urow + (((16 + (pc >> 2)) ^ sw) << 4) + at));
-        const uint32_t o = pack_bf16(situ_fast<SWAP>(h.x, gt.x), situ_fast<SWAP>(h.y, gt.y));
-        const int row = pm0 + 64 * c + rr;
-        if (store && row < m) *reinterpret_cast<uint32_t*>(out + (long)row * f + pn0 + 2 * pc) = o;
-    };
     int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int m0 = (tile % mt) * BM, n0 = (tile / mt) * BN;
@@ -174,10 +143,6 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
                                   kt > 0 || kk > 0);
             }
             wg_commit();
-            // under this step's products: a piece of the pending tile's SiTU (no branch between
-            // the products and their wait: the store is predicated; steps past PIECES redo the
-            // last piece without storing it)
-            if (OVERLAP) piece(min(kt, PIECES - 1), pending && kt < PIECES);
             // the previous k-step's products are done: its stage goes back to the producer
             wg_wait<1>();
             if (kt > 0 && leader) mbar_arrive(empty((it - 1) % STAGES));
@@ -186,26 +151,7 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
         pin_all(acc);
         if (leader) mbar_arrive(empty((it - 1) % STAGES));
 
-        if (OVERLAP) {
-            // the pieces short K left, then this tile's h and g (rounded to bf16) into the rows
-            if (pending)
-                for (int p = nk; p < PIECES; p++) piece(p, true);
-            named_sync128(1 + c);  // every thread is done reading the pending tile's rows
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = 16 * warp + g + 8 * r;
-#pragma unroll
-                for (int i = 0; i < 32; i++)
-                    *reinterpret_cast<uint32_t*>(wg_rows + row * ROW_BYTES + ((i ^ (row & 7)) << 4) + 4 * t) =
-                        pack_bf16(acc[4 * i + 2 * r], acc[4 * i + 2 * r + 1]);
-            }
-            named_sync128(1 + c);
-            pending = true;
-            pm0 = m0;
-            pn0 = n0;
-            continue;
-        }
-        // `tile_end`: SiTU of (h, g) = (acc[q], acc[q + 64]), both rounded to bf16 first; staged as
+        // SiTU of (h, g) = (acc[q], acc[q + 64]), both rounded to bf16 first; staged as
         // bf16 rows of 256 bytes, chunk i (columns 8i..8i+7) at chunk index i ^ (row & 7).
         named_sync128(1 + c);  // the previous tile's stores have read the staging rows
 #pragma unroll
@@ -232,21 +178,16 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
                     *reinterpret_cast<const uint4*>(wg_rows + rr * ROW_BYTES + ((ch ^ (rr & 7)) << 4));
         }
     }
-    if (OVERLAP && pending)
-        for (int p = 0; p < PIECES; p++) piece(p, true);
 }
 }  // namespace moss_gsg
 
-#define MOSS_GSG_KERNEL(NAME, BUG, OVERLAP)                                                                       \
-    MOSS_KERNEL void __launch_bounds__(moss_gsg::THREADS, 1)                                                       \
-        NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,              \
-             __nv_bfloat16* out, int m, int f, int k) {                                                           \
-        moss_gsg::linear_situ<BUG, OVERLAP>(&tx, &tw, out, m, f, k);                                               \
+#define MOSS_GSG_KERNEL(NAME, BUG)                                                                          \
+    MOSS_KERNEL void __launch_bounds__(moss_gsg::THREADS, 1)                                              \
+        NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,     \
+             __nv_bfloat16* out, int m, int f, int k) {                                                  \
+        moss_gsg::linear_situ<BUG>(&tx, &tw, out, m, f, k);                                              \
     }
 
-MOSS_PRODUCTION(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_tile_end, 0, false))
-MOSS_PRODUCTION(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_overlap, 0, true))
-MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_tile_end_swapped_control, 1, false))
-MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_tile_end_short_k_control, 2, false))
-MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_overlap_swapped_control, 1, true))
-MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_overlap_short_k_control, 2, true))
+MOSS_PRODUCTION(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu, 0))
+MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_swapped_control, 1))
+MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_short_k_control, 2))

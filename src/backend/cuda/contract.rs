@@ -58,12 +58,12 @@ pub enum Picked {
 
 /// The launch configurations with dynamic shared memory the selector uses: (kernel, bytes, where).
 pub fn launch_configs() -> Vec<(String, usize, Picked)> {
-    use super::{dit, encoder, vae};
+    use super::{dit, encoder, launch, vae};
     let mut v: Vec<(String, usize, Picked)> = dit::FLASH_KERNELS
         .iter()
         .map(|k| (k.name.to_string(), k.smem as usize, if k.sm90a { Picked::Hopper } else { Picked::Everywhere }))
         .collect();
-    v.extend(dit::SITU_KERNELS.iter().map(|k| (k.name.to_string(), k.smem as usize, Picked::Hopper)));
+    v.push((dit::SITU_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push(("moss_enc_fattn_bf16".into(), encoder::FLASH_SMEM as usize, Picked::Everywhere));
     v.push(("moss_enc_fattn_wg_bf16".into(), encoder::FLASH_WG_SMEM as usize, Picked::Hopper));
     v.push(("moss_enc_gdr_tma_bf16".into(), encoder::delta_rule::GDR_TMA_BYTES as usize, Picked::Hopper));

@@ -88,7 +88,7 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
     let c = |op, kernel: &str| Choice { op, kernel: kernel.to_string() };
     let fits = |bytes: usize| smem_optin >= bytes;
     let dit_flash = crate::backend::cuda::dit::pick_flash(hopper);
-    let situ = crate::backend::cuda::dit::SITU_PRODUCTION.0.name;
+    let situ = crate::backend::cuda::dit::SITU_KERNEL;
     let mut v = vec![
         c("dit attention (bf16, head dim 128)", dit_flash.name),
         c("dit attention (fp32 / other head dims)", "cuBLASLt Q·Kᵀ, moss_softmax_*, cuBLASLt P·V"),

@@ -4,7 +4,7 @@
 
 use super::dit_ops::stream_rows;
 use super::gates::*;
-use crate::backend::cuda::dit::{SituGrid, SituKernel, SITU_KERNELS, SITU_PRODUCTION};
+use crate::backend::cuda::dit::SITU_KERNEL;
 use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -15,35 +15,20 @@ use anyhow::Result;
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu", gate_linear_situ)];
 
-/// The fused kernel's launches gated and timed: production's first, then `tile_end` persistent
-/// and one block a tile (`overlap` on one block a tile overlaps nothing).
-fn configs() -> [(SituKernel, SituGrid); 3] {
-    [SITU_PRODUCTION, (SITU_KERNELS[1], SituGrid::Persistent), (SITU_KERNELS[1], SituGrid::PerTile)]
-}
-
-fn config_name((k, grid): (SituKernel, SituGrid)) -> String {
-    let g = match grid {
-        SituGrid::Persistent => "persistent",
-        SituGrid::PerTile => "a block a tile",
-    };
-    format!("{}, {g}", k.key)
-}
-
 /// Rows `rows` of `x [m, k]`.
 fn pick_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let k = x.last_dim();
     Tensor::new(vec![rows.len(), k], rows.iter().flat_map(|&r| x.data[r * k..(r + 1) * k].iter().copied()).collect())
 }
 
-/// bf16: the op (on Hopper the production launch of the fused kernel) and the fused kernel's other
-/// launches ([`configs`]), else the op's cuBLASLt + `situ_glu`, at the DiT's shape (4224 x 3072 ·
-/// 3072 x 16384: 2112 tiles, the persistent grid loops) and two ragged ones (77 x 128 · 128 x 512:
-/// one partial row tile, 2 K steps, fewer than the ring's stages; 333 x 512 · 512 x 1280: a partial
-/// last row tile, 5 column tiles, 8 K steps round the ring twice). The reference is the CPU twin
+/// bf16: the op (on Hopper the fused kernel, persistent), else its cuBLASLt + `situ_glu`, at the
+/// DiT's shape (4224 x 3072 · 3072 x 16384: 2112 tiles, the persistent grid loops) and two ragged
+/// ones (77 x 128 · 128 x 512: one partial row tile, 2 K steps, fewer than the ring's stages;
+/// 333 x 512 · 512 x 1280: a partial last row tile, 5 column tiles, 8 K steps round the ring twice). The reference is the CPU twin
 /// at the unfused path's rounding points: the product in f64 (the CPU `linear`), rounded to bf16
 /// as the unfused path stores it, then the CPU `situ_glu`; on 64 random rows at the DiT's shape,
 /// every row of the others. Controls (DiT shape): up and gate swapped in the epilogue, the last K
-/// step left out (Hopper: each epilogue's check-image twins); elsewhere the unfused pair with the
+/// step left out (Hopper: the kernel's check-image twins); elsewhere the unfused pair with the
 /// swapped `situ_glu` (`moss_ctl`). fp32 has no fused kernel: its op is `linear` then `situ_glu`,
 /// each gated on its own.
 fn gate_linear_situ(cx: &mut Cx) -> Result<()> {
@@ -63,19 +48,12 @@ fn gate_linear_situ(cx: &mut Cx) -> Result<()> {
         let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
         let (bound, rows) = (BF16_OUT, Some(&rows[..]));
         if hopper {
-            for (i, cfg) in configs().into_iter().enumerate() {
-                let (what, out) = match i {
-                    0 => ("op: fused", cx.cuda.linear_situ_glu(&gx, &gw)),
-                    _ => ("fused", cx.cuda.linear_situ_glu_fused(&gx, &gw, cfg.0.name, cfg.0.smem, cfg.1)),
-                };
-                cx.judge(&format!("linear_situ_glu ({what} {})", config_name(cfg)), &s, Kind::Gate, bound, &note, out, &want, rows);
-            }
+            let out = cx.cuda.linear_situ_glu(&gx, &gw);
+            cx.judge(&format!("linear_situ_glu (op: fused {SITU_KERNEL})"), &s, Kind::Gate, bound, &note, out, &want, rows);
             if case == 0 {
-                for k in SITU_KERNELS {
-                    for (bug, what) in [("swapped", "up and gate swapped"), ("short_k", "last K step left out")] {
-                        let out = cx.cuda.linear_situ_glu_fused(&gx, &gw, &format!("{}_{bug}_control", k.name), k.smem, SituGrid::Persistent);
-                        cx.judge(&format!("linear_situ_glu (fused {}), {what}", k.key), &s, Kind::Control, bound, &note, out, &want, rows);
-                    }
+                for (bug, what) in [("swapped", "up and gate swapped"), ("short_k", "last K step left out")] {
+                    let out = cx.cuda.linear_situ_glu_fused(&gx, &gw, &format!("{SITU_KERNEL}_{bug}_control"));
+                    cx.judge(&format!("linear_situ_glu (fused), {what}"), &s, Kind::Control, bound, &note, out, &want, rows);
                 }
             }
         } else {
@@ -91,7 +69,7 @@ fn gate_linear_situ(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The fused kernel's launches ([`configs`]) against cuBLASLt `linear` + `situ_glu` at the DiT's shape, bf16:
+/// The fused kernel (as production launches it) against cuBLASLt `linear` + `situ_glu` at the DiT's shape, bf16:
 /// CUDA events, median of 10 after 3 warm-up runs; TFLOP/s of the product (2·M·K·2F).
 pub fn time_linear_situ(cuda: &Cuda) -> Result<()> {
     use dit::*;
@@ -107,13 +85,10 @@ pub fn time_linear_situ(cuda: &Cuda) -> Result<()> {
     println!("timing: linear_situ_glu {m}x{k} · {k}x{}, bf16, CUDA events, median of 10 after 3 warm-up runs", 2 * f);
     println!("  cuBLASLt linear + situ_glu: {pair:.4} ms ({:.0} TFLOP/s; the linear alone {lin:.4} ms, {:.0} TFLOP/s)", tflops(pair), tflops(lin));
     if !c.has_sm90a() {
-        println!("  fused moss_dit_linear_situ_glu_*: not on this GPU (sm_90a only): the op runs the pair");
+        println!("  fused {SITU_KERNEL}: not on this GPU (sm_90a only): the op runs the pair");
         return Ok(());
     }
-    for (i, cfg) in configs().into_iter().enumerate() {
-        let ms = timed(&|| c.linear_situ_glu_fused(&x, &w, cfg.0.name, cfg.0.smem, cfg.1))?;
-        let used = if i == 0 { ", production" } else { "" };
-        println!("  fused {} ({}{used}): {ms:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", cfg.0.name, config_name(cfg), tflops(ms), pair / ms);
-    }
+    let ms = timed(&|| c.linear_situ_glu_fused(&x, &w, SITU_KERNEL))?;
+    println!("  fused {SITU_KERNEL} (persistent): {ms:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms), pair / ms);
     Ok(())
 }

@@ -4,43 +4,16 @@
 //! ([`situ_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `situ_glu`, each timed under its own name.
 
-use crate::backend::cuda::launch::{
-    DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_OVERLAP_SMEM, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS,
-};
+use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
 
-/// One build of the fused kernel: its name (the check image has `{name}_swapped_control` and
-/// `{name}_short_k_control`) and its dynamic shared memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SituKernel {
-    /// `overlap`: a tile's SiTU runs under the next tile's products; `tile_end`: at the end of
-    /// each tile, the tensor cores idle meanwhile.
-    pub key: &'static str,
-    pub name: &'static str,
-    pub smem: u32,
-}
-
-/// The two epilogues, both built until the H200 has timed them (`moss check`'s timing section);
-/// the first is what production runs.
-pub const SITU_KERNELS: [SituKernel; 2] = [
-    SituKernel { key: "overlap", name: "moss_dit_linear_situ_glu_overlap", smem: DIT_SITU_GEMM_OVERLAP_SMEM as u32 },
-    SituKernel { key: "tile_end", name: "moss_dit_linear_situ_glu_tile_end", smem: DIT_SITU_GEMM_SMEM as u32 },
-];
-
-/// How many blocks the fused kernel runs: one an output tile, or one an SM, each looping over
-/// tiles (its producer loads the next tile while the consumers finish this one; `overlap` needs
-/// it to overlap anything).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SituGrid {
-    PerTile,
-    Persistent,
-}
-
-/// What production launches.
-pub const SITU_PRODUCTION: (SituKernel, SituGrid) = (SITU_KERNELS[0], SituGrid::Persistent);
+/// The fused kernel (the check image also has `{SITU_KERNEL}_swapped_control` and
+/// `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_GEMM_SMEM`] bytes of dynamic shared
+/// memory on the persistent grid (one block an SM, each looping over tiles).
+pub const SITU_KERNEL: &str = "moss_dit_linear_situ_glu";
 
 /// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ` by their shapes: K a positive
 /// multiple of 64, F of 128, sizes within its 32-bit indices.
@@ -84,9 +57,9 @@ mod tests {
 }
 
 impl Cuda {
-    /// The fused kernel `name` (one of [`SITU_KERNELS`] or a check-image twin, launched with
-    /// `smem` bytes) on `x [.., K]`, `w [2F, K]` → `[.., F]` bf16, on `grid`.
-    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str, smem: u32, grid: SituGrid) -> Result<CudaTensor> {
+    /// The fused kernel `name` ([`SITU_KERNEL`] or a check-image twin) on `x [.., K]`, `w [2F, K]`
+    /// → `[.., F]` bf16: min(SMs, tiles) blocks.
+    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str) -> Result<CudaTensor> {
         let (m, k, f) = situ_gemm_shape(x, w).ok_or_else(|| {
             anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
         })?;
@@ -97,11 +70,7 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
-        let blocks = match grid {
-            SituGrid::PerTile => tiles,
-            SituGrid::Persistent => tiles.min(self.sm_count()?),
-        };
+        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count()?);
         let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
         let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
         let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
@@ -109,7 +78,7 @@ impl Cuda {
             name,
             blocks as u32,
             DIT_SITU_GEMM_THREADS as u32,
-            smem,
+            DIT_SITU_GEMM_SMEM as u32,
             &[Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw)), Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)],
         )?;
         Ok(out)
@@ -120,8 +89,7 @@ impl Cuda {
     pub(crate) fn linear_situ_glu_op(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         match situ_gemm_shape(x, w).filter(|_| self.has_sm90a()) {
             Some((m, k, f)) => {
-                let (kernel, grid) = SITU_PRODUCTION;
-                let run = || self.linear_situ_glu_fused(x, w, kernel.name, kernel.smem, grid);
+                let run = || self.linear_situ_glu_fused(x, w, SITU_KERNEL);
                 self.timed_op(|| format!("linear_situ_glu {m}x{k}x{}", 2 * f), run)
             }
             None => self.situ_glu(&self.linear(x, w, None)?),

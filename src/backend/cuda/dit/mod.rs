@@ -18,7 +18,7 @@ pub mod linear_situ_glu;
 mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
-pub use linear_situ_glu::{situ_gemm_shape, SituGrid, SituKernel, SITU_KERNELS, SITU_PRODUCTION};
+pub use linear_situ_glu::{situ_gemm_shape, SITU_KERNEL};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::backend::cuda::select;
