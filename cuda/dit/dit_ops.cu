@@ -177,87 +177,6 @@ MOSS_PRODUCTION(MOSS_QKV_ROPE4(moss_qkv_rope, 0))
 MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
 // ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
-// The FP8 form on bf16 rows of d = 256·j values (j ≤ GRES_FP8_CHUNKS; the DiT's 3072: 12): a
-// lane holds its rounded stream values, then its rounded norm values, in registers (packed bf16,
-// 48 registers), so the row is read once and the norm computed once; the operations and their
-// order are those of the general form below (the same sum of squares lane by lane, the same norm
-// expression, amax and codes of the same rounded values): the same bits. BUG 2: codes toward zero.
-constexpr int GRES_FP8_CHUNKS = 12;
-__device__ __forceinline__ uint4 pack8_bf16(const float* v) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    return u;
-}
-__device__ __forceinline__ void unpack8_bf16(uint4 u, float* v) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f = __bfloat1622float2(h[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-template <typename TV, int BUG>
-__device__ __forceinline__ void gres_mod_fp8_held(bf16* __restrict__ xor_, unsigned char* __restrict__ qrow,
-                                                  float* __restrict__ qsr, const bf16* __restrict__ xr,
-                                                  const bf16* __restrict__ yr, const TV* __restrict__ gate,
-                                                  const TV* __restrict__ w, const TV* __restrict__ shift,
-                                                  const TV* __restrict__ scale, int d, float eps, float e4m3_max,
-                                                  float min_amax, int lane) {
-    uint4 held[GRES_FP8_CHUNKS];
-    const int nj = d >> 8;
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < GRES_FP8_CHUNKS; j++) {
-        if (j < nj) {
-            const int i = lane * 8 + 256 * j;
-            float a[8], b[8], g[8];
-            ld8(xr, i, a);
-            ld8(yr, i, b);
-            ld8(gate, i, g);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                a[k] = a[k] + b[k] * g[k];
-                float r = round_as(a[k], xor_);
-                ss += r * r;
-            }
-            st8(xor_, i, a);
-            held[j] = pack8_bf16(a);
-        }
-    }
-    const float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-    float m = 0.f;
-#pragma unroll
-    for (int j = 0; j < GRES_FP8_CHUNKS; j++) {
-        if (j < nj) {
-            const int i = lane * 8 + 256 * j;
-            float v[8], gw[8], sh[8], sc[8];
-            unpack8_bf16(held[j], v);
-            ld8(w, i, gw);
-            ld8(shift, i, sh);
-            ld8(scale, i, sc);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[k] = v[k] * inv * gw[k] * (1.f + sc[k]) + sh[k];
-                m = fmaxf(m, fabsf(round_as(v[k], xor_)));
-            }
-            held[j] = pack8_bf16(v);
-        }
-    }
-    const float s = e4m3_scale(warp_max(m), e4m3_max, min_amax);
-    if (lane == 0) *qsr = s;
-#pragma unroll
-    for (int j = 0; j < GRES_FP8_CHUNKS; j++) {
-        if (j < nj) {
-            float v[8];
-            unpack8_bf16(held[j], v);
-            st8_e4m3<BUG == 2 ? 1 : 0>(qrow + lane * 8 + 256 * j, v, s);
-        }
-    }
-}
-
 // xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
 // rounded xo, as moss_rms_mod would read it; or (FP8) no quantized per row as rms_mod_impl's FP8
 // form does (codes q, scales qs). BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes
@@ -277,12 +196,6 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
     TX* nr = FP8 ? nullptr : no + row * d;
     unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
-    if constexpr (FP8 && BUG != 1 && sizeof(TX) == 2) {
-        if ((d & 255) == 0 && d <= 256 * GRES_FP8_CHUNKS) {
-            gres_mod_fp8_held<TV, BUG>(xor_, qrow, qs + row, xr, yr, gate, w, shift, scale, d, eps, e4m3_max, min_amax, lane);
-            return;
-        }
-    }
     float ss = 0.f;
     if ((d & 7) == 0) {
         // xo is only ever accessed through xor_/src (restrict), so the loads of the next
