@@ -9,6 +9,20 @@ using bf16 = __nv_bfloat16;
 using namespace moss_elem;
 using namespace moss_fp8;
 
+// The norm and modulation of 8 values from i of a row whose rsqrt(mean(x²)+eps) is inv:
+// v = x·inv·w·(one + scale) + shift (one is 1, or 0 in a planted control).
+template <typename TX, typename TV>
+__device__ __forceinline__ void modulate8(const TX* __restrict__ xr, const TV* __restrict__ w, const TV* __restrict__ shift,
+                                          const TV* __restrict__ scale, int i, float inv, float one, float* v) {
+    float g[8], sh[8], sc[8];
+    ld8(xr, i, v);
+    ld8(w, i, g);
+    ld8(shift, i, sh);
+    ld8(scale, i, sc);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = v[k] * inv * g[k] * (one + sc[k]) + sh[k];
+}
+
 // ---- rms_norm + modulate: y = x·rsqrt(mean(x²)+eps)·w·(1+scale) + shift, one warp a row -------
 // Written as TX, or (FP8, `--precision fp8`) quantized per row (fp8.cuh: codes q, scales qs) from
 // the values rounded to TX: what moss_quantize_fp8 makes of the TX output. The row's values are
@@ -36,15 +50,7 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
             for (int k = 0; k < 8; k++) ss += v[k] * v[k];
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        auto y8 = [&](int i, float* v) {
-            float g[8], sh[8], sc[8];
-            ld8(xr, i, v);
-            ld8(w, i, g);
-            ld8(shift, i, sh);
-            ld8(scale, i, sc);
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = v[k] * inv * g[k] * (one + sc[k]) + sh[k];
-        };
+        auto y8 = [&](int i, float* v) { modulate8(xr, w, shift, scale, i, inv, one, v); };
         if (!FP8) {
             for (int i = lane * 8; i < d; i += 256) {
                 float v[8];
@@ -216,15 +222,8 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
             st8(xor_, i, a);
         }
         float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        auto n8 = [&](int i, float* v) {
-            float gw[8], sh[8], sc[8];
-            ld8(src, i, v);  // this lane's own stores above
-            ld8(w, i, gw);
-            ld8(shift, i, sh);
-            ld8(scale, i, sc);
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = v[k] * inv * gw[k] * (1.f + sc[k]) + sh[k];
-        };
+        // src: this lane's own stores above
+        auto n8 = [&](int i, float* v) { modulate8(src, w, shift, scale, i, inv, 1.f, v); };
         if (!FP8) {
 #pragma unroll 4
             for (int i = lane * 8; i < d; i += 256) {

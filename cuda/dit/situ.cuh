@@ -3,13 +3,19 @@
 // g the gate half, fp32. BUG 1 (planted controls): the halves swapped.
 #pragma once
 
+// The planted bug of the controls: the up and gate halves read the other way round.
 template <int BUG>
-__device__ __forceinline__ float situ(float h, float g) {
+__device__ __forceinline__ void swap_halves(float& h, float& g) {
     if (BUG == 1) {
         float t = h;
         h = g;
         g = t;
     }
+}
+
+template <int BUG>
+__device__ __forceinline__ float situ(float h, float g) {
+    swap_halves<BUG>(h, g);
     return (4.f * tanhf(g * 0.25f) * (1.f / (1.f + expf(-g)))) * (25.f * tanhf(h * 0.04f));
 }
 // The bf16 kernel's form (`FAST`): two ex2 and one approximate quotient, 3 MUFU operations (the
@@ -26,11 +32,7 @@ __device__ __forceinline__ float situ(float h, float g) {
 // the libm form; bf16 always takes this one (the bf16 libm kernel was deleted, git keeps it: 2abea24).
 template <int BUG>
 __device__ __forceinline__ float situ_fast(float h, float g) {
-    if (BUG == 1) {
-        float t = h;
-        h = g;
-        g = t;
-    }
+    swap_halves<BUG>(h, g);
     const float e = exp2f(fabsf(g) * -0.72134752f);  // ex2.approx: exp(−|g|/2) = 2^(−|g|·log2(e)/2)
     const float u = exp2f(fabsf(h) * -0.11541560f);  // exp(−0.08·|h|) = 2^(−0.08·log2(e)·|h|)
     const float e2 = e * e;

@@ -435,9 +435,14 @@ impl Cuda {
         .map_err(|e| anyhow!("launching {name}: {e:?}"))
     }
 
+    /// The device's streaming multiprocessors (read when the device opened).
+    pub fn sm_count(&self) -> usize {
+        self.inner.sms as usize
+    }
+
     /// Blocks for a grid-stride loop over `work` items, 256 threads each.
     pub fn grid_for(&self, work: usize) -> u32 {
-        (work.div_ceil(256)).clamp(1, self.inner.sms as usize * 16) as u32
+        (work.div_ceil(256)).clamp(1, self.sm_count() * 16) as u32
     }
 
     // ---- host <-> device ---------------------------------------------------------------------
