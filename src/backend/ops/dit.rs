@@ -84,6 +84,26 @@ pub trait DitOps: Backend {
         self.situ_glu(&self.linear(x, w, None)?)
     }
 
+    /// [`DitOps::qkv_norm_rope`] of the bias-free linear `x [N, K] · wᵀ`, `w [3·H·hd, K]` with rows
+    /// `[q ; k ; v]` → `[N, 3·H·hd]`: `qkv_norm_rope(linear(x, w, None), ..)`, the product rounded
+    /// to the activation dtype before the norm as the two ops round it. A backend may fuse the two
+    /// (CUDA on Hopper: the product is never written unnormed); the default (the CPU twin) runs
+    /// them in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_qkv_norm_rope(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        wq: &Self::T,
+        wk: &Self::T,
+        cos: &Self::T,
+        sin: &Self::T,
+        heads: usize,
+        eps: f64,
+    ) -> Result<Self::T> {
+        self.qkv_norm_rope(self.linear(x, w, None)?, heads, wq, wk, cos, sin, eps)
+    }
+
     /// [`DitOps::rms_norm_modulate`] with its output quantized per row as
     /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
     /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit

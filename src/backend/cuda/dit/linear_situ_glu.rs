@@ -97,7 +97,7 @@ impl Cuda {
     }
 
     /// The device's streaming multiprocessors (the persistent grid).
-    fn sm_count(&self) -> Result<usize> {
+    pub(crate) fn sm_count(&self) -> Result<usize> {
         use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS;
         let n = self.gpu().ctx.attribute(SMS).map_err(|e| anyhow!("multiprocessor count: {e:?}"))?;
         Ok((n as usize).max(1))
