@@ -38,23 +38,6 @@ fn gres_gemm_shape(a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTe
     gres_gemm_dims(&a.shape, &w.shape, &x.shape).filter(|&(_, _, d)| ok && gate.numel() == d)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::gres_gemm_dims;
-
-    #[test]
-    fn takes_the_dit_shape_and_refuses_the_rest() {
-        assert_eq!(gres_gemm_dims(&[4224, 3072], &[3072, 3072], &[4224, 3072]), Some((4224, 3072, 3072)));
-        assert_eq!(gres_gemm_dims(&[4224, 8192], &[3072, 8192], &[4224, 3072]), Some((4224, 8192, 3072)));
-        assert_eq!(gres_gemm_dims(&[0, 64], &[256, 64], &[0, 256]), Some((0, 64, 256)));
-        assert_eq!(gres_gemm_dims(&[77, 128], &[384, 128], &[77, 384]), None, "D not a multiple of 256");
-        assert_eq!(gres_gemm_dims(&[77, 96], &[256, 96], &[77, 256]), None, "K not a multiple of 64");
-        assert_eq!(gres_gemm_dims(&[77, 128], &[256, 128], &[76, 256]), None, "x's rows differ");
-        assert_eq!(gres_gemm_dims(&[77, 128], &[256, 64], &[77, 256]), None, "K of a and w differ");
-        assert_eq!(gres_gemm_dims(&[1, 77, 128], &[256, 128], &[77, 256]), None, "a not 2-D");
-    }
-}
-
 impl Cuda {
     /// The fused kernel `name` ([`GRES_KERNEL`] or its check-image twin): `x + gate ⊙ (a · wᵀ)`
     /// → `[M, D]` bf16, min(SMs, tiles) blocks.
@@ -88,5 +71,22 @@ impl Cuda {
             }
             None => self.gated_residual(x, &self.linear(a, w, None)?, gate),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gres_gemm_dims;
+
+    #[test]
+    fn takes_the_dit_shape_and_refuses_the_rest() {
+        assert_eq!(gres_gemm_dims(&[4224, 3072], &[3072, 3072], &[4224, 3072]), Some((4224, 3072, 3072)));
+        assert_eq!(gres_gemm_dims(&[4224, 8192], &[3072, 8192], &[4224, 3072]), Some((4224, 8192, 3072)));
+        assert_eq!(gres_gemm_dims(&[0, 64], &[256, 64], &[0, 256]), Some((0, 64, 256)));
+        assert_eq!(gres_gemm_dims(&[77, 128], &[384, 128], &[77, 384]), None, "D not a multiple of 256");
+        assert_eq!(gres_gemm_dims(&[77, 96], &[256, 96], &[77, 256]), None, "K not a multiple of 64");
+        assert_eq!(gres_gemm_dims(&[77, 128], &[256, 128], &[76, 256]), None, "x's rows differ");
+        assert_eq!(gres_gemm_dims(&[77, 128], &[256, 64], &[77, 256]), None, "K of a and w differ");
+        assert_eq!(gres_gemm_dims(&[1, 77, 128], &[256, 128], &[77, 256]), None, "a not 2-D");
     }
 }

@@ -49,24 +49,6 @@ fn bf16_vectors(vs: &[&CudaTensor]) -> bool {
     vs.iter().all(|v| v.dtype == DType::BF16 && v.ptr().is_multiple_of(4))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::qkv_gemm_dims;
-
-    #[test]
-    fn takes_the_dit_shape_and_refuses_the_rest() {
-        assert_eq!(qkv_gemm_dims(&[4224, 3072], &[9216, 3072], 24), Some((4224, 3072, 3072)));
-        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 128], 2), Some((77, 128, 256)));
-        assert_eq!(qkv_gemm_dims(&[0, 64], &[768, 64], 2), Some((0, 64, 256)));
-        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 128], 4), None, "head dim 64");
-        assert_eq!(qkv_gemm_dims(&[77, 128], &[384, 128], 1), None, "D = 128: one head, not a tile of two");
-        assert_eq!(qkv_gemm_dims(&[77, 96], &[768, 96], 2), None, "K not a multiple of 64");
-        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 192], 2), None, "K of x and w differ");
-        assert_eq!(qkv_gemm_dims(&[77, 128], &[769, 128], 2), None, "3D not a multiple of 3");
-        assert_eq!(qkv_gemm_dims(&[1 << 31, 64], &[768, 64], 2), None, "rows past 32-bit indices");
-    }
-}
-
 impl Cuda {
     /// The fused kernel `name` ([`QKV_KERNEL`] or a check-image twin) on `x [M, K]`, `w [3D, K]`
     /// → `[M, 3D]` bf16 (the norm weights `[128]`, the RoPE tables `[M, 64]`, bf16): min(SMs,
@@ -132,5 +114,23 @@ impl Cuda {
             }
             None => self.qkv_norm_rope(self.linear(x, w, None)?, heads, wq, wk, cos, sin, eps),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qkv_gemm_dims;
+
+    #[test]
+    fn takes_the_dit_shape_and_refuses_the_rest() {
+        assert_eq!(qkv_gemm_dims(&[4224, 3072], &[9216, 3072], 24), Some((4224, 3072, 3072)));
+        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 128], 2), Some((77, 128, 256)));
+        assert_eq!(qkv_gemm_dims(&[0, 64], &[768, 64], 2), Some((0, 64, 256)));
+        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 128], 4), None, "head dim 64");
+        assert_eq!(qkv_gemm_dims(&[77, 128], &[384, 128], 1), None, "D = 128: one head, not a tile of two");
+        assert_eq!(qkv_gemm_dims(&[77, 96], &[768, 96], 2), None, "K not a multiple of 64");
+        assert_eq!(qkv_gemm_dims(&[77, 128], &[768, 192], 2), None, "K of x and w differ");
+        assert_eq!(qkv_gemm_dims(&[77, 128], &[769, 128], 2), None, "3D not a multiple of 3");
+        assert_eq!(qkv_gemm_dims(&[1 << 31, 64], &[768, 64], 2), None, "rows past 32-bit indices");
     }
 }
