@@ -34,6 +34,9 @@
 // Its dynamic shared memory: the stages, the output staging (128 x 128 bf16), 64 bytes of
 // mbarriers, 1024 bytes to align the base.
 #define DIT_SITU_GEMM_SMEM (DIT_SITU_GEMM_STAGES * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// cuda/dit/sm90a/linear_qkv_norm_rope.cu (Hopper, sm90a/gemm_tile.cuh's GEMM and launch as above):
+// product columns a tile, two heads of 128 (D must be a multiple of it).
+#define DIT_QKV_GEMM_COLS 256
 // cuda/dit/situ_fp8.cu (SiTU-GLU into fp8 codes, one block a row): vectors of 8 outputs a thread
 // holds in registers.
 #define DIT_SITU_FP8_VECS 4

@@ -250,10 +250,14 @@ impl<B: DitOps> Dit<B> {
     /// The packed `[N, 3·D]` projection `[q | k | v]` → QK-norm and RoPE on q and k → attention
     /// → `[N, D]`.
     fn packed_attention(&self, b: &B, qkv: B::T, wq: &B::T, wk: &B::T, cos: &B::T, sin: &B::T) -> Result<B::T> {
-        let (eps, heads) = (self.cfg.eps, self.cfg.num_heads);
-        let qkv = b.qkv_norm_rope(qkv, heads, wq, wk, cos, sin, eps)?;
-        let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
-        b.attention_packed(&qkv, heads, scale)
+        let qkv = b.qkv_norm_rope(qkv, self.cfg.num_heads, wq, wk, cos, sin, self.cfg.eps)?;
+        self.normed_attention(b, &qkv)
+    }
+
+    /// Attention over a packed `[N, 3·D]` `[q | k | v]` whose q and k are normed and rotated →
+    /// `[N, D]`.
+    fn normed_attention(&self, b: &B, qkv: &B::T) -> Result<B::T> {
+        b.attention_packed(qkv, self.cfg.num_heads, 1.0 / (self.cfg.head_dim() as f64).sqrt())
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.
@@ -425,9 +429,10 @@ impl<B: DitOps> Dit<B> {
         next_norm: Option<&B::T>,
     ) -> Result<(B::T, Option<Act<B>>)> {
         let (eps, l) = (self.cfg.eps, self.linears);
-        let qkv = mats.qkv.forward_act(b, &y)?;
+        let qkv = mats.qkv.forward_qkv_norm_rope(b, &y, &blk.q_norm, &blk.k_norm, cos, sin, self.cfg.num_heads, eps)?;
         drop(y);
-        let att = self.packed_attention(b, qkv, &blk.q_norm, &blk.k_norm, cos, sin)?;
+        let att = self.normed_attention(b, &qkv)?;
+        drop(qkv);
         let o = mats.o.forward(b, &att)?;
         drop(att);
         let (x, y) = l.gated_residual_norm_modulate(b, &x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;

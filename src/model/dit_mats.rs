@@ -125,6 +125,26 @@ impl<B: DitOps> Matrix<B> {
         }
     }
 
+    /// `qkv_norm_rope(x · Wᵀ, ..)` (`W`'s rows `[q ; k ; v]`, [`DitOps::qkv_norm_rope`]): one
+    /// fused op where dense ([`DitOps::linear_qkv_norm_rope`]), else the product, then the norm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_qkv_norm_rope(
+        &self,
+        b: &B,
+        x: &Act<B>,
+        wq: &B::T,
+        wk: &B::T,
+        cos: &B::T,
+        sin: &B::T,
+        heads: usize,
+        eps: f64,
+    ) -> Result<B::T> {
+        match (self, x) {
+            (Matrix::Dense(w), Act::Dense(x)) => b.linear_qkv_norm_rope(x, w, wq, wk, cos, sin, heads, eps),
+            _ => b.qkv_norm_rope(self.forward_act(b, x)?, heads, wq, wk, cos, sin, eps),
+        }
+    }
+
     /// SiTU-GLU of `x · Wᵀ` (`W`'s rows `[up ; gate]`) in the form `l` gives the next matrix: one
     /// fused op where dense ([`DitOps::linear_situ_glu`]), else the product, then
     /// [`MainLinears::situ_glu`].

@@ -84,6 +84,34 @@ pub trait DitOps: Backend {
         self.situ_glu(&self.linear(x, w, None)?)
     }
 
+    /// [`DitOps::qkv_norm_rope`] of the bias-free linear `x [N, K] · wᵀ`, `w [3·H·hd, K]` with rows
+    /// `[q ; k ; v]` → `[N, 3·H·hd]`: `qkv_norm_rope(linear(x, w, None), ..)`, the product rounded
+    /// to the activation dtype before the norm as the two ops round it. A backend may fuse the two
+    /// (CUDA on Hopper: the product is never written unnormed); the default (the CPU twin) runs
+    /// them in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_qkv_norm_rope(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        wq: &Self::T,
+        wk: &Self::T,
+        cos: &Self::T,
+        sin: &Self::T,
+        heads: usize,
+        eps: f64,
+    ) -> Result<Self::T> {
+        self.qkv_norm_rope(self.linear(x, w, None)?, heads, wq, wk, cos, sin, eps)
+    }
+
+    /// [`DitOps::gated_residual`] of the bias-free linear `a [N, K] · wᵀ`, `w [D, K]`:
+    /// `x + gate ⊙ linear(a, w, None)` → `[N, D]`, the product rounded to the activation dtype as
+    /// the two ops round it. A backend may fuse the two (CUDA on Hopper: the product is never
+    /// written); the default (the CPU twin) runs them in turn.
+    fn linear_gated_residual(&self, a: &Self::T, w: &Self::T, x: &Self::T, gate: &Self::T) -> Result<Self::T> {
+        self.gated_residual(x, &self.linear(a, w, None)?, gate)
+    }
+
     /// [`DitOps::rms_norm_modulate`] with its output quantized per row as
     /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
     /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit

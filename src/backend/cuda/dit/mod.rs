@@ -14,10 +14,14 @@
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
 pub mod flash_attention;
+pub mod linear_gated_residual;
+pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
 mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
+pub use linear_gated_residual::GRES_KERNEL;
+pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_KERNEL};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
@@ -474,6 +478,24 @@ impl DitOps for Cuda {
     /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_situ_glu_op`]).
     fn linear_situ_glu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         self.linear_situ_glu_op(x, w)
+    }
+    /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_qkv_norm_rope_op`]).
+    fn linear_qkv_norm_rope(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        heads: usize,
+        eps: f64,
+    ) -> Result<CudaTensor> {
+        self.linear_qkv_norm_rope_op(x, w, wq, wk, cos, sin, heads, eps)
+    }
+    /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_gated_residual_op`]).
+    fn linear_gated_residual(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_gated_residual_op(a, w, x, gate)
     }
     fn rms_norm_modulate_fp8(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<fp8_act::Quantized> {
         self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_with(x, w, shift, scale, eps, "moss"))
