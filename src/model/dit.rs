@@ -433,20 +433,17 @@ impl<B: DitOps> Dit<B> {
         drop(y);
         let att = self.normed_attention(b, &qkv)?;
         drop(qkv);
-        let o = mats.o.forward(b, &att)?;
+        let att = Act::Dense(att);
+        let (x, y) = mats.o.forward_gated_residual_norm_modulate(b, &att, &x, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps, l)?;
         drop(att);
-        let (x, y) = l.gated_residual_norm_modulate(b, &x, &o, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps)?;
-        drop(o);
         let s = mats.ffn_up_gate.forward_situ_glu(b, &y, l)?;
         drop(y);
-        let dn = mats.ffn_down.forward_act(b, &s)?;
-        drop(s);
         match next_norm {
             Some(w) => {
-                let (x, y) = l.gated_residual_norm_modulate(b, &x, &dn, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps)?;
+                let (x, y) = mats.ffn_down.forward_gated_residual_norm_modulate(b, &s, &x, &m.gate_ffn, w, &m.shift_attn, &m.scale_attn, eps, l)?;
                 Ok((x, Some(y)))
             }
-            None => Ok((b.gated_residual(&x, &dn, &m.gate_ffn)?, None)),
+            None => Ok((mats.ffn_down.forward_gated_residual(b, &s, &x, &m.gate_ffn)?, None)),
         }
     }
 }

@@ -125,6 +125,42 @@ impl<B: DitOps> Matrix<B> {
         }
     }
 
+    /// `x + gate ⊙ (a · Wᵀ)` (the gated residual of the o and ffn_down products): one fused op
+    /// where dense ([`DitOps::linear_gated_residual`]), else the product, then the residual.
+    pub fn forward_gated_residual(&self, b: &B, a: &Act<B>, x: &B::T, gate: &B::T) -> Result<B::T> {
+        match (self, a) {
+            (Matrix::Dense(w), Act::Dense(a)) => b.linear_gated_residual(a, w, x, gate),
+            _ => b.gated_residual(x, &self.forward_act(b, a)?, gate),
+        }
+    }
+
+    /// `(x', n)`: `x' = x + gate ⊙ (a · Wᵀ)` and `n` its modulated norm in the form `l` gives the
+    /// next matrix. Where dense, the residual rides in the product's epilogue
+    /// ([`Matrix::forward_gated_residual`]) and the norm reads `x'`; else the product, then
+    /// [`MainLinears::gated_residual_norm_modulate`] (the same arithmetic).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_gated_residual_norm_modulate(
+        &self,
+        b: &B,
+        a: &Act<B>,
+        x: &B::T,
+        gate: &B::T,
+        w: &B::T,
+        shift: &B::T,
+        scale: &B::T,
+        eps: f64,
+        l: MainLinears,
+    ) -> Result<(B::T, Act<B>)> {
+        match (self, a, l) {
+            (Matrix::Dense(_), Act::Dense(_), MainLinears::Dense) => {
+                let x = self.forward_gated_residual(b, a, x, gate)?;
+                let n = l.rms_norm_modulate(b, &x, w, shift, scale, eps)?;
+                Ok((x, n))
+            }
+            _ => l.gated_residual_norm_modulate(b, x, &self.forward_act(b, a)?, gate, w, shift, scale, eps),
+        }
+    }
+
     /// `qkv_norm_rope(x · Wᵀ, ..)` (`W`'s rows `[q ; k ; v]`, [`DitOps::qkv_norm_rope`]): one
     /// fused op where dense ([`DitOps::linear_qkv_norm_rope`]), else the product, then the norm.
     #[allow(clippy::too_many_arguments)]
