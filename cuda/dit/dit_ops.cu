@@ -24,13 +24,15 @@ __device__ __forceinline__ void modulate8(const TX* __restrict__ xr, const TV* _
 }
 
 // ---- rms_norm + modulate: y = x·rsqrt(mean(x²)+eps)·w·(1+scale) + shift, one warp a row -------
-// Written as TX, or (FP8, `--precision fp8`) quantized per row (fp8.cuh: codes q, scales qs) from
-// the values rounded to TX: what moss_quantize_fp8 makes of the TX output. The row's values are
+// Written as TY, or (FP8, `--precision fp8`) quantized per row (fp8.cuh: codes q, scales qs) from
+// the values rounded to TY: what moss_quantize_fp8 makes of the TY output. The row's values are
 // computed twice by the same code (for the amax, then for the codes); x stays in L1 between.
+// TY is x's type, or bf16 for an f32 x (the residual stream is f32 at every precision; the
+// normed activation is bf16 at bf16: kernels `..._f32_bf16_to_bf16`).
 // BUG 1: the modulation forgets the 1 (y·scale + shift). BUG 2 (FP8): each lane scales its codes
 // by its own amax (no warp reduction).
-template <typename TX, typename TV, int BUG, bool FP8>
-__device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q, float* __restrict__ qs,
+template <typename TY, typename TX, typename TV, int BUG, bool FP8>
+__device__ void rms_mod_impl(TY* __restrict__ out, unsigned char* __restrict__ q, float* __restrict__ qs,
                              const TX* __restrict__ x, const TV* __restrict__ w, const TV* __restrict__ shift,
                              const TV* __restrict__ scale, long rows, int d, float eps, float e4m3_max,
                              float min_amax) {
@@ -38,7 +40,8 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const TX* xr = x + row * d;
-    TX* orow = FP8 ? nullptr : out + row * d;
+    TY* orow = FP8 ? nullptr : out + row * d;
+    const TY* tag = nullptr;  // the output's type: what the FP8 codes are quantized from
     unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const float one = BUG == 1 ? 0.f : 1.f;
     float ss = 0.f;
@@ -58,7 +61,7 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
                 st8(orow, i, v);
             }
         } else {
-            warp_row_to_e4m3_8<BUG == 2 ? 2 : 0>(y8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+            warp_row_to_e4m3_8<BUG == 2 ? 2 : 0>(y8, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -70,27 +73,30 @@ __device__ void rms_mod_impl(TX* __restrict__ out, unsigned char* __restrict__ q
         if (!FP8) {
             for (int i = lane; i < d; i += 32) st(orow, i, y1(i));
         } else {
-            warp_row_to_e4m3_1<BUG == 2 ? 2 : 0>(y1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+            warp_row_to_e4m3_1<BUG == 2 ? 2 : 0>(y1, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     }
 }
-#define MOSS_RMS_MOD(NAME, BUG, TX, SX, TV, SV)                                                          \
-    MOSS_KERNEL void NAME##_##SX##_##SV(TX* out, const TX* x, const TV* w, const TV* shift, const TV* scale, \
-                                        long rows, int d, float eps) {                                   \
-        rms_mod_impl<TX, TV, BUG, false>(out, nullptr, nullptr, x, w, shift, scale, rows, d, eps, 0.f, 0.f); \
+#define MOSS_RMS_MOD_TY(NAME, BUG, TY, TX, TV)                                                          \
+    MOSS_KERNEL void NAME(TY* out, const TX* x, const TV* w, const TV* shift, const TV* scale, long rows, int d, \
+                          float eps) {                                                                   \
+        rms_mod_impl<TY, TX, TV, BUG, false>(out, nullptr, nullptr, x, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
-#define MOSS_RMS_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS_MOD, NAME, BUG)
-MOSS_PRODUCTION(MOSS_RMS_MOD4(moss_rms_mod, 0))
-MOSS_CONTROL(MOSS_RMS_MOD4(moss_ctl_rms_mod, 1))
-#define MOSS_RMS_MOD_FP8(NAME, BUG, TX, SX, TV, SV)                                                       \
-    MOSS_KERNEL void NAME##_##SX##_##SV(unsigned char* q, float* qs, const TX* x, const TV* w, const TV* shift, \
-                                        const TV* scale, long rows, int d, float eps, float e4m3_max,        \
-                                        float min_amax) {                                                    \
-        rms_mod_impl<TX, TV, BUG, true>(nullptr, q, qs, x, w, shift, scale, rows, d, eps, e4m3_max, min_amax); \
+#define MOSS_RMS_MOD(NAME, BUG, TX, SX, TV, SV) MOSS_RMS_MOD_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
+#define MOSS_RMS_MOD5(NAME, BUG) \
+    MOSS_EACH_TX_TV(MOSS_RMS_MOD, NAME, BUG) MOSS_RMS_MOD_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
+MOSS_PRODUCTION(MOSS_RMS_MOD5(moss_rms_mod, 0))
+MOSS_CONTROL(MOSS_RMS_MOD5(moss_ctl_rms_mod, 1))
+#define MOSS_RMS_MOD_FP8_TY(NAME, BUG, TY, TX, TV)                                                        \
+    MOSS_KERNEL void NAME(unsigned char* q, float* qs, const TX* x, const TV* w, const TV* shift, const TV* scale, \
+                          long rows, int d, float eps, float e4m3_max, float min_amax) {                     \
+        rms_mod_impl<TY, TX, TV, BUG, true>(nullptr, q, qs, x, w, shift, scale, rows, d, eps, e4m3_max, min_amax); \
     }
-#define MOSS_RMS_MOD_FP8_4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_RMS_MOD_FP8, NAME, BUG)
-MOSS_PRODUCTION(MOSS_RMS_MOD_FP8_4(moss_rms_mod_fp8, 0))
-MOSS_CONTROL(MOSS_RMS_MOD_FP8_4(moss_ctl_rms_mod_fp8, 2))
+#define MOSS_RMS_MOD_FP8(NAME, BUG, TX, SX, TV, SV) MOSS_RMS_MOD_FP8_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
+#define MOSS_RMS_MOD_FP8_5(NAME, BUG) \
+    MOSS_EACH_TX_TV(MOSS_RMS_MOD_FP8, NAME, BUG) MOSS_RMS_MOD_FP8_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
+MOSS_PRODUCTION(MOSS_RMS_MOD_FP8_5(moss_rms_mod_fp8, 0))
+MOSS_CONTROL(MOSS_RMS_MOD_FP8_5(moss_ctl_rms_mod_fp8, 2))
 
 // ---- per-head QK-norm + rotate-half RoPE, one warp per (token, head) row of hd ------------------
 // y = x·rsqrt(mean(x²)+eps)·w; out[m] = y[m]c − y[m+h]s, out[m+h] = y[m+h]c + y[m]s, h = hd/2,
@@ -184,12 +190,13 @@ MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
 // ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
 // xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
-// rounded xo, as moss_rms_mod would read it; or (FP8) no quantized per row as rms_mod_impl's FP8
-// form does (codes q, scales qs). BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes
-// rounded toward zero.
-template <typename TX, typename TV, int BUG, bool FP8>
-__device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsigned char* __restrict__ q,
-                                  float* __restrict__ qs, const TX* __restrict__ x, const TX* __restrict__ y,
+// rounded xo, as moss_rms_mod would read it, written as TY; or (FP8) no quantized per row as
+// rms_mod_impl's FP8 form does (codes q, scales qs). TY (y and the normed output) is x's type, or
+// bf16 for an f32 stream x (kernels `..._f32_bf16_to_bf16`). BUG 1: the norm taken of the old x.
+// BUG 2 (FP8): the codes rounded toward zero.
+template <typename TY, typename TX, typename TV, int BUG, bool FP8>
+__device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsigned char* __restrict__ q,
+                                  float* __restrict__ qs, const TX* __restrict__ x, const TY* __restrict__ y,
                                   const TV* __restrict__ gate, const TV* __restrict__ w,
                                   const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
                                   float eps, float e4m3_max, float min_amax) {
@@ -197,9 +204,10 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const TX* xr = x + row * d;
-    const TX* yr = y + row * d;
+    const TY* yr = y + row * d;
     TX* xor_ = xo + row * d;
-    TX* nr = FP8 ? nullptr : no + row * d;
+    TY* nr = FP8 ? nullptr : no + row * d;
+    const TY* tag = nullptr;  // the normed output's type: what the FP8 codes are quantized from
     unsigned char* qrow = FP8 ? q + row * d : nullptr;
     const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
     float ss = 0.f;
@@ -232,7 +240,7 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
                 st8(nr, i, v);
             }
         } else {
-            warp_row_to_e4m3_8<BUG == 2 ? 1 : 0>(n8, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+            warp_row_to_e4m3_8<BUG == 2 ? 1 : 0>(n8, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     } else {
         for (int i = lane; i < d; i += 32) {
@@ -246,28 +254,32 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TX* __restrict__ no, unsi
         if (!FP8) {
             for (int i = lane; i < d; i += 32) st(nr, i, n1(i));
         } else {
-            warp_row_to_e4m3_1<BUG == 2 ? 1 : 0>(n1, x, d, lane, qrow, qs + row, e4m3_max, min_amax);
+            warp_row_to_e4m3_1<BUG == 2 ? 1 : 0>(n1, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
         }
     }
 }
-#define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV)                                                           \
-    MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, TX* no, const TX* x, const TX* y, const TV* gate, const TV* w, \
-                                        const TV* shift, const TV* scale, long rows, int d, float eps) {   \
-        gres_rms_mod_impl<TX, TV, BUG, false>(xo, no, nullptr, nullptr, x, y, gate, w, shift, scale, rows, d, eps, 0.f, 0.f); \
+#define MOSS_GRES_MOD_TY(NAME, BUG, TY, TX, TV)                                                            \
+    MOSS_KERNEL void NAME(TX* xo, TY* no, const TX* x, const TY* y, const TV* gate, const TV* w, const TV* shift, \
+                          const TV* scale, long rows, int d, float eps) {                                  \
+        gres_rms_mod_impl<TY, TX, TV, BUG, false>(xo, no, nullptr, nullptr, x, y, gate, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
-#define MOSS_GRES_MOD4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES_MOD, NAME, BUG)
-MOSS_PRODUCTION(MOSS_GRES_MOD4(moss_gres_mod, 0))
-MOSS_CONTROL(MOSS_GRES_MOD4(moss_ctl_gres_mod, 1))
-#define MOSS_GRES_MOD_FP8(NAME, BUG, TX, SX, TV, SV)                                                       \
-    MOSS_KERNEL void NAME##_##SX##_##SV(TX* xo, unsigned char* q, float* qs, const TX* x, const TX* y,       \
-                                        const TV* gate, const TV* w, const TV* shift, const TV* scale,       \
-                                        long rows, int d, float eps, float e4m3_max, float min_amax) {       \
-        gres_rms_mod_impl<TX, TV, BUG, true>(xo, nullptr, q, qs, x, y, gate, w, shift, scale, rows, d, eps, \
-                                             e4m3_max, min_amax);                                            \
+#define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV) MOSS_GRES_MOD_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
+#define MOSS_GRES_MOD5(NAME, BUG) \
+    MOSS_EACH_TX_TV(MOSS_GRES_MOD, NAME, BUG) MOSS_GRES_MOD_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
+MOSS_PRODUCTION(MOSS_GRES_MOD5(moss_gres_mod, 0))
+MOSS_CONTROL(MOSS_GRES_MOD5(moss_ctl_gres_mod, 1))
+#define MOSS_GRES_MOD_FP8_TY(NAME, BUG, TY, TX, TV)                                                        \
+    MOSS_KERNEL void NAME(TX* xo, unsigned char* q, float* qs, const TX* x, const TY* y, const TV* gate, const TV* w, \
+                          const TV* shift, const TV* scale, long rows, int d, float eps, float e4m3_max,      \
+                          float min_amax) {                                                                  \
+        gres_rms_mod_impl<TY, TX, TV, BUG, true>(xo, nullptr, q, qs, x, y, gate, w, shift, scale, rows, d, eps, \
+                                                 e4m3_max, min_amax);                                        \
     }
-#define MOSS_GRES_MOD_FP8_4(NAME, BUG) MOSS_EACH_TX_TV(MOSS_GRES_MOD_FP8, NAME, BUG)
-MOSS_PRODUCTION(MOSS_GRES_MOD_FP8_4(moss_gres_mod_fp8, 0))
-MOSS_CONTROL(MOSS_GRES_MOD_FP8_4(moss_ctl_gres_mod_fp8, 2))
+#define MOSS_GRES_MOD_FP8(NAME, BUG, TX, SX, TV, SV) MOSS_GRES_MOD_FP8_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
+#define MOSS_GRES_MOD_FP8_5(NAME, BUG) \
+    MOSS_EACH_TX_TV(MOSS_GRES_MOD_FP8, NAME, BUG) MOSS_GRES_MOD_FP8_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
+MOSS_PRODUCTION(MOSS_GRES_MOD_FP8_5(moss_gres_mod_fp8, 0))
+MOSS_CONTROL(MOSS_GRES_MOD_FP8_5(moss_ctl_gres_mod_fp8, 2))
 
 // ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
 // BUG 1: the halves swapped (gate read as up).

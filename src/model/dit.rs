@@ -355,7 +355,7 @@ impl<B: DitOps> Dit<B> {
         let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
         let m = self.modulation(b, t)?;
         let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
-        let xs = b.cat(&[&img, &text.tokens], 0)?;
+        let xs = b.residual_stream(&b.cat(&[&img, &text.tokens], 0)?)?;
         drop(img);
         // Each block's first norm is fused with the previous block's last gated residual, so
         // only the first block that runs starts from a plain norm.

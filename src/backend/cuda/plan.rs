@@ -96,12 +96,15 @@ impl MemoryPlan {
 /// score matrix): the FFN holds `[N, 2F]` (up|gate), `[N, F]` (situ) and `~3 [N, D]` (residual,
 /// normed input, output); attention holds q, k, v, their head-major copies, the attention
 /// output and the residual (`~9 [N, D]`). A quarter on top for the pool's fragmentation, plus
-/// the cached text conditions (cond and uncond, `[L, D]` each, bounded here by `N`).
+/// the cached text conditions (cond and uncond, `[L, D]` each, bounded here by `N`), plus what
+/// the residual stream takes beyond `dtype` (it is f32 at every precision; the old and the new
+/// stream live together).
 pub fn dit_activation_bytes(cfg: &DitConfig, tokens: usize, dtype: DType) -> usize {
     let (d, f) = (cfg.dim, cfg.ffn_dim);
     let per_token = (3 * f + 3 * d).max(9 * d);
     let peak = tokens * per_token * dtype.size();
-    peak + peak / 4 + 2 * tokens * d * dtype.size()
+    let stream = 2 * tokens * d * (DType::F32.size() - dtype.size());
+    peak + peak / 4 + 2 * tokens * d * dtype.size() + stream
 }
 
 /// Peak live activations of one encoder forward over `tokens` prompt tokens, in `dtype`. An
@@ -152,10 +155,13 @@ mod tests {
             eps: 1e-6,
             defaulted: vec![],
         };
-        // 1024x1024 with a 128-token prompt: 4224 tokens, (3·8192 + 3·3072)·2 B a token.
+        // 1024x1024 with a 128-token prompt: 4224 tokens, (3·8192 + 3·3072)·2 B a token; the f32
+        // stream, old and new, 2 B an element more than bf16.
         let b = dit_activation_bytes(&cfg, 4224, DType::BF16);
         let peak = 4224 * 33792 * 2;
-        assert_eq!(b, peak + peak / 4 + 2 * 4224 * 3072 * 2);
+        assert_eq!(b, peak + peak / 4 + 2 * 4224 * 3072 * 2 + 2 * 4224 * 3072 * 2);
+        let peak32 = 4224 * 33792 * 4;
+        assert_eq!(dit_activation_bytes(&cfg, 4224, DType::F32), peak32 + peak32 / 4 + 2 * 4224 * 3072 * 4, "fp32: the stream is the activation dtype");
         println!("DiT activations at 4224 tokens, bf16: {:.2} GiB", b as f64 / GIB);
     }
 

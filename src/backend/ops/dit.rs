@@ -17,6 +17,15 @@ pub trait DitOps: Backend {
     /// `out[half + k] = sin(t·freq_k)`, all in f64, rounded to f32 once. → `[dim]`.
     fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<Self::T>;
 
+    /// `x` as the main blocks' residual stream is held: each gated residual rounds into the
+    /// stream's dtype. The default keeps `x` as it is (the CPU backend is f32 throughout); the
+    /// CUDA backend holds the stream in f32 at every precision, so that the bf16 forward does
+    /// not round the stream to bf16 twice a block (the norms' outputs, the next linears' inputs,
+    /// stay in the activation dtype).
+    fn residual_stream(&self, x: &Self::T) -> Result<Self::T> {
+        Ok(x.clone())
+    }
+
     /// RMSNorm with a plain weight fused with the adaLN modulation. `x [N, D]`, `w`, `shift`,
     /// `scale` `[D]` → `[N, D]`:
     /// `y = x · rsqrt(mean_D(x²) + eps) · w · (1 + scale) + shift` per row.

@@ -17,6 +17,7 @@
 //! from the packed projection) and `gated_residual_norm_modulate` (a gated residual and the next
 //! norm + modulation in one pass), each with its planted control.
 
+use crate::backend::cuda::check::dit_ops::bf16_out;
 use crate::backend::cuda::dit::{FlashKernel, FLASH_KERNELS};
 use crate::backend::cuda::check::gates::{
     attention_rows, dit, round_bf16, shape_str, stream_rows, uniform_vec, Cx, GateFn, Kind, ATTN_REF_ROWS, BF16_OUT, EXACT,
@@ -114,6 +115,28 @@ fn gate_gres_mod(cx: &mut Cx) -> Result<()> {
     cx.judge("gated_residual_norm_modulate: x + y·gate", &s, Kind::Gate, bx, "", ox, &want_x, None);
     cx.judge("gated_residual_norm_modulate: norm", &s, Kind::Gate, bn, "", on, &want_n, None);
     cx.judge("gated_residual_norm_modulate, norm of the old x", &s, Kind::Control, bn, "", ctl, &want_n, None);
+    if cx.dtype == DType::BF16 {
+        // The bf16 forward's f32 residual stream: x and x' f32, y and the norm bf16
+        // (`_f32_bf16_to_bf16`); the norm of x' as stored (f32, so not rounded).
+        let x = stream_rows(cx, TOKENS, DIM)?;
+        let (x, gx) = cx.exact(x, DType::F32)?;
+        let want_x = cx.cpu.gated_residual(&x, &y, &g)?;
+        let want_n = cx.cpu.rms_norm_modulate(&want_x, &w, &sh, &sc, 1e-6)?;
+        let note = "x, x' f32 (the stream), y and the norm bf16";
+        let run = |prefix: &str| {
+            let (xo, n) = cx.cuda.gres_norm_mod_with(&gx, &gy, &gg, &gw, &gsh, &gsc, 1e-6, prefix)?;
+            anyhow::ensure!(xo.dtype == DType::F32, "gated_residual_norm_modulate: stream {} where f32 was expected", xo.dtype.name());
+            Ok((xo, bf16_out(n, "gated_residual_norm_modulate")?))
+        };
+        let (ox, on) = match run("moss") {
+            Ok((a, b)) => (Ok(a), Ok(b)),
+            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
+        };
+        let ctl = run("moss_ctl").map(|(_, n)| n);
+        cx.judge("gated_residual_norm_modulate: x + y·gate", &s, Kind::Gate, F32_ELEMENTWISE, note, ox, &want_x, None);
+        cx.judge("gated_residual_norm_modulate: norm", &s, Kind::Gate, BF16_OUT, note, on, &want_n, None);
+        cx.judge("gated_residual_norm_modulate, norm of the old x", &s, Kind::Control, BF16_OUT, note, ctl, &want_n, None);
+    }
     Ok(())
 }
 
@@ -213,5 +236,24 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// What the f32 residual stream costs: `gated_residual_norm_modulate` at the DiT's shape on a bf16
+/// stream and on the f32 one (y and the norm bf16 in both), CUDA events, median of 50 after 10;
+/// and the difference over a guided step's forward (83 blocks, two a block).
+pub fn time_stream(c: &crate::backend::cuda::ops::Cuda) -> Result<()> {
+    use crate::backend::cuda::check::gates::{time_ms, Rng};
+    let mut rng = Rng::new(17);
+    let mut up = |shape: &[usize], dt: DType| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), 1.0))?, dt);
+    let (xb, xf, y, v) = (up(&[dit::TOKENS, dit::DIM], DType::BF16)?, up(&[dit::TOKENS, dit::DIM], DType::F32)?, up(&[dit::TOKENS, dit::DIM], DType::BF16)?, up(&[dit::DIM], DType::BF16)?);
+    let ms = |x: &CudaTensor| time_ms(c, 10, 50, || c.gres_norm_mod_with(x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|_| ()));
+    let (b, f) = (ms(&xb)?, ms(&xf)?);
+    println!(
+        "  gated_residual_norm_modulate {}x{}: stream bf16 {b:.4} ms, stream f32 {f:.4} ms ({:.2} ms more a forward of 83 blocks)",
+        dit::TOKENS,
+        dit::DIM,
+        166.0 * (f - b)
+    );
     Ok(())
 }

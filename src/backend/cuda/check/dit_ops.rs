@@ -49,7 +49,24 @@ fn gate_rms_mod(cx: &mut Cx) -> Result<()> {
     cx.judge("rms_norm_modulate", &s, Kind::Gate, bound, "", out, &want, None);
     let out = cx.cuda.rms_norm_modulate_with(&gx, &gw, &gsh, &gsc, 1e-6, "moss_ctl");
     cx.judge("rms_norm_modulate, scale without the 1+", &s, Kind::Control, bound, "", out, &want, None);
+    if cx.dtype == DType::BF16 {
+        // The bf16 forward's f32 residual stream in, the bf16 activation out (`_f32_bf16_to_bf16`).
+        let x = stream_rows(cx, TOKENS, DIM)?;
+        let (x, gx) = cx.exact(x, DType::F32)?;
+        let want = cx.cpu.rms_norm_modulate(&x, &w, &sh, &sc, 1e-6)?;
+        let note = "x f32 (the stream), out bf16";
+        for (kind, prefix, what) in [(Kind::Gate, "moss", "rms_norm_modulate"), (Kind::Control, "moss_ctl", "rms_norm_modulate, scale without the 1+")] {
+            let out = cx.cuda.rms_norm_modulate_with(&gx, &gw, &gsh, &gsc, 1e-6, prefix).and_then(|o| bf16_out(o, "rms_norm_modulate"));
+            cx.judge(what, &s, kind, BF16_OUT, note, out, &want, None);
+        }
+    }
     Ok(())
+}
+
+/// `t` if it is bf16 (the activation dtype a norm of the f32 stream writes), else an error.
+pub(crate) fn bf16_out(t: CudaTensor, what: &str) -> Result<CudaTensor> {
+    ensure!(t.dtype == DType::BF16, "{what}: output {} where bf16 was expected", t.dtype.name());
+    Ok(t)
 }
 
 fn gate_qk_rope(cx: &mut Cx) -> Result<()> {

@@ -55,21 +55,37 @@ fn differences(cx: &Cx, fused: Result<(CudaTensor, CudaTensor)>, dense: &CudaTen
     }
 }
 
-/// `x [rows, d]` like the joint stream, the norm's weight and modulation vectors `[d]`.
-fn norm_inputs(cx: &mut Cx, rows: usize, d: usize) -> Result<(CudaTensor, [CudaTensor; 3])> {
+/// The norms' cases `(rows, D, the stream x's dtype)`: [`norm_shapes`] with x in the activation
+/// dtype and, in a bf16 run, also f32 (the bf16 forward's residual stream).
+fn norm_cases(cx: &Cx) -> Vec<(usize, usize, DType)> {
+    let xs: &[DType] = if cx.dtype == DType::BF16 { &[DType::BF16, DType::F32] } else { &[DType::F32] };
+    norm_shapes().into_iter().flat_map(|(r, d)| xs.iter().map(move |&t| (r, d, t))).collect()
+}
+
+/// `x [rows, d]` in `xt` like the joint stream, the norm's weight and modulation vectors `[d]`.
+fn norm_inputs(cx: &mut Cx, rows: usize, d: usize, xt: DType) -> Result<(CudaTensor, [CudaTensor; 3])> {
     let x = stream_rows(cx, rows, d)?;
-    let (_, gx) = cx.exact(x, cx.dtype)?;
+    let (_, gx) = cx.exact(x, xt)?;
     let (_, w) = uniform_vec(cx, d, 0.5, 1.5)?;
     let (_, shift) = cx.input(&[d], 1.0)?;
     let (_, scale) = cx.input(&[d], 1.0)?;
     Ok((gx, [w, shift, scale]))
 }
 
+/// The shape's note for an f32 stream in a bf16 run (the norm rounded to bf16 before its codes).
+fn stream_note(cx: &Cx, xt: DType) -> &'static str {
+    if xt != cx.dtype {
+        " (x f32, the stream)"
+    } else {
+        ""
+    }
+}
+
 fn gate_rms_mod_fp8(cx: &mut Cx) -> Result<()> {
-    for (rows, d) in norm_shapes() {
-        let (x, [w, sh, sc]) = norm_inputs(cx, rows, d)?;
+    for (rows, d, xt) in norm_cases(cx) {
+        let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
         let dense = cx.cuda.rms_norm_modulate_with(&x, &w, &sh, &sc, 1e-6, "moss")?;
-        let s = format!("{rows}x{d}");
+        let s = format!("{rows}x{d}{}", stream_note(cx, xt));
         for (kind, prefix, what) in [(Kind::Gate, "moss", "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, "moss_ctl", "rms_norm_modulate_fp8, each lane's own amax")] {
             let (error, note) = differences(cx, cx.cuda.rms_norm_modulate_fp8_with(&x, &w, &sh, &sc, 1e-6, prefix), &dense);
             cx.judge_value(what, &s, kind, EXACT, &note, error);
@@ -79,12 +95,12 @@ fn gate_rms_mod_fp8(cx: &mut Cx) -> Result<()> {
 }
 
 fn gate_gres_fp8(cx: &mut Cx) -> Result<()> {
-    for (rows, d) in norm_shapes() {
-        let (x, [w, sh, sc]) = norm_inputs(cx, rows, d)?;
+    for (rows, d, xt) in norm_cases(cx) {
+        let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
         let (_, y) = cx.input(&[rows, d], 1.0)?;
         let (_, gate) = cx.input(&[d], 1.0)?;
         let (xo, dense) = cx.cuda.gres_norm_mod_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, "moss")?;
-        let s = format!("{rows}x{d}");
+        let s = format!("{rows}x{d}{}", stream_note(cx, xt));
         for (kind, prefix, what) in [(Kind::Gate, "moss", "gated_residual_norm_modulate_fp8 (fused)"), (Kind::Control, "moss_ctl", "gated_residual_norm_modulate_fp8, codes toward 0")] {
             let out = cx.cuda.gres_norm_mod_fp8_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, prefix);
             // the new stream: the unfused kernel's, bit for bit

@@ -410,6 +410,7 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     let ms = time_ms(&c, 10, 50, || c.attention_packed(&qkv, HEADS, scale).map(|_| ()))?;
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
     println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (packed q|k|v): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
+    super::dit::time_stream(&c)?;
     super::linear_situ_glu::time_linear_situ(&c)?;
     super::linear_qkv_norm_rope::time_linear_qkv(&c)?;
     super::linear_gated_residual::time_linear_gres(&c)?;

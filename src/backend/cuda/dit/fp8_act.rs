@@ -33,7 +33,7 @@ impl Cuda {
     ) -> Result<Quantized> {
         let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
         let (q, qs) = self.alloc_quantized(&x.shape)?;
-        let name = format!("{prefix}_rms_mod_fp8_{}_{}", x.dtype.name(), vt.name());
+        let name = Self::norm_kernel(prefix, "rms_mod_fp8", x.dtype, vt, self.normed_dtype(x.dtype, vt));
         let ptrs = [q.ptr(), qs.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
         self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)])?;
         Ok((q, qs))
@@ -53,10 +53,10 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<(CudaTensor, Quantized)> {
-        let (d, y, vt, v) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
+        let (d, y, vt, v, ty) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let (q, qs) = self.alloc_quantized(&x.shape)?;
-        let name = format!("{prefix}_gres_mod_fp8_{}_{}", x.dtype.name(), vt.name());
+        let name = Self::norm_kernel(prefix, "gres_mod_fp8", x.dtype, vt, ty);
         let ptrs = [xo.ptr(), q.ptr(), qs.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
         self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)])?;
         Ok((xo, (q, qs)))

@@ -90,13 +90,33 @@ impl Cuda {
         Ok((d, vt, v))
     }
 
+    /// The dtype of a DiT norm's output (the next linear's input) over the stream `x` with
+    /// vectors of `vt`: bf16 where `x` is the f32 stream of a bf16 forward (bf16 vectors: the
+    /// `{op}_f32_bf16_to_bf16` kernels), else `x`'s.
+    pub(crate) fn normed_dtype(&self, x: DType, vt: DType) -> DType {
+        if x == DType::F32 && vt == DType::BF16 && self.act_dtype() == DType::BF16 {
+            DType::BF16
+        } else {
+            x
+        }
+    }
+
+    /// The norm kernel `{prefix}_{op}_{x}_{v}` (output in x's dtype) or `.._to_{y}`.
+    pub(crate) fn norm_kernel(prefix: &str, op: &str, x: DType, vt: DType, y: DType) -> String {
+        let to = if y == x { String::new() } else { format!("_to_{}", y.name()) };
+        format!("{prefix}_{op}_{}_{}{to}", x.name(), vt.name())
+    }
+
     /// The gated residual + norm's inputs ([`Cuda::row_vectors`] of gate, weight, shift, scale),
-    /// with `y` checked and in `x`'s dtype.
-    fn gres_inputs(&self, x: &CudaTensor, y: &CudaTensor, vs: [&CudaTensor; 4]) -> Result<(usize, CudaTensor, DType, Vec<CudaTensor>)> {
+    /// with `y` checked and in the normed output's dtype ([`Cuda::normed_dtype`]), which is
+    /// returned last.
+    #[allow(clippy::type_complexity)]
+    fn gres_inputs(&self, x: &CudaTensor, y: &CudaTensor, vs: [&CudaTensor; 4]) -> Result<(usize, CudaTensor, DType, Vec<CudaTensor>, DType)> {
         let what = "gated_residual_norm_modulate";
         let (d, vt, v) = self.row_vectors(x, &[("gate", vs[0]), ("weight", vs[1]), ("shift", vs[2]), ("scale", vs[3])], what)?;
         ensure!(y.shape == x.shape, "{what}: y {:?} for x {:?}", y.shape, x.shape);
-        Ok((d, self.cast(y, x.dtype)?, vt, v))
+        let ty = self.normed_dtype(x.dtype, vt);
+        Ok((d, self.cast(y, ty)?, vt, v, ty))
     }
 
     /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
@@ -118,8 +138,9 @@ impl Cuda {
         prefix: &str,
     ) -> Result<CudaTensor> {
         let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
-        let out = self.alloc(x.dtype, &x.shape)?;
-        let name = format!("{prefix}_rms_mod_{}_{}", x.dtype.name(), vt.name());
+        let ty = self.normed_dtype(x.dtype, vt);
+        let out = self.alloc(ty, &x.shape)?;
+        let name = Self::norm_kernel(prefix, "rms_mod", x.dtype, vt, ty);
         let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
         self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok(out)
@@ -243,10 +264,10 @@ impl Cuda {
         eps: f64,
         prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        let (d, y, vt, v) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
+        let (d, y, vt, v, ty) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
-        let no = self.alloc(x.dtype, &x.shape)?;
-        let name = format!("{prefix}_gres_mod_{}_{}", x.dtype.name(), vt.name());
+        let no = self.alloc(ty, &x.shape)?;
+        let name = Self::norm_kernel(prefix, "gres_mod", x.dtype, vt, ty);
         let ptrs = [xo.ptr(), no.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
         self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok((xo, no))
@@ -520,6 +541,9 @@ impl DitOps for Cuda {
             return self.quantize_rows(&self.situ_glu(x)?);
         }
         self.prof("situ_glu_fp8", || self.situ_glu_fp8_with(x, "moss"))
+    }
+    fn residual_stream(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("residual_stream", || self.cast(x, DType::F32))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
