@@ -11,7 +11,7 @@
 // 8 x values and 8 gate values a thread and writes 8 outputs (16 bytes each).
 //
 // Arguments: CUtensorMaps of a ({K, M}) and W ({K, D}) (bf16, box {64, 128}, SWIZZLE_128B), out,
-// x (row stride D), gate, M, D, K.
+// x (row stride D; bf16, or f32 in the `_f32` kernels: the f32 residual stream), gate, M, D, K.
 // Launch: 1-D grid of min(SMs, ⌈M/128⌉ · D/256) blocks, DIT_SITU_GEMM_THREADS threads,
 // DIT_SITU_GEMM_SMEM bytes of dynamic shared memory. Requires D % 256 == 0, K % 64 == 0 (the host
 // checks). BUG 1 (check image): the gate of the column 8 to the right (the gate read misaligned).
@@ -39,10 +39,28 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
     }
 }
 
-template <int BUG>
+// 8 stream values (bf16: 16 bytes; f32, the bf16 forward's f32 stream: 32 bytes) as floats, and back.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* f) { unpack8(*reinterpret_cast<const uint4*>(p), f); }
+__device__ __forceinline__ void load8(const float* p, float* f) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float* o) {
+    uint4 v;
+    v.x = pack_bf16(o[0], o[1]);
+    v.y = pack_bf16(o[2], o[3]);
+    v.z = pack_bf16(o[4], o[5]);
+    v.w = pack_bf16(o[6], o[7]);
+    *reinterpret_cast<uint4*>(p) = v;
+}
+__device__ __forceinline__ void store8(float* p, const float* o) {
+    *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(o[4], o[5], o[6], o[7]);
+}
+template <int BUG, typename TX>
 struct GatedResidualEpilogue {
-    __nv_bfloat16* __restrict__ out;
-    const __nv_bfloat16* __restrict__ x;
+    TX* __restrict__ out;
+    const TX* __restrict__ x;
     const __nv_bfloat16* __restrict__ gate;
     int m, d;
     __device__ __forceinline__ void operator()(float (&acc)[128], int m0, int n0, int c, char* wg_rows) {
@@ -69,36 +87,34 @@ struct GatedResidualEpilogue {
                 if (row < m) {
                     float y[8], xv[8], gv[8], o[8];
                     unpack8(*reinterpret_cast<const uint4*>(wg_rows + rr * 256 + ((ch ^ (rr & 7)) << 4)), y);
-                    unpack8(*reinterpret_cast<const uint4*>(x + (long)row * d + col), xv);
+                    load8(x + (long)row * d + col, xv);
                     unpack8(*reinterpret_cast<const uint4*>(gate + (BUG == 1 ? (col + 8) % d : col)), gv);
 #pragma unroll
                     for (int q = 0; q < 8; q++) o[q] = xv[q] + y[q] * gv[q];
-                    uint4 v;
-                    v.x = pack_bf16(o[0], o[1]);
-                    v.y = pack_bf16(o[2], o[3]);
-                    v.z = pack_bf16(o[4], o[5]);
-                    v.w = pack_bf16(o[6], o[7]);
-                    *reinterpret_cast<uint4*>(out + (long)row * d + col) = v;
+                    store8(out + (long)row * d + col, o);
                 }
             }
         }
     }
 };
 
-template <int BUG>
-__device__ __forceinline__ void linear_gres(const TmaMap* ta, const TmaMap* tw, __nv_bfloat16* __restrict__ out,
-                                            const __nv_bfloat16* x, const __nv_bfloat16* gate, int m, int d, int k) {
-    GatedResidualEpilogue<BUG> epi{out, x, gate, m, d};
+template <int BUG, typename TX>
+__device__ __forceinline__ void linear_gres(const TmaMap* ta, const TmaMap* tw, TX* __restrict__ out, const TX* x,
+                                            const __nv_bfloat16* gate, int m, int d, int k) {
+    GatedResidualEpilogue<BUG, TX> epi{out, x, gate, m, d};
     gemm_tiles<false>(ta, tw, m, d / 256, k, WideTiles{}, epi);
 }
 }  // namespace moss_glr
 
-#define MOSS_GLR_KERNEL(NAME, BUG)                                                                         \
+// TX: the stream's type (bf16, or f32: the kernels named `_f32`).
+#define MOSS_GLR_KERNEL(NAME, BUG, TX)                                                                    \
     MOSS_KERNEL void __launch_bounds__(moss_gemm::THREADS, 1)                                            \
         NAME(const __grid_constant__ moss_tma::TmaMap ta, const __grid_constant__ moss_tma::TmaMap tw,    \
-             __nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* gate, int m, int d, int k) { \
-        moss_glr::linear_gres<BUG>(&ta, &tw, out, x, gate, m, d, k);                                      \
+             TX* out, const TX* x, const __nv_bfloat16* gate, int m, int d, int k) {                    \
+        moss_glr::linear_gres<BUG, TX>(&ta, &tw, out, x, gate, m, d, k);                                  \
     }
 
-MOSS_PRODUCTION(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual, 0))
-MOSS_CONTROL(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual_gate_shift_control, 1))
+MOSS_PRODUCTION(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual, 0, __nv_bfloat16))
+MOSS_PRODUCTION(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual_f32, 0, float))
+MOSS_CONTROL(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual_gate_shift_control, 1, __nv_bfloat16))
+MOSS_CONTROL(MOSS_GLR_KERNEL(moss_dit_linear_gated_residual_f32_gate_shift_control, 1, float))

@@ -14,6 +14,12 @@ use crate::options::Precision;
 use crate::tensor::Tensor;
 use anyhow::Result;
 
+/// The bound of the f32 stream's gated residual: the product is rounded to bf16 on both sides, and
+/// where the GPU's fp32 and the CPU's f64 accumulation straddle a bf16 rounding boundary (a
+/// fraction ~1e-4 of the products) the two differ by one bf16 ulp of `y·gate`: ~5e-5 relative.
+/// The stream itself rounds once, to f32. A stream stored as bf16 would be ~1e-3 off.
+const F32_STREAM: f64 = 3e-4;
+
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_gated_residual", gate_linear_gres)];
 
@@ -31,23 +37,24 @@ fn gate_linear_gres(cx: &mut Cx) -> Result<()> {
         return Ok(());
     }
     let hopper = cx.cuda.has_sm90a();
-    for (case, (m, k, d)) in [(TOKENS, DIM, DIM), (TOKENS, FFN, DIM), (333, 512, 512)].into_iter().enumerate() {
+    let cases = [(TOKENS, DIM, DIM, DType::BF16), (TOKENS, FFN, DIM, DType::BF16), (333, 512, 512, DType::BF16), (TOKENS, DIM, DIM, DType::F32)];
+    for (case, (m, k, d, xt)) in cases.into_iter().enumerate() {
         let a = stream_rows(cx, m, k)?;
         let (a, ga) = cx.exact(a, DType::BF16)?;
         let (w, gw) = cx.input(&[d, k], 2.0 / (k as f64).sqrt())?;
         let x = stream_rows(cx, m, d)?;
-        let (x, gx) = cx.exact(x, DType::BF16)?;
+        let (x, gx) = cx.exact(x, xt)?;
         let (gate, gg) = uniform_vec(cx, d, -1.0, 1.0)?;
         let rows = cx.rng.subset(m, if case < 2 { GEMM_REF_ROWS } else { m });
         let y = round_bf16(&cx.cpu.linear(&pick_rows(&a, &rows)?, &w, None)?);
         let want = cx.cpu.gated_residual(&pick_rows(&x, &rows)?, &y, &gate)?;
-        let s = format!("{m}x{k} · {k}x{d}");
+        let s = format!("{m}x{k} · {k}x{d}{}", if xt == DType::F32 { ", x f32 (the stream)" } else { "" });
         let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
-        let (bound, rows) = (BF16_OUT, Some(&rows[..]));
+        let (bound, rows) = (if xt == DType::F32 { F32_STREAM } else { BF16_OUT }, Some(&rows[..]));
         let out = cx.cuda.linear_gated_residual(&ga, &gw, &gx, &gg);
         if hopper {
             cx.judge(&format!("linear_gated_residual (op: fused {GRES_KERNEL})"), &s, Kind::Gate, bound, &note, out, &want, rows);
-            if case == 0 {
+            if case == 0 || xt == DType::F32 {
                 let out = cx.cuda.linear_gated_residual_fused(&ga, &gw, &gx, &gg, &format!("{GRES_KERNEL}_gate_shift_control"));
                 cx.judge("linear_gated_residual (fused), gate read 8 columns off", &s, Kind::Control, bound, &note, out, &want, rows);
             }
@@ -63,29 +70,32 @@ fn gate_linear_gres(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// As the block would run it, bf16, at the o and the ffn_down shapes: cuBLASLt `linear` +
-/// `gated_residual_norm_modulate` (today's path) against the fused kernel + `rms_norm_modulate`
-/// (the path it would be): CUDA events, median of 10 after 3 warm-up runs.
+/// As the block would run it, bf16, at the o and the ffn_down shapes, on a bf16 and on an f32
+/// stream: cuBLASLt `linear` + `gated_residual_norm_modulate` (today's path) against the fused
+/// kernel + `rms_norm_modulate` (the path it would be): CUDA events, median of 10 after 3 warm-up runs.
 pub fn time_linear_gres(cuda: &Cuda) -> Result<()> {
     use dit::*;
     let c = cuda.with_precision(Precision::Bf16);
     let mut rng = Rng::new(13);
-    let mut up = |shape: &[usize], std: f64| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), std))?, DType::BF16);
-    let (x, gate, nw, shift, scale) = (up(&[TOKENS, DIM], 1.0)?, up(&[DIM], 0.5)?, up(&[DIM], 1.0)?, up(&[DIM], 0.5)?, up(&[DIM], 0.5)?);
+    let mut up = |shape: &[usize], std: f64, dt: DType| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), std))?, dt);
+    let xs = [up(&[TOKENS, DIM], 1.0, DType::BF16)?, up(&[TOKENS, DIM], 1.0, DType::F32)?];
+    let (gate, nw, shift, scale) = (up(&[DIM], 0.5, DType::BF16)?, up(&[DIM], 1.0, DType::BF16)?, up(&[DIM], 0.5, DType::BF16)?, up(&[DIM], 0.5, DType::BF16)?);
     let eps = 1e-6;
     println!("timing: linear_gated_residual, bf16, CUDA events, median of 10 after 3 warm-up runs");
     for (what, k) in [("o", DIM), ("ffn_down", FFN)] {
-        let (a, w) = (up(&[TOKENS, k], 1.0)?, up(&[DIM, k], 0.02)?);
-        let pair = time_ms(&c, 3, 10, || c.gated_residual_norm_modulate(&x, &c.linear(&a, &w, None)?, &gate, &nw, &shift, &scale, eps).map(|_| ()))?;
-        let s = format!("{TOKENS}x{k} · {k}x{DIM}");
-        println!("  {what} {s}: cuBLASLt linear + gated_residual_norm_modulate: {pair:.4} ms");
-        if !c.has_sm90a() {
-            println!("  {what} {s}: fused {GRES_KERNEL}: not on this GPU (sm_90a only)");
-            continue;
+        let (a, w) = (up(&[TOKENS, k], 1.0, DType::BF16)?, up(&[DIM, k], 0.02, DType::BF16)?);
+        for x in &xs {
+            let pair = time_ms(&c, 3, 10, || c.gated_residual_norm_modulate(x, &c.linear(&a, &w, None)?, &gate, &nw, &shift, &scale, eps).map(|_| ()))?;
+            let s = format!("{TOKENS}x{k} · {k}x{DIM}, stream {}", x.dtype.name());
+            println!("  {what} {s}: cuBLASLt linear + gated_residual_norm_modulate: {pair:.4} ms");
+            if !c.has_sm90a() {
+                println!("  {what} {s}: fused {GRES_KERNEL}: not on this GPU (sm_90a only)");
+                continue;
+            }
+            let fused = || c.rms_norm_modulate(&c.linear_gated_residual_fused(&a, &w, x, &gate, GRES_KERNEL)?, &nw, &shift, &scale, eps);
+            let ms = time_ms(&c, 3, 10, || fused().map(|_| ()))?;
+            println!("  {what} {s}: fused {GRES_KERNEL} + rms_norm_modulate: {ms:.4} ms, {:.3}x the pair", pair / ms);
         }
-        let fused = || c.rms_norm_modulate(&c.linear_gated_residual_fused(&a, &w, &x, &gate, GRES_KERNEL)?, &nw, &shift, &scale, eps);
-        let ms = time_ms(&c, 3, 10, || fused().map(|_| ()))?;
-        println!("  {what} {s}: fused {GRES_KERNEL} + rms_norm_modulate: {ms:.4} ms, {:.3}x the pair", pair / ms);
     }
     Ok(())
 }

@@ -2,8 +2,8 @@
 //! on the way out: on Hopper our own GEMM with it in its epilogue
 //! (`cuda/dit/sm90a/linear_gated_residual.cu`, the GEMM of `cuda/common/sm90a/gemm_tile.cuh`: the
 //! `[M, D]` product is never written) where the shape qualifies ([`gres_gemm_dims`]); elsewhere,
-//! and for other shapes and fp32, cuBLASLt `linear` then `gated_residual`. Not taken by the model
-//! yet: `moss check`'s timing decides (against `linear` + `gated_residual_norm_modulate`).
+//! and for other shapes and fp32, cuBLASLt `linear` then `gated_residual`. The stream `x` (and the
+//! output) may be bf16 or f32 (the bf16 forward's f32 residual stream: the `_f32` kernel).
 
 use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
@@ -34,19 +34,23 @@ pub fn gres_gemm_dims(a: &[usize], w: &[usize], x: &[usize]) -> Option<(usize, u
 /// [`gres_gemm_dims`] where `a`, `w`, `x` and `gate` are also bf16 and aligned (TMA, 16-byte
 /// vectors); `None`: the op is `linear` + `gated_residual`.
 fn gres_gemm_shape(a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Option<(usize, usize, usize)> {
-    let ok = [a, w, x, gate].iter().all(|t| t.dtype == DType::BF16 && t.ptr().is_multiple_of(16));
+    let ok = [a, w, gate].iter().all(|t| t.dtype == DType::BF16)
+        && matches!(x.dtype, DType::BF16 | DType::F32)
+        && [a, w, x, gate].iter().all(|t| t.ptr().is_multiple_of(16));
     gres_gemm_dims(&a.shape, &w.shape, &x.shape).filter(|&(_, _, d)| ok && gate.numel() == d)
 }
 
 impl Cuda {
-    /// The fused kernel `name` ([`GRES_KERNEL`] or its check-image twin): `x + gate ⊙ (a · wᵀ)`
-    /// → `[M, D]` bf16, min(SMs, tiles) blocks.
+    /// The fused kernel `name` ([`GRES_KERNEL`] or its check-image twin; an f32 `x` takes their
+    /// `{GRES_KERNEL}_f32` forms): `x + gate ⊙ (a · wᵀ)` → `[M, D]` in `x`'s dtype, min(SMs,
+    /// tiles) blocks.
     pub(crate) fn linear_gated_residual_fused(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor, name: &str) -> Result<CudaTensor> {
         let (m, k, d) = gres_gemm_shape(a, w, x, gate).ok_or_else(|| {
-            anyhow!("linear_gated_residual: a {:?} · w {:?} + x {:?} ⊙ gate {:?} is not a shape the fused kernel takes (bf16)", a.shape, w.shape, x.shape, gate.shape)
+            anyhow!("linear_gated_residual: a {:?} · w {:?} + x {:?} ⊙ gate {:?} is not a shape the fused kernel takes (bf16; x bf16 or f32)", a.shape, w.shape, x.shape, gate.shape)
         })?;
         ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
-        let out = self.alloc(DType::BF16, &[m, d])?;
+        let name = if x.dtype == DType::F32 { name.replacen(GRES_KERNEL, &format!("{GRES_KERNEL}_f32"), 1) } else { name.to_string() };
+        let out = self.alloc(x.dtype, &[m, d])?;
         if m == 0 {
             return Ok(out);
         }
@@ -56,7 +60,7 @@ impl Cuda {
         let tw = tensor_map_2d(w.ptr(), DType::BF16, k, d, k, bk, rows)?;
         let (maps, ptrs) = ([ta, tw].map(|t| Arg::Map(Box::new(t))), [&out, x, gate].map(|t| Arg::P(t.ptr())));
         let args: Vec<Arg> = maps.into_iter().chain(ptrs).chain([m, d, k].map(|v| Arg::I(v as i32))).collect();
-        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
+        self.launch(&name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
         Ok(out)
     }
 
