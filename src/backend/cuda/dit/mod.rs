@@ -54,6 +54,29 @@ mod tests {
         assert_eq!(super::largest_square(1 << 30, 128, need), None);
         assert_eq!(super::largest_square(usize::MAX, 0, need), Some(crate::options::MAX_SIDE as usize));
     }
+
+    /// Every norm kernel the host names ([`super::Cuda::norm_kernel`]) for the dtypes it forms
+    /// (x, vectors, output: the output in x's dtype, or bf16 over the f32 stream) is in the
+    /// compiler's report of the production image (a build with the kernels: CI's; the check
+    /// image's planted twins are not in the report: `moss check` launches them).
+    #[test]
+    fn norm_kernels_are_built() {
+        use crate::backend::cuda::contract::{records, RESOURCES};
+        use crate::backend::cuda::ops::DType::{BF16, F32};
+        if RESOURCES.is_empty() {
+            eprintln!("norm kernels: built without kernels (no nvcc), nothing to check");
+            return;
+        }
+        let built: std::collections::HashSet<String> = records(RESOURCES).into_iter().map(|r| r.kernel).collect();
+        let forms = [(BF16, BF16, BF16), (BF16, F32, BF16), (F32, BF16, F32), (F32, F32, F32), (F32, BF16, BF16)];
+        for op in ["rms_mod", "gres_mod", "rms_mod_fp8", "gres_mod_fp8"] {
+            for (x, v, y) in forms {
+                let k = super::Cuda::norm_kernel("moss", op, x, v, y);
+                assert!(built.contains(&k), "{k} is launched but not built");
+            }
+        }
+        assert_eq!(super::Cuda::norm_kernel("moss", "gres_mod", F32, BF16, BF16), "moss_gres_mod_f32_bf16_to_bf16");
+    }
 }
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
