@@ -24,5 +24,12 @@
 // `M(NAME, BUG, T, S)` (2, 4, 8, 16 bytes).
 #define MOSS_EACH_TX_TV(M, NAME, BUG) \
     M(NAME, BUG, bf16, bf16, bf16, bf16) M(NAME, BUG, bf16, bf16, float, f32) M(NAME, BUG, float, f32, bf16, bf16) M(NAME, BUG, float, f32, float, f32)
+// The DiT norms over the residual stream: every (activation, vector) pair with the output in the
+// activation's type, `M(NAME_SX_SV, BUG, TY = TX, TX, TV)`, and the f32 stream of a bf16 forward
+// with a bf16 output, `M(NAME_f32_bf16_to_bf16, BUG, bf16, float, bf16)`.
+#define MOSS_EACH_STREAM_NORM(M, NAME, BUG)                                                                    \
+    M(NAME##_bf16_bf16, BUG, bf16, bf16, bf16) M(NAME##_bf16_f32, BUG, bf16, bf16, float)                      \
+    M(NAME##_f32_bf16, BUG, float, float, bf16) M(NAME##_f32_f32, BUG, float, float, float)                     \
+    M(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
 #define MOSS_EACH_UNIT(M, NAME, BUG) \
     M(NAME, BUG, unsigned short, u2) M(NAME, BUG, unsigned int, u4) M(NAME, BUG, uint2, u8) M(NAME, BUG, uint4, u16)

@@ -77,26 +77,20 @@ __device__ void rms_mod_impl(TY* __restrict__ out, unsigned char* __restrict__ q
         }
     }
 }
-#define MOSS_RMS_MOD_TY(NAME, BUG, TY, TX, TV)                                                          \
+#define MOSS_RMS_MOD(NAME, BUG, TY, TX, TV)                                                          \
     MOSS_KERNEL void NAME(TY* out, const TX* x, const TV* w, const TV* shift, const TV* scale, long rows, int d, \
                           float eps) {                                                                   \
         rms_mod_impl<TY, TX, TV, BUG, false>(out, nullptr, nullptr, x, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
-#define MOSS_RMS_MOD(NAME, BUG, TX, SX, TV, SV) MOSS_RMS_MOD_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
-#define MOSS_RMS_MOD5(NAME, BUG) \
-    MOSS_EACH_TX_TV(MOSS_RMS_MOD, NAME, BUG) MOSS_RMS_MOD_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
-MOSS_PRODUCTION(MOSS_RMS_MOD5(moss_rms_mod, 0))
-MOSS_CONTROL(MOSS_RMS_MOD5(moss_ctl_rms_mod, 1))
-#define MOSS_RMS_MOD_FP8_TY(NAME, BUG, TY, TX, TV)                                                        \
+MOSS_PRODUCTION(MOSS_EACH_STREAM_NORM(MOSS_RMS_MOD, moss_rms_mod, 0))
+MOSS_CONTROL(MOSS_EACH_STREAM_NORM(MOSS_RMS_MOD, moss_ctl_rms_mod, 1))
+#define MOSS_RMS_MOD_FP8(NAME, BUG, TY, TX, TV)                                                        \
     MOSS_KERNEL void NAME(unsigned char* q, float* qs, const TX* x, const TV* w, const TV* shift, const TV* scale, \
                           long rows, int d, float eps, float e4m3_max, float min_amax) {                     \
         rms_mod_impl<TY, TX, TV, BUG, true>(nullptr, q, qs, x, w, shift, scale, rows, d, eps, e4m3_max, min_amax); \
     }
-#define MOSS_RMS_MOD_FP8(NAME, BUG, TX, SX, TV, SV) MOSS_RMS_MOD_FP8_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
-#define MOSS_RMS_MOD_FP8_5(NAME, BUG) \
-    MOSS_EACH_TX_TV(MOSS_RMS_MOD_FP8, NAME, BUG) MOSS_RMS_MOD_FP8_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
-MOSS_PRODUCTION(MOSS_RMS_MOD_FP8_5(moss_rms_mod_fp8, 0))
-MOSS_CONTROL(MOSS_RMS_MOD_FP8_5(moss_ctl_rms_mod_fp8, 2))
+MOSS_PRODUCTION(MOSS_EACH_STREAM_NORM(MOSS_RMS_MOD_FP8, moss_rms_mod_fp8, 0))
+MOSS_CONTROL(MOSS_EACH_STREAM_NORM(MOSS_RMS_MOD_FP8, moss_ctl_rms_mod_fp8, 2))
 
 // ---- per-head QK-norm + rotate-half RoPE, one warp per (token, head) row of hd ------------------
 // y = x·rsqrt(mean(x²)+eps)·w; out[m] = y[m]c − y[m+h]s, out[m+h] = y[m+h]c + y[m]s, h = hd/2,
@@ -258,28 +252,22 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsi
         }
     }
 }
-#define MOSS_GRES_MOD_TY(NAME, BUG, TY, TX, TV)                                                            \
+#define MOSS_GRES_MOD(NAME, BUG, TY, TX, TV)                                                            \
     MOSS_KERNEL void NAME(TX* xo, TY* no, const TX* x, const TY* y, const TV* gate, const TV* w, const TV* shift, \
                           const TV* scale, long rows, int d, float eps) {                                  \
         gres_rms_mod_impl<TY, TX, TV, BUG, false>(xo, no, nullptr, nullptr, x, y, gate, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
-#define MOSS_GRES_MOD(NAME, BUG, TX, SX, TV, SV) MOSS_GRES_MOD_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
-#define MOSS_GRES_MOD5(NAME, BUG) \
-    MOSS_EACH_TX_TV(MOSS_GRES_MOD, NAME, BUG) MOSS_GRES_MOD_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
-MOSS_PRODUCTION(MOSS_GRES_MOD5(moss_gres_mod, 0))
-MOSS_CONTROL(MOSS_GRES_MOD5(moss_ctl_gres_mod, 1))
-#define MOSS_GRES_MOD_FP8_TY(NAME, BUG, TY, TX, TV)                                                        \
+MOSS_PRODUCTION(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD, moss_gres_mod, 0))
+MOSS_CONTROL(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD, moss_ctl_gres_mod, 1))
+#define MOSS_GRES_MOD_FP8(NAME, BUG, TY, TX, TV)                                                        \
     MOSS_KERNEL void NAME(TX* xo, unsigned char* q, float* qs, const TX* x, const TY* y, const TV* gate, const TV* w, \
                           const TV* shift, const TV* scale, long rows, int d, float eps, float e4m3_max,      \
                           float min_amax) {                                                                  \
         gres_rms_mod_impl<TY, TX, TV, BUG, true>(xo, nullptr, q, qs, x, y, gate, w, shift, scale, rows, d, eps, \
                                                  e4m3_max, min_amax);                                        \
     }
-#define MOSS_GRES_MOD_FP8(NAME, BUG, TX, SX, TV, SV) MOSS_GRES_MOD_FP8_TY(NAME##_##SX##_##SV, BUG, TX, TX, TV)
-#define MOSS_GRES_MOD_FP8_5(NAME, BUG) \
-    MOSS_EACH_TX_TV(MOSS_GRES_MOD_FP8, NAME, BUG) MOSS_GRES_MOD_FP8_TY(NAME##_f32_bf16_to_bf16, BUG, bf16, float, bf16)
-MOSS_PRODUCTION(MOSS_GRES_MOD_FP8_5(moss_gres_mod_fp8, 0))
-MOSS_CONTROL(MOSS_GRES_MOD_FP8_5(moss_ctl_gres_mod_fp8, 2))
+MOSS_PRODUCTION(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD_FP8, moss_gres_mod_fp8, 0))
+MOSS_CONTROL(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD_FP8, moss_ctl_gres_mod_fp8, 2))
 
 // ---- SiTU-GLU: x [rows, 2F] = [up | gate] → (4·tanh(g/4)·σ(g)) · (25·tanh(h/25)) [rows, F] ------
 // BUG 1: the halves swapped (gate read as up).
