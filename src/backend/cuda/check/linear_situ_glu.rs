@@ -16,7 +16,7 @@ use anyhow::Result;
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu", gate_linear_situ)];
 
 /// Rows `rows` of `x [m, k]`.
-fn pick_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+pub(crate) fn pick_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let k = x.last_dim();
     Tensor::new(vec![rows.len(), k], rows.iter().flat_map(|&r| x.data[r * k..(r + 1) * k].iter().copied()).collect())
 }
