@@ -384,7 +384,7 @@ impl<B: DitOps> Dit<B> {
         let xs = r.xs.expect("the stream is there after the blocks");
         let z = b.narrow(&xs, 0, 0, h * w)?;
         let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, self.cfg.eps)?;
-        let out = b.linear(&z, &self.final_linear_video, None)?;
+        let out = b.linear_f32(&z, &self.final_linear_video)?;
         b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
     }
 

@@ -418,12 +418,13 @@ impl Blas {
         }
     }
 
-    /// `out [rows, n] = x [rows, k] · w [n, k]ᵀ (+ bias [n])`, all of `dtype`, on `stream`.
+    /// `out [rows, n] = x [rows, k] · w [n, k]ᵀ (+ bias [n])`, x and w of `dtype`, the bias and
+    /// `out` of `out_dtype` (the fp32 product rounded once into it), on `stream`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
         stream: &CudaStream,
-        dtype: DType,
+        (dtype, out_dtype): (DType, DType),
         rows: usize,
         n: usize,
         k: usize,
@@ -433,7 +434,7 @@ impl Blas {
         out: u64,
     ) -> Result<()> {
         // cuBLAS's m is our n (rows of the column-major result), its n is our rows.
-        let g = Gemm::plain(dtype, dtype, true, false, n, rows, k, k, k, n);
+        let g = Gemm::plain(dtype, out_dtype, true, false, n, rows, k, k, k, n);
         self.gemm(stream, g, w, x, out, bias, 1.0)
     }
 

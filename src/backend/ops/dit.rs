@@ -26,6 +26,13 @@ pub trait DitOps: Backend {
         Ok(x.clone())
     }
 
+    /// `x · Wᵀ` (no bias) with the product kept in f32: the DiT's last linear, whose output, the
+    /// velocity, the sampler reads as f32 (spec 4.4 step 6), so it is not rounded to the
+    /// activation dtype on the way. The default is `linear` (the CPU backend is f32 throughout).
+    fn linear_f32(&self, x: &Self::T, w: &Self::T) -> Result<Self::T> {
+        self.linear(x, w, None)
+    }
+
     /// RMSNorm with a plain weight fused with the adaLN modulation. `x [N, D]`, `w`, `shift`,
     /// `scale` `[D]` → `[N, D]`:
     /// `y = x · rsqrt(mean_D(x²) + eps) · w · (1 + scale) + shift` per row.

@@ -15,6 +15,7 @@ pub const GATES: &[(&str, GateFn)] = &[
     ("dit attention", gate_attention),
     ("dit situ_glu", gate_situ),
     ("dit gated_residual", gate_gres),
+    ("dit linear_f32", gate_linear_f32),
     ("cfg_euler", gate_cfg_euler),
 ];
 
@@ -60,6 +61,30 @@ fn gate_rms_mod(cx: &mut Cx) -> Result<()> {
             cx.judge(what, &s, kind, BF16_OUT, note, out, &want, None);
         }
     }
+    Ok(())
+}
+
+/// The head's last linear with its product kept in f32 (`linear_f32`, the velocity) at the
+/// DiT's head shape (4096 image tokens · 3072 → 128), bf16 inputs: against the CPU product (f64
+/// accumulation) on 64 random rows at fp32's GEMM bound. Control: the product rounded to bf16 on
+/// the way (`linear`, then cast), what the velocity was before. At fp32 the op is `linear`, gated
+/// in the generic table.
+fn gate_linear_f32(cx: &mut Cx) -> Result<()> {
+    use dit::*;
+    if cx.dtype != DType::BF16 {
+        return Ok(());
+    }
+    let x = stream_rows(cx, IMG, DIM)?;
+    let (x, gx) = cx.exact(x, DType::BF16)?;
+    let (w, gw) = cx.input(&[128, DIM], 1.0 / (DIM as f64).sqrt())?;
+    let rows = cx.rng.subset(IMG, GEMM_REF_ROWS);
+    let want = cx.cpu.linear(&super::linear_situ_glu::pick_rows(&x, &rows)?, &w, None)?;
+    let s = format!("{IMG}x{DIM} · {DIM}x128");
+    let note = format!("out f32; CPU on {} of {IMG} rows", rows.len());
+    let out = cx.cuda.linear_f32(&gx, &gw);
+    cx.judge("linear_f32 (the velocity)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
+    let out = cx.cuda.linear(&gx, &gw, None).and_then(|y| cx.cuda.cast(&y, DType::F32));
+    cx.judge("linear_f32, the product rounded to bf16", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
     Ok(())
 }
 

@@ -565,6 +565,10 @@ impl DitOps for Cuda {
         }
         self.prof("situ_glu_fp8", || self.situ_glu_fp8_with(x, "moss"))
     }
+    fn linear_f32(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        let name = || format!("linear_f32 {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
+        self.timed_op(name, || self.linear_dense_into(x, w, None, DType::F32))
+    }
     fn residual_stream(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.prof("residual_stream", || self.cast(x, DType::F32))
     }

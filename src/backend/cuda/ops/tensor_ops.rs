@@ -24,6 +24,12 @@ impl Cuda {
 
     /// [`crate::backend::Backend::linear`]: `x · wᵀ (+ b)` in the weight's dtype (cuBLASLt).
     pub(crate) fn linear_dense(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
+        self.linear_dense_into(x, w, b, w.dtype)
+    }
+
+    /// [`Cuda::linear_dense`] with the product (and the bias) in `out_dtype`: the fp32 product
+    /// rounded once into it (f32: not rounded to the weight's dtype).
+    pub(crate) fn linear_dense_into(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, out_dtype: DType) -> Result<CudaTensor> {
         ensure!(w.shape.len() == 2, "linear: weight must be 2-D, got {:?}", w.shape);
         self.settle()?;
         let (n, k) = (w.shape[0], w.shape[1]);
@@ -33,15 +39,15 @@ impl Cuda {
         }
         let dt = w.dtype;
         let x = self.cast(x, dt)?;
-        let b = b.map(|b| self.cast(b, dt)).transpose()?;
+        let b = b.map(|b| self.cast(b, out_dtype)).transpose()?;
         let mut shape = x.shape.clone();
         *shape.last_mut().unwrap() = n;
-        let out = self.alloc(dt, &shape)?;
+        let out = self.alloc(out_dtype, &shape)?;
         let rows = x.rows();
         if rows > 0 && n > 0 {
             self.inner.blas.linear(
                 &self.inner.gpu.stream,
-                dt,
+                (dt, out_dtype),
                 rows,
                 n,
                 k,
