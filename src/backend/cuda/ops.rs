@@ -7,7 +7,9 @@
 //! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`), an f32 one f32 and
 //!   a float8 e4m3 one e4m3 (the codes, one byte each; `download` gives their values).
 //! - `linear` computes in the weight's dtype (x and the bias are cast to it if they differ) and
-//!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input.
+//!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input,
+//!   except the DiT's norms over its f32 residual stream, which write the activation dtype
+//!   (`Cuda::normed_dtype`), and `DitOps::linear_f32`, which keeps its product in f32.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
 use crate::backend::cuda::blas::Blas;
