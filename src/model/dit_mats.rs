@@ -135,9 +135,8 @@ impl<B: DitOps> Matrix<B> {
     }
 
     /// `(x', n)`: `x' = x + gate ⊙ (a · Wᵀ)` and `n` its modulated norm in the form `l` gives the
-    /// next matrix. Where dense, the residual rides in the product's epilogue
-    /// ([`Matrix::forward_gated_residual`]) and the norm reads `x'`; else the product, then
-    /// [`MainLinears::gated_residual_norm_modulate`] (the same arithmetic).
+    /// next matrix: where dense one op ([`DitOps::linear_gated_residual_norm_modulate`]), else
+    /// the product, then [`MainLinears::gated_residual_norm_modulate`] (the same arithmetic).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_gated_residual_norm_modulate(
         &self,
@@ -152,10 +151,9 @@ impl<B: DitOps> Matrix<B> {
         l: MainLinears,
     ) -> Result<(B::T, Act<B>)> {
         match (self, a, l) {
-            (Matrix::Dense(_), Act::Dense(_), MainLinears::Dense) => {
-                let x = self.forward_gated_residual(b, a, x, gate)?;
-                let n = l.rms_norm_modulate(b, &x, w, shift, scale, eps)?;
-                Ok((x, n))
+            (Matrix::Dense(m), Act::Dense(a), MainLinears::Dense) => {
+                let (x, n) = b.linear_gated_residual_norm_modulate(a, m, x, gate, w, shift, scale, eps)?;
+                Ok((x, Act::Dense(n)))
             }
             _ => l.gated_residual_norm_modulate(b, x, &self.forward_act(b, a)?, gate, w, shift, scale, eps),
         }

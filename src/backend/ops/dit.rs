@@ -128,6 +128,26 @@ pub trait DitOps: Backend {
         self.gated_residual(x, &self.linear(a, w, None)?, gate)
     }
 
+    /// The o and ffn_down products with their gated residual and the next norm: `(x', n)` with
+    /// `x' = x + gate ⊙ linear(a, w, None)` and `n = rms_norm_modulate(x', nw, shift, scale)`.
+    /// The default runs `linear`, then [`DitOps::gated_residual_norm_modulate`]; a backend may
+    /// put the residual in the product's epilogue instead (CUDA on Hopper:
+    /// [`DitOps::linear_gated_residual`], then `rms_norm_modulate`).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_gated_residual_norm_modulate(
+        &self,
+        a: &Self::T,
+        w: &Self::T,
+        x: &Self::T,
+        gate: &Self::T,
+        nw: &Self::T,
+        shift: &Self::T,
+        scale: &Self::T,
+        eps: f64,
+    ) -> Result<(Self::T, Self::T)> {
+        self.gated_residual_norm_modulate(x, &self.linear(a, w, None)?, gate, nw, shift, scale, eps)
+    }
+
     /// [`DitOps::rms_norm_modulate`] with its output quantized per row as
     /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
     /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit

@@ -67,6 +67,11 @@ impl Cuda {
     /// [`DitOps::linear_gated_residual`]: the fused kernel where the sm_90a kernels are loaded and
     /// the shapes and dtypes qualify (profile row `linear_gated_residual MxKxN`), else `linear` +
     /// `gated_residual`.
+    /// Whether [`Cuda::linear_gated_residual_op`] runs the fused kernel on these tensors.
+    pub(crate) fn takes_linear_gated_residual(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> bool {
+        self.has_sm90a() && gres_gemm_shape(a, w, x, gate).is_some()
+    }
+
     pub(crate) fn linear_gated_residual_op(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         match gres_gemm_shape(a, w, x, gate).filter(|_| self.has_sm90a()) {
             Some((m, k, d)) => {

@@ -541,6 +541,26 @@ impl DitOps for Cuda {
     fn linear_gated_residual(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.linear_gated_residual_op(a, w, x, gate)
     }
+    /// On Hopper, where the fused kernel takes the shape, the residual in the product's epilogue
+    /// and then `rms_norm_modulate`; else `linear` + the fused `gated_residual_norm_modulate`.
+    fn linear_gated_residual_norm_modulate(
+        &self,
+        a: &CudaTensor,
+        w: &CudaTensor,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        nw: &CudaTensor,
+        shift: &CudaTensor,
+        scale: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        if self.takes_linear_gated_residual(a, w, x, gate) {
+            let x = self.linear_gated_residual_op(a, w, x, gate)?;
+            let n = self.rms_norm_modulate(&x, nw, shift, scale, eps)?;
+            return Ok((x, n));
+        }
+        self.gated_residual_norm_modulate(x, &self.linear(a, w, None)?, gate, nw, shift, scale, eps)
+    }
     fn rms_norm_modulate_fp8(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<fp8_act::Quantized> {
         self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_with(x, w, shift, scale, eps, "moss"))
     }
