@@ -25,6 +25,8 @@
 #define DIT_SITU_GEMM_COLS 128
 // K a pipeline stage: 64 bf16, one 128-byte swizzled row (K must be a multiple of it).
 #define DIT_SITU_GEMM_KTILE 64
+// K a stage of the e4m3 form (moss_dit_linear_situ_glu_fp8): 128 codes, the same 128-byte row.
+#define DIT_SITU_GEMM_KTILE_FP8 128
 // Its threads: a producer warpgroup (TMA) and two consumer warpgroups (wgmma, 64 rows each).
 #define DIT_SITU_GEMM_THREADS 384
 // Bytes of a pipeline stage: the x tile and the up and gate tiles of W, (128 + 2 x 128) rows x 64 bf16.

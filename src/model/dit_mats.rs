@@ -185,6 +185,7 @@ impl<B: DitOps> Matrix<B> {
     pub fn forward_situ_glu(&self, b: &B, x: &Act<B>, l: MainLinears) -> Result<Act<B>> {
         match (self, x, l) {
             (Matrix::Dense(w), Act::Dense(x), MainLinears::Dense) => Ok(Act::Dense(b.linear_situ_glu(x, w)?)),
+            (Matrix::Fp8 { q, scale }, Act::Fp8 { q: xq, scale: xs }, MainLinears::Fp8) => Ok(Act::fp8(b.linear_situ_glu_fp8(xq, xs, q, scale)?)),
             _ => l.situ_glu(b, &self.forward_act(b, x)?),
         }
     }

@@ -27,8 +27,9 @@
 //   The ring's position runs on across tiles. Tile t is rows (t % ⌈M/128⌉), columns (t / ⌈M/128⌉):
 //   the blocks running together share a few W tiles in L2.
 //
-// Arguments: two CUtensorMaps (x: {K, M}, W: {K, Nw}; bf16, box {64, 128}, SWIZZLE_128B), M, the
-// column tiles, K (a multiple of 64). SHORT_K (check image): the last K step's products left out.
+// Arguments: two CUtensorMaps (x: {K, M}, W: {K, Nw}; bf16, box {64, 128}, or with FP8 e4m3 codes
+// (as bytes), box {128, 128}; SWIZZLE_128B), M, the column tiles, K (a multiple of 64, FP8 128).
+// SHORT_K (check image): the last K step's products left out.
 #pragma once
 #include "wgmma.cuh"
 #include "tma.cuh"
@@ -52,9 +53,12 @@ static_assert(X_BYTES % 1024 == 0 && W_BYTES % 1024 == 0, "every box starts 1024
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
-template <bool SHORT_K, class Tiles, class Epi>
+// FP8: x and W are e4m3 codes (`--precision fp8`), a stage 128 codes of K (the same 128-byte
+// rows), four wgmma m64n256k32 a K step; the scales are the epilogue's.
+template <bool SHORT_K, class Tiles, class Epi, bool FP8 = false>
 __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, int m, int col_tiles, int k,
                                            const Tiles& tl, Epi& epi) {
+    constexpr int BK_ELEMS = FP8 ? 2 * BK : BK;  // K elements a stage: 128 bytes either way
     extern __shared__ char smem_raw[];
     const uint32_t raw = saddr(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
@@ -64,7 +68,7 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int mt = (m + BM - 1) / BM, tiles = mt * col_tiles, nk = k / BK;
+    const int mt = (m + BM - 1) / BM, tiles = mt * col_tiles, nk = k / BK_ELEMS;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -90,9 +94,9 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
                     if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
                     const uint32_t st = base + s * STAGE_BYTES;
                     mbar_expect_tx(full(s), STAGE_BYTES);
-                    tma_load(st, tx, kt * BK, m0, full(s));
-                    tma_load(st + X_BYTES, tw, kt * BK, tl.w_row0(n0), full(s));
-                    tma_load(st + X_BYTES + W_BYTES, tw, kt * BK, tl.w_row1(n0), full(s));
+                    tma_load(st, tx, kt * BK_ELEMS, m0, full(s));
+                    tma_load(st + X_BYTES, tw, kt * BK_ELEMS, tl.w_row0(n0), full(s));
+                    tma_load(st + X_BYTES + W_BYTES, tw, kt * BK_ELEMS, tl.w_row1(n0), full(s));
                 }
             }
         }
@@ -117,9 +121,13 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
             wg_fence();
             if (!SHORT_K || kt + 1 < nk) {
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; kk++)  // 16 bf16 = 32 bytes along the swizzled row
-                    wgmma_ss_n256(acc, desc(st + c * 64 * 128 + kk * 32, 16, 1024), desc(st + X_BYTES + kk * 32, 16, 1024),
-                                  kt > 0 || kk > 0);
+                for (int kk = 0; kk < 4; kk++) {  // 32 bytes along the swizzled row: 16 bf16, 32 e4m3
+                    const uint64_t da = desc(st + c * 64 * 128 + kk * 32, 16, 1024), db = desc(st + X_BYTES + kk * 32, 16, 1024);
+                    if (FP8)
+                        wgmma_ss_n256_e4m3(acc, da, db, kt > 0 || kk > 0);
+                    else
+                        wgmma_ss_n256(acc, da, db, kt > 0 || kk > 0);
+                }
             }
             wg_commit();
             // the previous k-step's products are done: its stage goes back to the producer

@@ -68,4 +68,13 @@ __device__ __forceinline__ void wgmma_ss_n256(float (&d)[128], uint64_t da, uint
         : MOSS_WG_D64(0), MOSS_WG_D64(64)
         : "l"(da), "l"(db), "r"(accumulate));
 }
+// The e4m3 form (`--precision fp8`): d += A * B over 32 codes of K (32 bytes, as the bf16 form's
+// 16 values), both K-major in shared memory; 8-bit operands take no transpose immediates.
+__device__ __forceinline__ void wgmma_ss_n256_e4m3(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" MOSS_WG_R128 "}, %128, %129, p, 1, 1;\n}\n"
+        : MOSS_WG_D64(0), MOSS_WG_D64(64)
+        : "l"(da), "l"(db), "r"(accumulate));
+}
 }  // namespace moss_wg

@@ -180,6 +180,16 @@ pub trait DitOps: Backend {
         self.quantize_rows(&self.situ_glu(x)?)
     }
 
+    /// [`DitOps::linear_situ_glu`] at fp8: the quantized rows `xq`, `xs` times the `[up ; gate]`
+    /// codes `wq [2F, K]`, `ws [2F]` ([`Backend::linear_fp8_quantized`]), then SiTU-GLU quantized
+    /// per row for the down projection → `(codes [N, F], scales [N])`. The default is
+    /// `situ_glu_fp8(linear_fp8_quantized(..))`; a backend may put SiTU in the product's epilogue
+    /// (CUDA on Hopper: the `[N, 2F]` product is never written; the SiTU output, rounded as the
+    /// unfused path rounds it, is then quantized).
+    fn linear_situ_glu_fp8(&self, xq: &Self::T, xs: &Self::T, wq: &Self::T, ws: &Self::T) -> Result<(Self::T, Self::T)> {
+        self.situ_glu_fp8(&self.linear_fp8_quantized(xq, xs, wq, ws)?)
+    }
+
     /// Gated residual: `x [N, D]`, `y [N, D]`, `gate [D]` → `x + y · gate` (raw gate: no tanh,
     /// no `1 +`).
     fn gated_residual(&self, x: &Self::T, y: &Self::T, gate: &Self::T) -> Result<Self::T>;

@@ -14,6 +14,7 @@ pub mod gates;
 pub mod linear_gated_residual;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
+pub mod linear_situ_glu_fp8;
 pub mod lora;
 pub mod tensor;
 pub mod vae;

@@ -2,9 +2,11 @@
 //! out: on Hopper our own GEMM with SiTU in its epilogue (`cuda/dit/sm90a/linear_situ_glu.cu`:
 //! TMA + wgmma, the `[M, 2F]` product never written) where the shape qualifies
 //! ([`situ_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
-//! `situ_glu`, each timed under its own name.
+//! `situ_glu`, each timed under its own name. At fp8 ([`DitOps::linear_situ_glu_fp8`]) the same
+//! GEMM on e4m3 codes (`moss_dit_linear_situ_glu_fp8`), its bf16 output then quantized per row;
+//! elsewhere `linear_fp8_quantized` + `situ_glu_fp8`.
 
-use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
+use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -37,23 +39,27 @@ pub fn situ_gemm_shape(x: &CudaTensor, w: &CudaTensor) -> Option<(usize, usize, 
     situ_gemm_dims(&x.shape, &w.shape).filter(|_| ok)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::situ_gemm_dims;
+/// The e4m3 form's kernel (the check image also has `{SITU_FP8_KERNEL}_swapped_control` and
+/// `{SITU_FP8_KERNEL}_short_k_control`), launched as [`SITU_KERNEL`].
+pub const SITU_FP8_KERNEL: &str = "moss_dit_linear_situ_glu_fp8";
 
-    #[test]
-    fn takes_the_dit_shape_and_refuses_the_rest() {
-        assert_eq!(situ_gemm_dims(&[4224, 3072], &[16384, 3072]), Some((4224, 3072, 8192)));
-        assert_eq!(situ_gemm_dims(&[2, 77, 128], &[256, 128]), Some((154, 128, 128)));
-        assert_eq!(situ_gemm_dims(&[0, 64], &[256, 64]), Some((0, 64, 128)));
-        assert_eq!(situ_gemm_dims(&[77, 96], &[256, 96]), None, "K not a multiple of 64");
-        assert_eq!(situ_gemm_dims(&[77, 128], &[384, 128]), None, "F = 192, not a multiple of 128");
-        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 192]), None, "K of x and w differ");
-        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 128, 1]), None, "w not 2-D");
-        assert_eq!(situ_gemm_dims(&[], &[256, 128]), None);
-        assert_eq!(situ_gemm_dims(&[77, 0], &[256, 0]), None, "K = 0");
-        assert_eq!(situ_gemm_dims(&[1 << 31, 64], &[256, 64]), None, "rows past 32-bit indices");
-    }
+/// [`situ_gemm_dims`] for the e4m3 form: K also a multiple of 128 (a stage's 128 codes).
+pub fn situ_gemm_fp8_dims(x: &[usize], w: &[usize]) -> Option<(usize, usize, usize)> {
+    situ_gemm_dims(x, w).filter(|&(_, k, _)| k.is_multiple_of(DIT_SITU_GEMM_KTILE_FP8))
+}
+
+/// [`situ_gemm_fp8_dims`] of e4m3 codes `xq [M, K]`, `wq [2F, K]` (16-byte aligned) with their f32
+/// row scales `xs [M]`, `ws [2F]`; `None`: the op is `linear_fp8_quantized` + `situ_glu_fp8`.
+fn situ_gemm_fp8_shape(xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Option<(usize, usize, usize)> {
+    let ok = xq.dtype == DType::F8E4M3
+        && wq.dtype == DType::F8E4M3
+        && xs.dtype == DType::F32
+        && ws.dtype == DType::F32
+        && xq.shape.len() == 2
+        && xq.ptr().is_multiple_of(16)
+        && wq.ptr().is_multiple_of(16)
+        && ws.ptr().is_multiple_of(8);
+    situ_gemm_fp8_dims(&xq.shape, &wq.shape).filter(|&(m, _, f)| ok && xs.numel() == m && ws.numel() == 2 * f)
 }
 
 impl Cuda {
@@ -94,5 +100,69 @@ impl Cuda {
             }
             None => self.situ_glu(&self.linear(x, w, None)?),
         }
+    }
+}
+
+impl Cuda {
+    /// The e4m3 kernel `name` ([`SITU_FP8_KERNEL`] or a check-image twin) on codes `xq [M, K]`,
+    /// `wq [2F, K]` and their row scales → the SiTU output `[M, F]` bf16: min(SMs, tiles) blocks.
+    pub(crate) fn linear_situ_glu_fp8_fused(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, name: &str) -> Result<CudaTensor> {
+        let (m, k, f) = situ_gemm_fp8_shape(xq, xs, wq, ws).ok_or_else(|| {
+            anyhow!("linear_situ_glu_fp8: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", xq.shape, xq.dtype, wq.shape, wq.dtype)
+        })?;
+        ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
+        let out = self.alloc(DType::BF16, &[m, f])?;
+        if m == 0 {
+            return Ok(out);
+        }
+        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count().max(1));
+        let (bk, rows) = (DIT_SITU_GEMM_KTILE_FP8 as u32, DIT_SITU_GEMM_ROWS as u32);
+        let tx = tensor_map_2d(xq.ptr(), DType::F8E4M3, k, m, k, bk, rows)?;
+        let tw = tensor_map_2d(wq.ptr(), DType::F8E4M3, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
+        let mut args = vec![Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw))];
+        args.extend([&out, xs, ws].map(|t| Arg::P(t.ptr())));
+        args.extend([m, f, k].map(|v| Arg::I(v as i32)));
+        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
+        Ok(out)
+    }
+
+    /// [`DitOps::linear_situ_glu_fp8`]: the e4m3 kernel where the sm_90a kernels are loaded and
+    /// the shape qualifies (profile rows `linear_situ_glu_fp8 MxKxN`, N = 2F, and `quantize_fp8
+    /// MxF`), else `linear_fp8_quantized` + `situ_glu_fp8`.
+    pub(crate) fn linear_situ_glu_fp8_op(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        match situ_gemm_fp8_shape(xq, xs, wq, ws).filter(|_| self.has_sm90a()) {
+            Some((m, k, f)) => {
+                let run = || self.linear_situ_glu_fp8_fused(xq, xs, wq, ws, SITU_FP8_KERNEL);
+                let situ = self.timed_op(|| format!("linear_situ_glu_fp8 {m}x{k}x{}", 2 * f), run)?;
+                self.timed_op(|| format!("quantize_fp8 {m}x{f}"), || self.quantize_fp8_with(&situ, "moss_quantize_fp8"))
+            }
+            None => self.situ_glu_fp8(&self.linear_fp8_quantized(xq, xs, wq, ws)?),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{situ_gemm_dims, situ_gemm_fp8_dims};
+
+    #[test]
+    fn the_e4m3_form_needs_k_in_128s() {
+        assert_eq!(situ_gemm_fp8_dims(&[4224, 3072], &[16384, 3072]), Some((4224, 3072, 8192)));
+        assert_eq!(situ_gemm_fp8_dims(&[77, 192], &[256, 192]), None, "K 192: a multiple of 64, not of 128");
+        assert_eq!(situ_gemm_dims(&[77, 192], &[256, 192]), Some((77, 192, 128)), "the bf16 form takes it");
+    }
+
+    #[test]
+    fn takes_the_dit_shape_and_refuses_the_rest() {
+        assert_eq!(situ_gemm_dims(&[4224, 3072], &[16384, 3072]), Some((4224, 3072, 8192)));
+        assert_eq!(situ_gemm_dims(&[2, 77, 128], &[256, 128]), Some((154, 128, 128)));
+        assert_eq!(situ_gemm_dims(&[0, 64], &[256, 64]), Some((0, 64, 128)));
+        assert_eq!(situ_gemm_dims(&[77, 96], &[256, 96]), None, "K not a multiple of 64");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[384, 128]), None, "F = 192, not a multiple of 128");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 192]), None, "K of x and w differ");
+        assert_eq!(situ_gemm_dims(&[77, 128], &[256, 128, 1]), None, "w not 2-D");
+        assert_eq!(situ_gemm_dims(&[], &[256, 128]), None);
+        assert_eq!(situ_gemm_dims(&[77, 0], &[256, 0]), None, "K = 0");
+        assert_eq!(situ_gemm_dims(&[1 << 31, 64], &[256, 64]), None, "rows past 32-bit indices");
     }
 }
