@@ -5,8 +5,8 @@
 //! and for other shapes and fp32, cuBLASLt `linear` then `gated_residual`. The stream `x` (and the
 //! output) may be bf16 or f32 (the bf16 forward's f32 residual stream: the `_f32` kernel).
 
-use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
-use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
@@ -54,13 +54,9 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (d / DIT_QKV_GEMM_COLS)).min(self.sm_count().max(1));
-        let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
-        let ta = tensor_map_2d(a.ptr(), DType::BF16, k, m, k, bk, rows)?;
-        let tw = tensor_map_2d(w.ptr(), DType::BF16, k, d, k, bk, rows)?;
-        let (maps, ptrs) = ([ta, tw].map(|t| Arg::Map(Box::new(t))), [&out, x, gate].map(|t| Arg::P(t.ptr())));
-        let args: Vec<Arg> = maps.into_iter().chain(ptrs).chain([m, d, k].map(|v| Arg::I(v as i32))).collect();
-        self.launch(&name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (d / DIT_QKV_GEMM_COLS);
+        let args = [&out, x, gate].map(|t| Arg::P(t.ptr())).into_iter().chain([m, d, k].map(|v| Arg::I(v as i32))).collect();
+        self.launch_gemm_tiles(&name, (a, w), (m, d, k), tiles, args)?;
         Ok(out)
     }
 

@@ -5,8 +5,8 @@
 //! ([`qkv_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `qkv_norm_rope`, each timed under its own name.
 
-use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
-use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_ROWS};
+use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
@@ -81,14 +81,11 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS)).min(self.sm_count().max(1));
-        let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
-        let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
-        let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 3 * d, k, bk, HEAD_DIM as u32)?;
-        let mut args = vec![Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw)), Arg::P(out.ptr())];
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS);
+        let mut args = vec![Arg::P(out.ptr())];
         args.extend([wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())));
         args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
-        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
+        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, args)?;
         Ok(out)
     }
 

@@ -63,6 +63,21 @@ fn situ_gemm_fp8_shape(xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &C
 }
 
 impl Cuda {
+    /// Launch a kernel on `cuda/common/sm90a/gemm_tile.cuh`'s GEMM: `x [M, K]` and `W [Nw, K]` (of
+    /// one dtype: bf16, or e4m3 codes) as its two TMA maps (boxes of 128 bytes of K by 128 rows,
+    /// 128-byte swizzle), then `args`; `tiles` output tiles on the persistent grid (min(SMs,
+    /// tiles) blocks of [`DIT_SITU_GEMM_THREADS`] threads, [`DIT_SITU_GEMM_SMEM`] bytes).
+    pub(crate) fn launch_gemm_tiles(&self, name: &str, (x, w): (&CudaTensor, &CudaTensor), (m, nw, k): (usize, usize, usize), tiles: usize, args: Vec<Arg>) -> Result<()> {
+        let (bk, rows) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32);
+        let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows)?;
+        let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
+        let all: Vec<Arg> = [tx, tw].map(|t| Arg::Map(Box::new(t))).into_iter().chain(args).collect();
+        let blocks = tiles.min(self.sm_count().max(1));
+        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &all)
+    }
+}
+
+impl Cuda {
     /// The fused kernel `name` ([`SITU_KERNEL`] or a check-image twin) on `x [.., K]`, `w [2F, K]`
     /// → `[.., F]` bf16: min(SMs, tiles) blocks.
     pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str) -> Result<CudaTensor> {
@@ -76,17 +91,9 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count().max(1));
-        let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
-        let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
-        let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
-        self.launch(
-            name,
-            blocks as u32,
-            DIT_SITU_GEMM_THREADS as u32,
-            DIT_SITU_GEMM_SMEM as u32,
-            &[Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw)), Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)],
-        )?;
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
+        let args = vec![Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)];
+        self.launch_gemm_tiles(name, (x, w), (m, 2 * f, k), tiles, args)?;
         Ok(out)
     }
 
@@ -115,14 +122,9 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count().max(1));
-        let (bk, rows) = (DIT_SITU_GEMM_KTILE_FP8 as u32, DIT_SITU_GEMM_ROWS as u32);
-        let tx = tensor_map_2d(xq.ptr(), DType::F8E4M3, k, m, k, bk, rows)?;
-        let tw = tensor_map_2d(wq.ptr(), DType::F8E4M3, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
-        let mut args = vec![Arg::Map(Box::new(tx)), Arg::Map(Box::new(tw))];
-        args.extend([&out, xs, ws].map(|t| Arg::P(t.ptr())));
-        args.extend([m, f, k].map(|v| Arg::I(v as i32)));
-        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &args)?;
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
+        let args = [&out, xs, ws].map(|t| Arg::P(t.ptr())).into_iter().chain([m, f, k].map(|v| Arg::I(v as i32))).collect();
+        self.launch_gemm_tiles(name, (xq, wq), (m, 2 * f, k), tiles, args)?;
         Ok(out)
     }
 
