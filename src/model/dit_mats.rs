@@ -159,8 +159,9 @@ impl<B: DitOps> Matrix<B> {
         }
     }
 
-    /// `qkv_norm_rope(x · Wᵀ, ..)` (`W`'s rows `[q ; k ; v]`, [`DitOps::qkv_norm_rope`]): one
-    /// fused op where dense ([`DitOps::linear_qkv_norm_rope`]), else the product, then the norm.
+    /// `qkv_norm_rope(x · Wᵀ, ..)` (`W`'s rows `[q ; k ; v]`, [`DitOps::qkv_norm_rope`]): one op
+    /// where dense ([`DitOps::linear_qkv_norm_rope`]) or float8 with a quantized `x`
+    /// ([`DitOps::linear_qkv_norm_rope_fp8`]), else the product, then the norm.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_qkv_norm_rope(
         &self,
@@ -175,6 +176,7 @@ impl<B: DitOps> Matrix<B> {
     ) -> Result<B::T> {
         match (self, x) {
             (Matrix::Dense(w), Act::Dense(x)) => b.linear_qkv_norm_rope(x, w, wq, wk, cos, sin, heads, eps),
+            (Matrix::Fp8 { q, scale }, Act::Fp8 { q: xq, scale: xs }) => b.linear_qkv_norm_rope_fp8((xq, xs), (q, scale), wq, wk, cos, sin, heads, eps),
             _ => b.qkv_norm_rope(self.forward_act(b, x)?, heads, wq, wk, cos, sin, eps),
         }
     }

@@ -20,6 +20,9 @@
 // Launch: 1-D grid of min(SMs, ⌈M/128⌉ · 3D/256) blocks, DIT_SITU_GEMM_THREADS threads,
 // DIT_SITU_GEMM_SMEM bytes of dynamic shared memory. Requires D % 256 == 0, K % 64 == 0 (the host
 // checks). BUG 1 (check image): k normed with q's weight; BUG 2: the rotation's sign flipped.
+// The e4m3 form (`moss_dit_linear_qkv_norm_rope_fp8`, `--precision fp8`): x and W are e4m3 codes
+// with f32 row scales xs [M], ws [3D] (maps of bytes, box {128, 128}; K % 128 == 0), the products
+// scaled by both before the bf16 rounding; the rest as above.
 #include "sm90a/gemm_tile.cuh"
 #include "../launch.h"
 
@@ -39,7 +42,9 @@ struct TwoHeadTiles {
     __device__ __forceinline__ int w_row1(int n0) const { return 2 * n0 + HD; }
 };
 
-template <int BUG>
+// FP8: the products are of e4m3 codes, each scaled by its x row's and its W row's scale (xs [M],
+// ws [3D]) first, as the unfused fp8 linear's output is before its bf16 rounding.
+template <int BUG, bool FP8 = false>
 struct NormRopeEpilogue {
     __nv_bfloat16* __restrict__ out;
     const __nv_bfloat16* __restrict__ wq;
@@ -48,11 +53,24 @@ struct NormRopeEpilogue {
     const __nv_bfloat16* __restrict__ sn;
     int m, d;
     float eps;
+    const float* __restrict__ xs = nullptr;
+    const float* __restrict__ ws = nullptr;
     __device__ __forceinline__ void operator()(float (&acc)[128], int m0, int n0, int c, char* wg_rows) {
         const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3, warp = wtid >> 5;
         const int col0 = 2 * n0, part = col0 / d;  // 0 q, 1 k, 2 v
         const __nv_bfloat16* w = (part == 0 || BUG == 1) ? wq : wk;
+        if (FP8) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                // rows past M: scaled by the last row's scale, never stored
+                const float sx = xs[min(m0 + 64 * c + 16 * warp + g + 8 * r, m - 1)];
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) acc[4 * i + 2 * r + e] *= sx * __ldg(ws + col0 + 8 * i + 2 * t + e);
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             named_sync128(1 + c);  // the previous stores have read the staging rows
@@ -107,6 +125,15 @@ __device__ __forceinline__ void linear_qkv(const TmaMap* tx, const TmaMap* tw, _
     NormRopeEpilogue<BUG> epi{out, wq, wk, cs, sn, m, d, eps};
     gemm_tiles<false>(tx, tw, m, 3 * d / (2 * HD), k, TwoHeadTiles{}, epi);
 }
+// The e4m3 form: x and W codes (TMA maps of bytes, box {128, 128}), their row scales, K % 128 == 0.
+template <int BUG>
+__device__ __forceinline__ void linear_qkv_fp8(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out,
+                                               const float* xs, const float* ws, const __nv_bfloat16* wq,
+                                               const __nv_bfloat16* wk, const __nv_bfloat16* cs, const __nv_bfloat16* sn,
+                                               int m, int d, int k, float eps) {
+    NormRopeEpilogue<BUG, true> epi{out, wq, wk, cs, sn, m, d, eps, xs, ws};
+    gemm_tiles<false, TwoHeadTiles, NormRopeEpilogue<BUG, true>, true>(tx, tw, m, 3 * d / (2 * HD), k, TwoHeadTiles{}, epi);
+}
 }  // namespace moss_qkv
 
 #define MOSS_QKV_GEMM_KERNEL(NAME, BUG)                                                                           \
@@ -121,3 +148,15 @@ __device__ __forceinline__ void linear_qkv(const TmaMap* tx, const TmaMap* tw, _
 MOSS_PRODUCTION(MOSS_QKV_GEMM_KERNEL(moss_dit_linear_qkv_norm_rope, 0))
 MOSS_CONTROL(MOSS_QKV_GEMM_KERNEL(moss_dit_linear_qkv_norm_rope_k_weight_control, 1))
 MOSS_CONTROL(MOSS_QKV_GEMM_KERNEL(moss_dit_linear_qkv_norm_rope_sign_control, 2))
+
+#define MOSS_QKV_GEMM_FP8_KERNEL(NAME, BUG)                                                                         \
+    MOSS_KERNEL void __launch_bounds__(moss_gemm::THREADS, 1)                                                     \
+        NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,             \
+             __nv_bfloat16* out, const float* xs, const float* ws, const __nv_bfloat16* wq, const __nv_bfloat16* wk, \
+             const __nv_bfloat16* cs, const __nv_bfloat16* sn, int m, int d, int k, float eps) {                 \
+        moss_qkv::linear_qkv_fp8<BUG>(&tx, &tw, out, xs, ws, wq, wk, cs, sn, m, d, k, eps);                      \
+    }
+
+MOSS_PRODUCTION(MOSS_QKV_GEMM_FP8_KERNEL(moss_dit_linear_qkv_norm_rope_fp8, 0))
+MOSS_CONTROL(MOSS_QKV_GEMM_FP8_KERNEL(moss_dit_linear_qkv_norm_rope_fp8_k_weight_control, 1))
+MOSS_CONTROL(MOSS_QKV_GEMM_FP8_KERNEL(moss_dit_linear_qkv_norm_rope_fp8_sign_control, 2))

@@ -66,6 +66,7 @@ pub fn launch_configs() -> Vec<(String, usize, Picked)> {
     v.push((dit::SITU_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::SITU_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::QKV_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
+    v.push((dit::QKV_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::GRES_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push(("moss_enc_fattn_bf16".into(), encoder::FLASH_SMEM as usize, Picked::Everywhere));
     v.push(("moss_enc_fattn_wg_bf16".into(), encoder::FLASH_WG_SMEM as usize, Picked::Hopper));

@@ -120,6 +120,24 @@ pub trait DitOps: Backend {
         self.qkv_norm_rope(self.linear(x, w, None)?, heads, wq, wk, cos, sin, eps)
     }
 
+    /// [`DitOps::linear_qkv_norm_rope`] at fp8: the quantized rows `x = (codes, scales)` times
+    /// the `[q ; k ; v]` codes and row scales `w` ([`Backend::linear_fp8_quantized`]), then
+    /// `qkv_norm_rope`. A backend may fuse the two (CUDA on Hopper); the default runs them in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_qkv_norm_rope_fp8(
+        &self,
+        x: (&Self::T, &Self::T),
+        w: (&Self::T, &Self::T),
+        wq: &Self::T,
+        wk: &Self::T,
+        cos: &Self::T,
+        sin: &Self::T,
+        heads: usize,
+        eps: f64,
+    ) -> Result<Self::T> {
+        self.qkv_norm_rope(self.linear_fp8_quantized(x.0, x.1, w.0, w.1)?, heads, wq, wk, cos, sin, eps)
+    }
+
     /// [`DitOps::gated_residual`] of the bias-free linear `a [N, K] · wᵀ`, `w [D, K]`:
     /// `x + gate ⊙ linear(a, w, None)` → `[N, D]`, the product rounded to the activation dtype as
     /// the two ops round it. A backend may fuse the two (CUDA on Hopper: the product is never

@@ -5,7 +5,8 @@
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use super::linear_situ_glu::pick_rows;
-use crate::backend::cuda::dit::QKV_KERNEL;
+use super::linear_situ_glu_fp8::quantized;
+use crate::backend::cuda::dit::{QKV_FP8_KERNEL, QKV_KERNEL};
 use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -14,7 +15,7 @@ use crate::tensor::Tensor;
 use anyhow::Result;
 
 /// The gate, in table order.
-pub const GATES: &[(&str, GateFn)] = &[("dit linear_qkv_norm_rope", gate_linear_qkv)];
+pub const GATES: &[(&str, GateFn)] = &[("dit linear_qkv_norm_rope", gate_linear_qkv), ("dit linear_qkv_norm_rope_fp8", gate_linear_qkv_fp8)];
 
 const EPS: f64 = 1e-6;
 
@@ -65,7 +66,7 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
             if case == 0 {
                 for (bug, what) in [("k_weight", "k normed with q's weight"), ("sign", "rotation's sign flipped")] {
                     let name = format!("{QKV_KERNEL}_{bug}_control");
-                    let out = cx.cuda.linear_qkv_norm_rope_fused(&gx, &gw, &gwq, &gwk, &gc, &gs, heads, EPS, &name);
+                    let out = cx.cuda.linear_qkv_norm_rope_fused(&gx, &gw, None, &gwq, &gwk, &gc, &gs, heads, EPS, &name);
                     cx.judge(&format!("linear_qkv_norm_rope (fused), {what}"), &s, Kind::Control, bound, &note, out, &want, rows);
                 }
             }
@@ -77,6 +78,48 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
                 let out = cu.linear(&gx, &gw, None).and_then(|u| cu.qkv_norm_rope_with(u, heads, &gwq, &gwk, &gc, &gs, EPS, "moss_ctl"));
                 let what = "linear_qkv_norm_rope (cuBLASLt + qkv_norm_rope), k normed with q's weight";
                 cx.judge(what, &s, Kind::Control, bound, &note, out, &want, rows);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The e4m3 kernel (Hopper only; elsewhere the op is `linear_fp8_quantized` + `qkv_norm_rope`,
+/// each gated on its own) at the DiT's shape and a ragged one (333 x 512 · 512 x 768, 2 heads),
+/// against the CPU twin at the unfused fp8 path's rounding points: `linear_fp8_quantized` of the
+/// same codes and scales (f64), rounded to bf16, then `qkv_norm_rope`. The kernel keeps a tile's
+/// whole K in the tensor cores' accumulator (~1e-4 on these sums). Controls (DiT shape): k normed
+/// with q's weight, the rotation's sign flipped (the kernel's check-image twins).
+fn gate_linear_qkv_fp8(cx: &mut Cx) -> Result<()> {
+    use dit::*;
+    if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
+        return Ok(());
+    }
+    for (case, (m, k, heads)) in [(TOKENS, DIM, HEADS), (333, 512, 2)].into_iter().enumerate() {
+        let n = 3 * heads * HEAD_DIM;
+        let x = stream_rows(cx, m, k)?;
+        let (_, gx) = cx.exact(x, DType::BF16)?;
+        let (_, gw) = cx.input(&[n, k], 2.0 / (k as f64).sqrt())?;
+        let ((xq, xs), (hxq, hxs)) = quantized(cx, &gx)?;
+        let ((wq8, ws), (hwq, hws)) = quantized(cx, &gw)?;
+        let (wq, gwq) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+        let (wk, gwk) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+        let [(c, gc), (sn, gs)] = rope_tables(cx, m)?;
+        let rows = cx.rng.subset(m, if case == 0 { GEMM_REF_ROWS } else { m });
+        let hxs_rows = Tensor::new(vec![rows.len()], rows.iter().map(|&r| hxs.data[r]).collect())?;
+        let u = round_bf16(&cx.cpu.linear_fp8_quantized(&pick_rows(&hxq, &rows)?, &hxs_rows, &hwq, &hws)?);
+        let want = cx.cpu.qkv_norm_rope(u, heads, &wq, &wk, &pick_rows(&c, &rows)?, &pick_rows(&sn, &rows)?, EPS)?;
+        let s = format!("{m}x{k} · {k}x{n} (e4m3), {heads} heads");
+        let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
+        let rows = Some(&rows[..]);
+        let cu = cx.cuda.clone();
+        let run = |name: &str| cu.linear_qkv_norm_rope_fused(&xq, &wq8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS, name);
+        let out = run(QKV_FP8_KERNEL);
+        cx.judge(&format!("linear_qkv_norm_rope_fp8 ({QKV_FP8_KERNEL})"), &s, Kind::Gate, BF16_OUT, &note, out, &want, rows);
+        if case == 0 {
+            for (bug, what) in [("k_weight", "k normed with q's weight"), ("sign", "rotation's sign flipped")] {
+                let out = run(&format!("{QKV_FP8_KERNEL}_{bug}_control"));
+                cx.judge(&format!("linear_qkv_norm_rope_fp8 (fused), {what}"), &s, Kind::Control, BF16_OUT, &note, out, &want, rows);
             }
         }
     }
@@ -104,7 +147,14 @@ pub fn time_linear_qkv(cuda: &Cuda) -> Result<()> {
         println!("  fused {QKV_KERNEL}: not on this GPU (sm_90a only): the op runs the pair");
         return Ok(());
     }
-    let ms = timed(&|| c.linear_qkv_norm_rope_fused(&x, &w, &wq, &wk, &cs, &sn, HEADS, EPS, QKV_KERNEL))?;
+    let ms = timed(&|| c.linear_qkv_norm_rope_fused(&x, &w, None, &wq, &wk, &cs, &sn, HEADS, EPS, QKV_KERNEL))?;
     println!("  fused {QKV_KERNEL} (persistent): {ms:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms), pair / ms);
+    // e4m3 (`--precision fp8`): cuBLASLt's fp8 product + qkv_norm_rope against the e4m3 kernel
+    let c8 = cuda.with_precision(Precision::Fp8);
+    let ((xq, xs), (w8, ws)) = (c8.quantize_fp8_with(&x, "moss_quantize_fp8")?, c8.quantize_fp8_with(&w, "moss_quantize_fp8")?);
+    let timed8 = |f: &dyn Fn() -> Result<CudaTensor>| time_ms(&c8, 3, 10, || f().map(|_| ()));
+    let pair8 = timed8(&|| c8.qkv_norm_rope(c8.linear_fp8_quantized(&xq, &xs, &w8, &ws)?, HEADS, &wq, &wk, &cs, &sn, EPS))?;
+    let ms8 = timed8(&|| c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &wq, &wk, &cs, &sn, HEADS, EPS, QKV_FP8_KERNEL))?;
+    println!("  e4m3: linear_fp8_quantized + qkv_norm_rope {pair8:.4} ms; fused {QKV_FP8_KERNEL} {ms8:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms8), pair8 / ms8);
     Ok(())
 }

@@ -20,7 +20,7 @@ pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu_fp8", gate_linear_s
 
 /// `x` and `w` quantized per row on the GPU (`moss_quantize_fp8`): the codes and scales on the
 /// device, and their values on the host (codes as their e4m3 values, scales f32).
-fn quantized(cx: &Cx, x: &CudaTensor) -> Result<((CudaTensor, CudaTensor), (Tensor, Tensor))> {
+pub(crate) fn quantized(cx: &Cx, x: &CudaTensor) -> Result<((CudaTensor, CudaTensor), (Tensor, Tensor))> {
     let (q, s) = cx.cuda.quantize_fp8_with(x, "moss_quantize_fp8")?;
     let host = (cx.cuda.download(&q)?, cx.cuda.download(&s)?);
     Ok(((q, s), host))

@@ -21,7 +21,7 @@ mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 pub use linear_gated_residual::GRES_KERNEL;
-pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_KERNEL};
+pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::plan::MemoryPlan;
@@ -560,6 +560,19 @@ impl DitOps for Cuda {
             return Ok((x, n));
         }
         self.gated_residual_norm_modulate(x, &self.linear(a, w, None)?, gate, nw, shift, scale, eps)
+    }
+    fn linear_qkv_norm_rope_fp8(
+        &self,
+        x: (&CudaTensor, &CudaTensor),
+        w: (&CudaTensor, &CudaTensor),
+        wq: &CudaTensor,
+        wk: &CudaTensor,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        heads: usize,
+        eps: f64,
+    ) -> Result<CudaTensor> {
+        self.linear_qkv_norm_rope_fp8_op(x, w, wq, wk, cos, sin, heads, eps)
     }
     fn linear_situ_glu_fp8(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<fp8_act::Quantized> {
         self.linear_situ_glu_fp8_op(xq, xs, wq, ws)
