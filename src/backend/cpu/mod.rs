@@ -269,6 +269,7 @@ impl Backend for Cpu {
     }
 }
 
+pub mod attention_fp8;
 pub mod dit;
 pub mod encoder;
 pub mod vae;

@@ -13,6 +13,7 @@
 //! into `[N, H, hd]`). Scores are chunked by heads (and query rows) to stay under
 //! [`ATTN_SCORE_BUDGET`]. A fused flash kernel would remove the score traffic.
 
+pub mod attention_fp8;
 pub mod flash_attention;
 pub mod linear_gated_residual;
 pub mod linear_qkv_norm_rope;
@@ -503,6 +504,13 @@ impl DitOps for Cuda {
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
         self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
+    }
+    /// On Hopper the e4m3 kernels where [`Cuda::takes_attention_fp8`]; else `attention_packed`.
+    fn attention_packed_fp8(&self, qkv: &CudaTensor, heads: usize, scale: f64, wq: &CudaTensor, wk: &CudaTensor) -> Result<CudaTensor> {
+        if self.takes_attention_fp8(qkv, heads, wq, wk) {
+            return self.prof("attention", || self.attention_fp8(qkv, heads, scale, wq, wk));
+        }
+        self.attention_packed(qkv, heads, scale)
     }
     fn gated_residual_norm_modulate(
         &self,

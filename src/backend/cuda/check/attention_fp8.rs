@@ -1,0 +1,127 @@
+//! Gates of the e4m3 attention (`--precision fp8` on Hopper, [`crate::backend::cuda::dit::attention_fp8`])
+//! against its CPU twin [`crate::backend::cpu::attention_fp8`], on a QK-normed and rotated packed
+//! projection at the DiT's shapes (N = 4224 and 4108: a partial last tile):
+//! - `moss_dit_attention_fp8_operands`: every q, k and V^T code and every scale bit for bit (QK-norm
+//!   weights bf16 and f32); control: codes rounded toward zero.
+//! - `moss_dit_flash_attention_fp8` on the GPU's operands against the twin's attention on its own
+//!   (equal: the row above) operands, 32 query rows plus the last: [`FP8_ATTENTION`]. Controls: the
+//!   planted kernel (running output not rescaled) and the real kernel without 1/√hd.
+//!
+//! Not on GPUs without the sm_90a kernels (they run the bf16 attention at fp8).
+
+use super::dit_ops::{stream_rows, uniform_vec};
+use super::gates::*;
+use crate::backend::cpu::attention_fp8 as twin;
+use crate::backend::cuda::dit::attention_fp8::{FLASH_FP8_CONTROL, FLASH_FP8_KERNEL, OPERANDS_CONTROL, OPERANDS_KERNEL};
+use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
+use crate::backend::ops::DitOps;
+use crate::backend::Backend;
+use crate::fp8::e4m3_to_f32;
+use crate::tensor::Tensor;
+use anyhow::{ensure, Result};
+
+pub const GATES: &[(&str, GateFn)] = &[("dit attention fp8", gate_attention_fp8)];
+
+/// The GPU's e4m3 attention against the twin on equal codes and scales. What differs: the
+/// exponentials (ex2.approx against f64), the FP8 tensor cores' ~14-bit accumulation of the scores
+/// and of P·V, f32 sums, so a few P codes that sit on a rounding boundary of 256·p round the other
+/// way (1/16 of that probability each), and the bf16 output (BF16_OUT). A control is O(1).
+pub const FP8_ATTENTION: f64 = 1e-2;
+
+/// The packed projection `[n, 3·D]` as the DiT's attention gets it: q and k QK-normed (weights
+/// in [0.5, 1.5]) and rotated, in bf16; with the weights (CPU values, GPU in `wdt`).
+fn normed_qkv(cx: &mut Cx, n: usize, wdt: DType) -> Result<(Tensor, CudaTensor, [(Tensor, CudaTensor); 2])> {
+    use dit::*;
+    let half = HEAD_DIM / 2;
+    let x = stream_rows(cx, n * 3 * HEADS, HEAD_DIM)?;
+    let x = Tensor::new(vec![n, 3 * DIM], x.data)?;
+    let (wq, _) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+    let (wk, _) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+    let theta: Vec<f64> = (0..n * half).map(|_| cx.rng.uniform() * 200.0 - 100.0).collect();
+    let c = Tensor::new(vec![n, half], theta.iter().map(|t| t.cos() as f32).collect())?;
+    let s = Tensor::new(vec![n, half], theta.iter().map(|t| t.sin() as f32).collect())?;
+    let normed = cx.cpu.qkv_norm_rope(x, HEADS, &wq, &wk, &c, &s, 1e-6)?;
+    let (qkv, gqkv) = cx.exact(normed, DType::BF16)?;
+    Ok((qkv, gqkv, [cx.exact(wq, wdt)?, cx.exact(wk, wdt)?]))
+}
+
+/// (codes that differ, scales that differ) of the GPU's operands against the twin's.
+fn operand_mismatches(cu: &Cuda, o: Result<crate::backend::cuda::dit::attention_fp8::Fp8Operands>, want: &twin::Operands) -> Result<(usize, usize)> {
+    let o = o?;
+    cu.sync()?;
+    let val = |c: &[u8]| c.iter().map(|&x| e4m3_to_f32(x)).collect::<Vec<f32>>();
+    let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len());
+    let mut codes = 0;
+    for (g, w) in [(&o.q, &want.q), (&o.k, &want.k), (&o.vt, &want.vt())] {
+        codes += differ(&val(&cu.download_bytes(g)?), &val(w));
+    }
+    let scales = cu.download(&o.scales)?;
+    ensure!(scales.data.len() == want.scales.len(), "attention_fp8: {} scales, the twin {}", scales.data.len(), want.scales.len());
+    Ok((codes, differ(&scales.data, &want.scales)))
+}
+
+fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
+    use dit::*;
+    if cx.dtype != DType::BF16 {
+        return Ok(()); // fp8 activations are bf16
+    }
+    if !cx.cuda.has_sm90a() {
+        println!("  dit attention fp8: no sm_90a kernels on this GPU/build; not gated (not used either: --precision fp8 runs the bf16 attention)");
+        return Ok(());
+    }
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    for (n, wdt) in [(TOKENS, DType::BF16), (IMG + 12, DType::F32)] {
+        let (qkv, gqkv, [(wq, gwq), (wk, gwk)]) = normed_qkv(cx, n, wdt)?;
+        let want = twin::operands(&qkv, HEADS, &wq, &wk)?;
+        let s = format!("{} (QK-norm {})", shape_str(&[&[n, 3 * DIM]]), wdt.name());
+        let total = 3 * n * DIM + want.scales.len();
+        for (kind, kernel, what) in [
+            (Kind::Gate, OPERANDS_KERNEL, "attention_fp8 operands (q, k, V^T codes + scales, bit-exact)"),
+            (Kind::Control, OPERANDS_CONTROL, "attention_fp8 operands rounding toward zero"),
+        ] {
+            let out = cx.cuda.attention_fp8_operands_with(&gqkv, HEADS, &gwq, &gwk, kernel);
+            let (error, note) = match operand_mismatches(&cx.cuda, out, &want) {
+                Ok((c, sc)) => ((c + sc) as f64 / total as f64, format!("{c} codes, {sc} scales differ")),
+                Err(e) => (f64::NAN, format!("[error: {e:#}]")),
+            };
+            cx.judge_value(what, &s, kind, EXACT, &note, error);
+        }
+        let mut rows = cx.rng.subset(n - 1, ATTN_REF_ROWS);
+        rows.push(n - 1);
+        let twin_out = twin::attention_rows(&want, scale, &rows)?;
+        let note = format!("CPU twin on {} of {n} query rows", rows.len());
+        let cu = cx.cuda.clone();
+        let run = |kernel: &str, scale: f64| -> Result<CudaTensor> {
+            let o = cu.attention_fp8_operands_with(&gqkv, HEADS, &gwq, &gwk, OPERANDS_KERNEL)?;
+            cu.flash_attention_fp8_with(&o, scale, kernel)
+        };
+        cx.judge("attention_fp8 (moss_dit_flash_attention_fp8)", &s, Kind::Gate, FP8_ATTENTION, &note, run(FLASH_FP8_KERNEL, scale), &twin_out, Some(&rows));
+        cx.judge("attention_fp8: output not rescaled", &s, Kind::Control, FP8_ATTENTION, &note, run(FLASH_FP8_CONTROL, scale), &twin_out, Some(&rows));
+        cx.judge("attention_fp8 without 1/sqrt(hd)", &s, Kind::Control, FP8_ATTENTION, &note, run(FLASH_FP8_KERNEL, 1.0), &twin_out, Some(&rows));
+        // the op as the DiT calls it
+        let out = cu.attention_packed_fp8(&gqkv, HEADS, scale, &gwq, &gwk);
+        cx.judge("attention_packed_fp8 (the op)", &s, Kind::Gate, FP8_ATTENTION, &note, out, &twin_out, Some(&rows));
+    }
+    Ok(())
+}
+
+/// `moss check` timing: the e4m3 attention (operands + kernel, and the kernel alone) against the
+/// bf16 attention the other precisions run, at N = 4224.
+pub fn time_attention_fp8(c: &Cuda) -> Result<()> {
+    use dit::*;
+    if !c.has_sm90a() {
+        return Ok(());
+    }
+    let mut rng = Rng::new(11);
+    let n = TOKENS;
+    let x = c.upload_as(&Tensor::new(vec![n, 3 * DIM], rng.normals(n * 3 * DIM, 0.5))?, DType::BF16)?;
+    let w = c.upload_as(&Tensor::new(vec![HEAD_DIM], vec![1.0; HEAD_DIM])?, DType::BF16)?;
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    let flops = 4.0 * (n * n * DIM) as f64;
+    let line = |what: &str, ms: f64| println!("  attention {n}x{HEADS}x{HEAD_DIM} {what}: {ms:.4} ms  ({:.0} TFLOP/s)", flops / (ms * 1e-3) / 1e12);
+    line("bf16 (packed q|k|v)", time_ms(c, 10, 50, || c.attention_packed(&x, HEADS, scale).map(|_| ()))?);
+    line("e4m3 (operands + attention)", time_ms(c, 10, 50, || c.attention_packed_fp8(&x, HEADS, scale, &w, &w).map(|_| ()))?);
+    let o = c.attention_fp8_operands_with(&x, HEADS, &w, &w, OPERANDS_KERNEL)?;
+    line("e4m3 (attention kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_KERNEL).map(|_| ()))?);
+    Ok(())
+}
