@@ -3,7 +3,7 @@
 //! projection at the DiT's shapes (N = 4224 and 4108: a partial last tile):
 //! - `moss_dit_attention_fp8_operands`: every q, k and V^T code and every scale bit for bit (QK-norm
 //!   weights bf16 and f32); control: codes rounded toward zero.
-//! - `moss_dit_flash_attention_fp8` on the GPU's operands against the twin's attention on its own
+//! - `moss_dit_flash_attention_fp8` (and its ping-pong build) on the GPU's operands against the twin's attention on its own
 //!   (equal: the row above) operands, 32 query rows plus the last: [`FP8_ATTENTION`]. Controls: the
 //!   planted kernel (running output not rescaled) and the real kernel without 1/√hd.
 //!
@@ -12,7 +12,9 @@
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use crate::backend::cpu::attention_fp8 as twin;
-use crate::backend::cuda::dit::attention_fp8::{FLASH_FP8_CONTROL, FLASH_FP8_KERNEL, OPERANDS_CONTROL, OPERANDS_KERNEL};
+use crate::backend::cuda::dit::attention_fp8::{
+    FLASH_FP8_CONTROL, FLASH_FP8_KERNEL, FLASH_FP8_PINGPONG, FLASH_FP8_PINGPONG_CONTROL, OPERANDS_CONTROL, OPERANDS_KERNEL,
+};
 use crate::backend::cuda::ops::{Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -95,9 +97,11 @@ fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
             let o = cu.attention_fp8_operands_with(&gqkv, HEADS, &gwq, &gwk, OPERANDS_KERNEL)?;
             cu.flash_attention_fp8_with(&o, scale, kernel)
         };
-        cx.judge("attention_fp8 (moss_dit_flash_attention_fp8)", &s, Kind::Gate, FP8_ATTENTION, &note, run(FLASH_FP8_KERNEL, scale), &twin_out, Some(&rows));
-        cx.judge("attention_fp8: output not rescaled", &s, Kind::Control, FP8_ATTENTION, &note, run(FLASH_FP8_CONTROL, scale), &twin_out, Some(&rows));
-        cx.judge("attention_fp8 without 1/sqrt(hd)", &s, Kind::Control, FP8_ATTENTION, &note, run(FLASH_FP8_KERNEL, 1.0), &twin_out, Some(&rows));
+        for (kernel, control) in [(FLASH_FP8_KERNEL, FLASH_FP8_CONTROL), (FLASH_FP8_PINGPONG, FLASH_FP8_PINGPONG_CONTROL)] {
+            cx.judge(&format!("attention_fp8 ({kernel})"), &s, Kind::Gate, FP8_ATTENTION, &note, run(kernel, scale), &twin_out, Some(&rows));
+            cx.judge(&format!("{kernel}: output not rescaled"), &s, Kind::Control, FP8_ATTENTION, &note, run(control, scale), &twin_out, Some(&rows));
+            cx.judge(&format!("{kernel} without 1/sqrt(hd)"), &s, Kind::Control, FP8_ATTENTION, &note, run(kernel, 1.0), &twin_out, Some(&rows));
+        }
         // the op as the DiT calls it
         let out = cu.attention_packed_fp8(&gqkv, HEADS, scale, &gwq, &gwk);
         cx.judge("attention_packed_fp8 (the op)", &s, Kind::Gate, FP8_ATTENTION, &note, out, &twin_out, Some(&rows));
@@ -123,5 +127,6 @@ pub fn time_attention_fp8(c: &Cuda) -> Result<()> {
     line("e4m3 (operands + attention)", time_ms(c, 10, 50, || c.attention_packed_fp8(&x, HEADS, scale, &w, &w).map(|_| ()))?);
     let o = c.attention_fp8_operands_with(&x, HEADS, &w, &w, OPERANDS_KERNEL)?;
     line("e4m3 (attention kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_KERNEL).map(|_| ()))?);
+    line("e4m3 (ping-pong kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_PINGPONG).map(|_| ()))?);
     Ok(())
 }

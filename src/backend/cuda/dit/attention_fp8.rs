@@ -11,9 +11,13 @@ use crate::backend::cuda::dit::FLASH_HEAD_DIM;
 use crate::fp8::{E4M3_MAX, MIN_AMAX};
 use anyhow::{ensure, Result};
 
-/// The e4m3 attention kernel and its planted control (the running output not rescaled).
+/// The e4m3 attention kernel and its planted control (the running output not rescaled); then its
+/// ping-pong build and control, gated and timed by `moss check` against it (not taken by the op:
+/// the slower of the two is to be deleted once measured).
 pub const FLASH_FP8_KERNEL: &str = "moss_dit_flash_attention_fp8";
 pub const FLASH_FP8_CONTROL: &str = "moss_dit_flash_attention_fp8_control";
+pub const FLASH_FP8_PINGPONG: &str = "moss_dit_flash_attention_fp8_pingpong";
+pub const FLASH_FP8_PINGPONG_CONTROL: &str = "moss_dit_flash_attention_fp8_pingpong_control";
 /// The operands kernel (`_bf16` / `_f32`: the QK-norm weights' dtype) and its planted control
 /// (codes toward zero).
 pub const OPERANDS_KERNEL: &str = "moss_dit_attention_fp8_operands";
