@@ -122,27 +122,43 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float (&m)[2], floa
     }
 }
 
+// A step's scores as the overlapped loop reads them: s[4i + e] is row g + 8·(e >> 1), key
+// key0 + 8i + 2t + (e & 1); MASK 2: -inf past n (no branch), else as they are.
+template <int MASK>
+struct StepScores {
+    const float (&s)[64];
+    int key0, n, t;
+    __device__ __forceinline__ float operator()(int i, int e) const {
+        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
+        return s[4 * i + e];
+    }
+};
+
+// Row g + 8r's new running maximum (scaled by log2 e) over the step's scores; corr[r] gets the
+// factor for O and the row sum. Returns it.
+template <int MASK>
+__device__ __forceinline__ float running_max(const StepScores<MASK>& val, int r, float (&m)[2], float (&corr)[2], float sl2) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float mnew = fmaxf(m[r], mx * sl2);
+    corr[r] = ex2(m[r] - mnew);
+    m[r] = mnew;
+    return mnew;
+}
+
 // The same online softmax for the overlapped loop, reading s without writing it (ptxas waits for
 // every wgmma in flight before an accumulator register is written) and writing the bf16
 // probabilities straight into pn (the next P).
 template <int MASK>
 __device__ __forceinline__ void softmax_to_p(const float (&s)[64], uint32_t (&pn)[32], float (&m)[2], float (&l)[2],
                                              float (&corr)[2], int key0, int n, float sl2) {
-    const int t = threadIdx.x & 3;
-    auto val = [&](int i, int e) -> float {
-        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
-        return s[4 * i + e];
-    };
+    const StepScores<MASK> val{s, key0, n, (int)(threadIdx.x & 3)};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float mnew = fmaxf(m[r], mx * sl2);
-        corr[r] = ex2(m[r] - mnew);
-        m[r] = mnew;
+        const float mnew = running_max(val, r, m, corr, sl2);
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -192,22 +208,10 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a0, float a1, float b0, fl
 template <int MASK>
 __device__ __forceinline__ void softmax_to_p_e4m3(const float (&s)[64], uint32_t (&pn)[16], float (&m)[2], float (&l)[2],
                                                   float (&corr)[2], int key0, int n, float sl2) {
-    const int t = threadIdx.x & 3;
-    auto val = [&](int i, int e) -> float {
-        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
-        return s[4 * i + e];
-    };
+    const StepScores<MASK> val{s, key0, n, (int)(threadIdx.x & 3)};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float mnew = fmaxf(m[r], mx * sl2);
-        corr[r] = ex2(m[r] - mnew);
-        m[r] = mnew;
-        const float off = 8.f - mnew;
+        const float off = 8.f - running_max(val, r, m, corr, sl2);
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; i += 2) {
