@@ -7,10 +7,18 @@
 //!   (equal: the row above) operands, 32 query rows plus the last: [`FP8_ATTENTION`]. Controls: the
 //!   planted kernel (running output not rescaled) and the real kernel without 1/√hd.
 //!
+//! - `moss_dit_linear_qkv_attention_fp8` (the e4m3 q|k|v product writing the operands) against
+//!   `moss_dit_linear_qkv_norm_rope_fp8` + the operands kernel, bit for bit, with two controls.
+//!
 //! Not on GPUs without the sm_90a kernels (they run the bf16 attention at fp8).
 
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
+use super::linear_qkv_norm_rope::{rope_tables, EPS};
+use super::linear_situ_glu_fp8::quantized;
+use crate::backend::cuda::dit::attention_fp8::Fp8Operands;
+use crate::backend::cuda::dit::{QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL};
+use crate::options::Precision;
 use crate::backend::cpu::attention_fp8 as twin;
 use crate::backend::cuda::dit::attention_fp8::{
     FLASH_FP8_CONTROL, FLASH_FP8_KERNEL, FLASH_FP8_PINGPONG, FLASH_FP8_PINGPONG_CONTROL, OPERANDS_CONTROL, OPERANDS_KERNEL,
@@ -22,7 +30,7 @@ use crate::fp8::e4m3_to_f32;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
-pub const GATES: &[(&str, GateFn)] = &[("dit attention fp8", gate_attention_fp8)];
+pub const GATES: &[(&str, GateFn)] = &[("dit attention fp8", gate_attention_fp8), ("dit linear_qkv_attention_fp8", gate_linear_qkv_attention_fp8)];
 
 /// The GPU's e4m3 attention against the twin on equal codes and scales. What differs: the
 /// exponentials (ex2.approx against f64), the FP8 tensor cores' ~14-bit accumulation of the scores
@@ -47,19 +55,43 @@ fn normed_qkv(cx: &mut Cx, n: usize, wdt: DType) -> Result<(Tensor, CudaTensor, 
     Ok((qkv, gqkv, [cx.exact(wq, wdt)?, cx.exact(wk, wdt)?]))
 }
 
-/// (codes that differ, scales that differ) of the GPU's operands against the twin's.
-fn operand_mismatches(cu: &Cuda, o: Result<crate::backend::cuda::dit::attention_fp8::Fp8Operands>, want: &twin::Operands) -> Result<(usize, usize)> {
-    let o = o?;
+/// The operands' codes (q, k, V^T, as values) and scales.
+type Codes = ([Vec<f32>; 3], Vec<f32>);
+
+fn values(c: &[u8]) -> Vec<f32> {
+    c.iter().map(|&x| e4m3_to_f32(x)).collect()
+}
+
+fn gpu_codes(cu: &Cuda, o: &Fp8Operands) -> Result<Codes> {
     cu.sync()?;
-    let val = |c: &[u8]| c.iter().map(|&x| e4m3_to_f32(x)).collect::<Vec<f32>>();
-    let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len());
+    let [q, k, vt] = [&o.q, &o.k, &o.vt].map(|t| cu.download_bytes(t).map(|b| values(&b)));
+    Ok(([q?, k?, vt?], cu.download(&o.scales)?.data))
+}
+
+fn twin_codes(o: &twin::Operands) -> Codes {
+    ([values(&o.q), values(&o.k), values(&o.vt())], o.scales.clone())
+}
+
+/// (codes that differ, scales that differ); NaN (a poisoned code) never equals anything.
+fn mismatches(got: &Codes, want: &Codes) -> Result<(usize, usize)> {
+    let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count();
     let mut codes = 0;
-    for (g, w) in [(&o.q, &want.q), (&o.k, &want.k), (&o.vt, &want.vt())] {
-        codes += differ(&val(&cu.download_bytes(g)?), &val(w));
+    for (g, w) in got.0.iter().zip(&want.0) {
+        ensure!(g.len() == w.len(), "attention_fp8 operands: {} codes, expected {}", g.len(), w.len());
+        codes += differ(g, w);
     }
-    let scales = cu.download(&o.scales)?;
-    ensure!(scales.data.len() == want.scales.len(), "attention_fp8: {} scales, the twin {}", scales.data.len(), want.scales.len());
-    Ok((codes, differ(&scales.data, &want.scales)))
+    ensure!(got.1.len() == want.1.len(), "attention_fp8: {} scales, expected {}", got.1.len(), want.1.len());
+    Ok((codes, differ(&got.1, &want.1)))
+}
+
+/// A judged row of operands against `want`: the fraction of codes and scales that differ.
+fn judge_codes(cx: &mut Cx, what: &str, s: &str, kind: Kind, got: Result<Fp8Operands>, want: &Codes) {
+    let total = want.0.iter().map(Vec::len).sum::<usize>() + want.1.len();
+    let (error, note) = match got.and_then(|o| gpu_codes(&cx.cuda, &o)).and_then(|g| mismatches(&g, want)) {
+        Ok((c, sc)) => ((c + sc) as f64 / total as f64, format!("{c} codes, {sc} scales differ")),
+        Err(e) => (f64::NAN, format!("[error: {e:#}]")),
+    };
+    cx.judge_value(what, s, kind, EXACT, &note, error);
 }
 
 fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
@@ -76,17 +108,13 @@ fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
         let (qkv, gqkv, [(wq, gwq), (wk, gwk)]) = normed_qkv(cx, n, wdt)?;
         let want = twin::operands(&qkv, HEADS, &wq, &wk)?;
         let s = format!("{} (QK-norm {})", shape_str(&[&[n, 3 * DIM]]), wdt.name());
-        let total = 3 * n * DIM + want.scales.len();
+        let want_codes = twin_codes(&want);
         for (kind, kernel, what) in [
             (Kind::Gate, OPERANDS_KERNEL, "attention_fp8 operands (q, k, V^T codes + scales, bit-exact)"),
             (Kind::Control, OPERANDS_CONTROL, "attention_fp8 operands rounding toward zero"),
         ] {
             let out = cx.cuda.attention_fp8_operands_with(&gqkv, HEADS, &gwq, &gwk, kernel);
-            let (error, note) = match operand_mismatches(&cx.cuda, out, &want) {
-                Ok((c, sc)) => ((c + sc) as f64 / total as f64, format!("{c} codes, {sc} scales differ")),
-                Err(e) => (f64::NAN, format!("[error: {e:#}]")),
-            };
-            cx.judge_value(what, &s, kind, EXACT, &note, error);
+            judge_codes(cx, what, &s, kind, out, &want_codes);
         }
         let mut rows = cx.rng.subset(n - 1, ATTN_REF_ROWS);
         rows.push(n - 1);
@@ -105,6 +133,43 @@ fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
         // the op as the DiT calls it
         let out = cu.attention_packed_fp8(&gqkv, HEADS, scale, &gwq, &gwk);
         cx.judge("attention_packed_fp8 (the op)", &s, Kind::Gate, FP8_ATTENTION, &note, out, &twin_out, Some(&rows));
+    }
+    Ok(())
+}
+
+/// The e4m3 q|k|v product that writes the attention's operands (`moss_dit_linear_qkv_attention_fp8`)
+/// against the GPU path it replaces: `moss_dit_linear_qkv_norm_rope_fp8` (gated against the CPU
+/// twin in linear_qkv_norm_rope.rs) then the operands kernel (gated above). Both run the same GEMM
+/// mainloop on the same codes, so every code and scale must be equal; at the DiT's shape and a
+/// ragged one (333 x 512 · 512 x 768, 2 heads: a partial last row tile). Controls: k normed with
+/// q's weight; V^T in plain token order.
+fn gate_linear_qkv_attention_fp8(cx: &mut Cx) -> Result<()> {
+    use dit::*;
+    if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
+        return Ok(());
+    }
+    for (case, (m, k, heads)) in [(TOKENS, DIM, HEADS), (333, 512, 2)].into_iter().enumerate() {
+        let n = 3 * heads * HEAD_DIM;
+        let x = stream_rows(cx, m, k)?;
+        let (_, gx) = cx.exact(x, DType::BF16)?;
+        let (_, gw) = cx.input(&[n, k], 2.0 / (k as f64).sqrt())?;
+        let ((xq, xs), _) = quantized(cx, &gx)?;
+        let ((w8, ws), _) = quantized(cx, &gw)?;
+        let (_, gwq) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+        let (_, gwk) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
+        let [(_, gc), (_, gs)] = rope_tables(cx, m)?;
+        let cu = cx.cuda.clone();
+        let qkv = cu.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS, QKV_FP8_KERNEL)?;
+        let want = gpu_codes(&cu, &cu.attention_fp8_operands_with(&qkv, heads, &gwq, &gwk, OPERANDS_KERNEL)?)?;
+        let s = format!("{m}x{k} · {k}x{n} (e4m3), {heads} heads");
+        let run = |name: &str| cu.linear_qkv_attention_fp8((&xq, &xs), (&w8, &ws), [&gwq, &gwk, &gc, &gs], heads, EPS, name);
+        judge_codes(cx, &format!("{QKV_ATTN_FP8_KERNEL} (= {QKV_FP8_KERNEL} + operands, bit-exact)"), &s, Kind::Gate, run(QKV_ATTN_FP8_KERNEL), &want);
+        if case == 0 {
+            for (bug, what) in [("k_weight", "k normed with q's weight"), ("order", "V^T in token order")] {
+                let out = run(&format!("{QKV_ATTN_FP8_KERNEL}_{bug}_control"));
+                judge_codes(cx, &format!("{QKV_ATTN_FP8_KERNEL}, {what}"), &s, Kind::Control, out, &want);
+            }
+        }
     }
     Ok(())
 }
@@ -128,5 +193,21 @@ pub fn time_attention_fp8(c: &Cuda) -> Result<()> {
     let o = c.attention_fp8_operands_with(&x, HEADS, &w, &w, OPERANDS_KERNEL)?;
     line("e4m3 (attention kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_KERNEL).map(|_| ()))?);
     line("e4m3 (ping-pong kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_PINGPONG).map(|_| ()))?);
+    // the q|k|v product into the operands: e4m3 GEMM with QK-norm + RoPE, then the operands kernel,
+    // against the GEMM writing them
+    let c8 = c.with_precision(Precision::Fp8);
+    let up = |shape: &[usize], std: f64, rng: &mut Rng| c8.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), std))?, DType::BF16);
+    let (x, w) = (up(&[n, DIM], 1.0, &mut rng)?, up(&[3 * DIM, DIM], 0.02, &mut rng)?);
+    let (cs, sn) = (up(&[n, HEAD_DIM / 2], 0.7, &mut rng)?, up(&[n, HEAD_DIM / 2], 0.7, &mut rng)?);
+    let ((xq, xs), (w8, ws)) = (c8.quantize_fp8_with(&x, "moss_quantize_fp8")?, c8.quantize_fp8_with(&w, "moss_quantize_fp8")?);
+    let pair = time_ms(&c8, 3, 10, || {
+        let qkv = c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &w, &w, &cs, &sn, HEADS, EPS, QKV_FP8_KERNEL);
+        qkv.and_then(|qkv| c8.attention_fp8_operands_with(&qkv, HEADS, &w, &w, OPERANDS_KERNEL)).map(|_| ())
+    });
+    let fused = time_ms(&c8, 3, 10, || c8.linear_qkv_attention_fp8((&xq, &xs), (&w8, &ws), [&w, &w, &cs, &sn], HEADS, EPS, QKV_ATTN_FP8_KERNEL).map(|_| ()));
+    match (pair, fused) {
+        (Ok(p), Ok(f)) => println!("  e4m3 q|k|v product into the attention's operands: {QKV_FP8_KERNEL} + operands {p:.4} ms; {QKV_ATTN_FP8_KERNEL} {f:.4} ms ({:.3}x)", p / f),
+        (p, f) => println!("  e4m3 q|k|v product into the attention's operands: not timed ({:?}, {:?})", p.err(), f.err()),
+    }
     Ok(())
 }

@@ -17,10 +17,10 @@ use anyhow::Result;
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_qkv_norm_rope", gate_linear_qkv), ("dit linear_qkv_norm_rope_fp8", gate_linear_qkv_fp8)];
 
-const EPS: f64 = 1e-6;
+pub(crate) const EPS: f64 = 1e-6;
 
 /// RoPE tables `[n, 64]` of random angles, exact in `cx.dtype`.
-fn rope_tables(cx: &mut Cx, n: usize) -> Result<[(Tensor, CudaTensor); 2]> {
+pub(crate) fn rope_tables(cx: &mut Cx, n: usize) -> Result<[(Tensor, CudaTensor); 2]> {
     let half = dit::HEAD_DIM / 2;
     let theta: Vec<f64> = (0..n * half).map(|_| cx.rng.uniform() * 200.0 - 100.0).collect();
     let c = cx.exact(Tensor::new(vec![n, half], theta.iter().map(|t| t.cos() as f32).collect())?, cx.dtype)?;

@@ -15,7 +15,7 @@ mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 pub use linear_gated_residual::GRES_KERNEL;
-pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_FP8_KERNEL, QKV_KERNEL};
+pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::backend::cuda::select;
