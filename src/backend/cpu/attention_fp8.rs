@@ -73,7 +73,7 @@ impl Operands {
 /// The operands of [`attention_rows`] from the packed projection `qkv [n, 3·heads·hd]` (the
 /// values the kernel reads: bf16) and the QK-norm weights `wq`, `wk` `[hd]`.
 pub fn operands(qkv: &Tensor, heads: usize, wq: &Tensor, wk: &Tensor) -> Result<Operands> {
-    ensure!(qkv.shape.len() == 2 && heads > 0 && qkv.shape[1] % (3 * heads) == 0, "attention_fp8: qkv {:?} for {heads} heads", qkv.shape);
+    ensure!(qkv.shape.len() == 2 && heads > 0 && qkv.shape[1].is_multiple_of(3 * heads), "attention_fp8: qkv {:?} for {heads} heads", qkv.shape);
     let (n, hd) = (qkv.shape[0], qkv.shape[1] / (3 * heads));
     ensure!(wq.data.len() == hd && wk.data.len() == hd, "attention_fp8: QK-norm weights of {} and {}, head dim {hd}", wq.data.len(), wk.data.len());
     let d_all = heads * hd;
