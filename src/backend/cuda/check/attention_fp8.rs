@@ -14,8 +14,7 @@
 
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
-use super::linear_qkv_norm_rope::{rope_tables, EPS};
-use super::linear_situ_glu_fp8::quantized;
+use super::linear_qkv_norm_rope::{fp8_qkv_inputs, Fp8QkvInputs, EPS, FP8_CASES};
 use crate::backend::cuda::dit::attention_fp8::Fp8Operands;
 use crate::backend::cuda::dit::{QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL};
 use crate::options::Precision;
@@ -153,16 +152,9 @@ fn gate_linear_qkv_attention_fp8(cx: &mut Cx) -> Result<()> {
     if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
         return Ok(());
     }
-    for (case, (m, k, heads)) in [(TOKENS, DIM, HEADS), (333, 512, 2)].into_iter().enumerate() {
+    for (case, (m, k, heads)) in FP8_CASES.into_iter().enumerate() {
         let n = 3 * heads * HEAD_DIM;
-        let x = stream_rows(cx, m, k)?;
-        let (_, gx) = cx.exact(x, DType::BF16)?;
-        let (_, gw) = cx.input(&[n, k], 2.0 / (k as f64).sqrt())?;
-        let ((xq, xs), _) = quantized(cx, &gx)?;
-        let ((w8, ws), _) = quantized(cx, &gw)?;
-        let (_, gwq) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
-        let (_, gwk) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
-        let [(_, gc), (_, gs)] = rope_tables(cx, m)?;
+        let Fp8QkvInputs { x: ((xq, xs), _), w: ((w8, ws), _), wq: (_, gwq), wk: (_, gwk), cos: (_, gc), sin: (_, gs) } = fp8_qkv_inputs(cx, m, k, heads)?;
         let cu = cx.cuda.clone();
         let qkv = cu.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS, QKV_FP8_KERNEL)?;
         let want = gpu_codes(&cu, &cu.attention_fp8_operands_with(&qkv, heads, &gwq, &gwk, OPERANDS_KERNEL)?)?;

@@ -84,6 +84,31 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// The e4m3 gates' shapes `(M, K, heads)`: the DiT's and a ragged one (333 x 512 · 512 x 768, 2
+/// heads: a partial last row tile).
+pub(crate) const FP8_CASES: [(usize, usize, usize); 2] = [(dit::TOKENS, dit::DIM, dit::HEADS), (333, 512, 2)];
+
+/// The e4m3 q|k|v product's inputs (GPU, and the CPU's values): x and W quantized row-wise (x
+/// stream rows, W of std 2/√K), the QK-norm weights in [0.5, 1.5], RoPE tables.
+pub(crate) struct Fp8QkvInputs {
+    pub x: ((CudaTensor, CudaTensor), (Tensor, Tensor)),
+    pub w: ((CudaTensor, CudaTensor), (Tensor, Tensor)),
+    pub wq: (Tensor, CudaTensor),
+    pub wk: (Tensor, CudaTensor),
+    pub cos: (Tensor, CudaTensor),
+    pub sin: (Tensor, CudaTensor),
+}
+
+pub(crate) fn fp8_qkv_inputs(cx: &mut Cx, m: usize, k: usize, heads: usize) -> Result<Fp8QkvInputs> {
+    let x = stream_rows(cx, m, k)?;
+    let (_, gx) = cx.exact(x, DType::BF16)?;
+    let (_, gw) = cx.input(&[3 * heads * dit::HEAD_DIM, k], 2.0 / (k as f64).sqrt())?;
+    let (x, w) = (quantized(cx, &gx)?, quantized(cx, &gw)?);
+    let (wq, wk) = (uniform_vec(cx, dit::HEAD_DIM, 0.5, 1.5)?, uniform_vec(cx, dit::HEAD_DIM, 0.5, 1.5)?);
+    let [cos, sin] = rope_tables(cx, m)?;
+    Ok(Fp8QkvInputs { x, w, wq, wk, cos, sin })
+}
+
 /// The e4m3 kernel (Hopper only; elsewhere the op is `linear_fp8_quantized` + `qkv_norm_rope`,
 /// each gated on its own) at the DiT's shape and a ragged one (333 x 512 · 512 x 768, 2 heads),
 /// against the CPU twin at the unfused fp8 path's rounding points: `linear_fp8_quantized` of the
@@ -95,16 +120,10 @@ fn gate_linear_qkv_fp8(cx: &mut Cx) -> Result<()> {
     if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
         return Ok(());
     }
-    for (case, (m, k, heads)) in [(TOKENS, DIM, HEADS), (333, 512, 2)].into_iter().enumerate() {
+    for (case, (m, k, heads)) in FP8_CASES.into_iter().enumerate() {
         let n = 3 * heads * HEAD_DIM;
-        let x = stream_rows(cx, m, k)?;
-        let (_, gx) = cx.exact(x, DType::BF16)?;
-        let (_, gw) = cx.input(&[n, k], 2.0 / (k as f64).sqrt())?;
-        let ((xq, xs), (hxq, hxs)) = quantized(cx, &gx)?;
-        let ((wq8, ws), (hwq, hws)) = quantized(cx, &gw)?;
-        let (wq, gwq) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
-        let (wk, gwk) = uniform_vec(cx, HEAD_DIM, 0.5, 1.5)?;
-        let [(c, gc), (sn, gs)] = rope_tables(cx, m)?;
+        let Fp8QkvInputs { x: ((xq, xs), (hxq, hxs)), w: ((wq8, ws), (hwq, hws)), wq: (wq, gwq), wk: (wk, gwk), cos: (c, gc), sin: (sn, gs) } =
+            fp8_qkv_inputs(cx, m, k, heads)?;
         let rows = cx.rng.subset(m, if case == 0 { GEMM_REF_ROWS } else { m });
         let hxs_rows = Tensor::new(vec![rows.len()], rows.iter().map(|&r| hxs.data[r]).collect())?;
         let u = round_bf16(&cx.cpu.linear_fp8_quantized(&pick_rows(&hxq, &rows)?, &hxs_rows, &hwq, &hws)?);
