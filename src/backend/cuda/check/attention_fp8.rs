@@ -7,6 +7,7 @@
 //!   (equal: the row above) operands, 32 query rows plus the last: [`FP8_ATTENTION`]. Controls: the
 //!   planted kernel (running output not rescaled) and the real kernel without 1/√hd.
 //!
+//! - A probe of the key order: each query on one key, V spelling the key's index in bits.
 //! - `moss_dit_linear_qkv_attention_fp8` (the e4m3 q|k|v product writing the operands) against
 //!   `moss_dit_linear_qkv_norm_rope_fp8` + the operands kernel, bit for bit, with two controls.
 //!
@@ -29,7 +30,11 @@ use crate::fp8::e4m3_to_f32;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
-pub const GATES: &[(&str, GateFn)] = &[("dit attention fp8", gate_attention_fp8), ("dit linear_qkv_attention_fp8", gate_linear_qkv_attention_fp8)];
+pub const GATES: &[(&str, GateFn)] = &[
+    ("dit attention fp8 key order", gate_key_order),
+    ("dit attention fp8", gate_attention_fp8),
+    ("dit linear_qkv_attention_fp8", gate_linear_qkv_attention_fp8),
+];
 
 /// The GPU's e4m3 attention against the twin on equal codes and scales. What differs: the FP8
 /// tensor cores keep ~14 bits in their accumulator (the scores move by ~1e-4 of themselves, P·V
@@ -137,6 +142,62 @@ fn gate_attention_fp8(cx: &mut Cx) -> Result<()> {
         // the op as the DiT calls it
         let out = cu.attention_packed_fp8(&gqkv, HEADS, scale, &gwq, &gwk);
         cx.judge("attention_packed_fp8 (the op)", &s, Kind::Gate, FP8_ATTENTION, &note, out, &twin_out, Some(&rows));
+    }
+    Ok(())
+}
+
+/// A probe of the e4m3 attention's key order: every query attends to one key (q = 3·k of a
+/// random other token, entries ±1: the match scores 3·128/√128 ≈ 34, the rest ~N(0, 9), so the
+/// match carries all but ~1e-9 of the weight), and V holds each token's index in bits (channel
+/// b of token j is bit b of j: 0 and 1 are exact in e4m3). The output's channels then spell the
+/// key each query landed on: the row is the fraction of queries that landed elsewhere (0), and
+/// the note shows which index bits differ, so a wrong V^T order (a bit below 32) or a wrong tile
+/// (above) shows itself. Control: the planted kernel (the running output not rescaled).
+fn gate_key_order(cx: &mut Cx) -> Result<()> {
+    use dit::*;
+    if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
+        return Ok(());
+    }
+    let (n, d) = (TOKENS, DIM);
+    let bits = usize::BITS as usize - n.leading_zeros() as usize;
+    let target: Vec<usize> = (0..n).map(|_| (cx.rng.uniform() * n as f64) as usize % n).collect();
+    let sign: Vec<f32> = (0..n * d).map(|_| if cx.rng.uniform() < 0.5 { -1.0 } else { 1.0 }).collect();
+    let mut qkv = vec![0f32; n * 3 * d];
+    for (i, row) in qkv.chunks_mut(3 * d).enumerate() {
+        for c in 0..d {
+            row[c] = 3.0 * sign[target[i] * d + c];
+            row[d + c] = sign[i * d + c];
+            let b = c % HEAD_DIM;
+            row[2 * d + c] = if b < bits { ((i >> b) & 1) as f32 } else { 0.5 };
+        }
+    }
+    let (_, gqkv) = cx.exact(Tensor::new(vec![n, 3 * d], qkv)?, DType::BF16)?;
+    let (_, ones) = cx.exact(Tensor::new(vec![HEAD_DIM], vec![1.0; HEAD_DIM])?, DType::BF16)?;
+    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+    let cu = cx.cuda.clone();
+    let s = format!("{} (one key a query, V = the key's index in bits)", shape_str(&[&[n, 3 * d]]));
+    for (kind, kernel, what) in [
+        (Kind::Gate, FLASH_FP8_KERNEL, "attention_fp8 key order (queries on the wrong key)"),
+        (Kind::Control, FLASH_FP8_CONTROL, "attention_fp8 key order, output not rescaled"),
+    ] {
+        let out = cu.attention_fp8_operands_with(&gqkv, HEADS, &ones, &ones, OPERANDS_KERNEL).and_then(|o| cu.flash_attention_fp8_with(&o, scale, kernel));
+        let (error, note) = match out.and_then(|o| cu.download(&o)) {
+            Ok(o) => {
+                let (mut wrong, mut xor) = (0usize, 0usize);
+                for (i, row) in o.data.chunks(d).enumerate() {
+                    for h in 0..HEADS {
+                        let got = (0..bits).fold(0usize, |j, b| j | (((row[h * HEAD_DIM + b] > 0.5) as usize) << b));
+                        if got != target[i] || row[h * HEAD_DIM + bits..(h + 1) * HEAD_DIM].iter().any(|&v| (v - 0.5).abs() > 1e-2) {
+                            wrong += 1;
+                            xor |= got ^ target[i];
+                        }
+                    }
+                }
+                (wrong as f64 / (n * HEADS) as f64, format!("{wrong} of {} (query, head) rows; index bits that differ: {xor:#b}", n * HEADS))
+            }
+            Err(e) => (f64::NAN, format!("[error: {e:#}]")),
+        };
+        cx.judge_value(what, &s, kind, EXACT, &note, error);
     }
     Ok(())
 }
