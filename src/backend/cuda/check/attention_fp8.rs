@@ -81,23 +81,25 @@ fn twin_codes(o: &twin::Operands) -> Codes {
     ([values(&o.q), values(&o.k), values(&o.vt())], o.scales.clone())
 }
 
-/// (codes that differ, scales that differ); NaN (a poisoned code) never equals anything.
-fn mismatches(got: &Codes, want: &Codes) -> Result<(usize, usize)> {
+/// How many q, k and V^T codes and scales differ; NaN (a poisoned code) never equals anything.
+fn mismatches(got: &Codes, want: &Codes) -> Result<[usize; 4]> {
     let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count();
-    let mut codes = 0;
-    for (g, w) in got.0.iter().zip(&want.0) {
+    let mut n = [0; 4];
+    for (i, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
         ensure!(g.len() == w.len(), "attention_fp8 operands: {} codes, expected {}", g.len(), w.len());
-        codes += differ(g, w);
+        n[i] = differ(g, w);
     }
     ensure!(got.1.len() == want.1.len(), "attention_fp8: {} scales, expected {}", got.1.len(), want.1.len());
-    Ok((codes, differ(&got.1, &want.1)))
+    n[3] = differ(&got.1, &want.1);
+    Ok(n)
 }
 
-/// A judged row of operands against `want`: the fraction of codes and scales that differ.
+/// A judged row of operands against `want`: the fraction of codes and scales that differ (the
+/// note: which).
 fn judge_codes(cx: &mut Cx, what: &str, s: &str, kind: Kind, got: Result<Fp8Operands>, want: &Codes) {
     let total = want.0.iter().map(Vec::len).sum::<usize>() + want.1.len();
     let (error, note) = match got.and_then(|o| gpu_codes(&cx.cuda, &o)).and_then(|g| mismatches(&g, want)) {
-        Ok((c, sc)) => ((c + sc) as f64 / total as f64, format!("{c} codes, {sc} scales differ")),
+        Ok([q, k, vt, sc]) => ((q + k + vt + sc) as f64 / total as f64, format!("codes differ: q {q}, k {k}, V^T {vt}; scales {sc}")),
         Err(e) => (f64::NAN, format!("[error: {e:#}]")),
     };
     cx.judge_value(what, s, kind, EXACT, &note, error);
