@@ -27,10 +27,11 @@
 // e4m3 section, twice the bf16 rate): q and k codes [n, heads*128] (maps of bytes, box {128, 128}),
 // each over one scale (scales[0], scales[1]: the kernel folds their product into scale_log2); V^T
 // codes [heads*128, 128·tiles] (box {128 keys, 128 channels}) over one scale a (head, 128-key
-// tile), scales[2 + head·tiles + tile]. P is
-// 256·p in e4m3. O accumulates in units of the current tile's V scale: the rescale between tiles
-// multiplies by sv[i] / sv[i + 1] with the softmax's correction, the end by the last tile's scale.
-// The output is staged in its own 32 KiB after the mbarriers (the e4m3 Q tile is half a bf16 one).
+// tile), scales[2 + head·tiles + tile]. P is 256·p in e4m3. O accumulates in units of the current
+// tile's V scale: the rescale between tiles multiplies by sv[i] / sv[i + 1] with the softmax's
+// correction, the end by the last tile's scale. The output is staged in its own 32 KiB after the
+// mbarriers (the e4m3 Q tile is half a bf16 one). Built free-running and with PINGPONG
+// (`moss_dit_flash_attention_fp8_pingpong`), to be measured against each other (see the end).
 #include "sm90a/wgmma_attention.cuh"
 #include "sm90a/tma.cuh"
 #include "../launch.h"
