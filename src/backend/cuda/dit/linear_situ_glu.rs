@@ -70,7 +70,7 @@ impl Cuda {
         if m == 0 {
             return Ok(out);
         }
-        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count().max(1));
+        let blocks = (m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS)).min(self.sm_count());
         let (bk, rows) = (DIT_SITU_GEMM_KTILE as u32, DIT_SITU_GEMM_ROWS as u32);
         let tx = tensor_map_2d(x.ptr(), DType::BF16, k, m, k, bk, rows)?;
         let tw = tensor_map_2d(w.ptr(), DType::BF16, k, 2 * f, k, bk, DIT_SITU_GEMM_COLS as u32)?;
