@@ -223,7 +223,8 @@ impl Cuda {
         let sms = gpu
             .ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(de("attribute"))? as u32;
+            .map_err(de("attribute"))?
+            .max(1) as u32;
         let inner = Inner {
             gpu,
             blas,
@@ -440,7 +441,7 @@ impl Cuda {
         .map_err(|e| anyhow!("launching {name}: {e:?}"))
     }
 
-    /// The device's streaming multiprocessors (read when the device opened).
+    /// The device's streaming multiprocessors (read when the device opened; at least 1).
     pub fn sm_count(&self) -> usize {
         self.inner.sms as usize
     }

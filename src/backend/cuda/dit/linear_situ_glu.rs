@@ -72,7 +72,7 @@ impl Cuda {
         let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows)?;
         let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
         let all: Vec<Arg> = [tx, tw].map(|t| Arg::Map(Box::new(t))).into_iter().chain(args).collect();
-        let blocks = tiles.min(self.sm_count().max(1));
+        let blocks = tiles.min(self.sm_count());
         self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &all)
     }
 }
