@@ -3,6 +3,7 @@
 // inside, one rounding into the output. moss_ctl_* are the same code with a planted bug.
 #include "elem.cuh"
 #include "fp8.cuh"
+#include "launch.h"
 #include "situ.cuh"
 
 using bf16 = __nv_bfloat16;
@@ -182,85 +183,121 @@ __device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, c
 MOSS_PRODUCTION(MOSS_QKV_ROPE4(moss_qkv_rope, 0))
 MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 
-// ---- gated residual fused with the next rms_norm + modulate, one warp a row ---------------------
+// ---- gated residual fused with the next rms_norm + modulate, one block a row --------------------
 // xo = x + y·gate (rounded to TX, as moss_gres writes it); no = rms_mod(xo) computed from the
 // rounded xo, as moss_rms_mod would read it, written as TY; or (FP8) no quantized per row as
 // rms_mod_impl's FP8 form does (codes q, scales qs). TY (y and the normed output) is x's type, or
-// bf16 for an f32 stream x (kernels `..._f32_bf16_to_bf16`). BUG 1: the norm taken of the old x.
-// BUG 2 (FP8): the codes rounded toward zero.
+// bf16 for an f32 stream x (kernels `..._f32_bf16_to_bf16`). The row stays in registers between
+// the residual, the norm's sum of squares and the codes' amax: one read of x, y and gate and one
+// write of xo and the output, the block's partial sums in shared memory. Each thread holds up to
+// DIT_ROW_VECS vectors of 8 (the i-th from (j·blockDim.x + thread)·8); the host launches
+// min(⌈d/8⌉ rounded up to a warp, DIT_ROW_THREADS) threads and checks d ≤ 8·DIT_ROW_VECS·
+// DIT_ROW_THREADS. BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes rounded toward zero.
+template <typename T>
+__device__ __forceinline__ void ld8_row(const T* p, long i, int d, float* v) {
+    if ((d & 7) == 0) {
+        ld8(p, i, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = i + k < d ? ld(p, i + k) : 0.f;
+    }
+}
+template <typename T>
+__device__ __forceinline__ void st8_row(T* p, long i, int d, const float* v) {
+    if ((d & 7) == 0) {
+        st8(p, i, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (i + k < d) st(p, i + k, v[k]);
+    }
+}
+// The block's sum (SUM) or max of v through part[32]: the same order on every run.
+template <bool SUM>
+__device__ __forceinline__ float block_reduce(float v, float* part) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = SUM ? warp_sum(v) : warp_max(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = part[0];
+    for (int u = 1; u < warps; u++) v = SUM ? v + part[u] : fmaxf(v, part[u]);
+    return v;
+}
 template <typename TY, typename TX, typename TV, int BUG, bool FP8>
 __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsigned char* __restrict__ q,
                                   float* __restrict__ qs, const TX* __restrict__ x, const TY* __restrict__ y,
                                   const TV* __restrict__ gate, const TV* __restrict__ w,
                                   const TV* __restrict__ shift, const TV* __restrict__ scale, long rows, int d,
                                   float eps, float e4m3_max, float min_amax) {
-    int lane = threadIdx.x & 31;
-    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const TX* xr = x + row * d;
-    const TY* yr = y + row * d;
-    TX* xor_ = xo + row * d;
-    TY* nr = FP8 ? nullptr : no + row * d;
+    __shared__ float part_ss[32], part_max[32];
+    const long row = blockIdx.x;
+    if (row >= rows) return;  // the whole block
+    const long base = row * d;
     const TY* tag = nullptr;  // the normed output's type: what the FP8 codes are quantized from
-    unsigned char* qrow = FP8 ? q + row * d : nullptr;
-    const TX* src = BUG == 1 ? xr : xor_;  // what the norm reads in its second pass
+    float v[DIT_ROW_VECS][8];  // the residual's values the norm reads, then the normed ones
     float ss = 0.f;
-    if ((d & 7) == 0) {
-        // xo is only ever accessed through xor_/src (restrict), so the loads of the next
-        // vectors need not wait for this vector's store: several rows' worth in flight.
-#pragma unroll 4
-        for (int i = lane * 8; i < d; i += 256) {
+#pragma unroll
+    for (int j = 0; j < DIT_ROW_VECS; j++) {
+        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
+        if (i < d) {
             float a[8], b[8], g[8];
-            ld8(xr, i, a);
-            ld8(yr, i, b);
-            ld8(gate, i, g);
+            ld8_row(x + base, i, d, a);
+            ld8_row(y + base, i, d, b);
+            ld8_row(gate, i, d, g);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                float old = a[k];
-                a[k] = a[k] + b[k] * g[k];
-                float r = BUG == 1 ? old : round_as(a[k], xo);
-                ss += r * r;
+                const float old = a[k];
+                a[k] = round_as(a[k] + b[k] * g[k], xo);
+                v[j][k] = BUG == 1 ? old : a[k];
+                ss += v[j][k] * v[j][k];
             }
-            st8(xor_, i, a);
+            st8_row(xo + base, i, d, a);
         }
-        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        // src: this lane's own stores above
-        auto n8 = [&](int i, float* v) { modulate8(src, w, shift, scale, i, inv, 1.f, v); };
-        if (!FP8) {
-#pragma unroll 4
-            for (int i = lane * 8; i < d; i += 256) {
-                float v[8];
-                n8(i, v);
-                st8(nr, i, v);
+    }
+    const float inv = rsqrtf(block_reduce<true>(ss, part_ss) / (float)d + eps);
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < DIT_ROW_VECS; j++) {
+        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
+        if (i < d) {
+            float g[8], sh[8], sc[8];
+            ld8_row(w, i, d, g);
+            ld8_row(shift, i, d, sh);
+            ld8_row(scale, i, d, sc);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                v[j][k] = round_as(v[j][k] * inv * g[k] * (1.f + sc[k]) + sh[k], tag);
+                m = fmaxf(m, i + k < d ? fabsf(v[j][k]) : 0.f);
             }
-        } else {
-            warp_row_to_e4m3_8<BUG == 2 ? 1 : 0>(n8, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
+            if (!FP8) st8_row(no + base, i, d, v[j]);
         }
-    } else {
-        for (int i = lane; i < d; i += 32) {
-            float a = ld(xr, i) + ld(yr, i) * ld(gate, i);
-            st(xor_, i, a);
-            float r = BUG == 1 ? ld(xr, i) : round_as(a, xo);
-            ss += r * r;
-        }
-        float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
-        auto n1 = [&](int i) { return ld(src, i) * inv * ld(w, i) * (1.f + ld(scale, i)) + ld(shift, i); };
-        if (!FP8) {
-            for (int i = lane; i < d; i += 32) st(nr, i, n1(i));
-        } else {
-            warp_row_to_e4m3_1<BUG == 2 ? 1 : 0>(n1, tag, d, lane, qrow, qs + row, e4m3_max, min_amax);
+    }
+    if (!FP8) return;
+    const float s = e4m3_scale(block_reduce<false>(m, part_max), e4m3_max, min_amax);
+    if (threadIdx.x == 0) qs[row] = s;
+#pragma unroll
+    for (int j = 0; j < DIT_ROW_VECS; j++) {
+        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
+        if (i < d) {
+            if ((d & 7) == 0) {
+                st8_e4m3<BUG == 2 ? 1 : 0>(q + base + i, v[j], s);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (i + k < d) q[base + i + k] = to_e4m3<BUG == 2 ? 1 : 0>(__fdiv_rn(v[j][k], s));
+            }
         }
     }
 }
 #define MOSS_GRES_MOD(NAME, BUG, TY, TX, TV)                                                            \
-    MOSS_KERNEL void NAME(TX* xo, TY* no, const TX* x, const TY* y, const TV* gate, const TV* w, const TV* shift, \
+    MOSS_KERNEL void __launch_bounds__(DIT_ROW_THREADS) NAME(TX* xo, TY* no, const TX* x, const TY* y, const TV* gate, const TV* w, const TV* shift, \
                           const TV* scale, long rows, int d, float eps) {                                  \
         gres_rms_mod_impl<TY, TX, TV, BUG, false>(xo, no, nullptr, nullptr, x, y, gate, w, shift, scale, rows, d, eps, 0.f, 0.f); \
     }
 MOSS_PRODUCTION(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD, moss_gres_mod, 0))
 MOSS_CONTROL(MOSS_EACH_STREAM_NORM(MOSS_GRES_MOD, moss_ctl_gres_mod, 1))
 #define MOSS_GRES_MOD_FP8(NAME, BUG, TY, TX, TV)                                                        \
-    MOSS_KERNEL void NAME(TX* xo, unsigned char* q, float* qs, const TX* x, const TY* y, const TV* gate, const TV* w, \
+    MOSS_KERNEL void __launch_bounds__(DIT_ROW_THREADS) NAME(TX* xo, unsigned char* q, float* qs, const TX* x, const TY* y, const TV* gate, const TV* w, \
                           const TV* shift, const TV* scale, long rows, int d, float eps, float e4m3_max,      \
                           float min_amax) {                                                                  \
         gres_rms_mod_impl<TY, TX, TV, BUG, true>(xo, nullptr, q, qs, x, y, gate, w, shift, scale, rows, d, eps, \

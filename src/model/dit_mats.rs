@@ -125,18 +125,15 @@ impl<B: DitOps> Matrix<B> {
         }
     }
 
-    /// `x + gate ⊙ (a · Wᵀ)` (the gated residual of the o and ffn_down products): one fused op
-    /// where dense ([`DitOps::linear_gated_residual`]), else the product, then the residual.
+    /// `x + gate ⊙ (a · Wᵀ)` (the gated residual of the o and ffn_down products): the product,
+    /// then the residual.
     pub fn forward_gated_residual(&self, b: &B, a: &Act<B>, x: &B::T, gate: &B::T) -> Result<B::T> {
-        match (self, a) {
-            (Matrix::Dense(w), Act::Dense(a)) => b.linear_gated_residual(a, w, x, gate),
-            _ => b.gated_residual(x, &self.forward_act(b, a)?, gate),
-        }
+        b.gated_residual(x, &self.forward_act(b, a)?, gate)
     }
 
     /// `(x', n)`: `x' = x + gate ⊙ (a · Wᵀ)` and `n` its modulated norm in the form `l` gives the
-    /// next matrix: where dense one op ([`DitOps::linear_gated_residual_norm_modulate`]), else
-    /// the product, then [`MainLinears::gated_residual_norm_modulate`] (the same arithmetic).
+    /// next matrix: the product, then [`MainLinears::gated_residual_norm_modulate`] (one op: the
+    /// residual, the norm and the modulation).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_gated_residual_norm_modulate(
         &self,
@@ -150,13 +147,7 @@ impl<B: DitOps> Matrix<B> {
         eps: f64,
         l: MainLinears,
     ) -> Result<(B::T, Act<B>)> {
-        match (self, a, l) {
-            (Matrix::Dense(m), Act::Dense(a), MainLinears::Dense) => {
-                let (x, n) = b.linear_gated_residual_norm_modulate(a, m, x, gate, w, shift, scale, eps)?;
-                Ok((x, Act::Dense(n)))
-            }
-            _ => l.gated_residual_norm_modulate(b, x, &self.forward_act(b, a)?, gate, w, shift, scale, eps),
-        }
+        l.gated_residual_norm_modulate(b, x, &self.forward_act(b, a)?, gate, w, shift, scale, eps)
     }
 
     /// `qkv_norm_rope(x · Wᵀ, ..)` (`W`'s rows `[q ; k ; v]`, [`DitOps::qkv_norm_rope`]): one op

@@ -148,34 +148,6 @@ pub trait DitOps: Backend {
         self.qkv_norm_rope(self.linear_fp8_quantized(x.0, x.1, w.0, w.1)?, heads, wq, wk, cos, sin, eps)
     }
 
-    /// [`DitOps::gated_residual`] of the bias-free linear `a [N, K] · wᵀ`, `w [D, K]`:
-    /// `x + gate ⊙ linear(a, w, None)` → `[N, D]`, the product rounded to the activation dtype as
-    /// the two ops round it. A backend may fuse the two (CUDA on Hopper: the product is never
-    /// written); the default (the CPU twin) runs them in turn.
-    fn linear_gated_residual(&self, a: &Self::T, w: &Self::T, x: &Self::T, gate: &Self::T) -> Result<Self::T> {
-        self.gated_residual(x, &self.linear(a, w, None)?, gate)
-    }
-
-    /// The o and ffn_down products with their gated residual and the next norm: `(x', n)` with
-    /// `x' = x + gate ⊙ linear(a, w, None)` and `n = rms_norm_modulate(x', nw, shift, scale)`.
-    /// The default runs `linear`, then [`DitOps::gated_residual_norm_modulate`]; a backend may
-    /// put the residual in the product's epilogue instead (CUDA on Hopper:
-    /// [`DitOps::linear_gated_residual`], then `rms_norm_modulate`).
-    #[allow(clippy::too_many_arguments)]
-    fn linear_gated_residual_norm_modulate(
-        &self,
-        a: &Self::T,
-        w: &Self::T,
-        x: &Self::T,
-        gate: &Self::T,
-        nw: &Self::T,
-        shift: &Self::T,
-        scale: &Self::T,
-        eps: f64,
-    ) -> Result<(Self::T, Self::T)> {
-        self.gated_residual_norm_modulate(x, &self.linear(a, w, None)?, gate, nw, shift, scale, eps)
-    }
-
     /// [`DitOps::rms_norm_modulate`] with its output quantized per row as
     /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
     /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit

@@ -58,7 +58,7 @@ impl Cuda {
         let (q, qs) = self.alloc_quantized(&x.shape)?;
         let name = Self::norm_kernel(prefix, "gres_mod_fp8", x.dtype, vt, ty);
         let ptrs = [xo.ptr(), q.ptr(), qs.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
-        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)])?;
+        self.launch_row_blocks(&name, x.shape[0], d, &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)])?;
         Ok((xo, (q, qs)))
     }
 

@@ -8,15 +8,14 @@
 mod attention;
 pub mod attention_fp8;
 pub mod flash_attention;
-pub mod linear_gated_residual;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
 mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
-pub use linear_gated_residual::GRES_KERNEL;
 pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
+use crate::backend::cuda::launch::{DIT_ROW_THREADS, DIT_ROW_VECS};
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::backend::cuda::select;
 use crate::checkpoint::{config::DitConfig, Component};
@@ -143,6 +142,22 @@ impl Cuda {
         self.launch(name, rows.div_ceil(8) as u32, 256, 0, &args)
     }
 
+    /// Launches a one-block-a-row kernel over `rows` rows of `d` (`cuda/dit/dit_ops.cu`'s gated
+    /// residual + norm: ⌈d/8⌉ threads rounded up to a warp, at most [`DIT_ROW_THREADS`], each
+    /// holding up to [`DIT_ROW_VECS`] vectors of 8) with `ptrs`, then `rows`, then `tail`.
+    fn launch_row_blocks(&self, name: &str, rows: usize, d: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
+        let vecs = d.div_ceil(8);
+        ensure!(vecs <= DIT_ROW_THREADS * DIT_ROW_VECS, "{name}: rows of {d} are wider than the kernel holds ({})", 8 * DIT_ROW_THREADS * DIT_ROW_VECS);
+        let threads = vecs.next_multiple_of(32).min(DIT_ROW_THREADS);
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
+        args.push(Arg::L(rows as i64));
+        args.extend(tail);
+        self.launch(name, rows as u32, threads as u32, 0, &args)
+    }
+
     pub(crate) fn rms_norm_modulate_with(
         &self,
         x: &CudaTensor,
@@ -262,7 +277,7 @@ impl Cuda {
         let no = self.alloc(ty, &x.shape)?;
         let name = Self::norm_kernel(prefix, "gres_mod", x.dtype, vt, ty);
         let ptrs = [xo.ptr(), no.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
-        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
+        self.launch_row_blocks(&name, x.shape[0], d, &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
         Ok((xo, no))
     }
 
@@ -461,30 +476,6 @@ impl DitOps for Cuda {
         eps: f64,
     ) -> Result<CudaTensor> {
         self.linear_qkv_norm_rope_op(x, w, wq, wk, cos, sin, heads, eps)
-    }
-    /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_gated_residual_op`]).
-    fn linear_gated_residual(&self, a: &CudaTensor, w: &CudaTensor, x: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.linear_gated_residual_op(a, w, x, gate)
-    }
-    /// On Hopper, where the fused kernel takes the shape, the residual in the product's epilogue
-    /// and then `rms_norm_modulate`; else `linear` + the fused `gated_residual_norm_modulate`.
-    fn linear_gated_residual_norm_modulate(
-        &self,
-        a: &CudaTensor,
-        w: &CudaTensor,
-        x: &CudaTensor,
-        gate: &CudaTensor,
-        nw: &CudaTensor,
-        shift: &CudaTensor,
-        scale: &CudaTensor,
-        eps: f64,
-    ) -> Result<(CudaTensor, CudaTensor)> {
-        if self.takes_linear_gated_residual(a, w, x, gate) {
-            let x = self.linear_gated_residual_op(a, w, x, gate)?;
-            let n = self.rms_norm_modulate(&x, nw, shift, scale, eps)?;
-            return Ok((x, n));
-        }
-        self.gated_residual_norm_modulate(x, &self.linear(a, w, None)?, gate, nw, shift, scale, eps)
     }
     fn linear_qkv_norm_rope_fp8(
         &self,
