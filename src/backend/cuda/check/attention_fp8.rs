@@ -8,17 +8,12 @@
 //!   planted kernel (running output not rescaled) and the real kernel without 1/√hd.
 //!
 //! - A probe of the key order: each query on one key, V spelling the key's index in bits.
-//! - `moss_dit_linear_qkv_attention_fp8` (the e4m3 q|k|v product writing the operands) against
-//!   `moss_dit_linear_qkv_norm_rope_fp8` + the operands kernel, bit for bit, with two controls.
 //!
 //! Not on GPUs without the sm_90a kernels (they run the bf16 attention at fp8).
 
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
-use super::linear_qkv_norm_rope::{fp8_qkv_inputs, Fp8QkvInputs, EPS, FP8_CASES};
 use crate::backend::cuda::dit::attention_fp8::Fp8Operands;
-use crate::backend::cuda::dit::{QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL};
-use crate::options::Precision;
 use crate::backend::cpu::attention_fp8 as twin;
 use crate::backend::cuda::dit::attention_fp8::{
     FLASH_FP8_CONTROL, FLASH_FP8_KERNEL, FLASH_FP8_PINGPONG, FLASH_FP8_PINGPONG_CONTROL, OPERANDS_CONTROL, OPERANDS_KERNEL,
@@ -33,7 +28,6 @@ use anyhow::{ensure, Result};
 pub const GATES: &[(&str, GateFn)] = &[
     ("dit attention fp8 key order", gate_key_order),
     ("dit attention fp8", gate_attention_fp8),
-    ("dit linear_qkv_attention_fp8", gate_linear_qkv_attention_fp8),
 ];
 
 /// The GPU's e4m3 attention against the twin on equal codes and scales. What differs: the FP8
@@ -204,36 +198,6 @@ fn gate_key_order(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The e4m3 q|k|v product that writes the attention's operands (`moss_dit_linear_qkv_attention_fp8`)
-/// against the GPU path it replaces: `moss_dit_linear_qkv_norm_rope_fp8` (gated against the CPU
-/// twin in linear_qkv_norm_rope.rs) then the operands kernel (gated above). Both run the same GEMM
-/// mainloop on the same codes, so every code and scale must be equal; at the DiT's shape and a
-/// ragged one (333 x 512 · 512 x 768, 2 heads: a partial last row tile). Controls: k normed with
-/// q's weight; V^T in plain token order.
-fn gate_linear_qkv_attention_fp8(cx: &mut Cx) -> Result<()> {
-    use dit::*;
-    if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
-        return Ok(());
-    }
-    for (case, (m, k, heads)) in FP8_CASES.into_iter().enumerate() {
-        let n = 3 * heads * HEAD_DIM;
-        let Fp8QkvInputs { x: ((xq, xs), _), w: ((w8, ws), _), wq: (_, gwq), wk: (_, gwk), cos: (_, gc), sin: (_, gs) } = fp8_qkv_inputs(cx, m, k, heads)?;
-        let cu = cx.cuda.clone();
-        let qkv = cu.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS, QKV_FP8_KERNEL)?;
-        let want = gpu_codes(&cu, &cu.attention_fp8_operands_with(&qkv, heads, &gwq, &gwk, OPERANDS_KERNEL)?)?;
-        let s = format!("{m}x{k} · {k}x{n} (e4m3), {heads} heads");
-        let run = |name: &str| cu.linear_qkv_attention_fp8((&xq, &xs), (&w8, &ws), [&gwq, &gwk, &gc, &gs], heads, EPS, name);
-        judge_codes(cx, &format!("{QKV_ATTN_FP8_KERNEL} (= {QKV_FP8_KERNEL} + operands, bit-exact)"), &s, Kind::Gate, run(QKV_ATTN_FP8_KERNEL), &want);
-        if case == 0 {
-            for (bug, what) in [("k_weight", "k normed with q's weight"), ("order", "V^T in token order")] {
-                let out = run(&format!("{QKV_ATTN_FP8_KERNEL}_{bug}_control"));
-                judge_codes(cx, &format!("{QKV_ATTN_FP8_KERNEL}, {what}"), &s, Kind::Control, out, &want);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `moss check` timing: the e4m3 attention (operands + kernel, and the kernel alone) against the
 /// bf16 attention the other precisions run, at N = 4224.
 pub fn time_attention_fp8(c: &Cuda) -> Result<()> {
@@ -253,21 +217,5 @@ pub fn time_attention_fp8(c: &Cuda) -> Result<()> {
     let o = c.attention_fp8_operands_with(&x, HEADS, &w, &w, OPERANDS_KERNEL)?;
     line("e4m3 (attention kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_KERNEL).map(|_| ()))?);
     line("e4m3 (ping-pong kernel alone)", time_ms(c, 10, 50, || c.flash_attention_fp8_with(&o, scale, FLASH_FP8_PINGPONG).map(|_| ()))?);
-    // the q|k|v product into the operands: e4m3 GEMM with QK-norm + RoPE, then the operands kernel,
-    // against the GEMM writing them
-    let c8 = c.with_precision(Precision::Fp8);
-    let up = |shape: &[usize], std: f64, rng: &mut Rng| c8.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), std))?, DType::BF16);
-    let (x, w) = (up(&[n, DIM], 1.0, &mut rng)?, up(&[3 * DIM, DIM], 0.02, &mut rng)?);
-    let (cs, sn) = (up(&[n, HEAD_DIM / 2], 0.7, &mut rng)?, up(&[n, HEAD_DIM / 2], 0.7, &mut rng)?);
-    let ((xq, xs), (w8, ws)) = (c8.quantize_fp8_with(&x, "moss_quantize_fp8")?, c8.quantize_fp8_with(&w, "moss_quantize_fp8")?);
-    let pair = time_ms(&c8, 3, 10, || {
-        let qkv = c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &w, &w, &cs, &sn, HEADS, EPS, QKV_FP8_KERNEL);
-        qkv.and_then(|qkv| c8.attention_fp8_operands_with(&qkv, HEADS, &w, &w, OPERANDS_KERNEL)).map(|_| ())
-    });
-    let fused = time_ms(&c8, 3, 10, || c8.linear_qkv_attention_fp8((&xq, &xs), (&w8, &ws), [&w, &w, &cs, &sn], HEADS, EPS, QKV_ATTN_FP8_KERNEL).map(|_| ()));
-    match (pair, fused) {
-        (Ok(p), Ok(f)) => println!("  e4m3 q|k|v product into the attention's operands: {QKV_FP8_KERNEL} + operands {p:.4} ms; {QKV_ATTN_FP8_KERNEL} {f:.4} ms ({:.3}x)", p / f),
-        (p, f) => println!("  e4m3 q|k|v product into the attention's operands: not timed ({:?}, {:?})", p.err(), f.err()),
-    }
     Ok(())
 }

@@ -411,14 +411,13 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
     println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (packed q|k|v): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
     super::dit::time_stream(&c)?;
+    super::attention_fp8::time_attention_fp8(&c)?;
     super::linear_situ_glu::time_linear_situ(&c)?;
     super::linear_situ_glu_fp8::time_linear_situ_fp8(&c)?;
     super::linear_qkv_norm_rope::time_linear_qkv(&c)?;
     super::lora::time_merge(&c)?;
     super::fp8::time_fp8(&c)?;
-    super::fp8_act::time_fp8_act(&c)?;
-    // last: the newest (not yet measured) kernels, so that a fault there leaves every other line
-    super::attention_fp8::time_attention_fp8(&c)
+    super::fp8_act::time_fp8_act(&c)
 }
 
 #[cfg(test)]

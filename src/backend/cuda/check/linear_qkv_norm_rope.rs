@@ -17,10 +17,10 @@ use anyhow::Result;
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_qkv_norm_rope", gate_linear_qkv), ("dit linear_qkv_norm_rope_fp8", gate_linear_qkv_fp8)];
 
-pub(crate) const EPS: f64 = 1e-6;
+const EPS: f64 = 1e-6;
 
 /// RoPE tables `[n, 64]` of random angles, exact in `cx.dtype`.
-pub(crate) fn rope_tables(cx: &mut Cx, n: usize) -> Result<[(Tensor, CudaTensor); 2]> {
+fn rope_tables(cx: &mut Cx, n: usize) -> Result<[(Tensor, CudaTensor); 2]> {
     let half = dit::HEAD_DIM / 2;
     let theta: Vec<f64> = (0..n * half).map(|_| cx.rng.uniform() * 200.0 - 100.0).collect();
     let c = cx.exact(Tensor::new(vec![n, half], theta.iter().map(|t| t.cos() as f32).collect())?, cx.dtype)?;
@@ -86,11 +86,11 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
 
 /// The e4m3 gates' shapes `(M, K, heads)`: the DiT's and a ragged one (333 x 512 · 512 x 768, 2
 /// heads: a partial last row tile).
-pub(crate) const FP8_CASES: [(usize, usize, usize); 2] = [(dit::TOKENS, dit::DIM, dit::HEADS), (333, 512, 2)];
+const FP8_CASES: [(usize, usize, usize); 2] = [(dit::TOKENS, dit::DIM, dit::HEADS), (333, 512, 2)];
 
 /// The e4m3 q|k|v product's inputs (GPU, and the CPU's values): x and W quantized row-wise (x
 /// stream rows, W of std 2/√K), the QK-norm weights in [0.5, 1.5], RoPE tables.
-pub(crate) struct Fp8QkvInputs {
+struct Fp8QkvInputs {
     pub x: ((CudaTensor, CudaTensor), (Tensor, Tensor)),
     pub w: ((CudaTensor, CudaTensor), (Tensor, Tensor)),
     pub wq: (Tensor, CudaTensor),
@@ -99,7 +99,7 @@ pub(crate) struct Fp8QkvInputs {
     pub sin: (Tensor, CudaTensor),
 }
 
-pub(crate) fn fp8_qkv_inputs(cx: &mut Cx, m: usize, k: usize, heads: usize) -> Result<Fp8QkvInputs> {
+fn fp8_qkv_inputs(cx: &mut Cx, m: usize, k: usize, heads: usize) -> Result<Fp8QkvInputs> {
     let x = stream_rows(cx, m, k)?;
     let (_, gx) = cx.exact(x, DType::BF16)?;
     let (_, gw) = cx.input(&[3 * heads * dit::HEAD_DIM, k], 2.0 / (k as f64).sqrt())?;

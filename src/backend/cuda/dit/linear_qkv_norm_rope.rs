@@ -5,9 +5,7 @@
 //! ([`qkv_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `qkv_norm_rope`, each timed under its own name.
 
-use crate::backend::cuda::dit::attention_fp8::Fp8Operands;
-use crate::backend::cuda::launch::{DIT_ATTN_FP8_TILE, DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS};
-use crate::fp8::{E4M3_MAX, MIN_AMAX};
+use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
@@ -21,13 +19,6 @@ pub const QKV_KERNEL: &str = "moss_dit_linear_qkv_norm_rope";
 /// The e4m3 form's kernel (`--precision fp8`; check-image twins `{QKV_FP8_KERNEL}_k_weight_control`,
 /// `{QKV_FP8_KERNEL}_sign_control`), launched as [`QKV_KERNEL`].
 pub const QKV_FP8_KERNEL: &str = "moss_dit_linear_qkv_norm_rope_fp8";
-
-/// The e4m3 form writing the e4m3 attention's operands instead of the projection
-/// ([`Cuda::linear_qkv_attention_fp8`]; check-image twins `{QKV_ATTN_FP8_KERNEL}_k_weight_control`,
-/// `{QKV_ATTN_FP8_KERNEL}_order_control`: V^T in plain token order), launched as [`QKV_KERNEL`].
-/// Gated and timed by `moss check` against [`QKV_FP8_KERNEL`] + the operands kernel; not taken by
-/// the DiT yet (it is once it is measured faster).
-pub const QKV_ATTN_FP8_KERNEL: &str = "moss_dit_linear_qkv_attention_fp8";
 
 /// The head dim the fused kernel takes.
 const HEAD_DIM: usize = 128;
@@ -87,60 +78,6 @@ impl Cuda {
         eps: f64,
         name: &str,
     ) -> Result<CudaTensor> {
-        let (m, k, d) = self.fused_qkv_inputs(x, w, scales, [wq, wk, cos, sin], heads, name)?;
-        let out = self.alloc(DType::BF16, &[m, 3 * d])?;
-        if m == 0 {
-            return Ok(out);
-        }
-        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS);
-        let mut args = vec![Arg::P(out.ptr())];
-        if let Some((xs, ws)) = scales {
-            args.extend([xs, ws].map(|t| Arg::P(t.ptr())));
-        }
-        args.extend([wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())));
-        args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
-        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, args)?;
-        Ok(out)
-    }
-
-    /// The e4m3 kernel `name` ([`QKV_ATTN_FP8_KERNEL`] or a check-image twin) on codes `x [M, K]`,
-    /// `w [3D, K]` with their scales → the e4m3 attention's operands
-    /// (`cuda/dit/attention_fp8_operands.cu`'s, of the projection [`QKV_FP8_KERNEL`] writes).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn linear_qkv_attention_fp8(
-        &self,
-        (x, xs): (&CudaTensor, &CudaTensor),
-        (w, ws): (&CudaTensor, &CudaTensor),
-        [wq, wk, cos, sin]: [&CudaTensor; 4],
-        heads: usize,
-        eps: f64,
-        name: &str,
-    ) -> Result<Fp8Operands> {
-        let (m, k, d) = self.fused_qkv_inputs(x, w, Some((xs, ws)), [wq, wk, cos, sin], heads, name)?;
-        ensure!(x.dtype == DType::F8E4M3 && m > 0, "`{name}`: e4m3 codes of at least one row");
-        let row_tiles = m.div_ceil(DIT_ATTN_FP8_TILE);
-        let q = self.alloc(DType::F8E4M3, &[m, d])?;
-        let kc = self.alloc(DType::F8E4M3, &[m, d])?;
-        let vt = self.alloc(DType::F8E4M3, &[d, row_tiles * DIT_ATTN_FP8_TILE])?;
-        let scales = self.alloc(DType::F32, &[2 + heads * row_tiles])?;
-        let mut args: Vec<Arg> = [&q, &kc, &vt, &scales, xs, ws, wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())).collect();
-        args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
-        args.extend([Arg::F((HEAD_DIM as f32).sqrt()), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)]);
-        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS);
-        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, args)?;
-        Ok(Fp8Operands { n: m, heads, q, k: kc, vt, scales })
-    }
-
-    /// What the fused kernels check of their inputs → `(M, K, D)`.
-    fn fused_qkv_inputs(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        scales: Option<(&CudaTensor, &CudaTensor)>,
-        [wq, wk, cos, sin]: [&CudaTensor; 4],
-        heads: usize,
-        name: &str,
-    ) -> Result<(usize, usize, usize)> {
         let (m, k, d) = qkv_gemm_shape(x, w, heads).ok_or_else(|| {
             anyhow!("linear_qkv_norm_rope: x {:?} {:?} · w {:?} {:?} ({heads} heads) is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
         })?;
@@ -157,7 +94,19 @@ impl Cuda {
             let ok = xs.dtype == DType::F32 && ws.dtype == DType::F32 && xs.numel() == m && ws.numel() == 3 * d && ws.ptr().is_multiple_of(8);
             ensure!(ok, "`{name}`: scales {:?} {:?} for {m} rows and {} W rows (f32)", xs.shape, ws.shape, 3 * d);
         }
-        Ok((m, k, d))
+        let out = self.alloc(DType::BF16, &[m, 3 * d])?;
+        if m == 0 {
+            return Ok(out);
+        }
+        let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS);
+        let mut args = vec![Arg::P(out.ptr())];
+        if let Some((xs, ws)) = scales {
+            args.extend([xs, ws].map(|t| Arg::P(t.ptr())));
+        }
+        args.extend([wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())));
+        args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
+        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, args)?;
+        Ok(out)
     }
 
     /// [`DitOps::linear_qkv_norm_rope`]: the fused kernel where the sm_90a kernels are loaded, the

@@ -13,7 +13,7 @@ pub mod linear_situ_glu;
 mod fp8_act;
 
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
-pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_ATTN_FP8_KERNEL, QKV_FP8_KERNEL, QKV_KERNEL};
+pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
 use crate::backend::cuda::launch::{DIT_ROW_THREADS, DIT_ROW_VECS};
 use crate::backend::cuda::plan::MemoryPlan;
