@@ -189,10 +189,9 @@ MOSS_CONTROL(MOSS_QKV_ROPE4(moss_ctl_qkv_rope, 1))
 // rms_mod_impl's FP8 form does (codes q, scales qs). TY (y and the normed output) is x's type, or
 // bf16 for an f32 stream x (kernels `..._f32_bf16_to_bf16`). The row stays in registers between
 // the residual, the norm's sum of squares and the codes' amax: one read of x, y and gate and one
-// write of xo and the output, the block's partial sums in shared memory. Each thread holds up to
-// DIT_ROW_VECS vectors of 8 (the i-th from (j·blockDim.x + thread)·8); the host launches
-// min(⌈d/8⌉ rounded up to a warp, DIT_ROW_THREADS) threads and checks d ≤ 8·DIT_ROW_VECS·
-// DIT_ROW_THREADS. BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes rounded toward zero.
+// write of xo and the output, the block's partial sums in shared memory. Thread t holds the 8
+// values from 8t (~48 registers); the host launches ⌈d/8⌉ threads rounded up to a warp and checks
+// d ≤ 8·DIT_ROW_THREADS. BUG 1: the norm taken of the old x. BUG 2 (FP8): the codes rounded toward zero.
 template <typename T>
 __device__ __forceinline__ void ld8_row(const T* p, long i, int d, float* v) {
     if ((d & 7) == 0) {
@@ -232,61 +231,49 @@ __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsi
     __shared__ float part_ss[32], part_max[32];
     const long row = blockIdx.x;
     if (row >= rows) return;  // the whole block
-    const long base = row * d;
+    const long base = row * d, i = threadIdx.x * 8L;
+    const bool mine = i < d;
     const TY* tag = nullptr;  // the normed output's type: what the FP8 codes are quantized from
-    float v[DIT_ROW_VECS][8];  // the residual's values the norm reads, then the normed ones
+    float v[8] = {};          // the residual's values the norm reads, then the normed ones
     float ss = 0.f;
+    if (mine) {
+        float a[8], b[8], g[8];
+        ld8_row(x + base, i, d, a);
+        ld8_row(y + base, i, d, b);
+        ld8_row(gate, i, d, g);
 #pragma unroll
-    for (int j = 0; j < DIT_ROW_VECS; j++) {
-        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
-        if (i < d) {
-            float a[8], b[8], g[8];
-            ld8_row(x + base, i, d, a);
-            ld8_row(y + base, i, d, b);
-            ld8_row(gate, i, d, g);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float old = a[k];
-                a[k] = round_as(a[k] + b[k] * g[k], xo);
-                v[j][k] = BUG == 1 ? old : a[k];
-                ss += v[j][k] * v[j][k];
-            }
-            st8_row(xo + base, i, d, a);
+        for (int k = 0; k < 8; k++) {
+            const float old = a[k];
+            a[k] = round_as(a[k] + b[k] * g[k], xo);
+            v[k] = BUG == 1 ? old : a[k];
+            ss += v[k] * v[k];
         }
+        st8_row(xo + base, i, d, a);
     }
     const float inv = rsqrtf(block_reduce<true>(ss, part_ss) / (float)d + eps);
     float m = 0.f;
+    if (mine) {
+        float g[8], sh[8], sc[8];
+        ld8_row(w, i, d, g);
+        ld8_row(shift, i, d, sh);
+        ld8_row(scale, i, d, sc);
 #pragma unroll
-    for (int j = 0; j < DIT_ROW_VECS; j++) {
-        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
-        if (i < d) {
-            float g[8], sh[8], sc[8];
-            ld8_row(w, i, d, g);
-            ld8_row(shift, i, d, sh);
-            ld8_row(scale, i, d, sc);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[j][k] = round_as(v[j][k] * inv * g[k] * (1.f + sc[k]) + sh[k], tag);
-                m = fmaxf(m, i + k < d ? fabsf(v[j][k]) : 0.f);
-            }
-            if (!FP8) st8_row(no + base, i, d, v[j]);
+        for (int k = 0; k < 8; k++) {
+            v[k] = round_as(v[k] * inv * g[k] * (1.f + sc[k]) + sh[k], tag);
+            m = fmaxf(m, i + k < d ? fabsf(v[k]) : 0.f);
         }
+        if (!FP8) st8_row(no + base, i, d, v);
     }
     if (!FP8) return;
     const float s = e4m3_scale(block_reduce<false>(m, part_max), e4m3_max, min_amax);
     if (threadIdx.x == 0) qs[row] = s;
+    if (!mine) return;
+    if ((d & 7) == 0) {
+        st8_e4m3<BUG == 2 ? 1 : 0>(q + base + i, v, s);
+    } else {
 #pragma unroll
-    for (int j = 0; j < DIT_ROW_VECS; j++) {
-        const long i = ((long)j * blockDim.x + threadIdx.x) * 8;
-        if (i < d) {
-            if ((d & 7) == 0) {
-                st8_e4m3<BUG == 2 ? 1 : 0>(q + base + i, v[j], s);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    if (i + k < d) q[base + i + k] = to_e4m3<BUG == 2 ? 1 : 0>(__fdiv_rn(v[j][k], s));
-            }
-        }
+        for (int k = 0; k < 8; k++)
+            if (i + k < d) q[base + i + k] = to_e4m3<BUG == 2 ? 1 : 0>(__fdiv_rn(v[k], s));
     }
 }
 #define MOSS_GRES_MOD(NAME, BUG, TY, TX, TV)                                                            \

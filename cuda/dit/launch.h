@@ -53,8 +53,6 @@
 // Its most threads a block: with the vectors, the widest F it takes (8192, the DiT's).
 #define DIT_SITU_FP8_THREADS 256
 #define DIT_SITU_FP8_MAX_F (8 * DIT_SITU_FP8_VECS * DIT_SITU_FP8_THREADS)
-// cuda/dit/dit_ops.cu's one-block-a-row norm (the gated residual + norm + modulation): vectors of
-// 8 a thread holds in registers, and the most threads a block (d <= 8 * DIT_ROW_VECS * DIT_ROW_THREADS).
-// One vector a thread keeps it under 64 registers (~48): at d = 3072, 384 threads, 3 blocks an SM.
-#define DIT_ROW_VECS 1
+// cuda/dit/dit_ops.cu's one-block-a-row norm (the gated residual + norm + modulation): its most
+// threads, each holding 8 values of the row (d <= 8 * DIT_ROW_THREADS; 384 threads at d = 3072).
 #define DIT_ROW_THREADS 1024

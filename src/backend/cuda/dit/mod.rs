@@ -15,7 +15,7 @@ mod fp8_act;
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
-use crate::backend::cuda::launch::{DIT_ROW_THREADS, DIT_ROW_VECS};
+use crate::backend::cuda::launch::DIT_ROW_THREADS;
 use crate::backend::cuda::plan::MemoryPlan;
 use crate::backend::cuda::select;
 use crate::checkpoint::{config::DitConfig, Component};
@@ -71,6 +71,14 @@ mod tests {
 }
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
+/// A row kernel's arguments: `ptrs`, then `rows`, then `tail`.
+fn row_args(ptrs: &[u64], rows: usize, tail: Vec<Arg>) -> Vec<Arg> {
+    let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
+    args.push(Arg::L(rows as i64));
+    args.extend(tail);
+    args
+}
+
 fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
     ensure!(
         x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
@@ -136,26 +144,19 @@ impl Cuda {
     /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
     /// arguments `ptrs` (device addresses), `rows`, then `tail`.
     fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
-        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
-        args.push(Arg::L(rows as i64));
-        args.extend(tail);
-        self.launch(name, rows.div_ceil(8) as u32, 256, 0, &args)
+        self.launch(name, rows.div_ceil(8) as u32, 256, 0, &row_args(ptrs, rows, tail))
     }
 
     /// Launches a one-block-a-row kernel over `rows` rows of `d` (`cuda/dit/dit_ops.cu`'s gated
     /// residual + norm: ⌈d/8⌉ threads rounded up to a warp, at most [`DIT_ROW_THREADS`], each
-    /// holding up to [`DIT_ROW_VECS`] vectors of 8) with `ptrs`, then `rows`, then `tail`.
+    /// holding 8 values) with `ptrs`, then `rows`, then `tail`.
     fn launch_row_blocks(&self, name: &str, rows: usize, d: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
-        let vecs = d.div_ceil(8);
-        ensure!(vecs <= DIT_ROW_THREADS * DIT_ROW_VECS, "{name}: rows of {d} are wider than the kernel holds ({})", 8 * DIT_ROW_THREADS * DIT_ROW_VECS);
-        let threads = vecs.next_multiple_of(32).min(DIT_ROW_THREADS);
+        let threads = d.div_ceil(8).next_multiple_of(32);
+        ensure!(threads <= DIT_ROW_THREADS, "{name}: rows of {d} are wider than the kernel holds ({})", 8 * DIT_ROW_THREADS);
         if rows == 0 {
             return Ok(());
         }
-        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
-        args.push(Arg::L(rows as i64));
-        args.extend(tail);
-        self.launch(name, rows as u32, threads as u32, 0, &args)
+        self.launch(name, rows as u32, threads as u32, 0, &row_args(ptrs, rows, tail))
     }
 
     pub(crate) fn rms_norm_modulate_with(
