@@ -19,14 +19,6 @@
 // Its dynamic shared memory: the Q tile and three-stage K and V rings of 32 KiB tiles, 128 bytes
 // of mbarriers and scratch, 1024 bytes to align the base.
 #define DIT_FLASH_WS_SMEM (32768 * 7 + 128 + 1024)
-// Its e4m3 form (moss_dit_flash_attention_fp8, `--precision fp8`): the Q tile and the K and V^T
-// rings of 16 KiB tiles, the mbarriers, a 32 KiB output staging, the alignment slack.
-#define DIT_FLASH_FP8_SMEM (16384 * 7 + 128 + 32768 + 1024)
-// The e4m3 attention's operands (cuda/dit/attention_fp8_operands.cu): tokens a V scale covers (the
-// attention's key step).
-#define DIT_ATTN_FP8_TILE 128
-// Its threads (one block a (128-token tile, head)).
-#define DIT_ATTN_FP8_OPERANDS_THREADS 256
 // cuda/dit/sm90a/linear_situ_glu.cu (Hopper): x rows an output tile.
 #define DIT_SITU_GEMM_ROWS 128
 // Output (F) columns an output tile: the tile reads the matching 128 up rows and 128 gate rows of W.

@@ -436,10 +436,7 @@ impl<B: DitOps> Dit<B> {
         let (eps, l) = (self.cfg.eps, self.linears);
         let qkv = mats.qkv.forward_qkv_norm_rope(b, &y, &blk.q_norm, &blk.k_norm, cos, sin, self.cfg.num_heads, eps)?;
         drop(y);
-        let att = match l {
-            MainLinears::Fp8 => b.attention_packed_fp8(&qkv, self.cfg.num_heads, self.attention_scale(), &blk.q_norm, &blk.k_norm)?,
-            MainLinears::Dense => self.normed_attention(b, &qkv)?,
-        };
+        let att = self.normed_attention(b, &qkv)?;
         drop(qkv);
         let att = Act::Dense(att);
         let (x, y) = mats.o.forward_gated_residual_norm_modulate(b, &att, &x, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps, l)?;

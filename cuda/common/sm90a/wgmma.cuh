@@ -77,21 +77,4 @@ __device__ __forceinline__ void wgmma_ss_n256_e4m3(float (&d)[128], uint64_t da,
         : MOSS_WG_D64(0), MOSS_WG_D64(64)
         : "l"(da), "l"(db), "r"(accumulate));
 }
-// The same at N = 128 (the e4m3 attention's S = Q K^T, cuda/dit/sm90a/flash_attention_ws.cu).
-__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" MOSS_WG_R64 "}, %64, %65, p, 1, 1;\n}\n"
-        : MOSS_WG_D64(0)
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-// d += A * B, m64n128k32 e4m3, A in registers: a[j] holds 4 codes, row 16·warp + lane/4 + 8·(j & 1),
-// K columns 4·(lane%4) + 16·(j >> 1) .. + 3, low byte first; B K-major in shared memory.
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" MOSS_WG_R64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : MOSS_WG_D64(0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
 }  // namespace moss_wg

@@ -18,7 +18,6 @@
 // OVERLAP: the next step's S = Q K^T and this step's O += P V are issued together; the next
 // step's exponentials run while the tensor cores do P V (one S and one P set in flight).
 #pragma once  // the helpers of dit/sm90a/flash_attention_ws.cu and encoder/sm90a/causal_flash_attention_wgmma.cu
-#include <cuda_fp8.h>
 #include "sm90a/wgmma.cuh"
 
 namespace moss_wg {
@@ -122,43 +121,27 @@ __device__ __forceinline__ void softmax_step(float (&s)[64], float (&m)[2], floa
     }
 }
 
-// A step's scores as the overlapped loop reads them: s[4i + e] is row g + 8·(e >> 1), key
-// key0 + 8i + 2t + (e & 1); MASK 2: -inf past n (no branch), else as they are.
-template <int MASK>
-struct StepScores {
-    const float (&s)[64];
-    int key0, n, t;
-    __device__ __forceinline__ float operator()(int i, int e) const {
-        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
-        return s[4 * i + e];
-    }
-};
-
-// Row g + 8r's new running maximum (scaled by log2 e) over the step's scores; corr[r] gets the
-// factor for O and the row sum. Returns it.
-template <int MASK>
-__device__ __forceinline__ float running_max(const StepScores<MASK>& val, int r, float (&m)[2], float (&corr)[2], float sl2) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float mnew = fmaxf(m[r], mx * sl2);
-    corr[r] = ex2(m[r] - mnew);
-    m[r] = mnew;
-    return mnew;
-}
-
 // The same online softmax for the overlapped loop, reading s without writing it (ptxas waits for
 // every wgmma in flight before an accumulator register is written) and writing the bf16
 // probabilities straight into pn (the next P).
 template <int MASK>
 __device__ __forceinline__ void softmax_to_p(const float (&s)[64], uint32_t (&pn)[32], float (&m)[2], float (&l)[2],
                                              float (&corr)[2], int key0, int n, float sl2) {
-    const StepScores<MASK> val{s, key0, n, (int)(threadIdx.x & 3)};
+    const int t = threadIdx.x & 3;
+    auto val = [&](int i, int e) -> float {
+        if (MASK == 2) return key0 + 8 * i + 2 * t + (e & 1) >= n ? -INFINITY : s[4 * i + e];
+        return s[4 * i + e];
+    };
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float mnew = running_max(val, r, m, corr, sl2);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) mx = fmaxf(mx, fmaxf(val(i, 2 * r), val(i, 2 * r + 1)));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float mnew = fmaxf(m[r], mx * sl2);
+        corr[r] = ex2(m[r] - mnew);
+        m[r] = mnew;
         float sum = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -167,58 +150,6 @@ __device__ __forceinline__ void softmax_to_p(const float (&s)[64], uint32_t (&pn
             sum += p0 + p1;
             // s[4i + 2r + e]: n-tile i (keys 8i..8i+7), row g + 8r; A fragment register 4(i/2) + r + 2(i%2)
             pn[4 * (i >> 1) + r + 2 * (i & 1)] = pack_bf16(p0, p1);
-        }
-        l[r] = l[r] * corr[r] + sum;
-    }
-}
-
-// ---- the e4m3 form (`--precision fp8`, dit/sm90a/flash_attention_ws.cu's FP8 kernel) ----
-// Q and K tiles are [128 rows][128 codes] (one 128-byte swizzled row each, 16 KiB), V comes
-// transposed (V^T tile: [128 channels][128 keys], K-major), so both products are K-major on e4m3
-// codes, 32 codes a step. P is the register A operand; its fragment holds keys 4·(lane%4) .. + 3
-// (and + 16) of each 32-key step in a register, where the accumulator of S holds keys 2·(lane%4),
-// + 1, + 8, + 9 (and + 16 ..): instead of moving bytes between lanes, V^T stores each 32-key group
-// in the fragment's order (cuda/dit/attention_fp8_operands.cu: position 16a + 4b + c holds key
-// 16a + 8(c >> 1) + 2b + (c & 1)), so a thread packs its own probabilities as they are.
-constexpr int TILE_E4M3 = 128 * D;  // 16 KiB
-
-// S = Q K^T (e4m3 codes, fp32 accumulate) for this warpgroup's 64 rows and 128 keys.
-__device__ __forceinline__ void issue_qk_e4m3(float (&s)[64], uint32_t sq, uint32_t sk) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma_ss_e4m3(s, desc(sq + kk * 32, 16, 1024), desc(sk + kk * 32, 16, 1024), kk > 0);
-}
-// O += P V over 128 keys: P the e4m3 A fragments (4 steps of 32 keys), the V^T tile at svt.
-__device__ __forceinline__ void issue_pv_e4m3(float (&o)[64], const uint32_t (&p)[16], uint32_t svt) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        wgmma_rs_e4m3(o, a, desc(svt + kk * 32, 16, 1024));
-    }
-}
-// Four values as e4m3 codes (round to nearest even, saturated), the first in the low byte.
-__device__ __forceinline__ uint32_t pack_e4m3x4(float a0, float a1, float b0, float b1) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a0, a1), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b0, b1), __NV_SATFINITE, __NV_E4M3);
-    return lo | (hi << 16);
-}
-// softmax_to_p for the e4m3 P: the probabilities are scaled by 256 (2^(x - m + 8): codes of
-// 256·p use e4m3's range, [0, 256] <= 448) and l sums them in the same units, so O / l is
-// unchanged; pn gets the codes in the A fragment's order (keys 8i + 2t + e of the accumulator:
-// register 4·(i/4) + r + 2·((i/2) % 2), byte 2·(i % 2) + e).
-template <int MASK>
-__device__ __forceinline__ void softmax_to_p_e4m3(const float (&s)[64], uint32_t (&pn)[16], float (&m)[2], float (&l)[2],
-                                                  float (&corr)[2], int key0, int n, float sl2) {
-    const StepScores<MASK> val{s, key0, n, (int)(threadIdx.x & 3)};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float off = 8.f - running_max(val, r, m, corr, sl2);
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; i += 2) {
-            const float a0 = ex2(fmaf(val(i, 2 * r), sl2, off)), a1 = ex2(fmaf(val(i, 2 * r + 1), sl2, off));
-            const float b0 = ex2(fmaf(val(i + 1, 2 * r), sl2, off)), b1 = ex2(fmaf(val(i + 1, 2 * r + 1), sl2, off));
-            sum += (a0 + a1) + (b0 + b1);
-            pn[4 * (i >> 2) + r + 2 * ((i >> 1) & 1)] = pack_e4m3x4(a0, a1, b0, b1);
         }
         l[r] = l[r] * corr[r] + sum;
     }

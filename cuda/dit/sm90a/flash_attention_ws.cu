@@ -20,18 +20,7 @@
 // Arguments: three CUtensorMaps (q, k, v: 2-D bf16 {heads*128 columns, n rows}, row stride = the
 // tensor's row stride in bytes, box {64, 128}, SWIZZLE_128B, made on the host by
 // cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e).
-// Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES<false> of dynamic shared memory.
-//
-// FP8 (`moss_dit_flash_attention_fp8`, `--precision fp8`): the same schedule on e4m3 operands
-// (cuda/dit/attention_fp8_operands.cu makes them; the products of cuda/common/sm90a/wgmma_attention.cuh's
-// e4m3 section, twice the bf16 rate): q and k codes [n, heads*128] (maps of bytes, box {128, 128}),
-// each over one scale (scales[0], scales[1]: the kernel folds their product into scale_log2); V^T
-// codes [heads*128, 128·tiles] (box {128 keys, 128 channels}) over one scale a (head, 128-key
-// tile), scales[2 + head·tiles + tile]. P is 256·p in e4m3. O accumulates in units of the current
-// tile's V scale: the rescale between tiles multiplies by sv[i] / sv[i + 1] with the softmax's
-// correction, the end by the last tile's scale. The output is staged in its own 32 KiB after the
-// mbarriers (the e4m3 Q tile is half a bf16 one). Built free-running and with PINGPONG
-// (`moss_dit_flash_attention_fp8_pingpong`), to be measured against each other (see the end).
+// Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES of dynamic shared memory.
 #include "sm90a/wgmma_attention.cuh"
 #include "sm90a/tma.cuh"
 #include "../launch.h"
@@ -42,59 +31,28 @@ using namespace moss_tma;
 constexpr int THREADS = DIT_FLASH_WS_THREADS;
 constexpr int STAGES = 3;
 constexpr int BAR_BYTES = 128;  // mbarriers + the scratch words
-// A Q, K or V tile: 128 x 128 bf16 (two 64-column halves) or e4m3 codes (one 128-byte row each).
-template <bool FP8>
-constexpr int TILE_BYTES = FP8 ? TILE_E4M3 : TILE;
-// Q tile, K and V rings, mbarriers, (FP8: the output staging, 128 x 128 bf16), alignment slack.
-template <bool FP8>
-constexpr int SMEM_BYTES = TILE_BYTES<FP8> * (1 + 2 * STAGES) + BAR_BYTES + (FP8 ? TILE : 0) + 1024;
-static_assert(SMEM_BYTES<false> == DIT_FLASH_WS_SMEM, "the host launches with DIT_FLASH_WS_SMEM (launch.h)");
-static_assert(SMEM_BYTES<true> == DIT_FLASH_FP8_SMEM, "the host launches with DIT_FLASH_FP8_SMEM (launch.h)");
+constexpr int SMEM_BYTES = TILE * (1 + 2 * STAGES) + BAR_BYTES + 1024;
+static_assert(SMEM_BYTES == DIT_FLASH_WS_SMEM, "the host launches with DIT_FLASH_WS_SMEM (launch.h)");
 static_assert(BM == DIT_FLASH_WS_ROWS && D == DIT_FLASH_HEAD_DIM, "the host's grid: ceil(n / DIT_FLASH_WS_ROWS) x heads");
-static_assert(BN == DIT_ATTN_FP8_TILE, "a V scale covers one key step");
 
-// One 128 x 128 tile at (column col, row row0): bf16 in two column halves, e4m3 in one box.
-template <bool FP8>
+// One 128 x 128 tile (two column halves) at rows row0.., columns col..
 __device__ __forceinline__ void tma_tile(uint32_t dst, const TmaMap* map, int col, int row0, uint32_t bar) {
-    mbar_expect_tx(bar, TILE_BYTES<FP8>);
+    mbar_expect_tx(bar, TILE);
     tma_load(dst, map, col, row0, bar);
-    if (!FP8) tma_load(dst + HALF, map, col + 64, row0, bar);
+    tma_load(dst + HALF, map, col + 64, row0, bar);
 }
-// The products and the softmax of the bf16 (32 P registers) or the e4m3 (16) kernel.
-template <bool FP8>
-__device__ __forceinline__ void qk_product(float (&s)[64], uint32_t sq, uint32_t sk) {
-    if constexpr (FP8)
-        issue_qk_e4m3(s, sq, sk);
-    else
-        issue_qk(s, sq, sk);
-}
-__device__ __forceinline__ void pv_product(float (&o)[64], const uint32_t (&p)[32], uint32_t sv) { issue_pv(o, p, sv); }
-__device__ __forceinline__ void pv_product(float (&o)[64], const uint32_t (&p)[16], uint32_t sv) { issue_pv_e4m3(o, p, sv); }
-template <int MASK>
-__device__ __forceinline__ void softmax_p(const float (&s)[64], uint32_t (&pn)[32], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                          int key0, int n, float sl2) {
-    softmax_to_p<MASK>(s, pn, m, l, corr, key0, n, sl2);
-}
-template <int MASK>
-__device__ __forceinline__ void softmax_p(const float (&s)[64], uint32_t (&pn)[16], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                          int key0, int n, float sl2) {
-    softmax_to_p_e4m3<MASK>(s, pn, m, l, corr, key0, n, sl2);
-}
-
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
-template <bool FP8, bool PINGPONG, bool CONTROL>
-__device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, const TmaMap* tv, const float* __restrict__ scales,
-                                        __nv_bfloat16* __restrict__ o, int n, int ldo, float sl2) {
-    constexpr int TB = TILE_BYTES<FP8>;
-    constexpr int NP = FP8 ? 16 : 32;  // registers of a P fragment set
+template <bool PINGPONG, bool CONTROL>
+__device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, const TmaMap* tv, __nv_bfloat16* __restrict__ o,
+                                        int n, int ldo, float sl2) {
     extern __shared__ char smem_raw[];
     const uint32_t raw = saddr(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
-    const uint32_t sq = base, sk = base + TB, sv = base + TB * (1 + STAGES);
+    const uint32_t sq = base, sk = base + TILE, sv = base + TILE * (1 + STAGES);
     // mbarriers: q, full_k[S], full_v[S], empty_k[S], empty_v[S]; then two scratch words
-    const uint32_t bars = base + TB * (1 + 2 * STAGES);
+    const uint32_t bars = base + TILE * (1 + 2 * STAGES);
     const uint32_t bar_q = bars;
     auto full_k = [&](int s) { return bars + 8 * (1 + s); };
     auto full_v = [&](int s) { return bars + 8 * (1 + STAGES + s); };
@@ -124,17 +82,14 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
             prefetch_map(tq);
             prefetch_map(tk);
             prefetch_map(tv);
-            tma_tile<FP8>(sq, tq, col, m0, bar_q);
+            tma_tile(sq, tq, col, m0, bar_q);
             for (int t = 0; t < ntiles; t++) {
                 const int s = t % STAGES;
                 const uint32_t ph = ((t / STAGES) & 1) ^ 1;  // parity of the round that freed the stage
                 if (t >= STAGES) mbar_wait(empty_k(s), ph);
-                tma_tile<FP8>(sk + s * TB, tk, col, t * BN, full_k(s));
+                tma_tile(sk + s * TILE, tk, col, t * BN, full_k(s));
                 if (t >= STAGES) mbar_wait(empty_v(s), ph);
-                if (FP8)  // V^T: this head's 128 channel rows, the tile's 128 key columns
-                    tma_tile<FP8>(sv + s * TB, tv, t * BN, col, full_v(s));
-                else
-                    tma_tile<FP8>(sv + s * TB, tv, col, t * BN, full_v(s));
+                tma_tile(sv + s * TILE, tv, col, t * BN, full_v(s));
             }
         }
         return;
@@ -164,75 +119,60 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
     if (PINGPONG && c == 1) named_arrive(1);  // consumer 0 goes first
 
     float acc[64], s[64];
-    uint32_t p[NP], p2[NP];
+    uint32_t p[32], p2[32];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
-    // FP8: this head's V scales, a key tile each
-    const float* vs = FP8 ? scales + 2 + (long)blockIdx.y * ntiles : nullptr;
-    if (FP8) sl2 *= scales[0] * scales[1];
 
     mbar_wait(bar_q, 0);
     wait_k(0);
     turn_begin();
     wg_fence();
-    qk_product<FP8>(s, sqw, sk);
+    issue_qk(s, sqw, sk);
     wg_commit();
     turn_end();
     wg_wait<0>();
     pin_all(s);
     free_k(0);
-    if constexpr (!FP8) {
-        softmax_step<0>(s, m, l, corr, 0, n, sl2);
-        pack_p(p, s);
-    } else if (n < BN) {
-        softmax_p<2>(s, p, m, l, corr, 0, n, sl2);
-    } else {
-        softmax_p<1>(s, p, m, l, corr, 0, n, sl2);
-    }
+    softmax_step<0>(s, m, l, corr, 0, n, sl2);
+    pack_p(p, s);
 
     // step i: S(i+1) = Q K(i+1)^T and O += P(i) V(i) issued together; the softmax of S(i+1) runs
     // under P V, into the other P array (pc is in flight). No branch between issue and wait.
-    auto step = [&](int i, auto mask, auto& pc, auto& pn) {
-        // FP8: O moves from tile i's V scale to tile i + 1's with the softmax's correction
-        const float v_ratio = FP8 ? vs[i] / vs[i + 1] : 1.f;
+    auto step = [&](int i, auto mask, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
         wait_k(i + 1);
         wait_v(i);
         turn_begin();
         wg_fence();
-        qk_product<FP8>(s, sqw, sk + ((i + 1) % STAGES) * TB);
+        issue_qk(s, sqw, sk + ((i + 1) % STAGES) * TILE);
         wg_commit();
-        pv_product(acc, pc, sv + (i % STAGES) * TB);
+        issue_pv(acc, pc, sv + (i % STAGES) * TILE);
         wg_commit();
         turn_end();
         wg_wait<1>();
         pin_all(s);
         free_k(i + 1);
-        softmax_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
+        softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
         // keeps the exponentials above the wait for P V (see cuda/common/sm90a/wgmma_attention.cuh)
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
         wg_wait<0>();
         pin_all(acc);
         pin_all(pn);
         free_v(i);
-        if (FP8) {
-            corr[0] *= v_ratio;
-            corr[1] *= v_ratio;
-        }
         rescale<CONTROL>(acc, corr);
     };
-    auto last = [&](auto& pc) {
+    auto last = [&](uint32_t(&pc)[32]) {
         wait_v(ntiles - 1);
         turn_begin();
         wg_fence();
-        pv_product(acc, pc, sv + ((ntiles - 1) % STAGES) * TB);
+        issue_pv(acc, pc, sv + ((ntiles - 1) % STAGES) * TILE);
         wg_commit();
         turn_end();
         wg_wait<0>();
         pin_all(acc);
         free_v(ntiles - 1);
     };
-    auto tail = [&](int i, auto& pc, auto& pn) {
+    auto tail = [&](int i, uint32_t(&pc)[32], uint32_t(&pn)[32]) {
         if (i + 1 < ntiles) {
             if (n % BN)
                 step(i, Mask<2>{}, pc, pn);
@@ -259,17 +199,15 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
     if (PINGPONG && c == 0) named_sync(1);
 
     // Normalise; stage this warpgroup's 64 x 128 bf16 rows in its own rows of the Q tile (only its
-    // own GEMMs read them, all complete; FP8: in the staging area), 128-byte-swizzled like Q; store
-    // rows with 16-byte writes.
+    // own GEMMs read them, all complete), 128-byte-swizzled like Q; store rows with 16-byte writes.
     const int g = lane >> 2, t = lane & 3, wrow = c * 64 + (wtid >> 5) * 16 + g;
-    char* sm = smem_raw + ((FP8 ? bars + BAR_BYTES : base) - raw);
-    const float o_scale = FP8 ? vs[ntiles - 1] : 1.f;
+    char* sm = smem_raw + (base - raw);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = l[r];
         sum += __shfl_xor_sync(0xffffffff, sum, 1);
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = FP8 ? o_scale / sum : 1.f / sum;
+        const float inv = 1.f / sum;
         const int row = wrow + 8 * r;
 #pragma unroll
         for (int i = 0; i < 16; i++)
@@ -292,25 +230,10 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
     MOSS_KERNEL void __launch_bounds__(moss_ws::THREADS, 1)                                                         \
         NAME(const __grid_constant__ moss_tma::TmaMap tq, const __grid_constant__ moss_tma::TmaMap tk,               \
              const __grid_constant__ moss_tma::TmaMap tv, __nv_bfloat16* o, int n, int ldo, float scale_log2) {    \
-        moss_ws::attn_ws<false, PINGPONG, CONTROL>(&tq, &tk, &tv, nullptr, o, n, ldo, scale_log2);                  \
-    }
-#define MOSS_WS_FP8_KERNEL(NAME, PINGPONG, CONTROL)                                                                            \
-    MOSS_KERNEL void __launch_bounds__(moss_ws::THREADS, 1)                                                         \
-        NAME(const __grid_constant__ moss_tma::TmaMap tq, const __grid_constant__ moss_tma::TmaMap tk,               \
-             const __grid_constant__ moss_tma::TmaMap tvt, const float* scales, __nv_bfloat16* o, int n, int ldo,        \
-             float scale_log2) {                                                                                     \
-        moss_ws::attn_ws<true, PINGPONG, CONTROL>(&tq, &tk, &tvt, scales, o, n, ldo, scale_log2);                           \
+        moss_ws::attn_ws<PINGPONG, CONTROL>(&tq, &tk, &tv, o, n, ldo, scale_log2);                                  \
     }
 
 // Warp-specialised without ping-pong (`ws_nopp`; the ping-pong build `ws` was measured slower and
 // deleted), with its planted control (running output not rescaled when the row maximum grows).
 MOSS_PRODUCTION(MOSS_WS_KERNEL(moss_dit_flash_attention_ws, false, false))
 MOSS_CONTROL(MOSS_WS_KERNEL(moss_dit_flash_attention_ws_control, false, true))
-// The e4m3 form (`--precision fp8` on Hopper), with the same planted control; and its ping-pong
-// build, to measure: at e4m3 the products take half the time, so the softmax (as many
-// exponentials as in bf16) is as long as they are, and one warpgroup's softmax under the other's
-// products may pay where it did not in bf16. The slower of the two goes.
-MOSS_PRODUCTION(MOSS_WS_FP8_KERNEL(moss_dit_flash_attention_fp8, false, false))
-MOSS_CONTROL(MOSS_WS_FP8_KERNEL(moss_dit_flash_attention_fp8_control, false, true))
-MOSS_PRODUCTION(MOSS_WS_FP8_KERNEL(moss_dit_flash_attention_fp8_pingpong, true, false))
-MOSS_CONTROL(MOSS_WS_FP8_KERNEL(moss_dit_flash_attention_fp8_pingpong_control, true, true))

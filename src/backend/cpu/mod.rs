@@ -269,7 +269,6 @@ impl Backend for Cpu {
     }
 }
 
-pub mod attention_fp8;
 pub mod dit;
 pub mod encoder;
 pub mod vae;

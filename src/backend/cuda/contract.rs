@@ -67,9 +67,6 @@ pub fn launch_configs() -> Vec<(String, usize, Picked)> {
     v.push((dit::SITU_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::QKV_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::QKV_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
-    for k in [dit::attention_fp8::FLASH_FP8_KERNEL, dit::attention_fp8::FLASH_FP8_PINGPONG] {
-        v.push((k.to_string(), launch::DIT_FLASH_FP8_SMEM, Picked::Hopper));
-    }
     v.push(("moss_enc_fattn_bf16".into(), encoder::FLASH_SMEM as usize, Picked::Everywhere));
     v.push(("moss_enc_fattn_wg_bf16".into(), encoder::FLASH_WG_SMEM as usize, Picked::Hopper));
     v.push(("moss_enc_gdr_tma_bf16".into(), encoder::delta_rule::GDR_TMA_BYTES as usize, Picked::Hopper));

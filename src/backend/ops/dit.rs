@@ -68,16 +68,6 @@ pub trait DitOps: Backend {
     /// [`DitOps::qkv_norm_rope`] leaves it) → `[N, H·hd]`.
     fn attention_packed(&self, qkv: &Self::T, heads: usize, scale: f64) -> Result<Self::T>;
 
-    /// [`DitOps::attention_packed`] at `--precision fp8`. A backend with an e4m3 attention (CUDA
-    /// on Hopper) runs q, k, v and the probabilities as float8 e4m3, with the arithmetic of
-    /// [`crate::backend::cpu::attention_fp8`]; `wq`, `wk` are the QK-norm weights `qkv` was normed
-    /// with (they bound q and k: the fixed scales of their codes). The default (every other
-    /// backend, the CPU's forward) is `attention_packed`.
-    fn attention_packed_fp8(&self, qkv: &Self::T, heads: usize, scale: f64, wq: &Self::T, wk: &Self::T) -> Result<Self::T> {
-        let _ = (wq, wk);
-        self.attention_packed(qkv, heads, scale)
-    }
-
     /// [`DitOps::gated_residual`] followed by [`DitOps::rms_norm_modulate`] of its result:
     /// `x' = x + y · gate` (rounded to the dtype of `x`, as the unfused op writes it), then
     /// `n = rms_norm_modulate(x', w, shift, scale, eps)` → `(x', n)`, both `[N, D]`.

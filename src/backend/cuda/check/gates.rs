@@ -308,7 +308,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(super::linear_situ_glu::GATES).chain(super::linear_situ_glu_fp8::GATES).chain(super::linear_qkv_norm_rope::GATES).chain(crate::backend::cuda::check::encoder::GATES).chain(crate::backend::cuda::check::dit::GATES).chain(crate::backend::cuda::check::vae::GATES).chain(crate::backend::cuda::check::lora::GATES).chain(super::fp8::GATES).chain(super::fp8_act::GATES).chain(super::attention_fp8::GATES) {
+        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(super::linear_situ_glu::GATES).chain(super::linear_situ_glu_fp8::GATES).chain(super::linear_qkv_norm_rope::GATES).chain(crate::backend::cuda::check::encoder::GATES).chain(crate::backend::cuda::check::dit::GATES).chain(crate::backend::cuda::check::vae::GATES).chain(crate::backend::cuda::check::lora::GATES).chain(super::fp8::GATES).chain(super::fp8_act::GATES) {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {
@@ -411,7 +411,6 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
     println!("  attention {TOKENS}x{HEADS}x{HEAD_DIM} (packed q|k|v): {ms:.4} ms  ({tflops:.0} TFLOP/s)");
     super::dit::time_stream(&c)?;
-    super::attention_fp8::time_attention_fp8(&c)?;
     super::linear_situ_glu::time_linear_situ(&c)?;
     super::linear_situ_glu_fp8::time_linear_situ_fp8(&c)?;
     super::linear_qkv_norm_rope::time_linear_qkv(&c)?;

@@ -1,7 +1,6 @@
 //! The DiT's attention ops. At bf16 with head dim 128 (the DiT's) a flash kernel (online softmax,
 //! no score matrix): `cuda/dit/sm90a/flash_attention_ws.cu` (warp-specialised TMA + wgmma) on
-//! Hopper, `cuda/dit/flash_attention.cu` (mma.sync) elsewhere; see [`FLASH_KERNELS`](super::FLASH_KERNELS) (at fp8 on
-//! Hopper the e4m3 form: `attention_fp8.rs`). Otherwise (fp32, other head dims) three steps per
+//! Hopper, `cuda/dit/flash_attention.cu` (mma.sync) elsewhere; see [`FLASH_KERNELS`](super::FLASH_KERNELS). Otherwise (fp32, other head dims) three steps per
 //! chunk of heads: `S = scale · Q Kᵀ` (cuBLASLt, strided-batched over heads straight out of the
 //! `[N, H, hd]` layout, fp32 scores), a row softmax (fp32, `P` rounded to the activation dtype),
 //! `O = P V` (cuBLASLt, written straight into `[N, H, hd]`). Scores are chunked by heads (and

@@ -6,7 +6,6 @@
 //! they are cast to f32 first.
 
 mod attention;
-pub mod attention_fp8;
 pub mod flash_attention;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
@@ -437,13 +436,6 @@ impl DitOps for Cuda {
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
         self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
-    }
-    /// On Hopper the e4m3 kernels where [`Cuda::takes_attention_fp8`]; else `attention_packed`.
-    fn attention_packed_fp8(&self, qkv: &CudaTensor, heads: usize, scale: f64, wq: &CudaTensor, wk: &CudaTensor) -> Result<CudaTensor> {
-        if self.takes_attention_fp8(qkv, heads, wq, wk) {
-            return self.prof("attention", || self.attention_fp8(qkv, heads, scale, wq, wk));
-        }
-        self.attention_packed(qkv, heads, scale)
     }
     fn gated_residual_norm_modulate(
         &self,
