@@ -59,7 +59,8 @@ impl Mt19937 {
 
 /// `log256_ps` of avx_mathfun (Cephes logf), lane by lane, with the multiply-adds fused where
 /// torch's build fuses them.
-#[allow(clippy::excessive_precision)]
+// Cephes spells SQRTHF as a literal; it rounds to the same f32 as FRAC_1_SQRT_2.
+#[allow(clippy::excessive_precision, clippy::approx_constant)]
 fn log_ps(x: f32) -> f32 {
     const P: [f32; 9] = [
         7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1, -1.2420140846E-1, 1.4249322787E-1,
