@@ -254,15 +254,10 @@ impl<B: DitOps> Dit<B> {
         self.normed_attention(b, &qkv)
     }
 
-    /// Attention over a packed `[N, 3·D]` `[q | k | v]` whose q and k are normed and rotated →
-    /// `[N, D]`.
+    /// Attention (softmax scale `1/√hd`) over a packed `[N, 3·D]` `[q | k | v]` whose q and k are
+    /// normed and rotated → `[N, D]`.
     fn normed_attention(&self, b: &B, qkv: &B::T) -> Result<B::T> {
-        b.attention_packed(qkv, self.cfg.num_heads, self.attention_scale())
-    }
-
-    /// The softmax scale, `1/√hd`.
-    fn attention_scale(&self) -> f64 {
-        1.0 / (self.cfg.head_dim() as f64).sqrt()
+        b.attention_packed(qkv, self.cfg.num_heads, 1.0 / (self.cfg.head_dim() as f64).sqrt())
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.

@@ -69,7 +69,6 @@ mod tests {
     }
 }
 
-/// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 /// A row kernel's arguments: `ptrs`, then `rows`, then `tail`.
 fn row_args(ptrs: &[u64], rows: usize, tail: Vec<Arg>) -> Vec<Arg> {
     let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
@@ -78,6 +77,7 @@ fn row_args(ptrs: &[u64], rows: usize, tail: Vec<Arg>) -> Vec<Arg> {
     args
 }
 
+/// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
     ensure!(
         x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
