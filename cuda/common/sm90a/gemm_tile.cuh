@@ -31,8 +31,10 @@
 // (as bytes), box {128, 128}; SWIZZLE_128B), M, the column tiles, K (a multiple of 64, FP8 128).
 // SHORT_K (check image): the last K step's products left out.
 #pragma once
+#ifndef GEMM_EMU  // tools/gemm_tile_emu.cpp compiles the kernels on the host, with emulated primitives
 #include "wgmma.cuh"
 #include "tma.cuh"
+#endif
 
 namespace moss_gemm {
 using namespace moss_wg;
@@ -51,7 +53,9 @@ static_assert(16 * STAGES <= BAR_BYTES, "the mbarriers fit their bytes");
 static_assert(X_BYTES % 1024 == 0 && W_BYTES % 1024 == 0, "every box starts 1024-byte aligned (the swizzle's period)");
 
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+#ifndef GEMM_EMU
 __device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+#endif
 
 // FP8: x and W are e4m3 codes (`--precision fp8`), a stage 128 codes of K (the same 128-byte
 // rows), four wgmma m64n256k32 a K step; the scales are the epilogue's.
@@ -59,7 +63,11 @@ template <bool SHORT_K, class Tiles, class Epi, bool FP8 = false>
 __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, int m, int col_tiles, int k,
                                            const Tiles& tl, Epi& epi) {
     constexpr int BK_ELEMS = FP8 ? 2 * BK : BK;  // K elements a stage: 128 bytes either way
+#ifdef GEMM_EMU
+    char* smem_raw = gemm_emu_smem();
+#else
     extern __shared__ char smem_raw[];
+#endif
     const uint32_t raw = saddr(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
     // stage s at base + s·STAGE_BYTES: the x tile (128 rows), then W's box 0, then its box 1.
@@ -81,7 +89,7 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
 
     if (wg == 0) {
         // ---- producer: k-step `it` (counted over all of this block's tiles) fills stage it % STAGES ----
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        regs_dec<40>();
         if (tid == 0) {
             prefetch_map(tx);
             prefetch_map(tw);
@@ -104,7 +112,7 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
     }
 
     // ---- consumers: warpgroup c = wg − 1 owns rows m0 + 64c .. m0 + 64c + 63 of each tile ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    regs_inc<232>();
     const int c = wg - 1, lane = tid & 31;
     const bool leader = lane == 0;  // one empty-barrier arrival per warp
     char* wg_rows = smem_raw + (rows_at - raw) + c * WG_BYTES;
