@@ -292,17 +292,15 @@ inline float __shfl_xor_sync(unsigned, float v, int o) { return __uint_as_float(
 inline uint32_t __shfl_xor_sync(unsigned, uint32_t v, int o) { return shfl(v, (threadIdx.x % 32) ^ o); }
 inline int __shfl_xor_sync(unsigned, int v, int o) { return (int)shfl((uint32_t)v, (threadIdx.x % 32) ^ o); }
 
-// The CTA barrier after the mbarrier inits, and bar.sync 1 + c, 128: the in-consumer epilogue's
-// warpgroup barrier around its staging rows.
-inline void __syncthreads() { emu::C().all->arrive_and_wait(); }  // a cluster of one CTA
+// bar.sync 1 + c, 128: the in-consumer epilogue's warpgroup barrier around its staging rows.
 inline void named_sync128(int id) { emu::C().named[emu::rank][id]->arrive_and_wait(); }
 
 #include "dit/sm90a/linear_situ_glu.cu"
 #include "dit/sm90a/linear_qkv_norm_rope.cu"
 
-// CTAs a cluster and the rows of the x map's box, as the host launches the kernels (one CTA, whole tiles).
-#define EMU_CLUSTER 1
-#define EMU_X_BOX_ROWS moss_gemm::BM
+// CTAs a cluster and the rows of the x map's box, as the host launches the kernels.
+#define EMU_CLUSTER moss_gemm::CLUSTER
+#define EMU_X_BOX_ROWS moss_gemm::X_BOX_ROWS
 
 // Run `kernel` on a persistent grid of `blocks` CTAs, one cluster at a time, each CTA's 384 threads at once.
 static void launch(int blocks, const std::function<void()>& kernel) {

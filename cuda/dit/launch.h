@@ -21,6 +21,9 @@
 #define DIT_FLASH_WS_SMEM (32768 * 7 + 128 + 1024)
 // cuda/dit/sm90a/linear_situ_glu.cu (Hopper): x rows an output tile.
 #define DIT_SITU_GEMM_ROWS 128
+// CTAs a thread-block cluster (sm90a/gemm_tile.cuh: the x tile's two 64-row halves multicast to
+// both; the grid is whole clusters, the x map's box half a tile's rows).
+#define DIT_SITU_GEMM_CLUSTER 2
 // Output (F) columns an output tile: the tile reads the matching 128 up rows and 128 gate rows of W.
 #define DIT_SITU_GEMM_COLS 128
 // K a pipeline stage: 64 bf16, one 128-byte swizzled row (K must be a multiple of it).
@@ -36,6 +39,11 @@
 // Its dynamic shared memory: the stages, the output staging (128 x 128 bf16), 64 bytes of
 // mbarriers, 1024 bytes to align the base.
 #define DIT_SITU_GEMM_SMEM (DIT_SITU_GEMM_STAGES * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 2 + 64 + 1024)
+// The SiTU kernels' ring with the epilogue on the producer warpgroup's spare warps
+// (sm90a/gemm_tile.cuh EPI_WARPS): its stages, and its dynamic shared memory: the stages, the
+// tile's 128 x 128 words of staged (h, g), 64 bytes of mbarriers, 1024 bytes to align the base.
+#define DIT_SITU_EPI_STAGES 3
+#define DIT_SITU_EPI_SMEM (DIT_SITU_EPI_STAGES * DIT_SITU_GEMM_STAGE + DIT_SITU_GEMM_ROWS * DIT_SITU_GEMM_COLS * 4 + 64 + 1024)
 // cuda/dit/sm90a/linear_qkv_norm_rope.cu (Hopper, sm90a/gemm_tile.cuh's GEMM and launch as above):
 // product columns a tile, two heads of 128 (D must be a multiple of it).
 #define DIT_QKV_GEMM_COLS 256

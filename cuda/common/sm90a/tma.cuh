@@ -3,7 +3,9 @@
 // by value as a __grid_constant__ parameter), box copies global -> shared completing on an
 // mbarrier's transaction count, and the mbarrier operations of a producer / consumer ring (a
 // "full" barrier per stage the producer arms with the stage's bytes, an "empty" one the consumers
-// arrive on). Used by dit/sm90a/flash_attention_ws.cu and dit/sm90a/linear_situ_glu.cu.
+// arrive on), and the cluster forms (a box multicast to the CTAs of a thread-block cluster, an
+// arrival on a peer CTA's mbarrier). Used by dit/sm90a/flash_attention_ws.cu and
+// common/sm90a/gemm_tile.cuh.
 #pragma once
 #include "common.cuh"
 
@@ -42,6 +44,27 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const TmaMap* map, int c0
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+// The same box into shared memory at dst in every CTA of the cluster named by `mask` (bit r: CTA
+// rank r), completing on the mbarrier at offset bar in each of them.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const TmaMap* map, int c0, int c1, uint32_t bar, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+        : "memory");
+}
+// Thread-block clusters: a barrier of every (non-exited) thread of the cluster; an arrival on the
+// mbarrier at offset bar of CTA `rank` (default semantics: release at CTA scope, as CUTLASS's
+// ClusterBarrier::arrive).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+        "r"(rank)
         : "memory");
 }
 __device__ __forceinline__ void prefetch_map(const TmaMap* map) {

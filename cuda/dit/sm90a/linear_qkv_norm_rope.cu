@@ -15,13 +15,13 @@
 // chunks XOR-swizzled by row) and stored with 16-byte coalesced stores, one head after the other
 // in the 128 x 128 staging the SiTU kernel uses; v heads are stored as rounded.
 //
-// Arguments: CUtensorMaps of x ({K, M}) and W ({K, 3D}) (bf16, box {64, 128}, SWIZZLE_128B), out
+// Arguments: CUtensorMaps of x ({K, M}) and W ({K, 3D}) (bf16, boxes {64, 64} (x: half a tile's rows, sm90a/gemm_tile.cuh's clusters) and {64, 128}, SWIZZLE_128B), out
 // (row stride 3D), wq, wk [128] bf16, cos, sin [M, 64] bf16, M, D, K, eps.
-// Launch: 1-D grid of min(SMs, ⌈M/128⌉ · 3D/256) blocks, DIT_SITU_GEMM_THREADS threads,
-// DIT_SITU_GEMM_SMEM bytes of dynamic shared memory. Requires D % 256 == 0, K % 64 == 0 (the host
+// Launch: 1-D grid of min(SMs, ⌈M/128⌉ · 3D/256) blocks rounded down to whole clusters
+// of DIT_SITU_GEMM_CLUSTER (at least one), DIT_SITU_GEMM_THREADS threads, DIT_SITU_GEMM_SMEM bytes of dynamic shared memory. Requires D % 256 == 0, K % 64 == 0 (the host
 // checks). BUG 1 (check image): k normed with q's weight; BUG 2: the rotation's sign flipped.
 // The e4m3 form (`moss_dit_linear_qkv_norm_rope_fp8`, `--precision fp8`): x and W are e4m3 codes
-// with f32 row scales xs [M], ws [3D] (maps of bytes, box {128, 128}; K % 128 == 0), the products
+// with f32 row scales xs [M], ws [3D] (maps of bytes, boxes {128, 64} and {128, 128}; K % 128 == 0), the products
 // scaled by both before the bf16 rounding; the rest as above.
 #include "sm90a/gemm_tile.cuh"
 #include "../launch.h"
@@ -125,7 +125,7 @@ __device__ __forceinline__ void linear_qkv(const TmaMap* tx, const TmaMap* tw, _
     NormRopeEpilogue<BUG> epi{out, wq, wk, cs, sn, m, d, eps};
     gemm_tiles<false>(tx, tw, m, 3 * d / (2 * HD), k, TwoHeadTiles{}, epi);
 }
-// The e4m3 form: x and W codes (TMA maps of bytes, box {128, 128}), their row scales, K % 128 == 0.
+// The e4m3 form: x and W codes (TMA maps of bytes, boxes {128, 64} and {128, 128}), their row scales, K % 128 == 0.
 template <int BUG>
 __device__ __forceinline__ void linear_qkv_fp8(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out,
                                                const float* xs, const float* ws, const __nv_bfloat16* wq,
@@ -137,7 +137,7 @@ __device__ __forceinline__ void linear_qkv_fp8(const TmaMap* tx, const TmaMap* t
 }  // namespace moss_qkv
 
 #define MOSS_QKV_GEMM_KERNEL(NAME, BUG)                                                                           \
-    MOSS_KERNEL void __launch_bounds__(moss_gemm::THREADS, 1)                                                   \
+    MOSS_KERNEL void __cluster_dims__(moss_gemm::CLUSTER, 1, 1) __launch_bounds__(moss_gemm::THREADS, 1)                                                   \
         NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,           \
              __nv_bfloat16* out, const __nv_bfloat16* wq, const __nv_bfloat16* wk, const __nv_bfloat16* cs,           \
              const __nv_bfloat16* sn, int m, int d,                                                                \
@@ -150,7 +150,7 @@ MOSS_CONTROL(MOSS_QKV_GEMM_KERNEL(moss_dit_linear_qkv_norm_rope_k_weight_control
 MOSS_CONTROL(MOSS_QKV_GEMM_KERNEL(moss_dit_linear_qkv_norm_rope_sign_control, 2))
 
 #define MOSS_QKV_GEMM_FP8_KERNEL(NAME, BUG)                                                                         \
-    MOSS_KERNEL void __launch_bounds__(moss_gemm::THREADS, 1)                                                     \
+    MOSS_KERNEL void __cluster_dims__(moss_gemm::CLUSTER, 1, 1) __launch_bounds__(moss_gemm::THREADS, 1)                                                     \
         NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,             \
              __nv_bfloat16* out, const float* xs, const float* ws, const __nv_bfloat16* wq, const __nv_bfloat16* wk, \
              const __nv_bfloat16* cs, const __nv_bfloat16* sn, int m, int d, int k, float eps) {                 \

@@ -63,8 +63,8 @@ pub fn launch_configs() -> Vec<(String, usize, Picked)> {
         .iter()
         .map(|k| (k.name.to_string(), k.smem as usize, if k.sm90a { Picked::Hopper } else { Picked::Everywhere }))
         .collect();
-    v.push((dit::SITU_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
-    v.push((dit::SITU_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
+    v.push((dit::SITU_KERNEL.to_string(), launch::DIT_SITU_EPI_SMEM, Picked::Hopper));
+    v.push((dit::SITU_FP8_KERNEL.to_string(), launch::DIT_SITU_EPI_SMEM, Picked::Hopper));
     v.push((dit::QKV_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push((dit::QKV_FP8_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));
     v.push(("moss_enc_fattn_bf16".into(), encoder::FLASH_SMEM as usize, Picked::Everywhere));

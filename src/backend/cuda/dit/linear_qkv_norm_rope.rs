@@ -5,15 +5,15 @@
 //! ([`qkv_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `qkv_norm_rope`, each timed under its own name.
 
-use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS};
+use crate::backend::cuda::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS};
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
 
 /// The fused kernel (the check image also has `{QKV_KERNEL}_k_weight_control` and
-/// `{QKV_KERNEL}_sign_control`), launched like `moss_dit_linear_situ_glu` (persistent grid,
-/// `DIT_SITU_GEMM_SMEM` bytes of dynamic shared memory).
+/// `{QKV_KERNEL}_sign_control`), launched like `moss_dit_linear_situ_glu` (persistent grid) with
+/// [`DIT_SITU_GEMM_SMEM`] bytes of dynamic shared memory.
 pub const QKV_KERNEL: &str = "moss_dit_linear_qkv_norm_rope";
 
 /// The e4m3 form's kernel (`--precision fp8`; check-image twins `{QKV_FP8_KERNEL}_k_weight_control`,
@@ -105,7 +105,7 @@ impl Cuda {
         }
         args.extend([wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())));
         args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
-        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, args)?;
+        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, DIT_SITU_GEMM_SMEM, args)?;
         Ok(out)
     }
 

@@ -6,15 +6,16 @@
 //! GEMM on e4m3 codes (`moss_dit_linear_situ_glu_fp8`), its bf16 output then quantized per row;
 //! elsewhere `linear_fp8_quantized` + `situ_glu_fp8`.
 
-use crate::backend::cuda::launch::{DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_THREADS};
+use crate::backend::cuda::launch::{DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_THREADS};
 use crate::backend::cuda::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
 use crate::backend::Backend;
 use anyhow::{anyhow, ensure, Result};
 
 /// The fused kernel (the check image also has `{SITU_KERNEL}_swapped_control` and
-/// `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_GEMM_SMEM`] bytes of dynamic shared
-/// memory on the persistent grid (one block an SM, each looping over tiles).
+/// `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_EPI_SMEM`] bytes of dynamic shared
+/// memory (its epilogue on the producer warpgroup's spare warps) on the persistent grid (one block
+/// an SM, each looping over tiles).
 pub const SITU_KERNEL: &str = "moss_dit_linear_situ_glu";
 
 /// `(M, K, F)` when the fused kernel takes `x [.., K] · w [2F, K]ᵀ` by their shapes: K a positive
@@ -64,16 +65,18 @@ fn situ_gemm_fp8_shape(xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &C
 
 impl Cuda {
     /// Launch a kernel on `cuda/common/sm90a/gemm_tile.cuh`'s GEMM: `x [M, K]` and `W [Nw, K]` (of
-    /// one dtype: bf16, or e4m3 codes) as its two TMA maps (boxes of 128 bytes of K by 128 rows,
-    /// 128-byte swizzle), then `args`; `tiles` output tiles on the persistent grid (min(SMs,
-    /// tiles) blocks of [`DIT_SITU_GEMM_THREADS`] threads, [`DIT_SITU_GEMM_SMEM`] bytes).
-    pub(crate) fn launch_gemm_tiles(&self, name: &str, (x, w): (&CudaTensor, &CudaTensor), (m, nw, k): (usize, usize, usize), tiles: usize, args: Vec<Arg>) -> Result<()> {
-        let (bk, rows) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32);
-        let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows)?;
+    /// one dtype: bf16, or e4m3 codes) as its two TMA maps (boxes of 128 bytes of K by 64 x rows,
+    /// half a tile, and 128 W rows; 128-byte swizzle), then `args`; `tiles` output tiles on the
+    /// persistent grid: min(SMs, tiles) blocks rounded down to whole clusters of
+    /// [`DIT_SITU_GEMM_CLUSTER`] (at least one), of [`DIT_SITU_GEMM_THREADS`] threads and
+    /// `smem` bytes ([`DIT_SITU_EPI_SMEM`] for the SiTU kernels, `DIT_SITU_GEMM_SMEM` for q|k|v).
+    pub(crate) fn launch_gemm_tiles(&self, name: &str, (x, w): (&CudaTensor, &CudaTensor), (m, nw, k): (usize, usize, usize), tiles: usize, smem: usize, args: Vec<Arg>) -> Result<()> {
+        let (bk, rows, cl) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32, DIT_SITU_GEMM_CLUSTER);
+        let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows / cl as u32)?;
         let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
         let all: Vec<Arg> = [tx, tw].map(|t| Arg::Map(Box::new(t))).into_iter().chain(args).collect();
-        let blocks = tiles.min(self.sm_count());
-        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, DIT_SITU_GEMM_SMEM as u32, &all)
+        let blocks = (tiles.min(self.sm_count()) / cl).max(1) * cl;
+        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, smem as u32, &all)
     }
 }
 
@@ -93,7 +96,7 @@ impl Cuda {
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
         let args = vec![Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)];
-        self.launch_gemm_tiles(name, (x, w), (m, 2 * f, k), tiles, args)?;
+        self.launch_gemm_tiles(name, (x, w), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM, args)?;
         Ok(out)
     }
 
@@ -124,7 +127,7 @@ impl Cuda {
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
         let args = [&out, xs, ws].map(|t| Arg::P(t.ptr())).into_iter().chain([m, f, k].map(|v| Arg::I(v as i32))).collect();
-        self.launch_gemm_tiles(name, (xq, wq), (m, 2 * f, k), tiles, args)?;
+        self.launch_gemm_tiles(name, (xq, wq), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM, args)?;
         Ok(out)
     }
 
