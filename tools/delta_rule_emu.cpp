@@ -26,15 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_host.h"
+
 #define GDR_EMU 1
-#define __device__
-#define __forceinline__ inline
-using std::min;
-struct dim3e {
-    unsigned x = 0, y = 0, z = 0;
-};
-thread_local dim3e threadIdx, blockIdx;
-dim3e gridDim;
 struct alignas(16) float4 {
     float x, y, z, w;
 };

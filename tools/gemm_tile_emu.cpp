@@ -26,23 +26,12 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_host.h"
+
 #define GEMM_EMU 1
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
 #define __grid_constant__
 #define __cluster_dims__(...)
 #define __launch_bounds__(...)
-#define MOSS_KERNEL extern "C"
-#define MOSS_PRODUCTION(...) __VA_ARGS__
-#define MOSS_CONTROL(...) __VA_ARGS__
-using std::min;
-
-struct dim3e {
-    unsigned x = 0, y = 0, z = 0;
-};
-thread_local dim3e threadIdx, blockIdx;
-dim3e gridDim;
 struct alignas(16) uint4 {
     uint32_t x, y, z, w;
 };
@@ -54,28 +43,9 @@ inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 struct float2 {
     float x, y;
 };
-struct __nv_bfloat16 {
-    uint16_t bits;
-};
 struct __nv_bfloat162 {
     __nv_bfloat16 x, y;
 };
-inline float __uint_as_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline uint32_t __float_as_uint(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-}
-inline float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((uint32_t)b.bits << 16); }
-inline __nv_bfloat16 __float2bfloat16_rn(float x) {  // round to nearest even (finite inputs)
-    uint32_t u = __float_as_uint(x);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return {(uint16_t)(u >> 16)};
-}
 inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)}; }
 inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {__bfloat162float(v.x), __bfloat162float(v.y)}; }
 template <class T>

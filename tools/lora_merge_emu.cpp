@@ -15,21 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_host.h"
+
 #define LORA_EMU 1
-#define __device__
-#define __forceinline__ inline
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-#define __restrict__
-#define MOSS_KERNEL extern "C"
-#define MOSS_PRODUCTION(...) __VA_ARGS__
-#define MOSS_CONTROL(...) __VA_ARGS__
-using std::min;
-struct dim3e {
-    unsigned x = 0, y = 0, z = 0;
-};
-thread_local dim3e threadIdx, blockIdx;
-dim3e gridDim, blockDim;
+dim3e blockDim;
 std::barrier<>* block_barrier = nullptr;
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 struct alignas(16) float4 {
@@ -37,21 +28,6 @@ struct alignas(16) float4 {
 };
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
-struct __nv_bfloat16 {
-    unsigned short bits;
-};
-inline float __bfloat162float(__nv_bfloat16 b) {
-    unsigned u = (unsigned)b.bits << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline __nv_bfloat16 __float2bfloat16_rn(float x) {  // round to nearest even (finite inputs)
-    unsigned u;
-    std::memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return {(unsigned short)(u >> 16)};
-}
 namespace moss_elem {
 inline float ld(const float* p, long i) { return p[i]; }
 inline float ld(const __nv_bfloat16* p, long i) { return __bfloat162float(p[i]); }

@@ -147,7 +147,7 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
                     if (it >= STAGES) mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
                     const uint32_t st = base + s * STAGE_BYTES;
                     mbar_expect_tx(full(s), STAGE_BYTES);  // both x halves (ours and the peer's) and our W
-                    tma_load_multicast(st + rank * (X_BYTES / 2), tx, kt * BK_ELEMS, m0 + rank * (BM / 2), full(s),
+                    tma_load_multicast(st + rank * (X_BYTES / CLUSTER), tx, kt * BK_ELEMS, m0 + rank * X_BOX_ROWS, full(s),
                                        (uint16_t)((1 << CLUSTER) - 1));
                     tma_load(st + X_BYTES, tw, kt * BK_ELEMS, tl.w_row0(n0), full(s));
                     tma_load(st + X_BYTES + W_BYTES, tw, kt * BK_ELEMS, tl.w_row1(n0), full(s));
