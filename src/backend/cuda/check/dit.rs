@@ -184,6 +184,7 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
                 n,
                 HEADS,
                 scale,
+                None,
             )?;
             Ok(out)
         };
