@@ -264,6 +264,8 @@ inline int __shfl_xor_sync(unsigned, int v, int o) { return (int)shfl((uint32_t)
 
 // bar.sync 1 + c, 128: the in-consumer epilogue's warpgroup barrier around its staging rows.
 inline void named_sync128(int id) { emu::C().named[emu::rank][id]->arrive_and_wait(); }
+// prefetch.global.L1: a hint with no effect on the values.
+inline void prefetch_l1(const void*) {}
 
 #include "dit/sm90a/linear_situ_glu.cu"
 #include "dit/sm90a/linear_qkv_norm_rope.cu"
