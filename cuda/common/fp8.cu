@@ -74,42 +74,6 @@ MOSS_PRODUCTION(MOSS_QUANTIZE_FP8(moss_quantize_fp8, 0))
 MOSS_CONTROL(MOSS_QUANTIZE_FP8(moss_ctl_quantize_fp8_rz, 1))
 MOSS_CONTROL(MOSS_QUANTIZE_FP8(moss_ctl_quantize_fp8_tail, 2))
 
-// ---- quantize, the rows' amax known -----------------------------------------------------------
-// The kernel that produced x also wrote each row's amax in parts: parts[r · nparts + i] is the
-// largest |x| over piece i of row r (the pieces cover the row; the fp8 SiTU GEMM writes one a
-// 128-column tile). The row's amax is their max (a max in any order is the same), so the codes
-// and scale are moss_quantize_fp8's bit for bit, made in one pass over x: one warp a row
-// (grid-stride over rows), 8 values a lane at a time; K % 8 == 0 (the host checks).
-// BUG 1: the row's last part ignored.
-template <int BUG>
-__device__ void quantize_fp8_parts_impl(unsigned char* __restrict__ q, float* __restrict__ scale, const bf16* __restrict__ x,
-                                        const float* __restrict__ parts, int nparts, long rows, long k, float e4m3_max,
-                                        float min_amax) {
-    const int lane = threadIdx.x & 31;
-    const long warps = (long)gridDim.x * (blockDim.x >> 5);
-    for (long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
-        float m = 0.f;
-        for (int i = lane; i < nparts - (BUG == 1); i += 32) m = fmaxf(m, parts[r * nparts + i]);
-        const float s = e4m3_scale(warp_max(m), e4m3_max, min_amax);
-        if (lane == 0) scale[r] = s;
-        const bf16* xr = x + r * k;
-        unsigned char* qr = q + r * k;
-#pragma unroll 4
-        for (long i = lane * 8L; i < k; i += 256) {
-            float v[8];
-            ld8(xr, i, v);
-            st8_e4m3<0>(qr + i, v, s);
-        }
-    }
-}
-#define MOSS_QUANTIZE_FP8_PARTS(NAME, BUG)                                                                            \
-    MOSS_KERNEL void NAME##_bf16(unsigned char* q, float* scale, const bf16* x, const float* parts, int nparts,        \
-                                 long rows, long k, float e4m3_max, float min_amax) {                                  \
-        quantize_fp8_parts_impl<BUG>(q, scale, x, parts, nparts, rows, k, e4m3_max, min_amax);                         \
-    }
-MOSS_PRODUCTION(MOSS_QUANTIZE_FP8_PARTS(moss_quantize_fp8_parts, 0))
-MOSS_CONTROL(MOSS_QUANTIZE_FP8_PARTS(moss_ctl_quantize_fp8_parts_last, 1))
-
 // ---- the scaled product --------------------------------------------------------------------
 // out[r, j] = acc[r, j] · (xs[r] · ws[j]): the unit-scale FP8 product (fp32) times the row's and
 // the column's scales, rounded once into out's type. vec: n a multiple of 8.

@@ -257,12 +257,7 @@ impl<B: DitOps> Dit<B> {
     /// Attention (softmax scale `1/√hd`) over a packed `[N, 3·D]` `[q | k | v]` whose q and k are
     /// normed and rotated → `[N, D]`.
     fn normed_attention(&self, b: &B, qkv: &B::T) -> Result<B::T> {
-        b.attention_packed(qkv, self.cfg.num_heads, self.attention_scale())
-    }
-
-    /// The softmax scale `1/√hd`.
-    fn attention_scale(&self) -> f64 {
-        1.0 / (self.cfg.head_dim() as f64).sqrt()
+        b.attention_packed(qkv, self.cfg.num_heads, 1.0 / (self.cfg.head_dim() as f64).sqrt())
     }
 
     /// Run the text embedder and the refiner over `ctx` `[L, text_dim]`.
@@ -436,8 +431,9 @@ impl<B: DitOps> Dit<B> {
         let (eps, l) = (self.cfg.eps, self.linears);
         let qkv = mats.qkv.forward_qkv_norm_rope(b, &y, &blk.q_norm, &blk.k_norm, cos, sin, self.cfg.num_heads, eps)?;
         drop(y);
-        let att = l.attention_packed(b, &qkv, self.cfg.num_heads, self.attention_scale())?;
+        let att = self.normed_attention(b, &qkv)?;
         drop(qkv);
+        let att = Act::Dense(att);
         let (x, y) = mats.o.forward_gated_residual_norm_modulate(b, &att, &x, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps, l)?;
         drop(att);
         let s = mats.ffn_up_gate.forward_situ_glu(b, &y, l)?;

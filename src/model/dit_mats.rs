@@ -57,14 +57,6 @@ impl MainLinears {
         })
     }
 
-    /// `attention_packed(qkv, heads, scale)` (the o projection's input) in this form.
-    pub fn attention_packed<B: DitOps>(self, b: &B, qkv: &B::T, heads: usize, scale: f64) -> Result<Act<B>> {
-        Ok(match self {
-            MainLinears::Dense => Act::Dense(b.attention_packed(qkv, heads, scale)?),
-            MainLinears::Fp8 => Act::fp8(b.attention_packed_quantized(qkv, heads, scale)?),
-        })
-    }
-
     /// `(x', n) = gated_residual_norm_modulate(x, y, gate, w, shift, scale)`, `n` in this form.
     #[allow(clippy::too_many_arguments)]
     pub fn gated_residual_norm_modulate<B: DitOps>(

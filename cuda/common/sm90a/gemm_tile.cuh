@@ -17,9 +17,7 @@
 //   x · Wᵀ is a K-major x K-major product). One K step's products stay in flight while the next is
 //   issued; a stage goes back to the producer once the products reading it are done
 //   (wgmma.wait_group 1).
-// - Before a tile's products each consumer thread calls `epi.prefetch(m0, n0, c)` (e.g. L1
-//   prefetches of what its epilogue will read from global memory, on the way while the tensor
-//   cores run); at the end of a tile the consumer warpgroup calls `epi(acc, m0, n0, c, wg_rows)`: acc the
+// - At the end of a tile the consumer warpgroup calls `epi(acc, m0, n0, c, wg_rows)`: acc the
 //   m64n256 accumulator (acc[4i + 2r + e] is row 16·warp + g + 8r of the warpgroup's 64, product
 //   column 8i + 2t + e; warp = (tid & 127) >> 5, g = lane >> 2, t = lane & 3), m0 the tile's first
 //   x row, n0 = 128 · the column tile, c the warpgroup (rows m0 + 64c ..), wg_rows its WG_BYTES
@@ -80,8 +78,6 @@ static_assert(X_BYTES % 1024 == 0 && W_BYTES % 1024 == 0, "every box starts 1024
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 #ifndef GEMM_EMU
 __device__ __forceinline__ void named_sync128(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-// A hint: bring the line holding p into this SM's L1 (no register, no wait).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 #endif
 
 // FP8: x and W are e4m3 codes (`--precision fp8`), a stage 128 codes of K (the same 128-byte
@@ -191,9 +187,6 @@ __device__ __forceinline__ void gemm_tiles(const TmaMap* tx, const TmaMap* tw, i
     for (int pair = blockIdx.x / CLUSTER; pair < pairs; pair += gridDim.x / CLUSTER) {
         const int m0 = row0(pair), ct = col_tile(pair), n0 = ct * 128;
         const bool store = ct < col_tiles;  // the odd column tile past the columns stores nothing
-        // the in-consumer epilogue's own inputs (e.g. RoPE tables), on the way under the products
-        if constexpr (!EPI_WARPS)
-            if (store) epi.prefetch(m0, n0, c);
         for (int kt = 0; kt < nk; kt++, it++) {
             const int s = it % STAGES;
             mbar_wait(full(s), (it / STAGES) & 1);

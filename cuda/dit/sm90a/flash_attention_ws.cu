@@ -19,10 +19,7 @@
 //
 // Arguments: three CUtensorMaps (q, k, v: 2-D bf16 {heads*128 columns, n rows}, row stride = the
 // tensor's row stride in bytes, box {64, 128}, SWIZZLE_128B, made on the host by
-// cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e),
-// parts: null, or [n, heads] f32 that gets each output row's largest |value| in each head as
-// stored (bf16): the amax parts `--precision fp8` quantizes the o projection's input from in one
-// pass (moss_quantize_fp8_parts, common/fp8.cu).
+// cuTensorMapEncodeTiled) passed by value, the output (row stride ldo elements), n, scale*log2(e).
 // Launch: grid (ceil(n/128), heads), 384 threads, SMEM_BYTES of dynamic shared memory.
 #include "sm90a/wgmma_attention.cuh"
 #include "sm90a/tma.cuh"
@@ -47,9 +44,9 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const TmaMap* map, int co
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 
-template <bool PINGPONG, bool CONTROL, int AMAX_BUG = 0>
+template <bool PINGPONG, bool CONTROL>
 __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, const TmaMap* tv, __nv_bfloat16* __restrict__ o,
-                                        int n, int ldo, float sl2, float* __restrict__ parts) {
+                                        int n, int ldo, float sl2) {
     extern __shared__ char smem_raw[];
     const uint32_t raw = saddr(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
@@ -212,20 +209,10 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
         sum += __shfl_xor_sync(0xffffffff, sum, 2);
         const float inv = 1.f / sum;
         const int row = wrow + 8 * r;
-        float a = 0.f;  // parts: the row's largest |output| in this head, as stored (bf16)
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const uint32_t w = pack_bf16(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
-            *reinterpret_cast<uint32_t*>(sm + (i >> 3) * HALF + row * 128 + (((i & 7) ^ (row & 7)) << 4) + 4 * t) = w;
-            a = fmaxf(a, fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xffff0000u))));
-        }
-        if (parts != nullptr) {
-            if (AMAX_BUG != 1) {
-                a = fmaxf(a, __shfl_xor_sync(0xffffffff, a, 1));
-                a = fmaxf(a, __shfl_xor_sync(0xffffffff, a, 2));
-            }
-            if (t == 0 && m0 + row < n) parts[(long)(m0 + row) * gridDim.y + blockIdx.y] = a;
-        }
+        for (int i = 0; i < 16; i++)
+            *reinterpret_cast<uint32_t*>(sm + (i >> 3) * HALF + row * 128 + (((i & 7) ^ (row & 7)) << 4) + 4 * t) =
+                pack_bf16(acc[4 * i + 2 * r] * inv, acc[4 * i + 2 * r + 1] * inv);
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
 #pragma unroll
@@ -239,17 +226,14 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
 }
 }  // namespace moss_ws
 
-#define MOSS_WS_KERNEL(NAME, PINGPONG, CONTROL, AMAX_BUG)                                                          \
+#define MOSS_WS_KERNEL(NAME, PINGPONG, CONTROL)                                                                    \
     MOSS_KERNEL void __launch_bounds__(moss_ws::THREADS, 1)                                                         \
         NAME(const __grid_constant__ moss_tma::TmaMap tq, const __grid_constant__ moss_tma::TmaMap tk,               \
-             const __grid_constant__ moss_tma::TmaMap tv, __nv_bfloat16* o, int n, int ldo, float scale_log2,      \
-             float* parts) {                                                                                       \
-        moss_ws::attn_ws<PINGPONG, CONTROL, AMAX_BUG>(&tq, &tk, &tv, o, n, ldo, scale_log2, parts);                 \
+             const __grid_constant__ moss_tma::TmaMap tv, __nv_bfloat16* o, int n, int ldo, float scale_log2) {    \
+        moss_ws::attn_ws<PINGPONG, CONTROL>(&tq, &tk, &tv, o, n, ldo, scale_log2);                                  \
     }
 
 // Warp-specialised without ping-pong (`ws_nopp`; the ping-pong build `ws` was measured slower and
-// deleted), with its planted controls (running output not rescaled when the row maximum grows;
-// the amax parts of a thread's own columns only, the quad's reduction left out).
-MOSS_PRODUCTION(MOSS_WS_KERNEL(moss_dit_flash_attention_ws, false, false, 0))
-MOSS_CONTROL(MOSS_WS_KERNEL(moss_dit_flash_attention_ws_control, false, true, 0))
-MOSS_CONTROL(MOSS_WS_KERNEL(moss_dit_flash_attention_ws_amax_control, false, false, 1))
+// deleted), with its planted control (running output not rescaled when the row maximum grows).
+MOSS_PRODUCTION(MOSS_WS_KERNEL(moss_dit_flash_attention_ws, false, false))
+MOSS_CONTROL(MOSS_WS_KERNEL(moss_dit_flash_attention_ws_control, false, true))

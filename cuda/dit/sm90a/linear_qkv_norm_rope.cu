@@ -55,18 +55,6 @@ struct NormRopeEpilogue {
     float eps;
     const float* __restrict__ xs = nullptr;
     const float* __restrict__ ws = nullptr;
-    // The RoPE table lines of a thread's two rows (cos and sin: 64 bf16, one 128-byte line a row)
-    // into L1 before the tile's products, so that the rotation finds them there.
-    __device__ __forceinline__ void prefetch(int m0, int n0, int c) const {
-        if (2 * n0 / d == 2) return;  // v: not rotated
-        const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const long tok = min(m0 + 64 * c + 16 * warp + (lane >> 2) + 8 * r, m - 1);
-            prefetch_l1(cs + tok * (HD / 2));
-            prefetch_l1(sn + tok * (HD / 2));
-        }
-    }
     __device__ __forceinline__ void operator()(float (&acc)[128], int m0, int n0, int c, char* wg_rows) {
         const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3, warp = wtid >> 5;

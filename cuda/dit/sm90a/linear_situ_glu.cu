@@ -22,14 +22,11 @@
 // The e4m3 form (`moss_dit_linear_situ_glu_fp8`, `--precision fp8`): x and W are e4m3 codes with
 // f32 row scales xs [M], ws [2F] (maps of bytes, boxes {128, 64} and {128, 128}; K % 128 == 0): each product is
 // scaled by its two scales before the bf16 rounding (what the unfused fp8 linear stores), the rest
-// as above; the drain also writes each row's largest |output| (as stored, bf16) over the tile's
-// 128 columns to parts [M, F/128] (f32), from which moss_quantize_fp8_parts (common/fp8.cu)
-// quantizes the output per row for the down projection in one pass, without its own amax pass.
+// as above; the host quantizes the bf16 output per row for the down projection.
 // Launch: 1-D grid of min(SMs, ⌈M/128⌉ · F/128) blocks rounded down to whole clusters
 // of DIT_SITU_GEMM_CLUSTER (at least one), DIT_SITU_GEMM_THREADS threads, DIT_SITU_EPI_SMEM bytes
 // of dynamic shared memory. Requires F % 128 == 0, K % 64 == 0 (the host checks). BUG 1 (check
-// image): up and gate swapped in the epilogue; BUG 2: the last K step's products left out;
-// BUG 3 (e4m3 form): lane 31's columns left out of the amax parts.
+// image): up and gate swapped in the epilogue; BUG 2: the last K step's products left out.
 #include "sm90a/gemm_tile.cuh"
 #include "../situ.cuh"
 #include "../launch.h"
@@ -64,13 +61,12 @@ struct UpGateTiles {
 // no bank conflicts. `drain` (warps 1..3 of the producer warpgroup, rows w, w + 3, ..) reads a
 // row's chunk a lane, runs SiTU in fp32 (cuda/dit/situ.cuh, the bf16 kernel's form) and stores the
 // four bf16 outputs with 8-byte coalesced stores; rows past M are never stored.
-template <int SWAP, bool FP8 = false, int AMAX_BUG = 0>
+template <int SWAP, bool FP8 = false>
 struct SituEpilogue {
     __nv_bfloat16* __restrict__ out;
     int m, f;
     const float* __restrict__ xs = nullptr;
     const float* __restrict__ ws = nullptr;
-    float* __restrict__ parts = nullptr;  // FP8: [M, F / 128], the rows' amax a column tile
     __device__ __forceinline__ void stage(float (&acc)[128], int m0, int n0, int c, char* stg) {
         const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31;
         const int g = lane >> 2, t = lane & 3, warp = wtid >> 5;
@@ -106,20 +102,8 @@ struct SituEpilogue {
             float o[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) o[k] = situ_fast<SWAP>(__uint_as_float(wd[k] << 16), __uint_as_float(wd[k] & 0xffff0000u));
-            const uint2 st = make_uint2(pack_bf16(o[0], o[1]), pack_bf16(o[2], o[3]));
-            float a = 0.f;  // FP8: the largest |output| of the row's 128 columns, as stored (bf16)
-            if (FP8) {
-                const uint32_t sw[2] = {st.x, st.y};
-#pragma unroll
-                for (int k = 0; k < 2; k++) a = fmaxf(a, fmaxf(fabsf(__uint_as_float(sw[k] << 16)), fabsf(__uint_as_float(sw[k] & 0xffff0000u))));
-                if (AMAX_BUG == 1 && lane == 31) a = 0.f;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            }
-            if (m0 + row < m) {
-                *reinterpret_cast<uint2*>(out + (long)(m0 + row) * f + n0 + 4 * lane) = st;
-                if (FP8 && lane == 0) parts[(long)(m0 + row) * (f / BN) + n0 / BN] = a;
-            }
+            if (m0 + row < m)
+                *reinterpret_cast<uint2*>(out + (long)(m0 + row) * f + n0 + 4 * lane) = make_uint2(pack_bf16(o[0], o[1]), pack_bf16(o[2], o[3]));
         }
     }
 };
@@ -134,17 +118,16 @@ __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, 
 // The e4m3 form: x and W codes (TMA maps of bytes, boxes {128, 64} and {128, 128}), their row scales, K % 128 == 0.
 template <int BUG>
 __device__ __forceinline__ void linear_situ_fp8(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out,
-                                                const float* xs, const float* ws, float* parts, int m, int f, int k) {
-    using Epi = SituEpilogue<BUG == 1 ? 1 : 0, true, BUG == 3 ? 1 : 0>;
-    Epi epi{out, m, f, xs, ws, parts};
-    gemm_tiles<BUG == 2, UpGateTiles, Epi, true, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
+                                                const float* xs, const float* ws, int m, int f, int k) {
+    SituEpilogue<BUG == 1 ? 1 : 0, true> epi{out, m, f, xs, ws};
+    gemm_tiles<BUG == 2, UpGateTiles, SituEpilogue<BUG == 1 ? 1 : 0, true>, true, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
 }
 }  // namespace moss_gsg
 #define MOSS_GSG_FP8_KERNEL(NAME, BUG)                                                                      \
     MOSS_KERNEL void __cluster_dims__(moss_gemm::CLUSTER, 1, 1) __launch_bounds__(moss_gemm::THREADS, 1)                                              \
         NAME(const __grid_constant__ moss_tma::TmaMap tx, const __grid_constant__ moss_tma::TmaMap tw,     \
-             __nv_bfloat16* out, const float* xs, const float* ws, float* parts, int m, int f, int k) {   \
-        moss_gsg::linear_situ_fp8<BUG>(&tx, &tw, out, xs, ws, parts, m, f, k);                           \
+             __nv_bfloat16* out, const float* xs, const float* ws, int m, int f, int k) {                 \
+        moss_gsg::linear_situ_fp8<BUG>(&tx, &tw, out, xs, ws, m, f, k);                                  \
     }
 #define MOSS_GSG_KERNEL(NAME, BUG)                                                                          \
     MOSS_KERNEL void __cluster_dims__(moss_gemm::CLUSTER, 1, 1) __launch_bounds__(moss_gemm::THREADS, 1)                                              \
@@ -159,4 +142,3 @@ MOSS_CONTROL(MOSS_GSG_KERNEL(moss_dit_linear_situ_glu_short_k_control, 2))
 MOSS_PRODUCTION(MOSS_GSG_FP8_KERNEL(moss_dit_linear_situ_glu_fp8, 0))
 MOSS_CONTROL(MOSS_GSG_FP8_KERNEL(moss_dit_linear_situ_glu_fp8_swapped_control, 1))
 MOSS_CONTROL(MOSS_GSG_FP8_KERNEL(moss_dit_linear_situ_glu_fp8_short_k_control, 2))
-MOSS_CONTROL(MOSS_GSG_FP8_KERNEL(moss_dit_linear_situ_glu_fp8_amax_control, 3))

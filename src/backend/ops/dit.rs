@@ -68,13 +68,6 @@ pub trait DitOps: Backend {
     /// [`DitOps::qkv_norm_rope`] leaves it) → `[N, H·hd]`.
     fn attention_packed(&self, qkv: &Self::T, heads: usize, scale: f64) -> Result<Self::T>;
 
-    /// [`DitOps::attention_packed`] with its output quantized per row to e4m3
-    /// ([`Backend::quantize_rows`]) → `(codes, scales)`: the o projection's input at `--precision
-    /// fp8`. A backend may take the rows' amax from the attention kernel itself (bit for bit).
-    fn attention_packed_quantized(&self, qkv: &Self::T, heads: usize, scale: f64) -> Result<(Self::T, Self::T)> {
-        self.quantize_rows(&self.attention_packed(qkv, heads, scale)?)
-    }
-
     /// [`DitOps::gated_residual`] followed by [`DitOps::rms_norm_modulate`] of its result:
     /// `x' = x + y · gate` (rounded to the dtype of `x`, as the unfused op writes it), then
     /// `n = rms_norm_modulate(x', w, shift, scale, eps)` → `(x', n)`, both `[N, D]`.

@@ -184,7 +184,6 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
                 n,
                 HEADS,
                 scale,
-                None,
             )?;
             Ok(out)
         };

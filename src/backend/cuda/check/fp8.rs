@@ -45,7 +45,7 @@ fn rows_with_outliers(cx: &mut Cx, rows: usize, k: usize, std: f32) -> Result<Te
 }
 
 /// (codes whose value differs, scales that differ) of a GPU quantization against the CPU twin's.
-pub(crate) fn mismatches(cu: &Cuda, out: Result<(CudaTensor, CudaTensor)>, want: &(Tensor, Tensor)) -> Result<(usize, usize)> {
+fn mismatches(cu: &Cuda, out: Result<(CudaTensor, CudaTensor)>, want: &(Tensor, Tensor)) -> Result<(usize, usize)> {
     let (q, s) = out?;
     cu.sync()?;
     let (q, s) = (cu.download(&q)?, cu.download(&s)?);
@@ -81,34 +81,8 @@ fn gate_quantize(cx: &mut Cx) -> Result<()> {
             };
             cx.judge_value(what, &s, kind, EXACT, &note, error);
         }
-        // The one-pass form, the rows' amax given in parts of 128 columns (as the fp8 SiTU GEMM
-        // writes them); control: the last part ignored (the outlier rows' amax is there).
-        if cx.dtype != DType::BF16 || k % 128 != 0 {
-            continue;
-        }
-        let parts = amax_parts(&x, 128)?;
-        let gparts = cx.cuda.upload_as(&parts, DType::F32)?;
-        for (kind, kernel, what) in [
-            (Kind::Gate, "moss_quantize_fp8_parts", "fp8 quantize from amax parts (bit-exact)"),
-            (Kind::Control, "moss_ctl_quantize_fp8_parts_last", "fp8 quantize from amax parts, the last part ignored"),
-        ] {
-            let out = cx.cuda.quantize_fp8_parts_with(&gx, &gparts, kernel);
-            let (error, note) = match mismatches(&cx.cuda, out, &want) {
-                Ok((c, sc)) => ((c + sc) as f64 / (rows * k + rows) as f64, format!("{c} of {} codes, {sc} of {rows} scales differ", rows * k)),
-                Err(e) => (f64::NAN, format!("[error: {e:#}]")),
-            };
-            cx.judge_value(what, &s, kind, EXACT, &note, error);
-        }
     }
     Ok(())
-}
-
-/// `[rows, K / w]`: the largest |x| of each row over each `w` columns (Rust's max: a NaN ignored).
-pub(crate) fn amax_parts(x: &Tensor, w: usize) -> Result<Tensor> {
-    let k = *x.shape.last().unwrap_or(&0);
-    ensure!(w > 0 && k % w == 0, "amax parts of {w} columns in rows of {k}");
-    let data = x.data.chunks(w).map(|c| c.iter().fold(0f32, |m, v| m.max(v.abs()))).collect::<Vec<_>>();
-    Tensor::new(vec![data.len() / (k / w).max(1), k / w], data)
 }
 
 /// Quantize `x` and run the FP8 product on `path` with the scaling kernel `kernel` (production
@@ -224,21 +198,4 @@ pub fn time_fp8(cuda: &Cuda) -> Result<()> {
         println!("{line}");
     }
     Ok(())
-}
-
-/// The fraction of a kernel's amax parts (`(out, parts)`: `parts [rows, K / w]`) that differ from
-/// its own output's (each row's largest |value| over each `w` columns, on the host), and a note.
-pub(crate) fn parts_mismatch(cx: &Cx, fused: &Result<(CudaTensor, CudaTensor)>, w: usize) -> (f64, String) {
-    let run = || -> Result<(usize, usize)> {
-        let (out, parts) = fused.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        cx.cuda.sync()?;
-        let want = amax_parts(&cx.cuda.download(out)?, w)?;
-        let got = cx.cuda.download(parts)?;
-        ensure!(got.shape == want.shape, "amax parts {:?}, want {:?}", got.shape, want.shape);
-        Ok((got.data.iter().zip(&want.data).filter(|(a, b)| a != b).count(), want.data.len()))
-    };
-    match run() {
-        Ok((d, n)) => (d as f64 / n.max(1) as f64, format!("{d} of {n} parts differ")),
-        Err(e) => (f64::NAN, format!("[error: {e:#}]")),
-    }
 }

@@ -5,8 +5,6 @@
 //! `situ_glu_fp8`, each gated on its own (`linear_fp8`, `fp8 situ_glu`).
 
 use super::dit_ops::stream_rows;
-use super::fp8::parts_mismatch;
-use crate::backend::cuda::launch::DIT_SITU_GEMM_COLS;
 use super::gates::*;
 use super::linear_situ_glu::pick_rows;
 use crate::backend::cuda::dit::SITU_FP8_KERNEL;
@@ -34,10 +32,8 @@ pub(crate) fn quantized(cx: &Cx, x: &CudaTensor) -> Result<((CudaTensor, CudaTen
 /// unfused path's rounding points: `linear_fp8_quantized` of the same codes and scales (f64
 /// accumulation), rounded to bf16, then `situ_glu`. The kernel accumulates a tile's whole K in
 /// the tensor cores' accumulator (~14 bits kept between additions, what cuBLASLt's fast
-/// accumulation does; ~1e-4 on these sums), well inside the bf16 output's bound. Its amax parts
-/// (each row's largest |output| over each 128-column tile) bit for bit against its own output's.
-/// Controls (DiT shape): up and gate swapped, the last K step left out, lane 31's columns left
-/// out of the amax parts (the kernel's check-image twins).
+/// accumulation does; ~1e-4 on these sums), well inside the bf16 output's bound. Controls (DiT
+/// shape): up and gate swapped, the last K step left out (the kernel's check-image twins).
 fn gate_linear_situ_fp8(cx: &mut Cx) -> Result<()> {
     use dit::*;
     if cx.dtype != DType::BF16 || !cx.cuda.has_sm90a() {
@@ -56,19 +52,13 @@ fn gate_linear_situ_fp8(cx: &mut Cx) -> Result<()> {
         let s = format!("{m}x{k} · {k}x{} (e4m3)", 2 * f);
         let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
         let rows = Some(&rows[..]);
-        let fused = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, SITU_FP8_KERNEL);
-        let (error, pnote) = parts_mismatch(cx, &fused, DIT_SITU_GEMM_COLS);
-        let out = fused.map(|(out, _)| out);
+        let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, SITU_FP8_KERNEL);
         cx.judge(&format!("linear_situ_glu_fp8 ({SITU_FP8_KERNEL}, the SiTU output)"), &s, Kind::Gate, BF16_OUT, &note, out, &want, rows);
-        cx.judge_value("linear_situ_glu_fp8 amax parts (bit-exact to its output)", &s, Kind::Gate, EXACT, &pnote, error);
         if case == 0 {
             for (bug, what) in [("swapped", "up and gate swapped"), ("short_k", "last K step left out")] {
-                let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, &format!("{SITU_FP8_KERNEL}_{bug}_control")).map(|(out, _)| out);
+                let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, &format!("{SITU_FP8_KERNEL}_{bug}_control"));
                 cx.judge(&format!("linear_situ_glu_fp8 (fused), {what}"), &s, Kind::Control, BF16_OUT, &note, out, &want, rows);
             }
-            let fused = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, &format!("{SITU_FP8_KERNEL}_amax_control"));
-            let (error, pnote) = parts_mismatch(cx, &fused, DIT_SITU_GEMM_COLS);
-            cx.judge_value("linear_situ_glu_fp8 amax parts, lane 31's columns left out", &s, Kind::Control, EXACT, &pnote, error);
         }
     }
     Ok(())

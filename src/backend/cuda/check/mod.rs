@@ -2,7 +2,6 @@
 //! against the CPU backend, each with a planted control (a twin with a bug, from the check image)
 //! that the same comparison must reject.
 
-pub mod attention_fp8;
 pub mod dit;
 pub mod dit_ops;
 pub mod encoder;

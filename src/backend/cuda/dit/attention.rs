@@ -6,7 +6,7 @@
 //! `O = P V` (cuBLASLt, written straight into `[N, H, hd]`). Scores are chunked by heads (and
 //! query rows) to stay under [`ATTN_SCORE_BUDGET`].
 
-use super::{dims3, packed_dims, FlashKernel, FLASH_HEAD_DIM};
+use super::{dims3, packed_dims, FLASH_HEAD_DIM};
 use crate::backend::cuda::blas::Gemm;
 use crate::backend::cuda::ops::{Arg, Cuda, CudaTensor, DType};
 use crate::backend::ops::DitOps;
@@ -30,36 +30,13 @@ impl Cuda {
             let out = self.alloc(DType::BF16, &[n, d])?;
             if n > 0 {
                 let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
-                self.flash_attention_raw(self.flash_kernel(), (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale, None)?;
+                self.flash_attention_raw(self.flash_kernel(), (p, ld), (p + ko as u64 * es, ld), (p + vo as u64 * es, ld), (out.ptr(), d), n, heads, scale)?;
             }
             return Ok(out);
         }
         let part = |o: usize| self.narrow_with(qkv, 1, o, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
         let o = self.attention(&part(0)?, &part(ko)?, &part(vo)?, scale)?;
         self.reshape(&o, &[n, d])
-    }
-
-    /// [`DitOps::attention_packed_quantized`]: where the Hopper flash kernel runs (bf16, head dim 128)
-    /// it also writes the output rows' amax a head, and `kernel` (`moss_quantize_fp8_parts` or a
-    /// control) quantizes the output from them in one pass (profile rows `attention`,
-    /// `quantize_fp8 NxD`); elsewhere `quantize_rows` of [`DitOps::attention_packed`]'s output.
-    /// Codes and scales are the same bit for bit either way. `flash`: the kernel (a check-image
-    /// twin from `moss check`).
-    pub(crate) fn attention_packed_quantized_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, flash: &FlashKernel, kernel: &str) -> Result<(CudaTensor, CudaTensor)> {
-        let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
-        let d = heads * hd;
-        if !(qkv.dtype == DType::BF16 && hd == FLASH_HEAD_DIM && flash.tma && self.has_sm90a()) {
-            let out = self.attention_packed(qkv, heads, scale)?;
-            return self.timed_op(|| format!("quantize_fp8 {n}x{d}"), || self.quantize_fp8_with(&out, "moss_quantize_fp8"));
-        }
-        let out = self.alloc(DType::BF16, &[n, d])?;
-        let parts = self.alloc(DType::F32, &[n, heads])?;
-        if n > 0 {
-            let (p, ld, es) = (qkv.ptr(), 3 * d, 2u64);
-            let run = || self.flash_attention_raw(flash, (p, ld), (p + d as u64 * es, ld), (p + 2 * d as u64 * es, ld), (out.ptr(), d), n, heads, scale, Some(parts.ptr()));
-            self.prof("attention", run)?;
-        }
-        self.timed_op(|| format!("quantize_fp8 {n}x{d}"), || self.quantize_fp8_parts_with(&out, &parts, kernel))
     }
 
     /// `softmax` names the softmax kernel family (`moss` or the planted `moss_ctl`);

@@ -98,7 +98,7 @@ impl Cuda {
         ensure!(flash_applies(q, k, v), "flash attention: q {:?} {:?}, k {:?}, v {:?}", q.shape, q.dtype, k.shape, v.shape);
         let out = self.alloc(DType::BF16, &q.shape)?;
         let ld = h * hd;
-        self.flash_attention_raw(kernel, (q.ptr(), ld), (k.ptr(), ld), (v.ptr(), ld), (out.ptr(), ld), n, h, scale, None)?;
+        self.flash_attention_raw(kernel, (q.ptr(), ld), (k.ptr(), ld), (v.ptr(), ld), (out.ptr(), ld), n, h, scale)?;
         Ok(out)
     }
 
@@ -109,8 +109,7 @@ impl Cuda {
 
     /// The flash kernel on raw bf16 row-major buffers `(pointer, row stride in elements)`:
     /// head `i` is columns `[128i, 128i + 128)` of each of the `n` rows, so q/k/v may be column
-    /// slices of one fused `[n, 3·H·128]` projection. `parts` (the Hopper kernel only): a `[n,
-    /// heads]` f32 buffer that gets each output row's largest |value| in each head, as stored.
+    /// slices of one fused `[n, 3·H·128]` projection.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn flash_attention_raw(
         &self,
@@ -122,9 +121,7 @@ impl Cuda {
         n: usize,
         heads: usize,
         scale: f64,
-        parts: Option<u64>,
     ) -> Result<()> {
-        ensure!(spec.tma || parts.is_none(), "flash kernel `{}` writes no amax parts", spec.name);
         for (what, (p, ld)) in [("q", q), ("k", k), ("v", v), ("o", o)] {
             ensure!(ld % 8 == 0 && p % 16 == 0, "flash attention {what}: stride {ld} / address not 16-byte aligned");
             ensure!(ld >= heads * FLASH_HEAD_DIM, "flash attention {what}: stride {ld} < {heads} heads of {FLASH_HEAD_DIM}");
@@ -144,7 +141,7 @@ impl Cuda {
                 grid,
                 spec.threads,
                 spec.smem,
-                &[map(q)?, map(k)?, map(v)?, Arg::P(o.0), Arg::I(n as i32), Arg::I(o.1 as i32), Arg::F(scale_log2), Arg::P(parts.unwrap_or(0))],
+                &[map(q)?, map(k)?, map(v)?, Arg::P(o.0), Arg::I(n as i32), Arg::I(o.1 as i32), Arg::F(scale_log2)],
             );
         }
         self.launch_2d(

@@ -115,35 +115,31 @@ impl Cuda {
 
 impl Cuda {
     /// The e4m3 kernel `name` ([`SITU_FP8_KERNEL`] or a check-image twin) on codes `xq [M, K]`,
-    /// `wq [2F, K]` and their row scales → the SiTU output `[M, F]` bf16 and its rows' amax in
-    /// parts `[M, F / DIT_SITU_GEMM_COLS]` f32 (the largest |output| of each row over each column
-    /// tile, as stored: what [`Cuda::quantize_fp8_parts_with`] takes): min(SMs, tiles) blocks.
-    pub(crate) fn linear_situ_glu_fp8_fused(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, name: &str) -> Result<(CudaTensor, CudaTensor)> {
+    /// `wq [2F, K]` and their row scales → the SiTU output `[M, F]` bf16: min(SMs, tiles) blocks.
+    pub(crate) fn linear_situ_glu_fp8_fused(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, name: &str) -> Result<CudaTensor> {
         let (m, k, f) = situ_gemm_fp8_shape(xq, xs, wq, ws).ok_or_else(|| {
             anyhow!("linear_situ_glu_fp8: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", xq.shape, xq.dtype, wq.shape, wq.dtype)
         })?;
         ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let out = self.alloc(DType::BF16, &[m, f])?;
-        let parts = self.alloc(DType::F32, &[m, f / DIT_SITU_GEMM_COLS])?;
         if m == 0 {
-            return Ok((out, parts));
+            return Ok(out);
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
-        let args = [&out, xs, ws, &parts].map(|t| Arg::P(t.ptr())).into_iter().chain([m, f, k].map(|v| Arg::I(v as i32))).collect();
+        let args = [&out, xs, ws].map(|t| Arg::P(t.ptr())).into_iter().chain([m, f, k].map(|v| Arg::I(v as i32))).collect();
         self.launch_gemm_tiles(name, (xq, wq), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM, args)?;
-        Ok((out, parts))
+        Ok(out)
     }
 
     /// [`DitOps::linear_situ_glu_fp8`]: the e4m3 kernel where the sm_90a kernels are loaded and
     /// the shape qualifies (profile rows `linear_situ_glu_fp8 MxKxN`, N = 2F, and `quantize_fp8
-    /// MxF`: the one-pass quantization from the kernel's amax parts), else `linear_fp8_quantized`
-    /// + `situ_glu_fp8`.
+    /// MxF`), else `linear_fp8_quantized` + `situ_glu_fp8`.
     pub(crate) fn linear_situ_glu_fp8_op(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         match situ_gemm_fp8_shape(xq, xs, wq, ws).filter(|_| self.has_sm90a()) {
             Some((m, k, f)) => {
                 let run = || self.linear_situ_glu_fp8_fused(xq, xs, wq, ws, SITU_FP8_KERNEL);
-                let (situ, parts) = self.timed_op(|| format!("linear_situ_glu_fp8 {m}x{k}x{}", 2 * f), run)?;
-                self.timed_op(|| format!("quantize_fp8 {m}x{f}"), || self.quantize_fp8_parts_with(&situ, &parts, "moss_quantize_fp8_parts"))
+                let situ = self.timed_op(|| format!("linear_situ_glu_fp8 {m}x{k}x{}", 2 * f), run)?;
+                self.timed_op(|| format!("quantize_fp8 {m}x{f}"), || self.quantize_fp8_with(&situ, "moss_quantize_fp8"))
             }
             None => self.situ_glu_fp8(&self.linear_fp8_quantized(xq, xs, wq, ws)?),
         }

@@ -437,11 +437,6 @@ impl DitOps for Cuda {
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
         self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
     }
-    /// On Hopper the flash kernel writes the rows' amax a head and the output is quantized from
-    /// them in one pass ([`Cuda::attention_packed_quantized_with`]).
-    fn attention_packed_quantized(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.attention_packed_quantized_with(qkv, heads, scale, self.flash_kernel(), "moss_quantize_fp8_parts")
-    }
     fn gated_residual_norm_modulate(
         &self,
         x: &CudaTensor,

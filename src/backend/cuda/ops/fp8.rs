@@ -86,30 +86,6 @@ impl Cuda {
         Ok((q, scale))
     }
 
-    /// Each row of `x` (bf16 `[rows, K]`, K % 8 == 0) quantized as [`Cuda::quantize_fp8_with`]
-    /// does, bit for bit, with the rows' amax already known in parts (`parts [rows, P]` f32, the
-    /// largest |x| of each row over P pieces that cover it, written by the kernel that produced
-    /// `x`): one pass over `x`, one warp a row.
-    pub(crate) fn quantize_fp8_parts_with(&self, x: &CudaTensor, parts: &CudaTensor, kernel: &str) -> Result<(CudaTensor, CudaTensor)> {
-        let (rows, k) = (x.rows(), x.last_dim());
-        let np = parts.last_dim();
-        ensure!(x.dtype == DType::BF16 && k % 8 == 0, "fp8 quantize from amax parts: {} input of width {k}", x.dtype.name());
-        ensure!(parts.dtype == DType::F32 && parts.rows() == rows && np > 0, "fp8 quantize: amax parts {:?} for {rows} rows", parts.shape);
-        let q = self.alloc(DType::F8E4M3, &x.shape)?;
-        let scale = self.alloc(DType::F32, &[rows])?;
-        if rows > 0 && k > 0 {
-            let warps = QUANTIZE_THREADS as usize / 32;
-            self.launch(
-                &format!("{kernel}_bf16"),
-                rows.div_ceil(warps).min(1 << 16) as u32,
-                QUANTIZE_THREADS,
-                0,
-                &[kernel_ptr(&q), kernel_ptr(&scale), kernel_ptr(x), kernel_ptr(parts), Arg::I(np as i32), Arg::L(rows as i64), Arg::L(k as i64), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)],
-            )?;
-        }
-        Ok((q, scale))
-    }
-
     /// [`crate::backend::Backend::linear_fp8`], each part under its own profile row: the
     /// activation's quantization (`quantize_fp8 MxK`) and the product (`linear_fp8 MxKxN`).
     /// The weight's scales may be bf16 (a checkpoint's), used as f32.
