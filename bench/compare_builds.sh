@@ -14,8 +14,12 @@
 #   4. stages, NEW and BASE alternating: bench-dit (5 forwards + 50 guided steps), bench-encode
 #      (128 tokens), bench-vae (1024x1024);
 #   5. moss serve (bench/serve_bench.py): latency with the weights resident, throughput for 8
-#      queued requests, peak GPU memory, byte identity against moss generate.
-# STAGES="check golden e2e stages serve" selects. A step that fails prints FAILED.
+#      queued requests, peak GPU memory, byte identity against moss generate;
+#   6. dit (not in the default set; a kernel change's A/B, ~2 minutes): the DiT forward at bf16 and
+#      fp8, NEW and BASE alternating twice, 10 forwards each: every op's time side by side
+#      (bench/dit_ops_table.py), and the latents after 2 guided steps of both builds compared byte
+#      for byte.
+# STAGES="check golden e2e stages serve" selects (the default; add `dit`). A step that fails prints FAILED.
 # Needs .whl/diffusers-*.whl (the VAE of the random checkpoint).
 set -uo pipefail
 BASE=${BASE:-.final/moss_base}; NEW=${NEW:-.final/moss}
@@ -42,7 +46,7 @@ print(h.hexdigest()[:16])" "$1"; }
 same() { [ "$(idat "$1")" = "$(idat "$2")" ] && echo identical || echo "DIFFERENT (FAILED)"; }
 
 F=$W/full
-if has check || has e2e || has stages || has serve; then
+if has check || has e2e || has stages || has serve || has dit; then
   (timeout 300 bash bench/full_ckpt.sh $F > $OUT/ckpt.txt 2>&1; echo "ckpt rc=$?" >> $OUT/ckpt.txt) &
   CK=$!
 fi
@@ -128,5 +132,24 @@ fi
 if has serve; then
   el "== 5. moss serve"
   N=8 REPEAT=2 timeout 300 python3 bench/serve_bench.py "$NEW" $F $W/serve 2>&1 | tail -30 || echo "FAILED serve bench"
+fi
+if has dit; then
+  el "== 6. DiT forward, NEW and BASE alternating: every op, and 2-step latents"
+  for p in bf16 fp8; do
+    for r in 1 2; do
+      for b in NEW BASE; do
+        timeout 90 "${!b}" bench-dit --device cuda --precision $p --model $F --embeds $F/embeds.safetensors --size 1024x1024 \
+          --forward-only --forwards 10 > $W/fwd.$p.$b.$r.json 2> $W/fwd.$p.$b.$r.err || echo "FAILED bench-dit $b $p: $(tail -2 $W/fwd.$p.$b.$r.err)"
+      done
+    done
+    echo "$p:"
+    python3 bench/dit_ops_table.py $W/fwd.$p.NEW.1.json,$W/fwd.$p.NEW.2.json $W/fwd.$p.BASE.1.json,$W/fwd.$p.BASE.2.json \
+      || echo "FAILED dit_ops_table $p"
+    for b in NEW BASE; do
+      timeout 90 "${!b}" bench-dit --device cuda --precision $p --model $F --embeds $F/embeds.safetensors --size 1024x1024 \
+        --steps 2 --forwards 1 --save-latents $W/lat2.$p.$b.f32 > /dev/null 2> $W/lat2.$p.$b.err || echo "FAILED 2-step latents $b $p"
+    done
+    echo "$p latents after 2 steps, NEW vs BASE: $(cmp -s $W/lat2.$p.NEW.f32 $W/lat2.$p.BASE.f32 && echo identical || echo 'DIFFERENT (FAILED)')"
+  done
 fi
 el "done"
