@@ -111,16 +111,18 @@ struct SituEpilogue {
 template <int BUG>
 __device__ __forceinline__ void linear_situ(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out, int m,
                                             int f, int k) {
-    SituEpilogue<BUG == 1 ? 1 : 0> epi{out, m, f};
-    gemm_tiles<BUG == 2, UpGateTiles, SituEpilogue<BUG == 1 ? 1 : 0>, false, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
+    using Epi = SituEpilogue<BUG == 1 ? 1 : 0>;
+    Epi epi{out, m, f};
+    gemm_tiles<BUG == 2, UpGateTiles, Epi, false, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
 }
 
 // The e4m3 form: x and W codes (TMA maps of bytes, boxes {128, 64} and {128, 128}), their row scales, K % 128 == 0.
 template <int BUG>
 __device__ __forceinline__ void linear_situ_fp8(const TmaMap* tx, const TmaMap* tw, __nv_bfloat16* __restrict__ out,
                                                 const float* xs, const float* ws, int m, int f, int k) {
-    SituEpilogue<BUG == 1 ? 1 : 0, true> epi{out, m, f, xs, ws};
-    gemm_tiles<BUG == 2, UpGateTiles, SituEpilogue<BUG == 1 ? 1 : 0, true>, true, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
+    using Epi = SituEpilogue<BUG == 1 ? 1 : 0, true>;
+    Epi epi{out, m, f, xs, ws};
+    gemm_tiles<BUG == 2, UpGateTiles, Epi, true, true>(tx, tw, m, f / BN, k, UpGateTiles{f}, epi);
 }
 }  // namespace moss_gsg
 #define MOSS_GSG_FP8_KERNEL(NAME, BUG)                                                                      \
