@@ -13,7 +13,8 @@ Per case (json `cases: [{"name", "vae", "png", "width", "height", "key"}]`):
 - `<key>.pixels` f32 [1, 3, H, W]: diffusers' `VaeImageProcessor.preprocess` of the PNG (x/255, then 2x - 1);
 - `<key>.moments` f32 [1, 64, H/8, W/8]: `encoder` + `quant_conv` (mean and log-variance);
 - `<key>.mean` f32 [1, 32, H/8, W/8]: `encode(x).latent_dist.mode()`;
-- `<key>.latents` f32 [1, 128, H/16, W/16]: patchified and normalised, what the DiT works in.
+- `<key>.latents` f32 [1, 128, H/16, W/16]: patchified and normalised, what the DiT works in;
+- `<key>.latents64`: the same run in float64 (stored as f32), how far fp32 itself lands (json `fp32_vs_f64`).
 """
 from __future__ import annotations
 
@@ -96,14 +97,21 @@ def main():
         # Flux2Pipeline._encode_vae_image, with the VAE given (it reads self.vae).
         holder = type("Holder", (), {"vae": vae, "_patchify_latents": staticmethod(Flux2Pipeline._patchify_latents)})()
         latents = Flux2Pipeline._encode_vae_image(holder, image=x, generator=None)
+        # The same encoder in float64 (stored as f32): the yardstick for how far fp32 itself lands.
+        vae64 = AutoencoderKLFlux2.from_pretrained(os.path.join(HERE, folder), torch_dtype=torch.float64).eval()
+        latents64 = Flux2Pipeline._encode_vae_image(
+            type("Holder", (), {"vae": vae64, "_patchify_latents": staticmethod(Flux2Pipeline._patchify_latents)})(),
+            image=x.double(), generator=None)
         key = f"enc.{i}"
+        tensors[f"{key}.latents64"] = latents64.float().contiguous()
         tensors[f"{key}.pixels"] = x.contiguous()
         tensors[f"{key}.moments"] = moments.contiguous()
         tensors[f"{key}.mean"] = mean.contiguous()
         tensors[f"{key}.latents"] = latents.contiguous()
+        e = float((latents.double() - latents64).norm() / latents64.norm())
         cases.append({"name": name, "vae": folder, "png": png, "width": width, "height": height, "key": key,
-                      "latents_shape": list(latents.shape)})
-        print(f"{name} {width}x{height}: latents {list(latents.shape)} std {latents.std():.3f}")
+                      "latents_shape": list(latents.shape), "fp32_vs_f64": e})
+        print(f"{name} {width}x{height}: latents {list(latents.shape)} std {latents.std():.3f}, fp32 vs f64 rel L2 {e:.2e}")
     meta = {
         "what": "diffusers AutoencoderKLFlux2.encode (mean) + Flux2Pipeline._encode_vae_image glue",
         "cases": cases,

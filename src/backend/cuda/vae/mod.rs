@@ -379,6 +379,10 @@ mod tests {
         VaeConfig {
             latent_channels: 32,
             out_channels: 3,
+            block_out_channels: vec![128, 256, 512, 512],
+            in_channels: 3,
+            use_quant_conv: true,
+            down_block_types: vec![],
             decoder_block_out_channels: vec![96, 192, 384, 384],
             layers_per_block: 2,
             norm_num_groups: 32,
