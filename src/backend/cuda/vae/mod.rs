@@ -25,6 +25,8 @@
 pub mod attention;
 pub mod attention_fp16;
 pub mod conv;
+pub mod encode;
+pub mod encode_plan;
 pub mod picture;
 pub mod plan;
 
