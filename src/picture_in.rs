@@ -22,9 +22,12 @@ pub fn decode_limited(bytes: &[u8], what: &str) -> Result<image::DynamicImage> {
     let Some(format) = reader.format() else {
         bail!("{what} is not a picture moss reads (PNG, JPEG or WebP)");
     };
-    if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg | image::ImageFormat::WebP) {
-        bail!("{what} is a {format:?} picture; moss reads PNG, JPEG and WebP");
-    }
+    let name = match format {
+        image::ImageFormat::Png => "PNG",
+        image::ImageFormat::Jpeg => "JPEG",
+        image::ImageFormat::WebP => "WebP",
+        f => bail!("{what} is a {f:?} picture; moss reads PNG, JPEG and WebP"),
+    };
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE_IN);
     limits.max_image_height = Some(MAX_SIDE_IN);
@@ -35,7 +38,7 @@ pub fn decode_limited(bytes: &[u8], what: &str) -> Result<image::DynamicImage> {
         image::ImageError::Limits(l) => anyhow::anyhow!(
             "{what}: the picture is too large to read ({l}; at most {MAX_SIDE_IN}x{MAX_SIDE_IN} pixels)"
         ),
-        e => anyhow::anyhow!("{what} is not a readable {format:?} picture: {e}"),
+        e => anyhow::anyhow!("{what} is not a readable {name} picture: {e}"),
     })
 }
 

@@ -165,3 +165,25 @@ fn bad_input_is_refused() {
         assert!(e.contains("VAE encoder") && e.contains(what), "{e}");
     }
 }
+
+/// A run with a picture in counts the encode in its VAE stage: the larger of the decode's and
+/// the encode's activations (whole and least split), here on tiny-a at 1024x1024 and on the
+/// FLUX.2 widths' estimates beside it.
+#[test]
+fn run_plan_counts_the_encoder() {
+    use moss::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
+    use moss::run_plan::{networks, with_vae_encode, Budget};
+    let ck = common::checkpoint("tiny-a");
+    let size = (1024u32, 1024u32);
+    let nets = networks(&ck, &Budget::cpu(), 16, size).unwrap();
+    let mut with = nets.clone();
+    with_vae_encode(&mut with, &ck, size);
+    let (before, after) = (nets.iter().find(|n| n.name == "vae").unwrap(), with.iter().find(|n| n.name == "vae").unwrap());
+    let (enc, least) = (encode_activation_bytes(&ck.vae, 1024, 1024) as u64, encode_split_least_bytes(&ck.vae, 1024, 1024) as u64);
+    assert_eq!(after.activations, before.activations.max(enc));
+    assert_eq!(after.strip_activations, before.strip_activations.map(|s| s.max(least)));
+    assert!(after.activations >= enc && after.strip_activations.unwrap() >= least);
+    for (a, b) in nets.iter().zip(&with).filter(|(a, _)| a.name != "vae") {
+        assert_eq!((a.activations, a.strip_activations), (b.activations, b.strip_activations), "{}", a.name);
+    }
+}

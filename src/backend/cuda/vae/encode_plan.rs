@@ -141,3 +141,86 @@ pub fn encode_strip_plan_for(cfg: &VaeConfig, height: usize, width: usize, free:
     let rows = tallest(free).unwrap_or(1).min(preferred);
     Ok(Some(StripPlan { rows, keep_bytes: free - encode_strip_bytes(cfg, height, width, rows) }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::ops::GIB;
+    use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes, PREFERRED_ROWS};
+
+    /// FLUX.2's VAE: encoder widths 128/256/512/512, two resnets a block.
+    fn full_size() -> VaeConfig {
+        VaeConfig {
+            latent_channels: 32,
+            out_channels: 3,
+            block_out_channels: vec![128, 256, 512, 512],
+            in_channels: 3,
+            use_quant_conv: true,
+            down_block_types: vec![],
+            decoder_block_out_channels: vec![96, 192, 384, 384],
+            layers_per_block: 2,
+            norm_num_groups: 32,
+            batch_norm_eps: 1e-4,
+            patch_size: [2, 2],
+            use_post_quant_conv: true,
+            mid_block_add_attention: true,
+            defaulted: vec![],
+        }
+    }
+
+    /// The estimates at 1024x1024 and 2048x2048 beside the decoder's: the whole encode peaks
+    /// at full resolution (128 channels), under the whole decode (192 channels at full
+    /// resolution); the least split is the latent-resolution part (512-wide attention).
+    #[test]
+    fn estimates_full_size() {
+        let cfg = full_size();
+        for side in [1024usize, 2048] {
+            let px = side * side;
+            let whole = encode_activation_bytes(&cfg, side, side);
+            assert_eq!(whole, 4 * 128 * px * 4 + 128 * px * 4, "four full-resolution pictures of 128 channels, a quarter on top");
+            let dec = vae_activation_bytes(&cfg, side / 16, side / 16);
+            assert!(whole < dec, "{side}: the whole encode ({whole}) needs less than the whole decode ({dec})");
+            let least = encode_split_least_bytes(&cfg, side, side);
+            let dec_least = vae_split_least_bytes(&cfg, side / 16, side / 16);
+            println!(
+                "{side}x{side}: encode whole {:.2} GiB (decode {:.2}), least split {:.2} GiB (decode {:.2}), all pictures kept {:.2} GiB, 64-row strips {:.2} GiB",
+                whole as f64 / GIB,
+                dec as f64 / GIB,
+                least as f64 / GIB,
+                dec_least as f64 / GIB,
+                encode_keep_bytes(&cfg, side, side) as f64 / GIB,
+                encode_strip_bytes(&cfg, side, side, 64) as f64 / GIB
+            );
+            // The least split is the latent-resolution part, at most 1.25 of the decoder's.
+            assert_eq!(least, encode_mid_bytes(&cfg, side, side));
+            assert!(least * 4 <= dec_least * 5, "{side}: encode least {least} vs decode least {dec_least}");
+        }
+        // Kept pictures at 2048: conv_in's output (128 x 2048²) with a resnet's first conv output
+        // beside it, or block 1's widening resnet (input 128, its 256-wide conv output and a new
+        // 256-wide picture at 1024²).
+        let g = 32;
+        let a = 2 * picture_bytes(128, 2048, 2048, g);
+        let b = picture_bytes(128, 1024, 1024, g) + 2 * picture_bytes(256, 1024, 1024, g);
+        assert_eq!(encode_keep_bytes(&cfg, 2048, 2048), a.max(b));
+    }
+
+    /// The planner: whole when it fits; every kept picture on the device beside tall strips;
+    /// 64-row strips and the rest for pictures; a refusal with numbers below the least.
+    #[test]
+    fn strip_plan_full_size() {
+        let cfg = full_size();
+        let (h, w) = (2048, 2048);
+        assert_eq!(encode_strip_plan_for(&cfg, h, w, encode_activation_bytes(&cfg, h, w)).unwrap(), None);
+        let all = encode_keep_bytes(&cfg, h, w);
+        let free = all + encode_strip_bytes(&cfg, h, w, 200) + 7;
+        assert_eq!(encode_strip_plan_for(&cfg, h, w, free).unwrap(), Some(StripPlan { rows: 200, keep_bytes: all }));
+        let free = all + encode_strip_bytes(&cfg, h, w, PREFERRED_ROWS) - 1;
+        let p = encode_strip_plan_for(&cfg, h, w, free).unwrap().unwrap();
+        assert_eq!(p, StripPlan { rows: PREFERRED_ROWS, keep_bytes: free - encode_strip_bytes(&cfg, h, w, PREFERRED_ROWS) });
+        let least = encode_split_least_bytes(&cfg, h, w);
+        let p = encode_strip_plan_for(&cfg, h, w, least).unwrap().unwrap();
+        assert!(p.rows >= 8 && encode_strip_bytes(&cfg, h, w, p.rows) + p.keep_bytes <= least, "{p:?}");
+        let e = encode_strip_plan_for(&cfg, h, w, encode_mid_bytes(&cfg, h, w) - 1).unwrap_err().to_string();
+        assert!(e.contains("2048x2048") && e.contains("does not fit even in row strips") && e.contains("GiB free"), "{e}");
+    }
+}
