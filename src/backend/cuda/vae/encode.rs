@@ -19,6 +19,18 @@ use anyhow::{ensure, Result};
 /// (`moss_ctl_vae_pick_odd`, the even pixels).
 pub(crate) const PICK_KERNEL: &str = "moss_vae_pick_odd";
 
+thread_local! {
+    /// The pick kernel `conv2d_down2` launches: [`PICK_KERNEL`], but for `moss check`'s planted
+    /// control of the whole encoder ([`plant_pick_control`]).
+    static PICK: std::cell::Cell<&'static str> = const { std::cell::Cell::new(PICK_KERNEL) };
+}
+
+/// `moss check` only: run every downsampler on the planted pick (`moss_ctl_vae_pick_odd`, the
+/// even pixels) while on.
+pub(crate) fn plant_pick_control(on: bool) {
+    PICK.with(|p| p.set(if on { "moss_ctl_vae_pick_odd" } else { PICK_KERNEL }));
+}
+
 impl Cuda {
     /// `out[p, y, x] = x[p, 2y + 1, 2x + 1]` over the planes of `x [N, C, H, W]` (f32), on
     /// `kernel` ([`PICK_KERNEL`] or its control).
@@ -52,7 +64,7 @@ impl VaeEncodeOps for Cuda {
     fn conv2d_down2(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.timed(
             || format!("down conv {}->{} at {}x{}", w.shape[1], w.shape[0], x.shape[2], x.shape[3]),
-            || self.conv2d_down2_with(x, w, b, PICK_KERNEL),
+            || self.conv2d_down2_with(x, w, b, PICK.with(|p| p.get())),
         )
     }
 
