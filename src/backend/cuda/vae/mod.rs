@@ -71,6 +71,8 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::backend::cuda:
         Choice { op: "vae conv2d, fp16 overflow re-run", kernel: rerun.into() },
         Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
         Choice { op: "vae spatial_attention (D 384)", kernel: attn },
+        Choice { op: "vae encode conv2d_down2", kernel: format!("{conv}, then {}", encode::PICK_KERNEL) },
+        Choice { op: "vae encode spatial_attention (D 512)", kernel: if halo { "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".into() } else { "cuBLAS fp32 products + moss_vae_softmax_rows".into() } },
     ]
 }
 
