@@ -16,9 +16,7 @@ pub const MAX_ALLOC: u64 = 8192 * 8192 * 8;
 /// Decode `bytes` (PNG, JPEG or WebP) within the limits; `what` names the input in errors
 /// ("--image a.png").
 pub fn decode_limited(bytes: &[u8], what: &str) -> Result<image::DynamicImage> {
-    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
-        .with_guessed_format()
-        .with_context(|| format!("{what}: cannot read"))?;
+    let reader = image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().with_context(|| format!("{what}: cannot read"))?;
     let Some(format) = reader.format() else {
         bail!("{what} is not a picture moss reads (PNG, JPEG or WebP)");
     };
@@ -35,9 +33,7 @@ pub fn decode_limited(bytes: &[u8], what: &str) -> Result<image::DynamicImage> {
     let mut reader = reader;
     reader.limits(limits);
     reader.decode().map_err(|e| match e {
-        image::ImageError::Limits(l) => anyhow::anyhow!(
-            "{what}: the picture is too large to read ({l}; at most {MAX_SIDE_IN}x{MAX_SIDE_IN} pixels)"
-        ),
+        image::ImageError::Limits(l) => anyhow::anyhow!("{what}: the picture is too large to read ({l}; at most {MAX_SIDE_IN}x{MAX_SIDE_IN} pixels)"),
         e => anyhow::anyhow!("{what} is not a readable {name} picture: {e}"),
     })
 }

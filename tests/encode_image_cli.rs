@@ -19,11 +19,7 @@ fn scratch(tag: &str) -> PathBuf {
 
 fn moss(args: &[&str], ckpt: &str) -> Output {
     let model = golden().join(ckpt);
-    let o = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(args)
-        .args(["--device", "cpu", "--model", model.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_moss")).args(args).args(["--device", "cpu", "--model", model.to_str().unwrap()]).output().unwrap();
     println!("moss {args:?}: {}\n  stderr: {}", o.status, String::from_utf8_lossy(&o.stderr).trim());
     o
 }

@@ -10,9 +10,9 @@ use crate::check::gates::{shape_str, Cx, GateFn, Kind, EXACT, F32_GEMM};
 use crate::ops::{CudaTensor, DType};
 use crate::vae::encode::PICK_KERNEL;
 use crate::vae::{ConvKernel, ATTN_CHUNK_BYTES};
+use anyhow::Result;
 use moss_core::backend::ops::{VaeEncodeOps, VaeOps};
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 pub const GATES: &[(&str, GateFn)] = &[
     ("vae encode conv2d_down2", gate_down2),
@@ -45,10 +45,10 @@ fn gate_down2(cx: &mut Cx) -> Result<()> {
     }
     // (input shape, controls?)
     let cases: &[([usize; 4], bool)] = &[
-        ([1, 128, 256, 256], true), // down block 0 (1024x1024 picture: 1024², here a crop)
+        ([1, 128, 256, 256], true),  // down block 0 (1024x1024 picture: 1024², here a crop)
         ([1, 256, 128, 128], false), // down block 1
-        ([1, 512, 64, 64], true),   // down block 2
-        ([2, 40, 37, 45], false),   // odd sizes, two images, Cin off the 16-channel chunk
+        ([1, 512, 64, 64], true),    // down block 2
+        ([2, 40, 37, 45], false),    // odd sizes, two images, Cin off the 16-channel chunk
     ];
     for &(xs, controls) in cases {
         let c = xs[1];
@@ -81,9 +81,9 @@ fn gate_encoder_convs(cx: &mut Cx) -> Result<()> {
         return Ok(());
     }
     let cases: &[([usize; 4], usize, usize, bool)] = &[
-        ([1, 3, 512, 512], 128, 3, true), // conv_in at a 512x512 crop
+        ([1, 3, 512, 512], 128, 3, true),   // conv_in at a 512x512 crop
         ([1, 512, 128, 128], 64, 3, false), // conv_out at 1024x1024
-        ([1, 64, 128, 128], 64, 1, false), // quant_conv
+        ([1, 64, 128, 128], 64, 1, false),  // quant_conv
     ];
     for &(xs, cout, k, controls) in cases {
         let cin = xs[1];

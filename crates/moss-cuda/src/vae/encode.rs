@@ -10,10 +10,10 @@
 
 use super::encode_plan::{encode_activation_bytes, encode_split_least_bytes, encode_strip_plan_for};
 use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::vae_encode::down2_side;
 use moss_core::backend::ops::VaeEncodeOps;
 use moss_core::checkpoint::config::VaeConfig;
-use anyhow::{ensure, Result};
 
 /// The production pick kernel; `moss check` passes its planted twin's name
 /// (`moss_ctl_vae_pick_odd`, the even pixels).
@@ -78,9 +78,7 @@ impl VaeEncodeOps for Cuda {
     fn vae_encode_strip_plan(&self, cfg: &VaeConfig, height: usize, width: usize) -> Result<Option<moss_core::backend::ops::vae::StripPlan>> {
         // Free memory less the reserve, and no more than the run's plan leaves the VAE.
         let limit = self.vae_limit().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize;
-        let avail = |cuda: &Cuda| -> Result<usize> {
-            Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::plan::RESERVE_BYTES).min(limit))
-        };
+        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::plan::RESERVE_BYTES).min(limit)) };
         if encode_activation_bytes(cfg, height, width) <= avail(self)? {
             return Ok(None);
         }

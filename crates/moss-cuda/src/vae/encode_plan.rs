@@ -5,9 +5,9 @@
 //! widths `block_out_channels`, halved resolution after each downsampler.
 
 use super::ATTN_CHUNK_BYTES;
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::vae::{picture_bytes, StripPlan};
 use moss_core::checkpoint::config::VaeConfig;
-use anyhow::{ensure, Result};
 
 /// The strip levels: `(input channels, channels, rows, columns)` of each down block that ends in
 /// a downsampler (run in strips), at its own resolution.

@@ -81,17 +81,10 @@ impl<B: VaeEncodeOps> VaeEncoder<B> {
         }
         ensure!(cfg.in_channels == 3, "vae/config.json: in_channels {} (only RGB pictures are encoded)", cfg.in_channels);
         ensure!(cfg.layers_per_block >= 1, "vae/config.json: layers_per_block 0 (the encoder needs a resnet a block)");
-        if !cfg.down_block_types.is_empty()
-            && (cfg.down_block_types.len() != widths.len() || cfg.down_block_types.iter().any(|t| t != "DownEncoderBlock2D"))
-        {
-            bail!(
-                "vae/config.json: down_block_types {:?} (expected {} x \"DownEncoderBlock2D\", one per width)",
-                cfg.down_block_types,
-                widths.len()
-            );
+        if !cfg.down_block_types.is_empty() && (cfg.down_block_types.len() != widths.len() || cfg.down_block_types.iter().any(|t| t != "DownEncoderBlock2D")) {
+            bail!("vae/config.json: down_block_types {:?} (expected {} x \"DownEncoderBlock2D\", one per width)", cfg.down_block_types, widths.len());
         }
-        c.validate(&crate::checkpoint::expected::vae_encoder(cfg))
-            .map_err(|e| e.context("the VAE encoder (for pictures in) cannot load"))?;
+        c.validate(&crate::checkpoint::expected::vae_encoder(cfg)).map_err(|e| e.context("the VAE encoder (for pictures in) cannot load"))?;
         let (_, bn_mean) = c.f32("bn.running_mean")?;
         let (_, bn_var) = c.f32("bn.running_var")?;
         let packed = cfg.packed_channels();
@@ -107,8 +100,7 @@ impl<B: VaeEncodeOps> VaeEncoder<B> {
                 let resnets = (0..cfg.layers_per_block)
                     .map(|r| Resnet::load(b, c, &format!("{p}.resnets.{r}"), if r == 0 { prev } else { ch }, ch, g))
                     .collect::<Result<_>>()?;
-                let downsampler =
-                    if i + 1 < widths.len() { Some(Conv::load(b, c, &format!("{p}.downsamplers.0.conv"))?) } else { None };
+                let downsampler = if i + 1 < widths.len() { Some(Conv::load(b, c, &format!("{p}.downsamplers.0.conv"))?) } else { None };
                 down_blocks.push(DownBlock { resnets, downsampler });
                 prev = ch;
             }
@@ -120,11 +112,7 @@ impl<B: VaeEncodeOps> VaeEncoder<B> {
                 conv_in: Conv::load(b, c, "encoder.conv_in")?,
                 down_blocks,
                 mid_resnets: (0..2).map(|r| Resnet::load(b, c, &format!("{mid}.resnets.{r}"), prev, prev, g)).collect::<Result<_>>()?,
-                mid_attention: if cfg.mid_block_add_attention {
-                    Some(Attention::load(b, c, &format!("{mid}.attentions.0"), g)?)
-                } else {
-                    None
-                },
+                mid_attention: if cfg.mid_block_add_attention { Some(Attention::load(b, c, &format!("{mid}.attentions.0"), g)?) } else { None },
                 conv_norm_out: GroupNorm::load(b, c, "encoder.conv_norm_out", g)?,
                 conv_out: Conv::load(b, c, "encoder.conv_out")?,
                 quant_conv: if cfg.use_quant_conv { Some(Conv::load(b, c, "quant_conv")?) } else { None },
