@@ -6,6 +6,7 @@ pub mod batch;
 pub mod bench;
 pub mod bench_encoder;
 pub mod bench_vae;
+pub mod cache;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;

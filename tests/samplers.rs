@@ -158,3 +158,54 @@ fn the_host_loop_with_euler_is_the_fused_loop() {
         assert_eq!(fused.data, direct.data, "euler is today's loop");
     }
 }
+
+/// `device::sample` (what the pipeline calls) on the tiny-a DiT: for every sampler it equals
+/// `sampler::run` with a model that runs the same passes and combines them on the host, so the
+/// adapter hands each call its step, timestep, skip window and guidance as the plain loop does.
+#[test]
+fn the_device_loop_asks_the_dit_what_the_host_loop_asks() {
+    use moss::model::dit::{Dit, MainLinears::Dense};
+    let ck = common::checkpoint("tiny-a");
+    let comp = ck.open_component("transformer").unwrap();
+    let dit = Dit::load(&Cpu, &comp, &ck.dit, Dense).unwrap();
+    let ctx = Expected::load("tiny-a");
+    let tc = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx")).unwrap();
+    let tu = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx.neg")).unwrap();
+    let shape = vec![1, 128, 4, 4];
+    let n = 128 * 16;
+    let sigmas = moss::schedule::sigmas(4, &ck.scheduler);
+    let (g, window, skip) = (3.0f32, (0.0, 0.5), [22usize]);
+    for (kind, _) in Kind::ALL {
+        let mut gen = TorchGenerator::new(42);
+        let x = Tensor::new(shape.clone(), gen.randn(n)).unwrap();
+        let mut steps_seen = vec![];
+        let velocities = |s: moss::sampling::Step, x: &Tensor| {
+            steps_seen.push((s.step, s.call, s.skip_active));
+            let sk: &[usize] = if s.skip_active { &skip } else { &[] };
+            Ok((dit.velocity(&Cpu, x, s.t, &tc, &[])?, Some(dit.velocity(&Cpu, x, s.t, &tu, sk)?)))
+        };
+        let (got, count) = device::sample(&Cpu, x.clone(), &sigmas, kind, &mut gen, g, window, velocities, |_, _| Ok(())).unwrap();
+        assert_eq!(count.calls, kind.calls(4), "{kind}");
+        assert_eq!(count.passes, 2 * count.calls);
+        let want_steps: Vec<usize> = steps_seen.iter().map(|s| s.0).collect();
+        assert!(steps_seen.iter().all(|&(s, _, active)| active == ((s as f64 / 4.0) < 0.5)), "{kind}: {steps_seen:?}");
+        assert_eq!(steps_seen.iter().map(|s| s.1).collect::<Vec<_>>(), (0..count.calls).collect::<Vec<_>>());
+
+        let mut gen = TorchGenerator::new(42);
+        let x0 = gen.randn(n);
+        let mut host_steps = vec![];
+        let mut model = |x: &[f32], c: ModelCall| {
+            host_steps.push(c.step);
+            let xt = Tensor::new(shape.clone(), x.to_vec())?;
+            let sk: &[usize] = if (c.step as f64 / c.steps as f64) < 0.5 { &skip } else { &[] };
+            let v_c = dit.velocity(&Cpu, &xt, c.t(), &tc, &[])?;
+            let v_u = dit.velocity(&Cpu, &xt, c.t(), &tu, sk)?;
+            Ok(v_u.data.iter().zip(&v_c.data).map(|(&u, &c)| u + g * (c - u)).collect())
+        };
+        let (want, calls) = sampler::run(kind, &sigmas, x0, &mut gen, &mut model, |_, _, _| Ok(())).unwrap();
+        assert_eq!(calls, count.calls);
+        assert_eq!(host_steps, want_steps, "{kind}: the steps of the calls");
+        assert_eq!(got.data, want, "{kind}");
+        assert!(want.iter().all(|v| v.is_finite()));
+    }
+}

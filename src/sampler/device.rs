@@ -77,8 +77,8 @@ pub fn sample_on_host<B: DitOps>(
     let zero = if guided { Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?) } else { None };
     let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
         let frac = call.step as f64 / call.steps as f64;
-        let step = Step { step: call.step, t: call.t(), guided, skip_active: skip_window.0 <= frac && frac < skip_window.1 };
-        let (v_c, v_u) = velocities(step, &b.upload(&Tensor::new(shape.clone(), x.to_vec())?)?)?;
+        let step = Step { step: call.step, call: call.call, t: call.t(), guided, skip_active: skip_window.0 <= frac && frac < skip_window.1 };
+        let (v_c, v_u) = velocities(step, &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?)?;
         ensure!(v_u.is_some() == guided, "step {}: {} negative velocity", call.step, if guided { "no" } else { "an unasked" });
         let v = match (&zero, v_u) {
             (Some(zero), Some(v_u)) => b.cfg_euler(zero, &v_c, Some(&v_u), guidance, 1.0)?,

@@ -1,0 +1,78 @@
+//! The DiT forward with step caching ([`crate::cache`]): the main-block loop consults one pass's
+//! [`BlockCache`] between the first `F` blocks and the middle ones.
+//!
+//! `X_0` the joint stream after the embedders; the first blocks give `X_F`, and
+//! `R = X_F − X_0` goes to the cache. Served from the cache: `X ← X_F + M` (the cached middle
+//! residual), the middle blocks do not run. Otherwise they run and `M = X_{N−B} − X_F` is kept.
+//! The last `B` blocks and the head always run. Skipped layers (`skip`) are identities wherever
+//! they fall. The blocks' norms fused across a block boundary are redone at the jump (the first
+//! last-`B` block's norm1 from `X`).
+
+use super::{Dit, PassRun};
+use crate::backend::ops::DitOps;
+use crate::cache::{store::sub, BlockCache};
+use anyhow::Result;
+
+impl<B: DitOps> Dit<B> {
+    /// [`Dit::velocity`] with `cache` (this pass's own) at cache step `step` (the model call's
+    /// index: cache-dit counts transformer calls).
+    pub fn velocity_cached(
+        &self,
+        b: &B,
+        x: &B::T,
+        t: f32,
+        text: &super::TextCond<B>,
+        skip: &[usize],
+        cache: &mut BlockCache<B>,
+        step: usize,
+    ) -> Result<B::T> {
+        let n = self.layers.len();
+        cache.cfg.check(n)?;
+        let (f, tail) = (cache.cfg.fn_blocks, n - cache.cfg.bn_blocks);
+        let mut r = self.begin(b, x, t, text, skip)?;
+        let active = r.active.clone();
+        let x0 = r.xs.clone().expect("the stream is there before the blocks");
+        self.run_blocks(b, &mut r, active.iter().copied().filter(|&i| i < f))?;
+        let xf = r.xs.clone().expect("the stream is there after the first blocks");
+        let middle: Vec<usize> = active.iter().copied().filter(|&i| i >= f && i < tail).collect();
+        match cache.decide(b, step, sub(b, &xf, &x0)?)? {
+            Some(m) => {
+                let xs = b.add(&xf, &m)?;
+                // The norm the last middle block would have fused: the next running block's.
+                r.y = match active.iter().find(|&&i| i >= tail) {
+                    Some(&k) => Some(self.linears.rms_norm_modulate(
+                        b,
+                        &xs,
+                        &self.layers[k].norm1,
+                        &r.m.shift_attn,
+                        &r.m.scale_attn,
+                        self.cfg.eps,
+                    )?),
+                    None => None,
+                };
+                r.xs = Some(xs);
+                cache.blocks_skipped += middle.len();
+            }
+            None => {
+                self.run_blocks(b, &mut r, middle.iter().copied())?;
+                let xm = r.xs.as_ref().expect("the stream is there after the middle blocks");
+                cache.computed_middle(b, sub(b, xm, &xf)?)?;
+                cache.blocks_run += middle.len();
+            }
+        }
+        let last = active.iter().filter(|&&i| i < f || i >= tail).count();
+        cache.blocks_run += last;
+        self.run_blocks(b, &mut r, active.iter().copied().filter(|&i| i >= tail))?;
+        self.head(b, r)
+    }
+
+    /// Run `blocks` (ones the pass runs, in order) on the pass's stream.
+    fn run_blocks(&self, b: &B, r: &mut PassRun<'_, B>, blocks: impl Iterator<Item = usize>) -> Result<()> {
+        for i in blocks {
+            let mats = self.block_weights(b, i)?;
+            self.advance(b, r, i, &mats)?;
+            mats.done(b)?;
+        }
+        Ok(())
+    }
+}
