@@ -13,7 +13,7 @@ pub fn long_version() -> &'static str {
             Some(sms) => format!("CUDA kernels for sm_{}", sms.replace(',', ", sm_")),
             None => "built without CUDA kernels (CPU only)".to_string(),
         };
-        format!("{} (git {})\n{kernels}", env!("CARGO_PKG_VERSION"), env!("MOSS_GIT_REV"))
+        format!("{} (git {})\n{kernels}", env!("CARGO_PKG_VERSION"), moss_cuda::GIT_REV)
     })
 }
 
