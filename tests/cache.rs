@@ -22,7 +22,10 @@ fn config(c: &serde_json::Value) -> CacheConfig {
     let f = &c["config"];
     let num = |k: &str| f[k].as_u64().map(|v| v as usize);
     let order = c["taylorseer_order"].as_u64().unwrap() as usize;
-    let (fn_blocks, bn_blocks) = (num("Fn_compute_blocks").unwrap(), num("Bn_compute_blocks").unwrap());
+    let (fn_blocks, bn_blocks) = (
+        num("Fn_compute_blocks").unwrap(),
+        num("Bn_compute_blocks").unwrap(),
+    );
     let method = match (order, fn_blocks, bn_blocks) {
         (1.., _, _) => Method::TaylorSeer,
         (0, 1, 0) => Method::FbCache,
@@ -49,26 +52,54 @@ fn run(e: &Expected, cfg: Option<CacheConfig>, guidance: f32) -> (Vec<f32>, Vec<
     let ctx = Expected::load("tiny-a");
     let tc = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx")).unwrap();
     let tu = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx.neg")).unwrap();
-    let shape: Vec<usize> = e.json["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let shape: Vec<usize> = e.json["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
     let n: usize = shape.iter().product();
-    let x = Tensor::new(shape, moss::noise::torch_randn(e.json["seed"].as_u64().unwrap(), n)).unwrap();
+    let x = Tensor::new(
+        shape,
+        moss::noise::torch_randn(e.json["seed"].as_u64().unwrap(), n),
+    )
+    .unwrap();
     let s = sigmas(e.json["steps"].as_u64().unwrap() as usize, &ck.scheduler);
-    let mut caches: Vec<BlockCache<Cpu>> = cfg.into_iter().flat_map(|c| [BlockCache::new(c), BlockCache::new(c)]).collect();
-    let out = moss::sampling::sample(&Cpu, x, &s, guidance, (0.0, 1.0), |step, x| {
-        let mut pass = |text, k: usize| match caches.get_mut(k) {
-            Some(c) => dit.velocity_cached(&Cpu, x, step.t, text, &[], c, step.step),
-            None => dit.velocity(&Cpu, x, step.t, text, &[]),
-        };
-        let v_c = pass(&tc, 0)?;
-        let v_u = if step.guided { Some(pass(&tu, 1)?) } else { None };
-        Ok((v_c, v_u))
-    }, |_, _, _| Ok(()))
+    let mut caches: Vec<BlockCache<Cpu>> = cfg
+        .into_iter()
+        .flat_map(|c| [BlockCache::new(c), BlockCache::new(c)])
+        .collect();
+    let out = moss::sampling::sample(
+        &Cpu,
+        x,
+        &s,
+        guidance,
+        (0.0, 1.0),
+        |step, x| {
+            let mut pass = |text, k: usize| match caches.get_mut(k) {
+                Some(c) => dit.velocity_cached(&Cpu, x, step.t, text, &[], c, step.step),
+                None => dit.velocity(&Cpu, x, step.t, text, &[]),
+            };
+            let v_c = pass(&tc, 0)?;
+            let v_u = if step.guided {
+                Some(pass(&tu, 1)?)
+            } else {
+                None
+            };
+            Ok((v_c, v_u))
+        },
+        |_, _, _| Ok(()),
+    )
     .unwrap();
     (out.data, caches)
 }
 
 fn steps(v: &serde_json::Value) -> Vec<usize> {
-    v.as_array().unwrap().iter().map(|s| s.as_u64().unwrap() as usize).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap() as usize)
+        .collect()
 }
 
 #[test]
@@ -78,10 +109,17 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
         let name = c["name"].as_str().unwrap();
         let guidance = c["guidance"].as_f64().unwrap() as f32;
         let (lat, caches) = run(&e, Some(config(c)), guidance);
-        assert_eq!(caches[0].branch.cached, steps(&c["cached"]), "{name}: the cond pass's cached steps");
+        assert_eq!(
+            caches[0].branch.cached,
+            steps(&c["cached"]),
+            "{name}: the cond pass's cached steps"
+        );
         let want_u = steps(&c["cfg_cached"]);
         if guidance != 1.0 {
-            assert_eq!(caches[1].branch.cached, want_u, "{name}: the uncond pass's cached steps");
+            assert_eq!(
+                caches[1].branch.cached, want_u,
+                "{name}: the uncond pass's cached steps"
+            );
         }
         for (k, key) in [(0, "diffs"), (1, "cfg_diffs")] {
             let want = c[key].as_object().unwrap();
@@ -89,16 +127,25 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
             assert_eq!(got.len(), want.len(), "{name} {key}: steps measured");
             for (step, d) in got {
                 let w = want[&step.to_string()].as_f64().unwrap();
-                assert!((d - w).abs() < 1e-4 * w.abs().max(1.0), "{name} {key} step {step}: {d} vs cache-dit's {w}");
+                assert!(
+                    (d - w).abs() < 1e-4 * w.abs().max(1.0),
+                    "{name} {key} step {step}: {d} vs cache-dit's {w}"
+                );
             }
         }
         let want = e.tensor(c["latents"].as_str().unwrap()).data;
         let err = rel_l2(&lat, &want);
-        println!("{name}: cached {:?} / {:?}, latents rel L2 {err:.2e}", caches[0].branch.cached, caches[1].branch.cached);
+        println!(
+            "{name}: cached {:?} / {:?}, latents rel L2 {err:.2e}",
+            caches[0].branch.cached, caches[1].branch.cached
+        );
         assert!(err < BOUND, "{name}: latents {err:.2e} from cache-dit's");
         let c0 = &caches[0];
         assert_eq!(c0.served, c0.branch.cached.len());
-        assert_eq!(c0.computed + c0.served, e.json["steps"].as_u64().unwrap() as usize);
+        assert_eq!(
+            c0.computed + c0.served,
+            e.json["steps"].as_u64().unwrap() as usize
+        );
         assert!(c0.blocks_skipped > 0);
     }
 }
@@ -112,10 +159,19 @@ fn the_plain_loop_is_far_from_every_cached_one() {
         let want = e.tensor(&format!("plain.g{g}")).data;
         let err = rel_l2(&plain, &want);
         assert!(err < BOUND, "plain g{g}: {err:.2e}");
-        for c in e.json["configs"].as_array().unwrap().iter().filter(|c| c["guidance"].as_f64().unwrap() as f32 == g) {
+        for c in e.json["configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["guidance"].as_f64().unwrap() as f32 == g)
+        {
             let cached = e.tensor(c["latents"].as_str().unwrap()).data;
             let d = rel_l2(&plain, &cached);
-            assert!(d > 10.0 * BOUND, "{}: the cached latents are only {d:.2e} from the plain ones", c["name"]);
+            assert!(
+                d > 10.0 * BOUND,
+                "{}: the cached latents are only {d:.2e} from the plain ones",
+                c["name"]
+            );
         }
     }
 }

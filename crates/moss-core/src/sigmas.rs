@@ -40,12 +40,20 @@ impl Schedule {
     ];
 
     pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|(s, _)| *s == self).map(|(_, n)| *n).expect("every schedule is named")
+        Self::ALL
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map(|(_, n)| *n)
+            .expect("every schedule is named")
     }
 
     /// The accepted names, comma separated (for error messages and help).
     pub fn names() -> String {
-        Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
+        Self::ALL
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// `steps + 1` sigmas ending in 0 (the model's own may have fewer steps, spec 5.2 step 4).
@@ -67,14 +75,19 @@ impl Schedule {
             Schedule::Simple => {
                 let table = comfy_flow_table(cfg);
                 let ss = table.len() as f64 / steps as f64;
-                (0..steps).map(|x| table[table.len() - 1 - (x as f64 * ss) as usize]).collect()
+                (0..steps)
+                    .map(|x| table[table.len() - 1 - (x as f64 * ss) as usize])
+                    .collect()
             }
             Schedule::SgmUniform => {
                 let table = comfy_flow_table(cfg);
                 let mult = 1000.0f32;
                 let (start, end) = (table[table.len() - 1] * mult, table[0] * mult);
                 let ts = linspace_f32(start, end, steps + 1);
-                ts[..steps].iter().map(|&t| time_snr_shift(cfg.shift as f32, t / mult)).collect()
+                ts[..steps]
+                    .iter()
+                    .map(|&t| time_snr_shift(cfg.shift as f32, t / mult))
+                    .collect()
             }
         };
         s.push(0.0);
@@ -89,7 +102,12 @@ impl FromStr for Schedule {
             .iter()
             .find(|(_, n)| *n == s)
             .map(|(k, _)| *k)
-            .ok_or_else(|| format!("unknown schedule `{s}`; the schedules are {}", Self::names()))
+            .ok_or_else(|| {
+                format!(
+                    "unknown schedule `{s}`; the schedules are {}",
+                    Self::names()
+                )
+            })
     }
 }
 
@@ -112,7 +130,9 @@ fn time_snr_shift(alpha: f32, t: f32) -> f32 {
 fn comfy_flow_table(cfg: &ScheduleConfig) -> Vec<f32> {
     let t = cfg.num_train_timesteps;
     let mult = 1000.0f32;
-    (1..=t).map(|k| time_snr_shift(cfg.shift as f32, (k as f32 / t as f32) * mult / mult)).collect()
+    (1..=t)
+        .map(|k| time_snr_shift(cfg.shift as f32, (k as f32 / t as f32) * mult / mult))
+        .collect()
 }
 
 /// numpy's `linspace(start, stop, n)` in float64: `i·step + start`, the last exactly `stop`.
@@ -121,7 +141,15 @@ fn linspace_f64(start: f64, stop: f64, n: usize) -> Vec<f64> {
         return vec![start];
     }
     let step = (stop - start) / (n - 1) as f64;
-    (0..n).map(|i| if i == n - 1 { stop } else { i as f64 * step + start }).collect()
+    (0..n)
+        .map(|i| {
+            if i == n - 1 {
+                stop
+            } else {
+                i as f64 * step + start
+            }
+        })
+        .collect()
 }
 
 /// The ends `(σ_lo, σ_hi)` of `FlowMatchEulerDiscreteScheduler.set_timesteps(steps)` before its
@@ -131,7 +159,8 @@ fn flow_match_ends(steps: usize, cfg: &ScheduleConfig) -> (f64, f64) {
     let t = cfg.num_train_timesteps;
     let s32 = cfg.shift as f32;
     let shift32 = |v: f32| s32 * v / (1.0 + (s32 - 1.0) * v);
-    let sigma_max = shift32(t as f32 / t as f32) as f64;
+    // The table's ends: timesteps T and 1 over T.
+    let sigma_max = shift32(1.0) as f64;
     let sigma_min = shift32(1.0 / t as f32) as f64;
     let ts = linspace_f64(sigma_max * t as f64, sigma_min * t as f64, steps);
     let s = cfg.shift;
@@ -143,12 +172,18 @@ fn flow_match_ends(steps: usize, cfg: &ScheduleConfig) -> (f64, f64) {
 fn karras(n: usize, lo: f64, hi: f64) -> Vec<f64> {
     let rho = 7.0;
     let (min_inv, max_inv) = (lo.powf(1.0 / rho), hi.powf(1.0 / rho));
-    linspace_f64(0.0, 1.0, n).into_iter().map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho)).collect()
+    linspace_f64(0.0, 1.0, n)
+        .into_iter()
+        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
+        .collect()
 }
 
 /// Evenly spaced in log σ.
 fn exponential(n: usize, lo: f64, hi: f64) -> Vec<f64> {
-    linspace_f64(hi.ln(), lo.ln(), n).into_iter().map(f64::exp).collect()
+    linspace_f64(hi.ln(), lo.ln(), n)
+        .into_iter()
+        .map(f64::exp)
+        .collect()
 }
 
 /// "Beta Sampling is All You Need" (arXiv 2407.12173): `lo + ppf(1 − u)·(hi − lo)` over
@@ -177,7 +212,10 @@ mod tests {
     #[test]
     fn the_model_schedule_is_spec_5_2() {
         let cfg = ScheduleConfig::default();
-        assert_eq!(Schedule::Model.sigmas(50, &cfg).unwrap(), crate::schedule::sigmas(50, &cfg));
+        assert_eq!(
+            Schedule::Model.sigmas(50, &cfg).unwrap(),
+            crate::schedule::sigmas(50, &cfg)
+        );
     }
 
     #[test]

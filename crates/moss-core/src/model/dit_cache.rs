@@ -16,6 +16,7 @@ use anyhow::Result;
 impl<B: DitOps> Dit<B> {
     /// [`Dit::velocity`] with `cache` (this pass's own) at cache step `step` (the model call's
     /// index: cache-dit counts transformer calls).
+    #[allow(clippy::too_many_arguments)]
     pub fn velocity_cached(
         &self,
         b: &B,
@@ -33,8 +34,14 @@ impl<B: DitOps> Dit<B> {
         let active = r.active.clone();
         let x0 = r.xs.clone().expect("the stream is there before the blocks");
         self.run_blocks(b, &mut r, active.iter().copied().filter(|&i| i < f))?;
-        let xf = r.xs.clone().expect("the stream is there after the first blocks");
-        let middle: Vec<usize> = active.iter().copied().filter(|&i| i >= f && i < tail).collect();
+        let xf =
+            r.xs.clone()
+                .expect("the stream is there after the first blocks");
+        let middle: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|&i| i >= f && i < tail)
+            .collect();
         match cache.decide(b, step, sub(b, &xf, &x0)?)? {
             Some(m) => {
                 let xs = b.add(&xf, &m)?;
@@ -55,7 +62,9 @@ impl<B: DitOps> Dit<B> {
             }
             None => {
                 self.run_blocks(b, &mut r, middle.iter().copied())?;
-                let xm = r.xs.as_ref().expect("the stream is there after the middle blocks");
+                let xm =
+                    r.xs.as_ref()
+                        .expect("the stream is there after the middle blocks");
                 cache.computed_middle(b, sub(b, xm, &xf)?)?;
                 cache.blocks_run += middle.len();
             }
@@ -67,7 +76,12 @@ impl<B: DitOps> Dit<B> {
     }
 
     /// Run `blocks` (ones the pass runs, in order) on the pass's stream.
-    fn run_blocks(&self, b: &B, r: &mut PassRun<'_, B>, blocks: impl Iterator<Item = usize>) -> Result<()> {
+    fn run_blocks(
+        &self,
+        b: &B,
+        r: &mut PassRun<'_, B>,
+        blocks: impl Iterator<Item = usize>,
+    ) -> Result<()> {
         for i in blocks {
             let mats = self.block_weights(b, i)?;
             self.advance(b, r, i, &mats)?;
