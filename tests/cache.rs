@@ -8,8 +8,8 @@ mod common;
 
 use common::{checkpoint, Expected};
 use moss::backend::cpu::Cpu;
-use moss::cache::{BlockCache, CacheConfig, Method};
-use moss::model::dit::{Dit, MainLinears::Dense};
+use moss::cache::{CacheConfig, Method};
+use moss::model::dit::{Dit, MainLinears::Dense, PassCaches};
 use moss::schedule::sigmas;
 use moss::tensor::{rel_l2, Tensor};
 
@@ -45,7 +45,11 @@ fn config(c: &serde_json::Value) -> CacheConfig {
 
 /// The golden loop (spec 5.3, Euler) with one cache per pass (None: plain). Returns the latents
 /// and the two caches.
-fn run(e: &Expected, cfg: Option<CacheConfig>, guidance: f32) -> (Vec<f32>, Vec<BlockCache<Cpu>>) {
+fn run(
+    e: &Expected,
+    cfg: Option<CacheConfig>,
+    guidance: f32,
+) -> (Vec<f32>, Option<PassCaches<Cpu>>) {
     let ck = checkpoint(e.json["checkpoint"].as_str().unwrap());
     let comp = ck.open_component("transformer").unwrap();
     let dit = Dit::load(&Cpu, &comp, &ck.dit, Dense).unwrap();
@@ -65,28 +69,24 @@ fn run(e: &Expected, cfg: Option<CacheConfig>, guidance: f32) -> (Vec<f32>, Vec<
     )
     .unwrap();
     let s = sigmas(e.json["steps"].as_u64().unwrap() as usize, &ck.scheduler);
-    let mut caches: Vec<BlockCache<Cpu>> = cfg
-        .into_iter()
-        .flat_map(|c| [BlockCache::new(c), BlockCache::new(c)])
-        .collect();
+    let mut caches = cfg.map(PassCaches::new);
+    let none: &[usize] = &[];
     let out = moss::sampling::sample(
         &Cpu,
         x,
         &s,
         guidance,
         (0.0, 1.0),
-        |step, x| {
-            let mut pass = |text, k: usize| match caches.get_mut(k) {
-                Some(c) => dit.velocity_cached(&Cpu, x, step.t, text, &[], c, step.step),
-                None => dit.velocity(&Cpu, x, step.t, text, &[]),
-            };
-            let v_c = pass(&tc, 0)?;
-            let v_u = if step.guided {
-                Some(pass(&tu, 1)?)
-            } else {
-                None
-            };
-            Ok((v_c, v_u))
+        |step, x| match &mut caches {
+            Some(c) => dit.velocities_cached(&Cpu, x, &step, (&tc, none), Some((&tu, none)), c),
+            None => {
+                let v_u = if step.guided {
+                    Some(dit.velocity(&Cpu, x, step.t, &tu, none)?)
+                } else {
+                    None
+                };
+                Ok((dit.velocity(&Cpu, x, step.t, &tc, none)?, v_u))
+            }
         },
         |_, _, _| Ok(()),
     )
@@ -109,6 +109,8 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
         let name = c["name"].as_str().unwrap();
         let guidance = c["guidance"].as_f64().unwrap() as f32;
         let (lat, caches) = run(&e, Some(config(c)), guidance);
+        let caches = caches.unwrap();
+        let caches = [&caches.cond, &caches.uncond];
         assert_eq!(
             caches[0].branch.cached,
             steps(&c["cached"]),
@@ -140,7 +142,7 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
             caches[0].branch.cached, caches[1].branch.cached
         );
         assert!(err < BOUND, "{name}: latents {err:.2e} from cache-dit's");
-        let c0 = &caches[0];
+        let c0 = caches[0];
         assert_eq!(c0.served, c0.branch.cached.len());
         assert_eq!(
             c0.computed + c0.served,

@@ -8,10 +8,26 @@
 //! they fall. The blocks' norms fused across a block boundary are redone at the jump (the first
 //! last-`B` block's norm1 from `X`).
 
-use super::{Dit, PassRun};
+use super::{Dit, PassRun, TextCond};
 use crate::backend::ops::DitOps;
-use crate::cache::{store::sub, BlockCache};
+use crate::cache::{store::sub, BlockCache, CacheConfig};
+use crate::sampling::Step;
 use anyhow::Result;
+
+/// One picture's caches: the prompt's pass and the negative's each keep their own.
+pub struct PassCaches<B: DitOps> {
+    pub cond: BlockCache<B>,
+    pub uncond: BlockCache<B>,
+}
+
+impl<B: DitOps> PassCaches<B> {
+    pub fn new(cfg: CacheConfig) -> Self {
+        PassCaches {
+            cond: BlockCache::new(cfg),
+            uncond: BlockCache::new(cfg),
+        }
+    }
+}
 
 impl<B: DitOps> Dit<B> {
     /// [`Dit::velocity`] with `cache` (this pass's own) at cache step `step` (the model call's
@@ -73,6 +89,34 @@ impl<B: DitOps> Dit<B> {
         cache.blocks_run += last;
         self.run_blocks(b, &mut r, active.iter().copied().filter(|&i| i >= tail))?;
         self.head(b, r)
+    }
+
+    /// A loop step's passes with their caches, the shape of the sampling loop's `velocities`:
+    /// `v_c` from `cond`, and `v_u` from `uncond` when `step.guided`, at cache step `step.call`.
+    pub fn velocities_cached(
+        &self,
+        b: &B,
+        x: &B::T,
+        step: &Step,
+        cond: (&TextCond<B>, &[usize]),
+        uncond: Option<(&TextCond<B>, &[usize])>,
+        caches: &mut PassCaches<B>,
+    ) -> Result<(B::T, Option<B::T>)> {
+        let v_c =
+            self.velocity_cached(b, x, step.t, cond.0, cond.1, &mut caches.cond, step.call)?;
+        let v_u = match uncond.filter(|_| step.guided) {
+            Some((text, skip)) => Some(self.velocity_cached(
+                b,
+                x,
+                step.t,
+                text,
+                skip,
+                &mut caches.uncond,
+                step.call,
+            )?),
+            None => None,
+        };
+        Ok((v_c, v_u))
     }
 
     /// Run `blocks` (ones the pass runs, in order) on the pass's stream.
