@@ -5,7 +5,8 @@
 //! can name anything here.
 
 pub use moss_core::{
-    cache, checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule, sigmas, tensor,
+    cache, checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule, sigmas, spec,
+    tensor,
 };
 
 /// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).
@@ -15,11 +16,7 @@ pub mod backend {
 }
 
 pub mod batch;
-pub mod bench;
-pub mod bench_encoder;
-pub mod bench_vae;
 pub mod check;
-pub mod cli;
 pub mod metadata;
 pub mod output;
 pub mod picture;

@@ -18,4 +18,5 @@ pub mod sampler;
 pub mod sampling;
 pub mod schedule;
 pub mod sigmas;
+pub mod spec;
 pub mod tensor;
