@@ -88,6 +88,23 @@ impl Params {
             // `;`, not `,`: readers that split the line at commas keep the value whole.
             kv.push(("Cut", cut.join("; ")));
         }
+        if let Some(i) = &self.spec.init_image {
+            kv.push(("Denoising strength", fmt_num(i.strength)));
+            if let Some(b) = i.mask_blur {
+                kv.push(("Mask blur", b.to_string()));
+            }
+            if let Some([l, t, r, b]) = i.outpaint {
+                kv.push(("Outpaint", format!("{l},{t},{r},{b}")));
+            }
+        }
+        if let Some(h) = &self.spec.hires {
+            let (w, hh) = h.size(self.spec.width, self.spec.height);
+            kv.push(("Denoising strength", fmt_num(h.strength)));
+            kv.push(("Hires upscale", fmt_num(h.scale)));
+            kv.push(("Hires resize", format!("{w}x{hh}")));
+            kv.push(("Hires steps", h.steps.to_string()));
+            kv.push(("Hires upscaler", h.upscaler.a1111().into()));
+        }
         if !self.loras.is_empty() {
             kv.push(("Lora hashes", self.loras.join(", ")));
         }
@@ -159,6 +176,8 @@ mod tests {
                 skip_window: (0.0, 1.0),
                 max_tokens: 4096,
                 precision: crate::options::Precision::Bf16,
+                init_image: None,
+                hires: None,
             },
             prompt_tokens_before_cut: None,
             negative_tokens_before_cut: None,
@@ -194,6 +213,27 @@ mod tests {
         assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
         q.negative_tokens_before_cut = Some(4100);
         assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
+    }
+
+    /// A picture from a picture says so as AUTOMATIC1111 does; the moss JSON keeps the hashes.
+    #[test]
+    fn pictures_in_are_recorded() {
+        use crate::spec::{HiresSpec, InitSpec, Upscaler};
+        let mut q = p();
+        q.spec.init_image = Some(InitSpec { sha256: "a".repeat(64), strength: 0.6, mask_sha256: Some("b".repeat(64)), mask_blur: Some(4), outpaint: None });
+        let t = q.a1111();
+        assert!(t.contains("Denoising strength: 0.6, Mask blur: 4, Version"), "{t}");
+        let j = serde_json::to_value(&q).unwrap();
+        assert_eq!(j["init_image"]["sha256"], "a".repeat(64));
+        assert_eq!(j["init_image"]["mask_sha256"], "b".repeat(64));
+        assert_eq!(Params::from_png(&q.to_png()).unwrap(), q);
+        let mut r = p();
+        r.spec.hires = Some(HiresSpec { scale: 1.5, strength: 0.7, steps: 20, upscaler: Upscaler::Latent });
+        let t = r.a1111();
+        assert!(t.contains("Denoising strength: 0.7, Hires upscale: 1.5, Hires resize: 1536x1152, Hires steps: 20, Hires upscaler: Latent,"), "{t}");
+        // A picture from text records neither.
+        let j = serde_json::to_value(p()).unwrap();
+        assert!(j.get("init_image").is_none() && j.get("hires").is_none(), "{j}");
     }
 
     #[test]

@@ -234,6 +234,18 @@ pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, (w, h): (u32, u32)
     }
 }
 
+/// [`with_vae_encode`] where `spec` encodes a picture: its init image at its size, or the hires
+/// fix's Lanczos upscale at the second pass's. (`networks` takes [`PictureSpec::out_size`]: the
+/// hires fix's second pass is the larger.)
+pub fn with_pictures_in(nets: &mut [Network], ck: &Checkpoint, spec: &crate::spec::PictureSpec) {
+    if spec.init_image.is_some() {
+        with_vae_encode(nets, ck, (spec.width, spec.height));
+    }
+    if spec.hires.as_ref().is_some_and(|h| h.upscaler == crate::spec::Upscaler::Lanczos) {
+        with_vae_encode(nets, ck, spec.out_size());
+    }
+}
+
 /// Place `nets` under the cap `opts` and `budget` give; refuses (naming the smallest cap that
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {

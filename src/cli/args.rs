@@ -258,6 +258,8 @@ pub struct GenerateArgs {
     #[arg(long, short)]
     pub verbose: bool,
     #[command(flatten)]
+    pub pictures: super::pictures_in_args::PicturesInArgs,
+    #[command(flatten)]
     pub batch: BatchArgs,
 }
 

@@ -5,9 +5,10 @@
 use super::args::{GenerateArgs, PromptArgs, Seed};
 use super::bars::{Bars, BatchBars};
 use moss::batch;
-use moss::pipeline;
-use moss::spec::PictureSpec;
+use moss::pipeline::{self, Input, PicturesIn};
+use moss::spec::{HiresSpec, InitSpec, PictureSpec};
 use std::io::IsTerminal;
+use std::path::Path;
 
 /// Batch mode over `items`, with `defaults` the flags' spec (its seed the base seed): exit 0 if
 /// every item of this shard was written (or skipped), 1 if any failed, 128 + the signal if stopped.
@@ -128,7 +129,67 @@ pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec
         skip_window: a.skip_window,
         max_tokens: a.prompt.max_tokens as usize,
         precision: a.precision,
+        init_image: None,
+        hires: a.pictures.hires.map(|scale| HiresSpec {
+            scale,
+            strength: a.pictures.hires_strength,
+            steps: a.pictures.hires_steps.unwrap_or(a.steps),
+            upscaler: a.pictures.hires_upscaler,
+        }),
     }
+}
+
+/// The pictures `--init-image` and `--mask` name, each read once (the bytes hashed, the picture
+/// decoded under the input limits).
+pub fn read_pictures(a: &GenerateArgs) -> anyhow::Result<Option<PicturesIn>> {
+    let Some(path) = &a.pictures.init_image else { return Ok(None) };
+    let image = Input::read(path, "--init-image")?;
+    let mask = a.pictures.mask.as_deref().map(|m| Input::read(m, "--mask")).transpose()?;
+    Ok(Some(PicturesIn::new(image, mask)?))
+}
+
+/// The init flags onto `spec` for `pics`: the pictures' record (strength 1 by default when
+/// outpainting), and the size from the picture unless `--size` was given.
+pub fn init_of_flags(a: &GenerateArgs, spec: &mut PictureSpec, pics: &PicturesIn, given: &dyn Fn(&str) -> bool) -> anyhow::Result<()> {
+    let p = &a.pictures;
+    let strength = if p.outpaint.is_some() && !given("strength") { 1.0 } else { p.strength };
+    spec.init_image = Some(pics.spec(strength, p.mask_blur, p.outpaint));
+    if !given("size") {
+        (spec.width, spec.height) = pics.natural_size(p.outpaint)?;
+    }
+    Ok(())
+}
+
+/// `--from PIC` of a picture made from an init image: the same picture must be given (its hash
+/// checked), and the same mask; the other init flags given lay over the recorded ones.
+fn lay_over_init(base: Option<InitSpec>, flags: Option<InitSpec>, given: &dyn Fn(&str) -> bool, pic: &Path) -> anyhow::Result<Option<InitSpec>> {
+    let pic = pic.display();
+    let (rec, f) = match (base, flags) {
+        (None, f) => return Ok(f),
+        (Some(r), None) => anyhow::bail!("{pic} was made from an init image (sha256 {}): give it with --init-image", r.sha256),
+        (Some(r), Some(f)) => (r, f),
+    };
+    if f.sha256 != rec.sha256 {
+        anyhow::bail!("--init-image is not the picture {pic} was made from (its sha256 is {}, the recorded one {})", f.sha256, rec.sha256);
+    }
+    match (&rec.mask_sha256, &f.mask_sha256) {
+        (Some(m), None) => anyhow::bail!("{pic} was made with a mask (sha256 {m}): give it with --mask"),
+        (Some(m), Some(g)) if m != g => anyhow::bail!("--mask is not the mask {pic} was made with (its sha256 is {g}, the recorded one {m})"),
+        _ => {}
+    }
+    let mut out = InitSpec { mask_sha256: f.mask_sha256.clone(), ..rec };
+    if given("strength") {
+        out.strength = f.strength;
+    }
+    if given("outpaint") {
+        out.outpaint = f.outpaint;
+    }
+    out.mask_blur = match (out.masked(), given("mask_blur")) {
+        (false, _) => None,
+        (true, true) => f.mask_blur,
+        (true, false) => out.mask_blur.or(Some(moss::spec::DEFAULT_MASK_BLUR)),
+    };
+    Ok(Some(out))
 }
 
 /// `--from PIC`: the picture's spec with every flag given on the command line laid over it.
@@ -162,6 +223,19 @@ fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> b
     }
     if given("precision") {
         base.precision = flags.precision;
+    }
+    if given("hires") {
+        base.hires = flags.hires;
+    } else if let (Some(h), Some(f)) = (&mut base.hires, flags.hires) {
+        if given("hires_strength") {
+            h.strength = f.strength;
+        }
+        if given("hires_steps") {
+            h.steps = f.steps;
+        }
+        if given("hires_upscaler") {
+            h.upscaler = f.upscaler;
+        }
     }
     base
 }
@@ -200,13 +274,38 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         anyhow::bail!("give --prompt, --prompt-file, --embeds, --prompts or --from");
     }
     let seed = a.seed.resolve();
-    let flags = spec_of_flags(&a, prompt.unwrap_or_default(), seed);
+    if a.pictures.init_image.is_none() {
+        if let Some(f) = a.pictures.stray_flag(given) {
+            anyhow::bail!("{f} applies to a picture from a picture: give --init-image");
+        }
+    }
+    let pictures = read_pictures(&a)?;
+    let mut flags = spec_of_flags(&a, prompt.unwrap_or_default(), seed);
+    if let Some(p) = &pictures {
+        init_of_flags(&a, &mut flags, p, given)?;
+    }
     let spec = match from {
-        Some(base) => lay_over(base, flags, given),
+        Some(base) => {
+            let init = lay_over_init(base.init_image.clone(), flags.init_image.clone(), given, a.from.as_deref().unwrap_or(Path::new("")))?;
+            PictureSpec { init_image: init, ..lay_over(base, flags, given) }
+        }
         None => flags,
+    };
+    if spec.hires.is_none() {
+        if let Some(f) = a.pictures.stray_hires_flag(given) {
+            anyhow::bail!("{f} applies to the hires fix: give --hires SCALE");
+        }
+    }
+    spec.check().map_err(anyhow::Error::msg)?;
+    let init = match &pictures {
+        Some(p) => Some(std::sync::Arc::new(p.prepare(&spec)?)),
+        None => None,
     };
     let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
     if several {
+        if init.is_some() {
+            anyhow::bail!("--count, --seeds and `{{...}}` names do not take --init-image yet: give one seed, or a --prompts list");
+        }
         return run_several(&a, spec);
     }
     // The seed is said whenever it was not given (a drawn one, or the default); after the
@@ -218,6 +317,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         embeds: a.embeds.clone(),
         prompt_file: a.prompt.prompt_file.clone(),
         quality: a.quality,
+        init,
         ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
     };
     let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
@@ -251,6 +351,9 @@ pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u
     let seed = a.seed.resolve();
     if a.seed == Seed::Random && !a.quiet {
         eprintln!("moss: seed {seed} (random; item i uses {seed} + i)");
+    }
+    if a.pictures.init_image.is_some() || a.pictures.hires.is_some() {
+        anyhow::bail!("--init-image and --hires apply to single pictures; a list item sets `init_image` itself");
     }
     let items = batch::Items::List(a.batch.prompts.clone().unwrap());
     run_batch(a, items, spec_of_flags(a, String::new(), seed))
@@ -306,5 +409,27 @@ mod tests {
         let given = |id: &str| matches!(id, "steps" | "size");
         let s = lay_over(pic.clone(), flags, &given);
         assert_eq!(s, PictureSpec { steps: 4, width: 128, height: 64, ..pic });
+    }
+
+    /// `--from` of a picture from an init image: the same picture and mask must come again; the
+    /// given init flags lay over the recorded ones.
+    #[test]
+    fn from_asks_for_the_same_pictures() {
+        let rec = InitSpec { sha256: "a".repeat(64), strength: 0.6, mask_sha256: Some("b".repeat(64)), mask_blur: Some(8), outpaint: None };
+        let pic = Path::new("p.png");
+        let none = |_: &str| false;
+        let e = lay_over_init(Some(rec.clone()), None, &none, pic).unwrap_err().to_string();
+        assert!(e.contains("give it with --init-image") && e.contains(&rec.sha256), "{e}");
+        let other = InitSpec { sha256: "c".repeat(64), ..rec.clone() };
+        assert!(lay_over_init(Some(rec.clone()), Some(other), &none, pic).unwrap_err().to_string().contains("not the picture p.png was made from"));
+        let no_mask = InitSpec { mask_sha256: None, mask_blur: None, strength: 0.75, ..rec.clone() };
+        assert!(lay_over_init(Some(rec.clone()), Some(no_mask), &none, pic).unwrap_err().to_string().contains("--mask"));
+        // The same pictures: the recorded strength and blur stay unless given.
+        let same = InitSpec { strength: 0.75, mask_blur: Some(4), ..rec.clone() };
+        assert_eq!(lay_over_init(Some(rec.clone()), Some(same.clone()), &none, pic).unwrap(), Some(rec.clone()));
+        let strength = |id: &str| id == "strength";
+        assert_eq!(lay_over_init(Some(rec.clone()), Some(same.clone()), &strength, pic).unwrap().unwrap().strength, 0.75);
+        // A picture from text takes the init image given.
+        assert_eq!(lay_over_init(None, Some(same.clone()), &none, pic).unwrap(), Some(same));
     }
 }

@@ -2,7 +2,7 @@
 //! Every input is checked before any heavy work; each stage maps only the component it needs.
 
 use crate::backend::cpu::Cpu;
-use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps, VaeOps};
 use crate::backend::Device;
 use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::Embeds;
@@ -20,9 +20,13 @@ use std::time::Instant;
 
 mod encode_image;
 mod files;
+mod hires;
+mod init;
 mod text;
 pub use encode_image::*;
 pub use files::*;
+pub use hires::*;
+pub use init::*;
 pub use text::*;
 
 /// Everything one picture needs: its settings, and where it goes.
@@ -40,12 +44,14 @@ pub struct Request {
     pub quality: Option<u8>,
     /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
     pub cut: Cut,
+    /// The pictures the run starts from, at its size (`spec.init_image` names them).
+    pub init: Option<std::sync::Arc<Prepared>>,
 }
 
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default() }
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default(), init: None }
     }
 }
 
@@ -58,6 +64,8 @@ pub struct Report {
     pub width: u32,
     pub height: u32,
     pub encode_s: f64,
+    /// The VAE encoder on the init image (0 for a picture from text).
+    pub image_encode_s: f64,
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
@@ -86,7 +94,7 @@ impl Report {
             "steps": self.steps,
             "width": self.width,
             "height": self.height,
-            "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s,
+            "timings": {"encode_s": self.encode_s, "image_encode_s": self.image_encode_s, "denoise_s": self.denoise_s,
                         "decode_s": self.decode_s, "total_s": self.total_s,
                         "encode_load_s": self.encode_load_s, "encode_compute_s": self.encode_s - self.encode_load_s,
                         "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
@@ -104,7 +112,8 @@ impl Report {
     /// The `-v` line of the timings: each stage's load and compute.
     pub fn timing_line(&self) -> String {
         format!(
-            "timings: encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}{}), decode {:.2} s (load {:.2}), total {:.2} s",
+            "timings: {}encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}{}), decode {:.2} s (load {:.2}), total {:.2} s",
+            if self.image_encode_s > 0.0 { format!("init image encode {:.2} s, ", self.image_encode_s) } else { String::new() },
             self.encode_s,
             self.encode_load_s,
             self.denoise_s,
@@ -170,7 +179,22 @@ pub fn validate(req: &Request) -> Result<()> {
     if let Some(p) = &req.embeds {
         std::fs::File::open(p).with_context(|| format!("cannot read embeds {}", p.display()))?;
     }
-    Ok(())
+    check_init(req)
+}
+
+/// The pictures in and the spec agree: the spec starts from a picture exactly when the request
+/// brings one, at the spec's size; the spec's rules hold.
+pub fn check_init(req: &Request) -> Result<()> {
+    req.spec.check().map_err(anyhow::Error::msg)?;
+    match (&req.spec.init_image, &req.init) {
+        (None, None) => Ok(()),
+        (Some(i), None) => bail!("the settings start from an init image (sha256 {}): give it (--init-image)", i.sha256),
+        (None, Some(_)) => bail!("an init image was given to a run whose settings start from none"),
+        (Some(_), Some(p)) if (p.width, p.height) != (req.spec.width, req.spec.height) => {
+            bail!("the init image was prepared at {}x{}, the run is {}x{}", p.width, p.height, req.spec.width, req.spec.height)
+        }
+        (Some(_), Some(_)) => Ok(()),
+    }
 }
 
 /// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
@@ -188,6 +212,9 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     }
     if let Some(p) = &req.embeds {
         ins.push(("the embeds file", p));
+    }
+    if let Some(p) = &req.init {
+        ins.extend(p.inputs.iter().map(|(what, path)| (what.as_str(), path.as_path())));
     }
     crate::output::check_distinct(&outs, &ins)?;
     crate::picture::check(&req.out, req.quality).map(|_| ())
@@ -274,17 +301,62 @@ pub fn denoise_with<B: DitOps>(
     uncond: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
-    let (h, w) = ((req.spec.height / 16) as usize, (req.spec.width / 16) as usize);
+    denoise_pass(b, dit, ck, req, Pass::of(&req.spec), (cond, uncond), None, progress)
+}
+
+/// One denoising run's size and steps: the spec's, or the hires fix's second pass.
+#[derive(Clone, Copy, Debug)]
+pub struct Pass {
+    pub width: u32,
+    pub height: u32,
+    pub steps: u32,
+}
+
+impl Pass {
+    pub fn of(spec: &PictureSpec) -> Pass {
+        Pass { width: spec.width, height: spec.height, steps: spec.steps }
+    }
+}
+
+/// The denoising loop of `req` at `pass`'s size and steps: from the seed's noise (`start`
+/// None), or from a picture's latents (img2img: the schedule from
+/// [`crate::img2img::start_index`], the start [`crate::img2img::noised`]; with a mask, the latent
+/// blend after every step). Returns the final latents `[1, C, h, w]`.
+#[allow(clippy::too_many_arguments)]
+pub fn denoise_pass<B: DitOps>(
+    b: &B,
+    dit: &Dit<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    pass: Pass,
+    (cond, uncond): (&Tensor, &Tensor),
+    start: Option<&Start>,
+    progress: &mut dyn Progress,
+) -> Result<Tensor> {
+    let (h, w) = ((pass.height / 16) as usize, (pass.width / 16) as usize);
     let c = ck.dit.latent_channels;
-    let sigmas = crate::schedule::sigmas(req.spec.steps as usize, &ck.scheduler);
+    let sigmas = crate::schedule::sigmas(pass.steps as usize, &ck.scheduler);
+    let t_start = match start {
+        Some(s) => crate::img2img::start_index(pass.steps as usize, s.strength)?,
+        None => 0,
+    };
+    let run = &sigmas[t_start..];
     let tc = dit.refine_text(b, cond)?;
     let tu = if req.spec.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
     progress.stage("denoise");
-    let x0 = b.upload(&Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.spec.seed, c * h * w))?)?;
-    let x = crate::sampling::sample(
+    let noise = Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.spec.seed, c * h * w))?;
+    let inpaint = match start {
+        Some(Start { z0, mask: Some(m), .. }) => Some(crate::img2img::Inpaint::new(z0.clone(), noise.clone(), m.clone())?),
+        _ => None,
+    };
+    let x0 = match start {
+        Some(s) => b.upload(&crate::img2img::noised(&s.z0, &noise, run[0])?)?,
+        None => b.upload(&noise)?,
+    };
+    let x = crate::sampling::sample_with(
         b,
         x0,
-        &sigmas,
+        run,
         req.spec.guidance,
         req.spec.skip_window,
         |step, x| match (step.guided, &tu) {
@@ -296,6 +368,10 @@ pub fn denoise_with<B: DitOps>(
                 Ok((v.pop().expect("two passes, two velocities"), v_u))
             }
             (true, None) => bail!("an unconditional pass with guidance 1"),
+        },
+        |i, x| match &inpaint {
+            Some(p) => p.after_step(b, x, run, i),
+            None => Ok(x),
         },
         |i, n, _| {
             progress.step(i, n);
@@ -334,8 +410,12 @@ pub fn picture_bytes<B: VaeOps>(
     z: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Vec<u8>> {
-    let rgb = vae.decode_rgb8(b, z)?;
-    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.spec.width, req.spec.height, &metadata(req, ck))?;
+    let mut rgb = vae.decode_rgb8(b, z)?;
+    if let Some(p) = &req.init {
+        p.composite(&mut rgb)?;
+    }
+    let (w, h) = req.spec.out_size();
+    let pic = crate::picture::encode(&req.out, req.quality, &rgb, w, h, &metadata(req, ck))?;
     if let Some(w) = pic.warning(&req.out) {
         progress.warn(&w);
     }
@@ -397,7 +477,8 @@ pub fn generate_planned(
         let req = &Request { cut, ..req.clone() };
         let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
-            let nets = crate::run_plan::networks(&ck, &budget, longest, (req.spec.width, req.spec.height))?;
+            let mut nets = crate::run_plan::networks(&ck, &budget, longest, req.spec.out_size())?;
+            crate::run_plan::with_pictures_in(&mut nets, &ck, &req.spec);
             let p = crate::run_plan::decide(&nets, &budget, mem)?;
             if let Some(w) = &p.warning {
                 progress.warn(w);
@@ -431,7 +512,7 @@ pub fn prompt_texts(req: &Request) -> Vec<&str> {
 }
 
 /// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
-fn generate_on<B: EncoderOps + DitOps + VaeOps + Sync>(
+fn generate_on<B: EncoderOps + DitOps + VaeEncodeOps + Sync>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
@@ -447,10 +528,23 @@ where
         path: req.out.clone(),
         seed: req.spec.seed,
         steps: req.spec.steps,
-        width: req.spec.width,
-        height: req.spec.height,
+        width: req.spec.out_size().0,
+        height: req.spec.out_size().1,
         plan: Some(plan.json()),
         ..Default::default()
+    };
+    // The init image first, while nothing else is loaded: its latents are a small host tensor.
+    let start = match &req.init {
+        Some(p) => {
+            progress.stage("encode picture");
+            let t = Instant::now();
+            b.limit_vae_activations(plan.vae_activations);
+            let z0 = encode_picture(b, ck, p)?;
+            b.release_cached()?;
+            rep.image_encode_s = t.elapsed().as_secs_f64();
+            Some(Start::of(p, z0)?)
+        }
+        None => None,
     };
     let mut dit_comp = Some(ck.open_component("transformer")?);
     // With embeds, the texts the picture records are the ones the file was encoded from.
@@ -497,7 +591,7 @@ where
         }
     };
     let req = from_embeds.as_ref().unwrap_or(req);
-    rep.encode_s = t0.elapsed().as_secs_f64();
+    rep.encode_s = t0.elapsed().as_secs_f64() - rep.image_encode_s;
     let t1 = Instant::now();
     b.release_cached()?; // the encoder is gone: its memory is free for the DiT
     let dit = match dit {
@@ -511,8 +605,18 @@ where
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
-    let z = denoise_with(b, &dit, ck, req, &cond, &uncond, progress)?;
-    drop(dit);
+    let z = denoise_pass(b, &dit, ck, req, Pass::of(&req.spec), (&cond, &uncond), start.as_ref(), progress)?;
+    let z = match &req.spec.hires {
+        Some(hr) => {
+            let reload = || Dit::load_streamed(b, ck.open_component("transformer")?, &ck.dit, plan.dit_resident, MainLinears::of(req.spec.precision));
+            b.limit_vae_activations(plan.vae_activations);
+            second_pass(b, ck, req, hr, dit, reload, &z, (&cond, &uncond), progress)?
+        }
+        None => {
+            drop(dit);
+            z
+        }
+    };
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
     rep.lora_merge = ck.loras.clock.total();

@@ -47,7 +47,12 @@ pub fn with_transformer(base: &str, transformer: &Path, dir: &Path, tag: &str) -
 
 /// tiny-b with the float8-stored transformer of golden/tiny-b-fp8, as `dir/tiny-b-fp8`.
 pub fn tiny_b_fp8(dir: &Path) -> PathBuf {
-    with_transformer("tiny-b", &golden().join("tiny-b-fp8/transformer"), dir, "tiny-b-fp8")
+    with_transformer(
+        "tiny-b",
+        &golden().join("tiny-b-fp8/transformer"),
+        dir,
+        "tiny-b-fp8",
+    )
 }
 
 pub fn open(root: &Path) -> Checkpoint {
@@ -75,12 +80,19 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect()
 }
 
 /// The tensor as stored, unchanged.
 pub fn as_stored(name: &str, info: &TensorInfo, bytes: &[u8]) -> Vec<Stored> {
-    vec![(name.to_string(), st_dtype(info.dtype), info.shape.clone(), bytes.to_vec())]
+    vec![(
+        name.to_string(),
+        st_dtype(info.dtype),
+        info.shape.clone(),
+        bytes.to_vec(),
+    )]
 }
 
 /// `layers.N.proj.*.weight`: a main block's matrix.
@@ -90,7 +102,11 @@ pub fn is_main_matrix(name: &str) -> bool {
 
 /// `dir/transformer/`: the transformer folder `src` (config and tensors, sharded or not) in one
 /// file, every tensor passed through `f` (which gives what to store in its place).
-pub fn rewrite(src: &Path, dir: &Path, f: impl Fn(&str, &TensorInfo, &[u8]) -> Vec<Stored>) -> PathBuf {
+pub fn rewrite(
+    src: &Path,
+    dir: &Path,
+    f: impl Fn(&str, &TensorInfo, &[u8]) -> Vec<Stored>,
+) -> PathBuf {
     let out = dir.join("transformer");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::copy(src.join("config.json"), out.join("config.json")).unwrap();
@@ -99,8 +115,20 @@ pub fn rewrite(src: &Path, dir: &Path, f: impl Fn(&str, &TensorInfo, &[u8]) -> V
     for (name, info) in &store.tensors {
         all.extend(f(name, info, store.bytes(info)));
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> =
-        all.iter().map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
-    safetensors::serialize_to_file(views, None, &out.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = all
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(
+        views,
+        None,
+        &out.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
     out
 }

@@ -44,7 +44,12 @@ impl Expected {
     /// The text of the golden loop's prompt (`loop.prompt` names one of `prompts`).
     pub fn loop_prompt(&self) -> String {
         let name = &self.json["loop"]["prompt"];
-        let p = self.json["prompts"].as_array().unwrap().iter().find(|p| &p["name"] == name).unwrap();
+        let p = self.json["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| &p["name"] == name)
+            .unwrap();
         p["text"].as_str().unwrap().to_string()
     }
 

@@ -60,6 +60,26 @@ pub fn latent_mask(gray: &[u8], width: usize, height: usize, h: usize, w: usize)
     Tensor::new(vec![1, 1, h, w], out)
 }
 
+/// `F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)` (no antialias) of
+/// latents `[1, C, H, W]`, each channel alone: the hires fix's latent upscaler (AUTOMATIC1111's
+/// `Latent`).
+pub fn resize_bilinear(x: &Tensor, h: usize, w: usize) -> Result<Tensor> {
+    let d = &x.shape;
+    ensure!(d.len() == 4 && d[0] == 1 && d[2] > 0 && d[3] > 0 && h > 0 && w > 0, "resize: latents {d:?} to {h}x{w}");
+    let (c, ih, iw) = (d[1], d[2], d[3]);
+    let (ys, xs) = (linear_taps(ih, h), linear_taps(iw, w));
+    let mut out = Vec::with_capacity(c * h * w);
+    for ch in 0..c {
+        let px = |y: usize, x_: usize| x.data[(ch * ih + y) * iw + x_];
+        for &(y0, y1, ly0, ly1) in &ys {
+            for &(x0, x1, lx0, lx1) in &xs {
+                out.push(ly0 * (lx0 * px(y0, x0) + lx1 * px(y0, x1)) + ly1 * (lx0 * px(y1, x0) + lx1 * px(y1, x1)));
+            }
+        }
+    }
+    Tensor::new(vec![1, c, h, w], out)
+}
+
 /// torch's bilinear source taps of each output index (align_corners false, CPU, f32):
 /// `src = max(scale·(d + ½) − ½, 0)` with `scale = in/out`, `i0 = ⌊src⌋`, `i1 = i0 + 1` (but
 /// `i0` at the last input), weights `1 − λ`, `λ = src − i0` (clamped to [0, 1]).

@@ -7,6 +7,9 @@ use crate::options::{check_size, Precision};
 use crate::prompt::{trim, MAX_TOKENS};
 use serde::{Deserialize, Serialize};
 
+mod pictures_in;
+pub use pictures_in::*;
+
 /// The model's defaults (spec 5): 50 Euler steps, CFG 3 with block 22 skipped in the
 /// unconditional pass over the whole schedule, 1024x1024, bf16.
 pub const DEFAULT_STEPS: u32 = 50;
@@ -35,6 +38,12 @@ pub struct PictureSpec {
     /// GPU compute precision (the CPU reference computes in fp32 either way).
     #[serde(with = "precision_name")]
     pub precision: Precision,
+    /// The picture the run starts from (img2img, inpainting, outpainting); `None`: from text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_image: Option<InitSpec>,
+    /// The hires fix: this spec's size is the first pass's, the picture [`HiresSpec::size`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hires: Option<HiresSpec>,
 }
 
 impl Default for PictureSpec {
@@ -51,6 +60,8 @@ impl Default for PictureSpec {
             skip_window: (0.0, 1.0),
             max_tokens: MAX_TOKENS,
             precision: Precision::Bf16,
+            init_image: None,
+            hires: None,
         }
     }
 }
@@ -69,6 +80,15 @@ impl PictureSpec {
         if !(a.is_finite() && b.is_finite() && 0.0 <= a && a <= b && b <= 1.0) {
             return Err(format!("skip window {a}:{b} is not A:B with 0 <= A <= B <= 1"));
         }
+        if let Some(i) = &self.init_image {
+            i.check(self.width, self.height)?;
+        }
+        if let Some(h) = &self.hires {
+            if self.init_image.is_some() {
+                return Err("the hires fix applies to pictures from text: not with an init image".into());
+            }
+            h.check(self.width, self.height)?;
+        }
         Ok(())
     }
 
@@ -78,6 +98,14 @@ impl PictureSpec {
             return Err("the prompt is empty (or only whitespace)".into());
         }
         Ok(())
+    }
+
+    /// The size of the picture written: the spec's, or the hires fix's second pass.
+    pub fn out_size(&self) -> (u32, u32) {
+        match &self.hires {
+            Some(h) => h.size(self.width, self.height),
+            None => (self.width, self.height),
+        }
     }
 
     /// The texts as the chat template encodes them (surrounding whitespace trimmed): what a

@@ -181,6 +181,7 @@ fn run_on<B: DitOps>(
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
+            ..Default::default()
         };
         let req = Request::new(spec, PathBuf::from("unused.png"), Device::Cpu);
         sync()?;
