@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod batch;
 pub mod bench;
+pub mod bounded;
 pub mod bench_encoder;
 pub mod bench_vae;
 pub mod check;
@@ -19,6 +20,7 @@ pub mod noise;
 pub mod options;
 pub mod output;
 pub mod picture;
+pub mod picture_in;
 pub mod pipeline;
 pub mod png;
 pub mod prompt;

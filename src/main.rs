@@ -329,7 +329,7 @@ fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) 
 /// The settings recorded in a moss picture.
 fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
     use anyhow::Context;
-    let meta = moss::picture::read_metadata(pic)?;
+    let meta = moss::picture_in::read_metadata(pic)?;
     moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
 }
 

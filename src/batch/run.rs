@@ -120,11 +120,10 @@ impl BatchProgress for Quiet {}
 /// Read the list: a file, or stdin for `-`.
 pub(super) fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
     if p.as_os_str() == "-" {
-        let mut b = vec![];
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("cannot read the prompts from stdin")?;
+        let b = crate::bounded::read_stdin_bounded(crate::bounded::MAX_PROMPT_LIST, "the prompts")?;
         Ok((b, "<stdin>".to_string()))
     } else {
-        let b = std::fs::read(p).with_context(|| format!("cannot read prompts {}", p.display()))?;
+        let b = crate::bounded::read_bounded(p, crate::bounded::MAX_PROMPT_LIST, "prompts")?;
         Ok((b, p.display().to_string()))
     }
 }

@@ -30,7 +30,7 @@ pub fn latents_bytes(req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u
 /// Latents from a file: a `moss-latents-1` safetensors (with the settings it was made with) or
 /// raw little-endian f32 (`size` or a square inferred from the length).
 pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<(Tensor, Option<crate::metadata::Params>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read latents {}", path.display()))?;
+    let bytes = crate::bounded::read_bounded(path, max_latents_bytes(channels), "latents")?;
     let looks_st = bytes.len() > 9
         && bytes[8] == b'{'
         && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
@@ -66,6 +66,13 @@ pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> R
     };
     crate::tensor::ensure_finite(&format!("latents file {}", path.display()), &z.data)?;
     Ok((z, params))
+}
+
+/// The largest latents file: f32 `[1, channels, h, w]` of the largest picture, and a header with
+/// room for the settings (prompts of up to [`crate::bounded::MAX_PROMPT_FILE`] each).
+pub fn max_latents_bytes(channels: usize) -> u64 {
+    let cells = (crate::options::MAX_SIDE as u64 / 16).pow(2);
+    4 * channels as u64 * cells + 2 * crate::bounded::MAX_PROMPT_FILE + (1 << 20)
 }
 
 /// Raw little-endian f32 latents (the bench tools' format; `moss decode` reads it too).
