@@ -181,6 +181,7 @@ fn run_on<B: DitOps>(
             save_latents: None,
             embeds: None,
             prompt_file: None,
+            from: None,
             device: Device::Cpu,
             uncond_skip: a.uncond_skip.clone(),
             skip_window: a.skip_window,

@@ -199,6 +199,10 @@ fn run_batch(a: &GenerateArgs, prompts: &std::path::Path) -> anyhow::Result<u8> 
         precision: a.precision,
         quality: a.quality,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
+        other_inputs: [("the --from picture", &a.from), ("the prompt file", &a.prompt.prompt_file)]
+            .into_iter()
+            .filter_map(|(w, p)| Some((w, p.clone()?)))
+            .collect(),
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();
@@ -354,7 +358,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if a.json {
                 println!("{}", serde_json::to_string(&p)?);
             } else {
-                println!("{}", p.a1111());
+                println!("{}", moss::metadata::printable(&p.a1111()));
             }
             Ok(0)
         }
@@ -410,6 +414,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 save_latents: a.save_latents.clone(),
                 embeds: a.embeds.clone(),
                 prompt_file: a.prompt.prompt_file.clone(),
+                from: a.from.clone(),
                 device: a.model.device,
                 uncond_skip: a.uncond_skip.0.clone(),
                 skip_window: a.skip_window,

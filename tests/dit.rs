@@ -147,6 +147,7 @@ fn loop_request(e: &Expected) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: moss::backend::Device::Cpu,
         uncond_skip: skips(&lp["uncond_skip"]),
         skip_window: (0.0, 1.0),

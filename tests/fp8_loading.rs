@@ -37,6 +37,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: Device::Cpu,
         uncond_skip: vec![],
         skip_window: (0.0, 1.0),

@@ -24,6 +24,7 @@ fn request(seed: u64) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: moss::backend::Device::Cpu,
         uncond_skip: vec![],
         skip_window: (0.0, 1.0),

@@ -36,6 +36,8 @@ pub struct BatchOptions {
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
     /// largest picture), networks that do not fit stream.
     pub memory: crate::run_plan::MemoryOptions,
+    /// Other files the run read (`--from`, `--prompt-file`), by what they are: no output may be one.
+    pub other_inputs: Vec<(&'static str, PathBuf)>,
 }
 
 /// A written picture.
@@ -169,6 +171,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     if !crate::output::is_stdout(&o.prompts) {
         inputs.push(("the prompts list", &o.prompts));
     }
+    let others = pipeline::input_files(None, &o.loras);
+    inputs.extend(others.iter().chain(&o.other_inputs).map(|(w, p)| (*w, p.as_path())));
     let inputs = crate::output::Inputs::new(&inputs);
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();

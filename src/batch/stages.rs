@@ -34,6 +34,7 @@ impl Ctx<'_> {
             save_latents: None,
             embeds: None,
             prompt_file: None,
+            from: None,
             device: self.o.device,
             uncond_skip: self.o.uncond_skip.clone(),
             skip_window: self.o.skip_window,

@@ -112,6 +112,7 @@ pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: crate::backend::Device::Cpu,
         uncond_skip,
         skip_window,
