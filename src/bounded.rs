@@ -60,7 +60,7 @@ pub fn read_text_bounded(path: &Path, limit: u64, what: &str) -> Result<String> 
 /// Standard input, at most `limit` bytes (`what` names it in errors).
 pub fn read_stdin_bounded(limit: u64, what: &str) -> Result<Vec<u8>> {
     read_to_limit(std::io::stdin().lock(), None, limit).map_err(|e| match e {
-        Bounded::TooLong => anyhow::anyhow!("{what} on stdin is longer than the {} moss reads for it", size_text(limit)),
+        Bounded::TooLong => anyhow::anyhow!("{what} on stdin: more than the {} moss reads for it", size_text(limit)),
         Bounded::Io(e) => anyhow::anyhow!("cannot read {what} from stdin: {e}"),
     })
 }
@@ -70,14 +70,28 @@ enum Bounded {
     Io(std::io::Error),
 }
 
-/// Up to `limit` bytes of `r`; one more is an error. `hint`: the length, when known.
-fn read_to_limit(r: impl Read, hint: Option<u64>, limit: u64) -> Result<Vec<u8>, Bounded> {
-    let mut out = Vec::with_capacity(hint.unwrap_or(0).min(limit) as usize);
-    r.take(limit + 1).read_to_end(&mut out).map_err(Bounded::Io)?;
-    if out.len() as u64 > limit {
-        return Err(Bounded::TooLong);
+/// Up to `limit` bytes of `r`; one more is an error. `hint`: the length, when known. The buffer
+/// grows by doubling but never past `limit + 1` bytes, so memory stays within the limit.
+fn read_to_limit(mut r: impl Read, hint: Option<u64>, limit: u64) -> Result<Vec<u8>, Bounded> {
+    let cap = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
+    let mut out = Vec::with_capacity(hint.map_or(0, |h| (h as usize).saturating_add(1)).min(cap));
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Bounded::Io(e)),
+        };
+        if out.len() + n > cap - 1 {
+            return Err(Bounded::TooLong);
+        }
+        if out.capacity() - out.len() < n {
+            let want = (out.capacity() * 2).max(out.len() + n).min(cap);
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
     }
-    Ok(out)
 }
 
 #[cfg(test)]

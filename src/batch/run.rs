@@ -125,7 +125,7 @@ pub(super) fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
         let b = crate::bounded::read_stdin_bounded(crate::bounded::MAX_PROMPT_LIST, "the prompts")?;
         Ok((b, "<stdin>".to_string()))
     } else {
-        let b = crate::bounded::read_bounded(p, crate::bounded::MAX_PROMPT_LIST, "prompts")?;
+        let b = crate::bounded::read_bounded(p, crate::bounded::MAX_PROMPT_LIST, "the prompts list")?;
         Ok((b, p.display().to_string()))
     }
 }
