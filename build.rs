@@ -65,10 +65,11 @@ fn find_nvcc() -> Option<PathBuf> {
 fn git_revision() {
     // HEAD, the branch it names and the packed refs: a commit moves one of them. (The CUDA
     // images are not rebuilt for it: see `cuda_stamp`.)
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/packed-refs");
+    let root = std::env::current_dir().unwrap();
+    println!("cargo:rerun-if-changed={}", root.join(".git/HEAD").display());
+    println!("cargo:rerun-if-changed={}", root.join(".git/packed-refs").display());
     if let Some(r) = std::fs::read_to_string(".git/HEAD").ok().and_then(|h| h.strip_prefix("ref: ").map(|r| r.trim().to_string())) {
-        println!("cargo:rerun-if-changed=.git/{r}");
+        println!("cargo:rerun-if-changed={}", root.join(".git").join(r).display());
     }
     let rev = Command::new("git")
         .args(["describe", "--always", "--dirty", "--abbrev=10"])
@@ -81,12 +82,21 @@ fn git_revision() {
     println!("cargo:rustc-env=MOSS_GIT_REV={rev}");
 }
 
+/// The repository root (the folder holding `cuda/`): this script builds the `moss-cuda` crate
+/// (`crates/moss-cuda`), whose kernels live at the root.
+fn repo_root() -> PathBuf {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    manifest.ancestors().find(|d| d.join("cuda/common").is_dir()).expect("cuda/common above the crate").to_path_buf()
+}
+
 fn main() {
+    // Every path below is relative to the repository root.
+    std::env::set_current_dir(repo_root()).unwrap();
     git_revision();
     for v in ENV {
         println!("cargo:rerun-if-env-changed={v}");
     }
-    println!("cargo:rerun-if-changed=cuda");
+    println!("cargo:rerun-if-changed={}", std::env::current_dir().unwrap().join("cuda").display());
     println!("cargo::rustc-check-cfg=cfg(moss_kernels)");
     println!("cargo::rustc-check-cfg=cfg(moss_sm90a)");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());

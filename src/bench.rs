@@ -169,7 +169,7 @@ fn run_on<B: DitOps>(
         "profile_ms": profile,
     });
     if !a.forward_only {
-        let req = Request {
+        let spec = crate::spec::PictureSpec {
             prompt: String::new(),
             negative: String::new(),
             seed: a.seed,
@@ -177,19 +177,12 @@ fn run_on<B: DitOps>(
             guidance: a.guidance,
             width: a.width,
             height: a.height,
-            out: PathBuf::from("unused.png"),
-            save_latents: None,
-            embeds: None,
-            prompt_file: None,
-            from: None,
-            device: Device::Cpu,
             uncond_skip: a.uncond_skip.clone(),
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
-            quality: None,
-            cut: Default::default(),
         };
+        let req = Request::new(spec, PathBuf::from("unused.png"), Device::Cpu);
         sync()?;
         let s = Instant::now();
         let z = pipeline::denoise_with(b, &dit, ck, &req, cond, uncond, &mut Silent)?;

@@ -129,25 +129,6 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     .to_string())
 }
 
-/// The device memory pool's high-water mark of used bytes since the last reset (weights
-/// included: they live in the same pool), reset to the current use when `reset`.
-fn pool_high(cuda: &Cuda, reset: bool) -> Result<u64> {
-    use cudarc::driver::{result as dr, sys};
-    cuda.sync()?;
-    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
-    let mut v = 0u64;
-    // SAFETY: the device's default pool; the attribute is a u64 (set to 0 resets it).
-    unsafe {
-        let pool = dr::device::get_default_mem_pool(cuda.gpu().ctx.cu_device()).map_err(|e| anyhow::anyhow!("memory pool: {e:?}"))?;
-        dr::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
-        if reset {
-            let mut z = 0u64;
-            dr::mem_pool::set_attribute(pool, attr, &mut z as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
-        }
-    }
-    Ok(v)
-}
-
 /// Strip mode: the pipeline's whole decode (`decode_rgb8`, one warm-up, then `reps`) against
 /// the split decode (`reps`, the first one included: it pins the host memory of host-kept
 /// pictures), the RGB8 bytes compared, each side's peak of the device pool, what the split kept
@@ -166,7 +147,7 @@ fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkp
     };
     let reps = a.reps.max(1);
     let time = |split: Split| -> Result<(Vec<f64>, Vec<u8>, Option<crate::model::vae::SplitReport>, u64)> {
-        pool_high(cuda, true)?;
+        cuda.pool_high_water(true)?;
         let mut ms = vec![];
         let mut last = (vec![], None);
         for _ in 0..reps {
@@ -174,7 +155,7 @@ fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkp
             last = vae.decode_rgb8_report(cuda, z, split)?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        Ok((ms, last.0, last.1, pool_high(cuda, false)?))
+        Ok((ms, last.0, last.1, cuda.pool_high_water(false)?))
     };
     drop(vae.decode_rgb8_with(cuda, z, Split::Whole)?); // warm-up
     let (whole_ms, whole_rgb, _, whole_high) = time(Split::Whole)?;

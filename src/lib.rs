@@ -1,31 +1,27 @@
-//! moss: text → PNG with the MOSS-Image model. The binary (`main.rs`) parses arguments and turns
-//! errors into messages and exit codes; everything else lives here and returns errors.
+//! moss: text → picture with the MOSS-Image model. The binary (`main.rs`) parses arguments and
+//! turns errors into messages and exit codes; this library is the front end over the two lower
+//! crates: `moss-core` (the model, the CPU reference, formats, planning; no GPU, no command line)
+//! and `moss-cuda` (the CUDA backend). The compiler keeps the edges one way: neither lower crate
+//! can name anything here.
 
-pub mod backend;
+pub use moss_core::{bounded, checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampling, schedule, spec, tensor};
+
+/// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).
+pub mod backend {
+    pub use moss_core::backend::*;
+    pub use moss_cuda as cuda;
+}
+
 pub mod batch;
 pub mod bench;
-pub mod bounded;
 pub mod bench_encoder;
 pub mod bench_vae;
 pub mod check;
-pub mod checkpoint;
-pub mod cli;
-pub mod embeds;
-pub mod fp8;
-pub mod lora;
-pub mod memory_plan;
 pub mod metadata;
-pub mod model;
-pub mod noise;
-pub mod options;
 pub mod output;
 pub mod picture;
 pub mod picture_in;
 pub mod pipeline;
 pub mod png;
-pub mod prompt;
 pub mod run_plan;
-pub mod sampling;
-pub mod schedule;
 pub mod serve;
-pub mod tensor;

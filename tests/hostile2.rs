@@ -74,19 +74,17 @@ fn succeeded(case: &str, (o, took): &(Output, Duration)) -> String {
 /// Settings that render in a moment on tiny-a (64x64, one step, on the CPU).
 fn settings(prompt: &str) -> Params {
     Params {
-        prompt: prompt.into(),
-        negative: String::new(),
-        seed: 3,
-        steps: 1,
-        guidance: 3.0,
-        width: 64,
-        height: 64,
-        uncond_skip: vec![],
-        skip_window: (0.0, 1.0),
-        max_tokens: 4096,
+        spec: moss::spec::PictureSpec {
+            prompt: prompt.into(),
+            seed: 3,
+            steps: 1,
+            width: 64,
+            height: 64,
+            uncond_skip: vec![],
+            ..Default::default()
+        },
         prompt_tokens_before_cut: None,
         negative_tokens_before_cut: None,
-        precision: "bf16".into(),
         device: "cpu".into(),
         model: tiny().display().to_string(),
         model_revision: "local".into(),
@@ -201,7 +199,7 @@ fn picture_bombs_are_read_without_decoding_pixels() {
         succeeded(name, &moss_under(RUN_KIB, &args, None));
         let (_, w, h, m) = moss::png::decode(&std::fs::read(&out).unwrap()).unwrap();
         assert_eq!((w, h), (64, 64));
-        assert_eq!(Params::from_png(&m).unwrap().prompt, "a fox in the snow");
+        assert_eq!(Params::from_png(&m).unwrap().spec.prompt, "a fox in the snow");
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -430,7 +428,9 @@ fn decode_records_the_size_of_its_latents() {
     let d = scratch("decode");
     let m = tiny().display().to_string();
     let with = |w: u32, h: u32| {
-        let mut v = serde_json::to_value(Params { width: w, height: h, ..settings("a fox") }).unwrap();
+        let mut p = settings("a fox");
+        (p.spec.width, p.spec.height) = (w, h);
+        let mut v = serde_json::to_value(p).unwrap();
         v["format"] = "moss-latents-1".into();
         v
     };
@@ -446,9 +446,9 @@ fn decode_records_the_size_of_its_latents() {
         let (_, w, h, meta) = moss::png::decode(&std::fs::read(&out).unwrap()).unwrap();
         assert_eq!((w, h), (128, 32), "{case}");
         let p = Params::from_png(&meta).unwrap();
-        assert_eq!((p.width, p.height), (128, 32), "{case}: the moss settings");
+        assert_eq!((p.spec.width, p.spec.height), (128, 32), "{case}: the moss settings");
         assert!(meta.get("parameters").unwrap().contains("Size: 128x32,"), "{case}: {:?}", meta.get("parameters"));
-        assert_eq!(p.prompt, "a fox");
+        assert_eq!(p.spec.prompt, "a fox");
     }
     // Settings that do not read: said, and the picture records the model and the file.
     let lat = d.join("bad.safetensors");

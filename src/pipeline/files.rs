@@ -78,14 +78,14 @@ pub fn read_latents_file(path: &Path, channels: usize, size: Option<(u32, u32)>)
         let params = match serde_json::from_value::<crate::metadata::Params>(settings) {
             Ok(mut p) => {
                 let (w, h) = (shape[3] as u32 * 16, shape[2] as u32 * 16);
-                if (p.width, p.height) != (w, h) {
+                if (p.spec.width, p.spec.height) != (w, h) {
                     warnings.push(format!(
                         "{}: its settings say {}x{}, its latents are a {w}x{h} picture; the picture records {w}x{h}",
                         path.display(),
-                        p.width,
-                        p.height
+                        p.spec.width,
+                        p.spec.height
                     ));
-                    (p.width, p.height) = (w, h);
+                    (p.spec.width, p.spec.height) = (w, h);
                 }
                 Some(p)
             }

@@ -1,0 +1,590 @@
+//! The CUDA implementation of the generic [`Backend`] ops: device tensors with a dtype (bf16 or
+//! f32) and a shape, one stream, cuBLASLt for `linear`, `cuda/common/tensor_ops.cu` for everything else.
+//!
+//! Dtype rules (every op computes in fp32 and rounds once into its output):
+//! - `upload` gives the precision's activation dtype (bf16, or f32 with `--precision fp32`);
+//!   [`Cuda::upload_as`] picks one explicitly.
+//! - `load` keeps a bf16 checkpoint tensor bf16 (f32 with `--precision fp32`), an f32 one f32 and
+//!   a float8 e4m3 one e4m3 (the codes, one byte each; `download` gives their values).
+//! - `linear` computes in the weight's dtype (x and the bias are cast to it if they differ) and
+//!   returns that dtype. Elementwise ops and `rms_norm` return the dtype of their first input,
+//!   except the DiT's norms over its f32 residual stream, which write the activation dtype
+//!   (`Cuda::normed_dtype`), and `DitOps::linear_f32`, which keeps its product in f32.
+//! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
+
+use crate::blas::Blas;
+use super::Gpu;
+use moss_core::backend::Backend;
+use moss_core::checkpoint::{Component, Dtype};
+use moss_core::lora::{plan::MergeClock, Term};
+use moss_core::options::Precision;
+use moss_core::tensor::Tensor;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{result as dr, sys, CudaFunction, CudaSlice, DevicePtr};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+mod fp8;
+pub mod mover;
+pub(crate) mod ring;
+mod tensor_ops;
+mod tma;
+mod transfer;
+mod weights;
+
+pub use tma::tensor_map_2d;
+pub use weights::DeviceMem;
+pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
+use transfer::Staging;
+
+/// Element type of a device tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    BF16,
+    F32,
+    /// float8 e4m3 codes ([`moss_core::fp8`]): the weights and activations of the fp8 linears.
+    F8E4M3,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::BF16 => 2,
+            DType::F32 => 4,
+            DType::F8E4M3 => 1,
+        }
+    }
+    /// The suffix of kernel names (`moss_add_bf16_f32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F8E4M3 => "f8e4m3",
+        }
+    }
+    /// The activation dtype of a precision: f32 at fp32, else bf16 (the fp8 linears' activations too).
+    pub fn of(p: Precision) -> DType {
+        match p {
+            Precision::Fp32 => DType::F32,
+            _ => DType::BF16,
+        }
+    }
+}
+
+/// What owns a tensor's device memory.
+enum Mem {
+    /// A stream-ordered allocation of the compute stream (activations).
+    Pool(#[allow(dead_code)] CudaSlice<u8>),
+    /// Weight memory (its own, or a streamed block slot it is part of).
+    Device(#[allow(dead_code)] Arc<DeviceMem>),
+}
+
+/// One device allocation (freed on drop).
+pub struct Buf {
+    #[allow(dead_code)]
+    mem: Mem,
+    ptr: u64,
+    bytes: usize,
+}
+
+/// A tensor resident on the GPU. Cloning shares the buffer.
+#[derive(Clone)]
+pub struct CudaTensor {
+    buf: Arc<Buf>,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl CudaTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// The device address of element 0.
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr
+    }
+    pub fn last_dim(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+    pub fn rows(&self) -> usize {
+        self.numel() / self.last_dim().max(1)
+    }
+    /// Whether no other tensor (a clone or a reshape) shares this one's buffer, so an op that
+    /// takes it by value may write into it.
+    pub(crate) fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
+}
+
+/// The argument struct of `moss_permute_*` (must match `MossPerm` in cuda/common/tensor_ops.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PermArgs {
+    pub out_dims: [i64; 6],
+    pub src_strides: [i64; 6],
+    pub nd: i32,
+}
+
+/// One kernel argument.
+pub enum Arg {
+    /// A device pointer.
+    P(u64),
+    L(i64),
+    I(i32),
+    F(f32),
+    Perm(PermArgs),
+    /// A TMA tensor map passed by value (a kernel's `const __grid_constant__ CUtensorMap`).
+    Map(Box<sys::CUtensorMap>),
+}
+
+struct Inner {
+    gpu: Gpu,
+    blas: Blas,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+    staging: Mutex<Option<Staging>>,
+    /// The pinned ring the LoRA merge uploads its factors through (made at the first merge).
+    ring: Mutex<Option<ring::Ring>>,
+    /// The weight mover (copy stream, pinned pool), made at the first load.
+    mover: Mutex<Option<mover::Mover>>,
+    /// The streamed blocks' reusable device memory, by slot.
+    slots: Mutex<Vec<Option<Arc<DeviceMem>>>>,
+    /// By slot: the event after the compute that last reads its tensors ([`Cuda::slot_read_until_now`]).
+    slot_free: Mutex<HashMap<usize, cudarc::driver::CudaEvent>>,
+    poison: AtomicBool,
+    sms: u32,
+    /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
+    /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae/conv.rs).
+    vae_flag: Mutex<Option<CudaTensor>>,
+    vae_tf32_fallback: AtomicBool,
+    /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
+    vae_io: Mutex<Option<Arc<crate::vae::picture::SplitIo>>>,
+    /// The run plan's limit on the VAE decode's activations (`VaeOps::limit_vae_activations`).
+    vae_limit: Mutex<Option<u64>>,
+    /// Device bytes held outside our allocations: the context, the kernel modules, the cuBLASLt
+    /// workspace (measured when the backend was made; see [`Cuda::process_overhead`]).
+    overhead: u64,
+}
+
+/// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
+/// view with another precision.
+#[derive(Clone)]
+pub struct Cuda {
+    inner: Arc<Inner>,
+    pub precision: Precision,
+    /// Loads recorded by a batch view ([`Cuda::batch`]), read at its end.
+    batch: Option<Arc<Mutex<weights::Batch>>>,
+}
+
+fn de(what: &str) -> impl Fn(dr::DriverError) -> anyhow::Error + '_ {
+    move |e| anyhow!("CUDA {what}: {e:?}")
+}
+
+fn kernel_ptr(t: &CudaTensor) -> Arg {
+    Arg::P(t.ptr())
+}
+
+impl Cuda {
+    /// Open `cuda:ordinal` with cuBLASLt and our kernels; a clear error without a driver, a GPU,
+    /// cuBLASLt or kernels.
+    pub fn new(ordinal: usize, precision: Precision) -> Result<Cuda> {
+        let gpu = Gpu::open(ordinal)?;
+        // SAFETY: one stream only, so no cross-stream events are needed; no CudaSlice exists yet.
+        unsafe { gpu.ctx.disable_event_tracking() };
+        if gpu.ctx.has_async_alloc() {
+            // Keep freed memory in the stream-ordered pool instead of returning it to the driver
+            // at every synchronisation (which makes the next allocation map pages again).
+            // SAFETY: the device's default pool, a u64 attribute.
+            unsafe {
+                let pool = dr::device::get_default_mem_pool(gpu.ctx.cu_device()).map_err(de("memory pool"))?;
+                let mut keep = u64::MAX;
+                dr::mem_pool::set_attribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut keep as *mut u64 as *mut c_void,
+                )
+                .map_err(de("memory pool threshold"))?;
+            }
+        }
+        let cc_attr = |a| gpu.ctx.attribute(a).map_err(de("attribute"));
+        let cc = (
+            cc_attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            cc_attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let blas = Blas::new(&gpu.stream, cc)?;
+        // What the modules and the workspace took beyond the bare context (this process alone
+        // allocates on this context, so the drop in free memory is ours).
+        let (free_now, _) = gpu.mem_info()?;
+        let overhead = gpu.context_bytes + gpu.free_at_open.saturating_sub(free_now as u64);
+        let sms = gpu
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(de("attribute"))?
+            .max(1) as u32;
+        let inner = Inner {
+            gpu,
+            blas,
+            funcs: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
+            ring: Mutex::new(None),
+            mover: Mutex::new(None),
+            slots: Mutex::new(vec![]),
+            slot_free: Mutex::new(HashMap::new()),
+            poison: AtomicBool::new(false),
+            sms,
+            vae_flag: Mutex::new(None),
+            vae_tf32_fallback: AtomicBool::new(false),
+            vae_io: Mutex::new(None),
+            vae_limit: Mutex::new(None),
+            overhead,
+        };
+        Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
+    }
+
+    pub fn with_precision(&self, precision: Precision) -> Cuda {
+        Cuda { inner: self.inner.clone(), precision, batch: self.batch.clone() }
+    }
+
+    pub(crate) fn vae_limit(&self) -> Option<u64> {
+        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_vae_limit(&self, bytes: Option<u64>) {
+        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner()) = bytes;
+    }
+
+    /// Device bytes this process holds outside its allocations (context, kernel modules,
+    /// cuBLASLt workspace): what `nvidia-smi` shows for a process that has allocated nothing,
+    /// taken off the `--max-vram` cap before the networks are placed.
+    pub fn process_overhead(&self) -> u64 {
+        self.inner.overhead
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.inner.gpu
+    }
+
+    /// Device address of the fp16-split VAE conv's overflow flag (one int, zero until a kernel
+    /// sets it; allocated and zeroed on first use).
+    pub(crate) fn vae_flag_ptr(&self) -> Result<u64> {
+        let mut g = self.inner.vae_flag.lock().unwrap();
+        if g.is_none() {
+            let t = self.alloc(DType::F32, &[4])?;
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
+            *g = Some(t);
+        }
+        Ok(g.as_ref().unwrap().ptr())
+    }
+
+    /// Whether the overflow flag is set (waits for the stream), and clears it.
+    pub(crate) fn vae_flag_take(&self) -> Result<bool> {
+        let g = self.inner.vae_flag.lock().unwrap();
+        let Some(t) = g.as_ref() else { return Ok(false) };
+        let b = self.download_bytes(t)?;
+        let set = b[..4] != [0u8; 4];
+        if set {
+            self.write_bytes(t.ptr(), &[0u8; 16])?;
+        }
+        Ok(set)
+    }
+
+    /// Whether the VAE convolutions run on the TF32 halo kernel in place of the fp16 one (the
+    /// decoder's re-run after an overflow).
+    pub(crate) fn vae_tf32_fallback(&self) -> bool {
+        self.inner.vae_tf32_fallback.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_vae_tf32_fallback(&self, on: bool) {
+        self.inner.vae_tf32_fallback.store(on, Ordering::Relaxed)
+    }
+
+    /// The VAE split decode's copy streams and pinned host memory, made on first use and let go
+    /// by `release_cached` (between stages).
+    pub(crate) fn vae_io(&self) -> &Mutex<Option<Arc<crate::vae::picture::SplitIo>>> {
+        &self.inner.vae_io
+    }
+
+    pub(crate) fn blas(&self) -> &Blas {
+        &self.inner.blas
+    }
+
+    /// The activation dtype of this backend's precision.
+    pub fn act_dtype(&self) -> DType {
+        DType::of(self.precision)
+    }
+
+    /// Fill every new allocation with 0xFF bytes (NaN in bf16 and f32), so an element a kernel
+    /// fails to write shows up as NaN. `moss check` turns this on.
+    pub fn set_poison(&self, on: bool) {
+        self.inner.poison.store(on, Ordering::Relaxed);
+    }
+
+    /// Wait for all queued work; report any asynchronous kernel error.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.gpu.stream.synchronize().map_err(de("synchronize (a kernel failed)"))
+    }
+
+    /// Give the memory the stream-ordered pool holds (freed tensors) back to the driver, so
+    /// `cuMemGetInfo` sees it as free again.
+    pub fn trim_pool(&self) -> Result<()> {
+        self.sync()?;
+        if self.inner.gpu.ctx.has_async_alloc() {
+            // SAFETY: the device's default pool; nothing is in flight after the sync.
+            unsafe {
+                let pool = dr::device::get_default_mem_pool(self.inner.gpu.ctx.cu_device()).map_err(de("memory pool"))?;
+                dr::mem_pool::trim_to(pool, 0).map_err(de("memory pool trim"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A new (uninitialised, or poisoned) tensor.
+    pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<CudaTensor> {
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        let s = &self.inner.gpu.stream;
+        s.context().bind_to_thread().map_err(de("bind context"))?;
+        // SAFETY: the memory is written by the op that asked for it (or poisoned below).
+        let slice = unsafe { s.alloc::<u8>(bytes.max(16)) }.map_err(|e| {
+            let free = self.inner.gpu.mem_info().map(|m| m.0).unwrap_or(0);
+            anyhow!(
+                "out of GPU memory allocating {:.2} GiB ({:.2} GiB free): {e:?}",
+                bytes as f64 / GIB,
+                free as f64 / GIB
+            )
+        })?;
+        let ptr = slice.device_ptr(s).0;
+        if self.inner.poison.load(Ordering::Relaxed) {
+            // SAFETY: ptr/bytes is the allocation just made.
+            unsafe { dr::memset_d8_async(ptr, 0xff, bytes, s.cu_stream()) }.map_err(de("memset"))?;
+        }
+        Ok(CudaTensor { buf: Arc::new(Buf { mem: Mem::Pool(slice), ptr, bytes }), shape: shape.to_vec(), dtype })
+    }
+
+    fn func(&self, name: &str) -> Result<CudaFunction> {
+        let mut f = self.inner.funcs.lock().unwrap();
+        if let Some(k) = f.get(name) {
+            return Ok(k.clone());
+        }
+        let gpu = &self.inner.gpu;
+        let checks = gpu.check_modules.lock().unwrap().clone();
+        let k = std::iter::once(&gpu.module)
+            .chain(gpu.module_sm90a.as_ref())
+            .chain(checks.iter())
+            .find_map(|m| m.load_function(name).ok())
+            .ok_or_else(|| anyhow!("kernel `{name}` is in no loaded image (production{})", if checks.is_empty() { "" } else { ", check" }))?;
+        f.insert(name.to_string(), k.clone());
+        Ok(k)
+    }
+
+    /// Load the check image (the planted controls of `moss check`; its Hopper part where the
+    /// `sm_90a` production kernels are loaded). Production never calls this.
+    pub fn load_check_image(&self) -> Result<()> {
+        let gpu = &self.inner.gpu;
+        let mut mods = gpu.check_modules.lock().unwrap();
+        if !mods.is_empty() {
+            return Ok(());
+        }
+        let bins = super::FATBIN_CHECK.into_iter().chain(super::FATBIN_CHECK_SM90A.filter(|_| self.has_sm90a()));
+        for bin in bins {
+            let m = gpu
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec()))
+                .map_err(|e| anyhow!("cannot load the check image on {}: {e:?}", gpu.name))?;
+            mods.push(m);
+        }
+        Ok(())
+    }
+
+    /// Whether the Hopper-only kernels (`cuda/*/sm90a`) are loaded: a compute capability 9.0
+    /// device and a build with them.
+    pub fn has_sm90a(&self) -> bool {
+        self.inner.gpu.module_sm90a.is_some()
+    }
+
+    /// Launch `name` on the stream with a 1-D grid.
+    pub fn launch(&self, name: &str, grid: u32, block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_2d(name, (grid, 1), block, shmem, args)
+    }
+
+    /// Launch `name` on the stream with a 2-D grid `(x, y)`; more than 48 KiB of dynamic shared
+    /// memory is opted into per function.
+    pub fn launch_2d(&self, name: &str, grid: (u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
+        // A batch view's loads land before any kernel it launches (which may read them).
+        self.settle()?;
+        let f = self.func(name)?;
+        if shmem > 48 * 1024 {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem as i32)
+                .map_err(|e| anyhow!("{name}: {shmem} bytes of shared memory: {e:?}"))?;
+        }
+        let mut slots: Vec<*mut c_void> = args
+            .iter()
+            .map(|a| match a {
+                Arg::P(v) => v as *const u64 as *mut c_void,
+                Arg::L(v) => v as *const i64 as *mut c_void,
+                Arg::I(v) => v as *const i32 as *mut c_void,
+                Arg::F(v) => v as *const f32 as *mut c_void,
+                Arg::Perm(v) => v as *const PermArgs as *mut c_void,
+                Arg::Map(v) => &**v as *const sys::CUtensorMap as *mut c_void,
+            })
+            .collect();
+        let s = &self.inner.gpu.stream;
+        s.context().bind_to_thread().map_err(de("bind context"))?;
+        // SAFETY: the kernel's C signature matches `args` (each call site is written against its
+        // kernel in cuda/); every pointer is a live allocation of the size the kernel reads.
+        unsafe {
+            dr::launch_kernel(f.cu_function(), (grid.0.max(1), grid.1.max(1), 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots)
+        }
+        .map_err(|e| anyhow!("launching {name}: {e:?}"))
+    }
+
+    /// The device's streaming multiprocessors (read when the device opened; at least 1).
+    pub fn sm_count(&self) -> usize {
+        self.inner.sms as usize
+    }
+
+    /// Blocks for a grid-stride loop over `work` items, 256 threads each.
+    pub fn grid_for(&self, work: usize) -> u32 {
+        (work.div_ceil(256)).clamp(1, self.sm_count() * 16) as u32
+    }
+
+    // ---- host <-> device ---------------------------------------------------------------------
+
+    /// Device bytes a checkpoint tensor takes once loaded at this precision.
+    pub fn loaded_bytes(&self, dtype: Dtype, numel: usize) -> usize {
+        loaded_dtype(dtype, self.precision).size() * numel
+    }
+}
+
+/// The device dtype a checkpoint tensor is loaded as.
+pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
+    match (stored, p) {
+        (Dtype::F8E4M3, _) => DType::F8E4M3,
+        (Dtype::BF16, p) if p != Precision::Fp32 => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
+pub const GIB: f64 = (1u64 << 30) as f64;
+
+impl Backend for Cuda {
+    fn release_cached(&self) -> Result<()> {
+        // A finished stage's streamed-block slots go too (the next stream allocates them again),
+        // and the VAE split decode's pinned host memory once no kept picture holds it.
+        self.release_slots();
+        self.inner.vae_io.lock().unwrap().take();
+        self.inner.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.trim_pool()
+    }
+
+    type T = CudaTensor;
+
+    fn name(&self) -> String {
+        let g = &self.inner.gpu;
+        format!("cuda:{} {} ({:?})", g.ctx.ordinal(), g.name, self.precision)
+    }
+
+    fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
+        self.prof("upload", || self.upload_as(t, self.act_dtype()))
+    }
+    fn upload_f32(&self, t: &Tensor) -> Result<CudaTensor> {
+        self.prof("upload", || self.upload_as(t, DType::F32))
+    }
+
+    fn download(&self, x: &CudaTensor) -> Result<Tensor> {
+        self.prof("download", || self.download_with(x, Download::Pinned))
+    }
+
+    fn dims(&self, x: &CudaTensor) -> Vec<usize> {
+        x.shape.clone()
+    }
+
+    fn load(&self, c: &Component, name: &str) -> Result<CudaTensor> {
+        self.prof("load", || self.load_stacked(c, &[name]))
+    }
+    fn merge_lora(&self, w: CudaTensor, stored: Dtype, terms: &[Term], clock: &MergeClock) -> Result<CudaTensor> {
+        let want = match stored {
+            Dtype::BF16 => DType::BF16,
+            Dtype::F32 => DType::F32,
+            d => anyhow::bail!("the GPU merges LoRAs into bf16 and f32 weights only, this one is stored as {}", d.name()),
+        };
+        ensure!(w.dtype == want, "LoRA merge: the weight is {} on the device, stored as {}", w.dtype.name(), stored.name());
+        self.merge_lora_timed(w, terms, clock)
+    }
+    fn load_rows(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
+        self.prof("load", || self.load_stacked(c, names))
+    }
+    fn load_batch<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<R> {
+        Ok(self.batch(f)?.0)
+    }
+    fn load_behind<R>(&self, f: impl FnOnce(&Self) -> Result<R>) -> Result<moss_core::backend::Behind<R>> {
+        Ok(self.batch_behind(f)?.0)
+    }
+    fn loads_behind(&self) -> bool {
+        true
+    }
+    fn fetch(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<moss_core::backend::Behind<Vec<CudaTensor>>> {
+        self.prof("fetch block weights", || self.fetch_into_slot(c, slot, groups))
+    }
+    fn free_slot(&self, slot: usize) -> Result<()> {
+        self.slot_read_until_now(slot)
+    }
+
+    fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
+        // named by its shape (rows x in x out): the DiT's linears tell apart by it
+        let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
+        self.timed_op(name, || self.linear_dense(x, w, b))
+    }
+    fn quantize_rows(&self, w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+        ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
+        self.prof("quantize_rows", || self.quantize_fp8_with(w, "moss_quantize_fp8"))
+    }
+    fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_fp8_timed(x, q, scale)
+    }
+    fn linear_fp8_quantized(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, s: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_fp8_quantized_timed(xq, xs, q, s)
+    }
+    fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("add", || self.binary_with("add", a, b, "moss"))
+    }
+    fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("mul", || self.binary_with("mul", a, b, "moss"))
+    }
+    fn silu(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("silu", || self.unary_with("silu", x, "moss"))
+    }
+    fn sigmoid(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.prof("sigmoid", || self.unary_with("sigmoid", x, "moss"))
+    }
+    fn rms_norm(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool) -> Result<CudaTensor> {
+        self.prof("rms_norm", || self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm"))
+    }
+    fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
+        ensure!(
+            shape.iter().product::<usize>() == x.numel(),
+            "reshape {:?} to {shape:?}: {} values",
+            x.shape,
+            x.numel()
+        );
+        Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
+    }
+    fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
+        self.prof("narrow", || self.narrow_with(x, dim, start, len, "moss"))
+    }
+    fn cat(&self, xs: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
+        self.prof("cat", || self.cat_with(xs, dim, "moss"))
+    }
+    fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor> {
+        self.prof("permute", || self.permute_with(x, perm, "moss"))
+    }
+}
+
+impl std::fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaTensor({:?} {:?}, {} bytes)", self.dtype, self.shape, self.buf.bytes)
+    }
+}

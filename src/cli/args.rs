@@ -1,0 +1,545 @@
+//! The command line (clap). `main` parses it and hands the values to the library.
+
+use moss::backend::Device;
+use clap::{Args, Parser, Subcommand};
+pub use moss::options::{parse_size, Precision};
+use std::path::PathBuf;
+
+/// `--version`: the crate version, the git revision, and the CUDA kernels built in.
+pub fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let kernels = match moss::backend::cuda::kernel_archs() {
+            Some(sms) => format!("CUDA kernels for sm_{}", sms.replace(',', ", sm_")),
+            None => "built without CUDA kernels (CPU only)".to_string(),
+        };
+        format!("{} (git {})\n{kernels}", env!("CARGO_PKG_VERSION"), moss_cuda::GIT_REV)
+    })
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "moss",
+    version,
+    long_version = long_version(),
+    about = "Text to picture with the MOSS-Image model (OpenMOSS), on its own CUDA kernels",
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
+pub enum Command {
+    /// Render a prompt to a picture (PNG, JPEG or WebP): encode, denoise (50 Euler steps, CFG), decode.
+    Generate(GenerateArgs),
+    /// Encode a prompt (and the negative) to hidden states, for `generate --embeds`.
+    Encode(EncodeArgs),
+    /// Decode latents (--save-latents' file, or raw little-endian f32 [1,128,H/16,W/16]) to a picture.
+    Decode(DecodeArgs),
+    /// Check the checkpoint (and with --device cuda, every GPU kernel against the CPU reference).
+    Check(CheckArgs),
+    /// Print the settings a moss picture (PNG, JPEG or WebP) was made with.
+    Info(InfoArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout.
+    Man,
+    /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
+    Serve(ServeArgs),
+    /// Time the prompt encoder on token ids (a bench tool: src/bench_encoder.rs).
+    #[command(hide = true)]
+    BenchEncode(BenchEncodeArgs),
+    /// The DiT stage alone from an embeds file: timed forwards and guided loop, JSON out
+    /// (a bench tool: src/bench.rs).
+    #[command(hide = true)]
+    BenchDit(BenchDitArgs),
+    /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/bench_vae.rs).
+    #[command(hide = true)]
+    BenchVae(BenchVaeArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchVaeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Raw little-endian f32 latents [1,128,H/16,W/16] (square).
+    #[arg(long)]
+    pub latents: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Write the raw decoder output [3,H,W] f32 here.
+    #[arg(long)]
+    pub out_f32: Option<PathBuf>,
+    /// Write the RGB8 bytes (HWC) here.
+    #[arg(long)]
+    pub out_rgb: Option<PathBuf>,
+    /// Only the pipeline's decode (`decode_rgb8`, split as the memory plan says): no whole
+    /// forwards, no profile.
+    #[arg(long)]
+    pub decode_only: bool,
+    /// Strip mode: time the whole decode against a split decode in strips of N rows (the RGB8
+    /// bytes compared; --out-rgb gets the split decode's).
+    #[arg(long, value_name = "N", value_parser = parse_strip_rows)]
+    pub strip_rows: Option<usize>,
+    /// Strip mode: GiB of device memory the split decode may keep pictures in (default 0: every
+    /// picture in host memory).
+    #[arg(long, value_name = "GIB", requires = "strip_rows")]
+    pub keep_gib: Option<f64>,
+    /// Strip mode with the planner's split for this many GiB free for activations (strips and
+    /// kept pictures), instead of --strip-rows/--keep-gib.
+    #[arg(long, value_name = "GIB", conflicts_with = "strip_rows")]
+    pub plan_free_gib: Option<f64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchDitArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Embeds file (`moss encode`) with the cond and uncond hidden states.
+    #[arg(long, value_name = "PATH")]
+    pub embeds: PathBuf,
+    #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
+    pub size: (u32, u32),
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub steps: u32,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    pub guidance: f32,
+    #[arg(long, default_value = "22", value_parser = parse_skip)]
+    pub uncond_skip: SkipList,
+    #[arg(long, default_value = "0:1", value_parser = parse_window)]
+    pub skip_window: (f64, f64),
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Timed forwards (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub forwards: usize,
+    /// Skip the guided loop.
+    #[arg(long)]
+    pub forward_only: bool,
+    /// Write the loop's final latents (raw little-endian f32 [1,C,h,w]).
+    #[arg(long, value_name = "PATH")]
+    pub save_latents: Option<PathBuf>,
+    /// Write the velocity of the (last) timed forward (raw little-endian f32 [1,C,h,w]).
+    #[arg(long, value_name = "PATH")]
+    pub save_velocity: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchEncodeArgs {
+    /// A `text_encoder/` folder: config.json and safetensors with `language_model.` keys.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// How many pseudo-random token ids (from --seed), unless --ids-file is given.
+    #[arg(long, default_value_t = 128)]
+    pub ids: usize,
+    /// Token ids, whitespace- or comma-separated (a JSON list works); repeatable (the model
+    /// is loaded once).
+    #[arg(long)]
+    pub ids_file: Vec<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Timed forwards after the first.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    #[arg(long, default_value = "cuda", value_parser = parse_device)]
+    pub device: Device,
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Write the hidden states (f32 safetensors, key `hidden`); one per --ids-file.
+    #[arg(long)]
+    pub out: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Checkpoint folder, or a Hugging Face repo id resolved in the local HF cache.
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// Where to compute: cuda, cuda:N or cpu (the slow fp32 reference).
+    #[arg(long, default_value = "cuda", value_parser = parse_device)]
+    pub device: Device,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PromptArgs {
+    /// The prompt text.
+    #[arg(long, conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a UTF-8 text file instead.
+    #[arg(long, value_name = "PATH")]
+    pub prompt_file: Option<PathBuf>,
+    /// The negative prompt (the unconditional branch of CFG).
+    #[arg(long, default_value = "")]
+    pub negative: String,
+    /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_tokens: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise);
+    /// `random` draws one (printed on stderr and recorded in the picture).
+    #[arg(long, default_value = "42", value_parser = parse_seed)]
+    pub seed: Seed,
+    /// Render N pictures of the prompt in one load, seeds --seed, --seed + 1, ... (as batch items;
+    /// -o without a `{seed}` gets `-{seed}` before its extension).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100000), conflicts_with = "seeds")]
+    pub count: Option<u64>,
+    /// Render one picture per seed (comma-separated) in one load.
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',', conflicts_with = "seed")]
+    pub seeds: Option<Vec<u64>>,
+    /// Render the picture a moss picture was made from again, with its recorded settings; flags
+    /// given beside it override them.
+    #[arg(long, value_name = "PICTURE", conflicts_with_all = ["prompts", "embeds"])]
+    pub from: Option<PathBuf>,
+    /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
+    #[arg(long, default_value_t = 50)]
+    pub steps: u32,
+    /// Classifier-free guidance scale; exactly 1 runs no negative pass.
+    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    pub guidance: f32,
+    /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.
+    #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
+    pub size: (u32, u32),
+    /// Output picture, its format by the extension: .png, .jpg/.jpeg (--quality) or .webp
+    /// (lossless); `-` writes PNG to stdout.
+    #[arg(long, short, default_value = "moss.png")]
+    pub out: PathBuf,
+    /// JPEG quality, 1..100 [default: 90] (JPEG output only).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: Option<u8>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Also write the final latents: safetensors with `latents` f32 [1,128,H/16,W/16] and the
+    /// settings, which `moss decode` reads without --size.
+    #[arg(long, value_name = "PATH")]
+    pub save_latents: Option<PathBuf>,
+    /// Use hidden states written by `moss encode` instead of running the encoder.
+    #[arg(long, value_name = "PATH")]
+    pub embeds: Option<PathBuf>,
+    /// DiT blocks the unconditional pass skips (comma-separated; "none" for none).
+    #[arg(long, default_value = "22", value_parser = parse_skip)]
+    pub uncond_skip: SkipList,
+    /// Fraction of the steps START:STOP in which the skip applies (step i skips if START <= i/n < STOP).
+    #[arg(long, default_value = "0:1", value_parser = parse_window)]
+    pub skip_window: (f64, f64),
+    /// bf16: the model's own (bf16 weights and activations on the GPU, the hidden states
+    /// rounded to bf16 between encoder and transformer); fp32: fp32 end to end, for verification
+    /// (the CPU computes in fp32 either way; this keeps its hidden states fp32); fp8: as bf16 but
+    /// the transformer's main-block linears in float8 e4m3 (per-row weight scales, per-token
+    /// activation scales; GPUs of compute capability 8.9 and later, and the CPU).
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print one JSON line with the result instead of the path (batch: one per finished picture).
+    #[arg(long)]
+    pub json: bool,
+    /// A LoRA to merge into the transformer, PATH[:SCALE] (default scale 1); repeat to add several.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
+    pub lora: Vec<moss::lora::LoraSpec>,
+    /// GPU memory moss may use, in GiB [default: the device's free memory less 0.5 GiB]. Networks
+    /// that do not fit stream their weights from host memory (same picture, slower); a cap above
+    /// the device's memory is clamped, one below the smallest that works is refused naming it.
+    #[arg(long, value_name = "GIB", value_parser = parse_max_vram)]
+    pub max_vram: Option<f64>,
+    /// Print the memory plan (what is resident, what streams, bytes moved per pass) and each
+    /// stage's load and compute time on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+}
+
+/// Batch mode: many pictures from one invocation, the weights loaded once.
+#[derive(Args, Debug, Clone)]
+pub struct BatchArgs {
+    /// Render every line of FILE ("-": stdin): a prompt, or a JSON object setting prompt, negative,
+    /// seed, size, steps, guidance, out. The other flags give the defaults.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_file", "embeds", "out", "save_latents"])]
+    pub prompts: Option<PathBuf>,
+    /// Folder the batch's pictures go to (created if missing) [default: .].
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+    /// File name template: {index}, {line}, {seed}, {shard}, {stem} ({index:05}: zero-padded; {stem:20}: at most 20 chars) [default: {index:05}-{seed}.png].
+    #[arg(long, value_name = "TEMPLATE")]
+    pub name: Option<String>,
+    /// Render only the items whose output file does not exist yet (resume a killed job).
+    #[arg(long)]
+    pub skip_existing: bool,
+    /// Let a list item's "out" be an absolute path (by default every item stays inside --out-dir).
+    #[arg(long)]
+    pub allow_absolute_out: bool,
+    /// Render only the items with index % N == K (K counts from 0); N processes split a list.
+    #[arg(long, value_name = "K/N", value_parser = parse_shard)]
+    pub shard: Option<moss::batch::Shard>,
+    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
+    #[arg(long, value_name = "N", value_parser = parse_chunk)]
+    pub chunk: Option<u64>,
+}
+
+impl BatchArgs {
+    /// The first batch flag given without `--prompts` (checked here rather than with clap's
+    /// `requires`, which stays silent when `--prompt` is there and names no flag otherwise).
+    pub fn stray_flag(&self) -> Option<&'static str> {
+        if self.prompts.is_some() {
+            return None;
+        }
+        [
+            ("--out-dir", self.out_dir.is_some()),
+            ("--name", self.name.is_some()),
+            ("--skip-existing", self.skip_existing),
+            ("--allow-absolute-out", self.allow_absolute_out),
+            ("--shard", self.shard.is_some()),
+            ("--chunk", self.chunk.is_some()),
+        ]
+        .into_iter()
+        .find(|f| f.1)
+        .map(|f| f.0)
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EncodeArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Output safetensors file (hidden states, token ids and prompt in its metadata).
+    #[arg(long, short)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// bf16: the hidden states rounded to bf16, as `generate` feeds them to the transformer;
+    /// fp32: an fp32 encoder (on the GPU) and F32 hidden states, for `generate --precision fp32`;
+    /// fp8: the bf16 file (an fp8 run's encoder is the bf16 one).
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DecodeArgs {
+    /// Raw little-endian f32 latents [1,128,H/16,W/16] (as --save-latents writes them).
+    pub latents: PathBuf,
+    /// Picture size WIDTHxHEIGHT; square is inferred from the file length when left out.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<(u32, u32)>,
+    /// Output picture: .png, .jpg/.jpeg (--quality) or .webp (lossless); `-` writes PNG to stdout.
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// JPEG quality, 1..100 [default: 90] (JPEG output only).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: Option<u8>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Decode in strips of N latent rows instead of what the memory plan picks (same bytes; tests).
+    #[arg(long, value_name = "N", hide = true, value_parser = parse_strip_rows)]
+    pub strip_rows: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Checkpoint folder or repo id to check.
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<Device>,
+    /// The gates' random seed (default: a fresh one each run, printed), to repeat a run.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print each gate family's time on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+/// `moss serve`: an OpenAI-compatible image server; the weights stay loaded between requests.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Compute precision on the GPU (bf16, fp32 or fp8, as `generate`).
+    #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
+    pub precision: Precision,
+    /// Address to listen on; one that is not loopback needs --api-key (or --allow-insecure-bind).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// Port to listen on (0: any free port, printed at start-up).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Clients must send `Authorization: Bearer KEY`.
+    #[arg(long, env = "MOSS_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Allow a non-loopback --host without an API key (anyone who reaches it can use the GPU).
+    #[arg(long)]
+    pub allow_insecure_bind: bool,
+    /// Let web pages of this origin (`http://localhost:3000`) call the API from a browser (CORS);
+    /// requests from any other page are refused. Repeatable.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
+    /// Requests that may wait behind the running one; more get 429 with Retry-After.
+    #[arg(long, default_value_t = 16)]
+    pub max_queue: usize,
+    /// Largest picture a request may ask for (its area bounds WIDTHxHEIGHT).
+    #[arg(long, default_value = "2048x2048", value_parser = parse_size)]
+    pub max_size: (u32, u32),
+    /// Most denoising steps a request may ask for (1..1000).
+    #[arg(long, default_value_t = 100)]
+    pub max_steps: u32,
+    /// Most tokens in a prompt (and in the negative prompt); longer ones get 400.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
+    /// Seconds a client has to send its request headers, and its body.
+    #[arg(long, default_value_t = 10)]
+    pub client_timeout: u64,
+    /// A LoRA to merge into the transformer at start-up, PATH[:SCALE]; repeat to add several.
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
+    pub lora: Vec<moss::lora::LoraSpec>,
+    /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
+    #[arg(long, default_value = "22", value_parser = parse_skip)]
+    pub uncond_skip: SkipList,
+    /// Fraction of the steps in which the skip applies (as `generate --skip-window`).
+    #[arg(long, default_value = "0:1", value_parser = parse_window)]
+    pub skip_window: (f64, f64),
+    /// GPU memory the server may use, in GiB [default: the device's free memory less 0.5 GiB].
+    /// What does not fit stays on the host and streams (same pictures, slower): the transformer
+    /// keeps as many blocks as fit, then the VAE, then the text encoder's layers; a cap above the
+    /// device's memory is clamped, one below the smallest that works is refused naming it.
+    #[arg(long, value_name = "GIB", value_parser = parse_max_vram)]
+    pub max_vram: Option<f64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// A picture written by moss.
+    pub picture: PathBuf,
+    /// Print the settings as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+/// `--seed`: a number, or `random`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    Fixed(u64),
+    Random,
+}
+
+impl Seed {
+    /// The seed to use: a random one is drawn from the OS.
+    pub fn resolve(self) -> u64 {
+        match self {
+            Seed::Fixed(s) => s,
+            Seed::Random => {
+                let mut b = [0u8; 8];
+                use std::io::Read;
+                match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+                    Ok(()) => u64::from_le_bytes(b),
+                    Err(_) => std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64 ^ (std::process::id() as u64) << 32),
+                }
+            }
+        }
+    }
+}
+
+fn parse_strip_rows(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of latent rows (1 or more)")),
+    }
+}
+
+fn parse_chunk(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a chunk size: give a whole number of pictures, 1 or more (1 writes each picture as soon as it is made)")),
+    }
+}
+
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    if s == "random" || s == "rand" {
+        return Ok(Seed::Random);
+    }
+    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1 or `random`"))
+}
+
+/// A list of block indices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkipList(pub Vec<usize>);
+
+fn parse_shard(s: &str) -> Result<moss::batch::Shard, String> {
+    s.parse()
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+}
+
+fn parse_max_vram(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 => Ok(g),
+        _ => Err(format!("`{s}` is not a positive number of GiB")),
+    }
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
+}
+
+fn parse_skip(s: &str) -> Result<SkipList, String> {
+    if s.trim().is_empty() || s.trim() == "none" {
+        return Ok(SkipList(vec![]));
+    }
+    s.split(',')
+        .map(|v| v.trim().parse::<usize>().map_err(|_| format!("`{v}` is not a block index")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(SkipList)
+}
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(':').ok_or_else(|| format!("window `{s}` is not START:STOP"))?;
+    let p = |v: &str| v.trim().parse::<f64>().map_err(|_| format!("window `{s}` is not START:STOP"));
+    let (a, b) = (p(a)?, p(b)?);
+    if !(a.is_finite() && b.is_finite() && a <= b) {
+        return Err(format!("window `{s}` must have finite START <= STOP"));
+    }
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_and_windows() {
+        assert_eq!(parse_skip("22"), Ok(SkipList(vec![22])));
+        assert_eq!(parse_skip("none"), Ok(SkipList(vec![])));
+        assert_eq!(parse_skip("1, 2"), Ok(SkipList(vec![1, 2])));
+        assert_eq!(parse_window("0.01:1"), Ok((0.01, 1.0)));
+        assert!(parse_window("1:0").is_err());
+    }
+}
