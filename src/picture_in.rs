@@ -66,11 +66,9 @@ pub fn decode_limited(bytes: &[u8]) -> Result<image::RgbImage> {
         bail!("the picture is {w}x{h}, an empty picture");
     }
     let img = reader().decode().map_err(|e| match e {
-        image::ImageError::Limits(_) => anyhow::anyhow!(
-            "the {w}x{h} {} needs more than the {} moss gives a picture's decoding",
-            format.name(),
-            size_text(MAX_ALLOC)
-        ),
+        image::ImageError::Limits(_) => {
+            anyhow::anyhow!("the {w}x{h} {} needs more than the {} moss gives a picture's decoding", format.name(), size_text(MAX_ALLOC))
+        }
         e => anyhow::anyhow!("the {} does not decode: {e}", format.name()),
     })?;
     Ok(img.to_rgb8())
@@ -126,7 +124,9 @@ fn png_text(bytes: &[u8]) -> Result<Metadata> {
     let mut meta = Metadata::default();
     let mut budget = MAX_TEXTS;
     let mut take = |key: &str, text: String, meta: &mut Metadata| -> Result<()> {
-        budget = budget.checked_sub(text.len()).with_context(|| format!("the PNG's text chunks hold more than {} together", size_text(MAX_TEXTS as u64)))?;
+        budget = budget
+            .checked_sub(text.len())
+            .with_context(|| format!("the PNG's text chunks hold more than {} together", size_text(MAX_TEXTS as u64)))?;
         meta.push(key, text);
         Ok(())
     };

@@ -182,13 +182,19 @@ async fn allowed_origins_get_cors_and_a_key_lifts_the_host_check() {
     let r = call(p, "GET", "/v1/models", &[("host", "moss.example:8000")], b"").await;
     assert_eq!(r.status, 401);
     // A preflight from an allowed origin, then its request.
-    let pre = [("host", "127.0.0.1"), ("origin", "https://app.example"), ("access-control-request-method", "POST"), ("access-control-request-headers", "authorization, content-type")];
+    let pre = [
+        ("host", "127.0.0.1"),
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+        ("access-control-request-headers", "authorization, content-type"),
+    ];
     let r = call(p, "OPTIONS", GEN, &pre, b"").await;
     assert!(r.status < 300, "preflight: {} {}", r.status, r.text());
     assert_eq!(r.headers["access-control-allow-origin"], "https://app.example");
     let allowed = r.headers["access-control-allow-headers"].to_str().unwrap().to_ascii_lowercase();
     assert!(allowed.contains("authorization") && allowed.contains("content-type"), "{allowed}");
-    let r = call(p, "POST", GEN, &[("host", "127.0.0.1"), ("origin", "http://localhost:3000"), ("content-type", "application/json"), auth], BODY).await;
+    let r =
+        call(p, "POST", GEN, &[("host", "127.0.0.1"), ("origin", "http://localhost:3000"), ("content-type", "application/json"), auth], BODY).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["access-control-allow-origin"], "http://localhost:3000");
     // Any other origin is still refused, before the key is looked at.

@@ -52,9 +52,8 @@ pub fn read_bounded(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
 /// [`read_bounded`] as text (UTF-8, else an error naming the first bad byte's offset).
 pub fn read_text_bounded(path: &Path, limit: u64, what: &str) -> Result<String> {
     let bytes = read_bounded(path, limit, what)?;
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!("{what} {} is not valid UTF-8 (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to())
-    })
+    String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{what} {} is not valid UTF-8 (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
 }
 
 /// Standard input, at most `limit` bytes (`what` names it in errors).
