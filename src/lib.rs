@@ -13,9 +13,6 @@ pub mod backend {
 }
 
 pub mod batch;
-pub mod bench;
-pub mod bench_encoder;
-pub mod bench_vae;
 pub mod check;
 pub mod metadata;
 pub mod output;
