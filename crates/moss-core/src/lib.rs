@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod bounded;
+pub mod cache;
 pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
@@ -14,7 +15,9 @@ pub mod model;
 pub mod noise;
 pub mod options;
 pub mod prompt;
+pub mod sampler;
 pub mod sampling;
 pub mod schedule;
+pub mod sigmas;
 pub mod spec;
 pub mod tensor;
