@@ -34,7 +34,8 @@ struct Server {
 }
 
 impl Server {
-    fn start(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    /// A server that listens (its weights may still be loading).
+    fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let m = model();
         let mut args = vec!["serve", "--model", &m, "--device", "cpu", "--port", "0"];
         args.extend_from_slice(extra);
@@ -54,18 +55,30 @@ impl Server {
             }
         });
         let mut s = Server { child, port: 0, log };
-        let t0 = Instant::now();
-        while !s.log().contains("ready in") {
-            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not get ready:\n{}", s.log());
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("the server exited ({st}):\n{}", s.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        s.wait_for("listening on");
         let log = s.log();
         let at = log.find("listening on http://127.0.0.1:").unwrap() + "listening on http://127.0.0.1:".len();
         s.port = log[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
         s
+    }
+
+    /// A server that has loaded its weights.
+    fn start(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut s = Server::spawn(extra, env);
+        s.wait_for("ready in");
+        s
+    }
+
+    /// Wait until the log holds `what` (the server must not exit first).
+    fn wait_for(&mut self, what: &str) {
+        let t0 = Instant::now();
+        while !self.log().contains(what) {
+            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not log `{what}`:\n{}", self.log());
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("the server exited ({st}):\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn log(&self) -> String {
@@ -527,4 +540,31 @@ async fn max_vram_is_planned_logged_and_shown_by_health() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let want = reference("maxvram", &[("a red fox".into(), 100)], 3, "blurry");
     assert!(b64(&r.json()["data"][0]) == want[0], "the capped server's picture differs from moss generate's");
+}
+
+/// `GET /livez` (liveness) is 200 whenever the process answers, with no key: right after the
+/// server listens (its weights may still be loading: `/health` is then 503 `loading`), and while
+/// a long picture runs (`/health` 200), answered at once, not after the picture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn livez_answers_while_loading_and_while_a_picture_runs() {
+    let mut s = Server::spawn(&["--max-steps", "1000"], &[("MOSS_API_KEY", "sk-live")]);
+    let live = call(s.port, "GET", "/livez", &[], b"").await;
+    assert_eq!((live.status, live.json()["status"].as_str()), (200, Some("alive")));
+    let h = call(s.port, "GET", "/health", &[], b"").await;
+    assert!(h.status == 200 || (h.status == 503 && h.json()["status"] == "loading"), "{}", String::from_utf8_lossy(&h.body));
+    s.wait_for("ready in");
+    let key = [("authorization", "Bearer sk-live")];
+    let body = json!({"prompt": "long", "size": "64x64", "num_inference_steps": 1000}).to_string();
+    let p = s.port;
+    let running = tokio::spawn(async move { call(p, "POST", "/v1/images/generations", &key, body.as_bytes()).await });
+    s.wait_metric("moss_steps_total", 1.0).await;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let live = call(s.port, "GET", "/livez", &[], b"").await;
+        assert_eq!(live.status, 200);
+        assert!(t0.elapsed() < Duration::from_secs(2), "/livez took {:?} during a picture", t0.elapsed());
+        assert_eq!(call(s.port, "GET", "/health", &[], b"").await.status, 200, "ready while busy");
+    }
+    assert_eq!(s.metric("moss_running").await, 1.0, "the picture was still running");
+    running.abort();
 }

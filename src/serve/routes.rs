@@ -1,6 +1,6 @@
 //! The routes: `POST /v1/images/generations` (JSON or server-sent events), `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; the API key check, the error envelope for every error, and one
-//! log line per request.
+//! `GET /health` (readiness), `GET /livez` (liveness), `GET /metrics`; the API key check, the
+//! error envelope for every error, and one log line per request.
 
 use super::api::{self, ApiError, Generation, Limits};
 use super::queue::{Event, Job, Queue};
@@ -52,6 +52,7 @@ pub fn router(st: Arc<AppState>, body_timeout: Duration) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(health))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .fallback(|| async { StatusCode::NOT_FOUND })
         .layer(tower_http::limit::RequestBodyLimitLayer::new(st.max_body))
@@ -83,7 +84,7 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
-            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /metrics)"),
+            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /livez, /metrics)"),
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
             StatusCode::REQUEST_TIMEOUT => "the request body did not arrive in time".into(),
@@ -117,6 +118,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
     };
     (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
+}
+
+/// Liveness: 200 whenever the process answers (while the weights load, a picture renders or the
+/// queue drains); it reads no state the engine holds.
+async fn livez() -> Response {
+    (StatusCode::OK, Json(json!({"status": "alive"}))).into_response()
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
