@@ -34,6 +34,8 @@ pub struct AppState {
     pub max_body: usize,
     pub next_id: AtomicU64,
     pub started: u64,
+    /// The adapters requests may name (`--lora-dir`).
+    pub loras: Arc<super::loras::Registry>,
 }
 
 /// An accepted generation logs its own line when it ends ([`Guard`]).
@@ -48,6 +50,7 @@ pub fn router(st: Arc<AppState>, body_timeout: Duration) -> Router {
     let v1 = Router::new()
         .route("/v1/images/generations", post(generations))
         .route("/v1/models", get(models))
+        .route("/v1/loras", get(loras))
         .route_layer(middleware::from_fn_with_state(st.clone(), authorize));
     Router::new()
         .merge(v1)
@@ -84,7 +87,7 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
-            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /livez, /metrics)"),
+            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /v1/loras, /health, /livez, /metrics)"),
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
             StatusCode::REQUEST_TIMEOUT => "the request body did not arrive in time".into(),
@@ -128,6 +131,10 @@ async fn livez() -> Response {
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+}
+
+async fn loras(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(st.loras.list())
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -202,11 +209,12 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
     let g = api::parse(body, &st.limits, &st.model, &st.base, seed)?;
+    let loras = st.loras.choose(serde_json::from_slice::<Value>(body).ok().as_ref().and_then(|v| v.get("lora")))?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let job = Arc::new(Job { id, gen: g.clone(), tokens, tx, cancel: Default::default(), enqueued: Instant::now() });
+    let job = Arc::new(Job { id, gen: g.clone(), tokens, tx, cancel: Default::default(), enqueued: Instant::now(), loras });
     let ahead = st.queue.push(job.clone())?;
     Ok((g, job, rx, ahead))
 }
@@ -216,7 +224,7 @@ fn item(index: usize, seed: u64, p: &super::engine::Picture, queued_s: f64) -> V
         "index": index,
         "b64_json": base64::engine::general_purpose::STANDARD.encode(&p.bytes),
         "seed": seed,
-        "timings": {"queued_s": queued_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
+        "timings": {"queued_s": queued_s, "lora_switch_s": p.lora_switch_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
     })
 }
 
