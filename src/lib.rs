@@ -22,5 +22,6 @@ pub mod output;
 pub mod picture;
 pub mod pipeline;
 pub mod png;
+pub mod provenance;
 pub mod run_plan;
 pub mod serve;
