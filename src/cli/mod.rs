@@ -3,5 +3,6 @@
 //! binary sees this; the library never names it.
 
 pub mod args;
+pub mod bench;
 pub mod bars;
 pub mod generate;

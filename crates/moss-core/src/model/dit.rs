@@ -25,6 +25,11 @@ pub mod mats;
 #[path = "dit_loras.rs"]
 pub mod loras;
 
+/// The forward with step caching (`crate::cache`).
+#[path = "dit_cache.rs"]
+mod cached;
+pub use cached::PassCaches;
+
 use mats::{Act, BlockMats, Source};
 pub use mats::{block_matrix_names, MainLinears};
 
