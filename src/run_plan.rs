@@ -86,7 +86,8 @@ pub struct RunPlan {
 
 fn loaded(dtype: Dtype, numel: usize, bf16_loaded: usize) -> u64 {
     let es = match dtype {
-        Dtype::BF16 => bf16_loaded,
+        // quantized single files are dequantized to the bf16 storage as they load
+        Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 => bf16_loaded,
         Dtype::F8E4M3 => 1,
         _ => 4,
     };

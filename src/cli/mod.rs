@@ -5,3 +5,4 @@
 pub mod args;
 pub mod bars;
 pub mod generate;
+pub mod quantize;

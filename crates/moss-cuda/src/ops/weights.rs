@@ -161,7 +161,9 @@ impl Cuda {
                     Ok(moss_core::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
                 };
                 let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
-                return self.upload_as(&Tensor::new(shape, parts.concat())?, DType::F32);
+                // ggml blocks and int8 with row scales: dequantized on the host into the bf16 storage
+                let to = if first.dtype.is_block_or_int8() { loaded_dtype(Dtype::BF16, self.precision) } else { DType::F32 };
+                return self.upload_as(&Tensor::new(shape, parts.concat())?, to);
             }
         };
         let target = loaded_dtype(first.dtype, self.precision);
