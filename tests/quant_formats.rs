@@ -179,3 +179,32 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `moss quantize`'s own files load back through `--transformer`'s reader near the folder's values
+/// (ComfyUI's fused q|k|v split again); a checkpoint file as the output is refused, left as it was.
+#[test]
+fn moss_quantize_files_load_back() {
+    let dir = scratch("own");
+    let model = golden().join("tiny-b");
+    let folder = common::checkpoint("tiny-b").open_component("transformer").unwrap();
+    for (to, bound) in [("q8_0", 1e-2), ("q4_k", 0.1), ("q6_k", 0.03), ("int8", 1e-2), ("int8-convrot", 1e-2)] {
+        let out = dir.join(format!("t.{to}"));
+        let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", to, "-o", out.to_str().unwrap(), "--quiet"]);
+        assert!(o.status.success(), "{to}: {}", String::from_utf8_lossy(&o.stderr));
+        let store = single_file::open(&out, "transformer").unwrap();
+        for (name, info) in &folder.store.tensors {
+            let got = store.values(store.get(name).unwrap_or_else(|| panic!("{to}: no `{name}`"))).unwrap();
+            let want = folder.store.values(info).unwrap();
+            let e = rel_l2(&got, &want);
+            assert!(e < bound, "{to}: `{name}` is {e:.3e} from the folder's");
+        }
+    }
+    let weights = model.join("transformer/diffusion_pytorch_model.safetensors");
+    let before = std::fs::read(&weights).unwrap();
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", "q8_0", "-o", weights.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&weights).unwrap() == before, "the checkpoint's file was changed");
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", "q3_k", "-o", dir.join("y").to_str().unwrap()]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("q3_k"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

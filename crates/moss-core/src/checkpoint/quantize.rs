@@ -9,7 +9,7 @@
 //!   available to copy).
 //! - comfy_quant safetensors (`int8`, `int8-convrot`): what convert-to-quant 1.3.4 writes with
 //!   `--int8 --scaling_mode row --simple [--convrot]` ([`super::comfy_quant`]): every matrix int8
-//!   with one f32 scale a row (`127 / amax` as convert-to-quant computes it; with ConvRot the
+//!   with one f32 scale a row (`1 / (127 / amax)` as convert-to-quant's torch computes it; with ConvRot the
 //!   groups of 256, else 64, turned by `H` first, as convert-to-quant picks them), biases and
 //!   norms as stored. convert-to-quant's bias correction (calibration on random activations) is
 //!   not done.
@@ -145,7 +145,8 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
             codes.extend(row.iter().map(|x| (x / scale).round_ties_even().clamp(-128.0, 127.0) as i8));
             scales.push(scale);
         } else {
-            let q = 127.0 / amax.max(1e-12);
+            // torch's `127.0 / t` is `t.reciprocal() * 127.0`: two roundings, kept for equal codes
+            let q = (1.0 / amax.max(1e-12)) * 127.0;
             codes.extend(row.iter().map(|x| (x * q).clamp(-127.0, 127.0).round_ties_even() as i8));
             scales.push(1.0 / q);
         }
