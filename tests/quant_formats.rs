@@ -208,3 +208,59 @@ fn moss_quantize_files_load_back() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("q3_k"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--text-encoder FILE`: the folder's shards as one bf16 file give the folder's picture byte for
+/// byte; `moss quantize --component text-encoder --to int8`'s file gives latents near it, not equal
+/// (the int8 weights ran), together with a GGUF transformer.
+#[test]
+fn text_encoder_single_files() {
+    let dir = scratch("te");
+    let model = golden().join("tiny-a");
+    let store = TensorStore::open(&model.join("text_encoder")).unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = store
+        .tensors
+        .iter()
+        .map(|(n, i)| (n.clone(), safetensors::tensor::TensorView::new(common::folders::st_dtype(i.dtype), i.shape.clone(), store.bytes(i)).unwrap()))
+        .collect();
+    let one = dir.join("te-bf16.safetensors");
+    std::fs::write(&one, safetensors::serialize(views, None).unwrap()).unwrap();
+    let int8 = dir.join("te-int8.safetensors");
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--component", "text-encoder", "--to", "int8", "-o", int8.to_str().unwrap(), "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run = |extra: &[&str], tag: &str| -> (Vec<u8>, Vec<f32>) {
+        let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
+        let args = [
+            &["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a red fox", "--steps", "2", "--size", "64x64"][..],
+            extra,
+            &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(), "--quiet"],
+        ]
+        .concat();
+        let o = moss(&args);
+        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+        (std::fs::read(&pic).unwrap(), moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data)
+    };
+    let (folder_pic, folder_lat) = run(&[], "folder");
+    let (one_pic, _) = run(&["--text-encoder", one.to_str().unwrap()], "one");
+    assert!(one_pic == folder_pic, "the folder's text encoder as one file gives another picture");
+    let gguf = golden().join("quant/tiny-a-Q4_0.gguf");
+    let (_, q_lat) = run(&["--text-encoder", int8.to_str().unwrap(), "--transformer", gguf.to_str().unwrap()], "int8");
+    let (_, g_lat) = run(&["--transformer", gguf.to_str().unwrap()], "gguf");
+    let e = rel_l2(&q_lat, &g_lat);
+    println!("int8 text encoder: latents {e:.3e} from the bf16 encoder's (Q4_0 transformer both); Q4_0 vs folder {:.3e}", rel_l2(&g_lat, &folder_lat));
+    // each int8 matrix is within 0.7 % of the folder's (rel L2); the tiny random encoder and 2
+    // steps carry that to ~9e-2 in the latents (the Q4_0 transformer alone moves them 3.8e-1)
+    assert!(e > 0.0 && e < 0.3, "int8 text encoder: {e:.3e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `moss check` names each single-file component's format and scans it.
+#[test]
+fn check_reports_single_file_formats() {
+    let model = golden().join("tiny-b");
+    let gguf = golden().join("quant/tiny-b-mixed.gguf");
+    let o = moss(&["check", "--model", model.to_str().unwrap(), "--transformer", gguf.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let row = out.lines().find(|l| l.starts_with("transformer")).unwrap();
+    assert!(row.contains("GGUF (general.architecture moss_image)") && row.contains("Q4_K") && row.ends_with("ok"), "{row}");
+}

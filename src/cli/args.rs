@@ -47,8 +47,9 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (roff) to stdout.
     Man,
-    /// Write the folder's transformer as one quantized file: GGUF (q8_0, q4_0, q4_k, q5_k, q6_k) or
-    /// ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer.
+    /// Write the folder's transformer (or text encoder) as one quantized file: GGUF (q8_0, q4_0,
+    /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer
+    /// (--text-encoder).
     Quantize(QuantizeArgs),
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
@@ -341,6 +342,9 @@ pub struct QuantizeArgs {
     /// The format: q8_0, q4_0, q4_k, q5_k, q6_k (GGUF) or int8, int8-convrot (comfy_quant safetensors).
     #[arg(long)]
     pub to: moss::checkpoint::quantize::Target,
+    /// Which component: transformer, or text-encoder (int8 and int8-convrot only).
+    #[arg(long, default_value = "transformer", value_parser = ["transformer", "text-encoder"])]
+    pub component: String,
     /// The file to write (replaced only once complete).
     #[arg(long, short)]
     pub out: PathBuf,

@@ -26,7 +26,11 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<u8> {
     if moss::output::is_stdout(&a.out) {
         anyhow::bail!("--out -: moss quantize writes a file");
     }
-    let store = TensorStore::open(&ck.loc.root.join("transformer"))?;
+    let folder = a.component.replace('-', "_");
+    if folder == "text_encoder" && matches!(a.to, checkpoint::quantize::Target::Gguf(_)) {
+        anyhow::bail!("--component text-encoder: moss writes the text encoder as int8 or int8-convrot (GGUF text encoders name their tensors as llama.cpp does, which moss does not read)");
+    }
+    let store = TensorStore::open(&ck.loc.root.join(&folder))?;
     let bytes = checkpoint::quantize::write(&store, a.to, &a.out)?;
     if !a.quiet {
         println!("{} ({:.1} MB)", a.out.display(), bytes as f64 / 1e6);

@@ -1,4 +1,4 @@
-//! `moss quantize`: a folder's transformer written as one quantized file, in the layouts moss
+//! `moss quantize`: a folder's transformer (or text encoder: int8 only) written as one quantized file, in the layouts moss
 //! reads back ([`super::single_file`]) and the projects that define them read:
 //!
 //! - GGUF (`q8_0`, `q4_0`, `q4_k`, `q5_k`, `q6_k`): ComfyUI-GGUF's conventions (its
@@ -184,7 +184,8 @@ fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &m
     Ok(())
 }
 
-/// Write `store` (a diffusers `transformer/` folder) as `target` to `out`; returns the bytes written.
+/// Write `store` (a diffusers `transformer/` or `text_encoder/` folder; only the transformer's
+/// `layers.N.proj.{q,k,v}` are fused) as `target` to `out`; returns the bytes written.
 pub fn write(store: &TensorStore, target: Target, out: &Path) -> Result<u64> {
     for (name, info) in &store.tensors {
         if !matches!(info.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
