@@ -110,6 +110,17 @@ pub struct Checkpoint {
     pub files: ComponentFiles,
 }
 
+/// The refusal of a quantized tensor (ggml blocks, int8 with row scales) on the GPU: the CUDA
+/// backend does not run them yet (the CPU backend dequantizes them as they load).
+pub fn quantized_on_gpu(full: &str, dtype: Dtype) -> String {
+    format!("`{full}` is {}: the CUDA backend does not run quantized weights yet (--device cpu dequantizes them as they load)", dtype.name())
+}
+
+/// The first tensor of `c` the CUDA backend cannot load, as its refusal.
+pub fn first_quantized(c: &Component) -> Option<String> {
+    c.store.tensors.iter().find(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8()).map(|(k, t)| quantized_on_gpu(k, t.dtype))
+}
+
 /// The single-file components (`--transformer FILE`, `--text-encoder FILE`,
 /// [`single_file`]); their configs still come from the folder.
 #[derive(Clone, Debug, Default, PartialEq)]
