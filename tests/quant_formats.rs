@@ -282,6 +282,16 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("blocks.Q4_0") && err.contains("Q2_K"), "{err}");
     assert!(!out.exists());
+    // a GGUF text encoder (llama.cpp's names) is refused, naming the file's kind
+    let blocks = golden().join("quant/blocks.gguf");
+    let o = moss(&[
+        "generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--text-encoder", blocks.to_str().unwrap(),
+        "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!((o.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+    assert!(err.contains("GGUF text encoder"), "{err}");
+    assert!(!out.exists());
     // the wrong model's file: a shape the config does not imply, named
     let tiny_a = golden().join("quant/tiny-a-Q4_0.gguf");
     let o = moss(&[

@@ -42,6 +42,13 @@ pub fn open(path: &Path, name: &str) -> Result<TensorStore> {
         }
         s
     };
+    if name == "text_encoder" && super::gguf::is_gguf(path) {
+        let first = store.tensors.keys().next().cloned().unwrap_or_default();
+        bail!(
+            "{}: a GGUF text encoder (llama.cpp's tensor names, `{first}` ...) is not read yet; give a safetensors text encoder",
+            path.display()
+        );
+    }
     store.single_file = true;
     if name == "transformer" {
         strip_prefix(&mut store);
