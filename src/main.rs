@@ -22,7 +22,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if a.json {
                 println!("{}", serde_json::to_string(&p)?);
             } else {
-                println!("{}", p.a1111());
+                println!("{}", moss::metadata::printable(&p.a1111()));
             }
             Ok(0)
         }
@@ -122,6 +122,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 port: a.port,
                 api_key: a.api_key,
                 allow_insecure_bind: a.allow_insecure_bind,
+                allow_origins: a.allow_origin,
                 max_queue: a.max_queue,
                 max_size: a.max_size,
                 max_steps: a.max_steps,
