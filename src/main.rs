@@ -13,6 +13,9 @@ use std::process::ExitCode;
 /// The exit code: 0 on success, 1 when something failed. `given(id)`: whether the flag with
 /// that id was on the command line (or in its environment variable), not a default.
 fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    if let Some(files) = cli::quantize::component_files(&cli.command) {
+        pipeline::set_component_files(files);
+    }
     match cli.command {
         Command::Info(a) => {
             let p = read_settings(&a.picture)?;
@@ -27,6 +30,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             clap_complete::generate(a.shell, &mut Cli::command(), "moss", &mut std::io::stdout());
             Ok(0)
         }
+        Command::Quantize(a) => cli::quantize::run(&a),
         Command::Man => {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
             Ok(0)

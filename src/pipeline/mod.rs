@@ -215,14 +215,24 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint, loras: &[crate::lora::LoraS
 
 /// `out` is none of the checkpoint's files.
 pub fn check_not_checkpoint(out: &Path, ck: &Checkpoint) -> Result<()> {
-    let files = crate::output::files_below(&ck.loc.root);
+    let mut files = crate::output::files_below(&ck.loc.root);
+    files.extend(["transformer", "text_encoder"].iter().filter_map(|c| ck.files.of(c).map(Path::to_path_buf)));
     let ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
     crate::output::check_distinct(&[("--out", out)], &ins)
 }
 
+/// The components the command line gave as single files (`--transformer`, `--text-encoder`): every
+/// checkpoint this process opens takes them. Set once, before any checkpoint is opened.
+static COMPONENT_FILES: std::sync::OnceLock<checkpoint::ComponentFiles> = std::sync::OnceLock::new();
+
+pub fn set_component_files(files: checkpoint::ComponentFiles) {
+    let _ = COMPONENT_FILES.set(files);
+}
+
 /// Locate and open the checkpoint, checking the components agree with each other.
 pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
-    let ck = Checkpoint::open(checkpoint::locate(model)?)?;
+    let files = COMPONENT_FILES.get().cloned().unwrap_or_default();
+    let ck = Checkpoint::open_with(checkpoint::locate(model)?, files)?;
     if ck.vae.packed_channels() != ck.dit.latent_channels {
         bail!(
             "{}: the VAE packs {} latent channels but the transformer takes {}",
