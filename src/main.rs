@@ -13,13 +13,16 @@ use std::process::ExitCode;
 /// The exit code: 0 on success, 1 when something failed. `given(id)`: whether the flag with
 /// that id was on the command line (or in its environment variable), not a default.
 fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    if let Some(files) = cli::quantize::component_files(&cli.command) {
+        pipeline::set_component_files(files);
+    }
     match cli.command {
         Command::Info(a) => {
             let p = read_settings(&a.picture)?;
             if a.json {
                 println!("{}", serde_json::to_string(&p)?);
             } else {
-                println!("{}", p.a1111());
+                println!("{}", moss::metadata::printable(&p.a1111()));
             }
             Ok(0)
         }
@@ -27,6 +30,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             clap_complete::generate(a.shell, &mut Cli::command(), "moss", &mut std::io::stdout());
             Ok(0)
         }
+        Command::Quantize(a) => cli::quantize::run(&a),
         Command::Man => {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
             Ok(0)
@@ -118,6 +122,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 port: a.port,
                 api_key: a.api_key,
                 allow_insecure_bind: a.allow_insecure_bind,
+                allow_origins: a.allow_origin,
                 max_queue: a.max_queue,
                 max_size: a.max_size,
                 max_steps: a.max_steps,
@@ -127,6 +132,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,
                 loras: a.lora,
+                lora_dir: a.lora_dir,
                 memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
             })?;
             Ok(0)

@@ -28,34 +28,16 @@ fn generate(args: &[&str]) -> Output {
     let model = golden().join("tiny-a");
     let prompt = exp.json["prompt"].as_str().unwrap().to_string();
     let o = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args([
-            "generate",
-            "--device",
-            "cpu",
-            "--model",
-            s(&model),
-            "--prompt",
-            &prompt,
-            "--seed",
-            "42",
-        ])
+        .args(["generate", "--device", "cpu", "--model", s(&model), "--prompt", &prompt, "--seed", "42"])
         .args(args)
         .output()
         .unwrap();
-    println!(
-        "moss generate {args:?}: {}\n  stderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr).trim()
-    );
+    println!("moss generate {args:?}: {}\n  stderr: {}", o.status, String::from_utf8_lossy(&o.stderr).trim());
     o
 }
 
 fn ok(o: Output) -> Output {
-    assert!(
-        o.status.success(),
-        "moss failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "moss failed: {}", String::from_utf8_lossy(&o.stderr));
     o
 }
 
@@ -67,11 +49,7 @@ fn assert_refused(o: &Output, want: &[&str], out: &Path) {
     for w in want {
         assert!(err.contains(w), "message does not name `{w}`: {err}");
     }
-    assert!(
-        !out.exists(),
-        "{} was written despite the failure",
-        out.display()
-    );
+    assert!(!out.exists(), "{} was written despite the failure", out.display());
 }
 
 fn pixels(path: &Path) -> (Vec<u8>, u32, u32) {
@@ -89,7 +67,7 @@ fn sha256(p: &Path) -> String {
 }
 
 fn settings(p: &Path) -> serde_json::Value {
-    let meta = moss::picture::read_metadata(p).unwrap();
+    let meta = moss::picture_in::read_metadata(p).unwrap();
     serde_json::from_str(meta.get("moss").unwrap()).unwrap()
 }
 
@@ -99,25 +77,13 @@ fn saved_latents(p: &Path) -> moss::tensor::Tensor {
 
 /// The values off by more than one, and those off by one.
 fn off(got: &[u8], want: &[u8]) -> (usize, usize) {
-    let d: Vec<i32> = got
-        .iter()
-        .zip(want)
-        .map(|(&a, &b)| (a as i32 - b as i32).abs())
-        .collect();
-    (
-        d.iter().filter(|&&x| x > 1).count(),
-        d.iter().filter(|&&x| x == 1).count(),
-    )
+    let d: Vec<i32> = got.iter().zip(want).map(|(&a, &b)| (a as i32 - b as i32).abs()).collect();
+    (d.iter().filter(|&&x| x > 1).count(), d.iter().filter(|&&x| x == 1).count())
 }
 
 /// The golden case `name`: its steps and strength.
 fn case(exp: &Expected, name: &str) -> (String, String) {
-    let c = exp.json["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap();
+    let c = exp.json["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
     (c["steps"].to_string(), c["strength"].to_string())
 }
 
@@ -129,80 +95,30 @@ fn img2img_matches_the_torch_reference() {
     let init = expected(exp.json["init_png"].as_str().unwrap());
     let (steps, strength) = case(&exp, "img2img");
     // No --size: the picture's own (64x64).
-    ok(generate(&[
-        "--steps",
-        &steps,
-        "--init-image",
-        s(&init),
-        "--strength",
-        &strength,
-        "-o",
-        s(&out),
-        "--save-latents",
-        s(&lat),
-    ]));
+    ok(generate(&["--steps", &steps, "--init-image", s(&init), "--strength", &strength, "-o", s(&out), "--save-latents", s(&lat)]));
     let z = saved_latents(&lat);
     // The bound of tests/generate.rs (the encoder's bf16 rounding at the stage boundary).
-    assert_close(
-        "img2img latents vs the torch reference",
-        &z.data,
-        &exp.tensor("img2img.latents").data,
-        1e-4,
-    );
+    assert_close("img2img latents vs the torch reference", &z.data, &exp.tensor("img2img.latents").data, 1e-4);
     let (got, w, h) = pixels(&out);
     assert_eq!((w, h), (64, 64));
     let (big, ones) = off(&got, &exp.raw("img2img.pixels"));
-    assert!(
-        big == 0 && ones <= 16,
-        "img2img pixels: {big} off by more than one, {ones} by one"
-    );
+    assert!(big == 0 && ones <= 16, "img2img pixels: {big} off by more than one, {ones} by one");
     // The settings: the picture's sha256 and the strength; A1111's `Denoising strength`.
     let j = settings(&out);
     assert_eq!(j["init_image"]["sha256"], sha256(&init));
     assert_eq!(j["init_image"]["strength"].as_f64(), Some(0.6));
-    assert!(
-        j["init_image"].get("mask_sha256").is_none() && j["init_image"].get("mask_blur").is_none(),
-        "{j}"
-    );
-    let meta = moss::picture::read_metadata(&out).unwrap();
-    assert!(meta
-        .get("parameters")
-        .unwrap()
-        .contains("Denoising strength: 0.6,"));
+    assert!(j["init_image"].get("mask_sha256").is_none() && j["init_image"].get("mask_blur").is_none(), "{j}");
+    let meta = moss::picture_in::read_metadata(&out).unwrap();
+    assert!(meta.get("parameters").unwrap().contains("Denoising strength: 0.6,"));
 
     // --from: the same init image again gives the same bytes; none, or another, is refused.
     let again = dir.join("again.png");
-    ok(generate(&[
-        "--from",
-        s(&out),
-        "--init-image",
-        s(&init),
-        "-o",
-        s(&again),
-    ]));
-    assert!(
-        std::fs::read(&again).unwrap() == std::fs::read(&out).unwrap(),
-        "--from with the same init image differs"
-    );
+    ok(generate(&["--from", s(&out), "--init-image", s(&init), "-o", s(&again)]));
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&out).unwrap(), "--from with the same init image differs");
     let other = dir.join("other.png");
-    assert_refused(
-        &generate(&["--from", s(&out), "-o", s(&other)]),
-        &["--init-image", &sha256(&init)],
-        &other,
-    );
+    assert_refused(&generate(&["--from", s(&out), "-o", s(&other)]), &["--init-image", &sha256(&init)], &other);
     let wrong = expected("enc-48x80.png");
-    assert_refused(
-        &generate(&[
-            "--from",
-            s(&out),
-            "--init-image",
-            s(&wrong),
-            "-o",
-            s(&other),
-        ]),
-        &["not the picture"],
-        &other,
-    );
+    assert_refused(&generate(&["--from", s(&out), "--init-image", s(&wrong), "-o", s(&other)]), &["not the picture"], &other);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -232,24 +148,11 @@ fn inpainting_matches_the_torch_reference_and_keeps_the_input() {
         s(&lat),
     ]));
     let z = saved_latents(&lat);
-    assert_close(
-        "inpaint latents vs the torch reference",
-        &z.data,
-        &exp.tensor("inpaint.latents").data,
-        1e-4,
-    );
+    assert_close("inpaint latents vs the torch reference", &z.data, &exp.tensor("inpaint.latents").data, 1e-4);
     // Kept latent cells end on the encoded picture.
     let (m, z0) = (exp.tensor("mask.latent"), exp.tensor("z0"));
-    assert!(
-        m.data.contains(&0.0) && m.data.iter().any(|&v| v > 0.0 && v < 1.0),
-        "the golden mask has kept and partial cells"
-    );
-    assert_close(
-        "inpaint kept cells vs z0",
-        &kept(&z.data, &m.data),
-        &kept(&z0.data, &m.data),
-        1e-5,
-    );
+    assert!(m.data.contains(&0.0) && m.data.iter().any(|&v| v > 0.0 && v < 1.0), "the golden mask has kept and partial cells");
+    assert_close("inpaint kept cells vs z0", &kept(&z.data, &m.data), &kept(&z0.data, &m.data), 1e-5);
     // The picture: the input's own pixels far (3 sigma + 2) from the mask's edge on the keep side,
     // the decoded latents far inside the repaint side.
     let (got, w, h) = pixels(&out);
@@ -268,58 +171,27 @@ fn inpainting_matches_the_torch_reference_and_keeps_the_input() {
             let i = ((y * w as i64 + x) * 3) as usize;
             if near.iter().all(|&p| !p) {
                 kept_px += 1;
-                assert_eq!(
-                    &got[i..i + 3],
-                    &src[i..i + 3],
-                    "({x},{y}) far outside the mask is not the input's pixel"
-                );
+                assert_eq!(&got[i..i + 3], &src[i..i + 3], "({x},{y}) far outside the mask is not the input's pixel");
             } else if near.iter().all(|&p| p) {
                 painted += 1;
-                let d = (0..3)
-                    .map(|c| (got[i + c] as i32 - decoded[i + c] as i32).abs())
-                    .max()
-                    .unwrap();
-                assert!(
-                    d <= 1,
-                    "({x},{y}) far inside the mask is not the decoded pixel (off by {d})"
-                );
+                let d = (0..3).map(|c| (got[i + c] as i32 - decoded[i + c] as i32).abs()).max().unwrap();
+                assert!(d <= 1, "({x},{y}) far inside the mask is not the decoded pixel (off by {d})");
             }
         }
     }
-    assert!(
-        kept_px > 100 && painted > 20,
-        "{kept_px} kept and {painted} painted pixels checked"
-    );
+    assert!(kept_px > 100 && painted > 20, "{kept_px} kept and {painted} painted pixels checked");
     let j = settings(&out);
-    assert_eq!(
-        (
-            j["init_image"]["mask_sha256"].as_str(),
-            j["init_image"]["mask_blur"].as_u64()
-        ),
-        (Some(sha256(&mask).as_str()), Some(2))
-    );
-    assert!(moss::picture::read_metadata(&out)
-        .unwrap()
-        .get("parameters")
-        .unwrap()
-        .contains("Denoising strength: 0.8, Mask blur: 2,"));
+    assert_eq!((j["init_image"]["mask_sha256"].as_str(), j["init_image"]["mask_blur"].as_u64()), (Some(sha256(&mask).as_str()), Some(2)));
+    assert!(moss::picture_in::read_metadata(&out).unwrap().get("parameters").unwrap().contains("Denoising strength: 0.8, Mask blur: 2,"));
     // --from without the mask is refused.
     let other = dir.join("other.png");
-    assert_refused(
-        &generate(&["--from", s(&out), "--init-image", s(&init), "-o", s(&other)]),
-        &["--mask"],
-        &other,
-    );
+    assert_refused(&generate(&["--from", s(&out), "--init-image", s(&init), "-o", s(&other)]), &["--mask"], &other);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn kept(v: &[f32], mask: &[f32]) -> Vec<f32> {
     let hw = mask.len();
-    v.iter()
-        .enumerate()
-        .filter(|(i, _)| mask[i % hw] == 0.0)
-        .map(|(_, &x)| x)
-        .collect()
+    v.iter().enumerate().filter(|(i, _)| mask[i % hw] == 0.0).map(|(_, &x)| x).collect()
 }
 
 fn grey(p: &Path) -> (Vec<u8>, u32, u32) {
@@ -338,32 +210,10 @@ fn strength_one_is_text_to_image() {
     let dir = scratch("one");
     let (t2i, i2i) = (dir.join("t2i.png"), dir.join("i2i.png"));
     let init = expected("enc-64x64.png");
-    ok(generate(&[
-        "--steps",
-        "4",
-        "--size",
-        "64x64",
-        "-o",
-        s(&t2i),
-    ]));
-    ok(generate(&[
-        "--steps",
-        "4",
-        "--init-image",
-        s(&init),
-        "--strength",
-        "1",
-        "-o",
-        s(&i2i),
-    ]));
-    assert!(
-        pixels(&t2i) == pixels(&i2i),
-        "strength 1 gives other pixels than text to image"
-    );
-    assert!(
-        std::fs::read(&t2i).unwrap() != std::fs::read(&i2i).unwrap(),
-        "the metadata records the init image"
-    );
+    ok(generate(&["--steps", "4", "--size", "64x64", "-o", s(&t2i)]));
+    ok(generate(&["--steps", "4", "--init-image", s(&init), "--strength", "1", "-o", s(&i2i)]));
+    assert!(pixels(&t2i) == pixels(&i2i), "strength 1 gives other pixels than text to image");
+    assert!(std::fs::read(&t2i).unwrap() != std::fs::read(&i2i).unwrap(), "the metadata records the init image");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -373,61 +223,18 @@ fn an_all_keep_mask_returns_the_input() {
     let dir = scratch("keep");
     let (out, mask) = (dir.join("out.png"), dir.join("black.png"));
     let init = expected("enc-64x64.png");
-    write_png(
-        &mask,
-        image::DynamicImage::ImageLuma8(image::GrayImage::new(64, 64)),
-    );
-    ok(generate(&[
-        "--steps",
-        "3",
-        "--init-image",
-        s(&init),
-        "--mask",
-        s(&mask),
-        "--strength",
-        "0.9",
-        "-o",
-        s(&out),
-    ]));
-    assert!(
-        pixels(&out).0 == pixels(&init).0,
-        "an all-keep mask changed the picture"
-    );
+    write_png(&mask, image::DynamicImage::ImageLuma8(image::GrayImage::new(64, 64)));
+    ok(generate(&["--steps", "3", "--init-image", s(&init), "--mask", s(&mask), "--strength", "0.9", "-o", s(&out)]));
+    assert!(pixels(&out).0 == pixels(&init).0, "an all-keep mask changed the picture");
     // The same mask as transparency: an opaque RGBA mask of any colour keeps everything too,
     // and a fully transparent one repaints everything (the alpha rule).
     let clear = dir.join("clear.png");
-    write_png(
-        &clear,
-        image::DynamicImage::ImageRgba8(image::RgbaImage::new(64, 64)),
-    );
+    write_png(&clear, image::DynamicImage::ImageRgba8(image::RgbaImage::new(64, 64)));
     let out2 = dir.join("out2.png");
-    ok(generate(&[
-        "--steps",
-        "3",
-        "--init-image",
-        s(&init),
-        "--mask",
-        s(&clear),
-        "--strength",
-        "0.9",
-        "-o",
-        s(&out2),
-    ]));
+    ok(generate(&["--steps", "3", "--init-image", s(&init), "--mask", s(&clear), "--strength", "0.9", "-o", s(&out2)]));
     let out3 = dir.join("out3.png");
-    ok(generate(&[
-        "--steps",
-        "3",
-        "--init-image",
-        s(&init),
-        "--strength",
-        "0.9",
-        "-o",
-        s(&out3),
-    ]));
-    assert!(
-        pixels(&out2).0 == pixels(&out3).0,
-        "a transparent mask is not the whole picture repainted"
-    );
+    ok(generate(&["--steps", "3", "--init-image", s(&init), "--strength", "0.9", "-o", s(&out3)]));
+    assert!(pixels(&out2).0 == pixels(&out3).0, "a transparent mask is not the whole picture repainted");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -436,71 +243,26 @@ fn sizes_resize_and_outpaint() {
     let dir = scratch("sizes");
     let init = expected("enc-48x80.png"); // 48 wide, 80 high
     let out = dir.join("own.png");
-    ok(generate(&[
-        "--steps",
-        "2",
-        "--init-image",
-        s(&init),
-        "--strength",
-        "0.5",
-        "-o",
-        s(&out),
-    ]));
-    assert_eq!(
-        (pixels(&out).1, pixels(&out).2),
-        (48, 80),
-        "without --size, the picture's own size"
-    );
+    ok(generate(&["--steps", "2", "--init-image", s(&init), "--strength", "0.5", "-o", s(&out)]));
+    assert_eq!((pixels(&out).1, pixels(&out).2), (48, 80), "without --size, the picture's own size");
     let out = dir.join("resized.png");
-    ok(generate(&[
-        "--steps",
-        "2",
-        "--init-image",
-        s(&init),
-        "--strength",
-        "0.5",
-        "--size",
-        "64x64",
-        "-o",
-        s(&out),
-    ]));
+    ok(generate(&["--steps", "2", "--init-image", s(&init), "--strength", "0.5", "--size", "64x64", "-o", s(&out)]));
     assert_eq!((pixels(&out).1, pixels(&out).2), (64, 64));
     // Outpainting: the canvas is the picture plus the border; inside it (far from the border's
     // feather) the input's pixels stay.
     let out = dir.join("outpaint.png");
-    ok(generate(&[
-        "--steps",
-        "2",
-        "--init-image",
-        s(&init),
-        "--outpaint",
-        "16,0,16,16",
-        "--mask-blur",
-        "0",
-        "-o",
-        s(&out),
-    ]));
+    ok(generate(&["--steps", "2", "--init-image", s(&init), "--outpaint", "16,0,16,16", "--mask-blur", "0", "-o", s(&out)]));
     let (got, w, h) = pixels(&out);
     assert_eq!((w, h), (80, 96));
     let (src, sw, sh) = pixels(&init);
     for y in 0..sh {
         for x in 0..sw {
             let (i, j) = (((y * w + x + 16) * 3) as usize, ((y * sw + x) * 3) as usize);
-            assert_eq!(
-                &got[i..i + 3],
-                &src[j..j + 3],
-                "({x},{y}) of the picture moved in the outpainted canvas"
-            );
+            assert_eq!(&got[i..i + 3], &src[j..j + 3], "({x},{y}) of the picture moved in the outpainted canvas");
         }
     }
     let j = settings(&out);
-    assert_eq!(
-        (
-            j["init_image"]["outpaint"].clone(),
-            j["init_image"]["strength"].as_f64()
-        ),
-        (serde_json::json!([16, 0, 16, 16]), Some(1.0))
-    );
+    assert_eq!((j["init_image"]["outpaint"].clone(), j["init_image"]["strength"].as_f64()), (serde_json::json!([16, 0, 16, 16]), Some(1.0)));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -509,46 +271,18 @@ fn hires_fix_renders_the_larger_picture() {
     let dir = scratch("hires");
     for up in ["latent", "lanczos"] {
         let out = dir.join(format!("{up}.png"));
-        ok(generate(&[
-            "--steps",
-            "2",
-            "--size",
-            "32x32",
-            "--hires",
-            "2",
-            "--hires-steps",
-            "3",
-            "--hires-upscaler",
-            up,
-            "-o",
-            s(&out),
-        ]));
+        ok(generate(&["--steps", "2", "--size", "32x32", "--hires", "2", "--hires-steps", "3", "--hires-upscaler", up, "-o", s(&out)]));
         let (_, w, h) = pixels(&out);
         assert_eq!((w, h), (64, 64), "{up}");
-        let p = moss::picture::read_metadata(&out)
-            .unwrap()
-            .get("parameters")
-            .unwrap()
-            .to_string();
-        assert!(
-            p.contains("Size: 32x32")
-                && p.contains("Hires upscale: 2, Hires resize: 64x64, Hires steps: 3"),
-            "{p}"
-        );
+        let p = moss::picture_in::read_metadata(&out).unwrap().get("parameters").unwrap().to_string();
+        assert!(p.contains("Size: 32x32") && p.contains("Hires upscale: 2, Hires resize: 64x64, Hires steps: 3"), "{p}");
         // --from renders it again.
         let again = dir.join(format!("{up}-again.png"));
         ok(generate(&["--from", s(&out), "-o", s(&again)]));
-        assert!(
-            std::fs::read(&again).unwrap() == std::fs::read(&out).unwrap(),
-            "{up}: --from differs"
-        );
+        assert!(std::fs::read(&again).unwrap() == std::fs::read(&out).unwrap(), "{up}: --from differs");
     }
     let out = dir.join("stray.png");
-    assert_refused(
-        &generate(&["--steps", "2", "--hires-steps", "3", "-o", s(&out)]),
-        &["--hires-steps", "--hires"],
-        &out,
-    );
+    assert_refused(&generate(&["--steps", "2", "--hires-steps", "3", "-o", s(&out)]), &["--hires-steps", "--hires"], &out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -559,70 +293,24 @@ fn bad_pictures_are_refused() {
     let init = expected("enc-64x64.png");
     let not = dir.join("not.png");
     std::fs::write(&not, b"hello, not a picture").unwrap();
-    assert_refused(
-        &generate(&["--init-image", s(&not), "-o", s(&out)]),
-        &["--init-image", "not a picture"],
-        &out,
-    );
-    assert_refused(
-        &generate(&["--init-image", s(&init), "--mask", s(&not), "-o", s(&out)]),
-        &["--mask", "not a picture"],
-        &out,
-    );
+    assert_refused(&generate(&["--init-image", s(&not), "-o", s(&out)]), &["--init-image", "not a PNG, JPEG or WebP picture"], &out);
+    assert_refused(&generate(&["--init-image", s(&init), "--mask", s(&not), "-o", s(&out)]), &["--mask", "not a PNG, JPEG or WebP picture"], &out);
     let small = dir.join("small.png");
-    write_png(
-        &small,
-        image::DynamicImage::ImageLuma8(image::GrayImage::new(32, 32)),
-    );
-    assert_refused(
-        &generate(&["--init-image", s(&init), "--mask", s(&small), "-o", s(&out)]),
-        &["32x32", "64x64", "the init image's size"],
-        &out,
-    );
-    assert_refused(
-        &generate(&["--strength", "0.5", "-o", s(&out)]),
-        &["--strength", "--init-image"],
-        &out,
-    );
+    write_png(&small, image::DynamicImage::ImageLuma8(image::GrayImage::new(32, 32)));
+    assert_refused(&generate(&["--init-image", s(&init), "--mask", s(&small), "-o", s(&out)]), &["32x32", "64x64", "the init image's size"], &out);
+    assert_refused(&generate(&["--strength", "0.5", "-o", s(&out)]), &["--strength", "--init-image"], &out);
     // clap's refusal (its usage lines follow).
     let o = generate(&["--init-image", s(&init), "--strength", "0", "-o", s(&out)]);
-    assert!(
-        !o.status.success()
-            && String::from_utf8_lossy(&o.stderr).contains("strength 0 is not in (0, 1]")
-            && !out.exists()
-    );
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("strength 0 is not in (0, 1]") && !out.exists());
     // An output may not be one of the pictures read; the picture is left as it was.
     let copy = dir.join("init.png");
     std::fs::copy(&init, &copy).unwrap();
     let o = generate(&["--steps", "1", "--init-image", s(&copy), "-o", s(&copy)]);
-    assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("the init image"),
-        "{o:?}"
-    );
-    assert!(
-        std::fs::read(&copy).unwrap() == std::fs::read(&init).unwrap(),
-        "the init image was overwritten"
-    );
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("the init image"), "{o:?}");
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&init).unwrap(), "the init image was overwritten");
     let m = dir.join("mask.png");
-    write_png(
-        &m,
-        image::DynamicImage::ImageLuma8(image::GrayImage::new(64, 64)),
-    );
-    let o = generate(&[
-        "--steps",
-        "1",
-        "--init-image",
-        s(&init),
-        "--mask",
-        s(&m),
-        "-o",
-        s(&dir.join("x.png")),
-        "--save-latents",
-        s(&m),
-    ]);
-    assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("the mask"),
-        "{o:?}"
-    );
+    write_png(&m, image::DynamicImage::ImageLuma8(image::GrayImage::new(64, 64)));
+    let o = generate(&["--steps", "1", "--init-image", s(&init), "--mask", s(&m), "-o", s(&dir.join("x.png")), "--save-latents", s(&m)]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("the mask"), "{o:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

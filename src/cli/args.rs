@@ -48,6 +48,10 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (roff) to stdout.
     Man,
+    /// Write the folder's transformer (or text encoder) as one quantized file: GGUF (q8_0, q4_0,
+    /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer
+    /// (--text-encoder).
+    Quantize(QuantizeArgs),
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
     /// Time the prompt encoder on token ids (a bench tool: src/cli/bench/encoder.rs).
@@ -164,6 +168,28 @@ pub struct ModelArgs {
     /// Where to compute: cuda, cuda:N or cpu (the slow fp32 reference).
     #[arg(long, default_value = "cuda", value_parser = parse_device)]
     pub device: Device,
+    #[command(flatten)]
+    pub files: ComponentFileArgs,
+}
+
+/// Components given as one file each; the rest of the model (configs, tokenizer, VAE) comes from
+/// --model.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ComponentFileArgs {
+    /// A single-file transformer (DiT) instead of the folder's: GGUF (Q8_0, Q6_K, Q5_K, Q4_K,
+    /// Q4_0, ..., F16/BF16/F32) or safetensors (bf16, or ComfyUI comfy_quant INT8 / INT8 ConvRot /
+    /// FP8), recognised by its header.
+    #[arg(long, value_name = "FILE")]
+    pub transformer: Option<PathBuf>,
+    /// A single-file text encoder instead of the folder's (safetensors, bf16 or comfy_quant INT8).
+    #[arg(long, value_name = "FILE")]
+    pub text_encoder: Option<PathBuf>,
+}
+
+impl ComponentFileArgs {
+    pub fn files(&self) -> moss::checkpoint::ComponentFiles {
+        moss::checkpoint::ComponentFiles { transformer: self.transformer.clone(), text_encoder: self.text_encoder.clone() }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -312,6 +338,25 @@ impl BatchArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct QuantizeArgs {
+    /// Checkpoint folder (bf16) or repo id whose transformer is written.
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// The format: q8_0, q4_0, q4_k, q5_k, q6_k (GGUF) or int8, int8-convrot (comfy_quant safetensors).
+    #[arg(long)]
+    pub to: moss::checkpoint::quantize::Target,
+    /// Which component: transformer, or text-encoder (int8 and int8-convrot only).
+    #[arg(long, default_value = "transformer", value_parser = ["transformer", "text-encoder"])]
+    pub component: String,
+    /// The file to write (replaced only once complete).
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct EncodeArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
@@ -363,6 +408,8 @@ pub struct CheckArgs {
     /// Checkpoint folder or repo id to check.
     #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub files: ComponentFileArgs,
     /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<Device>,
@@ -394,6 +441,10 @@ pub struct ServeArgs {
     /// Allow a non-loopback --host without an API key (anyone who reaches it can use the GPU).
     #[arg(long)]
     pub allow_insecure_bind: bool,
+    /// Let web pages of this origin (`http://localhost:3000`) call the API from a browser (CORS);
+    /// requests from any other page are refused. Repeatable.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
     /// Requests that may wait behind the running one; more get 429 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,
@@ -415,6 +466,10 @@ pub struct ServeArgs {
     /// A LoRA to merge into the transformer at start-up, PATH[:SCALE]; repeat to add several.
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
     pub lora: Vec<moss::lora::LoraSpec>,
+    /// A folder of LoRAs (NAME.safetensors, or NAME/adapter_model.safetensors) that each request
+    /// may choose by name (`"lora": [{"name": NAME, "scale": S}]`, at most 4; GET /v1/loras).
+    #[arg(long, value_name = "DIR", conflicts_with = "lora")]
+    pub lora_dir: Option<PathBuf>,
     /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
     #[arg(long, default_value = "22", value_parser = parse_skip)]
     pub uncond_skip: SkipList,

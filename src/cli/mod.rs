@@ -7,3 +7,4 @@ pub mod bench;
 pub mod bars;
 pub mod generate;
 pub mod pictures_in_args;
+pub mod quantize;

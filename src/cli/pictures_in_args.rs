@@ -2,9 +2,7 @@
 //! the hires fix. Mapped onto the spec in `generate.rs` (`spec_of_flags`, `init_of_flags`).
 
 use clap::Args;
-use moss::spec::{
-    Upscaler, DEFAULT_HIRES_STRENGTH, DEFAULT_MASK_BLUR, DEFAULT_STRENGTH, MAX_HIRES_SCALE,
-};
+use moss::spec::{Upscaler, DEFAULT_HIRES_STRENGTH, DEFAULT_MASK_BLUR, DEFAULT_STRENGTH, MAX_HIRES_SCALE};
 use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]
@@ -52,15 +50,7 @@ impl PicturesInArgs {
         if self.init_image.is_some() {
             return None;
         }
-        [
-            ("--strength", "strength"),
-            ("--mask", "mask"),
-            ("--mask-blur", "mask_blur"),
-            ("--outpaint", "outpaint"),
-        ]
-        .into_iter()
-        .find(|f| given(f.1))
-        .map(|f| f.0)
+        [("--strength", "strength"), ("--mask", "mask"), ("--mask-blur", "mask_blur"), ("--outpaint", "outpaint")].into_iter().find(|f| given(f.1)).map(|f| f.0)
     }
 
     /// The first hires flag given without `--hires`.
@@ -68,22 +58,15 @@ impl PicturesInArgs {
         if self.hires.is_some() {
             return None;
         }
-        [
-            ("--hires-strength", "hires_strength"),
-            ("--hires-steps", "hires_steps"),
-            ("--hires-upscaler", "hires_upscaler"),
-        ]
-        .into_iter()
-        .find(|f| given(f.1))
-        .map(|f| f.0)
+        [("--hires-strength", "hires_strength"), ("--hires-steps", "hires_steps"), ("--hires-upscaler", "hires_upscaler")]
+            .into_iter()
+            .find(|f| given(f.1))
+            .map(|f| f.0)
     }
 }
 
 fn parse_strength(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number"))?;
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
     moss::spec::check_strength("strength", v)?;
     Ok(v)
 }
@@ -100,19 +83,11 @@ fn parse_upscaler(s: &str) -> Result<Upscaler, String> {
 }
 
 fn parse_outpaint(s: &str) -> Result<[u32; 4], String> {
-    let v: Vec<u32> = s
-        .split(',')
-        .map(|p| p.trim().parse::<u32>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| format!("`{s}` is not LEFT,TOP,RIGHT,BOTTOM pixels"))?;
-    let v: [u32; 4] = v
-        .try_into()
-        .map_err(|_| format!("`{s}` is not four numbers LEFT,TOP,RIGHT,BOTTOM"))?;
+    let v: Vec<u32> =
+        s.split(',').map(|p| p.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not LEFT,TOP,RIGHT,BOTTOM pixels"))?;
+    let v: [u32; 4] = v.try_into().map_err(|_| format!("`{s}` is not four numbers LEFT,TOP,RIGHT,BOTTOM"))?;
     if v.iter().any(|&p| p > moss::options::MAX_SIDE) {
-        return Err(format!(
-            "`{s}`: a border is at most {} pixels",
-            moss::options::MAX_SIDE
-        ));
+        return Err(format!("`{s}`: a border is at most {} pixels", moss::options::MAX_SIDE));
     }
     if v == [0; 4] {
         return Err("--outpaint 0,0,0,0 adds no border".into());
@@ -127,20 +102,10 @@ mod tests {
     #[test]
     fn values() {
         assert_eq!(parse_strength("0.6"), Ok(0.6));
-        assert!(
-            parse_strength("0").is_err()
-                && parse_strength("1.5").is_err()
-                && parse_strength("x").is_err()
-        );
+        assert!(parse_strength("0").is_err() && parse_strength("1.5").is_err() && parse_strength("x").is_err());
         assert_eq!(parse_outpaint("64,0, 64,32"), Ok([64, 0, 64, 32]));
-        assert!(
-            parse_outpaint("1,2,3").is_err()
-                && parse_outpaint("0,0,0,0").is_err()
-                && parse_outpaint("-1,0,0,0").is_err()
-        );
+        assert!(parse_outpaint("1,2,3").is_err() && parse_outpaint("0,0,0,0").is_err() && parse_outpaint("-1,0,0,0").is_err());
         assert_eq!(parse_scale("1.5"), Ok(1.5));
-        assert!(
-            parse_scale("0.5").is_err() && parse_scale("5").is_err() && parse_scale("nan").is_err()
-        );
+        assert!(parse_scale("0.5").is_err() && parse_scale("5").is_err() && parse_scale("nan").is_err());
     }
 }

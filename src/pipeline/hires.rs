@@ -17,29 +17,19 @@ use crate::tensor::Tensor;
 use anyhow::Result;
 
 /// The second pass's start: the first pass's latents `z` enlarged to `(w, h)` pixels.
-pub fn enlarge<B: VaeEncodeOps>(
-    b: &B,
-    ck: &Checkpoint,
-    z: &Tensor,
-    hr: &HiresSpec,
-    (w, h): (u32, u32),
-) -> Result<Tensor> {
+pub fn enlarge<B: VaeEncodeOps>(b: &B, ck: &Checkpoint, z: &Tensor, hr: &HiresSpec, (w, h): (u32, u32)) -> Result<Tensor> {
     match hr.upscaler {
-        Upscaler::Latent => {
-            crate::img2img::resize_bilinear(z, (h / 16) as usize, (w / 16) as usize)
-        }
+        Upscaler::Latent => crate::img2img::resize_bilinear(z, (h / 16) as usize, (w / 16) as usize),
         Upscaler::Lanczos => {
             anyhow::ensure!(z.shape.len() == 4, "hires: latents {:?}", z.shape);
             let (zh, zw) = (z.shape[2] as u32 * 16, z.shape[3] as u32 * 16);
             let rgb = load_vae(b, ck, z.shape[2], z.shape[3])?.decode_rgb8(b, z)?;
             b.release_cached()?;
-            let small = image::RgbImage::from_raw(zw, zh, rgb)
-                .ok_or_else(|| anyhow::anyhow!("hires: the decoded picture's size"))?;
+            let small = image::RgbImage::from_raw(zw, zh, rgb).ok_or_else(|| anyhow::anyhow!("hires: the decoded picture's size"))?;
             let big = image::imageops::resize(&small, w, h, super::RESIZE_FILTER);
             let comp = ck.open_component("vae")?;
             b.plan_vae_encode(&comp, &ck.vae, h as usize, w as usize)?;
-            let z0 = VaeEncoder::load(b, &comp, &ck.vae)?
-                .encode(b, &pixels_from_rgb8(big.as_raw(), w as usize, h as usize)?)?;
+            let z0 = VaeEncoder::load(b, &comp, &ck.vae)?.encode(b, &pixels_from_rgb8(big.as_raw(), w as usize, h as usize)?)?;
             b.release_cached()?;
             Ok(z0)
         }
@@ -87,23 +77,6 @@ fn run<B: DitOps>(
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
     progress.stage("hires");
-    let start = Start {
-        z0,
-        strength: hr.strength,
-        mask: None,
-    };
-    denoise_pass(
-        b,
-        dit,
-        ck,
-        req,
-        Pass {
-            width,
-            height,
-            steps: hr.steps,
-        },
-        conds,
-        Some(&start),
-        progress,
-    )
+    let start = Start { z0, strength: hr.strength, mask: None };
+    denoise_pass(b, dit, ck, req, Pass { width, height, steps: hr.steps }, conds, Some(&start), progress)
 }

@@ -38,6 +38,8 @@ pub struct Request {
     pub embeds: Option<PathBuf>,
     /// The file the prompt was read from (checked not to be an output).
     pub prompt_file: Option<PathBuf>,
+    /// The picture the settings were read from (`--from`; checked not to be an output).
+    pub from: Option<PathBuf>,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
     /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
@@ -51,7 +53,7 @@ pub struct Request {
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default(), init: None }
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default(), init: None }
     }
 }
 
@@ -197,39 +199,67 @@ pub fn check_init(req: &Request) -> Result<()> {
     }
 }
 
-/// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
-/// be one of them, and its two outputs may not be one file. Then the picture's format (its
-/// extension, `req.quality`): a clash is the graver mistake, said first.
-pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
+/// The files a run reads besides the checkpoint's: the LoRA files (and a PEFT `adapter_config.json`
+/// beside one), and `req`'s prompt file, embeds file and `--from` picture.
+pub fn input_files(req: Option<&Request>, loras: &[crate::lora::LoraSpec]) -> Vec<(&'static str, PathBuf)> {
+    let mut ins = vec![];
+    for l in loras {
+        ins.push(("the LoRA", l.path.clone()));
+        ins.push(("the LoRA's config", crate::lora::config_path(&l.path)));
+    }
+    if let Some(req) = req {
+        if let Some(p) = &req.prompt_file {
+            ins.push(("the prompt file", p.clone()));
+        }
+        if let Some(p) = &req.embeds {
+            ins.push(("the embeds file", p.clone()));
+        }
+        if let Some(p) = &req.from {
+            ins.push(("the --from picture", p.clone()));
+        }
+        if let Some(p) = &req.init {
+            ins.extend(p.inputs.iter().cloned());
+        }
+    }
+    ins
+}
+
+/// Every input ([`input_files`], the checkpoint's files) is no output of `req`, and its two outputs
+/// are not one file. Then the picture's format (its extension, `req.quality`): a clash is the
+/// graver mistake, said first.
+pub fn check_outputs(req: &Request, ck: &Checkpoint, loras: &[crate::lora::LoraSpec]) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
         outs.push(("--save-latents", p));
     }
     let files = crate::output::files_below(&ck.loc.root);
     let mut ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
-    if let Some(p) = &req.prompt_file {
-        ins.push(("the prompt file", p));
-    }
-    if let Some(p) = &req.embeds {
-        ins.push(("the embeds file", p));
-    }
-    if let Some(p) = &req.init {
-        ins.extend(p.inputs.iter().map(|(what, path)| (what.as_str(), path.as_path())));
-    }
+    let others = input_files(Some(req), loras);
+    ins.extend(others.iter().map(|(w, p)| (*w, p.as_path())));
     crate::output::check_distinct(&outs, &ins)?;
     crate::picture::check(&req.out, req.quality).map(|_| ())
 }
 
 /// `out` is none of the checkpoint's files.
 pub fn check_not_checkpoint(out: &Path, ck: &Checkpoint) -> Result<()> {
-    let files = crate::output::files_below(&ck.loc.root);
+    let mut files = crate::output::files_below(&ck.loc.root);
+    files.extend(["transformer", "text_encoder"].iter().filter_map(|c| ck.files.of(c).map(Path::to_path_buf)));
     let ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
     crate::output::check_distinct(&[("--out", out)], &ins)
 }
 
+/// The components the command line gave as single files (`--transformer`, `--text-encoder`): every
+/// checkpoint this process opens takes them. Set once, before any checkpoint is opened.
+static COMPONENT_FILES: std::sync::OnceLock<checkpoint::ComponentFiles> = std::sync::OnceLock::new();
+
+pub fn set_component_files(files: checkpoint::ComponentFiles) {
+    let _ = COMPONENT_FILES.set(files);
+}
+
 /// Locate and open the checkpoint, checking the components agree with each other.
 pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
-    let ck = Checkpoint::open(checkpoint::locate(model)?)?;
+    let files = COMPONENT_FILES.get().cloned().unwrap_or_default();
+    let ck = Checkpoint::open_with(checkpoint::locate(model)?, files)?;
     if ck.vae.packed_channels() != ck.dit.latent_channels {
         bail!(
             "{}: the VAE packs {} latent channels but the transformer takes {}",
@@ -464,7 +494,7 @@ pub fn generate_planned(
             Device::Cpu => None,
         };
         let mut ck = open_checkpoint(model)?;
-        check_outputs(req, &ck)?;
+        check_outputs(req, &ck, loras)?;
         ck.attach_loras(loras)?;
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {

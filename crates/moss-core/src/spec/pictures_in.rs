@@ -47,20 +47,12 @@ impl InitSpec {
     /// The init image's place in a `width`×`height` canvas: `(x, y, w, h)`.
     pub fn inner(&self, width: u32, height: u32) -> (u32, u32, u32, u32) {
         let [l, t, r, b] = self.outpaint.unwrap_or_default();
-        (
-            l,
-            t,
-            width.saturating_sub(l + r),
-            height.saturating_sub(t + b),
-        )
+        (l, t, width.saturating_sub(l + r), height.saturating_sub(t + b))
     }
 
     pub fn check(&self, width: u32, height: u32) -> Result<(), String> {
         check_strength("strength", self.strength)?;
-        for (what, h) in [
-            ("init image", Some(&self.sha256)),
-            ("mask", self.mask_sha256.as_ref()),
-        ] {
+        for (what, h) in [("init image", Some(&self.sha256)), ("mask", self.mask_sha256.as_ref())] {
             if let Some(h) = h {
                 if h.len() != 64 || !h.bytes().all(|c| c.is_ascii_hexdigit()) {
                     return Err(format!("the {what}'s sha256 `{h}` is not 64 hex digits"));
@@ -68,12 +60,8 @@ impl InitSpec {
             }
         }
         match self.mask_blur {
-            Some(b) if b > MAX_MASK_BLUR => {
-                return Err(format!("mask blur {b} is above {MAX_MASK_BLUR} pixels"))
-            }
-            Some(_) if !self.masked() => {
-                return Err("a mask blur without a mask or an outpainting border".into())
-            }
+            Some(b) if b > MAX_MASK_BLUR => return Err(format!("mask blur {b} is above {MAX_MASK_BLUR} pixels")),
+            Some(_) if !self.masked() => return Err("a mask blur without a mask or an outpainting border".into()),
             _ => {}
         }
         if let Some([l, t, r, b]) = self.outpaint {
@@ -118,10 +106,7 @@ impl std::str::FromStr for Upscaler {
         match s.to_ascii_lowercase().as_str() {
             "latent" => Ok(Upscaler::Latent),
             "lanczos" => Ok(Upscaler::Lanczos),
-            _ => Err(format!(
-                "unknown upscaler `{s}` (use {})",
-                Upscaler::NAMES.join(" or ")
-            )),
+            _ => Err(format!("unknown upscaler `{s}` (use {})", Upscaler::NAMES.join(" or "))),
         }
     }
 }
@@ -151,20 +136,12 @@ impl HiresSpec {
 
     pub fn check(&self, width: u32, height: u32) -> Result<(), String> {
         if !(self.scale.is_finite() && self.scale >= 1.0 && self.scale <= MAX_HIRES_SCALE) {
-            return Err(format!(
-                "hires scale {} is not in 1..={MAX_HIRES_SCALE}",
-                self.scale
-            ));
+            return Err(format!("hires scale {} is not in 1..={MAX_HIRES_SCALE}", self.scale));
         }
         check_strength("hires strength", self.strength)?;
         super::check_steps(self.steps as u64).map_err(|e| format!("hires {e}"))?;
         let (w, h) = self.size(width, height);
-        crate::options::check_size(w, h).map_err(|e| {
-            format!(
-                "hires size {w}x{h} ({width}x{height} times {}): {e}",
-                self.scale
-            )
-        })
+        crate::options::check_size(w, h).map_err(|e| format!("hires size {w}x{h} ({width}x{height} times {}): {e}", self.scale))
     }
 }
 
@@ -181,107 +158,39 @@ mod tests {
     use super::*;
 
     fn init() -> InitSpec {
-        InitSpec {
-            sha256: "ab".repeat(32),
-            strength: 0.6,
-            mask_sha256: None,
-            mask_blur: None,
-            outpaint: None,
-        }
+        InitSpec { sha256: "ab".repeat(32), strength: 0.6, mask_sha256: None, mask_blur: None, outpaint: None }
     }
 
     #[test]
     fn init_rules() {
         assert_eq!(init().check(64, 64), Ok(()));
         for s in [0.0, -1.0, 1.01, f64::NAN] {
-            assert!(InitSpec {
-                strength: s,
-                ..init()
-            }
-            .check(64, 64)
-            .unwrap_err()
-            .contains("strength"));
+            assert!(InitSpec { strength: s, ..init() }.check(64, 64).unwrap_err().contains("strength"));
         }
-        assert!(InitSpec {
-            sha256: "x".into(),
-            ..init()
-        }
-        .check(64, 64)
-        .unwrap_err()
-        .contains("sha256"));
-        assert!(InitSpec {
-            mask_blur: Some(4),
-            ..init()
-        }
-        .check(64, 64)
-        .unwrap_err()
-        .contains("without a mask"));
-        let m = InitSpec {
-            mask_sha256: Some("0".repeat(64)),
-            mask_blur: Some(4),
-            ..init()
-        };
+        assert!(InitSpec { sha256: "x".into(), ..init() }.check(64, 64).unwrap_err().contains("sha256"));
+        assert!(InitSpec { mask_blur: Some(4), ..init() }.check(64, 64).unwrap_err().contains("without a mask"));
+        let m = InitSpec { mask_sha256: Some("0".repeat(64)), mask_blur: Some(4), ..init() };
         assert_eq!(m.check(64, 64), Ok(()));
-        assert!(InitSpec {
-            mask_blur: Some(999),
-            ..m.clone()
-        }
-        .check(64, 64)
-        .unwrap_err()
-        .contains("blur"));
-        let o = InitSpec {
-            outpaint: Some([16, 0, 16, 8]),
-            mask_blur: Some(0),
-            ..init()
-        };
+        assert!(InitSpec { mask_blur: Some(999), ..m.clone() }.check(64, 64).unwrap_err().contains("blur"));
+        let o = InitSpec { outpaint: Some([16, 0, 16, 8]), mask_blur: Some(0), ..init() };
         assert_eq!(o.check(64, 64), Ok(()));
         assert_eq!(o.inner(64, 64), (16, 0, 32, 56));
         assert!(o.check(32, 64).unwrap_err().contains("outpaint"));
-        assert!(InitSpec {
-            outpaint: Some([0; 4]),
-            ..o
-        }
-        .check(64, 64)
-        .is_err());
+        assert!(InitSpec { outpaint: Some([0; 4]), ..o }.check(64, 64).is_err());
     }
 
     #[test]
     fn hires_rules() {
-        let h = HiresSpec {
-            scale: 1.5,
-            strength: 0.7,
-            steps: 20,
-            upscaler: Upscaler::Latent,
-        };
+        let h = HiresSpec { scale: 1.5, strength: 0.7, steps: 20, upscaler: Upscaler::Latent };
         assert_eq!(h.size(1024, 768), (1536, 1152));
-        assert_eq!(
-            HiresSpec {
-                scale: 1.3,
-                ..h.clone()
-            }
-            .size(100 * 16, 16),
-            (2080, 16)
-        );
+        assert_eq!(HiresSpec { scale: 1.3, ..h.clone() }.size(100 * 16, 16), (2080, 16));
         assert_eq!(h.check(1024, 768), Ok(()));
         assert!(h.check(4096, 64).unwrap_err().contains("hires size"));
-        assert!(HiresSpec {
-            scale: 0.5,
-            ..h.clone()
-        }
-        .check(64, 64)
-        .is_err());
-        assert!(HiresSpec {
-            steps: 0,
-            ..h.clone()
-        }
-        .check(64, 64)
-        .is_err());
+        assert!(HiresSpec { scale: 0.5, ..h.clone() }.check(64, 64).is_err());
+        assert!(HiresSpec { steps: 0, ..h.clone() }.check(64, 64).is_err());
         assert!(HiresSpec { strength: 0.0, ..h }.check(64, 64).is_err());
         assert_eq!("Lanczos".parse::<Upscaler>(), Ok(Upscaler::Lanczos));
-        assert!("nearest"
-            .parse::<Upscaler>()
-            .unwrap_err()
-            .contains("latent or lanczos"));
+        assert!("nearest".parse::<Upscaler>().unwrap_err().contains("latent or lanczos"));
         assert_eq!(serde_json::to_value(Upscaler::Latent).unwrap(), "latent");
     }
 }
