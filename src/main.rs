@@ -128,6 +128,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 max_steps: a.max_steps,
                 max_tokens: a.max_tokens,
                 max_body: a.max_body,
+                max_upload: a.max_upload,
                 client_timeout: std::time::Duration::from_secs(a.client_timeout),
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,

@@ -265,7 +265,7 @@ async fn every_bad_input_gets_its_status_and_envelope() {
     let r = call(p, "POST", "/v1/images/generations", &[], big.as_bytes()).await;
     assert_eq!(r.status, 413);
     assert_eq!(r.error()["code"], "request_too_large");
-    let r = call(p, "GET", "/v1/images/edits", &[], b"").await;
+    let r = call(p, "GET", "/v1/images/variations", &[], b"").await;
     assert_eq!((r.status, r.error()["code"].as_str()), (404, Some("not_found")));
     let r = call(p, "GET", "/v1/images/generations", &[], b"").await;
     assert_eq!(r.status, 405);

@@ -460,6 +460,9 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// Largest POST /v1/images/edits body (the pictures and the fields) in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 50 << 20)]
+    pub max_upload: usize,
     /// Seconds a client has to send its request headers, and its body.
     #[arg(long, default_value_t = 10)]
     pub client_timeout: u64,

@@ -123,15 +123,26 @@ pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_
     let obj: &Map<String, Value> = v
         .as_object()
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body must be one JSON object"))?;
-    let unknown: Vec<&str> = obj.keys().map(String::as_str).filter(|k| !FIELDS.contains(k) && !IGNORED.contains(k)).collect();
+    check_known(obj, &FIELDS, &IGNORED)?;
+    parse_fields(obj, lim, models, base, random_seed)
+}
+
+/// Every key of `obj` is one of `fields` or `ignored`; else a 400 naming the unknown ones.
+pub fn check_known(obj: &Map<String, Value>, fields: &[&str], ignored: &[&str]) -> Result<(), ApiError> {
+    let unknown: Vec<&str> = obj.keys().map(String::as_str).filter(|k| !fields.contains(k) && !ignored.contains(k)).collect();
     if !unknown.is_empty() {
         let names = unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
         return Err(ApiError::bad(
             unknown[0],
             "unknown_parameter",
-            format!("unknown field {names} (known: {}; accepted and ignored: {})", FIELDS.join(", "), IGNORED.join(", ")),
+            format!("unknown field {names} (known: {}; accepted and ignored: {})", fields.join(", "), ignored.join(", ")),
         ));
     }
+    Ok(())
+}
+
+/// [`parse`]'s checks of the fields of the generations' set in `obj` (its keys already checked).
+pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
     let mut g = Generation { req: base.clone(), n: 1, stream: false };
     g.req.spec.seed = random_seed;

@@ -19,7 +19,7 @@ use super::loras::LoraSet;
 use super::plan::ServeRunPlan;
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
-use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps};
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
@@ -67,7 +67,7 @@ pub struct LoraSwitch {
 }
 
 /// Where the per-backend differences live: the device's memory and threads.
-pub trait Serving: EncoderOps + DitOps + VaeOps + Sized {
+pub trait Serving: EncoderOps + DitOps + VaeEncodeOps + Sized {
     /// The memory the plan is made for.
     fn budget(&self) -> Result<Budget>;
     /// Make the backend usable on the calling thread (the engine loads on its own thread).
@@ -120,6 +120,8 @@ pub struct Engine<B: Serving> {
     loaded: LoraSet,
     /// A change of set failed part way: the transformer is loaded again before the next picture.
     broken: bool,
+    /// The last init picture's latents (a request's `n` pictures start from the same picture).
+    encoded: Option<(Arc<pipeline::Prepared>, Tensor)>,
 }
 
 /// The plan for requests up to `max_size` and `max_tokens` on `b` under `mem`, the transformer's
@@ -150,7 +152,7 @@ impl<B: Serving> Engine<B> {
             true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),
             false => Held::PerRequest,
         };
-        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false })
+        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false, encoded: None })
     }
 
     /// [`Render::use_loras`]: `ck.loras` becomes `set`'s plan; a kept transformer reloads what
@@ -193,12 +195,30 @@ impl<B: Serving> Engine<B> {
         Ok((cond, uncond))
     }
 
-    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
+    /// The run's start from its init picture (None from text): the VAE encoder loaded for the
+    /// request (its weights are the VAE stage's), the latents kept for the request's next picture.
+    fn start(&mut self, req: &Request) -> Result<Option<pipeline::Start>> {
+        let Some(p) = &req.init else { return Ok(None) };
+        let z0 = match &self.encoded {
+            Some((q, z0)) if Arc::ptr_eq(p, q) => z0.clone(),
+            _ => {
+                self.encoded = None;
+                self.b.limit_vae_activations(self.plan.vae_activations);
+                let z0 = pipeline::encode_picture(&self.b, &self.ck, p)?;
+                self.b.release_cached()?;
+                self.encoded = Some((p.clone(), z0.clone()));
+                z0
+            }
+        };
+        Ok(Some(pipeline::Start::of(p, z0)?))
+    }
+
+    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, start: Option<&pipeline::Start>, progress: &mut dyn Progress) -> Result<Tensor> {
         let mut per_request = None;
         let dit = self.dit.or_load(&mut per_request, || {
             Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)
         })?;
-        let z = pipeline::denoise_with(&self.b, dit, &self.ck, req, cond, uncond, progress);
+        let z = pipeline::denoise_pass(&self.b, dit, &self.ck, req, pipeline::Pass::of(&req.spec), (cond, uncond), start, progress);
         dit.end_stream();
         z
     }
@@ -213,13 +233,14 @@ impl<B: Serving> Engine<B> {
 
     fn render_inner(&mut self, req: &Request, tokens: &[Vec<u32>], progress: &mut dyn Progress) -> Result<Picture> {
         let t0 = Instant::now();
+        let start = self.start(req)?;
         // The pool is trimmed between the stages as `generate` does, so each stage has the
         // memory its plan gives it (the streamed layers' slots go too).
         let (cond, uncond) = self.conditions(tokens, req.spec.precision)?;
         self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let z = self.latents(req, &cond, &uncond, progress)?;
+        let z = self.latents(req, &cond, &uncond, start.as_ref(), progress)?;
         self.b.release_cached()?;
         let denoise_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();

@@ -10,7 +10,8 @@
 //!   made to resolve to 127.0.0.1 (DNS rebinding) sends its own name, and is refused (403,
 //!   `host_not_allowed`). With a key, or on another address, the key is what guards.
 //! - **JSON only.** The JSON routes take `Content-Type: application/json` only (415,
-//!   `unsupported_media_type`): a page's plain form or `text/plain` post is no request.
+//!   `unsupported_media_type`): a page's plain form or `text/plain` post is no request. The
+//!   edits route takes `multipart/form-data` only; a page's form post carries an `Origin`.
 
 use super::api::ApiError;
 use anyhow::{bail, Result};
@@ -112,6 +113,19 @@ pub async fn json_only(req: Request, next: Next) -> Response {
     if !essence.eq_ignore_ascii_case("application/json") {
         let got = if ct.is_empty() { "no Content-Type".to_string() } else { format!("Content-Type {ct:?}") };
         let msg = format!("{} takes a JSON body with Content-Type: application/json, got {got}", req.uri().path());
+        return ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", msg).into_response();
+    }
+    next.run(req).await
+}
+
+/// `POST /v1/images/edits` takes `multipart/form-data` only (415 otherwise). (A browser may send
+/// a form cross-origin without asking first; the Origin check above refuses it.)
+pub async fn multipart_only(req: Request, next: Next) -> Response {
+    let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("multipart/form-data") {
+        let got = if ct.is_empty() { "no Content-Type".to_string() } else { format!("Content-Type {ct:?}") };
+        let msg = format!("{} takes a multipart/form-data body (the pictures as files), got {got}", req.uri().path());
         return ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", msg).into_response();
     }
     next.run(req).await

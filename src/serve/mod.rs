@@ -18,6 +18,7 @@
 //! headers and its body; nothing in a request names a file on the server.
 
 pub mod api;
+pub mod edits;
 pub mod engine;
 pub mod guard;
 pub mod loras;
@@ -59,6 +60,8 @@ pub struct ServeOptions {
     pub max_steps: u32,
     pub max_tokens: usize,
     pub max_body: usize,
+    /// Largest edits body (`POST /v1/images/edits`, multipart with the pictures).
+    pub max_upload: usize,
     /// Time a client has to send its headers, and its body.
     pub client_timeout: Duration,
     pub uncond_skip: Vec<usize>,
@@ -204,6 +207,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         api_key: o.api_key.clone(),
         plan,
         max_body: o.max_body,
+        max_upload: o.max_upload,
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         loras: Arc::new(registry),

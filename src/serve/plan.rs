@@ -28,7 +28,9 @@ pub struct ServeRunPlan {
 /// The plan for requests up to `max_size` (W, H) and `max_tokens` prompt tokens; refused before
 /// anything loads when even streaming does not fit, naming the smallest cap that works.
 pub fn decide(ck: &Checkpoint, budget: &Budget, opts: &MemoryOptions, max_size: (u32, u32), max_tokens: usize) -> Result<ServeRunPlan> {
-    let nets = networks(ck, budget, max_tokens, max_size)?;
+    let mut nets = networks(ck, budget, max_tokens, max_size)?;
+    // Edits encode a picture of up to the largest size in the VAE's stage.
+    crate::run_plan::with_vae_encode(&mut nets, ck, max_size);
     let (cap, warning) = budget.cap(opts);
     let plan = serve::plan(cap, budget.overhead, &nets)?;
     if cap == u64::MAX {

@@ -7,6 +7,7 @@ use super::guard;
 use super::queue::{Event, Job, Queue};
 use crate::prompt::PromptTokenizer;
 use axum::body::Bytes;
+use axum::extract::multipart::{Multipart, MultipartRejection};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
+use tower_http::limit::RequestBodyLimitLayer;
 
 pub struct AppState {
     pub queue: Arc<Queue>,
@@ -37,6 +39,8 @@ pub struct AppState {
     /// The memory plan, as `/health` shows it.
     pub plan: Value,
     pub max_body: usize,
+    /// The edits route's body limit (`--max-upload`).
+    pub max_upload: usize,
     pub next_id: AtomicU64,
     pub started: u64,
     /// The adapters requests may name (`--lora-dir`).
@@ -56,7 +60,17 @@ fn now_s() -> u64 {
 /// time and size limits; then per route the API key and, for JSON routes, the content type.
 pub fn router(st: Arc<AppState>, body_timeout: Duration, g: guard::Guard) -> Router {
     let v1 = Router::new()
-        .route("/v1/images/generations", post(generations).route_layer(middleware::from_fn(guard::json_only)))
+        .merge(
+            Router::new()
+                .route("/v1/images/generations", post(generations).route_layer(middleware::from_fn(guard::json_only)))
+                .layer(RequestBodyLimitLayer::new(st.max_body)),
+        )
+        .merge(
+            Router::new()
+                .route(EDITS, post(edits).route_layer(middleware::from_fn(guard::multipart_only)))
+                .layer(RequestBodyLimitLayer::new(st.max_upload))
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/models", get(models))
         .route("/v1/loras", get(loras))
         .route_layer(middleware::from_fn_with_state(st.clone(), authorize));
@@ -66,7 +80,6 @@ pub fn router(st: Arc<AppState>, body_timeout: Duration, g: guard::Guard) -> Rou
         .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .fallback(|| async { StatusCode::NOT_FOUND })
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(st.max_body))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout));
     if let Some(cors) = g.cors() {
         r = r.layer(cors);
@@ -99,8 +112,13 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
-            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /v1/loras, /health, /livez, /metrics)"),
+            StatusCode::NOT_FOUND => {
+                format!("no route {method} {path} (routes: POST /v1/images/generations, /v1/images/edits, GET /v1/models, /v1/loras, /health, /livez, /metrics)")
+            }
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body must be JSON (Content-Type: application/json)".into(),
+            StatusCode::PAYLOAD_TOO_LARGE if path == EDITS => {
+                format!("the request body is above this server's limit of {} bytes for edits (--max-upload)", st.max_upload)
+            }
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
             StatusCode::REQUEST_TIMEOUT => "the request body did not arrive in time".into(),
@@ -165,6 +183,8 @@ struct Guard {
     t0: Instant,
     /// A stream's 200 was counted when it started: a client leaving it is not a second response.
     counted: bool,
+    /// The route, for the log line.
+    path: &'static str,
 }
 
 impl Drop for Guard {
@@ -177,7 +197,7 @@ impl Drop for Guard {
                 self.queue.metrics.with(|c| *c.requests.entry(499).or_default() += 1);
             }
         }
-        log_request("POST", "/v1/images/generations", self.status.unwrap_or(499), self.t0, Some(self.job.gen.req.spec.seed));
+        log_request("POST", self.path, self.status.unwrap_or(499), self.t0, Some(self.job.gen.req.spec.seed));
     }
 }
 
@@ -206,9 +226,14 @@ fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), 
 }
 
 async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    match start(&st, &body) {
+    answer(&st, start(&st, &body), "/v1/images/generations").await
+}
+
+/// The answer to a queued generation (plain or streamed), or its refusal.
+async fn answer(st: &AppState, started: Result<Started, ApiError>, path: &'static str) -> Response {
+    match started {
         Ok((g, job, rx, ahead)) => {
-            let guard = Guard { queue: st.queue.clone(), job, status: None, t0: Instant::now(), counted: g.stream };
+            let guard = Guard { queue: st.queue.clone(), job, status: None, t0: Instant::now(), counted: g.stream, path };
             let mut res = if g.stream { stream(guard, rx, ahead) } else { collect(guard, rx).await };
             res.extensions_mut().insert(LogsItself);
             res
@@ -219,10 +244,45 @@ async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
 
 type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 
+/// The seed of a request that sets none.
+fn random_seed() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32
+}
+
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
-    let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, seed)?;
-    let loras = st.loras.choose(serde_json::from_slice::<Value>(body).ok().as_ref().and_then(|v| v.get("lora")))?;
+    let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, random_seed())?;
+    let loras = serde_json::from_slice::<Value>(body).ok();
+    queue(st, g, loras.as_ref().and_then(|v| v.get("lora")))
+}
+
+/// The path of the edits route.
+const EDITS: &str = "/v1/images/edits";
+
+/// `POST /v1/images/edits` ([`super::edits`]): the form read, the pictures decoded and prepared
+/// on a blocking thread, then queued and answered as a generation.
+async fn edits(State(st): State<Arc<AppState>>, form: Result<Multipart, MultipartRejection>) -> Response {
+    let form = match form {
+        Ok(m) => super::edits::read(m).await,
+        Err(e) => Err(ApiError::new(e.status(), "invalid_multipart", e.body_text())),
+    };
+    let form = match form {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
+    let st2 = st.clone();
+    let started = tokio::task::spawn_blocking(move || {
+        let loras = form.fields.get("lora").cloned();
+        let g = super::edits::parse(form, &st2.limits, &[&st2.model, &st2.model_spec], &st2.base, random_seed())?;
+        queue(&st2, g, loras.as_ref())
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(format!("the request's pictures could not be read: {e}"))));
+    answer(&st, started, EDITS).await
+}
+
+/// A checked generation into the queue (`lora`: the request's field).
+fn queue(st: &AppState, g: Generation, lora: Option<&Value>) -> Result<Started, ApiError> {
+    let loras = st.loras.choose(lora)?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();
