@@ -8,7 +8,10 @@ byte, checks that a wrong key raises AuthenticationError and a bad size BadReque
 LoRAs per request from the server's `--lora-dir` (`extra_body={"lora": [{"name", "scale"}]}`:
 each picture byte-identical to `moss generate --lora` with the same files and scales, a change of
 set and back), reads `GET /v1/loras`, checks that unknown, path-like and too many LoRA names
-raise BadRequestError, then stops the server with SIGTERM and checks it exits 0.
+raise BadRequestError, edits a picture with a mask through `client.images.edit(image=..., mask=...,
+...)` (two pictures, each byte-identical to `moss generate --init-image --mask` with the same
+settings) and checks that a mask of another size raises BadRequestError, then stops the server
+with SIGTERM and checks it exits 0.
 
     python3 tests/openai_client.py [target/debug/moss]
 """
@@ -60,6 +63,39 @@ def generate_cli(prompt, seed, size, steps, negative, out, loras=()):
     )
     with open(out, "rb") as f:
         return f.read()
+
+
+def edit_cli(prompt, seed, steps, strength, image, mask, out):
+    subprocess.run(
+        [MOSS, "generate", "--model", MODEL, "--device", "cpu", "--prompt", prompt, "--seed", str(seed),
+         "--steps", str(steps), "--strength", str(strength), "--init-image", image, "--mask", mask, "--out", out,
+         "--quiet"],
+        check=True,
+    )
+    with open(out, "rb") as f:
+        return f.read()
+
+
+def check_edits(client):
+    image = os.path.join(ROOT, "golden", "expected", "enc-64x64.png")
+    mask = os.path.join(ROOT, "golden", "expected", "mask-64x64.png")
+    with open(image, "rb") as im, open(mask, "rb") as mk:
+        r = client.images.edit(
+            image=im, mask=mk, prompt="a lighthouse at dusk", n=2, response_format="b64_json",
+            extra_body={"seed": 5, "num_inference_steps": 3, "strength": 0.7},
+        )
+    assert len(r.data) == 2, r
+    with tempfile.TemporaryDirectory() as d:
+        for i, item in enumerate(r.data):
+            want = edit_cli("a lighthouse at dusk", 5 + i, 3, 0.7, image, mask, os.path.join(d, f"e{i}.png"))
+            got = base64.b64decode(item.b64_json)
+            assert got == want, f"edited picture {i} (seed {5 + i}) differs from moss generate --init-image --mask"
+    with open(image, "rb") as im, open(os.path.join(ROOT, "golden", "expected", "mask-96x64.png"), "rb") as mk:
+        try:
+            client.images.edit(image=im, mask=mk, prompt="x", response_format="b64_json")
+            sys.exit("a mask of another size was accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body["param"] == "mask", e
 
 
 def lora_dir(d):
@@ -127,6 +163,7 @@ def main():
         models = client.models.list()
         assert [m.id for m in models.data] == [os.path.basename(os.path.realpath(MODEL))], models
         check_loras(client, files, scratch.name)
+        check_edits(client)
     finally:
         server.send_signal(signal.SIGTERM)
         rest = server.stderr.read()
@@ -134,7 +171,8 @@ def main():
         code = server.wait(timeout=60)
     assert code == 0, f"moss serve exited {code} after SIGTERM"
     print(f"openai {openai.__version__}: 2 pictures byte-identical to moss generate; 401, 400, models; "
-          "4 LoRA requests byte-identical to moss generate --lora, /v1/loras, 4 bad LoRA choices 400; SIGTERM exit 0: ok")
+          "4 LoRA requests byte-identical to moss generate --lora, /v1/loras, 4 bad LoRA choices 400; "
+          "2 edits byte-identical to moss generate --init-image --mask, a mask of another size 400; SIGTERM exit 0: ok")
 
 
 if __name__ == "__main__":
