@@ -22,13 +22,14 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// `moss generate` on tiny-a, the CPU, the golden prompt and seed 42, with `args`.
+/// `moss generate` on tiny-a, the CPU, the golden prompt and seed 42 (unless `args` give one), with `args`.
 fn generate(args: &[&str]) -> Output {
     let exp = Expected::load("img2img_e2e");
     let model = golden().join("tiny-a");
     let prompt = exp.json["prompt"].as_str().unwrap().to_string();
     let o = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(["generate", "--device", "cpu", "--model", s(&model), "--prompt", &prompt, "--seed", "42"])
+        .args(["generate", "--device", "cpu", "--model", s(&model), "--prompt", &prompt])
+        .args(if args.contains(&"--seed") || args.contains(&"--from") { &[][..] } else { &["--seed", "42"][..] })
         .args(args)
         .output()
         .unwrap();
@@ -312,5 +313,57 @@ fn bad_pictures_are_refused() {
     write_png(&m, image::DynamicImage::ImageLuma8(image::GrayImage::new(64, 64)));
     let o = generate(&["--steps", "1", "--init-image", s(&init), "--mask", s(&m), "-o", s(&dir.join("x.png")), "--save-latents", s(&m)]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("the mask"), "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Batch items with `init_image` (paths relative to the list) render `generate --init-image`'s
+/// bytes; `--count` with an init image too; a path out of the list's folder is refused.
+#[test]
+fn batch_items_start_from_pictures() {
+    let dir = scratch("batch");
+    let lists = dir.join("lists");
+    std::fs::create_dir_all(lists.join("pics")).unwrap();
+    let init = expected("enc-64x64.png");
+    let mask = expected("mask-64x64.png");
+    std::fs::copy(&init, lists.join("pics/init.png")).unwrap();
+    std::fs::copy(&mask, lists.join("pics/mask.png")).unwrap();
+    std::fs::copy(&init, dir.join("outside.png")).unwrap();
+    let exp = Expected::load("img2img_e2e");
+    let prompt = exp.json["prompt"].as_str().unwrap();
+    let list = [
+        serde_json::json!({"prompt": prompt, "seed": 42, "steps": 3, "init_image": "pics/init.png", "strength": 0.6}),
+        serde_json::json!({"prompt": prompt, "seed": 43, "steps": 3, "init_image": "pics/./init.png", "mask": "pics/mask.png", "mask_blur": 2}),
+        serde_json::json!({"prompt": prompt, "seed": 44, "steps": 3, "init_image": "../outside.png"}),
+        serde_json::json!({"prompt": prompt, "seed": 45, "steps": 3, "mask": "pics/mask.png"}),
+    ];
+    let text: String = list.iter().map(|l| l.to_string() + "\n").collect();
+    std::fs::write(lists.join("list.jsonl"), text).unwrap();
+    let out = dir.join("out");
+    let model = golden().join("tiny-a");
+    let o = Command::new(env!("CARGO_BIN_EXE_moss"))
+        .args(["generate", "--device", "cpu", "--model", s(&model), "--prompts", s(&lists.join("list.jsonl")), "--out-dir", s(&out)])
+        .args(["--name", "{index}.png", "--strength", "0.9", "--quiet"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "two items are bad: {err}");
+    assert!(err.contains("list.jsonl:3:") && err.contains("leaves the list's folder"), "{err}");
+    assert!(err.contains("list.jsonl:4:") && err.contains("give `init_image`"), "{err}");
+    let single = |args: &[&str], name: &str| {
+        let p = dir.join(name);
+        ok(generate(&[args, &["-o", s(&p)]].concat()));
+        std::fs::read(p).unwrap()
+    };
+    let want0 = single(&["--seed", "42", "--steps", "3", "--init-image", s(&init), "--strength", "0.6"], "s0.png");
+    // The second takes the batch's --strength 0.9.
+    let want1 = single(&["--seed", "43", "--steps", "3", "--init-image", s(&init), "--mask", s(&mask), "--mask-blur", "2", "--strength", "0.9"], "s1.png");
+    assert!(std::fs::read(out.join("0.png")).unwrap() == want0, "item 0 differs from generate --init-image");
+    assert!(std::fs::read(out.join("1.png")).unwrap() == want1, "item 1 differs from generate --init-image --mask");
+    assert!(!out.join("2.png").exists() && !out.join("3.png").exists());
+    // --count over an init image: the same pictures as single runs of each seed.
+    let several = dir.join("several");
+    std::fs::create_dir_all(&several).unwrap();
+    ok(generate(&["--steps", "3", "--init-image", s(&init), "--strength", "0.6", "--count", "2", "-o", s(&several.join("p-{seed}.png"))]));
+    assert!(std::fs::read(several.join("p-42.png")).unwrap() == want0, "--count's first picture differs");
     let _ = std::fs::remove_dir_all(&dir);
 }

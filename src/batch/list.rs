@@ -9,7 +9,7 @@ use anyhow::Result;
 pub const DEFAULT_NAME: &str = "{index:05}-{seed}.png";
 
 /// The JSON fields a line may set.
-pub const FIELDS: [&str; 7] = ["prompt", "negative", "seed", "size", "steps", "guidance", "out"];
+pub const FIELDS: [&str; 11] = ["prompt", "negative", "seed", "size", "steps", "guidance", "out", "init_image", "mask", "strength", "mask_blur"];
 
 /// Characters `{stem}` keeps when no width is given.
 pub const STEM_LEN: usize = 40;
@@ -24,6 +24,22 @@ pub struct Item {
     pub spec: PictureSpec,
     /// The line's own output name (a template like `--name`), if it set one.
     pub out: Option<String>,
+    /// The pictures the line starts from (`init_image`, `mask`: paths relative to the list's
+    /// folder), read when the batch is planned.
+    pub pictures: Option<PictureFiles>,
+    /// The pictures, read and at the item's size (`spec.init_image` names them).
+    pub init: Option<std::sync::Arc<crate::pipeline::Prepared>>,
+}
+
+/// An item's pictures in as its line names them; `strength` and `mask_blur` default to the flags'.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PictureFiles {
+    pub image: String,
+    pub mask: Option<String>,
+    pub strength: Option<f64>,
+    pub mask_blur: Option<u32>,
+    /// The line gives its `size` (else the picture's own is taken).
+    pub sized: bool,
 }
 
 /// A line that cannot be rendered.
@@ -43,7 +59,7 @@ pub fn check_defaults(d: &PictureSpec) -> Result<()> {
 /// `d` is the flags' spec; its seed is the base seed (item `index` gets `seed + index`).
 pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Result<Item, String> {
     let spec = PictureSpec { prompt: String::new(), seed: d.seed.wrapping_add(index as u64), ..d.clone() };
-    let mut it = Item { index, line, spec, out: None };
+    let mut it = Item { index, line, spec, out: None, pictures: None, init: None };
     let t = text.trim();
     if !t.starts_with('{') {
         it.spec.prompt = t.to_string();
@@ -55,6 +71,14 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
         v.as_str().map(str::to_string).ok_or_else(|| format!("`{k}` must be a string, got {v}"))
     };
     let mut prompt = None;
+    let (mut image, mut mask, mut strength, mut mask_blur) = (None, None, None, None);
+    let path = |k: &str, v: &serde_json::Value| -> Result<String, String> {
+        let p = string(k, v)?;
+        if p.trim().is_empty() {
+            return Err(format!("`{k}` is empty"));
+        }
+        Ok(p)
+    };
     for (k, v) in obj {
         if v.is_null() {
             continue;
@@ -82,10 +106,32 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
                 Template::parse(&o).map_err(|e| format!("`out`: {e}"))?;
                 it.out = Some(o);
             }
+            "init_image" => image = Some(path(k, v)?),
+            "mask" => mask = Some(path(k, v)?),
+            "strength" => {
+                let s = v.as_f64().ok_or_else(|| format!("`strength` must be a number, got {v}"))?;
+                crate::spec::check_strength("`strength`", s)?;
+                strength = Some(s);
+            }
+            "mask_blur" => {
+                let b = v.as_u64().filter(|&b| b <= crate::spec::MAX_MASK_BLUR as u64);
+                mask_blur = Some(b.ok_or_else(|| format!("`mask_blur` must be a whole number of pixels in 0..={}, got {v}", crate::spec::MAX_MASK_BLUR))? as u32);
+            }
             _ => return Err(format!("unknown field `{k}` (known: {})", FIELDS.join(", "))),
         }
     }
     it.spec.prompt = prompt.ok_or("the object has no `prompt`")?;
+    match image {
+        Some(image) => {
+            let sized = obj.get("size").is_some_and(|v| !v.is_null());
+            it.pictures = Some(PictureFiles { image, mask, strength, mask_blur, sized })
+        }
+        None if mask.is_some() || strength.is_some() || mask_blur.is_some() => {
+            let f = [("mask", mask.is_some()), ("strength", strength.is_some()), ("mask_blur", mask_blur.is_some())];
+            return Err(format!("`{}` applies to a picture from a picture: give `init_image`", f.iter().find(|f| f.1).map_or("", |f| f.0)));
+        }
+        None => {}
+    }
     Ok(it)
 }
 

@@ -38,6 +38,7 @@
 
 mod list;
 mod names;
+mod pictures;
 mod plan;
 mod run;
 mod stages;

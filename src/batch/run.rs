@@ -35,6 +35,10 @@ pub struct BatchOptions {
     pub memory: crate::run_plan::MemoryOptions,
     /// Other files the run read (`--from`, `--prompt-file`), by what they are: no output may be one.
     pub other_inputs: Vec<(&'static str, PathBuf)>,
+    /// The strength and mask blur of an item with `init_image` that sets none (`--strength`,
+    /// `--mask-blur`).
+    pub strength: f64,
+    pub mask_blur: u32,
 }
 
 /// What a batch renders.
@@ -188,6 +192,11 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     inputs.extend(others.iter().chain(&o.other_inputs).map(|(w, p)| (*w, p.as_path())));
     let inputs = crate::output::Inputs::new(&inputs);
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
+    let list_dir = match &o.items {
+        Items::List(p) if !crate::output::is_stdout(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+        _ => PathBuf::new(),
+    };
+    let mut pictures = super::pictures::Cache::default();
     let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();
     let mut jobs = vec![];
     let mut texts = vec![];
@@ -203,9 +212,11 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
                     .map_err(|e| format!("{e:#}"))
             })
             .clone();
+        let mut j = j;
         let tk = ok.map_err(anyhow::Error::msg).and_then(|_| {
             crate::output::target(&j.path)?;
             crate::output::check_against(&[("the output", &j.path)], &inputs)?;
+            pictures.attach(&mut j, &list_dir, o)?;
             let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
                 let tk = tok.encode(t, o.defaults.max_tokens)?;
                 if let Some(n) = tk.truncated_from {
@@ -258,9 +269,14 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     // any weights load: what stays resident, what streams; refused naming the smallest cap.
     let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
     let largest = jobs.iter().map(|j| (j.item.spec.width, j.item.spec.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
+    let encodes = jobs.iter().any(|j| j.item.init.is_some());
+    drop(pictures);
     let plan_for = |budget: crate::run_plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::run_plan::RunPlan>> {
         let (Some(l), Some(size)) = (tokens, largest) else { return Ok(None) };
-        let nets = crate::run_plan::networks(&ck, &budget, l, size)?;
+        let mut nets = crate::run_plan::networks(&ck, &budget, l, size)?;
+        if encodes {
+            crate::run_plan::with_vae_encode(&mut nets, &ck, size);
+        }
         let p = crate::run_plan::decide(&nets, &budget, &o.memory)?;
         if let Some(w) = &p.warning {
             progress.warn(w);

@@ -2,7 +2,7 @@
 //! and write every picture, each network loaded once.
 
 use super::*;
-use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps};
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::pipeline::{self, Interrupted, Progress, Request};
@@ -26,6 +26,7 @@ impl Ctx<'_> {
             // --quality is for the batch's JPEG pictures; its PNG and WebP ones have none.
             quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
             cut: t.cut,
+            init: it.init.clone(),
             ..Request::new(it.spec.clone(), j.path.clone(), self.o.device)
         }
     }
@@ -62,12 +63,14 @@ pub(super) struct Slot {
     /// The LoRA merges counted from the chunk's previous picture to the end of this one's denoise.
     pub(super) lora_merge: crate::lora::plan::MergeTime,
     pub(super) latents: Option<Tensor>,
+    /// Where its denoising starts when it starts from a picture.
+    pub(super) start: Option<pipeline::Start>,
 }
 
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
 /// ends the run (Err), as does a stop request (Err(Interrupted)).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
+pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
     b: &B,
     cx: &Ctx,
     plan: Option<&crate::run_plan::RunPlan>,
@@ -120,6 +123,32 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
             continue;
         }
 
+        // 1b. Encode the pictures the items start from (each once), with the VAE encoder.
+        if jobs.iter().zip(&slots).any(|(j, s)| j.item.init.is_some() && !s.failed) {
+            progress.stage("encode pictures", ci, chunks.len());
+            b.release_cached()?; // the text encoder is gone
+            b.limit_vae_activations(plan.and_then(|p| p.vae_activations));
+            let mut done: Vec<(&std::sync::Arc<pipeline::Prepared>, Tensor)> = vec![];
+            for (i, j) in jobs.iter().enumerate() {
+                let Some(p) = j.item.init.as_ref().filter(|_| !slots[i].failed) else { continue };
+                check_stop()?;
+                progress.item(j, i, jobs.len());
+                let t1 = Instant::now();
+                let z0 = match done.iter().find(|(q, _)| std::sync::Arc::ptr_eq(p, q)) {
+                    Some((_, z)) => Ok(z.clone()),
+                    None => pipeline::encode_picture(b, ck, p),
+                };
+                match z0.and_then(|z| {
+                    done.push((p, z.clone()));
+                    pipeline::Start::of(p, z)
+                }) {
+                    Ok(s) => slots[i].start = Some(s),
+                    Err(e) => fail(&mut slots[i], j, &e, progress, sum),
+                }
+                slots[i].encode_s += t1.elapsed().as_secs_f64();
+            }
+        }
+
         // 2. Denoise every picture with the DiT loaded once; then it is freed.
         progress.stage("denoise", ci, chunks.len());
         b.release_cached()?; // the encoder is gone
@@ -140,7 +169,9 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                 let cond = &hidden[t.prompt.as_slice()];
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
-                match pipeline::denoise_with(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress)) {
+                let req = cx.request(j, t);
+                let pass = pipeline::Pass::of(&req.spec);
+                match pipeline::denoise_pass(b, &dit, ck, &req, pass, (cond, uncond), slots[i].start.as_ref(), &mut Steps(&mut *progress)) {
                     Ok(z) => slots[i].latents = Some(z),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),

@@ -27,8 +27,15 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
         device: a.model.device,
         quality: a.quality,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
-        other_inputs: [("the --from picture", &a.from), ("the prompt file", &a.prompt.prompt_file)]
-            .into_iter()
+        strength: a.pictures.strength,
+        mask_blur: a.pictures.mask_blur,
+        other_inputs: [
+            ("the --from picture", &a.from),
+            ("the prompt file", &a.prompt.prompt_file),
+            ("the init image", &a.pictures.init_image),
+            ("the mask", &a.pictures.mask),
+        ]
+        .into_iter()
             .filter_map(|(w, p)| Some((w, p.clone()?)))
             .collect(),
     };
@@ -76,7 +83,7 @@ pub fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
 /// `--count N`, `--seeds A,B,..` or an `-o` name template (`fox-{seed}.png`): the pictures of one
 /// spec as the items of a batch (one load, the same pictures batch mode gives); `-o` is the
 /// batch's name template in its folder.
-fn run_several(a: &GenerateArgs, spec: PictureSpec) -> anyhow::Result<u8> {
+fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<std::sync::Arc<pipeline::Prepared>>) -> anyhow::Result<u8> {
     if a.embeds.is_some() || a.save_latents.is_some() {
         anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
     }
@@ -95,7 +102,7 @@ fn run_several(a: &GenerateArgs, spec: PictureSpec) -> anyhow::Result<u8> {
     let items = seeds
         .iter()
         .enumerate()
-        .map(|(i, &seed)| batch::Item { index: i, line: i + 1, spec: PictureSpec { seed, ..spec.clone() }, out: None })
+        .map(|(i, &seed)| batch::Item { index: i, line: i + 1, spec: PictureSpec { seed, ..spec.clone() }, out: None, pictures: None, init: init.clone() })
         .collect();
     let name = a.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let name = if name.contains('{') || seeds.len() < 2 {
@@ -300,17 +307,14 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
             anyhow::bail!("{f} applies to the hires fix: give --hires SCALE");
         }
     }
-    spec.check().map_err(anyhow::Error::msg)?;
+    spec.check_pictures_in().map_err(anyhow::Error::msg)?;
     let init = match &pictures {
         Some(p) => Some(std::sync::Arc::new(p.prepare(&spec)?)),
         None => None,
     };
     let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
     if several {
-        if init.is_some() {
-            anyhow::bail!("--count, --seeds and `{{...}}` names do not take --init-image yet: give one seed, or a --prompts list");
-        }
-        return run_several(&a, spec);
+        return run_several(&a, spec, init);
     }
     // The seed is said whenever it was not given (a drawn one, or the default); after the
     // run, beside the path, so a refusal stays one line.
@@ -357,8 +361,8 @@ pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u
     if a.seed == Seed::Random && !a.quiet {
         eprintln!("moss: seed {seed} (random; item i uses {seed} + i)");
     }
-    if a.pictures.init_image.is_some() || a.pictures.hires.is_some() {
-        anyhow::bail!("--init-image and --hires apply to single pictures; a list item sets `init_image` itself");
+    if a.pictures.init_image.is_some() || a.pictures.mask.is_some() || a.pictures.outpaint.is_some() || a.pictures.hires.is_some() {
+        anyhow::bail!("--init-image, --mask, --outpaint and --hires apply to single pictures; a list item sets `init_image` and `mask` itself");
     }
     let items = batch::Items::List(a.batch.prompts.clone().unwrap());
     run_batch(a, items, spec_of_flags(a, String::new(), seed))

@@ -143,7 +143,7 @@ impl PicturesIn {
 }
 
 /// The run's pictures at its size.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Prepared {
     pub width: u32,
     pub height: u32,

@@ -80,6 +80,11 @@ impl PictureSpec {
         if !(a.is_finite() && b.is_finite() && 0.0 <= a && a <= b && b <= 1.0) {
             return Err(format!("skip window {a}:{b} is not A:B with 0 <= A <= B <= 1"));
         }
+        self.check_pictures_in()
+    }
+
+    /// The rules of the init image and the hires fix.
+    pub fn check_pictures_in(&self) -> Result<(), String> {
         if let Some(i) = &self.init_image {
             i.check(self.width, self.height)?;
         }
