@@ -95,6 +95,11 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             println!("{}", cli::bench::dit::run(&b, a.model.device)?);
             Ok(0)
         }
+        Command::BenchVaeEncode(a) => {
+            let b = cli::bench::vae_encode::BenchVaeEncode { model: a.model.model.clone(), image: a.image.clone(), reps: a.reps, out_f32: a.out_f32.clone() };
+            println!("{}", cli::bench::vae_encode::run(&b, a.model.device)?);
+            Ok(0)
+        }
         Command::BenchVae(a) => {
             let b = cli::bench::vae::BenchVae {
                 model: a.model.model.clone(),

@@ -64,6 +64,23 @@ pub enum Command {
     /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/cli/bench/vae.rs).
     #[command(hide = true)]
     BenchVae(BenchVaeArgs),
+    /// The VAE encoder alone on a picture: synchronised timings, JSON out (src/cli/bench/vae_encode.rs).
+    #[command(hide = true)]
+    BenchVaeEncode(BenchVaeEncodeArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchVaeEncodeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The picture (PNG, JPEG or WebP; sides multiples of 16).
+    #[arg(long)]
+    pub image: PathBuf,
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Write the latents (raw little-endian f32 [1,128,H/16,W/16]) here.
+    #[arg(long)]
+    pub out_f32: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
