@@ -50,13 +50,8 @@ fn find_nvcc() -> Option<PathBuf> {
         return Some(p);
     }
     // The PyPI wheel (nvidia-cuda-nvcc) inside an importable `nvidia` namespace package.
-    let out = Command::new("python3")
-        .args(["-c", "import nvidia, os; print('\\n'.join(nvidia.__path__))"])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
+    let out = Command::new("python3").args(["-c", "import nvidia, os; print('\\n'.join(nvidia.__path__))"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
 }
 
 /// The git revision the binary is built from (`--version`), or "unknown" outside a checkout.
@@ -299,10 +294,7 @@ fn write_unit(sm90a: bool, root: &Path, unit: &Path) -> Option<PathBuf> {
         return None;
     }
     sources.sort();
-    let text: String = sources
-        .iter()
-        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
-        .collect();
+    let text: String = sources.iter().map(|s| format!("#include \"{}\"\n", root.join(s).display())).collect();
     std::fs::write(unit, text).unwrap();
     Some(unit.to_path_buf())
 }

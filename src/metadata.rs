@@ -156,9 +156,7 @@ fn quote(v: &str) -> String {
 /// `text` safe to print on a terminal: control characters other than newline and tab (an escape
 /// sequence, a carriage return) are written as `\u{1b}`.
 pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
-        .collect()
+    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 /// The picture's metadata (see the module docs).

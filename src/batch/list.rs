@@ -67,9 +67,8 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
     }
     let v: serde_json::Value = serde_json::from_str(t).map_err(|e| format!("invalid JSON: {e}"))?;
     let obj = v.as_object().ok_or("a line starting with `{` must be one JSON object")?;
-    let string = |k: &str, v: &serde_json::Value| -> Result<String, String> {
-        v.as_str().map(str::to_string).ok_or_else(|| format!("`{k}` must be a string, got {v}"))
-    };
+    let string =
+        |k: &str, v: &serde_json::Value| -> Result<String, String> { v.as_str().map(str::to_string).ok_or_else(|| format!("`{k}` must be a string, got {v}")) };
     let mut prompt = None;
     let (mut image, mut mask, mut strength, mut mask_blur) = (None, None, None, None);
     let path = |k: &str, v: &serde_json::Value| -> Result<String, String> {
@@ -115,7 +114,8 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
             }
             "mask_blur" => {
                 let b = v.as_u64().filter(|&b| b <= crate::spec::MAX_MASK_BLUR as u64);
-                mask_blur = Some(b.ok_or_else(|| format!("`mask_blur` must be a whole number of pixels in 0..={}, got {v}", crate::spec::MAX_MASK_BLUR))? as u32);
+                mask_blur =
+                    Some(b.ok_or_else(|| format!("`mask_blur` must be a whole number of pixels in 0..={}, got {v}", crate::spec::MAX_MASK_BLUR))? as u32);
             }
             _ => return Err(format!("unknown field `{k}` (known: {})", FIELDS.join(", "))),
         }

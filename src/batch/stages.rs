@@ -199,8 +199,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
             let req = cx.request(j, &texts[i]);
-            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
-                .and_then(|bytes| crate::output::write(&j.path, &bytes));
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress)).and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;

@@ -36,8 +36,8 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
             ("the mask", &a.pictures.mask),
         ]
         .into_iter()
-            .filter_map(|(w, p)| Some((w, p.clone()?)))
-            .collect(),
+        .filter_map(|(w, p)| Some((w, p.clone()?)))
+        .collect(),
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();

@@ -140,7 +140,13 @@ fn offered_loras(ck: &mut crate::checkpoint::Checkpoint, o: &ServeOptions) -> Re
     let mut plan = crate::lora::Plan::default();
     plan.scratch_floor = r.scratch_bound();
     ck.loras = Arc::new(plan);
-    log(&format!("{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)", r.len(), dir.display(), t0.elapsed().as_secs_f64(), loras::MAX_PER_REQUEST));
+    log(&format!(
+        "{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)",
+        r.len(),
+        dir.display(),
+        t0.elapsed().as_secs_f64(),
+        loras::MAX_PER_REQUEST
+    ));
     Ok(r)
 }
 
@@ -192,7 +198,14 @@ fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<R
     rx
 }
 
-async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer, plan: serde_json::Value, load: Loader, registry: loras::Registry) -> Result<()> {
+async fn serve(
+    o: ServeOptions,
+    model: String,
+    tokenizer: crate::prompt::PromptTokenizer,
+    plan: serde_json::Value,
+    load: Loader,
+    registry: loras::Registry,
+) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;

@@ -25,9 +25,20 @@ use tokio::sync::mpsc::UnboundedSender;
 #[derive(Debug)]
 pub enum Event {
     /// Waiting, with this many requests ahead (0: next).
-    Queued { ahead: usize },
-    Step { index: usize, step: usize, steps: usize },
-    Image { index: usize, seed: u64, picture: Picture, queued_s: f64 },
+    Queued {
+        ahead: usize,
+    },
+    Step {
+        index: usize,
+        step: usize,
+        steps: usize,
+    },
+    Image {
+        index: usize,
+        seed: u64,
+        picture: Picture,
+        queued_s: f64,
+    },
     Failed(ApiError),
     Done,
 }
@@ -293,11 +304,10 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         req.spec.seed = seed;
         let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
         // A panic in the engine fails this request alone (500); the worker goes on.
-        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress)))
-            .unwrap_or_else(|p| {
-                let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
-                Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
-            });
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress))).unwrap_or_else(|p| {
+            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+            Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
+        });
         match res {
             Ok(mut picture) => {
                 if i == 0 {

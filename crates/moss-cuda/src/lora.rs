@@ -13,11 +13,11 @@
 
 use super::ops::ring::RING_MAX;
 use super::ops::{Arg, Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::CudaEvent;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::lora::merge::{operands, Operands, Part, Values, ALIGN};
 use moss_core::lora::{plan::MergeClock, Plan, Term};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::CudaEvent;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -262,9 +262,7 @@ impl Cuda {
         let (a, b) = (ev()?, ev()?);
         let prep = self.merge_in_two_phases(&w, terms, "moss", Some((&a, &b)))?;
         clock.add_host(prep);
-        clock.add_device(Box::new(move || {
-            b.synchronize().ok().and_then(|_| a.elapsed_ms(&b).ok()).map_or(f64::NAN, |ms| ms as f64 * 1e-3)
-        }));
+        clock.add_device(Box::new(move || b.synchronize().ok().and_then(|_| a.elapsed_ms(&b).ok()).map_or(f64::NAN, |ms| ms as f64 * 1e-3)));
         Ok(w)
     }
 }

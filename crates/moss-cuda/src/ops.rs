@@ -12,15 +12,15 @@
 //!   (`Cuda::normed_dtype`), and `DitOps::linear_f32`, which keeps its product in f32.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
-use crate::blas::Blas;
 use super::Gpu;
+use crate::blas::Blas;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{result as dr, sys, CudaFunction, CudaSlice, DevicePtr};
 use moss_core::backend::Backend;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::lora::{plan::MergeClock, Term};
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{result as dr, sys, CudaFunction, CudaSlice, DevicePtr};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,9 +35,9 @@ mod transfer;
 mod weights;
 
 pub use tma::tensor_map_2d;
-pub use weights::DeviceMem;
-pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
 use transfer::Staging;
+pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
+pub use weights::DeviceMem;
 
 /// Element type of a device tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,12 +202,8 @@ impl Cuda {
             unsafe {
                 let pool = dr::device::get_default_mem_pool(gpu.ctx.cu_device()).map_err(de("memory pool"))?;
                 let mut keep = u64::MAX;
-                dr::mem_pool::set_attribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    &mut keep as *mut u64 as *mut c_void,
-                )
-                .map_err(de("memory pool threshold"))?;
+                dr::mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep as *mut u64 as *mut c_void)
+                    .map_err(de("memory pool threshold"))?;
             }
         }
         let cc_attr = |a| gpu.ctx.attribute(a).map_err(de("attribute"));
@@ -220,11 +216,7 @@ impl Cuda {
         // allocates on this context, so the drop in free memory is ours).
         let (free_now, _) = gpu.mem_info()?;
         let overhead = gpu.context_bytes + gpu.free_at_open.saturating_sub(free_now as u64);
-        let sms = gpu
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(de("attribute"))?
-            .max(1) as u32;
+        let sms = gpu.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(de("attribute"))?.max(1) as u32;
         let inner = Inner {
             gpu,
             blas,
@@ -350,11 +342,7 @@ impl Cuda {
         // SAFETY: the memory is written by the op that asked for it (or poisoned below).
         let slice = unsafe { s.alloc::<u8>(bytes.max(16)) }.map_err(|e| {
             let free = self.inner.gpu.mem_info().map(|m| m.0).unwrap_or(0);
-            anyhow!(
-                "out of GPU memory allocating {:.2} GiB ({:.2} GiB free): {e:?}",
-                bytes as f64 / GIB,
-                free as f64 / GIB
-            )
+            anyhow!("out of GPU memory allocating {:.2} GiB ({:.2} GiB free): {e:?}", bytes as f64 / GIB, free as f64 / GIB)
         })?;
         let ptr = slice.device_ptr(s).0;
         if self.inner.poison.load(Ordering::Relaxed) {
@@ -435,10 +423,8 @@ impl Cuda {
         s.context().bind_to_thread().map_err(de("bind context"))?;
         // SAFETY: the kernel's C signature matches `args` (each call site is written against its
         // kernel in cuda/); every pointer is a live allocation of the size the kernel reads.
-        unsafe {
-            dr::launch_kernel(f.cu_function(), (grid.0.max(1), grid.1.max(1), 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots)
-        }
-        .map_err(|e| anyhow!("launching {name}: {e:?}"))
+        unsafe { dr::launch_kernel(f.cu_function(), (grid.0.max(1), grid.1.max(1), 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots) }
+            .map_err(|e| anyhow!("launching {name}: {e:?}"))
     }
 
     /// The device's streaming multiprocessors (read when the device opened; at least 1).
@@ -564,12 +550,7 @@ impl Backend for Cuda {
         self.prof("rms_norm", || self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm"))
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
-        ensure!(
-            shape.iter().product::<usize>() == x.numel(),
-            "reshape {:?} to {shape:?}: {} values",
-            x.shape,
-            x.numel()
-        );
+        ensure!(shape.iter().product::<usize>() == x.numel(), "reshape {:?} to {shape:?}: {} values", x.shape, x.numel());
         Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {

@@ -3,12 +3,12 @@
 //! JSON out; optionally writes the latents (raw little-endian f32 `[1, 128, H/16, W/16]`) for
 //! the comparison with diffusers (bench/encode.sh).
 
+use anyhow::{bail, Result};
 use moss::backend::cuda::ops::Cuda;
 use moss::backend::ops::VaeEncodeOps;
 use moss::backend::{Backend, Device};
 use moss::model::vae::VaeEncoder;
 use moss::pipeline;
-use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -49,29 +49,10 @@ pub fn sample<B: DitOps>(
             calls += 1;
             velocities(s, x)
         };
-        let x =
-            crate::sampling::sample(b, x, sigmas, guidance, skip_window, counted, |i, n, _| {
-                on_step(i, n)
-            })?;
-        return Ok((
-            x,
-            Count {
-                calls,
-                passes: calls * per_call,
-            },
-        ));
+        let x = crate::sampling::sample(b, x, sigmas, guidance, skip_window, counted, |i, n, _| on_step(i, n))?;
+        return Ok((x, Count { calls, passes: calls * per_call }));
     }
-    sample_on_host(
-        b,
-        x,
-        sigmas,
-        kind,
-        noise,
-        guidance,
-        skip_window,
-        velocities,
-        on_step,
-    )
+    sample_on_host(b, x, sigmas, kind, noise, guidance, skip_window, velocities, on_step)
 }
 
 /// [`sample`]'s path for every sampler but `euler`: the latent on the host, each model call's
@@ -93,44 +74,18 @@ pub fn sample_on_host<B: DitOps>(
     let per_call = if guided { 2 } else { 1 };
     let shape = b.dims(&x);
     let host = b.download(&x)?.data;
-    let zero = if guided {
-        Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?)
-    } else {
-        None
-    };
+    let zero = if guided { Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?) } else { None };
     let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
         let frac = call.step as f64 / call.steps as f64;
-        let step = Step {
-            step: call.step,
-            call: call.call,
-            t: call.t(),
-            guided,
-            skip_active: skip_window.0 <= frac && frac < skip_window.1,
-        };
-        let (v_c, v_u) = velocities(
-            step,
-            &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?,
-        )?;
-        ensure!(
-            v_u.is_some() == guided,
-            "step {}: {} negative velocity",
-            call.step,
-            if guided { "no" } else { "an unasked" }
-        );
+        let step = Step { step: call.step, call: call.call, t: call.t(), guided, skip_active: skip_window.0 <= frac && frac < skip_window.1 };
+        let (v_c, v_u) = velocities(step, &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?)?;
+        ensure!(v_u.is_some() == guided, "step {}: {} negative velocity", call.step, if guided { "no" } else { "an unasked" });
         let v = match (&zero, v_u) {
             (Some(zero), Some(v_u)) => b.cfg_euler(zero, &v_c, Some(&v_u), guidance, 1.0)?,
             _ => v_c,
         };
         Ok(b.download(&v)?.data)
     };
-    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| {
-        on_step(i, n)
-    })?;
-    Ok((
-        b.upload_f32(&Tensor::new(shape, x)?)?,
-        Count {
-            calls,
-            passes: calls * per_call,
-        },
-    ))
+    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| on_step(i, n))?;
+    Ok((b.upload_f32(&Tensor::new(shape, x)?)?, Count { calls, passes: calls * per_call }))
 }

@@ -8,12 +8,12 @@ use crate::encoder::delta_rule::gdr_seq_smem;
 use crate::encoder::delta_rule_compact::{pick_state_pass, StatePass};
 use crate::encoder::{EncAttn, GdrPath, GdrPrefix, ATTN_TILED_MAX};
 use crate::ops::{CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::{rel_l2, Tensor};
-use anyhow::{ensure, Result};
 
 /// Qwen3.5-9B's text backbone (spec 3.1).
 pub mod enc {
@@ -92,9 +92,7 @@ fn gate_head_rope(cx: &mut Cx) -> Result<()> {
 fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
     let (nh, hd) = (q.shape[1], q.shape[2]);
     let mut out = vec![0f32; rows.len() * nh * hd];
-    moss_core::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
-        moss_core::backend::cpu::encoder::causal_attention_row(q, k, v, scale, rows[r], row)
-    });
+    moss_core::backend::cpu::par_rows(&mut out, nh * hd, |r, row| moss_core::backend::cpu::encoder::causal_attention_row(q, k, v, scale, rows[r], row));
     Tensor::new(vec![rows.len(), nh * hd], out)
 }
 

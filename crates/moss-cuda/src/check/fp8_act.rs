@@ -8,10 +8,10 @@
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::{ensure, Result};
 
 /// The producers' gates (listed in `check/fp8.rs` `GATES`).
 pub const GATES: &[(&str, GateFn)] =
@@ -49,7 +49,10 @@ fn differences(cx: &Cx, fused: Result<(CudaTensor, CudaTensor)>, dense: &CudaTen
     match run() {
         Ok((c, s, b, rows)) => {
             let n = dense.numel();
-            ((c + s + b) as f64 / (2 * n + rows) as f64, format!("{c} of {n} codes, {s} of {rows} scales differ; {b} code bytes differ from moss_quantize_fp8's"))
+            (
+                (c + s + b) as f64 / (2 * n + rows) as f64,
+                format!("{c} of {n} codes, {s} of {rows} scales differ; {b} code bytes differ from moss_quantize_fp8's"),
+            )
         }
         Err(e) => (f64::NAN, format!("[error: {e:#}]")),
     }
@@ -86,7 +89,9 @@ fn gate_rms_mod_fp8(cx: &mut Cx) -> Result<()> {
         let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
         let dense = cx.cuda.rms_norm_modulate_with(&x, &w, &sh, &sc, 1e-6, "moss")?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        for (kind, prefix, what) in [(Kind::Gate, "moss", "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, "moss_ctl", "rms_norm_modulate_fp8, each lane's own amax")] {
+        for (kind, prefix, what) in
+            [(Kind::Gate, "moss", "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, "moss_ctl", "rms_norm_modulate_fp8, each lane's own amax")]
+        {
             let (error, note) = differences(cx, cx.cuda.rms_norm_modulate_fp8_with(&x, &w, &sh, &sc, 1e-6, prefix), &dense);
             cx.judge_value(what, &s, kind, EXACT, &note, error);
         }
@@ -101,7 +106,9 @@ fn gate_gres_fp8(cx: &mut Cx) -> Result<()> {
         let (_, gate) = cx.input(&[d], 1.0)?;
         let (xo, dense) = cx.cuda.gres_norm_mod_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, "moss")?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        for (kind, prefix, what) in [(Kind::Gate, "moss", "gated_residual_norm_modulate_fp8 (fused)"), (Kind::Control, "moss_ctl", "gated_residual_norm_modulate_fp8, codes toward 0")] {
+        for (kind, prefix, what) in
+            [(Kind::Gate, "moss", "gated_residual_norm_modulate_fp8 (fused)"), (Kind::Control, "moss_ctl", "gated_residual_norm_modulate_fp8, codes toward 0")]
+        {
             let out = cx.cuda.gres_norm_mod_fp8_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, prefix);
             // the new stream: the unfused kernel's, bit for bit
             let stream = out.as_ref().map_err(|e| anyhow::anyhow!("{e:#}")).and_then(|(got, _)| {
@@ -126,7 +133,10 @@ fn gate_situ_fp8(cx: &mut Cx) -> Result<()> {
         let dense = cx.cuda.situ_glu_with(&x, "moss")?;
         let form = if cx.dtype == DType::BF16 { "fast form" } else { "libm form" };
         let s = format!("{rows}x{} -> {rows}x{f}", 2 * f);
-        for (kind, prefix, what) in [(Kind::Gate, "moss", format!("situ_glu_fp8 ({form}, fused, bit-exact)")), (Kind::Control, "moss_ctl", "situ_glu_fp8, amax of the first warp only".to_string())] {
+        for (kind, prefix, what) in [
+            (Kind::Gate, "moss", format!("situ_glu_fp8 ({form}, fused, bit-exact)")),
+            (Kind::Control, "moss_ctl", "situ_glu_fp8, amax of the first warp only".to_string()),
+        ] {
             let (error, note) = differences(cx, cx.cuda.situ_glu_fp8_with(&x, prefix), &dense);
             cx.judge_value(&what, &s, kind, EXACT, &note, error);
         }
@@ -146,13 +156,20 @@ pub fn time_fp8_act(cuda: &Cuda) -> Result<()> {
     let u = up(&[TOKENS, 2 * FFN], 4.0)?;
     let q = |t: Result<CudaTensor>| t.and_then(|t| c.quantize_fp8_with(&t, "moss_quantize_fp8")).map(|_| ());
     let ms = |f: &mut dyn FnMut() -> Result<()>| time_ms(&c, 10, 50, f);
-    let rms = (ms(&mut || c.rms_norm_modulate_fp8_with(&x, &v, &v, &v, 1e-6, "moss").map(|_| ()))?, ms(&mut || q(c.rms_norm_modulate_with(&x, &v, &v, &v, 1e-6, "moss")))?);
+    let rms = (
+        ms(&mut || c.rms_norm_modulate_fp8_with(&x, &v, &v, &v, 1e-6, "moss").map(|_| ()))?,
+        ms(&mut || q(c.rms_norm_modulate_with(&x, &v, &v, &v, 1e-6, "moss")))?,
+    );
     let gres = (
         ms(&mut || c.gres_norm_mod_fp8_with(&x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|_| ()))?,
         ms(&mut || q(c.gres_norm_mod_with(&x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|(_, n)| n)))?,
     );
     let situ = (ms(&mut || c.situ_glu_fp8_with(&u, "moss").map(|_| ()))?, ms(&mut || q(c.situ_glu_with(&u, "moss")))?);
-    for (op, shape, (fused, unfused)) in [("rms_norm_modulate", format!("{TOKENS}x{DIM}"), rms), ("gated_residual_norm_modulate", format!("{TOKENS}x{DIM}"), gres), ("situ_glu", format!("{TOKENS}x{}", 2 * FFN), situ)] {
+    for (op, shape, (fused, unfused)) in [
+        ("rms_norm_modulate", format!("{TOKENS}x{DIM}"), rms),
+        ("gated_residual_norm_modulate", format!("{TOKENS}x{DIM}"), gres),
+        ("situ_glu", format!("{TOKENS}x{}", 2 * FFN), situ),
+    ] {
         println!("  {op} -> fp8 {shape}: fused {fused:.4} ms, unfused (the op + moss_quantize_fp8) {unfused:.4} ms");
     }
     let saved = 42.0 * (2.0 * (gres.1 - gres.0) + (situ.1 - situ.0));

@@ -6,11 +6,11 @@ use super::dit_ops::stream_rows;
 use super::gates::*;
 use crate::dit::SITU_KERNEL;
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu", gate_linear_situ)];

@@ -9,9 +9,9 @@
 use super::{dims3, packed_dims, FLASH_HEAD_DIM};
 use crate::blas::Gemm;
 use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{ensure, Result};
 
 /// Bytes of fp32 scores one attention chunk may hold.
 pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
@@ -41,14 +41,7 @@ impl Cuda {
 
     /// `softmax` names the softmax kernel family (`moss` or the planted `moss_ctl`);
     /// `alpha` is the factor on the scores (the real op passes `scale`).
-    pub(crate) fn attention_with(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        alpha: f64,
-        softmax: &str,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, alpha: f64, softmax: &str) -> Result<CudaTensor> {
         let (n, h, hd) = dims3(q, "attention q")?;
         ensure!(k.shape == q.shape && v.shape == q.shape, "attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
         let dt = q.dtype;
@@ -59,11 +52,8 @@ impl Cuda {
         }
         let es = dt.size() as u64;
         let per_head = n * n * 4;
-        let (hb, qc) = if per_head <= ATTN_SCORE_BUDGET {
-            ((ATTN_SCORE_BUDGET / per_head).clamp(1, h), n)
-        } else {
-            (1, (ATTN_SCORE_BUDGET / (n * 4)).clamp(1, n))
-        };
+        let (hb, qc) =
+            if per_head <= ATTN_SCORE_BUDGET { ((ATTN_SCORE_BUDGET / per_head).clamp(1, h), n) } else { (1, (ATTN_SCORE_BUDGET / (n * 4)).clamp(1, n)) };
         let s = self.alloc(DType::F32, &[hb * qc * n])?;
         let p = self.alloc(dt, &[hb * qc * n])?;
         let ld = h * hd;
@@ -76,13 +66,7 @@ impl Cuda {
                 let g1 = Gemm::plain(dt, DType::F32, true, false, n, qn, hd, ld, ld, n).batched(hbn, hd, hd, qn * n);
                 let off_q = (i0 * ld + h0 * hd) as u64 * es;
                 self.blas().gemm(stream, g1, k.ptr() + (h0 * hd) as u64 * es, q.ptr() + off_q, s.ptr(), None, alpha as f32)?;
-                self.launch(
-                    &format!("{softmax}_softmax_{}", dt.name()),
-                    (hbn * qn) as u32,
-                    256,
-                    0,
-                    &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::L(n as i64)],
-                )?;
+                self.launch(&format!("{softmax}_softmax_{}", dt.name()), (hbn * qn) as u32, 256, 0, &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::L(n as i64)])?;
                 // O (column-major hd × qn per head, ld H·hd) = V · P, straight into [N, H, hd].
                 let g2 = Gemm::plain(dt, dt, false, false, hd, qn, n, ld, n, ld).batched(hbn, hd, qn * n, hd);
                 self.blas().gemm(stream, g2, v.ptr() + (h0 * hd) as u64 * es, p.ptr(), out.ptr() + off_q, None, 1.0)?;

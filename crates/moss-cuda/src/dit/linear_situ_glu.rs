@@ -6,11 +6,13 @@
 //! GEMM on e4m3 codes (`moss_dit_linear_situ_glu_fp8`), its bf16 output then quantized per row;
 //! elsewhere `linear_fp8_quantized` + `situ_glu_fp8`.
 
-use crate::launch::{DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_THREADS};
+use crate::launch::{
+    DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_THREADS,
+};
 use crate::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{anyhow, ensure, Result};
 
 /// The fused kernel (the check image also has `{SITU_KERNEL}_swapped_control` and
 /// `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_EPI_SMEM`] bytes of dynamic shared
@@ -70,7 +72,15 @@ impl Cuda {
     /// persistent grid: min(SMs, tiles) blocks rounded down to whole clusters of
     /// [`DIT_SITU_GEMM_CLUSTER`] (at least one), of [`DIT_SITU_GEMM_THREADS`] threads and
     /// `smem` bytes ([`DIT_SITU_EPI_SMEM`] for the SiTU kernels, `DIT_SITU_GEMM_SMEM` for q|k|v).
-    pub(crate) fn launch_gemm_tiles(&self, name: &str, (x, w): (&CudaTensor, &CudaTensor), (m, nw, k): (usize, usize, usize), tiles: usize, smem: usize, args: Vec<Arg>) -> Result<()> {
+    pub(crate) fn launch_gemm_tiles(
+        &self,
+        name: &str,
+        (x, w): (&CudaTensor, &CudaTensor),
+        (m, nw, k): (usize, usize, usize),
+        tiles: usize,
+        smem: usize,
+        args: Vec<Arg>,
+    ) -> Result<()> {
         let (bk, rows, cl) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32, DIT_SITU_GEMM_CLUSTER);
         let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows / cl as u32)?;
         let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
@@ -84,9 +94,8 @@ impl Cuda {
     /// The fused kernel `name` ([`SITU_KERNEL`] or a check-image twin) on `x [.., K]`, `w [2F, K]`
     /// → `[.., F]` bf16: min(SMs, tiles) blocks.
     pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str) -> Result<CudaTensor> {
-        let (m, k, f) = situ_gemm_shape(x, w).ok_or_else(|| {
-            anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
-        })?;
+        let (m, k, f) = situ_gemm_shape(x, w)
+            .ok_or_else(|| anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype))?;
         ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let mut shape = x.shape.clone();
         *shape.last_mut().unwrap() = f;

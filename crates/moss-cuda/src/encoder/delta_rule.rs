@@ -8,9 +8,9 @@ use super::delta_rule_compact::{pick_state_pass, state_launch, StatePass};
 use super::dims3;
 use crate::launch;
 use crate::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
 use moss_core::backend::Backend;
-use anyhow::{ensure, Result};
 
 /// What [`Cuda::gdr_inputs`] hands both delta-rule kernels.
 pub(super) struct GdrInputs {
@@ -100,7 +100,6 @@ impl<'a> GdrPrefix<'a> {
 pub(crate) const GDR_TMA_BYTES: u32 = launch::ENC_GDR_TMA_BYTES as u32;
 pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 
-
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
 /// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
 /// bf16 (delta_rule_prep's 16-byte copies and pairs of value heads over one key head, the TMA
@@ -108,11 +107,7 @@ pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, hv): (usize, usize), dk: usize, dv: usize) -> bool {
     dk <= GDR_MAX_DIM
         && dv <= GDR_MAX_DIM
-        && (dt == DType::F32
-            || (ptrs.iter().all(|p| p % 16 == 0)
-                && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)
-                && hk > 0
-                && hv % (2 * hk) == 0))
+        && (dt == DType::F32 || (ptrs.iter().all(|p| p % 16 == 0) && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0) && hk > 0 && hv % (2 * hk) == 0))
 }
 
 /// The sequential one-kernel delta rule's value columns a block (GDR_COLS, or all of dv when it
@@ -289,7 +284,13 @@ impl Cuda {
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
                 "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
-            self.launch(&format!("{}_delta_rule_prep_bf16", prefix.prep), (nb / 2) as u32, launch::ENC_GDR_PREP_BF16_THREADS as u32, (GDR_PREP3P_FLOATS * 4) as u32, &args)?;
+            self.launch(
+                &format!("{}_delta_rule_prep_bf16", prefix.prep),
+                (nb / 2) as u32,
+                launch::ENC_GDR_PREP_BF16_THREADS as u32,
+                (GDR_PREP3P_FLOATS * 4) as u32,
+                &args,
+            )?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +

@@ -15,18 +15,18 @@ pub mod delta_rule_compact;
 pub mod row_ops;
 pub mod strided_row_ops;
 
-pub(crate) use delta_rule::{GdrPath, GdrPrefix};
 pub use delta_rule::GDR_MAX_DIM;
+pub(crate) use delta_rule::{GdrPath, GdrPrefix};
 
 use crate::blas::Gemm;
 use crate::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
 use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::rope_angles;
 use moss_core::backend::ops::encoder::Cols;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::Tensor;
-use anyhow::{ensure, Result};
 
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [L, heads, dim], got {:?}", x.shape);
@@ -34,8 +34,8 @@ fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
 }
 
 use crate::launch::{
-    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS,
-    ENC_FLASH_SMEM, ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
+    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS, ENC_FLASH_SMEM,
+    ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
 };
 /// Prompts longer than this take the cuBLASLt attention path (tensor cores), shorter ones the
 /// tiled kernel.
@@ -129,15 +129,7 @@ impl Cuda {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn head_norm_rope_with(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        eps: f64,
-        rot: usize,
-        theta: f64,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn head_norm_rope_with(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64, prefix: &str) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(x, "head_norm_rope")?;
         ensure!(w.numel() == hd, "head_norm_rope: weight {:?} for head_dim {hd}", w.shape);
         ensure!(rot % 2 == 0 && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
@@ -171,15 +163,7 @@ impl Cuda {
     /// the flash kernel `path` ([`EncAttn::Flash`] / [`EncAttn::Wgmma`]) when the data are bf16
     /// with head dim [`FLASH_HD`], else the cuBLASLt path.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn causal_attention_with(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        scale: f64,
-        prefix: &str,
-        path: EncAttn,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn causal_attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, prefix: &str, path: EncAttn) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
         ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
@@ -191,16 +175,23 @@ impl Cuda {
             return Ok(out);
         }
         if l > ATTN_TILED_MAX && path != EncAttn::Gemm && q.dtype == DType::BF16 && hd == FLASH_HD {
-            self.launch_enc_flash(path, prefix, false, l, nh, &[
-                Arg::P(out.ptr()),
-                Arg::P(q.ptr()),
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::I(l as i32),
-                Arg::I(nh as i32),
-                Arg::I(nkv as i32),
-                Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-            ])?;
+            self.launch_enc_flash(
+                path,
+                prefix,
+                false,
+                l,
+                nh,
+                &[
+                    Arg::P(out.ptr()),
+                    Arg::P(q.ptr()),
+                    Arg::P(k.ptr()),
+                    Arg::P(v.ptr()),
+                    Arg::I(l as i32),
+                    Arg::I(nh as i32),
+                    Arg::I(nkv as i32),
+                    Arg::F((scale * std::f64::consts::LOG2_E) as f32),
+                ],
+            )?;
             return Ok(out);
         }
         if l > ATTN_TILED_MAX {
@@ -227,7 +218,6 @@ impl Cuda {
         Ok(out)
     }
 
-
     /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
     /// `{prefix}_fattn[_gated]_bf16`, grid (L/64, H), 128 threads, or on Hopper
     /// `{prefix}_fattn_wg[_gated]_bf16`, grid (H, L/128) (heads of one row block together), 256.
@@ -236,9 +226,17 @@ impl Cuda {
         match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
-                self.launch_2d(&format!("{prefix}_fattn_wg{g}_bf16"), (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM, args)
+                self.launch_2d(
+                    &format!("{prefix}_fattn_wg{g}_bf16"),
+                    (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32),
+                    ENC_FLASH_WG_THREADS as u32,
+                    FLASH_WG_SMEM,
+                    args,
+                )
             }
-            EncAttn::Flash => self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args),
+            EncAttn::Flash => {
+                self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args)
+            }
             EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
         }
     }
@@ -248,15 +246,7 @@ impl Cuda {
     /// (cuBLASLt strided-batched straight out of the `[L, heads, hd]` layouts, fp32 scores, keys
     /// only up to the chunk's last query), the causal softmax (fp32, `P` in the activation
     /// dtype), `O = P V` written straight into `[L, H, hd]`.
-    fn causal_attention_gemm(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        scale: f64,
-        prefix: &str,
-        out: CudaTensor,
-    ) -> Result<CudaTensor> {
+    fn causal_attention_gemm(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, prefix: &str, out: CudaTensor) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let nkv = k.shape[1];
         let rep = nh / nkv;
@@ -335,16 +325,7 @@ impl Cuda {
             self.grid_for(n),
             256,
             0,
-            &[
-                Arg::P(g.ptr()),
-                Arg::P(beta.ptr()),
-                Arg::P(a.ptr()),
-                Arg::P(b.ptr()),
-                Arg::P(al.ptr()),
-                Arg::P(dt.ptr()),
-                Arg::L(n as i64),
-                Arg::I(hv as i32),
-            ],
+            &[Arg::P(g.ptr()), Arg::P(beta.ptr()), Arg::P(a.ptr()), Arg::P(b.ptr()), Arg::P(al.ptr()), Arg::P(dt.ptr()), Arg::L(n as i64), Arg::I(hv as i32)],
         )?;
         Ok((g, beta))
     }
@@ -353,14 +334,7 @@ impl Cuda {
     /// rows of a width that is a multiple of 8 up to 8192; other widths take the generic add and
     /// rms_norm (the same rounding points). Planted control (`moss_ctl_enc`): the weight without its
     /// `1 +`.
-    pub(crate) fn add_rms_norm_with(
-        &self,
-        x: &CudaTensor,
-        h: &CudaTensor,
-        w: &CudaTensor,
-        eps: f64,
-        prefix: &str,
-    ) -> Result<(CudaTensor, CudaTensor)> {
+    pub(crate) fn add_rms_norm_with(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(x.shape == h.shape, "add_rms_norm: x {:?} vs h {:?}", x.shape, h.shape);
         let d = x.last_dim();
         ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
@@ -380,27 +354,12 @@ impl Cuda {
             x.rows() as u32,
             ENC_ADD_RMS_THREADS as u32,
             0,
-            &[
-                Arg::P(xo.ptr()),
-                Arg::P(n.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(h.ptr()),
-                Arg::P(w.ptr()),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
+            &[Arg::P(xo.ptr()), Arg::P(n.ptr()), Arg::P(x.ptr()), Arg::P(h.ptr()), Arg::P(w.ptr()), Arg::I(d as i32), Arg::F(eps as f32)],
         )?;
         Ok((xo, n))
     }
 
-    pub(crate) fn gated_rms_norm_with(
-        &self,
-        x: &CudaTensor,
-        z: &CudaTensor,
-        w: &CudaTensor,
-        eps: f64,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn gated_rms_norm_with(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
         ensure!(x.shape == z.shape, "gated_rms_norm: x {:?} vs z {:?}", x.shape, z.shape);
         let d = x.last_dim();
         ensure!(w.numel() == d, "gated_rms_norm: weight {:?} for width {d}", w.shape);
@@ -417,15 +376,7 @@ impl Cuda {
             rows.div_ceil(per_block) as u32,
             256,
             0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(z.ptr()),
-                Arg::P(w.ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-            ],
+            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(z.ptr()), Arg::P(w.ptr()), Arg::L(rows as i64), Arg::I(d as i32), Arg::F(eps as f32)],
         )?;
         Ok(out)
     }
@@ -578,13 +529,7 @@ impl EncoderOps for Cuda {
         self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
-    fn gated_delta_rule_qkv(
-        &self,
-        qkv: &CudaTensor,
-        heads: (usize, usize, usize, usize),
-        g: &CudaTensor,
-        beta: &CudaTensor,
-    ) -> Result<CudaTensor> {
+    fn gated_delta_rule_qkv(&self, qkv: &CudaTensor, heads: (usize, usize, usize, usize), g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, GdrPrefix::all(P), GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {

@@ -76,7 +76,8 @@ impl Cuda {
             ensure!(a0 + hv <= ld && b0 + hv <= ld, "gdn_gates: columns {a0}, {b0} (+{hv}) of {:?}", y.shape);
             ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
             // one dtype flag for both vectors
-            let (al, dt) = if a_log.dtype == dt_bias.dtype { (a_log.clone(), dt_bias.clone()) } else { (self.cast(a_log, DType::F32)?, self.cast(dt_bias, DType::F32)?) };
+            let (al, dt) =
+                if a_log.dtype == dt_bias.dtype { (a_log.clone(), dt_bias.clone()) } else { (self.cast(a_log, DType::F32)?, self.cast(dt_bias, DType::F32)?) };
             let g = self.alloc(DType::F32, &[l, hv])?;
             let beta = self.alloc(DType::F32, &[l, hv])?;
             ngb = (l * hv).div_ceil(ENC_CONV_THREADS);
@@ -158,7 +159,16 @@ impl Cuda {
     /// The gated RMSNorm of `x [L, Hv, dv]` with z = columns `z0..z0 + Hv·dv` of `y [L, N]`, read
     /// in place, the weight in its loaded dtype (dv % 8 == 0, dv ≤ 256; `gated_rms_norm_row16`: dv ≤ 128), by
     /// kernel `k` (one of [`GRMS`]).
-    pub(crate) fn grms_cols_with(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64, k: &str, prefix: &str) -> Result<Option<CudaTensor>> {
+    pub(crate) fn grms_cols_with(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        z0: usize,
+        w: &CudaTensor,
+        eps: f64,
+        k: &str,
+        prefix: &str,
+    ) -> Result<Option<CudaTensor>> {
         ensure!(x.shape.len() == 3, "gated_rms_norm: x {:?} is not [L, Hv, dv]", x.shape);
         let (l, hv, d) = (x.shape[0], x.shape[1], x.shape[2]);
         ensure!(y.shape.len() == 2 && y.shape[0] == l && z0 + hv * d <= y.shape[1], "gated_rms_norm: z columns {z0}+{} of {:?}", hv * d, y.shape);

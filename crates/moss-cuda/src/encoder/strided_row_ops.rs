@@ -17,8 +17,8 @@
 //! [`EncoderOps::linear_add_rms_norm`]: moss_core::backend::ops::EncoderOps::linear_add_rms_norm
 
 use crate::ops::{Arg, Cuda, CudaTensor, DType};
-use moss_core::backend::Backend;
 use anyhow::{ensure, Result};
+use moss_core::backend::Backend;
 
 impl Cuda {
     /// The parts `ws` (same K and dtype) concatenated along N per group of indices.
@@ -198,14 +198,7 @@ impl Cuda {
             self.grid_for(rows * f / 8),
             256,
             0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(y.ptr()),
-                Arg::P(y.ptr() + (f * y.dtype.size()) as u64),
-                Arg::L(rows as i64),
-                Arg::I(f as i32),
-                Arg::L((2 * f) as i64),
-            ],
+            &[Arg::P(out.ptr()), Arg::P(y.ptr()), Arg::P(y.ptr() + (f * y.dtype.size()) as u64), Arg::L(rows as i64), Arg::I(f as i32), Arg::L((2 * f) as i64)],
         )?;
         Ok(out)
     }
@@ -225,7 +218,13 @@ impl Cuda {
     ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "linear_add_rms_norm: weight {:?}", w.shape);
         let (n, k) = (w.shape[0], w.shape[1]);
-        ensure!(a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(), "linear_add_rms_norm: a {:?} · w {:?} + res {:?}", a.shape, w.shape, res.shape);
+        ensure!(
+            a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(),
+            "linear_add_rms_norm: a {:?} · w {:?} + res {:?}",
+            a.shape,
+            w.shape,
+            res.shape
+        );
         ensure!(w_norm.numel() == n, "linear_add_rms_norm: norm weight {:?} for width {n}", w_norm.shape);
         let dt = w.dtype;
         if n % 8 != 0 || n > crate::launch::ENC_RMS1_MAX_WIDTH || n == 0 {

@@ -45,28 +45,13 @@ impl Cuda {
         let out = self.alloc(out_dtype, &shape)?;
         let rows = x.rows();
         if rows > 0 && n > 0 {
-            self.inner.blas.linear(
-                &self.inner.gpu.stream,
-                (dt, out_dtype),
-                rows,
-                n,
-                k,
-                x.ptr(),
-                w.ptr(),
-                b.as_ref().map(|b| b.ptr()),
-                out.ptr(),
-            )?;
+            self.inner.blas.linear(&self.inner.gpu.stream, (dt, out_dtype), rows, n, k, x.ptr(), w.ptr(), b.as_ref().map(|b| b.ptr()), out.ptr())?;
         }
         Ok(out)
     }
 
     pub(crate) fn binary_with(&self, op: &str, a: &CudaTensor, b: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
-        ensure!(
-            a.shape.ends_with(&b.shape) && b.numel() > 0,
-            "{op}: cannot broadcast {:?} onto {:?}",
-            b.shape,
-            a.shape
-        );
+        ensure!(a.shape.ends_with(&b.shape) && b.numel() > 0, "{op}: cannot broadcast {:?} onto {:?}", b.shape, a.shape);
         let out = self.alloc(a.dtype, &a.shape)?;
         let (n, nb) = (a.numel(), b.numel());
         let vec = n % 8 == 0 && nb % 8 == 0;
@@ -91,14 +76,7 @@ impl Cuda {
     }
 
     /// `kernel` is `moss_rms_norm` or one of its planted variants.
-    pub(crate) fn rms_norm_with(
-        &self,
-        x: &CudaTensor,
-        w: Option<&CudaTensor>,
-        eps: f64,
-        one_plus: bool,
-        kernel: &str,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn rms_norm_with(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool, kernel: &str) -> Result<CudaTensor> {
         let d = x.last_dim();
         if let Some(w) = w {
             ensure!(w.numel() == d, "rms_norm: weight {:?} for width {d}", w.shape);
@@ -154,16 +132,7 @@ impl Cuda {
             self.grid_for(rows * w as usize),
             256,
             0,
-            &[
-                kernel_ptr(dst),
-                kernel_ptr(src),
-                Arg::L(rows as i64),
-                Arg::L(w),
-                Arg::L(ss),
-                Arg::L(so),
-                Arg::L(ds),
-                Arg::L(dof),
-            ],
+            &[kernel_ptr(dst), kernel_ptr(src), Arg::L(rows as i64), Arg::L(w), Arg::L(ss), Arg::L(so), Arg::L(ds), Arg::L(dof)],
         )
     }
 

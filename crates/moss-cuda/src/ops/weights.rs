@@ -18,13 +18,13 @@
 
 use super::mover::{Moved, Mover, Piece};
 use super::{de, kernel_ptr, loaded_dtype, Arg, Buf, Cuda, CudaTensor, DType, Mem};
-use moss_core::backend::cpu::Cpu;
 use crate::lora::PendingMerge;
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::driver::{result as dr, CudaContext, CudaEvent};
+use moss_core::backend::cpu::Cpu;
 use moss_core::backend::Behind;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, bail, ensure, Result};
-use cudarc::driver::{result as dr, CudaContext, CudaEvent};
 use std::sync::{Arc, Mutex};
 
 /// Alignment of a tensor inside a slot.

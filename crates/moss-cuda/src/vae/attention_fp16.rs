@@ -41,13 +41,7 @@ impl Cuda {
         self.launch("moss_vae_f16_zero3", 1, 32, 0, &[Arg::P(mx.ptr())])?;
         let n4 = n * l * d / 4;
         let grid = self.grid_for(n4);
-        self.launch_2d(
-            "moss_vae_f16_maxabs",
-            (grid, 3),
-            256,
-            0,
-            &[Arg::P(mx.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::L(n4 as i64)],
-        )?;
+        self.launch_2d("moss_vae_f16_maxabs", (grid, 3), 256, 0, &[Arg::P(mx.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::L(n4 as i64)])?;
         // [3][N][Lq][hi D | lo D] halves (BF16 only for its 2-byte size)
         let qkv = self.alloc(DType::BF16, &[3, n, lq, 2 * d])?;
         let total = n * lq * d / 4;
@@ -74,15 +68,7 @@ impl Cuda {
             ((lq / BQ16) as u32, n as u32),
             crate::launch::VAE_ATTN_THREADS as u32,
             SMEM16_BYTES as u32,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(qkv.ptr()),
-                Arg::P(mx.ptr()),
-                Arg::I(l as i32),
-                Arg::I(lq as i32),
-                Arg::L((n * lq * 2 * d) as i64),
-                Arg::F(rsqrt_d),
-            ],
+            &[Arg::P(out.ptr()), Arg::P(qkv.ptr()), Arg::P(mx.ptr()), Arg::I(l as i32), Arg::I(lq as i32), Arg::L((n * lq * 2 * d) as i64), Arg::F(rsqrt_d)],
         )?;
         Ok(out)
     }

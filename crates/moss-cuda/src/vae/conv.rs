@@ -4,9 +4,9 @@
 //! others do not take the shape or their shared memory does not fit.
 
 use super::dims4;
-use moss_core::backend::Backend;
 use crate::ops::{Arg, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
+use moss_core::backend::Backend;
 
 use crate::launch::{VAE_CONV16_SMEM, VAE_CONV_BM, VAE_CONV_BN, VAE_CONV_THREADS, VAE_HALO_SMEM, VAE_HALO_THREADS};
 
@@ -106,11 +106,14 @@ impl Cuda {
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         // 1x1 and 3x3 have builds with the kernel size a compile-time constant.
-        let name = format!("{kernel}{}", match k {
-            1 => "_k1",
-            3 => "_k3",
-            _ => "",
-        });
+        let name = format!(
+            "{kernel}{}",
+            match k {
+                1 => "_k1",
+                3 => "_k3",
+                _ => "",
+            }
+        );
         self.launch(
             &name,
             blocks as u32,
