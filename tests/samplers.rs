@@ -198,6 +198,7 @@ fn the_host_loop_with_euler_is_the_fused_loop() {
             &mut gen,
             guidance,
             (0.0, 1.0),
+            (0.0, 1.0),
             velocities,
             |_, _| Ok(()),
         )
@@ -209,6 +210,7 @@ fn the_host_loop_with_euler_is_the_fused_loop() {
             Kind::Euler,
             &mut gen,
             guidance,
+            (0.0, 1.0),
             (0.0, 1.0),
             velocities,
             |_, _| Ok(()),
@@ -268,6 +270,7 @@ fn the_device_loop_asks_the_dit_what_the_host_loop_asks() {
             &mut gen,
             g,
             window,
+            (0.0, 1.0),
             velocities,
             |_, _| Ok(()),
         )

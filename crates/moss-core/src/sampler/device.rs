@@ -12,7 +12,7 @@
 use super::{Kind, ModelCall};
 use crate::backend::ops::DitOps;
 use crate::noise::TorchGenerator;
-use crate::sampling::Step;
+use crate::sampling::{in_window, Step};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
@@ -26,9 +26,9 @@ pub struct Count {
 /// Run `kind` over `sigmas` (ending in 0) from `x`. `noise`: the seed's generator after the
 /// initial latent was drawn from it (only the stochastic samplers draw). For a model call at
 /// schedule step `i` of `n` the closure gets `Step { step: i, t: σ·1000, guided, skip_active }`
-/// with `guided = guidance != 1` and `skip_active = start <= i/n < stop` of `skip_window`, as
-/// today; it returns `v_c` and, when guided, `v_u`. `on_step(i + 1, n)` after each step (an
-/// error stops the loop). Returns the final latent and the [`Count`].
+/// with `guided = guidance != 1` and `a <= i/n < b` of `guidance_window`, and `skip_active` the
+/// same of `skip_window`, as today; it returns `v_c` and, when guided, `v_u`. `on_step(i + 1, n)`
+/// after each step (an error stops the loop). Returns the final latent and the [`Count`].
 #[allow(clippy::too_many_arguments)]
 pub fn sample<B: DitOps>(
     b: &B,
@@ -38,28 +38,28 @@ pub fn sample<B: DitOps>(
     noise: &mut TorchGenerator,
     guidance: f32,
     skip_window: (f64, f64),
+    guidance_window: (f64, f64),
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut on_step: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<(B::T, Count)> {
-    let guided = guidance != 1.0;
-    let per_call = if guided { 2 } else { 1 };
     if kind == Kind::Euler {
-        let mut calls = 0;
+        let mut count = Count::default();
         let counted = |s: Step, x: &B::T| {
-            calls += 1;
+            count.calls += 1;
+            count.passes += 1 + s.guided as usize;
             velocities(s, x)
         };
-        let x =
-            crate::sampling::sample(b, x, sigmas, guidance, skip_window, counted, |i, n, _| {
-                on_step(i, n)
-            })?;
-        return Ok((
+        let x = crate::sampling::sample_windowed(
+            b,
             x,
-            Count {
-                calls,
-                passes: calls * per_call,
-            },
-        ));
+            sigmas,
+            guidance,
+            skip_window,
+            guidance_window,
+            counted,
+            |i, n, _| on_step(i, n),
+        )?;
+        return Ok((x, count));
     }
     sample_on_host(
         b,
@@ -69,6 +69,7 @@ pub fn sample<B: DitOps>(
         noise,
         guidance,
         skip_window,
+        guidance_window,
         velocities,
         on_step,
     )
@@ -86,27 +87,28 @@ pub fn sample_on_host<B: DitOps>(
     noise: &mut TorchGenerator,
     guidance: f32,
     skip_window: (f64, f64),
+    guidance_window: (f64, f64),
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut on_step: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<(B::T, Count)> {
-    let guided = guidance != 1.0;
-    let per_call = if guided { 2 } else { 1 };
     let shape = b.dims(&x);
     let host = b.download(&x)?.data;
-    let zero = if guided {
+    let zero = if guidance != 1.0 {
         Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?)
     } else {
         None
     };
+    let mut passes = 0;
     let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
-        let frac = call.step as f64 / call.steps as f64;
+        let guided = guidance != 1.0 && in_window(call.step, call.steps, guidance_window);
         let step = Step {
             step: call.step,
             call: call.call,
             t: call.t(),
             guided,
-            skip_active: skip_window.0 <= frac && frac < skip_window.1,
+            skip_active: in_window(call.step, call.steps, skip_window),
         };
+        passes += 1 + guided as usize;
         let (v_c, v_u) = velocities(
             step,
             &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?,
@@ -128,9 +130,6 @@ pub fn sample_on_host<B: DitOps>(
     })?;
     Ok((
         b.upload_f32(&Tensor::new(shape, x)?)?,
-        Count {
-            calls,
-            passes: calls * per_call,
-        },
+        Count { calls, passes },
     ))
 }
