@@ -12,6 +12,8 @@
 use crate::checkpoint::Checkpoint;
 use crate::pipeline::Request;
 use crate::png::Metadata;
+use crate::sampler::Kind as Sampler;
+use crate::sigmas::Schedule;
 use crate::spec::PictureSpec;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,9 @@ pub struct Params {
     /// LoRAs merged into the weights: `FILE:SCALE:HASH` (a short hash of the file's bytes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loras: Vec<String>,
+    /// What the denoising loop computed (absent from pictures made before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwards: Option<crate::pipeline::Forwards>,
     pub version: String,
 }
 
@@ -53,6 +58,7 @@ impl Params {
             model: ck.loc.id.clone(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
             loras: ck.loras.adapters().iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
+            forwards: req.forwards,
             version: version(),
         }
     }
@@ -67,8 +73,8 @@ impl Params {
         let skip = self.spec.uncond_skip.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
         let mut kv: Vec<(&str, String)> = vec![
             ("Steps", self.spec.steps.to_string()),
-            ("Sampler", "Euler".into()),
-            ("Schedule type", "Simple".into()),
+            ("Sampler", sampler_label(self.spec.sampler).into()),
+            ("Schedule type", schedule_label(self.spec.schedule).into()),
             ("CFG scale", fmt_num(self.spec.guidance as f64)),
             ("Seed", self.spec.seed.to_string()),
             ("Size", format!("{}x{}", self.spec.width, self.spec.height)),
@@ -79,6 +85,16 @@ impl Params {
             ("Precision", self.spec.precision.to_string()),
             ("Device", self.device.clone()),
         ];
+        let (a, b) = self.spec.guidance_window;
+        if (a, b) != (0.0, 1.0) {
+            kv.push(("Guidance window", format!("{}:{}", fmt_num(a), fmt_num(b))));
+        }
+        if let Some(c) = &self.spec.cache {
+            kv.push(("Cache", cache_label(c)));
+        }
+        if let Some(f) = self.forwards.filter(|f| f.cached + f.skipped > 0) {
+            kv.push(("Forwards", f.line()));
+        }
         let cut = [("prompt", self.prompt_tokens_before_cut), ("negative", self.negative_tokens_before_cut)];
         if self.spec.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
             kv.push(("Max tokens", self.spec.max_tokens.to_string()));
@@ -116,6 +132,47 @@ impl Params {
         };
         serde_json::from_str(j).context("the picture's `moss` settings are not valid")
     }
+}
+
+/// The sampler as A1111 and ComfyUI users know it.
+pub fn sampler_label(k: Sampler) -> &'static str {
+    match k {
+        Sampler::Euler => "Euler",
+        Sampler::Heun => "Heun",
+        Sampler::DpmPp2m => "DPM++ 2M",
+        Sampler::DpmPp2mSde => "DPM++ 2M SDE",
+        Sampler::UniPc => "UniPC",
+        Sampler::Lcm => "LCM",
+        Sampler::EulerAncestral => "Euler a",
+    }
+}
+
+/// The schedule as A1111's `Schedule type` names it: the model's own is `Automatic` (A1111's
+/// name for the model's and sampler's default), the others by their A1111/ComfyUI names.
+pub fn schedule_label(s: Schedule) -> &'static str {
+    match s {
+        Schedule::Model => "Automatic",
+        Schedule::Simple => "Simple",
+        Schedule::Karras => "Karras",
+        Schedule::Exponential => "Exponential",
+        Schedule::Beta => "Beta",
+        Schedule::SgmUniform => "SGM Uniform",
+    }
+}
+
+/// The cache in one value: `dbcache F8B0 threshold 0.08 warmup 8` and its limits.
+fn cache_label(c: &crate::cache::CacheConfig) -> String {
+    let mut s = format!("{} F{}B{} threshold {} warmup {}", c.method, c.fn_blocks, c.bn_blocks, fmt_num(c.threshold), c.warmup);
+    if let Some(m) = c.max_cached {
+        s.push_str(&format!(" max cached {m}"));
+    }
+    if let Some(m) = c.max_continuous {
+        s.push_str(&format!(" max continuous {m}"));
+    }
+    if c.taylor_order > 0 {
+        s.push_str(&format!(" order {}", c.taylor_order));
+    }
+    s
 }
 
 /// A number as A1111 prints it: integers without a fraction (`3`, not `3.0`).
@@ -159,6 +216,7 @@ mod tests {
                 skip_window: (0.0, 1.0),
                 max_tokens: 4096,
                 precision: crate::options::Precision::Bf16,
+                ..Default::default()
             },
             prompt_tokens_before_cut: None,
             negative_tokens_before_cut: None,
@@ -166,6 +224,7 @@ mod tests {
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
             model_revision: "abc".into(),
             loras: vec![],
+            forwards: None,
             version: "moss 0.1.0".into(),
         }
     }
@@ -175,7 +234,7 @@ mod tests {
         let t = p().a1111();
         assert_eq!(
             t,
-            "a fox, in snow\nNegative prompt: blurry\nSteps: 50, Sampler: Euler, Schedule type: Simple, CFG scale: 3, \
+            "a fox, in snow\nNegative prompt: blurry\nSteps: 50, Sampler: Euler, Schedule type: Automatic, CFG scale: 3, \
              Seed: 42, Size: 1024x768, Model: OpenMOSS-Team/MOSS-Image-SFT, Model revision: abc, Skip layers: 22, \
              Skip window: \"0:1\", Precision: bf16, Device: \"cuda:0\", Version: moss 0.1.0"
         );
@@ -194,6 +253,31 @@ mod tests {
         assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
         q.negative_tokens_before_cut = Some(4100);
         assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
+    }
+
+    /// The loop's settings in the A1111 text (display names) and in the JSON (names, and what
+    /// the loop computed), which reads back whole.
+    #[test]
+    fn the_loop_is_recorded() {
+        let mut q = p();
+        q.spec.sampler = Sampler::DpmPp2mSde;
+        q.spec.schedule = Schedule::Karras;
+        q.spec.guidance_window = (0.0, 0.5);
+        q.spec.cache = Some(crate::cache::CacheConfig { max_continuous: Some(1), ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) });
+        q.forwards = Some(crate::pipeline::Forwards { calls: 50, computed: 60, cached: 15, skipped: 25, blocks_computed: 2400, blocks_skipped: 510 });
+        let t = q.a1111();
+        assert!(t.contains("Sampler: DPM++ 2M SDE, Schedule type: Karras,"), "{t}");
+        assert!(t.contains("Guidance window: \"0:0.5\", Cache: dbcache F8B0 threshold 0.08 warmup 8 max continuous 1, Forwards: \"60 of 100 computed (15 cached, 25 left out)\""), "{t}");
+        let m = q.to_png();
+        let j: serde_json::Value = serde_json::from_str(m.get("moss").unwrap()).unwrap();
+        assert_eq!((j["sampler"].as_str(), j["schedule"].as_str()), (Some("dpm++2m_sde"), Some("karras")));
+        assert_eq!(j["cache"]["max_continuous_cached_steps"], 1);
+        assert_eq!(j["forwards"]["cached"], 15);
+        assert_eq!(Params::from_png(&m).unwrap(), q);
+        for (k, want) in [(Sampler::Euler, "Euler"), (Sampler::EulerAncestral, "Euler a"), (Sampler::UniPc, "UniPC"), (Sampler::Lcm, "LCM")] {
+            assert_eq!(sampler_label(k), want);
+        }
+        assert_eq!(schedule_label(Schedule::SgmUniform), "SGM Uniform");
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct Finished {
     pub lora_merge: crate::lora::plan::MergeTime,
     /// Seconds since the batch started.
     pub elapsed_s: f64,
+    /// What its denoising loop computed.
+    pub forwards: pipeline::Forwards,
 }
 
 impl Finished {
@@ -80,6 +82,7 @@ impl Finished {
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s, "decode_s": self.decode_s,
                         "total_s": self.encode_s + self.denoise_s + self.decode_s},
             "elapsed_s": self.elapsed_s,
+            "forwards": self.forwards,
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();

@@ -62,6 +62,7 @@ pub(super) struct Slot {
     /// The LoRA merges counted from the chunk's previous picture to the end of this one's denoise.
     pub(super) lora_merge: crate::lora::plan::MergeTime,
     pub(super) latents: Option<Tensor>,
+    pub(super) forwards: pipeline::Forwards,
 }
 
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
@@ -140,8 +141,8 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                 let cond = &hidden[t.prompt.as_slice()];
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
-                match pipeline::denoise_with(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress)) {
-                    Ok(z) => slots[i].latents = Some(z),
+                match pipeline::denoise_loop(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress), None) {
+                    Ok(d) => (slots[i].latents, slots[i].forwards) = (Some(d.latents), d.forwards),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),
                 }
@@ -167,7 +168,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
             check_stop()?;
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
-            let req = cx.request(j, &texts[i]);
+            let req = Request { forwards: Some(slots[i].forwards), ..cx.request(j, &texts[i]) };
             let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
                 .and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
@@ -186,6 +187,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                         decode_s: t1.elapsed().as_secs_f64(),
                         lora_merge: slots[i].lora_merge,
                         elapsed_s: cx.t0.elapsed().as_secs_f64(),
+                        forwards: slots[i].forwards,
                     });
                 }
                 Err(e) => fail(&mut slots[i], j, &e, progress, sum),

@@ -231,6 +231,8 @@ pub struct GenerateArgs {
     /// Fraction of the steps START:STOP in which the skip applies (step i skips if START <= i/n < STOP).
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
+    #[command(flatten)]
+    pub sampling: super::sampling_args::SamplingArgs,
     /// bf16: the model's own (bf16 weights and activations on the GPU, the hidden states
     /// rounded to bf16 between encoder and transformer); fp32: fp32 end to end, for verification
     /// (the CPU computes in fp32 either way; this keeps its hidden states fp32); fp8: as bf16 but
@@ -264,7 +266,8 @@ pub struct GenerateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BatchArgs {
     /// Render every line of FILE ("-": stdin): a prompt, or a JSON object setting prompt, negative,
-    /// seed, size, steps, guidance, out. The other flags give the defaults.
+    /// seed, size, steps, guidance, sampler, schedule, cache, guidance_window, out. The other
+    /// flags give the defaults.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_file", "embeds", "out", "save_latents"])]
     pub prompts: Option<PathBuf>,
     /// Folder the batch's pictures go to (created if missing) [default: .].
@@ -516,7 +519,7 @@ fn parse_skip(s: &str) -> Result<SkipList, String> {
         .map(SkipList)
 }
 
-fn parse_window(s: &str) -> Result<(f64, f64), String> {
+pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
     let (a, b) = s.split_once(':').ok_or_else(|| format!("window `{s}` is not START:STOP"))?;
     let p = |v: &str| v.trim().parse::<f64>().map_err(|_| format!("window `{s}` is not START:STOP"));
     let (a, b) = (p(a)?, p(b)?);

@@ -114,7 +114,10 @@ fn run_several(a: &GenerateArgs, spec: PictureSpec) -> anyhow::Result<u8> {
 }
 
 /// The spec the flags give (clap's defaults where a flag was not given), for `prompt` and `seed`
-/// already resolved. The one place `generate`'s picture flags become library settings.
+/// already resolved. The one place `generate`'s picture flags become library settings. (The
+/// cache flags' own refusal is [`SamplingArgs::cache_config`]'s, said before this is called.)
+///
+/// [`SamplingArgs::cache_config`]: super::sampling_args::SamplingArgs::cache_config
 pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec {
     PictureSpec {
         prompt,
@@ -128,6 +131,10 @@ pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec
         skip_window: a.skip_window,
         max_tokens: a.prompt.max_tokens as usize,
         precision: a.precision,
+        sampler: a.sampling.sampler,
+        schedule: a.sampling.schedule,
+        cache: a.sampling.cache_config().ok().flatten(),
+        guidance_window: a.sampling.guidance_window,
     }
 }
 
@@ -163,6 +170,19 @@ fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> b
     if given("precision") {
         base.precision = flags.precision;
     }
+    if given("sampler") {
+        base.sampler = flags.sampler;
+    }
+    if given("schedule") {
+        base.schedule = flags.schedule;
+    }
+    // The --cache-* parameters go with --cache (clap's `requires`): the flags' cache whole.
+    if given("cache") {
+        base.cache = flags.cache;
+    }
+    if given("guidance_window") {
+        base.guidance_window = flags.guidance_window;
+    }
     base
 }
 
@@ -185,6 +205,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     if let Some(f) = a.batch.stray_flag() {
         anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
     }
+    a.sampling.cache_config()?;
     let from = match a.from.clone() {
         Some(pic) => Some(apply_from(&mut a, &pic, given)?),
         None => None,
@@ -207,6 +228,9 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     };
     let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
     if several {
+        if a.sampling.preview.is_some() {
+            anyhow::bail!("--preview shows one picture's loop: not with --count, --seeds or a `{{...}}` name in -o");
+        }
         return run_several(&a, spec);
     }
     // The seed is said whenever it was not given (a drawn one, or the default); after the
@@ -218,6 +242,8 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         embeds: a.embeds.clone(),
         prompt_file: a.prompt.prompt_file.clone(),
         quality: a.quality,
+        preview: a.sampling.preview.clone(),
+        preview_every: a.sampling.preview_every(),
         ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
     };
     let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
@@ -245,6 +271,10 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
 
 /// `moss generate --prompts FILE`.
 pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    a.sampling.cache_config()?;
+    if a.sampling.preview.is_some() {
+        anyhow::bail!("--preview shows one picture's loop: not with --prompts");
+    }
     if given("uncond_skip") {
         warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
     }

@@ -6,3 +6,4 @@ pub mod args;
 pub mod bench;
 pub mod bars;
 pub mod generate;
+pub mod sampling_args;

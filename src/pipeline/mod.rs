@@ -18,9 +18,13 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod denoise;
 mod files;
+mod preview;
 mod text;
+pub use denoise::*;
 pub use files::*;
+pub use preview::*;
 pub use text::*;
 
 /// Everything one picture needs: its settings, and where it goes.
@@ -38,12 +42,29 @@ pub struct Request {
     pub quality: Option<u8>,
     /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
     pub cut: Cut,
+    /// `--preview`: the file the decoded x0 prediction replaces every `preview_every` steps.
+    pub preview: Option<PathBuf>,
+    pub preview_every: usize,
+    /// What the denoising loop computed (set when it ends; recorded in the picture).
+    pub forwards: Option<Forwards>,
 }
 
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default() }
+        Request {
+            spec,
+            out,
+            save_latents: None,
+            embeds: None,
+            prompt_file: None,
+            device,
+            quality: None,
+            cut: Cut::default(),
+            preview: None,
+            preview_every: DEFAULT_PREVIEW_EVERY,
+            forwards: None,
+        }
     }
 }
 
@@ -74,6 +95,8 @@ pub struct Report {
     /// The memory plan (`--json` `plan`), when one was made.
     pub plan: Option<serde_json::Value>,
     pub warnings: Vec<String>,
+    /// What the denoising loop computed.
+    pub forwards: Forwards,
 }
 
 impl Report {
@@ -92,6 +115,7 @@ impl Report {
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
                         "lora_read_s": self.lora_read_s},
             "plan": self.plan,
+            "forwards": self.forwards,
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();
@@ -128,6 +152,16 @@ pub trait Progress {
     /// Asked after every denoising step: true stops the loop there with [`Interrupted`].
     fn cancelled(&self) -> bool {
         false
+    }
+    /// Whether a preview is wanted after step `done` of `total` (asked once per step before the
+    /// loop starts; never after the last step).
+    fn preview_wanted(&self, _done: usize, _total: usize) -> bool {
+        false
+    }
+    /// The preview after step `done`: the decoded x0 prediction (`x − σ·v` at the step's start),
+    /// RGB8 in rows, `width` x `height`. An error stops the loop.
+    fn preview(&mut self, _done: usize, _total: usize, _rgb: &[u8], _width: u32, _height: u32) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -168,6 +202,10 @@ pub fn validate(req: &Request) -> Result<()> {
     if let Some(p) = &req.embeds {
         std::fs::File::open(p).with_context(|| format!("cannot read embeds {}", p.display()))?;
     }
+    req.spec.check().map_err(anyhow::Error::msg)?;
+    if let Some(p) = &req.preview {
+        check_preview(p, req.preview_every)?;
+    }
     Ok(())
 }
 
@@ -178,6 +216,9 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
         outs.push(("--save-latents", p));
+    }
+    if let Some(p) = &req.preview {
+        outs.push(("--preview", p));
     }
     let files = crate::output::files_below(&ck.loc.root);
     let mut ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
@@ -247,7 +288,7 @@ pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::bac
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
 /// runs once per prompt (the negative only when guidance is not exactly 1); the unconditional
 /// pass skips `req.uncond_skip` at the steps inside `req.skip_window`.
-pub fn denoise<B: DitOps>(
+pub fn denoise<B: DitOps + VaeOps>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
@@ -262,8 +303,9 @@ pub fn denoise<B: DitOps>(
     denoise_with(b, &dit, ck, req, cond, uncond, progress)
 }
 
-/// [`denoise`] with a transformer already loaded (batch mode loads it once for many pictures).
-pub fn denoise_with<B: DitOps>(
+/// [`denoise`] with a transformer already loaded (batch mode loads it once for many pictures):
+/// [`denoise_loop`]'s latents.
+pub fn denoise_with<B: DitOps + VaeOps>(
     b: &B,
     dit: &Dit<B>,
     ck: &Checkpoint,
@@ -272,40 +314,7 @@ pub fn denoise_with<B: DitOps>(
     uncond: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
-    let (h, w) = ((req.spec.height / 16) as usize, (req.spec.width / 16) as usize);
-    let c = ck.dit.latent_channels;
-    let sigmas = crate::schedule::sigmas(req.spec.steps as usize, &ck.scheduler);
-    let tc = dit.refine_text(b, cond)?;
-    let tu = if req.spec.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
-    progress.stage("denoise");
-    let x0 = b.upload(&Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.spec.seed, c * h * w))?)?;
-    let x = crate::sampling::sample(
-        b,
-        x0,
-        &sigmas,
-        req.spec.guidance,
-        req.spec.skip_window,
-        |step, x| match (step.guided, &tu) {
-            (false, _) => Ok((dit.velocity(b, x, step.t, &tc, &[])?, None)),
-            (true, Some(tu)) => {
-                let skip: &[usize] = if step.skip_active { &req.spec.uncond_skip } else { &[] };
-                let mut v = dit.velocities(b, x, step.t, &[(&tc, &[]), (tu, skip)])?;
-                let v_u = v.pop();
-                Ok((v.pop().expect("two passes, two velocities"), v_u))
-            }
-            (true, None) => bail!("an unconditional pass with guidance 1"),
-        },
-        |i, n, _| {
-            progress.step(i, n);
-            if progress.cancelled() {
-                return Err(Interrupted.into());
-            }
-            Ok(())
-        },
-    )?;
-    let z = b.download(&x)?;
-    crate::tensor::ensure_finite("the latents after denoising", &z.data)?;
-    Ok(z)
+    Ok(denoise_loop(b, dit, ck, req, cond, uncond, progress, None)?.latents)
 }
 
 /// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.
@@ -383,6 +392,7 @@ pub fn generate_planned(
         };
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck)?;
+        check_for(req, &ck)?;
         ck.attach_loras(loras)?;
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {
@@ -395,7 +405,13 @@ pub fn generate_planned(
         let req = &Request { cut, ..req.clone() };
         let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
-            let nets = crate::run_plan::networks(&ck, &budget, longest, (req.spec.width, req.spec.height))?;
+            let mut nets = crate::run_plan::networks(&ck, &budget, longest, (req.spec.width, req.spec.height))?;
+            if req.preview.is_some() {
+                // The previews decode beside the transformer: its stage holds the VAE and a
+                // decode in the narrowest strips too.
+                let vae = &nets[2];
+                nets[1].activations += vae.weights + vae.strip_activations.unwrap_or(vae.activations);
+            }
             let p = crate::run_plan::decide(&nets, &budget, mem)?;
             if let Some(w) = &p.warning {
                 progress.warn(w);
@@ -509,7 +525,17 @@ where
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
-    let z = denoise_with(b, &dit, ck, req, &cond, &uncond, progress)?;
+    let d = match &req.preview {
+        Some(p) => {
+            b.limit_vae_activations(plan.vae_activations);
+            let mut previews = FilePreview { inner: &mut *progress, path: p.clone(), every: req.preview_every };
+            denoise_loop(b, &dit, ck, req, &cond, &uncond, &mut previews, None)?
+        }
+        None => denoise_loop(b, &dit, ck, req, &cond, &uncond, progress, None)?,
+    };
+    let (z, forwards) = (d.latents, d.forwards);
+    rep.forwards = forwards;
+    let req = &Request { forwards: Some(forwards), ..req.clone() };
     drop(dit);
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();

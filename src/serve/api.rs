@@ -10,7 +10,7 @@ use crate::pipeline::Request;
 use serde_json::{json, Map, Value};
 
 /// Fields moss reads.
-pub const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; 16] = [
     "prompt",
     "model",
     "n",
@@ -23,7 +23,14 @@ pub const FIELDS: [&str; 12] = [
     "guidance_scale",
     "stream",
     "partial_images",
+    "sampler",
+    "schedule",
+    "cache",
+    "guidance_window",
 ];
+
+/// Most partial images a picture streams (OpenAI's bound).
+pub const MAX_PARTIAL_IMAGES: u64 = 3;
 
 /// Standard OpenAI fields moss has no use for: accepted and ignored.
 pub const IGNORED: [&str; 6] = ["quality", "style", "user", "background", "moderation", "output_compression"];
@@ -87,6 +94,11 @@ pub struct Limits {
     pub max_pixels: u64,
     /// Most prompt tokens (each of the prompt and the negative).
     pub max_tokens: usize,
+    /// The transformer's blocks (a step cache's compute blocks must fit in them).
+    pub dit_blocks: usize,
+    /// Whether the VAE stays loaded beside the transformer, so partial images can be decoded
+    /// while a picture denoises.
+    pub previews: bool,
 }
 
 /// A checked request: the first picture's settings (picture i uses `seed + i`), how many, and
@@ -96,6 +108,8 @@ pub struct Generation {
     pub req: Request,
     pub n: u32,
     pub stream: bool,
+    /// Partial images each picture streams (`partial_images`, 0..=3).
+    pub partial_images: usize,
 }
 
 /// The request a body's fields are written over: moss generate's defaults (50 steps, guidance 3,
@@ -131,7 +145,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         ));
     }
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
-    let mut g = Generation { req: base.clone(), n: 1, stream: false };
+    let mut g = Generation { req: base.clone(), n: 1, stream: false, partial_images: 0 };
     g.req.spec.seed = random_seed;
     g.req.spec.steps = base.spec.steps.min(lim.max_steps);
     match get("prompt") {
@@ -217,10 +231,9 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         g.stream = v.as_bool().ok_or_else(|| ApiError::bad("stream", "invalid_type", format!("`stream` must be true or false, got {v}")))?;
     }
     if let Some(v) = get("partial_images") {
-        if whole("partial_images", v)? != 0 {
-            return Err(ApiError::bad("partial_images", "unsupported_value", "partial_images: moss streams step events, not partial images; use 0"));
-        }
+        g.partial_images = partial_images(whole("partial_images", v)?, g.stream, lim)?;
     }
+    super::loop_fields::parse(&mut g.req.spec, &get, lim)?;
     // Last: a request that leaves `size` out gets the default size, and its other errors first.
     let pixels = g.req.spec.width as u64 * g.req.spec.height as u64;
     if pixels > lim.max_pixels {
@@ -231,6 +244,24 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         ));
     }
     Ok(g)
+}
+
+/// `partial_images`: 0..=3, streamed only (`stream: true`), and only where the VAE stays loaded.
+fn partial_images(k: u64, stream: bool, lim: &Limits) -> Result<usize, ApiError> {
+    if k > MAX_PARTIAL_IMAGES {
+        return Err(ApiError::bad("partial_images", "invalid_value", format!("`partial_images` must be in 0..={MAX_PARTIAL_IMAGES}, got {k}")));
+    }
+    if k > 0 && !stream {
+        return Err(ApiError::bad("partial_images", "invalid_value", "`partial_images` streams: give `stream: true` (or 0)"));
+    }
+    if k > 0 && !lim.previews {
+        return Err(ApiError::bad(
+            "partial_images",
+            "unsupported_value",
+            "`partial_images`: this server's memory plan does not keep the VAE loaded beside the transformer, so it sends no partial images; use 0",
+        ));
+    }
+    Ok(k as usize)
 }
 
 /// The DiT's joint tokens (`W/16 * H/16` + `text`) must fit in `budget` (what the GPU holds next
@@ -254,7 +285,7 @@ mod tests {
     use super::*;
 
     fn lim() -> Limits {
-        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096 }
+        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true }
     }
 
     #[test]

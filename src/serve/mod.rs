@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod engine;
+pub mod loop_fields;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -100,6 +101,7 @@ pub fn run(o: ServeOptions) -> Result<()> {
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let model = ck.loc.id.clone();
+    let dit_blocks = ck.dit.num_layers;
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
         Device::Cpu => planned(Cpu, ck, &o, t0)?,
@@ -110,7 +112,15 @@ pub fn run(o: ServeOptions) -> Result<()> {
     }
     log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(serve(o, model, tokenizer, plan.json(), loader))
+    let engine = EngineFacts { dit_blocks, previews: plan.keeps("vae") };
+    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, engine))
+}
+
+/// What requests are checked against that only the checkpoint and the plan know.
+struct EngineFacts {
+    dit_blocks: usize,
+    /// The VAE stays loaded (partial images can be decoded during the loop).
+    previews: bool,
 }
 
 /// Loads the planned engine (on the worker thread).
@@ -151,7 +161,14 @@ fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<R
     rx
 }
 
-async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer, plan: serde_json::Value, load: Loader) -> Result<()> {
+async fn serve(
+    o: ServeOptions,
+    model: String,
+    tokenizer: crate::prompt::PromptTokenizer,
+    plan: serde_json::Value,
+    load: Loader,
+    engine: EngineFacts,
+) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -161,7 +178,13 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         tokenizer,
         model: model.clone(),
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
-        limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
+        limits: api::Limits {
+            max_steps: o.max_steps,
+            max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64,
+            max_tokens: o.max_tokens,
+            dit_blocks: engine.dit_blocks,
+            previews: engine.previews,
+        },
         api_key: o.api_key.clone(),
         plan,
         max_body: o.max_body,

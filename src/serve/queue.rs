@@ -20,6 +20,9 @@ pub enum Event {
     /// Waiting, with this many requests ahead (0: next).
     Queued { ahead: usize },
     Step { index: usize, step: usize, steps: usize },
+    /// Picture `index`'s `partial`-th partial image (from 0): a PNG of the decoded x0 prediction
+    /// after `step` of `steps`.
+    Partial { index: usize, partial: usize, step: usize, steps: usize, png: Vec<u8> },
     Image { index: usize, seed: u64, picture: Picture, queued_s: f64 },
     Failed(ApiError),
     Done,
@@ -193,6 +196,8 @@ struct JobProgress<'a> {
     job: &'a Job,
     index: usize,
     last: Instant,
+    /// Partial images sent for this picture.
+    partials: usize,
 }
 
 impl Progress for JobProgress<'_> {
@@ -210,6 +215,15 @@ impl Progress for JobProgress<'_> {
     }
     fn cancelled(&self) -> bool {
         self.job.cancel.load(Ordering::SeqCst) || self.q.stop_now()
+    }
+    fn preview_wanted(&self, done: usize, total: usize) -> bool {
+        crate::pipeline::partial_image_steps(total, self.job.gen.partial_images).contains(&done)
+    }
+    fn preview(&mut self, done: usize, total: usize, rgb: &[u8], width: u32, height: u32) -> anyhow::Result<()> {
+        let png = crate::pipeline::preview_bytes(std::path::Path::new("partial.png"), rgb, width, height, done, total)?;
+        let _ = self.job.tx.send(Event::Partial { index: self.index, partial: self.partials, step: done, steps: total, png });
+        self.partials += 1;
+        Ok(())
     }
 }
 
@@ -236,7 +250,7 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         let seed = g.req.spec.seed.wrapping_add(i as u64);
         let mut req = g.req.clone();
         req.spec.seed = seed;
-        let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
+        let mut progress = JobProgress { q, job, index: i, last: Instant::now(), partials: 0 };
         // A panic in the engine fails this request alone (500); the worker goes on.
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress)))
             .unwrap_or_else(|p| {
@@ -280,7 +294,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
-        let gen = Generation { req, n, stream: false };
+        let gen = Generation { req, n, stream: false, partial_images: 0 };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
     }
 

@@ -210,7 +210,18 @@ fn item(index: usize, seed: u64, p: &super::engine::Picture, queued_s: f64) -> V
         "b64_json": base64::engine::general_purpose::STANDARD.encode(&p.bytes),
         "seed": seed,
         "timings": {"queued_s": queued_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
+        "forwards": p.forwards,
     })
+}
+
+/// The fields OpenAI's image stream events carry beside the image (`ImageGenPartialImageEvent`,
+/// `ImageGenCompletedEvent`): moss writes opaque PNGs and has no quality setting.
+fn openai_event_fields(v: &mut Value, size: &str) {
+    v["created_at"] = json!(now_s());
+    v["background"] = json!("opaque");
+    v["output_format"] = json!("png");
+    v["quality"] = json!("auto");
+    v["size"] = json!(size);
 }
 
 /// The plain answer: every picture, or the first error.
@@ -225,7 +236,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
                 return e.into_response();
             }
             Event::Done => break,
-            Event::Queued { .. } | Event::Step { .. } => {}
+            Event::Queued { .. } | Event::Step { .. } | Event::Partial { .. } => {}
         }
     }
     if data.len() != g.n as usize {
@@ -243,12 +254,16 @@ fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
     Ok(SseEvent::default().event(kind).data(v.to_string()))
 }
 
-/// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, one
-/// `image_generation.completed` per picture, then `done` (or one `error`).
+/// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, with
+/// `partial_images` OpenAI's `image_generation.partial_image` (`partial_image_index` from 0 per
+/// picture, `index` the picture), one `image_generation.completed` per picture, then `done` (or
+/// one `error`).
 fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Response {
     let first = sse("image_generation.queued", json!({"position": ahead}));
     let rest = futures_util::stream::unfold(Some((guard, rx)), |state| async move {
         let (mut guard, mut rx) = state?;
+        let spec = &guard.job.gen.req.spec;
+        let size = format!("{}x{}", spec.width, spec.height);
         let ev = match rx.recv().await {
             Some(ev) => ev,
             None => return None,
@@ -256,10 +271,21 @@ fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Res
         let out = match ev {
             Event::Queued { ahead } => sse("image_generation.queued", json!({"position": ahead})),
             Event::Step { index, step, steps } => sse("image_generation.step", json!({"index": index, "step": step, "steps": steps})),
+            Event::Partial { index, partial, step, steps, png } => {
+                let mut v = json!({
+                    "index": index,
+                    "partial_image_index": partial,
+                    "b64_json": base64::engine::general_purpose::STANDARD.encode(&png),
+                    "step": step,
+                    "steps": steps,
+                });
+                openai_event_fields(&mut v, &size);
+                sse("image_generation.partial_image", v)
+            }
             Event::Image { index, seed, picture, queued_s } => {
                 let mut v = item(index, seed, &picture, queued_s);
                 v["created"] = json!(now_s());
-                v["output_format"] = json!("png");
+                openai_event_fields(&mut v, &size);
                 sse("image_generation.completed", v)
             }
             Event::Failed(e) => {

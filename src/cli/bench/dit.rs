@@ -8,7 +8,7 @@
 //! `denoise_with`), timed and its latents written. One JSON line on stdout.
 
 use moss::backend::cpu::Cpu;
-use moss::backend::ops::DitOps;
+use moss::backend::ops::{DitOps, VaeOps};
 use moss::backend::Device;
 use moss::checkpoint::{self, Checkpoint};
 use moss::options::Precision;
@@ -93,7 +93,7 @@ pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
     }
 }
 
-fn run_on<B: DitOps>(
+fn run_on<B: DitOps + VaeOps>(
     b: &B,
     ck: &Checkpoint,
     a: &BenchDit,
@@ -181,6 +181,7 @@ fn run_on<B: DitOps>(
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
+            ..Default::default()
         };
         let req = Request::new(spec, PathBuf::from("unused.png"), Device::Cpu);
         sync()?;
