@@ -38,6 +38,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
             skip_window: (0.0, 1.0),
             max_tokens: 4096,
             precision,
+            ..Default::default()
         },
         out,
         save_latents: None,
@@ -46,6 +47,9 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         device: Device::Cpu,
         quality: None,
         cut: Default::default(),
+        preview: None,
+        preview_every: 1,
+        forwards: None,
     }
 }
 
