@@ -4,8 +4,11 @@
 Starts `moss serve` on the golden checkpoint tiny-a (CPU, an ephemeral port on 127.0.0.1, an API
 key), generates two pictures with `client.images.generate(..., response_format="b64_json",
 extra_body={"seed": ...})`, checks each against `moss generate` with the same settings byte for
-byte, checks that a wrong key raises AuthenticationError and a bad size BadRequestError, then
-stops the server with SIGTERM and checks it exits 0.
+byte; streams one with `stream=True, partial_images=2` (and moss's `sampler` and `cache` fields)
+through the client's iterator, which must read two `image_generation.partial_image` events (PNGs,
+indexed 0 and 1) and the completed picture, equal to `moss generate`'s with the same flags;
+checks that a wrong key raises AuthenticationError and a bad size BadRequestError, then stops the
+server with SIGTERM and checks it exits 0.
 
     python3 tests/openai_client.py [target/debug/moss]
 """
@@ -47,10 +50,10 @@ def start():
     sys.exit("moss serve did not get ready")
 
 
-def generate_cli(prompt, seed, size, steps, negative, out):
+def generate_cli(prompt, seed, size, steps, negative, out, extra=()):
     subprocess.run(
         [MOSS, "generate", "--model", MODEL, "--device", "cpu", "--prompt", prompt, "--seed", str(seed),
-         "--size", size, "--steps", str(steps), "--negative", negative, "--out", out, "--quiet"],
+         "--size", size, "--steps", str(steps), "--negative", negative, "--out", out, "--quiet", *extra],
         check=True,
     )
     with open(out, "rb") as f:
@@ -73,6 +76,28 @@ def main():
                 assert got == want, f"picture {i} (seed {31 + i}) differs from moss generate's"
                 extra = item.model_extra or {}
                 assert extra.get("seed") == 31 + i, extra
+        stream = client.images.generate(
+            model=MODEL, prompt="a lighthouse at dusk", size="64x64", response_format="b64_json", stream=True,
+            partial_images=2,
+            extra_body={"seed": 33, "num_inference_steps": 3, "negative_prompt": "fog", "sampler": "dpm++2m",
+                        "cache": "fbcache"},
+        )
+        partial, completed = [], []
+        for event in stream:
+            if event.type == "image_generation.partial_image":
+                partial.append(event)
+            elif event.type == "image_generation.completed":
+                completed.append(event)
+        assert [type(e).__name__ for e in partial] == ["ImageGenPartialImageEvent"] * 2, partial
+        assert [e.partial_image_index for e in partial] == [0, 1], partial
+        for e in partial:
+            assert base64.b64decode(e.b64_json).startswith(b"\x89PNG"), "a partial image is not a PNG"
+            assert (e.size, e.output_format) == ("64x64", "png"), e
+        assert [type(e).__name__ for e in completed] == ["ImageGenCompletedEvent"], completed
+        with tempfile.TemporaryDirectory() as d:
+            want = generate_cli("a lighthouse at dusk", 33, "64x64", 3, "fog", os.path.join(d, "s.png"),
+                                ["--sampler", "dpm++2m", "--cache", "fbcache"])
+        assert base64.b64decode(completed[0].b64_json) == want, "the streamed picture differs from moss generate's"
         bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-wrong", max_retries=0)
         try:
             bad.images.generate(prompt="x", size="64x64", response_format="b64_json")
@@ -92,7 +117,8 @@ def main():
         print(rest, end="", file=sys.stderr)
         code = server.wait(timeout=60)
     assert code == 0, f"moss serve exited {code} after SIGTERM"
-    print(f"openai {openai.__version__}: 2 pictures byte-identical to moss generate; 401, 400, models, SIGTERM exit 0: ok")
+    print(f"openai {openai.__version__}: 2 pictures byte-identical to moss generate; a stream with 2 partial images "
+          "and the same picture; 401, 400, models, SIGTERM exit 0: ok")
 
 
 if __name__ == "__main__":
