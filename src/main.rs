@@ -83,6 +83,10 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             println!("{}", cli::bench::dit::run(&b, a.model.device)?);
             Ok(0)
         }
+        Command::BenchCompare { a, b } => {
+            println!("{}", cli::bench::compare::run(&a, &b)?);
+            Ok(0)
+        }
         Command::BenchVae(a) => {
             let b = cli::bench::vae::BenchVae {
                 model: a.model.model.clone(),

@@ -59,6 +59,9 @@ pub enum Command {
     /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/cli/bench/vae.rs).
     #[command(hide = true)]
     BenchVae(BenchVaeArgs),
+    /// PSNR and SSIM of two pictures of one size, JSON out (src/cli/bench/compare.rs).
+    #[command(hide = true)]
+    BenchCompare { a: PathBuf, b: PathBuf },
 }
 
 #[derive(Args, Debug, Clone)]
