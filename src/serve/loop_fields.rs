@@ -45,14 +45,14 @@ mod tests {
     fn loop_fields_reach_the_spec() {
         let base = base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16);
         let body = br#"{"prompt":"x","sampler":"heun","schedule":"karras","cache":{"method":"dbcache","Fn_compute_blocks":2,"Bn_compute_blocks":1},"guidance_window":"0:0.5","stream":true,"partial_images":2}"#;
-        let g = parse(body, &lim(), "m", &base, 1).unwrap();
+        let g = parse(body, &lim(), &["m"], &base, 1).unwrap();
         let s = &g.req.spec;
         assert_eq!((s.sampler.name(), s.schedule.name(), s.guidance_window, g.partial_images), ("heun", "karras", (0.0, 0.5), 2));
         let c = s.cache.unwrap();
         assert_eq!((c.method.name(), c.fn_blocks, c.bn_blocks, c.threshold), ("dbcache", 2, 1, 0.08));
-        let g = parse(br#"{"prompt":"x","cache":"fbcache","guidance_window":[0.1,0.9]}"#, &lim(), "m", &base, 1).unwrap();
+        let g = parse(br#"{"prompt":"x","cache":"fbcache","guidance_window":[0.1,0.9]}"#, &lim(), &["m"], &base, 1).unwrap();
         assert_eq!((g.req.spec.cache.unwrap().fn_blocks, g.req.spec.guidance_window), (1, (0.1, 0.9)));
-        let g = parse(br#"{"prompt":"x"}"#, &lim(), "m", &base, 1).unwrap();
+        let g = parse(br#"{"prompt":"x"}"#, &lim(), &["m"], &base, 1).unwrap();
         assert_eq!(g.req.spec, crate::spec::PictureSpec { prompt: "x".into(), seed: 1, ..base.spec.clone() }, "absent: the server's defaults");
     }
 
@@ -73,12 +73,12 @@ mod tests {
         ];
         let base = base_request(vec![], (0.0, 1.0), 4096, Precision::Bf16);
         for (body, param, word) in cases {
-            let e = parse(body, &lim(), "m", &base, 0).unwrap_err();
+            let e = parse(body, &lim(), &["m"], &base, 0).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{}: {e:?}", String::from_utf8_lossy(body));
             assert!(e.message.contains(word), "{}: {}", String::from_utf8_lossy(body), e.message);
         }
         let no_vae = Limits { previews: false, ..lim() };
-        let e = parse(br#"{"prompt":"x","partial_images":1,"stream":true}"#, &no_vae, "m", &base, 0).unwrap_err();
+        let e = parse(br#"{"prompt":"x","partial_images":1,"stream":true}"#, &no_vae, &["m"], &base, 0).unwrap_err();
         assert!(e.message.contains("VAE"), "{}", e.message);
     }
 }

@@ -11,13 +11,17 @@
 //! between two steps.
 //!
 //! **Security.** Binding an address that is not loopback needs an API key (or
-//! `allow_insecure_bind`); keys are compared in constant time; the body, `n`, the prompt tokens,
+//! `allow_insecure_bind`); keys are compared in constant time; web pages cannot drive the server
+//! through a browser ([`guard`]: Origin, Host, JSON only); the model's folder is not disclosed
+//! ([`served_name`]); the body, `n`, the prompt tokens,
 //! the size and the steps are bounded; a client has [`ServeOptions::client_timeout`] to send its
 //! headers and its body; nothing in a request names a file on the server.
 
 pub mod api;
 pub mod engine;
+pub mod guard;
 pub mod loop_fields;
+pub mod loras;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -48,6 +52,8 @@ pub struct ServeOptions {
     pub port: u16,
     pub api_key: Option<String>,
     pub allow_insecure_bind: bool,
+    /// Web origins whose pages may call the API (`--allow-origin`; others' requests are refused).
+    pub allow_origins: Vec<String>,
     pub max_queue: usize,
     /// Largest picture (its area bounds W x H).
     pub max_size: (u32, u32),
@@ -60,6 +66,8 @@ pub struct ServeOptions {
     pub skip_window: (f64, f64),
     /// LoRAs merged into the transformer at start-up (every picture carries them).
     pub loras: Vec<crate::lora::LoraSpec>,
+    /// The folder of the adapters requests may choose by name ([`loras`]).
+    pub lora_dir: Option<std::path::PathBuf>,
     /// The device memory the server may use (`--max-vram`).
     pub memory: crate::run_plan::MemoryOptions,
 }
@@ -81,6 +89,9 @@ pub fn check(o: &ServeOptions) -> Result<()> {
             o.host
         );
     }
+    for a in &o.allow_origins {
+        guard::origin(a)?;
+    }
     if o.max_queue == 0 {
         bail!("--max-queue must be at least 1");
     }
@@ -91,6 +102,9 @@ pub fn check(o: &ServeOptions) -> Result<()> {
         bail!("--max-tokens must be in 1..={}, got {}", crate::prompt::MAX_TOKENS, o.max_tokens);
     }
     crate::options::check_size(o.max_size.0, o.max_size.1).map_err(|e| anyhow::anyhow!("--max-size: {e}"))?;
+    if o.lora_dir.is_some() && !o.loras.is_empty() {
+        bail!("--lora merges adapters into every picture, --lora-dir lets each request choose: give one of them");
+    }
     Ok(())
 }
 
@@ -99,8 +113,9 @@ pub fn run(o: ServeOptions) -> Result<()> {
     check(&o)?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
+    let registry = offered_loras(&mut ck, &o)?;
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
-    let model = ck.loc.id.clone();
+    let model = served_name(&ck.loc);
     let dit_blocks = ck.dit.num_layers;
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
@@ -113,7 +128,7 @@ pub fn run(o: ServeOptions) -> Result<()> {
     log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let engine = EngineFacts { dit_blocks, previews: plan.keeps("vae") };
-    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, engine))
+    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, registry, engine))
 }
 
 /// What requests are checked against that only the checkpoint and the plan know.
@@ -121,6 +136,29 @@ struct EngineFacts {
     dit_blocks: usize,
     /// The VAE stays loaded (partial images can be decoded during the loop).
     previews: bool,
+}
+
+/// The adapters of `--lora-dir`, read and checked; `ck`'s (empty) LoRA plan then holds the
+/// largest merge a request's set can make, for the memory plan.
+fn offered_loras(ck: &mut crate::checkpoint::Checkpoint, o: &ServeOptions) -> Result<loras::Registry> {
+    let Some(dir) = &o.lora_dir else { return Ok(loras::Registry::default()) };
+    let t0 = Instant::now();
+    let r = loras::Registry::open(dir, &crate::checkpoint::TensorStore::open(&ck.loc.root.join("transformer"))?)?;
+    let mut plan = crate::lora::Plan::default();
+    plan.scratch_floor = r.scratch_bound();
+    ck.loras = Arc::new(plan);
+    log(&format!("{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)", r.len(), dir.display(), t0.elapsed().as_secs_f64(), loras::MAX_PER_REQUEST));
+    Ok(r)
+}
+
+/// The id the server gives its model: the repo id of a Hugging Face cache's snapshot, the folder's
+/// own name for a checkpoint folder (its path stays on the server).
+pub fn served_name(loc: &crate::checkpoint::ModelLocation) -> String {
+    if loc.revision.is_some() {
+        return loc.id.clone();
+    }
+    let folder = std::fs::canonicalize(&loc.root).unwrap_or_else(|_| loc.root.clone());
+    folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
 
 /// Loads the planned engine (on the worker thread).
@@ -167,6 +205,7 @@ async fn serve(
     tokenizer: crate::prompt::PromptTokenizer,
     plan: serde_json::Value,
     load: Loader,
+    registry: loras::Registry,
     engine: EngineFacts,
 ) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
@@ -177,6 +216,7 @@ async fn serve(
         queue: q.clone(),
         tokenizer,
         model: model.clone(),
+        model_spec: o.model.clone(),
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
         limits: api::Limits {
             max_steps: o.max_steps,
@@ -190,10 +230,19 @@ async fn serve(
         max_body: o.max_body,
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        loras: Arc::new(registry),
     });
-    let app = routes::router(st, o.client_timeout);
-    let auth = if o.api_key.is_some() { "API key required" } else { "no API key" };
-    log(&format!("listening on http://{bound} ({auth}); loading {model} on {} ...", o.device));
+    let g = guard::Guard {
+        origins: o.allow_origins.iter().map(|a| guard::origin(a)).collect::<Result<_>>()?,
+        loopback_hosts_only: o.host.is_loopback() && o.api_key.is_none(),
+    };
+    let app = routes::router(st, o.client_timeout, g.clone());
+    let auth = match (&o.api_key, g.loopback_hosts_only) {
+        (Some(_), _) => "API key required",
+        (None, true) => "no API key: loopback host names only",
+        (None, false) => "no API key",
+    };
+    log(&format!("listening on http://{bound} ({auth}); loading {} on {} ...", o.model, o.device));
     let mut worker = spawn_worker(q.clone(), load);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -4,10 +4,12 @@
 //! CPU reference backend, the sampling loop's pieces and the memory planner.
 
 pub mod backend;
+pub mod bounded;
 pub mod cache;
 pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
+pub mod img2img;
 pub mod lora;
 pub mod memory_plan;
 pub mod model;

@@ -35,7 +35,23 @@ pub fn sample<B: DitOps>(
     velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
 ) -> Result<B::T> {
-    sample_windowed(b, x, sigmas, guidance, skip_window, (0.0, 1.0), velocities, on_step)
+    sample_with(b, x, sigmas, guidance, skip_window, velocities, |_, x| Ok(x), on_step)
+}
+
+/// [`sample`] with `after_step(i, x)` applied to the latents after the Euler update of step
+/// `i` (before `on_step`): inpainting's latent blend ([`crate::img2img::Inpaint::after_step`]).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_with<B: DitOps>(
+    b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    guidance: f32,
+    skip_window: (f64, f64),
+    velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    after_step: impl FnMut(usize, B::T) -> Result<B::T>,
+    on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
+) -> Result<B::T> {
+    sample_in_window(b, x, sigmas, guidance, skip_window, (0.0, 1.0), velocities, after_step, on_step)
 }
 
 /// Whether step `i` of `n` is inside the window `(a, b)`: `a <= i/n < b`.
@@ -44,11 +60,11 @@ pub fn in_window(i: usize, n: usize, (a, b): (f64, f64)) -> bool {
     a <= frac && frac < b
 }
 
-/// [`sample`] with the guidance applied only inside `guidance_window` (`a <= i/n < b`): outside
-/// it the step is unguided (`v = v_c`) and the negative pass is not asked for. `(0, 1)` guides
-/// every step ([`sample`]).
+/// [`sample_with`] with the guidance applied only inside `guidance_window` (`a <= i/n < b`):
+/// outside it the step is unguided (`v = v_c`) and the negative pass is not asked for. `(0, 1)`
+/// guides every step.
 #[allow(clippy::too_many_arguments)]
-pub fn sample_windowed<B: DitOps>(
+pub fn sample_in_window<B: DitOps>(
     b: &B,
     mut x: B::T,
     sigmas: &[f32],
@@ -56,6 +72,7 @@ pub fn sample_windowed<B: DitOps>(
     skip_window: (f64, f64),
     guidance_window: (f64, f64),
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    mut after_step: impl FnMut(usize, B::T) -> Result<B::T>,
     mut on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
 ) -> Result<B::T> {
     ensure!(sigmas.len() >= 2, "the schedule needs at least one step");
@@ -67,7 +84,7 @@ pub fn sample_windowed<B: DitOps>(
         let (v_c, v_u) = velocities(Step { step: i, call: i, t, guided, skip_active }, &x)?;
         ensure!(v_u.is_some() == guided, "step {i}: {} negative velocity", if guided { "no" } else { "an unasked" });
         let dsigma = sigmas[i + 1] - sigmas[i];
-        x = b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?;
+        x = after_step(i, b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?)?;
         on_step(i + 1, n, &x)?;
     }
     Ok(x)

@@ -49,7 +49,7 @@ pub fn sample<B: DitOps>(
             count.passes += 1 + s.guided as usize;
             velocities(s, x)
         };
-        let x = crate::sampling::sample_windowed(
+        let x = crate::sampling::sample_in_window(
             b,
             x,
             sigmas,
@@ -57,6 +57,7 @@ pub fn sample<B: DitOps>(
             skip_window,
             guidance_window,
             counted,
+            |_, x| Ok(x),
             |i, n, _| on_step(i, n),
         )?;
         return Ok((x, count));
