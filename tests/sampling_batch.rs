@@ -76,7 +76,22 @@ fn list_fields_equal_single_runs_and_bad_fields_fail_their_line() {
         (
             "a red fox",
             "7",
-            &["--sampler", "heun", "--cache", "dbcache", "--cache-fn", "1", "--cache-threshold", "1", "--cache-warmup", "1", "--cache-max-continuous", "1", "--guidance-window", "0:0.5"],
+            &[
+                "--sampler",
+                "heun",
+                "--cache",
+                "dbcache",
+                "--cache-fn",
+                "1",
+                "--cache-threshold",
+                "1",
+                "--cache-warmup",
+                "1",
+                "--cache-max-continuous",
+                "1",
+                "--guidance-window",
+                "0:0.5",
+            ],
         ),
         ("a boat", "8", &["--sampler", "unipc", "--cache", "fbcache", "--guidance-window", "0.5:1"]),
     ];

@@ -50,7 +50,8 @@ fn p(path: &Path) -> &str {
 /// `moss encode` of the prompt and negative at fp32 (the hidden states the reference loop uses).
 fn embeds(dir: &Path) -> PathBuf {
     let e = dir.join("embeds.safetensors");
-    let (code, _, err) = moss(&["encode", "--model", &model(), "--device", "cpu", "--prompt", PROMPT, "--negative", NEGATIVE, "--precision", "fp32", "-o", p(&e), "-q"]);
+    let (code, _, err) =
+        moss(&["encode", "--model", &model(), "--device", "cpu", "--prompt", PROMPT, "--negative", NEGATIVE, "--precision", "fp32", "-o", p(&e), "-q"]);
     assert_eq!(code, 0, "{err}");
     e
 }
@@ -147,7 +148,11 @@ fn sampler_schedule_and_window_flags_give_the_librarys_loop() {
         // Heun's two calls of a step are decided by the step: count the guided calls.
         let guided_calls = if kind == Kind::Heun { 2 * guided_steps - usize::from(in_window(steps - 1, steps, window)) } else { guided_steps };
         assert_eq!(f["calls"], calls, "{tag}: {f}");
-        assert_eq!((f["computed"].as_u64(), f["cached"].as_u64(), f["skipped"].as_u64()), (Some((calls + guided_calls) as u64), Some(0), Some((calls - guided_calls) as u64)), "{tag}: {f}");
+        assert_eq!(
+            (f["computed"].as_u64(), f["cached"].as_u64(), f["skipped"].as_u64()),
+            (Some((calls + guided_calls) as u64), Some(0), Some((calls - guided_calls) as u64)),
+            "{tag}: {f}"
+        );
         assert_eq!(f["blocks_computed"], calls * BLOCKS + guided_calls * (BLOCKS - 1), "{tag}: {f}");
         finals.push(z.data);
     }
@@ -180,7 +185,10 @@ fn the_default_loop_and_a_fixed_cache_pattern_are_counted() {
     // 23 blocks in full and F2 + B1 when served; the negative's block 22 is skipped, so it has no
     // last block to run: 22 in full, 2 when served; each served pass leaves out 20.
     let f = &j["forwards"];
-    assert_eq!(*f, serde_json::json!({"calls": 6, "computed": 6, "cached": 6, "skipped": 0, "blocks_computed": 3 * 23 + 3 * 3 + 3 * 22 + 3 * 2, "blocks_skipped": 6 * 20}));
+    assert_eq!(
+        *f,
+        serde_json::json!({"calls": 6, "computed": 6, "cached": 6, "skipped": 0, "blocks_computed": 3 * 23 + 3 * 3 + 3 * 22 + 3 * 2, "blocks_skipped": 6 * 20})
+    );
     assert!(zc.data != z.data && zc.data.iter().all(|v| v.is_finite()));
     let (_, info, _) = moss(&["info", p(&png)]);
     assert!(info.contains("Cache: dbcache F2B1 threshold 1 warmup 1 max continuous 1, Forwards: \"6 of 12 computed (6 cached, 0 left out)\""), "{info}");
@@ -194,8 +202,36 @@ fn from_reproduces_the_loop() {
     let a = dir.join("a.png");
     let m = model();
     let flags = [
-        "generate", "--model", &m, "--device", "cpu", "--prompt", PROMPT, "--size", "64x48", "--steps", "5", "--seed", "3", "--sampler", "dpm++2m",
-        "--schedule", "exponential", "--cache", "fbcache", "--cache-threshold", "1", "--cache-warmup", "1", "--cache-max-cached", "2", "--guidance-window", "0:0.75", "-q", "-o", p(&a),
+        "generate",
+        "--model",
+        &m,
+        "--device",
+        "cpu",
+        "--prompt",
+        PROMPT,
+        "--size",
+        "64x48",
+        "--steps",
+        "5",
+        "--seed",
+        "3",
+        "--sampler",
+        "dpm++2m",
+        "--schedule",
+        "exponential",
+        "--cache",
+        "fbcache",
+        "--cache-threshold",
+        "1",
+        "--cache-warmup",
+        "1",
+        "--cache-max-cached",
+        "2",
+        "--guidance-window",
+        "0:0.75",
+        "-q",
+        "-o",
+        p(&a),
     ];
     let (code, _, err) = moss(&flags);
     assert_eq!(code, 0, "{err}");
@@ -204,7 +240,10 @@ fn from_reproduces_the_loop() {
     let (_, j, _) = moss(&["info", "--json", p(&a)]);
     let j: Value = serde_json::from_str(&j).unwrap();
     assert_eq!((j["sampler"].as_str(), j["schedule"].as_str(), j["cache"]["method"].as_str()), (Some("dpm++2m"), Some("exponential"), Some("fbcache")));
-    assert_eq!((j["cache"]["max_warmup_steps"].as_u64(), j["cache"]["max_cached_steps"].as_i64(), j["cache"]["Fn_compute_blocks"].as_u64()), (Some(1), Some(2), Some(1)));
+    assert_eq!(
+        (j["cache"]["max_warmup_steps"].as_u64(), j["cache"]["max_cached_steps"].as_i64(), j["cache"]["Fn_compute_blocks"].as_u64()),
+        (Some(1), Some(2), Some(1))
+    );
     assert_eq!(j["guidance_window"], serde_json::json!([0.0, 0.75]));
     assert!(j["forwards"]["cached"].as_u64().unwrap() > 0, "{j}");
 
@@ -243,7 +282,8 @@ fn the_preview_is_the_decoded_x0_prediction() {
     let vae = moss::pipeline::load_vae(&Cpu, &r.ck, SIZE.1 / 16, SIZE.0 / 16).unwrap();
     let want = vae.decode_rgb8(&Cpu, &Tensor::new(vec![1, 128, SIZE.1 / 16, SIZE.0 / 16], x0).unwrap()).unwrap();
     assert!(rgb == want, "the preview is not the decoded x0 prediction of step 4");
-    let left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("partial")).collect();
+    let left: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains("partial")).collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 

@@ -115,8 +115,22 @@ fn moss_generate(out: &Path, seed: u64, flags: &[&str]) {
 }
 
 const FLAGS: [&str; 16] = [
-    "--sampler", "dpm++2m", "--schedule", "karras", "--cache", "dbcache", "--cache-fn", "1", "--cache-threshold", "1", "--cache-warmup", "1",
-    "--guidance-window", "0:0.5", "--cache-max-cached", "1",
+    "--sampler",
+    "dpm++2m",
+    "--schedule",
+    "karras",
+    "--cache",
+    "dbcache",
+    "--cache-fn",
+    "1",
+    "--cache-threshold",
+    "1",
+    "--cache-warmup",
+    "1",
+    "--guidance-window",
+    "0:0.5",
+    "--cache-max-cached",
+    "1",
 ];
 
 fn body(extra: Value) -> Value {
@@ -145,7 +159,10 @@ async fn loop_fields_and_partial_images() {
     // dpm++2m, 4 calls; window 0:0.5: 2 negative passes. Each pass serves its call 1 (past the
     // warm-up, max_cached_steps 1): the prompt's 3 full passes of 23 blocks and F1, the
     // negative's 1 of 22 (block 22 skipped) and F1; the served ones leave out 22 and 21.
-    assert_eq!(v["data"][0]["forwards"], json!({"calls": 4, "computed": 4, "cached": 2, "skipped": 2, "blocks_computed": 3 * 23 + 1 + 22 + 1, "blocks_skipped": 22 + 21}));
+    assert_eq!(
+        v["data"][0]["forwards"],
+        json!({"calls": 4, "computed": 4, "cached": 2, "skipped": 2, "blocks_computed": 3 * 23 + 1 + 22 + 1, "blocks_skipped": 22 + 21})
+    );
 
     // Streamed with partial images: 3 a picture, after steps 1, 2, 3 of 4, each picture's before
     // its completion; the step events stay.
@@ -164,7 +181,10 @@ async fn loop_fields_and_partial_images() {
         assert!(mine[..done_at].iter().filter(|e| e["type"] == "image_generation.partial_image").count() == 3, "partial images come first");
         for (k, e) in parts.iter().enumerate() {
             assert_eq!((e["partial_image_index"].as_u64(), e["step"].as_u64(), e["steps"].as_u64()), (Some(k as u64), Some(k as u64 + 1), Some(4)), "{e}");
-            assert_eq!((e["size"].as_str(), e["output_format"].as_str(), e["background"].as_str(), e["quality"].as_str()), (Some("64x48"), Some("png"), Some("opaque"), Some("auto")));
+            assert_eq!(
+                (e["size"].as_str(), e["output_format"].as_str(), e["background"].as_str(), e["quality"].as_str()),
+                (Some("64x48"), Some("png"), Some("opaque"), Some("auto"))
+            );
             assert!(e["created_at"].as_u64().unwrap() > 1_700_000_000, "{e}");
             let (_, w, h, meta) = moss::picture::decode(&b64(e)).unwrap();
             assert_eq!((w, h, meta.get("moss:preview")), (64, 48, Some(&*format!("step {} of 4", k + 1))));

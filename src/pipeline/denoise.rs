@@ -128,18 +128,8 @@ pub fn denoise_loop<B: DitOps + VaeOps>(
         }
         Ok(())
     };
-    let (x, count) = crate::sampler::device::sample(
-        b,
-        x0,
-        &sigmas,
-        spec.sampler,
-        &mut noise,
-        spec.guidance,
-        spec.skip_window,
-        spec.guidance_window,
-        velocities,
-        on_step,
-    )?;
+    let (x, count) =
+        crate::sampler::device::sample(b, x0, &sigmas, spec.sampler, &mut noise, spec.guidance, spec.skip_window, spec.guidance_window, velocities, on_step)?;
     let skipped = if spec.guidance != 1.0 { 2 * count.calls - count.passes } else { 0 };
     let forwards = match &caches {
         Some(pc) => Forwards {

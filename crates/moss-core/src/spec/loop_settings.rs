@@ -33,21 +33,15 @@ pub fn check_cache(c: &CacheConfig) -> Result<(), String> {
         return Err("cache Fn_compute_blocks 0: at least one first block must run (F >= 1)".into());
     }
     if !(c.threshold.is_finite() && (0.0..=1.0).contains(&c.threshold)) {
-        return Err(format!(
-            "cache residual_diff_threshold {} is not in 0..=1 (0: never cache, 1: always past the warm-up)",
-            c.threshold
-        ));
+        return Err(format!("cache residual_diff_threshold {} is not in 0..=1 (0: never cache, 1: always past the warm-up)", c.threshold));
     }
     if c.method == Method::FbCache && (c.fn_blocks, c.bn_blocks) != (1, 0) {
         return Err(format!("fbcache is F1B0, not F{}B{}; give dbcache for other compute blocks", c.fn_blocks, c.bn_blocks));
     }
     match c.method {
-        Method::TaylorSeer if !TAYLOR_ORDERS.contains(&c.taylor_order) => Err(format!(
-            "taylorseer_order {} is not {} or {}",
-            c.taylor_order,
-            TAYLOR_ORDERS.start(),
-            TAYLOR_ORDERS.end()
-        )),
+        Method::TaylorSeer if !TAYLOR_ORDERS.contains(&c.taylor_order) => {
+            Err(format!("taylorseer_order {} is not {} or {}", c.taylor_order, TAYLOR_ORDERS.start(), TAYLOR_ORDERS.end()))
+        }
         Method::TaylorSeer => Ok(()),
         _ if c.taylor_order != 0 => Err(format!("taylorseer_order goes with the taylorseer cache, not {}", c.method)),
         _ => Ok(()),
@@ -57,10 +51,7 @@ pub fn check_cache(c: &CacheConfig) -> Result<(), String> {
 /// The first and last compute blocks must fit the transformer's `blocks`.
 pub fn check_cache_blocks(c: &CacheConfig, blocks: usize) -> Result<(), String> {
     if c.fn_blocks + c.bn_blocks > blocks {
-        return Err(format!(
-            "cache F{}B{}: the transformer has {blocks} blocks (Fn_compute_blocks + Bn_compute_blocks <= {blocks})",
-            c.fn_blocks, c.bn_blocks
-        ));
+        return Err(format!("cache F{}B{}: the transformer has {blocks} blocks (Fn_compute_blocks + Bn_compute_blocks <= {blocks})", c.fn_blocks, c.bn_blocks));
     }
     Ok(())
 }
@@ -179,9 +170,7 @@ impl CacheObject {
 pub fn window_of_json(what: &str, v: &Value) -> Result<(f64, f64), String> {
     let w = match v {
         Value::String(s) => parse_window(s)?,
-        Value::Array(a) if a.len() == 2 && a.iter().all(Value::is_number) => {
-            (a[0].as_f64().unwrap_or(f64::NAN), a[1].as_f64().unwrap_or(f64::NAN))
-        }
+        Value::Array(a) if a.len() == 2 && a.iter().all(Value::is_number) => (a[0].as_f64().unwrap_or(f64::NAN), a[1].as_f64().unwrap_or(f64::NAN)),
         _ => return Err(format!("`{what}` must be \"A:B\" or [A, B], got {v}")),
     };
     check_window(what, w)?;
