@@ -81,6 +81,7 @@ fn settings(prompt: &str) -> Params {
         model: tiny().display().to_string(),
         model_revision: "local".into(),
         loras: vec![],
+        forwards: None,
         version: moss::metadata::version(),
     }
 }
