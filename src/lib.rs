@@ -12,6 +12,7 @@ pub mod backend {
     pub use moss_cuda as cuda;
 }
 
+pub mod a1111;
 pub mod batch;
 pub mod bench;
 pub mod bench_encoder;

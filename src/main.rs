@@ -6,7 +6,7 @@ mod cli;
 use clap::{CommandFactory, FromArgMatches};
 use cli::args::{Cli, Command};
 use cli::bars::Bars;
-use cli::generate::{prompt_text, read_settings, warn_skips_beyond};
+use cli::generate::{prompt_text, warn_skips_beyond};
 use moss::pipeline;
 use std::process::ExitCode;
 
@@ -15,26 +15,36 @@ use std::process::ExitCode;
 fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
     match cli.command {
         Command::Info(a) => {
-            let p = read_settings(&a.picture)?;
-            if a.json {
-                println!("{}", serde_json::to_string(&p)?);
-            } else {
-                println!("{}", p.a1111());
-            }
+            cli::from::info(&a.picture, a.json)?;
             Ok(0)
         }
         Command::Completions(a) => {
             clap_complete::generate(a.shell, &mut Cli::command(), "moss", &mut std::io::stdout());
             Ok(0)
         }
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        Command::Man(a) => {
+            match &a.out_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+                    for page in cli::man::pages() {
+                        let path = dir.join(&page.0);
+                        moss::output::write(&path, &page.1)?;
+                        println!("{}", path.display());
+                    }
+                }
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?,
+            }
             Ok(0)
         }
         Command::Generate(a) if a.batch.prompts.is_some() => cli::generate::batch(&a, given),
         Command::Generate(a) => cli::generate::generate(a, given),
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
+            let spec = moss::spec::PictureSpec { prompt: prompt.clone(), ..Default::default() };
+            spec.check_prompt().map_err(|e| match &a.prompt.prompt_file {
+                Some(f) => anyhow::anyhow!("{}: {e}", f.display()),
+                None => anyhow::anyhow!("--prompt: {e}"),
+            })?;
             let mut bars = Bars::new(a.quiet);
             if let Some(f) = &a.prompt.prompt_file {
                 moss::output::check_distinct(&[("--out", &a.out)], &[("the prompt file", f)])?;
@@ -102,6 +112,9 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if given("uncond_skip") {
                 warn_skips_beyond(&a.uncond_skip.0, &a.model.model, false);
             }
+            if a.max_vram.is_some() && a.model.device == moss::backend::Device::Cpu {
+                eprintln!("moss: warning: --max-vram applies to the GPU; ignored with --device cpu");
+            }
             moss::serve::run(moss::serve::ServeOptions {
                 model: a.model.model,
                 device: a.model.device,
@@ -118,6 +131,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 client_timeout: std::time::Duration::from_secs(a.client_timeout),
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,
+                served_model_names: a.served_model_name,
                 loras: a.lora,
                 memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
             })?;

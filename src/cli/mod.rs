@@ -4,4 +4,6 @@
 
 pub mod args;
 pub mod bars;
+pub mod from;
 pub mod generate;
+pub mod man;

@@ -5,10 +5,9 @@
 //! time from a FIFO queue.
 //!
 //! **Shutdown.** The first SIGTERM or SIGINT stops accepting connections, answers every queued
-//! request with 503 and lets the running picture finish (its client gets it; a request's later
-//! pictures are not started and it is answered 503); then the open connections are given up to
-//! [`GRACE`] to finish, and `run` returns Ok (exit 0). A second signal stops the running picture
-//! between two steps.
+//! request with 503 and lets the running request finish (all its `n` pictures: its client gets
+//! them); then the open connections are given up to [`GRACE`] to finish, and `run` returns Ok
+//! (exit 0). A second signal stops the running picture between two steps.
 //!
 //! **Security.** Binding an address that is not loopback needs an API key (or
 //! `allow_insecure_bind`); keys are compared in constant time; the body, `n`, the prompt tokens,
@@ -57,6 +56,8 @@ pub struct ServeOptions {
     pub client_timeout: Duration,
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
+    /// Further names requests may give the model (`--served-model-name`, e.g. `dall-e-3`).
+    pub served_model_names: Vec<String>,
     /// LoRAs merged into the transformer at start-up (every picture carries them).
     pub loras: Vec<crate::lora::LoraSpec>,
     /// The device memory the server may use (`--max-vram`).
@@ -98,8 +99,9 @@ pub fn run(o: ServeOptions) -> Result<()> {
     check(&o)?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
+    ck.start_model_hash();
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
-    let model = ck.loc.id.clone();
+    let model = ck.loc.name();
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
         Device::Cpu => planned(Cpu, ck, &o, t0)?,
@@ -159,7 +161,8 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
     let st = Arc::new(routes::AppState {
         queue: q.clone(),
         tokenizer,
-        model: model.clone(),
+        models: std::iter::once(model.clone()).chain(o.served_model_names.iter().filter(|n| **n != model).cloned()).collect(),
+        model_spec: o.model.clone(),
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
         limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
         api_key: o.api_key.clone(),
@@ -202,7 +205,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
     drop(listener);
     let (answered, running) = q.drain(false);
     let what = match running {
-        Some(id) => format!("finishing the running picture (request {id}; a second signal stops it between steps)"),
+        Some(id) => format!("finishing the running request {id} (all its pictures; a second signal stops it between steps)"),
         None => "nothing is running".into(),
     };
     log(&format!("{signame}: stopped accepting; {answered} queued requests answered 503; {what}"));

@@ -1,6 +1,7 @@
 //! The FIFO queue and the one worker thread that owns the engine (a std thread: the backends are
 //! not async). One picture at a time; a request of `n` pictures renders them one after another
-//! with seeds `seed`, `seed + 1`, ... (as batch mode numbers them). The HTTP side only pushes
+//! with seeds `seed`, `seed + 1`, ... (as batch mode numbers them). A request that is running
+//! when the server starts draining renders all its pictures (only a second signal stops it). The HTTP side only pushes
 //! jobs and reads their events, so it stays responsive while a picture runs.
 
 use super::api::{ApiError, Generation};
@@ -228,11 +229,6 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         if job.cancel.load(Ordering::SeqCst) {
             return;
         }
-        if i > 0 && q.draining() {
-            let msg = format!("the server is shutting down; {i} of {} pictures were rendered and are not sent", g.n);
-            let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
-            return;
-        }
         let seed = g.req.spec.seed.wrapping_add(i as u64);
         let mut req = g.req.clone();
         req.spec.seed = seed;
@@ -280,7 +276,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
-        let gen = Generation { req, n, stream: false };
+        let gen = Generation { req, n, stream: false, format: "png" };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
     }
 

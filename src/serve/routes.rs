@@ -24,7 +24,12 @@ use tokio::sync::mpsc;
 pub struct AppState {
     pub queue: Arc<Queue>,
     pub tokenizer: PromptTokenizer,
-    pub model: String,
+    /// The served model's id (its repo id or folder name, never a path), then its aliases
+    /// (`--served-model-name`): `GET /v1/models` lists them, a request's `model` may be any, or
+    /// `--model` as given.
+    pub models: Vec<String>,
+    /// `--model` as given.
+    pub model_spec: String,
     pub limits: Limits,
     /// What a request's fields are written over ([`api::base_request`]).
     pub base: crate::pipeline::Request,
@@ -116,11 +121,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
     };
-    (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
+    (code, Json(json!({"status": status, "model": st.models[0], "memory_plan": st.plan}))).into_response()
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+    let data: Vec<Value> = st.models.iter().map(|id| json!({"id": id, "object": "model", "created": st.started, "owned_by": "moss"})).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -194,7 +200,9 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
-    let g = api::parse(body, &st.limits, &st.model, &st.base, seed)?;
+    let mut names: Vec<&str> = st.models.iter().map(String::as_str).collect();
+    names.push(&st.model_spec);
+    let g = api::parse(body, &st.limits, &names, &st.base, seed)?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -235,7 +243,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
     }
     guard.status = Some(200);
     let size = format!("{}x{}", g.req.spec.width, g.req.spec.height);
-    Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
+    Json(json!({"created": now_s(), "data": data, "output_format": g.format, "size": size})).into_response()
 }
 
 fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
@@ -259,7 +267,7 @@ fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Res
             Event::Image { index, seed, picture, queued_s } => {
                 let mut v = item(index, seed, &picture, queued_s);
                 v["created"] = json!(now_s());
-                v["output_format"] = json!("png");
+                v["output_format"] = json!(guard.job.gen.format);
                 sse("image_generation.completed", v)
             }
             Event::Failed(e) => {
