@@ -158,12 +158,13 @@ impl Foreign {
         j["source"] = self.generator.clone().unwrap_or_else(|| "A1111-style parameters".into()).into();
         j["model"] = self.model.clone().into();
         j["model_hash"] = self.model_hash.clone().into();
-        let mut not = self.not_reproduced.clone();
-        if let Some(m) = self.model_line() {
-            not.insert(0, m);
-        }
-        j["not_reproduced"] = not.into();
+        j["not_reproduced"] = self.with_model().into();
         j
+    }
+
+    /// [`Foreign::not_reproduced`] with the picture's model first (moss renders with its own).
+    pub fn with_model(&self) -> Vec<String> {
+        self.model_line().into_iter().chain(self.not_reproduced.iter().cloned()).collect()
     }
 }
 

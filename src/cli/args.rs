@@ -181,7 +181,8 @@ pub struct PromptArgs {
     /// Read the prompt from a UTF-8 text file instead.
     #[arg(long, value_name = "PATH")]
     pub prompt_file: Option<PathBuf>,
-    /// The negative prompt (the unconditional branch of CFG; unused at --guidance 1).
+    /// The negative prompt (also --negative-prompt; the unconditional branch of CFG; unused at
+    /// --guidance 1).
     #[arg(long, short = 'n', visible_alias = "negative-prompt", default_value = "")]
     pub negative: String,
     /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
@@ -211,7 +212,7 @@ pub struct GenerateArgs {
     /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
     #[arg(long, default_value_t = 50)]
     pub steps: u32,
-    /// Classifier-free guidance scale; exactly 1 runs no negative pass.
+    /// Classifier-free guidance scale (also --cfg-scale); exactly 1 runs no negative pass.
     #[arg(long, visible_alias = "cfg-scale", default_value_t = 3.0, allow_negative_numbers = true)]
     pub guidance: f32,
     /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.

@@ -40,7 +40,7 @@ pub fn info(pic: &Path, json: bool) -> anyhow::Result<()> {
             } else {
                 println!("{}", f.text);
             }
-            eprintln!("moss: {}", f.note(&f.not_reproduced));
+            eprintln!("moss: {}", f.note(&f.with_model()));
         }
     }
     Ok(())

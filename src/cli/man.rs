@@ -32,6 +32,6 @@ mod tests {
         }
         assert!(!names.iter().any(|n| n.contains("bench")), "hidden subcommands get no page: {names:?}");
         let generate = String::from_utf8(pages.iter().find(|p| p.0 == "moss-generate.1").unwrap().1.clone()).unwrap();
-        assert!(generate.contains(".TH moss-generate") && generate.contains("cfg\\-scale"), "{generate}");
+        assert!(generate.contains(".TH moss-generate") && generate.contains("cfg\\-scale") && generate.contains("\\-\\-force"), "{generate}");
     }
 }
