@@ -162,14 +162,8 @@ pub fn validate(req: &Request) -> Result<()> {
     }
     crate::options::parse_size(&format!("{}x{}", req.spec.width, req.spec.height)).map_err(anyhow::Error::msg)?;
     crate::output::check(&req.out)?;
-    if !req.replace {
-        crate::output::refuse_existing(&req.out)?;
-    }
     if let Some(p) = &req.save_latents {
         crate::output::check(p)?;
-        if !req.replace {
-            crate::output::refuse_existing(p)?;
-        }
         if crate::output::is_stdout(p) && crate::output::is_stdout(&req.out) {
             bail!("--out and --save-latents cannot both be stdout (-)");
         }
@@ -392,6 +386,13 @@ pub fn generate_planned(
         };
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck)?;
+        if !req.replace {
+            // After the graver clash with an input (said by check_outputs).
+            crate::output::refuse_existing(&req.out)?;
+            if let Some(p) = &req.save_latents {
+                crate::output::refuse_existing(p)?;
+            }
+        }
         ck.attach_loras(loras)?;
         ck.start_model_hash();
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
