@@ -112,9 +112,6 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if given("uncond_skip") {
                 warn_skips_beyond(&a.uncond_skip.0, &a.model.model, false);
             }
-            if a.max_vram.is_some() && a.model.device == moss::backend::Device::Cpu {
-                eprintln!("moss: warning: --max-vram applies to the GPU; ignored with --device cpu");
-            }
             moss::serve::run(moss::serve::ServeOptions {
                 model: a.model.model,
                 device: a.model.device,

@@ -141,7 +141,7 @@ fn ignored_settings_are_said_once() {
     let r = ok(&[&base[..], &["--guidance", "1", "--negative", "dog"]].concat());
     assert_eq!(r.stderr.matches("--negative is not used at --guidance 1").count(), 1, "{}", r.stderr);
     let r = ok(&[&base[..], &["--max-vram", "4"]].concat());
-    assert_eq!(r.stderr.matches("--max-vram applies to the GPU; ignored with --device cpu").count(), 1, "{}", r.stderr);
+    assert_eq!(r.stderr.matches("--max-vram limits GPU memory; with --device cpu it only shapes the plan").count(), 1, "{}", r.stderr);
     // --max-tokens cuts the prompt (said) and the empty negative's template (not worth a word).
     let r = ok(&[&base[..], &["--max-tokens", "5"]].concat());
     assert_eq!(r.stderr.matches("warning: prompt has").count(), 1, "{}", r.stderr);

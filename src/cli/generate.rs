@@ -256,7 +256,7 @@ fn warn_ignored(a: &GenerateArgs, spec: &PictureSpec, given: &dyn Fn(&str) -> bo
         eprintln!("moss: warning: {whose} is not used at --guidance 1 (no unconditional pass)");
     }
     if a.max_vram.is_some() && a.model.device == moss::backend::Device::Cpu {
-        eprintln!("moss: warning: --max-vram applies to the GPU; ignored with --device cpu");
+        eprintln!("moss: warning: --max-vram limits GPU memory; with --device cpu it only shapes the plan (what streams), the same picture");
     }
 }
 
