@@ -72,9 +72,9 @@ fn from_keeps_the_loras() {
     let m = tiny();
     let lora = common::golden().join("lora/kohya.safetensors");
     let a = d.join("a.png");
-    ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a fox", "--steps", "2", "--size", "64x64", "--lora", &format!("{}:0.7", s(&lora)), "-q", "-o", s(&a)]);
+    ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "2", "--size", "64x64", "--lora", &format!("{}:0.7", s(&lora)), "-q", "-o", s(&a)]);
     let plain = d.join("plain.png");
-    ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a fox", "--steps", "2", "--size", "64x64", "-q", "-o", s(&plain)]);
+    ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "2", "--size", "64x64", "-q", "-o", s(&plain)]);
     assert!(std::fs::read(&a).unwrap() != std::fs::read(&plain).unwrap(), "the LoRA changed nothing");
     let rec = info(&a)["loras"][0].as_str().unwrap().to_string();
     let hash = rec.rsplit(':').next().unwrap().to_string();
@@ -117,7 +117,7 @@ fn blank_prompts_are_refused() {
     let d = scratch("blank");
     let m = tiny();
     let out = d.join("o.png");
-    let base = ["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "-o", s(&out)];
+    let base = ["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "--out", s(&out)];
     refused(&moss(&[&base[..], &["--prompt", "   "]].concat()), &["--prompt", "empty"]);
     let f = d.join("p.txt");
     std::fs::write(&f, "").unwrap();
@@ -126,7 +126,7 @@ fn blank_prompts_are_refused() {
     refused(&moss(&[&base[..], &["--prompt-file", s(&f)]].concat()), &[s(&f), "empty"]);
     assert!(!out.exists());
     let emb = d.join("e.safetensors");
-    refused(&moss(&["encode", "--device", "cpu", "--model", &m, "-p", "\n", "-o", s(&emb)]), &["empty"]);
+    refused(&moss(&["encode", "--device", "cpu", "--model", &m, "--prompt", "\n", "--out", s(&emb)]), &["empty"]);
     assert!(!emb.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -136,18 +136,18 @@ fn blank_prompts_are_refused() {
 fn ignored_settings_are_said_once() {
     let d = scratch("ignored");
     let m = tiny();
-    let out = d.join("o.png");
-    let base = ["generate", "--device", "cpu", "--model", &m, "-p", "a red fox in the snow", "--steps", "1", "--size", "64x64", "--seed", "1", "-y", "-o", s(&out)];
-    let r = ok(&[&base[..], &["--guidance", "1", "--negative", "dog"]].concat());
+    let base = ["generate", "--device", "cpu", "--model", &m, "--prompt", "a red fox in the snow", "--steps", "1", "--size", "64x64", "--seed", "1"];
+    let out = |n: &str| d.join(n).display().to_string();
+    let r = ok(&[&base[..], &["--guidance", "1", "--negative", "dog", "--out", &out("1.png")]].concat());
     assert_eq!(r.stderr.matches("--negative is not used at --guidance 1").count(), 1, "{}", r.stderr);
-    let r = ok(&[&base[..], &["--max-vram", "4"]].concat());
+    let r = ok(&[&base[..], &["--max-vram", "4", "--out", &out("2.png")]].concat());
     assert_eq!(r.stderr.matches("--max-vram limits GPU memory; with --device cpu it only shapes the plan").count(), 1, "{}", r.stderr);
     // --max-tokens cuts the prompt (said) and the empty negative's template (not worth a word).
-    let r = ok(&[&base[..], &["--max-tokens", "5"]].concat());
+    let r = ok(&[&base[..], &["--max-tokens", "5", "--out", &out("3.png")]].concat());
     assert_eq!(r.stderr.matches("warning: prompt has").count(), 1, "{}", r.stderr);
     assert!(!r.stderr.contains("negative"), "{}", r.stderr);
     // -q says nothing.
-    assert!(ok(&[&base[..], &["--guidance", "1", "--negative", "dog", "-q"]].concat()).stderr.is_empty());
+    assert!(ok(&[&base[..], &["--guidance", "1", "--negative", "dog", "-q", "--out", &out("4.png")]].concat()).stderr.is_empty());
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -179,21 +179,21 @@ fn no_silent_overwrite() {
     let d = scratch("overwrite");
     let m = tiny();
     let out = d.join("moss.png");
-    let run = |extra: &[&str]| moss(&[&["generate", "--device", "cpu", "--model", &m, "-p", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat());
-    assert_eq!(run(&["-s", "1", "-o", s(&out)]).code, Some(0));
+    let run = |extra: &[&str]| moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat());
+    assert_eq!(run(&["--seed", "1", "-o", s(&out)]).code, Some(0));
     let first = std::fs::read(&out).unwrap();
-    let r = run(&["-s", "2", "-o", s(&out)]);
+    let r = run(&["--seed", "2", "-o", s(&out)]);
     refused(&r, &[s(&out), "exists", "--force"]);
     assert!(std::fs::read(&out).unwrap() == first, "the refused run touched the file");
     // A link to it is the same file.
     let link = d.join("link.png");
     std::os::unix::fs::symlink(&out, &link).unwrap();
-    refused(&run(&["-s", "2", "-o", s(&link)]), &["exists"]);
+    refused(&run(&["--seed", "2", "-o", s(&link)]), &["exists"]);
     // The default name too (moss.png in the current folder).
-    let r = moss_in(Some(&d), &["generate", "--device", "cpu", "--model", &m, "-p", "a cat", "--steps", "1", "--size", "64x64", "-q"]);
+    let r = moss_in(Some(&d), &["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"]);
     refused(&r, &["moss.png", "exists"]);
     for force in ["--force", "-y"] {
-        assert_eq!(run(&["-s", "2", force, "-o", s(&out)]).code, Some(0));
+        assert_eq!(run(&["--seed", "2", force, "-o", s(&out)]).code, Some(0));
         assert!(std::fs::read(&out).unwrap() != first, "{force} did not replace it");
     }
     // --save-latents is an output too.
@@ -220,11 +220,11 @@ fn no_silent_overwrite() {
     }
     // --count: the second run is refused whole, before any work.
     let tpl = d.join("fox.png");
-    assert_eq!(run(&["--count", "2", "-s", "10", "-o", s(&tpl)]).code, Some(0));
-    let r = run(&["--count", "3", "-s", "10", "-o", s(&tpl)]);
+    assert_eq!(run(&["--count", "2", "--seed", "10", "-o", s(&tpl)]).code, Some(0));
+    let r = run(&["--count", "3", "--seed", "10", "-o", s(&tpl)]);
     refused(&r, &["fox-10.png", "(and 1 more)", "--skip-existing", "--force"]);
     assert!(!d.join("fox-12.png").exists());
-    let r = run(&["--count", "3", "-s", "10", "--skip-existing", "-o", s(&tpl)]);
+    let r = run(&["--count", "3", "--seed", "10", "--skip-existing", "-o", s(&tpl)]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(d.join("fox-12.png").is_file());
     // A batch list likewise.
@@ -246,7 +246,7 @@ fn the_model_is_recorded_by_name() {
     let d = scratch("name");
     let m = tiny();
     let a = d.join("a.png");
-    ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a fox", "--steps", "1", "--size", "64x64", "-q", "-o", s(&a)]);
+    ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "-q", "--out", s(&a)]);
     let j = info(&a);
     assert_eq!(j["model"], "tiny-a");
     let hash = j["model_hash"].as_str().unwrap_or_else(|| panic!("{j}"));
@@ -258,13 +258,13 @@ fn the_model_is_recorded_by_name() {
     assert!(!bytes.windows(root.as_os_str().len()).any(|w| w == root.as_os_str().as_encoded_bytes()), "the picture holds the model's path");
     // --from: the model by name, from the folder it is in; elsewhere, one line asking for --model.
     let b = d.join("b.png");
-    let r = moss_in(Some(&common::golden()), &["generate", "--from", s(&a), "-q", "-o", s(&b)]);
+    let r = moss_in(Some(&common::golden()), &["generate", "--from", s(&a), "-q", "--out", s(&b)]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(std::fs::read(&b).unwrap() == bytes);
-    refused(&moss_in(Some(&d), &["generate", "--from", s(&a), "-o", s(&d.join("c.png"))]), &["tiny-a", "--model"]);
+    refused(&moss_in(Some(&d), &["generate", "--from", s(&a), "--out", s(&d.join("c.png"))]), &["tiny-a", "--model"]);
     // Another model than the recorded one (tiny-b): said, and rendered.
     let tb = common::golden().join("tiny-b").display().to_string();
-    let r = moss(&["generate", "--from", s(&a), "--model", &tb, "-o", s(&d.join("e.png"))]);
+    let r = moss(&["generate", "--from", s(&a), "--model", &tb, "--out", s(&d.join("e.png"))]);
     assert!(r.stderr.contains(&format!("was made with model tiny-a (hash {hash})")), "{}", r.stderr);
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -305,17 +305,17 @@ fn an_a1111_picture_is_rendered_again_by_from() {
     assert_eq!((j["guidance"].as_f64(), j["width"].as_u64(), j["height"].as_u64()), (Some(6.5), Some(64), Some(48)));
 
     let again = d.join("again.png");
-    let r = ok(&["generate", "--from", s(&pic), "--model", &m, "--device", "cpu", "-o", s(&again)]);
+    let r = ok(&["generate", "--from", s(&pic), "--model", &m, "--device", "cpu", "--out", s(&again)]);
     assert_eq!(r.stderr.trim().lines().count(), 1, "one note: {}", r.stderr);
     for w in ["prompt, negative prompt, steps, CFG scale, seed and size", "Sampler: DPM++ 2M", "Hires upscale: 2", "Denoising strength: 0.7", "Model: v1-5-pruned-emaonly (hash 6ce0161689)"] {
         assert!(r.stderr.contains(w), "`{w}` not named: {}", r.stderr);
     }
     let want = d.join("want.png");
-    ok(&["generate", "--model", &m, "--device", "cpu", "-p", "a lighthouse at dusk, oil painting", "-n", "blurry, lowres", "--steps", "3", "--cfg-scale", "6.5", "-s", "1234", "-W", "64", "-H", "48", "-q", "-o", s(&want)]);
+    ok(&["generate", "--model", &m, "--device", "cpu", "--prompt", "a lighthouse at dusk, oil painting", "--negative", "blurry, lowres", "--steps", "3", "--guidance", "6.5", "--seed", "1234", "--size", "64x48", "-q", "--out", s(&want)]);
     assert!(std::fs::read(&again).unwrap() == std::fs::read(&want).unwrap(), "--from of the A1111 picture is not the picture of its settings");
     // A flag beside it still wins.
     let other = d.join("other.png");
-    ok(&["generate", "--from", s(&pic), "--model", &m, "--device", "cpu", "--steps", "1", "-q", "-o", s(&other)]);
+    ok(&["generate", "--from", s(&pic), "--model", &m, "--device", "cpu", "--steps", "1", "-q", "--out", s(&other)]);
     assert_eq!(info(&other)["steps"].as_u64(), Some(1));
     // Text that is no A1111 settings line is refused by name.
     let junk = d.join("junk.png");
