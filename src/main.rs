@@ -74,7 +74,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::BenchDit(a) => {
-            let b = moss::bench::BenchDit {
+            let b = cli::bench::dit::BenchDit {
                 model: a.model.model.clone(),
                 embeds: a.embeds.clone(),
                 width: a.size.0,
@@ -90,11 +90,11 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 save_latents: a.save_latents.clone(),
                 save_velocity: a.save_velocity.clone(),
             };
-            println!("{}", moss::bench::run(&b, a.model.device)?);
+            println!("{}", cli::bench::dit::run(&b, a.model.device)?);
             Ok(0)
         }
         Command::BenchVae(a) => {
-            let b = moss::bench_vae::BenchVae {
+            let b = cli::bench::vae::BenchVae {
                 model: a.model.model.clone(),
                 latents: a.latents.clone(),
                 reps: a.reps,
@@ -105,7 +105,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 keep_gib: a.keep_gib,
                 plan_free_gib: a.plan_free_gib,
             };
-            println!("{}", moss::bench_vae::run(&b, a.model.device)?);
+            println!("{}", cli::bench::vae::run(&b, a.model.device)?);
             Ok(0)
         }
         Command::Serve(a) => {
@@ -139,7 +139,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(if moss::check::run(&ck, a.device, moss::check::GateOptions { seed: a.seed, verbose: a.verbose }) { 0 } else { 1 })
         }
         Command::BenchEncode(a) => {
-            moss::bench_encoder::run(&moss::bench_encoder::BenchEncode {
+            cli::bench::encoder::run(&cli::bench::encoder::BenchEncode {
                 model: a.model,
                 ids_files: a.ids_file,
                 count: a.ids,

@@ -49,14 +49,14 @@ pub enum Command {
     Man(ManArgs),
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
-    /// Time the prompt encoder on token ids (a bench tool: src/bench_encoder.rs).
+    /// Time the prompt encoder on token ids (a bench tool: src/cli/bench/encoder.rs).
     #[command(hide = true)]
     BenchEncode(BenchEncodeArgs),
     /// The DiT stage alone from an embeds file: timed forwards and guided loop, JSON out
-    /// (a bench tool: src/bench.rs).
+    /// (a bench tool: src/cli/bench/dit.rs).
     #[command(hide = true)]
     BenchDit(BenchDitArgs),
-    /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/bench_vae.rs).
+    /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/cli/bench/vae.rs).
     #[command(hide = true)]
     BenchVae(BenchVaeArgs),
 }

@@ -3,6 +3,7 @@
 //! binary sees this; the library never names it.
 
 pub mod args;
+pub mod bench;
 pub mod bars;
 pub mod from;
 pub mod generate;

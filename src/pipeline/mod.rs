@@ -439,36 +439,6 @@ pub fn prompt_texts(req: &Request) -> Vec<&str> {
     }
 }
 
-/// Before any weights load: every stage's plan (weights + working memory) against the GPU's
-/// free memory now. The stages run one after another, each freeing the last, so each must fit
-/// alone; a run that cannot fails here in a second, with the stage, the numbers and (for the
-/// DiT) the largest size that fits, instead of after a 16 GB load. `text_tokens`: the longest
-/// prompt in tokens (None: the encoder does not run); `sizes`: the pictures' `(W, H)`.
-pub fn preflight_cuda(
-    cu: &crate::backend::cuda::ops::Cuda,
-    ck: &Checkpoint,
-    text_tokens: Option<usize>,
-    sizes: &[(u32, u32)],
-) -> Result<()> {
-    use crate::backend::cuda::plan::{encoder_activation_bytes, MemoryPlan};
-    let text = text_tokens.unwrap_or(0).max(1);
-    if let Some(l) = text_tokens {
-        let comp = ck.open_component_for_plan("text_encoder")?;
-        let act = encoder_activation_bytes(&ck.encoder, l, cu.act_dtype());
-        MemoryPlan::component(&comp, cu.precision)
-            .activations(act)
-            .check(cu.gpu())
-            .map_err(|e| e.context(format!("the text-encoder stage ({l} tokens) does not fit")))?;
-    }
-    if let Some(&(w, h)) = sizes.iter().max_by_key(|&&(w, h)| w as u64 * h as u64) {
-        let comp = ck.open_component_for_plan("transformer")?;
-        cu.plan_dit(&comp, &ck.dit, (h / 16) as usize * (w / 16) as usize, text)?;
-        let comp = ck.open_component_for_plan("vae")?;
-        cu.plan_vae(&comp, &ck.vae, (h / 16) as usize, (w / 16) as usize)?;
-    }
-    Ok(())
-}
-
 /// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
 fn generate_on<B: EncoderOps + DitOps + VaeOps + Sync>(
     b: &B,

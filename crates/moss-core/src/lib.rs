@@ -4,6 +4,7 @@
 //! CPU reference backend, the sampling loop's pieces and the memory planner.
 
 pub mod backend;
+pub mod cache;
 pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
@@ -13,7 +14,9 @@ pub mod model;
 pub mod noise;
 pub mod options;
 pub mod prompt;
+pub mod sampler;
 pub mod sampling;
 pub mod schedule;
+pub mod sigmas;
 pub mod spec;
 pub mod tensor;

@@ -9,6 +9,9 @@ use anyhow::{ensure, Result};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
     pub step: usize,
+    /// The model call's index from 0 (equal to `step` for one call a step; step caching counts
+    /// calls, [`crate::cache`]).
+    pub call: usize,
     /// The transformer's timestep (σ·1000, in f32).
     pub t: f32,
     /// Whether the negative (unconditional) velocity is wanted too (guidance is not exactly 1).
@@ -38,7 +41,7 @@ pub fn sample<B: DitOps>(
         let frac = i as f64 / n as f64;
         let skip_active = skip_window.0 <= frac && frac < skip_window.1;
         let guided = guidance != 1.0;
-        let (v_c, v_u) = velocities(Step { step: i, t, guided, skip_active }, &x)?;
+        let (v_c, v_u) = velocities(Step { step: i, call: i, t, guided, skip_active }, &x)?;
         ensure!(v_u.is_some() == guided, "step {i}: {} negative velocity", if guided { "no" } else { "an unasked" });
         let dsigma = sigmas[i + 1] - sigmas[i];
         x = b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?;

@@ -158,10 +158,10 @@ struct Inner {
     poison: AtomicBool,
     sms: u32,
     /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
-    /// whether the decoder is re-running on the TF32 path after it was set (src/backend/cuda/vae/conv.rs).
+    /// whether the decoder is re-running on the TF32 path after it was set (crates/moss-cuda/src/vae/conv.rs).
     vae_flag: Mutex<Option<CudaTensor>>,
     vae_tf32_fallback: AtomicBool,
-    /// The VAE split decode's copy streams and pinned host memory (src/backend/cuda/vae/picture.rs).
+    /// The VAE split decode's copy streams and pinned host memory (crates/moss-cuda/src/vae/picture.rs).
     vae_io: Mutex<Option<Arc<crate::vae::picture::SplitIo>>>,
     /// The run plan's limit on the VAE decode's activations (`VaeOps::limit_vae_activations`).
     vae_limit: Mutex<Option<u64>>,

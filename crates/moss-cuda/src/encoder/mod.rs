@@ -7,7 +7,7 @@
 //! kernels of `row_ops.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
 //! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
-//! controls of `moss check` (src/backend/cuda/check/encoder*.rs).
+//! controls of `moss check` (crates/moss-cuda/src/check/encoder*.rs).
 
 pub mod attention_qkv_gate;
 pub mod delta_rule;
