@@ -97,7 +97,9 @@ fn take(f: &mut Foreign, k: &str, v: &str) -> bool {
         "CFG scale" => v.parse::<f32>().ok().filter(|g| g.is_finite()).map(|g| s.guidance = g).is_some(),
         "Seed" => v.parse().map(|n| s.seed = n).is_ok(),
         "Size" => {
-            let Ok((w, h)) = v.split_once('x').ok_or(()).and_then(|(w, h)| Ok((w.parse::<u32>().map_err(|_| ())?, h.parse::<u32>().map_err(|_| ())?))) else {
+            let Ok((w, h)) =
+                v.split_once('x').ok_or(()).and_then(|(w, h)| Ok((w.parse::<u32>().map_err(|_| ())?, h.parse::<u32>().map_err(|_| ())?)))
+            else {
                 return false;
             };
             // moss renders multiples of 16: the nearest, named when it differs.
@@ -147,9 +149,7 @@ impl Foreign {
     pub fn note(&self, not: &[String]) -> String {
         let from = self.generator.as_deref().map(|g| format!(" ({g})")).unwrap_or_default();
         let not = if not.is_empty() { "nothing else".to_string() } else { not.join("; ") };
-        format!(
-            "an A1111-style picture{from}: moss takes its prompt, negative prompt, steps, CFG scale, seed and size; it does not reproduce: {not}"
-        )
+        format!("an A1111-style picture{from}: moss takes its prompt, negative prompt, steps, CFG scale, seed and size; it does not reproduce: {not}")
     }
 
     /// `moss info --json`: the settings moss takes, and what it does not.
@@ -184,7 +184,10 @@ mod tests {
         assert_eq!(f.spec.prompt, "a castle on a hill, (masterpiece:1.2)\nmultiple lines <lora:detail:0.6>");
         assert_eq!(f.spec.negative, "lowres, bad anatomy");
         assert_eq!((f.spec.steps, f.spec.guidance, f.spec.seed, f.spec.width, f.spec.height), (28, 6.5, 1234567890, 512, 768));
-        assert_eq!((f.model.as_deref(), f.model_hash.as_deref(), f.generator.as_deref()), (Some("v1-5-pruned-emaonly"), Some("6ce0161689"), Some("v1.10.1")));
+        assert_eq!(
+            (f.model.as_deref(), f.model_hash.as_deref(), f.generator.as_deref()),
+            (Some("v1-5-pruned-emaonly"), Some("6ce0161689"), Some("v1.10.1"))
+        );
         assert_eq!(
             f.not_reproduced,
             [

@@ -72,7 +72,24 @@ fn from_keeps_the_loras() {
     let m = tiny();
     let lora = common::golden().join("lora/kohya.safetensors");
     let a = d.join("a.png");
-    ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "2", "--size", "64x64", "--lora", &format!("{}:0.7", s(&lora)), "-q", "-o", s(&a)]);
+    ok(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a fox",
+        "--steps",
+        "2",
+        "--size",
+        "64x64",
+        "--lora",
+        &format!("{}:0.7", s(&lora)),
+        "-q",
+        "-o",
+        s(&a),
+    ]);
     let plain = d.join("plain.png");
     ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "2", "--size", "64x64", "-q", "-o", s(&plain)]);
     assert!(std::fs::read(&a).unwrap() != std::fs::read(&plain).unwrap(), "the LoRA changed nothing");
@@ -158,12 +175,63 @@ fn short_flags_people_type() {
     let d = scratch("short");
     let m = tiny();
     let (a, b) = (d.join("a.png"), d.join("b.png"));
-    ok(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--negative", "dog", "--seed", "5", "--size", "64x48", "--guidance", "2.5", "--steps", "1", "-q", "-o", s(&a)]);
-    ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a cat", "-n", "dog", "-s", "5", "-W", "64", "-H", "48", "--cfg-scale", "2.5", "--steps", "1", "-q", "-o", s(&b)]);
+    ok(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a cat",
+        "--negative",
+        "dog",
+        "--seed",
+        "5",
+        "--size",
+        "64x48",
+        "--guidance",
+        "2.5",
+        "--steps",
+        "1",
+        "-q",
+        "-o",
+        s(&a),
+    ]);
+    ok(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "-p",
+        "a cat",
+        "-n",
+        "dog",
+        "-s",
+        "5",
+        "-W",
+        "64",
+        "-H",
+        "48",
+        "--cfg-scale",
+        "2.5",
+        "--steps",
+        "1",
+        "-q",
+        "-o",
+        s(&b),
+    ]);
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "the short forms render another picture");
     let c = d.join("c.png");
     let r = ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a cat", "--seed", "-1", "--steps", "1", "-W", "64", "-H", "64", "-o", s(&c)]);
-    let said: u64 = r.stderr.trim().strip_prefix("moss: seed ").and_then(|t| t.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
+    let said: u64 = r
+        .stderr
+        .trim()
+        .strip_prefix("moss: seed ")
+        .and_then(|t| t.strip_suffix(" (random)"))
+        .unwrap_or_else(|| panic!("{}", r.stderr))
+        .parse()
+        .unwrap();
     assert_eq!(info(&c)["seed"].as_u64(), Some(said));
     let r = moss(&["generate", "-p", "x", "--size", "64x64", "-H", "32"]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
@@ -179,7 +247,9 @@ fn no_silent_overwrite() {
     let d = scratch("overwrite");
     let m = tiny();
     let out = d.join("moss.png");
-    let run = |extra: &[&str]| moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat());
+    let run = |extra: &[&str]| {
+        moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat())
+    };
     assert_eq!(run(&["--seed", "1", "-o", s(&out)]).code, Some(0));
     let first = std::fs::read(&out).unwrap();
     let r = run(&["--seed", "2", "-o", s(&out)]);
@@ -231,7 +301,30 @@ fn no_silent_overwrite() {
     let list = d.join("l.txt");
     std::fs::write(&list, "a cat\n").unwrap();
     let out_dir = d.join("renders");
-    let batch = |extra: &[&str]| moss(&[&["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "-q", "--prompts", s(&list), "--out-dir", s(&out_dir)], extra].concat());
+    let batch = |extra: &[&str]| {
+        moss(
+            &[
+                &[
+                    "generate",
+                    "--device",
+                    "cpu",
+                    "--model",
+                    &m,
+                    "--steps",
+                    "1",
+                    "--size",
+                    "64x64",
+                    "-q",
+                    "--prompts",
+                    s(&list),
+                    "--out-dir",
+                    s(&out_dir),
+                ],
+                extra,
+            ]
+            .concat(),
+        )
+    };
     assert_eq!(batch(&[]).code, Some(0));
     refused(&batch(&[]), &["00000-42.png", "exists", "--skip-existing"]);
     assert_eq!(batch(&["--skip-existing"]).code, Some(0));
@@ -301,17 +394,47 @@ fn an_a1111_picture_is_rendered_again_by_from() {
         assert!(r.stderr.contains(w), "`{w}` not named: {}", r.stderr);
     }
     let j: serde_json::Value = serde_json::from_str(&ok(&["info", "--json", s(&pic)]).stdout).unwrap();
-    assert_eq!((j["prompt"].as_str(), j["negative"].as_str(), j["seed"].as_u64(), j["steps"].as_u64()), (Some("a lighthouse at dusk, oil painting"), Some("blurry, lowres"), Some(1234), Some(3)));
+    assert_eq!(
+        (j["prompt"].as_str(), j["negative"].as_str(), j["seed"].as_u64(), j["steps"].as_u64()),
+        (Some("a lighthouse at dusk, oil painting"), Some("blurry, lowres"), Some(1234), Some(3))
+    );
     assert_eq!((j["guidance"].as_f64(), j["width"].as_u64(), j["height"].as_u64()), (Some(6.5), Some(64), Some(48)));
 
     let again = d.join("again.png");
     let r = ok(&["generate", "--from", s(&pic), "--model", &m, "--device", "cpu", "--out", s(&again)]);
     assert_eq!(r.stderr.trim().lines().count(), 1, "one note: {}", r.stderr);
-    for w in ["prompt, negative prompt, steps, CFG scale, seed and size", "Sampler: DPM++ 2M", "Hires upscale: 2", "Denoising strength: 0.7", "Model: v1-5-pruned-emaonly (hash 6ce0161689)"] {
+    for w in [
+        "prompt, negative prompt, steps, CFG scale, seed and size",
+        "Sampler: DPM++ 2M",
+        "Hires upscale: 2",
+        "Denoising strength: 0.7",
+        "Model: v1-5-pruned-emaonly (hash 6ce0161689)",
+    ] {
         assert!(r.stderr.contains(w), "`{w}` not named: {}", r.stderr);
     }
     let want = d.join("want.png");
-    ok(&["generate", "--model", &m, "--device", "cpu", "--prompt", "a lighthouse at dusk, oil painting", "--negative", "blurry, lowres", "--steps", "3", "--guidance", "6.5", "--seed", "1234", "--size", "64x48", "-q", "--out", s(&want)]);
+    ok(&[
+        "generate",
+        "--model",
+        &m,
+        "--device",
+        "cpu",
+        "--prompt",
+        "a lighthouse at dusk, oil painting",
+        "--negative",
+        "blurry, lowres",
+        "--steps",
+        "3",
+        "--guidance",
+        "6.5",
+        "--seed",
+        "1234",
+        "--size",
+        "64x48",
+        "-q",
+        "--out",
+        s(&want),
+    ]);
     assert!(std::fs::read(&again).unwrap() == std::fs::read(&want).unwrap(), "--from of the A1111 picture is not the picture of its settings");
     // A flag beside it still wins.
     let other = d.join("other.png");

@@ -99,10 +99,9 @@ fn check_model_hash(pic: &Path, model: &str, name: &str, recorded: Option<&str>,
     let Some(recorded) = recorded else { return };
     let Ok(ck) = moss::pipeline::open_checkpoint(model) else { return }; // the run says why
     match ck.model_hash() {
-        Some(h) if h != recorded && !quiet => eprintln!(
-            "moss: warning: {} was made with model {name} (hash {recorded}); {model} has hash {h}: the picture will differ",
-            pic.display()
-        ),
+        Some(h) if h != recorded && !quiet => {
+            eprintln!("moss: warning: {} was made with model {name} (hash {recorded}); {model} has hash {h}: the picture will differ", pic.display())
+        }
         _ => {}
     }
 }
@@ -114,7 +113,8 @@ fn check_model_hash(pic: &Path, model: &str, name: &str, recorded: Option<&str>,
 fn loras(pic: &Path, recorded: &[String], flags: &[LoraSpec], flags_given: bool, quiet: bool) -> anyhow::Result<Vec<LoraSpec>> {
     let mut want = vec![];
     for r in recorded {
-        let (file, scale, hash) = parse_lora(r).ok_or_else(|| anyhow::anyhow!("{}: the recorded LoRA `{r}` is not FILE:SCALE:HASH", pic.display()))?;
+        let (file, scale, hash) =
+            parse_lora(r).ok_or_else(|| anyhow::anyhow!("{}: the recorded LoRA `{r}` is not FILE:SCALE:HASH", pic.display()))?;
         want.push((file, scale, hash));
     }
     if flags_given {
