@@ -5,7 +5,7 @@
 //! can name anything here.
 
 pub use moss_core::{
-    cache, checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule, sigmas, spec,
+    cache, checkpoint, embeds, fp8, img2img, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule, sigmas, spec,
     tensor,
 };
 
@@ -21,6 +21,7 @@ pub mod check;
 pub mod metadata;
 pub mod output;
 pub mod picture;
+pub mod picture_in;
 pub mod pipeline;
 pub mod png;
 pub mod run_plan;

@@ -38,6 +38,14 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
         }
         Command::Generate(a) if a.batch.prompts.is_some() => cli::generate::batch(&a, given),
         Command::Generate(a) => cli::generate::generate(a, given),
+        Command::Encode(a) if a.image.is_some() => {
+            let image = a.image.as_deref().unwrap_or(std::path::Path::new(""));
+            pipeline::encode_image_to_file(image, &a.out, &a.model.model, a.model.device)?;
+            if !a.quiet && !moss::output::is_stdout(&a.out) {
+                println!("{}", a.out.display());
+            }
+            Ok(0)
+        }
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
             let spec = moss::spec::PictureSpec { prompt: prompt.clone(), ..Default::default() };

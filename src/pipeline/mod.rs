@@ -18,8 +18,10 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod encode_image;
 mod files;
 mod text;
+pub use encode_image::*;
 pub use files::*;
 pub use text::*;
 

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
+pub mod img2img;
 pub mod lora;
 pub mod memory_plan;
 pub mod model;

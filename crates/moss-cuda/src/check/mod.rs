@@ -17,3 +17,4 @@ pub mod linear_situ_glu_fp8;
 pub mod lora;
 pub mod tensor;
 pub mod vae;
+pub mod vae_encode;

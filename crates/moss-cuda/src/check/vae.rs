@@ -232,7 +232,7 @@ fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
 }
 
 /// f64 attention for the query rows `rows` of `q`, `k`, `v` `[1, L, D]` → `[rows, D]`.
-fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> Result<Tensor> {
+pub(crate) fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let (l, d) = (q.shape[1], q.shape[2]);
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = Vec::with_capacity(rows.len() * d);
