@@ -128,6 +128,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 port: a.port,
                 api_key: a.api_key,
                 allow_insecure_bind: a.allow_insecure_bind,
+                allow_origins: a.allow_origin,
                 max_queue: a.max_queue,
                 max_size: a.max_size,
                 max_steps: a.max_steps,

@@ -169,6 +169,14 @@ fn quote(v: &str) -> String {
     }
 }
 
+/// `text` safe to print on a terminal: control characters other than newline and tab (an escape
+/// sequence, a carriage return) are written as `\u{1b}`.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect()
+}
+
 /// The picture's metadata (see the module docs).
 pub fn for_request(req: &Request, ck: &Checkpoint) -> Metadata {
     Params::of(req, ck).to_png()
@@ -247,6 +255,11 @@ mod tests {
         assert_eq!(Params::from_png(&q.to_png()).unwrap(), q);
         assert_eq!(parse_lora("a:b.safetensors:0.5:abc"), Some(("a:b.safetensors".into(), 0.5, "abc".into())));
         assert_eq!(parse_lora("nope"), None);
+    }
+
+    #[test]
+    fn printable_escapes_control_characters() {
+        assert_eq!(printable("a\u{1b}]0;x\u{7}\rb\nc\td\u{9b}"), "a\\u{1b}]0;x\\u{7}\\u{d}b\nc\td\\u{9b}");
     }
 
     #[test]

@@ -412,6 +412,10 @@ pub struct ServeArgs {
     /// Allow a non-loopback --host without an API key (anyone who reaches it can use the GPU).
     #[arg(long)]
     pub allow_insecure_bind: bool,
+    /// Let web pages of this origin (`http://localhost:3000`) call the API from a browser (CORS);
+    /// requests from any other page are refused. Repeatable.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
     /// Requests that may wait behind the running one; more get 429 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,

@@ -19,7 +19,7 @@ pub enum Settings {
 /// The settings of the picture at `pic`: the `moss` JSON, else an A1111-style `parameters` text.
 pub fn read(pic: &Path) -> anyhow::Result<Settings> {
     use anyhow::Context;
-    let meta = moss::picture::read_metadata(pic)?;
+    let meta = moss::picture_in::read_metadata(pic)?;
     if meta.get("moss").is_none() {
         if let Some(text) = meta.get("parameters") {
             return moss::a1111::parse(text).map(Settings::Foreign).with_context(|| pic.display().to_string());
@@ -33,14 +33,14 @@ pub fn read(pic: &Path) -> anyhow::Result<Settings> {
 pub fn info(pic: &Path, json: bool) -> anyhow::Result<()> {
     match read(pic)? {
         Settings::Moss(p) if json => println!("{}", serde_json::to_string(&p)?),
-        Settings::Moss(p) => println!("{}", p.a1111()),
+        Settings::Moss(p) => println!("{}", moss::metadata::printable(&p.a1111())),
         Settings::Foreign(f) => {
             if json {
                 println!("{}", serde_json::to_string(&f.json())?);
             } else {
-                println!("{}", f.text);
+                println!("{}", moss::metadata::printable(&f.text));
             }
-            eprintln!("moss: {}", f.note(&f.with_model()));
+            eprintln!("moss: {}", moss::metadata::printable(&f.note(&f.with_model())));
         }
     }
     Ok(())

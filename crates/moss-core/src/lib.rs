@@ -4,6 +4,7 @@
 //! CPU reference backend, the sampling loop's pieces and the memory planner.
 
 pub mod backend;
+pub mod bounded;
 pub mod cache;
 pub mod checkpoint;
 pub mod embeds;

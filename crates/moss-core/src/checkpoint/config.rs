@@ -6,8 +6,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::bounded::read_text_bounded(path, crate::bounded::MAX_CONFIG, "config")?;
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
