@@ -167,16 +167,6 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     ck.start_model_hash();
 
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
-    if !o.replace && !o.skip_existing {
-        let there: Vec<&Job> = plan.jobs.iter().filter(|j| crate::output::refuse_existing(&j.path).is_err()).collect();
-        if let Some(first) = there.first() {
-            let more = if there.len() > 1 { format!(" (and {} more)", there.len() - 1) } else { String::new() };
-            anyhow::bail!(
-                "{}{more} exists; moss does not replace pictures: --skip-existing renders only the missing ones, --force (-y) replaces them",
-                first.path.display()
-            );
-        }
-    }
     if let Some(q) = o.quality {
         let jpeg = |j: &Job| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg);
         if !plan.jobs.iter().chain(&plan.skipped).any(jpeg) {
@@ -243,6 +233,17 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
                 progress.failed(&format!("{at}: {e:#}"));
                 sum.failed += 1;
             }
+        }
+    }
+    // Existing pictures, once every item's graver problems (an input as output, ...) are said.
+    if !o.replace && !o.skip_existing {
+        let there: Vec<&Job> = jobs.iter().filter(|j| crate::output::refuse_existing(&j.path).is_err()).collect();
+        if let Some(first) = there.first() {
+            let more = if there.len() > 1 { format!(" (and {} more)", there.len() - 1) } else { String::new() };
+            anyhow::bail!(
+                "{}{more} exists; moss does not replace pictures: --skip-existing renders only the missing ones, --force (-y) replaces them",
+                first.path.display()
+            );
         }
     }
     if jobs.is_empty() {

@@ -408,14 +408,14 @@ pub fn generate_planned(
         };
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
+        ck.attach_loras(loras)?;
         if !req.replace {
-            // After the graver clash with an input (said by check_outputs).
+            // After the graver problems: an input as output (check_outputs), a bad LoRA.
             crate::output::refuse_existing(&req.out)?;
             if let Some(p) = &req.save_latents {
                 crate::output::refuse_existing(p)?;
             }
         }
-        ck.attach_loras(loras)?;
         ck.start_model_hash();
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {
