@@ -80,6 +80,7 @@ fn settings(prompt: &str) -> Params {
         device: "cpu".into(),
         model: tiny().display().to_string(),
         model_revision: "local".into(),
+        model_hash: None,
         loras: vec![],
         version: moss::metadata::version(),
     }
