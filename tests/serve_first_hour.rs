@@ -145,7 +145,6 @@ async fn short_model_id_aliases_and_output_formats() {
     let models: Value = serde_json::from_slice(&models).unwrap();
     let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["tiny-a", "dall-e-3", "gpt-image-1"]);
-    assert!(s.log().contains("loading tiny-a on cpu"), "{}", s.log());
     let d = scratch("formats");
     for name in ["tiny-a", "dall-e-3", "gpt-image-1"] {
         let (status, r) = generate(p, json!({"model": name, "prompt": "a cat", "seed": 3, "size": "64x64", "num_inference_steps": 2})).await;
