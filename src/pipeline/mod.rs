@@ -42,12 +42,15 @@ pub struct Request {
     pub quality: Option<u8>,
     /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
     pub cut: Cut,
+    /// Whether an existing regular file at `out` (or `save_latents`) may be replaced (`--force`);
+    /// when not, it is refused before any work and never replaced at the end.
+    pub replace: bool,
 }
 
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default() }
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default(), replace: true }
     }
 }
 
@@ -416,6 +419,14 @@ pub fn generate_planned(
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
         ck.attach_loras(loras)?;
+        if !req.replace {
+            // After the graver problems: an input as output (check_outputs), a bad LoRA.
+            crate::output::refuse_existing(&req.out)?;
+            if let Some(p) = &req.save_latents {
+                crate::output::refuse_existing(p)?;
+            }
+        }
+        ck.start_model_hash();
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {
             Some(_) => (None, Cut::default()),
@@ -557,7 +568,7 @@ where
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
     let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
-    crate::output::write(&req.out, &bytes)?;
+    crate::output::write_as(&req.out, &bytes, req.replace)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)
