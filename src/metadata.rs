@@ -31,8 +31,12 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub negative_tokens_before_cut: Option<usize>,
     pub device: String,
+    /// The model's name: its repo id or its folder's name, never a path.
     pub model: String,
     pub model_revision: String,
+    /// A1111's `Model hash` of the transformer (10 hex digits, `moss_core::checkpoint::hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_hash: Option<String>,
     /// LoRAs merged into the weights: `FILE:SCALE:HASH` (a short hash of the file's bytes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loras: Vec<String>,
@@ -55,8 +59,9 @@ impl Params {
             prompt_tokens_before_cut: req.cut.prompt,
             negative_tokens_before_cut: req.cut.negative,
             device: req.device.to_string(),
-            model: ck.loc.id.clone(),
+            model: ck.loc.name(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
+            model_hash: ck.model_hash().map(String::from),
             loras: ck.loras.adapters().iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
             forwards: req.forwards,
             version: version(),
@@ -78,13 +83,18 @@ impl Params {
             ("CFG scale", fmt_num(self.spec.guidance as f64)),
             ("Seed", self.spec.seed.to_string()),
             ("Size", format!("{}x{}", self.spec.width, self.spec.height)),
+        ];
+        if let Some(h) = &self.model_hash {
+            kv.push(("Model hash", h.clone()));
+        }
+        kv.extend([
             ("Model", self.model.clone()),
             ("Model revision", self.model_revision.clone()),
             ("Skip layers", if skip.is_empty() { "none".into() } else { skip }),
             ("Skip window", format!("{}:{}", fmt_num(self.spec.skip_window.0), fmt_num(self.spec.skip_window.1))),
             ("Precision", self.spec.precision.to_string()),
             ("Device", self.device.clone()),
-        ];
+        ]);
         let (a, b) = self.spec.guidance_window;
         if (a, b) != (0.0, 1.0) {
             kv.push(("Guidance window", format!("{}:{}", fmt_num(a), fmt_num(b))));
@@ -104,12 +114,23 @@ impl Params {
             // `;`, not `,`: readers that split the line at commas keep the value whole.
             kv.push(("Cut", cut.join("; ")));
         }
-        if !self.loras.is_empty() {
-            kv.push(("Lora hashes", self.loras.join(", ")));
+        let loras: Vec<(String, String)> = self.loras.iter().filter_map(|l| parse_lora(l)).map(|(file, _, hash)| (stem(&file), hash)).collect();
+        if !loras.is_empty() {
+            kv.push(("Lora hashes", loras.iter().map(|(n, h)| format!("{n}: {h}")).collect::<Vec<_>>().join(", ")));
         }
-        kv.push(("Version", self.version.clone()));
         s.push('\n');
-        s.push_str(&kv.iter().map(|(k, v)| format!("{k}: {}", quote(v))).collect::<Vec<_>>().join(", "));
+        let mut fields: Vec<String> = kv.iter().map(|(k, v)| format!("{k}: {}", quote(v))).collect();
+        // Civitai's form of every resource's hash (its extension writes it; sd-parsers reads it):
+        // a JSON object, unquoted, as A1111 writes a dict.
+        let mut hashes: Vec<(String, &str)> = self.model_hash.iter().map(|h| ("model".to_string(), h.as_str())).collect();
+        hashes.extend(loras.iter().map(|(n, h)| (format!("lora:{n}"), h.as_str())));
+        if !hashes.is_empty() {
+            let json = |v: &str| serde_json::to_string(v).unwrap_or_default();
+            let pairs: Vec<String> = hashes.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
+            fields.push(format!("Hashes: {{{}}}", pairs.join(",")));
+        }
+        fields.push(format!("Version: {}", quote(&self.version)));
+        s.push_str(&fields.join(", "));
         s
     }
 
@@ -175,6 +196,57 @@ fn cache_label(c: &crate::cache::CacheConfig) -> String {
     s
 }
 
+/// The sampler a `Sampler` value names: A1111's display names ([`sampler_label`], any case),
+/// moss's names, and stable-diffusion.cpp's `euler_a`.
+pub fn sampler_of_label(v: &str) -> Option<Sampler> {
+    let v = v.trim();
+    Sampler::ALL.iter().map(|&(k, _)| k).find(|&k| sampler_label(k).eq_ignore_ascii_case(v) || k.name() == v.to_ascii_lowercase()).or_else(|| (v == "euler_a").then_some(Sampler::EulerAncestral))
+}
+
+/// The schedule a `Schedule type` value names ([`schedule_label`], or moss's name).
+pub fn schedule_of_label(v: &str) -> Option<Schedule> {
+    let v = v.trim();
+    Schedule::ALL.iter().map(|&(s, _)| s).find(|&s| schedule_label(s) == v || s.name() == v)
+}
+
+/// The cache a `Cache` value ([`cache_label`]'s form) names, checked.
+pub fn cache_of_label(v: &str) -> Option<crate::cache::CacheConfig> {
+    let mut w = v.split_whitespace();
+    let mut c = crate::cache::CacheConfig::defaults(w.next()?.parse().ok()?);
+    let (f, b) = w.next()?.strip_prefix('F')?.split_once('B')?;
+    (c.fn_blocks, c.bn_blocks) = (f.parse().ok()?, b.parse().ok()?);
+    let rest: Vec<&str> = w.collect();
+    let mut i = 0;
+    while i < rest.len() {
+        let (key, value) = match rest[i] {
+            "max" => (rest.get(i + 1).copied()?, rest.get(i + 2).copied()?),
+            k => (k, rest.get(i + 1).copied()?),
+        };
+        i += if rest[i] == "max" { 3 } else { 2 };
+        match key {
+            "threshold" => c.threshold = value.parse().ok()?,
+            "warmup" => c.warmup = value.parse().ok()?,
+            "cached" => c.max_cached = Some(value.parse().ok()?),
+            "continuous" => c.max_continuous = Some(value.parse().ok()?),
+            "order" => c.taylor_order = value.parse().ok()?,
+            _ => return None,
+        }
+    }
+    crate::spec::check_cache(&c).ok().map(|_| c)
+}
+
+/// A recorded LoRA `FILE:SCALE:HASH`, split (None: not of that form).
+pub fn parse_lora(entry: &str) -> Option<(String, f32, String)> {
+    let mut it = entry.rsplitn(3, ':');
+    let (hash, scale, file) = (it.next()?, it.next()?, it.next()?);
+    Some((file.to_string(), scale.parse().ok()?, hash.to_string()))
+}
+
+/// A file name without its extension (A1111's name for an adapter).
+fn stem(file: &str) -> String {
+    std::path::Path::new(file).file_stem().map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned())
+}
+
 /// A number as A1111 prints it: integers without a fraction (`3`, not `3.0`).
 fn fmt_num(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
@@ -231,6 +303,7 @@ mod tests {
             device: "cuda:0".into(),
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
             model_revision: "abc".into(),
+            model_hash: None,
             loras: vec![],
             forwards: None,
             version: "moss 0.1.0".into(),
@@ -286,6 +359,37 @@ mod tests {
             assert_eq!(sampler_label(k), want);
         }
         assert_eq!(schedule_label(Schedule::SgmUniform), "SGM Uniform");
+        // Each label reads back.
+        for (k, _) in Sampler::ALL {
+            assert_eq!(sampler_of_label(sampler_label(k)), Some(k));
+        }
+        for (k, _) in Schedule::ALL {
+            assert_eq!(schedule_of_label(schedule_label(k)), Some(k));
+        }
+        assert_eq!((sampler_of_label("euler_a"), sampler_of_label("dpm++2m"), sampler_of_label("DDIM")), (Some(Sampler::EulerAncestral), Some(Sampler::DpmPp2m), None));
+        assert_eq!(cache_of_label(&cache_label(&q.spec.cache.unwrap())), q.spec.cache);
+        let t = crate::cache::CacheConfig { max_cached: Some(4), threshold: 0.125, ..crate::cache::CacheConfig::defaults(crate::cache::Method::TaylorSeer) };
+        assert_eq!(cache_of_label(&cache_label(&t)), Some(t));
+        assert_eq!(cache_of_label("dbcache F8B0 threshold 7 warmup 8"), None, "checked");
+    }
+
+    /// A1111's `Model hash` after the size, `Lora hashes` as `"name: hash, ..."`, and civitai's
+    /// `Hashes` object; the moss JSON keeps each LoRA's file, scale and hash.
+    #[test]
+    fn hashes_in_a1111_and_civitai_form() {
+        let mut q = p();
+        q.model_hash = Some("0123456789".into());
+        q.loras = vec!["style.safetensors:0.7:aaaaaaaaaaaa".into(), "turbo.safetensors:1:bbbbbbbbbbbb".into()];
+        let t = q.a1111();
+        assert!(t.contains("Size: 1024x768, Model hash: 0123456789, Model: OpenMOSS-Team/MOSS-Image-SFT,"), "{t}");
+        assert!(t.contains("Lora hashes: \"style: aaaaaaaaaaaa, turbo: bbbbbbbbbbbb\""), "{t}");
+        assert!(
+            t.ends_with(r#"Hashes: {"model":"0123456789","lora:style":"aaaaaaaaaaaa","lora:turbo":"bbbbbbbbbbbb"}, Version: moss 0.1.0"#),
+            "{t}"
+        );
+        assert_eq!(Params::from_png(&q.to_png()).unwrap(), q);
+        assert_eq!(parse_lora("a:b.safetensors:0.5:abc"), Some(("a:b.safetensors".into(), 0.5, "abc".into())));
+        assert_eq!(parse_lora("nope"), None);
     }
 
     #[test]

@@ -158,6 +158,7 @@ fn loop_request(e: &Expected) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
         preview: None,
         preview_every: 1,
         forwards: None,

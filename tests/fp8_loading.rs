@@ -48,6 +48,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         device: Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
         preview: None,
         preview_every: 1,
         forwards: None,

@@ -35,6 +35,7 @@ fn request(seed: u64) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
         preview: None,
         preview_every: 1,
         forwards: None,

@@ -5,5 +5,8 @@
 pub mod args;
 pub mod bench;
 pub mod bars;
+pub mod from;
 pub mod generate;
+pub mod man;
+pub mod quantize;
 pub mod sampling_args;

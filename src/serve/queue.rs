@@ -8,6 +8,9 @@
 //! may go first (the oldest such), at most [`GROUP`] of them in a row; then the oldest runs. So
 //! requests of one set run together, and none waits behind more than [`GROUP`] requests that
 //! came after it.
+//!
+//! **Draining.** A request that is running when the server starts draining renders all its
+//! pictures (only a second signal stops it).
 
 use super::api::{ApiError, Generation};
 use super::engine::{Picture, Render};
@@ -249,7 +252,8 @@ impl Progress for JobProgress<'_> {
         crate::pipeline::partial_image_steps(total, self.job.gen.partial_images).contains(&done)
     }
     fn preview(&mut self, done: usize, total: usize, rgb: &[u8], width: u32, height: u32) -> anyhow::Result<()> {
-        let png = crate::pipeline::preview_bytes(std::path::Path::new("partial.png"), rgb, width, height, done, total)?;
+        let name = format!("partial.{}", self.job.gen.format);
+        let png = crate::pipeline::preview_bytes(std::path::Path::new(&name), rgb, width, height, done, total)?;
         let _ = self.job.tx.send(Event::Partial { index: self.index, partial: self.partials, step: done, steps: total, png });
         self.partials += 1;
         Ok(())
@@ -295,11 +299,6 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
     }
     for i in 0..g.n as usize {
         if job.cancel.load(Ordering::SeqCst) {
-            return;
-        }
-        if i > 0 && q.draining() {
-            let msg = format!("the server is shutting down; {i} of {} pictures were rendered and are not sent", g.n);
-            let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
             return;
         }
         let seed = g.req.spec.seed.wrapping_add(i as u64);
@@ -352,7 +351,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
-        let gen = Generation { req, n, stream: false, partial_images: 0 };
+        let gen = Generation { req, n, stream: false, format: "png", partial_images: 0 };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now(), loras: LoraSet::default() }), rx)
     }
 
