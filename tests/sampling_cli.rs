@@ -248,11 +248,11 @@ fn from_reproduces_the_loop() {
     assert!(j["forwards"]["cached"].as_u64().unwrap() > 0, "{j}");
 
     let b = dir.join("b.png");
-    let (code, _, err) = moss(&["generate", "--from", p(&a), "-q", "-o", p(&b)]);
+    let (code, _, err) = moss(&["generate", "--from", p(&a), "--model", &m, "-q", "-o", p(&b)]);
     assert_eq!(code, 0, "{err}");
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from gave another picture");
     let c = dir.join("c.png");
-    let (code, _, err) = moss(&["generate", "--from", p(&a), "--sampler", "heun", "--cache", "off", "-q", "-o", p(&c)]);
+    let (code, _, err) = moss(&["generate", "--from", p(&a), "--model", &m, "--sampler", "heun", "--cache", "off", "-q", "-o", p(&c)]);
     assert_eq!(code, 0, "{err}");
     let (_, j, _) = moss(&["info", "--json", p(&c)]);
     let j: Value = serde_json::from_str(&j).unwrap();
