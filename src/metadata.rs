@@ -200,7 +200,9 @@ fn cache_label(c: &crate::cache::CacheConfig) -> String {
 /// moss's names, and stable-diffusion.cpp's `euler_a`.
 pub fn sampler_of_label(v: &str) -> Option<Sampler> {
     let v = v.trim();
-    Sampler::ALL.iter().map(|&(k, _)| k).find(|&k| sampler_label(k).eq_ignore_ascii_case(v) || k.name() == v.to_ascii_lowercase()).or_else(|| (v == "euler_a").then_some(Sampler::EulerAncestral))
+    let lower = v.to_ascii_lowercase();
+    let named = Sampler::ALL.iter().map(|&(k, _)| k).find(|&k| sampler_label(k).eq_ignore_ascii_case(v) || k.name() == lower);
+    named.or_else(|| (lower == "euler_a").then_some(Sampler::EulerAncestral))
 }
 
 /// The schedule a `Schedule type` value names ([`schedule_label`], or moss's name).

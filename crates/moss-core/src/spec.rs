@@ -165,7 +165,10 @@ mod tests {
         bad(|s| s.max_tokens = 0, "max tokens");
         bad(|s| s.skip_window = (0.5, 0.2), "skip window");
         bad(|s| s.guidance_window = (0.0, 1.5), "guidance window");
-        bad(|s| s.cache = Some(crate::cache::CacheConfig { threshold: -0.1, ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) }), "threshold");
+        let db = crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache);
+        bad(|s| s.cache = Some(crate::cache::CacheConfig { threshold: -0.1, ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) }),
+            "threshold");
+        assert!(PictureSpec { cache: Some(db), ..Default::default() }.check().is_ok());
     }
 
     /// Metadata written before the loop's settings existed reads as the defaults; the settings
