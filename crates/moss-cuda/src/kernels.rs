@@ -6,7 +6,7 @@
 //! is of [`ADD`]); a family is a `static` [`Family`] whose type names its parameter list
 //! (`Family<fn(Dev, Dev, Dev, i64, i64, i32)>`), and each parameter list has one `launch` method:
 //!
-//! ```ignore
+//! ```text
 //! kernels::ADD.launch(cuda, (grid, 256, 0), &out, a, b, n as i64, nb as i64, vec as i32)?;
 //! ```
 //!

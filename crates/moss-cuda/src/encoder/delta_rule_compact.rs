@@ -129,7 +129,7 @@ mod tests {
     }
 
     /// The launches take the kernels whose shared memory the contract records
-    /// ([`gdr_compact_smem`], `gdr_portable_smem`), and only the output has a planted twin.
+    /// ([`gdr_compact_smem`], `gdr_portable_smem`).
     #[test]
     fn launches_are_the_recorded_kernels() {
         use crate::kernels::Elem::{BF16, F32};
@@ -143,10 +143,6 @@ mod tests {
             let [_, seq, out] = gdr_portable_smem(tc);
             assert_eq!(names(&state_launch(StatePass::Wide, tc), tc), (seq.0, out.0));
         }
-        let l = state_launch(StatePass::Wide, false);
-        assert_eq!(l.out_cols, 64);
-        let ctl = crate::kernels::Image::production().twins(|s| s.starts_with("moss_enc"));
-        assert_eq!(ctl.resolve(&l.seq.info).stem, "moss_enc_gdr_seq");
-        assert_eq!(ctl.resolve(&l.out.info).stem, "moss_ctl_enc_gdr_out");
+        assert_eq!(state_launch(StatePass::Wide, false).out_cols, 64);
     }
 }
