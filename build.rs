@@ -12,11 +12,11 @@
 //!
 //! The production compiles run with `-Xptxas -v`: the compiler's own report of every kernel's
 //! registers, spills and static shared memory on every SM goes to `OUT_DIR/kernel_resources.tsv`
-//! (the kernel contract, checked by `src/backend/cuda/contract.rs`'s test).
+//! (the kernel contract, checked by `crates/moss-cuda/src/contract.rs`'s test).
 //!
 //! The kernels' launch constants (threads, tile sizes, shared memory) are written once, in
 //! `cuda/*/launch.h`; this script turns each header into Rust constants (`OUT_DIR/launch.rs`,
-//! `src/backend/cuda/launch.rs`), with or without nvcc. See [`launch_constants`].
+//! `crates/moss-cuda/src/launch.rs`), with or without nvcc. See [`launch_constants`].
 //!
 //! Every kernel's parameter list is read from the sources (after the C preprocessor: the names and
 //! parameters are often written by macros) into typed Rust launchers, `OUT_DIR/kernels.rs`

@@ -11,7 +11,7 @@
 saves its bf16 state dict as transformer/diffusion_pytorch_model.safetensors with the config,
 plus the minimal rest of a pipeline folder that `Checkpoint::open` reads (model_index.json,
 scheduler, the tiny-a text_encoder/vae configs, an empty tokenizer/), and random bf16 hidden
-states (cond L=128, uncond L=12, N(0,1)) in the moss embeds format (src/embeds.rs).
+states (cond L=128, uncond L=12, N(0,1)) in the moss embeds format (crates/moss-core/src/embeds.rs).
 
 `torch` runs the reference on the same weights and inputs: one forward of the cond pass at the
 first step's timestep on the seed-42 torch.randn noise, in bf16 eager (SDPA), bf16 with every

@@ -14,7 +14,7 @@
 #     bf16 goes up as stored and is widened on the GPU, f16 is converted to f32 on the host) and
 #     `lora_merge_device_s` (the GPU's part: the factors' copies and widening, the merge kernels; CUDA
 #     events); `lora_merge_s` is their sum, an upper bound since the host prepares the next tensor
-#     while the GPU merges one. See src/lora/ and src/backend/cuda/lora.rs. The wall difference with
+#     while the GPU merges one. See crates/moss-core/src/lora/ and crates/moss-cuda/src/lora.rs. The wall difference with
 #     the no-LoRA run shows what a LoRA adds in all;
 #   - 8 steps CFG 1 1024x1024 with the bf16 LoRA (the few-step recipe), and without it.
 # Prints a table: wall seconds, the read, and the merge per LoRA (all, host, device).

@@ -2,7 +2,7 @@
 transformer golden/tiny-b-fp8/transformer/. Run after make_golden.py, with the same pins (requirements.txt).
 Deterministic: CPU; the quantization in fp32, the fp8 products summed in float64 (~2 min).
 
-The quantization, written here in torch independently of src/fp8.rs:
+The quantization, written here in torch independently of crates/moss-core/src/fp8.rs:
   a weight, per output row:  scale = amax(|w|).clamp(min=1e-12) / 448 (fp32),
                              q = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
   an activation, per token:  the same on each row of x

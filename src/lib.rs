@@ -4,7 +4,7 @@
 //! and `moss-cuda` (the CUDA backend). The compiler keeps the edges one way: neither lower crate
 //! can name anything here.
 
-pub use moss_core::{checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampling, schedule, tensor};
+pub use moss_core::{checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampling, schedule, spec, tensor};
 
 /// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).
 pub mod backend {
@@ -13,11 +13,7 @@ pub mod backend {
 }
 
 pub mod batch;
-pub mod bench;
-pub mod bench_encoder;
-pub mod bench_vae;
 pub mod check;
-pub mod cli;
 pub mod metadata;
 pub mod output;
 pub mod picture;

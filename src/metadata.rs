@@ -12,30 +12,22 @@
 use crate::checkpoint::Checkpoint;
 use crate::pipeline::Request;
 use crate::png::Metadata;
-use crate::prompt::trim;
+use crate::spec::PictureSpec;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// Every setting that made a picture.
+/// Every setting that made a picture: its spec (the settings that decide its pixels, flattened
+/// into the same JSON object) and the facts of the run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
-    pub prompt: String,
-    pub negative: String,
-    pub seed: u64,
-    pub steps: u32,
-    pub guidance: f32,
-    pub width: u32,
-    pub height: u32,
-    pub uncond_skip: Vec<usize>,
-    pub skip_window: (f64, f64),
-    pub max_tokens: usize,
+    #[serde(flatten)]
+    pub spec: PictureSpec,
     /// The prompt's token count before `max_tokens` cut it (absent: not cut).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_before_cut: Option<usize>,
     /// The same for the negative prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub negative_tokens_before_cut: Option<usize>,
-    pub precision: String,
     pub device: String,
     pub model: String,
     pub model_revision: String,
@@ -54,19 +46,9 @@ impl Params {
     pub fn of(req: &Request, ck: &Checkpoint) -> Params {
         // The texts as the chat template encodes them (trimmed).
         Params {
-            prompt: trim(&req.prompt).to_string(),
-            negative: trim(&req.negative).to_string(),
-            seed: req.seed,
-            steps: req.steps,
-            guidance: req.guidance,
-            width: req.width,
-            height: req.height,
-            uncond_skip: req.uncond_skip.clone(),
-            skip_window: req.skip_window,
-            max_tokens: req.max_tokens,
+            spec: req.spec.trimmed(),
             prompt_tokens_before_cut: req.cut.prompt,
             negative_tokens_before_cut: req.cut.negative,
-            precision: req.precision.to_string(),
             device: req.device.to_string(),
             model: ck.loc.id.clone(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
@@ -77,31 +59,31 @@ impl Params {
 
     /// The A1111/Forge `parameters` text.
     pub fn a1111(&self) -> String {
-        let mut s = self.prompt.clone();
-        if !self.negative.is_empty() {
+        let mut s = self.spec.prompt.clone();
+        if !self.spec.negative.is_empty() {
             s.push_str("\nNegative prompt: ");
-            s.push_str(&self.negative);
+            s.push_str(&self.spec.negative);
         }
-        let skip = self.uncond_skip.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+        let skip = self.spec.uncond_skip.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
         let mut kv: Vec<(&str, String)> = vec![
-            ("Steps", self.steps.to_string()),
+            ("Steps", self.spec.steps.to_string()),
             ("Sampler", "Euler".into()),
             ("Schedule type", "Simple".into()),
-            ("CFG scale", fmt_num(self.guidance as f64)),
-            ("Seed", self.seed.to_string()),
-            ("Size", format!("{}x{}", self.width, self.height)),
+            ("CFG scale", fmt_num(self.spec.guidance as f64)),
+            ("Seed", self.spec.seed.to_string()),
+            ("Size", format!("{}x{}", self.spec.width, self.spec.height)),
             ("Model", self.model.clone()),
             ("Model revision", self.model_revision.clone()),
             ("Skip layers", if skip.is_empty() { "none".into() } else { skip }),
-            ("Skip window", format!("{}:{}", fmt_num(self.skip_window.0), fmt_num(self.skip_window.1))),
-            ("Precision", self.precision.clone()),
+            ("Skip window", format!("{}:{}", fmt_num(self.spec.skip_window.0), fmt_num(self.spec.skip_window.1))),
+            ("Precision", self.spec.precision.to_string()),
             ("Device", self.device.clone()),
         ];
         let cut = [("prompt", self.prompt_tokens_before_cut), ("negative", self.negative_tokens_before_cut)];
-        if self.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
-            kv.push(("Max tokens", self.max_tokens.to_string()));
+        if self.spec.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
+            kv.push(("Max tokens", self.spec.max_tokens.to_string()));
         }
-        let cut: Vec<String> = cut.iter().filter_map(|&(w, n)| n.map(|n| format!("{w} {} of {n} tokens", self.max_tokens.min(n)))).collect();
+        let cut: Vec<String> = cut.iter().filter_map(|&(w, n)| n.map(|n| format!("{w} {} of {n} tokens", self.spec.max_tokens.min(n)))).collect();
         if !cut.is_empty() {
             // `;`, not `,`: readers that split the line at commas keep the value whole.
             kv.push(("Cut", cut.join("; ")));
@@ -165,19 +147,21 @@ mod tests {
 
     fn p() -> Params {
         Params {
-            prompt: "a fox, in snow".into(),
-            negative: "blurry".into(),
-            seed: 42,
-            steps: 50,
-            guidance: 3.0,
-            width: 1024,
-            height: 768,
-            uncond_skip: vec![22],
-            skip_window: (0.0, 1.0),
-            max_tokens: 4096,
+            spec: PictureSpec {
+                prompt: "a fox, in snow".into(),
+                negative: "blurry".into(),
+                seed: 42,
+                steps: 50,
+                guidance: 3.0,
+                width: 1024,
+                height: 768,
+                uncond_skip: vec![22],
+                skip_window: (0.0, 1.0),
+                max_tokens: 4096,
+                precision: crate::options::Precision::Bf16,
+            },
             prompt_tokens_before_cut: None,
             negative_tokens_before_cut: None,
-            precision: "bf16".into(),
             device: "cuda:0".into(),
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
             model_revision: "abc".into(),
@@ -196,15 +180,15 @@ mod tests {
              Skip window: \"0:1\", Precision: bf16, Device: \"cuda:0\", Version: moss 0.1.0"
         );
         let mut q = p();
-        q.negative.clear();
-        q.guidance = 4.5;
-        q.uncond_skip = vec![3, 22];
-        q.max_tokens = 77;
+        q.spec.negative.clear();
+        q.spec.guidance = 4.5;
+        q.spec.uncond_skip = vec![3, 22];
+        q.spec.max_tokens = 77;
         let t = q.a1111();
         assert!(!t.contains("Negative prompt"), "{t}");
         assert!(t.contains("CFG scale: 4.5,") && t.contains("Skip layers: \"3,22\"") && t.contains("Max tokens: 77"), "{t}");
         assert!(!t.contains("Cut"), "{t}");
-        q.max_tokens = 4096;
+        q.spec.max_tokens = 4096;
         q.prompt_tokens_before_cut = Some(5000);
         let t = q.a1111();
         assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");

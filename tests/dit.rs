@@ -136,22 +136,24 @@ fn loop_request(e: &Expected) -> Request {
     let prompts = e.json["prompts"].as_array().unwrap();
     let text = prompts.iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"].as_str().unwrap();
     Request {
-        prompt: text.into(),
-        negative: lp["negative"].as_str().unwrap().into(),
-        seed: lp["seed"].as_u64().unwrap(),
-        steps: lp["steps"].as_u64().unwrap() as u32,
-        guidance: lp["guidance"].as_f64().unwrap() as f32,
-        width: lp["width"].as_u64().unwrap() as u32,
-        height: lp["height"].as_u64().unwrap() as u32,
+        spec: moss::spec::PictureSpec {
+            prompt: text.into(),
+            negative: lp["negative"].as_str().unwrap().into(),
+            seed: lp["seed"].as_u64().unwrap(),
+            steps: lp["steps"].as_u64().unwrap() as u32,
+            guidance: lp["guidance"].as_f64().unwrap() as f32,
+            width: lp["width"].as_u64().unwrap() as u32,
+            height: lp["height"].as_u64().unwrap() as u32,
+            uncond_skip: skips(&lp["uncond_skip"]),
+            skip_window: (0.0, 1.0),
+            max_tokens: 4096,
+            precision: moss::options::Precision::Fp32,
+        },
         out: std::env::temp_dir().join("moss-dit-test-unused.png"),
         save_latents: None,
         embeds: None,
         prompt_file: None,
         device: moss::backend::Device::Cpu,
-        uncond_skip: skips(&lp["uncond_skip"]),
-        skip_window: (0.0, 1.0),
-        max_tokens: 4096,
-        precision: moss::cli::Precision::Fp32,
         quality: None,
         cut: Default::default(),
     }
@@ -165,26 +167,26 @@ fn loop_first_step_matches() {
         let (ck, dit, e) = load(name);
         let (cond, uncond) = loop_contexts(&e);
         let req = loop_request(&e);
-        let sig = moss::schedule::sigmas(req.steps as usize, &ck.scheduler);
+        let sig = moss::schedule::sigmas(req.spec.steps as usize, &ck.scheduler);
         let want_sig: Vec<f32> =
             e.json["loop"]["sigmas"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap() as f32).collect();
         assert_eq!(sig, want_sig, "{name}: loop sigmas");
         let (tc, tu) = (dit.refine_text(&Cpu, &cond).unwrap(), dit.refine_text(&Cpu, &uncond).unwrap());
-        let (h, w) = ((req.height / 16) as usize, (req.width / 16) as usize);
+        let (h, w) = ((req.spec.height / 16) as usize, (req.spec.width / 16) as usize);
         let c = ck.dit.latent_channels;
-        let x0 = Tensor::new(vec![1, c, h, w], moss::noise::torch_randn(req.seed, c * h * w)).unwrap();
+        let x0 = Tensor::new(vec![1, c, h, w], moss::noise::torch_randn(req.spec.seed, c * h * w)).unwrap();
         let mut step1 = None;
         let mut passes = vec![];
         let _ = moss::sampling::sample(
             &Cpu,
             x0,
             &sig,
-            req.guidance,
-            req.skip_window,
+            req.spec.guidance,
+            req.spec.skip_window,
             |p, x| {
                 passes.push((p.step, p.guided, p.skip_active));
                 let v_c = dit.velocity(&Cpu, x, p.t, &tc, &[])?;
-                let v_u = if p.guided { Some(dit.velocity(&Cpu, x, p.t, &tu, &req.uncond_skip)?) } else { None };
+                let v_u = if p.guided { Some(dit.velocity(&Cpu, x, p.t, &tu, &req.spec.uncond_skip)?) } else { None };
                 Ok((v_c, v_u))
             },
             |i, _, x| {
@@ -211,7 +213,7 @@ fn loop_final_latents_match() {
         let got = pipeline::denoise(&Cpu, &ck, &req, &cond, &uncond, &mut Silent).unwrap();
         let want = e.tensor("loop.latents");
         assert_eq!(got.shape, want.shape, "{name}");
-        assert_close(&format!("{name} loop.latents ({} steps, cfg {})", req.steps, req.guidance), &got.data, &want.data, BOUND);
+        assert_close(&format!("{name} loop.latents ({} steps, cfg {})", req.spec.steps, req.spec.guidance), &got.data, &want.data, BOUND);
         // And the loop is deterministic.
         let again = pipeline::denoise(&Cpu, &ck, &req, &cond, &uncond, &mut Silent).unwrap();
         assert_eq!(again.data, got.data, "{name}: two runs differ");
@@ -226,13 +228,13 @@ fn guidance_one_runs_no_negative_pass() {
     let (ck, dit, e) = load(name);
     let (cond, _) = loop_contexts(&e);
     let mut req = loop_request(&e);
-    req.guidance = 1.0;
-    req.steps = 2;
+    req.spec.guidance = 1.0;
+    req.spec.steps = 2;
     let got = pipeline::denoise(&Cpu, &ck, &req, &cond, &Tensor::zeros(&[0, 0]), &mut Silent).unwrap();
     // By hand: x += dσ·v_c.
     let sig = moss::schedule::sigmas(2, &ck.scheduler);
     let tc = dit.refine_text(&Cpu, &cond).unwrap();
-    let mut x = Tensor::new(got.shape.clone(), moss::noise::torch_randn(req.seed, got.numel())).unwrap();
+    let mut x = Tensor::new(got.shape.clone(), moss::noise::torch_randn(req.spec.seed, got.numel())).unwrap();
     for i in 0..2 {
         let v = dit.forward(&Cpu, &x, sig[i] * 1000.0, &tc, &[]).unwrap();
         let ds = sig[i + 1] - sig[i];

@@ -26,22 +26,24 @@ fn scratch(tag: &str) -> PathBuf {
 
 fn request(precision: Precision, out: PathBuf) -> Request {
     Request {
-        prompt: "a lighthouse on a cliff at dusk".into(),
-        negative: String::new(),
-        seed: 11,
-        steps: 3,
-        guidance: 3.0,
-        width: 64,
-        height: 48,
+        spec: moss::spec::PictureSpec {
+            prompt: "a lighthouse on a cliff at dusk".into(),
+            negative: String::new(),
+            seed: 11,
+            steps: 3,
+            guidance: 3.0,
+            width: 64,
+            height: 48,
+            uncond_skip: vec![],
+            skip_window: (0.0, 1.0),
+            max_tokens: 4096,
+            precision,
+        },
         out,
         save_latents: None,
         embeds: None,
         prompt_file: None,
         device: Device::Cpu,
-        uncond_skip: vec![],
-        skip_window: (0.0, 1.0),
-        max_tokens: 4096,
-        precision,
         quality: None,
         cut: Default::default(),
     }
@@ -50,7 +52,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
 /// The final latents `req` gives with the transformer `dit` of `ck`.
 fn latents(ck: &Checkpoint, dit: &Dit<Cpu>, req: &Request) -> Tensor {
     let texts = pipeline::prompt_texts(req);
-    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
+    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.spec.max_tokens, req.spec.precision, &mut Silent).unwrap();
     let uncond = enc.get(1).unwrap_or(&enc[0]);
     pipeline::denoise_with(&Cpu, dit, ck, req, &enc[0].hidden, &uncond.hidden, &mut Silent).unwrap()
 }
@@ -124,7 +126,8 @@ fn streamed_fp8_blocks_give_the_resident_picture() {
             assert_eq!(streamed.resident_blocks(), k);
             assert!(png(&ck, &streamed, &req) == want, "{tag}: {k} of {n} blocks resident, the picture differs");
         }
-        let other = Request { seed: 12, ..req };
+        let mut other = req.clone();
+        other.spec.seed = 12;
         assert!(png(&ck, &resident, &other) != want, "{tag}: the picture does not depend on the seed");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -144,12 +147,12 @@ fn fp8_plans_count_a_byte_an_element_and_keep_the_picture_under_a_cap() {
         let ck = open(&model);
         let mut req = request(Precision::Fp8, dir.join("x.png"));
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: MainLinears::Fp8 };
-        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
-        let nets = networks(&ck, &budget, tokens.iter().map(Vec::len).max().unwrap(), (req.width, req.height)).unwrap();
+        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
+        let nets = networks(&ck, &budget, tokens.iter().map(Vec::len).max().unwrap(), (req.spec.width, req.spec.height)).unwrap();
         // As a GPU counts them: fp8 against bf16.
         let gpu = |linears| {
             let b = Budget { bf16_loaded: 2, act: moss::backend::cuda::DType::BF16, linears, ..budget };
-            networks(&ck, &b, 1, (req.width, req.height)).unwrap()[1].clone()
+            networks(&ck, &b, 1, (req.spec.width, req.spec.height)).unwrap()[1].clone()
         };
         let (fp8, bf16) = (gpu(MainLinears::Fp8), gpu(MainLinears::Dense));
         assert!(fp8.block_bytes < bf16.block_bytes && fp8.weights < bf16.weights, "{}: fp8 blocks are not counted smaller", model.display());

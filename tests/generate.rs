@@ -88,7 +88,7 @@ fn end_to_end(name: &str) {
     let (z, params) = moss::pipeline::read_latents(&lat1, c, None).unwrap();
     assert_eq!(z.shape, [1, c, lh, lw], "{name}: latents shape");
     let params = params.expect("the latents carry their settings");
-    assert_eq!((params.seed.to_string(), params.width as u64, params.height as u64), (seed.clone(), w, h));
+    assert_eq!((params.spec.seed.to_string(), params.spec.width as u64, params.spec.height as u64), (seed.clone(), w, h));
     // Through our own encoder the bound is looser than tests/dit.rs's 1e-5 on golden's contexts: a
     // last-bit difference of the encoder can flip a value's bf16 rounding at the stage boundary
     // (tiny-a: 4 of 1600 values flip, giving ~1.5e-5 after 4 steps).

@@ -13,22 +13,24 @@ use moss::pipeline::{self, Request, Silent};
 
 fn request(seed: u64) -> Request {
     Request {
-        prompt: "a lighthouse on a cliff at dusk".into(),
-        negative: String::new(),
-        seed,
-        steps: 3,
-        guidance: 3.0,
-        width: 64,
-        height: 48,
+        spec: moss::spec::PictureSpec {
+            prompt: "a lighthouse on a cliff at dusk".into(),
+            negative: String::new(),
+            seed,
+            steps: 3,
+            guidance: 3.0,
+            width: 64,
+            height: 48,
+            uncond_skip: vec![],
+            skip_window: (0.0, 1.0),
+            max_tokens: 4096,
+            precision: moss::options::Precision::Fp32,
+        },
         out: std::env::temp_dir().join("moss-streaming-test-unused.png"),
         save_latents: None,
         embeds: None,
         prompt_file: None,
         device: moss::backend::Device::Cpu,
-        uncond_skip: vec![],
-        skip_window: (0.0, 1.0),
-        max_tokens: 4096,
-        precision: moss::options::Precision::Fp32,
         quality: None,
         cut: Default::default(),
     }
@@ -36,7 +38,7 @@ fn request(seed: u64) -> Request {
 
 fn png(ck: &moss::checkpoint::Checkpoint, dit: &Dit<Cpu>, req: &Request) -> Vec<u8> {
     let texts = pipeline::prompt_texts(req);
-    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.max_tokens, req.precision, &mut Silent).unwrap();
+    let (enc, _) = pipeline::encode_prompts(&Cpu, ck, &texts, req.spec.max_tokens, req.spec.precision, &mut Silent).unwrap();
     let uncond = enc.get(1).unwrap_or(&enc[0]);
     let z = pipeline::denoise_with(&Cpu, dit, ck, req, &enc[0].hidden, &uncond.hidden, &mut Silent).unwrap();
     let vae = pipeline::load_vae(&Cpu, ck, z.shape[2], z.shape[3]).unwrap();
@@ -75,7 +77,7 @@ fn passes_through_the_blocks_together_give_each_pass_alone() {
         let resident = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit, Dense).unwrap();
         let streamed = Dit::load_streamed(&Cpu, ck.open_component("transformer").unwrap(), &ck.dit, 1, Dense).unwrap();
         let req = request(5);
-        let (enc, _) = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.max_tokens, req.precision, &mut Silent).unwrap();
+        let (enc, _) = pipeline::encode_prompts(&Cpu, &ck, &["a red fox in snow", "blurry"], req.spec.max_tokens, req.spec.precision, &mut Silent).unwrap();
         let (tc, tu) = (resident.refine_text(&Cpu, &enc[0].hidden).unwrap(), resident.refine_text(&Cpu, &enc[1].hidden).unwrap());
         let c = ck.dit.latent_channels;
         let x = moss::tensor::Tensor::new(vec![1, c, 3, 4], moss::noise::torch_randn(7, c * 12)).unwrap();
@@ -97,8 +99,8 @@ fn passes_through_the_blocks_together_give_each_pass_alone() {
         }
         // The loop with the skip window on: streamed (passes together) = resident (one by one).
         let mut req = request(5);
-        req.uncond_skip = vec![0, n - 1];
-        req.skip_window = (0.0, 0.5);
+        req.spec.uncond_skip = vec![0, n - 1];
+        req.spec.skip_window = (0.0, 0.5);
         let want = png(&ck, &resident, &req);
         assert!(png(&ck, &streamed, &req) == want, "{name}: the streamed guided loop with skips differs");
     }
@@ -146,9 +148,9 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
         let ck = checkpoint(name);
         let mut req = request(11);
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
-        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
-        let nets = networks(&ck, &budget, longest, (req.width, req.height)).unwrap();
+        let nets = networks(&ck, &budget, longest, (req.spec.width, req.spec.height)).unwrap();
         let least = nets.iter().map(|n| n.minimum()).max().unwrap();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let model = common::golden().join(name).display().to_string();
@@ -181,13 +183,13 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
     std::fs::create_dir_all(&dir).unwrap();
     let req = request(11);
     let list = dir.join("list.txt");
-    std::fs::write(&list, format!("{}\n", req.prompt)).unwrap();
+    std::fs::write(&list, format!("{}\n", req.spec.prompt)).unwrap();
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
-        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+        let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
-        let least = networks(&ck, &budget, longest, (req.width, req.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();
+        let least = networks(&ck, &budget, longest, (req.spec.width, req.spec.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();
         let gib = |b: u64| format!("{}", b as f64 / (1u64 << 30) as f64 + 1e-9);
         let model = common::golden().join(name).display().to_string();
         let run = |cap: Option<String>, out: &str| {
@@ -231,9 +233,9 @@ fn a_capped_server_renders_the_unlimited_servers_bytes() {
     let ck = checkpoint("tiny-a");
     let mut req = request(11);
     req.out = std::path::PathBuf::new(); // the server's: PNG
-    let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.max_tokens, &mut Silent).unwrap();
+    let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
     let longest = tokens.iter().map(Vec::len).max().unwrap();
-    let size = (req.width, req.height);
+    let size = (req.spec.width, req.spec.height);
     let render = |req: &Request, cap: Option<u64>| {
         let mem = MemoryOptions { max_vram_gib: cap.map(|b| (b as f64 + 0.5) / (1u64 << 30) as f64) };
         let ck = checkpoint("tiny-a");
@@ -268,6 +270,6 @@ fn a_capped_server_renders_the_unlimited_servers_bytes() {
     let err = render(&req, Some(least - 1)).unwrap_err().to_string();
     assert!(err.contains("smallest cap that works"), "{err}");
     // The comparison can fail: another seed gives other bytes.
-    req.seed = 12;
+    req.spec.seed = 12;
     assert!(render(&req, None).unwrap().0 != want, "the picture does not depend on the seed");
 }

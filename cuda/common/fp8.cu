@@ -1,5 +1,5 @@
-// The fp8 linears (`--precision fp8`, src/backend/cuda/ops/fp8.rs): row-wise float8 e4m3
-// quantization, the arithmetic of src/fp8.rs bit for bit, and the scaling of an FP8 product that
+// The fp8 linears (`--precision fp8`, crates/moss-cuda/src/ops/fp8.rs): row-wise float8 e4m3
+// quantization, the arithmetic of crates/moss-core/src/fp8.rs bit for bit, and the scaling of an FP8 product that
 // cuBLASLt ran with unit scales. The moss_ctl_* twins (check image) carry a planted bug.
 #include "elem.cuh"
 #include "fp8.cuh"

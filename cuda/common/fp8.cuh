@@ -1,10 +1,10 @@
-// Row-wise float8 e4m3 quantization's arithmetic (src/fp8.rs, bit for bit), shared by the
+// Row-wise float8 e4m3 quantization's arithmetic (crates/moss-core/src/fp8.rs, bit for bit), shared by the
 // quantize kernel (cuda/common/fp8.cu) and the kernels that write their output quantized
 // (cuda/dit: the norms and SiTU-GLU of `--precision fp8`):
 //   scale = max(amax(x), min_amax) / e4m3_max,  q = e4m3(x / scale),
 // both divisions IEEE (__fdiv_rn), e4m3 rounded to nearest even and saturated to ±448
 // (__NV_SATFINITE: cvt.rn.satfinite.e4m3x2.f32 from sm_89). e4m3_max and min_amax come from the
-// host (src/fp8.rs E4M3_MAX, MIN_AMAX). fmaxf ignores a NaN operand, as Rust's f32::max does, and
+// host (crates/moss-core/src/fp8.rs E4M3_MAX, MIN_AMAX). fmaxf ignores a NaN operand, as Rust's f32::max does, and
 // a max is the same in any order, so any reduction tree gives the host's amax.
 #pragma once
 #include <cuda_fp8.h>

@@ -1,4 +1,4 @@
-// The generic ops of the CUDA backend (src/backend/cuda): casts, broadcast add/mul, silu,
+// The generic ops of the CUDA backend (crates/moss-cuda): casts, broadcast add/mul, silu,
 // sigmoid, rms_norm, strided 2-D copies (narrow, cat) and permute. Every op computes in fp32
 // and rounds once into the output type. Names: moss_<op>_<types>; the moss_ctl_* kernels are
 // the same code compiled with a planted bug (BUG != 0), used only by `moss check` to prove

@@ -1,4 +1,4 @@
-// The DiT's fused ops (src/backend/ops/dit.rs, CUDA side in src/backend/cuda/dit/mod.rs): the
+// The DiT's fused ops (crates/moss-core/src/backend/ops/dit.rs, CUDA side in crates/moss-cuda/src/dit/mod.rs): the
 // norm + modulation, QK-norm + RoPE, SiTU-GLU, gated residual and the attention softmax. fp32
 // inside, one rounding into the output. moss_ctl_* are the same code with a planted bug.
 #include "elem.cuh"

@@ -1,5 +1,5 @@
 // Launch constants of the DiT kernels: the kernels use them, and the host code launches with
-// them (build.rs turns this file into Rust constants: src/backend/cuda/launch.rs). Only
+// them (build.rs turns this file into Rust constants: crates/moss-cuda/src/launch.rs). Only
 // `#define NAME EXPR` lines (integers, names above, + - * / % and parentheses) and comments.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The LoRA merge on the device (src/backend/cuda/lora.rs; host twin src/lora/merge.rs): one
+// The LoRA merge on the device (crates/moss-cuda/src/lora.rs; host twin crates/moss-core/src/lora/merge.rs): one
 // update ("term") of one weight per launch. The delta's rows are computed in fp32 with exactly
 // the host's operations: each product and each sum rounded (__fmul_rn / __fadd_rn, never a fused
 // multiply-add), the rank summed in order k = 0, 1, ...; then `· alpha/rank` (when not 1) and

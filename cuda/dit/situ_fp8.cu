@@ -1,5 +1,5 @@
 // SiTU-GLU into float8 codes (`--precision fp8`: the input of the ffn's down projection; host side
-// src/backend/cuda/dit/fp8_act.rs): x [rows, 2F] = [up | gate] → the values moss_situ_* writes
+// crates/moss-cuda/src/dit/fp8_act.rs): x [rows, 2F] = [up | gate] → the values moss_situ_* writes
 // (rounded to T), quantized per row as moss_quantize_fp8 quantizes that output (fp8.cuh: codes
 // q [rows, F], scales qs [rows]). One block a row (grid-stride over rows); each thread holds up to
 // DIT_SITU_FP8_VECS vectors of 8 outputs in registers between the row's amax and its codes. F % 8

@@ -1,5 +1,5 @@
 // The encoder's residual add fused with the next RMSNorm (EncoderOps::add_rms_norm, host side
-// src/backend/cuda/encoder/mod.rs `add_rms_norm_with`): one block per row of width d (d % 8 == 0,
+// crates/moss-cuda/src/encoder/mod.rs `add_rms_norm_with`): one block per row of width d (d % 8 == 0,
 // d <= 8192), x' = x + h rounded once into the activation type and stored, then the zero-centred
 // RMSNorm of that stored (rounded) x': n = x' · rsqrt(mean(x'²) + eps) · (1 + w), sum of squares
 // in fp32, one rounding into the output. Same rounding points as the unfused add + rms_norm.

@@ -1,5 +1,5 @@
 // The gated full-attention layer's small ops on the joined projection y = x · [q_proj | k_proj |
-// v_proj]ᵀ (host side src/backend/cuda/encoder/attention_qkv_gate.rs; EncoderOps::attn_qkv_norm_rope and
+// v_proj]ᵀ (host side crates/moss-cuda/src/encoder/attention_qkv_gate.rs; EncoderOps::attn_qkv_norm_rope and
 // causal_attention_gated_y): y row t holds the H query heads (each hd query values then hd gate
 // values: q_proj's layout), then the Hkv k heads, then the Hkv v heads. Activations bf16 or f32
 // (T), fp32 inside, one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.

@@ -1,5 +1,5 @@
 // The encoder's causal GQA attention for head dim 256 (EncoderOps::causal_attention, bf16, long
-// prompts; host side src/backend/cuda/encoder/mod.rs `causal_attention_with`): flash style (online
+// prompts; host side crates/moss-cuda/src/encoder/mod.rs `causal_attention_with`): flash style (online
 // softmax in fp32, no L x L matrix), tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate), P
 // rounded to bf16 for P V as the DiT kernel (cuda/dit/flash_attention.cu) does.
 //

@@ -1,5 +1,5 @@
-// Chunk-parallel gated delta rule (the op of src/backend/ops/encoder.rs, host side
-// src/backend/cuda/encoder/delta_rule.rs `gated_delta_rule_with`). Same algebra as the CPU twin
+// Chunk-parallel gated delta rule (the op of crates/moss-core/src/backend/ops/encoder.rs, host side
+// crates/moss-cuda/src/encoder/delta_rule.rs `gated_delta_rule_with`). Same algebra as the CPU twin
 // `delta_rule_chunked` (chunks of GC = 64 tokens, fp32 throughout, state and decays fp32),
 // rearranged so that only the state passing is sequential:
 //
@@ -19,7 +19,7 @@
 // Wqk [blk][64][64]; gam [blk][64].
 // BUG 1 (moss_ctl_enc_gdr_out_*): the state read (e^{γ} ⊙ Q) S0 forgets its decay e^{γ}.
 // q, k, v are read with row strides (rqk, rv), so they may be column slices of the conv output.
-// Kernels (host: `gdr_chunked` in src/backend/cuda/encoder/delta_rule.rs):
+// Kernels (host: `gdr_chunked` in crates/moss-cuda/src/encoder/delta_rule.rs):
 //   fp32 (`--precision fp32`): gdr_prep_f32, gdr_seq, gdr_out_f32 below (SIMT);
 //   bf16: delta_rule_prep (delta_rule_prep.cuh, bf16 mma), then on Hopper the state pass + output in one
 //   kernel (cuda/encoder/sm90a/delta_rule_tma.cu), elsewhere (or MOSS_KERNELS=portable) gdr_seq_tc + gdr_out_tc

@@ -22,7 +22,7 @@
 //     relative, well under the TF32 rounding of the other products). Rows past the diagonal block
 //     skip; every warp has 5 of the 20 k-steps.
 // Needs dk, dv, the row strides and the q/k/v addresses to be multiples of 8 elements / 16 bytes
-// and Hv / Hk even (host check in src/backend/cuda/encoder/delta_rule.rs; otherwise the one-kernel sequential
+// and Hv / Hk even (host check in crates/moss-cuda/src/encoder/delta_rule.rs; otherwise the one-kernel sequential
 // version runs).
 // BUG 1 (moss_ctl_enc_delta_rule_prep_bf16): T's lower-left 32x32 block is left at zero.
 #pragma once

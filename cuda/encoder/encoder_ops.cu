@@ -1,4 +1,4 @@
-// The encoder's fused ops (src/backend/ops/encoder.rs, host side src/backend/cuda/encoder/mod.rs):
+// The encoder's fused ops (crates/moss-core/src/backend/ops/encoder.rs, host side crates/moss-cuda/src/encoder/mod.rs):
 // embedding gather, per-head norm + partial RoPE, causal GQA attention (flash style, fp32
 // online softmax), SiLU-gated product, causal depthwise conv + SiLU, the Gated-DeltaNet gates,
 // the chunked gated delta rule (chunks of 64, fp32 state and decay) and the gated RMSNorm.

@@ -1,4 +1,4 @@
-// The encoder's row kernels written for their byte floor (src/backend/cuda/encoder/row_ops.rs; the
+// The encoder's row kernels written for their byte floor (crates/moss-cuda/src/encoder/row_ops.rs; the
 // previous kernels serve the shapes these do not take). Same formulas and rounding points as those
 // kernels (fp32 inside, one rounding into the output); what changes is how the bytes move:
 // - weights (conv taps, norm weights, A_log, dt_bias) are read in their loaded dtype (wbf = 1: bf16,
@@ -6,9 +6,9 @@
 // - conv_silu_gates: the causal conv (K = 4) with each thread owning V = 4 channels x TT = 4 tokens, its
 //   TT + 3 input rows loaded once (conv8 reads every input row 4 times and 4 taps per output), the
 //   fast SiLU (silu_fast), plus the DeltaNet gates as extra blocks of the same launch (no separate
-//   kernel): 49.8 us at 4096 tokens on the H200 against 72.3 for session 15's 8 channels x 4 tokens
-//   with the IEEE SiLU (git history: cadccde; the other V x TT and SiLU variants measured there
-//   were slower and are gone);
+//   kernel): 49.8 us at 4096 tokens on the H200 against 72.3 for 8 channels x 4 tokens
+//   with the IEEE SiLU (the other V x TT and SiLU variants measured slower
+//   were slower);
 // - silu_mul8v, embed8: 2-D grids (no 64-bit division), U vectors in flight per thread;
 // - rms1w, gated_rms_norm_wide: weights and (grms) z loaded before the reduction; gated_rms_norm_row16: one row a 16-lane group
 //   and the fast SiLU, widths <= 128 (30.8 us against 37.7 for gated_rms_norm_wide at 4096 tokens; gated_rms_norm_wide serves

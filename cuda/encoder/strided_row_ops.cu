@@ -1,4 +1,4 @@
-// Encoder ops that read their inputs in place out of a wider row (src/backend/cuda/encoder/strided_row_ops.rs):
+// Encoder ops that read their inputs in place out of a wider row (crates/moss-cuda/src/encoder/strided_row_ops.rs):
 // the DeltaNet's in_proj_qkv | z | a | b and the MLP's gate | up run as one GEMM each, whose
 // output rows hold every part side by side; these kernels read their part with a row stride
 // instead of a narrowed copy. Same formulas and rounding points as the contiguous kernels of

@@ -1,7 +1,6 @@
 // The VAE mid block's single-head attention (D = 384) on fp16 tensor cores with hi/lo split
-// operands (what runs where its shared memory fits; MODE 1 has no kernel any more: measured slower,
-// deleted in 2abea24; launch code: src/backend/cuda/vae/attention_fp16.rs; the CPU twin is
-// `spatial_attention` of src/backend/cpu/vae.rs).
+// operands (what runs where its shared memory fits; launch code: crates/moss-cuda/src/vae/attention_fp16.rs; the CPU twin is
+// `spatial_attention` of crates/moss-core/src/backend/cpu/vae.rs).
 //
 // o = softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, D] fp32, no score matrix in memory.
 // 1. moss_vae_f16_maxabs: max |x| of each of q, k, v (all images; atomicMax on the float bits:
@@ -28,7 +27,7 @@
 //    tile one fresh tile for the 32 keys (2 k16 steps x lo·hi, hi·lo, hi·hi), RN add. MODE 2
 //    (a control since measured: moss_ctl3) accumulates the six products straight into O: the
 //    tensor cores' truncating sums over L/32 tiles give ~6e-4 relative L2 on the H200, 30x the
-//    fp32 bound (git history: afe9f48). ptxas (sm_90a): 255 registers, 68 bytes spilled
+//    fp32 bound. ptxas (sm_90a): 255 registers, 68 bytes spilled
 //    (MODE 0; 5 values of O reloaded per key tile), MODE 2 248 registers, no spill.
 //    Output O / l · 2^-(sv+15) (exact fold into 1/l).
 //    Operands by ldmatrix from shared memory rows of [hi 384 | lo 384 | pad 8] halves (1552 B =

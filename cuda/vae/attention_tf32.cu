@@ -1,6 +1,6 @@
 // The VAE mid block's single-head attention as one flash-style kernel (launch code:
-// src/backend/cuda/vae/attention.rs `spatial_attention_flash`; the CPU twin is `spatial_attention` of
-// src/backend/cpu/vae.rs).
+// crates/moss-cuda/src/vae/attention.rs `spatial_attention_flash`; the CPU twin is `spatial_attention` of
+// crates/moss-core/src/backend/cpu/vae.rs).
 //
 // moss_vae_flash_d384: o = softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, D] fp32, D = 384, with
 // no score matrix in memory. Both products on the tensor cores in split TF32 (x = hi + lo,

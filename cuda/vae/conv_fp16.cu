@@ -1,5 +1,5 @@
 // The VAE decoder's convolutions with split fp16 on the tensor cores (issue #8; launch code in
-// src/backend/cuda/vae/conv.rs `conv2d_f16`). Same features and tiling as the split-TF32
+// crates/moss-cuda/src/vae/conv.rs `conv2d_f16`). Same features and tiling as the split-TF32
 // halo kernel of cuda/vae/conv_tf32.cu (3x3 and 1x1, stride 1, zero padding, nearest-x2 upsample folded
 // into the gather, bias or none, any H/W and Cin), but `mma.sync.m16n8k16` with fp16 operands:
 // fp16 has TF32's 11-bit significand, so x = hi + lo with hi = f16(x), lo = f16(x - hi) keeps

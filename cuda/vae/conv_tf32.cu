@@ -1,4 +1,4 @@
-// The VAE decoder's fast convolutions (launch code: src/backend/cuda/vae/conv.rs; the older
+// The VAE decoder's fast convolutions (launch code: crates/moss-cuda/src/vae/conv.rs; the older
 // per-k-step gather kernels stay in cuda/vae/vae_ops.cu as the fallback and the gate's comparison).
 //
 // - moss_vae_wprep_b{96,128}_k{1,3}: the weight [Cout, Cin, k, k] re-laid out once per call for
@@ -19,7 +19,7 @@
 //   With a `norm` table (GroupNorm fused into the load, moss_vae_gn_coef): each halo value is
 //   normalised (+SiLU) as it goes to shared memory, with moss_vae_gn_apply's arithmetic, so the
 //   conv sees the same inputs bit for bit and the normalised tensor is never written.
-// - (deleted, git keeps it: 2abea24) the same conv with the weight streamed as fp32 (one copy) and
+// - (measured slower, not built) the same conv with the weight streamed as fp32 (one copy) and
 //   split into hi/lo in registers after the shared-memory load: half the weight bytes from L2
 //   and in shared memory, 12 more ALU instructions per A fragment. Measured
 //   on the H200: 13 % slower (160.3 vs 140.8 ms a 1024x1024 decode): the halo kernel is limited by

@@ -1,5 +1,5 @@
 // Launch constants of the VAE decoder's kernels: the kernels use them, and the host code
-// launches with them (build.rs turns this file into Rust constants: src/backend/cuda/launch.rs).
+// launches with them (build.rs turns this file into Rust constants: crates/moss-cuda/src/launch.rs).
 // Only `#define NAME EXPR` lines (integers, names above, + - * / % and parentheses) and
 // comments. Where a kernel derives a size from its own layout, it static_asserts it against the
 // value here.

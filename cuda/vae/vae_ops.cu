@@ -1,5 +1,5 @@
-// The VAE decoder's fused ops (src/backend/cuda/vae/mod.rs; math on `VaeOps` in
-// src/backend/ops/vae.rs). Everything is fp32.
+// The VAE decoder's fused ops (crates/moss-cuda/src/vae/mod.rs; math on `VaeOps` in
+// crates/moss-core/src/backend/ops/vae.rs). Everything is fp32.
 //
 // - moss_vae_bn_unpatchify: undo the latent BatchNorm and unpatchify, one pass.
 // - moss_vae_conv_tf32x3*: 2-D "same" convolution as an implicit GEMM,
@@ -13,7 +13,7 @@
 //   [G, 2] (mean, variance), then the normalise pass ((x - mean) * (w * inv) + b in f64, SiLU in
 //   f32 like the CPU). Split-invariant: a row strip gives the whole picture's bits.
 // - moss_vae_softmax_rows: scaled, max-subtracted softmax over rows of a score block (the
-//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see src/backend/cuda/vae/attention.rs).
+//   attention's scores come from cuBLAS fp32 GEMMs in query chunks, see crates/moss-cuda/src/vae/attention.rs).
 // - moss_vae_to_rgb8: clamp, scale, round half to even (rintf), HWC bytes.
 // moss_ctl_vae_*: the same code with a planted bug, for `moss check`.
 #include "common.cuh"
@@ -316,7 +316,7 @@ __device__ __forceinline__ double block_sum(double v) {
 // t, t + blockDim, ... (index j * w + x, j the channel inside the group) and block_sum reduces
 // in a fixed tree: the bits depend only on the row's values, never on h or on where the row
 // sits, so a row strip gives exactly the pairs of the whole picture (the host combines them in
-// a fixed order: group_norm_combine in src/backend/ops/vae.rs). BUG 1 (planted): the first
+// a fixed order: group_norm_combine in crates/moss-core/src/backend/ops/vae.rs). BUG 1 (planted): the first
 // element of the row is skipped.
 template <int BUG>
 __device__ void gn_row_stats(double* __restrict__ out, const float* __restrict__ x, int cg, int h, int w) {

@@ -2,6 +2,7 @@
 //! defaults; bad lines keep their index.
 
 use super::*;
+use crate::spec::{check_guidance, check_steps, PictureSpec};
 use anyhow::Result;
 
 /// The default `--name`.
@@ -13,31 +14,14 @@ pub const FIELDS: [&str; 7] = ["prompt", "negative", "seed", "size", "steps", "g
 /// Characters `{stem}` keeps when no width is given.
 pub const STEM_LEN: usize = 40;
 
-/// What the flags give every item that does not set its own.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Defaults {
-    pub negative: String,
-    /// The base seed: item `i` without a `seed` gets `seed + i`.
-    pub seed: u64,
-    pub steps: u32,
-    pub guidance: f32,
-    pub size: (u32, u32),
-}
-
-/// One picture of the list, with the defaults filled in.
+/// One picture of the list: the flags' settings with the line's own laid over them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Item {
-    /// Position among the file's items, from 0.
+    /// Position among the list's items, from 0.
     pub index: usize,
     /// Line number in the file, from 1.
     pub line: usize,
-    pub prompt: String,
-    pub negative: String,
-    pub seed: u64,
-    pub steps: u32,
-    pub guidance: f32,
-    pub width: u32,
-    pub height: u32,
+    pub spec: PictureSpec,
     /// The line's own output name (a template like `--name`), if it set one.
     pub out: Option<String>,
 }
@@ -50,41 +34,19 @@ pub struct BadLine {
     pub error: String,
 }
 
-/// Steps in 1..=1000 and a finite guidance, as single `generate` checks them.
-pub(super) fn check_numbers(steps: u64, guidance: f64) -> Result<(), String> {
-    if !(1..=1000).contains(&steps) {
-        return Err(format!("steps {steps} is not in 1..=1000 (the training timesteps)"));
-    }
-    if !guidance.is_finite() || !(guidance as f32).is_finite() {
-        return Err(format!("guidance {guidance} is not a finite number"));
-    }
-    Ok(())
-}
-
 /// The flags' own values must be usable before any line is read.
-pub fn check_defaults(d: &Defaults) -> Result<()> {
-    check_numbers(d.steps as u64, d.guidance as f64).map_err(|e| anyhow::anyhow!("--{e}"))?;
-    crate::options::parse_size(&format!("{}x{}", d.size.0, d.size.1)).map_err(anyhow::Error::msg)?;
-    Ok(())
+pub fn check_defaults(d: &PictureSpec) -> Result<()> {
+    d.check().map_err(|e| anyhow::anyhow!("--{e}"))
 }
 
 /// Parse one non-blank line (item `index`, line number `line`).
-pub fn parse_line(text: &str, index: usize, line: usize, d: &Defaults) -> Result<Item, String> {
-    let mut it = Item {
-        index,
-        line,
-        prompt: String::new(),
-        negative: d.negative.clone(),
-        seed: d.seed.wrapping_add(index as u64),
-        steps: d.steps,
-        guidance: d.guidance,
-        width: d.size.0,
-        height: d.size.1,
-        out: None,
-    };
+/// `d` is the flags' spec; its seed is the base seed (item `index` gets `seed + index`).
+pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Result<Item, String> {
+    let spec = PictureSpec { prompt: String::new(), seed: d.seed.wrapping_add(index as u64), ..d.clone() };
+    let mut it = Item { index, line, spec, out: None };
     let t = text.trim();
     if !t.starts_with('{') {
-        it.prompt = t.to_string();
+        it.spec.prompt = t.to_string();
         return Ok(it);
     }
     let v: serde_json::Value = serde_json::from_str(t).map_err(|e| format!("invalid JSON: {e}"))?;
@@ -99,18 +61,18 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &Defaults) -> Result
         }
         match k.as_str() {
             "prompt" => prompt = Some(string(k, v)?),
-            "negative" => it.negative = string(k, v)?,
-            "seed" => it.seed = v.as_u64().ok_or_else(|| format!("`seed` must be a whole number in 0..2^64, got {v}"))?,
-            "size" => (it.width, it.height) = crate::options::parse_size(&string(k, v)?)?,
+            "negative" => it.spec.negative = string(k, v)?,
+            "seed" => it.spec.seed = v.as_u64().ok_or_else(|| format!("`seed` must be a whole number in 0..2^64, got {v}"))?,
+            "size" => (it.spec.width, it.spec.height) = crate::options::parse_size(&string(k, v)?)?,
             "steps" => {
                 let s = v.as_u64().ok_or_else(|| format!("`steps` must be a whole number, got {v}"))?;
-                check_numbers(s, 1.0)?;
-                it.steps = s as u32;
+                check_steps(s)?;
+                it.spec.steps = s as u32;
             }
             "guidance" => {
                 let g = v.as_f64().ok_or_else(|| format!("`guidance` must be a number, got {v}"))?;
-                check_numbers(1, g)?;
-                it.guidance = g as f32;
+                check_guidance(g)?;
+                it.spec.guidance = g as f32;
             }
             "out" => {
                 let o = string(k, v)?;
@@ -123,13 +85,13 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &Defaults) -> Result
             _ => return Err(format!("unknown field `{k}` (known: {})", FIELDS.join(", "))),
         }
     }
-    it.prompt = prompt.ok_or("the object has no `prompt`")?;
+    it.spec.prompt = prompt.ok_or("the object has no `prompt`")?;
     Ok(it)
 }
 
 /// Parse a whole list (plain text, JSON Lines, or both mixed). Lines are split at `\n` (a `\r`
 /// before it is dropped); each is decoded as UTF-8 on its own, so one bad line spoils only itself.
-pub fn parse_list(bytes: &[u8], d: &Defaults) -> Vec<Result<Item, BadLine>> {
+pub fn parse_list(bytes: &[u8], d: &PictureSpec) -> Vec<Result<Item, BadLine>> {
     let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
     let mut out = vec![];
     let mut index = 0;

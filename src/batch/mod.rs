@@ -51,3 +51,4 @@ pub use plan::*;
 pub use run::*;
 pub use stop::*;
 use stages::*;
+pub use crate::spec::PictureSpec;

@@ -83,7 +83,7 @@ pub fn plan(
                 Some(o) => Template::parse(o).map_err(|error| BadLine { index: it.index, line: it.line, error })?,
                 None => name.clone(),
             };
-            let vars = NameVars { index: it.index, line: it.line, seed: it.seed, shard: shard.of(it.index), prompt: &it.prompt };
+            let vars = NameVars { index: it.index, line: it.line, seed: it.spec.seed, shard: shard.of(it.index), prompt: &it.spec.prompt };
             let rendered = tpl.render(&vars);
             let path = normalize(&out_dir.join(&rendered));
             let bad = |error: String| BadLine { index: it.index, line: it.line, error };

@@ -13,11 +13,12 @@ use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct BatchOptions {
-    /// The list; `-` reads stdin.
-    pub prompts: PathBuf,
+    pub items: Items,
     /// Adapters merged into the transformer once, before the first picture.
     pub loras: Vec<crate::lora::LoraSpec>,
-    pub defaults: Defaults,
+    /// The flags' settings, which a list line's own fields override; its seed is the base seed
+    /// (item i without a seed of its own gets seed + i).
+    pub defaults: PictureSpec,
     pub out_dir: PathBuf,
     pub name: String,
     pub skip_existing: bool,
@@ -25,17 +26,22 @@ pub struct BatchOptions {
     pub allow_absolute_out: bool,
     pub shard: Shard,
     pub chunk: Option<usize>,
-    pub uncond_skip: Vec<usize>,
-    pub skip_window: (f64, f64),
-    pub max_tokens: usize,
     pub model: String,
     pub device: Device,
-    pub precision: crate::options::Precision,
     /// JPEG quality (`--quality`) for the items written as JPEG.
     pub quality: Option<u8>,
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
     /// largest picture), networks that do not fit stream.
     pub memory: crate::run_plan::MemoryOptions,
+}
+
+/// What a batch renders.
+#[derive(Clone, Debug)]
+pub enum Items {
+    /// A list file (`--prompts`; `-` reads stdin), parsed against [`BatchOptions::defaults`].
+    List(PathBuf),
+    /// Items already made (`generate --count` / `--seeds`: one prompt, several seeds).
+    Given(Vec<Item>),
 }
 
 /// A written picture.
@@ -143,13 +149,18 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let name = Template::parse(&o.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let example = name.render(&NameVars { index: 0, line: 1, seed: o.defaults.seed, shard: 0, prompt: "" });
     crate::picture::Format::of(Path::new(&example)).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
-    let (bytes, src) = read_list(&o.prompts)?;
+    let (entries, src) = match &o.items {
+        Items::List(p) => {
+            let (bytes, src) = read_list(p)?;
+            (parse_list(&bytes, &o.defaults), src)
+        }
+        Items::Given(items) => (items.iter().cloned().map(Ok).collect(), "picture".to_string()),
+    };
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?;
 
-    let entries = parse_list(&bytes, &o.defaults);
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
     if let Some(q) = o.quality {
         let jpeg = |j: &Job| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg);
@@ -167,8 +178,10 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     // Folders and tokens, still before any weights are read. No output may be an input.
     let ck_files = crate::output::files_below(&ck.loc.root);
     let mut inputs: Vec<(&str, &Path)> = ck_files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
-    if !crate::output::is_stdout(&o.prompts) {
-        inputs.push(("the prompts list", &o.prompts));
+    if let Items::List(p) = &o.items {
+        if !crate::output::is_stdout(p) {
+            inputs.push(("the prompts list", p));
+        }
     }
     let inputs = crate::output::Inputs::new(&inputs);
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
@@ -191,15 +204,15 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             crate::output::target(&j.path)?;
             crate::output::check_against(&[("the output", &j.path)], &inputs)?;
             let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
-                let tk = tok.encode(t, o.max_tokens)?;
+                let tk = tok.encode(t, o.defaults.max_tokens)?;
                 if let Some(n) = tk.truncated_from {
-                    progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.max_tokens));
+                    progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.defaults.max_tokens));
                 }
                 Ok((tk.ids, tk.truncated_from))
             };
-            let (prompt, prompt_cut) = enc(&j.item.prompt, "prompt")?;
-            let (negative, negative_cut) = match j.item.guidance != 1.0 {
-                true => enc(&j.item.negative, "negative prompt").map(|(ids, cut)| (Some(ids), cut))?,
+            let (prompt, prompt_cut) = enc(&j.item.spec.prompt, "prompt")?;
+            let (negative, negative_cut) = match j.item.spec.guidance != 1.0 {
+                true => enc(&j.item.spec.negative, "negative prompt").map(|(ids, cut)| (Some(ids), cut))?,
                 false => (None, None),
             };
             Ok(Texts { prompt, negative, cut: pipeline::Cut { prompt: prompt_cut, negative: negative_cut } })
@@ -226,7 +239,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
         .zip(&texts)
         .map(|(j, t)| {
             let n = t.prompt.len() + t.negative.as_ref().map_or(0, |v| v.len());
-            job_bytes(n, hidden, c, j.item.width, j.item.height)
+            job_bytes(n, hidden, c, j.item.spec.width, j.item.spec.height)
         })
         .collect();
     // On the CPU a picture takes minutes or hours and a weight load well under its time: chunks
@@ -236,12 +249,12 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
         Device::Cuda(_) => None,
     });
     let chunks = plan_chunks(&costs, chunk_budget_bytes(o.device), max_items);
-    progress.begin(jobs.len(), jobs.iter().map(|j| j.item.steps as u64).sum());
+    progress.begin(jobs.len(), jobs.iter().map(|j| j.item.spec.steps as u64).sum());
     let ctx = Ctx { ck: &ck, o, src: &src, t0 };
     // One memory plan for the whole list (the longest prompt, the largest picture), made before
     // any weights load: what stays resident, what streams; refused naming the smallest cap.
     let tokens = texts.iter().map(|t| t.prompt.len().max(t.negative.as_ref().map_or(0, |v| v.len()))).max();
-    let largest = jobs.iter().map(|j| (j.item.width, j.item.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
+    let largest = jobs.iter().map(|j| (j.item.spec.width, j.item.spec.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
     let plan_for = |budget: crate::run_plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::run_plan::RunPlan>> {
         let (Some(l), Some(size)) = (tokens, largest) else { return Ok(None) };
         let nets = crate::run_plan::networks(&ck, &budget, l, size)?;
@@ -253,11 +266,11 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     };
     let r = match o.device {
         Device::Cpu => {
-            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(crate::model::dit::MainLinears::of(o.precision)), progress)?;
+            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(crate::model::dit::MainLinears::of(o.defaults.precision)), progress)?;
             render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
-            let cu = pipeline::cuda(n, o.precision)?;
+            let cu = pipeline::cuda(n, o.defaults.precision)?;
             let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
             render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }

@@ -23,25 +23,10 @@ impl Ctx<'_> {
     fn request(&self, j: &Job, t: &Texts) -> Request {
         let it = &j.item;
         Request {
-            prompt: it.prompt.clone(),
-            negative: it.negative.clone(),
-            seed: it.seed,
-            steps: it.steps,
-            guidance: it.guidance,
-            width: it.width,
-            height: it.height,
-            out: j.path.clone(),
-            save_latents: None,
-            embeds: None,
-            prompt_file: None,
-            device: self.o.device,
-            uncond_skip: self.o.uncond_skip.clone(),
-            skip_window: self.o.skip_window,
-            max_tokens: self.o.max_tokens,
-            precision: self.o.precision,
             // --quality is for the batch's JPEG pictures; its PNG and WebP ones have none.
             quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
             cut: t.cut,
+            ..Request::new(it.spec.clone(), j.path.clone(), self.o.device)
         }
     }
 }
@@ -117,7 +102,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                         continue;
                     }
                     check_stop()?;
-                    match pipeline::hidden_states(b, &enc, ids, cx.o.precision) {
+                    match pipeline::hidden_states(b, &enc, ids, cx.o.defaults.precision) {
                         Ok(h) => {
                             hidden.insert(ids.as_slice(), h);
                         }
@@ -144,7 +129,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
             let merged = || if ck.loras.is_empty() { Default::default() } else { ck.loras.clock.total() };
             let mut seen = merged();
             let comp = ck.open_component("transformer")?;
-            let linears = crate::model::dit::MainLinears::of(cx.o.precision);
+            let linears = crate::model::dit::MainLinears::of(cx.o.defaults.precision);
             let dit = Dit::load_streamed(b, comp, &ck.dit, plan.map_or(usize::MAX, |p| p.dit_resident), linears)?;
             for (i, (j, t)) in jobs.iter().zip(texts).enumerate() {
                 if slots[i].failed {
@@ -192,10 +177,10 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                         index: j.item.index,
                         line: j.item.line,
                         path: j.path.clone(),
-                        seed: j.item.seed,
-                        steps: j.item.steps,
-                        width: j.item.width,
-                        height: j.item.height,
+                        seed: j.item.spec.seed,
+                        steps: j.item.spec.steps,
+                        width: j.item.spec.width,
+                        height: j.item.spec.height,
                         encode_s: slots[i].encode_s,
                         denoise_s: slots[i].denoise_s,
                         decode_s: t1.elapsed().as_secs_f64(),

@@ -5,8 +5,8 @@ use crate::backend::Device;
 use std::ops::Range;
 use std::path::Path;
 
-fn d() -> Defaults {
-    Defaults { negative: "blurry".into(), seed: 100, steps: 4, guidance: 3.0, size: (64, 64) }
+fn d() -> PictureSpec {
+    PictureSpec { negative: "blurry".into(), seed: 100, steps: 4, guidance: 3.0, width: 64, height: 64, ..Default::default() }
 }
 
 fn vars(index: usize, seed: u64, prompt: &str) -> NameVars<'_> {
@@ -19,13 +19,13 @@ fn plain_json_and_blank_lines() {
     let v = parse_list(text, &d());
     assert_eq!(v.len(), 4);
     let a = v[0].as_ref().unwrap();
-    assert_eq!((a.index, a.line, a.prompt.as_str(), a.seed, a.negative.as_str()), (0, 1, "a cat", 100, "blurry"));
+    assert_eq!((a.index, a.line, a.spec.prompt.as_str(), a.spec.seed, a.spec.negative.as_str()), (0, 1, "a cat", 100, "blurry"));
     let b = v[1].as_ref().unwrap();
-    assert_eq!((b.index, b.line, b.prompt.as_str(), b.seed), (1, 4, "a dog", 7));
-    assert_eq!((b.width, b.height, b.steps, b.guidance, b.negative.as_str()), (96, 64, 2, 1.0, ""));
+    assert_eq!((b.index, b.line, b.spec.prompt.as_str(), b.spec.seed), (1, 4, "a dog", 7));
+    assert_eq!((b.spec.width, b.spec.height, b.spec.steps, b.spec.guidance, b.spec.negative.as_str()), (96, 64, 2, 1.0, ""));
     assert_eq!(b.out.as_deref(), Some("x/{index}.png"));
     let c = v[2].as_ref().unwrap();
-    assert_eq!((c.index, c.seed, c.steps), (2, 102, 4), "null leaves the default");
+    assert_eq!((c.index, c.spec.seed, c.spec.steps), (2, 102, 4), "null leaves the default");
     let e = v[3].as_ref().unwrap_err();
     assert_eq!((e.index, e.line), (3, 6));
     assert!(e.error.contains("invalid JSON"), "{}", e.error);
@@ -55,7 +55,7 @@ fn bad_fields() {
     let e = &parse_list(b"ok\n\xff\xfe bad\nok\n", &d())[1];
     assert_eq!(e.as_ref().unwrap_err().line, 2);
     assert!(e.as_ref().unwrap_err().error.contains("UTF-8"));
-    assert!(check_defaults(&Defaults { steps: 0, ..d() }).unwrap_err().to_string().contains("--steps"));
+    assert!(check_defaults(&PictureSpec { steps: 0, ..d() }).unwrap_err().to_string().contains("--steps"));
 }
 
 #[test]

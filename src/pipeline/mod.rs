@@ -12,6 +12,7 @@ use crate::png;
 pub use crate::prompt::Cut;
 pub use crate::run_plan::MemoryOptions;
 use crate::run_plan::{Budget, RunPlan};
+use crate::spec::PictureSpec;
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -22,32 +23,28 @@ mod text;
 pub use files::*;
 pub use text::*;
 
-/// Everything one picture needs.
+/// Everything one picture needs: its settings, and where it goes.
 #[derive(Clone, Debug)]
 pub struct Request {
-    pub prompt: String,
-    pub negative: String,
-    pub seed: u64,
-    pub steps: u32,
-    pub guidance: f32,
-    pub width: u32,
-    pub height: u32,
+    pub spec: PictureSpec,
     pub out: PathBuf,
     pub save_latents: Option<PathBuf>,
     pub embeds: Option<PathBuf>,
     /// The file the prompt was read from (checked not to be an output).
     pub prompt_file: Option<PathBuf>,
-    pub uncond_skip: Vec<usize>,
-    pub skip_window: (f64, f64),
-    pub max_tokens: usize,
-    /// GPU compute precision (the CPU reference is always fp32).
-    pub precision: crate::options::Precision,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
     /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
     pub quality: Option<u8>,
     /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
     pub cut: Cut,
+}
+
+impl Request {
+    /// A request for `spec` written to `out` on `device`, with nothing else set.
+    pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default() }
+    }
 }
 
 /// What a finished picture reports.
@@ -151,16 +148,16 @@ impl Progress for Silent {}
 
 /// Check the cheap things first: numbers, then paths.
 pub fn validate(req: &Request) -> Result<()> {
-    if req.steps == 0 {
+    if req.spec.steps == 0 {
         bail!("--steps must be at least 1");
     }
-    if req.steps > 1000 {
-        bail!("--steps {} is above the 1000 training timesteps", req.steps);
+    if req.spec.steps > 1000 {
+        bail!("--steps {} is above the 1000 training timesteps", req.spec.steps);
     }
-    if !req.guidance.is_finite() {
-        bail!("--guidance must be a finite number, got {}", req.guidance);
+    if !req.spec.guidance.is_finite() {
+        bail!("--guidance must be a finite number, got {}", req.spec.guidance);
     }
-    crate::options::parse_size(&format!("{}x{}", req.width, req.height)).map_err(anyhow::Error::msg)?;
+    crate::options::parse_size(&format!("{}x{}", req.spec.width, req.spec.height)).map_err(anyhow::Error::msg)?;
     crate::output::check(&req.out)?;
     if let Some(p) = &req.save_latents {
         crate::output::check(p)?;
@@ -259,9 +256,9 @@ pub fn denoise<B: DitOps>(
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
     let comp = ck.open_component("transformer")?;
-    let image = (req.height / 16) as usize * (req.width / 16) as usize;
+    let image = (req.spec.height / 16) as usize * (req.spec.width / 16) as usize;
     b.plan_dit(&comp, &ck.dit, image, cond.shape[0].max(uncond.shape[0]))?;
-    let dit = Dit::load(b, &comp, &ck.dit, MainLinears::of(req.precision))?;
+    let dit = Dit::load(b, &comp, &ck.dit, MainLinears::of(req.spec.precision))?;
     denoise_with(b, &dit, ck, req, cond, uncond, progress)
 }
 
@@ -275,23 +272,23 @@ pub fn denoise_with<B: DitOps>(
     uncond: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
-    let (h, w) = ((req.height / 16) as usize, (req.width / 16) as usize);
+    let (h, w) = ((req.spec.height / 16) as usize, (req.spec.width / 16) as usize);
     let c = ck.dit.latent_channels;
-    let sigmas = crate::schedule::sigmas(req.steps as usize, &ck.scheduler);
+    let sigmas = crate::schedule::sigmas(req.spec.steps as usize, &ck.scheduler);
     let tc = dit.refine_text(b, cond)?;
-    let tu = if req.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
+    let tu = if req.spec.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
     progress.stage("denoise");
-    let x0 = b.upload(&Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.seed, c * h * w))?)?;
+    let x0 = b.upload(&Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.spec.seed, c * h * w))?)?;
     let x = crate::sampling::sample(
         b,
         x0,
         &sigmas,
-        req.guidance,
-        req.skip_window,
+        req.spec.guidance,
+        req.spec.skip_window,
         |step, x| match (step.guided, &tu) {
             (false, _) => Ok((dit.velocity(b, x, step.t, &tc, &[])?, None)),
             (true, Some(tu)) => {
-                let skip: &[usize] = if step.skip_active { &req.uncond_skip } else { &[] };
+                let skip: &[usize] = if step.skip_active { &req.spec.uncond_skip } else { &[] };
                 let mut v = dit.velocities(b, x, step.t, &[(&tc, &[]), (tu, skip)])?;
                 let v_u = v.pop();
                 Ok((v.pop().expect("two passes, two velocities"), v_u))
@@ -336,7 +333,7 @@ pub fn picture_bytes<B: VaeOps>(
     progress: &mut dyn Progress,
 ) -> Result<Vec<u8>> {
     let rgb = vae.decode_rgb8(b, z)?;
-    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.width, req.height, &metadata(req, ck))?;
+    let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.spec.width, req.spec.height, &metadata(req, ck))?;
     if let Some(w) = pic.warning(&req.out) {
         progress.warn(&w);
     }
@@ -381,7 +378,7 @@ pub fn generate_planned(
         // The device opens (driver, CUDA context, kernel modules, cuBLASLt) while the checkpoint
         // opens and the prompts tokenize: neither waits for the other.
         let opening = match device {
-            Device::Cuda(n) => Some(s.spawn(move || cuda(n, req.precision))),
+            Device::Cuda(n) => Some(s.spawn(move || cuda(n, req.spec.precision))),
             Device::Cpu => None,
         };
         let mut ck = open_checkpoint(model)?;
@@ -391,14 +388,14 @@ pub fn generate_planned(
         let (tokens, cut) = match &req.embeds {
             Some(_) => (None, Cut::default()),
             None => {
-                let (t, cut) = tokenize_prompts(&ck, &prompt_texts(req), req.max_tokens, progress)?;
+                let (t, cut) = tokenize_prompts(&ck, &prompt_texts(req), req.spec.max_tokens, progress)?;
                 (Some(t), cut)
             }
         };
         let req = &Request { cut, ..req.clone() };
         let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
-            let nets = crate::run_plan::networks(&ck, &budget, longest, (req.width, req.height))?;
+            let nets = crate::run_plan::networks(&ck, &budget, longest, (req.spec.width, req.spec.height))?;
             let p = crate::run_plan::decide(&nets, &budget, mem)?;
             if let Some(w) = &p.warning {
                 progress.warn(w);
@@ -408,7 +405,7 @@ pub fn generate_planned(
         };
         match opening {
             None => {
-                let p = plan(Budget::cpu().with_linears(MainLinears::of(req.precision)), progress)?;
+                let p = plan(Budget::cpu().with_linears(MainLinears::of(req.spec.precision)), progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
             }
             Some(opening) => {
@@ -424,41 +421,11 @@ pub fn generate_planned(
 
 /// The texts `req` encodes: the prompt, and the negative unless guidance is exactly 1.
 pub fn prompt_texts(req: &Request) -> Vec<&str> {
-    if req.guidance != 1.0 {
-        vec![&req.prompt, &req.negative]
+    if req.spec.guidance != 1.0 {
+        vec![&req.spec.prompt, &req.spec.negative]
     } else {
-        vec![&req.prompt]
+        vec![&req.spec.prompt]
     }
-}
-
-/// Before any weights load: every stage's plan (weights + working memory) against the GPU's
-/// free memory now. The stages run one after another, each freeing the last, so each must fit
-/// alone; a run that cannot fails here in a second, with the stage, the numbers and (for the
-/// DiT) the largest size that fits, instead of after a 16 GB load. `text_tokens`: the longest
-/// prompt in tokens (None: the encoder does not run); `sizes`: the pictures' `(W, H)`.
-pub fn preflight_cuda(
-    cu: &crate::backend::cuda::ops::Cuda,
-    ck: &Checkpoint,
-    text_tokens: Option<usize>,
-    sizes: &[(u32, u32)],
-) -> Result<()> {
-    use crate::backend::cuda::plan::{encoder_activation_bytes, MemoryPlan};
-    let text = text_tokens.unwrap_or(0).max(1);
-    if let Some(l) = text_tokens {
-        let comp = ck.open_component_for_plan("text_encoder")?;
-        let act = encoder_activation_bytes(&ck.encoder, l, cu.act_dtype());
-        MemoryPlan::component(&comp, cu.precision)
-            .activations(act)
-            .check(cu.gpu())
-            .map_err(|e| e.context(format!("the text-encoder stage ({l} tokens) does not fit")))?;
-    }
-    if let Some(&(w, h)) = sizes.iter().max_by_key(|&&(w, h)| w as u64 * h as u64) {
-        let comp = ck.open_component_for_plan("transformer")?;
-        cu.plan_dit(&comp, &ck.dit, (h / 16) as usize * (w / 16) as usize, text)?;
-        let comp = ck.open_component_for_plan("vae")?;
-        cu.plan_vae(&comp, &ck.vae, (h / 16) as usize, (w / 16) as usize)?;
-    }
-    Ok(())
 }
 
 /// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
@@ -476,10 +443,10 @@ where
 {
     let mut rep = Report {
         path: req.out.clone(),
-        seed: req.seed,
-        steps: req.steps,
-        width: req.width,
-        height: req.height,
+        seed: req.spec.seed,
+        steps: req.spec.steps,
+        width: req.spec.width,
+        height: req.spec.height,
         plan: Some(plan.json()),
         ..Default::default()
     };
@@ -492,14 +459,9 @@ where
             if e.cond.hidden.shape[1] != ck.dit.text_dim {
                 bail!("{}: hidden states are {} wide, the transformer takes {}", p.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
             }
-            from_embeds = Some(Request {
-                prompt: e.cond.text.clone(),
-                negative: e.uncond.text.clone(),
-                max_tokens: e.max_tokens,
-                cut: e.cut,
-                ..req.clone()
-            });
-            (stage_boundary(e.cond.hidden, req.precision), stage_boundary(e.uncond.hidden, req.precision), None)
+            let spec = PictureSpec { prompt: e.cond.text.clone(), negative: e.uncond.text.clone(), max_tokens: e.max_tokens, ..req.spec.clone() };
+            from_embeds = Some(Request { spec, cut: e.cut, ..req.clone() });
+            (stage_boundary(e.cond.hidden, req.spec.precision), stage_boundary(e.uncond.hidden, req.spec.precision), None)
         }
         (None, None) => bail!("generate: neither embeds nor prompt tokens"),
         (None, Some(tokens)) => {
@@ -508,7 +470,7 @@ where
             let comp = ck.open_component("text_encoder")?;
             let enc = Encoder::load_streamed(b, comp, &ck.encoder, plan.encoder_resident)?;
             rep.encode_load_s = t.elapsed().as_secs_f64();
-            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { hidden_states_all(b, enc, &tokens, req.precision) };
+            let encode = |enc: &Encoder<B>| -> Result<Vec<Tensor>> { hidden_states_all(b, enc, &tokens, req.spec.precision) };
             // On a device with room for both, the transformer loads on another thread (its copies
             // behind the encoder's compute on the copy stream) while the encoder runs.
             let (mut hidden, dit) = if plan.overlap && b.loads_behind() {
@@ -516,7 +478,7 @@ where
                     let comp = dit_comp.take().expect("the transformer is opened once");
                     let behind = s.spawn(move || -> Result<_> {
                         let t = Instant::now();
-                        let d = Dit::load_behind(b, comp, &ck.dit, ck.dit.num_layers, MainLinears::of(req.precision))?;
+                        let d = Dit::load_behind(b, comp, &ck.dit, ck.dit.num_layers, MainLinears::of(req.spec.precision))?;
                         Ok((d, t.elapsed().as_secs_f64()))
                     });
                     let hidden = encode(&enc);
@@ -543,7 +505,7 @@ where
         }
         None => {
             let comp = dit_comp.take().expect("the transformer is opened once");
-            Dit::load_streamed(b, comp, &ck.dit, plan.dit_resident, MainLinears::of(req.precision))?
+            Dit::load_streamed(b, comp, &ck.dit, plan.dit_resident, MainLinears::of(req.spec.precision))?
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();

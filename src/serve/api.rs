@@ -5,6 +5,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use crate::options::Precision;
+use crate::spec::PictureSpec;
 use crate::pipeline::Request;
 use serde_json::{json, Map, Value};
 
@@ -100,26 +101,8 @@ pub struct Generation {
 /// The request a body's fields are written over: moss generate's defaults (50 steps, guidance 3,
 /// 1024x1024, no negative) and the server's settings (`uncond_skip`, `skip_window`, ...).
 pub fn base_request(uncond_skip: Vec<usize>, skip_window: (f64, f64), max_tokens: usize, precision: Precision) -> Request {
-    Request {
-        prompt: String::new(),
-        negative: String::new(),
-        seed: 0,
-        steps: 50,
-        guidance: 3.0,
-        width: 1024,
-        height: 1024,
-        out: Default::default(),
-        save_latents: None,
-        embeds: None,
-        prompt_file: None,
-        device: crate::backend::Device::Cpu,
-        uncond_skip,
-        skip_window,
-        max_tokens,
-        precision,
-        quality: None,
-        cut: Default::default(),
-    }
+    let spec = PictureSpec { seed: 0, uncond_skip, skip_window, max_tokens, precision, ..PictureSpec::default() };
+    Request::new(spec, Default::default(), crate::backend::Device::Cpu)
 }
 
 fn string<'a>(k: &str, v: &'a Value) -> Result<&'a str, ApiError> {
@@ -148,12 +131,14 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         ));
     }
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
-    let mut g = Generation { req: Request { seed: random_seed, steps: base.steps.min(lim.max_steps), ..base.clone() }, n: 1, stream: false };
+    let mut g = Generation { req: base.clone(), n: 1, stream: false };
+    g.req.spec.seed = random_seed;
+    g.req.spec.steps = base.spec.steps.min(lim.max_steps);
     match get("prompt") {
         None => return Err(ApiError::bad("prompt", "missing_required_parameter", "`prompt` is required")),
-        Some(v) => g.req.prompt = string("prompt", v)?.to_string(),
+        Some(v) => g.req.spec.prompt = string("prompt", v)?.to_string(),
     }
-    if g.req.prompt.trim().is_empty() {
+    if g.req.spec.prompt.trim().is_empty() {
         return Err(ApiError::bad("prompt", "invalid_value", "`prompt` is empty"));
     }
     if let Some(v) = get("model") {
@@ -178,7 +163,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
     if let Some(v) = get("size") {
         let s = string("size", v)?;
         if s != "auto" {
-            (g.req.width, g.req.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
+            (g.req.spec.width, g.req.spec.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
         }
     }
     if let Some(v) = get("response_format") {
@@ -201,10 +186,10 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         }
     }
     if let Some(v) = get("negative_prompt") {
-        g.req.negative = string("negative_prompt", v)?.to_string();
+        g.req.spec.negative = string("negative_prompt", v)?.to_string();
     }
     if let Some(v) = get("seed") {
-        g.req.seed = v
+        g.req.spec.seed = v
             .as_u64()
             .ok_or_else(|| ApiError::bad("seed", "invalid_type", format!("`seed` must be a whole number in 0..2^64, got {v}")))?;
     }
@@ -217,7 +202,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
                 format!("`num_inference_steps` must be in 1..={} (--max-steps), got {s}", lim.max_steps),
             ));
         }
-        g.req.steps = s as u32;
+        g.req.spec.steps = s as u32;
     }
     if let Some(v) = get("guidance_scale") {
         let x = v
@@ -226,7 +211,7 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         if !(x as f32).is_finite() {
             return Err(ApiError::bad("guidance_scale", "invalid_value", format!("`guidance_scale` {x} is not a finite number")));
         }
-        g.req.guidance = x as f32;
+        g.req.spec.guidance = x as f32;
     }
     if let Some(v) = get("stream") {
         g.stream = v.as_bool().ok_or_else(|| ApiError::bad("stream", "invalid_type", format!("`stream` must be true or false, got {v}")))?;
@@ -237,12 +222,12 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
         }
     }
     // Last: a request that leaves `size` out gets the default size, and its other errors first.
-    let pixels = g.req.width as u64 * g.req.height as u64;
+    let pixels = g.req.spec.width as u64 * g.req.spec.height as u64;
     if pixels > lim.max_pixels {
         return Err(ApiError::bad(
             "size",
             "invalid_value",
-            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.req.width, g.req.height, lim.max_pixels),
+            format!("size {}x{} is above this server's limit of {} pixels (--max-size)", g.req.spec.width, g.req.spec.height, lim.max_pixels),
         ));
     }
     Ok(g)
@@ -276,9 +261,9 @@ mod tests {
     fn fields_and_defaults() {
         let base = base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16);
         let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), "m", &base, 1).unwrap();
-        assert_eq!((g.req.seed, g.n, g.req.width, g.req.height, g.req.steps, g.req.guidance), (7, 3, 64, 32, 4, 1.0));
+        assert_eq!((g.req.spec.seed, g.n, g.req.spec.width, g.req.spec.height, g.req.spec.steps, g.req.spec.guidance), (7, 3, 64, 32, 4, 1.0));
         let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", &base, 99).unwrap();
-        assert_eq!((g.req.seed, g.req.width, g.req.steps, g.req.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
+        assert_eq!((g.req.spec.seed, g.req.spec.width, g.req.spec.steps, g.req.spec.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
     }
 
     #[test]

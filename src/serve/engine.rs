@@ -162,7 +162,7 @@ impl<B: Serving> Engine<B> {
         let t0 = Instant::now();
         // The pool is trimmed between the stages as `generate` does, so each stage has the
         // memory its plan gives it (the streamed layers' slots go too).
-        let (cond, uncond) = self.conditions(tokens, req.precision)?;
+        let (cond, uncond) = self.conditions(tokens, req.spec.precision)?;
         self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();

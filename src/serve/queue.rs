@@ -6,7 +6,7 @@
 use super::api::{ApiError, Generation};
 use super::engine::{Picture, Render};
 use super::metrics::{Gauges, Metrics};
-use crate::pipeline::{Interrupted, Progress, Request};
+use crate::pipeline::{Interrupted, Progress};
 use axum::http::StatusCode;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,7 +90,7 @@ impl Queue {
 
     /// Seconds until the queue as it is now has drained (the `Retry-After` of a 429).
     fn drain_estimate_s(&self, s: &State) -> u64 {
-        let pictures = s.running.iter().chain(&s.waiting).map(|j| j.gen.n as f64 * self.metrics.picture_estimate_s(j.gen.req.steps));
+        let pictures = s.running.iter().chain(&s.waiting).map(|j| j.gen.n as f64 * self.metrics.picture_estimate_s(j.gen.req.spec.steps));
         pictures.sum::<f64>().ceil().max(1.0) as u64
     }
 
@@ -233,8 +233,9 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
             let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
             return;
         }
-        let seed = g.req.seed.wrapping_add(i as u64);
-        let req = Request { seed, ..g.req.clone() };
+        let seed = g.req.spec.seed.wrapping_add(i as u64);
+        let mut req = g.req.clone();
+        req.spec.seed = seed;
         let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
         // A panic in the engine fails this request alone (500); the worker goes on.
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress)))
@@ -277,7 +278,8 @@ mod tests {
     /// Job `id` (its seed too) of `n` pictures.
     fn job(id: u64, n: u32, steps: u32) -> (Arc<Job>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let req = Request { steps, seed: id, ..base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16) };
+        let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
+        (req.spec.steps, req.spec.seed) = (steps, id);
         let gen = Generation { req, n, stream: false };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
     }
@@ -323,8 +325,8 @@ mod tests {
     /// Seed 1 fails, seed 2 panics, others render 3 steps (asking to stop after each).
     struct Fake;
     impl Render for Fake {
-        fn render(&mut self, req: &Request, _t: &[Vec<u32>], p: &mut dyn Progress) -> anyhow::Result<Picture> {
-            match req.seed {
+        fn render(&mut self, req: &crate::pipeline::Request, _t: &[Vec<u32>], p: &mut dyn Progress) -> anyhow::Result<Picture> {
+            match req.spec.seed {
                 1 => anyhow::bail!("out of memory"),
                 2 => panic!("a bug"),
                 _ => {}
@@ -335,7 +337,7 @@ mod tests {
                     return Err(Interrupted.into());
                 }
             }
-            Ok(Picture { bytes: req.seed.to_le_bytes().to_vec(), ..Default::default() })
+            Ok(Picture { bytes: req.spec.seed.to_le_bytes().to_vec(), ..Default::default() })
         }
         fn max_joint_tokens(&self) -> usize {
             usize::MAX

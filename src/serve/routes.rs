@@ -150,7 +150,7 @@ impl Drop for Guard {
                 self.queue.metrics.with(|c| *c.requests.entry(499).or_default() += 1);
             }
         }
-        log_request("POST", "/v1/images/generations", self.status.unwrap_or(499), self.t0, Some(self.job.gen.req.seed));
+        log_request("POST", "/v1/images/generations", self.status.unwrap_or(499), self.t0, Some(self.job.gen.req.spec.seed));
     }
 }
 
@@ -175,7 +175,7 @@ fn check_fits(st: &AppState, g: &Generation, tokens: &[Vec<u32>]) -> Result<(), 
         return Ok(());
     }
     let text = tokens.iter().map(Vec::len).max().unwrap_or(0);
-    api::check_fits(st.queue.joint_tokens(), g.req.width, g.req.height, text)
+    api::check_fits(st.queue.joint_tokens(), g.req.spec.width, g.req.spec.height, text)
 }
 
 async fn generations(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -234,7 +234,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
         return e.into_response();
     }
     guard.status = Some(200);
-    let size = format!("{}x{}", g.req.width, g.req.height);
+    let size = format!("{}x{}", g.req.spec.width, g.req.spec.height);
     Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
 }
 

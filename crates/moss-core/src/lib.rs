@@ -15,4 +15,5 @@ pub mod options;
 pub mod prompt;
 pub mod sampling;
 pub mod schedule;
+pub mod spec;
 pub mod tensor;

@@ -1,6 +1,5 @@
 //! cuBLASLt algorithms pinned per product shape, where a device call measured one of the
-//! heuristic's candidates clearly faster than its first choice (measured on the H200, session 17;
-//! git history: d0c23f2, c21509d).
+//! heuristic's candidates clearly faster than its first choice (measured on the H200).
 //!
 //! A pin is looked up by compute capability and the product's shape in cuBLAS's column-major
 //! terms (m = output features, n = rows, k), and names a whole [`AlgoConfig`]. The plan takes the
@@ -30,7 +29,7 @@ const fn cfg(tile: u32, custom: u32, cluster: u32) -> AlgoConfig {
 const H200: (i32, i32) = (9, 0);
 
 /// The table: the text encoder's products at 4096 and 128 tokens on the H200 (cuBLASLt of CUDA
-/// 13.0), where the tuning mode (deleted in 72188d7) timed the candidate faster than the
+/// 13.0), where the tuning mode timed the candidate faster than the
 /// heuristic's first choice in each of three processes (median of 5 round-robin rounds; git
 /// history: d0c23f2; the fraction is the time against the first choice's).
 pub const PINS: &[Pin] = &[

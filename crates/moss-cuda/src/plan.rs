@@ -16,9 +16,9 @@ use moss_core::checkpoint::Component;
 use moss_core::options::Precision;
 use anyhow::{bail, Result};
 
-/// Headroom on top of weights and activations: the cuBLASLt workspace (32 MiB), the
-/// stream-ordered pool's rounding and fragmentation, and small per-op temporaries.
-pub const RESERVE_BYTES: usize = 512 << 20;
+/// The one reserve the planner keeps free on the device (cuBLASLt workspaces, the pool's slack):
+/// [`moss_core::memory_plan::RESERVE`].
+pub const RESERVE_BYTES: usize = moss_core::memory_plan::RESERVE as usize;
 
 /// What one stage will hold on the device.
 #[derive(Clone, Debug)]

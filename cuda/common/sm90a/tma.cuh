@@ -1,5 +1,5 @@
 // TMA tensor copies and mbarriers of the Hopper kernels (sm_90a only): the 2-D tensor map (made on
-// the host by cuTensorMapEncodeTiled: src/backend/cuda/ops.rs `tensor_map_2d`, passed to the kernel
+// the host by cuTensorMapEncodeTiled: crates/moss-cuda/src/ops.rs `tensor_map_2d`, passed to the kernel
 // by value as a __grid_constant__ parameter), box copies global -> shared completing on an
 // mbarrier's transaction count, and the mbarrier operations of a producer / consumer ring (a
 // "full" barrier per stage the producer arms with the stage's bytes, an "empty" one the consumers

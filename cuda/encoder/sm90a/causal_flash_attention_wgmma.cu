@@ -1,8 +1,8 @@
 // The encoder's causal GQA attention, head dim 256, on Hopper warpgroup tensor cores (sm_90a only;
 // EncoderOps::causal_attention / causal_attention_gated at bf16, L > 256: what Hopper runs; other
-// GPUs and MOSS_KERNELS=portable take the mma.sync kernel; host side src/backend/cuda/encoder/mod.rs
+// GPUs and MOSS_KERNELS=portable take the mma.sync kernel; host side crates/moss-cuda/src/encoder/mod.rs
 // `causal_attention_with`). Measured on the H200 at L = 4096, 16 / 4 heads: 0.328 ms (419 TFLOP/s)
-// vs 0.954 ms for the mma.sync kernel, torch SDPA 0.289 ms (git history: cd13956). Same contract and arguments as cuda/encoder/causal_flash_attention.cu
+// vs 0.954 ms for the mma.sync kernel, torch SDPA 0.289 ms. Same contract and arguments as cuda/encoder/causal_flash_attention.cu
 // (moss_enc_fattn_*): q [L, H, 256], k and v [L, Hkv, 256], out [L, H, 256]; query head h reads
 // KV head h / (H / Hkv); fp32 scores and softmax statistics, P rounded to bf16 for P V.
 //
@@ -61,7 +61,7 @@ __device__ __forceinline__ void load_rows(uint32_t s, const __nv_bfloat16* g, lo
 
 // Normalise, stage and store a warpgroup's 64 output rows. (An overlap variant, attn2 at commit
 // 0a6bc6a -- step j's softmax during step j-1's P V -- measured 0.375 vs 0.332 ms at L = 4096 on
-// the H200, bit-identical output: removed; git history: a4454ac.)
+// the H200, bit-identical output: removed.)
 template <int BUG, bool GATED>
 __device__ __forceinline__ void epilogue(const float (&acc0)[64], const float (&acc1)[64], const float (&l)[2],
                                          __nv_bfloat16* __restrict__ o, int n, int H,

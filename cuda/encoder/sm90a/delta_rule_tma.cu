@@ -1,6 +1,6 @@
 // The gated delta rule's state pass and output in one kernel on Hopper (sm_90a unit): the default
 // after delta_rule_prep (cuda/encoder/delta_rule_prep.cuh) wherever the Hopper kernels are loaded and q, k, v are
-// 16-byte aligned (host: `gdr_chunked` in src/backend/cuda/encoder/delta_rule.rs; MOSS_KERNELS=portable
+// 16-byte aligned (host: `gdr_chunked` in crates/moss-cuda/src/encoder/delta_rule.rs; MOSS_KERNELS=portable
 // takes gdr_seq_tc + gdr_out_tc instead, the path of every other GPU). Same chunk algebra as cuda/encoder/delta_rule.cu;
 // it reads the prep's scratch (fp32, blk = c·Hv + h): Kd, Wk, U0 [blk][64][128], Wqk [blk][64][64],
 // gam [blk][64], and q straight out of the (strided) conv output.
@@ -28,15 +28,13 @@
 // copies landing in this CTA) and an "empty" one (CW·CL arrivals: every compute warp of every CTA
 // of the cluster, since each CTA writes into the other's slot). The waits and the remote arrivals
 // use the instructions' default semantics (acquire / release at CTA scope, as CUTLASS's cluster
-// barriers): the explicit cluster-scope forms cost `membar` stalls (ncu on the H200, session 15;
-// git history: a54bcba).
+// barriers): the explicit cluster-scope forms cost `membar` stalls (ncu on the H200).
 // The compute warps load each k-step's operands (ldmatrix, q, Kd) one step ahead of its mma
 // (register double buffer, by hand: the asm statements keep program order). Two named barriers a
 // chunk (Uᵀ, Sᵀ exchanged in smem). Products on TF32 mma.sync m16n8k8 (operands rounded with
 // cvt.rna as delta_rule_tc.cuh, fp32 accumulators); Sᵀ and Uᵀ are stored TF32-rounded.
-// Measured on the H200 (this kernel as `tma2y`, session 16; git history: e64bff3): 0.225 ms a layer
-// at 4096 tokens (Hk 16, Hv 32, dk = dv = 128) after the prep; the variants it replaced and their
-// measurements are in git history (017c48b, de7abb4, a54bcba).
+// Measured on the H200: 0.225 ms a layer at 4096 tokens (Hk 16, Hv 32, dk = dv = 128) after the
+// prep.
 // BUG 1 (moss_ctl_enc_gdr_tma_bf16): the state read Q S forgets its decay e^{γ}.
 // Needs dk % 8 == 0, dk, dv ≤ 128, q rows 16-byte aligned (the host checks).
 #include "../launch.h"

@@ -1,4 +1,4 @@
-//! Gates of the gated attention's ops on the joined projection (`src/backend/cuda/encoder/attention_qkv_gate.rs`,
+//! Gates of the gated attention's ops on the joined projection (`crates/moss-cuda/src/encoder/attention_qkv_gate.rs`,
 //! `cuda/encoder/attention_qkv_gate.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: narrowed copies,
 //! `head_norm_rope` twice, the separate gate ops), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].

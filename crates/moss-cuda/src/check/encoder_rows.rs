@@ -1,4 +1,4 @@
-//! Gates of the byte-floor row kernels (`src/backend/cuda/encoder/row_ops.rs`, `cuda/encoder/row_ops.cu`)
+//! Gates of the byte-floor row kernels (`crates/moss-cuda/src/encoder/row_ops.rs`, `cuda/encoder/row_ops.cu`)
 //! against the CPU twins, at the Qwen3.5-9B shapes (plus a length that is no multiple of the
 //! conv's token run), each with a planted control the same comparison must reject. The previous
 //! kernels keep their own rows (check/encoder.rs, check/encoder_strided.rs; `rms1` here). Listed in

@@ -1,4 +1,4 @@
-//! Gates of the encoder's fused-projection ops (`src/backend/cuda/encoder/strided_row_ops.rs`,
+//! Gates of the encoder's fused-projection ops (`crates/moss-cuda/src/encoder/strided_row_ops.rs`,
 //! `cuda/encoder/strided_row_ops.cu`) against the CPU twins (the `EncoderOps` defaults on `Cpu`: separate
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].

@@ -1,6 +1,6 @@
 //! Gates of the DiT's producers of float8 activations (`--precision fp8`; host side
 //! `backend/cuda/dit/fp8_act.rs`): each fused kernel against the CPU quantization
-//! (`quantize_rows`, the arithmetic of `src/fp8.rs`) of the CUDA unfused op's output, bit for bit
+//! (`quantize_rows`, the arithmetic of `crates/moss-core/src/fp8.rs`) of the CUDA unfused op's output, bit for bit
 //! (every code's value, every scale; the codes' bytes also against `moss_quantize_fp8` of that
 //! output, the path the fused kernel replaces), at the DiT's shapes and a ragged one, each with a
 //! planted control; and their timing against the unfused pair.

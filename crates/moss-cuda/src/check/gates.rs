@@ -384,7 +384,7 @@ pub fn time_ms(cuda: &Cuda, warmup: usize, reps: usize, mut f: impl FnMut() -> R
 }
 
 /// moss's bf16 `linear` at the DiT's GEMM shapes and its attention at the DiT's full size (the
-/// numbers the since-deleted bench/linear_torch.py compared; git history: 6711694).
+/// numbers the since-deleted bench/linear_torch.py compared).
 pub fn time_ops(cuda: &Cuda) -> Result<()> {
     use dit::*;
     let c = cuda.with_precision(Precision::Bf16);

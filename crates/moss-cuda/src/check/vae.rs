@@ -1,4 +1,4 @@
-//! `moss check` gates of the VAE decoder's CUDA kernels (cuda/vae/vae_ops.cu, src/backend/cuda/vae/)
+//! `moss check` gates of the VAE decoder's CUDA kernels (cuda/vae/vae_ops.cu, crates/moss-cuda/src/vae/)
 //! against the CPU twins (f64 accumulation), at the full decoder's shapes (widths
 //! 96/192/384/384, a 1024×1024 picture: 128×128 in the mid block), each with planted controls.
 //! The VAE is fp32 at every precision, so these run once, in the fp32 pass.

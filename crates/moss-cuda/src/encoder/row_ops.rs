@@ -4,8 +4,7 @@
 //! residual epilogue, the gated RMSNorm and the embedding gather with 2-D grids / loads issued
 //! before the reductions; every small weight (taps, norm weights, A_log, dt_bias) read in its
 //! loaded dtype instead of an f32 copy made by a cast (and, for the taps, a permute) every call.
-//! Same formulas and rounding points as the kernels they replace. Measured on the H200 (git
-//! history: 8cf806b).
+//! Same formulas and rounding points as the kernels they replace. Measured faster on the H200.
 //!
 //! The previous kernels (conv8 + gates_s with their casts, silu_mul8r, rms1, grms8s, the scalar
 //! embed) serve the shapes these do not take. The conv and gated-RMSNorm variants measured slower
@@ -24,9 +23,9 @@ use anyhow::{ensure, Result};
 pub const SILU_V_MIN_ROWS: usize = 1024;
 
 /// The conv kernel ([`kernels::ENC_CONV_SILU_GATES`]): [`CONV_V`] channels x [`CONV_TT`] tokens a thread, the fast SiLU, the gates in
-/// its launch; measured on the H200 at 4096 tokens 49.8 us against 72.3 for session 15's convg4
-/// (8 channels x 4 tokens, IEEE SiLU; CUDA events; ncu 47.7 against 71.4), at 128 tokens 3.2
-/// against 4.8 (git history: cadccde, which also has the slower 8x4, 4x8, 2x8, 2x16).
+/// its launch; measured on the H200 at 4096 tokens 49.8 us against 72.3 for 8 channels x 4
+/// tokens with the IEEE SiLU (CUDA events; ncu 47.7 against 71.4), at 128 tokens 3.2 against 4.8;
+/// the 4x8, 2x8 and 2x16 shapes measured slower.
 pub const CONV_KERNEL: &str = "conv_silu_gates";
 /// Channels a conv thread (cuda/encoder/launch.h).
 pub const CONV_V: usize = crate::launch::ENC_CONV_V;
@@ -38,7 +37,7 @@ pub type GatedRms = Family<fn(Dev, Dev, Dev, Dev, i32, i64, i32, f32, i32, i64)>
 
 /// The gated RMSNorm kernels: gated_rms_norm_row16 (one row a 16-lane group, fast SiLU, widths ≤ 128; measured on
 /// the H200 at 4096 tokens 30.8 us against 37.7 for gated_rms_norm_wide, CUDA events; ncu 29.2 against 36.4; at
-/// 128 tokens 2.3 against 2.6; git history: cadccde), then gated_rms_norm_wide for wider heads.
+/// 128 tokens 2.3 against 2.6), then gated_rms_norm_wide for wider heads.
 pub static GRMS: [&GatedRms; 2] = [&kernels::ENC_GATED_RMS_NORM_ROW16, &kernels::ENC_GATED_RMS_NORM_WIDE];
 
 /// The kernels' weight-dtype flag: 1 bf16, 0 f32.

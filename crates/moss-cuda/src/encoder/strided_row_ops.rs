@@ -3,10 +3,10 @@
 //! run as one cuBLASLt GEMM ([`EncoderOps::linear_cat`]), the consumers reading their columns of
 //! its output in place (row stride) instead of narrowed copies, the residual add in the output
 //! projection's GEMM epilogue ([`EncoderOps::linear_add_rms_norm`]), and the attention's sigmoid
-//! gate in one kernel. Measured on the H200 (git history: 7b8ab91).
+//! gate in one kernel. Measured on the H200.
 //!
 //! One path each (the other groupings and the unfused forms, once behind environment switches,
-//! were deleted in 2abea24; git keeps them):
+//! measured slower):
 //! - the DeltaNet's qkv | z | a | b, the MLP's gate | up and the attention's q | k | v each as one
 //!   GEMM (the model stacks their rows when it loads them, `moss_core::model::encoder::LayerMats`);
 //! - the output projections with the residual add in the GEMM epilogue, then the RMSNorm alone
@@ -66,7 +66,7 @@ impl Cuda {
     /// The causal conv + SiLU of columns `start..start + c` of `x [L, N]` (row stride N) → `[L, c]`:
     /// `conv8` (8 channels a thread, taps transposed) where the columns are 8-aligned, else the
     /// scalar kernel on a narrowed copy. (A variant with 8 tokens a thread and its 11 input rows
-    /// loaded once, `convt`, measured slower on the H200; git history: 7b8ab91.)
+    /// loaded once, `convt`, measured slower on the H200.)
     pub(crate) fn conv_cols(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2 && start + c <= x.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", x.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);

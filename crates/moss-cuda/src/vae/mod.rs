@@ -15,7 +15,7 @@
 //!   on the host in a fixed order (`group_norm_combine`), then one normalise(+SiLU) pass; the
 //!   same bits for a row strip as for the whole picture (the split decode relies on it).
 //! - `spatial_attention`: where D = 384 and its shared memory fits, one flash-style kernel on
-//!   fp16 tensor cores with hi/lo split operands (cuda/vae/attention_fp16.cu, src/backend/cuda/vae/attention_fp16.rs;
+//!   fp16 tensor cores with hi/lo split operands (cuda/vae/attention_fp16.cu;
 //!   5.5 ms at L = 16384 and 85.9 ms at L = 65536 on the H200); else where 204 KB fit, the
 //!   split-TF32 flash kernel (cuda/vae/attention_tf32.cu); else query chunks of scores (at most
 //!   `ATTN_CHUNK_BYTES`): `S = Q_c·Kᵀ`, a row softmax kernel, `P·V`, the products on the

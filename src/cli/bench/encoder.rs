@@ -3,12 +3,12 @@
 //! forward and write the hidden states. For the full-size side-by-side against transformers
 //! (bench/encoder.sh), where no tokenizer or other component exists.
 
-use crate::backend::cpu::Cpu;
-use crate::backend::ops::EncoderOps;
-use crate::backend::Device;
-use crate::checkpoint::{config::EncoderConfig, expected, tensors::TensorStore, Component};
-use crate::options::Precision;
-use crate::model::encoder::Encoder;
+use moss::backend::cpu::Cpu;
+use moss::backend::ops::EncoderOps;
+use moss::backend::Device;
+use moss::checkpoint::{config::EncoderConfig, expected, tensors::TensorStore, Component};
+use moss::options::Precision;
+use moss::model::encoder::Encoder;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -101,7 +101,7 @@ fn bench<B: EncoderOps>(
         dlsorted.sort_by(f64::total_cmp);
         // One more forward with every encoder op synchronised and timed (CUDA only); the rest of
         // the forward is the linears and the generic ops.
-        use crate::backend::cuda::profile;
+        use moss::backend::cuda::profile;
         let table = |ops: Vec<profile::OpTime>| -> serde_json::Map<String, serde_json::Value> {
             ops.into_iter().map(|o| (o.op, serde_json::json!({"ms": o.gpu_ms, "calls": o.calls}))).collect()
         };
@@ -158,7 +158,7 @@ fn bench<B: EncoderOps>(
 pub fn run(a: &BenchEncode) -> Result<()> {
     let (cfg, comp) = open(&a.model)?;
     let inputs: Vec<Vec<u32>> = if a.ids_files.is_empty() {
-        let mut r = crate::backend::cuda::check::gates::Rng::new(a.seed);
+        let mut r = moss::backend::cuda::check::gates::Rng::new(a.seed);
         vec![(0..a.count).map(|_| (r.next_u64() % cfg.vocab_size as u64) as u32).collect()]
     } else {
         a.ids_files.iter().map(|p| read_ids(p)).collect::<Result<_>>()?
@@ -172,7 +172,7 @@ pub fn run(a: &BenchEncode) -> Result<()> {
     match a.device {
         Device::Cpu => bench(&Cpu, a, &cfg, &comp, &inputs, &|| Ok(())),
         Device::Cuda(n) => {
-            let b = crate::pipeline::cuda(n, a.precision.encoder())?;
+            let b = moss::pipeline::cuda(n, a.precision.encoder())?;
             bench(&b, a, &cfg, &comp, &inputs, &|| b.sync())
         }
     }

@@ -2,11 +2,11 @@
 //! JSON out; optionally writes the raw float picture (`[3, H, W]` f32, not clamped) and the RGB8
 //! bytes (HWC) for an error table against a float64 decode (bench/vae.sh).
 
-use crate::backend::cuda::ops::Cuda;
-use crate::backend::{Backend, Device};
-use crate::model::vae::VaeDecoder;
-use crate::pipeline;
-use crate::tensor::Tensor;
+use moss::backend::cuda::ops::Cuda;
+use moss::backend::{Backend, Device};
+use moss::model::vae::VaeDecoder;
+use moss::pipeline;
+use moss::tensor::Tensor;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -35,7 +35,7 @@ fn median(v: &[f64]) -> f64 {
 
 pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     let Device::Cuda(n) = device else { bail!("bench-vae runs on cuda") };
-    let cuda = Cuda::new(n, crate::options::Precision::Fp32)?;
+    let cuda = Cuda::new(n, moss::options::Precision::Fp32)?;
     let ck = pipeline::open_checkpoint(&a.model)?;
     let c = ck.dit.latent_channels;
     let meta = std::fs::metadata(&a.latents)?;
@@ -94,13 +94,13 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     }
     let (full, rgb) = decodes()?;
     // One more forward with every op synchronised and timed (not part of the timings above).
-    crate::backend::cuda::profile::start(crate::backend::cuda::profile::Mode::Synced);
+    moss::backend::cuda::profile::start(moss::backend::cuda::profile::Mode::Synced);
     let t = Instant::now();
     drop(vae.forward(&cuda, &gz)?);
     cuda.sync()?;
     let prof_total = t.elapsed().as_secs_f64() * 1e3;
-    let mut ops = crate::backend::cuda::profile::take()?.ops;
-    crate::backend::cuda::profile::stop();
+    let mut ops = moss::backend::cuda::profile::take()?.ops;
+    moss::backend::cuda::profile::stop();
     ops.sort_by(|a, b| a.op.cmp(&b.op));
     let prof: Vec<serde_json::Value> = ops.into_iter().map(|o| serde_json::json!({"op": o.op, "ms": o.gpu_ms, "calls": o.calls})).collect();
     if let Some(p) = &a.out_f32 {
@@ -134,12 +134,12 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
 /// the split decode (`reps`, the first one included: it pins the host memory of host-kept
 /// pictures), the RGB8 bytes compared, each side's peak of the device pool, what the split kept
 /// where and the bytes it moved between host and device.
-fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkpoint::config::VaeConfig, z: &Tensor) -> Result<String> {
-    use crate::model::vae::Split;
+fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &moss::checkpoint::config::VaeConfig, z: &Tensor) -> Result<String> {
+    use moss::model::vae::Split;
     let (h, w) = (z.shape[2], z.shape[3]);
     const GIB: f64 = (1u64 << 30) as f64;
     let split = match (a.plan_free_gib, a.strip_rows) {
-        (Some(g), _) => match crate::backend::cuda::vae::strip_plan_for(cfg, h, w, (g * GIB) as usize)? {
+        (Some(g), _) => match moss::backend::cuda::vae::strip_plan_for(cfg, h, w, (g * GIB) as usize)? {
             Some(p) => Split::strips_keeping(p.rows, p.keep_bytes),
             None => Split::Whole,
         },
@@ -147,7 +147,7 @@ fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkp
         (None, None) => bail!("strip mode needs --strip-rows or --plan-free-gib"),
     };
     let reps = a.reps.max(1);
-    let time = |split: Split| -> Result<(Vec<f64>, Vec<u8>, Option<crate::model::vae::SplitReport>, u64)> {
+    let time = |split: Split| -> Result<(Vec<f64>, Vec<u8>, Option<moss::model::vae::SplitReport>, u64)> {
         cuda.pool_high_water(true)?;
         let mut ms = vec![];
         let mut last = (vec![], None);
@@ -183,10 +183,10 @@ fn strips(a: &BenchVae, cuda: &Cuda, vae: &VaeDecoder<Cuda>, cfg: &crate::checkp
         "host_pictures": r.host_pictures,
         "host_bytes_moved": r.host_bytes_moved,
         "planner": {
-            "whole_bytes": crate::backend::cuda::vae::vae_activation_bytes(cfg, h, w),
-            "mid_bytes": crate::backend::cuda::vae::vae_mid_bytes(cfg, h, w),
-            "keep_all_bytes": crate::backend::cuda::vae::vae_keep_bytes(cfg, h, w),
-            "strip_bytes": match split { Split::Strips(s) => crate::backend::cuda::vae::vae_strip_bytes(cfg, h, w, s.rows), Split::Whole => 0 },
+            "whole_bytes": moss::backend::cuda::vae::vae_activation_bytes(cfg, h, w),
+            "mid_bytes": moss::backend::cuda::vae::vae_mid_bytes(cfg, h, w),
+            "keep_all_bytes": moss::backend::cuda::vae::vae_keep_bytes(cfg, h, w),
+            "strip_bytes": match split { Split::Strips(s) => moss::backend::cuda::vae::vae_strip_bytes(cfg, h, w, s.rows), Split::Whole => 0 },
         },
     })
     .to_string())

@@ -1,15 +1,15 @@
 //! The command line (clap). `main` parses it and hands the values to the library.
 
-use crate::backend::Device;
+use moss::backend::Device;
 use clap::{Args, Parser, Subcommand};
-pub use crate::options::{parse_size, Precision, MAX_SIDE};
+pub use moss::options::{parse_size, Precision};
 use std::path::PathBuf;
 
 /// `--version`: the crate version, the git revision, and the CUDA kernels built in.
 pub fn long_version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     V.get_or_init(|| {
-        let kernels = match crate::backend::cuda::kernel_archs() {
+        let kernels = match moss::backend::cuda::kernel_archs() {
             Some(sms) => format!("CUDA kernels for sm_{}", sms.replace(',', ", sm_")),
             None => "built without CUDA kernels (CPU only)".to_string(),
         };
@@ -49,14 +49,14 @@ pub enum Command {
     Man,
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
-    /// Time the prompt encoder on token ids (a bench tool: src/bench_encoder.rs).
+    /// Time the prompt encoder on token ids (a bench tool: src/cli/bench/encoder.rs).
     #[command(hide = true)]
     BenchEncode(BenchEncodeArgs),
     /// The DiT stage alone from an embeds file: timed forwards and guided loop, JSON out
-    /// (a bench tool: src/bench.rs).
+    /// (a bench tool: src/cli/bench/dit.rs).
     #[command(hide = true)]
     BenchDit(BenchDitArgs),
-    /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/bench_vae.rs).
+    /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/cli/bench/vae.rs).
     #[command(hide = true)]
     BenchVae(BenchVaeArgs),
 }
@@ -158,7 +158,7 @@ pub struct BenchEncodeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// Checkpoint folder, or a Hugging Face repo id resolved in the local HF cache.
-    #[arg(long, env = "MOSS_MODEL", default_value = crate::checkpoint::DEFAULT_MODEL)]
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
     pub model: String,
     /// Where to compute: cuda, cuda:N or cpu (the slow fp32 reference).
     #[arg(long, default_value = "cuda", value_parser = parse_device)]
@@ -245,8 +245,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// A LoRA to merge into the transformer, PATH[:SCALE] (default scale 1); repeat to add several.
-    #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::lora::LoraSpec::parse)]
-    pub lora: Vec<crate::lora::LoraSpec>,
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
+    pub lora: Vec<moss::lora::LoraSpec>,
     /// GPU memory moss may use, in GiB [default: the device's free memory less 0.5 GiB]. Networks
     /// that do not fit stream their weights from host memory (same picture, slower); a cap above
     /// the device's memory is clamped, one below the smallest that works is refused naming it.
@@ -281,7 +281,7 @@ pub struct BatchArgs {
     pub allow_absolute_out: bool,
     /// Render only the items with index % N == K (K counts from 0); N processes split a list.
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
-    pub shard: Option<crate::batch::Shard>,
+    pub shard: Option<moss::batch::Shard>,
     /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
     #[arg(long, value_name = "N", value_parser = parse_chunk)]
     pub chunk: Option<u64>,
@@ -353,7 +353,7 @@ pub struct DecodeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct CheckArgs {
     /// Checkpoint folder or repo id to check.
-    #[arg(long, env = "MOSS_MODEL", default_value = crate::checkpoint::DEFAULT_MODEL)]
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
     pub model: String,
     /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
     #[arg(long, value_parser = parse_device)]
@@ -405,8 +405,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10)]
     pub client_timeout: u64,
     /// A LoRA to merge into the transformer at start-up, PATH[:SCALE]; repeat to add several.
-    #[arg(long, value_name = "PATH[:SCALE]", value_parser = crate::lora::LoraSpec::parse)]
-    pub lora: Vec<crate::lora::LoraSpec>,
+    #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
+    pub lora: Vec<moss::lora::LoraSpec>,
     /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
     #[arg(long, default_value = "22", value_parser = parse_skip)]
     pub uncond_skip: SkipList,
@@ -487,7 +487,7 @@ fn parse_seed(s: &str) -> Result<Seed, String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SkipList(pub Vec<usize>);
 
-fn parse_shard(s: &str) -> Result<crate::batch::Shard, String> {
+fn parse_shard(s: &str) -> Result<moss::batch::Shard, String> {
     s.parse()
 }
 

@@ -7,14 +7,14 @@
 //! velocity written out, and unless `forward_only` the full guided loop (the pipeline's own
 //! `denoise_with`), timed and its latents written. One JSON line on stdout.
 
-use crate::backend::cpu::Cpu;
-use crate::backend::ops::DitOps;
-use crate::backend::Device;
-use crate::checkpoint::{self, Checkpoint};
-use crate::options::Precision;
-use crate::model::dit::Dit;
-use crate::pipeline::{self, Request, Silent};
-use crate::tensor::Tensor;
+use moss::backend::cpu::Cpu;
+use moss::backend::ops::DitOps;
+use moss::backend::Device;
+use moss::checkpoint::{self, Checkpoint};
+use moss::options::Precision;
+use moss::model::dit::Dit;
+use moss::pipeline::{self, Request, Silent};
+use moss::tensor::Tensor;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -53,10 +53,10 @@ fn median(v: &[f64]) -> f64 {
 
 pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
     let ck = Checkpoint::open(checkpoint::locate(&a.model)?)?;
-    let mut e = crate::embeds::read(&a.embeds)?;
+    let mut e = moss::embeds::read(&a.embeds)?;
     // As `generate --embeds` feeds them: F32 hidden states rounded to bf16 at --precision bf16.
     for x in [&mut e.cond, &mut e.uncond] {
-        x.hidden = crate::pipeline::stage_boundary(x.hidden.clone(), a.precision);
+        x.hidden = moss::pipeline::stage_boundary(x.hidden.clone(), a.precision);
     }
     if e.cond.hidden.shape[1] != ck.dit.text_dim {
         bail!(
@@ -66,7 +66,7 @@ pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
             ck.dit.text_dim
         );
     }
-    crate::options::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
+    moss::options::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
     match device {
         Device::Cpu => run_on(
             &Cpu,
@@ -107,15 +107,15 @@ fn run_on<B: DitOps>(
     let t0 = Instant::now();
     let comp = ck.open_component("transformer")?;
     b.plan_dit(&comp, &ck.dit, h * w, cond.shape[0].max(uncond.shape[0]))?;
-    let dit = Dit::load(b, &comp, &ck.dit, crate::model::dit::MainLinears::of(a.precision))?;
+    let dit = Dit::load(b, &comp, &ck.dit, moss::model::dit::MainLinears::of(a.precision))?;
     sync()?;
     let load_s = t0.elapsed().as_secs_f64();
 
-    let sigmas = crate::schedule::sigmas(a.steps as usize, &ck.scheduler);
+    let sigmas = moss::schedule::sigmas(a.steps as usize, &ck.scheduler);
     let t = sigmas[0] * 1000.0;
     let noise = Tensor::new(
         vec![1, c, h, w],
-        crate::noise::torch_randn(a.seed, c * h * w),
+        moss::noise::torch_randn(a.seed, c * h * w),
     )?;
     let x = b.upload(&noise)?;
     let tc = dit.refine_text(b, cond)?;
@@ -133,13 +133,13 @@ fn run_on<B: DitOps>(
     }
     // One more forward with every op bracketed by CUDA events (no synchronisation between ops):
     // op -> GPU ms, host ms, calls; CUDA only (the CPU records nothing).
-    crate::backend::cuda::profile::start(crate::backend::cuda::profile::Mode::Events);
+    moss::backend::cuda::profile::start(moss::backend::cuda::profile::Mode::Events);
     sync()?;
     let s = Instant::now();
     let profiled = dit.velocity(b, &x, t, &tc, &[]).and_then(|v| sync().map(|_| v));
     let prof_ms = s.elapsed().as_secs_f64() * 1e3;
-    let ops = crate::backend::cuda::profile::take();
-    crate::backend::cuda::profile::stop();
+    let ops = moss::backend::cuda::profile::take();
+    moss::backend::cuda::profile::stop();
     drop(profiled?);
     let ops = ops?.ops;
     let gpu_sum: f64 = ops.iter().map(|o| o.gpu_ms).sum();
@@ -169,7 +169,7 @@ fn run_on<B: DitOps>(
         "profile_ms": profile,
     });
     if !a.forward_only {
-        let req = Request {
+        let spec = moss::spec::PictureSpec {
             prompt: String::new(),
             negative: String::new(),
             seed: a.seed,
@@ -177,18 +177,12 @@ fn run_on<B: DitOps>(
             guidance: a.guidance,
             width: a.width,
             height: a.height,
-            out: PathBuf::from("unused.png"),
-            save_latents: None,
-            embeds: None,
-            prompt_file: None,
-            device: Device::Cpu,
             uncond_skip: a.uncond_skip.clone(),
             skip_window: a.skip_window,
             max_tokens: 0,
             precision: a.precision,
-            quality: None,
-            cut: Default::default(),
         };
+        let req = Request::new(spec, PathBuf::from("unused.png"), Device::Cpu);
         sync()?;
         let s = Instant::now();
         let z = pipeline::denoise_with(b, &dit, ck, &req, cond, uncond, &mut Silent)?;

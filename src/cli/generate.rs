@@ -1,0 +1,310 @@
+//! `moss generate`: the flags mapped onto a [`PictureSpec`] (the one place that does), `--from`
+//! (the picture's spec with the given flags laid over it), several seeds of one prompt, and batch
+//! mode.
+
+use super::args::{GenerateArgs, PromptArgs, Seed};
+use super::bars::{Bars, BatchBars};
+use moss::batch;
+use moss::pipeline;
+use moss::spec::PictureSpec;
+use std::io::IsTerminal;
+
+/// Batch mode over `items`, with `defaults` the flags' spec (its seed the base seed): exit 0 if
+/// every item of this shard was written (or skipped), 1 if any failed, 128 + the signal if stopped.
+fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> anyhow::Result<u8> {
+    let o = batch::BatchOptions {
+        items,
+        loras: a.lora.clone(),
+        defaults,
+        out_dir: a.batch.out_dir.clone().unwrap_or_else(|| ".".into()),
+        name: a.batch.name.clone().unwrap_or_else(|| batch::DEFAULT_NAME.to_string()),
+        skip_existing: a.batch.skip_existing,
+        allow_absolute_out: a.batch.allow_absolute_out,
+        shard: a.batch.shard.unwrap_or_default(),
+        chunk: a.batch.chunk.map(|c| c.min(usize::MAX as u64) as usize),
+        model: a.model.model.clone(),
+        device: a.model.device,
+        quality: a.quality,
+        memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
+    };
+    batch::install_stop_handler();
+    let terminal = std::io::stderr().is_terminal();
+    let mut bars = BatchBars::new(a.quiet, a.json);
+    let s = batch::run(&o, &mut bars)?;
+    drop(bars);
+    let mut parts = vec![format!("{} written", s.written)];
+    if s.skipped > 0 {
+        parts.push(format!("{} skipped (already there)", s.skipped));
+    }
+    if s.failed > 0 {
+        parts.push(format!("{} failed", s.failed));
+    }
+    if s.elsewhere > 0 {
+        parts.push(format!("{} in other shards", s.elsewhere));
+    }
+    if let Some(sig) = s.stopped_by {
+        eprintln!("moss: stopped by signal {sig}: {}; rerun with --skip-existing to go on", parts.join(", "));
+        return Ok(128 + sig.clamp(1, 127) as u8);
+    }
+    if s.failed > 0 {
+        eprintln!("moss: error: {}", parts.join(", "));
+        return Ok(1);
+    }
+    if s.written == 0 && !a.quiet {
+        // Said even off a terminal: an empty list, or nothing left to do, is worth one line.
+        let why = if s.skipped + s.elsewhere == 0 { "the list has no items".to_string() } else { parts[1..].join(", ") };
+        eprintln!("moss: nothing rendered: {why}");
+    } else if terminal && !a.quiet {
+        eprintln!("moss: {}", parts.join(", "));
+    }
+    Ok(0)
+}
+
+pub fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
+    match (&p.prompt, &p.prompt_file) {
+        (Some(t), _) => Ok(Some(t.clone())),
+        (None, Some(f)) => Ok(Some(moss::prompt::read_prompt_file(f)?)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `--count N`, `--seeds A,B,..` or an `-o` name template (`fox-{seed}.png`): the pictures of one
+/// spec as the items of a batch (one load, the same pictures batch mode gives); `-o` is the
+/// batch's name template in its folder.
+fn run_several(a: &GenerateArgs, spec: PictureSpec) -> anyhow::Result<u8> {
+    if a.embeds.is_some() || a.save_latents.is_some() {
+        anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
+    }
+    if moss::output::is_stdout(&a.out) {
+        anyhow::bail!("--count and --seeds write several files: give -o NAME (`-` writes one picture to stdout)");
+    }
+    moss::picture::check(&a.out, a.quality)?; // said of -o, not of the batch's --name
+    let base = spec.seed;
+    if a.seed == Seed::Random && !a.quiet {
+        eprintln!("moss: seed {base} (random; picture i uses {base} + i)");
+    }
+    let seeds: Vec<u64> = match &a.seeds {
+        Some(list) => list.clone(),
+        None => (0..a.count.unwrap_or(1)).map(|i| base.wrapping_add(i)).collect(),
+    };
+    let items = seeds
+        .iter()
+        .enumerate()
+        .map(|(i, &seed)| batch::Item { index: i, line: i + 1, spec: PictureSpec { seed, ..spec.clone() }, out: None })
+        .collect();
+    let name = a.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = if name.contains('{') || seeds.len() < 2 {
+        name
+    } else {
+        // Several pictures and no template: moss.png -> moss-{seed}.png.
+        let p = std::path::Path::new(&name);
+        let stem = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        match p.extension() {
+            Some(e) => format!("{stem}-{{seed}}.{}", e.to_string_lossy()),
+            None => format!("{stem}-{{seed}}"),
+        }
+    };
+    let mut b = a.clone();
+    b.batch.out_dir = Some(match a.out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => ".".into(),
+    });
+    b.batch.name = Some(name);
+    run_batch(&b, batch::Items::Given(items), spec)
+}
+
+/// The spec the flags give (clap's defaults where a flag was not given), for `prompt` and `seed`
+/// already resolved. The one place `generate`'s picture flags become library settings.
+pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec {
+    PictureSpec {
+        prompt,
+        negative: a.prompt.negative.clone(),
+        seed,
+        steps: a.steps,
+        guidance: a.guidance,
+        width: a.size.0,
+        height: a.size.1,
+        uncond_skip: a.uncond_skip.0.clone(),
+        skip_window: a.skip_window,
+        max_tokens: a.prompt.max_tokens as usize,
+        precision: a.precision,
+    }
+}
+
+/// `--from PIC`: the picture's spec with every flag given on the command line laid over it.
+fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> bool) -> PictureSpec {
+    if given("prompt") || given("prompt_file") {
+        base.prompt = flags.prompt;
+    }
+    if given("negative") {
+        base.negative = flags.negative;
+    }
+    if given("seed") {
+        base.seed = flags.seed;
+    }
+    if given("steps") {
+        base.steps = flags.steps;
+    }
+    if given("guidance") {
+        base.guidance = flags.guidance;
+    }
+    if given("size") {
+        (base.width, base.height) = (flags.width, flags.height);
+    }
+    if given("uncond_skip") {
+        base.uncond_skip = flags.uncond_skip;
+    }
+    if given("skip_window") {
+        base.skip_window = flags.skip_window;
+    }
+    if given("max_tokens") {
+        base.max_tokens = flags.max_tokens;
+    }
+    if given("precision") {
+        base.precision = flags.precision;
+    }
+    base
+}
+
+/// `--from PIC`: the picture's spec; its device and model where the flags give none.
+fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) -> bool) -> anyhow::Result<PictureSpec> {
+    let p = read_settings(pic)?;
+    if !given("device") {
+        a.model.device = p.device.parse().map_err(anyhow::Error::msg)?;
+    }
+    if !given("model") {
+        a.model.model = p.model.clone();
+    }
+    let spec = p.spec;
+    spec.check().map_err(|e| anyhow::anyhow!("{}: the recorded {e}", pic.display()))?;
+    Ok(spec)
+}
+
+/// `moss generate` without `--prompts`: one picture, or several seeds of one prompt.
+pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    if let Some(f) = a.batch.stray_flag() {
+        anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
+    }
+    let from = match a.from.clone() {
+        Some(pic) => Some(apply_from(&mut a, &pic, given)?),
+        None => None,
+    };
+    if given("uncond_skip") {
+        warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
+    }
+    if a.embeds.is_some() && (a.prompt.prompt.is_some() || a.prompt.prompt_file.is_some() || given("negative")) {
+        anyhow::bail!("--embeds brings its own prompt and negative: leave out --prompt, --prompt-file and --negative");
+    }
+    let prompt = prompt_text(&a.prompt)?;
+    if prompt.is_none() && a.embeds.is_none() && from.is_none() {
+        anyhow::bail!("give --prompt, --prompt-file, --embeds, --prompts or --from");
+    }
+    let seed = a.seed.resolve();
+    let flags = spec_of_flags(&a, prompt.unwrap_or_default(), seed);
+    let spec = match from {
+        Some(base) => lay_over(base, flags, given),
+        None => flags,
+    };
+    let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
+    if several {
+        return run_several(&a, spec);
+    }
+    // The seed is said whenever it was not given (a drawn one, or the default); after the
+    // run, beside the path, so a refusal stays one line.
+    let say_seed = (a.seed == Seed::Random || (!given("seed") && a.from.is_none())) && !a.quiet;
+    let seed_note = format!("moss: seed {seed}{}", if a.seed == Seed::Random { " (random)" } else { " (default)" });
+    let req = pipeline::Request {
+        save_latents: a.save_latents.clone(),
+        embeds: a.embeds.clone(),
+        prompt_file: a.prompt.prompt_file.clone(),
+        quality: a.quality,
+        ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
+    };
+    let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
+    if to_stdout && a.json {
+        anyhow::bail!("--json and an output on stdout (-) cannot share stdout");
+    }
+    let mut bars = Bars::new(a.quiet || a.json);
+    bars.verbose = a.verbose;
+    let mem = pipeline::MemoryOptions { max_vram_gib: a.max_vram };
+    let rep = pipeline::generate_planned(&req, &a.model.model, &a.lora, a.model.device, &mem, &mut bars)?;
+    if a.verbose {
+        bars.say(&rep.timing_line());
+    }
+    drop(bars);
+    if say_seed && !a.json {
+        eprintln!("{seed_note}");
+    }
+    if a.json {
+        println!("{}", rep.json());
+    } else if !a.quiet && !to_stdout {
+        println!("{}", rep.path.display());
+    }
+    Ok(0)
+}
+
+/// `moss generate --prompts FILE`.
+pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    if given("uncond_skip") {
+        warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
+    }
+    let seed = a.seed.resolve();
+    if a.seed == Seed::Random && !a.quiet {
+        eprintln!("moss: seed {seed} (random; item i uses {seed} + i)");
+    }
+    let items = batch::Items::List(a.batch.prompts.clone().unwrap());
+    run_batch(a, items, spec_of_flags(a, String::new(), seed))
+}
+
+/// The settings recorded in a moss picture.
+pub fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
+    use anyhow::Context;
+    let meta = moss::picture::read_metadata(pic)?;
+    moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
+}
+
+/// A warning for `--uncond-skip` indices the user gave past the model's last block (not for the
+/// default 22, which a small checkpoint may not reach). A checkpoint that does not open is the
+/// run's own error, said there.
+pub fn warn_skips_beyond(skip: &[usize], model: &str, quiet: bool) {
+    if quiet {
+        return;
+    }
+    if let Some(w) = pipeline::open_checkpoint(model).ok().and_then(|ck| pipeline::skips_beyond(skip, &ck)) {
+        eprintln!("moss: warning: {w}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::args::{Cli, Command};
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> GenerateArgs {
+        let argv = [&["moss", "generate"], extra].concat();
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Generate(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// clap's defaults are the library's: a command line that gives nothing asks for the
+    /// model's default picture.
+    #[test]
+    fn flag_defaults_are_the_spec_defaults() {
+        let a = args(&["--prompt", "x"]);
+        assert_eq!(spec_of_flags(&a, "x".into(), a.seed.resolve()), PictureSpec { prompt: "x".into(), ..Default::default() });
+    }
+
+    /// `--from`: the picture's values stay where no flag is given; given flags win.
+    #[test]
+    fn given_flags_lay_over_the_picture() {
+        let pic = PictureSpec { prompt: "fox".into(), negative: "dog".into(), seed: 7, steps: 9, width: 64, height: 32, ..Default::default() };
+        let a = args(&["--steps", "4", "--size", "128x64"]);
+        let flags = spec_of_flags(&a, String::new(), a.seed.resolve());
+        let given = |id: &str| matches!(id, "steps" | "size");
+        let s = lay_over(pic.clone(), flags, &given);
+        assert_eq!(s, PictureSpec { steps: 4, width: 128, height: 64, ..pic });
+    }
+}

@@ -1,0 +1,8 @@
+//! The command line: clap's definitions (`args`), the mapping of `generate`'s flags onto the
+//! library's picture spec (`generate`), and the terminal's progress bars (`bars`). Only the
+//! binary sees this; the library never names it.
+
+pub mod args;
+pub mod bench;
+pub mod bars;
+pub mod generate;
