@@ -394,7 +394,10 @@ struct Family<'a> {
 fn families<'a>(production: &'a [Kernel], check: &'a [Kernel]) -> Result<Vec<Family<'a>>, String> {
     let mut by: BTreeMap<String, Family<'a>> = BTreeMap::new();
     for (is_check, ks) in [(false, production), (true, check)] {
-        for k in ks {
+        for (i, k) in ks.iter().enumerate() {
+            if let Some(first) = ks[..i].iter().find(|o| o.name == k.name) {
+                return Err(format!("kernel `{}` is defined in two translation units of one image ({} and {})", k.name, first.at, k.at));
+            }
             if let Some(other) = (if is_check { production } else { check }).iter().find(|o| o.name == k.name) {
                 return Err(format!("kernel `{}` ({}) is in both images (also at {}): a kernel is production or a planted control", k.name, k.at, other.at));
             }

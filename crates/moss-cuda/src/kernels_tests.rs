@@ -96,6 +96,9 @@ fn members_of_a_family_must_agree() {
     let (p, _) = fixture();
     let e = generate(&p, &p[..1]).unwrap_err();
     assert!(e.contains("moss_scale_bf16") && e.contains("both images"), "{e}");
+    let twice: Vec<Kernel> = p.iter().chain(&p[..1]).cloned().collect();
+    let e = generate(&twice, &[]).unwrap_err();
+    assert!(e.contains("moss_scale_bf16") && e.contains("two translation units"), "{e}");
 }
 
 /// rustc from the toolchain that runs this test.
