@@ -7,7 +7,7 @@
 #   1. moss check --device cuda (every gate with its planted control), also with the portable path
 #      forced (MOSS_KERNELS=portable) and a bad override value (must be refused);
 #      meanwhile bench/full_ckpt.sh writes a full-size random checkpoint in the real layout;
-#   2. golden tiny-a / tiny-b on CUDA, bf16 and fp32: NEW against BASE, pixels (the PNGs' IDAT
+#   2. golden tiny-a / tiny-b on CUDA, bf16, fp32 and fp8: NEW against BASE, pixels (the PNGs' IDAT
 #      streams; NEW's metadata differs by design) and repeat identity;
 #   3. moss generate 1024x1024, 50 steps, single shot, NEW and BASE alternating: wall time,
 #      --json timings, pixel identity;
@@ -66,7 +66,7 @@ if has golden; then
   el "== 2. golden checkpoints on CUDA: NEW vs BASE"
   for spec in "tiny-a 64x64" "tiny-b 96x64"; do
     set -- $spec; c=$1; s=$2
-    for p in bf16 fp32; do
+    for p in bf16 fp32 fp8; do
       for b in BASE NEW; do
         bin=${!b}
         for r in 1 2; do
@@ -94,6 +94,12 @@ if has e2e; then
     echo "$b wall $(python3 -c "import time; print(f'{time.time() - $s:.2f}')") s  $(cat $W/full.$b.json)"
   done
   echo "full-size picture NEW vs BASE pixels: $(same $W/full.NEW.png $W/full.BASE.png) (NEW $(idat $W/full.NEW.png))"
+  for b in BASE NEW; do
+    timeout 120 "${!b}" generate --device cuda --precision fp8 --model $F --prompt "a lighthouse at dusk, oil painting" \
+      --size 1024x1024 --steps 50 --seed 42 --json --out $W/full8.$b.png > $W/full8.$b.json 2> $W/full8.$b.err || echo "FAILED e2e fp8 $b"
+    echo "$b fp8 $(cat $W/full8.$b.json)"
+  done
+  echo "full-size fp8 picture NEW vs BASE pixels: $(same $W/full8.NEW.png $W/full8.BASE.png)"
   cp $W/full.NEW.png $OUT/full_new.png
 fi
 

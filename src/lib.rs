@@ -4,7 +4,10 @@
 //! and `moss-cuda` (the CUDA backend). The compiler keeps the edges one way: neither lower crate
 //! can name anything here.
 
-pub use moss_core::{checkpoint, embeds, fp8, lora, memory_plan, model, noise, options, prompt, sampling, schedule, spec, tensor};
+pub use moss_core::{
+    bounded, cache, checkpoint, embeds, fp8, img2img, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule,
+    sigmas, spec, tensor,
+};
 
 /// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).
 pub mod backend {
@@ -17,6 +20,7 @@ pub mod check;
 pub mod metadata;
 pub mod output;
 pub mod picture;
+pub mod picture_in;
 pub mod pipeline;
 pub mod png;
 pub mod run_plan;

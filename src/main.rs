@@ -19,7 +19,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             if a.json {
                 println!("{}", serde_json::to_string(&p)?);
             } else {
-                println!("{}", p.a1111());
+                println!("{}", moss::metadata::printable(&p.a1111()));
             }
             Ok(0)
         }
@@ -33,6 +33,14 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
         }
         Command::Generate(a) if a.batch.prompts.is_some() => cli::generate::batch(&a, given),
         Command::Generate(a) => cli::generate::generate(a, given),
+        Command::Encode(a) if a.image.is_some() => {
+            let image = a.image.as_deref().unwrap_or(std::path::Path::new(""));
+            pipeline::encode_image_to_file(image, &a.out, &a.model.model, a.model.device)?;
+            if !a.quiet && !moss::output::is_stdout(&a.out) {
+                println!("{}", a.out.display());
+            }
+            Ok(0)
+        }
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
             let mut bars = Bars::new(a.quiet);
@@ -110,6 +118,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 port: a.port,
                 api_key: a.api_key,
                 allow_insecure_bind: a.allow_insecure_bind,
+                allow_origins: a.allow_origin,
                 max_queue: a.max_queue,
                 max_size: a.max_size,
                 max_steps: a.max_steps,

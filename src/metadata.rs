@@ -136,6 +136,14 @@ fn quote(v: &str) -> String {
     }
 }
 
+/// `text` safe to print on a terminal: control characters other than newline and tab (an escape
+/// sequence, a carriage return) are written as `\u{1b}`.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect()
+}
+
 /// The picture's metadata (see the module docs).
 pub fn for_request(req: &Request, ck: &Checkpoint) -> Metadata {
     Params::of(req, ck).to_png()
@@ -194,6 +202,11 @@ mod tests {
         assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
         q.negative_tokens_before_cut = Some(4100);
         assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
+    }
+
+    #[test]
+    fn printable_escapes_control_characters() {
+        assert_eq!(printable("a\u{1b}]0;x\u{7}\rb\nc\td\u{9b}"), "a\\u{1b}]0;x\\u{7}\\u{d}b\nc\td\\u{9b}");
     }
 
     #[test]

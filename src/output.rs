@@ -204,23 +204,35 @@ fn identity(path: &Path) -> Option<Identity> {
     Some(Identity::Path(dir.join(real.file_name()?)))
 }
 
-/// Every regular file below `root` (a checkpoint folder), for [`check_distinct`]; bounded so a
-/// huge folder cannot stall the check.
+/// The most folder entries [`files_below`] looks at.
+pub const MAX_ENTRIES: usize = 10_000;
+
+/// Every regular file below `root` (a checkpoint folder), for [`check_distinct`]. Links are
+/// followed (a Hugging Face snapshot is links into its blobs), but each folder is entered once,
+/// by its identity, so links that loop (`a -> .`) end; and the walk stops after [`MAX_ENTRIES`]
+/// entries of any kind, so a huge folder cannot stall the check.
 pub fn files_below(root: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
+    let mut seen = std::collections::HashSet::new();
     let mut stack = vec![root.to_path_buf()];
+    let mut entries_seen = 0;
     while let Some(d) = stack.pop() {
+        match std::fs::metadata(&d) {
+            Ok(m) if seen.insert((m.dev(), m.ino())) => {}
+            _ => continue,
+        }
         let Ok(entries) = std::fs::read_dir(&d) else { continue };
         for e in entries.flatten() {
+            entries_seen += 1;
+            if entries_seen > MAX_ENTRIES {
+                return out;
+            }
             let p = e.path();
             match std::fs::metadata(&p) {
-                Ok(m) if m.is_dir() && out.len() < 10_000 => stack.push(p),
+                Ok(m) if m.is_dir() => stack.push(p),
                 Ok(m) if m.is_file() => out.push(p),
                 _ => {}
             }
-        }
-        if out.len() >= 10_000 {
-            break;
         }
     }
     out

@@ -14,7 +14,6 @@
 
 use crate::png::Metadata;
 use anyhow::{bail, Context, Result};
-use image::ImageDecoder;
 use std::path::Path;
 
 /// JPEG quality when `--quality` is not given.
@@ -139,30 +138,13 @@ pub fn sniff(bytes: &[u8]) -> Option<Format> {
     }
 }
 
-/// Read back a picture (PNG, JPEG or WebP) as RGB8 and its metadata.
+/// Read back a picture (PNG, JPEG or WebP) as RGB8 and its metadata, under the bounds of
+/// [`crate::picture_in`].
 pub fn decode(bytes: &[u8]) -> Result<(Vec<u8>, u32, u32, Metadata)> {
-    fn rgb<D: ImageDecoder>(mut d: D) -> Result<(Vec<u8>, u32, u32, Metadata)> {
-        let meta = match d.exif_metadata()? {
-            Some(tiff) => from_exif(&tiff)?,
-            None => Metadata::default(),
-        };
-        let (w, h) = d.dimensions();
-        let img = image::DynamicImage::from_decoder(d)?.to_rgb8();
-        Ok((img.into_raw(), w, h, meta))
-    }
-    match sniff(bytes) {
-        Some(Format::Png) => crate::png::decode(bytes),
-        Some(Format::Jpeg) => rgb(image::codecs::jpeg::JpegDecoder::new(std::io::Cursor::new(bytes))?),
-        Some(Format::Webp) => rgb(image::codecs::webp::WebPDecoder::new(std::io::Cursor::new(bytes))?),
-        None => bail!("not a PNG, JPEG or WebP picture"),
-    }
-}
-
-/// The metadata of a picture file (`moss info`, `generate --from`), read by its bytes' format.
-pub fn read_metadata(path: &Path) -> Result<Metadata> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (_, _, _, meta) = decode(&bytes).with_context(|| format!("{} is not a picture moss can read", path.display()))?;
-    Ok(meta)
+    let img = crate::picture_in::decode_limited(bytes)?;
+    let meta = crate::picture_in::metadata(bytes)?;
+    let (w, h) = img.dimensions();
+    Ok((img.into_raw(), w, h, meta))
 }
 
 /// `UserComment`'s character-code prefix for UTF-16 text (EXIF 2.3, 4.6.5; piexif writes
@@ -195,7 +177,7 @@ fn exif_block(meta: &Metadata) -> Result<Vec<u8>> {
 }
 
 /// The entries [`exif_block`] writes, read back from an EXIF block (TIFF structure).
-fn from_exif(tiff: &[u8]) -> Result<Metadata> {
+pub(crate) fn from_exif(tiff: &[u8]) -> Result<Metadata> {
     use exif::{In, Tag, Value};
     let x = exif::Reader::new().read_raw(tiff.to_vec()).map_err(|e| anyhow::anyhow!("the EXIF block is not valid: {e}"))?;
     let mut m = Metadata::default();

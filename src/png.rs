@@ -1,6 +1,6 @@
 //! PNG encoding and decoding: RGB8 with tEXt/iTXt metadata (writing files: `crate::output`).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 pub use crate::tensor::to_u8;
 
@@ -46,25 +46,13 @@ pub fn encode(rgb: &[u8], width: u32, height: u32, meta: &Metadata) -> Result<Ve
     Ok(out)
 }
 
-/// Read back an RGB8 PNG and its text metadata (tEXt, zTXt and iTXt).
+/// Read back a PNG as RGB8 and its text metadata (tEXt, zTXt and iTXt), under the bounds of
+/// [`crate::picture_in`] (no buffer is allocated before the header's size is checked).
 pub fn decode(bytes: &[u8]) -> Result<(Vec<u8>, u32, u32, Metadata)> {
-    let dec = png::Decoder::new(std::io::Cursor::new(bytes));
-    let mut reader = dec.read_info()?;
-    let mut buf = vec![0; reader.output_buffer_size().context("PNG too large")?];
-    let info = reader.next_frame(&mut buf)?;
-    buf.truncate(info.buffer_size());
-    let mut meta = Metadata::default();
-    let i = reader.info();
-    for t in &i.uncompressed_latin1_text {
-        meta.push(&t.keyword, &t.text);
+    if crate::picture::sniff(bytes) != Some(crate::picture::Format::Png) {
+        anyhow::bail!("not a PNG");
     }
-    for t in &i.compressed_latin1_text {
-        meta.push(&t.keyword, t.get_text().unwrap_or_default());
-    }
-    for t in &i.utf8_text {
-        meta.push(&t.keyword, t.get_text().unwrap_or_default());
-    }
-    Ok((buf, info.width, info.height, meta))
+    crate::picture::decode(bytes)
 }
 
 #[cfg(test)]

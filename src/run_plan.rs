@@ -222,6 +222,18 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     ])
 }
 
+/// The VAE stage of a run with a picture in (img2img, inpainting): the VAE then also encodes a
+/// `w`×`h` picture, so its activations are the larger of the decode's and the encode's, whole
+/// and in the least split (`crate::backend::cuda::vae::encode_plan`).
+pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, (w, h): (u32, u32)) {
+    use crate::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
+    let (h, w) = (h as usize, w as usize);
+    for n in nets.iter_mut().filter(|n| n.name == "vae") {
+        n.activations = n.activations.max(encode_activation_bytes(&ck.vae, h, w) as u64);
+        n.strip_activations = n.strip_activations.map(|s| s.max(encode_split_least_bytes(&ck.vae, h, w) as u64));
+    }
+}
+
 /// Place `nets` under the cap `opts` and `budget` give; refuses (naming the smallest cap that
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {

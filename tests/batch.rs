@@ -441,7 +441,7 @@ fn flags_are_checked_before_any_work() {
     refuse(&["--model", "/nonexistent-moss-model"], 1, "nonexistent-moss-model");
     let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompts", "/nonexistent-moss-list.txt"]);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("cannot read prompts /nonexistent-moss-list.txt"), "{:?}", r.stderr);
+    assert!(r.stderr.contains("cannot read the prompts list /nonexistent-moss-list.txt"), "{:?}", r.stderr);
     // Batch flags without --prompts.
     for f in [&["--out-dir", "x"][..], &["--skip-existing"], &["--shard", "0/2"], &["--name", "a.png"], &["--chunk", "2"]] {
         let r = moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat"][..], f].concat());

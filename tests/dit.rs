@@ -153,6 +153,7 @@ fn loop_request(e: &Expected) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),

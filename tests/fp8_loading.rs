@@ -43,6 +43,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: Device::Cpu,
         quality: None,
         cut: Default::default(),

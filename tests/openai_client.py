@@ -85,7 +85,7 @@ def main():
         except openai.BadRequestError as e:
             assert e.status_code == 400 and "size" in str(e), e
         models = client.models.list()
-        assert [m.id for m in models.data] == [MODEL], models
+        assert [m.id for m in models.data] == [os.path.basename(os.path.realpath(MODEL))], models
     finally:
         server.send_signal(signal.SIGTERM)
         rest = server.stderr.read()

@@ -30,6 +30,7 @@ fn request(seed: u64) -> Request {
         save_latents: None,
         embeds: None,
         prompt_file: None,
+        from: None,
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),

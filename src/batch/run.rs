@@ -33,6 +33,8 @@ pub struct BatchOptions {
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
     /// largest picture), networks that do not fit stream.
     pub memory: crate::run_plan::MemoryOptions,
+    /// Other files the run read (`--from`, `--prompt-file`), by what they are: no output may be one.
+    pub other_inputs: Vec<(&'static str, PathBuf)>,
 }
 
 /// What a batch renders.
@@ -126,11 +128,10 @@ impl BatchProgress for Quiet {}
 /// Read the list: a file, or stdin for `-`.
 pub(super) fn read_list(p: &Path) -> Result<(Vec<u8>, String)> {
     if p.as_os_str() == "-" {
-        let mut b = vec![];
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("cannot read the prompts from stdin")?;
+        let b = crate::bounded::read_stdin_bounded(crate::bounded::MAX_PROMPT_LIST, "the prompts")?;
         Ok((b, "<stdin>".to_string()))
     } else {
-        let b = std::fs::read(p).with_context(|| format!("cannot read prompts {}", p.display()))?;
+        let b = crate::bounded::read_bounded(p, crate::bounded::MAX_PROMPT_LIST, "the prompts list")?;
         Ok((b, p.display().to_string()))
     }
 }
@@ -183,6 +184,8 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             inputs.push(("the prompts list", p));
         }
     }
+    let others = pipeline::input_files(None, &o.loras);
+    inputs.extend(others.iter().chain(&o.other_inputs).map(|(w, p)| (*w, p.as_path())));
     let inputs = crate::output::Inputs::new(&inputs);
     let tok = PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let mut folders: HashMap<PathBuf, Result<(), String>> = HashMap::new();

@@ -35,7 +35,8 @@ pub struct Cli {
 pub enum Command {
     /// Render a prompt to a picture (PNG, JPEG or WebP): encode, denoise (50 Euler steps, CFG), decode.
     Generate(GenerateArgs),
-    /// Encode a prompt (and the negative) to hidden states, for `generate --embeds`.
+    /// Encode a prompt (and the negative) to hidden states, for `generate --embeds`; or, with
+    /// --image, a picture to latents for `moss decode`.
     Encode(EncodeArgs),
     /// Decode latents (--save-latents' file, or raw little-endian f32 [1,128,H/16,W/16]) to a picture.
     Decode(DecodeArgs),
@@ -312,7 +313,12 @@ impl BatchArgs {
 pub struct EncodeArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
-    /// Output safetensors file (hidden states, token ids and prompt in its metadata).
+    /// Encode this picture (PNG, JPEG or WebP; width and height multiples of 16) with the VAE
+    /// encoder instead of a prompt: --out gets its latents, a file `moss decode` reads.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["prompt", "prompt_file"])]
+    pub image: Option<PathBuf>,
+    /// Output safetensors file (hidden states, token ids and prompt in its metadata; with
+    /// --image, the picture's latents).
     #[arg(long, short)]
     pub out: PathBuf,
     #[command(flatten)]
@@ -386,6 +392,10 @@ pub struct ServeArgs {
     /// Allow a non-loopback --host without an API key (anyone who reaches it can use the GPU).
     #[arg(long)]
     pub allow_insecure_bind: bool,
+    /// Let web pages of this origin (`http://localhost:3000`) call the API from a browser (CORS);
+    /// requests from any other page are refused. Repeatable.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
     /// Requests that may wait behind the running one; more get 429 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub max_queue: usize,

@@ -26,6 +26,10 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
         device: a.model.device,
         quality: a.quality,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
+        other_inputs: [("the --from picture", &a.from), ("the prompt file", &a.prompt.prompt_file)]
+            .into_iter()
+            .filter_map(|(w, p)| Some((w, p.clone()?)))
+            .collect(),
     };
     batch::install_stop_handler();
     let terminal = std::io::stderr().is_terminal();
@@ -217,6 +221,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         save_latents: a.save_latents.clone(),
         embeds: a.embeds.clone(),
         prompt_file: a.prompt.prompt_file.clone(),
+        from: a.from.clone(),
         quality: a.quality,
         ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
     };
@@ -259,7 +264,7 @@ pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u
 /// The settings recorded in a moss picture.
 pub fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
     use anyhow::Context;
-    let meta = moss::picture::read_metadata(pic)?;
+    let meta = moss::picture_in::read_metadata(pic)?;
     moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
 }
 

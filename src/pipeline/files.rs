@@ -30,7 +30,25 @@ pub fn latents_bytes(req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<Vec<u
 /// Latents from a file: a `moss-latents-1` safetensors (with the settings it was made with) or
 /// raw little-endian f32 (`size` or a square inferred from the length).
 pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<(Tensor, Option<crate::metadata::Params>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read latents {}", path.display()))?;
+    let f = read_latents_file(path, channels, size)?;
+    Ok((f.z, f.params))
+}
+
+/// A latents file read back.
+pub struct LatentsFile {
+    /// f32 `[1, C, h, w]`.
+    pub z: Tensor,
+    /// The settings the file carries, their size that of the latents (`w*16` x `h*16`).
+    pub params: Option<crate::metadata::Params>,
+    /// What was wrong with the settings: a size that disagreed with the latents (corrected), or
+    /// settings that do not read (left out).
+    pub warnings: Vec<String>,
+}
+
+/// [`read_latents`], with what was wrong with the file's settings.
+pub fn read_latents_file(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<LatentsFile> {
+    let mut warnings = vec![];
+    let bytes = crate::bounded::read_bounded(path, max_latents_bytes(channels), "latents")?;
     let looks_st = bytes.len() > 9
         && bytes[8] == b'{'
         && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
@@ -57,7 +75,28 @@ pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> R
             bail!(bad(format!("latents {shape:?} are not a picture of 16..{} a side", crate::options::MAX_SIDE)));
         }
         let data = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let params = serde_json::from_value(settings).ok();
+        let params = match serde_json::from_value::<crate::metadata::Params>(settings) {
+            Ok(mut p) => {
+                let (w, h) = (shape[3] as u32 * 16, shape[2] as u32 * 16);
+                if (p.spec.width, p.spec.height) != (w, h) {
+                    warnings.push(format!(
+                        "{}: its settings say {}x{}, its latents are a {w}x{h} picture; the picture records {w}x{h}",
+                        path.display(),
+                        p.spec.width,
+                        p.spec.height
+                    ));
+                    (p.spec.width, p.spec.height) = (w, h);
+                }
+                Some(p)
+            }
+            Err(e) => {
+                warnings.push(format!(
+                    "{}: its `moss` settings do not read ({e}); the picture records only the model and the file",
+                    path.display()
+                ));
+                None
+            }
+        };
         (Tensor::new(shape, data)?, params)
     } else {
         let (h, w) = latent_grid(bytes.len() as u64, channels, size)?;
@@ -65,7 +104,14 @@ pub fn read_latents(path: &Path, channels: usize, size: Option<(u32, u32)>) -> R
         (Tensor::new(vec![1, channels, h, w], data)?, None)
     };
     crate::tensor::ensure_finite(&format!("latents file {}", path.display()), &z.data)?;
-    Ok((z, params))
+    Ok(LatentsFile { z, params, warnings })
+}
+
+/// The largest latents file: f32 `[1, channels, h, w]` of the largest picture, and a header with
+/// room for the settings (prompts of up to [`crate::bounded::MAX_PROMPT_FILE`] each).
+pub fn max_latents_bytes(channels: usize) -> u64 {
+    let cells = (crate::options::MAX_SIDE as u64 / 16).pow(2);
+    4 * channels as u64 * cells + 2 * crate::bounded::MAX_PROMPT_FILE + (1 << 20)
 }
 
 /// Raw little-endian f32 latents (the bench tools' format; `moss decode` reads it too).
@@ -175,7 +221,10 @@ pub fn decode_file(job: &DecodeJob, model: &str, device: Device, progress: &mut 
     let ck = open_checkpoint(model)?;
     check_not_checkpoint(out, &ck)?;
     crate::picture::check(out, quality)?;
-    let (z, params) = read_latents(latents, ck.dit.latent_channels, size)?;
+    let LatentsFile { z, params, warnings } = read_latents_file(latents, ck.dit.latent_channels, size)?;
+    for w in &warnings {
+        progress.warn(w);
+    }
     let (h, w) = (z.shape[2], z.shape[3]);
     fn decode_on<B: VaeOps>(b: &B, ck: &Checkpoint, z: &Tensor, strip_rows: Option<usize>) -> Result<Vec<u8>> {
         let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;

@@ -18,8 +18,10 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod encode_image;
 mod files;
 mod text;
+pub use encode_image::*;
 pub use files::*;
 pub use text::*;
 
@@ -32,6 +34,8 @@ pub struct Request {
     pub embeds: Option<PathBuf>,
     /// The file the prompt was read from (checked not to be an output).
     pub prompt_file: Option<PathBuf>,
+    /// The picture the settings were read from (`--from`; checked not to be an output).
+    pub from: Option<PathBuf>,
     /// Where it runs (recorded in the picture's metadata).
     pub device: Device,
     /// JPEG quality 1..100 (None: [`crate::picture::DEFAULT_QUALITY`]); only for a JPEG `out`.
@@ -43,7 +47,7 @@ pub struct Request {
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, device, quality: None, cut: Cut::default() }
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default() }
     }
 }
 
@@ -171,22 +175,40 @@ pub fn validate(req: &Request) -> Result<()> {
     Ok(())
 }
 
-/// The checkpoint's files, the prompt file and the embeds file are inputs: no output of `req` may
-/// be one of them, and its two outputs may not be one file. Then the picture's format (its
-/// extension, `req.quality`): a clash is the graver mistake, said first.
-pub fn check_outputs(req: &Request, ck: &Checkpoint) -> Result<()> {
+/// The files a run reads besides the checkpoint's: the LoRA files (and a PEFT `adapter_config.json`
+/// beside one), and `req`'s prompt file, embeds file and `--from` picture.
+pub fn input_files(req: Option<&Request>, loras: &[crate::lora::LoraSpec]) -> Vec<(&'static str, PathBuf)> {
+    let mut ins = vec![];
+    for l in loras {
+        ins.push(("the LoRA", l.path.clone()));
+        ins.push(("the LoRA's config", crate::lora::config_path(&l.path)));
+    }
+    if let Some(req) = req {
+        if let Some(p) = &req.prompt_file {
+            ins.push(("the prompt file", p.clone()));
+        }
+        if let Some(p) = &req.embeds {
+            ins.push(("the embeds file", p.clone()));
+        }
+        if let Some(p) = &req.from {
+            ins.push(("the --from picture", p.clone()));
+        }
+    }
+    ins
+}
+
+/// Every input ([`input_files`], the checkpoint's files) is no output of `req`, and its two outputs
+/// are not one file. Then the picture's format (its extension, `req.quality`): a clash is the
+/// graver mistake, said first.
+pub fn check_outputs(req: &Request, ck: &Checkpoint, loras: &[crate::lora::LoraSpec]) -> Result<()> {
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
         outs.push(("--save-latents", p));
     }
     let files = crate::output::files_below(&ck.loc.root);
     let mut ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
-    if let Some(p) = &req.prompt_file {
-        ins.push(("the prompt file", p));
-    }
-    if let Some(p) = &req.embeds {
-        ins.push(("the embeds file", p));
-    }
+    let others = input_files(Some(req), loras);
+    ins.extend(others.iter().map(|(w, p)| (*w, p.as_path())));
     crate::output::check_distinct(&outs, &ins)?;
     crate::picture::check(&req.out, req.quality).map(|_| ())
 }
@@ -382,7 +404,7 @@ pub fn generate_planned(
             Device::Cpu => None,
         };
         let mut ck = open_checkpoint(model)?;
-        check_outputs(req, &ck)?;
+        check_outputs(req, &ck, loras)?;
         ck.attach_loras(loras)?;
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {

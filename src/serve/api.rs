@@ -113,9 +113,10 @@ fn whole(k: &str, v: &Value) -> Result<u64, ApiError> {
     v.as_u64().ok_or_else(|| ApiError::bad(k, "invalid_type", format!("`{k}` must be a whole number >= 0, got {v}")))
 }
 
-/// Parse and check a request body over `base` ([`base_request`]). `model`: the served model's id;
-/// `random_seed`: the seed of a request that sets none.
-pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
+/// Parse and check a request body over `base` ([`base_request`]). `models`: the names the served
+/// model answers to, its id (`GET /v1/models`) first; `random_seed`: the seed of a request that
+/// sets none.
+pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
     let obj: &Map<String, Value> = v
@@ -143,11 +144,11 @@ pub fn parse(body: &[u8], lim: &Limits, model: &str, base: &Request, random_seed
     }
     if let Some(v) = get("model") {
         let m = string("model", v)?;
-        if m != model {
+        if !models.contains(&m) {
             let mut e = ApiError::new(
                 StatusCode::NOT_FOUND,
                 "model_not_found",
-                format!("model `{m}` is not served here; this server serves `{model}` (GET /v1/models)"),
+                format!("model `{m}` is not served here; this server serves `{}` (GET /v1/models)", models.first().unwrap_or(&"")),
             );
             e.param = Some("model".into());
             return Err(e);
@@ -260,9 +261,9 @@ mod tests {
     #[test]
     fn fields_and_defaults() {
         let base = base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16);
-        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), "m", &base, 1).unwrap();
+        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), &["m"], &base, 1).unwrap();
         assert_eq!((g.req.spec.seed, g.n, g.req.spec.width, g.req.spec.height, g.req.spec.steps, g.req.spec.guidance), (7, 3, 64, 32, 4, 1.0));
-        let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), "m", &base, 99).unwrap();
+        let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), &["m"], &base, 99).unwrap();
         assert_eq!((g.req.spec.seed, g.req.spec.width, g.req.spec.steps, g.req.spec.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
     }
 
@@ -297,7 +298,7 @@ mod tests {
             (br#"{"prompt":"x","model":"other"}"#, 404, "model"),
         ];
         for (body, status, param) in cases {
-            let e = parse(body, &lim(), "m", &base_request(vec![], (0.0, 1.0), 4096, Precision::Bf16), 0).unwrap_err();
+            let e = parse(body, &lim(), &["m"], &base_request(vec![], (0.0, 1.0), 4096, Precision::Bf16), 0).unwrap_err();
             assert_eq!(e.status.as_u16(), status, "{}: {e:?}", String::from_utf8_lossy(body));
             assert_eq!(e.param.as_deref().unwrap_or(""), param, "{e:?}");
             if !param.is_empty() {

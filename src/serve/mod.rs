@@ -11,12 +11,15 @@
 //! between two steps.
 //!
 //! **Security.** Binding an address that is not loopback needs an API key (or
-//! `allow_insecure_bind`); keys are compared in constant time; the body, `n`, the prompt tokens,
+//! `allow_insecure_bind`); keys are compared in constant time; web pages cannot drive the server
+//! through a browser ([`guard`]: Origin, Host, JSON only); the model's folder is not disclosed
+//! ([`served_name`]); the body, `n`, the prompt tokens,
 //! the size and the steps are bounded; a client has [`ServeOptions::client_timeout`] to send its
 //! headers and its body; nothing in a request names a file on the server.
 
 pub mod api;
 pub mod engine;
+pub mod guard;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -47,6 +50,8 @@ pub struct ServeOptions {
     pub port: u16,
     pub api_key: Option<String>,
     pub allow_insecure_bind: bool,
+    /// Web origins whose pages may call the API (`--allow-origin`; others' requests are refused).
+    pub allow_origins: Vec<String>,
     pub max_queue: usize,
     /// Largest picture (its area bounds W x H).
     pub max_size: (u32, u32),
@@ -80,6 +85,9 @@ pub fn check(o: &ServeOptions) -> Result<()> {
             o.host
         );
     }
+    for a in &o.allow_origins {
+        guard::origin(a)?;
+    }
     if o.max_queue == 0 {
         bail!("--max-queue must be at least 1");
     }
@@ -99,7 +107,7 @@ pub fn run(o: ServeOptions) -> Result<()> {
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
-    let model = ck.loc.id.clone();
+    let model = served_name(&ck.loc);
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
         Device::Cpu => planned(Cpu, ck, &o, t0)?,
@@ -111,6 +119,16 @@ pub fn run(o: ServeOptions) -> Result<()> {
     log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(serve(o, model, tokenizer, plan.json(), loader))
+}
+
+/// The id the server gives its model: the repo id of a Hugging Face cache's snapshot, the folder's
+/// own name for a checkpoint folder (its path stays on the server).
+pub fn served_name(loc: &crate::checkpoint::ModelLocation) -> String {
+    if loc.revision.is_some() {
+        return loc.id.clone();
+    }
+    let folder = std::fs::canonicalize(&loc.root).unwrap_or_else(|_| loc.root.clone());
+    folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
 
 /// Loads the planned engine (on the worker thread).
@@ -160,6 +178,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         queue: q.clone(),
         tokenizer,
         model: model.clone(),
+        model_spec: o.model.clone(),
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
         limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
         api_key: o.api_key.clone(),
@@ -168,9 +187,17 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     });
-    let app = routes::router(st, o.client_timeout);
-    let auth = if o.api_key.is_some() { "API key required" } else { "no API key" };
-    log(&format!("listening on http://{bound} ({auth}); loading {model} on {} ...", o.device));
+    let g = guard::Guard {
+        origins: o.allow_origins.iter().map(|a| guard::origin(a)).collect::<Result<_>>()?,
+        loopback_hosts_only: o.host.is_loopback() && o.api_key.is_none(),
+    };
+    let app = routes::router(st, o.client_timeout, g.clone());
+    let auth = match (&o.api_key, g.loopback_hosts_only) {
+        (Some(_), _) => "API key required",
+        (None, true) => "no API key: loopback host names only",
+        (None, false) => "no API key",
+    };
+    log(&format!("listening on http://{bound} ({auth}); loading {} on {} ...", o.model, o.device));
     let mut worker = spawn_worker(q.clone(), load);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -3,6 +3,7 @@
 //! log line per request.
 
 use super::api::{self, ApiError, Generation, Limits};
+use super::guard;
 use super::queue::{Event, Job, Queue};
 use crate::prompt::PromptTokenizer;
 use axum::body::Bytes;
@@ -24,7 +25,11 @@ use tokio::sync::mpsc;
 pub struct AppState {
     pub queue: Arc<Queue>,
     pub tokenizer: PromptTokenizer,
+    /// The served model's id: a Hugging Face repo id, or a checkpoint folder's name (never its
+    /// path: `/v1/models` and `/health` show it).
     pub model: String,
+    /// `--model` as given (requests may name the model so too).
+    pub model_spec: String,
     pub limits: Limits,
     /// What a request's fields are written over ([`api::base_request`]).
     pub base: crate::pipeline::Request,
@@ -44,18 +49,25 @@ fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-pub fn router(st: Arc<AppState>, body_timeout: Duration) -> Router {
+/// The routes under their layers, outermost first: [`observe`] (the envelope, the count, the log
+/// line), the Host and Origin checks ([`guard::check`]), CORS for the allowed origins, the body's
+/// time and size limits; then per route the API key and, for JSON routes, the content type.
+pub fn router(st: Arc<AppState>, body_timeout: Duration, g: guard::Guard) -> Router {
     let v1 = Router::new()
-        .route("/v1/images/generations", post(generations))
+        .route("/v1/images/generations", post(generations).route_layer(middleware::from_fn(guard::json_only)))
         .route("/v1/models", get(models))
         .route_layer(middleware::from_fn_with_state(st.clone(), authorize));
-    Router::new()
+    let mut r = Router::new()
         .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { StatusCode::NOT_FOUND })
         .layer(tower_http::limit::RequestBodyLimitLayer::new(st.max_body))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout));
+    if let Some(cors) = g.cors() {
+        r = r.layer(cors);
+    }
+    r.layer(middleware::from_fn_with_state(Arc::new(g), guard::check))
         .layer(middleware::from_fn_with_state(st.clone(), observe))
         .with_state(st)
 }
@@ -84,6 +96,7 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
             StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /metrics)"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body must be JSON (Content-Type: application/json)".into(),
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
             StatusCode::REQUEST_TIMEOUT => "the request body did not arrive in time".into(),
@@ -194,7 +207,7 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
-    let g = api::parse(body, &st.limits, &st.model, &st.base, seed)?;
+    let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, seed)?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();

@@ -5,7 +5,7 @@
 use crate::options::Precision;
 use crate::prompt::{Cut, MAX_TOKENS};
 use crate::tensor::Tensor;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -66,7 +66,7 @@ pub fn to_bytes(e: &Embeds, precision: Precision) -> Result<Vec<u8>> {
 }
 
 pub fn read(path: &Path) -> Result<Embeds> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read embeds {}", path.display()))?;
+    let bytes = crate::bounded::read_bounded(path, crate::bounded::MAX_EMBEDS, "embeds")?;
     let bad = |why: String| anyhow::anyhow!("{} is not a moss embeds file: {why}", path.display());
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("{e:?}")))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{e:?}")))?;

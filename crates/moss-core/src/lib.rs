@@ -4,16 +4,21 @@
 //! CPU reference backend, the sampling loop's pieces and the memory planner.
 
 pub mod backend;
+pub mod bounded;
+pub mod cache;
 pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
+pub mod img2img;
 pub mod lora;
 pub mod memory_plan;
 pub mod model;
 pub mod noise;
 pub mod options;
 pub mod prompt;
+pub mod sampler;
 pub mod sampling;
 pub mod schedule;
+pub mod sigmas;
 pub mod spec;
 pub mod tensor;

@@ -119,28 +119,46 @@ fn sincos_ps(x: f32) -> (f32, f32) {
     (f32::from_bits(s.to_bits() ^ sign_sin), f32::from_bits(c.to_bits() ^ sign_cos))
 }
 
+/// A torch CPU generator, `torch.Generator().manual_seed(seed)`, whose successive
+/// [`TorchGenerator::randn`] calls give what successive `torch.randn(n, generator=g)` calls give:
+/// each consumes `n` outputs of the MT19937 (one 24-bit uniform per element).
+pub struct TorchGenerator {
+    rng: Mt19937,
+}
+
+impl TorchGenerator {
+    pub fn new(seed: u64) -> Self {
+        TorchGenerator { rng: Mt19937::new(seed) }
+    }
+
+    /// The next `torch.randn(n, generator=self)` in float32, for `n >= 16` and `n % 16 == 0`
+    /// (every latent shape: 128 channels).
+    pub fn randn(&mut self, n: usize) -> Vec<f32> {
+        assert!(n >= 16 && n % 16 == 0, "torch_randn: n = {n} must be a multiple of 16");
+        // uniform_real_distribution<float>(0, 1): 24 random bits times 2^-24.
+        let mut data: Vec<f32> = (0..n)
+            .map(|_| (self.rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0))
+            .collect();
+        let two_pi = (2.0f64 * std::f64::consts::PI) as f32;
+        for block in data.chunks_exact_mut(16) {
+            for j in 0..8 {
+                let u1 = 1.0f32 - block[j];
+                let u2 = block[j + 8];
+                let radius = (-2.0f32 * log_ps(u1)).sqrt();
+                let (s, c) = sincos_ps(two_pi * u2);
+                // torch's final `fmadd(n, std = 1, mean = 0)`: also turns -0 into +0.
+                block[j] = (radius * c).mul_add(1.0, 0.0);
+                block[j + 8] = (radius * s).mul_add(1.0, 0.0);
+            }
+        }
+        data
+    }
+}
+
 /// `torch.randn(n, generator=torch.Generator().manual_seed(seed))` in float32, for `n >= 16`
 /// and `n % 16 == 0` (every latent shape: 128 channels).
 pub fn torch_randn(seed: u64, n: usize) -> Vec<f32> {
-    assert!(n >= 16 && n % 16 == 0, "torch_randn: n = {n} must be a multiple of 16");
-    let mut rng = Mt19937::new(seed);
-    // uniform_real_distribution<float>(0, 1): 24 random bits times 2^-24.
-    let mut data: Vec<f32> = (0..n)
-        .map(|_| (rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0))
-        .collect();
-    let two_pi = (2.0f64 * std::f64::consts::PI) as f32;
-    for block in data.chunks_exact_mut(16) {
-        for j in 0..8 {
-            let u1 = 1.0f32 - block[j];
-            let u2 = block[j + 8];
-            let radius = (-2.0f32 * log_ps(u1)).sqrt();
-            let (s, c) = sincos_ps(two_pi * u2);
-            // torch's final `fmadd(n, std = 1, mean = 0)`: also turns -0 into +0.
-            block[j] = (radius * c).mul_add(1.0, 0.0);
-            block[j + 8] = (radius * s).mul_add(1.0, 0.0);
-        }
-    }
-    data
+    TorchGenerator::new(seed).randn(n)
 }
 
 /// The initial latent noise `[1, 128, h, w]` in NCHW order.

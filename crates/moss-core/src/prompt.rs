@@ -1,6 +1,6 @@
 //! The prompt: chat wrapping (spec 3.4) and tokenization with the checkpoint's tokenizer.json.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 pub const MAX_TOKENS: usize = 4096;
@@ -41,7 +41,8 @@ impl PromptTokenizer {
         if !path.is_file() {
             bail!("tokenizer not found: {}", path.display());
         }
-        let tok = tokenizers::Tokenizer::from_file(path)
+        let bytes = crate::bounded::read_bounded(path, crate::bounded::MAX_TOKENIZER, "tokenizer")?;
+        let tok = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
         Ok(PromptTokenizer { tok })
     }
@@ -73,10 +74,7 @@ impl PromptTokenizer {
 
 /// Read a prompt file: it must be valid UTF-8.
 pub fn read_prompt_file(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow!("{} is not valid UTF-8 (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to())
-    })
+    crate::bounded::read_text_bounded(path, crate::bounded::MAX_PROMPT_FILE, "the prompt file")
 }
 
 #[cfg(test)]

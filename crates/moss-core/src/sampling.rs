@@ -9,6 +9,9 @@ use anyhow::{ensure, Result};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
     pub step: usize,
+    /// The model call's index from 0 (equal to `step` for one call a step; step caching counts
+    /// calls, [`crate::cache`]).
+    pub call: usize,
     /// The transformer's timestep (σ·1000, in f32).
     pub t: f32,
     /// Whether the negative (unconditional) velocity is wanted too (guidance is not exactly 1).
@@ -24,11 +27,27 @@ pub struct Step {
 /// tests; an error stops the loop).
 pub fn sample<B: DitOps>(
     b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    guidance: f32,
+    skip_window: (f64, f64),
+    velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
+) -> Result<B::T> {
+    sample_with(b, x, sigmas, guidance, skip_window, velocities, |_, x| Ok(x), on_step)
+}
+
+/// [`sample`] with `after_step(i, x)` applied to the latents after the Euler update of step
+/// `i` (before `on_step`): inpainting's latent blend ([`crate::img2img::Inpaint::after_step`]).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_with<B: DitOps>(
+    b: &B,
     mut x: B::T,
     sigmas: &[f32],
     guidance: f32,
     skip_window: (f64, f64),
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    mut after_step: impl FnMut(usize, B::T) -> Result<B::T>,
     mut on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
 ) -> Result<B::T> {
     ensure!(sigmas.len() >= 2, "the schedule needs at least one step");
@@ -38,10 +57,10 @@ pub fn sample<B: DitOps>(
         let frac = i as f64 / n as f64;
         let skip_active = skip_window.0 <= frac && frac < skip_window.1;
         let guided = guidance != 1.0;
-        let (v_c, v_u) = velocities(Step { step: i, t, guided, skip_active }, &x)?;
+        let (v_c, v_u) = velocities(Step { step: i, call: i, t, guided, skip_active }, &x)?;
         ensure!(v_u.is_some() == guided, "step {i}: {} negative velocity", if guided { "no" } else { "an unasked" });
         let dsigma = sigmas[i + 1] - sigmas[i];
-        x = b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?;
+        x = after_step(i, b.cfg_euler(&x, &v_c, v_u.as_ref(), guidance, dsigma)?)?;
         on_step(i + 1, n, &x)?;
     }
     Ok(x)

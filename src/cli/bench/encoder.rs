@@ -29,7 +29,7 @@ pub struct BenchEncode {
 
 /// The ids of a file of whitespace- or comma-separated integers (a JSON list works).
 fn read_ids(path: &Path) -> Result<Vec<u32>> {
-    let s = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let s = moss::bounded::read_text_bounded(path, moss::bounded::MAX_PROMPT_LIST, "ids file")?;
     s.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
         .filter(|t| !t.is_empty())
         .map(|t| t.parse::<u32>().with_context(|| format!("{}: `{t}` is not a token id", path.display())))

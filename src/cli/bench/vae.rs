@@ -38,9 +38,8 @@ pub fn run(a: &BenchVae, device: Device) -> Result<String> {
     let cuda = Cuda::new(n, moss::options::Precision::Fp32)?;
     let ck = pipeline::open_checkpoint(&a.model)?;
     let c = ck.dit.latent_channels;
-    let meta = std::fs::metadata(&a.latents)?;
-    let (h, w) = pipeline::latent_grid(meta.len(), c, None)?;
-    let bytes = std::fs::read(&a.latents)?;
+    let bytes = moss::bounded::read_bounded(&a.latents, pipeline::max_latents_bytes(c), "latents")?;
+    let (h, w) = pipeline::latent_grid(bytes.len() as u64, c, None)?;
     let data: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let z = Tensor::new(vec![1, c, h, w], data)?;
     let t0 = Instant::now();

@@ -6,8 +6,7 @@ use serde_json::Value;
 use std::path::Path;
 
 pub fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::bounded::read_text_bounded(path, crate::bounded::MAX_CONFIG, "config")?;
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
@@ -256,6 +255,13 @@ impl DitConfig {
 pub struct VaeConfig {
     pub latent_channels: usize,
     pub out_channels: usize,
+    /// The encoder's widths (`block_out_channels`), its input channels, whether it has a
+    /// `quant_conv`, and its `down_block_types` (empty when the file leaves them out): read for
+    /// pictures in (`crate::model::vae::VaeEncoder`), checked only when the encoder loads.
+    pub block_out_channels: Vec<usize>,
+    pub in_channels: usize,
+    pub use_quant_conv: bool,
+    pub down_block_types: Vec<String>,
     pub decoder_block_out_channels: Vec<usize>,
     pub layers_per_block: usize,
     pub norm_num_groups: usize,
@@ -277,7 +283,7 @@ impl VaeConfig {
         let mut d = Defaulted::new();
         let enc = get_usize_list(&v, "block_out_channels", path)?
             .unwrap_or_else(|| vec![128, 256, 512, 512]);
-        let dec = get_usize_list(&v, "decoder_block_out_channels", path)?.unwrap_or(enc);
+        let dec = get_usize_list(&v, "decoder_block_out_channels", path)?.unwrap_or_else(|| enc.clone());
         let patch = get_usize_list(&v, "patch_size", path)?.unwrap_or_else(|| vec![2, 2]);
         if patch.len() != 2 || !(1..=8).contains(&patch[0]) || !(1..=8).contains(&patch[1]) {
             bail!("{}: patch_size {patch:?} is not two numbers in 1..=8", path.display());
@@ -288,6 +294,14 @@ impl VaeConfig {
         let cfg = VaeConfig {
             latent_channels: get_usize(&v, "latent_channels", Some(32), path, &mut d)?,
             out_channels: get_usize(&v, "out_channels", Some(3), path, &mut d)?,
+            block_out_channels: enc,
+            in_channels: v.get("in_channels").and_then(Value::as_u64).unwrap_or(3) as usize,
+            use_quant_conv: v.get("use_quant_conv").and_then(Value::as_bool).unwrap_or(true),
+            down_block_types: v
+                .get("down_block_types")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|t| t.as_str().unwrap_or("?").to_string()).collect())
+                .unwrap_or_default(),
             decoder_block_out_channels: dec,
             layers_per_block: get_usize_in(&v, "layers_per_block", Some(2), (0, 64), path, &mut d)?,
             norm_num_groups: get_usize(&v, "norm_num_groups", Some(32), path, &mut d)?,

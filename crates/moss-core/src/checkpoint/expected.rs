@@ -175,3 +175,57 @@ pub fn vae(c: &VaeConfig) -> Vec<Expected> {
     conv(&mut l, "decoder.conv_out", c.out_channels, prev, 3);
     l.0
 }
+
+/// The FLUX.2 VAE encoder (spec 7.4), for pictures in: `encoder.*` and `quant_conv.*`. Checked
+/// when the encoder loads (`crate::model::vae::VaeEncoder`), not with the component: text to
+/// image never reads these tensors.
+pub fn vae_encoder(c: &VaeConfig) -> Vec<Expected> {
+    let mut l = List(vec![], Dtype::F32);
+    let conv = |l: &mut List, p: &str, o: usize, i: usize, k: usize| {
+        l.add(format!("{p}.weight"), &[o, i, k, k]);
+        l.add(format!("{p}.bias"), &[o]);
+    };
+    let norm = |l: &mut List, p: &str, ch: usize| {
+        l.add(format!("{p}.weight"), &[ch]);
+        l.add(format!("{p}.bias"), &[ch]);
+    };
+    let resnet = |l: &mut List, p: &str, i: usize, o: usize| {
+        norm(l, &format!("{p}.norm1"), i);
+        conv(l, &format!("{p}.conv1"), o, i, 3);
+        norm(l, &format!("{p}.norm2"), o);
+        conv(l, &format!("{p}.conv2"), o, o, 3);
+        if i != o {
+            conv(l, &format!("{p}.conv_shortcut"), o, i, 1);
+        }
+    };
+    let widths = &c.block_out_channels;
+    let Some(&top) = widths.last() else { return l.0 };
+    conv(&mut l, "encoder.conv_in", widths[0], c.in_channels, 3);
+    let mut prev = widths[0];
+    for (b, &ch) in widths.iter().enumerate() {
+        for r in 0..c.layers_per_block {
+            resnet(&mut l, &format!("encoder.down_blocks.{b}.resnets.{r}"), if r == 0 { prev } else { ch }, ch);
+        }
+        if b + 1 < widths.len() {
+            conv(&mut l, &format!("encoder.down_blocks.{b}.downsamplers.0.conv"), ch, ch, 3);
+        }
+        prev = ch;
+    }
+    resnet(&mut l, "encoder.mid_block.resnets.0", top, top);
+    if c.mid_block_add_attention {
+        let a = "encoder.mid_block.attentions.0";
+        norm(&mut l, &format!("{a}.group_norm"), top);
+        for n in ["to_q", "to_k", "to_v", "to_out.0"] {
+            l.add(format!("{a}.{n}.weight"), &[top, top]);
+            l.add(format!("{a}.{n}.bias"), &[top]);
+        }
+    }
+    resnet(&mut l, "encoder.mid_block.resnets.1", top, top);
+    norm(&mut l, "encoder.conv_norm_out", top);
+    let zc = 2 * c.latent_channels;
+    conv(&mut l, "encoder.conv_out", zc, top, 3);
+    if c.use_quant_conv {
+        conv(&mut l, "quant_conv", zc, zc, 1);
+    }
+    l.0
+}

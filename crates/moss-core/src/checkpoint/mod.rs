@@ -60,7 +60,7 @@ pub fn locate(spec: &str) -> Result<ModelLocation> {
             if !snaps.is_dir() {
                 continue;
             }
-            let wanted = std::fs::read_to_string(repo.join("refs/main")).ok().map(|s| s.trim().to_string());
+            let wanted = main_ref(&repo)?;
             let mut revs: Vec<(std::time::SystemTime, String)> = std::fs::read_dir(&snaps)?
                 .filter_map(|e| e.ok())
                 .filter(|e| e.path().is_dir())
@@ -87,6 +87,25 @@ pub fn locate(spec: &str) -> Result<ModelLocation> {
          network access, then pass --model <folder> or set MOSS_MODEL",
         looked.join(", ")
     )
+}
+
+/// The revision a cached repo's `refs/main` names, if the file is there: one plain name inside
+/// `snapshots/` (a commit hash); a path (`../..`, `a/b`) is refused.
+fn main_ref(repo: &Path) -> Result<Option<String>> {
+    let path = repo.join("refs/main");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = crate::bounded::read_text_bounded(&path, crate::bounded::MAX_REF, "the revision file")?;
+    let rev = text.trim();
+    if rev.is_empty() {
+        return Ok(None);
+    }
+    let plain = matches!(Path::new(rev).components().collect::<Vec<_>>()[..], [std::path::Component::Normal(_)]);
+    if !plain || rev.contains(['/', '\\', '\0']) {
+        bail!("{} names {rev:?}, not a snapshot in {}: refusing it", path.display(), repo.join("snapshots").display());
+    }
+    Ok(Some(rev.to_string()))
 }
 
 /// An opened checkpoint: its location and every component's config (tensors are mapped per

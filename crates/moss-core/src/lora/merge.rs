@@ -227,6 +227,21 @@ pub fn evaluate(ops: &Operands, rows: usize, what: &str) -> Result<Vec<f32>> {
 
 /// The delta's rows and columns must tile the target tensors (rows split in order).
 pub fn check_shape(m: &Module) -> Result<()> {
+    let factors: Vec<&Mat> = match &m.delta {
+        Delta::LowRank { up, down, .. } => vec![up, down],
+        Delta::LoHa { w1a, w1b, w2a, w2b, .. } => vec![w1a, w1b, w2a, w2b],
+        Delta::LoKr { w1, w2, .. } => [w1, w2]
+            .into_iter()
+            .flat_map(|f| match f {
+                Factor::Full(w) => vec![w],
+                Factor::Product(a, b) => vec![a, b],
+            })
+            .collect(),
+        Delta::Full(d) => vec![d],
+    };
+    if let Some(f) = factors.iter().find(|f| f.shape.contains(&0)) {
+        bail!("`{}` has a factor of shape {:?}: a rank or a side of 0 makes no update (a damaged adapter)", m.key, f.shape);
+    }
     let (rows, cols) = match &m.delta {
         Delta::LowRank { up, down, .. } => (dims2(up, &m.key)?.0, dims2(down, &m.key)?.1),
         Delta::LoHa { w1a, w1b, .. } => (dims2(w1a, &m.key)?.0, dims2(w1b, &m.key)?.1),

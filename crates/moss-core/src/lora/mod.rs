@@ -156,10 +156,18 @@ fn load(spec: &LoraSpec, model: &TensorStore) -> Result<Lora> {
     Ok(Lora { spec: spec.clone(), hash: FileHash::of(bytes), format, modules })
 }
 
+/// The PEFT `adapter_config.json` beside the adapter file `p` (read when it is there).
+pub fn config_path(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.join("adapter_config.json"),
+        _ => PathBuf::from("adapter_config.json"),
+    }
+}
+
 /// `lora_alpha` of an `adapter_config.json` beside the file (PEFT writes alpha there, not in the
 /// weights); `None` when there is no such file.
 fn peft_config_alpha(p: &Path) -> Result<Option<f32>> {
-    let cfg = p.parent().unwrap_or(Path::new(".")).join("adapter_config.json");
+    let cfg = config_path(p);
     if !cfg.is_file() {
         return Ok(None);
     }

@@ -21,6 +21,11 @@ pub mod rope;
 #[path = "dit_mats.rs"]
 pub mod mats;
 
+/// The forward with step caching (`crate::cache`).
+#[path = "dit_cache.rs"]
+mod cached;
+pub use cached::PassCaches;
+
 use mats::{Act, BlockMats, Source};
 pub use mats::{block_matrix_names, MainLinears};
 

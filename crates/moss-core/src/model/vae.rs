@@ -26,7 +26,9 @@ use crate::checkpoint::{config::VaeConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
+mod encoder;
 mod split;
+pub use encoder::{pixels_from_rgb8, VaeEncoder};
 pub use split::{Split, SplitReport, Strips};
 
 /// The eps of every GroupNorm in diffusers' `Decoder` (`resnet_eps`, fixed there, not in the config).

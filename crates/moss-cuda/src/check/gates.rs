@@ -308,7 +308,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(super::linear_situ_glu::GATES).chain(super::linear_situ_glu_fp8::GATES).chain(super::linear_qkv_norm_rope::GATES).chain(crate::check::encoder::GATES).chain(crate::check::dit::GATES).chain(crate::check::vae::GATES).chain(crate::check::lora::GATES).chain(super::fp8::GATES).chain(super::fp8_act::GATES) {
+        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(super::linear_situ_glu::GATES).chain(super::linear_situ_glu_fp8::GATES).chain(super::linear_qkv_norm_rope::GATES).chain(crate::check::encoder::GATES).chain(crate::check::dit::GATES).chain(crate::check::vae::GATES).chain(crate::check::vae_encode::GATES).chain(crate::check::lora::GATES).chain(super::fp8::GATES).chain(super::fp8_act::GATES) {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {

@@ -17,6 +17,7 @@ pub mod linear_situ_glu_fp8;
 pub mod lora;
 pub mod tensor;
 pub mod vae;
+pub mod vae_encode;
 
 use crate::kernels::{Family, Image};
 use crate::ops::Cuda;

@@ -117,7 +117,7 @@ fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up:
 
 /// The fp16 conv's planted twins of one bug, every build: `""` the activation lo parts dropped,
 /// `"scale"` one channel's weight scale not undone, `"fold"` the upsample fold off by one.
-fn conv16_controls(cu: &Cuda, bug: &str) -> Cuda {
+pub(crate) fn conv16_controls(cu: &Cuda, bug: &str) -> Cuda {
     use controls as c;
     use kernels as k;
     let twins = match bug {
@@ -279,7 +279,7 @@ fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
 }
 
 /// f64 attention for the query rows `rows` of `q`, `k`, `v` `[1, L, D]` → `[rows, D]`.
-fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> Result<Tensor> {
+pub(crate) fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let (l, d) = (q.shape[1], q.shape[2]);
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = Vec::with_capacity(rows.len() * d);

@@ -25,6 +25,8 @@
 pub mod attention;
 pub mod attention_fp16;
 pub mod conv;
+pub mod encode;
+pub mod encode_plan;
 pub mod picture;
 pub mod plan;
 pub(crate) mod state;
@@ -71,6 +73,8 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::select::Choice
         Choice { op: "vae conv2d, fp16 overflow re-run", kernel: rerun.into() },
         Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
         Choice { op: "vae spatial_attention (D 384)", kernel: attn },
+        Choice { op: "vae encode conv2d_down2", kernel: format!("{conv}, then {}", crate::kernels::VAE_PICK_ODD.info.stem) },
+        Choice { op: "vae encode spatial_attention (D 512)", kernel: if halo { "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".into() } else { "cuBLAS fp32 products + moss_vae_softmax_rows".into() } },
     ]
 }
 
@@ -320,6 +324,10 @@ mod tests {
         VaeConfig {
             latent_channels: 32,
             out_channels: 3,
+            block_out_channels: vec![128, 256, 512, 512],
+            in_channels: 3,
+            use_quant_conv: true,
+            down_block_types: vec![],
             decoder_block_out_channels: vec![96, 192, 384, 384],
             layers_per_block: 2,
             norm_num_groups: 32,

@@ -272,3 +272,4 @@ impl Backend for Cpu {
 pub mod dit;
 pub mod encoder;
 pub mod vae;
+pub mod vae_encode;

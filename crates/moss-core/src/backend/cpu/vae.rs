@@ -15,7 +15,7 @@ use anyhow::{ensure, Result};
 
 /// Run `f(first_unit, chunk)` over `out` split into contiguous runs of whole units (each
 /// `unit` long), one run per core.
-fn par_units(out: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn par_units(out: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let units = out.len().checked_div(unit).unwrap_or(0);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(units.max(1));
     if threads <= 1 {
@@ -60,9 +60,9 @@ fn taps(acc: &mut [f64], p: &[f64], w: &[f32]) {
 /// same bits; the AVX2 one only has wider vectors. (`#[inline(always)]` bodies are inlined into
 /// the `target_feature` twin, so it is vectorised for AVX2.)
 macro_rules! avx2_twin {
-    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) => $body:ident) => {
         $(#[$m])*
-        fn $name($($a: $t),*) {
+        $vis fn $name($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2")]
@@ -81,7 +81,7 @@ macro_rules! avx2_twin {
 
 avx2_twin!(
     #[allow(clippy::too_many_arguments)]
-    fn conv_row_fast(
+    pub(super) fn conv_row_fast(
         chunk: &mut [f32],
         plane: usize,
         ws: &[f32],

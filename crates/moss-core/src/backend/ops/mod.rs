@@ -4,7 +4,9 @@
 pub mod dit;
 pub mod encoder;
 pub mod vae;
+pub mod vae_encode;
 
 pub use dit::DitOps;
 pub use encoder::EncoderOps;
 pub use vae::VaeOps;
+pub use vae_encode::VaeEncodeOps;

@@ -10,7 +10,7 @@ use std::cell::Cell;
 
 /// Where a split decode keeps its pictures: device memory while `budget` bytes last (pictures
 /// live at once counted), host memory after; and what that cost.
-struct Keep {
+pub(super) struct Keep {
     budget: usize,
     used: Cell<usize>,
     report: Cell<SplitReport>,
@@ -29,7 +29,7 @@ pub struct SplitReport {
 }
 
 impl Keep {
-    fn new(budget: usize) -> Keep {
+    pub(super) fn new(budget: usize) -> Keep {
         Keep { budget, used: Cell::new(0), report: Cell::new(SplitReport::default()) }
     }
     fn note(&self, f: impl FnOnce(&mut SplitReport)) {
@@ -38,7 +38,7 @@ impl Keep {
         self.report.set(r);
     }
     /// A new picture `[1, c, h, w]`: on the device if it fits the budget next to those still live.
-    fn picture<'k, B: VaeOps>(&'k self, b: &B, dims: [usize; 3], groups: usize) -> Result<Pic<'k, B>> {
+    pub(super) fn picture<'k, B: VaeOps>(&'k self, b: &B, dims: [usize; 3], groups: usize) -> Result<Pic<'k, B>> {
         let [c, h, w] = dims;
         let bytes = picture_bytes(c, h, w, groups);
         let on_device = self.used.get() + bytes <= self.budget;
@@ -60,9 +60,9 @@ impl Keep {
 
 /// A picture kept between layers ([`VaeOps::picture`]), `dims` `[C, H, W]`, holding `device`
 /// bytes of the [`Keep`] budget until dropped.
-struct Pic<'k, B: VaeOps> {
+pub(super) struct Pic<'k, B: VaeOps> {
     p: B::Picture,
-    dims: [usize; 3],
+    pub(super) dims: [usize; 3],
     groups: usize,
     device: usize,
     keep: &'k Keep,
@@ -76,12 +76,12 @@ impl<B: VaeOps> Pic<'_, B> {
             self.keep.note(|r| r.host_bytes_moved += bytes);
         }
     }
-    fn rows(&self, b: &B, y0: usize, y1: usize, next: Option<(usize, usize)>) -> Result<B::T> {
+    pub(super) fn rows(&self, b: &B, y0: usize, y1: usize, next: Option<(usize, usize)>) -> Result<B::T> {
         let t = b.picture_rows(&self.p, y0, y1, next)?;
         self.moved(b, &t, y1 - y0);
         Ok(t)
     }
-    fn put(&mut self, b: &B, y0: usize, y1: usize, t: &B::T, skip: usize) -> Result<()> {
+    pub(super) fn put(&mut self, b: &B, y0: usize, y1: usize, t: &B::T, skip: usize) -> Result<()> {
         b.picture_put(&mut self.p, y0, y1, t, skip)?;
         self.moved(b, t, y1 - y0);
         Ok(())
@@ -136,7 +136,7 @@ impl Split {
 /// rows; with the folded ×2 upsample, output row `Y` reads upsampled rows `Y ± k/2`, i.e. input
 /// rows `⌊(Y ± k/2)/2⌋`. Rows of the strip's own output that saw the strip's edge (zero padding
 /// standing in for a neighbour row) lie outside `y0..y1` and are dropped.
-fn input_span(y0: usize, y1: usize, h_in: usize, k: usize, up: bool, halo: bool) -> (usize, usize, usize) {
+pub(super) fn input_span(y0: usize, y1: usize, h_in: usize, k: usize, up: bool, halo: bool) -> (usize, usize, usize) {
     let p = if halo { k / 2 } else { 0 };
     if up {
         let a = y0.saturating_sub(p) / 2;
@@ -206,7 +206,7 @@ impl<B: VaeOps> Resnet<B> {
     /// [`Resnet::forward`] in row strips, `x` and the result kept pictures: `h` (the first conv's
     /// output) is kept whole for the second GroupNorm's statistics; the output goes over `x`,
     /// strip by strip after its rows were read, when it has no more channels than `x`.
-    fn forward_strips<'k>(&self, b: &B, x: Pic<'k, B>, sp: Strips, keep: &'k Keep) -> Result<Pic<'k, B>> {
+    pub(super) fn forward_strips<'k>(&self, b: &B, x: Pic<'k, B>, sp: Strips, keep: &'k Keep) -> Result<Pic<'k, B>> {
         let [c, hh, w] = x.dims;
         let cout = b.dims(&self.conv1.weight)[0];
         let st1 = self.norm1.stats_of(b, &x)?;

@@ -1,0 +1,136 @@
+//! The sampling loop on a backend, for any [`Kind`]: what the pipeline calls in place of
+//! [`crate::sampling::sample`], with the same `velocities` closure (the transformer's passes for
+//! a [`Step`]: the prompt's, and the negative's when guided).
+//!
+//! - `euler` is today's loop itself ([`crate::sampling::sample`]: the fused device CFG + Euler
+//!   update), so its latents are byte-identical to it.
+//! - Every other sampler keeps the latent on the host in f32 ([`super::run`]). Per model call
+//!   the latent is uploaded, the passes run, their CFG combine `v_u + g·(v_c − v_u)` is formed on
+//!   the device by the same kernel as Euler's (`cfg_euler` from a zero latent with `dσ = 1`, so
+//!   the same rounding), and `v` comes back.
+
+use super::{Kind, ModelCall};
+use crate::backend::ops::DitOps;
+use crate::noise::TorchGenerator;
+use crate::sampling::Step;
+use crate::tensor::Tensor;
+use anyhow::{ensure, Result};
+
+/// What a loop did: model calls (each one guided step's passes count once) and DiT passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    pub calls: usize,
+    pub passes: usize,
+}
+
+/// Run `kind` over `sigmas` (ending in 0) from `x`. `noise`: the seed's generator after the
+/// initial latent was drawn from it (only the stochastic samplers draw). For a model call at
+/// schedule step `i` of `n` the closure gets `Step { step: i, t: σ·1000, guided, skip_active }`
+/// with `guided = guidance != 1` and `skip_active = start <= i/n < stop` of `skip_window`, as
+/// today; it returns `v_c` and, when guided, `v_u`. `on_step(i + 1, n)` after each step (an
+/// error stops the loop). Returns the final latent and the [`Count`].
+#[allow(clippy::too_many_arguments)]
+pub fn sample<B: DitOps>(
+    b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    kind: Kind,
+    noise: &mut TorchGenerator,
+    guidance: f32,
+    skip_window: (f64, f64),
+    mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    mut on_step: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<(B::T, Count)> {
+    let guided = guidance != 1.0;
+    let per_call = if guided { 2 } else { 1 };
+    if kind == Kind::Euler {
+        let mut calls = 0;
+        let counted = |s: Step, x: &B::T| {
+            calls += 1;
+            velocities(s, x)
+        };
+        let x =
+            crate::sampling::sample(b, x, sigmas, guidance, skip_window, counted, |i, n, _| {
+                on_step(i, n)
+            })?;
+        return Ok((
+            x,
+            Count {
+                calls,
+                passes: calls * per_call,
+            },
+        ));
+    }
+    sample_on_host(
+        b,
+        x,
+        sigmas,
+        kind,
+        noise,
+        guidance,
+        skip_window,
+        velocities,
+        on_step,
+    )
+}
+
+/// [`sample`]'s path for every sampler but `euler`: the latent on the host, each model call's
+/// combined velocity from the device. For `euler` too it gives, on the CPU backend, exactly the
+/// fused loop's latents (tests/samplers.rs).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_on_host<B: DitOps>(
+    b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    kind: Kind,
+    noise: &mut TorchGenerator,
+    guidance: f32,
+    skip_window: (f64, f64),
+    mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    mut on_step: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<(B::T, Count)> {
+    let guided = guidance != 1.0;
+    let per_call = if guided { 2 } else { 1 };
+    let shape = b.dims(&x);
+    let host = b.download(&x)?.data;
+    let zero = if guided {
+        Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?)
+    } else {
+        None
+    };
+    let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
+        let frac = call.step as f64 / call.steps as f64;
+        let step = Step {
+            step: call.step,
+            call: call.call,
+            t: call.t(),
+            guided,
+            skip_active: skip_window.0 <= frac && frac < skip_window.1,
+        };
+        let (v_c, v_u) = velocities(
+            step,
+            &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?,
+        )?;
+        ensure!(
+            v_u.is_some() == guided,
+            "step {}: {} negative velocity",
+            call.step,
+            if guided { "no" } else { "an unasked" }
+        );
+        let v = match (&zero, v_u) {
+            (Some(zero), Some(v_u)) => b.cfg_euler(zero, &v_c, Some(&v_u), guidance, 1.0)?,
+            _ => v_c,
+        };
+        Ok(b.download(&v)?.data)
+    };
+    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| {
+        on_step(i, n)
+    })?;
+    Ok((
+        b.upload_f32(&Tensor::new(shape, x)?)?,
+        Count {
+            calls,
+            passes: calls * per_call,
+        },
+    ))
+}
