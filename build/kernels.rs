@@ -195,9 +195,6 @@ pub fn parse(text: &str) -> Result<Vec<Kernel>, String> {
         }
         let at = toks[i].at.clone();
         let c_linkage = i >= 2 && toks[i - 2].text == "extern" && toks[i - 1].text == "\"C\"";
-        if !c_linkage {
-            return Err(format!("{at}: a `__global__` function without `extern \"C\"`: moss launches kernels by their C names (MOSS_KERNEL)"));
-        }
         // `void`, attributes with their arguments (`__launch_bounds__(..)`), then the name
         let mut j = i + 1;
         let mut void = false;
@@ -215,6 +212,9 @@ pub fn parse(text: &str) -> Result<Vec<Kernel>, String> {
             }
         };
         let fail = |why: String| format!("kernel `{name}` ({at}): {why}");
+        if !c_linkage {
+            return Err(fail("a `__global__` function without `extern \"C\"`: moss launches kernels by their C names (MOSS_KERNEL)".into()));
+        }
         if !void {
             return Err(fail("a kernel returns `void`".into()));
         }
