@@ -23,5 +23,6 @@ pub mod picture;
 pub mod picture_in;
 pub mod pipeline;
 pub mod png;
+pub mod provenance;
 pub mod run_plan;
 pub mod serve;

@@ -128,6 +128,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,
                 loras: a.lora,
+                lora_dir: a.lora_dir,
                 memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
             })?;
             Ok(0)

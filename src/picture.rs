@@ -6,6 +6,11 @@
 //! - `.jpg`/`.jpeg`: baseline JPEG at a quality of 1..100 (default [`DEFAULT_QUALITY`]).
 //! - `.webp`: lossless WebP (the `image` crate writes no lossy WebP).
 //!
+//! Every picture also carries the XMP packet of [`crate::provenance`] (IPTC's Digital Source Type
+//! `trainedAlgorithmicMedia` and the software): a PNG in an iTXt chunk `XML:com.adobe.xmp`, a JPEG
+//! in an APP1 segment after the EXIF one (placed by `img-parts`), a WebP in its `XMP ` chunk
+//! (written by `image-webp`).
+//!
 //! JPEG and WebP carry an EXIF block as A1111 writes it (what sd-parsers and PNG Info panels read):
 //! the Exif IFD's `UserComment` holds the `parameters` text (`UNICODE\0` and UTF-16BE), its
 //! `MakerNote` the `moss` settings (JSON, UTF-8), IFD0's `Software` the version. A JPEG's EXIF
@@ -95,8 +100,14 @@ pub fn encode(path: &Path, quality: Option<u8>, rgb: &[u8], width: u32, height: 
     let format = check(path, quality)?;
     let mut bytes = Vec::new();
     let mut left_out = vec![];
+    let xmp = crate::provenance::xmp(meta.get("Software").unwrap_or(&crate::metadata::version()));
     match format {
-        Format::Png => bytes = crate::png::encode(rgb, width, height, meta)?,
+        Format::Png => {
+            let mut m = meta.clone();
+            m.entries.retain(|e| e.0 != crate::provenance::PNG_KEYWORD);
+            m.push(crate::provenance::PNG_KEYWORD, xmp);
+            bytes = crate::png::encode(rgb, width, height, &m)?
+        }
         Format::Jpeg => {
             use image::ImageEncoder;
             // The APP1 segment: a 2-byte length that counts itself and the 6-byte `Exif\0\0`.
@@ -114,15 +125,29 @@ pub fn encode(path: &Path, quality: Option<u8>, rgb: &[u8], width: u32, height: 
             let mut enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, quality.unwrap_or(DEFAULT_QUALITY));
             enc.set_exif_metadata(exif).context("JPEG: cannot embed the EXIF block")?;
             enc.write_image(rgb, width, height, image::ExtendedColorType::Rgb8).context("cannot encode the JPEG")?;
+            bytes = jpeg_with_xmp(bytes, &xmp)?;
         }
         Format::Webp => {
-            use image::ImageEncoder;
-            let mut enc = image::codecs::webp::WebPEncoder::new_lossless(&mut bytes);
-            enc.set_exif_metadata(exif_block(meta)?).context("WebP: cannot embed the EXIF block")?;
-            enc.write_image(rgb, width, height, image::ExtendedColorType::Rgb8).context("cannot encode the WebP")?;
+            let mut enc = image_webp::WebPEncoder::new(&mut bytes);
+            enc.set_exif_metadata(exif_block(meta)?);
+            enc.set_xmp_metadata(xmp.into_bytes());
+            enc.encode(rgb, width, height, image_webp::ColorType::Rgb8).context("cannot encode the WebP")?;
         }
     }
     Ok(Encoded { bytes, left_out })
+}
+
+/// The XMP namespace header of a JPEG APP1 segment (XMP Specification Part 3, 1.1.3).
+const JPEG_XMP: &[u8] = b"http://ns.adobe.com/xap/1.0/\0";
+
+/// `jpeg` with an APP1 segment holding `xmp` after its leading APPn segments (JFIF, EXIF).
+fn jpeg_with_xmp(jpeg: Vec<u8>, xmp: &str) -> Result<Vec<u8>> {
+    use img_parts::jpeg::{markers, Jpeg, JpegSegment};
+    let mut j = Jpeg::from_bytes(jpeg.into()).map_err(|e| anyhow::anyhow!("JPEG: cannot read back its segments: {e}"))?;
+    let at = j.segments().iter().position(|s| !(markers::APP0..=markers::APP15).contains(&s.marker())).unwrap_or(j.segments().len());
+    let contents = [JPEG_XMP, xmp.as_bytes()].concat();
+    j.segments_mut().insert(at, JpegSegment::new_with_contents(markers::APP1, contents.into()));
+    Ok(j.encoder().bytes().to_vec())
 }
 
 /// The format of a picture's bytes, from its signature.
@@ -262,6 +287,39 @@ mod tests {
             }
             if name != "a.jpg" {
                 assert!(px == rgb, "{name} is lossless");
+            }
+        }
+    }
+
+    /// The provenance XMP packet is where each format's readers look for it: a PNG's iTXt chunk
+    /// `XML:com.adobe.xmp`, a JPEG's APP1 segment with the XMP namespace (beside the EXIF one), a
+    /// WebP's `XMP ` chunk; the moss metadata still reads back.
+    #[test]
+    fn every_format_carries_the_xmp_packet() {
+        let (w, h) = (32u32, 16u32);
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i * 5 % 253) as u8).collect();
+        let want = crate::provenance::xmp("moss 0.1.0");
+        let png = encode(Path::new("a.png"), None, &rgb, w, h, &meta()).unwrap().bytes;
+        let r = png::Decoder::new(std::io::Cursor::new(&png)).read_info().unwrap();
+        let itxt: Vec<_> = r.info().utf8_text.iter().filter(|t| t.keyword == crate::provenance::PNG_KEYWORD).collect();
+        assert_eq!(itxt.len(), 1, "one iTXt XMP chunk");
+        assert_eq!(itxt[0].get_text().unwrap(), want);
+        assert!(r.info().uncompressed_latin1_text.iter().all(|t| t.keyword != crate::provenance::PNG_KEYWORD), "XMP in a tEXt chunk");
+        let jpg = encode(Path::new("a.jpg"), None, &rgb, w, h, &meta()).unwrap().bytes;
+        let j = img_parts::jpeg::Jpeg::from_bytes(jpg.clone().into()).unwrap();
+        let app1: Vec<&[u8]> = j.segments_by_marker(img_parts::jpeg::markers::APP1).map(|s| s.contents().as_ref()).collect();
+        assert_eq!(app1.len(), 2, "EXIF and XMP");
+        assert!(app1[0].starts_with(b"Exif\0\0"), "the EXIF segment first");
+        assert_eq!(app1[1], [JPEG_XMP, want.as_bytes()].concat());
+        let webp = encode(Path::new("a.webp"), None, &rgb, w, h, &meta()).unwrap().bytes;
+        let mut d = image_webp::WebPDecoder::new(std::io::Cursor::new(&webp)).unwrap();
+        assert_eq!(d.xmp_metadata().unwrap().unwrap(), want.as_bytes());
+        for (name, bytes) in [("png", &png), ("jpg", &jpg), ("webp", &webp)] {
+            let (px, gw, gh, m) = decode(bytes).unwrap();
+            assert_eq!((gw, gh), (w, h), "{name}");
+            assert!(name == "jpg" || px == rgb, "{name}");
+            for (k, v) in &meta().entries {
+                assert_eq!(m.get(k), Some(v.as_str()), "{name}: {k}");
             }
         }
     }

@@ -33,7 +33,8 @@ pub fn encode(rgb: &[u8], width: u32, height: u32, meta: &Metadata) -> Result<Ve
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         for (k, v) in &meta.entries {
-            if is_latin1(v) {
+            // An XMP packet goes in an iTXt chunk (XMP Specification Part 3, 1.1.5).
+            if is_latin1(v) && k != crate::provenance::PNG_KEYWORD {
                 enc.add_text_chunk(k.clone(), v.clone())?;
             } else {
                 enc.add_itxt_chunk(k.clone(), v.clone())?;

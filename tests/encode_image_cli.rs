@@ -82,7 +82,7 @@ fn bad_pictures_are_refused() {
     // Not a picture at all; a truncated PNG; a missing file.
     let text = dir.join("note.png");
     std::fs::write(&text, "hello").unwrap();
-    assert_refused(&moss(&["encode", "--image", s(&text), "-o", s(&out)], "tiny-a"), &["not a picture"], &out);
+    assert_refused(&moss(&["encode", "--image", s(&text), "-o", s(&out)], "tiny-a"), &["not a PNG, JPEG or WebP"], &out);
     let cut = dir.join("cut.png");
     let bytes = std::fs::read(golden().join("expected/enc-64x64.png")).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();

@@ -4,8 +4,11 @@
 Starts `moss serve` on the golden checkpoint tiny-a (CPU, an ephemeral port on 127.0.0.1, an API
 key), generates two pictures with `client.images.generate(..., response_format="b64_json",
 extra_body={"seed": ...})`, checks each against `moss generate` with the same settings byte for
-byte, checks that a wrong key raises AuthenticationError and a bad size BadRequestError, then
-stops the server with SIGTERM and checks it exits 0.
+byte, checks that a wrong key raises AuthenticationError and a bad size BadRequestError, chooses
+LoRAs per request from the server's `--lora-dir` (`extra_body={"lora": [{"name", "scale"}]}`:
+each picture byte-identical to `moss generate --lora` with the same files and scales, a change of
+set and back), reads `GET /v1/loras`, checks that unknown, path-like and too many LoRA names
+raise BadRequestError, then stops the server with SIGTERM and checks it exits 0.
 
     python3 tests/openai_client.py [target/debug/moss]
 """
@@ -13,6 +16,7 @@ stops the server with SIGTERM and checks it exits 0.
 import base64
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,10 +31,10 @@ MODEL = os.path.join(ROOT, "golden", "tiny-a")
 KEY = "sk-moss-ci"
 
 
-def start():
+def start(lora_dir):
     env = dict(os.environ, MOSS_API_KEY=KEY)
     p = subprocess.Popen(
-        [MOSS, "serve", "--model", MODEL, "--device", "cpu", "--port", "0"],
+        [MOSS, "serve", "--model", MODEL, "--device", "cpu", "--port", "0", "--lora-dir", lora_dir],
         env=env, stderr=subprocess.PIPE, text=True,
     )
     port, deadline = None, time.time() + 120
@@ -47,18 +51,54 @@ def start():
     sys.exit("moss serve did not get ready")
 
 
-def generate_cli(prompt, seed, size, steps, negative, out):
+def generate_cli(prompt, seed, size, steps, negative, out, loras=()):
+    lora_flags = [a for path, scale in loras for a in ("--lora", f"{path}:{scale}")]
     subprocess.run(
         [MOSS, "generate", "--model", MODEL, "--device", "cpu", "--prompt", prompt, "--seed", str(seed),
-         "--size", size, "--steps", str(steps), "--negative", negative, "--out", out, "--quiet"],
+         "--size", size, "--steps", str(steps), "--negative", negative, "--out", out, "--quiet"] + lora_flags,
         check=True,
     )
     with open(out, "rb") as f:
         return f.read()
 
 
+def lora_dir(d):
+    """The golden adapters as a --lora-dir: kohya, qkv (files) and peft (a PEFT folder)."""
+    g = os.path.join(ROOT, "golden", "lora")
+    for f in ("kohya.safetensors", "qkv.safetensors"):
+        shutil.copy(os.path.join(g, f), os.path.join(d, f))
+    shutil.copytree(os.path.join(g, "peft"), os.path.join(d, "peft"))
+    return {"kohya": os.path.join(d, "kohya.safetensors"), "qkv": os.path.join(d, "qkv.safetensors"),
+            "peft": os.path.join(d, "peft", "adapter_model.safetensors")}
+
+
+def check_loras(client, files, d):
+    """Pictures with LoRAs chosen per request against `moss generate --lora`, /v1/loras, bad names."""
+    listed = client.get("/loras", cast_to=object)
+    assert [x["id"] for x in listed["data"]] == ["kohya", "peft", "qkv"], listed
+    assert d not in str(listed), "a path in /v1/loras"
+    sets = [[("kohya", 0.7), ("peft", 0.9)], [("qkv", -0.5)], [], [("kohya", 0.7), ("peft", 0.9)]]
+    for i, chosen in enumerate(sets):
+        r = client.images.generate(
+            model=MODEL, prompt="a fox in snow", size="64x64", response_format="b64_json",
+            extra_body={"seed": 8, "num_inference_steps": 2, "lora": [{"name": n, "scale": s} for n, s in chosen]},
+        )
+        want = generate_cli("a fox in snow", 8, "64x64", 2, "", os.path.join(d, f"lora{i}.png"),
+                            [(files[n], s) for n, s in chosen])
+        assert base64.b64decode(r.data[0].b64_json) == want, f"LoRA request {i} ({chosen}) differs from moss generate --lora's"
+    for lora, what in [([{"name": "nope"}], "unknown"), ([{"name": "../kohya"}], "path-like"),
+                       ([{"name": files["kohya"]}], "a path"), ([{"name": "kohya"}] * 5, "too many")]:
+        try:
+            client.images.generate(prompt="x", size="64x64", response_format="b64_json", extra_body={"lora": lora})
+            sys.exit(f"a {what} LoRA name was accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body["param"] == "lora", e
+
+
 def main():
-    server, port = start()
+    scratch = tempfile.TemporaryDirectory()
+    files = lora_dir(scratch.name)
+    server, port = start(scratch.name)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
         r = client.images.generate(
@@ -86,13 +126,15 @@ def main():
             assert e.status_code == 400 and "size" in str(e), e
         models = client.models.list()
         assert [m.id for m in models.data] == [os.path.basename(os.path.realpath(MODEL))], models
+        check_loras(client, files, scratch.name)
     finally:
         server.send_signal(signal.SIGTERM)
         rest = server.stderr.read()
         print(rest, end="", file=sys.stderr)
         code = server.wait(timeout=60)
     assert code == 0, f"moss serve exited {code} after SIGTERM"
-    print(f"openai {openai.__version__}: 2 pictures byte-identical to moss generate; 401, 400, models, SIGTERM exit 0: ok")
+    print(f"openai {openai.__version__}: 2 pictures byte-identical to moss generate; 401, 400, models; "
+          "4 LoRA requests byte-identical to moss generate --lora, /v1/loras, 4 bad LoRA choices 400; SIGTERM exit 0: ok")
 
 
 if __name__ == "__main__":

@@ -417,6 +417,10 @@ pub struct ServeArgs {
     /// A LoRA to merge into the transformer at start-up, PATH[:SCALE]; repeat to add several.
     #[arg(long, value_name = "PATH[:SCALE]", value_parser = moss::lora::LoraSpec::parse)]
     pub lora: Vec<moss::lora::LoraSpec>,
+    /// A folder of LoRAs (NAME.safetensors, or NAME/adapter_model.safetensors) that each request
+    /// may choose by name (`"lora": [{"name": NAME, "scale": S}]`, at most 4; GET /v1/loras).
+    #[arg(long, value_name = "DIR", conflicts_with = "lora")]
+    pub lora_dir: Option<PathBuf>,
     /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
     #[arg(long, default_value = "22", value_parser = parse_skip)]
     pub uncond_skip: SkipList,

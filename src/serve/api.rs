@@ -10,7 +10,7 @@ use crate::pipeline::Request;
 use serde_json::{json, Map, Value};
 
 /// Fields moss reads.
-pub const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; 13] = [
     "prompt",
     "model",
     "n",
@@ -23,6 +23,7 @@ pub const FIELDS: [&str; 12] = [
     "guidance_scale",
     "stream",
     "partial_images",
+    "lora",
 ];
 
 /// Standard OpenAI fields moss has no use for: accepted and ignored.

@@ -9,7 +9,13 @@
 //! text encoder's layers as room allows (the rest streamed), a network that cannot stay being
 //! loaded for each request. Streaming moves the same values through the same kernels, so the
 //! picture's bytes do not depend on the plan.
+//!
+//! Per-request LoRAs ([`Render::use_loras`]): before a request's pictures the transformer gets
+//! its set: the weights the old set or the new one updates are read again from the checkpoint
+//! and merged with the new set ([`crate::model::dit::loras`]), so they are those `generate
+//! --lora` loads with the same files and scales; the set stays merged for the next request.
 
+use super::loras::LoraSet;
 use super::plan::ServeRunPlan;
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
@@ -21,6 +27,8 @@ use crate::pipeline::{self, Progress, Request};
 use crate::run_plan::{Budget, MemoryOptions};
 use crate::tensor::Tensor;
 use anyhow::Result;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One rendered picture and where its time went.
@@ -31,6 +39,8 @@ pub struct Picture {
     pub denoise_s: f64,
     pub decode_s: f64,
     pub total_s: f64,
+    /// Changing the LoRA set before it (the first picture of a request; 0 otherwise).
+    pub lora_switch_s: f64,
 }
 
 /// What the server needs from an engine, whatever its backend.
@@ -41,6 +51,19 @@ pub trait Render {
     /// The largest count of joint tokens (`W/16 * H/16` + prompt tokens) one DiT forward may take
     /// beside what stays loaded (`usize::MAX` where memory is not capped).
     fn max_joint_tokens(&self) -> usize;
+    /// Give the transformer the LoRA set `set` before a request's pictures: what the change
+    /// took, or `None` when it holds that set already.
+    fn use_loras(&mut self, set: &LoraSet) -> Result<Option<LoraSwitch>>;
+}
+
+/// A change of the transformer's LoRA set.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoraSwitch {
+    /// Wall seconds: the old set's weights restored and the new set's merged.
+    pub seconds: f64,
+    /// The merges' time within it (host and device apart).
+    pub merge: crate::lora::plan::MergeTime,
+    pub reloaded: crate::model::dit::loras::Reloaded,
 }
 
 /// Where the per-backend differences live: the device's memory and threads.
@@ -93,6 +116,10 @@ pub struct Engine<B: Serving> {
     encoder: Held<Encoder<B>>,
     dit: Held<Dit<B>>,
     vae: Held<VaeDecoder<B>>,
+    /// The per-request set the transformer holds (`ck.loras` is its plan).
+    loaded: LoraSet,
+    /// A change of set failed part way: the transformer is loaded again before the next picture.
+    broken: bool,
 }
 
 /// The plan for requests up to `max_size` and `max_tokens` on `b` under `mem`, the transformer's
@@ -123,7 +150,33 @@ impl<B: Serving> Engine<B> {
             true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),
             false => Held::PerRequest,
         };
-        Ok(Engine { b, ck, plan, encoder, dit, vae })
+        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false })
+    }
+
+    /// [`Render::use_loras`]: `ck.loras` becomes `set`'s plan; a kept transformer reloads what
+    /// either set updates (all of it after a failed change).
+    fn switch_loras(&mut self, set: &LoraSet) -> Result<LoraSwitch> {
+        let t0 = Instant::now();
+        let mut plan = crate::lora::Plan::new(set.adapters());
+        plan.scratch_floor = self.ck.loras.scratch_floor;
+        let plan = Arc::new(plan);
+        let touched: BTreeSet<String> = self.ck.loras.tensors().chain(plan.tensors()).map(String::from).collect();
+        self.ck.loras = plan.clone();
+        self.loaded = set.clone();
+        let mut reloaded = Default::default();
+        if let Held::Kept(dit) = &mut self.dit {
+            let c = self.ck.open_component("transformer")?;
+            if self.broken {
+                self.dit = Held::PerRequest;
+                self.b.release_cached()?;
+                self.dit = Held::Kept(Dit::load_streamed(&self.b, c, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)?);
+            } else {
+                reloaded = dit.set_loras(&self.b, c, &touched)?;
+            }
+        }
+        self.b.release_cached()?;
+        self.broken = false;
+        Ok(LoraSwitch { seconds: t0.elapsed().as_secs_f64(), merge: plan.clock.total(), reloaded })
     }
 
     fn conditions(&self, tokens: &[Vec<u32>], precision: Precision) -> Result<(Tensor, Tensor)> {
@@ -172,7 +225,7 @@ impl<B: Serving> Engine<B> {
         let t2 = Instant::now();
         let bytes = self.picture(req, &z, progress)?;
         let decode_s = t2.elapsed().as_secs_f64();
-        Ok(Picture { bytes, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64() })
+        Ok(Picture { bytes, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64(), lora_switch_s: 0.0 })
     }
 }
 
@@ -187,5 +240,14 @@ impl<B: Serving> Render for Engine<B> {
     }
     fn max_joint_tokens(&self) -> usize {
         self.plan.joint_tokens
+    }
+    fn use_loras(&mut self, set: &LoraSet) -> Result<Option<LoraSwitch>> {
+        if !self.broken && self.loaded == *set {
+            return Ok(None);
+        }
+        let r = self.switch_loras(set);
+        // Failed part way, the transformer may hold neither set.
+        self.broken = r.is_err();
+        r.map(Some)
     }
 }

@@ -17,6 +17,9 @@ pub struct Counts {
     pub step_seconds: f64,
     /// Encode + decode seconds of the finished pictures (the part that does not scale with steps).
     pub overhead_seconds: f64,
+    /// Changes of the transformer's LoRA set, and their seconds.
+    pub lora_switches: u64,
+    pub lora_switch_seconds: f64,
 }
 
 #[derive(Default)]
@@ -86,6 +89,10 @@ pub fn render(c: &Counts, g: &Gauges) -> String {
     metric("moss_step_seconds", "summary", "Seconds per denoising step.", vec![
         ("_sum".into(), c.step_seconds.to_string()),
         ("_count".into(), c.steps.to_string()),
+    ]);
+    metric("moss_lora_switch_seconds", "summary", "Seconds per change of the transformer's LoRA set (restore + merge).", vec![
+        ("_sum".into(), c.lora_switch_seconds.to_string()),
+        ("_count".into(), c.lora_switches.to_string()),
     ]);
     s
 }

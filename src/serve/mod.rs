@@ -20,6 +20,7 @@
 pub mod api;
 pub mod engine;
 pub mod guard;
+pub mod loras;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -64,6 +65,8 @@ pub struct ServeOptions {
     pub skip_window: (f64, f64),
     /// LoRAs merged into the transformer at start-up (every picture carries them).
     pub loras: Vec<crate::lora::LoraSpec>,
+    /// The folder of the adapters requests may choose by name ([`loras`]).
+    pub lora_dir: Option<std::path::PathBuf>,
     /// The device memory the server may use (`--max-vram`).
     pub memory: crate::run_plan::MemoryOptions,
 }
@@ -98,6 +101,9 @@ pub fn check(o: &ServeOptions) -> Result<()> {
         bail!("--max-tokens must be in 1..={}, got {}", crate::prompt::MAX_TOKENS, o.max_tokens);
     }
     crate::options::check_size(o.max_size.0, o.max_size.1).map_err(|e| anyhow::anyhow!("--max-size: {e}"))?;
+    if o.lora_dir.is_some() && !o.loras.is_empty() {
+        bail!("--lora merges adapters into every picture, --lora-dir lets each request choose: give one of them");
+    }
     Ok(())
 }
 
@@ -106,6 +112,7 @@ pub fn run(o: ServeOptions) -> Result<()> {
     check(&o)?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
+    let registry = offered_loras(&mut ck, &o)?;
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let model = served_name(&ck.loc);
     let t0 = Instant::now();
@@ -118,7 +125,20 @@ pub fn run(o: ServeOptions) -> Result<()> {
     }
     log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(serve(o, model, tokenizer, plan.json(), loader))
+    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, registry))
+}
+
+/// The adapters of `--lora-dir`, read and checked; `ck`'s (empty) LoRA plan then holds the
+/// largest merge a request's set can make, for the memory plan.
+fn offered_loras(ck: &mut crate::checkpoint::Checkpoint, o: &ServeOptions) -> Result<loras::Registry> {
+    let Some(dir) = &o.lora_dir else { return Ok(loras::Registry::default()) };
+    let t0 = Instant::now();
+    let r = loras::Registry::open(dir, &crate::checkpoint::TensorStore::open(&ck.loc.root.join("transformer"))?)?;
+    let mut plan = crate::lora::Plan::default();
+    plan.scratch_floor = r.scratch_bound();
+    ck.loras = Arc::new(plan);
+    log(&format!("{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)", r.len(), dir.display(), t0.elapsed().as_secs_f64(), loras::MAX_PER_REQUEST));
+    Ok(r)
 }
 
 /// The id the server gives its model: the repo id of a Hugging Face cache's snapshot, the folder's
@@ -169,7 +189,7 @@ fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<R
     rx
 }
 
-async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer, plan: serde_json::Value, load: Loader) -> Result<()> {
+async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptTokenizer, plan: serde_json::Value, load: Loader, registry: loras::Registry) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -186,6 +206,7 @@ async fn serve(o: ServeOptions, model: String, tokenizer: crate::prompt::PromptT
         max_body: o.max_body,
         next_id: AtomicU64::new(1),
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        loras: Arc::new(registry),
     });
     let g = guard::Guard {
         origins: o.allow_origins.iter().map(|a| guard::origin(a)).collect::<Result<_>>()?,

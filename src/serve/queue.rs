@@ -1,10 +1,17 @@
-//! The FIFO queue and the one worker thread that owns the engine (a std thread: the backends are
-//! not async). One picture at a time; a request of `n` pictures renders them one after another
-//! with seeds `seed`, `seed + 1`, ... (as batch mode numbers them). The HTTP side only pushes
-//! jobs and reads their events, so it stays responsive while a picture runs.
+//! The queue and the one worker thread that owns the engine (a std thread: the backends are not
+//! async). One picture at a time; a request of `n` pictures renders them one after another with
+//! seeds `seed`, `seed + 1`, ... (as batch mode numbers them). The HTTP side only pushes jobs and
+//! reads their events, so it stays responsive while a picture runs.
+//!
+//! **Order.** First in, first out, but for per-request LoRAs: when the oldest waiting request
+//! names another LoRA set than the one the transformer holds, a later request of the held set
+//! may go first (the oldest such), at most [`GROUP`] of them in a row; then the oldest runs. So
+//! requests of one set run together, and none waits behind more than [`GROUP`] requests that
+//! came after it.
 
 use super::api::{ApiError, Generation};
 use super::engine::{Picture, Render};
+use super::loras::LoraSet;
 use super::metrics::{Gauges, Metrics};
 use crate::pipeline::{Interrupted, Progress};
 use axum::http::StatusCode;
@@ -35,7 +42,12 @@ pub struct Job {
     /// Set when the client went away: the worker stops between two steps.
     pub cancel: AtomicBool,
     pub enqueued: Instant,
+    /// The LoRA set its pictures use.
+    pub loras: LoraSet,
 }
+
+/// Most requests of the held LoRA set that may go before the oldest waiting one.
+pub const GROUP: usize = 4;
 
 #[derive(Default)]
 struct State {
@@ -48,6 +60,10 @@ struct State {
     stop_now: bool,
     /// Joint-token budget of the loaded engine.
     joint_tokens: usize,
+    /// The LoRA set of the last job taken (the one the engine holds next).
+    held: LoraSet,
+    /// Jobs taken ahead of the oldest waiting one since it became the oldest.
+    passed: usize,
 }
 
 pub struct Queue {
@@ -162,13 +178,26 @@ impl Queue {
             if s.draining {
                 return None;
             }
-            if let Some(j) = s.waiting.pop_front() {
+            if let Some(i) = Self::pick(&s) {
+                let j = s.waiting.remove(i).expect("a waiting job");
+                s.passed = if i == 0 { 0 } else { s.passed + 1 };
+                s.held = j.loras.clone();
                 s.running = Some(j.clone());
                 Self::tell_places(&s);
                 return Some(j);
             }
             s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// The waiting job to run next ([`GROUP`]'s rule): the oldest, unless it needs another LoRA
+    /// set and fewer than [`GROUP`] jobs went before it: then the oldest of the held set.
+    fn pick(s: &State) -> Option<usize> {
+        let oldest = s.waiting.front()?;
+        if oldest.loras == s.held || s.passed >= GROUP {
+            return Some(0);
+        }
+        Some(s.waiting.iter().position(|j| j.loras == s.held).unwrap_or(0))
     }
 
     fn finished(&self) {
@@ -224,6 +253,32 @@ pub fn work(q: &Queue, engine: &mut dyn Render) {
 fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
     let g = &job.gen;
     let queued_s = job.enqueued.elapsed().as_secs_f64();
+    let switch = match engine.use_loras(&job.loras) {
+        Ok(s) => s,
+        Err(e) => {
+            q.metrics.with(|c| c.pictures_failed += g.n as u64);
+            super::log(&format!("request {}: LoRA set {} could not be merged: {e:#}", job.id, job.loras.line()));
+            let _ = job.tx.send(Event::Failed(ApiError::internal(format!("the LoRA set could not be merged: {e:#}"))));
+            return;
+        }
+    };
+    if let Some(sw) = &switch {
+        q.metrics.with(|c| {
+            c.lora_switches += 1;
+            c.lora_switch_seconds += sw.seconds;
+        });
+        let r = sw.reloaded;
+        super::log(&format!(
+            "request {}: LoRA set {} in {:.3} s (merges {}; reloaded {} resident blocks, {} other weights, {} streamed blocks)",
+            job.id,
+            job.loras.line(),
+            sw.seconds,
+            sw.merge.line(),
+            r.blocks,
+            r.parts,
+            r.streamed
+        ));
+    }
     for i in 0..g.n as usize {
         if job.cancel.load(Ordering::SeqCst) {
             return;
@@ -244,7 +299,10 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
                 Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
             });
         match res {
-            Ok(picture) => {
+            Ok(mut picture) => {
+                if i == 0 {
+                    picture.lora_switch_s = switch.map_or(0.0, |s| s.seconds);
+                }
                 q.metrics.with(|c| {
                     c.pictures += 1;
                     c.picture_seconds += picture.total_s;
@@ -281,7 +339,7 @@ mod tests {
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
         let gen = Generation { req, n, stream: false };
-        (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now() }), rx)
+        (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now(), loras: LoraSet::default() }), rx)
     }
 
     #[test]
@@ -322,6 +380,28 @@ mod tests {
         assert_eq!(q.push(e).unwrap_err().status.as_u16(), 503);
     }
 
+    /// Requests of the held LoRA set go first, at most GROUP in a row ahead of the oldest.
+    #[test]
+    fn equal_lora_sets_run_together_without_starving_the_oldest() {
+        let q = Queue::new(16);
+        q.set_ready(usize::MAX);
+        let x = LoraSet::named(&["x"]);
+        let sets = [&x, &LoraSet::default(), &LoraSet::default(), &LoraSet::default(), &LoraSet::default(), &LoraSet::default(), &x];
+        let mut rx = vec![];
+        for (i, set) in sets.iter().enumerate() {
+            let (j, r) = job(i as u64 + 1, 1, 1);
+            let mut j = Arc::into_inner(j).unwrap();
+            j.loras = (*set).clone();
+            q.push(Arc::new(j)).unwrap();
+            rx.push(r);
+        }
+        let order: Vec<u64> = (0..sets.len()).map(|_| q.next().unwrap().id).collect();
+        assert_eq!(GROUP, 4);
+        // Held: none. 1 (x) is oldest: 2..5 (none) pass it, then it runs; x is held: 7 passes 6.
+        assert_eq!(order, [2, 3, 4, 5, 1, 7, 6]);
+        assert!(LoraSet::named(&["x"]) == x && LoraSet::named(&["x", "y"]) != x);
+    }
+
     /// Seed 1 fails, seed 2 panics, others render 3 steps (asking to stop after each).
     struct Fake;
     impl Render for Fake {
@@ -341,6 +421,9 @@ mod tests {
         }
         fn max_joint_tokens(&self) -> usize {
             usize::MAX
+        }
+        fn use_loras(&mut self, _set: &LoraSet) -> anyhow::Result<Option<crate::serve::engine::LoraSwitch>> {
+            Ok(None)
         }
     }
 

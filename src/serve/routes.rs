@@ -1,6 +1,6 @@
 //! The routes: `POST /v1/images/generations` (JSON or server-sent events), `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; the API key check, the error envelope for every error, and one
-//! log line per request.
+//! `GET /health` (readiness), `GET /livez` (liveness), `GET /metrics`; the API key check, the
+//! error envelope for every error, and one log line per request.
 
 use super::api::{self, ApiError, Generation, Limits};
 use super::guard;
@@ -39,6 +39,8 @@ pub struct AppState {
     pub max_body: usize,
     pub next_id: AtomicU64,
     pub started: u64,
+    /// The adapters requests may name (`--lora-dir`).
+    pub loras: Arc<super::loras::Registry>,
 }
 
 /// An accepted generation logs its own line when it ends ([`Guard`]).
@@ -56,10 +58,12 @@ pub fn router(st: Arc<AppState>, body_timeout: Duration, g: guard::Guard) -> Rou
     let v1 = Router::new()
         .route("/v1/images/generations", post(generations).route_layer(middleware::from_fn(guard::json_only)))
         .route("/v1/models", get(models))
+        .route("/v1/loras", get(loras))
         .route_layer(middleware::from_fn_with_state(st.clone(), authorize));
     let mut r = Router::new()
         .merge(v1)
         .route("/health", get(health))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .fallback(|| async { StatusCode::NOT_FOUND })
         .layer(tower_http::limit::RequestBodyLimitLayer::new(st.max_body))
@@ -95,7 +99,7 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
-            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /health, /metrics)"),
+            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /v1/loras, /health, /livez, /metrics)"),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body must be JSON (Content-Type: application/json)".into(),
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
@@ -132,8 +136,18 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
 }
 
+/// Liveness: 200 whenever the process answers (while the weights load, a picture renders or the
+/// queue drains); it reads no state the engine holds.
+async fn livez() -> Response {
+    (StatusCode::OK, Json(json!({"status": "alive"}))).into_response()
+}
+
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+}
+
+async fn loras(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(st.loras.list())
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -208,11 +222,12 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
     let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, seed)?;
+    let loras = st.loras.choose(serde_json::from_slice::<Value>(body).ok().as_ref().and_then(|v| v.get("lora")))?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let job = Arc::new(Job { id, gen: g.clone(), tokens, tx, cancel: Default::default(), enqueued: Instant::now() });
+    let job = Arc::new(Job { id, gen: g.clone(), tokens, tx, cancel: Default::default(), enqueued: Instant::now(), loras });
     let ahead = st.queue.push(job.clone())?;
     Ok((g, job, rx, ahead))
 }
@@ -222,7 +237,7 @@ fn item(index: usize, seed: u64, p: &super::engine::Picture, queued_s: f64) -> V
         "index": index,
         "b64_json": base64::engine::general_purpose::STANDARD.encode(&p.bytes),
         "seed": seed,
-        "timings": {"queued_s": queued_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
+        "timings": {"queued_s": queued_s, "lora_switch_s": p.lora_switch_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
     })
 }
 

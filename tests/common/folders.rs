@@ -104,3 +104,23 @@ pub fn rewrite(src: &Path, dir: &Path, f: impl Fn(&str, &TensorInfo, &[u8]) -> V
     safetensors::serialize_to_file(views, None, &out.join("diffusion_pytorch_model.safetensors")).unwrap();
     out
 }
+
+/// A LoRA for tiny-b: a fused q|k|v update on block 0 (whose q, k, v are stored with a per-row, a
+/// per-row [out, 1] and a per-tensor scale) and a kohya one on block 1's ffn_down.
+pub fn tiny_b_lora(dir: &Path) -> PathBuf {
+    let p = dir.join("b.safetensors");
+    let pat = |n: usize, k: f32| -> Vec<f32> { (0..n).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * k).collect() };
+    let (d, f, r) = (256, 128, 4);
+    let t: Vec<Stored> = vec![
+        ("transformer.layers.0.proj.qkv.lora_A.weight".into(), safetensors::Dtype::F32, vec![r, d], f32_bytes(&pat(r * d, 0.6))),
+        ("transformer.layers.0.proj.qkv.lora_B.weight".into(), safetensors::Dtype::F32, vec![3 * d, r], f32_bytes(&pat(3 * d * r, 0.2))),
+        ("transformer.layers.0.proj.qkv.alpha".into(), safetensors::Dtype::F32, vec![], f32_bytes(&[2.0])),
+        ("lora_unet_layers_1_proj_ffn_down.lora_down.weight".into(), safetensors::Dtype::F32, vec![r, f], f32_bytes(&pat(r * f, 0.6))),
+        ("lora_unet_layers_1_proj_ffn_down.lora_up.weight".into(), safetensors::Dtype::F32, vec![d, r], f32_bytes(&pat(d * r, 0.2))),
+        ("lora_unet_layers_1_proj_ffn_down.alpha".into(), safetensors::Dtype::F32, vec![], f32_bytes(&[4.0])),
+    ];
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        t.iter().map(|(n, dt, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &p).unwrap();
+    p
+}

@@ -29,6 +29,10 @@ pub struct Plan {
     pub clock: MergeClock,
     /// Seconds reading and checking the adapters' files (set by whoever read them).
     pub read_s: f64,
+    /// [`Plan::scratch_bytes`] is at least this: a plan made before the adapters are chosen
+    /// (the server's per-request LoRAs) holds the largest merge any choice can make
+    /// ([`Plan::scratch_bound`]).
+    pub scratch_floor: usize,
 }
 
 impl Plan {
@@ -43,7 +47,7 @@ impl Plan {
                 }
             }
         }
-        Plan { adapters, by_tensor, clock: MergeClock::default(), read_s: 0.0 }
+        Plan { adapters, by_tensor, clock: MergeClock::default(), read_s: 0.0, scratch_floor: 0 }
     }
 
     pub fn adapters(&self) -> &[Lora] {
@@ -82,13 +86,48 @@ impl Plan {
             .keys()
             .map(|name| {
                 let terms = self.terms(name);
-                let numel: usize = terms[0].module.targets.iter().find(|t| &t.0 == name).map_or(0, |t| t.1.iter().product());
-                let sum = if terms.len() > 1 { numel * 4 } else { 0 };
-                sum + terms.iter().map(|t| super::merge::operand_bytes(t.module, numel)).sum::<usize>()
+                let sum = if terms.len() > 1 { numel(&terms, name) * 4 } else { 0 };
+                sum + self.operand_bytes(name)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(self.scratch_floor)
+    }
+
+    /// The operands of tensor `name`'s updates on the device ([`super::merge::operand_bytes`]).
+    fn operand_bytes(&self, name: &str) -> usize {
+        let terms = self.terms(name);
+        let n = numel(&terms, name);
+        terms.iter().map(|t| super::merge::operand_bytes(t.module, n)).sum()
+    }
+
+    /// The largest [`Plan::scratch_bytes`] of any `most` of `adapters` (each at most once, in
+    /// any order, at any scale): per tensor, the fp32 sum and the operands of the `most`
+    /// adapters whose updates of it are largest.
+    pub fn scratch_bound(adapters: &[Lora], most: usize) -> usize {
+        let mut by_tensor: BTreeMap<String, (usize, Vec<usize>)> = BTreeMap::new();
+        for a in adapters {
+            let one = Plan::new(vec![a.clone()]);
+            for name in one.tensors() {
+                let e = by_tensor.entry(name.to_string()).or_default();
+                e.0 = numel(&one.terms(name), name);
+                e.1.push(one.operand_bytes(name));
+            }
+        }
+        by_tensor
+            .into_values()
+            .map(|(numel, mut ops)| {
+                ops.sort_unstable_by(|a, b| b.cmp(a));
+                numel * 4 + ops.iter().take(most).sum::<usize>()
             })
             .max()
             .unwrap_or(0)
     }
+}
+
+/// Values in tensor `name`, from the targets of its first update.
+fn numel(terms: &[Term], name: &str) -> usize {
+    terms.first().and_then(|t| t.module.targets.iter().find(|t| t.0 == name)).map_or(0, |t| t.1.iter().product())
 }
 
 /// Seconds the merges took: the host's (on the GPU backend, preparing the factors: their bytes
@@ -224,6 +263,29 @@ mod tests {
         let own = (4 * 8 * 3 + 256) + (4 * 3 * 16 + 256);
         assert_eq!(plan.scratch_bytes(), 8 * 16 * 4 + fused + own);
         assert_eq!(Plan::default().scratch_bytes(), 0);
+    }
+
+    /// The bound over every choice of at most `most` adapters: each choice's scratch is within
+    /// it, and the worst pair reaches it (factors in f32: 4 bytes a value + 256 per buffer).
+    #[test]
+    fn scratch_bound_covers_every_choice() {
+        let qkv = [("b.q.weight", 8), ("b.k.weight", 8), ("b.v.weight", 8)];
+        let a = lora(1.0, vec![module("b.qkv", &qkv, 16, 4), module("b.o", &[("b.o.weight", 16)], 16, 2)]);
+        let b = lora(1.0, vec![module("b.q", &[("b.q.weight", 8)], 16, 3)]);
+        let c = lora(1.0, vec![module("b.o", &[("b.o.weight", 16)], 16, 8)]);
+        let all = [a.clone(), b.clone(), c.clone()];
+        // o: its fp32 sum (16 x 16) and the operands of a (16x2, 2x16) and c (16x8, 8x16).
+        let o_ac = 16 * 16 * 4 + (4 * 32 + 256) * 2 + (4 * 128 + 256) * 2;
+        assert_eq!(Plan::scratch_bound(&all, 2), o_ac);
+        assert_eq!(Plan::new(vec![c.clone(), a.clone()]).scratch_bytes(), o_ac, "the worst pair reaches it");
+        // One adapter: o's sum and c's operands.
+        assert_eq!(Plan::scratch_bound(&all, 1), 16 * 16 * 4 + (4 * 128 + 256) * 2);
+        for set in [vec![a.clone()], vec![b.clone()], vec![c.clone()], vec![a.clone(), b.clone()], vec![b, c]] {
+            assert!(Plan::new(set.clone()).scratch_bytes() <= Plan::scratch_bound(&all, set.len()));
+        }
+        assert_eq!(Plan::scratch_bound(&[], 4), 0);
+        let floor = Plan { scratch_floor: o_ac, ..Plan::default() };
+        assert_eq!(floor.scratch_bytes(), o_ac, "an empty plan made for later choices keeps their room");
     }
 
     /// A rank-64 adapter on every linear of the full-size DiT, factors stored in bf16 as files

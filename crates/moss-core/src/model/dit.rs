@@ -21,6 +21,10 @@ pub mod rope;
 #[path = "dit_mats.rs"]
 pub mod mats;
 
+/// Changing a loaded DiT's LoRA updates (the server's per-request LoRAs).
+#[path = "dit_loras.rs"]
+pub mod loras;
+
 /// The forward with step caching (`crate::cache`).
 #[path = "dit_cache.rs"]
 mod cached;
@@ -71,6 +75,41 @@ struct Block<B: DitOps> {
     sources: Vec<Source<B>>,
     /// `None`: streamed (fetched from the checkpoint each time a forward reaches this block).
     mats: Option<BlockMats<B>>,
+}
+
+impl<B: DitOps> RefinerBlock<B> {
+    /// `text_embedder.blocks.{i}`.
+    fn load(b: &B, c: &Component, i: usize) -> Result<Self> {
+        let p = format!("text_embedder.blocks.{i}.");
+        let w = |n: &str| b.load(c, &format!("{p}{n}"));
+        let rows = |what: &str| b.load_rows(c, &[&format!("{p}ffn_up.{what}"), &format!("{p}ffn_gate.{what}")]);
+        Ok(RefinerBlock {
+            norm1: w("norm1.weight")?,
+            norm2: w("norm2.weight")?,
+            q_norm: w("q_norm.weight")?,
+            k_norm: w("k_norm.weight")?,
+            qkv: Linear::load(b, c, &format!("{p}qkv"), true)?,
+            proj: Linear::load(b, c, &format!("{p}proj"), true)?,
+            ffn_up_gate: Linear { weight: rows("weight")?, bias: Some(rows("bias")?) },
+            ffn_down: Linear::load(b, c, &format!("{p}ffn_down"), true)?,
+        })
+    }
+}
+
+impl<B: DitOps> Block<B> {
+    /// `layers.{i}`: its matrices loaded now if `resident`, else left to the streamer.
+    fn load(b: &B, c: &Component, i: usize, resident: bool, linears: MainLinears) -> Result<Self> {
+        let w = |n: &str| b.load(c, &format!("layers.{i}.{n}"));
+        let sources = mats::sources(b, c, i, linears)?;
+        Ok(Block {
+            norm1: w("norm1.weight")?,
+            norm2: w("norm2.weight")?,
+            q_norm: w("q_norm.weight")?,
+            k_norm: w("k_norm.weight")?,
+            mats: if resident { Some(BlockMats::load(b, c, i, &sources)?) } else { None },
+            sources,
+        })
+    }
 }
 
 /// One pass through the main blocks: its modulation, RoPE table, the joint stream and the
@@ -177,34 +216,8 @@ impl<B: DitOps> Dit<B> {
     fn load_blocks_unbatched(b: &B, c: &Component, cfg: &DitConfig, resident: usize, linears: MainLinears) -> Result<Self> {
         let w = |n: &str| b.load(c, n);
         let lin = |n: &str, bias: bool| Linear::load(b, c, n, bias);
-        let mut refiner = vec![];
-        for i in 0..cfg.num_refiner_layers {
-            let p = format!("text_embedder.blocks.{i}.");
-            let rows = |what: &str| b.load_rows(c, &[&format!("{p}ffn_up.{what}"), &format!("{p}ffn_gate.{what}")]);
-            refiner.push(RefinerBlock {
-                norm1: w(&format!("{p}norm1.weight"))?,
-                norm2: w(&format!("{p}norm2.weight"))?,
-                q_norm: w(&format!("{p}q_norm.weight"))?,
-                k_norm: w(&format!("{p}k_norm.weight"))?,
-                qkv: lin(&format!("{p}qkv"), true)?,
-                proj: lin(&format!("{p}proj"), true)?,
-                ffn_up_gate: Linear { weight: rows("weight")?, bias: Some(rows("bias")?) },
-                ffn_down: lin(&format!("{p}ffn_down"), true)?,
-            });
-        }
-        let mut layers = vec![];
-        for i in 0..cfg.num_layers {
-            let p = format!("layers.{i}.");
-            let sources = mats::sources(b, c, i, linears)?;
-            layers.push(Block {
-                norm1: w(&format!("{p}norm1.weight"))?,
-                norm2: w(&format!("{p}norm2.weight"))?,
-                q_norm: w(&format!("{p}q_norm.weight"))?,
-                k_norm: w(&format!("{p}k_norm.weight"))?,
-                mats: if i < resident { Some(BlockMats::load(b, c, i, &sources)?) } else { None },
-                sources,
-            });
-        }
+        let refiner = (0..cfg.num_refiner_layers).map(|i| RefinerBlock::load(b, c, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_layers).map(|i| Block::load(b, c, i, i < resident, linears)).collect::<Result<Vec<_>>>()?;
         Ok(Dit {
             cfg: cfg.clone(),
             video_embedder: lin("video_embedder", true)?,
