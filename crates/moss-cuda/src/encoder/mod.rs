@@ -49,6 +49,9 @@ pub(crate) const FLASH_SMEM: u32 = ENC_FLASH_SMEM as u32;
 /// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
 pub(crate) const FLASH_WG_SMEM: u32 = ENC_FLASH_WG_SMEM as u32;
 
+/// The flash kernels' parameter list (`moss_enc_fattn_bf16`, `moss_enc_fattn_wg_bf16`).
+type FlashKernel = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, f32)>;
+
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EncAttn {
@@ -171,7 +174,7 @@ impl Cuda {
     /// `moss_enc_fattn_bf16`, grid (L/64, H), 128 threads, or on Hopper `moss_enc_fattn_wg_bf16`,
     /// grid (H, L/128) (heads of one row block together), 256; `(o, q, k, v)`, `(Hkv, scale·log2 e)`.
     pub(crate) fn launch_enc_flash(&self, path: EncAttn, l: usize, nh: usize, (o, q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor, &CudaTensor), (nkv, scale_log2): (usize, f32)) -> Result<()> {
-        let (kernel, cfg): (&Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, f32)>, _) = match path {
+        let (kernel, cfg): (&FlashKernel, _) = match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
                 (&kernels::ENC_FATTN_WG, ((nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM))

@@ -5,6 +5,9 @@ use super::{Cuda, CudaTensor, DType, PermArgs};
 use crate::kernels::{self, Dev, Elem, Family};
 use anyhow::{bail, ensure, Result};
 
+/// The broadcast elementwise kernels' parameter list (`moss_add_*`, `moss_mul_*`).
+pub(crate) type Binary = Family<fn(Dev, Dev, Dev, i64, i64, i32)>;
+
 impl Cuda {
     /// `x` in `dtype` (shares the buffer when it already is).
     pub fn cast(&self, x: &CudaTensor, dtype: DType) -> Result<CudaTensor> {
@@ -56,7 +59,7 @@ impl Cuda {
     }
 
     /// `a (op) b` with `b` broadcast over `a`'s leading dims: [`kernels::ADD`] or [`kernels::MUL`].
-    pub(crate) fn binary(&self, kernel: &Family<fn(Dev, Dev, Dev, i64, i64, i32)>, op: &str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+    pub(crate) fn binary(&self, kernel: &Binary, op: &str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         ensure!(
             a.shape.ends_with(&b.shape) && b.numel() > 0,
             "{op}: cannot broadcast {:?} onto {:?}",

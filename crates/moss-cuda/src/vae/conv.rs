@@ -42,6 +42,9 @@ pub enum ConvKernel {
 pub(crate) type HaloConv = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i32, Dev, i32)>;
 pub(crate) type F16Conv = Family<fn(Dev, Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, Dev)>;
 pub(crate) type GemmConv = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i32)>;
+/// The weight preps of the fp16 and the halo kernels.
+pub(crate) type F16Prep = Family<fn(Dev, Dev, Dev, i32, i32)>;
+type HaloPrep = Family<fn(Dev, Dev, i32, i32)>;
 
 /// The halo kernel's build for `bm` output channels a block and `k`×`k` taps.
 pub(crate) fn halo_kernel(bm: usize, k: usize) -> Result<&'static HaloConv> {
@@ -55,7 +58,7 @@ pub(crate) fn halo_kernel(bm: usize, k: usize) -> Result<&'static HaloConv> {
 }
 
 /// The fp16 kernel's build and its weight prep's, as [`halo_kernel`].
-pub(crate) fn f16_kernel(bm: usize, k: usize) -> Result<(&'static Family<fn(Dev, Dev, Dev, i32, i32)>, &'static F16Conv)> {
+pub(crate) fn f16_kernel(bm: usize, k: usize) -> Result<(&'static F16Prep, &'static F16Conv)> {
     Ok(match (bm, k) {
         (96, 1) => (&kernels::VAE_WPREP16_B96_K1, &kernels::VAE_CONV16_B96_K1),
         (96, 3) => (&kernels::VAE_WPREP16_B96_K3, &kernels::VAE_CONV16_B96_K3),
@@ -66,7 +69,7 @@ pub(crate) fn f16_kernel(bm: usize, k: usize) -> Result<(&'static Family<fn(Dev,
 }
 
 /// The halo kernel's weight prep for its build.
-fn halo_prep(bm: usize, k: usize) -> Result<&'static Family<fn(Dev, Dev, i32, i32)>> {
+fn halo_prep(bm: usize, k: usize) -> Result<&'static HaloPrep> {
     Ok(match (bm, k) {
         (96, 1) => &kernels::VAE_WPREP_B96_K1,
         (96, 3) => &kernels::VAE_WPREP_B96_K3,
