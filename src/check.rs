@@ -61,7 +61,11 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
                     None => Ok(()),
                     Some((t, i)) => Err(format!("tensor `{t}` holds a non-finite value at element {i}")),
                 };
-                rows.push(Row { component: name.into(), params, bytes, dtypes: dtypes.join(","), verdict });
+                let mut dtypes = dtypes.join(",");
+                if c.store.single_file {
+                    dtypes = format!("{dtypes} ({}: {})", c.store.format, ck.files.of(name).map_or(String::new(), |f| f.display().to_string()));
+                }
+                rows.push(Row { component: name.into(), params, bytes, dtypes, verdict });
             }
             Err(e) => rows.push(Row {
                 component: name.into(),

@@ -29,8 +29,12 @@ pub struct Params {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub negative_tokens_before_cut: Option<usize>,
     pub device: String,
+    /// The model's name: its repo id or its folder's name, never a path.
     pub model: String,
     pub model_revision: String,
+    /// A1111's `Model hash` of the transformer (10 hex digits, `moss_core::checkpoint::hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_hash: Option<String>,
     /// LoRAs merged into the weights: `FILE:SCALE:HASH` (a short hash of the file's bytes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loras: Vec<String>,
@@ -50,8 +54,9 @@ impl Params {
             prompt_tokens_before_cut: req.cut.prompt,
             negative_tokens_before_cut: req.cut.negative,
             device: req.device.to_string(),
-            model: ck.loc.id.clone(),
+            model: ck.loc.name(),
             model_revision: ck.loc.revision.clone().unwrap_or_else(|| "local".into()),
+            model_hash: ck.model_hash().map(String::from),
             loras: ck.loras.adapters().iter().map(|l| format!("{}:{}:{}", l.file_name(), l.spec.scale, l.hash)).collect(),
             version: version(),
         }
@@ -72,13 +77,18 @@ impl Params {
             ("CFG scale", fmt_num(self.spec.guidance as f64)),
             ("Seed", self.spec.seed.to_string()),
             ("Size", format!("{}x{}", self.spec.width, self.spec.height)),
+        ];
+        if let Some(h) = &self.model_hash {
+            kv.push(("Model hash", h.clone()));
+        }
+        kv.extend([
             ("Model", self.model.clone()),
             ("Model revision", self.model_revision.clone()),
             ("Skip layers", if skip.is_empty() { "none".into() } else { skip }),
             ("Skip window", format!("{}:{}", fmt_num(self.spec.skip_window.0), fmt_num(self.spec.skip_window.1))),
             ("Precision", self.spec.precision.to_string()),
             ("Device", self.device.clone()),
-        ];
+        ]);
         let cut = [("prompt", self.prompt_tokens_before_cut), ("negative", self.negative_tokens_before_cut)];
         if self.spec.max_tokens != crate::prompt::MAX_TOKENS || cut.iter().any(|c| c.1.is_some()) {
             kv.push(("Max tokens", self.spec.max_tokens.to_string()));
@@ -88,12 +98,23 @@ impl Params {
             // `;`, not `,`: readers that split the line at commas keep the value whole.
             kv.push(("Cut", cut.join("; ")));
         }
-        if !self.loras.is_empty() {
-            kv.push(("Lora hashes", self.loras.join(", ")));
+        let loras: Vec<(String, String)> = self.loras.iter().filter_map(|l| parse_lora(l)).map(|(file, _, hash)| (stem(&file), hash)).collect();
+        if !loras.is_empty() {
+            kv.push(("Lora hashes", loras.iter().map(|(n, h)| format!("{n}: {h}")).collect::<Vec<_>>().join(", ")));
         }
-        kv.push(("Version", self.version.clone()));
         s.push('\n');
-        s.push_str(&kv.iter().map(|(k, v)| format!("{k}: {}", quote(v))).collect::<Vec<_>>().join(", "));
+        let mut fields: Vec<String> = kv.iter().map(|(k, v)| format!("{k}: {}", quote(v))).collect();
+        // Civitai's form of every resource's hash (its extension writes it; sd-parsers reads it):
+        // a JSON object, unquoted, as A1111 writes a dict.
+        let mut hashes: Vec<(String, &str)> = self.model_hash.iter().map(|h| ("model".to_string(), h.as_str())).collect();
+        hashes.extend(loras.iter().map(|(n, h)| (format!("lora:{n}"), h.as_str())));
+        if !hashes.is_empty() {
+            let json = |v: &str| serde_json::to_string(v).unwrap_or_default();
+            let pairs: Vec<String> = hashes.iter().map(|(k, v)| format!("{}:{}", json(k), json(v))).collect();
+            fields.push(format!("Hashes: {{{}}}", pairs.join(",")));
+        }
+        fields.push(format!("Version: {}", quote(&self.version)));
+        s.push_str(&fields.join(", "));
         s
     }
 
@@ -116,6 +137,18 @@ impl Params {
         };
         serde_json::from_str(j).context("the picture's `moss` settings are not valid")
     }
+}
+
+/// A recorded LoRA `FILE:SCALE:HASH`, split (None: not of that form).
+pub fn parse_lora(entry: &str) -> Option<(String, f32, String)> {
+    let mut it = entry.rsplitn(3, ':');
+    let (hash, scale, file) = (it.next()?, it.next()?, it.next()?);
+    Some((file.to_string(), scale.parse().ok()?, hash.to_string()))
+}
+
+/// A file name without its extension (A1111's name for an adapter).
+fn stem(file: &str) -> String {
+    std::path::Path::new(file).file_stem().map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned())
 }
 
 /// A number as A1111 prints it: integers without a fraction (`3`, not `3.0`).
@@ -173,6 +206,7 @@ mod tests {
             device: "cuda:0".into(),
             model: "OpenMOSS-Team/MOSS-Image-SFT".into(),
             model_revision: "abc".into(),
+            model_hash: None,
             loras: vec![],
             version: "moss 0.1.0".into(),
         }
@@ -202,6 +236,25 @@ mod tests {
         assert!(t.contains("Max tokens: 4096, Cut: prompt 4096 of 5000 tokens, Version"), "{t}");
         q.negative_tokens_before_cut = Some(4100);
         assert!(q.a1111().contains("Cut: prompt 4096 of 5000 tokens; negative 4096 of 4100 tokens,"));
+    }
+
+    /// A1111's `Model hash` after the size, `Lora hashes` as `"name: hash, ..."`, and civitai's
+    /// `Hashes` object; the moss JSON keeps each LoRA's file, scale and hash.
+    #[test]
+    fn hashes_in_a1111_and_civitai_form() {
+        let mut q = p();
+        q.model_hash = Some("0123456789".into());
+        q.loras = vec!["style.safetensors:0.7:aaaaaaaaaaaa".into(), "turbo.safetensors:1:bbbbbbbbbbbb".into()];
+        let t = q.a1111();
+        assert!(t.contains("Size: 1024x768, Model hash: 0123456789, Model: OpenMOSS-Team/MOSS-Image-SFT,"), "{t}");
+        assert!(t.contains("Lora hashes: \"style: aaaaaaaaaaaa, turbo: bbbbbbbbbbbb\""), "{t}");
+        assert!(
+            t.ends_with(r#"Hashes: {"model":"0123456789","lora:style":"aaaaaaaaaaaa","lora:turbo":"bbbbbbbbbbbb"}, Version: moss 0.1.0"#),
+            "{t}"
+        );
+        assert_eq!(Params::from_png(&q.to_png()).unwrap(), q);
+        assert_eq!(parse_lora("a:b.safetensors:0.5:abc"), Some(("a:b.safetensors".into(), 0.5, "abc".into())));
+        assert_eq!(parse_lora("nope"), None);
     }
 
     #[test]

@@ -157,6 +157,7 @@ fn loop_request(e: &Expected) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
     }
 }
 

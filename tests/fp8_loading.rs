@@ -47,6 +47,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         device: Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
     }
 }
 

@@ -39,12 +39,13 @@ fn moss_bounded(args: &[&str]) -> (Output, Duration) {
     (o, t.elapsed())
 }
 
-/// Render with the (damaged) model at `m` into `out`, which holds "keep" before.
+/// Render with the (damaged) model at `m` into `out`, which holds "keep" before (`--force`: a run
+/// allowed to replace it that fails must still leave it).
 fn render(m: &Path, out: &Path) -> (Output, Duration) {
     std::fs::write(out, b"keep").unwrap();
     moss_bounded(&[
         "generate", "--device", "cpu", "--model", m.to_str().unwrap(), "--prompt", "a cat", "--steps", "1", "--size",
-        "64x64", "--out", out.to_str().unwrap(),
+        "64x64", "--force", "--out", out.to_str().unwrap(),
     ])
 }
 
@@ -341,7 +342,7 @@ fn non_finite_values_never_become_a_picture() {
     std::fs::write(&out, b"keep").unwrap();
     let (o, took) = moss_bounded(&[
         "generate", "--device", "cpu", "--model", m.to_str().unwrap(), "--embeds", emb.to_str().unwrap(), "--steps", "1",
-        "--size", "64x64", "--out", out.to_str().unwrap(),
+        "--size", "64x64", "--force", "--out", out.to_str().unwrap(),
     ]);
     let e = judge("embeds NaN", &o, took, &out).expect("rendered from a NaN embeds file");
     assert!(e.contains("non-finite") && e.contains("cond"), "{e}");

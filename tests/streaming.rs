@@ -34,6 +34,7 @@ fn request(seed: u64) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
     }
 }
 

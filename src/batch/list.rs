@@ -86,6 +86,7 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
         }
     }
     it.spec.prompt = prompt.ok_or("the object has no `prompt`")?;
+    it.spec.check_prompt()?;
     Ok(it)
 }
 

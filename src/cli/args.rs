@@ -46,8 +46,12 @@ pub enum Command {
     Info(InfoArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
-    /// Print the man page (roff) to stdout.
-    Man,
+    /// Print the man page (roff) to stdout, or write one page per subcommand into a folder.
+    Man(ManArgs),
+    /// Write the folder's transformer (or text encoder) as one quantized file: GGUF (q8_0, q4_0,
+    /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer
+    /// (--text-encoder).
+    Quantize(QuantizeArgs),
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
     /// Time the prompt encoder on token ids (a bench tool: src/cli/bench/encoder.rs).
@@ -60,6 +64,14 @@ pub enum Command {
     /// The VAE decoder alone on raw latents: synchronised timings, JSON out (src/cli/bench/vae.rs).
     #[command(hide = true)]
     BenchVae(BenchVaeArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ManArgs {
+    /// Write moss.1 and a page per subcommand (moss-generate.1, moss-serve.1, ...) into DIR
+    /// instead of printing moss.1.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -164,18 +176,41 @@ pub struct ModelArgs {
     /// Where to compute: cuda, cuda:N or cpu (the slow fp32 reference).
     #[arg(long, default_value = "cuda", value_parser = parse_device)]
     pub device: Device,
+    #[command(flatten)]
+    pub files: ComponentFileArgs,
+}
+
+/// Components given as one file each; the rest of the model (configs, tokenizer, VAE) comes from
+/// --model.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ComponentFileArgs {
+    /// A single-file transformer (DiT) instead of the folder's: GGUF (Q8_0, Q6_K, Q5_K, Q4_K,
+    /// Q4_0, ..., F16/BF16/F32) or safetensors (bf16, or ComfyUI comfy_quant INT8 / INT8 ConvRot /
+    /// FP8), recognised by its header.
+    #[arg(long, value_name = "FILE")]
+    pub transformer: Option<PathBuf>,
+    /// A single-file text encoder instead of the folder's (safetensors, bf16 or comfy_quant INT8).
+    #[arg(long, value_name = "FILE")]
+    pub text_encoder: Option<PathBuf>,
+}
+
+impl ComponentFileArgs {
+    pub fn files(&self) -> moss::checkpoint::ComponentFiles {
+        moss::checkpoint::ComponentFiles { transformer: self.transformer.clone(), text_encoder: self.text_encoder.clone() }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {
-    /// The prompt text.
-    #[arg(long, conflicts_with = "prompt_file")]
+    /// The prompt text (blank prompts are refused).
+    #[arg(long, short = 'p', conflicts_with = "prompt_file")]
     pub prompt: Option<String>,
     /// Read the prompt from a UTF-8 text file instead.
     #[arg(long, value_name = "PATH")]
     pub prompt_file: Option<PathBuf>,
-    /// The negative prompt (the unconditional branch of CFG).
-    #[arg(long, default_value = "")]
+    /// The negative prompt (also --negative-prompt; the unconditional branch of CFG; unused at
+    /// --guidance 1).
+    #[arg(long, short = 'n', visible_alias = "negative-prompt", default_value = "")]
     pub negative: String,
     /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -187,8 +222,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
     /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise);
-    /// `random` draws one (printed on stderr and recorded in the picture).
-    #[arg(long, default_value = "42", value_parser = parse_seed)]
+    /// `random` or -1 draws one (printed on stderr and recorded in the picture).
+    #[arg(long, short = 's', default_value = "42", value_parser = parse_seed, allow_negative_numbers = true)]
     pub seed: Seed,
     /// Render N pictures of the prompt in one load, seeds --seed, --seed + 1, ... (as batch items;
     /// -o without a `{seed}` gets `-{seed}` before its extension).
@@ -204,16 +239,26 @@ pub struct GenerateArgs {
     /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
     #[arg(long, default_value_t = 50)]
     pub steps: u32,
-    /// Classifier-free guidance scale; exactly 1 runs no negative pass.
-    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    /// Classifier-free guidance scale (also --cfg-scale); exactly 1 runs no negative pass.
+    #[arg(long, visible_alias = "cfg-scale", default_value_t = 3.0, allow_negative_numbers = true)]
     pub guidance: f32,
     /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.
-    #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
+    #[arg(long, default_value = "1024x1024", value_parser = parse_size, conflicts_with_all = ["width", "height"])]
     pub size: (u32, u32),
+    /// Picture width (a multiple of 16, at most 4096), instead of --size [default: 1024].
+    #[arg(long, short = 'W', value_name = "N")]
+    pub width: Option<u32>,
+    /// Picture height (a multiple of 16, at most 4096), instead of --size [default: 1024].
+    #[arg(long, short = 'H', value_name = "N")]
+    pub height: Option<u32>,
     /// Output picture, its format by the extension: .png, .jpg/.jpeg (--quality) or .webp
-    /// (lossless); `-` writes PNG to stdout.
+    /// (lossless); `-` writes PNG to stdout. An existing file is not replaced without --force.
     #[arg(long, short, default_value = "moss.png")]
     pub out: PathBuf,
+    /// Replace output files that exist already (without it, moss refuses before any work; FIFOs,
+    /// devices and `-` are always written; batch mode: --skip-existing skips them instead).
+    #[arg(long, short = 'y')]
+    pub force: bool,
     /// JPEG quality, 1..100 [default: 90] (JPEG output only).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
     pub quality: Option<u8>,
@@ -283,7 +328,8 @@ pub struct BatchArgs {
     /// Render only the items with index % N == K (K counts from 0); N processes split a list.
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
     pub shard: Option<moss::batch::Shard>,
-    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
+    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat) [default: 1
+    /// on cpu, from the host's available memory on cuda].
     #[arg(long, value_name = "N", value_parser = parse_chunk)]
     pub chunk: Option<u64>,
 }
@@ -307,6 +353,25 @@ impl BatchArgs {
         .find(|f| f.1)
         .map(|f| f.0)
     }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QuantizeArgs {
+    /// Checkpoint folder (bf16) or repo id whose transformer is written.
+    #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
+    pub model: String,
+    /// The format: q8_0, q4_0, q4_k, q5_k, q6_k (GGUF) or int8, int8-convrot (comfy_quant safetensors).
+    #[arg(long)]
+    pub to: moss::checkpoint::quantize::Target,
+    /// Which component: transformer, or text-encoder (int8 and int8-convrot only).
+    #[arg(long, default_value = "transformer", value_parser = ["transformer", "text-encoder"])]
+    pub component: String,
+    /// The file to write (replaced only once complete).
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// Print nothing but errors.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -361,6 +426,8 @@ pub struct CheckArgs {
     /// Checkpoint folder or repo id to check.
     #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
     pub model: String,
+    #[command(flatten)]
+    pub files: ComponentFileArgs,
     /// Also gate every GPU kernel on this device against the CPU reference (cuda or cuda:N).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<Device>,
@@ -408,6 +475,10 @@ pub struct ServeArgs {
     /// Most tokens in a prompt (and in the negative prompt); longer ones get 400.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
+    /// Another name requests may give the model (repeatable), e.g. gpt-image-1 or dall-e-3;
+    /// `GET /v1/models` lists the model's id (its repo id or folder name) and these.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -491,10 +562,10 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
 }
 
 fn parse_seed(s: &str) -> Result<Seed, String> {
-    if s == "random" || s == "rand" {
+    if s == "random" || s == "rand" || s == "-1" {
         return Ok(Seed::Random);
     }
-    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1 or `random`"))
+    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1, `random` or -1"))
 }
 
 /// A list of block indices.
@@ -551,5 +622,26 @@ mod tests {
         assert_eq!(parse_skip("1, 2"), Ok(SkipList(vec![1, 2])));
         assert_eq!(parse_window("0.01:1"), Ok((0.01, 1.0)));
         assert!(parse_window("1:0").is_err());
+    }
+
+    fn generate(argv: &[&str]) -> Result<GenerateArgs, clap::Error> {
+        match Cli::try_parse_from([&["moss", "generate"], argv].concat())?.command {
+            Command::Generate(a) => Ok(a),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The spellings sd.cpp and A1111 users type parse to the long flags' values.
+    #[test]
+    fn short_forms_and_aliases() {
+        let a = generate(&["-p", "a cat", "-n", "dog", "-s", "7", "-W", "512", "-H", "768", "--cfg-scale", "4.5", "-y"]).unwrap();
+        assert_eq!((a.prompt.prompt.as_deref(), a.prompt.negative.as_str(), a.seed), (Some("a cat"), "dog", Seed::Fixed(7)));
+        assert_eq!((a.width, a.height, a.guidance, a.force), (Some(512), Some(768), 4.5, true));
+        assert_eq!(generate(&["-p", "x", "--seed", "-1"]).unwrap().seed, Seed::Random);
+        assert_eq!(generate(&["-p", "x", "-s", "-1"]).unwrap().seed, Seed::Random);
+        assert!(generate(&["-p", "x", "--seed", "-2"]).is_err());
+        assert!(generate(&["-p", "x", "--negative-prompt", "dog"]).is_ok());
+        let e = generate(&["-p", "x", "--size", "64x64", "-W", "32"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
     }
 }

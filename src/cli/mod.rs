@@ -5,4 +5,7 @@
 pub mod args;
 pub mod bench;
 pub mod bars;
+pub mod from;
 pub mod generate;
+pub mod quantize;
+pub mod man;

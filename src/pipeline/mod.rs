@@ -42,12 +42,15 @@ pub struct Request {
     pub quality: Option<u8>,
     /// The texts cut at `max_tokens` (set where they are tokenized; recorded in the picture).
     pub cut: Cut,
+    /// Whether an existing regular file at `out` (or `save_latents`) may be replaced (`--force`);
+    /// when not, it is refused before any work and never replaced at the end.
+    pub replace: bool,
 }
 
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default() }
+        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default(), replace: true }
     }
 }
 
@@ -215,14 +218,24 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint, loras: &[crate::lora::LoraS
 
 /// `out` is none of the checkpoint's files.
 pub fn check_not_checkpoint(out: &Path, ck: &Checkpoint) -> Result<()> {
-    let files = crate::output::files_below(&ck.loc.root);
+    let mut files = crate::output::files_below(&ck.loc.root);
+    files.extend(["transformer", "text_encoder"].iter().filter_map(|c| ck.files.of(c).map(Path::to_path_buf)));
     let ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
     crate::output::check_distinct(&[("--out", out)], &ins)
 }
 
+/// The components the command line gave as single files (`--transformer`, `--text-encoder`): every
+/// checkpoint this process opens takes them. Set once, before any checkpoint is opened.
+static COMPONENT_FILES: std::sync::OnceLock<checkpoint::ComponentFiles> = std::sync::OnceLock::new();
+
+pub fn set_component_files(files: checkpoint::ComponentFiles) {
+    let _ = COMPONENT_FILES.set(files);
+}
+
 /// Locate and open the checkpoint, checking the components agree with each other.
 pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
-    let ck = Checkpoint::open(checkpoint::locate(model)?)?;
+    let files = COMPONENT_FILES.get().cloned().unwrap_or_default();
+    let ck = Checkpoint::open_with(checkpoint::locate(model)?, files)?;
     if ck.vae.packed_channels() != ck.dit.latent_channels {
         bail!(
             "{}: the VAE packs {} latent channels but the transformer takes {}",
@@ -406,6 +419,14 @@ pub fn generate_planned(
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
         ck.attach_loras(loras)?;
+        if !req.replace {
+            // After the graver problems: an input as output (check_outputs), a bad LoRA.
+            crate::output::refuse_existing(&req.out)?;
+            if let Some(p) = &req.save_latents {
+                crate::output::refuse_existing(p)?;
+            }
+        }
+        ck.start_model_hash();
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {
             Some(_) => (None, Cut::default()),
@@ -547,7 +568,7 @@ where
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
     let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
-    crate::output::write(&req.out, &bytes)?;
+    crate::output::write_as(&req.out, &bytes, req.replace)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)

@@ -8,6 +8,9 @@
 //! may go first (the oldest such), at most [`GROUP`] of them in a row; then the oldest runs. So
 //! requests of one set run together, and none waits behind more than [`GROUP`] requests that
 //! came after it.
+//!
+//! **Draining.** A request that is running when the server starts draining renders all its
+//! pictures (only a second signal stops it).
 
 use super::api::{ApiError, Generation};
 use super::engine::{Picture, Render};
@@ -283,11 +286,6 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         if job.cancel.load(Ordering::SeqCst) {
             return;
         }
-        if i > 0 && q.draining() {
-            let msg = format!("the server is shutting down; {i} of {} pictures were rendered and are not sent", g.n);
-            let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
-            return;
-        }
         let seed = g.req.spec.seed.wrapping_add(i as u64);
         let mut req = g.req.clone();
         req.spec.seed = seed;
@@ -338,7 +336,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
-        let gen = Generation { req, n, stream: false };
+        let gen = Generation { req, n, stream: false, format: "png" };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now(), loras: LoraSet::default() }), rx)
     }
 

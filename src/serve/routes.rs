@@ -25,10 +25,11 @@ use tokio::sync::mpsc;
 pub struct AppState {
     pub queue: Arc<Queue>,
     pub tokenizer: PromptTokenizer,
-    /// The served model's id: a Hugging Face repo id, or a checkpoint folder's name (never its
-    /// path: `/v1/models` and `/health` show it).
-    pub model: String,
-    /// `--model` as given (requests may name the model so too).
+    /// The served model's id (its repo id or folder name, never a path), then its aliases
+    /// (`--served-model-name`): `GET /v1/models` lists them, a request's `model` may be any, or
+    /// `--model` as given.
+    pub models: Vec<String>,
+    /// `--model` as given.
     pub model_spec: String,
     pub limits: Limits,
     /// What a request's fields are written over ([`api::base_request`]).
@@ -133,7 +134,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
     };
-    (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
+    (code, Json(json!({"status": status, "model": st.models[0], "memory_plan": st.plan}))).into_response()
 }
 
 /// Liveness: 200 whenever the process answers (while the weights load, a picture renders or the
@@ -143,7 +144,8 @@ async fn livez() -> Response {
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+    let data: Vec<Value> = st.models.iter().map(|id| json!({"id": id, "object": "model", "created": st.started, "owned_by": "moss"})).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn loras(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -221,7 +223,9 @@ type Started = (Generation, Arc<Job>, mpsc::UnboundedReceiver<Event>, usize);
 
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0) ^ (std::process::id() as u64) << 32;
-    let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, seed)?;
+    let mut names: Vec<&str> = st.models.iter().map(String::as_str).collect();
+    names.push(&st.model_spec);
+    let g = api::parse(body, &st.limits, &names, &st.base, seed)?;
     let loras = st.loras.choose(serde_json::from_slice::<Value>(body).ok().as_ref().and_then(|v| v.get("lora")))?;
     let tokens = tokenize(st, &g)?;
     check_fits(st, &g, &tokens)?;
@@ -263,7 +267,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
     }
     guard.status = Some(200);
     let size = format!("{}x{}", g.req.spec.width, g.req.spec.height);
-    Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
+    Json(json!({"created": now_s(), "data": data, "output_format": g.format, "size": size})).into_response()
 }
 
 fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
@@ -287,7 +291,7 @@ fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Res
             Event::Image { index, seed, picture, queued_s } => {
                 let mut v = item(index, seed, &picture, queued_s);
                 v["created"] = json!(now_s());
-                v["output_format"] = json!("png");
+                v["output_format"] = json!(guard.job.gen.format);
                 sse("image_generation.completed", v)
             }
             Event::Failed(e) => {

@@ -66,7 +66,8 @@ pub fn st_dtype(d: Dtype) -> safetensors::Dtype {
         Dtype::I64 => safetensors::Dtype::I64,
         Dtype::F8E4M3 => safetensors::Dtype::F8_E4M3,
         Dtype::F8E5M2 => safetensors::Dtype::F8_E5M2,
-        Dtype::Other => panic!("an unknown dtype in a golden transformer"),
+        Dtype::I8 => safetensors::Dtype::I8,
+        Dtype::Ggml(_) | Dtype::Other => panic!("a dtype safetensors does not store in a golden transformer"),
     }
 }
 

@@ -28,12 +28,8 @@ pub struct Expected {
 impl Expected {
     pub fn load(name: &str) -> Expected {
         let dir = golden().join("expected");
-        let text = std::fs::read_to_string(dir.join(format!("{name}.json")))
-            .unwrap_or_else(|e| panic!("golden/expected/{name}.json: {e}"));
-        Expected {
-            json: serde_json::from_str(&text).unwrap(),
-            store: TensorStore::open_file(&dir.join(format!("{name}.safetensors"))).unwrap(),
-        }
+        let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap_or_else(|e| panic!("golden/expected/{name}.json: {e}"));
+        Expected { json: serde_json::from_str(&text).unwrap(), store: TensorStore::open_file(&dir.join(format!("{name}.safetensors"))).unwrap() }
     }
 
     pub fn tensor(&self, key: &str) -> Tensor {
@@ -49,24 +45,14 @@ impl Expected {
     }
 
     pub fn raw(&self, key: &str) -> &[u8] {
-        self.store.bytes(
-            self.store
-                .get(key)
-                .unwrap_or_else(|| panic!("no `{key}` in golden data")),
-        )
+        self.store.bytes(self.store.get(key).unwrap_or_else(|| panic!("no `{key}` in golden data")))
     }
 }
 
 /// Assert a relative L2 error under `bound`, printing what was seen (visible with --nocapture
 /// and in the failure message).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], bound: f64) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{what}: length {} vs {}",
-        got.len(),
-        want.len()
-    );
+    assert_eq!(got.len(), want.len(), "{what}: length {} vs {}", got.len(), want.len());
     let e = moss::tensor::rel_l2(got, want);
     println!("{what}: rel L2 {e:.3e} (bound {bound:.0e})");
     assert!(e < bound, "{what}: rel L2 {e:.3e} is not under {bound:.0e}");

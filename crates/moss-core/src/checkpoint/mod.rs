@@ -1,9 +1,16 @@
 //! The checkpoint folder: finding it, reading its configs, memory-mapping its tensors and
 //! checking that every tensor the configs imply is there with the right shape and dtype.
 
+pub mod comfy_quant;
 pub mod config;
 pub mod expected;
+pub mod ggml;
+pub mod ggml_quantize;
+pub mod gguf;
+pub mod quantize;
+pub mod hash;
 pub mod scaled_fp8;
+pub mod single_file;
 pub mod tensors;
 
 use anyhow::{bail, Context, Result};
@@ -26,6 +33,26 @@ pub struct ModelLocation {
     pub id: String,
     /// The Hugging Face snapshot revision, when resolved through the cache.
     pub revision: Option<String>,
+}
+
+impl ModelLocation {
+    /// The model's name as pictures and the server show it, never a path: the repo id (also for
+    /// a Hugging Face snapshot folder given as a path), else the folder's own name.
+    pub fn name(&self) -> String {
+        if self.revision.is_some() {
+            return self.id.clone();
+        }
+        let folder = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        let up = |p: &Path, n: usize| p.ancestors().nth(n).and_then(|a| a.file_name()).map(|f| f.to_string_lossy().into_owned());
+        if up(&folder, 1).as_deref() == Some("snapshots") {
+            if let Some(repo) = up(&folder, 2).as_deref().and_then(|r| r.strip_prefix("models--")) {
+                if let Some((owner, name)) = repo.split_once("--") {
+                    return format!("{owner}/{name}");
+                }
+            }
+        }
+        up(&folder, 0).unwrap_or_else(|| "model".into())
+    }
 }
 
 fn hub_cache_dirs() -> Vec<PathBuf> {
@@ -81,9 +108,10 @@ pub fn locate(spec: &str) -> Result<ModelLocation> {
     } else {
         looked.push(format!("{} (no such folder)", p.display()));
     }
+    let repo = if looks_like_repo { spec } else { DEFAULT_MODEL };
     bail!(
         "model `{spec}` not found; looked in: {}. Get the weights with \
-         `hf download {DEFAULT_MODEL}` (or `huggingface-cli download ...`) on a machine with \
+         `hf download {repo}` (or `huggingface-cli download {repo}`) on a machine with \
          network access, then pass --model <folder> or set MOSS_MODEL",
         looked.join(", ")
     )
@@ -119,6 +147,40 @@ pub struct Checkpoint {
     pub scheduler: crate::schedule::ScheduleConfig,
     /// Adapters merged into the transformer's tensors as a backend loads them ([`crate::lora`]).
     pub loras: Arc<crate::lora::Plan>,
+    /// Components given as one file each instead of their folder's weights.
+    pub files: ComponentFiles,
+    /// The transformer's A1111 `Model hash` ([`hash`]), once [`Checkpoint::start_model_hash`].
+    pub model_hash: hash::ModelHash,
+}
+
+/// The refusal of a quantized tensor (ggml blocks, int8 with row scales) on the GPU: the CUDA
+/// backend does not run them yet (the CPU backend dequantizes them as they load).
+pub fn quantized_on_gpu(full: &str, dtype: Dtype) -> String {
+    format!("`{full}` is {}: the CUDA backend does not run quantized weights yet (--device cpu dequantizes them as they load)", dtype.name())
+}
+
+/// The first tensor of `c` the CUDA backend cannot load, as its refusal.
+pub fn first_quantized(c: &Component) -> Option<String> {
+    c.store.tensors.iter().find(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8()).map(|(k, t)| quantized_on_gpu(k, t.dtype))
+}
+
+/// The single-file components (`--transformer FILE`, `--text-encoder FILE`,
+/// [`single_file`]); their configs still come from the folder.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ComponentFiles {
+    pub transformer: Option<PathBuf>,
+    pub text_encoder: Option<PathBuf>,
+}
+
+impl ComponentFiles {
+    /// The file given for component `name`, if any.
+    pub fn of(&self, name: &str) -> Option<&Path> {
+        match name {
+            "transformer" => self.transformer.as_deref(),
+            "text_encoder" => self.text_encoder.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// One component's tensors with the prefix its keys carry.
@@ -160,8 +222,39 @@ impl Checkpoint {
             vae: VaeConfig::from_file(&root.join("vae/config.json"))?,
             scheduler: config::scheduler_from_file(&root.join("scheduler/scheduler_config.json"))?,
             loras: Default::default(),
+            files: Default::default(),
+            model_hash: Default::default(),
             loc,
         })
+    }
+
+    /// [`Checkpoint::open`] with components given as single files.
+    pub fn open_with(loc: ModelLocation, files: ComponentFiles) -> Result<Checkpoint> {
+        Ok(Checkpoint { files, ..Checkpoint::open(loc)? })
+    }
+
+    /// The tensors of component `name`: its single file if one was given, else its folder.
+    pub fn store(&self, name: &str) -> Result<TensorStore> {
+        match self.files.of(name) {
+            Some(f) => single_file::open(f, name),
+            None => TensorStore::open(&self.loc.root.join(name)),
+        }
+    }
+
+    /// Start computing the transformer's `Model hash` beside the run ([`hash::ModelHash`]).
+    pub fn start_model_hash(&self) {
+        if self.model_hash.started() {
+            return;
+        }
+        if let Ok(store) = TensorStore::open(&self.loc.root.join("transformer")) {
+            self.model_hash.start(store.files.iter().map(|f| f.0.clone()).collect());
+        }
+    }
+
+    /// The transformer's `Model hash` (10 hex digits), computed now if not started before.
+    pub fn model_hash(&self) -> Option<&str> {
+        self.start_model_hash();
+        self.model_hash.get()
     }
 
     pub fn tokenizer_path(&self) -> PathBuf {
@@ -174,7 +267,7 @@ impl Checkpoint {
         if specs.is_empty() {
             return Ok(());
         }
-        let store = TensorStore::open(&self.loc.root.join("transformer"))?;
+        let store = self.store("transformer")?;
         let t = std::time::Instant::now();
         let mut plan = crate::lora::Plan::new(crate::lora::load_all(specs, &store)?);
         plan.read_s = t.elapsed().as_secs_f64();
@@ -190,7 +283,7 @@ impl Checkpoint {
 
     /// Map `text_encoder`, `transformer` or `vae` and check it against its config.
     pub fn open_component(&self, name: &'static str) -> Result<Component> {
-        let store = TensorStore::open(&self.loc.root.join(name))?;
+        let store = self.store(name)?;
         let (prefix, expected) = match name {
             "text_encoder" => {
                 let prefix = ["language_model.", "model.language_model."]
@@ -259,13 +352,11 @@ impl Component {
         let info = self.info(name)?;
         anyhow::ensure!(info.shape.len() == 2, "`{name}` is {:?}, not a table of rows", info.shape);
         let (rows, width) = (info.shape[0], info.shape[1]);
-        let all = self.store.bytes(info);
-        let row = all.len() / rows.max(1);
         let mut data = Vec::with_capacity(ids.len() * width);
         for &id in ids {
             anyhow::ensure!((id as usize) < rows, "token id {id} is outside the embedding table of {rows}");
-            let bytes = &all[id as usize * row..][..row];
-            data.extend(tensors::decode_f32(info.dtype, bytes).with_context(|| format!("`{name}` has an unsupported dtype"))?);
+            let row = info.row_slice(id as usize, id as usize + 1);
+            data.extend(self.store.values(&row).with_context(|| format!("reading `{name}`"))?);
         }
         crate::tensor::Tensor::new(vec![ids.len(), width], data)
     }
@@ -297,6 +388,10 @@ impl Component {
                 scaled_fp8::row_scales(self, &e.name)?;
                 continue;
             }
+            if self.store.single_file && e.dtype == Dtype::BF16 {
+                self.check_single_file_tensor(&full, info)?;
+                continue;
+            }
             if info.dtype != e.dtype {
                 let fp8 = if info.dtype == Dtype::F8E4M3 { " (moss reads float8 only in the main blocks' matrices)" } else { "" };
                 bail!(
@@ -308,6 +403,17 @@ impl Component {
             }
         }
         Ok(())
+    }
+
+    /// A tensor of a single-file component where the folder has bf16: any float dtype, or ggml
+    /// blocks / int8 with row scales (dequantized as it loads); else one line naming it and its type.
+    fn check_single_file_tensor(&self, full: &str, info: &TensorInfo) -> Result<()> {
+        match info.dtype {
+            Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::Ggml(_) => Ok(()),
+            Dtype::I8 if info.row_scales.is_some() => Ok(()),
+            Dtype::I8 => bail!("`{full}` in {} is int8 without a comfy_quant description or scales: moss cannot run it", self.store.file_of(info).display()),
+            d => bail!("`{full}` in {} is {}: moss cannot run it (floats, GGUF blocks, int8 with row scales and float8 e4m3 with scales are read)", self.store.file_of(info).display(), d.name()),
+        }
     }
 
     /// Stored numbered blocks beyond what the config names (a `num_layers` smaller than the file's

@@ -1,5 +1,6 @@
 //! Memory-mapped safetensors: one file, or shards listed by a `*.safetensors.index.json`.
 
+use super::ggml::GgmlType;
 use anyhow::{bail, Context, Result};
 use memmap2::Mmap;
 use std::collections::BTreeMap;
@@ -18,6 +19,12 @@ pub enum Dtype {
     F8E4M3,
     /// float8 e5m2 (`F8_E5M2`): recognised only to be refused by name.
     F8E5M2,
+    /// int8 (`I8`): codes; a weight's values are its codes times per-row scales
+    /// ([`TensorInfo::row_scales`], ComfyUI's `int8_tensorwise`).
+    I8,
+    /// ggml blocks of a GGUF file ([`super::ggml`]): `end - start` is the blocks' bytes, not
+    /// elements times [`Dtype::size`].
+    Ggml(GgmlType),
     Other,
 }
 
@@ -31,6 +38,7 @@ impl Dtype {
             safetensors::Dtype::I64 => Dtype::I64,
             safetensors::Dtype::F8_E4M3 => Dtype::F8E4M3,
             safetensors::Dtype::F8_E5M2 => Dtype::F8E5M2,
+            safetensors::Dtype::I8 => Dtype::I8,
             _ => Dtype::Other,
         }
     }
@@ -39,7 +47,9 @@ impl Dtype {
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::F64 | Dtype::I64 => 8,
-            Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::Other => 1,
+            Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::I8 | Dtype::Other => 1,
+            // bytes per element are fractional: see `Dtype::Ggml`
+            Dtype::Ggml(_) => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -51,8 +61,16 @@ impl Dtype {
             Dtype::I64 => "i64",
             Dtype::F8E4M3 => "f8_e4m3",
             Dtype::F8E5M2 => "f8_e5m2",
+            Dtype::I8 => "int8",
+            Dtype::Ggml(t) => t.name(),
             Dtype::Other => "other",
         }
+    }
+
+    /// Whether the stored values are a quantized form moss dequantizes as it loads them (the
+    /// formats of single-file checkpoints: ggml blocks, int8 with row scales).
+    pub fn is_block_or_int8(self) -> bool {
+        matches!(self, Dtype::Ggml(_) | Dtype::I8)
     }
 }
 
@@ -71,12 +89,12 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
         // e4m3fn has no infinities; its NaN is S.1111.111. e5m2 is IEEE-like: exponent all ones.
         Dtype::F8E4M3 => bytes.iter().position(|b| b & 0x7f == 0x7f),
         Dtype::F8E5M2 => bytes.iter().position(|b| b & 0x7c == 0x7c),
-        Dtype::I64 | Dtype::Other => None,
+        Dtype::Ggml(t) => super::ggml::first_bad_block(t, bytes).map(|b| b * t.block_values()),
+        Dtype::I64 | Dtype::I8 | Dtype::Other => None,
     }
 }
 
 /// Where one tensor lives.
-
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
     pub dtype: Dtype,
@@ -86,19 +104,59 @@ pub struct TensorInfo {
     /// Absolute byte range in the file.
     pub start: usize,
     pub end: usize,
+    /// An int8 weight's scales ([`Dtype::I8`]), one f32 a row.
+    pub row_scales: Option<Box<RowScales>>,
+}
+
+/// The scales of an int8 weight `W[r, :] ≈ q[r, :] · scale[r]` (ComfyUI `int8_tensorwise`), and
+/// with ConvRot the group size `g` of the Hadamard rotation the codes were taken in: each row's
+/// groups of `g` values are `W_rot = W · Hᵀ` ([`super::comfy_quant`]).
+#[derive(Clone, Debug)]
+pub struct RowScales {
+    /// f32 `[rows]` (stored `[rows]` or `[rows, 1]`).
+    pub scale: TensorInfo,
+    pub convrot: Option<usize>,
+    /// The name of the scale tensor in the file (for messages).
+    pub scale_name: String,
 }
 
 impl TensorInfo {
+    pub fn new(dtype: Dtype, shape: Vec<usize>, file: usize, start: usize, end: usize) -> TensorInfo {
+        TensorInfo { dtype, shape, file, start, end, row_scales: None }
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// Rows `r0..r1` (dim 0) of this tensor: a byte range of its rows (and of its row scales). Every
+    /// stored layout here keeps a row's bytes together (ggml blocks never cross a row).
+    pub fn row_slice(&self, r0: usize, r1: usize) -> TensorInfo {
+        let rows = self.shape.first().copied().unwrap_or(1).max(1);
+        let per = (self.end - self.start) / rows;
+        let mut t = self.clone();
+        t.start = self.start + r0 * per;
+        t.end = self.start + r1 * per;
+        if let Some(s) = t.shape.first_mut() {
+            *s = r1 - r0;
+        }
+        if let Some(rs) = &self.row_scales {
+            t.row_scales = Some(Box::new(RowScales { scale: rs.scale.row_slice(r0, r1), ..(**rs).clone() }));
+        }
+        t
+    }
 }
 
-/// All tensors of one component folder, memory-mapped.
+/// All tensors of one component folder (or one single-file checkpoint), memory-mapped.
 pub struct TensorStore {
     pub dir: PathBuf,
     pub files: Vec<(PathBuf, Mmap)>,
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// The file format, for reports: `safetensors`, `GGUF (...)`, `comfy_quant safetensors`.
+    pub format: String,
+    /// One file given for the component ([`super::single_file`]): its tensors may be stored in
+    /// any float dtype or a quantized form moss dequantizes, not only the folder's dtype.
+    pub single_file: bool,
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {
@@ -121,8 +179,7 @@ impl TensorStore {
             .iter()
             .find(|p| p.to_string_lossy().ends_with(".safetensors.index.json"))
             .cloned();
-        let mut store =
-            TensorStore { dir: dir.to_path_buf(), files: vec![], tensors: BTreeMap::new() };
+        let mut store = TensorStore::empty(dir, "safetensors");
         match index {
             Some(index) => {
                 let v = super::config::read_json(&index)?;
@@ -176,9 +233,19 @@ impl TensorStore {
     /// Open one safetensors file on its own.
     pub fn open_file(path: &Path) -> Result<TensorStore> {
         let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut store = TensorStore { dir, files: vec![], tensors: BTreeMap::new() };
+        let mut store = TensorStore::empty(&dir, "safetensors");
         store.add_file(path)?;
         Ok(store)
+    }
+
+    pub fn empty(dir: &Path, format: &str) -> TensorStore {
+        TensorStore { dir: dir.to_path_buf(), files: vec![], tensors: BTreeMap::new(), format: format.into(), single_file: false }
+    }
+
+    /// Map `path` as one more file of this store (its index in [`TensorStore::files`]).
+    pub fn map(&mut self, path: &Path) -> Result<usize> {
+        self.files.push((path.to_path_buf(), map_file(path)?));
+        Ok(self.files.len() - 1)
     }
 
     fn add_file(&mut self, path: &Path) -> Result<()> {
@@ -206,7 +273,7 @@ impl TensorStore {
             }
             self.tensors.insert(
                 name.clone(),
-                TensorInfo { dtype, shape: info.shape.clone(), file, start: base + s, end: base + e },
+                TensorInfo::new(dtype, info.shape.clone(), file, base + s, base + e),
             );
         }
         self.files.push((path.to_path_buf(), map));
@@ -230,8 +297,18 @@ impl TensorStore {
         let info = self.get(name).with_context(|| {
             format!("tensor `{name}` is missing from {}", self.dir.display())
         })?;
-        let data = decode_f32(info.dtype, self.bytes(info)).with_context(|| format!("tensor `{name}` has an unsupported dtype"))?;
-        Ok((info.shape.clone(), data))
+        Ok((info.shape.clone(), self.values(info).with_context(|| format!("reading tensor `{name}`"))?))
+    }
+
+    /// The values of `info` as f32: stored floats exactly, ggml blocks and int8 codes dequantized
+    /// ([`super::ggml`], [`super::comfy_quant`]).
+    pub fn values(&self, info: &TensorInfo) -> Result<Vec<f32>> {
+        let bytes = self.bytes(info);
+        match info.dtype {
+            Dtype::Ggml(t) => Ok(super::ggml::dequantize(t, bytes)),
+            Dtype::I8 => super::comfy_quant::dequantize(self, info),
+            d => decode_f32(d, bytes).with_context(|| format!("moss does not read {} tensors", d.name())),
+        }
     }
 }
 
@@ -260,6 +337,8 @@ pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
         Dtype::F8E4M3 => b.iter().map(|&c| crate::fp8::e4m3_to_f32(c)).collect(),
+        Dtype::I8 => b.iter().map(|&c| c as i8 as f32).collect(),
+        Dtype::Ggml(t) => super::ggml::dequantize(t, b),
         Dtype::F8E5M2 | Dtype::Other => return None,
     })
 }

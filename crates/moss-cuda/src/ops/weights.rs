@@ -169,6 +169,9 @@ impl Cuda {
                     let (s, d) = c.f32(n)?;
                     Ok(moss_core::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
                 };
+                if first.dtype.is_block_or_int8() {
+                    bail!("{}", moss_core::checkpoint::quantized_on_gpu(&c.full_name(names[0]), first.dtype));
+                }
                 let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
                 return self.upload_as(&Tensor::new(shape, parts.concat())?, DType::F32);
             }
