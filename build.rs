@@ -58,13 +58,8 @@ fn find_nvcc() -> Option<PathBuf> {
         return Some(p);
     }
     // The PyPI wheel (nvidia-cuda-nvcc) inside an importable `nvidia` namespace package.
-    let out = Command::new("python3")
-        .args(["-c", "import nvidia, os; print('\\n'.join(nvidia.__path__))"])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
+    let out = Command::new("python3").args(["-c", "import nvidia, os; print('\\n'.join(nvidia.__path__))"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|d| ok(Path::new(d).join("cu13/bin/nvcc")))
 }
 
 /// The git revision the binary is built from (`--version`), or "unknown" outside a checkout.
@@ -308,10 +303,7 @@ fn write_unit(sm90a: bool, root: &Path, unit: &Path) -> Option<PathBuf> {
         return None;
     }
     sources.sort();
-    let text: String = sources
-        .iter()
-        .map(|s| format!("#include \"{}\"\n", root.join(s).display()))
-        .collect();
+    let text: String = sources.iter().map(|s| format!("#include \"{}\"\n", root.join(s).display())).collect();
     std::fs::write(unit, text).unwrap();
     Some(unit.to_path_buf())
 }
@@ -343,7 +335,8 @@ fn kernel_launchers(out_dir: &Path) -> String {
             if check {
                 b.define("MOSS_CHECK_IMAGE", None);
             }
-            let text = b.try_expand().unwrap_or_else(|e| panic!("preprocessing {} for the kernels' signatures (the host C++ compiler, CXX): {e}", unit.display()));
+            let text =
+                b.try_expand().unwrap_or_else(|e| panic!("preprocessing {} for the kernels' signatures (the host C++ compiler, CXX): {e}", unit.display()));
             let text = String::from_utf8_lossy(&text).replace(&format!("{}/", root.display()), "");
             let found = kernels::parse(&text).unwrap_or_else(|e| panic!("reading the kernels' signatures: {e}"));
             images[image].extend(found);

@@ -97,9 +97,7 @@ fn take(f: &mut Foreign, k: &str, v: &str) -> bool {
         "CFG scale" => v.parse::<f32>().ok().filter(|g| g.is_finite()).map(|g| s.guidance = g).is_some(),
         "Seed" => v.parse().map(|n| s.seed = n).is_ok(),
         "Size" => {
-            let Ok((w, h)) =
-                v.split_once('x').ok_or(()).and_then(|(w, h)| Ok((w.parse::<u32>().map_err(|_| ())?, h.parse::<u32>().map_err(|_| ())?)))
-            else {
+            let Ok((w, h)) = v.split_once('x').ok_or(()).and_then(|(w, h)| Ok((w.parse::<u32>().map_err(|_| ())?, h.parse::<u32>().map_err(|_| ())?))) else {
                 return false;
             };
             // moss renders multiples of 16: the nearest, named when it differs.
@@ -190,10 +188,7 @@ mod tests {
         assert_eq!(f.spec.negative, "lowres, bad anatomy");
         assert_eq!((f.spec.steps, f.spec.guidance, f.spec.seed, f.spec.width, f.spec.height), (28, 6.5, 1234567890, 512, 768));
         assert_eq!((f.spec.sampler, f.spec.schedule), (crate::sampler::Kind::DpmPp2m, crate::sigmas::Schedule::Karras));
-        assert_eq!(
-            (f.model.as_deref(), f.model_hash.as_deref(), f.generator.as_deref()),
-            (Some("v1-5-pruned-emaonly"), Some("6ce0161689"), Some("v1.10.1"))
-        );
+        assert_eq!((f.model.as_deref(), f.model_hash.as_deref(), f.generator.as_deref()), (Some("v1-5-pruned-emaonly"), Some("6ce0161689"), Some("v1.10.1")));
         assert_eq!(
             f.not_reproduced,
             [

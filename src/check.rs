@@ -3,8 +3,8 @@
 
 use crate::backend::cuda::{check::gates, plan, Cuda, DType, MemoryPlan};
 use crate::backend::Device;
-use crate::options::Precision;
 use crate::checkpoint::Checkpoint;
+use crate::options::Precision;
 use crate::prompt::PromptTokenizer;
 use anyhow::Result;
 
@@ -46,13 +46,7 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
         dtypes: "-".into(),
         verdict: tok.map_err(|e| format!("{e:#}")),
     });
-    rows.push(Row {
-        component: "scheduler".into(),
-        params: 0,
-        bytes: 0,
-        dtypes: "-".into(),
-        verdict: Ok(()),
-    });
+    rows.push(Row { component: "scheduler".into(), params: 0, bytes: 0, dtypes: "-".into(), verdict: Ok(()) });
     for name in ["text_encoder", "transformer", "vae"] {
         match ck.open_component(name) {
             Ok(c) => {
@@ -67,13 +61,7 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
                 }
                 rows.push(Row { component: name.into(), params, bytes, dtypes, verdict });
             }
-            Err(e) => rows.push(Row {
-                component: name.into(),
-                params: 0,
-                bytes: 0,
-                dtypes: "-".into(),
-                verdict: Err(format!("{e:#}")),
-            }),
+            Err(e) => rows.push(Row { component: name.into(), params: 0, bytes: 0, dtypes: "-".into(), verdict: Err(format!("{e:#}")) }),
         }
     }
     rows
@@ -106,11 +94,7 @@ pub fn run(ck: &Checkpoint, device: Option<Device>, o: GateOptions) -> bool {
         };
         println!("{:<13} {:>15} {:>10} {:<9} {v}", r.component, r.params, human(r.bytes), r.dtypes);
     }
-    println!(
-        "weights: {} scanned for NaN/Inf in {:.2} s",
-        human(scanned),
-        t.elapsed().as_secs_f64()
-    );
+    println!("weights: {} scanned for NaN/Inf in {:.2} s", human(scanned), t.elapsed().as_secs_f64());
     match device {
         None | Some(Device::Cpu) => {
             println!("kernels: not checked (pass --device cuda to gate the GPU kernels)");
@@ -147,9 +131,7 @@ fn check_cuda(ck: &Checkpoint, n: usize, o: GateOptions) -> bool {
         crate::backend::cuda::kernel_archs().unwrap_or("-")
     );
     // Fresh inputs every run; --seed repeats one.
-    let seed = o.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    });
+    let seed = o.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
     let t = std::time::Instant::now();
     let mut ok = gates::run_all(&cuda, Some(ck), seed, o.verbose);
     println!("kernel gates took {:.1} s", t.elapsed().as_secs_f64());
@@ -166,10 +148,7 @@ fn check_cuda(ck: &Checkpoint, n: usize, o: GateOptions) -> bool {
                 Ok(()) => "fits".to_string(),
                 Err(e) => format!("would not fit: {e:#}"),
             };
-            println!(
-                "memory plan: transformer at {p:?}, {tokens} tokens: needs {:.2} GiB: {verdict}",
-                plan.needed() as f64 / (1u64 << 30) as f64
-            );
+            println!("memory plan: transformer at {p:?}, {tokens} tokens: needs {:.2} GiB: {verdict}", plan.needed() as f64 / (1u64 << 30) as f64);
         }
     }
     if let Err(e) = gates::time_ops(&cuda) {

@@ -198,10 +198,8 @@ fn main() -> ExitCode {
     }
     let sub = matches.subcommand().map(|(_, m)| m.clone());
     let given = move |id: &str| {
-        sub.as_ref().is_some_and(|m| {
-            m.try_get_raw(id).ok().flatten().is_some()
-                && !matches!(m.value_source(id), Some(clap::parser::ValueSource::DefaultValue) | None)
-        })
+        sub.as_ref()
+            .is_some_and(|m| m.try_get_raw(id).ok().flatten().is_some() && !matches!(m.value_source(id), Some(clap::parser::ValueSource::DefaultValue) | None))
     };
     match run(cli, &given) {
         Ok(code) => ExitCode::from(code),

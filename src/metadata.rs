@@ -270,9 +270,7 @@ fn quote(v: &str) -> String {
 /// `text` safe to print on a terminal: control characters other than newline and tab (an escape
 /// sequence, a carriage return) are written as `\u{1b}`.
 pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
-        .collect()
+    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 /// The picture's metadata (see the module docs).
@@ -368,7 +366,10 @@ mod tests {
         for (k, _) in Schedule::ALL {
             assert_eq!(schedule_of_label(schedule_label(k)), Some(k));
         }
-        assert_eq!((sampler_of_label("euler_a"), sampler_of_label("dpm++2m"), sampler_of_label("DDIM")), (Some(Sampler::EulerAncestral), Some(Sampler::DpmPp2m), None));
+        assert_eq!(
+            (sampler_of_label("euler_a"), sampler_of_label("dpm++2m"), sampler_of_label("DDIM")),
+            (Some(Sampler::EulerAncestral), Some(Sampler::DpmPp2m), None)
+        );
         assert_eq!(cache_of_label(&cache_label(&q.spec.cache.unwrap())), q.spec.cache);
         let t = crate::cache::CacheConfig { max_cached: Some(4), threshold: 0.125, ..crate::cache::CacheConfig::defaults(crate::cache::Method::TaylorSeer) };
         assert_eq!(cache_of_label(&cache_label(&t)), Some(t));
@@ -385,10 +386,7 @@ mod tests {
         let t = q.a1111();
         assert!(t.contains("Size: 1024x768, Model hash: 0123456789, Model: OpenMOSS-Team/MOSS-Image-SFT,"), "{t}");
         assert!(t.contains("Lora hashes: \"style: aaaaaaaaaaaa, turbo: bbbbbbbbbbbb\""), "{t}");
-        assert!(
-            t.ends_with(r#"Hashes: {"model":"0123456789","lora:style":"aaaaaaaaaaaa","lora:turbo":"bbbbbbbbbbbb"}, Version: moss 0.1.0"#),
-            "{t}"
-        );
+        assert!(t.ends_with(r#"Hashes: {"model":"0123456789","lora:style":"aaaaaaaaaaaa","lora:turbo":"bbbbbbbbbbbb"}, Version: moss 0.1.0"#), "{t}");
         assert_eq!(Params::from_png(&q.to_png()).unwrap(), q);
         assert_eq!(parse_lora("a:b.safetensors:0.5:abc"), Some(("a:b.safetensors".into(), 0.5, "abc".into())));
         assert_eq!(parse_lora("nope"), None);

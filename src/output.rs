@@ -180,10 +180,7 @@ pub fn write_as(path: &Path, bytes: &[u8], replace: bool) -> Result<()> {
             out.write_all(bytes).and_then(|_| out.flush()).context("cannot write the output to stdout")
         }
         Target::Stream(real) => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&real)
-                .with_context(|| format!("cannot open {}", path.display()))?;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&real).with_context(|| format!("cannot open {}", path.display()))?;
             f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))
         }
         Target::File(real) => {
@@ -207,8 +204,7 @@ pub fn write_as(path: &Path, bytes: &[u8], replace: bool) -> Result<()> {
                         Err(_) => {}
                     }
                 }
-                std::fs::rename(&tmp, &real)
-                    .with_context(|| format!("cannot write {}: cannot rename {} onto it", path.display(), tmp.display()))
+                std::fs::rename(&tmp, &real).with_context(|| format!("cannot write {}: cannot rename {} onto it", path.display(), tmp.display()))
             })();
             // The temporary is gone after a rename; after a link (or a failure) it is removed.
             let _ = std::fs::remove_file(&tmp);
@@ -286,11 +282,7 @@ pub fn check_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Re
 
 /// [`check_distinct`] against inputs identified beforehand.
 pub fn check_against(outputs: &[(&str, &Path)], inputs: &Inputs) -> Result<()> {
-    let ids: Vec<_> = outputs
-        .iter()
-        .filter(|(_, p)| matches!(target(p), Ok(Target::File(_))))
-        .map(|(w, p)| (*w, *p, identity(p)))
-        .collect();
+    let ids: Vec<_> = outputs.iter().filter(|(_, p)| matches!(target(p), Ok(Target::File(_)))).map(|(w, p)| (*w, *p, identity(p))).collect();
     for (i, (w, p, id)) in ids.iter().enumerate() {
         let Some(id) = id else { continue };
         for (w2, p2, id2) in &ids[..i] {

@@ -137,9 +137,7 @@ fn png_text(bytes: &[u8]) -> Result<Metadata> {
     let mut meta = Metadata::default();
     let mut budget = MAX_TEXTS;
     let mut take = |key: &str, text: String, meta: &mut Metadata| -> Result<()> {
-        budget = budget
-            .checked_sub(text.len())
-            .with_context(|| format!("the PNG's text chunks hold more than {} together", size_text(MAX_TEXTS as u64)))?;
+        budget = budget.checked_sub(text.len()).with_context(|| format!("the PNG's text chunks hold more than {} together", size_text(MAX_TEXTS as u64)))?;
         meta.push(key, text);
         Ok(())
     };

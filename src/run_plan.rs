@@ -293,7 +293,10 @@ mod tests {
     #[test]
     fn quantized_files_are_refused_on_the_gpu_before_loading() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-b");
-        let files = crate::checkpoint::ComponentFiles { transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/quant/tiny-b-mixed.gguf").into()), text_encoder: None };
+        let files = crate::checkpoint::ComponentFiles {
+            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/quant/tiny-b-mixed.gguf").into()),
+            text_encoder: None,
+        };
         let ck = crate::checkpoint::Checkpoint::open_with(crate::checkpoint::locate(root).unwrap(), files).unwrap();
         let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
         assert!(networks(&ck, &cpu, 16, (64, 64)).is_ok());
@@ -307,10 +310,7 @@ mod tests {
     /// a block with it, and every planned peak stays under the cap.
     #[test]
     fn the_merge_scratch_is_planned() {
-        let mut ck = crate::checkpoint::Checkpoint::open(
-            crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap(),
-        )
-        .unwrap();
+        let mut ck = crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap()).unwrap();
         let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
         let plain = networks(&ck, &budget, 16, (256, 256)).unwrap();
         let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/lora/kohya.safetensors");

@@ -370,13 +370,9 @@ fn ctrl_c_stops_after_the_step_and_resumes() {
     let m = model("tiny-a");
     let list = write(&dir, "l.txt", b"p0\np1\np2\np3\np4\np5\n");
     let out = dir.join("out");
-    let args = ["generate", "--device", "cpu", "--model", &m, "--steps", "6", "--size", "64x64", "--prompts", &list, "--out-dir", &s(&out), "--chunk", "1", "--json"];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args =
+        ["generate", "--device", "cpu", "--model", &m, "--steps", "6", "--size", "64x64", "--prompts", &list, "--out-dir", &s(&out), "--chunk", "1", "--json"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moss")).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();

@@ -16,85 +16,32 @@ fn run(ck: &str, size: &str) {
     let exp = common::Expected::load(ck);
     let spec = &exp.json;
     let lp = &spec["loop"];
-    let prompt = spec["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == lp["prompt"])
-        .unwrap()["text"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let prompt = spec["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"].as_str().unwrap().to_string();
     assert_eq!(lp["negative"], "");
     let embeds = dir.join("e.safetensors");
     let o = moss()
-        .args([
-            "encode",
-            "--device",
-            "cpu",
-            "--model",
-            common::golden().join(ck).to_str().unwrap(),
-            "--prompt",
-            &prompt,
-            "-q",
-            "-o",
-        ])
+        .args(["encode", "--device", "cpu", "--model", common::golden().join(ck).to_str().unwrap(), "--prompt", &prompt, "-q", "-o"])
         .arg(&embeds)
         .output()
         .unwrap();
-    assert!(
-        o.status.success(),
-        "encode: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "encode: {}", String::from_utf8_lossy(&o.stderr));
     let lat = dir.join("z.f32");
     let o = moss()
-        .args([
-            "bench-dit",
-            "--device",
-            "cpu",
-            "--model",
-            common::golden().join(ck).to_str().unwrap(),
-            "--size",
-            size,
-            "--forwards",
-            "1",
-        ])
-        .args([
-            "--steps",
-            &lp["steps"].to_string(),
-            "--seed",
-            &lp["seed"].to_string(),
-        ])
+        .args(["bench-dit", "--device", "cpu", "--model", common::golden().join(ck).to_str().unwrap(), "--size", size, "--forwards", "1"])
+        .args(["--steps", &lp["steps"].to_string(), "--seed", &lp["seed"].to_string()])
         .arg("--embeds")
         .arg(&embeds)
         .arg("--save-latents")
         .arg(&lat)
         .output()
         .unwrap();
-    assert!(
-        o.status.success(),
-        "bench-dit: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "bench-dit: {}", String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
-    assert!(
-        j["loop_s"].as_f64().unwrap() > 0.0 && j["forward_ms_median"].as_f64().unwrap() > 0.0,
-        "{j}"
-    );
-    let got: Vec<f32> = std::fs::read(&lat)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    assert!(j["loop_s"].as_f64().unwrap() > 0.0 && j["forward_ms_median"].as_f64().unwrap() > 0.0, "{j}");
+    let got: Vec<f32> = std::fs::read(&lat).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     println!("{ck}: {j}");
     // The CPU backend's own DiT/loop bound (tests/dit.rs gates the same loop).
-    common::assert_close(
-        &format!("{ck}: bench-dit --device cpu latents vs golden loop.latents"),
-        &got,
-        &exp.tensor("loop.latents").data,
-        1e-4,
-    );
+    common::assert_close(&format!("{ck}: bench-dit --device cpu latents vs golden loop.latents"), &got, &exp.tensor("loop.latents").data, 1e-4);
     std::fs::remove_dir_all(&dir).ok();
 }
 

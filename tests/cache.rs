@@ -22,10 +22,7 @@ fn config(c: &serde_json::Value) -> CacheConfig {
     let f = &c["config"];
     let num = |k: &str| f[k].as_u64().map(|v| v as usize);
     let order = c["taylorseer_order"].as_u64().unwrap() as usize;
-    let (fn_blocks, bn_blocks) = (
-        num("Fn_compute_blocks").unwrap(),
-        num("Bn_compute_blocks").unwrap(),
-    );
+    let (fn_blocks, bn_blocks) = (num("Fn_compute_blocks").unwrap(), num("Bn_compute_blocks").unwrap());
     let method = match (order, fn_blocks, bn_blocks) {
         (1.., _, _) => Method::TaylorSeer,
         (0, 1, 0) => Method::FbCache,
@@ -45,29 +42,16 @@ fn config(c: &serde_json::Value) -> CacheConfig {
 
 /// The golden loop (spec 5.3, Euler) with one cache per pass (None: plain). Returns the latents
 /// and the two caches.
-fn run(
-    e: &Expected,
-    cfg: Option<CacheConfig>,
-    guidance: f32,
-) -> (Vec<f32>, Option<PassCaches<Cpu>>) {
+fn run(e: &Expected, cfg: Option<CacheConfig>, guidance: f32) -> (Vec<f32>, Option<PassCaches<Cpu>>) {
     let ck = checkpoint(e.json["checkpoint"].as_str().unwrap());
     let comp = ck.open_component("transformer").unwrap();
     let dit = Dit::load(&Cpu, &comp, &ck.dit, Dense).unwrap();
     let ctx = Expected::load("tiny-a");
     let tc = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx")).unwrap();
     let tu = dit.refine_text(&Cpu, &ctx.tensor("dit.ctx.neg")).unwrap();
-    let shape: Vec<usize> = e.json["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
+    let shape: Vec<usize> = e.json["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let n: usize = shape.iter().product();
-    let x = Tensor::new(
-        shape,
-        moss::noise::torch_randn(e.json["seed"].as_u64().unwrap(), n),
-    )
-    .unwrap();
+    let x = Tensor::new(shape, moss::noise::torch_randn(e.json["seed"].as_u64().unwrap(), n)).unwrap();
     let s = sigmas(e.json["steps"].as_u64().unwrap() as usize, &ck.scheduler);
     let mut caches = cfg.map(PassCaches::new);
     let none: &[usize] = &[];
@@ -80,11 +64,7 @@ fn run(
         |step, x| match &mut caches {
             Some(c) => dit.velocities_cached(&Cpu, x, &step, (&tc, none), Some((&tu, none)), c),
             None => {
-                let v_u = if step.guided {
-                    Some(dit.velocity(&Cpu, x, step.t, &tu, none)?)
-                } else {
-                    None
-                };
+                let v_u = if step.guided { Some(dit.velocity(&Cpu, x, step.t, &tu, none)?) } else { None };
                 Ok((dit.velocity(&Cpu, x, step.t, &tc, none)?, v_u))
             }
         },
@@ -95,11 +75,7 @@ fn run(
 }
 
 fn steps(v: &serde_json::Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_u64().unwrap() as usize)
-        .collect()
+    v.as_array().unwrap().iter().map(|s| s.as_u64().unwrap() as usize).collect()
 }
 
 #[test]
@@ -111,17 +87,10 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
         let (lat, caches) = run(&e, Some(config(c)), guidance);
         let caches = caches.unwrap();
         let caches = [&caches.cond, &caches.uncond];
-        assert_eq!(
-            caches[0].branch.cached,
-            steps(&c["cached"]),
-            "{name}: the cond pass's cached steps"
-        );
+        assert_eq!(caches[0].branch.cached, steps(&c["cached"]), "{name}: the cond pass's cached steps");
         let want_u = steps(&c["cfg_cached"]);
         if guidance != 1.0 {
-            assert_eq!(
-                caches[1].branch.cached, want_u,
-                "{name}: the uncond pass's cached steps"
-            );
+            assert_eq!(caches[1].branch.cached, want_u, "{name}: the uncond pass's cached steps");
         }
         for (k, key) in [(0, "diffs"), (1, "cfg_diffs")] {
             let want = c[key].as_object().unwrap();
@@ -129,25 +98,16 @@ fn the_cached_loops_make_cache_dits_decisions_and_land_on_its_latents() {
             assert_eq!(got.len(), want.len(), "{name} {key}: steps measured");
             for (step, d) in got {
                 let w = want[&step.to_string()].as_f64().unwrap();
-                assert!(
-                    (d - w).abs() < 1e-4 * w.abs().max(1.0),
-                    "{name} {key} step {step}: {d} vs cache-dit's {w}"
-                );
+                assert!((d - w).abs() < 1e-4 * w.abs().max(1.0), "{name} {key} step {step}: {d} vs cache-dit's {w}");
             }
         }
         let want = e.tensor(c["latents"].as_str().unwrap()).data;
         let err = rel_l2(&lat, &want);
-        println!(
-            "{name}: cached {:?} / {:?}, latents rel L2 {err:.2e}",
-            caches[0].branch.cached, caches[1].branch.cached
-        );
+        println!("{name}: cached {:?} / {:?}, latents rel L2 {err:.2e}", caches[0].branch.cached, caches[1].branch.cached);
         assert!(err < BOUND, "{name}: latents {err:.2e} from cache-dit's");
         let c0 = caches[0];
         assert_eq!(c0.served, c0.branch.cached.len());
-        assert_eq!(
-            c0.computed + c0.served,
-            e.json["steps"].as_u64().unwrap() as usize
-        );
+        assert_eq!(c0.computed + c0.served, e.json["steps"].as_u64().unwrap() as usize);
         assert!(c0.blocks_skipped > 0);
     }
 }
@@ -161,19 +121,10 @@ fn the_plain_loop_is_far_from_every_cached_one() {
         let want = e.tensor(&format!("plain.g{g}")).data;
         let err = rel_l2(&plain, &want);
         assert!(err < BOUND, "plain g{g}: {err:.2e}");
-        for c in e.json["configs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["guidance"].as_f64().unwrap() as f32 == g)
-        {
+        for c in e.json["configs"].as_array().unwrap().iter().filter(|c| c["guidance"].as_f64().unwrap() as f32 == g) {
             let cached = e.tensor(c["latents"].as_str().unwrap()).data;
             let d = rel_l2(&plain, &cached);
-            assert!(
-                d > 10.0 * BOUND,
-                "{}: the cached latents are only {d:.2e} from the plain ones",
-                c["name"]
-            );
+            assert!(d > 10.0 * BOUND, "{}: the cached latents are only {d:.2e} from the plain ones", c["name"]);
         }
     }
 }

@@ -46,16 +46,10 @@ impl Drop for Scratch {
 fn rewrite(file: &Path, edit: impl FnOnce(&mut HashMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>)) {
     let bytes = std::fs::read(file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut map: HashMap<_, _> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect();
+    let mut map: HashMap<_, _> = st.tensors().into_iter().map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec()))).collect();
     edit(&mut map);
-    let views: Vec<(String, safetensors::tensor::TensorView)> = map
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        map.iter().map(|(n, (d, s, b))| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
     std::fs::write(file, safetensors::tensor::serialize(views, None).unwrap()).unwrap();
 }
 
@@ -152,11 +146,7 @@ fn a_wrong_dtype_is_named() {
     let shard = shard_of(&dir, name);
     rewrite(&shard, |m| {
         let t = m.get_mut(name).unwrap();
-        let f: Vec<u8> = t
-            .2
-            .chunks_exact(4)
-            .flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
-            .collect();
+        let f: Vec<u8> = t.2.chunks_exact(4).flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()).collect();
         *t = (safetensors::Dtype::F16, t.1.clone(), f);
     });
     let e = err_of(s.open().unwrap().open_component("vae"));

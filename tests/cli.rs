@@ -8,11 +8,7 @@ use std::process::Command;
 
 fn moss(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -28,8 +24,12 @@ fn refuses(tag: &str, extra: &[&str], needle: &str) {
     let out = dir.join("pic.png");
     let model = common::golden().join("tiny-a");
     let mut pairs = vec![
-        ("--device", "cpu"), ("--prompt", "a cat"), ("--steps", "1"), ("--size", "64x64"),
-        ("--model", model.to_str().unwrap()), ("--out", out.to_str().unwrap()),
+        ("--device", "cpu"),
+        ("--prompt", "a cat"),
+        ("--steps", "1"),
+        ("--size", "64x64"),
+        ("--model", model.to_str().unwrap()),
+        ("--out", out.to_str().unwrap()),
     ];
     for kv in extra.chunks(2) {
         match pairs.iter_mut().find(|p| p.0 == kv[0]) {

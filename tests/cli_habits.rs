@@ -51,12 +51,7 @@ fn clap_messages_in_full() {
 
 #[test]
 fn a_closed_pipe_ends_quietly() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(["check", "--model", &tiny()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moss")).args(["check", "--model", &tiny()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     drop(child.stdout.take()); // the reader is gone before moss writes
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -89,8 +84,25 @@ fn info_from_and_seeds() {
     let a = d.join("a.png");
     let b = d.join("b.png");
     let r = moss(&[
-        "generate", "--device", "cpu", "--model", &m, "--prompt", "a red fox", "--negative", "blurry, dark", "--seed",
-        "7", "--steps", "2", "--guidance", "2.5", "--size", "64x64", "--out", a.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a red fox",
+        "--negative",
+        "blurry, dark",
+        "--seed",
+        "7",
+        "--steps",
+        "2",
+        "--guidance",
+        "2.5",
+        "--size",
+        "64x64",
+        "--out",
+        a.to_str().unwrap(),
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(r.stderr.is_empty(), "a given seed is not repeated: {}", r.stderr);
@@ -122,9 +134,26 @@ fn info_from_and_seeds() {
 
     // --seed random draws one, says it, records it; a default seed is said too.
     let e = d.join("e.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "--seed", "random", "--out", e.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seed",
+        "random",
+        "--out",
+        e.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let said: u64 = r.stderr.trim().strip_prefix("moss: seed ").and_then(|s| s.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
+    let said: u64 =
+        r.stderr.trim().strip_prefix("moss: seed ").and_then(|s| s.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
     let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", e.to_str().unwrap()]).stdout).unwrap();
     assert_eq!(j["seed"].as_u64(), Some(said));
     let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "-y", "--out", e.to_str().unwrap()]);
@@ -140,7 +169,23 @@ fn embeds_bring_their_texts() {
     let r = moss(&["encode", "--device", "cpu", "--model", &m, "--prompt", "an owl", "--negative", "fog", "--out", emb.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let out = d.join("o.png");
-    let base = ["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "--seed", "1", "--embeds", emb.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    let base = [
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seed",
+        "1",
+        "--embeds",
+        emb.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
     let r = moss(&[&base[..], &["--prompt", "something else"]].concat());
     assert_eq!(r.code, Some(1));
     assert!(r.stderr.contains("--embeds brings its own prompt"), "{}", r.stderr);
@@ -157,19 +202,69 @@ fn count_seeds_and_name_templates() {
     let d = scratch("count");
     let m = tiny();
     let tpl = d.join("fox-{seed}.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--count", "3", "--seed", "40", "-o", tpl.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a fox",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--count",
+        "3",
+        "--seed",
+        "40",
+        "-o",
+        tpl.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     for s in [40, 41, 42] {
         assert!(d.join(format!("fox-{s}.png")).is_file(), "fox-{s}.png missing: {}", text(&r));
     }
     // The same picture as a single run with that seed.
     let one = d.join("one.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--seed", "41", "-o", one.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a fox",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seed",
+        "41",
+        "-o",
+        one.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(std::fs::read(&one).unwrap() == std::fs::read(d.join("fox-41.png")).unwrap(), "--count picture differs from the single run");
     // --seeds with a plain -o: NAME-{seed}.EXT.
     let plain = d.join("cat.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--seeds", "5,9", "-o", plain.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a cat",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seeds",
+        "5,9",
+        "-o",
+        plain.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(d.join("cat-5.png").is_file() && d.join("cat-9.png").is_file() && !plain.exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -185,7 +280,22 @@ fn an_empty_list_or_nothing_left_says_so() {
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stderr.trim(), "moss: nothing rendered: the list has no items");
     std::fs::write(&list, "a cat\n").unwrap();
-    let args = ["generate", "--device", "cpu", "--model", &m, "--prompts", list.to_str().unwrap(), "--out-dir", d.to_str().unwrap(), "--steps", "1", "--size", "64x64", "--skip-existing"];
+    let args = [
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompts",
+        list.to_str().unwrap(),
+        "--out-dir",
+        d.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--skip-existing",
+    ];
     assert_eq!(moss(&args).code, Some(0));
     let r = moss(&args);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
@@ -198,13 +308,11 @@ fn uncond_skip_past_the_last_block_warns() {
     let d = scratch("skip");
     let b = common::golden().join("tiny-b").display().to_string(); // 2 blocks
     let out = d.join("s.png");
-    let base = ["generate", "--device", "cpu", "--model", &b, "--prompt", "x", "--steps", "1", "--size", "96x64", "--seed", "1", "-y", "--out", out.to_str().unwrap()];
+    let base =
+        ["generate", "--device", "cpu", "--model", &b, "--prompt", "x", "--steps", "1", "--size", "96x64", "--seed", "1", "-y", "--out", out.to_str().unwrap()];
     let r = moss(&[&base[..], &["--uncond-skip", "1,5,9"]].concat());
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert_eq!(
-        r.stderr.trim(),
-        "moss: warning: --uncond-skip 5,9: the transformer has 2 blocks (0..1); an index past the last skips nothing"
-    );
+    assert_eq!(r.stderr.trim(), "moss: warning: --uncond-skip 5,9: the transformer has 2 blocks (0..1); an index past the last skips nothing");
     // The default (22) is past tiny-b's blocks too, but the user did not ask for it: no warning.
     let r = moss(&base);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
@@ -221,8 +329,25 @@ fn the_picture_records_the_prompt_as_encoded() {
     let m = tiny();
     let a = d.join("a.png");
     let r = moss(&[
-        "generate", "--device", "cpu", "--model", &m, "--prompt", " \n a red fox in the snow at dawn \t\n", "--negative", "blurry and dark",
-        "--max-tokens", "12", "--steps", "1", "--size", "64x64", "--seed", "3", "--out", a.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        " \n a red fox in the snow at dawn \t\n",
+        "--negative",
+        "blurry and dark",
+        "--max-tokens",
+        "12",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seed",
+        "3",
+        "--out",
+        a.to_str().unwrap(),
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     // The counts the warnings name are the ones recorded.
@@ -234,7 +359,10 @@ fn the_picture_records_the_prompt_as_encoded() {
     let (np, nn) = (count("prompt"), count("negative prompt"));
     let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", a.to_str().unwrap()]).stdout).unwrap();
     assert_eq!(j["prompt"], "a red fox in the snow at dawn", "the trimmed prompt the template encoded");
-    assert_eq!((j["max_tokens"].as_u64(), j["prompt_tokens_before_cut"].as_u64(), j["negative_tokens_before_cut"].as_u64()), (Some(12), Some(np as u64), Some(nn as u64)));
+    assert_eq!(
+        (j["max_tokens"].as_u64(), j["prompt_tokens_before_cut"].as_u64(), j["negative_tokens_before_cut"].as_u64()),
+        (Some(12), Some(np as u64), Some(nn as u64))
+    );
     let t = text(&moss(&["info", a.to_str().unwrap()]));
     assert!(t.starts_with("a red fox in the snow at dawn\nNegative prompt: blurry and dark\n"), "{t}");
     assert!(t.contains("Max tokens: 12") && t.contains(&format!("Cut: prompt 12 of {np} tokens; negative 12 of {nn} tokens,")), "{t}");
@@ -245,16 +373,65 @@ fn the_picture_records_the_prompt_as_encoded() {
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from of a cut prompt differs");
     // An uncut prompt records no cut, and the default limit is not spelled out.
     let c = d.join("c.png");
-    assert_eq!(moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "a fox", "--steps", "1", "--size", "64x64", "--seed", "3", "--out", c.to_str().unwrap()]).code, Some(0));
+    assert_eq!(
+        moss(&[
+            "generate",
+            "--device",
+            "cpu",
+            "--model",
+            &m,
+            "--prompt",
+            "a fox",
+            "--steps",
+            "1",
+            "--size",
+            "64x64",
+            "--seed",
+            "3",
+            "--out",
+            c.to_str().unwrap()
+        ])
+        .code,
+        Some(0)
+    );
     let t = text(&moss(&["info", c.to_str().unwrap()]));
     assert!(!t.contains("Cut:") && !t.contains("Max tokens"), "{t}");
 
     // Through moss encode: the embeds file carries the limit and the cut.
     let emb = d.join("e.safetensors");
-    let r = moss(&["encode", "--device", "cpu", "--model", &m, "--prompt", "a red fox in the snow at dawn", "--max-tokens", "12", "-q", "--out", emb.to_str().unwrap()]);
+    let r = moss(&[
+        "encode",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompt",
+        "a red fox in the snow at dawn",
+        "--max-tokens",
+        "12",
+        "-q",
+        "--out",
+        emb.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let e = d.join("e.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--embeds", emb.to_str().unwrap(), "--steps", "1", "--size", "64x64", "--seed", "3", "--out", e.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--embeds",
+        emb.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--seed",
+        "3",
+        "--out",
+        e.to_str().unwrap(),
+    ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", e.to_str().unwrap()]).stdout).unwrap();
     assert_eq!((j["max_tokens"].as_u64(), j["prompt_tokens_before_cut"].as_u64()), (Some(12), Some(np as u64)));

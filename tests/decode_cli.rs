@@ -34,12 +34,7 @@ fn decode(ckpt: &str, latents: &Path, out: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap();
-    println!(
-        "moss decode {} {extra:?} ({ckpt}): {}\n  stderr: {}",
-        latents.display(),
-        o.status,
-        String::from_utf8_lossy(&o.stderr).trim()
-    );
+    println!("moss decode {} {extra:?} ({ckpt}): {}\n  stderr: {}", latents.display(), o.status, String::from_utf8_lossy(&o.stderr).trim());
     o
 }
 
@@ -52,11 +47,8 @@ fn assert_refused(o: &Output, want: &[&str], dir: &Path, out: &Path) {
         assert!(err.contains(w), "message does not name `{w}`: {err}");
     }
     assert!(!out.exists(), "{} was written despite the failure", out.display());
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".f32"))
-        .collect();
+    let left: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.ends_with(".f32")).collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
 

@@ -82,10 +82,7 @@ fn traced_intermediates_match() {
 
         let m = dit.modulation(&Cpu, t).unwrap();
         assert_close(&format!("{name} time embedding"), &m.time.data, &e.tensor(&key("time")).data, BOUND);
-        let six: Vec<f32> = [&m.shift_attn, &m.scale_attn, &m.gate_attn, &m.shift_ffn, &m.scale_ffn, &m.gate_ffn]
-            .iter()
-            .flat_map(|v| v.data.clone())
-            .collect();
+        let six: Vec<f32> = [&m.shift_attn, &m.scale_attn, &m.gate_attn, &m.shift_ffn, &m.scale_ffn, &m.gate_ffn].iter().flat_map(|v| v.data.clone()).collect();
         let want = e.tensor(&key("mod"));
         assert_eq!(want.shape, [6, d]);
         assert_close(&format!("{name} block modulation"), &six, &want.data, BOUND);
@@ -174,8 +171,7 @@ fn loop_first_step_matches() {
         let (cond, uncond) = loop_contexts(&e);
         let req = loop_request(&e);
         let sig = moss::schedule::sigmas(req.spec.steps as usize, &ck.scheduler);
-        let want_sig: Vec<f32> =
-            e.json["loop"]["sigmas"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap() as f32).collect();
+        let want_sig: Vec<f32> = e.json["loop"]["sigmas"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap() as f32).collect();
         assert_eq!(sig, want_sig, "{name}: loop sigmas");
         let (tc, tu) = (dit.refine_text(&Cpu, &cond).unwrap(), dit.refine_text(&Cpu, &uncond).unwrap());
         let (h, w) = ((req.spec.height / 16) as usize, (req.spec.width / 16) as usize);

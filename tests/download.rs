@@ -118,10 +118,16 @@ fn pipelined_download_controls_are_caught() {
 fn pipelined_rejects_empty_geometry() {
     assert!(pipelined(10, 0, 2, |_, _, _, _| Ok(()), |_, _, _, _| Ok(())).is_err());
     let mut n = 0;
-    pipelined(0, 8, 2, |_, _, _, _| Ok(()), |_, _, _, _| {
-        n += 1;
-        Ok(())
-    })
+    pipelined(
+        0,
+        8,
+        2,
+        |_, _, _, _| Ok(()),
+        |_, _, _, _| {
+            n += 1;
+            Ok(())
+        },
+    )
     .unwrap();
     assert_eq!(n, 0);
 }

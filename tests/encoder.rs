@@ -70,17 +70,11 @@ fn configs_parse_to_the_golden_values() {
     let a = checkpoint("tiny-a").encoder;
     assert_eq!((a.vocab_size, a.hidden_size, a.intermediate_size, a.num_layers()), (6033, 64, 128, 8));
     assert_eq!((a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rotary_dim()), (4, 2, 32, 8));
-    assert_eq!(
-        (a.linear_num_key_heads, a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
-        (2, 4, 16, 16)
-    );
+    assert_eq!((a.linear_num_key_heads, a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim), (2, 4, 16, 16));
     let b = checkpoint("tiny-b").encoder;
     assert_eq!((b.vocab_size, b.hidden_size, b.intermediate_size, b.num_layers()), (5033, 96, 160, 4));
     assert_eq!((b.num_attention_heads, b.num_key_value_heads, b.head_dim, b.rotary_dim()), (2, 1, 48, 12));
-    assert_eq!(
-        (b.linear_num_key_heads, b.linear_num_value_heads, b.linear_key_head_dim, b.linear_value_head_dim),
-        (2, 6, 16, 24)
-    );
+    assert_eq!((b.linear_num_key_heads, b.linear_num_value_heads, b.linear_key_head_dim, b.linear_value_head_dim), (2, 6, 16, 24));
     for c in [&a, &b] {
         assert_eq!((c.rope_theta, c.partial_rotary_factor, c.rms_norm_eps, c.linear_conv_kernel_dim), (1e7, 0.25, 1e-6, 4));
         for (i, t) in c.layer_types.iter().enumerate() {

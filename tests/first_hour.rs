@@ -224,14 +224,8 @@ fn short_flags_people_type() {
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "the short forms render another picture");
     let c = d.join("c.png");
     let r = ok(&["generate", "--device", "cpu", "--model", &m, "-p", "a cat", "--seed", "-1", "--steps", "1", "-W", "64", "-H", "64", "-o", s(&c)]);
-    let said: u64 = r
-        .stderr
-        .trim()
-        .strip_prefix("moss: seed ")
-        .and_then(|t| t.strip_suffix(" (random)"))
-        .unwrap_or_else(|| panic!("{}", r.stderr))
-        .parse()
-        .unwrap();
+    let said: u64 =
+        r.stderr.trim().strip_prefix("moss: seed ").and_then(|t| t.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
     assert_eq!(info(&c)["seed"].as_u64(), Some(said));
     let r = moss(&["generate", "-p", "x", "--size", "64x64", "-H", "32"]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
@@ -247,9 +241,8 @@ fn no_silent_overwrite() {
     let d = scratch("overwrite");
     let m = tiny();
     let out = d.join("moss.png");
-    let run = |extra: &[&str]| {
-        moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat())
-    };
+    let run =
+        |extra: &[&str]| moss(&[&["generate", "--device", "cpu", "--model", &m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "-q"], extra].concat());
     assert_eq!(run(&["--seed", "1", "-o", s(&out)]).code, Some(0));
     let first = std::fs::read(&out).unwrap();
     let r = run(&["--seed", "2", "-o", s(&out)]);
@@ -303,26 +296,8 @@ fn no_silent_overwrite() {
     let out_dir = d.join("renders");
     let batch = |extra: &[&str]| {
         moss(
-            &[
-                &[
-                    "generate",
-                    "--device",
-                    "cpu",
-                    "--model",
-                    &m,
-                    "--steps",
-                    "1",
-                    "--size",
-                    "64x64",
-                    "-q",
-                    "--prompts",
-                    s(&list),
-                    "--out-dir",
-                    s(&out_dir),
-                ],
-                extra,
-            ]
-            .concat(),
+            &[&["generate", "--device", "cpu", "--model", &m, "--steps", "1", "--size", "64x64", "-q", "--prompts", s(&list), "--out-dir", s(&out_dir)], extra]
+                .concat(),
         )
     };
     assert_eq!(batch(&[]).code, Some(0));

@@ -42,8 +42,24 @@ fn tiny() -> String {
 
 fn gen<'a>(m: &'a str, out: &'a str) -> Vec<&'a str> {
     vec![
-        "generate", "--device", "cpu", "--model", m, "--prompt", "a red fox, in snow: morning ☕", "--negative", "blurry",
-        "--seed", "7", "--steps", "2", "--size", "64x48", "-q", "--out", out,
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        m,
+        "--prompt",
+        "a red fox, in snow: morning ☕",
+        "--negative",
+        "blurry",
+        "--seed",
+        "7",
+        "--steps",
+        "2",
+        "--size",
+        "64x48",
+        "-q",
+        "--out",
+        out,
     ]
 }
 
@@ -154,8 +170,23 @@ fn batch_and_decode_follow_the_extension() {
     std::fs::write(&list, "a cat\n{\"prompt\": \"a dog\", \"out\": \"dog.webp\"}\n{\"prompt\": \"an owl\", \"out\": \"owl.bmp\"}\n").unwrap();
     let out = d.join("out");
     let o = moss(&[
-        "generate", "--device", "cpu", "--model", &m, "--prompts", list.to_str().unwrap(), "--out-dir", out.to_str().unwrap(),
-        "--name", "{index}-{seed}.jpg", "--quality", "85", "--steps", "1", "--size", "64x48",
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &m,
+        "--prompts",
+        list.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--name",
+        "{index}-{seed}.jpg",
+        "--quality",
+        "85",
+        "--steps",
+        "1",
+        "--size",
+        "64x48",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "the .bmp item fails, the others are written: {err}");

@@ -107,9 +107,8 @@ fn fp8_matrices_match_torchs() {
     let mut compared = 0;
     for (tag, ck, linears) in cases {
         let c = ck.open_component("transformer").unwrap();
-        let blocks: Vec<BlockMats<Cpu>> = (0..ck.dit.num_layers)
-            .map(|i| BlockMats::load(&Cpu, &c, i, &mats::sources(&Cpu, &c, i, linears).unwrap()).unwrap())
-            .collect();
+        let blocks: Vec<BlockMats<Cpu>> =
+            (0..ck.dit.num_layers).map(|i| BlockMats::load(&Cpu, &c, i, &mats::sources(&Cpu, &c, i, linears).unwrap()).unwrap()).collect();
         let pc = plain.open_component("transformer").unwrap();
         for m in json["checkpoints"][tag]["mats"].as_array().unwrap() {
             let i = m["block"].as_u64().unwrap() as usize;
@@ -229,9 +228,25 @@ fn latents(name: &str, model: &Path, precision: &str, dir: &Path) -> Vec<f32> {
     let tag = format!("{name}-{precision}-{}", model.file_name().unwrap().to_string_lossy());
     let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
     moss(&[
-        "generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", &e.loop_prompt(), "--seed",
-        &lp["seed"].to_string(), "--steps", &lp["steps"].to_string(), "--size", &size, "--precision", precision, "--out",
-        pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        &e.loop_prompt(),
+        "--seed",
+        &lp["seed"].to_string(),
+        "--steps",
+        &lp["steps"].to_string(),
+        "--size",
+        &size,
+        "--precision",
+        precision,
+        "--out",
+        pic.to_str().unwrap(),
+        "--save-latents",
+        lat.to_str().unwrap(),
     ]);
     let info: serde_json::Value = serde_json::from_str(&moss(&["info", "--json", pic.to_str().unwrap()])).unwrap();
     assert_eq!(info["precision"], precision, "the picture records its precision");

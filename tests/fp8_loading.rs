@@ -121,7 +121,11 @@ fn stored_rowwise_codes_give_the_quantized_picture() {
 fn streamed_fp8_blocks_give_the_resident_picture() {
     let dir = scratch("streamed");
     let stored = open(&tiny_b_fp8(&dir));
-    for (tag, ck, linears) in [("tiny-a", common::checkpoint("tiny-a"), MainLinears::Fp8), ("tiny-b-fp8", open(&dir.join("tiny-b-fp8")), MainLinears::Fp8), ("tiny-b-fp8 at bf16", stored, MainLinears::Dense)] {
+    for (tag, ck, linears) in [
+        ("tiny-a", common::checkpoint("tiny-a"), MainLinears::Fp8),
+        ("tiny-b-fp8", open(&dir.join("tiny-b-fp8")), MainLinears::Fp8),
+        ("tiny-b-fp8 at bf16", stored, MainLinears::Dense),
+    ] {
         let precision = if linears == MainLinears::Fp8 { Precision::Fp8 } else { Precision::Bf16 };
         let req = request(precision, dir.join("unused.png"));
         let resident = load(&ck, linears);
@@ -313,24 +317,42 @@ fn float8_checkpoints_moss_cannot_read_are_refused() {
     let only = |target: &'static str, g: fn(&str, &moss::checkpoint::TensorInfo, &[u8]) -> Vec<Stored>| {
         move |name: &str, info: &moss::checkpoint::TensorInfo, bytes: &[u8]| if name == target { g(name, info, bytes) } else { as_stored(name, info, bytes) }
     };
-    refused("e5m2", "is stored as F8_E5M2 (float8 e5m2)", only("layers.0.proj.q.weight", |n, i, b| vec![(n.into(), safetensors::Dtype::F8_E5M2, i.shape.clone(), b.to_vec())]));
+    refused(
+        "e5m2",
+        "is stored as F8_E5M2 (float8 e5m2)",
+        only("layers.0.proj.q.weight", |n, i, b| vec![(n.into(), safetensors::Dtype::F8_E5M2, i.shape.clone(), b.to_vec())]),
+    );
     refused("no-scale", "without its scale: neither `layers.1.proj.o.weight_scale` nor", only("layers.1.proj.o.weight_scale", |_, _, _| vec![]));
-    refused("scale-shape", "must be one value ([] or [1]) or one a row ([256] or [256, 1])", only("layers.0.proj.q.weight_scale", |n, _, _| {
-        vec![(n.into(), safetensors::Dtype::F32, vec![2], f32_bytes(&[1.0, 1.0]))]
-    }));
-    refused("two-scales", "has two scales", only("layers.0.proj.q.weight_scale", |n, i, b| {
-        let mut v = as_stored(n, i, b);
-        v.push(("layers.0.proj.q.scale_weight".into(), safetensors::Dtype::F32, vec![], f32_bytes(&[1.0])));
-        v
-    }));
-    refused("not-a-main-matrix", "`text_embedder.proj.weight` in", only("text_embedder.proj.weight", |n, i, b| {
-        let codes = moss::checkpoint::tensors::decode_f32(i.dtype, b).unwrap().iter().map(|&v| moss::fp8::e4m3_from_f32(v)).collect();
-        vec![(n.into(), safetensors::Dtype::F8_E4M3, i.shape.clone(), codes)]
-    }));
-    refused("mixed-stack", "stored partly as float8, partly not", only("layers.0.proj.k.weight", |n, i, b| {
-        let q = moss::checkpoint::tensors::decode_f32(i.dtype, b).unwrap();
-        vec![(n.into(), safetensors::Dtype::BF16, i.shape.clone(), bf16_bytes(&q))]
-    }));
+    refused(
+        "scale-shape",
+        "must be one value ([] or [1]) or one a row ([256] or [256, 1])",
+        only("layers.0.proj.q.weight_scale", |n, _, _| vec![(n.into(), safetensors::Dtype::F32, vec![2], f32_bytes(&[1.0, 1.0]))]),
+    );
+    refused(
+        "two-scales",
+        "has two scales",
+        only("layers.0.proj.q.weight_scale", |n, i, b| {
+            let mut v = as_stored(n, i, b);
+            v.push(("layers.0.proj.q.scale_weight".into(), safetensors::Dtype::F32, vec![], f32_bytes(&[1.0])));
+            v
+        }),
+    );
+    refused(
+        "not-a-main-matrix",
+        "`text_embedder.proj.weight` in",
+        only("text_embedder.proj.weight", |n, i, b| {
+            let codes = moss::checkpoint::tensors::decode_f32(i.dtype, b).unwrap().iter().map(|&v| moss::fp8::e4m3_from_f32(v)).collect();
+            vec![(n.into(), safetensors::Dtype::F8_E4M3, i.shape.clone(), codes)]
+        }),
+    );
+    refused(
+        "mixed-stack",
+        "stored partly as float8, partly not",
+        only("layers.0.proj.k.weight", |n, i, b| {
+            let q = moss::checkpoint::tensors::decode_f32(i.dtype, b).unwrap();
+            vec![(n.into(), safetensors::Dtype::BF16, i.shape.clone(), bf16_bytes(&q))]
+        }),
+    );
 }
 
 /// `moss encode --precision fp8` writes the bf16 embeds (an fp8 run's encoder is the bf16 one),

@@ -18,10 +18,7 @@ struct Run {
 
 fn moss(args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap();
-    let run = Run {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
+    let run = Run { stdout: String::from_utf8_lossy(&out.stdout).into_owned(), stderr: String::from_utf8_lossy(&out.stderr).into_owned() };
     assert!(out.status.success(), "moss {args:?} failed ({:?}): {}", out.status.code(), run.stderr);
     run
 }
@@ -65,8 +62,23 @@ fn end_to_end(name: &str) {
 
     // 1. The command line, the CLI defaults for guidance, negative and skip.
     let r = moss(&[
-        "generate", "--device", "cpu", "--model", model, "--prompt", &text, "--seed", &seed, "--steps", &steps,
-        "--size", &size, "--out", &p(&png1), "--save-latents", &p(&lat1),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--prompt",
+        &text,
+        "--seed",
+        &seed,
+        "--steps",
+        &steps,
+        "--size",
+        &size,
+        "--out",
+        &p(&png1),
+        "--save-latents",
+        &p(&lat1),
     ]);
     assert_eq!(r.stdout, format!("{}\n", png1.display()), "{name}: plain output is the path alone");
     assert!(r.stderr.is_empty(), "{name}: stderr not empty when not a terminal: {:?}", r.stderr);
@@ -98,9 +110,30 @@ fn end_to_end(name: &str) {
     let guidance = lp["guidance"].as_f64().unwrap().to_string();
     let skip: Vec<String> = lp["uncond_skip"].as_array().unwrap().iter().map(|s| s.to_string()).collect();
     let r = moss(&[
-        "generate", "--device", "cpu", "--model", model, "--prompt", &text, "--seed", &seed, "--steps", &steps,
-        "--size", &size, "--out", &p(&png2), "--save-latents", &p(&lat2), "--guidance", &guidance, "--negative",
-        lp["negative"].as_str().unwrap(), "--uncond-skip", &skip.join(","), "--json",
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--prompt",
+        &text,
+        "--seed",
+        &seed,
+        "--steps",
+        &steps,
+        "--size",
+        &size,
+        "--out",
+        &p(&png2),
+        "--save-latents",
+        &p(&lat2),
+        "--guidance",
+        &guidance,
+        "--negative",
+        lp["negative"].as_str().unwrap(),
+        "--uncond-skip",
+        &skip.join(","),
+        "--json",
     ]);
     let lines: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(lines.len(), 1, "{name}: --json prints one line, got {:?}", r.stdout);
@@ -119,10 +152,7 @@ fn end_to_end(name: &str) {
         ),
     };
     assert_eq!(r.stderr, want, "{name}: stderr");
-    assert!(
-        std::fs::read(&png1).unwrap() == std::fs::read(&png2).unwrap(),
-        "{name}: two runs wrote different PNG bytes"
-    );
+    assert!(std::fs::read(&png1).unwrap() == std::fs::read(&png2).unwrap(), "{name}: two runs wrote different PNG bytes");
     assert!(std::fs::read(&lat1).unwrap() == std::fs::read(&lat2).unwrap(), "{name}: two runs wrote different latents");
 
     // 3. `moss decode` takes the saved latents (no --size needed) and gives the same picture,

@@ -44,8 +44,20 @@ fn moss_bounded(args: &[&str]) -> (Output, Duration) {
 fn render(m: &Path, out: &Path) -> (Output, Duration) {
     std::fs::write(out, b"keep").unwrap();
     moss_bounded(&[
-        "generate", "--device", "cpu", "--model", m.to_str().unwrap(), "--prompt", "a cat", "--steps", "1", "--size",
-        "64x64", "--force", "--out", out.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "a cat",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--force",
+        "--out",
+        out.to_str().unwrap(),
     ])
 }
 
@@ -220,45 +232,63 @@ fn damaged_safetensors_never_panic() {
         ("truncated to 4 bytes", Box::new(|b| b[..4].to_vec())),
         ("truncated to half", Box::new(|b| b[..b.len() / 2].to_vec())),
         ("empty file", Box::new(|_| vec![])),
-        ("header not JSON", Box::new(|b| {
-            let (start, _) = header(b);
-            let mut o = b.to_vec();
-            o[8] = b'!';
-            o.truncate(start.max(9));
-            o.extend_from_slice(&b[start..]);
-            o
-        })),
-        ("dtype F16", Box::new(move |b| {
-            let (_, mut h) = header(b);
-            let k = first_tensor(&h);
-            h[&k]["dtype"] = json!("F16");
-            with_header(b, &h)
-        })),
-        ("dtype I8", Box::new(move |b| {
-            let (_, mut h) = header(b);
-            let k = first_tensor(&h);
-            h[&k]["dtype"] = json!("I8");
-            with_header(b, &h)
-        })),
-        ("shape doubled", Box::new(move |b| {
-            let (_, mut h) = header(b);
-            let k = first_tensor(&h);
-            let s0 = h[&k]["shape"][0].as_u64().unwrap();
-            h[&k]["shape"][0] = json!(s0 * 2);
-            with_header(b, &h)
-        })),
-        ("shape huge", Box::new(move |b| {
-            let (_, mut h) = header(b);
-            let k = first_tensor(&h);
-            h[&k]["shape"] = json!([1u64 << 40, 1u64 << 40]);
-            with_header(b, &h)
-        })),
-        ("offsets past the end", Box::new(move |b| {
-            let (_, mut h) = header(b);
-            let k = first_tensor(&h);
-            h[&k]["data_offsets"] = json!([0, 1u64 << 40]);
-            with_header(b, &h)
-        })),
+        (
+            "header not JSON",
+            Box::new(|b| {
+                let (start, _) = header(b);
+                let mut o = b.to_vec();
+                o[8] = b'!';
+                o.truncate(start.max(9));
+                o.extend_from_slice(&b[start..]);
+                o
+            }),
+        ),
+        (
+            "dtype F16",
+            Box::new(move |b| {
+                let (_, mut h) = header(b);
+                let k = first_tensor(&h);
+                h[&k]["dtype"] = json!("F16");
+                with_header(b, &h)
+            }),
+        ),
+        (
+            "dtype I8",
+            Box::new(move |b| {
+                let (_, mut h) = header(b);
+                let k = first_tensor(&h);
+                h[&k]["dtype"] = json!("I8");
+                with_header(b, &h)
+            }),
+        ),
+        (
+            "shape doubled",
+            Box::new(move |b| {
+                let (_, mut h) = header(b);
+                let k = first_tensor(&h);
+                let s0 = h[&k]["shape"][0].as_u64().unwrap();
+                h[&k]["shape"][0] = json!(s0 * 2);
+                with_header(b, &h)
+            }),
+        ),
+        (
+            "shape huge",
+            Box::new(move |b| {
+                let (_, mut h) = header(b);
+                let k = first_tensor(&h);
+                h[&k]["shape"] = json!([1u64 << 40, 1u64 << 40]);
+                with_header(b, &h)
+            }),
+        ),
+        (
+            "offsets past the end",
+            Box::new(move |b| {
+                let (_, mut h) = header(b);
+                let k = first_tensor(&h);
+                h[&k]["data_offsets"] = json!([0, 1u64 << 40]);
+                with_header(b, &h)
+            }),
+        ),
     ];
     for file in [shard, vae] {
         for (what, damage) in &damages {
@@ -341,8 +371,20 @@ fn non_finite_values_never_become_a_picture() {
     poke(&emb, "cond", f32::NAN);
     std::fs::write(&out, b"keep").unwrap();
     let (o, took) = moss_bounded(&[
-        "generate", "--device", "cpu", "--model", m.to_str().unwrap(), "--embeds", emb.to_str().unwrap(), "--steps", "1",
-        "--size", "64x64", "--force", "--out", out.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        m.to_str().unwrap(),
+        "--embeds",
+        emb.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--force",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     let e = judge("embeds NaN", &o, took, &out).expect("rendered from a NaN embeds file");
     assert!(e.contains("non-finite") && e.contains("cond"), "{e}");

@@ -254,11 +254,8 @@ fn inputs_are_never_outputs() {
     let lora_bytes = safetensors::serialize(views, None).unwrap();
     std::fs::write(&lora, &lora_bytes).unwrap();
     let (l, out) = (s(&lora), s(&d.join("o.png")));
-    let e = refused(
-        "--lora l.png -o l.png",
-        &moss_under(RUN_KIB, &generate_args(&m, &["--prompt", "x", "--lora", &l, "-o", &l]), None),
-        &[(&lora, &lora_bytes)],
-    );
+    let e =
+        refused("--lora l.png -o l.png", &moss_under(RUN_KIB, &generate_args(&m, &["--prompt", "x", "--lora", &l, "-o", &l]), None), &[(&lora, &lora_bytes)]);
     assert!(e.contains("would overwrite the LoRA"), "{e}");
     let args = generate_args(&m, &["--prompt", "x", "--lora", &l, "-o", &out, "--save-latents", &l]);
     let e = refused("--save-latents onto the LoRA", &moss_under(RUN_KIB, &args, None), &[(&lora, &lora_bytes)]);
@@ -273,11 +270,7 @@ fn inputs_are_never_outputs() {
     let from_bytes = moss::png::encode(&[9; 16 * 16 * 3], 16, 16, &settings("a fox").to_png()).unwrap();
     std::fs::write(&from, &from_bytes).unwrap();
     let f = s(&from);
-    let e = refused(
-        "--from p.png -o p.png",
-        &moss_under(RUN_KIB, &generate_args(&m, &["--from", &f, "--seed", "7", "-o", &f]), None),
-        &[(&from, &from_bytes)],
-    );
+    let e = refused("--from p.png -o p.png", &moss_under(RUN_KIB, &generate_args(&m, &["--from", &f, "--seed", "7", "-o", &f]), None), &[(&from, &from_bytes)]);
     assert!(e.contains("would overwrite the --from picture"), "{e}");
     let template = s(&d.join("{seed}.png"));
     let (o, took) = moss_under(RUN_KIB, &generate_args(&m, &["--from", &f, "--seeds", "7,8", "-o", &template]), None);
@@ -406,11 +399,8 @@ fn endless_inputs_stop_at_their_limit() {
     let (p, _w) = fifo("pic.png");
     let e = refused("info", &moss_under(PICTURE_KIB, &["info", p.to_str().unwrap()], None), &[]);
     assert!(e.contains("pic.png") && e.contains("256 MiB"), "{e}");
-    let e = refused(
-        "stdin",
-        &moss_under(RUN_KIB, &generate_args(&m, &["--prompts", "-", "--out-dir", d.to_str().unwrap()]), Some(Path::new("/dev/zero"))),
-        &[],
-    );
+    let e =
+        refused("stdin", &moss_under(RUN_KIB, &generate_args(&m, &["--prompts", "-", "--out-dir", d.to_str().unwrap()]), Some(Path::new("/dev/zero"))), &[]);
     assert!(e.contains("stdin") && e.contains("256 MiB"), "{e}");
     // A checkpoint config: a FIFO without end, and a sparse file of 1 GiB (refused by its length).
     let mm = d.join("m");
@@ -423,11 +413,7 @@ fn endless_inputs_stop_at_their_limit() {
     std::fs::File::create(mm.join("vae/config.json")).unwrap().set_len(1 << 30).unwrap();
     std::fs::remove_file(mm.join("transformer/config.json")).unwrap();
     std::fs::copy(tiny().join("transformer/config.json"), mm.join("transformer/config.json")).unwrap();
-    check(
-        "sparse config.json",
-        &generate_args(mm.to_str().unwrap(), &["--prompt", "x", "-o", &o]),
-        &["vae/config.json is 1073741824 bytes", "16 MiB"],
-    );
+    check("sparse config.json", &generate_args(mm.to_str().unwrap(), &["--prompt", "x", "-o", &o]), &["vae/config.json is 1073741824 bytes", "16 MiB"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -20,13 +20,7 @@ fn workspace_deps() -> BTreeMap<String, Vec<String>> {
         .unwrap()
         .iter()
         .map(|p| {
-            let deps = p["dependencies"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|d| d["kind"].is_null())
-                .map(|d| d["name"].as_str().unwrap().to_string())
-                .collect();
+            let deps = p["dependencies"].as_array().unwrap().iter().filter(|d| d["kind"].is_null()).map(|d| d["name"].as_str().unwrap().to_string()).collect();
             (p["name"].as_str().unwrap().to_string(), deps)
         })
         .collect()

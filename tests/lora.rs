@@ -93,12 +93,9 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Write a safetensors file of f32 tensors.
 fn write_st(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> =
-        tensors.iter().map(|(n, s, d)| (n.to_string(), f32_bytes(d), s.clone())).collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
-        .iter()
-        .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
-        .collect();
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors.iter().map(|(n, s, d)| (n.to_string(), f32_bytes(d), s.clone())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        bytes.iter().map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())).collect();
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
@@ -128,13 +125,16 @@ fn diff_and_loha_follow_the_formula() {
     let r = 2;
     let (w1a, w1b, w2a, w2b) = (pattern(d * r, 1.0), pattern(r * d, 0.7), pattern(d * r, 0.9), pattern(r * d, 0.6));
     let p = dir.join("loha.safetensors");
-    write_st(&p, &[
-        ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, r], w1a.clone()),
-        ("lycoris_layers_2_proj_v.hada_w1_b", vec![r, d], w1b.clone()),
-        ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, r], w2a.clone()),
-        ("lycoris_layers_2_proj_v.hada_w2_b", vec![r, d], w2b.clone()),
-        ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.0]),
-    ]);
+    write_st(
+        &p,
+        &[
+            ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, r], w1a.clone()),
+            ("lycoris_layers_2_proj_v.hada_w1_b", vec![r, d], w1b.clone()),
+            ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, r], w2a.clone()),
+            ("lycoris_layers_2_proj_v.hada_w2_b", vec![r, d], w2b.clone()),
+            ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.0]),
+        ],
+    );
     let w = base.f32("layers.2.proj.v.weight").unwrap().1;
     let mut want = w.clone();
     for i in 0..d {
@@ -194,10 +194,13 @@ fn former_delta(d: &Delta) -> Vec<f32> {
                     out[i * cols + j] = a[(i / br) * ac + j / bc] * b[(i % br) * bc + j % bc];
                 }
             }
-            (out, match (alpha, rb.or(ra)) {
-                (Some(al), Some(r)) => al / r as f32,
-                _ => 1.0,
-            })
+            (
+                out,
+                match (alpha, rb.or(ra)) {
+                    (Some(al), Some(r)) => al / r as f32,
+                    _ => 1.0,
+                },
+            )
         }
         Delta::Full(m) => (m.values().into_owned(), 1.0),
     };
@@ -240,18 +243,18 @@ fn backend_merge_equals_the_former_host_merge() {
     let dir = scratch("former");
     let d = 128;
     let loha = dir.join("loha.safetensors");
-    write_st(&loha, &[
-        ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, 3], pattern(d * 3, 1.0)),
-        ("lycoris_layers_2_proj_v.hada_w1_b", vec![3, d], pattern(3 * d, 0.7)),
-        ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, 3], pattern(d * 3, 0.9)),
-        ("lycoris_layers_2_proj_v.hada_w2_b", vec![3, d], pattern(3 * d, 0.6)),
-        ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.5]),
-    ]);
+    write_st(
+        &loha,
+        &[
+            ("lycoris_layers_2_proj_v.hada_w1_a", vec![d, 3], pattern(d * 3, 1.0)),
+            ("lycoris_layers_2_proj_v.hada_w1_b", vec![3, d], pattern(3 * d, 0.7)),
+            ("lycoris_layers_2_proj_v.hada_w2_a", vec![d, 3], pattern(d * 3, 0.9)),
+            ("lycoris_layers_2_proj_v.hada_w2_b", vec![3, d], pattern(3 * d, 0.6)),
+            ("lycoris_layers_2_proj_v.alpha", vec![], vec![1.5]),
+        ],
+    );
     let diff = dir.join("diff.safetensors");
-    write_st(&diff, &[
-        ("layers.3.proj.q.diff", vec![d, d], pattern(d * d, 0.01)),
-        ("text_embedder.proj.diff_b", vec![d], pattern(d, 0.2)),
-    ]);
+    write_st(&diff, &[("layers.3.proj.q.diff", vec![d, d], pattern(d * d, 0.01)), ("text_embedder.proj.diff_b", vec![d], pattern(d, 0.2))]);
     let spec = |p: PathBuf, scale: f32| LoraSpec { path: p, scale };
     let specs = [
         spec(file_of("peft"), 0.8),
@@ -320,15 +323,24 @@ fn moss(args: &[&str]) -> std::process::Output {
 fn loop_args(e: &Expected, model: &str, out: &Path) -> Vec<String> {
     let g = Expected::load("tiny-a");
     let lp = &e.json["loop"];
-    let text = g.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let text = g.json["prompts"].as_array().unwrap().iter().find(|p| p["name"] == lp["prompt"]).unwrap()["text"].as_str().unwrap().to_string();
     let s = |k: &str| lp[k].to_string();
     vec![
-        "generate".into(), "--device".into(), "cpu".into(), "--model".into(), model.into(), "--prompt".into(), text,
-        "--seed".into(), s("seed"), "--steps".into(), s("steps"), "--size".into(), format!("{}x{}", s("width"), s("height")),
-        "--out".into(), out.display().to_string(),
+        "generate".into(),
+        "--device".into(),
+        "cpu".into(),
+        "--model".into(),
+        model.into(),
+        "--prompt".into(),
+        text,
+        "--seed".into(),
+        s("seed"),
+        "--steps".into(),
+        s("steps"),
+        "--size".into(),
+        format!("{}x{}", s("width"), s("height")),
+        "--out".into(),
+        out.display().to_string(),
     ]
 }
 
@@ -410,8 +422,21 @@ fn refused(tag: &str, lora: &Path, want: &str) {
     let png = dir.join("x.png");
     let model = golden().join("tiny-a");
     let out = moss(&[
-        "generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a cat", "--steps", "1",
-        "--size", "64x64", "--out", png.to_str().unwrap(), "--lora", lora.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "a cat",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--out",
+        png.to_str().unwrap(),
+        "--lora",
+        lora.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{tag}: accepted");
@@ -432,35 +457,41 @@ fn refusals() {
     refused("unreadable", &junk, "not a readable safetensors file");
 
     let p = dir.join("unmapped.safetensors");
-    write_st(&p, &[
-        ("layers.99.proj.q.lora_A.weight", vec![2, d], pattern(2 * d, 1.0)),
-        ("layers.99.proj.q.lora_B.weight", vec![d, 2], pattern(2 * d, 1.0)),
-    ]);
+    write_st(&p, &[("layers.99.proj.q.lora_A.weight", vec![2, d], pattern(2 * d, 1.0)), ("layers.99.proj.q.lora_B.weight", vec![d, 2], pattern(2 * d, 1.0))]);
     refused("unmapped", &p, "map onto no transformer tensor: `layers.99.proj.q`; the model has e.g.");
 
     let p = dir.join("shape.safetensors");
-    write_st(&p, &[
-        ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
-        ("layers.0.proj.q.lora_up.weight", vec![d + 16, 2], pattern(2 * (d + 16), 1.0)),
-    ]);
+    write_st(
+        &p,
+        &[
+            ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
+            ("layers.0.proj.q.lora_up.weight", vec![d + 16, 2], pattern(2 * (d + 16), 1.0)),
+        ],
+    );
     refused("shape", &p, "shape does not fit");
 
     let p = dir.join("sdxl.safetensors");
-    write_st(&p, &[
-        ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
-        ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", vec![8, 2], pattern(16, 1.0)),
-    ]);
+    write_st(
+        &p,
+        &[
+            ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
+            ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", vec![8, 2], pattern(16, 1.0)),
+        ],
+    );
     refused("sdxl", &p, "another model family");
     let p = dir.join("flux.safetensors");
     write_st(&p, &[("diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight", vec![2, 8], pattern(16, 1.0))]);
     refused("flux", &p, "another model family");
 
     let p = dir.join("te.safetensors");
-    write_st(&p, &[
-        ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
-        ("layers.0.proj.q.lora_up.weight", vec![d, 2], pattern(2 * d, 1.0)),
-        ("lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
-    ]);
+    write_st(
+        &p,
+        &[
+            ("layers.0.proj.q.lora_down.weight", vec![2, d], pattern(2 * d, 1.0)),
+            ("layers.0.proj.q.lora_up.weight", vec![d, 2], pattern(2 * d, 1.0)),
+            ("lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", vec![2, 8], pattern(16, 1.0)),
+        ],
+    );
     refused("text encoder", &p, "touches the text encoder (key `lora_te_text_model_encoder_layers_0_mlp_fc1");
 
     let p = dir.join("unknown.safetensors");

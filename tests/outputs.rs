@@ -40,8 +40,7 @@ fn refused(o: &Output, needle: &str) {
 }
 
 fn entries(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> =
-        std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
 }
@@ -200,8 +199,19 @@ fn batch_items_stay_inside_the_out_dir() {
     .unwrap();
     let model = tiny();
     let o = moss(&[
-        "generate", "--device", "cpu", "--model", &model, "--prompts", list.to_str().unwrap(), "--out-dir",
-        outdir.to_str().unwrap(), "--steps", "1", "--size", "64x64",
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--prompts",
+        list.to_str().unwrap(),
+        "--out-dir",
+        outdir.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -14,15 +14,12 @@ use std::process::Command;
 
 /// The checksum make_quant.py records: Σ bits(v[i]) · (2i + 1) mod 2^64.
 fn checksum(v: &[f32]) -> String {
-    let s = v.iter().enumerate().fold(0u64, |acc, (i, x)| {
-        acc.wrapping_add((x.to_bits() as u64).wrapping_mul(2 * i as u64 + 1))
-    });
+    let s = v.iter().enumerate().fold(0u64, |acc, (i, x)| acc.wrapping_add((x.to_bits() as u64).wrapping_mul(2 * i as u64 + 1)));
     format!("{s:016x}")
 }
 
 fn quant_json() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(golden().join("expected/quant.json")).unwrap())
-        .unwrap()
+    serde_json::from_str(&std::fs::read_to_string(golden().join("expected/quant.json")).unwrap()).unwrap()
 }
 
 fn expected_values() -> TensorStore {
@@ -33,50 +30,17 @@ fn expected_values() -> TensorStore {
 /// names, shapes and values bit for bit.
 fn same_as_reference(file: &str, store: &TensorStore) {
     let want = &quant_json()["files"][file];
-    let want = want
-        .as_object()
-        .unwrap_or_else(|| panic!("no {file} in quant.json"));
-    let names: Vec<&String> = store
-        .tensors
-        .keys()
-        .filter(|k| !k.ends_with(".comfy_quant") && !k.ends_with(".weight_scale"))
-        .collect();
-    assert_eq!(
-        names.len(),
-        want.len(),
-        "{file}: moss maps {} tensors, the reference {}",
-        names.len(),
-        want.len()
-    );
+    let want = want.as_object().unwrap_or_else(|| panic!("no {file} in quant.json"));
+    let names: Vec<&String> = store.tensors.keys().filter(|k| !k.ends_with(".comfy_quant") && !k.ends_with(".weight_scale")).collect();
+    assert_eq!(names.len(), want.len(), "{file}: moss maps {} tensors, the reference {}", names.len(), want.len());
     for (name, w) in want {
-        let info = store
-            .get(name)
-            .unwrap_or_else(|| panic!("{file}: moss has no `{name}`"));
-        let shape: Vec<usize> = w["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap() as usize)
-            .collect();
+        let info = store.get(name).unwrap_or_else(|| panic!("{file}: moss has no `{name}`"));
+        let shape: Vec<usize> = w["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
         assert_eq!(info.shape, shape, "{file}: `{name}`");
         let v = store.values(info).unwrap();
-        let first: Vec<f32> = w["first"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect();
-        assert_eq!(
-            &v[..first.len()],
-            &first[..],
-            "{file}: `{name}` first values"
-        );
-        assert_eq!(
-            checksum(&v),
-            w["checksum"].as_str().unwrap(),
-            "{file}: `{name}` ({}) differs from the reference",
-            info.dtype.name()
-        );
+        let first: Vec<f32> = w["first"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        assert_eq!(&v[..first.len()], &first[..], "{file}: `{name}` first values");
+        assert_eq!(checksum(&v), w["checksum"].as_str().unwrap(), "{file}: `{name}` ({}) differs from the reference", info.dtype.name());
     }
 }
 
@@ -94,10 +58,7 @@ fn every_ggml_block_type_dequantizes_as_gguf_does() {
         seen.push(info.dtype.name());
     }
     seen.sort();
-    assert_eq!(
-        seen,
-        ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "bf16", "f16", "f32"]
-    );
+    assert_eq!(seen, ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "bf16", "f16", "f32"]);
 }
 
 #[test]
@@ -110,27 +71,13 @@ fn gguf_dits_map_to_moss_names_and_dequantize_as_gguf_does() {
 
 #[test]
 fn comfy_quant_files_dequantize_as_convert_to_quant_does() {
-    let int8 = single_file::open(
-        &golden().join("quant/tiny-b-int8.safetensors"),
-        "transformer",
-    )
-    .unwrap();
+    let int8 = single_file::open(&golden().join("quant/tiny-b-int8.safetensors"), "transformer").unwrap();
     assert_eq!(int8.format, "comfy_quant safetensors (int8_tensorwise)");
     same_as_reference("tiny-b-int8.safetensors", &int8);
-    let rot = single_file::open(
-        &golden().join("quant/tiny-a-int8-convrot.safetensors"),
-        "transformer",
-    )
-    .unwrap();
-    assert_eq!(
-        rot.format,
-        "comfy_quant safetensors (int8_tensorwise + ConvRot, int8_tensorwise)"
-    );
+    let rot = single_file::open(&golden().join("quant/tiny-a-int8-convrot.safetensors"), "transformer").unwrap();
+    assert_eq!(rot.format, "comfy_quant safetensors (int8_tensorwise + ConvRot, int8_tensorwise)");
     let q = rot.get("layers.0.proj.q.weight").unwrap();
-    assert_eq!(
-        (q.dtype, q.row_scales.as_ref().unwrap().convrot),
-        (Dtype::I8, Some(64))
-    );
+    assert_eq!((q.dtype, q.row_scales.as_ref().unwrap().convrot), (Dtype::I8, Some(64)));
     same_as_reference("tiny-a-int8-convrot.safetensors", &rot);
 }
 
@@ -138,25 +85,16 @@ fn comfy_quant_files_dequantize_as_convert_to_quant_does() {
 /// are far from what convert-to-quant's weights are.
 #[test]
 fn convrot_without_the_rotation_is_not_the_weight() {
-    let mut rot = single_file::open(
-        &golden().join("quant/tiny-a-int8-convrot.safetensors"),
-        "transformer",
-    )
-    .unwrap();
+    let mut rot = single_file::open(&golden().join("quant/tiny-a-int8-convrot.safetensors"), "transformer").unwrap();
     let info = rot.tensors.get_mut("layers.0.proj.q.weight").unwrap();
     info.row_scales.as_mut().unwrap().convrot = None;
-    let unturned = rot
-        .values(rot.get("layers.0.proj.q.weight").unwrap())
-        .unwrap();
+    let unturned = rot.values(rot.get("layers.0.proj.q.weight").unwrap()).unwrap();
     let w = &quant_json()["files"]["tiny-a-int8-convrot.safetensors"]["layers.0.proj.q.weight"];
     assert_ne!(checksum(&unturned), w["checksum"].as_str().unwrap());
 }
 
 fn moss(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_moss"))
-        .args(args)
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_moss")).args(args).output().unwrap()
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -198,16 +136,8 @@ fn loop_latents(ckpt: &str, transformer: &Path, dir: &Path) -> Vec<f32> {
         lat.to_str().unwrap(),
         "--quiet",
     ]);
-    assert!(
-        o.status.success(),
-        "moss generate --transformer {}: {}",
-        transformer.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    moss::pipeline::read_latents(&lat, 128, None)
-        .unwrap()
-        .0
-        .data
+    assert!(o.status.success(), "moss generate --transformer {}: {}", transformer.display(), String::from_utf8_lossy(&o.stderr));
+    moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data
 }
 
 /// A whole render from each file: the latents of dit_ref run with the reference's dequantized weights
@@ -240,19 +170,12 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
     let ty = at + 4 + 8 * dims;
-    assert_eq!(
-        u32::from_le_bytes(bytes[ty..ty + 4].try_into().unwrap()),
-        2,
-        "Q4_0's id"
-    );
+    assert_eq!(u32::from_le_bytes(bytes[ty..ty + 4].try_into().unwrap()), 2, "Q4_0's id");
     bytes[ty..ty + 4].copy_from_slice(&10u32.to_le_bytes());
     let bad = dir.join("q2k.gguf");
     std::fs::write(&bad, &bytes).unwrap();
     let err = format!("{:#}", gguf::open(&bad).err().expect("refused"));
-    assert!(
-        err.contains("`blocks.Q4_0`") && err.contains("Q2_K"),
-        "{err}"
-    );
+    assert!(err.contains("`blocks.Q4_0`") && err.contains("Q2_K"), "{err}");
     // a truncated file
     let cut = dir.join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
@@ -285,8 +208,21 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
     // a GGUF text encoder (llama.cpp's names) is refused, naming the file's kind
     let blocks = golden().join("quant/blocks.gguf");
     let o = moss(&[
-        "generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--text-encoder", blocks.to_str().unwrap(),
-        "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", out.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--text-encoder",
+        blocks.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!((o.status.code(), err.lines().count()), (Some(1), 1), "{err}");
@@ -312,11 +248,7 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
         out.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(
-        (o.status.code(), err.lines().count()),
-        (Some(1), 1),
-        "{err}"
-    );
+    assert_eq!((o.status.code(), err.lines().count()), (Some(1), 1), "{err}");
     assert!(err.contains("shape"), "{err}");
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
@@ -328,41 +260,14 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
 fn moss_quantize_files_load_back() {
     let dir = scratch("own");
     let model = golden().join("tiny-b");
-    let folder = common::checkpoint("tiny-b")
-        .open_component("transformer")
-        .unwrap();
-    for (to, bound) in [
-        ("q8_0", 1e-2),
-        ("q4_k", 0.1),
-        ("q6_k", 0.03),
-        ("int8", 1e-2),
-        ("int8-convrot", 1e-2),
-    ] {
+    let folder = common::checkpoint("tiny-b").open_component("transformer").unwrap();
+    for (to, bound) in [("q8_0", 1e-2), ("q4_k", 0.1), ("q6_k", 0.03), ("int8", 1e-2), ("int8-convrot", 1e-2)] {
         let out = dir.join(format!("t.{to}"));
-        let o = moss(&[
-            "quantize",
-            "--model",
-            model.to_str().unwrap(),
-            "--to",
-            to,
-            "-o",
-            out.to_str().unwrap(),
-            "--quiet",
-        ]);
-        assert!(
-            o.status.success(),
-            "{to}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", to, "-o", out.to_str().unwrap(), "--quiet"]);
+        assert!(o.status.success(), "{to}: {}", String::from_utf8_lossy(&o.stderr));
         let store = single_file::open(&out, "transformer").unwrap();
         for (name, info) in &folder.store.tensors {
-            let got = store
-                .values(
-                    store
-                        .get(name)
-                        .unwrap_or_else(|| panic!("{to}: no `{name}`")),
-                )
-                .unwrap();
+            let got = store.values(store.get(name).unwrap_or_else(|| panic!("{to}: no `{name}`"))).unwrap();
             let want = folder.store.values(info).unwrap();
             let e = rel_l2(&got, &want);
             assert!(e < bound, "{to}: `{name}` is {e:.3e} from the folder's");
@@ -370,34 +275,10 @@ fn moss_quantize_files_load_back() {
     }
     let weights = model.join("transformer/diffusion_pytorch_model.safetensors");
     let before = std::fs::read(&weights).unwrap();
-    let o = moss(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--to",
-        "q8_0",
-        "-o",
-        weights.to_str().unwrap(),
-    ]);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(
-        std::fs::read(&weights).unwrap() == before,
-        "the checkpoint's file was changed"
-    );
-    let o = moss(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--to",
-        "q3_k",
-        "-o",
-        dir.join("y").to_str().unwrap(),
-    ]);
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", "q8_0", "-o", weights.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&weights).unwrap() == before, "the checkpoint's file was changed");
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--to", "q3_k", "-o", dir.join("y").to_str().unwrap()]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("q3_k"));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -413,93 +294,30 @@ fn text_encoder_single_files() {
     let views: Vec<(String, safetensors::tensor::TensorView)> = store
         .tensors
         .iter()
-        .map(|(n, i)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(
-                    common::folders::st_dtype(i.dtype),
-                    i.shape.clone(),
-                    store.bytes(i),
-                )
-                .unwrap(),
-            )
-        })
+        .map(|(n, i)| (n.clone(), safetensors::tensor::TensorView::new(common::folders::st_dtype(i.dtype), i.shape.clone(), store.bytes(i)).unwrap()))
         .collect();
     let one = dir.join("te-bf16.safetensors");
     std::fs::write(&one, safetensors::serialize(views, None).unwrap()).unwrap();
     let int8 = dir.join("te-int8.safetensors");
-    let o = moss(&[
-        "quantize",
-        "--model",
-        model.to_str().unwrap(),
-        "--component",
-        "text-encoder",
-        "--to",
-        "int8",
-        "-o",
-        int8.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--component", "text-encoder", "--to", "int8", "-o", int8.to_str().unwrap(), "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let run = |extra: &[&str], tag: &str| -> (Vec<u8>, Vec<f32>) {
-        let (pic, lat) = (
-            dir.join(format!("{tag}.png")),
-            dir.join(format!("{tag}.latents")),
-        );
+        let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
         let args = [
-            &[
-                "generate",
-                "--device",
-                "cpu",
-                "--model",
-                model.to_str().unwrap(),
-                "--prompt",
-                "a red fox",
-                "--steps",
-                "2",
-                "--size",
-                "64x64",
-            ][..],
+            &["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a red fox", "--steps", "2", "--size", "64x64"][..],
             extra,
-            &[
-                "--out",
-                pic.to_str().unwrap(),
-                "--save-latents",
-                lat.to_str().unwrap(),
-                "--quiet",
-            ],
+            &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(), "--quiet"],
         ]
         .concat();
         let o = moss(&args);
-        assert!(
-            o.status.success(),
-            "{tag}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (
-            std::fs::read(&pic).unwrap(),
-            moss::pipeline::read_latents(&lat, 128, None)
-                .unwrap()
-                .0
-                .data,
-        )
+        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+        (std::fs::read(&pic).unwrap(), moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data)
     };
     let (folder_pic, folder_lat) = run(&[], "folder");
     let (one_pic, _) = run(&["--text-encoder", one.to_str().unwrap()], "one");
-    assert!(
-        one_pic == folder_pic,
-        "the folder's text encoder as one file gives another picture"
-    );
+    assert!(one_pic == folder_pic, "the folder's text encoder as one file gives another picture");
     let gguf = golden().join("quant/tiny-a-Q4_0.gguf");
-    let (_, q_lat) = run(
-        &[
-            "--text-encoder",
-            int8.to_str().unwrap(),
-            "--transformer",
-            gguf.to_str().unwrap(),
-        ],
-        "int8",
-    );
+    let (_, q_lat) = run(&["--text-encoder", int8.to_str().unwrap(), "--transformer", gguf.to_str().unwrap()], "int8");
     let (_, g_lat) = run(&["--transformer", gguf.to_str().unwrap()], "gguf");
     let e = rel_l2(&q_lat, &g_lat);
     println!("int8 text encoder: latents {e:.3e} from the bf16 encoder's (Q4_0 transformer both); Q4_0 vs folder {:.3e}", rel_l2(&g_lat, &folder_lat));
@@ -514,24 +332,9 @@ fn text_encoder_single_files() {
 fn check_reports_single_file_formats() {
     let model = golden().join("tiny-b");
     let gguf = golden().join("quant/tiny-b-mixed.gguf");
-    let o = moss(&[
-        "check",
-        "--model",
-        model.to_str().unwrap(),
-        "--transformer",
-        gguf.to_str().unwrap(),
-    ]);
+    let o = moss(&["check", "--model", model.to_str().unwrap(), "--transformer", gguf.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
     let row = out.lines().find(|l| l.starts_with("transformer")).unwrap();
-    assert!(
-        row.contains("GGUF (general.architecture moss_image)")
-            && row.contains("Q4_K")
-            && row.ends_with("ok"),
-        "{row}"
-    );
+    assert!(row.contains("GGUF (general.architecture moss_image)") && row.contains("Q4_K") && row.ends_with("ok"), "{row}");
 }

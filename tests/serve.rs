@@ -655,7 +655,10 @@ async fn per_request_loras_equal_generate_lora_byte_for_byte() {
     let plain = Server::start(&[], &[]);
     let r = generate(plain.port, json!({"prompt": "x", "size": "64x64", "lora": [{"name": "kohya"}]})).await;
     assert_eq!((r.status, r.error()["code"].as_str()), (400, Some("unsupported_value")));
-    let both = Command::new(env!("CARGO_BIN_EXE_moss")).args(["serve", "--model", &model(), "--lora-dir", d, "--lora", f("kohya").to_str().unwrap()]).output().unwrap();
+    let both = Command::new(env!("CARGO_BIN_EXE_moss"))
+        .args(["serve", "--model", &model(), "--lora-dir", d, "--lora", f("kohya").to_str().unwrap()])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&both.stderr);
     assert!(!both.status.success() && err.contains("--lora-dir") && err.contains("cannot be used with"), "{err}");
 }

@@ -155,11 +155,8 @@ async fn short_model_id_aliases_and_output_formats() {
     let (status, r) = generate(p, json!({"model": "dall-e-2", "prompt": "a cat", "size": "64x64"})).await;
     assert_eq!((status, r["error"]["param"].as_str()), (404, Some("model")), "{r}");
     // jpeg with output_compression N is -o x.jpg --quality N; without, OpenAI's 100.
-    let (status, r) = generate(
-        p,
-        json!({"prompt": "a fox", "seed": 4, "size": "64x64", "num_inference_steps": 2, "output_format": "jpeg", "output_compression": 70}),
-    )
-    .await;
+    let (status, r) =
+        generate(p, json!({"prompt": "a fox", "seed": 4, "size": "64x64", "num_inference_steps": 2, "output_format": "jpeg", "output_compression": 70})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["output_format"], "jpeg");
     let got = b64(&r["data"][0]);

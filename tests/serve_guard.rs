@@ -193,8 +193,7 @@ async fn allowed_origins_get_cors_and_a_key_lifts_the_host_check() {
     assert_eq!(r.headers["access-control-allow-origin"], "https://app.example");
     let allowed = r.headers["access-control-allow-headers"].to_str().unwrap().to_ascii_lowercase();
     assert!(allowed.contains("authorization") && allowed.contains("content-type"), "{allowed}");
-    let r =
-        call(p, "POST", GEN, &[("host", "127.0.0.1"), ("origin", "http://localhost:3000"), ("content-type", "application/json"), auth], BODY).await;
+    let r = call(p, "POST", GEN, &[("host", "127.0.0.1"), ("origin", "http://localhost:3000"), ("content-type", "application/json"), auth], BODY).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["access-control-allow-origin"], "http://localhost:3000");
     // Any other origin is still refused, before the key is looked at.

@@ -29,11 +29,7 @@ fn assert_pixels(what: &str, got: &[u8], want: &[u8]) {
     let off: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
     let worst = off.iter().map(|&i| (got[i] as i32 - want[i] as i32).abs()).max().unwrap_or(0);
     println!("{what}: {} of {} values differ, largest difference {worst}", off.len(), got.len());
-    assert!(
-        worst <= 1,
-        "{what}: a value is off by {worst} (index {:?})",
-        off.iter().find(|&&i| (got[i] as i32 - want[i] as i32).abs() > 1)
-    );
+    assert!(worst <= 1, "{what}: a value is off by {worst} (index {:?})", off.iter().find(|&&i| (got[i] as i32 - want[i] as i32).abs() > 1));
     assert!(off.len() <= MAX_OFF_BY_ONE, "{what}: {} values off by one (at most {MAX_OFF_BY_ONE} allowed)", off.len());
 }
 
@@ -84,8 +80,7 @@ fn decode_works_for_odd_and_non_square_grids() {
         assert!(img.data.iter().all(|v| (-1.0..=1.0).contains(v)), "{h}x{w}: not clamped / not finite");
         let px = vae.decode_rgb8(&Cpu, &z).unwrap();
         let (hh, ww) = (16 * h, 16 * w);
-        let from_float: Vec<u8> =
-            (0..hh * ww * 3).map(|i| moss::png::to_u8(img.data[(i % 3) * hh * ww + i / 3])).collect();
+        let from_float: Vec<u8> = (0..hh * ww * 3).map(|i| moss::png::to_u8(img.data[(i % 3) * hh * ww + i / 3])).collect();
         assert_eq!(px, from_float, "{h}x{w}: to_rgb8 vs the float picture");
     }
     // A wrong latent shape is refused, not decoded.
@@ -271,8 +266,7 @@ fn conv_reference(x: &Tensor, w: &Tensor, b: &Tensor, up: bool) -> Vec<f32> {
                                     continue;
                                 }
                                 let (sy, sx) = (yy as usize / f, xs as usize / f);
-                                s += w.data[((o * ci + i) * k + ky) * k + kx] as f64
-                                    * x.data[((ni * ci + i) * h + sy) * wd + sx] as f64;
+                                s += w.data[((o * ci + i) * k + ky) * k + kx] as f64 * x.data[((ni * ci + i) * h + sy) * wd + sx] as f64;
                             }
                         }
                     }
@@ -347,19 +341,13 @@ fn spatial_attention_matches_full_softmax() {
         for ni in 0..n {
             // The whole [L, L] score matrix, as the reference does.
             let at = |m: &Tensor, i: usize, j: usize| m.data[(ni * l + i) * d + j] as f64;
-            let s: Vec<Vec<f64>> = (0..l)
-                .map(|i| {
-                    (0..l)
-                        .map(|j| (0..d).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() / (d as f64).sqrt())
-                        .collect()
-                })
-                .collect();
+            let s: Vec<Vec<f64>> =
+                (0..l).map(|i| (0..l).map(|j| (0..d).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() / (d as f64).sqrt()).collect()).collect();
             for i in 0..l {
                 let m = s[i].iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = s[i].iter().map(|x| (x - m).exp()).sum();
                 for c in 0..d {
-                    want[(ni * l + i) * d + c] =
-                        ((0..l).map(|j| (s[i][j] - m).exp() * at(&v, j, c)).sum::<f64>() / z) as f32;
+                    want[(ni * l + i) * d + c] = ((0..l).map(|j| (s[i][j] - m).exp() * at(&v, j, c)).sum::<f64>() / z) as f32;
                 }
             }
         }

@@ -9,8 +9,7 @@ use anyhow::Result;
 pub const DEFAULT_NAME: &str = "{index:05}-{seed}.png";
 
 /// The JSON fields a line may set.
-pub const FIELDS: [&str; 11] =
-    ["prompt", "negative", "seed", "size", "steps", "guidance", "sampler", "schedule", "cache", "guidance_window", "out"];
+pub const FIELDS: [&str; 11] = ["prompt", "negative", "seed", "size", "steps", "guidance", "sampler", "schedule", "cache", "guidance_window", "out"];
 
 /// Characters `{stem}` keeps when no width is given.
 pub const STEM_LEN: usize = 40;
@@ -52,9 +51,8 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
     }
     let v: serde_json::Value = serde_json::from_str(t).map_err(|e| format!("invalid JSON: {e}"))?;
     let obj = v.as_object().ok_or("a line starting with `{` must be one JSON object")?;
-    let string = |k: &str, v: &serde_json::Value| -> Result<String, String> {
-        v.as_str().map(str::to_string).ok_or_else(|| format!("`{k}` must be a string, got {v}"))
-    };
+    let string =
+        |k: &str, v: &serde_json::Value| -> Result<String, String> { v.as_str().map(str::to_string).ok_or_else(|| format!("`{k}` must be a string, got {v}")) };
     let mut prompt = None;
     for (k, v) in obj {
         if v.is_null() {

@@ -45,10 +45,10 @@ mod stop;
 #[cfg(test)]
 mod tests;
 
+pub use crate::spec::PictureSpec;
 pub use list::*;
 pub use names::*;
 pub use plan::*;
 pub use run::*;
-pub use stop::*;
 use stages::*;
-pub use crate::spec::PictureSpec;
+pub use stop::*;

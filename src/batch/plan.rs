@@ -67,14 +67,7 @@ pub struct Plan {
 
 /// Names, shards and skips: every item's file is computed (all shards, so a clash between two
 /// shards' items is found by both the same way); this shard's items are kept.
-pub fn plan(
-    entries: Vec<Result<Item, BadLine>>,
-    out_dir: &Path,
-    name: &Template,
-    shard: Shard,
-    skip_existing: bool,
-    allow_absolute: bool,
-) -> Plan {
+pub fn plan(entries: Vec<Result<Item, BadLine>>, out_dir: &Path, name: &Template, shard: Shard, skip_existing: bool, allow_absolute: bool) -> Plan {
     let mut p = Plan::default();
     let mut owner: HashMap<PathBuf, usize> = HashMap::new();
     for e in entries {

@@ -169,8 +169,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
             let req = Request { forwards: Some(slots[i].forwards), ..cx.request(j, &texts[i]) };
-            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress))
-                .and_then(|bytes| crate::output::write(&j.path, &bytes));
+            let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress)).and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
                     sum.written += 1;

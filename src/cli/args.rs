@@ -1,7 +1,7 @@
 //! The command line (clap). `main` parses it and hands the values to the library.
 
-use moss::backend::Device;
 use clap::{Args, Parser, Subcommand};
+use moss::backend::Device;
 pub use moss::options::{parse_size, Precision};
 use std::path::PathBuf;
 
@@ -601,10 +601,7 @@ fn parse_skip(s: &str) -> Result<SkipList, String> {
     if s.trim().is_empty() || s.trim() == "none" {
         return Ok(SkipList(vec![]));
     }
-    s.split(',')
-        .map(|v| v.trim().parse::<usize>().map_err(|_| format!("`{v}` is not a block index")))
-        .collect::<Result<Vec<_>, _>>()
-        .map(SkipList)
+    s.split(',').map(|v| v.trim().parse::<usize>().map_err(|_| format!("`{v}` is not a block index"))).collect::<Result<Vec<_>, _>>().map(SkipList)
 }
 
 pub fn parse_window(s: &str) -> Result<(f64, f64), String> {

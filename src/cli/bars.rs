@@ -94,9 +94,7 @@ impl BatchBars {
             multi.set_draw_target(ProgressDrawTarget::hidden());
         }
         let batch = multi.add(ProgressBar::new(0));
-        batch.set_style(
-            ProgressStyle::with_template("batch   {bar:30} {msg}  {pos}/{len} steps  {per_sec}  eta {eta}").unwrap(),
-        );
+        batch.set_style(ProgressStyle::with_template("batch   {bar:30} {msg}  {pos}/{len} steps  {per_sec}  eta {eta}").unwrap());
         let pic = multi.add(ProgressBar::new(0));
         BatchBars { multi, batch, pic, pictures: 0, written: 0, stage: String::new(), quiet, json }
     }
@@ -120,9 +118,7 @@ impl batch::BatchProgress for BatchBars {
     fn stage(&mut self, name: &str, chunk: usize, chunks: usize) {
         self.stage = if chunks > 1 { format!("{name} (chunk {}/{chunks})", chunk + 1) } else { name.to_string() };
         if name == "denoise" {
-            self.pic.set_style(
-                ProgressStyle::with_template("{prefix:7} {bar:30} {pos}/{len} steps  {per_sec}  eta {eta}").unwrap(),
-            );
+            self.pic.set_style(ProgressStyle::with_template("{prefix:7} {bar:30} {pos}/{len} steps  {per_sec}  eta {eta}").unwrap());
         } else {
             self.pic.set_style(ProgressStyle::with_template("{spinner} {msg}").unwrap());
             self.pic.enable_steady_tick(std::time::Duration::from_millis(120));

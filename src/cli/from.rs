@@ -113,8 +113,7 @@ fn check_model_hash(pic: &Path, model: &str, name: &str, recorded: Option<&str>,
 fn loras(pic: &Path, recorded: &[String], flags: &[LoraSpec], flags_given: bool, quiet: bool) -> anyhow::Result<Vec<LoraSpec>> {
     let mut want = vec![];
     for r in recorded {
-        let (file, scale, hash) =
-            parse_lora(r).ok_or_else(|| anyhow::anyhow!("{}: the recorded LoRA `{r}` is not FILE:SCALE:HASH", pic.display()))?;
+        let (file, scale, hash) = parse_lora(r).ok_or_else(|| anyhow::anyhow!("{}: the recorded LoRA `{r}` is not FILE:SCALE:HASH", pic.display()))?;
         want.push((file, scale, hash));
     }
     if flags_given {

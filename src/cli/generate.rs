@@ -92,11 +92,8 @@ fn run_several(a: &GenerateArgs, spec: PictureSpec) -> anyhow::Result<u8> {
         Some(list) => list.clone(),
         None => (0..a.count.unwrap_or(1)).map(|i| base.wrapping_add(i)).collect(),
     };
-    let items = seeds
-        .iter()
-        .enumerate()
-        .map(|(i, &seed)| batch::Item { index: i, line: i + 1, spec: PictureSpec { seed, ..spec.clone() }, out: None })
-        .collect();
+    let items =
+        seeds.iter().enumerate().map(|(i, &seed)| batch::Item { index: i, line: i + 1, spec: PictureSpec { seed, ..spec.clone() }, out: None }).collect();
     let name = a.out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let name = if name.contains('{') || seeds.len() < 2 {
         name

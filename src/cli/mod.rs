@@ -3,8 +3,8 @@
 //! binary sees this; the library never names it.
 
 pub mod args;
-pub mod bench;
 pub mod bars;
+pub mod bench;
 pub mod from;
 pub mod generate;
 pub mod man;

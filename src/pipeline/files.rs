@@ -1,6 +1,7 @@
 //! Latents and embeds files: `moss encode` (the prompt's hidden states to a file), the final
 //! latents as a self-describing safetensors file, and `moss decode` (a latents file to a PNG).
 
+use super::*;
 use crate::backend::cpu::Cpu;
 use crate::backend::ops::VaeOps;
 use crate::backend::Device;
@@ -10,7 +11,6 @@ use crate::png;
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-use super::*;
 
 /// The `format` of a latents file's `moss` metadata.
 pub const LATENTS_FORMAT: &str = "moss-latents-1";
@@ -49,9 +49,7 @@ pub struct LatentsFile {
 pub fn read_latents_file(path: &Path, channels: usize, size: Option<(u32, u32)>) -> Result<LatentsFile> {
     let mut warnings = vec![];
     let bytes = crate::bounded::read_bounded(path, max_latents_bytes(channels), "latents")?;
-    let looks_st = bytes.len() > 9
-        && bytes[8] == b'{'
-        && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
+    let looks_st = bytes.len() > 9 && bytes[8] == b'{' && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64;
     let (z, params) = if looks_st {
         let bad = |why: String| anyhow::anyhow!("{} is not a moss latents file: {why}", path.display());
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(format!("{e:?}")))?;
@@ -90,10 +88,7 @@ pub fn read_latents_file(path: &Path, channels: usize, size: Option<(u32, u32)>)
                 Some(p)
             }
             Err(e) => {
-                warnings.push(format!(
-                    "{}: its `moss` settings do not read ({e}); the picture records only the model and the file",
-                    path.display()
-                ));
+                warnings.push(format!("{}: its `moss` settings do not read ({e}); the picture records only the model and the file", path.display()));
                 None
             }
         };
@@ -174,11 +169,7 @@ pub fn latent_grid(len: u64, channels: usize, size: Option<(u32, u32)>) -> Resul
             let side = (cells as f64).sqrt().round() as u64;
             if len.is_multiple_of(per) && side > 0 && side * side == cells {
                 if side * 16 > crate::options::MAX_SIDE as u64 {
-                    bail!(
-                        "latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}",
-                        side * 16,
-                        crate::options::MAX_SIDE
-                    );
+                    bail!("latents file is {len} bytes, a {0}x{0} picture, above the cap of {1}x{1}", side * 16, crate::options::MAX_SIDE);
                 }
                 return Ok((side as usize, side as usize));
             }

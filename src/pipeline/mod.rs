@@ -280,20 +280,10 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
     let files = COMPONENT_FILES.get().cloned().unwrap_or_default();
     let ck = Checkpoint::open_with(checkpoint::locate(model)?, files)?;
     if ck.vae.packed_channels() != ck.dit.latent_channels {
-        bail!(
-            "{}: the VAE packs {} latent channels but the transformer takes {}",
-            ck.loc.root.display(),
-            ck.vae.packed_channels(),
-            ck.dit.latent_channels
-        );
+        bail!("{}: the VAE packs {} latent channels but the transformer takes {}", ck.loc.root.display(), ck.vae.packed_channels(), ck.dit.latent_channels);
     }
     if ck.encoder.hidden_size != ck.dit.text_dim {
-        bail!(
-            "{}: the text encoder is {} wide but the transformer's text_dim is {}",
-            ck.loc.root.display(),
-            ck.encoder.hidden_size,
-            ck.dit.text_dim
-        );
+        bail!("{}: the text encoder is {} wide but the transformer's text_dim is {}", ck.loc.root.display(), ck.encoder.hidden_size, ck.dit.text_dim);
     }
     Ok(ck)
 }
@@ -302,13 +292,8 @@ pub fn open_checkpoint(model: &str) -> Result<Checkpoint> {
 pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
     let blocks = ck.dit.num_layers;
     let past: Vec<String> = skip.iter().filter(|&&i| i >= blocks).map(|i| i.to_string()).collect();
-    (!past.is_empty()).then(|| {
-        format!(
-            "--uncond-skip {}: the transformer has {blocks} blocks (0..{}); an index past the last skips nothing",
-            past.join(","),
-            blocks - 1
-        )
-    })
+    (!past.is_empty())
+        .then(|| format!("--uncond-skip {}: the transformer has {blocks} blocks (0..{}); an index past the last skips nothing", past.join(","), blocks - 1))
 }
 
 /// The CUDA backend on `cuda:n`, or a clear error naming the device. At `--precision fp8` a GPU
@@ -325,14 +310,7 @@ pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::bac
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
 /// runs once per prompt (the negative only when guidance is not exactly 1); the unconditional
 /// pass skips `req.uncond_skip` at the steps inside `req.skip_window`.
-pub fn denoise<B: DitOps + VaeOps>(
-    b: &B,
-    ck: &Checkpoint,
-    req: &Request,
-    cond: &Tensor,
-    uncond: &Tensor,
-    progress: &mut dyn Progress,
-) -> Result<Tensor> {
+pub fn denoise<B: DitOps + VaeOps>(b: &B, ck: &Checkpoint, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
     let comp = ck.open_component("transformer")?;
     let image = (req.spec.height / 16) as usize * (req.spec.width / 16) as usize;
     b.plan_dit(&comp, &ck.dit, image, cond.shape[0].max(uncond.shape[0]))?;
@@ -370,14 +348,7 @@ pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result
 /// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
 /// with the picture's metadata in the format of `req.out` (PNG for the server's empty path).
 /// `generate`, batch mode and the server all write these bytes.
-pub fn picture_bytes<B: VaeOps>(
-    b: &B,
-    vae: &VaeDecoder<B>,
-    ck: &Checkpoint,
-    req: &Request,
-    z: &Tensor,
-    progress: &mut dyn Progress,
-) -> Result<Vec<u8>> {
+pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor, progress: &mut dyn Progress) -> Result<Vec<u8>> {
     let rgb = vae.decode_rgb8(b, z)?;
     let pic = crate::picture::encode(&req.out, req.quality, &rgb, req.spec.width, req.spec.height, &metadata(req, ck))?;
     if let Some(w) = pic.warning(&req.out) {
@@ -397,13 +368,7 @@ pub fn generate(req: &Request, model: &str, device: Device, progress: &mut dyn P
 }
 
 /// [`generate`] with adapters merged into the transformer (checked before any heavy work).
-pub fn generate_with_loras(
-    req: &Request,
-    model: &str,
-    loras: &[crate::lora::LoraSpec],
-    device: Device,
-    progress: &mut dyn Progress,
-) -> Result<Report> {
+pub fn generate_with_loras(req: &Request, model: &str, loras: &[crate::lora::LoraSpec], device: Device, progress: &mut dyn Progress) -> Result<Report> {
     generate_planned(req, model, loras, device, &MemoryOptions::default(), progress)
 }
 

@@ -2,11 +2,11 @@
 //! vllm-omni accept) and the OpenAI error envelope. Every field is checked here, before a request
 //! is queued; an unknown field is a 400 that names it.
 
+use crate::options::Precision;
+use crate::pipeline::Request;
+use crate::spec::PictureSpec;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use crate::options::Precision;
-use crate::spec::PictureSpec;
-use crate::pipeline::Request;
 use serde_json::{json, Map, Value};
 
 /// Fields moss reads.
@@ -139,11 +139,9 @@ fn whole(k: &str, v: &Value) -> Result<u64, ApiError> {
 /// model answers to, its id (`GET /v1/models`) first; `random_seed`: the seed of a request that
 /// sets none.
 pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
-    let obj: &Map<String, Value> = v
-        .as_object()
-        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body must be one JSON object"))?;
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
+    let obj: &Map<String, Value> = v.as_object().ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", "the body must be one JSON object"))?;
     let unknown: Vec<&str> = obj.keys().map(String::as_str).filter(|k| !FIELDS.contains(k) && !IGNORED.contains(k)).collect();
     if !unknown.is_empty() {
         let names = unknown.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
@@ -186,7 +184,8 @@ pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_
     if let Some(v) = get("size") {
         let s = string("size", v)?;
         if s != "auto" {
-            (g.req.spec.width, g.req.spec.height) = crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
+            (g.req.spec.width, g.req.spec.height) =
+                crate::options::parse_size(s).map_err(|e| ApiError::bad("size", "invalid_value", format!("`size` {s}: {e}")))?;
         }
     }
     if let Some(v) = get("response_format") {
@@ -235,9 +234,7 @@ pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_
         g.req.spec.negative = string("negative_prompt", v)?.to_string();
     }
     if let Some(v) = get("seed") {
-        g.req.spec.seed = v
-            .as_u64()
-            .ok_or_else(|| ApiError::bad("seed", "invalid_type", format!("`seed` must be a whole number in 0..2^64, got {v}")))?;
+        g.req.spec.seed = v.as_u64().ok_or_else(|| ApiError::bad("seed", "invalid_type", format!("`seed` must be a whole number in 0..2^64, got {v}")))?;
     }
     if let Some(v) = get("num_inference_steps") {
         let s = whole("num_inference_steps", v)?;
@@ -251,9 +248,7 @@ pub fn parse(body: &[u8], lim: &Limits, models: &[&str], base: &Request, random_
         g.req.spec.steps = s as u32;
     }
     if let Some(v) = get("guidance_scale") {
-        let x = v
-            .as_f64()
-            .ok_or_else(|| ApiError::bad("guidance_scale", "invalid_type", format!("`guidance_scale` must be a number, got {v}")))?;
+        let x = v.as_f64().ok_or_else(|| ApiError::bad("guidance_scale", "invalid_type", format!("`guidance_scale` must be a number, got {v}")))?;
         if !(x as f32).is_finite() {
             return Err(ApiError::bad("guidance_scale", "invalid_value", format!("`guidance_scale` {x} is not a finite number")));
         }
@@ -323,12 +318,20 @@ mod tests {
     #[test]
     fn fields_and_defaults() {
         let base = base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16);
-        let g = parse(br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#, &lim(), &["m"], &base, 1).unwrap();
+        let g = parse(
+            br#"{"prompt":"a cat","seed":7,"n":3,"size":"64x32","num_inference_steps":4,"guidance_scale":1,"quality":"hd","user":"u"}"#,
+            &lim(),
+            &["m"],
+            &base,
+            1,
+        )
+        .unwrap();
         assert_eq!((g.req.spec.seed, g.n, g.req.spec.width, g.req.spec.height, g.req.spec.steps, g.req.spec.guidance), (7, 3, 64, 32, 4, 1.0));
         let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), &["m"], &base, 99).unwrap();
         assert_eq!((g.req.spec.seed, g.req.spec.width, g.req.spec.steps, g.req.spec.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
         // An alias names the same model; jpeg with a compression is `-o x.jpg --quality N`.
-        let g = parse(br#"{"prompt":"a cat","model":"dall-e-3","output_format":"jpeg","output_compression":55}"#, &lim(), &["m", "dall-e-3"], &base, 1).unwrap();
+        let g =
+            parse(br#"{"prompt":"a cat","model":"dall-e-3","output_format":"jpeg","output_compression":55}"#, &lim(), &["m", "dall-e-3"], &base, 1).unwrap();
         assert_eq!((g.format, g.req.out.to_str(), g.req.quality), ("jpeg", Some("picture.jpg"), Some(55)));
         let g = parse(br#"{"prompt":"a cat","output_format":"jpeg","output_compression":0}"#, &lim(), &["m"], &base, 1).unwrap();
         assert_eq!(g.req.quality, Some(1));

@@ -79,11 +79,8 @@ pub fn is_loopback_host(host: &str) -> bool {
 /// The Host and Origin checks, before anything else a request meets.
 pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Response {
     if g.loopback_hosts_only {
-        let host = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
+        let host =
+            req.uri().authority().map(|a| a.as_str().to_string()).or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
         if !host.as_deref().is_some_and(is_loopback_host) {
             let named = host.map_or("no Host".to_string(), |h| format!("Host {:?}", h));
             let msg = format!(

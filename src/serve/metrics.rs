@@ -39,13 +39,15 @@ impl Metrics {
     /// Estimated seconds for a picture of `steps` steps: the mean seconds per step times the
     /// steps plus the mean encode + decode time; 1 s a picture before anything was measured.
     pub fn picture_estimate_s(&self, steps: u32) -> f64 {
-        self.with(|c| {
-            if c.steps == 0 || c.pictures == 0 {
-                1.0
-            } else {
-                c.step_seconds / c.steps as f64 * steps as f64 + c.overhead_seconds / c.pictures as f64
-            }
-        })
+        self.with(
+            |c| {
+                if c.steps == 0 || c.pictures == 0 {
+                    1.0
+                } else {
+                    c.step_seconds / c.steps as f64 * steps as f64 + c.overhead_seconds / c.pictures as f64
+                }
+            },
+        )
     }
 }
 
@@ -81,18 +83,24 @@ pub fn render(c: &Counts, g: &Gauges) -> String {
     metric("moss_pictures_total", "counter", "Pictures rendered.", one(c.pictures.to_string()));
     metric("moss_pictures_failed_total", "counter", "Pictures that failed (500).", one(c.pictures_failed.to_string()));
     metric("moss_pictures_cancelled_total", "counter", "Pictures stopped between steps (client gone or shutdown).", one(c.pictures_cancelled.to_string()));
-    metric("moss_picture_seconds", "summary", "Seconds per rendered picture (encode + denoise + decode).", vec![
-        ("_sum".into(), c.picture_seconds.to_string()),
-        ("_count".into(), c.pictures.to_string()),
-    ]);
+    metric(
+        "moss_picture_seconds",
+        "summary",
+        "Seconds per rendered picture (encode + denoise + decode).",
+        vec![("_sum".into(), c.picture_seconds.to_string()), ("_count".into(), c.pictures.to_string())],
+    );
     metric("moss_steps_total", "counter", "Denoising steps run (cancelled pictures included).", one(c.steps.to_string()));
-    metric("moss_step_seconds", "summary", "Seconds per denoising step.", vec![
-        ("_sum".into(), c.step_seconds.to_string()),
-        ("_count".into(), c.steps.to_string()),
-    ]);
-    metric("moss_lora_switch_seconds", "summary", "Seconds per change of the transformer's LoRA set (restore + merge).", vec![
-        ("_sum".into(), c.lora_switch_seconds.to_string()),
-        ("_count".into(), c.lora_switches.to_string()),
-    ]);
+    metric(
+        "moss_step_seconds",
+        "summary",
+        "Seconds per denoising step.",
+        vec![("_sum".into(), c.step_seconds.to_string()), ("_count".into(), c.steps.to_string())],
+    );
+    metric(
+        "moss_lora_switch_seconds",
+        "summary",
+        "Seconds per change of the transformer's LoRA set (restore + merge).",
+        vec![("_sum".into(), c.lora_switch_seconds.to_string()), ("_count".into(), c.lora_switches.to_string())],
+    );
     s
 }

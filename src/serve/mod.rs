@@ -149,7 +149,13 @@ fn offered_loras(ck: &mut crate::checkpoint::Checkpoint, o: &ServeOptions) -> Re
     let mut plan = crate::lora::Plan::default();
     plan.scratch_floor = r.scratch_bound();
     ck.loras = Arc::new(plan);
-    log(&format!("{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)", r.len(), dir.display(), t0.elapsed().as_secs_f64(), loras::MAX_PER_REQUEST));
+    log(&format!(
+        "{} LoRA(s) offered from {} (read and checked in {:.3} s; at most {} a request)",
+        r.len(),
+        dir.display(),
+        t0.elapsed().as_secs_f64(),
+        loras::MAX_PER_REQUEST
+    ));
     Ok(r)
 }
 

@@ -28,12 +28,29 @@ use tokio::sync::mpsc::UnboundedSender;
 #[derive(Debug)]
 pub enum Event {
     /// Waiting, with this many requests ahead (0: next).
-    Queued { ahead: usize },
-    Step { index: usize, step: usize, steps: usize },
+    Queued {
+        ahead: usize,
+    },
+    Step {
+        index: usize,
+        step: usize,
+        steps: usize,
+    },
     /// Picture `index`'s `partial`-th partial image (from 0): a PNG of the decoded x0 prediction
     /// after `step` of `steps`.
-    Partial { index: usize, partial: usize, step: usize, steps: usize, png: Vec<u8> },
-    Image { index: usize, seed: u64, picture: Picture, queued_s: f64 },
+    Partial {
+        index: usize,
+        partial: usize,
+        step: usize,
+        steps: usize,
+        png: Vec<u8>,
+    },
+    Image {
+        index: usize,
+        seed: u64,
+        picture: Picture,
+        queued_s: f64,
+    },
     Failed(ApiError),
     Done,
 }
@@ -306,11 +323,10 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         req.spec.seed = seed;
         let mut progress = JobProgress { q, job, index: i, last: Instant::now(), partials: 0 };
         // A panic in the engine fails this request alone (500); the worker goes on.
-        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress)))
-            .unwrap_or_else(|p| {
-                let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
-                Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
-            });
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress))).unwrap_or_else(|p| {
+            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+            Err(anyhow::anyhow!("internal error: {}", what.unwrap_or_else(|| "a panic".into())))
+        });
         match res {
             Ok(mut picture) => {
                 if i == 0 {

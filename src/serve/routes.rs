@@ -72,9 +72,7 @@ pub fn router(st: Arc<AppState>, body_timeout: Duration, g: guard::Guard) -> Rou
     if let Some(cors) = g.cors() {
         r = r.layer(cors);
     }
-    r.layer(middleware::from_fn_with_state(Arc::new(g), guard::check))
-        .layer(middleware::from_fn_with_state(st.clone(), observe))
-        .with_state(st)
+    r.layer(middleware::from_fn_with_state(Arc::new(g), guard::check)).layer(middleware::from_fn_with_state(st.clone(), observe)).with_state(st)
 }
 
 /// `Authorization: Bearer KEY`, compared in constant time, when the server has a key.
@@ -100,7 +98,9 @@ async fn observe(State(st): State<Arc<AppState>>, req: Request, next: Next) -> R
     let is_json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if status.as_u16() >= 400 && !is_json && path != "/health" {
         let msg = match status {
-            StatusCode::NOT_FOUND => format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /v1/loras, /health, /livez, /metrics)"),
+            StatusCode::NOT_FOUND => {
+                format!("no route {method} {path} (routes: POST /v1/images/generations, GET /v1/models, /v1/loras, /health, /livez, /metrics)")
+            }
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "the body must be JSON (Content-Type: application/json)".into(),
             StatusCode::PAYLOAD_TOO_LARGE => format!("the request body is above this server's limit of {} bytes (--max-body)", st.max_body),
             StatusCode::METHOD_NOT_ALLOWED => format!("{method} is not allowed on {path}"),
@@ -191,7 +191,11 @@ fn tokenize(st: &AppState, g: &Generation) -> Result<Vec<Vec<u32>>, ApiError> {
         let param = if i == 0 { "prompt" } else { "negative_prompt" };
         let tk = st.tokenizer.encode(t, st.limits.max_tokens).map_err(|e| ApiError::internal(format!("{e:#}")))?;
         if let Some(n) = tk.truncated_from {
-            return Err(ApiError::bad(param, "invalid_value", format!("`{param}` is {n} tokens; this server takes at most {} (--max-tokens)", st.limits.max_tokens)));
+            return Err(ApiError::bad(
+                param,
+                "invalid_value",
+                format!("`{param}` is {n} tokens; this server takes at most {} (--max-tokens)", st.limits.max_tokens),
+            ));
         }
         out.push(tk.ids);
     }

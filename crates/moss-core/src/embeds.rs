@@ -85,9 +85,7 @@ pub fn read(path: &Path) -> Result<Embeds> {
         Tensor::new(v.shape().to_vec(), data)
     };
     let ids = |k: &str| -> Result<Vec<u32>> { serde_json::from_str(&get(k)?).map_err(|e| bad(format!("`{k}`: {e}"))) };
-    let number = |k: &str| -> Result<Option<usize>> {
-        m.get(k).map(|v| v.parse().map_err(|_| bad(format!("`{k}` is not a number: {v:?}")))).transpose()
-    };
+    let number = |k: &str| -> Result<Option<usize>> { m.get(k).map(|v| v.parse().map_err(|_| bad(format!("`{k}` is not a number: {v:?}")))).transpose() };
     let e = Embeds {
         cond: Encoded { text: get("prompt")?, ids: ids("prompt_ids")?, hidden: tensor("cond")? },
         uncond: Encoded { text: get("negative")?, ids: ids("negative_ids")?, hidden: tensor("uncond")? },

@@ -93,8 +93,7 @@ mod tests {
     /// code) for points between neighbours, found by brute force over all codes.
     #[test]
     fn encoder_rounds_to_nearest_even_and_saturates() {
-        let finite: Vec<(u8, f32)> =
-            (0u8..=255).filter(|c| c & 0x7f != 0x7f).map(|c| (c, e4m3_to_f32(c))).collect();
+        let finite: Vec<(u8, f32)> = (0u8..=255).filter(|c| c & 0x7f != 0x7f).map(|c| (c, e4m3_to_f32(c))).collect();
         for &(c, v) in &finite {
             let back = e4m3_from_f32(v);
             assert_eq!(e4m3_to_f32(back), v, "code {c:#x}");

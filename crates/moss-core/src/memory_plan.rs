@@ -54,7 +54,10 @@ pub struct Network {
 pub enum Placement {
     Resident,
     /// `resident` of `blocks` blocks resident, the rest copied each pass.
-    Streamed { resident: u64, blocks: u64 },
+    Streamed {
+        resident: u64,
+        blocks: u64,
+    },
     /// Whole weights, activations in strips.
     Strips,
 }
@@ -92,7 +95,12 @@ impl Network {
         let streamed = self.blocks - k;
         let buffers = (self.ahead + 1).min(streamed) * self.slot_bytes + self.derived_bytes;
         let device = self.streamed_fixed() + k * self.block_bytes + buffers + self.activations + RESERVE;
-        NetworkPlan { name: self.name, placement: Placement::Streamed { resident: k, blocks: self.blocks }, device_bytes: device, moved_per_pass: streamed * self.slot_bytes }
+        NetworkPlan {
+            name: self.name,
+            placement: Placement::Streamed { resident: k, blocks: self.blocks },
+            device_bytes: device,
+            moved_per_pass: streamed * self.slot_bytes,
+        }
     }
 
     /// The least cap this network runs under (streaming every block, strips if it has them).
@@ -238,7 +246,9 @@ impl Plan {
         let parts: Vec<String> = self
             .networks
             .iter()
-            .map(|n| format!("{} {} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.what(), n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB))
+            .map(|n| {
+                format!("{} {} ({:.2} GiB on device, {:.2} GiB moved per pass)", n.name, n.what(), n.device_bytes as f64 / GIB, n.moved_per_pass as f64 / GIB)
+            })
             .collect();
         format!("memory plan under {}: {}", cap_text(self.cap, self.overhead), parts.join("; "))
     }

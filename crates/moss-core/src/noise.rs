@@ -21,9 +21,7 @@ impl Mt19937 {
         state[0] = (seed & 0xffff_ffff) as u32;
         for i in 1..624 {
             let prev = state[i - 1];
-            state[i] = 1_812_433_253u32
-                .wrapping_mul(prev ^ (prev >> 30))
-                .wrapping_add(i as u32);
+            state[i] = 1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(i as u32);
         }
         Mt19937 { state, index: 624 }
     }
@@ -63,8 +61,15 @@ impl Mt19937 {
 #[allow(clippy::excessive_precision, clippy::approx_constant)]
 fn log_ps(x: f32) -> f32 {
     const P: [f32; 9] = [
-        7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1, -1.2420140846E-1, 1.4249322787E-1,
-        -1.6668057665E-1, 2.0000714765E-1, -2.4999993993E-1, 3.3333331174E-1,
+        7.0376836292E-2,
+        -1.1514610310E-1,
+        1.1676998740E-1,
+        -1.2420140846E-1,
+        1.4249322787E-1,
+        -1.6668057665E-1,
+        2.0000714765E-1,
+        -2.4999993993E-1,
+        3.3333331174E-1,
     ];
     let x = x.max(f32::from_bits(0x0080_0000)); // cut off denormals
     let bits = x.to_bits();
@@ -136,9 +141,7 @@ impl TorchGenerator {
     pub fn randn(&mut self, n: usize) -> Vec<f32> {
         assert!(n >= 16 && n % 16 == 0, "torch_randn: n = {n} must be a multiple of 16");
         // uniform_real_distribution<float>(0, 1): 24 random bits times 2^-24.
-        let mut data: Vec<f32> = (0..n)
-            .map(|_| (self.rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0))
-            .collect();
+        let mut data: Vec<f32> = (0..n).map(|_| (self.rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0)).collect();
         let two_pi = (2.0f64 * std::f64::consts::PI) as f32;
         for block in data.chunks_exact_mut(16) {
             for j in 0..8 {

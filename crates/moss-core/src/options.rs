@@ -55,9 +55,7 @@ impl std::fmt::Display for Precision {
 
 /// `WIDTHxHEIGHT`, both positive multiples of 16 and at most [`MAX_SIDE`].
 pub fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s
-        .split_once(['x', 'X'])
-        .ok_or_else(|| format!("size `{s}` is not WIDTHxHEIGHT"))?;
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("size `{s}` is not WIDTHxHEIGHT"))?;
     let p = |v: &str| v.trim().parse::<u32>().map_err(|_| format!("size `{s}` is not WIDTHxHEIGHT"));
     let (w, h) = (p(w)?, p(h)?);
     check_size(w, h)?;

@@ -42,8 +42,7 @@ impl PromptTokenizer {
             bail!("tokenizer not found: {}", path.display());
         }
         let bytes = crate::bounded::read_bounded(path, crate::bounded::MAX_TOKENIZER, "tokenizer")?;
-        let tok = tokenizers::Tokenizer::from_bytes(bytes)
-            .map_err(|e| anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
+        let tok = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
         Ok(PromptTokenizer { tok })
     }
 
@@ -54,10 +53,7 @@ impl PromptTokenizer {
             bail!("--max-tokens must be in 1..={MAX_TOKENS}, got {max_tokens}");
         }
         let text = chat_wrap(prompt);
-        let enc = self
-            .tok
-            .encode_fast(text.as_str(), true)
-            .map_err(|e| anyhow!("tokenizing the prompt failed: {e}"))?;
+        let enc = self.tok.encode_fast(text.as_str(), true).map_err(|e| anyhow!("tokenizing the prompt failed: {e}"))?;
         let mut ids = enc.get_ids().to_vec();
         let mut truncated_from = None;
         if ids.len() > max_tokens {
@@ -83,10 +79,7 @@ mod tests {
 
     #[test]
     fn wrap_trims_outer_whitespace_and_keeps_inner_newlines() {
-        assert_eq!(
-            chat_wrap("  a\n b \n"),
-            "<|im_start|>user\na\n b<|im_end|>\n<|im_start|>assistant\n<think>\n"
-        );
+        assert_eq!(chat_wrap("  a\n b \n"), "<|im_start|>user\na\n b<|im_end|>\n<|im_start|>assistant\n<think>\n");
         assert_eq!(chat_wrap(""), "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n<think>\n");
     }
 }

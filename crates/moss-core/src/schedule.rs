@@ -12,15 +12,7 @@ pub fn linspace_f32(start: f32, end: f32, n: usize) -> Vec<f32> {
     }
     let step = (end - start) / (n - 1) as f32;
     let half = n / 2;
-    (0..n)
-        .map(|i| {
-            if i < half {
-                step.mul_add(i as f32, start)
-            } else {
-                (-step).mul_add((n - 1 - i) as f32, end)
-            }
-        })
-        .collect()
+    (0..n).map(|i| if i < half { step.mul_add(i as f32, start) } else { (-step).mul_add((n - 1 - i) as f32, end) }).collect()
 }
 
 /// `s·v / (1 + (s−1)·v)` over `v = linspace(1, s/(T+s−1), n)`, descending from 1.
@@ -28,10 +20,7 @@ fn shifted_grid(n: usize, shift: f64, train_steps: usize) -> Vec<f32> {
     let end = (shift / (train_steps as f64 + shift - 1.0)) as f32;
     let s = shift as f32;
     let sm1 = (shift - 1.0) as f32;
-    linspace_f32(1.0, end, n)
-        .into_iter()
-        .map(|v| (s * v) / (1.0 + sm1 * v))
-        .collect()
+    linspace_f32(1.0, end, n).into_iter().map(|v| (s * v) / (1.0 + sm1 * v)).collect()
 }
 
 /// The scheduler's configuration (`scheduler/scheduler_config.json`).
@@ -60,11 +49,7 @@ pub fn sigmas(steps: usize, cfg: &ScheduleConfig) -> Vec<f32> {
     for &s in &proposed {
         let upper = training.partition_point(|&x| x < s).min(last);
         let lower = upper.saturating_sub(1);
-        let snapped = if (s - training[lower]).abs() <= (training[upper] - s).abs() {
-            training[lower]
-        } else {
-            training[upper]
-        };
+        let snapped = if (s - training[lower]).abs() <= (training[upper] - s).abs() { training[lower] } else { training[upper] };
         if out.last() != Some(&snapped) {
             out.push(snapped);
         }
@@ -84,11 +69,9 @@ mod tests {
 
     /// The 50-step table of spec section 5.2 (shortest float32 repr), an external reference.
     const SPEC_50: [f32; 51] = [
-        1., 0.996, 0.992, 0.987, 0.983, 0.978, 0.973, 0.968, 0.963, 0.957, 0.952, 0.946, 0.939,
-        0.93299997, 0.926, 0.91899997, 0.912, 0.905, 0.897, 0.888, 0.88, 0.871, 0.861, 0.851, 0.84,
-        0.829, 0.817, 0.805, 0.791, 0.777, 0.76199996, 0.746, 0.729, 0.71099997, 0.692, 0.671,
-        0.648, 0.62299997, 0.597, 0.56799996, 0.53599995, 0.501, 0.46300003, 0.42100003,
-        0.37300003, 0.321, 0.261, 0.193, 0.115, 0.024, 0.,
+        1., 0.996, 0.992, 0.987, 0.983, 0.978, 0.973, 0.968, 0.963, 0.957, 0.952, 0.946, 0.939, 0.93299997, 0.926, 0.91899997, 0.912, 0.905, 0.897, 0.888,
+        0.88, 0.871, 0.861, 0.851, 0.84, 0.829, 0.817, 0.805, 0.791, 0.777, 0.76199996, 0.746, 0.729, 0.71099997, 0.692, 0.671, 0.648, 0.62299997, 0.597,
+        0.56799996, 0.53599995, 0.501, 0.46300003, 0.42100003, 0.37300003, 0.321, 0.261, 0.193, 0.115, 0.024, 0.,
     ];
 
     #[test]

@@ -40,20 +40,12 @@ impl Schedule {
     ];
 
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map(|(_, n)| *n)
-            .expect("every schedule is named")
+        Self::ALL.iter().find(|(s, _)| *s == self).map(|(_, n)| *n).expect("every schedule is named")
     }
 
     /// The accepted names, comma separated (for error messages and help).
     pub fn names() -> String {
-        Self::ALL
-            .iter()
-            .map(|(_, n)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
+        Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
     }
 
     /// `steps + 1` sigmas ending in 0 (the model's own may have fewer steps, spec 5.2 step 4).
@@ -75,19 +67,14 @@ impl Schedule {
             Schedule::Simple => {
                 let table = comfy_flow_table(cfg);
                 let ss = table.len() as f64 / steps as f64;
-                (0..steps)
-                    .map(|x| table[table.len() - 1 - (x as f64 * ss) as usize])
-                    .collect()
+                (0..steps).map(|x| table[table.len() - 1 - (x as f64 * ss) as usize]).collect()
             }
             Schedule::SgmUniform => {
                 let table = comfy_flow_table(cfg);
                 let mult = 1000.0f32;
                 let (start, end) = (table[table.len() - 1] * mult, table[0] * mult);
                 let ts = linspace_f32(start, end, steps + 1);
-                ts[..steps]
-                    .iter()
-                    .map(|&t| time_snr_shift(cfg.shift as f32, t / mult))
-                    .collect()
+                ts[..steps].iter().map(|&t| time_snr_shift(cfg.shift as f32, t / mult)).collect()
             }
         };
         s.push(0.0);
@@ -98,16 +85,7 @@ impl Schedule {
 impl FromStr for Schedule {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| {
-                format!(
-                    "unknown schedule `{s}`; the schedules are {}",
-                    Self::names()
-                )
-            })
+        Self::ALL.iter().find(|(_, n)| *n == s).map(|(k, _)| *k).ok_or_else(|| format!("unknown schedule `{s}`; the schedules are {}", Self::names()))
     }
 }
 
@@ -130,9 +108,7 @@ fn time_snr_shift(alpha: f32, t: f32) -> f32 {
 fn comfy_flow_table(cfg: &ScheduleConfig) -> Vec<f32> {
     let t = cfg.num_train_timesteps;
     let mult = 1000.0f32;
-    (1..=t)
-        .map(|k| time_snr_shift(cfg.shift as f32, (k as f32 / t as f32) * mult / mult))
-        .collect()
+    (1..=t).map(|k| time_snr_shift(cfg.shift as f32, (k as f32 / t as f32) * mult / mult)).collect()
 }
 
 /// numpy's `linspace(start, stop, n)` in float64: `i·step + start`, the last exactly `stop`.
@@ -141,15 +117,7 @@ fn linspace_f64(start: f64, stop: f64, n: usize) -> Vec<f64> {
         return vec![start];
     }
     let step = (stop - start) / (n - 1) as f64;
-    (0..n)
-        .map(|i| {
-            if i == n - 1 {
-                stop
-            } else {
-                i as f64 * step + start
-            }
-        })
-        .collect()
+    (0..n).map(|i| if i == n - 1 { stop } else { i as f64 * step + start }).collect()
 }
 
 /// The ends `(σ_lo, σ_hi)` of `FlowMatchEulerDiscreteScheduler.set_timesteps(steps)` before its
@@ -172,27 +140,18 @@ fn flow_match_ends(steps: usize, cfg: &ScheduleConfig) -> (f64, f64) {
 fn karras(n: usize, lo: f64, hi: f64) -> Vec<f64> {
     let rho = 7.0;
     let (min_inv, max_inv) = (lo.powf(1.0 / rho), hi.powf(1.0 / rho));
-    linspace_f64(0.0, 1.0, n)
-        .into_iter()
-        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
-        .collect()
+    linspace_f64(0.0, 1.0, n).into_iter().map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho)).collect()
 }
 
 /// Evenly spaced in log σ.
 fn exponential(n: usize, lo: f64, hi: f64) -> Vec<f64> {
-    linspace_f64(hi.ln(), lo.ln(), n)
-        .into_iter()
-        .map(f64::exp)
-        .collect()
+    linspace_f64(hi.ln(), lo.ln(), n).into_iter().map(f64::exp).collect()
 }
 
 /// "Beta Sampling is All You Need" (arXiv 2407.12173): `lo + ppf(1 − u)·(hi − lo)` over
 /// `u = linspace(0, 1, n)`, ppf the inverse CDF of Beta(α, β).
 fn beta(n: usize, lo: f64, hi: f64, alpha: f64, beta: f64) -> Vec<f64> {
-    linspace_f64(0.0, 1.0, n)
-        .into_iter()
-        .map(|u| lo + statrs::function::beta::inv_beta_reg(alpha, beta, 1.0 - u) * (hi - lo))
-        .collect()
+    linspace_f64(0.0, 1.0, n).into_iter().map(|u| lo + statrs::function::beta::inv_beta_reg(alpha, beta, 1.0 - u) * (hi - lo)).collect()
 }
 
 #[cfg(test)]
@@ -212,10 +171,7 @@ mod tests {
     #[test]
     fn the_model_schedule_is_spec_5_2() {
         let cfg = ScheduleConfig::default();
-        assert_eq!(
-            Schedule::Model.sigmas(50, &cfg).unwrap(),
-            crate::schedule::sigmas(50, &cfg)
-        );
+        assert_eq!(Schedule::Model.sigmas(50, &cfg).unwrap(), crate::schedule::sigmas(50, &cfg));
     }
 
     #[test]

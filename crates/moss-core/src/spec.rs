@@ -166,8 +166,10 @@ mod tests {
         bad(|s| s.skip_window = (0.5, 0.2), "skip window");
         bad(|s| s.guidance_window = (0.0, 1.5), "guidance window");
         let db = crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache);
-        bad(|s| s.cache = Some(crate::cache::CacheConfig { threshold: -0.1, ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) }),
-            "threshold");
+        bad(
+            |s| s.cache = Some(crate::cache::CacheConfig { threshold: -0.1, ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) }),
+            "threshold",
+        );
         assert!(PictureSpec { cache: Some(db), ..Default::default() }.check().is_ok());
     }
 

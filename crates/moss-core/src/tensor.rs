@@ -11,11 +11,7 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Tensor> {
-        ensure!(
-            shape.iter().product::<usize>() == data.len(),
-            "tensor shape {shape:?} does not hold {} values",
-            data.len()
-        );
+        ensure!(shape.iter().product::<usize>() == data.len(), "tensor shape {shape:?} does not hold {} values", data.len());
         Ok(Tensor { shape, data })
     }
     pub fn zeros(shape: &[usize]) -> Tensor {
@@ -34,10 +30,7 @@ impl Tensor {
     }
     /// Every value rounded to bf16 and back (the precision of a bf16 stage boundary).
     pub fn round_bf16(&self) -> Tensor {
-        Tensor {
-            shape: self.shape.clone(),
-            data: self.data.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect(),
-        }
+        Tensor { shape: self.shape.clone(), data: self.data.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect() }
     }
 }
 
@@ -68,10 +61,6 @@ pub fn to_u8(x: f32) -> u8 {
 pub fn ensure_finite(what: &str, data: &[f32]) -> anyhow::Result<()> {
     match data.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
-        Some(i) => anyhow::bail!(
-            "{what} holds a non-finite value ({} at element {i} of {}); nothing was written",
-            data[i],
-            data.len()
-        ),
+        Some(i) => anyhow::bail!("{what} holds a non-finite value ({} at element {i} of {}); nothing was written", data[i], data.len()),
     }
 }

@@ -196,8 +196,7 @@ fn lt_err(what: &str) -> impl Fn(lt::CublasError) -> anyhow::Error + '_ {
 }
 
 unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<()> {
-    lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const _, std::mem::size_of::<T>())
-        .map_err(lt_err("set matmul attribute"))
+    lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const _, std::mem::size_of::<T>()).map_err(lt_err("set matmul attribute"))
 }
 
 impl Blas {
@@ -306,24 +305,10 @@ impl Blas {
             if h.is_ok() && pin.is_some() {
                 let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![std::mem::zeroed(); PIN_CANDIDATES as usize];
                 let mut count = 0i32;
-                let st = sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    desc,
-                    la,
-                    lb,
-                    lc,
-                    lc,
-                    pref,
-                    PIN_CANDIDATES,
-                    res.as_mut_ptr(),
-                    &mut count,
-                );
+                let st = sys::cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, PIN_CANDIDATES, res.as_mut_ptr(), &mut count);
                 if st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    plan.candidates = res[..count.max(0) as usize]
-                        .iter()
-                        .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                        .map(|r| r.algo)
-                        .collect();
+                    plan.candidates =
+                        res[..count.max(0) as usize].iter().filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).map(|r| r.algo).collect();
                 }
             }
             let _ = lt::destroy_matmul_pref(pref);
@@ -413,8 +398,7 @@ impl Blas {
                     stream.cu_stream() as sys::cudaStream_t,
                 )
             };
-            run_into(&p.algo, d)
-            .map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
+            run_into(&p.algo, d).map_err(|e| anyhow!("cuBLASLt matmul {g:?}: {e:?}"))
         }
     }
 

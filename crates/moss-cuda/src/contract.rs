@@ -59,10 +59,8 @@ pub enum Picked {
 /// The launch configurations with dynamic shared memory the selector uses: (kernel, bytes, where).
 pub fn launch_configs() -> Vec<(String, usize, Picked)> {
     use super::{dit, encoder, launch, vae};
-    let mut v: Vec<(String, usize, Picked)> = dit::FLASH_KERNELS
-        .iter()
-        .map(|k| (k.name.to_string(), k.smem as usize, if k.sm90a { Picked::Hopper } else { Picked::Everywhere }))
-        .collect();
+    let mut v: Vec<(String, usize, Picked)> =
+        dit::FLASH_KERNELS.iter().map(|k| (k.name.to_string(), k.smem as usize, if k.sm90a { Picked::Hopper } else { Picked::Everywhere })).collect();
     v.push((dit::SITU_KERNEL.to_string(), launch::DIT_SITU_EPI_SMEM, Picked::Hopper));
     v.push((dit::SITU_FP8_KERNEL.to_string(), launch::DIT_SITU_EPI_SMEM, Picked::Hopper));
     v.push((dit::QKV_KERNEL.to_string(), launch::DIT_SITU_GEMM_SMEM, Picked::Hopper));

@@ -8,8 +8,8 @@
 //! the rounding, is the same in every run. The tuning mode that measured
 //! the pins (timing every candidate) is in git history.
 
-use crate::blas::{AlgoConfig, Gemm};
 use super::DType;
+use crate::blas::{AlgoConfig, Gemm};
 
 /// One pinned product: bf16 A/B/D, W transposed (a `linear`), any leading dimensions.
 pub struct Pin {
@@ -55,10 +55,7 @@ fn find(table: &[Pin], cc: (i32, i32), g: &Gemm) -> Option<AlgoConfig> {
     if !linear {
         return None;
     }
-    table
-        .iter()
-        .find(|p| p.cc == cc && (p.m, p.n, p.k) == (g.m, g.n, g.k) && p.accumulate == g.accumulate)
-        .map(|p| p.config)
+    table.iter().find(|p| p.cc == cc && (p.m, p.n, p.k) == (g.m, g.n, g.k) && p.accumulate == g.accumulate).map(|p| p.config)
 }
 
 #[cfg(test)]

@@ -92,55 +92,39 @@ impl Gpu {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             bail!("no NVIDIA driver found (libcuda could not be loaded); use --device cpu");
         }
-        let count = cudarc::driver::CudaContext::device_count()
-            .map_err(|e| anyhow!("the CUDA driver does not answer: {e:?}"))?;
+        let count = cudarc::driver::CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver does not answer: {e:?}"))?;
         if ordinal >= count.max(0) as usize {
             bail!("cuda:{ordinal} does not exist: {count} CUDA device(s) visible");
         }
-        let ctx = cudarc::driver::CudaContext::new(ordinal)
-            .map_err(|e| anyhow!("cannot open cuda:{ordinal}: {e:?}"))?;
+        let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| anyhow!("cannot open cuda:{ordinal}: {e:?}"))?;
         let (free_at_open, total) = ctx.mem_get_info().map_err(|e| anyhow!("cuda:{ordinal} memory info: {e:?}"))?;
         let context_bytes = (total.saturating_sub(free_at_open) as u64).min(CONTEXT_BOUND);
         let free_at_open = free_at_open as u64;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let compute_capability = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(fatbin.to_vec()))
-            .map_err(|e| {
-                anyhow!(
-                    "cannot load moss kernels on {name} (sm_{}{}; built for sm_{}): {e:?}",
-                    compute_capability.0,
-                    compute_capability.1,
-                    kernel_archs().unwrap_or("")
-                )
-            })?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(fatbin.to_vec())).map_err(|e| {
+            anyhow!(
+                "cannot load moss kernels on {name} (sm_{}{}; built for sm_{}): {e:?}",
+                compute_capability.0,
+                compute_capability.1,
+                kernel_archs().unwrap_or("")
+            )
+        })?;
         // Optional: without them the portable kernels serve (a warning says why).
         // Not loaded when `MOSS_KERNELS=portable` forces the portable kernels (select.rs).
         let hopper = select::family()? == select::Family::Auto;
         let module_sm90a = match FATBIN_SM90A {
-            Some(bin) if compute_capability == (9, 0) && hopper => {
-                match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
-                    Ok(m) => Some(m),
-                    Err(e) => {
-                        eprintln!("warning: cannot load the sm_90a kernels on {name} ({e:?}); using the portable ones");
-                        None
-                    }
+            Some(bin) if compute_capability == (9, 0) && hopper => match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec())) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    eprintln!("warning: cannot load the sm_90a kernels on {name} ({e:?}); using the portable ones");
+                    None
                 }
-            }
+            },
             _ => None,
         };
         let stream = ctx.default_stream();
-        Ok(Gpu {
-            ctx,
-            stream,
-            module,
-            module_sm90a,
-            check_modules: Default::default(),
-            name,
-            compute_capability,
-            context_bytes,
-            free_at_open,
-        })
+        Ok(Gpu { ctx, stream, module, module_sm90a, check_modules: Default::default(), name, compute_capability, context_bytes, free_at_open })
     }
 
     /// Free and total device memory in bytes.

@@ -11,14 +11,14 @@
 //! next tensors while the device merges. A factor too large for the ring (a full-weight
 //! difference) goes through the staging chunks.
 
-use super::ops::ring::RING_MAX;
 use super::kernels::{self, Dev};
+use super::ops::ring::RING_MAX;
 use super::ops::{Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::CudaEvent;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::lora::merge::{operands, Operands, Part, Values, ALIGN};
 use moss_core::lora::{plan::MergeClock, Plan, Term};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::CudaEvent;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -257,9 +257,7 @@ impl Cuda {
         let (a, b) = (ev()?, ev()?);
         let prep = self.merge_in_two_phases(&w, terms, Some((&a, &b)))?;
         clock.add_host(prep);
-        clock.add_device(Box::new(move || {
-            b.synchronize().ok().and_then(|_| a.elapsed_ms(&b).ok()).map_or(f64::NAN, |ms| ms as f64 * 1e-3)
-        }));
+        clock.add_device(Box::new(move || b.synchronize().ok().and_then(|_| a.elapsed_ms(&b).ok()).map_or(f64::NAN, |ms| ms as f64 * 1e-3)));
         Ok(w)
     }
 }

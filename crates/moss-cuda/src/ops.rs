@@ -12,16 +12,16 @@
 //!   (`Cuda::normed_dtype`), and `DitOps::linear_f32`, which keeps its product in f32.
 //! - `cat` needs one dtype; `reshape` shares the buffer; `narrow`, `cat`, `permute` copy.
 
+use super::Gpu;
 use crate::blas::Blas;
 use crate::kernels;
-use super::Gpu;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{result as dr, sys, CudaSlice, DevicePtr};
 use moss_core::backend::Backend;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::lora::{plan::MergeClock, Term};
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{result as dr, sys, CudaSlice, DevicePtr};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,9 +36,9 @@ mod transfer;
 mod weights;
 
 pub use tma::tensor_map_2d;
-pub use weights::DeviceMem;
-pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
 use transfer::Transfers;
+pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
+pub use weights::DeviceMem;
 use weights::Slots;
 
 /// Element type of a device tensor.
@@ -185,12 +185,8 @@ impl Cuda {
             unsafe {
                 let pool = dr::device::get_default_mem_pool(gpu.ctx.cu_device()).map_err(de("memory pool"))?;
                 let mut keep = u64::MAX;
-                dr::mem_pool::set_attribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    &mut keep as *mut u64 as *mut c_void,
-                )
-                .map_err(de("memory pool threshold"))?;
+                dr::mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep as *mut u64 as *mut c_void)
+                    .map_err(de("memory pool threshold"))?;
             }
         }
         let cc_attr = |a| gpu.ctx.attribute(a).map_err(de("attribute"));
@@ -203,11 +199,7 @@ impl Cuda {
         // allocates on this context, so the drop in free memory is ours).
         let (free_now, _) = gpu.mem_info()?;
         let overhead = gpu.context_bytes + gpu.free_at_open.saturating_sub(free_now as u64);
-        let sms = gpu
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(de("attribute"))?
-            .max(1) as u32;
+        let sms = gpu.ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(de("attribute"))?.max(1) as u32;
         let inner = Inner {
             gpu,
             blas,
@@ -284,11 +276,7 @@ impl Cuda {
         // SAFETY: the memory is written by the op that asked for it (or poisoned below).
         let slice = unsafe { s.alloc::<u8>(bytes.max(16)) }.map_err(|e| {
             let free = self.inner.gpu.mem_info().map(|m| m.0).unwrap_or(0);
-            anyhow!(
-                "out of GPU memory allocating {:.2} GiB ({:.2} GiB free): {e:?}",
-                bytes as f64 / GIB,
-                free as f64 / GIB
-            )
+            anyhow!("out of GPU memory allocating {:.2} GiB ({:.2} GiB free): {e:?}", bytes as f64 / GIB, free as f64 / GIB)
         })?;
         let ptr = slice.device_ptr(s).0;
         if self.inner.poison.load(Ordering::Relaxed) {
@@ -421,12 +409,7 @@ impl Backend for Cuda {
         self.prof("rms_norm", || self.rms_norm_rows(x, w, eps, one_plus))
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
-        ensure!(
-            shape.iter().product::<usize>() == x.numel(),
-            "reshape {:?} to {shape:?}: {} values",
-            x.shape,
-            x.numel()
-        );
+        ensure!(shape.iter().product::<usize>() == x.numel(), "reshape {:?} to {shape:?}: {} values", x.shape, x.numel());
         Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {

@@ -9,12 +9,12 @@
 //! let dit = Dit::load(&cuda, &comp, &ck.dit)?;
 //! ```
 
-use crate::ops::{loaded_dtype, DType, GIB};
 use super::Gpu;
+use crate::ops::{loaded_dtype, DType, GIB};
+use anyhow::{bail, Result};
 use moss_core::checkpoint::config::{DitConfig, EncoderConfig};
 use moss_core::checkpoint::Component;
 use moss_core::options::Precision;
-use anyhow::{bail, Result};
 
 /// The one reserve the planner keeps free on the device (cuBLASLt workspaces, the pool's slack):
 /// [`moss_core::memory_plan::RESERVE`].
@@ -39,13 +39,7 @@ impl MemoryPlan {
 
     /// The weights of every tensor of `c` under its prefix, at `precision`.
     pub fn component(c: &Component, precision: Precision) -> MemoryPlan {
-        let weights = c
-            .store
-            .tensors
-            .iter()
-            .filter(|(k, _)| k.starts_with(&c.prefix))
-            .map(|(_, t)| loaded_dtype(t.dtype, precision).size() * t.numel())
-            .sum();
+        let weights = c.store.tensors.iter().filter(|(k, _)| k.starts_with(&c.prefix)).map(|(_, t)| loaded_dtype(t.dtype, precision).size() * t.numel()).sum();
         let mut plan = MemoryPlan::new(c.name, weights);
         plan.reserve += c.loras.scratch_bytes(); // one tensor's LoRA merge at a time
         plan

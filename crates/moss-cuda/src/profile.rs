@@ -163,21 +163,21 @@ impl Cuda {
 /// The device memory pool's high-water mark of used bytes since the last reset (weights
 /// included: they live in the same pool), reset to the current use when `reset`.
 impl Cuda {
-pub fn pool_high_water(&self, reset: bool) -> anyhow::Result<u64> {
-    let cuda = self;
-    use cudarc::driver::{result as dr, sys};
-    cuda.sync()?;
-    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
-    let mut v = 0u64;
-    // SAFETY: the device's default pool; the attribute is a u64 (set to 0 resets it).
-    unsafe {
-        let pool = dr::device::get_default_mem_pool(cuda.gpu().ctx.cu_device()).map_err(|e| anyhow::anyhow!("memory pool: {e:?}"))?;
-        dr::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
-        if reset {
-            let mut z = 0u64;
-            dr::mem_pool::set_attribute(pool, attr, &mut z as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
+    pub fn pool_high_water(&self, reset: bool) -> anyhow::Result<u64> {
+        let cuda = self;
+        use cudarc::driver::{result as dr, sys};
+        cuda.sync()?;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+        let mut v = 0u64;
+        // SAFETY: the device's default pool; the attribute is a u64 (set to 0 resets it).
+        unsafe {
+            let pool = dr::device::get_default_mem_pool(cuda.gpu().ctx.cu_device()).map_err(|e| anyhow::anyhow!("memory pool: {e:?}"))?;
+            dr::mem_pool::get_attribute(pool, attr, &mut v as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
+            if reset {
+                let mut z = 0u64;
+                dr::mem_pool::set_attribute(pool, attr, &mut z as *mut u64 as *mut std::ffi::c_void).map_err(|e| anyhow::anyhow!("pool attribute: {e:?}"))?;
+            }
         }
+        Ok(v)
     }
-    Ok(v)
-}
 }

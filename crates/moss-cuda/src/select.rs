@@ -33,9 +33,7 @@ pub fn parse_family(v: Option<&str>) -> Result<Family> {
 /// `MOSS_KERNELS`, read once per process.
 pub fn family() -> Result<Family> {
     static F: OnceLock<std::result::Result<Family, String>> = OnceLock::new();
-    F.get_or_init(|| parse_family(std::env::var("MOSS_KERNELS").ok().as_deref()).map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|e| anyhow::anyhow!(e))
+    F.get_or_init(|| parse_family(std::env::var("MOSS_KERNELS").ok().as_deref()).map_err(|e| e.to_string())).clone().map_err(|e| anyhow::anyhow!(e))
 }
 
 /// The FP8 product of `linear_fp8` (after `moss_quantize_fp8_*` quantized the activation rows).
@@ -101,7 +99,10 @@ pub fn choices(hopper: bool, smem_optin: usize) -> Vec<Choice> {
                 "cuBLASLt linear, then moss_situ_fast_bf16 / moss_situ_f32".to_string()
             },
         ),
-        c("lora merge (at load)", "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32"),
+        c(
+            "lora merge (at load)",
+            "moss_lora_lowrank_*, moss_lora_loha_*, moss_lora_kron_* (fp32, the host merge's operation order); bf16 factors widened by moss_cast_bf16_f32",
+        ),
         c("fp8 quantize (per row)", "moss_quantize_fp8_bf16 / _f32 (IEEE divisions, e4m3 round-to-nearest, saturating)"),
         c("fp8 activations of the dit's norms", "moss_rms_mod_fp8_*, moss_gres_mod_fp8_* (the norm and its quantization in one kernel)"),
         c("fp8 activation of the dit's situ_glu", "moss_situ_fast_fp8_bf16 / moss_situ_fp8_f32 (F % 8 = 0, F <= 8192; else moss_situ_* + moss_quantize_fp8_*)"),

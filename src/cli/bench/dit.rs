@@ -7,15 +7,15 @@
 //! velocity written out, and unless `forward_only` the full guided loop (the pipeline's own
 //! `denoise_with`), timed and its latents written. One JSON line on stdout.
 
+use anyhow::{bail, Result};
 use moss::backend::cpu::Cpu;
 use moss::backend::ops::{DitOps, VaeOps};
 use moss::backend::Device;
 use moss::checkpoint::{self, Checkpoint};
-use moss::options::Precision;
 use moss::model::dit::Dit;
+use moss::options::Precision;
 use moss::pipeline::{self, Request, Silent};
 use moss::tensor::Tensor;
-use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -59,36 +59,15 @@ pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
         x.hidden = moss::pipeline::stage_boundary(x.hidden.clone(), a.precision);
     }
     if e.cond.hidden.shape[1] != ck.dit.text_dim {
-        bail!(
-            "{}: hidden states are {} wide, the transformer takes {}",
-            a.embeds.display(),
-            e.cond.hidden.shape[1],
-            ck.dit.text_dim
-        );
+        bail!("{}: hidden states are {} wide, the transformer takes {}", a.embeds.display(), e.cond.hidden.shape[1], ck.dit.text_dim);
     }
     moss::options::parse_size(&format!("{}x{}", a.width, a.height)).map_err(anyhow::Error::msg)?;
     match device {
-        Device::Cpu => run_on(
-            &Cpu,
-            &ck,
-            a,
-            &e.cond.hidden,
-            &e.uncond.hidden,
-            &|| Ok(()),
-            "cpu",
-        ),
+        Device::Cpu => run_on(&Cpu, &ck, a, &e.cond.hidden, &e.uncond.hidden, &|| Ok(()), "cpu"),
         Device::Cuda(n) => {
             let b = pipeline::cuda(n, a.precision)?;
             let name = format!("cuda:{n} ({})", b.gpu().name);
-            run_on(
-                &b,
-                &ck,
-                a,
-                &e.cond.hidden,
-                &e.uncond.hidden,
-                &|| b.sync(),
-                &name,
-            )
+            run_on(&b, &ck, a, &e.cond.hidden, &e.uncond.hidden, &|| b.sync(), &name)
         }
     }
 }
@@ -113,10 +92,7 @@ fn run_on<B: DitOps + VaeOps>(
 
     let sigmas = moss::schedule::sigmas(a.steps as usize, &ck.scheduler);
     let t = sigmas[0] * 1000.0;
-    let noise = Tensor::new(
-        vec![1, c, h, w],
-        moss::noise::torch_randn(a.seed, c * h * w),
-    )?;
+    let noise = Tensor::new(vec![1, c, h, w], moss::noise::torch_randn(a.seed, c * h * w))?;
     let x = b.upload(&noise)?;
     let tc = dit.refine_text(b, cond)?;
     let mut fwd_ms = vec![];
@@ -143,10 +119,8 @@ fn run_on<B: DitOps + VaeOps>(
     drop(profiled?);
     let ops = ops?.ops;
     let gpu_sum: f64 = ops.iter().map(|o| o.gpu_ms).sum();
-    let profile: serde_json::Map<String, serde_json::Value> = ops
-        .iter()
-        .map(|o| (o.op.clone(), serde_json::json!({"ms": o.gpu_ms, "host_ms": o.host_ms, "calls": o.calls})))
-        .collect();
+    let profile: serde_json::Map<String, serde_json::Value> =
+        ops.iter().map(|o| (o.op.clone(), serde_json::json!({"ms": o.gpu_ms, "host_ms": o.host_ms, "calls": o.calls}))).collect();
     if let (Some(p), Some(v)) = (&a.save_velocity, &vel) {
         pipeline::write_latents_raw(p, &b.download(v)?)?;
     }

@@ -3,13 +3,13 @@
 //! forward and write the hidden states. For the full-size side-by-side against transformers
 //! (bench/encoder.sh), where no tokenizer or other component exists.
 
+use anyhow::{bail, Context, Result};
 use moss::backend::cpu::Cpu;
 use moss::backend::ops::EncoderOps;
 use moss::backend::Device;
 use moss::checkpoint::{config::EncoderConfig, expected, tensors::TensorStore, Component};
-use moss::options::Precision;
 use moss::model::encoder::Encoder;
-use anyhow::{bail, Context, Result};
+use moss::options::Precision;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -49,14 +49,7 @@ fn open(dir: &Path) -> Result<(EncoderConfig, Component)> {
 }
 
 /// `sync` waits for the backend's queued work (CUDA), so a timing ends when the GPU is done.
-fn bench<B: EncoderOps>(
-    b: &B,
-    a: &BenchEncode,
-    cfg: &EncoderConfig,
-    comp: &Component,
-    inputs: &[Vec<u32>],
-    sync: &dyn Fn() -> Result<()>,
-) -> Result<()> {
+fn bench<B: EncoderOps>(b: &B, a: &BenchEncode, cfg: &EncoderConfig, comp: &Component, inputs: &[Vec<u32>], sync: &dyn Fn() -> Result<()>) -> Result<()> {
     let t0 = Instant::now();
     let enc = Encoder::load(b, comp, cfg)?;
     let load_s = t0.elapsed().as_secs_f64();

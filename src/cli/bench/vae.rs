@@ -2,12 +2,12 @@
 //! JSON out; optionally writes the raw float picture (`[3, H, W]` f32, not clamped) and the RGB8
 //! bytes (HWC) for an error table against a float64 decode (bench/vae.sh).
 
+use anyhow::{bail, Result};
 use moss::backend::cuda::ops::Cuda;
 use moss::backend::{Backend, Device};
 use moss::model::vae::VaeDecoder;
 use moss::pipeline;
 use moss::tensor::Tensor;
-use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Instant;
 

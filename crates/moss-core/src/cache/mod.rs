@@ -36,37 +36,21 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [(Method, &'static str); 3] = [
-        (Method::DbCache, "dbcache"),
-        (Method::FbCache, "fbcache"),
-        (Method::TaylorSeer, "taylorseer"),
-    ];
+    pub const ALL: [(Method, &'static str); 3] = [(Method::DbCache, "dbcache"), (Method::FbCache, "fbcache"), (Method::TaylorSeer, "taylorseer")];
 
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(m, _)| *m == self)
-            .map(|(_, n)| *n)
-            .expect("every method is named")
+        Self::ALL.iter().find(|(m, _)| *m == self).map(|(_, n)| *n).expect("every method is named")
     }
 
     pub fn names() -> String {
-        Self::ALL
-            .iter()
-            .map(|(_, n)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
+        Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
     }
 }
 
 impl FromStr for Method {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(m, _)| *m)
-            .ok_or_else(|| format!("unknown cache `{s}`; the caches are off, {}", Self::names()))
+        Self::ALL.iter().find(|(_, n)| *n == s).map(|(m, _)| *m).ok_or_else(|| format!("unknown cache `{s}`; the caches are off, {}", Self::names()))
     }
 }
 
@@ -101,23 +85,11 @@ impl CacheConfig {
     /// cache-dit's defaults for `method`: `DBCacheConfig()` (F8B0, threshold 0.08, warm-up 8, no
     /// limits), FBCache as F1B0, TaylorSeer with `TaylorSeerCalibratorConfig()` (order 1).
     pub fn defaults(method: Method) -> CacheConfig {
-        let db = CacheConfig {
-            method,
-            fn_blocks: 8,
-            bn_blocks: 0,
-            threshold: 0.08,
-            warmup: 8,
-            max_cached: None,
-            max_continuous: None,
-            taylor_order: 0,
-        };
+        let db = CacheConfig { method, fn_blocks: 8, bn_blocks: 0, threshold: 0.08, warmup: 8, max_cached: None, max_continuous: None, taylor_order: 0 };
         match method {
             Method::DbCache => db,
             Method::FbCache => CacheConfig { fn_blocks: 1, ..db },
-            Method::TaylorSeer => CacheConfig {
-                taylor_order: 1,
-                ..db
-            },
+            Method::TaylorSeer => CacheConfig { taylor_order: 1, ..db },
         }
     }
 
@@ -127,11 +99,7 @@ impl CacheConfig {
             bail!("the cache needs at least one first compute block (F >= 1)");
         }
         if self.fn_blocks + self.bn_blocks > blocks {
-            bail!(
-                "F{}B{}: the transformer has only {blocks} blocks",
-                self.fn_blocks,
-                self.bn_blocks
-            );
+            bail!("F{}B{}: the transformer has only {blocks} blocks", self.fn_blocks, self.bn_blocks);
         }
         if !self.threshold.is_finite() {
             bail!("the residual-difference threshold must be a finite number");
@@ -159,12 +127,7 @@ pub struct Branch {
 
 impl Branch {
     pub fn new(cfg: CacheConfig) -> Self {
-        Branch {
-            cfg,
-            cached: vec![],
-            continuous: 0,
-            diffs: vec![],
-        }
+        Branch { cfg, cached: vec![], continuous: 0, diffs: vec![] }
     }
 
     /// `mark_step_begin`: the run of cached steps is broken unless the previous step was cached.
@@ -177,12 +140,7 @@ impl Branch {
     /// `can_cache`: whether step `step` may be served from the cache. `have_prev`: a residual of
     /// a full step is stored; `diff` measures the difference against it (called only when
     /// needed, and recorded).
-    pub fn can_cache(
-        &mut self,
-        step: usize,
-        have_prev: bool,
-        diff: impl FnOnce() -> Result<f64>,
-    ) -> Result<bool> {
+    pub fn can_cache(&mut self, step: usize, have_prev: bool, diff: impl FnOnce() -> Result<f64>) -> Result<bool> {
         let c = &self.cfg;
         if step < c.warmup {
             return Ok(false);
@@ -231,11 +189,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> CacheConfig {
-        CacheConfig {
-            warmup: 2,
-            threshold: 0.5,
-            ..CacheConfig::defaults(Method::FbCache)
-        }
+        CacheConfig { warmup: 2, threshold: 0.5, ..CacheConfig::defaults(Method::FbCache) }
     }
 
     #[test]
@@ -243,14 +197,10 @@ mod tests {
         let mut b = Branch::new(cfg());
         for step in 0..2 {
             b.begin(step);
-            assert!(!b
-                .can_cache(step, true, || panic!("no measure in the warm-up"))
-                .unwrap());
+            assert!(!b.can_cache(step, true, || panic!("no measure in the warm-up")).unwrap());
         }
         b.begin(2);
-        assert!(!b
-            .can_cache(2, false, || panic!("nothing to compare with"))
-            .unwrap());
+        assert!(!b.can_cache(2, false, || panic!("nothing to compare with")).unwrap());
         assert!(b.can_cache(2, true, || Ok(0.4)).unwrap());
         assert!(!b.can_cache(2, true, || Ok(0.5)).unwrap());
         assert_eq!(b.diffs, vec![(2, 0.4), (2, 0.5)]);
@@ -258,11 +208,7 @@ mod tests {
 
     #[test]
     fn limits_count_cached_steps() {
-        let mut b = Branch::new(CacheConfig {
-            max_cached: Some(2),
-            max_continuous: Some(1),
-            ..cfg()
-        });
+        let mut b = Branch::new(CacheConfig { max_cached: Some(2), max_continuous: Some(1), ..cfg() });
         let mut served = vec![];
         for step in 2..10 {
             b.begin(step);
@@ -276,48 +222,20 @@ mod tests {
 
     #[test]
     fn thresholds_at_the_ends() {
-        let mut b = Branch::new(CacheConfig {
-            threshold: 1.0,
-            ..cfg()
-        });
-        assert!(b
-            .can_cache(3, true, || panic!("not measured at >= 1"))
-            .unwrap());
-        let mut b = Branch::new(CacheConfig {
-            threshold: 0.0,
-            ..cfg()
-        });
-        assert!(!b
-            .can_cache(3, true, || panic!("not measured at <= 0"))
-            .unwrap());
+        let mut b = Branch::new(CacheConfig { threshold: 1.0, ..cfg() });
+        assert!(b.can_cache(3, true, || panic!("not measured at >= 1")).unwrap());
+        let mut b = Branch::new(CacheConfig { threshold: 0.0, ..cfg() });
+        assert!(!b.can_cache(3, true, || panic!("not measured at <= 0")).unwrap());
     }
 
     #[test]
     fn configs_are_checked() {
         assert!(CacheConfig::defaults(Method::DbCache).check(42).is_ok());
         assert!(CacheConfig::defaults(Method::DbCache).check(4).is_err());
-        assert!(CacheConfig {
-            fn_blocks: 0,
-            ..cfg()
-        }
-        .check(4)
-        .is_err());
-        assert!(CacheConfig {
-            bn_blocks: 1,
-            ..cfg()
-        }
-        .check(4)
-        .is_err());
-        assert!(CacheConfig {
-            taylor_order: 1,
-            ..cfg()
-        }
-        .check(4)
-        .is_err());
+        assert!(CacheConfig { fn_blocks: 0, ..cfg() }.check(4).is_err());
+        assert!(CacheConfig { bn_blocks: 1, ..cfg() }.check(4).is_err());
+        assert!(CacheConfig { taylor_order: 1, ..cfg() }.check(4).is_err());
         assert!("dbcache".parse::<Method>().is_ok());
-        assert!("cache-dit"
-            .parse::<Method>()
-            .unwrap_err()
-            .contains("taylorseer"));
+        assert!("cache-dit".parse::<Method>().unwrap_err().contains("taylorseer"));
     }
 }

@@ -59,10 +59,7 @@ impl<B: DitOps> BlockCache<B> {
             self.served += 1;
             let m = match &self.taylor {
                 Some(t) => t.approximate(b)?,
-                None => self
-                    .mn_residual
-                    .clone()
-                    .expect("a full step stored the middle residual"),
+                None => self.mn_residual.clone().expect("a full step stored the middle residual"),
             };
             return Ok(Some(m));
         }

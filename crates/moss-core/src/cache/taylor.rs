@@ -37,12 +37,7 @@ impl<B: DitOps> Taylor<B> {
     /// A full step's middle residual `y`.
     pub fn update(&mut self, b: &B, y: B::T) -> Result<()> {
         let n = self.order + 1;
-        let s = self.state.get_or_insert_with(|| State {
-            current_step: -1,
-            last_full: -1,
-            prev: vec![None; n],
-            cur: vec![None; n],
-        });
+        let s = self.state.get_or_insert_with(|| State { current_step: -1, last_full: -1, prev: vec![None; n], cur: vec![None; n] });
         s.prev = std::mem::replace(&mut s.cur, vec![None; n]);
         let window = (s.current_step - s.last_full) as f32;
         s.cur[0] = Some(y);

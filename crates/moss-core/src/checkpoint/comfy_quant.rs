@@ -32,23 +32,15 @@ struct Layer {
 /// float8 ones are of a kind [`super::scaled_fp8`] reads, and refuse the rest by name. Returns the
 /// formats found (empty: not a `comfy_quant` file).
 pub fn resolve(store: &mut TensorStore) -> Result<Vec<String>> {
-    let layers: Vec<String> = store
-        .tensors
-        .keys()
-        .filter(|k| k.ends_with(".comfy_quant"))
-        .cloned()
-        .collect();
+    let layers: Vec<String> = store.tensors.keys().filter(|k| k.ends_with(".comfy_quant")).cloned().collect();
     let mut formats = vec![];
     for key in layers {
         let stem = key.strip_suffix(".comfy_quant").expect("filtered");
         let info = store.tensors[&key].clone();
-        let layer: Layer = serde_json::from_slice(store.bytes(&info))
-            .with_context(|| format!("`{key}` does not hold comfy_quant JSON"))?;
+        let layer: Layer = serde_json::from_slice(store.bytes(&info)).with_context(|| format!("`{key}` does not hold comfy_quant JSON"))?;
         let weight = format!("{stem}.weight");
         let scale_name = format!("{stem}.weight_scale");
-        let Some(w) = store.tensors.get(&weight).cloned() else {
-            bail!("`{key}` describes `{weight}`, which is missing")
-        };
+        let Some(w) = store.tensors.get(&weight).cloned() else { bail!("`{key}` describes `{weight}`, which is missing") };
         match layer.format.as_str() {
             "int8_tensorwise" => {
                 ensure!(w.dtype == Dtype::I8 && w.shape.len() == 2, "`{weight}` is {} {:?}: int8_tensorwise needs an I8 matrix", w.dtype.name(), w.shape);
@@ -73,11 +65,7 @@ pub fn resolve(store: &mut TensorStore) -> Result<Vec<String>> {
             }
             other => bail!("`{weight}` is stored as comfy_quant `{other}`, which moss does not read (it reads int8_tensorwise, with or without ConvRot, and float8_e4m3fn)"),
         }
-        let f = if layer.convrot {
-            format!("{} + ConvRot", layer.format)
-        } else {
-            layer.format.clone()
-        };
+        let f = if layer.convrot { format!("{} + ConvRot", layer.format) } else { layer.format.clone() };
         if !formats.contains(&f) {
             formats.push(f);
         }
@@ -145,15 +133,9 @@ pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
         let mut turned = vec![0f64; g];
         for group in out.chunks_mut(g) {
             for (j, t) in turned.iter_mut().enumerate() {
-                *t = (0..g)
-                    .map(|k| group[k] as f64 * h[k * g + j] as f64)
-                    .sum::<f64>()
-                    * norm;
+                *t = (0..g).map(|k| group[k] as f64 * h[k * g + j] as f64).sum::<f64>() * norm;
             }
-            group
-                .iter_mut()
-                .zip(&turned)
-                .for_each(|(v, t)| *v = *t as f32);
+            group.iter_mut().zip(&turned).for_each(|(v, t)| *v = *t as f32);
         }
     }
     Ok(out)
@@ -170,18 +152,13 @@ mod tests {
             let h = hadamard_signs(n);
             for i in 0..n {
                 for j in 0..n {
-                    let dot: i32 = (0..n)
-                        .map(|k| h[i * n + k] as i32 * h[j * n + k] as i32)
-                        .sum();
+                    let dot: i32 = (0..n).map(|k| h[i * n + k] as i32 * h[j * n + k] as i32).sum();
                     assert_eq!(dot, if i == j { n as i32 } else { 0 }, "n {n} rows {i} {j}");
                     assert_eq!(h[i * n + j], h[j * n + i], "n {n}");
                 }
             }
         }
         // convert-to-quant's H4 (regular: every row sums to 2)
-        assert_eq!(
-            hadamard_signs(4),
-            [1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, 1]
-        );
+        assert_eq!(hadamard_signs(4), [1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, 1]);
     }
 }

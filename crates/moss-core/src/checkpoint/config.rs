@@ -20,9 +20,7 @@ pub type Defaulted = Vec<String>;
 
 fn get_usize_in(v: &Value, key: &str, default: Option<usize>, range: (u64, u64), file: &Path, d: &mut Defaulted) -> Result<usize> {
     let x = match v.get(key) {
-        Some(x) => x
-            .as_u64()
-            .with_context(|| format!("{}: `{key}` is not a non-negative integer", file.display()))?,
+        Some(x) => x.as_u64().with_context(|| format!("{}: `{key}` is not a non-negative integer", file.display()))?,
         None => {
             let x = default.with_context(|| format!("{}: missing `{key}`", file.display()))?;
             d.push(format!("{key} (default {x})"));
@@ -69,11 +67,7 @@ fn get_usize_list(v: &Value, key: &str, file: &Path) -> Result<Option<Vec<usize>
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| {
-                x.as_u64()
-                    .map(|x| x as usize)
-                    .with_context(|| format!("{}: `{key}` holds a non-integer", file.display()))
-            })
+            .map(|x| x.as_u64().map(|x| x as usize).with_context(|| format!("{}: `{key}` holds a non-integer", file.display())))
             .collect::<Result<Vec<_>>>()
             .map(Some),
         Some(_) => bail!("{}: `{key}` is not a list", file.display()),
@@ -147,17 +141,11 @@ impl EncoderConfig {
                 .collect::<Result<Vec<_>>>()?,
             _ => {
                 let interval = get_usize(v, "full_attention_interval", Some(4), path, &mut d)?;
-                (0..num_layers)
-                    .map(|i| if (i + 1) % interval == 0 { LayerType::Full } else { LayerType::Linear })
-                    .collect()
+                (0..num_layers).map(|i| if (i + 1) % interval == 0 { LayerType::Full } else { LayerType::Linear }).collect()
             }
         };
         if layer_types.len() != num_layers {
-            bail!(
-                "{}: layer_types has {} entries but num_hidden_layers is {num_layers}",
-                path.display(),
-                layer_types.len()
-            );
+            bail!("{}: layer_types has {} entries but num_hidden_layers is {num_layers}", path.display(), layer_types.len());
         }
         // transformers 5 keeps rope settings in `rope_parameters`; older files at the top level.
         let rope = v.get("rope_parameters").filter(|r| r.is_object()).unwrap_or(v);
@@ -187,9 +175,7 @@ impl EncoderConfig {
             linear_conv_kernel_dim: get_usize_in(v, "linear_conv_kernel_dim", Some(4), (1, 64), path, &mut d)?,
             defaulted: d,
         };
-        if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0
-            || cfg.linear_num_value_heads % cfg.linear_num_key_heads.max(1) != 0
-        {
+        if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0 || cfg.linear_num_value_heads % cfg.linear_num_key_heads.max(1) != 0 {
             bail!("{}: head counts do not divide (GQA)", path.display());
         }
         Ok(cfg)
@@ -281,8 +267,7 @@ impl VaeConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let v = read_json(path)?;
         let mut d = Defaulted::new();
-        let enc = get_usize_list(&v, "block_out_channels", path)?
-            .unwrap_or_else(|| vec![128, 256, 512, 512]);
+        let enc = get_usize_list(&v, "block_out_channels", path)?.unwrap_or_else(|| vec![128, 256, 512, 512]);
         let dec = get_usize_list(&v, "decoder_block_out_channels", path)?.unwrap_or_else(|| enc.clone());
         let patch = get_usize_list(&v, "patch_size", path)?.unwrap_or_else(|| vec![2, 2]);
         if patch.len() != 2 || !(1..=8).contains(&patch[0]) || !(1..=8).contains(&patch[1]) {
@@ -308,10 +293,7 @@ impl VaeConfig {
             batch_norm_eps: get_f64(&v, "batch_norm_eps", 1e-4, true, path, &mut d)?,
             patch_size: [patch[0], patch[1]],
             use_post_quant_conv: v.get("use_post_quant_conv").and_then(Value::as_bool).unwrap_or(true),
-            mid_block_add_attention: v
-                .get("mid_block_add_attention")
-                .and_then(Value::as_bool)
-                .unwrap_or(true),
+            mid_block_add_attention: v.get("mid_block_add_attention").and_then(Value::as_bool).unwrap_or(true),
             defaulted: d,
         };
         if cfg.decoder_block_out_channels.iter().any(|c| c % cfg.norm_num_groups != 0) {
@@ -329,9 +311,7 @@ impl VaeConfig {
         // diffusers' Decoder builds one up block per `up_block_types` entry, with the widths of
         // `decoder_block_out_channels`; only plain `UpDecoderBlock2D`s and SiLU are implemented.
         if let Some(types) = v.get("up_block_types").and_then(Value::as_array) {
-            if types.len() != cfg.decoder_block_out_channels.len()
-                || types.iter().any(|t| t.as_str() != Some("UpDecoderBlock2D"))
-            {
+            if types.len() != cfg.decoder_block_out_channels.len() || types.iter().any(|t| t.as_str() != Some("UpDecoderBlock2D")) {
                 bail!(
                     "{}: up_block_types {types:?} (expected {} x \"UpDecoderBlock2D\", one per decoder width)",
                     path.display(),

@@ -25,16 +25,8 @@ pub enum GgmlType {
 pub const QK_K: usize = 256;
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 8] = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
+    pub const ALL: [GgmlType; 8] =
+        [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
     /// The type's id in a GGUF tensor descriptor (`ggml_type`).
     pub fn id(self) -> u32 {
@@ -123,11 +115,7 @@ fn block(t: GgmlType, b: &[u8], out: &mut Vec<f32>) {
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
             let d = half(b, 0);
-            let qs = if t == GgmlType::Q4_0 {
-                &b[2..18]
-            } else {
-                &b[4..20]
-            };
+            let qs = if t == GgmlType::Q4_0 { &b[2..18] } else { &b[4..20] };
             let nib = |i: usize| if i < 16 { qs[i] & 0xF } else { qs[i - 16] >> 4 };
             if t == GgmlType::Q4_0 {
                 out.extend((0..32).map(|i| d * (nib(i) as i8 - 8) as f32));
@@ -155,11 +143,7 @@ fn block(t: GgmlType, b: &[u8], out: &mut Vec<f32>) {
         GgmlType::Q4_K | GgmlType::Q5_K => {
             let (d, dmin) = (half(b, 0), half(b, 2));
             let (sc, m) = scale_min_k4(&b[4..16]);
-            let (qh, qs) = if t == GgmlType::Q5_K {
-                (Some(&b[16..48]), &b[48..176])
-            } else {
-                (None, &b[16..144])
-            };
+            let (qh, qs) = if t == GgmlType::Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
             // sub-block j: 32 values, the low (even j) or high (odd j) nibbles of bytes 32·(j/2)..
             for j in 0..8 {
                 let dl = d * sc[j] as f32;
@@ -180,11 +164,7 @@ fn block(t: GgmlType, b: &[u8], out: &mut Vec<f32>) {
             // two halves of 128 values: 64 bytes of low nibbles, 32 of 2-bit highs each
             for i in 0..QK_K {
                 let (h, r) = (i / 128, i % 128);
-                let lo = if r < 64 {
-                    ql[64 * h + r] & 0xF
-                } else {
-                    ql[64 * h + r - 64] >> 4
-                };
+                let lo = if r < 64 { ql[64 * h + r] & 0xF } else { ql[64 * h + r - 64] >> 4 };
                 let hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
                 let q = (lo | (hi << 4)) as i8 - 32;
                 out.push(d * scales[i / 16] as i8 as f32 * q as f32);
@@ -210,9 +190,7 @@ pub fn first_bad_block(t: GgmlType, bytes: &[u8]) -> Option<usize> {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
     };
-    bytes
-        .chunks_exact(t.block_bytes())
-        .position(|b| scale_at.iter().any(|&a| !half(b, a).is_finite()))
+    bytes.chunks_exact(t.block_bytes()).position(|b| scale_at.iter().any(|&a| !half(b, a).is_finite()))
 }
 
 #[cfg(test)]

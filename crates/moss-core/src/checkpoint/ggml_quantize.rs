@@ -44,10 +44,7 @@ fn q8_0(x: &[f32], out: &mut Vec<u8>) {
 fn q4_0(x: &[f32], out: &mut Vec<u8>) {
     let d = signed_max(x) / -8.0;
     let id = inv(d);
-    let q: Vec<u8> = x
-        .iter()
-        .map(|v| ((v * id + 8.5).trunc() as u8).min(15))
-        .collect();
+    let q: Vec<u8> = x.iter().map(|v| ((v * id + 8.5).trunc() as u8).min(15)).collect();
     put_half(out, d);
     out.extend((0..16).map(|i| q[i] | (q[i + 16] << 4)));
 }
@@ -113,13 +110,8 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
     }
     let d = signed_max(&scale) / -128.0;
     let d16 = f16::from_f32(d).to_f32();
-    let sc: Vec<i8> = scale
-        .iter()
-        .map(|s| (s * inv(d16)).round().clamp(-128.0, 127.0) as i8)
-        .collect();
-    let q: Vec<u8> = (0..QK_K)
-        .map(|i| ((x[i] * inv(d16 * sc[i / 16] as f32)).round() + 32.0).clamp(0.0, 63.0) as u8)
-        .collect();
+    let sc: Vec<i8> = scale.iter().map(|s| (s * inv(d16)).round().clamp(-128.0, 127.0) as i8).collect();
+    let q: Vec<u8> = (0..QK_K).map(|i| ((x[i] * inv(d16 * sc[i / 16] as f32)).round() + 32.0).clamp(0.0, 63.0) as u8).collect();
     let mut ql = [0u8; 128];
     let mut qh = [0u8; 64];
     for i in 0..QK_K {
@@ -141,10 +133,7 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
 pub fn quantize(t: GgmlType, values: &[f32], row: usize) -> Result<Vec<u8>> {
     let n = t.block_values();
     if row % n != 0 {
-        bail!(
-            "{} takes rows of a multiple of {n} values, not {row}",
-            t.name()
-        );
+        bail!("{} takes rows of a multiple of {n} values, not {row}", t.name());
     }
     let mut out = Vec::with_capacity(values.len() / n * t.block_bytes());
     for x in values.chunks_exact(n) {
@@ -166,9 +155,7 @@ mod tests {
     use super::*;
 
     fn wave(n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0 + (i as f32 * 0.013).sin())
-            .collect()
+        (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0 + (i as f32 * 0.013).sin()).collect()
     }
 
     /// Each writer's blocks read back (by the reader) close to the values: a packing that puts a
@@ -177,26 +164,12 @@ mod tests {
     fn blocks_read_back_near_the_values() {
         let x = wave(2 * QK_K);
         let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        for (t, bound) in [
-            (GgmlType::Q8_0, 0.01),
-            (GgmlType::Q4_0, 0.15),
-            (GgmlType::Q4_K, 0.12),
-            (GgmlType::Q5_K, 0.06),
-            (GgmlType::Q6_K, 0.03),
-        ] {
+        for (t, bound) in [(GgmlType::Q8_0, 0.01), (GgmlType::Q4_0, 0.15), (GgmlType::Q4_K, 0.12), (GgmlType::Q5_K, 0.06), (GgmlType::Q6_K, 0.03)] {
             let b = quantize(t, &x, x.len()).unwrap();
             assert_eq!(b.len(), t.bytes_of(x.len()).unwrap(), "{}", t.name());
             let y = dequantize(t, &b);
-            let worst = x
-                .iter()
-                .zip(&y)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                worst < bound * amax,
-                "{}: worst error {worst} of {amax}",
-                t.name()
-            );
+            let worst = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < bound * amax, "{}: worst error {worst} of {amax}", t.name());
         }
         assert!(quantize(GgmlType::Q4_K, &x[..64], 64).is_err());
     }

@@ -22,10 +22,7 @@ pub const MAGIC: &[u8; 4] = b"GGUF";
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut head = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok()
-        && &head == MAGIC
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && &head == MAGIC
 }
 
 /// The dtype of GGUF type `id`, or an error naming the tensor and the type.
@@ -36,10 +33,7 @@ fn dtype(name: &str, id: u32, type_name: &str) -> Result<Dtype> {
         30 => Dtype::BF16,
         _ => match GgmlType::from_id(id) {
             Some(t) => Dtype::Ggml(t),
-            None => bail!(
-                "`{name}` is {type_name}, a GGUF type moss does not read (it reads F32, F16, BF16, {})",
-                GgmlType::ALL.map(|t| t.name()).join(", ")
-            ),
+            None => bail!("`{name}` is {type_name}, a GGUF type moss does not read (it reads F32, F16, BF16, {})", GgmlType::ALL.map(|t| t.name()).join(", ")),
         },
     })
 }
@@ -51,10 +45,8 @@ fn metadata_str(v: &MetadataValue) -> Option<String> {
 /// The tensors of the GGUF file `path` as a store (names as the file has them), its format line
 /// naming `general.architecture` when the file sets it.
 pub fn open(path: &Path) -> Result<TensorStore> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let reader = GGUFFileReader::new(std::io::BufReader::new(file))
-        .map_err(|e| anyhow::anyhow!("{} is not a GGUF file moss can read: {e}", path.display()))?;
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let reader = GGUFFileReader::new(std::io::BufReader::new(file)).map_err(|e| anyhow::anyhow!("{} is not a GGUF file moss can read: {e}", path.display()))?;
     let meta = reader.metadata();
     let arch = meta.get("general.architecture").and_then(metadata_str);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -71,37 +63,18 @@ pub fn open(path: &Path) -> Result<TensorStore> {
         let dtype = dtype(&name, kind as u32, &kind.to_string())?;
         let mut shape: Vec<usize> = t.shape().dims().iter().rev().map(|&d| d as usize).collect();
         if let Some(MetadataValue::Array(a)) = meta.get(&format!("comfy.gguf.orig_shape.{name}")) {
-            let orig: Vec<usize> = a
-                .iter()
-                .filter_map(|v| v.as_u64().or_else(|| v.as_i64().map(|i| i.max(0) as u64)))
-                .map(|v| v as usize)
-                .collect();
-            if orig.iter().product::<usize>() != shape.iter().product::<usize>()
-                || orig.len() != a.iter().count()
-            {
-                bail!(
-                    "{}: comfy.gguf.orig_shape.{name} {orig:?} does not hold the {shape:?} stored",
-                    path.display()
-                );
+            let orig: Vec<usize> = a.iter().filter_map(|v| v.as_u64().or_else(|| v.as_i64().map(|i| i.max(0) as u64))).map(|v| v as usize).collect();
+            if orig.iter().product::<usize>() != shape.iter().product::<usize>() || orig.len() != a.iter().count() {
+                bail!("{}: comfy.gguf.orig_shape.{name} {orig:?} does not hold the {shape:?} stored", path.display());
             }
             shape = orig;
         }
         let start = base + t.data_offset() as usize;
         let end = start + t.expected_data_size() as usize;
         if store.files[file].1.len() < end {
-            bail!(
-                "{} is truncated: `{name}` ends past the end of the file",
-                path.display()
-            );
+            bail!("{} is truncated: `{name}` ends past the end of the file", path.display());
         }
-        if store
-            .tensors
-            .insert(
-                name.clone(),
-                TensorInfo::new(dtype, shape, file, start, end),
-            )
-            .is_some()
-        {
+        if store.tensors.insert(name.clone(), TensorInfo::new(dtype, shape, file, start, end)).is_some() {
             bail!("{}: `{name}` is stored twice", path.display());
         }
     }

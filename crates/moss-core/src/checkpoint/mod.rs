@@ -7,8 +7,8 @@ pub mod expected;
 pub mod ggml;
 pub mod ggml_quantize;
 pub mod gguf;
-pub mod quantize;
 pub mod hash;
+pub mod quantize;
 pub mod scaled_fp8;
 pub mod single_file;
 pub mod tensors;
@@ -203,10 +203,7 @@ impl Checkpoint {
         let index = config::read_json(&index_path)?;
         let class = index.get("_class_name").and_then(|c| c.as_str()).unwrap_or("");
         if class != "MOSSImagePipeline" {
-            bail!(
-                "{}: _class_name is {class:?}, expected \"MOSSImagePipeline\"",
-                index_path.display()
-            );
+            bail!("{}: _class_name is {class:?}, expected \"MOSSImagePipeline\"", index_path.display());
         }
         for c in COMPONENTS {
             if index.get(c).is_none() {
@@ -289,12 +286,7 @@ impl Checkpoint {
                 let prefix = ["language_model.", "model.language_model."]
                     .into_iter()
                     .find(|p| store.tensors.keys().any(|k| k.starts_with(p)))
-                    .with_context(|| {
-                        format!(
-                            "{}: no tensor under `language_model.` or `model.language_model.`",
-                            store.dir.display()
-                        )
-                    })?;
+                    .with_context(|| format!("{}: no tensor under `language_model.` or `model.language_model.`", store.dir.display()))?;
                 (prefix.to_string(), expected::encoder(&self.encoder))
             }
             "transformer" => (String::new(), expected::dit(&self.dit)),
@@ -335,9 +327,7 @@ impl Component {
 
     pub fn info(&self, name: &str) -> Result<&TensorInfo> {
         let full = self.full_name(name);
-        self.store
-            .get(&full)
-            .with_context(|| format!("{}: tensor `{full}` is missing", self.store.dir.display()))
+        self.store.get(&full).with_context(|| format!("{}: tensor `{full}` is missing", self.store.dir.display()))
     }
 
     /// A tensor as f32, by its name inside the component.
@@ -366,20 +356,10 @@ impl Component {
         for e in expected {
             let full = self.full_name(&e.name);
             let Some(info) = self.store.get(&full) else {
-                bail!(
-                    "checkpoint incomplete: `{full}` is missing from {}/ (expected {} {:?})",
-                    self.store.dir.display(),
-                    e.dtype.name(),
-                    e.shape
-                );
+                bail!("checkpoint incomplete: `{full}` is missing from {}/ (expected {} {:?})", self.store.dir.display(), e.dtype.name(), e.shape);
             };
             if info.shape != e.shape {
-                bail!(
-                    "checkpoint mismatch: `{full}` in {} has shape {:?}, the config implies {:?}",
-                    self.store.file_of(info).display(),
-                    info.shape,
-                    e.shape
-                );
+                bail!("checkpoint mismatch: `{full}` in {} has shape {:?}, the config implies {:?}", self.store.file_of(info).display(), info.shape, e.shape);
             }
             if info.dtype == Dtype::F8E5M2 {
                 return Err(scaled_fp8::refuse_e5m2(&full));
@@ -394,12 +374,7 @@ impl Component {
             }
             if info.dtype != e.dtype {
                 let fp8 = if info.dtype == Dtype::F8E4M3 { " (moss reads float8 only in the main blocks' matrices)" } else { "" };
-                bail!(
-                    "checkpoint mismatch: `{full}` in {} is {}, expected {}{fp8}",
-                    self.store.file_of(info).display(),
-                    info.dtype.name(),
-                    e.dtype.name()
-                );
+                bail!("checkpoint mismatch: `{full}` in {} is {}, expected {}{fp8}", self.store.file_of(info).display(), info.dtype.name(), e.dtype.name());
             }
         }
         Ok(())
@@ -412,7 +387,11 @@ impl Component {
             Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::Ggml(_) => Ok(()),
             Dtype::I8 if info.row_scales.is_some() => Ok(()),
             Dtype::I8 => bail!("`{full}` in {} is int8 without a comfy_quant description or scales: moss cannot run it", self.store.file_of(info).display()),
-            d => bail!("`{full}` in {} is {}: moss cannot run it (floats, GGUF blocks, int8 with row scales and float8 e4m3 with scales are read)", self.store.file_of(info).display(), d.name()),
+            d => bail!(
+                "`{full}` in {} is {}: moss cannot run it (floats, GGUF blocks, int8 with row scales and float8 e4m3 with scales are read)",
+                self.store.file_of(info).display(),
+                d.name()
+            ),
         }
     }
 
@@ -425,17 +404,9 @@ impl Component {
             _ => ("decoder.up_blocks.", ck.vae.decoder_block_out_channels.len(), "decoder_block_out_channels"),
         };
         let prefix = self.full_name(pattern);
-        let most = self
-            .store
-            .tensors
-            .keys()
-            .filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse::<usize>().ok())
-            .max();
+        let most = self.store.tensors.keys().filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse::<usize>().ok()).max();
         if let Some(m) = most.filter(|&m| m >= count) {
-            bail!(
-                "{}: stores `{prefix}{m}.*` but the config's {key} gives {count} blocks; the config and the tensors disagree",
-                self.store.dir.display()
-            );
+            bail!("{}: stores `{prefix}{m}.*` but the config's {key} gives {count} blocks; the config and the tensors disagree", self.store.dir.display());
         }
         if self.name == "vae" {
             let per = ck.vae.layers_per_block + 1;
@@ -465,17 +436,18 @@ impl Component {
     /// its first bad element. A bit test on the stored bytes, spread over the cores: memory-bound
     /// (about the page cache's read speed; 28 GB at full size).
     pub fn first_non_finite(&self) -> Option<(String, usize)> {
-        let names: Vec<(&String, &TensorInfo)> =
-            self.store.tensors.iter().filter(|(k, _)| k.starts_with(&self.prefix)).collect();
+        let names: Vec<(&String, &TensorInfo)> = self.store.tensors.iter().filter(|(k, _)| k.starts_with(&self.prefix)).collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
         let found: Vec<Option<(String, usize)>> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     let names = &names;
                     sc.spawn(move || {
-                        names.iter().skip(t).step_by(threads).find_map(|(k, info)| {
-                            tensors::first_non_finite(info.dtype, self.store.bytes(info)).map(|i| (k.to_string(), i))
-                        })
+                        names
+                            .iter()
+                            .skip(t)
+                            .step_by(threads)
+                            .find_map(|(k, info)| tensors::first_non_finite(info.dtype, self.store.bytes(info)).map(|i| (k.to_string(), i)))
                     })
                 })
                 .collect();

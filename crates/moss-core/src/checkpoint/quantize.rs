@@ -43,11 +43,7 @@ impl std::str::FromStr for Target {
             "q6_k" => Target::Gguf(GgmlType::Q6_K),
             "int8" => Target::Int8 { convrot: false },
             "int8-convrot" => Target::Int8 { convrot: true },
-            _ => {
-                return Err(format!(
-                    "`{s}`: give q8_0, q4_0, q4_k, q5_k, q6_k, int8 or int8-convrot"
-                ))
-            }
+            _ => return Err(format!("`{s}`: give q8_0, q4_0, q4_k, q5_k, q6_k, int8 or int8-convrot")),
         })
     }
 }
@@ -57,33 +53,18 @@ impl std::str::FromStr for Target {
 fn comfy_tensors(store: &TensorStore) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
     let mut out = BTreeMap::new();
     for (name, info) in &store.tensors {
-        let values = store
-            .values(info)
-            .with_context(|| format!("reading `{name}`"))?;
+        let values = store.values(info).with_context(|| format!("reading `{name}`"))?;
         out.insert(name.clone(), (info.shape.clone(), values));
     }
-    let fused: Vec<String> = out
-        .keys()
-        .filter_map(|k| {
-            k.strip_suffix(".proj.q.weight")
-                .filter(|s| s.starts_with("layers."))
-                .map(String::from)
-        })
-        .collect();
+    let fused: Vec<String> = out.keys().filter_map(|k| k.strip_suffix(".proj.q.weight").filter(|s| s.starts_with("layers.")).map(String::from)).collect();
     for stem in fused {
         let parts: Vec<(Vec<usize>, Vec<f32>)> = ["q", "k", "v"]
             .iter()
-            .map(|p| {
-                out.remove(&format!("{stem}.proj.{p}.weight"))
-                    .with_context(|| format!("`{stem}.proj.{p}.weight` is missing"))
-            })
+            .map(|p| out.remove(&format!("{stem}.proj.{p}.weight")).with_context(|| format!("`{stem}.proj.{p}.weight` is missing")))
             .collect::<Result<_>>()?;
         let mut shape = parts[0].0.clone();
         shape[0] = parts.iter().map(|p| p.0[0]).sum();
-        out.insert(
-            format!("{stem}.proj.qkv.weight"),
-            (shape, parts.into_iter().flat_map(|p| p.1).collect()),
-        );
+        out.insert(format!("{stem}.proj.qkv.weight"), (shape, parts.into_iter().flat_map(|p| p.1).collect()));
     }
     Ok(out.into_iter().map(|(k, (s, v))| (k, s, v)).collect())
 }
@@ -107,27 +88,17 @@ fn gguf_bytes(shape: &[usize], v: &[f32], id: u32, t: Option<GgmlType>) -> Resul
     Ok(match (id, t) {
         (_, Some(t)) => ggml_quantize::quantize(t, v, shape.last().copied().unwrap_or(1))?,
         (0, None) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => v
-            .iter()
-            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-            .collect(),
+        _ => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
     })
 }
 
-fn write_gguf(
-    tensors: &[(String, Vec<usize>, Vec<f32>)],
-    t: GgmlType,
-    out: &mut std::fs::File,
-) -> Result<()> {
+fn write_gguf(tensors: &[(String, Vec<usize>, Vec<f32>)], t: GgmlType, out: &mut std::fs::File) -> Result<()> {
     use gguf_rs_lib::format::metadata::MetadataValue;
     use gguf_rs_lib::prelude::{GGUFFileWriter, GGUFHeader, Metadata};
     use gguf_rs_lib::tensor::{TensorData, TensorInfo, TensorShape, TensorType};
     let e = |e: gguf_rs_lib::GGUFError| anyhow::anyhow!("writing GGUF: {e}");
     let mut meta = Metadata::new();
-    meta.insert(
-        "general.architecture".into(),
-        MetadataValue::String("moss_image".into()),
-    );
+    meta.insert("general.architecture".into(), MetadataValue::String("moss_image".into()));
     meta.insert("general.quantization_version".into(), MetadataValue::U32(2));
     let mut infos = vec![];
     let mut offset = 0u64;
@@ -135,24 +106,17 @@ fn write_gguf(
         let (id, q) = gguf_type(shape, t);
         let bytes = gguf_bytes(shape, v, id, q)?.len() as u64;
         let dims = shape.iter().rev().map(|&d| d as u64).collect();
-        infos.push(TensorInfo::new(
-            name.clone(),
-            TensorShape::new(dims).map_err(e)?,
-            TensorType::from_u32(id).map_err(e)?,
-            offset,
-        ));
+        infos.push(TensorInfo::new(name.clone(), TensorShape::new(dims).map_err(e)?, TensorType::from_u32(id).map_err(e)?, offset));
         offset += bytes.div_ceil(32) * 32;
     }
     let mut w = GGUFFileWriter::new(std::io::BufWriter::new(out));
-    w.write_header(&GGUFHeader::new(infos.len() as u64, meta.len() as u64))
-        .map_err(e)?;
+    w.write_header(&GGUFHeader::new(infos.len() as u64, meta.len() as u64)).map_err(e)?;
     w.write_metadata(&meta).map_err(e)?;
     w.write_tensor_infos(&infos).map_err(e)?;
     w.align_for_tensor_data().map_err(e)?;
     for ((_, shape, v), info) in tensors.iter().zip(&infos) {
         let (id, q) = gguf_type(shape, t);
-        w.write_tensor_data(info, &TensorData::new_owned(gguf_bytes(shape, v, id, q)?))
-            .map_err(e)?;
+        w.write_tensor_data(info, &TensorData::new_owned(gguf_bytes(shape, v, id, q)?)).map_err(e)?;
     }
     w.finalize().map_err(e)?.flush()?;
     Ok(())
@@ -171,14 +135,7 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
         // W_rot = W · Hᵀ per group of g (H symmetric), summed in f64
         let (h, norm) = (hadamard_signs(g), 1.0 / (g as f64).sqrt());
         for grp in w.chunks_mut(g) {
-            let turned: Vec<f64> = (0..g)
-                .map(|j| {
-                    (0..g)
-                        .map(|k| grp[k] as f64 * h[j * g + k] as f64)
-                        .sum::<f64>()
-                        * norm
-                })
-                .collect();
+            let turned: Vec<f64> = (0..g).map(|j| (0..g).map(|k| grp[k] as f64 * h[j * g + k] as f64).sum::<f64>() * norm).collect();
             grp.iter_mut().zip(turned).for_each(|(x, t)| *x = t as f32);
         }
     }
@@ -187,39 +144,25 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
         let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
         if group.is_some() {
             let scale = (amax / 127.0).max(1e-30);
-            codes.extend(
-                row.iter()
-                    .map(|x| (x / scale).round_ties_even().clamp(-128.0, 127.0) as i8),
-            );
+            codes.extend(row.iter().map(|x| (x / scale).round_ties_even().clamp(-128.0, 127.0) as i8));
             scales.push(scale);
         } else {
             // torch's `127.0 / t` is `t.reciprocal() * 127.0`: two roundings, kept for equal codes
             let q = (1.0 / amax.max(1e-12)) * 127.0;
-            codes.extend(
-                row.iter()
-                    .map(|x| (x * q).clamp(-127.0, 127.0).round_ties_even() as i8),
-            );
+            codes.extend(row.iter().map(|x| (x * q).clamp(-127.0, 127.0).round_ties_even() as i8));
             scales.push(1.0 / q);
         }
     }
     (codes, scales)
 }
 
-fn write_int8(
-    tensors: &[(String, Vec<usize>, Vec<f32>)],
-    convrot: bool,
-    out: &mut std::fs::File,
-) -> Result<()> {
+fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &mut std::fs::File) -> Result<()> {
     use safetensors::tensor::{Dtype as St, TensorView};
     let mut owned: Vec<(String, St, Vec<usize>, Vec<u8>)> = vec![];
     for (name, shape, v) in tensors {
         match name.strip_suffix(".weight").filter(|_| shape.len() == 2) {
             Some(stem) => {
-                let group = if convrot {
-                    convrot_group(shape[1])
-                } else {
-                    None
-                };
+                let group = if convrot { convrot_group(shape[1]) } else { None };
                 let (codes, scales) = int8_rows(v, shape[1], group);
                 let mut layer = serde_json::json!({"format": "int8_tensorwise", "orig_dtype": "torch.bfloat16", "per_row": true});
                 if let Some(g) = group {
@@ -227,46 +170,18 @@ fn write_int8(
                     layer["convrot_groupsize"] = g.into();
                 }
                 let json = serde_json::to_vec(&layer)?;
-                owned.push((
-                    name.clone(),
-                    St::I8,
-                    shape.clone(),
-                    codes.iter().map(|&c| c as u8).collect(),
-                ));
-                owned.push((
-                    format!("{stem}.weight_scale"),
-                    St::F32,
-                    vec![shape[0], 1],
-                    scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
-                ));
-                owned.push((
-                    format!("{stem}.comfy_quant"),
-                    St::U8,
-                    vec![json.len()],
-                    json,
-                ));
+                owned.push((name.clone(), St::I8, shape.clone(), codes.iter().map(|&c| c as u8).collect()));
+                owned.push((format!("{stem}.weight_scale"), St::F32, vec![shape[0], 1], scales.iter().flat_map(|s| s.to_le_bytes()).collect()));
+                owned.push((format!("{stem}.comfy_quant"), St::U8, vec![json.len()], json));
             }
-            None => owned.push((
-                name.clone(),
-                St::BF16,
-                shape.clone(),
-                v.iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-            )),
+            None => owned.push((name.clone(), St::BF16, shape.clone(), v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())),
         }
     }
     let views: Vec<(String, TensorView)> = owned
         .iter()
-        .map(|(n, d, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(*d, s.clone(), b).map_err(|e| anyhow::anyhow!("`{n}`: {e:?}"))?,
-            ))
-        })
+        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b).map_err(|e| anyhow::anyhow!("`{n}`: {e:?}"))?)))
         .collect::<Result<_>>()?;
-    let bytes = safetensors::serialize(views, None)
-        .map_err(|e| anyhow::anyhow!("writing safetensors: {e:?}"))?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| anyhow::anyhow!("writing safetensors: {e:?}"))?;
     out.write_all(&bytes)?;
     Ok(())
 }
@@ -276,33 +191,20 @@ fn write_int8(
 pub fn write(store: &TensorStore, target: Target, out: &Path) -> Result<u64> {
     for (name, info) in &store.tensors {
         if !matches!(info.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-            bail!(
-                "`{name}` is {}: moss quantize reads a bf16, f16 or f32 folder",
-                info.dtype.name()
-            );
+            bail!("`{name}` is {}: moss quantize reads a bf16, f16 or f32 folder", info.dtype.name());
         }
     }
     let tensors = comfy_tensors(store)?;
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.partial",
-        out.file_name()
-            .and_then(|f| f.to_str())
-            .unwrap_or("moss-quantize")
-    ));
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.partial", out.file_name().and_then(|f| f.to_str()).unwrap_or("moss-quantize")));
     let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         match target {
             Target::Gguf(t) => write_gguf(&tensors, t, &mut f)?,
             Target::Int8 { convrot } => write_int8(&tensors, convrot, &mut f)?,
         }
         f.sync_all()?;
-        std::fs::rename(&tmp, out)
-            .with_context(|| format!("cannot move the file into {}", out.display()))
+        std::fs::rename(&tmp, out).with_context(|| format!("cannot move the file into {}", out.display()))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

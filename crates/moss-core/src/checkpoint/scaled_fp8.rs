@@ -13,17 +13,14 @@ pub const SCALE_SUFFIXES: [&str; 2] = ["weight_scale", "scale_weight"];
 
 /// The refusal of a float8 e5m2 tensor.
 pub fn refuse_e5m2(full: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "`{full}` is stored as F8_E5M2 (float8 e5m2); moss reads float8 weights only as F8_E4M3 (float8_e4m3fn) with a scale"
-    )
+    anyhow::anyhow!("`{full}` is stored as F8_E5M2 (float8 e5m2); moss reads float8 weights only as F8_E4M3 (float8_e4m3fn) with a scale")
 }
 
 /// The full name of the scale tensor of the float8 weight `name` (inside `c`, ending in `.weight`).
 fn scale_name(c: &Component, name: &str) -> Result<String> {
     let full = c.full_name(name);
     let stem = full.strip_suffix(".weight").with_context(|| format!("`{full}`: a float8 tensor that is not a `.weight`"))?;
-    let found: Vec<String> =
-        SCALE_SUFFIXES.iter().map(|s| format!("{stem}.{s}")).filter(|n| c.store.get(n).is_some()).collect();
+    let found: Vec<String> = SCALE_SUFFIXES.iter().map(|s| format!("{stem}.{s}")).filter(|n| c.store.get(n).is_some()).collect();
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => bail!(

@@ -21,21 +21,12 @@ const DIT_PREFIXES: [&str; 3] = ["model.diffusion_model.", "diffusion_model.", "
 /// Open `path` as component `name` (`transformer` or `text_encoder`), names mapped as above.
 pub fn open(path: &Path, name: &str) -> Result<TensorStore> {
     if !path.is_file() {
-        bail!(
-            "--{} {}: no such file",
-            name.replace('_', "-"),
-            path.display()
-        );
+        bail!("--{} {}: no such file", name.replace('_', "-"), path.display());
     }
     let mut store = if super::gguf::is_gguf(path) {
         super::gguf::open(path)?
     } else {
-        let mut s = TensorStore::open_file(path).with_context(|| {
-            format!(
-                "{} is neither a GGUF nor a safetensors file",
-                path.display()
-            )
-        })?;
+        let mut s = TensorStore::open_file(path).with_context(|| format!("{} is neither a GGUF nor a safetensors file", path.display()))?;
         let formats = super::comfy_quant::resolve(&mut s)?;
         if !formats.is_empty() {
             s.format = format!("comfy_quant safetensors ({})", formats.join(", "));
@@ -44,10 +35,7 @@ pub fn open(path: &Path, name: &str) -> Result<TensorStore> {
     };
     if name == "text_encoder" && super::gguf::is_gguf(path) {
         let first = store.tensors.keys().next().cloned().unwrap_or_default();
-        bail!(
-            "{}: a GGUF text encoder (llama.cpp's tensor names, `{first}` ...) is not read yet; give a safetensors text encoder",
-            path.display()
-        );
+        bail!("{}: a GGUF text encoder (llama.cpp's tensor names, `{first}` ...) is not read yet; give a safetensors text encoder", path.display());
     }
     store.single_file = true;
     if name == "transformer" {
@@ -63,46 +51,30 @@ fn strip_prefix(store: &mut TensorStore) {
     let prefix = if mixed {
         DIT_PREFIXES[0]
     } else {
-        match DIT_PREFIXES
-            .iter()
-            .find(|p| keys.iter().all(|k| k.starts_with(*p)))
-        {
+        match DIT_PREFIXES.iter().find(|p| keys.iter().all(|k| k.starts_with(*p))) {
             Some(p) => p,
             None => return,
         }
     };
     let old = std::mem::take(&mut store.tensors);
-    store.tensors = old
-        .into_iter()
-        .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v)))
-        .collect();
+    store.tensors = old.into_iter().filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), v))).collect();
 }
 
 fn split_fused_qkv(store: &mut TensorStore) -> Result<()> {
-    let fused: Vec<String> = store
-        .tensors
-        .keys()
-        .filter(|k| k.starts_with("layers.") && k.ends_with(".proj.qkv.weight"))
-        .cloned()
-        .collect();
+    let fused: Vec<String> = store.tensors.keys().filter(|k| k.starts_with("layers.") && k.ends_with(".proj.qkv.weight")).cloned().collect();
     for key in fused {
         let stem = key.strip_suffix(".qkv.weight").expect("filtered");
         let info = store.tensors.remove(&key).expect("listed");
         let rows = info.shape.first().copied().unwrap_or(0);
         if info.shape.len() != 2 || rows % 3 != 0 {
-            bail!(
-                "`{key}` has shape {:?}: a fused [q ; k ; v] matrix needs rows divisible by 3",
-                info.shape
-            );
+            bail!("`{key}` has shape {:?}: a fused [q ; k ; v] matrix needs rows divisible by 3", info.shape);
         }
         for (i, part) in ["q", "k", "v"].iter().enumerate() {
             let name = format!("{stem}.{part}.weight");
             if store.tensors.contains_key(&name) {
                 bail!("`{key}` and `{name}` are both stored: which one applies is not clear");
             }
-            store
-                .tensors
-                .insert(name, info.row_slice(i * rows / 3, (i + 1) * rows / 3));
+            store.tensors.insert(name, info.row_slice(i * rows / 3, (i + 1) * rows / 3));
         }
     }
     Ok(())

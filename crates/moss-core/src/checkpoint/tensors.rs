@@ -80,12 +80,8 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
     match dtype {
         Dtype::BF16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
         Dtype::F16 => bytes.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 == 0x7c00),
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000),
-        Dtype::F64 => bytes.chunks_exact(8).position(|b| {
-            u64::from_le_bytes(b.try_into().unwrap()) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000
-        }),
+        Dtype::F32 => bytes.chunks_exact(4).position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000),
+        Dtype::F64 => bytes.chunks_exact(8).position(|b| u64::from_le_bytes(b.try_into().unwrap()) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000),
         // e4m3fn has no infinities; its NaN is S.1111.111. e5m2 is IEEE-like: exponent all ones.
         Dtype::F8E4M3 => bytes.iter().position(|b| b & 0x7f == 0x7f),
         Dtype::F8E5M2 => bytes.iter().position(|b| b & 0x7c == 0x7c),
@@ -170,25 +166,16 @@ impl TensorStore {
     /// Open the safetensors of `dir`: through the first `*.safetensors.index.json` if there is
     /// one, else every `*.safetensors` file in it.
     pub fn open(dir: &Path) -> Result<TensorStore> {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-            .with_context(|| format!("cannot read folder {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
+        let mut entries: Vec<PathBuf> =
+            std::fs::read_dir(dir).with_context(|| format!("cannot read folder {}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).collect();
         entries.sort();
-        let index = entries
-            .iter()
-            .find(|p| p.to_string_lossy().ends_with(".safetensors.index.json"))
-            .cloned();
+        let index = entries.iter().find(|p| p.to_string_lossy().ends_with(".safetensors.index.json")).cloned();
         let mut store = TensorStore::empty(dir, "safetensors");
         match index {
             Some(index) => {
                 let v = super::config::read_json(&index)?;
-                let map = v
-                    .get("weight_map")
-                    .and_then(|m| m.as_object())
-                    .with_context(|| format!("{}: no `weight_map`", index.display()))?;
-                let mut shards: Vec<String> =
-                    map.values().filter_map(|s| s.as_str().map(String::from)).collect();
+                let map = v.get("weight_map").and_then(|m| m.as_object()).with_context(|| format!("{}: no `weight_map`", index.display()))?;
+                let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(String::from)).collect();
                 shards.sort();
                 shards.dedup();
                 for s in &shards {
@@ -196,29 +183,16 @@ impl TensorStore {
                 }
                 for (name, shard) in map {
                     let shard = shard.as_str().unwrap_or_default();
-                    let info = store.tensors.get(name).with_context(|| {
-                        format!(
-                            "{} lists `{name}` in {shard}, but that shard does not hold it",
-                            index.display()
-                        )
-                    })?;
+                    let info =
+                        store.tensors.get(name).with_context(|| format!("{} lists `{name}` in {shard}, but that shard does not hold it", index.display()))?;
                     let actual = &store.files[info.file].0;
-                    if actual.file_name().map(|f| f.to_string_lossy().into_owned()).as_deref()
-                        != Some(shard)
-                    {
-                        bail!(
-                            "{} lists `{name}` in {shard}, but it is in {}",
-                            index.display(),
-                            actual.display()
-                        );
+                    if actual.file_name().map(|f| f.to_string_lossy().into_owned()).as_deref() != Some(shard) {
+                        bail!("{} lists `{name}` in {shard}, but it is in {}", index.display(), actual.display());
                     }
                 }
             }
             None => {
-                let files: Vec<&PathBuf> = entries
-                    .iter()
-                    .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-                    .collect();
+                let files: Vec<&PathBuf> = entries.iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
                 if files.is_empty() {
                     bail!("no .safetensors file in {}", dir.display());
                 }
@@ -254,8 +228,7 @@ impl TensorStore {
         if map.len() < 8 {
             bail!(bad("shorter than its header"));
         }
-        let (n, meta) = safetensors::SafeTensors::read_metadata(&map[..])
-            .map_err(|e| anyhow::anyhow!("{}", bad(&format!("{e:?}"))))?;
+        let (n, meta) = safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| anyhow::anyhow!("{}", bad(&format!("{e:?}"))))?;
         let base = 8 + n;
         let file = self.files.len();
         for (name, info) in meta.tensors() {
@@ -271,10 +244,7 @@ impl TensorStore {
             if self.tensors.contains_key(&name) {
                 bail!("`{name}` is stored twice ({} and another shard)", path.display());
             }
-            self.tensors.insert(
-                name.clone(),
-                TensorInfo::new(dtype, info.shape.clone(), file, base + s, base + e),
-            );
+            self.tensors.insert(name.clone(), TensorInfo::new(dtype, info.shape.clone(), file, base + s, base + e));
         }
         self.files.push((path.to_path_buf(), map));
         Ok(())
@@ -294,9 +264,7 @@ impl TensorStore {
 
     /// The tensor converted to f32 (exact for bf16, f16 and f32).
     pub fn to_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-        let info = self.get(name).with_context(|| {
-            format!("tensor `{name}` is missing from {}", self.dir.display())
-        })?;
+        let info = self.get(name).with_context(|| format!("tensor `{name}` is missing from {}", self.dir.display()))?;
         Ok((info.shape.clone(), self.values(info).with_context(|| format!("reading tensor `{name}`"))?))
     }
 
@@ -316,26 +284,11 @@ impl TensorStore {
 /// whose codes' values come out unscaled); `None` for a dtype moss does not read.
 pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
     Some(match dtype {
-        Dtype::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
-            .collect(),
-        Dtype::I64 => b
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
-            .collect(),
+        Dtype::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+        Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
         Dtype::F8E4M3 => b.iter().map(|&c| crate::fp8::e4m3_to_f32(c)).collect(),
         Dtype::I8 => b.iter().map(|&c| c as i8 as f32).collect(),
         Dtype::Ggml(t) => super::ggml::dequantize(t, b),

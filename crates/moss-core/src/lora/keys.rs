@@ -34,12 +34,7 @@ impl Mat {
     pub fn stored(shape: Vec<usize>, dtype: Dtype, bytes: Bytes, range: std::ops::Range<usize>) -> Result<Mat> {
         ensure!(matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::F64), "unsupported dtype {}", dtype.name());
         let numel: usize = shape.iter().product();
-        ensure!(
-            range.end <= (*bytes).as_ref().len() && range.len() == numel * dtype.size(),
-            "{} bytes for {numel} values of {}",
-            range.len(),
-            dtype.name()
-        );
+        ensure!(range.end <= (*bytes).as_ref().len() && range.len() == numel * dtype.size(), "{} bytes for {numel} values of {}", range.len(), dtype.name());
         Ok(Mat { shape, data: Data::Stored { dtype, bytes, start: range.start, end: range.end } })
     }
 
@@ -145,26 +140,14 @@ const PARTS: [(&str, &str); 21] = [
 ];
 
 /// Wrappers trainers put before the model's own names.
-const PREFIXES: [&str; 6] =
-    ["base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.", "unet.", "model."];
+const PREFIXES: [&str; 6] = ["base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.", "unet.", "model."];
 
 /// Names of other families' blocks (SD/SDXL UNets, Flux, SD3, DiT-style `transformer_blocks`).
-const OTHER_FAMILY: [&str; 9] = [
-    "down_blocks",
-    "up_blocks",
-    "mid_block",
-    "input_blocks",
-    "output_blocks",
-    "middle_block",
-    "double_blocks",
-    "single_blocks",
-    "transformer_blocks",
-];
+const OTHER_FAMILY: [&str; 9] =
+    ["down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block", "double_blocks", "single_blocks", "transformer_blocks"];
 
 fn is_text_encoder(stem: &str) -> bool {
-    ["lora_te", "text_encoder", "te.", "te1", "te2", "language_model", "text_model", "model.language_model"]
-        .iter()
-        .any(|p| stem.starts_with(p))
+    ["lora_te", "text_encoder", "te.", "te1", "te2", "language_model", "text_model", "model.language_model"].iter().any(|p| stem.starts_with(p))
 }
 
 /// Split `key` into the module stem and the part it names.
@@ -184,11 +167,7 @@ fn strip_prefixes(mut s: &str) -> &str {
 fn resolve(stem: &str, model: &TensorStore, underscored: &HashMap<String, String>) -> Option<Vec<(String, Vec<usize>)>> {
     let s = strip_prefixes(stem);
     let s = ["lora_unet_", "lora_transformer_", "lycoris_"].iter().find_map(|p| s.strip_prefix(p)).unwrap_or(s);
-    let dotted = if model.get(&format!("{s}.weight")).is_some() || s.ends_with(".qkv") {
-        s.to_string()
-    } else {
-        underscored.get(s).cloned()?
-    };
+    let dotted = if model.get(&format!("{s}.weight")).is_some() || s.ends_with(".qkv") { s.to_string() } else { underscored.get(s).cloned()? };
     let one = |m: &str| model.get(&format!("{m}.weight")).map(|i| (m.to_string(), i.shape.clone()));
     if let Some(t) = one(&dotted) {
         return Some(vec![t]);
@@ -260,9 +239,7 @@ pub fn map(tensors: &BTreeMap<String, Mat>, model: &TensorStore, config_alpha: O
             let peft = tensors.keys().any(|k| k.starts_with(&format!("{stem}.lora_A")));
             let alpha = alpha.or(if peft { config_alpha } else { None });
             (Delta::LowRank { up, down, alpha }, if peft { "peft" } else { "kohya" })
-        } else if let (Some(w1a), Some(w1b), Some(w2a), Some(w2b)) =
-            (get("hada_w1_a"), get("hada_w1_b"), get("hada_w2_a"), get("hada_w2_b"))
-        {
+        } else if let (Some(w1a), Some(w1b), Some(w2a), Some(w2b)) = (get("hada_w1_a"), get("hada_w1_b"), get("hada_w2_a"), get("hada_w2_b")) {
             (Delta::LoHa { w1a, w1b, w2a, w2b, alpha }, "loha")
         } else if parts.keys().any(|p| p.starts_with("lokr_")) {
             let factor = |n: &str| match (get(n), get(&format!("{n}_a")), get(&format!("{n}_b"))) {
@@ -288,12 +265,7 @@ pub fn map(tensors: &BTreeMap<String, Mat>, model: &TensorStore, config_alpha: O
             .filter_map(|k| k.strip_suffix(".weight"))
             .filter(|k| (k.starts_with("layers.0.") || !k.starts_with("layers.")) && !k.contains("norm"))
             .collect();
-        bail!(
-            "{} module(s) map onto no transformer tensor: {}; the model has e.g. {}",
-            unmapped.len(),
-            first_few(&unmapped),
-            first_few(&sample)
-        );
+        bail!("{} module(s) map onto no transformer tensor: {}; the model has e.g. {}", unmapped.len(), first_few(&unmapped), first_few(&sample));
     }
     for m in &modules {
         super::merge::check_shape(m)?;

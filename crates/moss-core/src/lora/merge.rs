@@ -28,7 +28,10 @@ pub fn dims2(m: &Mat, what: &str) -> Result<(usize, usize)> {
 pub enum Values<'a> {
     F32(Cow<'a, [f32]>),
     /// Little-endian `dtype` values (bf16, f16, f32 or f64).
-    Stored { dtype: Dtype, bytes: &'a [u8] },
+    Stored {
+        dtype: Dtype,
+        bytes: &'a [u8],
+    },
 }
 
 impl<'a> Values<'a> {
@@ -162,12 +165,8 @@ pub fn operands<'a>(term: &Term<'a>, rows: usize) -> Result<(Operands<'a>, f32)>
         Delta::LoHa { w1a, w1b, w2a, w2b, alpha } => {
             let w1b = Part::whole(w1b, what)?;
             let fs = alpha.map_or(1.0, |a| a / w1b.rows as f32);
-            let ops = Operands::LoHa {
-                w1a: Part::rows_of(w1a, row0, rows, what)?,
-                w1b,
-                w2a: Part::rows_of(w2a, row0, rows, what)?,
-                w2b: Part::whole(w2b, what)?,
-            };
+            let ops =
+                Operands::LoHa { w1a: Part::rows_of(w1a, row0, rows, what)?, w1b, w2a: Part::rows_of(w2a, row0, rows, what)?, w2b: Part::whole(w2b, what)? };
             (ops, fs)
         }
         Delta::LoKr { w1, w2, alpha } => {
@@ -388,11 +387,7 @@ mod tests {
     /// The sum starts at zero, takes each update in order, and `W + sum` is rounded once.
     #[test]
     fn merge_tensor_rounds_once() {
-        let md = Module {
-            key: "m".into(),
-            targets: vec![("m.weight".into(), vec![1, 1])],
-            delta: Delta::Full(Mat::new(vec![1, 1], vec![1.0])),
-        };
+        let md = Module { key: "m".into(), targets: vec![("m.weight".into(), vec![1, 1])], delta: Delta::Full(Mat::new(vec![1, 1], vec![1.0])) };
         // 1 + 2·(3·2^-10) = 1 + 0.75·2^-7 rounds to bf16's 1 + 2^-7; rounding after each update
         // (1 + 0.375·2^-7 → 1) would stay at 1.
         let t = Term { module: &md, row0: 0, scale: 3.0 * 2f32.powi(-10) };

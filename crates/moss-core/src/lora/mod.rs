@@ -141,8 +141,7 @@ fn load(spec: &LoraSpec, model: &TensorStore) -> Result<Lora> {
     for (name, info) in meta.tensors() {
         let dtype = crate::checkpoint::Dtype::from_st(info.dtype);
         let range = base + info.data_offsets.0..base + info.data_offsets.1;
-        let m = keys::Mat::stored(info.shape.clone(), dtype, bytes.clone(), range)
-            .with_context(|| format!("LoRA {}: tensor `{name}`", p.display()))?;
+        let m = keys::Mat::stored(info.shape.clone(), dtype, bytes.clone(), range).with_context(|| format!("LoRA {}: tensor `{name}`", p.display()))?;
         tensors.insert(name, m);
     }
     if tensors.is_empty() {

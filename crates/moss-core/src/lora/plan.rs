@@ -66,13 +66,7 @@ impl Plan {
     /// The updates of tensor `name` (full name), in the order they add up; empty if none.
     pub fn terms(&self, name: &str) -> Vec<Term<'_>> {
         self.by_tensor.get(name).map_or(vec![], |v| {
-            v.iter()
-                .map(|&(li, mi, row0)| Term {
-                    module: &self.adapters[li].modules[mi],
-                    row0,
-                    scale: self.adapters[li].spec.scale,
-                })
-                .collect()
+            v.iter().map(|&(li, mi, row0)| Term { module: &self.adapters[li].modules[mi], row0, scale: self.adapters[li].spec.scale }).collect()
         })
     }
 
@@ -159,11 +153,7 @@ impl MergeTime {
 
     /// What was counted after `earlier` (a total read before this one).
     pub fn since(&self, earlier: &MergeTime) -> MergeTime {
-        MergeTime {
-            host_s: self.host_s - earlier.host_s,
-            device_s: self.device_s - earlier.device_s,
-            tensors: self.tensors - earlier.tensors,
-        }
+        MergeTime { host_s: self.host_s - earlier.host_s, device_s: self.device_s - earlier.device_s, tensors: self.tensors - earlier.tensors }
     }
 
     /// The `--json` timings entries: `lora_merge_s` (host and device together, the cost if

@@ -5,11 +5,11 @@
 //! blocks, once per prompt), the joint stream `[image ; text]` through the main blocks with the one
 //! shared modulation of the timestep, then the head on the image tokens only.
 
+use super::stream::{self, Fetched, Streamer};
 use crate::backend::ops::DitOps;
+use crate::backend::Behind;
 use crate::checkpoint::{config::DitConfig, Component};
 use crate::tensor::Tensor;
-use super::stream::{self, Fetched, Streamer};
-use crate::backend::Behind;
 use anyhow::{ensure, Result};
 use std::sync::Mutex;
 
@@ -30,8 +30,8 @@ pub mod loras;
 mod cached;
 pub use cached::PassCaches;
 
-use mats::{Act, BlockMats, Source};
 pub use mats::{block_matrix_names, MainLinears};
+use mats::{Act, BlockMats, Source};
 
 /// A linear layer: `weight [out, in]` and an optional `bias [out]`.
 struct Linear<B: DitOps> {
@@ -41,10 +41,7 @@ struct Linear<B: DitOps> {
 
 impl<B: DitOps> Linear<B> {
     fn load(b: &B, c: &Component, prefix: &str, bias: bool) -> Result<Self> {
-        Ok(Linear {
-            weight: b.load(c, &format!("{prefix}.weight"))?,
-            bias: if bias { Some(b.load(c, &format!("{prefix}.bias"))?) } else { None },
-        })
+        Ok(Linear { weight: b.load(c, &format!("{prefix}.weight"))?, bias: if bias { Some(b.load(c, &format!("{prefix}.bias"))?) } else { None } })
     }
     fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
         b.linear(x, &self.weight, self.bias.as_ref())
@@ -364,11 +361,7 @@ impl<B: DitOps> Dit<B> {
     fn begin<'a>(&'a self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<PassRun<'a, B>> {
         let cfg = &self.cfg;
         let dims = b.dims(x);
-        ensure!(
-            dims.len() == 4 && dims[0] == 1 && dims[1] == cfg.latent_channels,
-            "latent {dims:?}, the transformer takes [1, {}, h, w]",
-            cfg.latent_channels
-        );
+        ensure!(dims.len() == 4 && dims[0] == 1 && dims[1] == cfg.latent_channels, "latent {dims:?}, the transformer takes [1, {}, h, w]", cfg.latent_channels);
         let (c, h, w) = (dims[1], dims[2], dims[3]);
         let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
         let m = self.modulation(b, t)?;

@@ -22,10 +22,7 @@ pub struct PassCaches<B: DitOps> {
 
 impl<B: DitOps> PassCaches<B> {
     pub fn new(cfg: CacheConfig) -> Self {
-        PassCaches {
-            cond: BlockCache::new(cfg),
-            uncond: BlockCache::new(cfg),
-        }
+        PassCaches { cond: BlockCache::new(cfg), uncond: BlockCache::new(cfg) }
     }
 }
 
@@ -33,16 +30,7 @@ impl<B: DitOps> Dit<B> {
     /// [`Dit::velocity`] with `cache` (this pass's own) at cache step `step` (the model call's
     /// index: cache-dit counts transformer calls).
     #[allow(clippy::too_many_arguments)]
-    pub fn velocity_cached(
-        &self,
-        b: &B,
-        x: &B::T,
-        t: f32,
-        text: &super::TextCond<B>,
-        skip: &[usize],
-        cache: &mut BlockCache<B>,
-        step: usize,
-    ) -> Result<B::T> {
+    pub fn velocity_cached(&self, b: &B, x: &B::T, t: f32, text: &super::TextCond<B>, skip: &[usize], cache: &mut BlockCache<B>, step: usize) -> Result<B::T> {
         let n = self.layers.len();
         cache.cfg.check(n)?;
         let (f, tail) = (cache.cfg.fn_blocks, n - cache.cfg.bn_blocks);
@@ -50,27 +38,14 @@ impl<B: DitOps> Dit<B> {
         let active = r.active.clone();
         let x0 = r.xs.clone().expect("the stream is there before the blocks");
         self.run_blocks(b, &mut r, active.iter().copied().filter(|&i| i < f))?;
-        let xf =
-            r.xs.clone()
-                .expect("the stream is there after the first blocks");
-        let middle: Vec<usize> = active
-            .iter()
-            .copied()
-            .filter(|&i| i >= f && i < tail)
-            .collect();
+        let xf = r.xs.clone().expect("the stream is there after the first blocks");
+        let middle: Vec<usize> = active.iter().copied().filter(|&i| i >= f && i < tail).collect();
         match cache.decide(b, step, sub(b, &xf, &x0)?)? {
             Some(m) => {
                 let xs = b.add(&xf, &m)?;
                 // The norm the last middle block would have fused: the next running block's.
                 r.y = match active.iter().find(|&&i| i >= tail) {
-                    Some(&k) => Some(self.linears.rms_norm_modulate(
-                        b,
-                        &xs,
-                        &self.layers[k].norm1,
-                        &r.m.shift_attn,
-                        &r.m.scale_attn,
-                        self.cfg.eps,
-                    )?),
+                    Some(&k) => Some(self.linears.rms_norm_modulate(b, &xs, &self.layers[k].norm1, &r.m.shift_attn, &r.m.scale_attn, self.cfg.eps)?),
                     None => None,
                 };
                 r.xs = Some(xs);
@@ -78,9 +53,7 @@ impl<B: DitOps> Dit<B> {
             }
             None => {
                 self.run_blocks(b, &mut r, middle.iter().copied())?;
-                let xm =
-                    r.xs.as_ref()
-                        .expect("the stream is there after the middle blocks");
+                let xm = r.xs.as_ref().expect("the stream is there after the middle blocks");
                 cache.computed_middle(b, sub(b, xm, &xf)?)?;
                 cache.blocks_run += middle.len();
             }
@@ -102,30 +75,16 @@ impl<B: DitOps> Dit<B> {
         uncond: Option<(&TextCond<B>, &[usize])>,
         caches: &mut PassCaches<B>,
     ) -> Result<(B::T, Option<B::T>)> {
-        let v_c =
-            self.velocity_cached(b, x, step.t, cond.0, cond.1, &mut caches.cond, step.call)?;
+        let v_c = self.velocity_cached(b, x, step.t, cond.0, cond.1, &mut caches.cond, step.call)?;
         let v_u = match uncond.filter(|_| step.guided) {
-            Some((text, skip)) => Some(self.velocity_cached(
-                b,
-                x,
-                step.t,
-                text,
-                skip,
-                &mut caches.uncond,
-                step.call,
-            )?),
+            Some((text, skip)) => Some(self.velocity_cached(b, x, step.t, text, skip, &mut caches.uncond, step.call)?),
             None => None,
         };
         Ok((v_c, v_u))
     }
 
     /// Run `blocks` (ones the pass runs, in order) on the pass's stream.
-    fn run_blocks(
-        &self,
-        b: &B,
-        r: &mut PassRun<'_, B>,
-        blocks: impl Iterator<Item = usize>,
-    ) -> Result<()> {
+    fn run_blocks(&self, b: &B, r: &mut PassRun<'_, B>, blocks: impl Iterator<Item = usize>) -> Result<()> {
         for i in blocks {
             let mats = self.block_weights(b, i)?;
             self.advance(b, r, i, &mats)?;

@@ -36,7 +36,10 @@ impl MainLinears {
 pub enum Act<B: DitOps> {
     Dense(B::T),
     /// `x ≈ diag(scale) · q`: codes `q [N, K]`, f32 `scale [N]`.
-    Fp8 { q: B::T, scale: B::T },
+    Fp8 {
+        q: B::T,
+        scale: B::T,
+    },
 }
 
 impl<B: DitOps> Act<B> {
@@ -95,7 +98,10 @@ impl MainLinears {
 pub enum Matrix<B: DitOps> {
     Dense(B::T),
     /// `W ≈ diag(scale) · q`: codes `q [N, K]`, f32 `scale [N]`.
-    Fp8 { q: B::T, scale: B::T },
+    Fp8 {
+        q: B::T,
+        scale: B::T,
+    },
 }
 
 impl<B: DitOps> Clone for Matrix<B> {
@@ -154,17 +160,7 @@ impl<B: DitOps> Matrix<B> {
     /// where dense ([`DitOps::linear_qkv_norm_rope`]) or float8 with a quantized `x`
     /// ([`DitOps::linear_qkv_norm_rope_fp8`]), else the product, then the norm.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_qkv_norm_rope(
-        &self,
-        b: &B,
-        x: &Act<B>,
-        wq: &B::T,
-        wk: &B::T,
-        cos: &B::T,
-        sin: &B::T,
-        heads: usize,
-        eps: f64,
-    ) -> Result<B::T> {
+    pub fn forward_qkv_norm_rope(&self, b: &B, x: &Act<B>, wq: &B::T, wk: &B::T, cos: &B::T, sin: &B::T, heads: usize, eps: f64) -> Result<B::T> {
         match (self, x) {
             (Matrix::Dense(w), Act::Dense(x)) => b.linear_qkv_norm_rope(x, w, wq, wk, cos, sin, heads, eps),
             (Matrix::Fp8 { q, scale }, Act::Fp8 { q: xq, scale: xs }) => b.linear_qkv_norm_rope_fp8((xq, xs), (q, scale), wq, wk, cos, sin, heads, eps),

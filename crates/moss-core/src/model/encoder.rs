@@ -66,10 +66,9 @@ pub fn layer_matrix_names(cfg: &EncoderConfig, i: usize) -> Vec<Vec<String>> {
     let w = |n: &str| format!("layers.{i}.{n}.weight");
     let (mixer_in, mixer_out) = match cfg.layer_types[i] {
         LayerType::Full => (vec![w("self_attn.q_proj"), w("self_attn.k_proj"), w("self_attn.v_proj")], w("self_attn.o_proj")),
-        LayerType::Linear => (
-            ["in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"].iter().map(|n| w(&format!("linear_attn.{n}"))).collect(),
-            w("linear_attn.out_proj"),
-        ),
+        LayerType::Linear => {
+            (["in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"].iter().map(|n| w(&format!("linear_attn.{n}"))).collect(), w("linear_attn.out_proj"))
+        }
     };
     vec![mixer_in, vec![mixer_out], vec![w("mlp.gate_proj"), w("mlp.up_proj")], vec![w("mlp.down_proj")]]
 }
@@ -242,8 +241,7 @@ impl<B: EncoderOps> Encoder<B> {
     fn delta_net(&self, b: &B, d: &DeltaNet<B>, w_in: &B::T, x: &B::T) -> Result<B::T> {
         let c = &self.cfg;
         let l = b.dims(x)[0];
-        let (nk, dk, nv, dv) =
-            (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
+        let (nk, dk, nv, dv) = (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim);
         // the joined projection: [q | k | v], z, a, b per token
         let vd = nv * dv;
         let y = b.linear_cat(x, from_ref(w_in))?;

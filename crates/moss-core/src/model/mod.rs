@@ -1,6 +1,6 @@
 //! The three networks, each written once against the backend op set.
 
 pub mod dit;
-pub mod stream;
 pub mod encoder;
+pub mod stream;
 pub mod vae;

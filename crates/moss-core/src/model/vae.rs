@@ -20,8 +20,8 @@
 //! ([`VaeOps::group_norm_row_stats`]) combined in a fixed order, so the picture is the unsplit
 //! one, bit for bit (tests/vae.rs checks it).
 
-use crate::backend::ops::VaeOps;
 use crate::backend::ops::vae::group_norm_combine;
+use crate::backend::ops::VaeOps;
 use crate::checkpoint::{config::VaeConfig, Component};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
@@ -130,7 +130,6 @@ impl<B: VaeOps> Resnet<B> {
             None => b.add(x, &h),
         }
     }
-
 }
 
 /// The mid block's `Attention` (one head of the full width, residual):
@@ -210,8 +209,7 @@ impl<B: VaeOps> VaeDecoder<B> {
             let resnets = (0..=cfg.layers_per_block)
                 .map(|r| Resnet::load(b, c, &format!("{p}.resnets.{r}"), if r == 0 { prev } else { ch }, ch, g))
                 .collect::<Result<_>>()?;
-            let upsampler =
-                if i + 1 < rev.len() { Some(Conv::load(b, c, &format!("{p}.upsamplers.0.conv"))?) } else { None };
+            let upsampler = if i + 1 < rev.len() { Some(Conv::load(b, c, &format!("{p}.upsamplers.0.conv"))?) } else { None };
             up_blocks.push(UpBlock { resnets, upsampler });
             prev = ch;
         }
@@ -224,14 +222,8 @@ impl<B: VaeOps> VaeDecoder<B> {
             packed_channels: cfg.packed_channels(),
             post_quant_conv: if cfg.use_post_quant_conv { Some(Conv::load(b, c, "post_quant_conv")?) } else { None },
             conv_in: Conv::load(b, c, "decoder.conv_in")?,
-            mid_resnets: (0..2)
-                .map(|r| Resnet::load(b, c, &format!("{mid}.resnets.{r}"), top, top, g))
-                .collect::<Result<_>>()?,
-            mid_attention: if cfg.mid_block_add_attention {
-                Some(Attention::load(b, c, &format!("{mid}.attentions.0"), g)?)
-            } else {
-                None
-            },
+            mid_resnets: (0..2).map(|r| Resnet::load(b, c, &format!("{mid}.resnets.{r}"), top, top, g)).collect::<Result<_>>()?,
+            mid_attention: if cfg.mid_block_add_attention { Some(Attention::load(b, c, &format!("{mid}.attentions.0"), g)?) } else { None },
             up_blocks,
             conv_norm_out: GroupNorm::load(b, c, "decoder.conv_norm_out", g)?,
             conv_out: Conv::load(b, c, "decoder.conv_out")?,

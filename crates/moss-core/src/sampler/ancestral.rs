@@ -21,13 +21,7 @@ impl EulerAncestral {
 }
 
 impl Sampler for EulerAncestral {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        noise: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, noise: &mut TorchGenerator) -> Result<Vec<f32>> {
         let (s, s_next) = (self.sigmas[i], self.sigmas[i + 1]);
         let x0 = denoised(&x, &model.velocity(&x, i, s)?, s);
         if s_next == 0.0 {
@@ -37,16 +31,10 @@ impl Sampler for EulerAncestral {
         let sigma_down = s_next * downstep_ratio;
         let alpha_next = 1.0 - s_next;
         let alpha_down = 1.0 - sigma_down;
-        let renoise = (s_next * s_next
-            - sigma_down * sigma_down * (alpha_next * alpha_next) / (alpha_down * alpha_down))
-            .sqrt();
+        let renoise = (s_next * s_next - sigma_down * sigma_down * (alpha_next * alpha_next) / (alpha_down * alpha_down)).sqrt();
         let ratio = sigma_down / s;
         let scale = alpha_next / alpha_down;
         let eps = noise.randn(x.len());
-        Ok(x.iter()
-            .zip(&x0)
-            .zip(&eps)
-            .map(|((&x, &d), &e)| scale * (ratio * x + (1.0 - ratio) * d) + e * renoise)
-            .collect())
+        Ok(x.iter().zip(&x0).zip(&eps).map(|((&x, &d), &e)| scale * (ratio * x + (1.0 - ratio) * d) + e * renoise).collect())
     }
 }

@@ -49,31 +49,10 @@ pub fn sample<B: DitOps>(
             count.passes += 1 + s.guided as usize;
             velocities(s, x)
         };
-        let x = crate::sampling::sample_in_window(
-            b,
-            x,
-            sigmas,
-            guidance,
-            skip_window,
-            guidance_window,
-            counted,
-            |_, x| Ok(x),
-            |i, n, _| on_step(i, n),
-        )?;
+        let x = crate::sampling::sample_in_window(b, x, sigmas, guidance, skip_window, guidance_window, counted, |_, x| Ok(x), |i, n, _| on_step(i, n))?;
         return Ok((x, count));
     }
-    sample_on_host(
-        b,
-        x,
-        sigmas,
-        kind,
-        noise,
-        guidance,
-        skip_window,
-        guidance_window,
-        velocities,
-        on_step,
-    )
+    sample_on_host(b, x, sigmas, kind, noise, guidance, skip_window, guidance_window, velocities, on_step)
 }
 
 /// [`sample`]'s path for every sampler but `euler`: the latent on the host, each model call's
@@ -94,43 +73,20 @@ pub fn sample_on_host<B: DitOps>(
 ) -> Result<(B::T, Count)> {
     let shape = b.dims(&x);
     let host = b.download(&x)?.data;
-    let zero = if guidance != 1.0 {
-        Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?)
-    } else {
-        None
-    };
+    let zero = if guidance != 1.0 { Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?) } else { None };
     let mut passes = 0;
     let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
         let guided = guidance != 1.0 && in_window(call.step, call.steps, guidance_window);
-        let step = Step {
-            step: call.step,
-            call: call.call,
-            t: call.t(),
-            guided,
-            skip_active: in_window(call.step, call.steps, skip_window),
-        };
+        let step = Step { step: call.step, call: call.call, t: call.t(), guided, skip_active: in_window(call.step, call.steps, skip_window) };
         passes += 1 + guided as usize;
-        let (v_c, v_u) = velocities(
-            step,
-            &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?,
-        )?;
-        ensure!(
-            v_u.is_some() == guided,
-            "step {}: {} negative velocity",
-            call.step,
-            if guided { "no" } else { "an unasked" }
-        );
+        let (v_c, v_u) = velocities(step, &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?)?;
+        ensure!(v_u.is_some() == guided, "step {}: {} negative velocity", call.step, if guided { "no" } else { "an unasked" });
         let v = match (&zero, v_u) {
             (Some(zero), Some(v_u)) => b.cfg_euler(zero, &v_c, Some(&v_u), guidance, 1.0)?,
             _ => v_c,
         };
         Ok(b.download(&v)?.data)
     };
-    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| {
-        on_step(i, n)
-    })?;
-    Ok((
-        b.upload_f32(&Tensor::new(shape, x)?)?,
-        Count { calls, passes },
-    ))
+    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| on_step(i, n))?;
+    Ok((b.upload_f32(&Tensor::new(shape, x)?)?, Count { calls, passes }))
 }

@@ -25,30 +25,16 @@ pub struct DpmPp2m {
 
 impl DpmPp2m {
     pub fn new(sigmas: Vec<f32>, sde: bool) -> Self {
-        DpmPp2m {
-            sigmas,
-            sde,
-            prev: None,
-        }
+        DpmPp2m { sigmas, sde, prev: None }
     }
 }
 
 impl Sampler for DpmPp2m {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        noise: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, noise: &mut TorchGenerator) -> Result<Vec<f32>> {
         let n = self.sigmas.len() - 1;
         let (s0, st) = (self.sigmas[i], self.sigmas[i + 1]);
         let m0 = denoised(&x, &model.velocity(&x, i, s0)?, s0);
-        let eps = if self.sde {
-            Some(noise.randn(x.len()))
-        } else {
-            None
-        };
+        let eps = if self.sde { Some(noise.randn(x.len())) } else { None };
         let at = 1.0 - st;
         let h = lambda(st) - lambda(s0);
         let first_order = i == n - 1;

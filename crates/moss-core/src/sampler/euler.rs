@@ -16,13 +16,7 @@ impl Euler {
 }
 
 impl Sampler for Euler {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        _: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, _: &mut TorchGenerator) -> Result<Vec<f32>> {
         let v = model.velocity(&x, i, self.sigmas[i])?;
         let dt = self.sigmas[i + 1] - self.sigmas[i];
         Ok(x.iter().zip(&v).map(|(&x, &v)| x + dt * v).collect())

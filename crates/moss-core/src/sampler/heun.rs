@@ -19,20 +19,11 @@ impl Heun {
 
 /// `(x − (x − v·σ))/σ`: the derivative as diffusers forms it through the denoised sample.
 fn derivative(x: &[f32], v: &[f32], sigma: f32) -> Vec<f32> {
-    x.iter()
-        .zip(v)
-        .map(|(&x, &v)| (x - (x - v * sigma)) / sigma)
-        .collect()
+    x.iter().zip(v).map(|(&x, &v)| (x - (x - v * sigma)) / sigma).collect()
 }
 
 impl Sampler for Heun {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        _: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, _: &mut TorchGenerator) -> Result<Vec<f32>> {
         let (s, s_next) = (self.sigmas[i], self.sigmas[i + 1]);
         let dt = s_next - s;
         let d1 = derivative(&x, &model.velocity(&x, i, s)?, s);
@@ -41,9 +32,6 @@ impl Sampler for Heun {
             return Ok(x1);
         }
         let d2 = derivative(&x1, &model.velocity(&x1, i, s_next)?, s_next);
-        Ok(x.iter()
-            .zip(d1.iter().zip(&d2))
-            .map(|(&x, (&a, &b))| x + (0.5 * (a + b)) * dt)
-            .collect())
+        Ok(x.iter().zip(d1.iter().zip(&d2)).map(|(&x, (&a, &b))| x + (0.5 * (a + b)) * dt).collect())
     }
 }

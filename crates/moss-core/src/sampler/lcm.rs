@@ -17,13 +17,7 @@ impl Lcm {
 }
 
 impl Sampler for Lcm {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        noise: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, noise: &mut TorchGenerator) -> Result<Vec<f32>> {
         let (s, s_next) = (self.sigmas[i], self.sigmas[i + 1]);
         let x0 = denoised(&x, &model.velocity(&x, i, s)?, s);
         let eps = noise.randn(x.len());

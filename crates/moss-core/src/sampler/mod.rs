@@ -65,20 +65,12 @@ impl Kind {
     ];
 
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(k, _)| *k == self)
-            .map(|(_, n)| *n)
-            .expect("every sampler is named")
+        Self::ALL.iter().find(|(k, _)| *k == self).map(|(_, n)| *n).expect("every sampler is named")
     }
 
     /// The accepted names, comma separated (for error messages and help).
     pub fn names() -> String {
-        Self::ALL
-            .iter()
-            .map(|(_, n)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
+        Self::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
     }
 
     /// Whether it draws step noise (so its result depends on the generator, not only on `x`).
@@ -97,14 +89,8 @@ impl Kind {
     /// The state machine over `sigmas` (`n + 1` values ending in 0).
     pub fn start(self, sigmas: &[f32]) -> Result<Box<dyn Sampler>> {
         ensure!(sigmas.len() >= 2, "the schedule needs at least one step");
-        ensure!(
-            *sigmas.last().unwrap() == 0.0,
-            "the schedule must end at sigma 0"
-        );
-        ensure!(
-            sigmas.windows(2).all(|w| w[0] > w[1]) && sigmas[0] <= 1.0,
-            "the sigmas must descend from at most 1 to 0"
-        );
+        ensure!(*sigmas.last().unwrap() == 0.0, "the schedule must end at sigma 0");
+        ensure!(sigmas.windows(2).all(|w| w[0] > w[1]) && sigmas[0] <= 1.0, "the sigmas must descend from at most 1 to 0");
         let s = sigmas.to_vec();
         Ok(match self {
             Kind::Euler => Box::new(euler::Euler::new(s)),
@@ -121,11 +107,7 @@ impl Kind {
 impl FromStr for Kind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| format!("unknown sampler `{s}`; the samplers are {}", Self::names()))
+        Self::ALL.iter().find(|(_, n)| *n == s).map(|(k, _)| *k).ok_or_else(|| format!("unknown sampler `{s}`; the samplers are {}", Self::names()))
     }
 }
 
@@ -160,13 +142,7 @@ pub type Model<'a> = dyn FnMut(&[f32], ModelCall) -> Result<Vec<f32>> + 'a;
 pub trait Sampler {
     /// Step `i` (of `sigmas.len() − 1`): from `x` at `σ_i` to the latent at `σ_{i+1}`, asking
     /// `model` for the velocities it needs and `noise` for step noise.
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        noise: &mut TorchGenerator,
-    ) -> Result<Vec<f32>>;
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, noise: &mut TorchGenerator) -> Result<Vec<f32>>;
 }
 
 /// The model with the call counter (what a [`Sampler`] is handed).
@@ -179,20 +155,10 @@ pub struct Ask<'m, 'a> {
 impl Ask<'_, '_> {
     /// `v(x, σ)` for step `step`, checked to have the latent's size.
     pub fn velocity(&mut self, x: &[f32], step: usize, sigma: f32) -> Result<Vec<f32>> {
-        let call = ModelCall {
-            step,
-            steps: self.steps,
-            sigma,
-            call: self.calls,
-        };
+        let call = ModelCall { step, steps: self.steps, sigma, call: self.calls };
         self.calls += 1;
         let v = (self.model)(x, call)?;
-        ensure!(
-            v.len() == x.len(),
-            "the model gave {} values for a latent of {}",
-            v.len(),
-            x.len()
-        );
+        ensure!(v.len() == x.len(), "the model gave {} values for a latent of {}", v.len(), x.len());
         Ok(v)
     }
 }
@@ -210,11 +176,7 @@ pub fn run(
 ) -> Result<(Vec<f32>, usize)> {
     let mut sampler = kind.start(sigmas)?;
     let n = sigmas.len() - 1;
-    let mut ask = Ask {
-        model,
-        steps: n,
-        calls: 0,
-    };
+    let mut ask = Ask { model, steps: n, calls: 0 };
     for i in 0..n {
         x = sampler.step(i, x, &mut ask, noise)?;
         on_step(i + 1, n, &x)?;
@@ -249,20 +211,12 @@ mod tests {
             assert_eq!(k.to_string(), n);
         }
         let e = "dpmpp_2m".parse::<Kind>().unwrap_err();
-        assert!(
-            e.contains("dpmpp_2m") && e.contains("dpm++2m_sde") && e.contains("euler_ancestral"),
-            "{e}"
-        );
+        assert!(e.contains("dpmpp_2m") && e.contains("dpm++2m_sde") && e.contains("euler_ancestral"), "{e}");
     }
 
     #[test]
     fn bad_sigmas_are_refused() {
-        for bad in [
-            &[1.0f32][..],
-            &[1.0, 0.5],
-            &[0.5, 0.6, 0.0],
-            &[1.5, 0.5, 0.0],
-        ] {
+        for bad in [&[1.0f32][..], &[1.0, 0.5], &[0.5, 0.6, 0.0], &[1.5, 0.5, 0.0]] {
             assert!(Kind::Euler.start(bad).is_err(), "{bad:?}");
         }
     }

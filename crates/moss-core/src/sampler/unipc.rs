@@ -31,13 +31,7 @@ const ORDER: usize = 2;
 
 impl UniPc {
     pub fn new(sigmas: Vec<f32>) -> Self {
-        UniPc {
-            sigmas,
-            outputs: vec![],
-            last_sample: None,
-            this_order: 1,
-            lower_order_nums: 0,
-        }
+        UniPc { sigmas, outputs: vec![], last_sample: None, this_order: 1, lower_order_nums: 0 }
     }
 }
 
@@ -61,15 +55,7 @@ fn coef(s0: f32, st: f32) -> Coef {
     let hh = -h;
     let phi1 = hh.exp_m1();
     let b_h = hh.exp_m1();
-    Coef {
-        cx: st / s0,
-        cm: at * phi1,
-        cb: at * b_h,
-        h,
-        hh,
-        phi1,
-        b_h,
-    }
+    Coef { cx: st / s0, cm: at * phi1, cb: at * b_h, h, hh, phi1, b_h }
 }
 
 /// `(m_i − m0)/r` with `r = (λ(σ_i) − λ(σ_{s0}))/h`.
@@ -98,10 +84,7 @@ impl UniPc {
     /// prediction made at `σ_i`).
     fn correct(&self, i: usize, m_t: &[f32], order: usize) -> Vec<f32> {
         let (s0, st) = (self.sigmas[i - 1], self.sigmas[i]);
-        let x = self
-            .last_sample
-            .as_ref()
-            .expect("the corrector follows a predictor");
+        let x = self.last_sample.as_ref().expect("the corrector follows a predictor");
         let m0 = &self.outputs[self.outputs.len() - 1];
         let c = coef(s0, st);
         let (rho, d) = if order == 1 {
@@ -134,15 +117,7 @@ impl UniPc {
         let (s0, st) = (self.sigmas[i], self.sigmas[i + 1]);
         let m0 = &self.outputs[self.outputs.len() - 1];
         let c = coef(s0, st);
-        let d = (order == 2).then(|| {
-            d1(
-                &self.outputs[self.outputs.len() - 2],
-                m0,
-                self.sigmas[i - 1],
-                s0,
-                c.h,
-            )
-        });
+        let d = (order == 2).then(|| d1(&self.outputs[self.outputs.len() - 2], m0, self.sigmas[i - 1], s0, c.h));
         (0..x.len())
             .map(|k| {
                 let base = c.cx * x[k] - c.cm * m0[k];
@@ -156,21 +131,11 @@ impl UniPc {
 }
 
 impl Sampler for UniPc {
-    fn step(
-        &mut self,
-        i: usize,
-        x: Vec<f32>,
-        model: &mut Ask<'_, '_>,
-        _: &mut TorchGenerator,
-    ) -> Result<Vec<f32>> {
+    fn step(&mut self, i: usize, x: Vec<f32>, model: &mut Ask<'_, '_>, _: &mut TorchGenerator) -> Result<Vec<f32>> {
         let n = self.sigmas.len() - 1;
         let s = self.sigmas[i];
         let m = denoised(&x, &model.velocity(&x, i, s)?, s);
-        let x = if i > 0 && self.last_sample.is_some() {
-            self.correct(i, &m, self.this_order)
-        } else {
-            x
-        };
+        let x = if i > 0 && self.last_sample.is_some() { self.correct(i, &m, self.this_order) } else { x };
         self.outputs.push(m);
         if self.outputs.len() > ORDER {
             self.outputs.remove(0);

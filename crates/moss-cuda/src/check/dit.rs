@@ -18,17 +18,16 @@
 //! norm + modulation in one pass), each with its planted control.
 
 use crate::check::dit_ops::bf16_out;
-use crate::dit::{FlashKernel, FLASH_KERNELS};
 use crate::check::gates::{
-    attention_rows, dit, round_bf16, shape_str, stream_rows, uniform_vec, Cx, GateFn, Kind, ATTN_REF_ROWS, BF16_OUT, EXACT,
-    F32_ELEMENTWISE, F32_NORM,
+    attention_rows, dit, round_bf16, shape_str, stream_rows, uniform_vec, Cx, GateFn, Kind, ATTN_REF_ROWS, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_NORM,
 };
+use crate::dit::{FlashKernel, FLASH_KERNELS};
 use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 pub const GATES: &[(&str, GateFn)] = &[
     ("dit flash attention", gate_flash),
@@ -187,64 +186,17 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
         let fused = |cu: &Cuda, kernel: &FlashKernel, scale: f64| -> Result<CudaTensor> {
             let out = cu.alloc(DType::BF16, &[n, DIM])?;
             let (p, ld) = (qkv.ptr(), 3 * DIM);
-            cu.flash_attention_raw(
-                kernel,
-                (p, ld),
-                (p + 2 * DIM as u64, ld),
-                (p + 4 * DIM as u64, ld),
-                (out.ptr(), DIM),
-                n,
-                HEADS,
-                scale,
-            )?;
+            cu.flash_attention_raw(kernel, (p, ld), (p + 2 * DIM as u64, ld), (p + 4 * DIM as u64, ld), (out.ptr(), DIM), n, HEADS, scale)?;
             Ok(out)
         };
         let s = format!("{} (fused qkv)", shape_str(&[&shape]));
         for spec in FLASH_KERNELS.iter().filter(|k| !k.sm90a || cu.has_sm90a()) {
             let kernel = spec.name;
-            cx.judge(
-                &format!("attention ({kernel})"),
-                &s,
-                Kind::Gate,
-                BF16_OUT,
-                &note,
-                fused(&cu, spec, scale),
-                &want,
-                Some(&rows),
-            );
-            cx.judge(
-                &format!("{kernel}: output not rescaled"),
-                &s,
-                Kind::Control,
-                BF16_OUT,
-                &note,
-                fused(&ctl, spec, scale),
-                &want,
-                Some(&rows),
-            );
-            cx.judge(
-                &format!("{kernel} without 1/sqrt(hd)"),
-                &s,
-                Kind::Control,
-                BF16_OUT,
-                &note,
-                fused(&cu, spec, 1.0),
-                &want,
-                Some(&rows),
-            );
-            let out = cu
-                .flash_attention_on(&gq, &gk, &gv, scale, spec)
-                .and_then(|o| cu.reshape(&o, &[n, DIM]));
-            cx.judge(
-                &format!("attention ({kernel}, [N,H,hd] in)"),
-                &shape_str(&[&shape]),
-                Kind::Gate,
-                BF16_OUT,
-                &note,
-                out,
-                &want,
-                Some(&rows),
-            );
+            cx.judge(&format!("attention ({kernel})"), &s, Kind::Gate, BF16_OUT, &note, fused(&cu, spec, scale), &want, Some(&rows));
+            cx.judge(&format!("{kernel}: output not rescaled"), &s, Kind::Control, BF16_OUT, &note, fused(&ctl, spec, scale), &want, Some(&rows));
+            cx.judge(&format!("{kernel} without 1/sqrt(hd)"), &s, Kind::Control, BF16_OUT, &note, fused(&cu, spec, 1.0), &want, Some(&rows));
+            let out = cu.flash_attention_on(&gq, &gk, &gv, scale, spec).and_then(|o| cu.reshape(&o, &[n, DIM]));
+            cx.judge(&format!("attention ({kernel}, [N,H,hd] in)"), &shape_str(&[&shape]), Kind::Gate, BF16_OUT, &note, out, &want, Some(&rows));
         }
     }
     Ok(())
@@ -257,7 +209,12 @@ pub fn time_stream(c: &crate::ops::Cuda) -> Result<()> {
     use crate::check::gates::{time_ms, Rng};
     let mut rng = Rng::new(17);
     let mut up = |shape: &[usize], dt: DType| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), 1.0))?, dt);
-    let (xb, xf, y, v) = (up(&[dit::TOKENS, dit::DIM], DType::BF16)?, up(&[dit::TOKENS, dit::DIM], DType::F32)?, up(&[dit::TOKENS, dit::DIM], DType::BF16)?, up(&[dit::DIM], DType::BF16)?);
+    let (xb, xf, y, v) = (
+        up(&[dit::TOKENS, dit::DIM], DType::BF16)?,
+        up(&[dit::TOKENS, dit::DIM], DType::F32)?,
+        up(&[dit::TOKENS, dit::DIM], DType::BF16)?,
+        up(&[dit::DIM], DType::BF16)?,
+    );
     let ms = |x: &CudaTensor| time_ms(c, 10, 50, || c.gres_norm_mod_op(x, &y, &v, &v, &v, &v, 1e-6).map(|_| ()));
     let (b, f) = (ms(&xb)?, ms(&xf)?);
     println!(

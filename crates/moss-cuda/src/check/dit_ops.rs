@@ -4,10 +4,10 @@
 use super::gates::*;
 use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::{rel_l2, Tensor};
-use anyhow::{ensure, Result};
 
 /// The DiT ops' gates, in table order.
 pub const GATES: &[(&str, GateFn)] = &[

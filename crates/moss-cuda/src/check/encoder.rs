@@ -9,12 +9,12 @@ use crate::encoder::delta_rule_compact::{pick_state_pass, StatePass};
 use crate::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
 use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::{rel_l2, Tensor};
-use anyhow::{ensure, Result};
 
 /// Qwen3.5-9B's text backbone (spec 3.1).
 pub mod enc {
@@ -100,9 +100,7 @@ fn gate_head_rope(cx: &mut Cx) -> Result<()> {
 fn causal_rows(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, rows: &[usize]) -> Result<Tensor> {
     let (nh, hd) = (q.shape[1], q.shape[2]);
     let mut out = vec![0f32; rows.len() * nh * hd];
-    moss_core::backend::cpu::par_rows(&mut out, nh * hd, |r, row| {
-        moss_core::backend::cpu::encoder::causal_attention_row(q, k, v, scale, rows[r], row)
-    });
+    moss_core::backend::cpu::par_rows(&mut out, nh * hd, |r, row| moss_core::backend::cpu::encoder::causal_attention_row(q, k, v, scale, rows[r], row));
     Tensor::new(vec![rows.len(), nh * hd], out)
 }
 
@@ -337,7 +335,8 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             // delta_rule_prep's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
             // (after it the wide state pass where it fits this GPU, else the compact one)
             let after_prep = if wide { GdrPath::Tc } else { GdrPath::Compact };
-            let out = cx.planted(&kernels::ENC_DELTA_RULE_PREP, &controls::CTL_ENC_DELTA_RULE_PREP).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, after_prep);
+            let out =
+                cx.planted(&kernels::ENC_DELTA_RULE_PREP, &controls::CTL_ENC_DELTA_RULE_PREP).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, after_prep);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {
             // fp32: the SIMT chunk kernels

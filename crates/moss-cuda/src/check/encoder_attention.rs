@@ -3,12 +3,12 @@
 //! `head_norm_rope` twice, the separate gate ops), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].
 
-use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
 use crate::check::encoder::{enc, enc_controls, F32_ROPE};
+use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
+use anyhow::Result;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// Query rows the CPU computes for the long attention gates.
 const ATTN_ROWS: usize = 48;

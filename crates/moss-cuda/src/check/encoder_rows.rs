@@ -4,15 +4,15 @@
 //! kernels keep their own rows (check/encoder.rs, check/encoder_strided.rs; `rms1` here). Listed in
 //! [`crate::check::encoder::GATES`].
 
-use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use crate::check::encoder::{enc, enc_controls};
+use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use crate::encoder::row_ops::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
 use crate::ops::DType;
+use anyhow::{anyhow, Result};
 use moss_core::backend::ops::encoder::Cols;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, Result};
 
 /// A kernel that declined the shape fails its gate.
 fn some<T>(r: Result<Option<T>>) -> Result<T> {

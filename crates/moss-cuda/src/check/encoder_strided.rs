@@ -3,13 +3,13 @@
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].
 
-use crate::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::check::encoder::{enc, enc_controls};
+use crate::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{anyhow, Result};
 use moss_core::backend::ops::encoder::Cols;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, Result};
 
 /// Rows of a GEMM output the CPU computes here (the GPU output is still checked for non-finite
 /// values everywhere).
@@ -178,7 +178,10 @@ pub fn gate_attn_gate(cx: &mut Cx) -> Result<()> {
         }
         let s = shape_str(&[&[l, HEADS * HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
         let b = cx.out_bound(F32_ELEMENTWISE);
-        for (cu, kind, what) in [(cx.cuda.clone(), Kind::Gate, "enc attn_gate (gmulh on q_proj's [L, H, 2·hd], gate in place)"), (enc_controls(&cx.cuda), Kind::Control, "enc attn_gate, the gate of head h + 1")] {
+        for (cu, kind, what) in [
+            (cx.cuda.clone(), Kind::Gate, "enc attn_gate (gmulh on q_proj's [L, H, 2·hd], gate in place)"),
+            (enc_controls(&cx.cuda), Kind::Control, "enc attn_gate, the gate of head h + 1"),
+        ] {
             let out = cu.attn_gate(&go, &gqg).and_then(|o| o.ok_or_else(|| anyhow!("no kernel for this width")));
             cx.judge(what, &s, kind, b, "", out, &want, None);
         }

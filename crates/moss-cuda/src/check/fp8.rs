@@ -8,10 +8,10 @@ use super::gates::*;
 use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use crate::select::{fp8_refusal, Fp8Gemm};
+use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::{ensure, Result};
 
 /// The fp8 gates, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("fp8 quantize", gate_quantize), ("linear_fp8", gate_linear_fp8)];
@@ -126,7 +126,11 @@ fn gate_linear_fp8(cx: &mut Cx) -> Result<()> {
         }
     }
     // (rows, K, N): q|k|v, o, up|gate, down at 1024x1024 with a 128-token prompt; the odd shape.
-    let cases = if bf16 { vec![(TOKENS, DIM, 3 * DIM), (TOKENS, DIM, DIM), (TOKENS, DIM, 2 * FFN), (TOKENS, FFN, DIM), ODD_LINEAR] } else { vec![(TOKENS, DIM, DIM), ODD_LINEAR] };
+    let cases = if bf16 {
+        vec![(TOKENS, DIM, 3 * DIM), (TOKENS, DIM, DIM), (TOKENS, DIM, 2 * FFN), (TOKENS, FFN, DIM), ODD_LINEAR]
+    } else {
+        vec![(TOKENS, DIM, DIM), ODD_LINEAR]
+    };
     let bound = cx.out_bound(FP8_GEMM_F32);
     for (m, k, n) in cases {
         let x = stream_rows(cx, m, k)?;

@@ -9,10 +9,10 @@ use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::{ensure, Result};
 
 /// The producers' gates (listed in `check/fp8.rs` `GATES`).
 pub const GATES: &[(&str, GateFn)] =
@@ -50,7 +50,10 @@ fn differences(cx: &Cx, fused: Result<(CudaTensor, CudaTensor)>, dense: &CudaTen
     match run() {
         Ok((c, s, b, rows)) => {
             let n = dense.numel();
-            ((c + s + b) as f64 / (2 * n + rows) as f64, format!("{c} of {n} codes, {s} of {rows} scales differ; {b} code bytes differ from moss_quantize_fp8's"))
+            (
+                (c + s + b) as f64 / (2 * n + rows) as f64,
+                format!("{c} of {n} codes, {s} of {rows} scales differ; {b} code bytes differ from moss_quantize_fp8's"),
+            )
         }
         Err(e) => (f64::NAN, format!("[error: {e:#}]")),
     }
@@ -87,8 +90,12 @@ fn gate_rms_mod_fp8(cx: &mut Cx) -> Result<()> {
         let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
         let dense = cx.cuda.rms_norm_modulate_op(&x, &w, &sh, &sc, 1e-6)?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        let ctl = cx.cuda.with_image(Image::production().swap(&kernels::RMS_MOD_FP8, &controls::CTL_RMS_MOD_FP8).swap(&kernels::RMS_MOD_FP8_TO, &controls::CTL_RMS_MOD_FP8_TO));
-        for (kind, cu, what) in [(Kind::Gate, cx.cuda.clone(), "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, ctl, "rms_norm_modulate_fp8, each lane's own amax")] {
+        let ctl = cx.cuda.with_image(
+            Image::production().swap(&kernels::RMS_MOD_FP8, &controls::CTL_RMS_MOD_FP8).swap(&kernels::RMS_MOD_FP8_TO, &controls::CTL_RMS_MOD_FP8_TO),
+        );
+        for (kind, cu, what) in
+            [(Kind::Gate, cx.cuda.clone(), "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, ctl, "rms_norm_modulate_fp8, each lane's own amax")]
+        {
             let (error, note) = differences(cx, cu.rms_norm_modulate_fp8_op(&x, &w, &sh, &sc, 1e-6), &dense);
             cx.judge_value(what, &s, kind, EXACT, &note, error);
         }
@@ -103,8 +110,13 @@ fn gate_gres_fp8(cx: &mut Cx) -> Result<()> {
         let (_, gate) = cx.input(&[d], 1.0)?;
         let (xo, dense) = cx.cuda.gres_norm_mod_op(&x, &y, &gate, &w, &sh, &sc, 1e-6)?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        let ctl = cx.cuda.with_image(Image::production().swap(&kernels::GRES_MOD_FP8, &controls::CTL_GRES_MOD_FP8).swap(&kernels::GRES_MOD_FP8_TO, &controls::CTL_GRES_MOD_FP8_TO));
-        for (kind, cu, what) in [(Kind::Gate, cx.cuda.clone(), "gated_residual_norm_modulate_fp8 (fused)"), (Kind::Control, ctl, "gated_residual_norm_modulate_fp8, codes toward 0")] {
+        let ctl = cx.cuda.with_image(
+            Image::production().swap(&kernels::GRES_MOD_FP8, &controls::CTL_GRES_MOD_FP8).swap(&kernels::GRES_MOD_FP8_TO, &controls::CTL_GRES_MOD_FP8_TO),
+        );
+        for (kind, cu, what) in [
+            (Kind::Gate, cx.cuda.clone(), "gated_residual_norm_modulate_fp8 (fused)"),
+            (Kind::Control, ctl, "gated_residual_norm_modulate_fp8, codes toward 0"),
+        ] {
             let out = cu.gres_norm_mod_fp8_op(&x, &y, &gate, &w, &sh, &sc, 1e-6);
             // the new stream: the unfused kernel's, bit for bit
             let stream = out.as_ref().map_err(|e| anyhow::anyhow!("{e:#}")).and_then(|(got, _)| {
@@ -129,8 +141,13 @@ fn gate_situ_fp8(cx: &mut Cx) -> Result<()> {
         let dense = cx.cuda.situ_glu_op(&x)?;
         let form = if cx.dtype == DType::BF16 { "fast form" } else { "libm form" };
         let s = format!("{rows}x{} -> {rows}x{f}", 2 * f);
-        let ctl = cx.cuda.with_image(Image::production().swap(&kernels::SITU_FP8, &controls::CTL_SITU_FP8).swap(&kernels::SITU_FAST_FP8, &controls::CTL_SITU_FAST_FP8));
-        for (kind, cu, what) in [(Kind::Gate, cx.cuda.clone(), format!("situ_glu_fp8 ({form}, fused, bit-exact)")), (Kind::Control, ctl, "situ_glu_fp8, amax of the first warp only".to_string())] {
+        let ctl = cx
+            .cuda
+            .with_image(Image::production().swap(&kernels::SITU_FP8, &controls::CTL_SITU_FP8).swap(&kernels::SITU_FAST_FP8, &controls::CTL_SITU_FAST_FP8));
+        for (kind, cu, what) in [
+            (Kind::Gate, cx.cuda.clone(), format!("situ_glu_fp8 ({form}, fused, bit-exact)")),
+            (Kind::Control, ctl, "situ_glu_fp8, amax of the first warp only".to_string()),
+        ] {
             let (error, note) = differences(cx, cu.situ_glu_fp8_op(&x), &dense);
             cx.judge_value(&what, &s, kind, EXACT, &note, error);
         }
@@ -156,7 +173,11 @@ pub fn time_fp8_act(cuda: &Cuda) -> Result<()> {
         ms(&mut || q(c.gres_norm_mod_op(&x, &y, &v, &v, &v, &v, 1e-6).map(|(_, n)| n)))?,
     );
     let situ = (ms(&mut || c.situ_glu_fp8_op(&u).map(|_| ()))?, ms(&mut || q(c.situ_glu_op(&u)))?);
-    for (op, shape, (fused, unfused)) in [("rms_norm_modulate", format!("{TOKENS}x{DIM}"), rms), ("gated_residual_norm_modulate", format!("{TOKENS}x{DIM}"), gres), ("situ_glu", format!("{TOKENS}x{}", 2 * FFN), situ)] {
+    for (op, shape, (fused, unfused)) in [
+        ("rms_norm_modulate", format!("{TOKENS}x{DIM}"), rms),
+        ("gated_residual_norm_modulate", format!("{TOKENS}x{DIM}"), gres),
+        ("situ_glu", format!("{TOKENS}x{}", 2 * FFN), situ),
+    ] {
         println!("  {op} -> fp8 {shape}: fused {fused:.4} ms, unfused (the op + moss_quantize_fp8) {unfused:.4} ms");
     }
     let saved = 42.0 * (2.0 * (gres.1 - gres.0) + (situ.1 - situ.0));

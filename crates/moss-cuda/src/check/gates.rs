@@ -14,13 +14,13 @@
 //! (chained in [`run_all`]).
 
 use crate::ops::{par_chunks, Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::cpu::Cpu;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::checkpoint::Checkpoint;
 use moss_core::options::Precision;
 use moss_core::tensor::{rel_l2, Tensor};
-use anyhow::{anyhow, ensure, Result};
 
 // ---- bounds (relative L2) --------------------------------------------------------------------
 
@@ -179,11 +179,7 @@ pub struct Cx {
 }
 
 pub fn shape_str(shapes: &[&[usize]]) -> String {
-    shapes
-        .iter()
-        .map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
-        .collect::<Vec<_>>()
-        .join(" · ")
+    shapes.iter().map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")).collect::<Vec<_>>().join(" · ")
 }
 
 impl Cx {
@@ -236,17 +232,7 @@ impl Cx {
     /// Compare and record one row. A run that fails outright (an error instead of an output)
     /// records NaN: a failed gate, or a rejected control.
     #[allow(clippy::too_many_arguments)]
-    pub fn judge(
-        &mut self,
-        kernel: &str,
-        shape: &str,
-        kind: Kind,
-        bound: f64,
-        note: &str,
-        out: Result<CudaTensor>,
-        cpu: &Tensor,
-        rows: Option<&[usize]>,
-    ) {
+    pub fn judge(&mut self, kernel: &str, shape: &str, kind: Kind, bound: f64, note: &str, out: Result<CudaTensor>, cpu: &Tensor, rows: Option<&[usize]>) {
         let (error, note) = match out.and_then(|o| {
             self.cuda.sync()?;
             self.error(&o, cpu, rows)
@@ -280,7 +266,6 @@ pub type GateFn = fn(&mut Cx) -> Result<()>;
 
 pub(crate) use super::dit_ops::{attention_rows, stream_rows, uniform_vec};
 
-
 // ---- the run -----------------------------------------------------------------------------------
 
 /// Run every gate at bf16 and at fp32; print the table; true if every gate passed and every
@@ -308,7 +293,20 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             rows: vec![],
             ck: ck.cloned(),
         };
-        for (name, f) in super::tensor::GATES.iter().chain(super::dit_ops::GATES).chain(super::linear_situ_glu::GATES).chain(super::linear_situ_glu_fp8::GATES).chain(super::linear_qkv_norm_rope::GATES).chain(crate::check::encoder::GATES).chain(crate::check::dit::GATES).chain(crate::check::vae::GATES).chain(crate::check::vae_encode::GATES).chain(crate::check::lora::GATES).chain(super::fp8::GATES).chain(super::fp8_act::GATES) {
+        for (name, f) in super::tensor::GATES
+            .iter()
+            .chain(super::dit_ops::GATES)
+            .chain(super::linear_situ_glu::GATES)
+            .chain(super::linear_situ_glu_fp8::GATES)
+            .chain(super::linear_qkv_norm_rope::GATES)
+            .chain(crate::check::encoder::GATES)
+            .chain(crate::check::dit::GATES)
+            .chain(crate::check::vae::GATES)
+            .chain(crate::check::vae_encode::GATES)
+            .chain(crate::check::lora::GATES)
+            .chain(super::fp8::GATES)
+            .chain(super::fp8_act::GATES)
+        {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
                 cx.rows.push(Row {
@@ -398,9 +396,8 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
         println!("  linear {m}x{k} · {k}x{n}: {ms:.4} ms  ({tflops:.0} TFLOP/s)");
     }
     let shape = [TOKENS, HEADS, HEAD_DIM];
-    let qkv: Vec<CudaTensor> = (0..3)
-        .map(|_| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(TOKENS * DIM, 1.0))?, DType::BF16))
-        .collect::<Result<_>>()?;
+    let qkv: Vec<CudaTensor> =
+        (0..3).map(|_| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(TOKENS * DIM, 1.0))?, DType::BF16)).collect::<Result<_>>()?;
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
     let ms = time_ms(&c, 10, 50, || c.attention(&qkv[0], &qkv[1], &qkv[2], scale).map(|_| ()))?;
     let tflops = 4.0 * (TOKENS * TOKENS * DIM) as f64 / (ms * 1e-3) / 1e12;
@@ -425,15 +422,7 @@ mod tests {
 
     #[test]
     fn rows_judge_gates_and_controls() {
-        let row = |kind, error| Row {
-            kernel: "k".into(),
-            precision: "bf16",
-            shape: "-".into(),
-            kind,
-            error,
-            bound: 1e-3,
-            note: String::new(),
-        };
+        let row = |kind, error| Row { kernel: "k".into(), precision: "bf16", shape: "-".into(), kind, error, bound: 1e-3, note: String::new() };
         assert!(row(Kind::Gate, 5e-4).ok());
         assert!(!row(Kind::Gate, 2e-3).ok());
         assert!(!row(Kind::Gate, f64::NAN).ok(), "NaN never passes");

@@ -2,19 +2,19 @@
 //! `moss_dit_linear_qkv_norm_rope`, or cuBLASLt + `qkv_norm_rope` where it does not run) against
 //! the CPU twin, with planted controls; and its timing against the unfused pair at the DiT's shape.
 
+use super::dit::qkv_rope_controls;
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use super::linear_situ_glu::pick_rows;
 use super::linear_situ_glu_fp8::quantized;
-use super::dit::qkv_rope_controls;
 use crate::dit::{QKV_FP8_KERNEL, QKV_KERNEL};
 use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_qkv_norm_rope", gate_linear_qkv), ("dit linear_qkv_norm_rope_fp8", gate_linear_qkv_fp8)];
@@ -181,6 +181,10 @@ pub fn time_linear_qkv(cuda: &Cuda) -> Result<()> {
     let timed8 = |f: &dyn Fn() -> Result<CudaTensor>| time_ms(&c8, 3, 10, || f().map(|_| ()));
     let pair8 = timed8(&|| c8.qkv_norm_rope(c8.linear_fp8_quantized(&xq, &xs, &w8, &ws)?, HEADS, &wq, &wk, &cs, &sn, EPS))?;
     let ms8 = timed8(&|| c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &wq, &wk, &cs, &sn, HEADS, EPS))?;
-    println!("  e4m3: linear_fp8_quantized + qkv_norm_rope {pair8:.4} ms; fused {QKV_FP8_KERNEL} {ms8:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms8), pair8 / ms8);
+    println!(
+        "  e4m3: linear_fp8_quantized + qkv_norm_rope {pair8:.4} ms; fused {QKV_FP8_KERNEL} {ms8:.4} ms ({:.0} TFLOP/s), {:.3}x the pair",
+        tflops(ms8),
+        pair8 / ms8
+    );
     Ok(())
 }

@@ -2,17 +2,17 @@
 //! cuBLASLt + `situ_glu` where it does not run) against the CPU twin, with planted controls; and
 //! its timing against the unfused pair at the DiT's shape.
 
+use super::dit_ops::situ_controls;
 use super::dit_ops::stream_rows;
 use super::gates::*;
-use super::dit_ops::situ_controls;
 use crate::dit::SITU_KERNEL;
 use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu", gate_linear_situ)];

@@ -10,11 +10,11 @@ use super::linear_situ_glu::pick_rows;
 use crate::dit::SITU_FP8_KERNEL;
 use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// The gate, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu_fp8", gate_linear_situ_fp8)];

@@ -5,12 +5,12 @@
 
 use super::gates::*;
 use crate::ops::{to_bytes, CudaTensor, DType};
+use anyhow::Result;
 use moss_core::checkpoint::Dtype;
 use moss_core::lora::keys::{Delta, Factor, Mat, Module};
 use moss_core::lora::merge::{merge_tensor, operands, Operands, Part};
 use moss_core::lora::Term;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 /// The merge's gates, in table order.
 pub const GATES: &[(&str, GateFn)] = &[("lora merge (low rank)", gate_low_rank), ("lora merge (LoHa, LoKr, diff)", gate_other)];
@@ -102,9 +102,7 @@ fn judge_case(cx: &mut Cx, what: &str, shape: &[usize], terms: &[Term]) -> Resul
     let differ = |cx: &mut Cx, planted: bool| -> f64 {
         let es = cx.dtype.size();
         match run(cx, planted).and_then(|g| cx.cuda.download_bytes(&g)) {
-            Ok(b) if b.len() == want.len() => {
-                b.chunks(es).zip(want.chunks(es)).filter(|(x, y)| x != y).count() as f64 / (b.len() / es) as f64
-            }
+            Ok(b) if b.len() == want.len() => b.chunks(es).zip(want.chunks(es)).filter(|(x, y)| x != y).count() as f64 / (b.len() / es) as f64,
             _ => f64::NAN,
         }
     };
@@ -122,10 +120,13 @@ fn describe(m: &Module) -> String {
     match &m.delta {
         Delta::LowRank { down, .. } => format!("rank {}", down.shape[0]),
         Delta::LoHa { w1b, .. } => format!("LoHa rank {}", w1b.shape[0]),
-        Delta::LoKr { w1, .. } => format!("LoKr {:?}", match w1 {
-            Factor::Full(a) => &a.shape,
-            Factor::Product(a, _) => &a.shape,
-        }),
+        Delta::LoKr { w1, .. } => format!(
+            "LoKr {:?}",
+            match w1 {
+                Factor::Full(a) => &a.shape,
+                Factor::Product(a, _) => &a.shape,
+            }
+        ),
         Delta::Full(_) => "diff".into(),
     }
 }

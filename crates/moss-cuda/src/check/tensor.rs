@@ -5,9 +5,9 @@ use super::gates::*;
 use crate::blas::Gemm;
 use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{anyhow, Result};
 use moss_core::backend::Backend;
 use moss_core::tensor::{rel_l2, Tensor};
-use anyhow::{anyhow, Result};
 
 /// The generic ops' gates, in table order.
 pub const GATES: &[(&str, GateFn)] = &[
@@ -151,10 +151,7 @@ fn gate_load(cx: &mut Cx) -> Result<()> {
         }
         let want = Tensor::new(vec![cpu_all.len()], cpu_all)?;
         let s = format!("{} tensors, {} values", names.len(), want.numel());
-        for (i, (kind, what)) in [(Kind::Gate, format!("load {comp}")), (Kind::Control, format!("load {comp}, one element late"))]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, (kind, what)) in [(Kind::Gate, format!("load {comp}")), (Kind::Control, format!("load {comp}, one element late"))].into_iter().enumerate() {
             let got = std::mem::take(&mut gpu_all[i]);
             let out = if bad.is_empty() {
                 Tensor::new(vec![got.len()], got).and_then(|t| cx.cuda.upload_as(&t, DType::F32))
@@ -295,9 +292,7 @@ fn gate_rms_norm(cx: &mut Cx) -> Result<()> {
             row.iter_mut().for_each(|v| *v *= scales[r]);
         }
         let (x, gx) = cx.exact(x, cx.dtype)?;
-        let w: Vec<f32> = (0..d)
-            .map(|_| if one_plus { cx.rng.normals(1, 0.1)[0] } else { (0.5 + cx.rng.uniform()) as f32 })
-            .collect();
+        let w: Vec<f32> = (0..d).map(|_| if one_plus { cx.rng.normals(1, 0.1)[0] } else { (0.5 + cx.rng.uniform()) as f32 }).collect();
         let (w, gw) = cx.exact(Tensor::new(vec![d], w)?, cx.dtype)?;
         let eps = 1e-6;
         let want = cx.cpu.rms_norm(&x, Some(&w), eps, one_plus)?;
@@ -305,11 +300,8 @@ fn gate_rms_norm(cx: &mut Cx) -> Result<()> {
         let name = if one_plus { "rms_norm (1+w)" } else { "rms_norm" };
         let out = cx.cuda.rms_norm(&gx, Some(&gw), eps, one_plus);
         cx.judge(name, &s, Kind::Gate, bound, "", out, &want, None);
-        let (ctl, what) = if one_plus {
-            (&controls::CTL_RMS_NOPLUS, "rms_norm, w instead of 1+w")
-        } else {
-            (&controls::CTL_RMS_NOWEIGHT, "rms_norm without the weight")
-        };
+        let (ctl, what) =
+            if one_plus { (&controls::CTL_RMS_NOPLUS, "rms_norm, w instead of 1+w") } else { (&controls::CTL_RMS_NOWEIGHT, "rms_norm without the weight") };
         let out = cx.planted(&kernels::RMS_NORM, ctl).rms_norm(&gx, Some(&gw), eps, one_plus);
         cx.judge(what, &s, Kind::Control, bound, "", out, &want, None);
     }
@@ -334,9 +326,7 @@ fn gate_narrow(cx: &mut Cx) -> Result<()> {
     use dit::*;
     // (shape, dim, start, len): image tokens off the joint stream; q/k/v out of a fused qkv;
     // the gate half of ffn_up_gate.
-    for (shape, dim, start, len) in
-        [(vec![TOKENS, DIM], 0, IMG, TXT), (vec![TOKENS, 3 * DIM], 1, DIM, DIM), (vec![TOKENS, 2 * FFN], 1, FFN, FFN)]
-    {
+    for (shape, dim, start, len) in [(vec![TOKENS, DIM], 0, IMG, TXT), (vec![TOKENS, 3 * DIM], 1, DIM, DIM), (vec![TOKENS, 2 * FFN], 1, FFN, FFN)] {
         let (x, gx) = cx.input(&shape, 1.0)?;
         let want = cx.cpu.narrow(&x, dim, start, len)?;
         let s = format!("{} dim {dim} [{start}..+{len}]", shape_str(&[&shape]));

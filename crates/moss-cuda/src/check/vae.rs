@@ -8,9 +8,9 @@ use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
 use crate::vae::conv::halo_bm;
 use crate::vae::ConvKernel;
+use anyhow::Result;
 use moss_core::backend::ops::VaeOps;
 use moss_core::tensor::Tensor;
-use anyhow::Result;
 
 pub const GATES: &[(&str, GateFn)] = &[
     ("vae bn_unpatchify", gate_bn_unpatchify),
@@ -24,11 +24,7 @@ pub const GATES: &[(&str, GateFn)] = &[
 ];
 
 fn shape_str(shapes: &[&[usize]]) -> String {
-    shapes
-        .iter()
-        .map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
-        .collect::<Vec<_>>()
-        .join(" · ")
+    shapes.iter().map(|s| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")).collect::<Vec<_>>().join(" · ")
 }
 
 /// The VAE runs fp32 whatever the precision: gate it in the fp32 pass only.
@@ -90,7 +86,9 @@ fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up:
             .swap(&k::VAE_CONV_HALO_B128_K3, &c::CTL_VAE_CONV_HALO_FOLD_B128_K3)
     };
     match ctl {
-        ConvControl::SmallMirrored if cout <= 4 && kk <= 3 => cu.with_image(Image::production().swap(&k::VAE_CONV_SMALL, &c::CTL_VAE_CONV_SMALL)).conv2d_small(x, w, b, up),
+        ConvControl::SmallMirrored if cout <= 4 && kk <= 3 => {
+            cu.with_image(Image::production().swap(&k::VAE_CONV_SMALL, &c::CTL_VAE_CONV_SMALL)).conv2d_small(x, w, b, up)
+        }
         ConvControl::HaloTf32x1 if halo => view(halo_one()).conv2d_halo(x, w, Some(b), up, false),
         ConvControl::Tf32x1 => {
             let img = Image::production()
@@ -101,7 +99,9 @@ fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up:
         }
         ConvControl::FoldOffByOne(ConvKernel::Halo) if halo => view(halo_fold()).conv2d_halo(x, w, Some(b), up, false),
         ConvControl::FoldOffByOne(ConvKernel::Halo | ConvKernel::Tf32x3Tap) if tap => {
-            let img = Image::production().swap(&k::VAE_CONV_TF32X3T_K1, &c::CTL_VAE_CONV_TF32X3T_FOLD_K1).swap(&k::VAE_CONV_TF32X3T_K3, &c::CTL_VAE_CONV_TF32X3T_FOLD_K3);
+            let img = Image::production()
+                .swap(&k::VAE_CONV_TF32X3T_K1, &c::CTL_VAE_CONV_TF32X3T_FOLD_K1)
+                .swap(&k::VAE_CONV_TF32X3T_K3, &c::CTL_VAE_CONV_TF32X3T_FOLD_K3);
             view(img).conv2d_gemm(true, x, w, b, up)
         }
         ConvControl::FoldOffByOne(_) => {
@@ -265,15 +265,7 @@ fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
         }
         let error = if bad { f64::NAN } else { diff / top.max(f64::MIN_POSITIVE) };
         let kernel = if kind == Kind::Control { format!("  control: {what}") } else { what.to_string() };
-        cx.rows.push(crate::check::gates::Row {
-            kernel,
-            precision: cx.precision,
-            shape: s.clone(),
-            kind,
-            error,
-            bound: EXACT,
-            note: "f64 partials".into(),
-        });
+        cx.rows.push(crate::check::gates::Row { kernel, precision: cx.precision, shape: s.clone(), kind, error, bound: EXACT, note: "f64 partials".into() });
     }
     Ok(())
 }
@@ -285,9 +277,7 @@ pub(crate) fn attention_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize])
     let mut out = Vec::with_capacity(rows.len() * d);
     for &r in rows {
         let qr = &q.data[r * d..(r + 1) * d];
-        let s: Vec<f64> = (0..l)
-            .map(|j| qr.iter().zip(&k.data[j * d..(j + 1) * d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale)
-            .collect();
+        let s: Vec<f64> = (0..l).map(|j| qr.iter().zip(&k.data[j * d..(j + 1) * d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale).collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
         let sum: f64 = p.iter().sum();
@@ -454,16 +444,15 @@ fn split_decode_rows(
             let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}, pictures in {place}{tag}", 16 * w, 16 * h);
             let out = vae.decode_with(&cx.cuda, &z, Split::strips_keeping(rows, keep)).and_then(|img| cx.cuda.upload_as(&img, DType::F32));
             cx.judge("vae split decode == whole (float bits)", &s, Kind::Gate, EXACT, "", out, &whole, None);
-            let out = vae.decode_rgb8_with(&cx.cuda, &z, Split::strips_keeping(rows, keep)).and_then(|b| {
-                cx.cuda.upload_as(&Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?, DType::F32)
-            });
+            let out = vae
+                .decode_rgb8_with(&cx.cuda, &z, Split::strips_keeping(rows, keep))
+                .and_then(|b| cx.cuda.upload_as(&Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?, DType::F32));
             cx.judge("vae split decode == whole (RGB8 bytes)", &s, Kind::Gate, EXACT, "", out, &want, None);
         }
         if rows > 1 {
             let s = format!("1x{c}x{h}x{w} -> {}x{} strips of {rows}{tag}", 16 * w, 16 * h);
-            let out = vae
-                .decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, keep_bytes: 0, no_halo: true }))
-                .and_then(|img| cx.cuda.upload_as(&img, DType::F32));
+            let out =
+                vae.decode_with(&cx.cuda, &z, Split::Strips(Strips { rows, keep_bytes: 0, no_halo: true })).and_then(|img| cx.cuda.upload_as(&img, DType::F32));
             cx.judge("vae split decode without halo rows", &s, Kind::Control, EXACT, "", out, &whole, None);
         }
     }

@@ -10,9 +10,9 @@ use super::{dims3, packed_dims, FLASH_HEAD_DIM};
 use crate::blas::Gemm;
 use crate::kernels;
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{ensure, Result};
 
 /// Bytes of fp32 scores one attention chunk may hold.
 pub const ATTN_SCORE_BUDGET: usize = 1 << 30;
@@ -53,11 +53,8 @@ impl Cuda {
         }
         let es = dt.size() as u64;
         let per_head = n * n * 4;
-        let (hb, qc) = if per_head <= ATTN_SCORE_BUDGET {
-            ((ATTN_SCORE_BUDGET / per_head).clamp(1, h), n)
-        } else {
-            (1, (ATTN_SCORE_BUDGET / (n * 4)).clamp(1, n))
-        };
+        let (hb, qc) =
+            if per_head <= ATTN_SCORE_BUDGET { ((ATTN_SCORE_BUDGET / per_head).clamp(1, h), n) } else { (1, (ATTN_SCORE_BUDGET / (n * 4)).clamp(1, n)) };
         let s = self.alloc(DType::F32, &[hb * qc * n])?;
         let p = self.alloc(dt, &[hb * qc * n])?;
         let ld = h * hd;

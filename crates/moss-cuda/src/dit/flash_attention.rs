@@ -3,8 +3,8 @@
 //! `moss_dit_flash_attention` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
 
 use super::dims3;
-use crate::launch::{DIT_FLASH_HEAD_DIM, DIT_FLASH_ROWS, DIT_FLASH_SMEM, DIT_FLASH_THREADS, DIT_FLASH_WS_ROWS, DIT_FLASH_WS_SMEM, DIT_FLASH_WS_THREADS};
 use crate::kernels::{self, Dev};
+use crate::launch::{DIT_FLASH_HEAD_DIM, DIT_FLASH_ROWS, DIT_FLASH_SMEM, DIT_FLASH_THREADS, DIT_FLASH_WS_ROWS, DIT_FLASH_WS_SMEM, DIT_FLASH_WS_THREADS};
 use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
@@ -87,24 +87,13 @@ pub fn flash_tensor_map(ptr: u64, n: usize, cols: usize, ld: usize) -> Result<cu
 
 /// Whether [`DitOps::attention`] takes the flash kernel: bf16 q/k/v of one shape, head dim 128.
 pub fn flash_applies(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
-    q.shape.len() == 3
-        && q.shape[2] == FLASH_HEAD_DIM
-        && k.shape == q.shape
-        && v.shape == q.shape
-        && [q, k, v].iter().all(|t| t.dtype == DType::BF16)
+    q.shape.len() == 3 && q.shape[2] == FLASH_HEAD_DIM && k.shape == q.shape && v.shape == q.shape && [q, k, v].iter().all(|t| t.dtype == DType::BF16)
 }
 
 impl Cuda {
     /// Flash attention (`cuda/dit/flash_attention.cu`) over `[N, H, 128]` bf16 `q`, `k`, `v` (contiguous),
     /// written into a new `[N, H, 128]`. `kernel` is one of [`FLASH_KERNELS`].
-    pub(crate) fn flash_attention_on(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        scale: f64,
-        kernel: &FlashKernel,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn flash_attention_on(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, kernel: &FlashKernel) -> Result<CudaTensor> {
         let (n, h, hd) = dims3(q, "attention q")?;
         ensure!(flash_applies(q, k, v), "flash attention: q {:?} {:?}, k {:?}, v {:?}", q.shape, q.dtype, k.shape, v.shape);
         let out = self.alloc(DType::BF16, &q.shape)?;

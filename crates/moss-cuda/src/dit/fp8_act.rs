@@ -7,8 +7,8 @@
 use crate::kernels;
 use crate::launch::{DIT_SITU_FP8_THREADS, DIT_SITU_FP8_VECS};
 use crate::ops::{Cuda, CudaTensor, DType};
-use moss_core::fp8::{E4M3_MAX, MIN_AMAX};
 use anyhow::{ensure, Result};
+use moss_core::fp8::{E4M3_MAX, MIN_AMAX};
 
 /// Codes and scales of a quantized activation (`[.., K]` e4m3, `[rows]` f32).
 pub type Quantized = (CudaTensor, CudaTensor);

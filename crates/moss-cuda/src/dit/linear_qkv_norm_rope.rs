@@ -5,12 +5,12 @@
 //! ([`qkv_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `qkv_norm_rope`, each timed under its own name.
 
-use crate::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_SMEM, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS};
 use crate::kernels;
+use crate::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{anyhow, ensure, Result};
 
 /// The fused kernel ([`kernels::DIT_LINEAR_QKV_NORM_ROPE`]; the check image also has `{QKV_KERNEL}_k_weight_control` and
 /// `{QKV_KERNEL}_sign_control`), launched like `moss_dit_linear_situ_glu` (persistent grid) with
@@ -47,11 +47,8 @@ pub fn qkv_gemm_dims(x: &[usize], w: &[usize], heads: usize) -> Option<(usize, u
 /// the op is the product, then `qkv_norm_rope`.
 pub fn qkv_gemm_shape(x: &CudaTensor, w: &CudaTensor, heads: usize) -> Option<(usize, usize, usize)> {
     let fp8 = x.dtype == DType::F8E4M3;
-    let ok = x.dtype == w.dtype
-        && matches!(x.dtype, DType::BF16 | DType::F8E4M3)
-        && x.shape.len() == 2
-        && x.ptr().is_multiple_of(16)
-        && w.ptr().is_multiple_of(16);
+    let ok =
+        x.dtype == w.dtype && matches!(x.dtype, DType::BF16 | DType::F8E4M3) && x.shape.len() == 2 && x.ptr().is_multiple_of(16) && w.ptr().is_multiple_of(16);
     qkv_gemm_dims(&x.shape, &w.shape, heads).filter(|&(_, k, _)| ok && (!fp8 || k.is_multiple_of(DIT_SITU_GEMM_KTILE_FP8)))
 }
 
@@ -89,7 +86,12 @@ impl Cuda {
             ensure!(t.shape == [m, HEAD_DIM / 2], "linear_qkv_norm_rope: {what} {:?}, expected [{m}, {}]", t.shape, HEAD_DIM / 2);
         }
         ensure!(bf16_vectors(&[wq, wk, cos, sin]), "`{name}` reads bf16 norm weights and RoPE tables");
-        ensure!(scales.is_some() == (x.dtype == DType::F8E4M3), "`{name}`: {} operands with{} scales", x.dtype.name(), if scales.is_some() { "" } else { "out" });
+        ensure!(
+            scales.is_some() == (x.dtype == DType::F8E4M3),
+            "`{name}`: {} operands with{} scales",
+            x.dtype.name(),
+            if scales.is_some() { "" } else { "out" }
+        );
         if let Some((xs, ws)) = scales {
             let ok = xs.dtype == DType::F32 && ws.dtype == DType::F32 && xs.numel() == m && ws.numel() == 3 * d && ws.ptr().is_multiple_of(8);
             ensure!(ok, "`{name}`: scales {:?} {:?} for {m} rows and {} W rows (f32)", xs.shape, ws.shape, 3 * d);

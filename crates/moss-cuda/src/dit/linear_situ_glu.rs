@@ -6,12 +6,14 @@
 //! GEMM on e4m3 codes (`moss_dit_linear_situ_glu_fp8`), its bf16 output then quantized per row;
 //! elsewhere `linear_fp8_quantized` + `situ_glu_fp8`.
 
-use crate::launch::{DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_THREADS};
 use crate::kernels::{self, Cfg, TensorMap};
+use crate::launch::{
+    DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_THREADS,
+};
 use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
+use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{anyhow, ensure, Result};
 
 /// The fused kernel ([`kernels::DIT_LINEAR_SITU_GLU`]; the check image also has
 /// `{SITU_KERNEL}_swapped_control` and `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_EPI_SMEM`] bytes of dynamic shared
@@ -71,7 +73,13 @@ impl Cuda {
     /// `tiles` output tiles on the persistent grid: min(SMs, tiles) blocks rounded down to whole
     /// clusters of [`DIT_SITU_GEMM_CLUSTER`] (at least one), of [`DIT_SITU_GEMM_THREADS`] threads
     /// and `smem` bytes ([`DIT_SITU_EPI_SMEM`] for the SiTU kernels, `DIT_SITU_GEMM_SMEM` for q|k|v).
-    pub(crate) fn gemm_tiles(&self, (x, w): (&CudaTensor, &CudaTensor), (m, nw, k): (usize, usize, usize), tiles: usize, smem: usize) -> Result<(TensorMap, TensorMap, Cfg)> {
+    pub(crate) fn gemm_tiles(
+        &self,
+        (x, w): (&CudaTensor, &CudaTensor),
+        (m, nw, k): (usize, usize, usize),
+        tiles: usize,
+        smem: usize,
+    ) -> Result<(TensorMap, TensorMap, Cfg)> {
         let (bk, rows, cl) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32, DIT_SITU_GEMM_CLUSTER);
         let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows / cl as u32)?;
         let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
@@ -85,9 +93,8 @@ impl Cuda {
     /// tiles) blocks.
     pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         let name = SITU_KERNEL;
-        let (m, k, f) = situ_gemm_shape(x, w).ok_or_else(|| {
-            anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
-        })?;
+        let (m, k, f) = situ_gemm_shape(x, w)
+            .ok_or_else(|| anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype))?;
         ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let mut shape = x.shape.clone();
         *shape.last_mut().unwrap() = f;

@@ -7,24 +7,24 @@
 
 mod attention;
 pub mod flash_attention;
+mod fp8_act;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
-mod fp8_act;
 
+use crate::kernels::{self, Dev, Family};
+use crate::launch::DIT_ROW_THREADS;
+use crate::ops::{Cuda, CudaTensor, DType};
+use crate::plan::MemoryPlan;
+use crate::select;
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::result as dr;
 pub use flash_attention::{flash_applies, flash_tensor_map, pick_flash, FlashKernel, FLASH_HEAD_DIM, FLASH_KERNELS};
 pub use linear_qkv_norm_rope::{qkv_gemm_shape, QKV_FP8_KERNEL, QKV_KERNEL};
 pub use linear_situ_glu::{situ_gemm_shape, SITU_FP8_KERNEL, SITU_KERNEL};
-use crate::launch::DIT_ROW_THREADS;
-use crate::plan::MemoryPlan;
-use crate::select;
-use moss_core::checkpoint::{config::DitConfig, Component};
-use crate::kernels::{self, Dev, Family};
-use crate::ops::{Cuda, CudaTensor, DType};
 use moss_core::backend::cpu::Cpu;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
-use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::result as dr;
+use moss_core::checkpoint::{config::DitConfig, Component};
 
 pub use attention::ATTN_SCORE_BUDGET;
 
@@ -49,11 +49,7 @@ mod tests {
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
-    ensure!(
-        x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
-        "{what}: expected [N, 3·{heads}·hd], got {:?}",
-        x.shape
-    );
+    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0, "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
@@ -252,14 +248,7 @@ impl Cuda {
 
     /// [`DitOps::cfg_euler`]: `x + dsigma · (v_u + guidance · (v_c − v_u))` (`v_c` alone without
     /// `v_u`), in f32.
-    pub(crate) fn cfg_euler_f32(
-        &self,
-        x: &CudaTensor,
-        v_c: &CudaTensor,
-        v_u: Option<&CudaTensor>,
-        guidance: f32,
-        dsigma: f32,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn cfg_euler_f32(&self, x: &CudaTensor, v_c: &CudaTensor, v_u: Option<&CudaTensor>, guidance: f32, dsigma: f32) -> Result<CudaTensor> {
         ensure!(v_c.shape == x.shape, "cfg_euler: v_c {:?} for x {:?}", v_c.shape, x.shape);
         if let Some(u) = v_u {
             ensure!(u.shape == x.shape, "cfg_euler: v_u {:?} for x {:?}", u.shape, x.shape);
@@ -270,8 +259,7 @@ impl Cuda {
         let xf = self.cast(x, DType::F32)?;
         let s = &self.gpu().stream;
         // SAFETY: both buffers hold n f32 values.
-        unsafe { dr::memcpy_dtod_async(out.ptr(), xf.ptr(), n * 4, s.cu_stream()) }
-            .map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
+        unsafe { dr::memcpy_dtod_async(out.ptr(), xf.ptr(), n * 4, s.cu_stream()) }.map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
         let vc = self.cast(v_c, DType::F32)?;
         let vu = v_u.map(|u| self.cast(u, DType::F32)).transpose()?;
         let vu = vu.as_ref().map_or(Dev::null(DType::F32), Dev::from);
@@ -314,14 +302,7 @@ impl DitOps for Cuda {
     fn timestep_sinusoid(&self, t: f32, dim: usize) -> Result<CudaTensor> {
         self.prof("timestep_sinusoid (host + upload)", || self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32))
     }
-    fn rms_norm_modulate(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        shift: &CudaTensor,
-        scale: &CudaTensor,
-        eps: f64,
-    ) -> Result<CudaTensor> {
+    fn rms_norm_modulate(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         self.prof("rms_norm_modulate", || self.rms_norm_modulate_op(x, w, shift, scale, eps))
     }
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
@@ -436,14 +417,7 @@ impl DitOps for Cuda {
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_residual", || self.gated_residual_op(x, y, gate))
     }
-    fn cfg_euler(
-        &self,
-        x: &CudaTensor,
-        v_c: &CudaTensor,
-        v_u: Option<&CudaTensor>,
-        guidance: f32,
-        dsigma: f32,
-    ) -> Result<CudaTensor> {
+    fn cfg_euler(&self, x: &CudaTensor, v_c: &CudaTensor, v_u: Option<&CudaTensor>, guidance: f32, dsigma: f32) -> Result<CudaTensor> {
         self.prof("cfg_euler", || self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma))
     }
 }

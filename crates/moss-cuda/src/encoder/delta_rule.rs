@@ -6,12 +6,12 @@
 
 use super::delta_rule_compact::{pick_state_pass, state_launch, StatePass};
 use super::dims3;
-use crate::launch;
 use crate::kernels::{self, Dev, Family};
+use crate::launch;
 use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
 use moss_core::backend::Backend;
-use anyhow::{ensure, Result};
 
 /// What [`Cuda::gdr_inputs`] hands both delta-rule kernels.
 pub(super) struct GdrInputs {
@@ -89,7 +89,6 @@ type Prep = fn(Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, i32, i32, i32, 
 pub(crate) const GDR_TMA_BYTES: u32 = launch::ENC_GDR_TMA_BYTES as u32;
 pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 
-
 /// Whether the chunk-parallel kernels take a delta rule of `dt` with q, k, v at `ptrs` (row strides
 /// `(rqk, rv)` elements), hk key and hv value heads of dims dk, dv: dims up to [`GDR_MAX_DIM`]; for
 /// bf16 (delta_rule_prep's 16-byte copies and pairs of value heads over one key head, the TMA
@@ -97,11 +96,7 @@ pub(super) const GDR_TMA_THREADS: u32 = launch::ENC_GDR_TMA_THREADS as u32;
 pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usize), (hk, hv): (usize, usize), dk: usize, dv: usize) -> bool {
     dk <= GDR_MAX_DIM
         && dv <= GDR_MAX_DIM
-        && (dt == DType::F32
-            || (ptrs.iter().all(|p| p % 16 == 0)
-                && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0)
-                && hk > 0
-                && hv % (2 * hk) == 0))
+        && (dt == DType::F32 || (ptrs.iter().all(|p| p % 16 == 0) && [rqk, rv, dk, dv].iter().all(|x| x % 8 == 0) && hk > 0 && hv % (2 * hk) == 0))
 }
 
 /// The sequential one-kernel delta rule's value columns a block (GDR_COLS, or all of dv when it
@@ -162,7 +157,15 @@ impl Cuda {
     /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq`] (only with
     /// [`GdrPath::Auto`]; the explicit paths are an error there).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gated_delta_rule_on(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor, path: GdrPath) -> Result<CudaTensor> {
+    pub(crate) fn gated_delta_rule_on(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        path: GdrPath,
+    ) -> Result<CudaTensor> {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
         let (_, hv, dv) = dims3(v, "gated_delta_rule v")?;
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
@@ -177,7 +180,14 @@ impl Cuda {
 
     /// [`Cuda::gated_delta_rule_on`] reading q, k and v straight out of the conv output
     /// `qkv [L, 2·Hk·dk + Hv·dv]` (row stride: its width) instead of three narrowed copies.
-    pub(crate) fn gated_delta_rule_qkv_on(&self, qkv: &CudaTensor, (hk, dk, hv, dv): (usize, usize, usize, usize), g: &CudaTensor, beta: &CudaTensor, path: GdrPath) -> Result<CudaTensor> {
+    pub(crate) fn gated_delta_rule_qkv_on(
+        &self,
+        qkv: &CudaTensor,
+        (hk, dk, hv, dv): (usize, usize, usize, usize),
+        g: &CudaTensor,
+        beta: &CudaTensor,
+        path: GdrPath,
+    ) -> Result<CudaTensor> {
         ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
         let (l, c) = (qkv.shape[0], qkv.shape[1]);
         ensure!(c == 2 * hk * dk + hv * dv, "gated_delta_rule_qkv: width {c} for {hk}x{dk} key and {hv}x{dv} value heads");
@@ -245,7 +255,9 @@ impl Cuda {
         let (rqk, rv) = (rows.rqk as i64, rows.rv as i64);
         let [q, k, v] = [rows.q, rows.k, rows.v].map(|p| Dev::new(p, dt));
         // the prep's arguments (the bf16 and the fp32 prep take the same)
-        let prep = |kernel: &Family<Prep>, cfg: (u32, u32, u32)| kernel.launch(self, cfg, &kd, &wk, &u0, &wqk, &gam, q, k, v, g, beta, li, hki, hvi, dki, dvi, rqk, rv);
+        let prep = |kernel: &Family<Prep>, cfg: (u32, u32, u32)| {
+            kernel.launch(self, cfg, &kd, &wk, &u0, &wqk, &gam, q, k, v, g, beta, li, hki, hvi, dki, dvi, rqk, rv)
+        };
         let (u, s) = if dt == DType::F32 {
             // fp32: the SIMT kernels, the control in gdr_out
             prep(&kernels::ENC_GDR_PREP, (nb as u32, launch::ENC_GDR_THREADS as u32, (GDR_PREP_FLOATS * 4) as u32))?;

@@ -23,7 +23,8 @@ pub(crate) const OUT_COMPACT_FLOATS: usize = crate::launch::ENC_GDR_OUT_COMPACT_
 /// memory in bytes, bf16 (`tc`) or fp32. The kernel contract records them as picked on every GPU.
 pub(crate) fn gdr_compact_smem(tc: bool) -> [(&'static str, usize); 3] {
     let prep = gdr_portable_smem(tc)[0]; // the wide path's prep
-    let (seq, out) = if tc { ("moss_enc_gdr_seq_compact_tc", "moss_enc_gdr_out_compact_tc_bf16") } else { ("moss_enc_gdr_seq_compact_f32", "moss_enc_gdr_out_compact_f32") };
+    let (seq, out) =
+        if tc { ("moss_enc_gdr_seq_compact_tc", "moss_enc_gdr_out_compact_tc_bf16") } else { ("moss_enc_gdr_seq_compact_f32", "moss_enc_gdr_out_compact_f32") };
     [prep, (seq, SEQ_COMPACT_FLOATS * 4), (out, OUT_COMPACT_FLOATS * 4)]
 }
 

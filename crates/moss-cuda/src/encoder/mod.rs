@@ -20,12 +20,12 @@ use crate::blas::Gemm;
 use crate::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
 use crate::kernels::{self, Dev, Family};
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::rope_angles;
 use moss_core::backend::ops::encoder::Cols;
 use moss_core::backend::ops::EncoderOps;
 use moss_core::backend::Backend;
 use moss_core::tensor::Tensor;
-use anyhow::{ensure, Result};
 
 fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
     ensure!(x.shape.len() == 3, "{what}: expected [L, heads, dim], got {:?}", x.shape);
@@ -33,8 +33,8 @@ fn dims3(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize)> {
 }
 
 use crate::launch::{
-    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS,
-    ENC_FLASH_SMEM, ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
+    ENC_ADD_RMS_MAX_WIDTH, ENC_ADD_RMS_THREADS, ENC_ATTN_Q, ENC_ATTN_SMEM_FLOATS, ENC_ATTN_THREADS, ENC_FLASH_HD, ENC_FLASH_ROWS, ENC_FLASH_SMEM,
+    ENC_FLASH_THREADS, ENC_FLASH_WG_ROWS, ENC_FLASH_WG_SMEM, ENC_FLASH_WG_THREADS,
 };
 /// Prompts longer than this take the cuBLASLt attention path (tensor cores), shorter ones the
 /// tiled kernel.
@@ -169,11 +169,17 @@ impl Cuda {
         Ok(out)
     }
 
-
     /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
     /// `moss_enc_fattn_bf16`, grid (L/64, H), 128 threads, or on Hopper `moss_enc_fattn_wg_bf16`,
     /// grid (H, L/128) (heads of one row block together), 256; `(o, q, k, v)`, `(Hkv, scale·log2 e)`.
-    pub(crate) fn launch_enc_flash(&self, path: EncAttn, l: usize, nh: usize, (o, q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor, &CudaTensor), (nkv, scale_log2): (usize, f32)) -> Result<()> {
+    pub(crate) fn launch_enc_flash(
+        &self,
+        path: EncAttn,
+        l: usize,
+        nh: usize,
+        (o, q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor, &CudaTensor),
+        (nkv, scale_log2): (usize, f32),
+    ) -> Result<()> {
         let (kernel, cfg): (&FlashKernel, _) = match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
@@ -190,14 +196,7 @@ impl Cuda {
     /// (cuBLASLt strided-batched straight out of the `[L, heads, hd]` layouts, fp32 scores, keys
     /// only up to the chunk's last query), the causal softmax (fp32, `P` in the activation
     /// dtype), `O = P V` written straight into `[L, H, hd]`.
-    fn causal_attention_gemm(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        scale: f64,
-        out: CudaTensor,
-    ) -> Result<CudaTensor> {
+    fn causal_attention_gemm(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, out: CudaTensor) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let nkv = k.shape[1];
         let rep = nh / nkv;
@@ -436,13 +435,7 @@ impl EncoderOps for Cuda {
         self.prof("gated_delta_rule", || self.gated_delta_rule_on(q, k, v, g, beta, GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
-    fn gated_delta_rule_qkv(
-        &self,
-        qkv: &CudaTensor,
-        heads: (usize, usize, usize, usize),
-        g: &CudaTensor,
-        beta: &CudaTensor,
-    ) -> Result<CudaTensor> {
+    fn gated_delta_rule_qkv(&self, qkv: &CudaTensor, heads: (usize, usize, usize, usize), g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
         self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_on(qkv, heads, g, beta, GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {

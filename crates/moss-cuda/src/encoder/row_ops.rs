@@ -82,7 +82,8 @@ impl Cuda {
             ensure!(a0 + hv <= ld && b0 + hv <= ld, "gdn_gates: columns {a0}, {b0} (+{hv}) of {:?}", y.shape);
             ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
             // one dtype flag for both vectors
-            let (al, dt) = if a_log.dtype == dt_bias.dtype { (a_log.clone(), dt_bias.clone()) } else { (self.cast(a_log, DType::F32)?, self.cast(dt_bias, DType::F32)?) };
+            let (al, dt) =
+                if a_log.dtype == dt_bias.dtype { (a_log.clone(), dt_bias.clone()) } else { (self.cast(a_log, DType::F32)?, self.cast(dt_bias, DType::F32)?) };
             let g = self.alloc(DType::F32, &[l, hv])?;
             let beta = self.alloc(DType::F32, &[l, hv])?;
             ngb = (l * hv).div_ceil(ENC_CONV_THREADS);

@@ -18,8 +18,8 @@
 
 use crate::kernels::{self, Dev};
 use crate::ops::{Cuda, CudaTensor, DType};
-use moss_core::backend::Backend;
 use anyhow::{ensure, Result};
+use moss_core::backend::Backend;
 
 impl Cuda {
     /// The parts `ws` (same K and dtype) concatenated along N per group of indices.
@@ -99,7 +99,13 @@ impl Cuda {
 
     /// The DeltaNet gates of `a` = columns `a0..a0+hv`, `b` = columns `b0..b0+hv` of `y [L, N]`,
     /// read in place. → `(g, beta)` f32 `[L, hv]`.
-    pub(crate) fn gdn_gates_cols_in(&self, y: &CudaTensor, (a0, b0, hv): (usize, usize, usize), a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
+    pub(crate) fn gdn_gates_cols_in(
+        &self,
+        y: &CudaTensor,
+        (a0, b0, hv): (usize, usize, usize),
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+    ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(y.shape.len() == 2 && a0 + hv <= y.shape[1] && b0 + hv <= y.shape[1], "gdn_gates: columns {a0}, {b0} (+{hv}) of {:?}", y.shape);
         ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
         let (l, ld) = (y.shape[0], y.shape[1]);
@@ -156,10 +162,23 @@ impl Cuda {
     /// zero-centred RMSNorm alone (`rms1`). Widths that are not a multiple of 8 or above 8192 take
     /// the plain GEMM and the add_rms_norm path.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn linear_add_rms_norm_op(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
+    pub(crate) fn linear_add_rms_norm_op(
+        &self,
+        a: &CudaTensor,
+        w: &CudaTensor,
+        res: &CudaTensor,
+        w_norm: &CudaTensor,
+        eps: f64,
+    ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "linear_add_rms_norm: weight {:?}", w.shape);
         let (n, k) = (w.shape[0], w.shape[1]);
-        ensure!(a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(), "linear_add_rms_norm: a {:?} · w {:?} + res {:?}", a.shape, w.shape, res.shape);
+        ensure!(
+            a.last_dim() == k && res.last_dim() == n && a.rows() == res.rows(),
+            "linear_add_rms_norm: a {:?} · w {:?} + res {:?}",
+            a.shape,
+            w.shape,
+            res.shape
+        );
         ensure!(w_norm.numel() == n, "linear_add_rms_norm: norm weight {:?} for width {n}", w_norm.shape);
         let dt = w.dtype;
         if n % 8 != 0 || n > crate::launch::ENC_RMS1_MAX_WIDTH || n == 0 {

@@ -6,9 +6,9 @@ use super::{Cuda, CudaTensor, DType, Download};
 use crate::blas::Gemm;
 use crate::kernels;
 use crate::select::{self, Fp8Gemm};
+use anyhow::{anyhow, ensure, Result};
 use moss_core::fp8::{E4M3_MAX, MIN_AMAX};
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, ensure, Result};
 
 /// Threads of a quantization block (one row at a time; the kernel takes any count up to 1024).
 const QUANTIZE_THREADS: u32 = 256;
@@ -34,11 +34,7 @@ impl Cuda {
     /// The FP8 product path of this device ([`select::pick_fp8_gemm`]), decided at the first call.
     pub fn fp8_gemm(&self) -> Result<Fp8Gemm> {
         let cc = self.gpu().compute_capability;
-        self.blas()
-            .fp8_path
-            .get_or_init(|| select::pick_fp8_gemm(cc, || self.outer_vec_runs()).map_err(|e| e.to_string()))
-            .clone()
-            .map_err(|e| anyhow!(e))
+        self.blas().fp8_path.get_or_init(|| select::pick_fp8_gemm(cc, || self.outer_vec_runs()).map_err(|e| e.to_string())).clone().map_err(|e| anyhow!(e))
     }
 
     /// Whether cuBLASLt runs an FP8 product with outer-vector scales here and gets it right: A and

@@ -106,9 +106,7 @@ pub struct Moved {
 impl Mover {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Mover> {
         let stream = ctx.new_stream().map_err(de("copy stream"))?;
-        let free = (0..POOL_BUFFERS)
-            .map(|_| Ok(Buffer { mem: None, done: ctx.new_event(None).map_err(de("event"))? }))
-            .collect::<Result<VecDeque<_>>>()?;
+        let free = (0..POOL_BUFFERS).map(|_| Ok(Buffer { mem: None, done: ctx.new_event(None).map_err(de("event"))? })).collect::<Result<VecDeque<_>>>()?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         // One core stays with the thread issuing the copies, one with the compute thread.
         let readers = cores.saturating_sub(2).clamp(1, MAX_READERS).min(POOL_BUFFERS - 1);

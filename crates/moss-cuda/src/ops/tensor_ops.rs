@@ -43,29 +43,14 @@ impl Cuda {
         let out = self.alloc(out_dtype, &shape)?;
         let rows = x.rows();
         if rows > 0 && n > 0 {
-            self.inner.blas.linear(
-                &self.inner.gpu.stream,
-                (dt, out_dtype),
-                rows,
-                n,
-                k,
-                x.ptr(),
-                w.ptr(),
-                b.as_ref().map(|b| b.ptr()),
-                out.ptr(),
-            )?;
+            self.inner.blas.linear(&self.inner.gpu.stream, (dt, out_dtype), rows, n, k, x.ptr(), w.ptr(), b.as_ref().map(|b| b.ptr()), out.ptr())?;
         }
         Ok(out)
     }
 
     /// `a (op) b` with `b` broadcast over `a`'s leading dims: [`kernels::ADD`] or [`kernels::MUL`].
     pub(crate) fn binary(&self, kernel: &Binary, op: &str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        ensure!(
-            a.shape.ends_with(&b.shape) && b.numel() > 0,
-            "{op}: cannot broadcast {:?} onto {:?}",
-            b.shape,
-            a.shape
-        );
+        ensure!(a.shape.ends_with(&b.shape) && b.numel() > 0, "{op}: cannot broadcast {:?} onto {:?}", b.shape, a.shape);
         let out = self.alloc(a.dtype, &a.shape)?;
         let (n, nb) = (a.numel(), b.numel());
         let vec = n % 8 == 0 && nb % 8 == 0;

@@ -2,9 +2,9 @@
 //! pipelined download (chunks converted while the next copies), and the byte conversions.
 
 use super::{de, Cuda, CudaTensor, DType};
-use moss_core::tensor::Tensor;
 use anyhow::{ensure, Result};
 use cudarc::driver::{result as dr, CudaEvent, PinnedHostSlice};
+use moss_core::tensor::Tensor;
 
 /// Host staging for `load`: two pinned chunks, filled and copied alternately.
 /// The host <-> device machinery of one device, each part made on first use: the staging
@@ -66,7 +66,6 @@ pub enum Download {
     Pinned,
 }
 
-
 /// Run `f(chunk_index, chunk)` over `out` in fixed chunks of `chunk` elements, on all cores
 /// (the chunking, and so any per-chunk seeding, does not depend on the core count).
 pub fn par_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
@@ -104,10 +103,7 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
         let src = &data[i * CONVERT_CHUNK..][..out.len() / es];
         match dtype {
             DType::F32 => out.chunks_exact_mut(4).zip(src).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
-            DType::BF16 => out
-                .chunks_exact_mut(2)
-                .zip(src)
-                .for_each(|(o, &v)| o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
+            DType::BF16 => out.chunks_exact_mut(2).zip(src).for_each(|(o, &v)| o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &v)| *o = moss_core::fp8::e4m3_from_f32(v)),
         }
     });
@@ -158,14 +154,8 @@ pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
     par_chunks(data, CONVERT_CHUNK, |i, out| {
         let src = &bytes[i * CONVERT_CHUNK * es..][..out.len() * es];
         match dtype {
-            DType::F32 => out
-                .iter_mut()
-                .zip(src.chunks_exact(4))
-                .for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            DType::BF16 => out
-                .iter_mut()
-                .zip(src.chunks_exact(2))
-                .for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            DType::F32 => out.iter_mut().zip(src.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::BF16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &c)| *o = moss_core::fp8::e4m3_to_f32(c)),
         }
     });

@@ -19,13 +19,13 @@
 use super::mover::{Moved, Mover, Piece};
 use super::{de, loaded_dtype, Buf, Cuda, CudaTensor, DType, Mem};
 use crate::kernels;
-use moss_core::backend::cpu::Cpu;
 use crate::lora::PendingMerge;
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::driver::{result as dr, CudaContext, CudaEvent};
+use moss_core::backend::cpu::Cpu;
 use moss_core::backend::Behind;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::tensor::Tensor;
-use anyhow::{anyhow, bail, ensure, Result};
-use cudarc::driver::{result as dr, CudaContext, CudaEvent};
 use std::sync::{Arc, Mutex};
 
 /// The streamed blocks' reusable device memory, by slot, and for each slot the event after the

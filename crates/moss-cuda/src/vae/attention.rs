@@ -6,9 +6,9 @@
 use super::conv::HALO_TH;
 use crate::kernels;
 use crate::ops::{Cuda, CudaTensor, DType};
+use anyhow::{ensure, Result};
 use moss_core::backend::ops::vae::attention_dims;
 use moss_core::backend::Backend;
-use anyhow::{ensure, Result};
 
 /// cuda/vae/attention_tf32.cu (cuda/vae/launch.h): the head width it is built for, query rows per
 /// block, shared memory (Q 64x388, K 32x388, V 32x392, S 64x36 floats).
@@ -81,13 +81,7 @@ impl Cuda {
     /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
     /// per query chunk `S = Q_c · Kᵀ`, the row softmax, `P · V`. Chunks hold `chunk_bytes / 3` of
     /// scores (the weight prep of `P` takes twice its size). Needs L % 16 == 0, D % 16 == 0.
-    pub(crate) fn spatial_attention_split(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        chunk_bytes: usize,
-    ) -> Result<CudaTensor> {
+    pub(crate) fn spatial_attention_split(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, chunk_bytes: usize) -> Result<CudaTensor> {
         let (n, l, d) = attention_dims(&q.shape, &k.shape, &v.shape)?;
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
         ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
@@ -96,7 +90,11 @@ impl Cuda {
         let mut outs = vec![];
         for ni in 0..n {
             let one = |t: &CudaTensor| -> Result<CudaTensor> {
-                if n == 1 { self.reshape(t, &[l, d]) } else { self.reshape(&self.narrow(t, 0, ni, 1)?, &[l, d]) }
+                if n == 1 {
+                    self.reshape(t, &[l, d])
+                } else {
+                    self.reshape(&self.narrow(t, 0, ni, 1)?, &[l, d])
+                }
             };
             let (qn, kn, vn) = (one(&q)?, one(&k)?, one(&v)?);
             let kt = self.permute(&kn, &[1, 0])?; // [D, L]

@@ -4,10 +4,10 @@
 //! others do not take the shape or their shared memory does not fit.
 
 use super::dims4;
-use moss_core::backend::Backend;
 use crate::kernels::{self, Dev, Elem, Family};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
+use moss_core::backend::Backend;
 
 use crate::launch::{VAE_CONV16_SMEM, VAE_CONV_BM, VAE_CONV_BN, VAE_CONV_THREADS, VAE_HALO_SMEM, VAE_HALO_THREADS};
 
@@ -154,7 +154,20 @@ impl Cuda {
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
         let [cin, h, wd, cout, k] = [cin, h, wd, cout, k].map(|v| v as i32);
-        gemm_kernel(tap_major, k as usize)?.launch(self, (blocks as u32, VAE_CONV_THREADS as u32, 0), &out, x, &w, b, cin, h, wd, cout, k, upsample2x as i32)?;
+        gemm_kernel(tap_major, k as usize)?.launch(
+            self,
+            (blocks as u32, VAE_CONV_THREADS as u32, 0),
+            &out,
+            x,
+            &w,
+            b,
+            cin,
+            h,
+            wd,
+            cout,
+            k,
+            upsample2x as i32,
+        )?;
         Ok(out)
     }
 

@@ -42,10 +42,7 @@ impl Cuda {
 
 impl VaeEncodeOps for Cuda {
     fn conv2d_down2(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.timed(
-            || format!("down conv {}->{} at {}x{}", w.shape[1], w.shape[0], x.shape[2], x.shape[3]),
-            || self.conv2d_down2_op(x, w, b),
-        )
+        self.timed(|| format!("down conv {}->{} at {}x{}", w.shape[1], w.shape[0], x.shape[2], x.shape[3]), || self.conv2d_down2_op(x, w, b))
     }
 
     fn plan_vae_encode(&self, c: &moss_core::checkpoint::Component, cfg: &VaeConfig, height: usize, width: usize) -> Result<()> {

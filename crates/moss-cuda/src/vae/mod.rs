@@ -33,13 +33,13 @@ pub(crate) mod state;
 
 pub(crate) use attention::FLASH_SMEM_BYTES;
 pub use conv::ConvKernel;
-pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 use conv::{f16_smem_bytes, halo_smem_bytes};
+pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 
 use crate::kernels::{self, Dev, Elem};
 use crate::ops::{Cuda, CudaTensor, DType};
-use moss_core::backend::ops::VaeOps;
 use anyhow::{ensure, Result};
+use moss_core::backend::ops::VaeOps;
 
 impl Cuda {
     /// Run `f`, timed under `key` while the profile ([`crate::profile`]) is on.
@@ -57,7 +57,11 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::select::Choice
     use crate::select::Choice;
     let f16 = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(f16_smem_bytes(bm, k))));
     let halo = (1..=3).step_by(2).all(|k| [96, 128].iter().all(|&bm| fits(halo_smem_bytes(bm, k))));
-    let conv = if f16 { "moss_vae_conv16_b{96,128}_k{1,3} (split fp16)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major: the fp16 kernel's shared memory does not fit)" };
+    let conv = if f16 {
+        "moss_vae_conv16_b{96,128}_k{1,3} (split fp16)"
+    } else {
+        "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major: the fp16 kernel's shared memory does not fit)"
+    };
     let rerun = if halo { "moss_vae_conv_halo_b{96,128}_k{1,3} (split TF32)" } else { "moss_vae_conv_tf32x3t_k{1,3} (split TF32, tap-major)" };
     let attn = if fits(crate::vae::attention_fp16::SMEM16_BYTES) {
         crate::vae::attention_fp16::KERNEL.to_string()
@@ -74,10 +78,16 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::select::Choice
         Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
         Choice { op: "vae spatial_attention (D 384)", kernel: attn },
         Choice { op: "vae encode conv2d_down2", kernel: format!("{conv}, then {}", crate::kernels::VAE_PICK_ODD.info.stem) },
-        Choice { op: "vae encode spatial_attention (D 512)", kernel: if halo { "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".into() } else { "cuBLAS fp32 products + moss_vae_softmax_rows".into() } },
+        Choice {
+            op: "vae encode spatial_attention (D 512)",
+            kernel: if halo {
+                "moss_vae_conv_halo_b128_k1 products + moss_vae_softmax_rows".into()
+            } else {
+                "cuBLAS fp32 products + moss_vae_softmax_rows".into()
+            },
+        },
     ]
 }
-
 
 fn dims4(x: &CudaTensor, what: &str) -> Result<(usize, usize, usize, usize)> {
     ensure!(x.shape.len() == 4, "{what}: expected [N, C, H, W], got {:?}", x.shape);
@@ -130,7 +140,16 @@ impl Cuda {
 
     /// [`VaeOps::group_norm_apply`].
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn group_norm_normalise(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<CudaTensor> {
+    pub(crate) fn group_norm_normalise(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        groups: usize,
+        stats: &[f64],
+        eps: f64,
+        silu: bool,
+    ) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         ensure!(w.numel() == c && b.numel() == c, "group_norm: affine {:?} / {:?} for {c} channels", w.shape, b.shape);
@@ -186,9 +205,7 @@ impl VaeOps for Cuda {
     fn vae_strip_plan(&self, cfg: &moss_core::checkpoint::config::VaeConfig, h: usize, w: usize) -> Result<Option<moss_core::backend::ops::vae::StripPlan>> {
         // Free memory less the reserve, and no more than the run's plan leaves (--max-vram).
         let limit = self.vae_limit().unwrap_or(u64::MAX).min(usize::MAX as u64) as usize;
-        let avail = |cuda: &Cuda| -> Result<usize> {
-            Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::plan::RESERVE_BYTES).min(limit))
-        };
+        let avail = |cuda: &Cuda| -> Result<usize> { Ok(cuda.gpu().mem_info()?.0.saturating_sub(crate::plan::RESERVE_BYTES).min(limit)) };
         if vae_activation_bytes(cfg, h, w) <= avail(self)? {
             return Ok(None);
         }
@@ -221,13 +238,16 @@ impl VaeOps for Cuda {
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
-        self.timed(|| format!("group_norm {:?}", x.shape), || {
-            let d = &x.shape;
-            ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
-            let rows = self.group_norm_rows(x, groups)?;
-            let stats = moss_core::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
-            self.group_norm_normalise(x, w, b, groups, &stats, eps, silu)
-        })
+        self.timed(
+            || format!("group_norm {:?}", x.shape),
+            || {
+                let d = &x.shape;
+                ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
+                let rows = self.group_norm_rows(x, groups)?;
+                let stats = moss_core::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
+                self.group_norm_normalise(x, w, b, groups, &stats, eps, silu)
+            },
+        )
     }
     fn group_norm_row_stats(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
         self.timed(|| format!("group_norm stats {:?}", x.shape), || self.group_norm_rows(x, groups))

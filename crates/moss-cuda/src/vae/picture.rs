@@ -157,9 +157,8 @@ impl Cuda {
         drop(free);
         self.gpu().ctx.bind_to_thread().map_err(|e| anyhow!("bind context: {e:?}"))?;
         // SAFETY: a plain pinned allocation; its contents are written before they are read.
-        let ptr = unsafe { dr::malloc_host(bytes.max(16), 0) }.map_err(|e| {
-            anyhow!("the VAE's split decode could not pin {:.2} GiB of host memory for a picture: {e:?}", bytes as f64 / crate::ops::GIB)
-        })?;
+        let ptr = unsafe { dr::malloc_host(bytes.max(16), 0) }
+            .map_err(|e| anyhow!("the VAE's split decode could not pin {:.2} GiB of host memory for a picture: {e:?}", bytes as f64 / crate::ops::GIB))?;
         Ok(PinnedBlock { ptr: ptr as *mut u8, bytes })
     }
 

@@ -2,9 +2,9 @@
 //! or in host memory) and the 2-D copy descriptor of a host picture's rows.
 
 use super::ATTN_CHUNK_BYTES;
-use moss_core::backend::ops::vae::{picture_bytes, StripPlan};
 use anyhow::{ensure, Result};
 use cudarc::driver::sys;
+use moss_core::backend::ops::vae::{picture_bytes, StripPlan};
 
 /// Peak live activation bytes of one decode of latents `[1, C, h, w]` (fp32): about four
 /// pictures of the largest `channels × pixels` any stage holds (a resnet's input, normed input,

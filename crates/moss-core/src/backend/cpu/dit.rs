@@ -2,8 +2,8 @@
 //! softmax and its weighted sum). The loop's `cfg_euler` is plain f32, as the reference.
 
 use super::{dot, par_rows, Cpu};
-use crate::backend::Backend;
 use crate::backend::ops::DitOps;
+use crate::backend::Backend;
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
@@ -19,11 +19,7 @@ fn rows_of(x: &Tensor, what: &str) -> Result<(usize, usize)> {
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &Tensor, heads: usize, what: &str) -> Result<(usize, usize)> {
-    ensure!(
-        x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0,
-        "{what}: expected [N, 3·{heads}·hd], got {:?}",
-        x.shape
-    );
+    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0, "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
@@ -87,16 +83,7 @@ impl DitOps for Cpu {
         Tensor::new(x.shape.clone(), out)
     }
 
-    fn qkv_norm_rope(
-        &self,
-        mut qkv: Tensor,
-        heads: usize,
-        wq: &Tensor,
-        wk: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        eps: f64,
-    ) -> Result<Tensor> {
+    fn qkv_norm_rope(&self, mut qkv: Tensor, heads: usize, wq: &Tensor, wk: &Tensor, cos: &Tensor, sin: &Tensor, eps: f64) -> Result<Tensor> {
         let (n, hd) = packed_dims(&qkv, heads, "qkv_norm_rope")?;
         ensure!(hd.is_multiple_of(2), "qkv_norm_rope: head dim {hd} must be even");
         let half = hd / 2;
@@ -181,13 +168,7 @@ impl DitOps for Cpu {
         let (_, d) = rows_of(x, "gated_residual")?;
         ensure!(y.shape == x.shape, "gated_residual: y {:?} for x {:?}", y.shape, x.shape);
         vec_of(gate, d, "gated_residual gate")?;
-        let data = x
-            .data
-            .iter()
-            .zip(&y.data)
-            .enumerate()
-            .map(|(i, (&a, &b))| (a as f64 + b as f64 * gate.data[i % d] as f64) as f32)
-            .collect();
+        let data = x.data.iter().zip(&y.data).enumerate().map(|(i, (&a, &b))| (a as f64 + b as f64 * gate.data[i % d] as f64) as f32).collect();
         Tensor::new(x.shape.clone(), data)
     }
 

@@ -60,12 +60,7 @@ pub fn sigmoid(x: f32) -> f32 {
 }
 
 fn broadcast(a: &Tensor, b: &Tensor, op: impl Fn(f32, f32) -> f32) -> Result<Tensor> {
-    ensure!(
-        a.shape.ends_with(&b.shape) && !b.data.is_empty(),
-        "cannot broadcast {:?} onto {:?}",
-        b.shape,
-        a.shape
-    );
+    ensure!(a.shape.ends_with(&b.shape) && !b.data.is_empty(), "cannot broadcast {:?} onto {:?}", b.shape, a.shape);
     let n = b.numel();
     let data = a.data.iter().enumerate().map(|(i, &x)| op(x, b.data[i % n])).collect();
     Ok(Tensor { shape: a.shape.clone(), data })
@@ -227,8 +222,7 @@ impl Backend for Cpu {
         ensure!(dim < shape.len(), "cat: dim {dim} of {:?}", shape);
         for x in &xs[1..] {
             ensure!(
-                x.shape.len() == shape.len()
-                    && x.shape.iter().enumerate().all(|(i, &s)| i == dim || s == shape[i]),
+                x.shape.len() == shape.len() && x.shape.iter().enumerate().all(|(i, &s)| i == dim || s == shape[i]),
                 "cat: {:?} and {:?}",
                 first.shape,
                 x.shape

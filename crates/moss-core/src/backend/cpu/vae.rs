@@ -101,18 +101,7 @@ avx2_twin!(
 /// `b + Σ_i Σ_ky Σ_kx w · u` summed in that order in f64.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn conv_row(
-    chunk: &mut [f32],
-    plane: usize,
-    ws: &[f32],
-    bs: &[f32],
-    pack: &[f64],
-    ow: usize,
-    y: usize,
-    cin: usize,
-    k: usize,
-    kys: std::ops::Range<usize>,
-) {
+fn conv_row(chunk: &mut [f32], plane: usize, ws: &[f32], bs: &[f32], pack: &[f64], ow: usize, y: usize, cin: usize, k: usize, kys: std::ops::Range<usize>) {
     let pw = ow + k - 1;
     let couts = chunk.len() / plane;
     let mut acc = [[0f64; XT]; OB];
@@ -234,12 +223,7 @@ impl VaeOps for Cpu {
         let [ph, pw] = patch;
         let pp = ph * pw;
         ensure!(pp > 0 && ck % pp == 0, "bn_unpatchify: {ck} channels do not split into {ph}x{pw} patches");
-        ensure!(
-            mean.numel() == ck && var.numel() == ck,
-            "bn_unpatchify: statistics {:?} / {:?} for {ck} channels",
-            mean.shape,
-            var.shape
-        );
+        ensure!(mean.numel() == ck && var.numel() == ck, "bn_unpatchify: statistics {:?} / {:?} for {ck} channels", mean.shape, var.shape);
         let c = ck / pp;
         let (oh, ow) = (h * ph, w * pw);
         let std: Vec<f32> = var.data.iter().map(|&v| (v + eps as f32).sqrt()).collect();
@@ -336,16 +320,7 @@ impl VaeOps for Cpu {
         Ok(out)
     }
 
-    fn group_norm_apply(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        groups: usize,
-        stats: &[f64],
-        eps: f64,
-        silu_after: bool,
-    ) -> Result<Tensor> {
+    fn group_norm_apply(&self, x: &Tensor, w: &Tensor, b: &Tensor, groups: usize, stats: &[f64], eps: f64, silu_after: bool) -> Result<Tensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         ensure!(w.numel() == c && b.numel() == c, "group_norm: affine {:?} / {:?} for {c} channels", w.shape, b.shape);

@@ -36,8 +36,7 @@ pub trait DitOps: Backend {
     /// RMSNorm with a plain weight fused with the adaLN modulation. `x [N, D]`, `w`, `shift`,
     /// `scale` `[D]` → `[N, D]`:
     /// `y = x · rsqrt(mean_D(x²) + eps) · w · (1 + scale) + shift` per row.
-    fn rms_norm_modulate(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64)
-        -> Result<Self::T>;
+    fn rms_norm_modulate(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64) -> Result<Self::T>;
 
     /// Per-head QK-norm (RMSNorm with a plain weight) followed by rotate-half RoPE over the whole
     /// head. `x [N, H, hd]`, `w [hd]`, `cos`, `sin` `[N, hd/2]` (the table of
@@ -53,16 +52,7 @@ pub trait DitOps: Backend {
     /// `qk_norm_rope(q, wq, ..)`, the k part `qk_norm_rope(k, wk, ..)` and the v part is `v` as it
     /// was. Takes `qkv` by value: a backend may (the CUDA one does) write into its buffer.
     #[allow(clippy::too_many_arguments)]
-    fn qkv_norm_rope(
-        &self,
-        qkv: Self::T,
-        heads: usize,
-        wq: &Self::T,
-        wk: &Self::T,
-        cos: &Self::T,
-        sin: &Self::T,
-        eps: f64,
-    ) -> Result<Self::T>;
+    fn qkv_norm_rope(&self, qkv: Self::T, heads: usize, wq: &Self::T, wk: &Self::T, cos: &Self::T, sin: &Self::T, eps: f64) -> Result<Self::T>;
 
     /// [`DitOps::attention`] over a packed `[N, 3·H·hd]` projection `[q | k | v]` (as
     /// [`DitOps::qkv_norm_rope`] leaves it) → `[N, H·hd]`.
@@ -142,8 +132,7 @@ pub trait DitOps: Backend {
     /// [`Backend::quantize_rows`] quantizes it (the input of a float8 linear,
     /// [`Backend::linear_fp8_quantized`]) → `(codes [N, D], scales [N])`, bit for bit
     /// `quantize_rows(rms_norm_modulate(..))`, which is what this default does.
-    fn rms_norm_modulate_fp8(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64)
-        -> Result<(Self::T, Self::T)> {
+    fn rms_norm_modulate_fp8(&self, x: &Self::T, w: &Self::T, shift: &Self::T, scale: &Self::T, eps: f64) -> Result<(Self::T, Self::T)> {
         self.quantize_rows(&self.rms_norm_modulate(x, w, shift, scale, eps)?)
     }
 
@@ -187,19 +176,12 @@ pub trait DitOps: Backend {
     /// Before the transformer loads: check that its weights and the activations of one forward
     /// over `image + text` joint tokens fit on the device, and fail with needed/free (and the
     /// largest size that fits) if not. The CPU has nothing to plan.
-    fn plan_dit(
-        &self,
-        _c: &crate::checkpoint::Component,
-        _cfg: &crate::checkpoint::config::DitConfig,
-        _image: usize,
-        _text: usize,
-    ) -> Result<()> {
+    fn plan_dit(&self, _c: &crate::checkpoint::Component, _cfg: &crate::checkpoint::config::DitConfig, _image: usize, _text: usize) -> Result<()> {
         Ok(())
     }
 
     /// CFG combine and Euler step, elementwise in f32 in this order (the reference's rounding):
     /// `v = v_u + guidance·(v_c − v_u)` (or `v = v_c` without `v_u`), then `x + dsigma·v`.
     /// `x`, `v_c`, `v_u` of one shape → that shape.
-    fn cfg_euler(&self, x: &Self::T, v_c: &Self::T, v_u: Option<&Self::T>, guidance: f32, dsigma: f32)
-        -> Result<Self::T>;
+    fn cfg_euler(&self, x: &Self::T, v_c: &Self::T, v_u: Option<&Self::T>, guidance: f32, dsigma: f32) -> Result<Self::T>;
 }

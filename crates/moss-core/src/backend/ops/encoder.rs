@@ -134,13 +134,7 @@ pub trait EncoderOps: Backend {
     /// `qkv [L, 2·Hk·dk + Hv·dv]` (per token: the Hk q heads, the Hk k heads, the Hv v heads);
     /// `heads = (Hk, dk, Hv, dv)`. This default (the CPU twin) narrows them out; the CUDA backend
     /// reads them in place with a row stride.
-    fn gated_delta_rule_qkv(
-        &self,
-        qkv: &Self::T,
-        (hk, dk, hv, dv): (usize, usize, usize, usize),
-        g: &Self::T,
-        beta: &Self::T,
-    ) -> Result<Self::T> {
+    fn gated_delta_rule_qkv(&self, qkv: &Self::T, (hk, dk, hv, dv): (usize, usize, usize, usize), g: &Self::T, beta: &Self::T) -> Result<Self::T> {
         let l = self.dims(qkv)[0];
         let q = self.reshape(&self.narrow(qkv, 1, 0, hk * dk)?, &[l, hk, dk])?;
         let k = self.reshape(&self.narrow(qkv, 1, hk * dk, hk * dk)?, &[l, hk, dk])?;
@@ -230,14 +224,7 @@ pub trait EncoderOps: Backend {
 
 /// [`EncoderOps::causal_attention_gated`] as separate ops: attention, the gate narrowed out of
 /// `qg`, sigmoid, mul (each rounded to the activation dtype).
-pub fn causal_attention_gated_unfused<B: EncoderOps + ?Sized>(
-    b: &B,
-    q: &B::T,
-    k: &B::T,
-    v: &B::T,
-    qg: &B::T,
-    scale: f64,
-) -> Result<B::T> {
+pub fn causal_attention_gated_unfused<B: EncoderOps + ?Sized>(b: &B, q: &B::T, k: &B::T, v: &B::T, qg: &B::T, scale: f64) -> Result<B::T> {
     let d = b.dims(q);
     anyhow::ensure!(d.len() == 3, "causal_attention_gated: q {d:?} is not [L, H, hd]");
     let (l, nh, hd) = (d[0], d[1], d[2]);

@@ -27,8 +27,7 @@ pub trait VaeOps: Backend {
     /// has no affine part) → `[N, C, ph·h, pw·w]` with
     /// `out[n, c, ph·y + dy, pw·x + dx] = z[n, k, y, x] · sqrt(var[k] + eps) + mean[k]`,
     /// `k = c·ph·pw + dy·pw + dx` (fp32, as torch computes it: `sqrt(f32(var + eps))`).
-    fn bn_unpatchify(&self, z: &Self::T, mean: &Self::T, var: &Self::T, eps: f64, patch: [usize; 2])
-        -> Result<Self::T>;
+    fn bn_unpatchify(&self, z: &Self::T, mean: &Self::T, var: &Self::T, eps: f64, patch: [usize; 2]) -> Result<Self::T>;
 
     /// 2-D convolution, stride 1, zero padding `k/2` ("same"), with bias:
     /// `x [N, Cin, H, W]`, `w [Cout, Cin, k, k]` (k odd: 1 or 3 here), `b [Cout]` →
@@ -48,8 +47,7 @@ pub trait VaeOps: Backend {
     /// gives per-(image, group, row) partials, [`group_norm_combine`] reduces them in a fixed
     /// order on the host, [`VaeOps::group_norm_apply`] normalises. A decode split into row strips
     /// (`crate::model::vae`) gathers the same partials strip by strip, so it gets the same bits.
-    fn group_norm(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, eps: f64, silu: bool)
-        -> Result<Self::T> {
+    fn group_norm(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, eps: f64, silu: bool) -> Result<Self::T> {
         let d = self.dims(x);
         anyhow::ensure!(d.len() == 4, "group_norm: expected [N, C, H, W], got {d:?}");
         anyhow::ensure!(groups > 0 && d[1] % groups == 0, "group_norm: {} channels in {groups} groups", d[1]);
@@ -71,8 +69,7 @@ pub trait VaeOps: Backend {
     /// `y = f32((x − mean) · (w[c] / sqrt(var + eps)) + b[c])` in f64, then SiLU in f32 if `silu`.
     /// Elementwise given `stats`, so any row strip normalises exactly as the whole picture does.
     #[allow(clippy::too_many_arguments)]
-    fn group_norm_apply(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, stats: &[f64], eps: f64, silu: bool)
-        -> Result<Self::T>;
+    fn group_norm_apply(&self, x: &Self::T, w: &Self::T, b: &Self::T, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<Self::T>;
 
     /// `conv2d(group_norm_apply(x, nw, nb, groups, stats, eps, silu), w, b, upsample2x)`: a conv
     /// whose input is normalised (and SiLU'd) with given statistics. The default (the CPU twin)
@@ -177,7 +174,6 @@ pub fn group_norm_combine(rows: &[f64], ng: usize, h: usize, per_row: usize) -> 
     out
 }
 
-
 /// The split decode's plan ([`VaeOps::vae_strip_plan`]): `rows` output rows of each layer per
 /// strip, and `keep_bytes` of device memory for the pictures kept between layers (the rest wait
 /// in host memory).
@@ -227,7 +223,12 @@ impl HostPicture {
         anyhow::ensure!(t.shape.len() == 4 && t.shape[0] == 1 && t.shape[3] == w, "picture_put: strip {:?} into [{}, {h}, {w}]", t.shape, self.c);
         let (tc, r, n) = (t.shape[1], t.shape[2], y1 - y0);
         anyhow::ensure!(y0 < y1 && y1 <= h && skip + n <= r, "picture_put: rows {skip}..{} of {r} into rows {y0}..{y1} of {h}", skip + n);
-        anyhow::ensure!(tc * h * w <= self.data.len() && part.len() == g * r * 2, "picture_put: {tc} channels / {} partials into [{}, {h}, {w}]", part.len(), self.c);
+        anyhow::ensure!(
+            tc * h * w <= self.data.len() && part.len() == g * r * 2,
+            "picture_put: {tc} channels / {} partials into [{}, {h}, {w}]",
+            part.len(),
+            self.c
+        );
         for ci in 0..tc {
             self.data[(ci * h + y0) * w..(ci * h + y1) * w].copy_from_slice(&t.data[(ci * r + skip) * w..(ci * r + skip + n) * w]);
         }

@@ -264,9 +264,7 @@ impl<B: VaeOps> VaeDecoder<B> {
             }
         }
         let st = self.conv_norm_out.stats_of(b, &x)?;
-        conv_strips(b, &x, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |y0, y1, t, skip| {
-            sink(y0, valid_rows(b, t, skip, y1 - y0)?)
-        })?;
+        conv_strips(b, &x, Some((&self.conv_norm_out, &st)), &self.conv_out, false, sp, |y0, y1, t, skip| sink(y0, valid_rows(b, t, skip, y1 - y0)?))?;
         drop(x);
         Ok(keep.report.get())
     }
