@@ -18,11 +18,19 @@
 //! `cuda/*/launch.h`; this script turns each header into Rust constants (`OUT_DIR/launch.rs`,
 //! `crates/moss-cuda/src/launch.rs`), with or without nvcc. See [`launch_constants`].
 //!
+//! Every kernel's parameter list is read from the sources (after the C preprocessor: the names and
+//! parameters are often written by macros) into typed Rust launchers, `OUT_DIR/kernels.rs`
+//! (`crates/moss-cuda/src/kernels.rs`), with or without nvcc; a kernel the generator cannot map
+//! stops the build, naming it. See `build/kernels.rs` and [`kernel_launchers`].
+//!
 //! `MOSS_CUDA_ARCHS=90` (or any comma-separated subset of the list) builds for those SMs only:
 //! a development build for one GPU in a fraction of the time. Releases leave it unset.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "build/kernels.rs"]
+mod kernels;
 
 const SMS: [&str; 7] = ["80", "86", "89", "90", "100", "120", "121"];
 const ENV: [&str; 6] = ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "MOSS_NO_CUDA", "MOSS_CUDA_ARCHS"];
@@ -97,6 +105,7 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     // Always (also without nvcc): the host code launches with these.
     std::fs::write(out_dir.join("launch.rs"), launch_constants()).unwrap();
+    std::fs::write(out_dir.join("kernels.rs"), kernel_launchers(&out_dir)).unwrap();
     let fatbin = out_dir.join("moss_kernels.fatbin");
     let fatbin_sm90a = out_dir.join("moss_kernels_sm90a.fatbin");
     // The images of the same sources, compiler and settings are already there (the script reran
@@ -297,6 +306,57 @@ fn write_unit(sm90a: bool, root: &Path, unit: &Path) -> Option<PathBuf> {
     let text: String = sources.iter().map(|s| format!("#include \"{}\"\n", root.join(s).display())).collect();
     std::fs::write(unit, text).unwrap();
     Some(unit.to_path_buf())
+}
+
+/// The typed launchers of every kernel of the production and the check image (`build/kernels.rs`):
+/// each image's two translation units ([`write_unit`]) through the host C++ preprocessor (the
+/// `cc` crate's compiler, `-E`; the CUDA headers stand in as empty files, none of their macros
+/// writes a kernel's name or parameters), parsed and generated. Needs no nvcc.
+fn kernel_launchers(out_dir: &Path) -> String {
+    let root = std::env::current_dir().unwrap();
+    let stubs = out_dir.join("kernel_headers");
+    std::fs::create_dir_all(&stubs).unwrap();
+    let mut all = vec![];
+    sources(Path::new("cuda"), &mut all);
+    for f in all.iter().chain(headers(Path::new("cuda")).iter()) {
+        for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
+            if let Some(h) = l.trim().strip_prefix("#include <").and_then(|r| r.split('>').next()) {
+                std::fs::write(stubs.join(h), "").unwrap();
+            }
+        }
+    }
+    let mut images: [Vec<kernels::Kernel>; 2] = [vec![], vec![]];
+    for (image, check) in [false, true].into_iter().enumerate() {
+        for sm90a in [false, true] {
+            let name = format!("kernels_{}{}.cpp", if check { "check" } else { "production" }, if sm90a { "_sm90a" } else { "" });
+            let Some(unit) = write_unit(sm90a, &root, &out_dir.join(name)) else { continue };
+            let mut b = cc::Build::new();
+            b.cpp(true).std("c++17").cargo_metadata(false).include(&stubs).include(root.join("cuda/common")).define("__CUDACC__", None).file(&unit);
+            if check {
+                b.define("MOSS_CHECK_IMAGE", None);
+            }
+            let text =
+                b.try_expand().unwrap_or_else(|e| panic!("preprocessing {} for the kernels' signatures (the host C++ compiler, CXX): {e}", unit.display()));
+            let text = String::from_utf8_lossy(&text).replace(&format!("{}/", root.display()), "");
+            let found = kernels::parse(&text).unwrap_or_else(|e| panic!("reading the kernels' signatures: {e}"));
+            images[image].extend(found);
+        }
+    }
+    kernels::generate(&images[0], &images[1]).unwrap_or_else(|e| panic!("generating the kernels' launchers: {e}"))
+}
+
+/// Every `.cuh` / `.h` under `dir` (recursively).
+fn headers(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+        if p.is_dir() {
+            out.extend(headers(&p));
+        } else if p.extension().is_some_and(|e| e == "cuh" || e == "h") {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// Every `cuda/*/launch.h` as Rust: `#define NAME EXPR` becomes `pub const NAME: usize = EXPR;`,

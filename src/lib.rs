@@ -14,6 +14,7 @@ pub mod backend {
     pub use moss_cuda as cuda;
 }
 
+pub mod a1111;
 pub mod batch;
 pub mod check;
 pub mod metadata;

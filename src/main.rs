@@ -6,7 +6,7 @@ mod cli;
 use clap::{CommandFactory, FromArgMatches};
 use cli::args::{Cli, Command};
 use cli::bars::Bars;
-use cli::generate::{prompt_text, read_settings, warn_skips_beyond};
+use cli::generate::{prompt_text, warn_skips_beyond};
 use moss::pipeline;
 use std::process::ExitCode;
 
@@ -18,12 +18,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
     }
     match cli.command {
         Command::Info(a) => {
-            let p = read_settings(&a.picture)?;
-            if a.json {
-                println!("{}", serde_json::to_string(&p)?);
-            } else {
-                println!("{}", moss::metadata::printable(&p.a1111()));
-            }
+            cli::from::info(&a.picture, a.json)?;
             Ok(0)
         }
         Command::Completions(a) => {
@@ -31,8 +26,18 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Quantize(a) => cli::quantize::run(&a),
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+        Command::Man(a) => {
+            match &a.out_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+                    for page in cli::man::pages() {
+                        let path = dir.join(&page.0);
+                        moss::output::write(&path, &page.1)?;
+                        println!("{}", path.display());
+                    }
+                }
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?,
+            }
             Ok(0)
         }
         Command::Generate(a) if a.batch.prompts.is_some() => cli::generate::batch(&a, given),
@@ -47,6 +52,11 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
         }
         Command::Encode(a) => {
             let prompt = prompt_text(&a.prompt)?.ok_or_else(|| anyhow::anyhow!("give --prompt or --prompt-file"))?;
+            let spec = moss::spec::PictureSpec { prompt: prompt.clone(), ..Default::default() };
+            spec.check_prompt().map_err(|e| match &a.prompt.prompt_file {
+                Some(f) => anyhow::anyhow!("{}: {e}", f.display()),
+                None => anyhow::anyhow!("--prompt: {e}"),
+            })?;
             let mut bars = Bars::new(a.quiet);
             if let Some(f) = &a.prompt.prompt_file {
                 moss::output::check_distinct(&[("--out", &a.out)], &[("the prompt file", f)])?;
@@ -100,6 +110,10 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             println!("{}", cli::bench::vae_encode::run(&b, a.model.device)?);
             Ok(0)
         }
+        Command::BenchCompare { a, b } => {
+            println!("{}", cli::bench::compare::run(&a, &b)?);
+            Ok(0)
+        }
         Command::BenchVae(a) => {
             let b = cli::bench::vae::BenchVae {
                 model: a.model.model.clone(),
@@ -137,6 +151,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 client_timeout: std::time::Duration::from_secs(a.client_timeout),
                 uncond_skip: a.uncond_skip.0,
                 skip_window: a.skip_window,
+                served_model_names: a.served_model_name,
                 loras: a.lora,
                 lora_dir: a.lora_dir,
                 memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },

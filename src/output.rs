@@ -8,6 +8,9 @@
 //! - Anything else (a folder, a block device, a socket, a path ending in `/`) is refused, and every
 //!   check runs before any heavy work ([`check`]), naming the path.
 //! - An output may not be one of the run's inputs ([`check_distinct`]).
+//! - Without leave to replace (`moss generate` without `--force`), an existing regular file is
+//!   refused before any work ([`refuse_existing`]) and never replaced at the end ([`write_as`]:
+//!   the finished file is linked into place, which fails if a file appeared meanwhile).
 
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -150,9 +153,27 @@ pub fn remove_stale_temporaries(path: &Path) {
     }
 }
 
+/// Refuse an output that is an existing regular file (through links): FIFOs, devices, `-` and
+/// new paths pass.
+pub fn refuse_existing(path: &Path) -> Result<()> {
+    if let Target::File(real) = target(path)? {
+        if real.exists() {
+            bail!("{} exists; moss does not replace it: pass --force (-y) to replace it, or give another -o", path.display());
+        }
+    }
+    Ok(())
+}
+
 /// Write `bytes` to `path` as [`Target`] says: through a temporary file and a rename for regular
 /// files, straight through for `-`, FIFOs and devices. Errors name the path.
 pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_as(path, bytes, true)
+}
+
+/// [`write`]; with `replace` false an existing regular file is left as it is and the write fails
+/// (the new file is hard-linked into place, which fails when one exists; on a file system
+/// without hard links, the existence check and the rename follow each other).
+pub fn write_as(path: &Path, bytes: &[u8], replace: bool) -> Result<()> {
     match target(path)? {
         Target::Stdout => {
             let mut out = std::io::stdout().lock();
@@ -173,11 +194,20 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
                     .with_context(|| format!("cannot write {}: cannot create {}", path.display(), tmp.display()))?;
                 f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
                 f.sync_all().with_context(|| format!("cannot write {}", path.display()))?;
+                if !replace {
+                    match std::fs::hard_link(&tmp, &real) {
+                        Ok(()) => return Ok(()),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            bail!("{} appeared while moss was working; it was not replaced (--force replaces it)", path.display())
+                        }
+                        Err(_) if real.exists() => bail!("{} exists; it was not replaced (--force replaces it)", path.display()),
+                        Err(_) => {}
+                    }
+                }
                 std::fs::rename(&tmp, &real).with_context(|| format!("cannot write {}: cannot rename {} onto it", path.display(), tmp.display()))
             })();
-            if res.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
+            // The temporary is gone after a rename; after a link (or a failure) it is removed.
+            let _ = std::fs::remove_file(&tmp);
             res
         }
     }

@@ -119,11 +119,11 @@ fn info_from_and_seeds() {
     assert_eq!(j["device"], "cpu");
 
     // --from: the same bytes; a flag beside it overrides.
-    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--out", b.to_str().unwrap()]);
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--model", &m, "--out", b.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from did not render the same bytes");
     let c = d.join("c.png");
-    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--seed", "8", "--out", c.to_str().unwrap()]);
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--model", &m, "--seed", "8", "--out", c.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", c.to_str().unwrap()]).stdout).unwrap();
     assert_eq!((j["seed"].as_u64(), j["guidance"].as_f64()), (Some(8), Some(2.5)));
@@ -156,7 +156,7 @@ fn info_from_and_seeds() {
         r.stderr.trim().strip_prefix("moss: seed ").and_then(|s| s.strip_suffix(" (random)")).unwrap_or_else(|| panic!("{}", r.stderr)).parse().unwrap();
     let j: serde_json::Value = serde_json::from_slice(&moss(&["info", "--json", e.to_str().unwrap()]).stdout).unwrap();
     assert_eq!(j["seed"].as_u64(), Some(said));
-    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", e.to_str().unwrap()]);
+    let r = moss(&["generate", "--device", "cpu", "--model", &m, "--prompt", "x", "--steps", "1", "--size", "64x64", "-y", "--out", e.to_str().unwrap()]);
     assert_eq!(r.stderr.trim(), "moss: seed 42 (default)");
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -309,7 +309,7 @@ fn uncond_skip_past_the_last_block_warns() {
     let b = common::golden().join("tiny-b").display().to_string(); // 2 blocks
     let out = d.join("s.png");
     let base =
-        ["generate", "--device", "cpu", "--model", &b, "--prompt", "x", "--steps", "1", "--size", "96x64", "--seed", "1", "--out", out.to_str().unwrap()];
+        ["generate", "--device", "cpu", "--model", &b, "--prompt", "x", "--steps", "1", "--size", "96x64", "--seed", "1", "-y", "--out", out.to_str().unwrap()];
     let r = moss(&[&base[..], &["--uncond-skip", "1,5,9"]].concat());
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stderr.trim(), "moss: warning: --uncond-skip 5,9: the transformer has 2 blocks (0..1); an index past the last skips nothing");
@@ -368,7 +368,7 @@ fn the_picture_records_the_prompt_as_encoded() {
     assert!(t.contains("Max tokens: 12") && t.contains(&format!("Cut: prompt 12 of {np} tokens; negative 12 of {nn} tokens,")), "{t}");
     // --from cuts the same way: the same bytes.
     let b = d.join("b.png");
-    let r = moss(&["generate", "--from", a.to_str().unwrap(), "-q", "--out", b.to_str().unwrap()]);
+    let r = moss(&["generate", "--from", a.to_str().unwrap(), "--model", &m, "-q", "--out", b.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "--from of a cut prompt differs");
     // An uncut prompt records no cut, and the default limit is not spelled out.

@@ -145,6 +145,7 @@ fn loop_request(e: &Expected) -> Request {
             skip_window: (0.0, 1.0),
             max_tokens: 4096,
             precision: moss::options::Precision::Fp32,
+            ..Default::default()
         },
         out: std::env::temp_dir().join("moss-dit-test-unused.png"),
         save_latents: None,
@@ -154,6 +155,10 @@ fn loop_request(e: &Expected) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
+        preview: None,
+        preview_every: 1,
+        forwards: None,
     }
 }
 

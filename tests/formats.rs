@@ -126,7 +126,7 @@ fn jpeg_and_webp_by_extension() {
     }
     // --from a JPEG renders the same picture again (same default quality: the same bytes).
     let again = d.join("again.jpg");
-    ok(&["generate", "--from", jpeg.to_str().unwrap(), "-q", "--out", again.to_str().unwrap()]);
+    ok(&["generate", "--from", jpeg.to_str().unwrap(), "--model", &tiny(), "-q", "--out", again.to_str().unwrap()]);
     assert!(std::fs::read(&again).unwrap() == std::fs::read(&jpeg).unwrap(), "--from a JPEG differs");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -49,7 +49,7 @@ fn latents_with(name: &str, precision: &str, dir: &Path, extra: &[&str]) -> Vec<
         &["generate", "--device", "cpu", "--model", model.to_str().unwrap()][..],
         &prompt,
         &["--seed", &seed, "--steps", &steps, "--size", &size, "--precision", precision],
-        &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap()],
+        &["-y", "--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap()],
     ]
     .concat();
     moss(&args);

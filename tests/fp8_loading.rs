@@ -38,6 +38,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
             skip_window: (0.0, 1.0),
             max_tokens: 4096,
             precision,
+            ..Default::default()
         },
         out,
         save_latents: None,
@@ -47,6 +48,10 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         device: Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
+        preview: None,
+        preview_every: 1,
+        forwards: None,
     }
 }
 

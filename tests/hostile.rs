@@ -39,7 +39,8 @@ fn moss_bounded(args: &[&str]) -> (Output, Duration) {
     (o, t.elapsed())
 }
 
-/// Render with the (damaged) model at `m` into `out`, which holds "keep" before.
+/// Render with the (damaged) model at `m` into `out`, which holds "keep" before (`--force`: a run
+/// allowed to replace it that fails must still leave it).
 fn render(m: &Path, out: &Path) -> (Output, Duration) {
     std::fs::write(out, b"keep").unwrap();
     moss_bounded(&[
@@ -54,6 +55,7 @@ fn render(m: &Path, out: &Path) -> (Output, Duration) {
         "1",
         "--size",
         "64x64",
+        "--force",
         "--out",
         out.to_str().unwrap(),
     ])
@@ -380,6 +382,7 @@ fn non_finite_values_never_become_a_picture() {
         "1",
         "--size",
         "64x64",
+        "--force",
         "--out",
         out.to_str().unwrap(),
     ]);

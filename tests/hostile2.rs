@@ -80,7 +80,9 @@ fn settings(prompt: &str) -> Params {
         device: "cpu".into(),
         model: tiny().display().to_string(),
         model_revision: "local".into(),
+        model_hash: None,
         loras: vec![],
+        forwards: None,
         version: moss::metadata::version(),
     }
 }
@@ -228,8 +230,10 @@ fn info_escapes_control_characters() {
 }
 
 /// `moss generate` on tiny-a (or `model`), 64x64, one step, on the CPU, plus `extra`.
+/// `--force`: a hostile input must be refused, and the "keep" files left, even where replacing an
+/// output is allowed.
 fn generate_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a = vec!["generate", "--device", "cpu", "--model", model, "--steps", "1", "--size", "64x64", "--quiet"];
+    let mut a = vec!["generate", "--device", "cpu", "--model", model, "--steps", "1", "--size", "64x64", "--quiet", "--force"];
     a.extend_from_slice(extra);
     a
 }

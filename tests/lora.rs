@@ -391,7 +391,7 @@ fn json_reports_the_merge_time() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     };
-    let one = ["generate", "--device", "cpu", "--model", m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--json"];
+    let one = ["generate", "--device", "cpu", "--model", m, "--prompt", "a cat", "--steps", "1", "--size", "64x64", "--json", "-y"];
     let png = dir.join("a.png");
     let png = png.to_str().unwrap();
     let j = &lines(moss(&[&one[..], &["--out", png, "--lora", &lora]].concat()))[0];

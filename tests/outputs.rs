@@ -97,7 +97,12 @@ fn a_symlink_is_followed() {
     let link = d.join("link.png");
     std::os::unix::fs::symlink("real/pic.png", &link).unwrap();
     let model = tiny();
+    // An existing file behind the link is refused as the file itself would be, then replaced
+    // with --force.
     let o = moss(&gen_args(&model, link.to_str().unwrap()));
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(&target).unwrap(), b"old");
+    let o = moss(&[gen_args(&model, link.to_str().unwrap()), vec!["--force"]].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
     assert!(std::fs::read(&target).unwrap().starts_with(b"\x89PNG"), "the link's file was not written");

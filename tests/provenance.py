@@ -84,7 +84,7 @@ def main():
             assert tool and tool in version, f"{f}: CreatorTool {tool!r} (moss --version: {version!r})"
             info = run("info", f)
             assert info.startswith("a lighthouse at dusk\n") and "Seed: 21" in info, f"{f}: moss info:\n{info}"
-            again = os.path.join(d, "again.png")
+            again = os.path.join(d, f"again-{os.path.basename(f)}.png")
             run("generate", *ARGS, "--from", f, "--out", again, "--quiet")
             with open(again, "rb") as g:
                 assert g.read() == first, f"moss generate --from {os.path.basename(f)} renders another picture"

@@ -148,8 +148,9 @@ fn the_host_loop_with_euler_is_the_fused_loop() {
         };
         let x = Tensor::new(shape.clone(), moss::noise::torch_randn(42, 128 * 24)).unwrap();
         let mut gen = TorchGenerator::new(0);
-        let (fused, n1) = device::sample(&Cpu, x.clone(), &sigmas, Kind::Euler, &mut gen, guidance, (0.0, 1.0), velocities, |_, _| Ok(())).unwrap();
-        let (host, n2) = device::sample_on_host(&Cpu, x.clone(), &sigmas, Kind::Euler, &mut gen, guidance, (0.0, 1.0), velocities, |_, _| Ok(())).unwrap();
+        let (fused, n1) = device::sample(&Cpu, x.clone(), &sigmas, Kind::Euler, &mut gen, guidance, (0.0, 1.0), (0.0, 1.0), velocities, |_, _| Ok(())).unwrap();
+        let (host, n2) =
+            device::sample_on_host(&Cpu, x.clone(), &sigmas, Kind::Euler, &mut gen, guidance, (0.0, 1.0), (0.0, 1.0), velocities, |_, _| Ok(())).unwrap();
         assert_eq!(fused.data, host.data, "guidance {guidance}");
         assert_eq!(n1, n2);
         assert_eq!(n1.calls, 6);
@@ -184,7 +185,7 @@ fn the_device_loop_asks_the_dit_what_the_host_loop_asks() {
             let sk: &[usize] = if s.skip_active { &skip } else { &[] };
             Ok((dit.velocity(&Cpu, x, s.t, &tc, &[])?, Some(dit.velocity(&Cpu, x, s.t, &tu, sk)?)))
         };
-        let (got, count) = device::sample(&Cpu, x.clone(), &sigmas, kind, &mut gen, g, window, velocities, |_, _| Ok(())).unwrap();
+        let (got, count) = device::sample(&Cpu, x.clone(), &sigmas, kind, &mut gen, g, window, (0.0, 1.0), velocities, |_, _| Ok(())).unwrap();
         assert_eq!(count.calls, kind.calls(4), "{kind}");
         assert_eq!(count.passes, 2 * count.calls);
         let want_steps: Vec<usize> = steps_seen.iter().map(|s| s.0).collect();

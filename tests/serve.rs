@@ -234,7 +234,7 @@ async fn every_bad_input_gets_its_status_and_envelope() {
         (br#"{"prompt":"x","size":"65x64"}"#, 400, "invalid_value", json!("size")),
         (br#"{"prompt":"x","size":"512x512"}"#, 400, "invalid_value", json!("size")),
         (br#"{"prompt":"x","response_format":"url"}"#, 400, "unsupported_value", json!("response_format")),
-        (br#"{"prompt":"x","output_format":"webp"}"#, 400, "unsupported_value", json!("output_format")),
+        (br#"{"prompt":"x","output_format":"gif"}"#, 400, "invalid_value", json!("output_format")),
         (br#"{"prompt":"x","seed":-3}"#, 400, "invalid_type", json!("seed")),
         (br#"{"prompt":"x","num_inference_steps":9}"#, 400, "invalid_value", json!("num_inference_steps")),
         (br#"{"prompt":"x","num_inference_steps":0}"#, 400, "invalid_value", json!("num_inference_steps")),
@@ -419,7 +419,7 @@ async fn sigterm_finishes_the_running_picture_and_answers_the_queue_503() {
     };
     assert_eq!(status.code(), Some(0), "{}", s.log());
     let log = s.log();
-    assert!(log.contains("SIGTERM: stopped accepting; 1 queued requests answered 503; finishing the running picture"), "{log}");
+    assert!(log.contains("SIGTERM: stopped accepting; 1 queued requests answered 503; finishing the running request"), "{log}");
     assert!(tokio::net::TcpStream::connect(("127.0.0.1", p)).await.is_err(), "still accepting");
 }
 

@@ -25,6 +25,7 @@ fn request(seed: u64) -> Request {
             skip_window: (0.0, 1.0),
             max_tokens: 4096,
             precision: moss::options::Precision::Fp32,
+            ..Default::default()
         },
         out: std::env::temp_dir().join("moss-streaming-test-unused.png"),
         save_latents: None,
@@ -34,6 +35,10 @@ fn request(seed: u64) -> Request {
         device: moss::backend::Device::Cpu,
         quality: None,
         cut: Default::default(),
+        replace: true,
+        preview: None,
+        preview_every: 1,
+        forwards: None,
     }
 }
 

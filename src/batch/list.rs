@@ -9,7 +9,9 @@ use anyhow::Result;
 pub const DEFAULT_NAME: &str = "{index:05}-{seed}.png";
 
 /// The JSON fields a line may set.
-pub const FIELDS: [&str; 11] = ["prompt", "negative", "seed", "size", "steps", "guidance", "out", "init_image", "mask", "strength", "mask_blur"];
+pub const FIELDS: [&str; 15] = [
+    "prompt", "negative", "seed", "size", "steps", "guidance", "sampler", "schedule", "cache", "guidance_window", "out", "init_image", "mask", "strength", "mask_blur",
+];
 
 /// Characters `{stem}` keeps when no width is given.
 pub const STEM_LEN: usize = 40;
@@ -97,6 +99,13 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
                 check_guidance(g)?;
                 it.spec.guidance = g as f32;
             }
+            "sampler" => it.spec.sampler = string(k, v)?.parse()?,
+            "schedule" => it.spec.schedule = string(k, v)?.parse()?,
+            "cache" => {
+                it.spec.cache = crate::spec::cache_of_json(v)?;
+                it.spec.cache.as_ref().map_or(Ok(()), crate::spec::check_cache)?;
+            }
+            "guidance_window" => it.spec.guidance_window = crate::spec::window_of_json(k, v)?,
             "out" => {
                 let o = string(k, v)?;
                 if o.trim().is_empty() {
@@ -121,6 +130,7 @@ pub fn parse_line(text: &str, index: usize, line: usize, d: &PictureSpec) -> Res
         }
     }
     it.spec.prompt = prompt.ok_or("the object has no `prompt`")?;
+    it.spec.check_prompt()?;
     match image {
         Some(image) => {
             let sized = obj.get("size").is_some_and(|v| !v.is_null());

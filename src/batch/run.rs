@@ -22,6 +22,9 @@ pub struct BatchOptions {
     pub out_dir: PathBuf,
     pub name: String,
     pub skip_existing: bool,
+    /// Replace pictures that exist already (`--force`); without it (nor `--skip-existing`) a
+    /// batch whose files exist is refused before any work.
+    pub replace: bool,
     /// Let a list item's `out` be an absolute path (off by default: a list is untrusted input).
     pub allow_absolute_out: bool,
     pub shard: Shard,
@@ -71,6 +74,8 @@ pub struct Finished {
     pub lora_merge: crate::lora::plan::MergeTime,
     /// Seconds since the batch started.
     pub elapsed_s: f64,
+    /// What its denoising loop computed.
+    pub forwards: pipeline::Forwards,
 }
 
 impl Finished {
@@ -86,6 +91,7 @@ impl Finished {
             "timings": {"encode_s": self.encode_s, "denoise_s": self.denoise_s, "decode_s": self.decode_s,
                         "total_s": self.encode_s + self.denoise_s + self.decode_s},
             "elapsed_s": self.elapsed_s,
+            "forwards": self.forwards,
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();
@@ -165,6 +171,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?;
+    ck.start_model_hash();
 
     let plan = plan(entries, &o.out_dir, &name, o.shard, o.skip_existing, o.allow_absolute_out);
     if let Some(q) = o.quality {
@@ -219,7 +226,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             pictures.attach(&mut j, &list_dir, o)?;
             let mut enc = |t: &str, what: &str| -> Result<(Vec<u32>, Option<usize>)> {
                 let tk = tok.encode(t, o.defaults.max_tokens)?;
-                if let Some(n) = tk.truncated_from {
+                if let (Some(n), false) = (tk.truncated_from, crate::prompt::trim(t).is_empty()) {
                     progress.warn(&format!("{at}: {what} has {n} tokens; keeping the first {}", o.defaults.max_tokens));
                 }
                 Ok((tk.ids, tk.truncated_from))
@@ -240,6 +247,17 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
                 progress.failed(&format!("{at}: {e:#}"));
                 sum.failed += 1;
             }
+        }
+    }
+    // Existing pictures, once every item's graver problems (an input as output, ...) are said.
+    if !o.replace && !o.skip_existing {
+        let there: Vec<&Job> = jobs.iter().filter(|j| crate::output::refuse_existing(&j.path).is_err()).collect();
+        if let Some(first) = there.first() {
+            let more = if there.len() > 1 { format!(" (and {} more)", there.len() - 1) } else { String::new() };
+            anyhow::bail!(
+                "{}{more} exists; moss does not replace pictures: --skip-existing renders only the missing ones, --force (-y) replaces them",
+                first.path.display()
+            );
         }
     }
     if jobs.is_empty() {

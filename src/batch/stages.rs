@@ -65,6 +65,7 @@ pub(super) struct Slot {
     pub(super) latents: Option<Tensor>,
     /// Where its denoising starts when it starts from a picture.
     pub(super) start: Option<pipeline::Start>,
+    pub(super) forwards: pipeline::Forwards,
 }
 
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
@@ -171,8 +172,8 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
                 let t1 = Instant::now();
                 let req = cx.request(j, t);
                 let pass = pipeline::Pass::of(&req.spec);
-                match pipeline::denoise_pass(b, &dit, ck, &req, pass, (cond, uncond), slots[i].start.as_ref(), &mut Steps(&mut *progress)) {
-                    Ok(z) => slots[i].latents = Some(z),
+                match pipeline::denoise_loop(b, &dit, ck, &req, pass, (cond, uncond), slots[i].start.as_ref(), &mut Steps(&mut *progress), None) {
+                    Ok(d) => (slots[i].latents, slots[i].forwards) = (Some(d.latents), d.forwards),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),
                 }
@@ -198,7 +199,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
             check_stop()?;
             progress.item(j, i, jobs.len());
             let t1 = Instant::now();
-            let req = cx.request(j, &texts[i]);
+            let req = Request { forwards: Some(slots[i].forwards), ..cx.request(j, &texts[i]) };
             let res = pipeline::picture_bytes(b, &vae, ck, &req, &z, &mut Steps(&mut *progress)).and_then(|bytes| crate::output::write(&j.path, &bytes));
             match res {
                 Ok(()) => {
@@ -216,6 +217,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
                         decode_s: t1.elapsed().as_secs_f64(),
                         lora_merge: slots[i].lora_merge,
                         elapsed_s: cx.t0.elapsed().as_secs_f64(),
+                        forwards: slots[i].forwards,
                     });
                 }
                 Err(e) => fail(&mut slots[i], j, &e, progress, sum),

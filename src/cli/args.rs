@@ -46,8 +46,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
-    /// Print the man page (roff) to stdout.
-    Man,
+    /// Print the man page (roff) to stdout, or write one page per subcommand into a folder.
+    Man(ManArgs),
     /// Write the folder's transformer (or text encoder) as one quantized file: GGUF (q8_0, q4_0,
     /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer
     /// (--text-encoder).
@@ -67,6 +67,9 @@ pub enum Command {
     /// The VAE encoder alone on a picture: synchronised timings, JSON out (src/cli/bench/vae_encode.rs).
     #[command(hide = true)]
     BenchVaeEncode(BenchVaeEncodeArgs),
+    /// PSNR and SSIM of two pictures of one size, JSON out (src/cli/bench/compare.rs).
+    #[command(hide = true)]
+    BenchCompare { a: PathBuf, b: PathBuf },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -81,6 +84,14 @@ pub struct BenchVaeEncodeArgs {
     /// Write the latents (raw little-endian f32 [1,128,H/16,W/16]) here.
     #[arg(long)]
     pub out_f32: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ManArgs {
+    /// Write moss.1 and a page per subcommand (moss-generate.1, moss-serve.1, ...) into DIR
+    /// instead of printing moss.1.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -211,14 +222,15 @@ impl ComponentFileArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {
-    /// The prompt text.
-    #[arg(long, conflicts_with = "prompt_file")]
+    /// The prompt text (blank prompts are refused).
+    #[arg(long, short = 'p', conflicts_with = "prompt_file")]
     pub prompt: Option<String>,
     /// Read the prompt from a UTF-8 text file instead.
     #[arg(long, value_name = "PATH")]
     pub prompt_file: Option<PathBuf>,
-    /// The negative prompt (the unconditional branch of CFG).
-    #[arg(long, default_value = "")]
+    /// The negative prompt (also --negative-prompt; the unconditional branch of CFG; unused at
+    /// --guidance 1).
+    #[arg(long, short = 'n', visible_alias = "negative-prompt", default_value = "")]
     pub negative: String,
     /// Keep at most this many prompt tokens (1..4096); longer prompts are cut with a warning.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -230,8 +242,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub prompt: PromptArgs,
     /// Seed of the initial noise (torch CPU generator: the same seed gives the official noise);
-    /// `random` draws one (printed on stderr and recorded in the picture).
-    #[arg(long, default_value = "42", value_parser = parse_seed)]
+    /// `random` or -1 draws one (printed on stderr and recorded in the picture).
+    #[arg(long, short = 's', default_value = "42", value_parser = parse_seed, allow_negative_numbers = true)]
     pub seed: Seed,
     /// Render N pictures of the prompt in one load, seeds --seed, --seed + 1, ... (as batch items;
     /// -o without a `{seed}` gets `-{seed}` before its extension).
@@ -244,19 +256,29 @@ pub struct GenerateArgs {
     /// given beside it override them.
     #[arg(long, value_name = "PICTURE", conflicts_with_all = ["prompts", "embeds"])]
     pub from: Option<PathBuf>,
-    /// Denoising steps (Euler, shift-5 schedule snapped to the training grid).
+    /// Denoising steps (the schedule: --schedule; the sampler: --sampler).
     #[arg(long, default_value_t = 50)]
     pub steps: u32,
-    /// Classifier-free guidance scale; exactly 1 runs no negative pass.
-    #[arg(long, default_value_t = 3.0, allow_negative_numbers = true)]
+    /// Classifier-free guidance scale (also --cfg-scale); exactly 1 runs no negative pass.
+    #[arg(long, visible_alias = "cfg-scale", default_value_t = 3.0, allow_negative_numbers = true)]
     pub guidance: f32,
     /// Picture size WIDTHxHEIGHT, both multiples of 16, at most 4096.
-    #[arg(long, default_value = "1024x1024", value_parser = parse_size)]
+    #[arg(long, default_value = "1024x1024", value_parser = parse_size, conflicts_with_all = ["width", "height"])]
     pub size: (u32, u32),
+    /// Picture width (a multiple of 16, at most 4096), instead of --size [default: 1024].
+    #[arg(long, short = 'W', value_name = "N")]
+    pub width: Option<u32>,
+    /// Picture height (a multiple of 16, at most 4096), instead of --size [default: 1024].
+    #[arg(long, short = 'H', value_name = "N")]
+    pub height: Option<u32>,
     /// Output picture, its format by the extension: .png, .jpg/.jpeg (--quality) or .webp
-    /// (lossless); `-` writes PNG to stdout.
+    /// (lossless); `-` writes PNG to stdout. An existing file is not replaced without --force.
     #[arg(long, short, default_value = "moss.png")]
     pub out: PathBuf,
+    /// Replace output files that exist already (without it, moss refuses before any work; FIFOs,
+    /// devices and `-` are always written; batch mode: --skip-existing skips them instead).
+    #[arg(long, short = 'y')]
+    pub force: bool,
     /// JPEG quality, 1..100 [default: 90] (JPEG output only).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
     pub quality: Option<u8>,
@@ -275,6 +297,8 @@ pub struct GenerateArgs {
     /// Fraction of the steps START:STOP in which the skip applies (step i skips if START <= i/n < STOP).
     #[arg(long, default_value = "0:1", value_parser = parse_window)]
     pub skip_window: (f64, f64),
+    #[command(flatten)]
+    pub sampling: super::sampling_args::SamplingArgs,
     /// bf16: the model's own (bf16 weights and activations on the GPU, the hidden states
     /// rounded to bf16 between encoder and transformer); fp32: fp32 end to end, for verification
     /// (the CPU computes in fp32 either way; this keeps its hidden states fp32); fp8: as bf16 but
@@ -310,7 +334,8 @@ pub struct GenerateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BatchArgs {
     /// Render every line of FILE ("-": stdin): a prompt, or a JSON object setting prompt, negative,
-    /// seed, size, steps, guidance, out. The other flags give the defaults.
+    /// seed, size, steps, guidance, sampler, schedule, cache, guidance_window, out. The other
+    /// flags give the defaults.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_file", "embeds", "out", "save_latents"])]
     pub prompts: Option<PathBuf>,
     /// Folder the batch's pictures go to (created if missing) [default: .].
@@ -328,7 +353,8 @@ pub struct BatchArgs {
     /// Render only the items with index % N == K (K counts from 0); N processes split a list.
     #[arg(long, value_name = "K/N", value_parser = parse_shard)]
     pub shard: Option<moss::batch::Shard>,
-    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat); default: all on cpu, from free memory on cuda.
+    /// Pictures per chunk (encode a chunk, free the encoder, denoise, decode, repeat) [default: 1
+    /// on cpu, from the host's available memory on cuda].
     #[arg(long, value_name = "N", value_parser = parse_chunk)]
     pub chunk: Option<u64>,
 }
@@ -474,6 +500,10 @@ pub struct ServeArgs {
     /// Most tokens in a prompt (and in the negative prompt); longer ones get 400.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
+    /// Another name requests may give the model (repeatable), e.g. gpt-image-1 or dall-e-3;
+    /// `GET /v1/models` lists the model's id (its repo id or folder name) and these.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -560,10 +590,10 @@ fn parse_chunk(s: &str) -> Result<u64, String> {
 }
 
 fn parse_seed(s: &str) -> Result<Seed, String> {
-    if s == "random" || s == "rand" {
+    if s == "random" || s == "rand" || s == "-1" {
         return Ok(Seed::Random);
     }
-    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1 or `random`"))
+    s.parse().map(Seed::Fixed).map_err(|_| format!("seed `{s}` is not a number from 0 to 2^64-1, `random` or -1"))
 }
 
 /// A list of block indices.
@@ -596,7 +626,7 @@ fn parse_skip(s: &str) -> Result<SkipList, String> {
     s.split(',').map(|v| v.trim().parse::<usize>().map_err(|_| format!("`{v}` is not a block index"))).collect::<Result<Vec<_>, _>>().map(SkipList)
 }
 
-fn parse_window(s: &str) -> Result<(f64, f64), String> {
+pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
     let (a, b) = s.split_once(':').ok_or_else(|| format!("window `{s}` is not START:STOP"))?;
     let p = |v: &str| v.trim().parse::<f64>().map_err(|_| format!("window `{s}` is not START:STOP"));
     let (a, b) = (p(a)?, p(b)?);
@@ -617,5 +647,26 @@ mod tests {
         assert_eq!(parse_skip("1, 2"), Ok(SkipList(vec![1, 2])));
         assert_eq!(parse_window("0.01:1"), Ok((0.01, 1.0)));
         assert!(parse_window("1:0").is_err());
+    }
+
+    fn generate(argv: &[&str]) -> Result<GenerateArgs, clap::Error> {
+        match Cli::try_parse_from([&["moss", "generate"], argv].concat())?.command {
+            Command::Generate(a) => Ok(a),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The spellings sd.cpp and A1111 users type parse to the long flags' values.
+    #[test]
+    fn short_forms_and_aliases() {
+        let a = generate(&["-p", "a cat", "-n", "dog", "-s", "7", "-W", "512", "-H", "768", "--cfg-scale", "4.5", "-y"]).unwrap();
+        assert_eq!((a.prompt.prompt.as_deref(), a.prompt.negative.as_str(), a.seed), (Some("a cat"), "dog", Seed::Fixed(7)));
+        assert_eq!((a.width, a.height, a.guidance, a.force), (Some(512), Some(768), 4.5, true));
+        assert_eq!(generate(&["-p", "x", "--seed", "-1"]).unwrap().seed, Seed::Random);
+        assert_eq!(generate(&["-p", "x", "-s", "-1"]).unwrap().seed, Seed::Random);
+        assert!(generate(&["-p", "x", "--seed", "-2"]).is_err());
+        assert!(generate(&["-p", "x", "--negative-prompt", "dog"]).is_ok());
+        let e = generate(&["-p", "x", "--size", "64x64", "-W", "32"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
     }
 }

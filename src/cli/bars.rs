@@ -32,7 +32,15 @@ impl Progress for Bars {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
-        if self.enabled && name != "denoise" {
+        if !self.enabled {
+            return;
+        }
+        if name == "denoise" {
+            // Made as the loop starts, at step 0: the first step's rate is one step over its time.
+            let b = ProgressBar::new(0);
+            b.set_style(ProgressStyle::with_template("denoise {bar:30} {pos}/{len} steps  {per_sec}  eta {eta}").unwrap());
+            self.bar = Some(b);
+        } else {
             let b = ProgressBar::new_spinner();
             b.set_message(format!("{name}..."));
             b.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -40,15 +48,10 @@ impl Progress for Bars {
         }
     }
     fn step(&mut self, done: usize, total: usize) {
-        if !self.enabled {
-            return;
+        if let Some(b) = &self.bar {
+            b.set_length(total as u64);
+            b.set_position(done as u64);
         }
-        let b = self.bar.get_or_insert_with(|| {
-            let b = ProgressBar::new(total as u64);
-            b.set_style(ProgressStyle::with_template("denoise {bar:30} {pos}/{len} steps  {per_sec}  eta {eta}").unwrap());
-            b
-        });
-        b.set_position(done as u64);
     }
     fn warn(&mut self, msg: &str) {
         if !self.quiet {
@@ -156,5 +159,21 @@ impl Drop for BatchBars {
     fn drop(&mut self) {
         self.pic.finish_and_clear();
         self.batch.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first step's rate is one step over the time it took (the bar starts with the loop).
+    #[test]
+    fn the_first_steps_rate_is_its_own() {
+        let mut b = Bars { bar: None, enabled: true, quiet: false, verbose: false };
+        b.stage("denoise");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        b.step(1, 10);
+        let rate = b.bar.as_ref().unwrap().per_sec();
+        assert!(rate > 0.0 && rate < 20.0, "{rate} steps/s after one step of 0.1 s");
     }
 }

@@ -20,6 +20,7 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
         out_dir: a.batch.out_dir.clone().unwrap_or_else(|| ".".into()),
         name: a.batch.name.clone().unwrap_or_else(|| batch::DEFAULT_NAME.to_string()),
         skip_existing: a.batch.skip_existing,
+        replace: a.force,
         allow_absolute_out: a.batch.allow_absolute_out,
         shard: a.batch.shard.unwrap_or_default(),
         chunk: a.batch.chunk.map(|c| c.min(usize::MAX as u64) as usize),
@@ -126,7 +127,10 @@ fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<std::sync::Arc<
 }
 
 /// The spec the flags give (clap's defaults where a flag was not given), for `prompt` and `seed`
-/// already resolved. The one place `generate`'s picture flags become library settings.
+/// already resolved. The one place `generate`'s picture flags become library settings. (The
+/// cache flags' own refusal is [`SamplingArgs::cache_config`]'s, said before this is called.)
+///
+/// [`SamplingArgs::cache_config`]: super::sampling_args::SamplingArgs::cache_config
 pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec {
     PictureSpec {
         prompt,
@@ -134,8 +138,8 @@ pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec
         seed,
         steps: a.steps,
         guidance: a.guidance,
-        width: a.size.0,
-        height: a.size.1,
+        width: a.width.unwrap_or(a.size.0),
+        height: a.height.unwrap_or(a.size.1),
         uncond_skip: a.uncond_skip.0.clone(),
         skip_window: a.skip_window,
         max_tokens: a.prompt.max_tokens as usize,
@@ -147,6 +151,10 @@ pub fn spec_of_flags(a: &GenerateArgs, prompt: String, seed: u64) -> PictureSpec
             steps: a.pictures.hires_steps.unwrap_or(a.steps),
             upscaler: a.pictures.hires_upscaler,
         }),
+        sampler: a.sampling.sampler,
+        schedule: a.sampling.schedule,
+        cache: a.sampling.cache_config().ok().flatten(),
+        guidance_window: a.sampling.guidance_window,
     }
 }
 
@@ -223,6 +231,12 @@ fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> b
     if given("size") {
         (base.width, base.height) = (flags.width, flags.height);
     }
+    if given("width") {
+        base.width = flags.width;
+    }
+    if given("height") {
+        base.height = flags.height;
+    }
     if given("uncond_skip") {
         base.uncond_skip = flags.uncond_skip;
     }
@@ -234,6 +248,19 @@ fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> b
     }
     if given("precision") {
         base.precision = flags.precision;
+    }
+    if given("sampler") {
+        base.sampler = flags.sampler;
+    }
+    if given("schedule") {
+        base.schedule = flags.schedule;
+    }
+    // The --cache-* parameters go with --cache (clap's `requires`): the flags' cache whole.
+    if given("cache") {
+        base.cache = flags.cache;
+    }
+    if given("guidance_window") {
+        base.guidance_window = flags.guidance_window;
     }
     if given("hires") {
         base.hires = flags.hires;
@@ -251,27 +278,16 @@ fn lay_over(mut base: PictureSpec, flags: PictureSpec, given: &dyn Fn(&str) -> b
     base
 }
 
-/// `--from PIC`: the picture's spec; its device and model where the flags give none.
-fn apply_from(a: &mut GenerateArgs, pic: &std::path::Path, given: &dyn Fn(&str) -> bool) -> anyhow::Result<PictureSpec> {
-    let p = read_settings(pic)?;
-    if !given("device") {
-        a.model.device = p.device.parse().map_err(anyhow::Error::msg)?;
-    }
-    if !given("model") {
-        a.model.model = p.model.clone();
-    }
-    let spec = p.spec;
-    spec.check().map_err(|e| anyhow::anyhow!("{}: the recorded {e}", pic.display()))?;
-    Ok(spec)
-}
-
 /// `moss generate` without `--prompts`: one picture, or several seeds of one prompt.
 pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
-    if let Some(f) = a.batch.stray_flag() {
+    let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
+    // --skip-existing also resumes several pictures of one prompt.
+    if let Some(f) = a.batch.stray_flag().filter(|f| !(several && *f == "--skip-existing")) {
         anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
     }
+    a.sampling.cache_config()?;
     let from = match a.from.clone() {
-        Some(pic) => Some(apply_from(&mut a, &pic, given)?),
+        Some(pic) => Some(super::from::apply(&mut a, &pic, given)?),
         None => None,
     };
     if given("uncond_skip") {
@@ -307,13 +323,23 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
             anyhow::bail!("{f} applies to the hires fix: give --hires SCALE");
         }
     }
+    if a.embeds.is_none() {
+        spec.check_prompt().map_err(|e| match &a.prompt.prompt_file {
+            Some(f) if given("prompt_file") => anyhow::anyhow!("{}: {e}", f.display()),
+            _ if given("prompt") => anyhow::anyhow!("--prompt: {e}"),
+            _ => anyhow::anyhow!("{e}"),
+        })?;
+    }
+    warn_ignored(&a, &spec, given);
     spec.check_pictures_in().map_err(anyhow::Error::msg)?;
     let init = match &pictures {
         Some(p) => Some(std::sync::Arc::new(p.prepare(&spec)?)),
         None => None,
     };
-    let several = a.count.is_some_and(|c| c > 1) || a.seeds.is_some() || a.out.to_string_lossy().contains('{');
     if several {
+        if a.sampling.preview.is_some() {
+            anyhow::bail!("--preview shows one picture's loop: not with --count, --seeds or a `{{...}}` name in -o");
+        }
         return run_several(&a, spec, init);
     }
     // The seed is said whenever it was not given (a drawn one, or the default); after the
@@ -327,6 +353,9 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         from: a.from.clone(),
         quality: a.quality,
         init,
+        preview: a.sampling.preview.clone(),
+        preview_every: a.sampling.preview_every(),
+        replace: a.force,
         ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
     };
     let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
@@ -352,11 +381,30 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     Ok(0)
 }
 
+/// Settings that change nothing in this run, said once each (not with `--quiet`).
+fn warn_ignored(a: &GenerateArgs, spec: &PictureSpec, given: &dyn Fn(&str) -> bool) {
+    if a.quiet {
+        return;
+    }
+    if spec.guidance == 1.0 && !moss::prompt::trim(&spec.negative).is_empty() {
+        let whose = if given("negative") { "--negative" } else { "the negative prompt" };
+        eprintln!("moss: warning: {whose} is not used at --guidance 1 (no unconditional pass)");
+    }
+    if a.max_vram.is_some() && a.model.device == moss::backend::Device::Cpu {
+        eprintln!("moss: warning: --max-vram limits GPU memory; with --device cpu it only shapes the plan (what streams), the same picture");
+    }
+}
+
 /// `moss generate --prompts FILE`.
 pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
+    a.sampling.cache_config()?;
+    if a.sampling.preview.is_some() {
+        anyhow::bail!("--preview shows one picture's loop: not with --prompts");
+    }
     if given("uncond_skip") {
         warn_skips_beyond(&a.uncond_skip.0, &a.model.model, a.quiet);
     }
+    warn_ignored(a, &spec_of_flags(a, String::new(), 0), given);
     let seed = a.seed.resolve();
     if a.seed == Seed::Random && !a.quiet {
         eprintln!("moss: seed {seed} (random; item i uses {seed} + i)");
@@ -366,13 +414,6 @@ pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u
     }
     let items = batch::Items::List(a.batch.prompts.clone().unwrap());
     run_batch(a, items, spec_of_flags(a, String::new(), seed))
-}
-
-/// The settings recorded in a moss picture.
-pub fn read_settings(pic: &std::path::Path) -> anyhow::Result<moss::metadata::Params> {
-    use anyhow::Context;
-    let meta = moss::picture_in::read_metadata(pic)?;
-    moss::metadata::Params::from_png(&meta).with_context(|| pic.display().to_string())
 }
 
 /// A warning for `--uncond-skip` indices the user gave past the model's last block (not for the
@@ -417,7 +458,12 @@ mod tests {
         let flags = spec_of_flags(&a, String::new(), a.seed.resolve());
         let given = |id: &str| matches!(id, "steps" | "size");
         let s = lay_over(pic.clone(), flags, &given);
-        assert_eq!(s, PictureSpec { steps: 4, width: 128, height: 64, ..pic });
+        assert_eq!(s, PictureSpec { steps: 4, width: 128, height: 64, ..pic.clone() });
+        // -W alone changes the width only.
+        let a = args(&["-W", "256"]);
+        let flags = spec_of_flags(&a, String::new(), a.seed.resolve());
+        let s = lay_over(pic.clone(), flags, &|id: &str| id == "width");
+        assert_eq!((s.width, s.height), (256, 32));
     }
 
     /// `--from` of a picture from an init image: the same picture and mask must come again; the

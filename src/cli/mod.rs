@@ -5,6 +5,9 @@
 pub mod args;
 pub mod bars;
 pub mod bench;
+pub mod from;
 pub mod generate;
+pub mod man;
 pub mod pictures_in_args;
 pub mod quantize;
+pub mod sampling_args;

@@ -116,7 +116,7 @@ pub fn write_latents_raw(path: &Path, z: &Tensor) -> Result<()> {
 }
 
 pub fn write_latents(path: &Path, req: &Request, ck: &Checkpoint, z: &Tensor) -> Result<()> {
-    crate::output::write(path, &latents_bytes(req, ck, z)?)
+    crate::output::write_as(path, &latents_bytes(req, ck, z)?, req.replace)
 }
 
 /// What `moss encode` encodes.

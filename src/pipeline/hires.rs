@@ -7,7 +7,7 @@
 //! - `lanczos`: the first pass decoded, the picture resized with Lanczos3, encoded again (the
 //!   transformer is freed for the VAE and loaded again: one load more than `latent`).
 
-use super::{denoise_pass, load_vae, Pass, Progress, Request, Start};
+use super::{denoise_loop, load_vae, Denoised, Pass, Progress, Request, Start};
 use crate::backend::ops::{DitOps, VaeEncodeOps};
 use crate::checkpoint::Checkpoint;
 use crate::model::dit::Dit;
@@ -37,7 +37,8 @@ pub fn enlarge<B: VaeEncodeOps>(b: &B, ck: &Checkpoint, z: &Tensor, hr: &HiresSp
 }
 
 /// The hires fix's second pass on the first pass's latents `z` with `dit` loaded; `reload`
-/// gives the transformer again after the Lanczos upscaler freed it. Returns the final latents.
+/// gives the transformer again after the Lanczos upscaler freed it. Returns the final latents
+/// and what the second loop computed.
 #[allow(clippy::too_many_arguments)]
 pub fn second_pass<B: DitOps + VaeEncodeOps>(
     b: &B,
@@ -49,7 +50,7 @@ pub fn second_pass<B: DitOps + VaeEncodeOps>(
     z: &Tensor,
     conds: (&Tensor, &Tensor),
     progress: &mut dyn Progress,
-) -> Result<Tensor> {
+) -> Result<Denoised> {
     let (w, h) = hr.size(req.spec.width, req.spec.height);
     let dit = match hr.upscaler {
         Upscaler::Latent => dit,
@@ -65,7 +66,7 @@ pub fn second_pass<B: DitOps + VaeEncodeOps>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run<B: DitOps>(
+fn run<B: DitOps + VaeEncodeOps>(
     b: &B,
     dit: &Dit<B>,
     ck: &Checkpoint,
@@ -75,8 +76,8 @@ fn run<B: DitOps>(
     z0: Tensor,
     conds: (&Tensor, &Tensor),
     progress: &mut dyn Progress,
-) -> Result<Tensor> {
+) -> Result<Denoised> {
     progress.stage("hires");
     let start = Start { z0, strength: hr.strength, mask: None };
-    denoise_pass(b, dit, ck, req, Pass { width, height, steps: hr.steps }, conds, Some(&start), progress)
+    denoise_loop(b, dit, ck, req, Pass { width, height, steps: hr.steps }, conds, Some(&start), progress, None)
 }

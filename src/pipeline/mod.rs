@@ -18,15 +18,19 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod denoise;
 mod encode_image;
 mod files;
 mod hires;
 mod init;
+mod preview;
 mod text;
+pub use denoise::*;
 pub use encode_image::*;
 pub use files::*;
 pub use hires::*;
 pub use init::*;
+pub use preview::*;
 pub use text::*;
 
 /// Everything one picture needs: its settings, and where it goes.
@@ -48,12 +52,35 @@ pub struct Request {
     pub cut: Cut,
     /// The pictures the run starts from, at its size (`spec.init_image` names them).
     pub init: Option<std::sync::Arc<Prepared>>,
+    /// Whether an existing regular file at `out` (or `save_latents`) may be replaced (`--force`);
+    /// when not, it is refused before any work and never replaced at the end.
+    pub replace: bool,
+    /// `--preview`: the file the decoded x0 prediction replaces every `preview_every` steps.
+    pub preview: Option<PathBuf>,
+    pub preview_every: usize,
+    /// What the denoising loop computed (set when it ends; recorded in the picture).
+    pub forwards: Option<Forwards>,
 }
 
 impl Request {
     /// A request for `spec` written to `out` on `device`, with nothing else set.
     pub fn new(spec: PictureSpec, out: PathBuf, device: Device) -> Request {
-        Request { spec, out, save_latents: None, embeds: None, prompt_file: None, from: None, device, quality: None, cut: Cut::default(), init: None }
+        Request {
+            spec,
+            out,
+            save_latents: None,
+            embeds: None,
+            prompt_file: None,
+            from: None,
+            device,
+            quality: None,
+            cut: Cut::default(),
+            replace: true,
+            preview: None,
+            preview_every: DEFAULT_PREVIEW_EVERY,
+            forwards: None,
+            init: None,
+        }
     }
 }
 
@@ -86,6 +113,8 @@ pub struct Report {
     /// The memory plan (`--json` `plan`), when one was made.
     pub plan: Option<serde_json::Value>,
     pub warnings: Vec<String>,
+    /// What the denoising loop computed.
+    pub forwards: Forwards,
 }
 
 impl Report {
@@ -104,6 +133,7 @@ impl Report {
                         "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
                         "lora_read_s": self.lora_read_s},
             "plan": self.plan,
+            "forwards": self.forwards,
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();
@@ -141,6 +171,16 @@ pub trait Progress {
     /// Asked after every denoising step: true stops the loop there with [`Interrupted`].
     fn cancelled(&self) -> bool {
         false
+    }
+    /// Whether a preview is wanted after step `done` of `total` (asked once per step before the
+    /// loop starts; never after the last step).
+    fn preview_wanted(&self, _done: usize, _total: usize) -> bool {
+        false
+    }
+    /// The preview after step `done`: the decoded x0 prediction (`x − σ·v` at the step's start),
+    /// RGB8 in rows, `width` x `height`. An error stops the loop.
+    fn preview(&mut self, _done: usize, _total: usize, _rgb: &[u8], _width: u32, _height: u32) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -180,6 +220,10 @@ pub fn validate(req: &Request) -> Result<()> {
     }
     if let Some(p) = &req.embeds {
         std::fs::File::open(p).with_context(|| format!("cannot read embeds {}", p.display()))?;
+    }
+    req.spec.check().map_err(anyhow::Error::msg)?;
+    if let Some(p) = &req.preview {
+        check_preview(p, req.preview_every)?;
     }
     check_init(req)
 }
@@ -231,6 +275,9 @@ pub fn check_outputs(req: &Request, ck: &Checkpoint, loras: &[crate::lora::LoraS
     let mut outs: Vec<(&str, &Path)> = vec![("--out", &req.out)];
     if let Some(p) = &req.save_latents {
         outs.push(("--save-latents", p));
+    }
+    if let Some(p) = &req.preview {
+        outs.push(("--preview", p));
     }
     let files = crate::output::files_below(&ck.loc.root);
     let mut ins: Vec<(&str, &Path)> = files.iter().map(|f| ("a checkpoint file", f.as_path())).collect();
@@ -291,7 +338,7 @@ pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::bac
 /// Denoise from the seed's noise; returns the final latents `[1, C, h, w]`. The text refiner
 /// runs once per prompt (the negative only when guidance is not exactly 1); the unconditional
 /// pass skips `req.uncond_skip` at the steps inside `req.skip_window`.
-pub fn denoise<B: DitOps>(b: &B, ck: &Checkpoint, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
+pub fn denoise<B: DitOps + VaeOps>(b: &B, ck: &Checkpoint, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<Tensor> {
     let comp = ck.open_component("transformer")?;
     let image = (req.spec.height / 16) as usize * (req.spec.width / 16) as usize;
     b.plan_dit(&comp, &ck.dit, image, cond.shape[0].max(uncond.shape[0]))?;
@@ -299,8 +346,9 @@ pub fn denoise<B: DitOps>(b: &B, ck: &Checkpoint, req: &Request, cond: &Tensor, 
     denoise_with(b, &dit, ck, req, cond, uncond, progress)
 }
 
-/// [`denoise`] with a transformer already loaded (batch mode loads it once for many pictures).
-pub fn denoise_with<B: DitOps>(
+/// [`denoise`] with a transformer already loaded (batch mode loads it once for many pictures):
+/// [`denoise_loop`]'s latents.
+pub fn denoise_with<B: DitOps + VaeOps>(
     b: &B,
     dit: &Dit<B>,
     ck: &Checkpoint,
@@ -309,89 +357,7 @@ pub fn denoise_with<B: DitOps>(
     uncond: &Tensor,
     progress: &mut dyn Progress,
 ) -> Result<Tensor> {
-    denoise_pass(b, dit, ck, req, Pass::of(&req.spec), (cond, uncond), None, progress)
-}
-
-/// One denoising run's size and steps: the spec's, or the hires fix's second pass.
-#[derive(Clone, Copy, Debug)]
-pub struct Pass {
-    pub width: u32,
-    pub height: u32,
-    pub steps: u32,
-}
-
-impl Pass {
-    pub fn of(spec: &PictureSpec) -> Pass {
-        Pass { width: spec.width, height: spec.height, steps: spec.steps }
-    }
-}
-
-/// The denoising loop of `req` at `pass`'s size and steps: from the seed's noise (`start`
-/// None), or from a picture's latents (img2img: the schedule from
-/// [`crate::img2img::start_index`], the start [`crate::img2img::noised`]; with a mask, the latent
-/// blend after every step). Returns the final latents `[1, C, h, w]`.
-#[allow(clippy::too_many_arguments)]
-pub fn denoise_pass<B: DitOps>(
-    b: &B,
-    dit: &Dit<B>,
-    ck: &Checkpoint,
-    req: &Request,
-    pass: Pass,
-    (cond, uncond): (&Tensor, &Tensor),
-    start: Option<&Start>,
-    progress: &mut dyn Progress,
-) -> Result<Tensor> {
-    let (h, w) = ((pass.height / 16) as usize, (pass.width / 16) as usize);
-    let c = ck.dit.latent_channels;
-    let sigmas = crate::schedule::sigmas(pass.steps as usize, &ck.scheduler);
-    let t_start = match start {
-        Some(s) => crate::img2img::start_index(pass.steps as usize, s.strength)?,
-        None => 0,
-    };
-    let run = &sigmas[t_start..];
-    let tc = dit.refine_text(b, cond)?;
-    let tu = if req.spec.guidance != 1.0 { Some(dit.refine_text(b, uncond)?) } else { None };
-    progress.stage("denoise");
-    let noise = Tensor::new(vec![1, c, h, w], crate::noise::torch_randn(req.spec.seed, c * h * w))?;
-    let inpaint = match start {
-        Some(Start { z0, mask: Some(m), .. }) => Some(crate::img2img::Inpaint::new(z0.clone(), noise.clone(), m.clone())?),
-        _ => None,
-    };
-    let x0 = match start {
-        Some(s) => b.upload(&crate::img2img::noised(&s.z0, &noise, run[0])?)?,
-        None => b.upload(&noise)?,
-    };
-    let x = crate::sampling::sample_with(
-        b,
-        x0,
-        run,
-        req.spec.guidance,
-        req.spec.skip_window,
-        |step, x| match (step.guided, &tu) {
-            (false, _) => Ok((dit.velocity(b, x, step.t, &tc, &[])?, None)),
-            (true, Some(tu)) => {
-                let skip: &[usize] = if step.skip_active { &req.spec.uncond_skip } else { &[] };
-                let mut v = dit.velocities(b, x, step.t, &[(&tc, &[]), (tu, skip)])?;
-                let v_u = v.pop();
-                Ok((v.pop().expect("two passes, two velocities"), v_u))
-            }
-            (true, None) => bail!("an unconditional pass with guidance 1"),
-        },
-        |i, x| match &inpaint {
-            Some(p) => p.after_step(b, x, run, i),
-            None => Ok(x),
-        },
-        |i, n, _| {
-            progress.step(i, n);
-            if progress.cancelled() {
-                return Err(Interrupted.into());
-            }
-            Ok(())
-        },
-    )?;
-    let z = b.download(&x)?;
-    crate::tensor::ensure_finite("the latents after denoising", &z.data)?;
-    Ok(z)
+    Ok(denoise_loop(b, dit, ck, req, Pass::of(&req.spec), (cond, uncond), None, progress, None)?.latents)
 }
 
 /// Decode latents `[1, C, h, w]` to RGB8 (HWC); the clamp and rounding run on the backend.
@@ -460,7 +426,20 @@ pub fn generate_planned(
         };
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
+        check_for(req, &ck)?;
         ck.attach_loras(loras)?;
+        if !req.replace {
+            // After the graver problems: an input as output (check_outputs), a bad LoRA.
+            crate::output::refuse_existing(&req.out)?;
+            if let Some(p) = &req.save_latents {
+                crate::output::refuse_existing(p)?;
+            }
+            // The preview's first write: its later ones replace its own.
+            if let Some(p) = &req.preview {
+                crate::output::refuse_existing(p)?;
+            }
+        }
+        ck.start_model_hash();
         // Tokenized once: the CUDA planner needs the lengths, the encoder the ids.
         let (tokens, cut) = match &req.embeds {
             Some(_) => (None, Cut::default()),
@@ -474,6 +453,12 @@ pub fn generate_planned(
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
             let mut nets = crate::run_plan::networks(&ck, &budget, longest, req.spec.out_size())?;
             crate::run_plan::with_pictures_in(&mut nets, &ck, &req.spec);
+            if req.preview.is_some() {
+                // The previews decode beside the transformer: its stage holds the VAE and a
+                // decode in the narrowest strips too.
+                let vae = &nets[2];
+                nets[1].activations += vae.weights + vae.strip_activations.unwrap_or(vae.activations);
+            }
             let p = crate::run_plan::decide(&nets, &budget, mem)?;
             if let Some(w) = &p.warning {
                 progress.warn(w);
@@ -600,18 +585,33 @@ where
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
-    let z = denoise_pass(b, &dit, ck, req, Pass::of(&req.spec), (&cond, &uncond), start.as_ref(), progress)?;
-    let z = match &req.spec.hires {
-        Some(hr) => {
-            let reload = || Dit::load_streamed(b, ck.open_component("transformer")?, &ck.dit, plan.dit_resident, MainLinears::of(req.spec.precision));
+    let (z, forwards) = {
+        let mut previews;
+        let steps: &mut dyn Progress = match &req.preview {
+            Some(p) => {
+                previews = FilePreview { inner: &mut *progress, path: p.clone(), every: req.preview_every };
+                &mut previews
+            }
+            None => &mut *progress,
+        };
+        if req.preview.is_some() || req.spec.hires.is_some() {
             b.limit_vae_activations(plan.vae_activations);
-            second_pass(b, ck, req, hr, dit, reload, &z, (&cond, &uncond), progress)?
         }
-        None => {
-            drop(dit);
-            z
+        let d = denoise_loop(b, &dit, ck, req, Pass::of(&req.spec), (&cond, &uncond), start.as_ref(), steps, None)?;
+        match &req.spec.hires {
+            Some(hr) => {
+                let reload = || Dit::load_streamed(b, ck.open_component("transformer")?, &ck.dit, plan.dit_resident, MainLinears::of(req.spec.precision));
+                let d2 = second_pass(b, ck, req, hr, dit, reload, &d.latents, (&cond, &uncond), steps)?;
+                (d2.latents, d.forwards + d2.forwards)
+            }
+            None => {
+                drop(dit);
+                (d.latents, d.forwards)
+            }
         }
     };
+    rep.forwards = forwards;
+    let req = &Request { forwards: Some(forwards), ..req.clone() };
     b.release_cached()?;
     rep.denoise_s = t1.elapsed().as_secs_f64();
     rep.lora_merge = ck.loras.clock.total();
@@ -626,7 +626,7 @@ where
     let vae = load_vae(b, ck, z.shape[2], z.shape[3])?;
     rep.decode_load_s = t2.elapsed().as_secs_f64();
     let bytes = picture_bytes(b, &vae, ck, req, &z, progress)?;
-    crate::output::write(&req.out, &bytes)?;
+    crate::output::write_as(&req.out, &bytes, req.replace)?;
     rep.decode_s = t2.elapsed().as_secs_f64();
     rep.total_s = t0.elapsed().as_secs_f64();
     Ok(rep)

@@ -33,7 +33,10 @@ pub fn tokenize_prompts(ck: &Checkpoint, texts: &[&str], max_tokens: usize, prog
     let mut cut = Cut::default();
     for (i, t) in texts.iter().enumerate() {
         let tk = tok.encode(t, max_tokens)?;
-        if let Some(n) = tk.truncated_from {
+        // An empty negative is the chat template's tokens alone: nobody gave it, so its cut
+        // (recorded in the picture) is not worth a warning.
+        let given = i == 0 || !crate::prompt::trim(t).is_empty();
+        if let (Some(n), true) = (tk.truncated_from, given) {
             let what = if i == 0 { "prompt" } else { "negative prompt" };
             progress.warn(&format!("{what} has {n} tokens; keeping the first {max_tokens}"));
         }

@@ -10,13 +10,14 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
 /// Fields moss reads.
-pub const FIELDS: [&str; 13] = [
+pub const FIELDS: [&str; 18] = [
     "prompt",
     "model",
     "n",
     "size",
     "response_format",
     "output_format",
+    "output_compression",
     "negative_prompt",
     "seed",
     "num_inference_steps",
@@ -24,10 +25,17 @@ pub const FIELDS: [&str; 13] = [
     "stream",
     "partial_images",
     "lora",
+    "sampler",
+    "schedule",
+    "cache",
+    "guidance_window",
 ];
 
+/// Most partial images a picture streams (OpenAI's bound).
+pub const MAX_PARTIAL_IMAGES: u64 = 3;
+
 /// Standard OpenAI fields moss has no use for: accepted and ignored.
-pub const IGNORED: [&str; 6] = ["quality", "style", "user", "background", "moderation", "output_compression"];
+pub const IGNORED: [&str; 5] = ["quality", "style", "user", "background", "moderation"];
 
 /// Most pictures one request may ask for.
 pub const MAX_N: u64 = 8;
@@ -88,6 +96,11 @@ pub struct Limits {
     pub max_pixels: u64,
     /// Most prompt tokens (each of the prompt and the negative).
     pub max_tokens: usize,
+    /// The transformer's blocks (a step cache's compute blocks must fit in them).
+    pub dit_blocks: usize,
+    /// Whether the VAE stays loaded beside the transformer, so partial images can be decoded
+    /// while a picture denoises.
+    pub previews: bool,
 }
 
 /// A checked request: the first picture's settings (picture i uses `seed + i`), how many, and
@@ -97,7 +110,15 @@ pub struct Generation {
     pub req: Request,
     pub n: u32,
     pub stream: bool,
+    /// `output_format`: `png`, `jpeg` or `webp` (its `req.out` carries the extension the
+    /// picture is encoded by, as `moss generate -o` does).
+    pub format: &'static str,
+    /// Partial images each picture streams (`partial_images`, 0..=3).
+    pub partial_images: usize,
 }
+
+/// The default `output_compression` of a JPEG (OpenAI's: 100).
+pub const DEFAULT_COMPRESSION: u64 = 100;
 
 /// The request a body's fields are written over: moss generate's defaults (50 steps, guidance 3,
 /// 1024x1024, no negative) and the server's settings (`uncond_skip`, `skip_window`, ...).
@@ -142,15 +163,15 @@ pub fn check_known(obj: &Map<String, Value>, fields: &[&str], ignored: &[&str]) 
 /// [`parse`]'s checks of the fields of the generations' set in `obj` (its keys already checked).
 pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], base: &Request, random_seed: u64) -> Result<Generation, ApiError> {
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
-    let mut g = Generation { req: base.clone(), n: 1, stream: false };
+    let mut g = Generation { req: base.clone(), n: 1, stream: false, format: "png", partial_images: 0 };
     g.req.spec.seed = random_seed;
     g.req.spec.steps = base.spec.steps.min(lim.max_steps);
     match get("prompt") {
         None => return Err(ApiError::bad("prompt", "missing_required_parameter", "`prompt` is required")),
         Some(v) => g.req.spec.prompt = string("prompt", v)?.to_string(),
     }
-    if g.req.spec.prompt.trim().is_empty() {
-        return Err(ApiError::bad("prompt", "invalid_value", "`prompt` is empty"));
+    if let Err(e) = g.req.spec.check_prompt() {
+        return Err(ApiError::bad("prompt", "invalid_value", format!("`prompt`: {e}")));
     }
     if let Some(v) = get("model") {
         let m = string("model", v)?;
@@ -158,7 +179,7 @@ pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], bas
             let mut e = ApiError::new(
                 StatusCode::NOT_FOUND,
                 "model_not_found",
-                format!("model `{m}` is not served here; this server serves `{}` (GET /v1/models)", models.first().unwrap_or(&"")),
+                format!("model `{m}` is not served here; this server serves `{}` (GET /v1/models)", models.join("`, `")),
             );
             e.param = Some("model".into());
             return Err(e);
@@ -192,10 +213,33 @@ pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], bas
         }
     }
     if let Some(v) = get("output_format") {
-        match string("output_format", v)? {
-            "png" => {}
-            f => return Err(ApiError::bad("output_format", "unsupported_value", format!("output_format `{f}`: this server writes `png`"))),
+        g.format = match string("output_format", v)? {
+            "png" => "png",
+            "jpeg" | "jpg" => "jpeg",
+            "webp" => "webp",
+            f => return Err(ApiError::bad("output_format", "invalid_value", format!("output_format `{f}`: use `png`, `jpeg` or `webp`"))),
+        };
+    }
+    let compression = match get("output_compression") {
+        Some(v) => {
+            let c = whole("output_compression", v)?;
+            if c > 100 {
+                return Err(ApiError::bad("output_compression", "invalid_value", format!("`output_compression` must be in 0..=100, got {c}")));
+            }
+            Some(c)
         }
+        None => None,
+    };
+    // The picture is encoded as `moss generate -o picture.EXT [--quality Q]` encodes it: a JPEG's
+    // quality is `output_compression` (0 as 1, the lowest JPEG quality); PNG and WebP are
+    // lossless, their compression changes nothing.
+    g.req.out = match g.format {
+        "jpeg" => "picture.jpg".into(),
+        "webp" => "picture.webp".into(),
+        _ => Default::default(),
+    };
+    if g.format == "jpeg" {
+        g.req.quality = Some(compression.unwrap_or(DEFAULT_COMPRESSION).max(1) as u8);
     }
     if let Some(v) = get("negative_prompt") {
         g.req.spec.negative = string("negative_prompt", v)?.to_string();
@@ -225,10 +269,9 @@ pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], bas
         g.stream = v.as_bool().ok_or_else(|| ApiError::bad("stream", "invalid_type", format!("`stream` must be true or false, got {v}")))?;
     }
     if let Some(v) = get("partial_images") {
-        if whole("partial_images", v)? != 0 {
-            return Err(ApiError::bad("partial_images", "unsupported_value", "partial_images: moss streams step events, not partial images; use 0"));
-        }
+        g.partial_images = partial_images(whole("partial_images", v)?, g.stream, lim)?;
     }
+    super::loop_fields::parse(&mut g.req.spec, &get, lim)?;
     // Last: a request that leaves `size` out gets the default size, and its other errors first.
     let pixels = g.req.spec.width as u64 * g.req.spec.height as u64;
     if pixels > lim.max_pixels {
@@ -239,6 +282,24 @@ pub fn parse_fields(obj: &Map<String, Value>, lim: &Limits, models: &[&str], bas
         ));
     }
     Ok(g)
+}
+
+/// `partial_images`: 0..=3, streamed only (`stream: true`), and only where the VAE stays loaded.
+fn partial_images(k: u64, stream: bool, lim: &Limits) -> Result<usize, ApiError> {
+    if k > MAX_PARTIAL_IMAGES {
+        return Err(ApiError::bad("partial_images", "invalid_value", format!("`partial_images` must be in 0..={MAX_PARTIAL_IMAGES}, got {k}")));
+    }
+    if k > 0 && !stream {
+        return Err(ApiError::bad("partial_images", "invalid_value", "`partial_images` streams: give `stream: true` (or 0)"));
+    }
+    if k > 0 && !lim.previews {
+        return Err(ApiError::bad(
+            "partial_images",
+            "unsupported_value",
+            "`partial_images`: this server's memory plan does not keep the VAE loaded beside the transformer, so it sends no partial images; use 0",
+        ));
+    }
+    Ok(k as usize)
 }
 
 /// The DiT's joint tokens (`W/16 * H/16` + `text`) must fit in `budget` (what the GPU holds next
@@ -262,7 +323,7 @@ mod tests {
     use super::*;
 
     fn lim() -> Limits {
-        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096 }
+        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true }
     }
 
     #[test]
@@ -279,6 +340,16 @@ mod tests {
         assert_eq!((g.req.spec.seed, g.n, g.req.spec.width, g.req.spec.height, g.req.spec.steps, g.req.spec.guidance), (7, 3, 64, 32, 4, 1.0));
         let g = parse(br#"{"prompt":"a cat","size":"auto","model":"m","seed":null}"#, &lim(), &["m"], &base, 99).unwrap();
         assert_eq!((g.req.spec.seed, g.req.spec.width, g.req.spec.steps, g.req.spec.guidance, g.n, g.stream), (99, 1024, 50, 3.0, 1, false));
+        // An alias names the same model; jpeg with a compression is `-o x.jpg --quality N`.
+        let g =
+            parse(br#"{"prompt":"a cat","model":"dall-e-3","output_format":"jpeg","output_compression":55}"#, &lim(), &["m", "dall-e-3"], &base, 1).unwrap();
+        assert_eq!((g.format, g.req.out.to_str(), g.req.quality), ("jpeg", Some("picture.jpg"), Some(55)));
+        let g = parse(br#"{"prompt":"a cat","output_format":"jpeg","output_compression":0}"#, &lim(), &["m"], &base, 1).unwrap();
+        assert_eq!(g.req.quality, Some(1));
+        let g = parse(br#"{"prompt":"a cat","output_format":"jpeg"}"#, &lim(), &["m"], &base, 1).unwrap();
+        assert_eq!(g.req.quality, Some(100), "OpenAI's default");
+        let g = parse(br#"{"prompt":"a cat","output_format":"webp","output_compression":50}"#, &lim(), &["m"], &base, 1).unwrap();
+        assert_eq!((g.format, g.req.out.to_str(), g.req.quality), ("webp", Some("picture.webp"), None));
     }
 
     #[test]
@@ -293,7 +364,7 @@ mod tests {
 
     #[test]
     fn refusals_name_the_field() {
-        let cases: [(&[u8], u16, &str); 16] = [
+        let cases: [(&[u8], u16, &str); 18] = [
             (b"{", 400, ""),
             (b"[1]", 400, ""),
             (br#"{"n":1}"#, 400, "prompt"),
@@ -303,7 +374,9 @@ mod tests {
             (br#"{"prompt":"x","size":"100x64"}"#, 400, "size"),
             (br#"{"prompt":"x","size":"2048x2048"}"#, 400, "size"),
             (br#"{"prompt":"x","response_format":"url"}"#, 400, "response_format"),
-            (br#"{"prompt":"x","output_format":"jpeg"}"#, 400, "output_format"),
+            (br#"{"prompt":"x","output_format":"gif"}"#, 400, "output_format"),
+            (br#"{"prompt":"x","output_compression":101}"#, 400, "output_compression"),
+            (br#"{"prompt":"   "}"#, 400, "prompt"),
             (br#"{"prompt":"x","seed":-1}"#, 400, "seed"),
             (br#"{"prompt":"x","num_inference_steps":101}"#, 400, "num_inference_steps"),
             (br#"{"prompt":"x","guidance_scale":"3"}"#, 400, "guidance_scale"),

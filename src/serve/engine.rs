@@ -35,6 +35,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Default)]
 pub struct Picture {
     pub bytes: Vec<u8>,
+    /// What its denoising loop computed.
+    pub forwards: crate::pipeline::Forwards,
     pub encode_s: f64,
     pub denoise_s: f64,
     pub decode_s: f64,
@@ -213,14 +215,19 @@ impl<B: Serving> Engine<B> {
         Ok(Some(pipeline::Start::of(p, z0)?))
     }
 
-    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, start: Option<&pipeline::Start>, progress: &mut dyn Progress) -> Result<Tensor> {
+    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, start: Option<&pipeline::Start>, progress: &mut dyn Progress) -> Result<pipeline::Denoised> {
         let mut per_request = None;
         let dit = self.dit.or_load(&mut per_request, || {
             Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)
         })?;
-        let z = pipeline::denoise_pass(&self.b, dit, &self.ck, req, pipeline::Pass::of(&req.spec), (cond, uncond), start, progress);
+        // Partial images decode with the kept VAE (a request asks for them only where it is kept).
+        let vae = match &self.vae {
+            Held::Kept(v) => Some(v),
+            Held::PerRequest => None,
+        };
+        let d = pipeline::denoise_loop(&self.b, dit, &self.ck, req, pipeline::Pass::of(&req.spec), (cond, uncond), start, progress, vae);
         dit.end_stream();
-        z
+        d
     }
 
     fn picture(&self, req: &Request, z: &Tensor, progress: &mut dyn Progress) -> Result<Vec<u8>> {
@@ -240,13 +247,14 @@ impl<B: Serving> Engine<B> {
         self.b.release_cached()?;
         let encode_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let z = self.latents(req, &cond, &uncond, start.as_ref(), progress)?;
+        let d = self.latents(req, &cond, &uncond, start.as_ref(), progress)?;
         self.b.release_cached()?;
         let denoise_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        let bytes = self.picture(req, &z, progress)?;
+        let req = &Request { forwards: Some(d.forwards), ..req.clone() };
+        let bytes = self.picture(req, &d.latents, progress)?;
         let decode_s = t2.elapsed().as_secs_f64();
-        Ok(Picture { bytes, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64(), lora_switch_s: 0.0 })
+        Ok(Picture { bytes, forwards: d.forwards, encode_s, denoise_s, decode_s, total_s: t0.elapsed().as_secs_f64(), lora_switch_s: 0.0 })
     }
 }
 

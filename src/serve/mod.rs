@@ -5,10 +5,9 @@
 //! time from a FIFO queue.
 //!
 //! **Shutdown.** The first SIGTERM or SIGINT stops accepting connections, answers every queued
-//! request with 503 and lets the running picture finish (its client gets it; a request's later
-//! pictures are not started and it is answered 503); then the open connections are given up to
-//! [`GRACE`] to finish, and `run` returns Ok (exit 0). A second signal stops the running picture
-//! between two steps.
+//! request with 503 and lets the running request finish (all its `n` pictures: its client gets
+//! them); then the open connections are given up to [`GRACE`] to finish, and `run` returns Ok
+//! (exit 0). A second signal stops the running picture between two steps.
 //!
 //! **Security.** Binding an address that is not loopback needs an API key (or
 //! `allow_insecure_bind`); keys are compared in constant time; web pages cannot drive the server
@@ -21,6 +20,7 @@ pub mod api;
 pub mod edits;
 pub mod engine;
 pub mod guard;
+pub mod loop_fields;
 pub mod loras;
 pub mod metrics;
 pub mod plan;
@@ -66,6 +66,8 @@ pub struct ServeOptions {
     pub client_timeout: Duration,
     pub uncond_skip: Vec<usize>,
     pub skip_window: (f64, f64),
+    /// Further names requests may give the model (`--served-model-name`, e.g. `dall-e-3`).
+    pub served_model_names: Vec<String>,
     /// LoRAs merged into the transformer at start-up (every picture carries them).
     pub loras: Vec<crate::lora::LoraSpec>,
     /// The folder of the adapters requests may choose by name ([`loras`]).
@@ -116,8 +118,10 @@ pub fn run(o: ServeOptions) -> Result<()> {
     let mut ck = pipeline::open_checkpoint(&o.model)?;
     ck.attach_loras(&o.loras)?; // a bad LoRA is refused before the server starts
     let registry = offered_loras(&mut ck, &o)?;
+    ck.start_model_hash();
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let model = served_name(&ck.loc);
+    let dit_blocks = ck.dit.num_layers;
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
         Device::Cpu => planned(Cpu, ck, &o, t0)?,
@@ -128,7 +132,15 @@ pub fn run(o: ServeOptions) -> Result<()> {
     }
     log(&plan.line());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, registry))
+    let engine = EngineFacts { dit_blocks, previews: plan.keeps("vae") };
+    rt.block_on(serve(o, model, tokenizer, plan.json(), loader, registry, engine))
+}
+
+/// What requests are checked against that only the checkpoint and the plan know.
+struct EngineFacts {
+    dit_blocks: usize,
+    /// The VAE stays loaded (partial images can be decoded during the loop).
+    previews: bool,
 }
 
 /// The adapters of `--lora-dir`, read and checked; `ck`'s (empty) LoRA plan then holds the
@@ -153,11 +165,7 @@ fn offered_loras(ck: &mut crate::checkpoint::Checkpoint, o: &ServeOptions) -> Re
 /// The id the server gives its model: the repo id of a Hugging Face cache's snapshot, the folder's
 /// own name for a checkpoint folder (its path stays on the server).
 pub fn served_name(loc: &crate::checkpoint::ModelLocation) -> String {
-    if loc.revision.is_some() {
-        return loc.id.clone();
-    }
-    let folder = std::fs::canonicalize(&loc.root).unwrap_or_else(|_| loc.root.clone());
-    folder.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    loc.name()
 }
 
 /// Loads the planned engine (on the worker thread).
@@ -205,6 +213,7 @@ async fn serve(
     plan: serde_json::Value,
     load: Loader,
     registry: loras::Registry,
+    engine: EngineFacts,
 ) -> Result<()> {
     let addr = SocketAddr::new(o.host, o.port);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
@@ -213,10 +222,16 @@ async fn serve(
     let st = Arc::new(routes::AppState {
         queue: q.clone(),
         tokenizer,
-        model: model.clone(),
+        models: std::iter::once(model.clone()).chain(o.served_model_names.iter().filter(|n| **n != model).cloned()).collect(),
         model_spec: o.model.clone(),
         base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
-        limits: api::Limits { max_steps: o.max_steps, max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64, max_tokens: o.max_tokens },
+        limits: api::Limits {
+            max_steps: o.max_steps,
+            max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64,
+            max_tokens: o.max_tokens,
+            dit_blocks: engine.dit_blocks,
+            previews: engine.previews,
+        },
         api_key: o.api_key.clone(),
         plan,
         max_body: o.max_body,
@@ -267,7 +282,7 @@ async fn serve(
     drop(listener);
     let (answered, running) = q.drain(false);
     let what = match running {
-        Some(id) => format!("finishing the running picture (request {id}; a second signal stops it between steps)"),
+        Some(id) => format!("finishing the running request {id} (all its pictures; a second signal stops it between steps)"),
         None => "nothing is running".into(),
     };
     log(&format!("{signame}: stopped accepting; {answered} queued requests answered 503; {what}"));

@@ -8,6 +8,9 @@
 //! may go first (the oldest such), at most [`GROUP`] of them in a row; then the oldest runs. So
 //! requests of one set run together, and none waits behind more than [`GROUP`] requests that
 //! came after it.
+//!
+//! **Draining.** A request that is running when the server starts draining renders all its
+//! pictures (only a second signal stops it).
 
 use super::api::{ApiError, Generation};
 use super::engine::{Picture, Render};
@@ -32,6 +35,15 @@ pub enum Event {
         index: usize,
         step: usize,
         steps: usize,
+    },
+    /// Picture `index`'s `partial`-th partial image (from 0): a PNG of the decoded x0 prediction
+    /// after `step` of `steps`.
+    Partial {
+        index: usize,
+        partial: usize,
+        step: usize,
+        steps: usize,
+        png: Vec<u8>,
     },
     Image {
         index: usize,
@@ -233,6 +245,8 @@ struct JobProgress<'a> {
     job: &'a Job,
     index: usize,
     last: Instant,
+    /// Partial images sent for this picture.
+    partials: usize,
 }
 
 impl Progress for JobProgress<'_> {
@@ -250,6 +264,16 @@ impl Progress for JobProgress<'_> {
     }
     fn cancelled(&self) -> bool {
         self.job.cancel.load(Ordering::SeqCst) || self.q.stop_now()
+    }
+    fn preview_wanted(&self, done: usize, total: usize) -> bool {
+        crate::pipeline::partial_image_steps(total, self.job.gen.partial_images).contains(&done)
+    }
+    fn preview(&mut self, done: usize, total: usize, rgb: &[u8], width: u32, height: u32) -> anyhow::Result<()> {
+        let name = format!("partial.{}", self.job.gen.format);
+        let png = crate::pipeline::preview_bytes(std::path::Path::new(&name), rgb, width, height, done, total)?;
+        let _ = self.job.tx.send(Event::Partial { index: self.index, partial: self.partials, step: done, steps: total, png });
+        self.partials += 1;
+        Ok(())
     }
 }
 
@@ -294,15 +318,10 @@ fn run_job(q: &Queue, engine: &mut dyn Render, job: &Job) {
         if job.cancel.load(Ordering::SeqCst) {
             return;
         }
-        if i > 0 && q.draining() {
-            let msg = format!("the server is shutting down; {i} of {} pictures were rendered and are not sent", g.n);
-            let _ = job.tx.send(Event::Failed(ApiError::unavailable(msg)));
-            return;
-        }
         let seed = g.req.spec.seed.wrapping_add(i as u64);
         let mut req = g.req.clone();
         req.spec.seed = seed;
-        let mut progress = JobProgress { q, job, index: i, last: Instant::now() };
+        let mut progress = JobProgress { q, job, index: i, last: Instant::now(), partials: 0 };
         // A panic in the engine fails this request alone (500); the worker goes on.
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.render(&req, &job.tokens, &mut progress))).unwrap_or_else(|p| {
             let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
@@ -348,7 +367,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let mut req = base_request(vec![], (0.0, 1.0), 4096, crate::options::Precision::Bf16);
         (req.spec.steps, req.spec.seed) = (steps, id);
-        let gen = Generation { req, n, stream: false };
+        let gen = Generation { req, n, stream: false, format: "png", partial_images: 0 };
         (Arc::new(Job { id, gen, tokens: vec![], tx, cancel: Default::default(), enqueued: Instant::now(), loras: LoraSet::default() }), rx)
     }
 

@@ -27,10 +27,11 @@ use tower_http::limit::RequestBodyLimitLayer;
 pub struct AppState {
     pub queue: Arc<Queue>,
     pub tokenizer: PromptTokenizer,
-    /// The served model's id: a Hugging Face repo id, or a checkpoint folder's name (never its
-    /// path: `/v1/models` and `/health` show it).
-    pub model: String,
-    /// `--model` as given (requests may name the model so too).
+    /// The served model's id (its repo id or folder name, never a path), then its aliases
+    /// (`--served-model-name`): `GET /v1/models` lists them, a request's `model` may be any, or
+    /// `--model` as given.
+    pub models: Vec<String>,
+    /// `--model` as given.
     pub model_spec: String,
     pub limits: Limits,
     /// What a request's fields are written over ([`api::base_request`]).
@@ -151,7 +152,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "loading")
     };
-    (code, Json(json!({"status": status, "model": st.model, "memory_plan": st.plan}))).into_response()
+    (code, Json(json!({"status": status, "model": st.models[0], "memory_plan": st.plan}))).into_response()
 }
 
 /// Liveness: 200 whenever the process answers (while the weights load, a picture renders or the
@@ -161,7 +162,8 @@ async fn livez() -> Response {
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{"id": st.model, "object": "model", "created": st.started, "owned_by": "moss"}]}))
+    let data: Vec<Value> = st.models.iter().map(|id| json!({"id": id, "object": "model", "created": st.started, "owned_by": "moss"})).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn loras(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -254,7 +256,7 @@ fn random_seed() -> u64 {
 }
 
 fn start(st: &AppState, body: &[u8]) -> Result<Started, ApiError> {
-    let g = api::parse(body, &st.limits, &[&st.model, &st.model_spec], &st.base, random_seed())?;
+    let g = api::parse(body, &st.limits, &model_names(st), &st.base, random_seed())?;
     let loras = serde_json::from_slice::<Value>(body).ok();
     queue(st, g, loras.as_ref().and_then(|v| v.get("lora")))
 }
@@ -276,12 +278,19 @@ async fn edits(State(st): State<Arc<AppState>>, form: Result<Multipart, Multipar
     let st2 = st.clone();
     let started = tokio::task::spawn_blocking(move || {
         let loras = form.fields.get("lora").cloned();
-        let g = super::edits::parse(form, &st2.limits, &[&st2.model, &st2.model_spec], &st2.base, random_seed())?;
+        let g = super::edits::parse(form, &st2.limits, &model_names(&st2), &st2.base, random_seed())?;
         queue(&st2, g, loras.as_ref())
     })
     .await
     .unwrap_or_else(|e| Err(ApiError::internal(format!("the request's pictures could not be read: {e}"))));
     answer(&st, started, EDITS).await
+}
+
+/// The names the served model answers to: its ids and aliases, then its spec.
+fn model_names(st: &AppState) -> Vec<&str> {
+    let mut names: Vec<&str> = st.models.iter().map(String::as_str).collect();
+    names.push(&st.model_spec);
+    names
 }
 
 /// A checked generation into the queue (`lora`: the request's field).
@@ -302,7 +311,18 @@ fn item(index: usize, seed: u64, p: &super::engine::Picture, queued_s: f64) -> V
         "b64_json": base64::engine::general_purpose::STANDARD.encode(&p.bytes),
         "seed": seed,
         "timings": {"queued_s": queued_s, "lora_switch_s": p.lora_switch_s, "encode_s": p.encode_s, "denoise_s": p.denoise_s, "decode_s": p.decode_s, "total_s": p.total_s},
+        "forwards": p.forwards,
     })
+}
+
+/// The fields OpenAI's image stream events carry beside the image (`ImageGenPartialImageEvent`,
+/// `ImageGenCompletedEvent`): moss's pictures are opaque and it has no quality setting.
+fn openai_event_fields(v: &mut Value, size: &str, format: &str) {
+    v["created_at"] = json!(now_s());
+    v["background"] = json!("opaque");
+    v["output_format"] = json!(format);
+    v["quality"] = json!("auto");
+    v["size"] = json!(size);
 }
 
 /// The plain answer: every picture, or the first error.
@@ -317,7 +337,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
                 return e.into_response();
             }
             Event::Done => break,
-            Event::Queued { .. } | Event::Step { .. } => {}
+            Event::Queued { .. } | Event::Step { .. } | Event::Partial { .. } => {}
         }
     }
     if data.len() != g.n as usize {
@@ -327,7 +347,7 @@ async fn collect(mut guard: Guard, mut rx: mpsc::UnboundedReceiver<Event>) -> Re
     }
     guard.status = Some(200);
     let size = format!("{}x{}", g.req.spec.width, g.req.spec.height);
-    Json(json!({"created": now_s(), "data": data, "output_format": "png", "size": size})).into_response()
+    Json(json!({"created": now_s(), "data": data, "output_format": g.format, "size": size})).into_response()
 }
 
 fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
@@ -335,12 +355,16 @@ fn sse(kind: &str, mut v: Value) -> Result<SseEvent, std::convert::Infallible> {
     Ok(SseEvent::default().event(kind).data(v.to_string()))
 }
 
-/// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, one
-/// `image_generation.completed` per picture, then `done` (or one `error`).
+/// `"stream": true`: `image_generation.queued` (requests ahead), `image_generation.step`, with
+/// `partial_images` OpenAI's `image_generation.partial_image` (`partial_image_index` from 0 per
+/// picture, `index` the picture), one `image_generation.completed` per picture, then `done` (or
+/// one `error`).
 fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Response {
     let first = sse("image_generation.queued", json!({"position": ahead}));
     let rest = futures_util::stream::unfold(Some((guard, rx)), |state| async move {
         let (mut guard, mut rx) = state?;
+        let spec = &guard.job.gen.req.spec;
+        let size = format!("{}x{}", spec.width, spec.height);
         let ev = match rx.recv().await {
             Some(ev) => ev,
             None => return None,
@@ -348,10 +372,21 @@ fn stream(guard: Guard, rx: mpsc::UnboundedReceiver<Event>, ahead: usize) -> Res
         let out = match ev {
             Event::Queued { ahead } => sse("image_generation.queued", json!({"position": ahead})),
             Event::Step { index, step, steps } => sse("image_generation.step", json!({"index": index, "step": step, "steps": steps})),
+            Event::Partial { index, partial, step, steps, png } => {
+                let mut v = json!({
+                    "index": index,
+                    "partial_image_index": partial,
+                    "b64_json": base64::engine::general_purpose::STANDARD.encode(&png),
+                    "step": step,
+                    "steps": steps,
+                });
+                openai_event_fields(&mut v, &size, guard.job.gen.format);
+                sse("image_generation.partial_image", v)
+            }
             Event::Image { index, seed, picture, queued_s } => {
                 let mut v = item(index, seed, &picture, queued_s);
                 v["created"] = json!(now_s());
-                v["output_format"] = json!("png");
+                openai_event_fields(&mut v, &size, guard.job.gen.format);
                 sse("image_generation.completed", v)
             }
             Event::Failed(e) => {

@@ -135,11 +135,22 @@ impl Inpaint {
     }
 
     /// [`Self::blend`] after step `i` of a run over `sigmas` (ending in 0; `sigmas[i + 1]` is
-    /// the next noise level), for [`crate::sampling::sample_with`]: the latents come to the
+    /// the next noise level), for [`crate::sampler::device::sample_blended`]: the latents come to the
     /// host and go back (`[1, 128, h, w]`, 2 MB at 1024x1024).
     pub fn after_step<B: Backend>(&self, b: &B, x: B::T, sigmas: &[f32], i: usize) -> Result<B::T> {
-        ensure!(i + 1 < sigmas.len(), "inpaint: step {i} of a schedule of {} sigmas", sigmas.len());
-        let next = (i + 2 < sigmas.len()).then(|| sigmas[i + 1]);
-        b.upload_f32(&self.blend(&b.download(&x)?, next)?)
+        b.upload_f32(&self.blend(&b.download(&x)?, next_sigma(sigmas, i)?)?)
     }
+
+    /// [`Self::after_step`] on a host latent (the samplers that keep it there,
+    /// [`crate::sampler::run_with`]).
+    pub fn after_step_host(&self, x: Vec<f32>, sigmas: &[f32], i: usize) -> Result<Vec<f32>> {
+        Ok(self.blend(&Tensor::new(self.z0.shape.clone(), x)?, next_sigma(sigmas, i)?)?.data)
+    }
+}
+
+/// The noise level after step `i` of a run over `sigmas` (ending in 0): `sigmas[i + 1]`, `None`
+/// after the last step (where the kept region is `z0` itself).
+fn next_sigma(sigmas: &[f32], i: usize) -> Result<Option<f32>> {
+    ensure!(i + 1 < sigmas.len(), "inpaint: step {i} of a schedule of {} sigmas", sigmas.len());
+    Ok((i + 2 < sigmas.len()).then(|| sigmas[i + 1]))
 }

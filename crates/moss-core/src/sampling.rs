@@ -14,7 +14,8 @@ pub struct Step {
     pub call: usize,
     /// The transformer's timestep (σ·1000, in f32).
     pub t: f32,
-    /// Whether the negative (unconditional) velocity is wanted too (guidance is not exactly 1).
+    /// Whether the negative (unconditional) velocity is wanted too (guidance is not exactly 1 and
+    /// the step is inside the guidance window).
     pub guided: bool,
     /// Whether the unconditional skip applies at this step (`start <= i/n < stop`).
     pub skip_active: bool,
@@ -42,10 +43,34 @@ pub fn sample<B: DitOps>(
 #[allow(clippy::too_many_arguments)]
 pub fn sample_with<B: DitOps>(
     b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    guidance: f32,
+    skip_window: (f64, f64),
+    velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    after_step: impl FnMut(usize, B::T) -> Result<B::T>,
+    on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
+) -> Result<B::T> {
+    sample_in_window(b, x, sigmas, guidance, skip_window, (0.0, 1.0), velocities, after_step, on_step)
+}
+
+/// Whether step `i` of `n` is inside the window `(a, b)`: `a <= i/n < b`.
+pub fn in_window(i: usize, n: usize, (a, b): (f64, f64)) -> bool {
+    let frac = i as f64 / n as f64;
+    a <= frac && frac < b
+}
+
+/// [`sample_with`] with the guidance applied only inside `guidance_window` (`a <= i/n < b`):
+/// outside it the step is unguided (`v = v_c`) and the negative pass is not asked for. `(0, 1)`
+/// guides every step.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_in_window<B: DitOps>(
+    b: &B,
     mut x: B::T,
     sigmas: &[f32],
     guidance: f32,
     skip_window: (f64, f64),
+    guidance_window: (f64, f64),
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut after_step: impl FnMut(usize, B::T) -> Result<B::T>,
     mut on_step: impl FnMut(usize, usize, &B::T) -> Result<()>,
@@ -54,9 +79,8 @@ pub fn sample_with<B: DitOps>(
     let n = sigmas.len() - 1;
     for i in 0..n {
         let t = sigmas[i] * 1000.0;
-        let frac = i as f64 / n as f64;
-        let skip_active = skip_window.0 <= frac && frac < skip_window.1;
-        let guided = guidance != 1.0;
+        let skip_active = in_window(i, n, skip_window);
+        let guided = guidance != 1.0 && in_window(i, n, guidance_window);
         let (v_c, v_u) = velocities(Step { step: i, call: i, t, guided, skip_active }, &x)?;
         ensure!(v_u.is_some() == guided, "step {i}: {} negative velocity", if guided { "no" } else { "an unasked" });
         let dsigma = sigmas[i + 1] - sigmas[i];

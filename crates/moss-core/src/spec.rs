@@ -3,10 +3,15 @@
 //! picture's metadata records it as it is (the `moss` JSON is this struct serialised, with the
 //! facts of the run beside it), so `--from` reads back exactly what a run was given.
 
+use crate::cache::CacheConfig;
 use crate::options::{check_size, Precision};
 use crate::prompt::{trim, MAX_TOKENS};
+use crate::sampler::Kind as Sampler;
+use crate::sigmas::Schedule;
 use serde::{Deserialize, Serialize};
 
+mod loop_settings;
+pub use loop_settings::*;
 mod pictures_in;
 pub use pictures_in::*;
 
@@ -38,6 +43,19 @@ pub struct PictureSpec {
     /// GPU compute precision (the CPU reference computes in fp32 either way).
     #[serde(with = "precision_name")]
     pub precision: Precision,
+    /// The sampler (`euler`: the model's own). The loop's settings are absent from the metadata
+    /// of pictures made before they existed: those read as the defaults, which is what made them.
+    #[serde(default, with = "by_name")]
+    pub sampler: Sampler,
+    /// The sigma schedule (`model`: the checkpoint's own, spec 5.2).
+    #[serde(default, with = "by_name")]
+    pub schedule: Schedule,
+    /// Step caching (None: off).
+    #[serde(default, with = "cache_form")]
+    pub cache: Option<CacheConfig>,
+    /// Guidance applies at step i when `a <= i/n < b`; outside, the negative pass does not run.
+    #[serde(default = "full_window")]
+    pub guidance_window: (f64, f64),
     /// The picture the run starts from (img2img, inpainting, outpainting); `None`: from text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_image: Option<InitSpec>,
@@ -60,6 +78,10 @@ impl Default for PictureSpec {
             skip_window: (0.0, 1.0),
             max_tokens: MAX_TOKENS,
             precision: Precision::Bf16,
+            sampler: Sampler::Euler,
+            schedule: Schedule::Model,
+            cache: None,
+            guidance_window: full_window(),
             init_image: None,
             hires: None,
         }
@@ -80,6 +102,10 @@ impl PictureSpec {
         if !(a.is_finite() && b.is_finite() && 0.0 <= a && a <= b && b <= 1.0) {
             return Err(format!("skip window {a}:{b} is not A:B with 0 <= A <= B <= 1"));
         }
+        check_window("guidance window", self.guidance_window)?;
+        if let Some(c) = &self.cache {
+            check_cache(c)?;
+        }
         self.check_pictures_in()
     }
 
@@ -87,6 +113,9 @@ impl PictureSpec {
     pub fn check_pictures_in(&self) -> Result<(), String> {
         if let Some(i) = &self.init_image {
             i.check(self.width, self.height)?;
+            if i.masked() && self.sampler == Sampler::Heun {
+                return Err("inpainting and outpainting take every sampler but heun (its second model call in a step has no blend of the kept region): choose another --sampler".into());
+            }
         }
         if let Some(h) = &self.hires {
             if self.init_image.is_some() {
@@ -170,6 +199,39 @@ mod tests {
         bad(|s| s.width = 1000, "width 1000");
         bad(|s| s.max_tokens = 0, "max tokens");
         bad(|s| s.skip_window = (0.5, 0.2), "skip window");
+        bad(|s| s.guidance_window = (0.0, 1.5), "guidance window");
+        let db = crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache);
+        bad(
+            |s| s.cache = Some(crate::cache::CacheConfig { threshold: -0.1, ..crate::cache::CacheConfig::defaults(crate::cache::Method::DbCache) }),
+            "threshold",
+        );
+        assert!(PictureSpec { cache: Some(db), ..Default::default() }.check().is_ok());
+    }
+
+    /// Metadata written before the loop's settings existed reads as the defaults; the settings
+    /// are recorded by name.
+    #[test]
+    fn the_loop_settings_default_and_round_trip() {
+        let mut j = serde_json::to_value(PictureSpec::default()).unwrap();
+        for k in ["sampler", "schedule", "cache", "guidance_window"] {
+            assert!(j.as_object_mut().unwrap().remove(k).is_some(), "{k} is recorded");
+        }
+        assert_eq!(serde_json::from_value::<PictureSpec>(j).unwrap(), PictureSpec::default());
+        let s = PictureSpec {
+            sampler: Sampler::DpmPp2mSde,
+            schedule: Schedule::Karras,
+            cache: Some(crate::cache::CacheConfig::defaults(crate::cache::Method::TaylorSeer)),
+            guidance_window: (0.0, 0.5),
+            ..Default::default()
+        };
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!((j["sampler"].as_str(), j["schedule"].as_str(), j["cache"]["method"].as_str()), (Some("dpm++2m_sde"), Some("karras"), Some("taylorseer")));
+        assert_eq!(j["guidance_window"], serde_json::json!([0.0, 0.5]));
+        assert_eq!(serde_json::from_value::<PictureSpec>(j).unwrap(), s);
+        let mut j = serde_json::to_value(&s).unwrap();
+        j["sampler"] = "dpmpp_2m".into();
+        let e = serde_json::from_value::<PictureSpec>(j).unwrap_err().to_string();
+        assert!(e.contains("dpmpp_2m") && e.contains("euler_ancestral"), "{e}");
     }
 
     #[test]

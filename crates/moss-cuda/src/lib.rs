@@ -8,6 +8,7 @@ pub mod contract;
 pub mod dit;
 pub mod encoder;
 pub mod gemm_pins;
+pub mod kernels;
 pub mod launch;
 pub mod lora;
 pub mod ops;

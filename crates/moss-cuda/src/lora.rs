@@ -11,8 +11,9 @@
 //! next tensors while the device merges. A factor too large for the ring (a full-weight
 //! difference) goes through the staging chunks.
 
+use super::kernels::{self, Dev};
 use super::ops::ring::RING_MAX;
-use super::ops::{Arg, Cuda, CudaTensor, DType};
+use super::ops::{Cuda, CudaTensor, DType};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::CudaEvent;
 use moss_core::checkpoint::{Component, Dtype};
@@ -129,16 +130,16 @@ struct Operands32 {
 
 impl Cuda {
     /// `w` plus every update of `terms`, rounded once into `w` (in place; `w` as stored: bf16 or
-    /// f32). `prefix`: `moss`, or `moss_ctl` for the planted control of the gate.
-    pub fn merge_lora_with(&self, w: &CudaTensor, terms: &[Term], prefix: &str) -> Result<()> {
-        self.merge_in_two_phases(w, terms, prefix, None).map(|_| ())
+    /// f32).
+    pub fn merge_lora_into(&self, w: &CudaTensor, terms: &[Term]) -> Result<()> {
+        self.merge_in_two_phases(w, terms, None).map(|_| ())
     }
 
     /// The merge: first the host prepares every term's factors (their bytes into the upload ring,
     /// device memory for them), then the copies, the bf16 factors' widening and the merge kernels
     /// go on the stream. Returns the host's seconds of preparation (waits for the ring's earlier
     /// copies left out). With `timed` (an event pair), the events bracket the device part.
-    fn merge_in_two_phases(&self, w: &CudaTensor, terms: &[Term], prefix: &str, timed: Option<(&CudaEvent, &CudaEvent)>) -> Result<f64> {
+    fn merge_in_two_phases(&self, w: &CudaTensor, terms: &[Term], timed: Option<(&CudaEvent, &CudaEvent)>) -> Result<f64> {
         let t0 = Instant::now();
         ensure!(!w.shape.is_empty() && w.shape.len() <= 2, "LoRA merge into a tensor of shape {:?}", w.shape);
         let rows = w.shape[0];
@@ -217,33 +218,27 @@ impl Cuda {
         for u in &uploads {
             if let Some(src) = u.widen {
                 let n = u.part.data.len();
-                self.launch("moss_cast_bf16_f32", self.grid_for(n / 8 + 1), 256, 0, &[Arg::P(u.dst), Arg::P(src), Arg::L(n as i64)])?;
+                let (dst, src) = (Dev::new(u.dst, DType::F32), Dev::new(src, DType::BF16));
+                kernels::CAST.launch(self, (self.grid_for(n / 8 + 1), 256, 0), dst, src, n as i64)?;
             }
         }
-        let sum_ptr = sum.as_ref().map_or(0, |s| s.ptr());
-        let suffix = w.dtype.name();
+        let acc = sum.as_ref().map_or(Dev::null(DType::F32), Dev::from);
         for (k, ((o, fs), dev)) in ops.iter().zip(&devs).enumerate() {
             let mode = (k > 0) as i32 | (((k + 1 == terms.len()) as i32) << 1);
             let scale = terms[k].scale;
-            let p = |i: usize| Arg::P(dev.ptrs[i]);
-            let head = [Arg::P(w.ptr()), Arg::P(sum_ptr)];
-            let tail = [Arg::F(*fs), Arg::F(scale), Arg::I(mode)];
-            let (rl, cl) = (Arg::L(rows as i64), Arg::L(cols as i64));
-            let grid = ((cols.div_ceil(TILE)) as u32, (rows.div_ceil(TILE)) as u32);
+            let p = |i: usize| Dev::new(dev.ptrs[i], DType::F32);
+            let (rl, cl) = (rows as i64, cols as i64);
+            let tiles = (((cols.div_ceil(TILE)) as u32, (rows.div_ceil(TILE)) as u32), TILE_THREADS, 0);
             match o {
-                Operands::LowRank { up, .. } => {
-                    let args: Vec<Arg> = head.into_iter().chain([p(0), p(1), rl, cl, Arg::I(up.cols as i32)]).chain(tail).collect();
-                    self.launch_2d(&format!("{prefix}_lora_lowrank_{suffix}"), grid, TILE_THREADS, 0, &args)?;
-                }
+                Operands::LowRank { up, .. } => kernels::LORA_LOWRANK.launch(self, tiles, w, acc, p(0), p(1), rl, cl, up.cols as i32, *fs, scale, mode)?,
                 Operands::LoHa { w1a, w2a, .. } => {
-                    let mid = [p(0), p(1), p(2), p(3), rl, cl, Arg::I(w1a.cols as i32), Arg::I(w2a.cols as i32)];
-                    let args: Vec<Arg> = head.into_iter().chain(mid).chain(tail).collect();
-                    self.launch_2d(&format!("{prefix}_lora_loha_{suffix}"), grid, TILE_THREADS, 0, &args)?;
+                    let (r1, r2) = (w1a.cols as i32, w2a.cols as i32);
+                    kernels::LORA_LOHA.launch(self, tiles, w, acc, p(0), p(1), p(2), p(3), rl, cl, r1, r2, *fs, scale, mode)?
                 }
                 Operands::Kron { a, b, row0 } => {
-                    let mid = [p(0), p(1), rl, cl, Arg::L(*row0 as i64), Arg::I(a.cols as i32), Arg::I(b.rows as i32), Arg::I(b.cols as i32)];
-                    let args: Vec<Arg> = head.into_iter().chain(mid).chain(tail).collect();
-                    self.launch(&format!("{prefix}_lora_kron_{suffix}"), self.grid_for(rows * cols), 256, 0, &args)?;
+                    let cfg = (self.grid_for(rows * cols), 256, 0);
+                    let (ac, br, bc) = (a.cols as i32, b.rows as i32, b.cols as i32);
+                    kernels::LORA_KRON.launch(self, cfg, w, acc, p(0), p(1), rl, cl, *row0 as i64, ac, br, bc, *fs, scale, mode)?
                 }
             }
         }
@@ -260,7 +255,7 @@ impl Cuda {
         let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = || ctx.new_event(timed).map_err(|e| anyhow!("CUDA event: {e:?}"));
         let (a, b) = (ev()?, ev()?);
-        let prep = self.merge_in_two_phases(&w, terms, "moss", Some((&a, &b)))?;
+        let prep = self.merge_in_two_phases(&w, terms, Some((&a, &b)))?;
         clock.add_host(prep);
         clock.add_device(Box::new(move || b.synchronize().ok().and_then(|_| a.elapsed_ms(&b).ok()).map_or(f64::NAN, |ms| ms as f64 * 1e-3)));
         Ok(w)

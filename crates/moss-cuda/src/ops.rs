@@ -14,19 +14,20 @@
 
 use super::Gpu;
 use crate::blas::Blas;
+use crate::kernels;
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{result as dr, sys, CudaFunction, CudaSlice, DevicePtr};
+use cudarc::driver::{result as dr, sys, CudaSlice, DevicePtr};
 use moss_core::backend::Backend;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::lora::{plan::MergeClock, Term};
 use moss_core::options::Precision;
 use moss_core::tensor::Tensor;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod fp8;
+mod launch;
 pub mod mover;
 pub(crate) mod ring;
 mod tensor_ops;
@@ -35,9 +36,10 @@ mod transfer;
 mod weights;
 
 pub use tma::tensor_map_2d;
-use transfer::Staging;
+use transfer::Transfers;
 pub use transfer::{convert_into, from_bytes, par_chunks, pipelined, to_bytes, Download, DOWNLOAD_CHUNK, DOWNLOAD_SLOTS, STAGING_CHUNK};
 pub use weights::DeviceMem;
+use weights::Slots;
 
 /// Element type of a device tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -130,62 +132,43 @@ pub struct PermArgs {
     pub nd: i32,
 }
 
-/// One kernel argument.
-pub enum Arg {
-    /// A device pointer.
-    P(u64),
-    L(i64),
-    I(i32),
-    F(f32),
-    Perm(PermArgs),
-    /// A TMA tensor map passed by value (a kernel's `const __grid_constant__ CUtensorMap`).
-    Map(Box<sys::CUtensorMap>),
-}
-
+/// The backend's state on one device, shared by every view ([`Cuda`] clones, other precisions,
+/// batches, images), in parts.
 struct Inner {
     gpu: Gpu,
     blas: Blas,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
-    staging: Mutex<Option<Staging>>,
-    /// The pinned ring the LoRA merge uploads its factors through (made at the first merge).
-    ring: Mutex<Option<ring::Ring>>,
-    /// The weight mover (copy stream, pinned pool), made at the first load.
-    mover: Mutex<Option<mover::Mover>>,
-    /// The streamed blocks' reusable device memory, by slot.
-    slots: Mutex<Vec<Option<Arc<DeviceMem>>>>,
-    /// By slot: the event after the compute that last reads its tensors ([`Cuda::slot_read_until_now`]).
-    slot_free: Mutex<HashMap<usize, cudarc::driver::CudaEvent>>,
+    /// The kernels looked up so far.
+    kernels: launch::Kernels,
+    /// Host <-> device machinery made on first use: staging buffers, the weight mover, the
+    /// LoRA merge's upload ring.
+    transfers: Transfers,
+    /// The streamed blocks' reusable device memory.
+    slots: Slots,
+    /// The VAE decode's state (`crate::vae::state`).
+    vae: crate::vae::state::VaeState,
+    /// Fill new allocations with 0xFF ([`Cuda::set_poison`]).
     poison: AtomicBool,
+    /// Streaming multiprocessors (at least 1).
     sms: u32,
-    /// The fp16-split VAE conv's overflow flag (one device int, allocated on first use) and
-    /// whether the decoder is re-running on the TF32 path after it was set (crates/moss-cuda/src/vae/conv.rs).
-    vae_flag: Mutex<Option<CudaTensor>>,
-    vae_tf32_fallback: AtomicBool,
-    /// The VAE split decode's copy streams and pinned host memory (crates/moss-cuda/src/vae/picture.rs).
-    vae_io: Mutex<Option<Arc<crate::vae::picture::SplitIo>>>,
-    /// The run plan's limit on the VAE decode's activations (`VaeOps::limit_vae_activations`).
-    vae_limit: Mutex<Option<u64>>,
     /// Device bytes held outside our allocations: the context, the kernel modules, the cuBLASLt
     /// workspace (measured when the backend was made; see [`Cuda::process_overhead`]).
     overhead: u64,
 }
 
 /// The CUDA backend on one GPU. Clones share the device state; [`Cuda::with_precision`] gives a
-/// view with another precision.
+/// view with another precision, [`Cuda::with_image`] one launching other kernels (`moss check`).
 #[derive(Clone)]
 pub struct Cuda {
     inner: Arc<Inner>,
     pub precision: Precision,
     /// Loads recorded by a batch view ([`Cuda::batch`]), read at its end.
     batch: Option<Arc<Mutex<weights::Batch>>>,
+    /// The kernels this view launches.
+    image: Arc<crate::kernels::Image>,
 }
 
 fn de(what: &str) -> impl Fn(dr::DriverError) -> anyhow::Error + '_ {
     move |e| anyhow!("CUDA {what}: {e:?}")
-}
-
-fn kernel_ptr(t: &CudaTensor) -> Arg {
-    Arg::P(t.ptr())
 }
 
 impl Cuda {
@@ -220,33 +203,24 @@ impl Cuda {
         let inner = Inner {
             gpu,
             blas,
-            funcs: Mutex::new(HashMap::new()),
-            staging: Mutex::new(None),
-            ring: Mutex::new(None),
-            mover: Mutex::new(None),
-            slots: Mutex::new(vec![]),
-            slot_free: Mutex::new(HashMap::new()),
+            kernels: Default::default(),
+            transfers: Default::default(),
+            slots: Default::default(),
+            vae: Default::default(),
             poison: AtomicBool::new(false),
             sms,
-            vae_flag: Mutex::new(None),
-            vae_tf32_fallback: AtomicBool::new(false),
-            vae_io: Mutex::new(None),
-            vae_limit: Mutex::new(None),
             overhead,
         };
-        Ok(Cuda { inner: Arc::new(inner), precision, batch: None })
+        Ok(Cuda { inner: Arc::new(inner), precision, batch: None, image: Default::default() })
     }
 
     pub fn with_precision(&self, precision: Precision) -> Cuda {
-        Cuda { inner: self.inner.clone(), precision, batch: self.batch.clone() }
+        Cuda { precision, ..self.clone() }
     }
 
-    pub(crate) fn vae_limit(&self) -> Option<u64> {
-        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn set_vae_limit(&self, bytes: Option<u64>) {
-        *self.inner.vae_limit.lock().unwrap_or_else(|e| e.into_inner()) = bytes;
+    /// The VAE decode's state.
+    pub(crate) fn vae_state(&self) -> &crate::vae::state::VaeState {
+        &self.inner.vae
     }
 
     /// Device bytes this process holds outside its allocations (context, kernel modules,
@@ -258,46 +232,6 @@ impl Cuda {
 
     pub fn gpu(&self) -> &Gpu {
         &self.inner.gpu
-    }
-
-    /// Device address of the fp16-split VAE conv's overflow flag (one int, zero until a kernel
-    /// sets it; allocated and zeroed on first use).
-    pub(crate) fn vae_flag_ptr(&self) -> Result<u64> {
-        let mut g = self.inner.vae_flag.lock().unwrap();
-        if g.is_none() {
-            let t = self.alloc(DType::F32, &[4])?;
-            self.write_bytes(t.ptr(), &[0u8; 16])?;
-            *g = Some(t);
-        }
-        Ok(g.as_ref().unwrap().ptr())
-    }
-
-    /// Whether the overflow flag is set (waits for the stream), and clears it.
-    pub(crate) fn vae_flag_take(&self) -> Result<bool> {
-        let g = self.inner.vae_flag.lock().unwrap();
-        let Some(t) = g.as_ref() else { return Ok(false) };
-        let b = self.download_bytes(t)?;
-        let set = b[..4] != [0u8; 4];
-        if set {
-            self.write_bytes(t.ptr(), &[0u8; 16])?;
-        }
-        Ok(set)
-    }
-
-    /// Whether the VAE convolutions run on the TF32 halo kernel in place of the fp16 one (the
-    /// decoder's re-run after an overflow).
-    pub(crate) fn vae_tf32_fallback(&self) -> bool {
-        self.inner.vae_tf32_fallback.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_vae_tf32_fallback(&self, on: bool) {
-        self.inner.vae_tf32_fallback.store(on, Ordering::Relaxed)
-    }
-
-    /// The VAE split decode's copy streams and pinned host memory, made on first use and let go
-    /// by `release_cached` (between stages).
-    pub(crate) fn vae_io(&self) -> &Mutex<Option<Arc<crate::vae::picture::SplitIo>>> {
-        &self.inner.vae_io
     }
 
     pub(crate) fn blas(&self) -> &Blas {
@@ -352,81 +286,6 @@ impl Cuda {
         Ok(CudaTensor { buf: Arc::new(Buf { mem: Mem::Pool(slice), ptr, bytes }), shape: shape.to_vec(), dtype })
     }
 
-    fn func(&self, name: &str) -> Result<CudaFunction> {
-        let mut f = self.inner.funcs.lock().unwrap();
-        if let Some(k) = f.get(name) {
-            return Ok(k.clone());
-        }
-        let gpu = &self.inner.gpu;
-        let checks = gpu.check_modules.lock().unwrap().clone();
-        let k = std::iter::once(&gpu.module)
-            .chain(gpu.module_sm90a.as_ref())
-            .chain(checks.iter())
-            .find_map(|m| m.load_function(name).ok())
-            .ok_or_else(|| anyhow!("kernel `{name}` is in no loaded image (production{})", if checks.is_empty() { "" } else { ", check" }))?;
-        f.insert(name.to_string(), k.clone());
-        Ok(k)
-    }
-
-    /// Load the check image (the planted controls of `moss check`; its Hopper part where the
-    /// `sm_90a` production kernels are loaded). Production never calls this.
-    pub fn load_check_image(&self) -> Result<()> {
-        let gpu = &self.inner.gpu;
-        let mut mods = gpu.check_modules.lock().unwrap();
-        if !mods.is_empty() {
-            return Ok(());
-        }
-        let bins = super::FATBIN_CHECK.into_iter().chain(super::FATBIN_CHECK_SM90A.filter(|_| self.has_sm90a()));
-        for bin in bins {
-            let m = gpu
-                .ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(bin.to_vec()))
-                .map_err(|e| anyhow!("cannot load the check image on {}: {e:?}", gpu.name))?;
-            mods.push(m);
-        }
-        Ok(())
-    }
-
-    /// Whether the Hopper-only kernels (`cuda/*/sm90a`) are loaded: a compute capability 9.0
-    /// device and a build with them.
-    pub fn has_sm90a(&self) -> bool {
-        self.inner.gpu.module_sm90a.is_some()
-    }
-
-    /// Launch `name` on the stream with a 1-D grid.
-    pub fn launch(&self, name: &str, grid: u32, block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
-        self.launch_2d(name, (grid, 1), block, shmem, args)
-    }
-
-    /// Launch `name` on the stream with a 2-D grid `(x, y)`; more than 48 KiB of dynamic shared
-    /// memory is opted into per function.
-    pub fn launch_2d(&self, name: &str, grid: (u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<()> {
-        // A batch view's loads land before any kernel it launches (which may read them).
-        self.settle()?;
-        let f = self.func(name)?;
-        if shmem > 48 * 1024 {
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem as i32)
-                .map_err(|e| anyhow!("{name}: {shmem} bytes of shared memory: {e:?}"))?;
-        }
-        let mut slots: Vec<*mut c_void> = args
-            .iter()
-            .map(|a| match a {
-                Arg::P(v) => v as *const u64 as *mut c_void,
-                Arg::L(v) => v as *const i64 as *mut c_void,
-                Arg::I(v) => v as *const i32 as *mut c_void,
-                Arg::F(v) => v as *const f32 as *mut c_void,
-                Arg::Perm(v) => v as *const PermArgs as *mut c_void,
-                Arg::Map(v) => &**v as *const sys::CUtensorMap as *mut c_void,
-            })
-            .collect();
-        let s = &self.inner.gpu.stream;
-        s.context().bind_to_thread().map_err(de("bind context"))?;
-        // SAFETY: the kernel's C signature matches `args` (each call site is written against its
-        // kernel in cuda/); every pointer is a live allocation of the size the kernel reads.
-        unsafe { dr::launch_kernel(f.cu_function(), (grid.0.max(1), grid.1.max(1), 1), (block, 1, 1), shmem, s.cu_stream(), &mut slots) }
-            .map_err(|e| anyhow!("launching {name}: {e:?}"))
-    }
-
     /// The device's streaming multiprocessors (read when the device opened; at least 1).
     pub fn sm_count(&self) -> usize {
         self.inner.sms as usize
@@ -461,8 +320,8 @@ impl Backend for Cuda {
         // A finished stage's streamed-block slots go too (the next stream allocates them again),
         // and the VAE split decode's pinned host memory once no kept picture holds it.
         self.release_slots();
-        self.inner.vae_io.lock().unwrap().take();
-        self.inner.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.vae_state().io.lock().unwrap().take();
+        self.inner.transfers.ring.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.trim_pool()
     }
 
@@ -526,7 +385,7 @@ impl Backend for Cuda {
     }
     fn quantize_rows(&self, w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
-        self.prof("quantize_rows", || self.quantize_fp8_with(w, "moss_quantize_fp8"))
+        self.prof("quantize_rows", || self.quantize_fp8(w))
     }
     fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
         self.linear_fp8_timed(x, q, scale)
@@ -535,32 +394,32 @@ impl Backend for Cuda {
         self.linear_fp8_quantized_timed(xq, xs, q, s)
     }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("add", || self.binary_with("add", a, b, "moss"))
+        self.prof("add", || self.binary(&kernels::ADD, "add", a, b))
     }
     fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("mul", || self.binary_with("mul", a, b, "moss"))
+        self.prof("mul", || self.binary(&kernels::MUL, "mul", a, b))
     }
     fn silu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("silu", || self.unary_with("silu", x, "moss"))
+        self.prof("silu", || self.unary(&kernels::SILU, x))
     }
     fn sigmoid(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("sigmoid", || self.unary_with("sigmoid", x, "moss"))
+        self.prof("sigmoid", || self.unary(&kernels::SIGMOID, x))
     }
     fn rms_norm(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool) -> Result<CudaTensor> {
-        self.prof("rms_norm", || self.rms_norm_with(x, w, eps, one_plus, "moss_rms_norm"))
+        self.prof("rms_norm", || self.rms_norm_rows(x, w, eps, one_plus))
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
         ensure!(shape.iter().product::<usize>() == x.numel(), "reshape {:?} to {shape:?}: {} values", x.shape, x.numel());
         Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
-        self.prof("narrow", || self.narrow_with(x, dim, start, len, "moss"))
+        self.prof("narrow", || self.narrow_copy(x, dim, start, len))
     }
     fn cat(&self, xs: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
-        self.prof("cat", || self.cat_with(xs, dim, "moss"))
+        self.prof("cat", || self.cat_copies(xs, dim))
     }
     fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor> {
-        self.prof("permute", || self.permute_with(x, perm, "moss"))
+        self.prof("permute", || self.permute_copy(x, perm))
     }
 }
 

@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use moss::backend::cpu::Cpu;
-use moss::backend::ops::DitOps;
+use moss::backend::ops::{DitOps, VaeOps};
 use moss::backend::Device;
 use moss::checkpoint::{self, Checkpoint};
 use moss::model::dit::Dit;
@@ -72,7 +72,7 @@ pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
     }
 }
 
-fn run_on<B: DitOps>(
+fn run_on<B: DitOps + VaeOps>(
     b: &B,
     ck: &Checkpoint,
     a: &BenchDit,

@@ -7,6 +7,7 @@ pub mod expected;
 pub mod ggml;
 pub mod ggml_quantize;
 pub mod gguf;
+pub mod hash;
 pub mod quantize;
 pub mod scaled_fp8;
 pub mod single_file;
@@ -32,6 +33,26 @@ pub struct ModelLocation {
     pub id: String,
     /// The Hugging Face snapshot revision, when resolved through the cache.
     pub revision: Option<String>,
+}
+
+impl ModelLocation {
+    /// The model's name as pictures and the server show it, never a path: the repo id (also for
+    /// a Hugging Face snapshot folder given as a path), else the folder's own name.
+    pub fn name(&self) -> String {
+        if self.revision.is_some() {
+            return self.id.clone();
+        }
+        let folder = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        let up = |p: &Path, n: usize| p.ancestors().nth(n).and_then(|a| a.file_name()).map(|f| f.to_string_lossy().into_owned());
+        if up(&folder, 1).as_deref() == Some("snapshots") {
+            if let Some(repo) = up(&folder, 2).as_deref().and_then(|r| r.strip_prefix("models--")) {
+                if let Some((owner, name)) = repo.split_once("--") {
+                    return format!("{owner}/{name}");
+                }
+            }
+        }
+        up(&folder, 0).unwrap_or_else(|| "model".into())
+    }
 }
 
 fn hub_cache_dirs() -> Vec<PathBuf> {
@@ -87,9 +108,10 @@ pub fn locate(spec: &str) -> Result<ModelLocation> {
     } else {
         looked.push(format!("{} (no such folder)", p.display()));
     }
+    let repo = if looks_like_repo { spec } else { DEFAULT_MODEL };
     bail!(
         "model `{spec}` not found; looked in: {}. Get the weights with \
-         `hf download {DEFAULT_MODEL}` (or `huggingface-cli download ...`) on a machine with \
+         `hf download {repo}` (or `huggingface-cli download {repo}`) on a machine with \
          network access, then pass --model <folder> or set MOSS_MODEL",
         looked.join(", ")
     )
@@ -127,6 +149,8 @@ pub struct Checkpoint {
     pub loras: Arc<crate::lora::Plan>,
     /// Components given as one file each instead of their folder's weights.
     pub files: ComponentFiles,
+    /// The transformer's A1111 `Model hash` ([`hash`]), once [`Checkpoint::start_model_hash`].
+    pub model_hash: hash::ModelHash,
 }
 
 /// The refusal of a quantized tensor (ggml blocks, int8 with row scales) on the GPU: the CUDA
@@ -196,6 +220,7 @@ impl Checkpoint {
             scheduler: config::scheduler_from_file(&root.join("scheduler/scheduler_config.json"))?,
             loras: Default::default(),
             files: Default::default(),
+            model_hash: Default::default(),
             loc,
         })
     }
@@ -211,6 +236,22 @@ impl Checkpoint {
             Some(f) => single_file::open(f, name),
             None => TensorStore::open(&self.loc.root.join(name)),
         }
+    }
+
+    /// Start computing the transformer's `Model hash` beside the run ([`hash::ModelHash`]).
+    pub fn start_model_hash(&self) {
+        if self.model_hash.started() {
+            return;
+        }
+        if let Ok(store) = TensorStore::open(&self.loc.root.join("transformer")) {
+            self.model_hash.start(store.files.iter().map(|f| f.0.clone()).collect());
+        }
+    }
+
+    /// The transformer's `Model hash` (10 hex digits), computed now if not started before.
+    pub fn model_hash(&self) -> Option<&str> {
+        self.start_model_hash();
+        self.model_hash.get()
     }
 
     pub fn tokenizer_path(&self) -> PathBuf {

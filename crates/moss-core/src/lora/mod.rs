@@ -54,7 +54,8 @@ impl LoraSpec {
 #[derive(Clone, Debug)]
 pub struct Lora {
     pub spec: LoraSpec,
-    /// A short content hash (FNV-1a 64 of the file, 12 hex digits), recorded in the metadata.
+    /// A1111's hash of the file (12 hex digits, [`crate::checkpoint::hash::lora_hash`]), recorded
+    /// in the metadata.
     pub hash: FileHash,
     /// The detected format (`peft`, `kohya`, `loha`, `lokr`, `diff`, or several joined by `+`).
     pub format: String,
@@ -67,10 +68,16 @@ impl Lora {
     pub fn file_name(&self) -> String {
         self.spec.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
     }
+
+    /// The name A1111 gives the adapter (its file name without the extension).
+    pub fn stem(&self) -> String {
+        self.spec.path.file_stem().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    }
 }
 
-/// An adapter file's [`short_hash`], computed on a thread of its own while the run goes on (it
-/// reads every byte of the file: ~0.3 s for a 300 MB adapter); [`FileHash::get`] waits for it.
+/// An adapter file's hash ([`crate::checkpoint::hash::lora_hash`]), computed on a thread of its
+/// own while the run goes on (it reads every byte of the file: ~0.3 s for a 300 MB adapter);
+/// [`FileHash::get`] waits for it.
 #[derive(Clone)]
 pub struct FileHash(Arc<HashState>);
 
@@ -82,7 +89,7 @@ struct HashState {
 impl FileHash {
     /// The hash of `bytes`, started now.
     pub fn of(bytes: keys::Bytes) -> FileHash {
-        let thread = std::thread::spawn(move || short_hash((*bytes).as_ref()));
+        let thread = std::thread::spawn(move || crate::checkpoint::hash::lora_hash((*bytes).as_ref()));
         FileHash(Arc::new(HashState { value: OnceLock::new(), thread: Mutex::new(Some(thread)) }))
     }
 
@@ -109,16 +116,6 @@ impl std::fmt::Debug for FileHash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "FileHash({:?})", self.0.value.get())
     }
-}
-
-/// FNV-1a 64 of `bytes`, as 12 hex digits.
-pub fn short_hash(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")[..12].to_string()
 }
 
 /// Read every adapter of `specs` and check each against the transformer's tensors (`model`, keys

@@ -11,8 +11,9 @@
 
 use super::{Kind, ModelCall};
 use crate::backend::ops::DitOps;
+use crate::img2img::Inpaint;
 use crate::noise::TorchGenerator;
-use crate::sampling::Step;
+use crate::sampling::{in_window, Step};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
 
@@ -26,9 +27,9 @@ pub struct Count {
 /// Run `kind` over `sigmas` (ending in 0) from `x`. `noise`: the seed's generator after the
 /// initial latent was drawn from it (only the stochastic samplers draw). For a model call at
 /// schedule step `i` of `n` the closure gets `Step { step: i, t: σ·1000, guided, skip_active }`
-/// with `guided = guidance != 1` and `skip_active = start <= i/n < stop` of `skip_window`, as
-/// today; it returns `v_c` and, when guided, `v_u`. `on_step(i + 1, n)` after each step (an
-/// error stops the loop). Returns the final latent and the [`Count`].
+/// with `guided = guidance != 1` and `a <= i/n < b` of `guidance_window`, and `skip_active` the
+/// same of `skip_window`, as today; it returns `v_c` and, when guided, `v_u`. `on_step(i + 1, n)`
+/// after each step (an error stops the loop). Returns the final latent and the [`Count`].
 #[allow(clippy::too_many_arguments)]
 pub fn sample<B: DitOps>(
     b: &B,
@@ -38,21 +39,43 @@ pub fn sample<B: DitOps>(
     noise: &mut TorchGenerator,
     guidance: f32,
     skip_window: (f64, f64),
+    guidance_window: (f64, f64),
+    velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    on_step: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<(B::T, Count)> {
+    sample_blended(b, x, sigmas, kind, noise, (guidance, skip_window, guidance_window), None, velocities, on_step)
+}
+
+/// [`sample`] (its `guidance`, `skip_window` and `guidance_window` as one triple) with
+/// inpainting's latent blend after every step when `blend` is given
+/// ([`Inpaint::after_step`], on the host for the samplers that keep the latent there).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_blended<B: DitOps>(
+    b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    kind: Kind,
+    noise: &mut TorchGenerator,
+    (guidance, skip_window, guidance_window): (f32, (f64, f64), (f64, f64)),
+    blend: Option<&Inpaint>,
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut on_step: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<(B::T, Count)> {
-    let guided = guidance != 1.0;
-    let per_call = if guided { 2 } else { 1 };
     if kind == Kind::Euler {
-        let mut calls = 0;
+        let mut count = Count::default();
         let counted = |s: Step, x: &B::T| {
-            calls += 1;
+            count.calls += 1;
+            count.passes += 1 + s.guided as usize;
             velocities(s, x)
         };
-        let x = crate::sampling::sample(b, x, sigmas, guidance, skip_window, counted, |i, n, _| on_step(i, n))?;
-        return Ok((x, Count { calls, passes: calls * per_call }));
+        let after = |i: usize, x: B::T| match blend {
+            Some(p) => p.after_step(b, x, sigmas, i),
+            None => Ok(x),
+        };
+        let x = crate::sampling::sample_in_window(b, x, sigmas, guidance, skip_window, guidance_window, counted, after, |i, n, _| on_step(i, n))?;
+        return Ok((x, count));
     }
-    sample_on_host(b, x, sigmas, kind, noise, guidance, skip_window, velocities, on_step)
+    on_host(b, x, sigmas, kind, noise, (guidance, skip_window, guidance_window), blend, velocities, on_step)
 }
 
 /// [`sample`]'s path for every sampler but `euler`: the latent on the host, each model call's
@@ -67,17 +90,33 @@ pub fn sample_on_host<B: DitOps>(
     noise: &mut TorchGenerator,
     guidance: f32,
     skip_window: (f64, f64),
+    guidance_window: (f64, f64),
+    velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
+    on_step: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<(B::T, Count)> {
+    on_host(b, x, sigmas, kind, noise, (guidance, skip_window, guidance_window), None, velocities, on_step)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn on_host<B: DitOps>(
+    b: &B,
+    x: B::T,
+    sigmas: &[f32],
+    kind: Kind,
+    noise: &mut TorchGenerator,
+    (guidance, skip_window, guidance_window): (f32, (f64, f64), (f64, f64)),
+    blend: Option<&Inpaint>,
     mut velocities: impl FnMut(Step, &B::T) -> Result<(B::T, Option<B::T>)>,
     mut on_step: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<(B::T, Count)> {
-    let guided = guidance != 1.0;
-    let per_call = if guided { 2 } else { 1 };
     let shape = b.dims(&x);
     let host = b.download(&x)?.data;
-    let zero = if guided { Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?) } else { None };
+    let zero = if guidance != 1.0 { Some(b.upload_f32(&Tensor::new(shape.clone(), vec![0.0; host.len()])?)?) } else { None };
+    let mut passes = 0;
     let mut model = |x: &[f32], call: ModelCall| -> Result<Vec<f32>> {
-        let frac = call.step as f64 / call.steps as f64;
-        let step = Step { step: call.step, call: call.call, t: call.t(), guided, skip_active: skip_window.0 <= frac && frac < skip_window.1 };
+        let guided = guidance != 1.0 && in_window(call.step, call.steps, guidance_window);
+        let step = Step { step: call.step, call: call.call, t: call.t(), guided, skip_active: in_window(call.step, call.steps, skip_window) };
+        passes += 1 + guided as usize;
         let (v_c, v_u) = velocities(step, &b.upload_f32(&Tensor::new(shape.clone(), x.to_vec())?)?)?;
         ensure!(v_u.is_some() == guided, "step {}: {} negative velocity", call.step, if guided { "no" } else { "an unasked" });
         let v = match (&zero, v_u) {
@@ -86,6 +125,10 @@ pub fn sample_on_host<B: DitOps>(
         };
         Ok(b.download(&v)?.data)
     };
-    let (x, calls) = super::run(kind, sigmas, host, noise, &mut model, |i, n, _| on_step(i, n))?;
-    Ok((b.upload_f32(&Tensor::new(shape, x)?)?, Count { calls, passes: calls * per_call }))
+    let after = |i: usize, x: Vec<f32>| match blend {
+        Some(p) => p.after_step_host(x, sigmas, i),
+        None => Ok(x),
+    };
+    let (x, calls) = super::run_with(kind, sigmas, host, noise, &mut model, after, |i, n, _| on_step(i, n))?;
+    Ok((b.upload_f32(&Tensor::new(shape, x)?)?, Count { calls, passes }))
 }

@@ -169,16 +169,32 @@ impl Ask<'_, '_> {
 pub fn run(
     kind: Kind,
     sigmas: &[f32],
+    x: Vec<f32>,
+    noise: &mut TorchGenerator,
+    model: &mut Model<'_>,
+    on_step: impl FnMut(usize, usize, &[f32]) -> Result<()>,
+) -> Result<(Vec<f32>, usize)> {
+    run_with(kind, sigmas, x, noise, model, |_, x| Ok(x), on_step)
+}
+
+/// [`run`] with `after_step(i, x)` applied to the latent after step `i` (before `on_step`):
+/// inpainting's latent blend ([`crate::img2img::Inpaint::after_step_host`]), which the sampler's
+/// next step then starts from (its history of model outputs is its own, as in diffusers'
+/// inpaint pipelines).
+pub fn run_with(
+    kind: Kind,
+    sigmas: &[f32],
     mut x: Vec<f32>,
     noise: &mut TorchGenerator,
     model: &mut Model<'_>,
+    mut after_step: impl FnMut(usize, Vec<f32>) -> Result<Vec<f32>>,
     mut on_step: impl FnMut(usize, usize, &[f32]) -> Result<()>,
 ) -> Result<(Vec<f32>, usize)> {
     let mut sampler = kind.start(sigmas)?;
     let n = sigmas.len() - 1;
     let mut ask = Ask { model, steps: n, calls: 0 };
     for i in 0..n {
-        x = sampler.step(i, x, &mut ask, noise)?;
+        x = after_step(i, sampler.step(i, x, &mut ask, noise)?)?;
         on_step(i + 1, n, &x)?;
     }
     Ok((x, ask.calls))

@@ -22,7 +22,8 @@ use crate::check::gates::{
     attention_rows, dit, round_bf16, shape_str, stream_rows, uniform_vec, Cx, GateFn, Kind, ATTN_REF_ROWS, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_NORM,
 };
 use crate::dit::{FlashKernel, FLASH_KERNELS};
-use crate::ops::{CudaTensor, DType};
+use crate::kernels::{self, controls, Image};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::Result;
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
@@ -54,12 +55,18 @@ fn gate_qkv_rope(cx: &mut Cx) -> Result<()> {
     let s = shape_str(&[&[TOKENS, 3 * DIM], &[TOKENS, half]]);
     let bound = cx.out_bound(F32_NORM);
     let fresh = cx.cuda.upload_as(&x, cx.dtype)?;
-    let out = cx.cuda.qkv_norm_rope_with(fresh, HEADS, &gwq, &gwk, &gc, &gs, 1e-6, "moss");
+    let out = cx.cuda.qkv_norm_rope_op(fresh, HEADS, &gwq, &gwk, &gc, &gs, 1e-6);
     cx.judge("qkv_norm_rope (packed q|k|v, in place)", &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.qkv_norm_rope_with(gx.clone(), HEADS, &gwq, &gwk, &gc, &gs, 1e-6, "moss_ctl");
+    let out = qkv_rope_controls(&cx.cuda).qkv_norm_rope_op(gx.clone(), HEADS, &gwq, &gwk, &gc, &gs, 1e-6);
     cx.judge("qkv_norm_rope, k normed with the q weight", &s, Kind::Control, bound, "shared input: copy path", out, &want, None);
     cx.judge("qkv_norm_rope leaves a shared input as it was", &s, Kind::Gate, EXACT, "", Ok(gx), &x, None);
     Ok(())
+}
+
+/// `cuda` with QK-norm + RoPE's planted twins (k normed with the q weight): the packed kernel
+/// and the per-part one its fallback takes.
+pub(crate) fn qkv_rope_controls(cuda: &Cuda) -> Cuda {
+    cuda.with_image(Image::production().swap(&kernels::QKV_ROPE, &controls::CTL_QKV_ROPE).swap(&kernels::QK_ROPE, &controls::CTL_QK_ROPE))
 }
 
 /// Attention over the packed projection (the flash kernel on column slices at bf16, the parts
@@ -83,7 +90,7 @@ fn gate_attention_packed(cx: &mut Cx) -> Result<()> {
     let bound = cx.out_bound(crate::check::gates::F32_GEMM);
     let out = cx.cuda.attention_packed(&gqkv, HEADS, scale);
     cx.judge("attention_packed", &s, Kind::Gate, bound, &note, out, &want, Some(&rows));
-    let out = cx.cuda.attention_packed_with(&gqkv, HEADS, scale, (2, 1));
+    let out = cx.cuda.attention_packed_blocks(&gqkv, HEADS, scale, (2, 1));
     cx.judge("attention_packed, k and v exchanged", &s, Kind::Control, bound, &note, out, &want, Some(&rows));
     Ok(())
 }
@@ -105,12 +112,13 @@ fn gate_gres_mod(cx: &mut Cx) -> Result<()> {
     let want_n = cx.cpu.rms_norm_modulate(&stored, &w, &sh, &sc, 1e-6)?;
     let s = shape_str(&[&[TOKENS, DIM], &[DIM]]);
     let (bx, bn) = (cx.out_bound(F32_ELEMENTWISE), cx.out_bound(F32_NORM));
-    let run = |prefix: &str| cx.cuda.gres_norm_mod_with(&gx, &gy, &gg, &gw, &gsh, &gsc, 1e-6, prefix);
-    let (ox, on) = match run("moss") {
+    let controls = gres_mod_controls(&cx.cuda);
+    let run = |cu: &Cuda| cu.gres_norm_mod_op(&gx, &gy, &gg, &gw, &gsh, &gsc, 1e-6);
+    let (ox, on) = match run(&cx.cuda) {
         Ok((a, b)) => (Ok(a), Ok(b)),
         Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
     };
-    let ctl = run("moss_ctl").map(|(_, n)| n);
+    let ctl = run(&controls).map(|(_, n)| n);
     cx.judge("gated_residual_norm_modulate: x + y·gate", &s, Kind::Gate, bx, "", ox, &want_x, None);
     cx.judge("gated_residual_norm_modulate: norm", &s, Kind::Gate, bn, "", on, &want_n, None);
     cx.judge("gated_residual_norm_modulate, norm of the old x", &s, Kind::Control, bn, "", ctl, &want_n, None);
@@ -122,16 +130,16 @@ fn gate_gres_mod(cx: &mut Cx) -> Result<()> {
         let want_x = cx.cpu.gated_residual(&x, &y, &g)?;
         let want_n = cx.cpu.rms_norm_modulate(&want_x, &w, &sh, &sc, 1e-6)?;
         let note = "x, x' f32 (the stream), y and the norm bf16";
-        let run = |prefix: &str| {
-            let (xo, n) = cx.cuda.gres_norm_mod_with(&gx, &gy, &gg, &gw, &gsh, &gsc, 1e-6, prefix)?;
+        let run = |cu: &Cuda| {
+            let (xo, n) = cu.gres_norm_mod_op(&gx, &gy, &gg, &gw, &gsh, &gsc, 1e-6)?;
             anyhow::ensure!(xo.dtype == DType::F32, "gated_residual_norm_modulate: stream {} where f32 was expected", xo.dtype.name());
             Ok((xo, bf16_out(n, "gated_residual_norm_modulate")?))
         };
-        let (ox, on) = match run("moss") {
+        let (ox, on) = match run(&cx.cuda) {
             Ok((a, b)) => (Ok(a), Ok(b)),
             Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
         };
-        let ctl = run("moss_ctl").map(|(_, n)| n);
+        let ctl = run(&controls).map(|(_, n)| n);
         cx.judge("gated_residual_norm_modulate: x + y·gate", &s, Kind::Gate, F32_ELEMENTWISE, note, ox, &want_x, None);
         cx.judge("gated_residual_norm_modulate: norm", &s, Kind::Gate, BF16_OUT, note, on, &want_n, None);
         cx.judge("gated_residual_norm_modulate, norm of the old x", &s, Kind::Control, BF16_OUT, note, ctl, &want_n, None);
@@ -139,15 +147,18 @@ fn gate_gres_mod(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// The check image's twin of a flash kernel: the running output not rescaled when the row
-/// maximum grows. A kernel without a twin runs itself, so its control is not rejected and the
-/// check fails.
-fn control_of(spec: &FlashKernel) -> &'static str {
-    match spec.name {
-        "moss_dit_flash_attention_ws" => "moss_dit_flash_attention_ws_control",
-        "moss_dit_flash_attention" => "moss_dit_flash_attention_control",
-        other => other,
-    }
+/// `cuda` with the gated residual + norm's planted twins (the norm of the old x), both outputs.
+fn gres_mod_controls(cuda: &Cuda) -> Cuda {
+    cuda.with_image(Image::production().swap(&kernels::GRES_MOD, &controls::CTL_GRES_MOD).swap(&kernels::GRES_MOD_TO, &controls::CTL_GRES_MOD_TO))
+}
+
+/// `cuda` with the flash kernels' planted twins: the running output not rescaled when the row
+/// maximum grows.
+fn flash_controls(cuda: &Cuda) -> Cuda {
+    let img = Image::production()
+        .swap(&kernels::DIT_FLASH_ATTENTION, &controls::DIT_FLASH_ATTENTION_CONTROL)
+        .swap(&kernels::DIT_FLASH_ATTENTION_WS, &controls::DIT_FLASH_ATTENTION_WS_CONTROL);
+    cuda.with_image(img)
 }
 
 fn gate_flash(cx: &mut Cx) -> Result<()> {
@@ -169,9 +180,10 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
         let want = attention_rows(&q, &k, &v, scale, &rows)?;
         let note = format!("CPU on {} of {n} query rows", rows.len());
         let cu = cx.cuda.clone();
+        let ctl = flash_controls(&cu);
         let flat = |t: &CudaTensor| cu.reshape(t, &[n, DIM]);
         let qkv = cu.cat(&[&flat(&gq)?, &flat(&gk)?, &flat(&gv)?], 1)?;
-        let fused = |kernel: &FlashKernel, scale: f64| -> Result<CudaTensor> {
+        let fused = |cu: &Cuda, kernel: &FlashKernel, scale: f64| -> Result<CudaTensor> {
             let out = cu.alloc(DType::BF16, &[n, DIM])?;
             let (p, ld) = (qkv.ptr(), 3 * DIM);
             cu.flash_attention_raw(kernel, (p, ld), (p + 2 * DIM as u64, ld), (p + 4 * DIM as u64, ld), (out.ptr(), DIM), n, HEADS, scale)?;
@@ -180,11 +192,10 @@ fn gate_flash(cx: &mut Cx) -> Result<()> {
         let s = format!("{} (fused qkv)", shape_str(&[&shape]));
         for spec in FLASH_KERNELS.iter().filter(|k| !k.sm90a || cu.has_sm90a()) {
             let kernel = spec.name;
-            let control = FlashKernel { name: control_of(spec), ..*spec };
-            cx.judge(&format!("attention ({kernel})"), &s, Kind::Gate, BF16_OUT, &note, fused(spec, scale), &want, Some(&rows));
-            cx.judge(&format!("{kernel}: output not rescaled"), &s, Kind::Control, BF16_OUT, &note, fused(&control, scale), &want, Some(&rows));
-            cx.judge(&format!("{kernel} without 1/sqrt(hd)"), &s, Kind::Control, BF16_OUT, &note, fused(spec, 1.0), &want, Some(&rows));
-            let out = cu.flash_attention_with(&gq, &gk, &gv, scale, spec).and_then(|o| cu.reshape(&o, &[n, DIM]));
+            cx.judge(&format!("attention ({kernel})"), &s, Kind::Gate, BF16_OUT, &note, fused(&cu, spec, scale), &want, Some(&rows));
+            cx.judge(&format!("{kernel}: output not rescaled"), &s, Kind::Control, BF16_OUT, &note, fused(&ctl, spec, scale), &want, Some(&rows));
+            cx.judge(&format!("{kernel} without 1/sqrt(hd)"), &s, Kind::Control, BF16_OUT, &note, fused(&cu, spec, 1.0), &want, Some(&rows));
+            let out = cu.flash_attention_on(&gq, &gk, &gv, scale, spec).and_then(|o| cu.reshape(&o, &[n, DIM]));
             cx.judge(&format!("attention ({kernel}, [N,H,hd] in)"), &shape_str(&[&shape]), Kind::Gate, BF16_OUT, &note, out, &want, Some(&rows));
         }
     }
@@ -204,7 +215,7 @@ pub fn time_stream(c: &crate::ops::Cuda) -> Result<()> {
         up(&[dit::TOKENS, dit::DIM], DType::BF16)?,
         up(&[dit::DIM], DType::BF16)?,
     );
-    let ms = |x: &CudaTensor| time_ms(c, 10, 50, || c.gres_norm_mod_with(x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|_| ()));
+    let ms = |x: &CudaTensor| time_ms(c, 10, 50, || c.gres_norm_mod_op(x, &y, &v, &v, &v, &v, 1e-6).map(|_| ()));
     let (b, f) = (ms(&xb)?, ms(&xf)?);
     println!(
         "  gated_residual_norm_modulate {}x{}: stream bf16 {b:.4} ms, stream f32 {f:.4} ms ({:.2} ms more a forward of 83 blocks)",

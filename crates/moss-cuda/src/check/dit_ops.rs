@@ -2,7 +2,8 @@
 //! step, each with its planted control.
 
 use super::gates::*;
-use crate::ops::{CudaTensor, DType};
+use crate::kernels::{self, controls, Image};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
@@ -46,9 +47,10 @@ fn gate_rms_mod(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.rms_norm_modulate(&x, &w, &sh, &sc, 1e-6)?;
     let s = shape_str(&[&[TOKENS, DIM], &[DIM]]);
     let bound = cx.out_bound(F32_NORM);
-    let out = cx.cuda.rms_norm_modulate_with(&gx, &gw, &gsh, &gsc, 1e-6, "moss");
+    let ctl = cx.cuda.with_image(Image::production().swap(&kernels::RMS_MOD, &controls::CTL_RMS_MOD).swap(&kernels::RMS_MOD_TO, &controls::CTL_RMS_MOD_TO));
+    let out = cx.cuda.rms_norm_modulate_op(&gx, &gw, &gsh, &gsc, 1e-6);
     cx.judge("rms_norm_modulate", &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.rms_norm_modulate_with(&gx, &gw, &gsh, &gsc, 1e-6, "moss_ctl");
+    let out = ctl.rms_norm_modulate_op(&gx, &gw, &gsh, &gsc, 1e-6);
     cx.judge("rms_norm_modulate, scale without the 1+", &s, Kind::Control, bound, "", out, &want, None);
     if cx.dtype == DType::BF16 {
         // The bf16 forward's f32 residual stream in, the bf16 activation out (`_f32_bf16_to_bf16`).
@@ -56,8 +58,8 @@ fn gate_rms_mod(cx: &mut Cx) -> Result<()> {
         let (x, gx) = cx.exact(x, DType::F32)?;
         let want = cx.cpu.rms_norm_modulate(&x, &w, &sh, &sc, 1e-6)?;
         let note = "x f32 (the stream), out bf16";
-        for (kind, prefix, what) in [(Kind::Gate, "moss", "rms_norm_modulate"), (Kind::Control, "moss_ctl", "rms_norm_modulate, scale without the 1+")] {
-            let out = cx.cuda.rms_norm_modulate_with(&gx, &gw, &gsh, &gsc, 1e-6, prefix).and_then(|o| bf16_out(o, "rms_norm_modulate"));
+        for (kind, cu, what) in [(Kind::Gate, cx.cuda.clone(), "rms_norm_modulate"), (Kind::Control, ctl, "rms_norm_modulate, scale without the 1+")] {
+            let out = cu.rms_norm_modulate_op(&gx, &gw, &gsh, &gsc, 1e-6).and_then(|o| bf16_out(o, "rms_norm_modulate"));
             cx.judge(what, &s, kind, BF16_OUT, note, out, &want, None);
         }
     }
@@ -106,9 +108,9 @@ fn gate_qk_rope(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.qk_norm_rope(&x, &w, &c, &sn, 1e-6)?;
     let s = shape_str(&[&[TOKENS, HEADS, HEAD_DIM], &[TOKENS, half]]);
     let bound = cx.out_bound(F32_NORM);
-    let out = cx.cuda.qk_norm_rope_with(&gx, &gw, &gc, &gs, 1e-6, "moss");
+    let out = cx.cuda.qk_norm_rope_op(&gx, &gw, &gc, &gs, 1e-6);
     cx.judge("qk_norm_rope", &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.qk_norm_rope_with(&gx, &gw, &gc, &gs, 1e-6, "moss_ctl");
+    let out = cx.planted(&kernels::QK_ROPE, &controls::CTL_QK_ROPE).qk_norm_rope_op(&gx, &gw, &gc, &gs, 1e-6);
     cx.judge("qk_norm_rope, rotating the other way", &s, Kind::Control, bound, "", out, &want, None);
     Ok(())
 }
@@ -135,11 +137,11 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
     let note = format!("CPU on {} of {TOKENS} query rows", rows.len());
     let cu = cx.cuda.clone();
     let view = |t: Result<CudaTensor>| t.and_then(|t| cu.reshape(&t, &[TOKENS, HEADS * HEAD_DIM]));
-    let out = view(cx.cuda.attention_with(&gq, &gk, &gv, scale, "moss"));
+    let out = view(cx.cuda.attention_gemm(&gq, &gk, &gv, scale));
     cx.judge("attention (cuBLASLt + softmax)", &s, Kind::Gate, bound, &note, out, &want, Some(&rows));
-    let out = view(cx.cuda.attention_with(&gq, &gk, &gv, scale, "moss_ctl"));
+    let out = view(cx.planted(&kernels::SOFTMAX, &controls::CTL_SOFTMAX).attention_gemm(&gq, &gk, &gv, scale));
     cx.judge("attention, normaliser short of 64 keys", &s, Kind::Control, bound, &note, out, &want, Some(&rows));
-    let out = view(cx.cuda.attention_with(&gq, &gk, &gv, 1.0, "moss"));
+    let out = view(cx.cuda.attention_gemm(&gq, &gk, &gv, 1.0));
     cx.judge("attention without the 1/sqrt(hd) scale", &s, Kind::Control, bound, &note, out, &want, Some(&rows));
     // The subset reference is the CPU twin's loop: confirm on a size the twin itself can do.
     if cx.dtype == DType::F32 {
@@ -157,6 +159,11 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
+/// `cuda` with SiTU-GLU's planted twins (up and gate swapped), both forms.
+pub(crate) fn situ_controls(cuda: &Cuda) -> Cuda {
+    cuda.with_image(Image::production().swap(&kernels::SITU, &controls::CTL_SITU).swap(&kernels::SITU_FAST, &controls::CTL_SITU_FAST))
+}
+
 fn gate_situ(cx: &mut Cx) -> Result<()> {
     use dit::*;
     let shape = [TOKENS, 2 * FFN];
@@ -166,9 +173,9 @@ fn gate_situ(cx: &mut Cx) -> Result<()> {
     let bound = cx.out_bound(F32_TRANSCENDENTAL);
     // bf16 runs the fast form (`moss_situ_fast_bf16`), fp32 the libm one.
     let what = if cx.dtype == DType::BF16 { " (fast form)" } else { "" };
-    let out = cx.cuda.situ_glu_with(&gx, "moss");
+    let out = cx.cuda.situ_glu_op(&gx);
     cx.judge(&format!("situ_glu{what}"), &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.situ_glu_with(&gx, "moss_ctl");
+    let out = situ_controls(&cx.cuda).situ_glu_op(&gx);
     cx.judge(&format!("situ_glu{what}, up and gate swapped"), &s, Kind::Control, bound, "", out, &want, None);
     Ok(())
 }
@@ -181,9 +188,9 @@ fn gate_gres(cx: &mut Cx) -> Result<()> {
     let want = cx.cpu.gated_residual(&x, &y, &g)?;
     let s = shape_str(&[&[TOKENS, DIM], &[DIM]]);
     let bound = cx.out_bound(F32_ELEMENTWISE);
-    let out = cx.cuda.gated_residual_with(&gx, &gy, &gg, "moss");
+    let out = cx.cuda.gated_residual_op(&gx, &gy, &gg);
     cx.judge("gated_residual", &s, Kind::Gate, bound, "", out, &want, None);
-    let out = cx.cuda.gated_residual_with(&gx, &gy, &gg, "moss_ctl");
+    let out = cx.planted(&kernels::GRES, &controls::CTL_GRES).gated_residual_op(&gx, &gy, &gg);
     cx.judge("gated_residual with 1+gate", &s, Kind::Control, bound, "", out, &want, None);
     Ok(())
 }

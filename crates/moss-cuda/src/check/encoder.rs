@@ -6,8 +6,9 @@
 use crate::check::gates::{shape_str, Cx, Kind, BF16_OUT, EXACT, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::encoder::delta_rule::gdr_seq_smem;
 use crate::encoder::delta_rule_compact::{pick_state_pass, StatePass};
-use crate::encoder::{EncAttn, GdrPath, GdrPrefix, ATTN_TILED_MAX};
-use crate::ops::{CudaTensor, DType};
+use crate::encoder::{EncAttn, GdrPath, ATTN_TILED_MAX};
+use crate::kernels::{self, controls, Image};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::{delta_rule_chunked, DeltaInputs};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
@@ -54,6 +55,13 @@ fn bound(cx: &Cx, f32_bound: f64) -> f64 {
     cx.out_bound(f32_bound)
 }
 
+/// The backend with every encoder kernel replaced by its planted twin (`moss_ctl_enc_*`), and the
+/// generic RMSNorm by its twin without the `1 +` (what `add_rms_norm` falls back to for widths
+/// its kernel does not take).
+pub(crate) fn enc_controls(cuda: &Cuda) -> Cuda {
+    cuda.with_image(Image::production().twins(|s| s.starts_with("moss_enc_")).swap(&kernels::RMS_NORM, &controls::CTL_RMS_NOPLUS))
+}
+
 fn gate_embed(cx: &mut Cx) -> Result<()> {
     use enc::*;
     for l in LENGTHS {
@@ -61,9 +69,9 @@ fn gate_embed(cx: &mut Cx) -> Result<()> {
         let ids: Vec<u32> = (0..l).map(|_| (cx.rng.next_u64() % (VOCAB as u64 - 1)) as u32).collect();
         let want = cx.cpu.embed(&table, &ids)?;
         let s = shape_str(&[&[VOCAB, HIDDEN], &[l]]);
-        let out = cx.cuda.embed_with(&gt, &ids, "moss_enc");
+        let out = cx.cuda.embed_rows(&gt, &ids);
         cx.judge("enc embed", &s, Kind::Gate, EXACT, "", out, &want, None);
-        let out = cx.cuda.embed_with(&gt, &ids, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).embed_rows(&gt, &ids);
         cx.judge("enc embed, id + 1", &s, Kind::Control, EXACT, "", out, &want, None);
     }
     Ok(())
@@ -79,9 +87,9 @@ fn gate_head_rope(cx: &mut Cx) -> Result<()> {
             let want = cx.cpu.head_norm_rope(&x, &w, EPS, ROT, THETA)?;
             let s = shape_str(&[&shape]);
             let b = bound(cx, F32_ROPE);
-            let out = cx.cuda.head_norm_rope_with(&gx, &gw, EPS, ROT, THETA, "moss_enc");
+            let out = cx.cuda.head_norm_rope_op(&gx, &gw, EPS, ROT, THETA);
             cx.judge("enc head_norm_rope", &s, Kind::Gate, b, "", out, &want, None);
-            let out = cx.cuda.head_norm_rope_with(&gx, &gw, EPS, ROT, THETA, "moss_ctl_enc");
+            let out = enc_controls(&cx.cuda).head_norm_rope_op(&gx, &gw, EPS, ROT, THETA);
             cx.judge("enc head_norm_rope, position t+1", &s, Kind::Control, b, "", out, &want, None);
         }
     }
@@ -129,7 +137,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let paths: Vec<EncAttn> =
             if l > ATTN_TILED_MAX && cx.dtype == DType::BF16 { flash_paths.iter().copied().chain([EncAttn::Gemm]).collect() } else { vec![EncAttn::Flash] };
         for &path in &paths {
-            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_enc", path));
+            let out = view(cx.cuda.causal_attention_on(&gq, &gk, &gv, scale, path));
             let (name, ctl) = if l <= ATTN_TILED_MAX {
                 ("enc causal_attention (tiled kernel)", "enc causal_attention, KV head h % Hkv")
             } else if path == EncAttn::Flash && cx.dtype == DType::BF16 {
@@ -140,7 +148,7 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
                 ("enc causal_attention (cuBLASLt + causal softmax)", "enc causal_attention, key t+1 leaks in")
             };
             cx.judge(name, &s, Kind::Gate, b, &note, out, &want, rows.as_deref());
-            let out = view(cx.cuda.causal_attention_with(&gq, &gk, &gv, scale, "moss_ctl_enc", path));
+            let out = view(enc_controls(&cx.cuda).causal_attention_on(&gq, &gk, &gv, scale, path));
             cx.judge(ctl, &s, Kind::Control, b, &note, out, &want, rows.as_deref());
         }
         // The sigmoid output gate read out of a q_proj-shaped [L, H, 2·hd] input: the unfused
@@ -201,9 +209,9 @@ fn gate_silu_mul(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.silu_mul(&g, &u)?;
         let s = shape_str(&[&shape]);
         let b = bound(cx, F32_ELEMENTWISE);
-        let out = cx.cuda.silu_mul_with(&gg, &gu, "moss_enc");
+        let out = cx.cuda.silu_mul_op(&gg, &gu);
         cx.judge("enc silu_mul", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.silu_mul_with(&gg, &gu, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).silu_mul_op(&gg, &gu);
         cx.judge("enc silu_mul, gate and up swapped", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
@@ -219,9 +227,9 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.causal_conv1d_silu(&x, &w)?;
         let s = shape_str(&[&[l, c], &[c, 1, CONV_K]]);
         let b = bound(cx, F32_TRANSCENDENTAL);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_enc");
+        let out = cx.cuda.causal_conv1d_silu(&gx, &gw);
         cx.judge("enc causal_conv1d_silu", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.causal_conv1d_silu_with(&gx, &gw, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).causal_conv1d_silu(&gx, &gw);
         cx.judge("enc causal_conv1d_silu, taps reversed", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
@@ -239,19 +247,20 @@ fn gate_gdn_gates(cx: &mut Cx) -> Result<()> {
         let (dt, gdt) = cx.input_as(&[V_HEADS], 4.0, DType::F32)?;
         let (wg, wb) = cx.cpu.gdn_gates(&a, &bb, &al, &dt)?;
         let s = shape_str(&[&[l, V_HEADS]]);
-        let (g, beta) = cx.cuda.gdn_gates_with(&ga, &gb, &gal, &gdt, "moss_enc")?;
+        let (g, beta) = cx.cuda.gdn_gates_op(&ga, &gb, &gal, &gdt)?;
         cx.judge("enc gdn_gates: g", &s, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", Ok(g), &wg, None);
         cx.judge("enc gdn_gates: beta", &s, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", Ok(beta), &wb, None);
-        let out = cx.cuda.gdn_gates_with(&ga, &gb, &gal, &gdt, "moss_ctl_enc").map(|(g, _)| g);
+        let out = enc_controls(&cx.cuda).gdn_gates_op(&ga, &gb, &gal, &gdt).map(|(g, _)| g);
         cx.judge("enc gdn_gates: g without softplus", &s, Kind::Control, F32_TRANSCENDENTAL, "f32 out", out, &wg, None);
     }
     Ok(())
 }
 
-/// The delta rule with the planted twin (check image) of its state pass / output kernel.
-const PASS_CONTROL: GdrPrefix = GdrPrefix { prep: "moss_enc", pass: "moss_ctl_enc" };
-/// The delta rule with the planted twin of its bf16 prep, the rest correct.
-const PREP_CONTROL: GdrPrefix = GdrPrefix { prep: "moss_ctl_enc", pass: "moss_enc" };
+/// The delta rule with the planted twins (check image) of its state pass / output kernels, the
+/// bf16 prep correct. (The prep's own twin: `cx.planted(&kernels::ENC_DELTA_RULE_PREP, ..)`.)
+fn pass_controls(cuda: &Cuda) -> Cuda {
+    cuda.with_image(Image::production().twins(|s| s.starts_with("moss_enc_") && s != kernels::ENC_DELTA_RULE_PREP.info.stem))
+}
 
 /// q, k, v are cut out of one conv-output-shaped input `[L, 2·Hk·dk + Hv·dv]`: the strided
 /// kernels read it in place, the others take the narrowed copies; one CPU reference for all.
@@ -305,7 +314,7 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
         if bf16 {
             let (b, note) = (BF16_OUT, "bf16 prep, TF32 state pass, fp32 state");
             // what the model runs (the Hopper kernel there)
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (the default path), strided", &s2, Kind::Gate, b, note, out, &want, None);
             let mut paths = vec![];
             if tma {
@@ -316,36 +325,37 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             }
             paths.push((GdrPath::Compact, "seq_compact + out_compact (<= 96 KiB)"));
             for (path, name) in paths {
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), path);
+                let out = cx.cuda.gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, path);
                 cx.judge(&format!("enc gated_delta_rule {name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, path);
+                let out = pass_controls(&cx.cuda).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, path);
                 cx.judge(&format!("enc gated_delta_rule {name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
-                let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), path);
+                let out = cx.cuda.gated_delta_rule_on(&gq, &gk, &gv, &gg, &gbeta, path);
                 cx.judge(&format!("enc gated_delta_rule {name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
             }
             // delta_rule_prep's own control (cuda/encoder/delta_rule_prep.cuh: (I + A)⁻¹ blockwise), the rest correct
             // (after it the wide state pass where it fits this GPU, else the compact one)
             let after_prep = if wide { GdrPath::Tc } else { GdrPath::Compact };
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PREP_CONTROL, after_prep);
+            let out =
+                cx.planted(&kernels::ENC_DELTA_RULE_PREP, &controls::CTL_ENC_DELTA_RULE_PREP).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, after_prep);
             cx.judge("enc gated_delta_rule prep tc3p, (I + A)⁻¹ lower-left block zero", &s2, Kind::Control, b, note, out, &want, None);
         } else {
             // fp32: the SIMT chunk kernels
             let (b, note) = (F32_DELTA, "fp32 SIMT");
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_on(&gq, &gk, &gv, &gg, &gbeta, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (chunk-parallel, SIMT)", &s, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, PASS_CONTROL, GdrPath::Auto);
+            let out = pass_controls(&cx.cuda).gated_delta_rule_on(&gq, &gk, &gv, &gg, &gbeta, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT), state read undecayed", &s, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Auto);
+            let out = cx.cuda.gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT), q k v strided from conv out", &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Auto);
+            let out = pass_controls(&cx.cuda).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, GdrPath::Auto);
             cx.judge("enc gated_delta_rule (SIMT) strided, state read undecayed", &s2, Kind::Control, b, note, out, &want, None);
             // the compact pair (<= 96 KiB a block, fp32 FMA), on every GPU
             let (name, note) = ("enc gated_delta_rule seq_compact + out_compact (<= 96 KiB)", "fp32 FMA");
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
+            let out = cx.cuda.gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, GdrPath::Compact);
             cx.judge(&format!("{name}, strided"), &s2, Kind::Gate, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_qkv_with(&gqkv, heads, &gg, &gbeta, PASS_CONTROL, GdrPath::Compact);
+            let out = pass_controls(&cx.cuda).gated_delta_rule_qkv_on(&gqkv, heads, &gg, &gbeta, GdrPath::Compact);
             cx.judge(&format!("{name}, state read undecayed"), &s2, Kind::Control, b, note, out, &want, None);
-            let out = cx.cuda.gated_delta_rule_with(&gq, &gk, &gv, &gg, &gbeta, GdrPrefix::all("moss_enc"), GdrPath::Compact);
+            let out = cx.cuda.gated_delta_rule_on(&gq, &gk, &gv, &gg, &gbeta, GdrPath::Compact);
             cx.judge(&format!("{name}, contiguous q k v"), &s, Kind::Gate, b, note, out, &want, None);
         }
         // the one-kernel sequential version (head dims above GDR_MAX_DIM, unaligned bf16 rows)
@@ -353,9 +363,9 @@ fn gate_delta_rule(cx: &mut Cx) -> Result<()> {
             continue;
         }
         let b = if bf16 { BF16_OUT } else { F32_DELTA };
-        let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_enc");
+        let out = cx.cuda.gated_delta_rule_seq(&gq, &gk, &gv, &gg, &gbeta);
         cx.judge("enc gated_delta_rule (sequential kernel)", &s, Kind::Gate, b, "fp32 state", out, &want, None);
-        let out = cx.cuda.gated_delta_rule_seq_with(&gq, &gk, &gv, &gg, &gbeta, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).gated_delta_rule_seq(&gq, &gk, &gv, &gg, &gbeta);
         cx.judge("enc gated_delta_rule (sequential), state read undecayed", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
@@ -372,9 +382,9 @@ fn gate_gated_rms(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.gated_rms_norm(&x, &z, &w, EPS)?;
         let s = shape_str(&[&shape]);
         let b = bound(cx, F32_NORM.max(F32_TRANSCENDENTAL));
-        let out = cx.cuda.gated_rms_norm_with(&gx, &gz, &gw, EPS, "moss_enc");
+        let out = cx.cuda.gated_rms_norm_op(&gx, &gz, &gw, EPS);
         cx.judge("enc gated_rms_norm", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.gated_rms_norm_with(&gx, &gz, &gw, EPS, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).gated_rms_norm_op(&gx, &gz, &gw, EPS);
         cx.judge("enc gated_rms_norm, sigmoid gate", &s, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
@@ -392,13 +402,13 @@ fn gate_add_rms(cx: &mut Cx) -> Result<()> {
         let s = shape_str(&[&shape]);
         let bx = bound(cx, F32_ELEMENTWISE);
         let bn = bound(cx, F32_NORM);
-        let (ox, on) = match cx.cuda.add_rms_norm_with(&gx, &gh, &gw, EPS, "moss_enc") {
+        let (ox, on) = match cx.cuda.add_rms_norm_op(&gx, &gh, &gw, EPS) {
             Ok((a, b)) => (Ok(a), Ok(b)),
             Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
         };
         cx.judge("enc add_rms_norm: x + h", &s, Kind::Gate, bx, "", ox, &wx, None);
         cx.judge("enc add_rms_norm: norm", &s, Kind::Gate, bn, "", on, &wn, None);
-        let on = cx.cuda.add_rms_norm_with(&gx, &gh, &gw, EPS, "moss_ctl_enc").map(|(_, n)| n);
+        let on = enc_controls(&cx.cuda).add_rms_norm_op(&gx, &gh, &gw, EPS).map(|(_, n)| n);
         cx.judge("enc add_rms_norm, weight without 1 +", &s, Kind::Control, bn, "", on, &wn, None);
     }
     Ok(())

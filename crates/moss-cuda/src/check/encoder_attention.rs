@@ -3,7 +3,7 @@
 //! `head_norm_rope` twice, the separate gate ops), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].
 
-use crate::check::encoder::{enc, F32_ROPE};
+use crate::check::encoder::{enc, enc_controls, F32_ROPE};
 use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_GEMM};
 use anyhow::Result;
 use moss_core::backend::ops::EncoderOps;
@@ -32,8 +32,8 @@ pub fn gate_qkv_rope(cx: &mut Cx) -> Result<()> {
         let (q, k, v) = cx.cpu.attn_qkv_norm_rope(&y, heads, &wq, &wk, EPS, ROT, THETA)?;
         let s = shape_str(&[&[l, n]]);
         let b = cx.out_bound(F32_ROPE);
-        for (prefix, kind) in [("moss_enc", Kind::Gate), ("moss_ctl_enc", Kind::Control)] {
-            let r = cx.cuda.attn_qkv_rope_with(&gy, heads, &gwq, &gwk, EPS, ROT, THETA, prefix);
+        for (cu, kind) in [(cx.cuda.clone(), Kind::Gate), (enc_controls(&cx.cuda), Kind::Control)] {
+            let r = cu.attn_qkv_rope(&gy, heads, &gwq, &gwk, EPS, ROT, THETA);
             let r = r.and_then(|o| o.ok_or_else(|| anyhow::anyhow!("qkrope_t refused the shapes")));
             let (oq, ok, ov) = match r {
                 Ok((a, b, c)) => (Ok(a), Ok(b), Ok(c)),
@@ -87,9 +87,9 @@ pub fn gate_attn_gate_y(cx: &mut Cx) -> Result<()> {
         let s = shape_str(&[&[l, HEADS * HEAD_DIM], &[l, n]]);
         let b = cx.out_bound(F32_ELEMENTWISE);
         let none = || anyhow::anyhow!("gmulh refused the shapes");
-        let out = cx.cuda.attn_gate_y_with(&go, &gy, (HEADS, HEAD_DIM), "moss_enc").and_then(|o| o.ok_or_else(none));
+        let out = cx.cuda.attn_gate_y(&go, &gy, (HEADS, HEAD_DIM)).and_then(|o| o.ok_or_else(none));
         cx.judge("enc attn_gate (gmulh, gate in place in y)", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.attn_gate_y_with(&go, &gy, (HEADS, HEAD_DIM), "moss_ctl_enc").and_then(|o| o.ok_or_else(none));
+        let out = enc_controls(&cx.cuda).attn_gate_y(&go, &gy, (HEADS, HEAD_DIM)).and_then(|o| o.ok_or_else(none));
         cx.judge("enc attn_gate (gmulh), gate of head h+1", &s, Kind::Control, b, "", out, &want, None);
 
         // the whole gated attention on y's gate

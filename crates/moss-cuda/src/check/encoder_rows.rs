@@ -4,7 +4,7 @@
 //! kernels keep their own rows (check/encoder.rs, check/encoder_strided.rs; `rms1` here). Listed in
 //! [`crate::check::encoder::GATES`].
 
-use crate::check::encoder::enc;
+use crate::check::encoder::{enc, enc_controls};
 use crate::check::gates::{shape_str, Cx, Kind, EXACT, F32_ELEMENTWISE, F32_NORM, F32_TRANSCENDENTAL};
 use crate::encoder::row_ops::{CONV_KERNEL, CONV_TT, CONV_V, GRMS};
 use crate::ops::DType;
@@ -47,7 +47,7 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             let (_, gdtb) = cx.exact(dt.clone(), gdt)?;
             let gn = if gdt == DType::BF16 { "bf16" } else { "f32" };
             let note = format!("{CONV_KERNEL}: {CONV_V} channels x {CONV_TT} tokens a thread, A_log/dt_bias {gn}");
-            let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), "moss_enc");
+            let r = cx.cuda.convg_cols(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)));
             let (c, g, b) = match some(r) {
                 Ok((c, Some((g, b)))) => (Ok(c), Ok(g), Ok(b)),
                 Ok((_, None)) => (Err(anyhow!("no gates")), Err(anyhow!("no gates")), Err(anyhow!("no gates"))),
@@ -56,7 +56,7 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             cx.judge("enc convg: causal_conv1d_silu", &sy, Kind::Gate, bc, &note, c, &want, None);
             cx.judge("enc convg: gates g", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
             cx.judge("enc convg: gates beta", &sy, Kind::Gate, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), b, &wb, None);
-            let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)), "moss_ctl_enc");
+            let r = enc_controls(&cx.cuda).convg_cols(&gy, (0, CONV), &gw, Some((cols, &gal, &gdtb)));
             let (c, g) = match some(r) {
                 Ok((c, g)) => (Ok(c), g.map(|(g, _)| g).ok_or_else(|| anyhow!("no gates"))),
                 Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
@@ -64,7 +64,7 @@ pub fn gate_convg(cx: &mut Cx) -> Result<()> {
             cx.judge("enc convg, taps reversed", &sy, Kind::Control, bc, &note, c, &want, None);
             cx.judge("enc convg: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, &format!("{note}, f32 out"), g, &wg, None);
             if gdt == DType::F32 {
-                let r = cx.cuda.convg_cols_with(&gy, (0, CONV), &gw, None, "moss_enc");
+                let r = cx.cuda.convg_cols(&gy, (0, CONV), &gw, None);
                 cx.judge("enc convg: conv alone", &sy, Kind::Gate, bc, CONV_KERNEL, some(r).map(|(c, _)| c), &want, None);
             }
         }
@@ -84,9 +84,9 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.silu_mul_cols(Cols { of: &y2, start: 0, len: FFN }, Cols { of: &y2, start: FFN, len: FFN })?;
         let s2 = format!("halves of {l}x{}", 2 * FFN);
         let b = cx.out_bound(F32_ELEMENTWISE);
-        let out = some(cx.cuda.silu_mul8v_with(&gy2, FFN, "moss_enc"));
+        let out = some(cx.cuda.silu_mul8v(&gy2, FFN));
         cx.judge("enc silu_mul8v, gate|up halves", &s2, Kind::Gate, b, "", out, &want, None);
-        let out = some(cx.cuda.silu_mul8v_with(&gy2, FFN, "moss_ctl_enc"));
+        let out = some(enc_controls(&cx.cuda).silu_mul8v(&gy2, FFN));
         cx.judge("enc silu_mul8v, gate and up swapped", &s2, Kind::Control, b, "", out, &want, None);
         drop((y2, gy2));
     }
@@ -100,10 +100,11 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let sy = format!("columns of {l}x{n}");
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
         for k in GRMS {
-            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_enc"));
-            cx.judge(&format!("enc {k}, z strided"), &sy, Kind::Gate, b, "", out, &want, None);
-            let out = some(cx.cuda.grms_cols_with(&gx, &gy, CONV, &gwn, EPS, k, "moss_ctl_enc"));
-            cx.judge(&format!("enc {k}, sigmoid gate"), &sy, Kind::Control, b, "", out, &want, None);
+            let name = k.info.stem.trim_start_matches("moss_enc_");
+            let out = some(cx.cuda.grms_cols(&gx, &gy, CONV, &gwn, EPS, k));
+            cx.judge(&format!("enc {name}, z strided"), &sy, Kind::Gate, b, "", out, &want, None);
+            let out = some(enc_controls(&cx.cuda).grms_cols(&gx, &gy, CONV, &gwn, EPS, k));
+            cx.judge(&format!("enc {name}, sigmoid gate"), &sy, Kind::Control, b, "", out, &want, None);
         }
     }
     // the norm after the residual epilogue: hidden (two vectors a thread) and 8192 (four)
@@ -113,9 +114,9 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.rms_norm(&x, Some(&w), EPS, true)?;
         let s = shape_str(&[&[l, d]]);
         let b = cx.out_bound(F32_NORM);
-        let out = cx.cuda.rms1w_with(&gx, &gw, EPS, "moss_enc");
+        let out = cx.cuda.rms1w(&gx, &gw, EPS);
         cx.judge("enc rms1w", &s, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.rms1w_with(&gx, &gw, EPS, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).rms1w(&gx, &gw, EPS);
         cx.judge("enc rms1w, weight without 1 +", &s, Kind::Control, b, "", out, &want, None);
     }
     // embed
@@ -124,9 +125,9 @@ pub fn gate_floor_rows(cx: &mut Cx) -> Result<()> {
         let ids: Vec<u32> = (0..l).map(|_| (cx.rng.next_u64() % (VOCAB as u64 - 1)) as u32).collect();
         let want = cx.cpu.embed(&table, &ids)?;
         let s = shape_str(&[&[VOCAB, HIDDEN], &[l]]);
-        let out = some(cx.cuda.embed8_with(&gt, &ids, "moss_enc"));
+        let out = some(cx.cuda.embed8(&gt, &ids));
         cx.judge("enc embed8", &s, Kind::Gate, EXACT, "", out, &want, None);
-        let out = some(cx.cuda.embed8_with(&gt, &ids, "moss_ctl_enc"));
+        let out = some(enc_controls(&cx.cuda).embed8(&gt, &ids));
         cx.judge("enc embed8, id + 1", &s, Kind::Control, EXACT, "", out, &want, None);
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! linears, narrowed copies, f64 reductions), at the Qwen3.5-9B shapes, each with a planted
 //! control the same comparison must reject. Listed in [`crate::check::encoder::GATES`].
 
-use crate::check::encoder::enc;
+use crate::check::encoder::{enc, enc_controls};
 use crate::check::gates::{shape_str, Cx, Kind, F32_ELEMENTWISE, F32_GEMM, F32_NORM, F32_TRANSCENDENTAL};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{anyhow, Result};
@@ -45,7 +45,7 @@ pub fn gate_linear_cat(cx: &mut Cx) -> Result<()> {
             (vec![vec![0], vec![1], vec![2], vec![3]], "enc linear_cat, four GEMMs into one output", Kind::Gate),
             (vec![vec![1, 0, 2, 3]], "enc linear_cat, parts in the wrong order", Kind::Control),
         ] {
-            let out = cx.cuda.cat_weights_grouped(&gpu_w, &groups).and_then(|ws| cx.cuda.linear_cat_with(&gx, &ws));
+            let out = cx.cuda.cat_weights_grouped(&gpu_w, &groups).and_then(|ws| cx.cuda.linear_cat_op(&gx, &ws));
             cx.judge(what, &s, kind, b, &note, out, &want, Some(&rows));
         }
         if l == LENGTHS[1] {
@@ -59,7 +59,7 @@ pub fn gate_linear_cat(cx: &mut Cx) -> Result<()> {
                 (vec![vec![0], vec![1]], "enc linear_cat, gate and up into one output", Kind::Gate),
                 (vec![vec![1, 0]], "enc linear_cat, up|gate swapped", Kind::Control),
             ] {
-                let out = cx.cuda.cat_weights_grouped(&g2, &groups).and_then(|ws| cx.cuda.linear_cat_with(&gx, &ws));
+                let out = cx.cuda.cat_weights_grouped(&g2, &groups).and_then(|ws| cx.cuda.linear_cat_op(&gx, &ws));
                 cx.judge(what, &s, kind, b, &note, out, &want, Some(&rows));
             }
         }
@@ -80,9 +80,9 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         let (w, gw) = cx.input(&[CONV, 1, CONV_K], 0.5)?;
         let want = cx.cpu.causal_conv1d_silu_cols(Cols { of: &y, start: 0, len: CONV }, &w)?;
         let b = cx.out_bound(F32_TRANSCENDENTAL);
-        let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_enc");
+        let out = cx.cuda.conv_cols(&gy, 0, CONV, &gw);
         cx.judge("enc causal_conv1d_silu, strided", &sy, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.conv_cols_with(&gy, 0, CONV, &gw, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).conv_cols(&gy, 0, CONV, &gw);
         cx.judge("enc causal_conv1d_silu strided, taps reversed", &sy, Kind::Control, b, "", out, &want, None);
         // gates of a, b = the last 2·Hv columns
         let al: Vec<f32> = (0..V_HEADS).map(|_| (0.5 + 15.5 * cx.rng.uniform()).ln() as f32).collect();
@@ -90,31 +90,31 @@ pub fn gate_cols(cx: &mut Cx) -> Result<()> {
         let (dt, gdt) = cx.input_as(&[V_HEADS], 4.0, DType::F32)?;
         let cols = (CONV + vd, CONV + vd + V_HEADS, V_HEADS);
         let (wg, wb) = cx.cpu.gdn_gates_cols(Cols { of: &y, start: cols.0, len: cols.2 }, Cols { of: &y, start: cols.1, len: cols.2 }, &al, &dt)?;
-        let (g, beta) = match cx.cuda.gdn_gates_cols_with(&gy, cols, &gal, &gdt, "moss_enc") {
+        let (g, beta) = match cx.cuda.gdn_gates_cols_in(&gy, cols, &gal, &gdt) {
             Ok((g, b)) => (Ok(g), Ok(b)),
             Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
         };
         cx.judge("enc gdn_gates strided: g", &sy, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", g, &wg, None);
         cx.judge("enc gdn_gates strided: beta", &sy, Kind::Gate, F32_TRANSCENDENTAL, "f32 out", beta, &wb, None);
-        let out = cx.cuda.gdn_gates_cols_with(&gy, cols, &gal, &gdt, "moss_ctl_enc").map(|(g, _)| g);
+        let out = enc_controls(&cx.cuda).gdn_gates_cols_in(&gy, cols, &gal, &gdt).map(|(g, _)| g);
         cx.judge("enc gdn_gates strided: g without softplus", &sy, Kind::Control, F32_TRANSCENDENTAL, "f32 out", out, &wg, None);
         // gated RMSNorm with z = columns CONV..CONV+vd
         let (x, gx) = cx.input(&[l, V_HEADS, DV], 1.0)?;
         let (wn, gwn) = cx.input(&[DV], 1.0)?;
         let want = cx.cpu.gated_rms_norm_cols(&x, Cols { of: &y, start: CONV, len: vd }, &wn, EPS)?;
         let b = cx.out_bound(F32_NORM.max(F32_TRANSCENDENTAL));
-        let out = cx.cuda.gated_rms_norm_cols_with(&gx, &gy, CONV, &gwn, EPS, "moss_enc");
+        let out = cx.cuda.gated_rms_norm_cols_in(&gx, &gy, CONV, &gwn, EPS);
         cx.judge("enc gated_rms_norm, z strided", &sy, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.gated_rms_norm_cols_with(&gx, &gy, CONV, &gwn, EPS, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).gated_rms_norm_cols_in(&gx, &gy, CONV, &gwn, EPS);
         cx.judge("enc gated_rms_norm z strided, sigmoid gate", &sy, Kind::Control, b, "", out, &want, None);
         // silu_mul of the two halves of [L, 2·FFN]
         let (y2, gy2) = cx.input(&[l, 2 * FFN], 1.5)?;
         let want = cx.cpu.silu_mul_cols(Cols { of: &y2, start: 0, len: FFN }, Cols { of: &y2, start: FFN, len: FFN })?;
         let s2 = format!("halves of {l}x{}", 2 * FFN);
         let b = cx.out_bound(F32_ELEMENTWISE);
-        let out = cx.cuda.silu_mul_cols_with(&gy2, FFN, "moss_enc");
+        let out = cx.cuda.silu_mul_cols_in(&gy2, FFN);
         cx.judge("enc silu_mul, gate|up halves", &s2, Kind::Gate, b, "", out, &want, None);
-        let out = cx.cuda.silu_mul_cols_with(&gy2, FFN, "moss_ctl_enc");
+        let out = enc_controls(&cx.cuda).silu_mul_cols_in(&gy2, FFN);
         cx.judge("enc silu_mul halves, gate and up swapped", &s2, Kind::Control, b, "", out, &want, None);
     }
     Ok(())
@@ -145,7 +145,7 @@ pub fn gate_linear_add(cx: &mut Cx) -> Result<()> {
             let s = format!("{l}x{k} · {k}x{HIDDEN} + {l}x{HIDDEN}");
             let note = format!("CPU on {} of {l} rows", rows.len());
             let b = cx.out_bound(F32_GEMM);
-            let (ox, on) = match cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_enc") {
+            let (ox, on) = match cx.cuda.linear_add_rms_norm_op(&ga, &gw, &gres, &gwn, EPS) {
                 Ok((x, n)) => (Ok(x), Ok(n)),
                 Err(e) => (Err(anyhow!("{e:#}")), Err(e)),
             };
@@ -153,7 +153,7 @@ pub fn gate_linear_add(cx: &mut Cx) -> Result<()> {
             cx.judge("enc linear_add_rms_norm: norm (rms1)", &s, Kind::Gate, b, &note, on, &wnrm, Some(&rows));
             let out = linear_without_residual(&cx.cuda, &ga, &gw);
             cx.judge("enc linear_add_rms_norm, residual left out", &s, Kind::Control, b, &note, out, &wx, Some(&rows));
-            let out = cx.cuda.linear_add_rms_norm_with(&ga, &gw, &gres, &gwn, EPS, "moss_ctl_enc").map(|(_, n)| n);
+            let out = enc_controls(&cx.cuda).linear_add_rms_norm_op(&ga, &gw, &gres, &gwn, EPS).map(|(_, n)| n);
             cx.judge("enc linear_add_rms_norm, norm weight without 1 +", &s, Kind::Control, b, &note, out, &wnrm, Some(&rows));
         }
     }
@@ -178,11 +178,11 @@ pub fn gate_attn_gate(cx: &mut Cx) -> Result<()> {
         }
         let s = shape_str(&[&[l, HEADS * HEAD_DIM], &[l, HEADS, 2 * HEAD_DIM]]);
         let b = cx.out_bound(F32_ELEMENTWISE);
-        for (prefix, kind, what) in [
-            ("moss_enc", Kind::Gate, "enc attn_gate (gmulh on q_proj's [L, H, 2·hd], gate in place)"),
-            ("moss_ctl_enc", Kind::Control, "enc attn_gate, the gate of head h + 1"),
+        for (cu, kind, what) in [
+            (cx.cuda.clone(), Kind::Gate, "enc attn_gate (gmulh on q_proj's [L, H, 2·hd], gate in place)"),
+            (enc_controls(&cx.cuda), Kind::Control, "enc attn_gate, the gate of head h + 1"),
         ] {
-            let out = cx.cuda.attn_gate_with(&go, &gqg, prefix).and_then(|o| o.ok_or_else(|| anyhow!("no kernel for this width")));
+            let out = cu.attn_gate(&go, &gqg).and_then(|o| o.ok_or_else(|| anyhow!("no kernel for this width")));
             cx.judge(what, &s, kind, b, "", out, &want, None);
         }
     }

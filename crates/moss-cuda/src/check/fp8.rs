@@ -5,6 +5,7 @@
 
 use super::dit_ops::stream_rows;
 use super::gates::*;
+use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use crate::select::{fp8_refusal, Fp8Gemm};
 use anyhow::{ensure, Result};
@@ -69,12 +70,12 @@ fn gate_quantize(cx: &mut Cx) -> Result<()> {
         let (x, gx) = cx.exact(x, cx.dtype)?;
         let want = cx.cpu.quantize_rows(&x)?;
         let s = format!("{rows}x{k} {}", cx.dtype.name());
-        for (kind, kernel, what) in [
-            (Kind::Gate, "moss_quantize_fp8", "fp8 quantize (codes + scales, bit-exact)"),
-            (Kind::Control, "moss_ctl_quantize_fp8_rz", "fp8 quantize rounding toward zero"),
-            (Kind::Control, "moss_ctl_quantize_fp8_tail", "fp8 quantize, amax misses the last element"),
+        for (kind, cu, what) in [
+            (Kind::Gate, cx.cuda.clone(), "fp8 quantize (codes + scales, bit-exact)"),
+            (Kind::Control, cx.planted(&kernels::QUANTIZE_FP8, &controls::CTL_QUANTIZE_FP8_RZ), "fp8 quantize rounding toward zero"),
+            (Kind::Control, cx.planted(&kernels::QUANTIZE_FP8, &controls::CTL_QUANTIZE_FP8_TAIL), "fp8 quantize, amax misses the last element"),
         ] {
-            let out = cx.cuda.quantize_fp8_with(&gx, kernel);
+            let out = cu.quantize_fp8(&gx);
             let (error, note) = match mismatches(&cx.cuda, out, &want) {
                 Ok((c, sc)) => ((c + sc) as f64 / (rows * k + rows) as f64, format!("{c} of {} codes, {sc} of {rows} scales differ", rows * k)),
                 Err(e) => (f64::NAN, format!("[error: {e:#}]")),
@@ -85,20 +86,24 @@ fn gate_quantize(cx: &mut Cx) -> Result<()> {
     Ok(())
 }
 
-/// Quantize `x` and run the FP8 product on `path` with the scaling kernel `kernel` (production
+/// Quantize `x` and run the FP8 product on `path` with the scaling kernel `scale` (production
 /// pieces; the controls change one of them).
-fn product(cx: &Cx, x: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, path: Fp8Gemm, kernel: &str) -> Result<CudaTensor> {
-    let (xq, xs) = cx.cuda.quantize_fp8_with(x, "moss_quantize_fp8")?;
-    cx.cuda.gemm_fp8_with(&xq, &xs, wq, ws, x.dtype, path, kernel)
+fn product(cx: &Cx, x: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, path: Fp8Gemm, scale: Option<&'static ScaleRows>) -> Result<CudaTensor> {
+    let (xq, xs) = cx.cuda.quantize_fp8(x)?;
+    let cu = scale.map_or(cx.cuda.clone(), |s| cx.planted(&kernels::FP8_SCALE_ROWS, s));
+    cu.fp8_product(&xq, &xs, wq, ws, x.dtype, path)
 }
+
+/// The FP8 product's scaling kernel (production or a planted twin).
+type ScaleRows = crate::kernels::Family<fn(crate::kernels::Dev, crate::kernels::Dev, crate::kernels::Dev, crate::kernels::Dev, i64, i64)>;
 
 /// The outer-vector path with the activation's scales squared (applied twice).
 fn act_scales_twice(cx: &Cx, x: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<CudaTensor> {
-    let (xq, xs) = cx.cuda.quantize_fp8_with(x, "moss_quantize_fp8")?;
+    let (xq, xs) = cx.cuda.quantize_fp8(x)?;
     let mut h = cx.cuda.download(&xs)?;
     h.data.iter_mut().for_each(|v| *v *= *v);
     let xs2 = cx.cuda.upload_as(&h, DType::F32)?;
-    cx.cuda.gemm_fp8_with(&xq, &xs2, wq, ws, x.dtype, Fp8Gemm::OuterVec, "moss_fp8_scale_rows")
+    cx.cuda.fp8_product(&xq, &xs2, wq, ws, x.dtype, Fp8Gemm::OuterVec)
 }
 
 fn gate_linear_fp8(cx: &mut Cx) -> Result<()> {
@@ -148,22 +153,18 @@ fn gate_linear_fp8(cx: &mut Cx) -> Result<()> {
                     (
                         "linear_fp8 (cuBLASLt outer-vector scales)",
                         vec![
-                            (Kind::Gate, "", product(cx, &gx, &gwq, &gws, path, "moss_fp8_scale_rows")),
+                            (Kind::Gate, "", product(cx, &gx, &gwq, &gws, path, None)),
                             (Kind::Control, "activation scales applied twice", act_scales_twice(cx, &gx, &gwq, &gws)),
-                            (
-                                Kind::Control,
-                                "weight scales in reverse channel order",
-                                rev.and_then(|r| product(cx, &gx, &gwq, &r, path, "moss_fp8_scale_rows")),
-                            ),
+                            (Kind::Control, "weight scales in reverse channel order", rev.and_then(|r| product(cx, &gx, &gwq, &r, path, None))),
                         ],
                     )
                 }
                 Fp8Gemm::UnitThenScale => (
                     "linear_fp8 (cuBLASLt unit scales + moss_fp8_scale_rows)",
                     vec![
-                        (Kind::Gate, "", product(cx, &gx, &gwq, &gws, path, "moss_fp8_scale_rows")),
-                        (Kind::Control, "scale vectors exchanged (transposed)", product(cx, &gx, &gwq, &gws, path, "moss_ctl_fp8_scale_swapped")),
-                        (Kind::Control, "activation scale applied twice", product(cx, &gx, &gwq, &gws, path, "moss_ctl_fp8_scale_twice")),
+                        (Kind::Gate, "", product(cx, &gx, &gwq, &gws, path, None)),
+                        (Kind::Control, "scale vectors exchanged (transposed)", product(cx, &gx, &gwq, &gws, path, Some(&controls::CTL_FP8_SCALE_SWAPPED))),
+                        (Kind::Control, "activation scale applied twice", product(cx, &gx, &gwq, &gws, path, Some(&controls::CTL_FP8_SCALE_TWICE))),
                     ],
                 ),
             };
@@ -194,13 +195,13 @@ pub fn time_fp8(cuda: &Cuda) -> Result<()> {
         let x = c.upload_as(&Tensor::new(vec![m, k], rng.normals(m * k, 1.0))?, DType::BF16)?;
         let w = c.upload_as(&Tensor::new(vec![n, k], rng.normals(n * k, 0.02))?, DType::BF16)?;
         let (wq, ws) = c.quantize_rows(&w)?;
-        let (xq, xs) = c.quantize_fp8_with(&x, "moss_quantize_fp8")?;
+        let (xq, xs) = c.quantize_fp8(&x)?;
         let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
-        let quant = time_ms(&c, 10, 50, || c.quantize_fp8_with(&x, "moss_quantize_fp8").map(|_| ()))?;
+        let quant = time_ms(&c, 10, 50, || c.quantize_fp8(&x).map(|_| ()))?;
         let whole = time_ms(&c, 10, 50, || c.linear_fp8(&x, &wq, &ws).map(|_| ()))?;
         let mut line = format!("  linear_fp8 {m}x{k} · {k}x{n}: {whole:.4} ms ({:.0} TFLOP/s): quantize {quant:.4} ms", tflops(whole));
         for &p in paths {
-            let ms = time_ms(&c, 10, 50, || c.gemm_fp8_with(&xq, &xs, &wq, &ws, DType::BF16, p, "moss_fp8_scale_rows").map(|_| ()))?;
+            let ms = time_ms(&c, 10, 50, || c.fp8_product(&xq, &xs, &wq, &ws, DType::BF16, p).map(|_| ()))?;
             line += &format!(", product {p:?} {ms:.4} ms ({:.0} TFLOP/s)", tflops(ms));
         }
         println!("{line}");

@@ -7,6 +7,7 @@
 
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
+use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
@@ -35,7 +36,7 @@ fn norm_shapes() -> [(usize, usize); 2] {
 fn differences(cx: &Cx, fused: Result<(CudaTensor, CudaTensor)>, dense: &CudaTensor) -> (f64, String) {
     let run = || -> Result<(usize, usize, usize, usize)> {
         let (q, s) = fused?;
-        let (gq, _) = cx.cuda.quantize_fp8_with(dense, "moss_quantize_fp8")?;
+        let (gq, _) = cx.cuda.quantize_fp8(dense)?;
         cx.cuda.sync()?;
         let (want_q, want_s) = cx.cpu.quantize_rows(&cx.cuda.download(dense)?)?;
         let (got_q, got_s) = (cx.cuda.download(&q)?, cx.cuda.download(&s)?);
@@ -87,12 +88,15 @@ fn stream_note(cx: &Cx, xt: DType) -> &'static str {
 fn gate_rms_mod_fp8(cx: &mut Cx) -> Result<()> {
     for (rows, d, xt) in norm_cases(cx) {
         let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
-        let dense = cx.cuda.rms_norm_modulate_with(&x, &w, &sh, &sc, 1e-6, "moss")?;
+        let dense = cx.cuda.rms_norm_modulate_op(&x, &w, &sh, &sc, 1e-6)?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        for (kind, prefix, what) in
-            [(Kind::Gate, "moss", "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, "moss_ctl", "rms_norm_modulate_fp8, each lane's own amax")]
+        let ctl = cx.cuda.with_image(
+            Image::production().swap(&kernels::RMS_MOD_FP8, &controls::CTL_RMS_MOD_FP8).swap(&kernels::RMS_MOD_FP8_TO, &controls::CTL_RMS_MOD_FP8_TO),
+        );
+        for (kind, cu, what) in
+            [(Kind::Gate, cx.cuda.clone(), "rms_norm_modulate_fp8 (fused, bit-exact)"), (Kind::Control, ctl, "rms_norm_modulate_fp8, each lane's own amax")]
         {
-            let (error, note) = differences(cx, cx.cuda.rms_norm_modulate_fp8_with(&x, &w, &sh, &sc, 1e-6, prefix), &dense);
+            let (error, note) = differences(cx, cu.rms_norm_modulate_fp8_op(&x, &w, &sh, &sc, 1e-6), &dense);
             cx.judge_value(what, &s, kind, EXACT, &note, error);
         }
     }
@@ -104,12 +108,16 @@ fn gate_gres_fp8(cx: &mut Cx) -> Result<()> {
         let (x, [w, sh, sc]) = norm_inputs(cx, rows, d, xt)?;
         let (_, y) = cx.input(&[rows, d], 1.0)?;
         let (_, gate) = cx.input(&[d], 1.0)?;
-        let (xo, dense) = cx.cuda.gres_norm_mod_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, "moss")?;
+        let (xo, dense) = cx.cuda.gres_norm_mod_op(&x, &y, &gate, &w, &sh, &sc, 1e-6)?;
         let s = format!("{rows}x{d}{}", stream_note(cx, xt));
-        for (kind, prefix, what) in
-            [(Kind::Gate, "moss", "gated_residual_norm_modulate_fp8 (fused)"), (Kind::Control, "moss_ctl", "gated_residual_norm_modulate_fp8, codes toward 0")]
-        {
-            let out = cx.cuda.gres_norm_mod_fp8_with(&x, &y, &gate, &w, &sh, &sc, 1e-6, prefix);
+        let ctl = cx.cuda.with_image(
+            Image::production().swap(&kernels::GRES_MOD_FP8, &controls::CTL_GRES_MOD_FP8).swap(&kernels::GRES_MOD_FP8_TO, &controls::CTL_GRES_MOD_FP8_TO),
+        );
+        for (kind, cu, what) in [
+            (Kind::Gate, cx.cuda.clone(), "gated_residual_norm_modulate_fp8 (fused)"),
+            (Kind::Control, ctl, "gated_residual_norm_modulate_fp8, codes toward 0"),
+        ] {
+            let out = cu.gres_norm_mod_fp8_op(&x, &y, &gate, &w, &sh, &sc, 1e-6);
             // the new stream: the unfused kernel's, bit for bit
             let stream = out.as_ref().map_err(|e| anyhow::anyhow!("{e:#}")).and_then(|(got, _)| {
                 let bits = |t: &CudaTensor| cx.cuda.download(t).map(|t| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
@@ -130,14 +138,17 @@ fn gate_gres_fp8(cx: &mut Cx) -> Result<()> {
 fn gate_situ_fp8(cx: &mut Cx) -> Result<()> {
     for (rows, f) in [(dit::TOKENS, dit::FFN), ODD_SITU] {
         let (_, x) = cx.input(&[rows, 2 * f], 4.0)?;
-        let dense = cx.cuda.situ_glu_with(&x, "moss")?;
+        let dense = cx.cuda.situ_glu_op(&x)?;
         let form = if cx.dtype == DType::BF16 { "fast form" } else { "libm form" };
         let s = format!("{rows}x{} -> {rows}x{f}", 2 * f);
-        for (kind, prefix, what) in [
-            (Kind::Gate, "moss", format!("situ_glu_fp8 ({form}, fused, bit-exact)")),
-            (Kind::Control, "moss_ctl", "situ_glu_fp8, amax of the first warp only".to_string()),
+        let ctl = cx
+            .cuda
+            .with_image(Image::production().swap(&kernels::SITU_FP8, &controls::CTL_SITU_FP8).swap(&kernels::SITU_FAST_FP8, &controls::CTL_SITU_FAST_FP8));
+        for (kind, cu, what) in [
+            (Kind::Gate, cx.cuda.clone(), format!("situ_glu_fp8 ({form}, fused, bit-exact)")),
+            (Kind::Control, ctl, "situ_glu_fp8, amax of the first warp only".to_string()),
         ] {
-            let (error, note) = differences(cx, cx.cuda.situ_glu_fp8_with(&x, prefix), &dense);
+            let (error, note) = differences(cx, cu.situ_glu_fp8_op(&x), &dense);
             cx.judge_value(&what, &s, kind, EXACT, &note, error);
         }
     }
@@ -154,17 +165,14 @@ pub fn time_fp8_act(cuda: &Cuda) -> Result<()> {
     let mut up = |shape: &[usize], std: f64| c.upload_as(&Tensor::new(shape.to_vec(), rng.normals(shape.iter().product(), std))?, DType::BF16);
     let (x, y, v) = (up(&[TOKENS, DIM], 1.0)?, up(&[TOKENS, DIM], 1.0)?, up(&[DIM], 0.5)?);
     let u = up(&[TOKENS, 2 * FFN], 4.0)?;
-    let q = |t: Result<CudaTensor>| t.and_then(|t| c.quantize_fp8_with(&t, "moss_quantize_fp8")).map(|_| ());
+    let q = |t: Result<CudaTensor>| t.and_then(|t| c.quantize_fp8(&t)).map(|_| ());
     let ms = |f: &mut dyn FnMut() -> Result<()>| time_ms(&c, 10, 50, f);
-    let rms = (
-        ms(&mut || c.rms_norm_modulate_fp8_with(&x, &v, &v, &v, 1e-6, "moss").map(|_| ()))?,
-        ms(&mut || q(c.rms_norm_modulate_with(&x, &v, &v, &v, 1e-6, "moss")))?,
-    );
+    let rms = (ms(&mut || c.rms_norm_modulate_fp8_op(&x, &v, &v, &v, 1e-6).map(|_| ()))?, ms(&mut || q(c.rms_norm_modulate_op(&x, &v, &v, &v, 1e-6)))?);
     let gres = (
-        ms(&mut || c.gres_norm_mod_fp8_with(&x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|_| ()))?,
-        ms(&mut || q(c.gres_norm_mod_with(&x, &y, &v, &v, &v, &v, 1e-6, "moss").map(|(_, n)| n)))?,
+        ms(&mut || c.gres_norm_mod_fp8_op(&x, &y, &v, &v, &v, &v, 1e-6).map(|_| ()))?,
+        ms(&mut || q(c.gres_norm_mod_op(&x, &y, &v, &v, &v, &v, 1e-6).map(|(_, n)| n)))?,
     );
-    let situ = (ms(&mut || c.situ_glu_fp8_with(&u, "moss").map(|_| ()))?, ms(&mut || q(c.situ_glu_with(&u, "moss")))?);
+    let situ = (ms(&mut || c.situ_glu_fp8_op(&u).map(|_| ()))?, ms(&mut || q(c.situ_glu_op(&u)))?);
     for (op, shape, (fused, unfused)) in [
         ("rms_norm_modulate", format!("{TOKENS}x{DIM}"), rms),
         ("gated_residual_norm_modulate", format!("{TOKENS}x{DIM}"), gres),

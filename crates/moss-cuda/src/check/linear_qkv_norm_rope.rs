@@ -2,11 +2,13 @@
 //! `moss_dit_linear_qkv_norm_rope`, or cuBLASLt + `qkv_norm_rope` where it does not run) against
 //! the CPU twin, with planted controls; and its timing against the unfused pair at the DiT's shape.
 
+use super::dit::qkv_rope_controls;
 use super::dit_ops::{stream_rows, uniform_vec};
 use super::gates::*;
 use super::linear_situ_glu::pick_rows;
 use super::linear_situ_glu_fp8::quantized;
 use crate::dit::{QKV_FP8_KERNEL, QKV_KERNEL};
+use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::Result;
 use moss_core::backend::ops::DitOps;
@@ -64,9 +66,12 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
             let out = op(&cx.cuda);
             cx.judge(&format!("linear_qkv_norm_rope (op: fused {QKV_KERNEL})"), &s, Kind::Gate, bound, &note, out, &want, rows);
             if case == 0 {
-                for (bug, what) in [("k_weight", "k normed with q's weight"), ("sign", "rotation's sign flipped")] {
-                    let name = format!("{QKV_KERNEL}_{bug}_control");
-                    let out = cx.cuda.linear_qkv_norm_rope_fused(&gx, &gw, None, &gwq, &gwk, &gc, &gs, heads, EPS, &name);
+                for (twin, what) in [
+                    (&controls::DIT_LINEAR_QKV_NORM_ROPE_K_WEIGHT_CONTROL, "k normed with q's weight"),
+                    (&controls::DIT_LINEAR_QKV_NORM_ROPE_SIGN_CONTROL, "rotation's sign flipped"),
+                ] {
+                    let cu = cx.planted(&kernels::DIT_LINEAR_QKV_NORM_ROPE, twin);
+                    let out = cu.linear_qkv_norm_rope_fused(&gx, &gw, None, &gwq, &gwk, &gc, &gs, heads, EPS);
                     cx.judge(&format!("linear_qkv_norm_rope (fused), {what}"), &s, Kind::Control, bound, &note, out, &want, rows);
                 }
             }
@@ -74,8 +79,8 @@ fn gate_linear_qkv(cx: &mut Cx) -> Result<()> {
             let out = op(&cx.cuda);
             cx.judge("linear_qkv_norm_rope (cuBLASLt + qkv_norm_rope)", &s, Kind::Gate, bound, &note, out, &want, rows);
             if case == 0 {
-                let cu = cx.cuda.clone();
-                let out = cu.linear(&gx, &gw, None).and_then(|u| cu.qkv_norm_rope_with(u, heads, &gwq, &gwk, &gc, &gs, EPS, "moss_ctl"));
+                let cu = qkv_rope_controls(&cx.cuda);
+                let out = cu.linear(&gx, &gw, None).and_then(|u| cu.qkv_norm_rope_op(u, heads, &gwq, &gwk, &gc, &gs, EPS));
                 let what = "linear_qkv_norm_rope (cuBLASLt + qkv_norm_rope), k normed with q's weight";
                 cx.judge(what, &s, Kind::Control, bound, &note, out, &want, rows);
             }
@@ -131,13 +136,15 @@ fn gate_linear_qkv_fp8(cx: &mut Cx) -> Result<()> {
         let s = format!("{m}x{k} · {k}x{n} (e4m3), {heads} heads");
         let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
         let rows = Some(&rows[..]);
-        let cu = cx.cuda.clone();
-        let run = |name: &str| cu.linear_qkv_norm_rope_fused(&xq, &wq8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS, name);
-        let out = run(QKV_FP8_KERNEL);
+        let run = |cu: &Cuda| cu.linear_qkv_norm_rope_fused(&xq, &wq8, Some((&xs, &ws)), &gwq, &gwk, &gc, &gs, heads, EPS);
+        let out = run(&cx.cuda);
         cx.judge(&format!("linear_qkv_norm_rope_fp8 ({QKV_FP8_KERNEL})"), &s, Kind::Gate, BF16_OUT, &note, out, &want, rows);
         if case == 0 {
-            for (bug, what) in [("k_weight", "k normed with q's weight"), ("sign", "rotation's sign flipped")] {
-                let out = run(&format!("{QKV_FP8_KERNEL}_{bug}_control"));
+            for (twin, what) in [
+                (&controls::DIT_LINEAR_QKV_NORM_ROPE_FP8_K_WEIGHT_CONTROL, "k normed with q's weight"),
+                (&controls::DIT_LINEAR_QKV_NORM_ROPE_FP8_SIGN_CONTROL, "rotation's sign flipped"),
+            ] {
+                let out = run(&cx.planted(&kernels::DIT_LINEAR_QKV_NORM_ROPE_FP8, twin));
                 cx.judge(&format!("linear_qkv_norm_rope_fp8 (fused), {what}"), &s, Kind::Control, BF16_OUT, &note, out, &want, rows);
             }
         }
@@ -166,14 +173,14 @@ pub fn time_linear_qkv(cuda: &Cuda) -> Result<()> {
         println!("  fused {QKV_KERNEL}: not on this GPU (sm_90a only): the op runs the pair");
         return Ok(());
     }
-    let ms = timed(&|| c.linear_qkv_norm_rope_fused(&x, &w, None, &wq, &wk, &cs, &sn, HEADS, EPS, QKV_KERNEL))?;
+    let ms = timed(&|| c.linear_qkv_norm_rope_fused(&x, &w, None, &wq, &wk, &cs, &sn, HEADS, EPS))?;
     println!("  fused {QKV_KERNEL} (persistent): {ms:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms), pair / ms);
     // e4m3 (`--precision fp8`): cuBLASLt's fp8 product + qkv_norm_rope against the e4m3 kernel
     let c8 = cuda.with_precision(Precision::Fp8);
-    let ((xq, xs), (w8, ws)) = (c8.quantize_fp8_with(&x, "moss_quantize_fp8")?, c8.quantize_fp8_with(&w, "moss_quantize_fp8")?);
+    let ((xq, xs), (w8, ws)) = (c8.quantize_fp8(&x)?, c8.quantize_fp8(&w)?);
     let timed8 = |f: &dyn Fn() -> Result<CudaTensor>| time_ms(&c8, 3, 10, || f().map(|_| ()));
     let pair8 = timed8(&|| c8.qkv_norm_rope(c8.linear_fp8_quantized(&xq, &xs, &w8, &ws)?, HEADS, &wq, &wk, &cs, &sn, EPS))?;
-    let ms8 = timed8(&|| c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &wq, &wk, &cs, &sn, HEADS, EPS, QKV_FP8_KERNEL))?;
+    let ms8 = timed8(&|| c8.linear_qkv_norm_rope_fused(&xq, &w8, Some((&xs, &ws)), &wq, &wk, &cs, &sn, HEADS, EPS))?;
     println!(
         "  e4m3: linear_fp8_quantized + qkv_norm_rope {pair8:.4} ms; fused {QKV_FP8_KERNEL} {ms8:.4} ms ({:.0} TFLOP/s), {:.3}x the pair",
         tflops(ms8),

@@ -2,9 +2,11 @@
 //! cuBLASLt + `situ_glu` where it does not run) against the CPU twin, with planted controls; and
 //! its timing against the unfused pair at the DiT's shape.
 
+use super::dit_ops::situ_controls;
 use super::dit_ops::stream_rows;
 use super::gates::*;
 use crate::dit::SITU_KERNEL;
+use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::Result;
 use moss_core::backend::ops::DitOps;
@@ -51,8 +53,11 @@ fn gate_linear_situ(cx: &mut Cx) -> Result<()> {
             let out = cx.cuda.linear_situ_glu(&gx, &gw);
             cx.judge(&format!("linear_situ_glu (op: fused {SITU_KERNEL})"), &s, Kind::Gate, bound, &note, out, &want, rows);
             if case == 0 {
-                for (bug, what) in [("swapped", "up and gate swapped"), ("short_k", "last K step left out")] {
-                    let out = cx.cuda.linear_situ_glu_fused(&gx, &gw, &format!("{SITU_KERNEL}_{bug}_control"));
+                for (twin, what) in [
+                    (&controls::DIT_LINEAR_SITU_GLU_SWAPPED_CONTROL, "up and gate swapped"),
+                    (&controls::DIT_LINEAR_SITU_GLU_SHORT_K_CONTROL, "last K step left out"),
+                ] {
+                    let out = cx.planted(&kernels::DIT_LINEAR_SITU_GLU, twin).linear_situ_glu_fused(&gx, &gw);
                     cx.judge(&format!("linear_situ_glu (fused), {what}"), &s, Kind::Control, bound, &note, out, &want, rows);
                 }
             }
@@ -60,8 +65,8 @@ fn gate_linear_situ(cx: &mut Cx) -> Result<()> {
             let out = cx.cuda.linear_situ_glu(&gx, &gw);
             cx.judge("linear_situ_glu (cuBLASLt + situ_glu)", &s, Kind::Gate, bound, &note, out, &want, rows);
             if case == 0 {
-                let cu = cx.cuda.clone();
-                let out = cu.linear(&gx, &gw, None).and_then(|u| cu.situ_glu_with(&u, "moss_ctl"));
+                let cu = situ_controls(&cx.cuda);
+                let out = cu.linear(&gx, &gw, None).and_then(|u| cu.situ_glu_op(&u));
                 cx.judge("linear_situ_glu (cuBLASLt + situ_glu), up and gate swapped", &s, Kind::Control, bound, &note, out, &want, rows);
             }
         }
@@ -88,7 +93,7 @@ pub fn time_linear_situ(cuda: &Cuda) -> Result<()> {
         println!("  fused {SITU_KERNEL}: not on this GPU (sm_90a only): the op runs the pair");
         return Ok(());
     }
-    let ms = timed(&|| c.linear_situ_glu_fused(&x, &w, SITU_KERNEL))?;
+    let ms = timed(&|| c.linear_situ_glu_fused(&x, &w))?;
     println!("  fused {SITU_KERNEL} (persistent): {ms:.4} ms ({:.0} TFLOP/s), {:.3}x the pair", tflops(ms), pair / ms);
     Ok(())
 }

@@ -8,6 +8,7 @@ use super::dit_ops::stream_rows;
 use super::gates::*;
 use super::linear_situ_glu::pick_rows;
 use crate::dit::SITU_FP8_KERNEL;
+use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::Result;
 use moss_core::backend::ops::DitOps;
@@ -21,7 +22,7 @@ pub const GATES: &[(&str, GateFn)] = &[("dit linear_situ_glu_fp8", gate_linear_s
 /// `x` and `w` quantized per row on the GPU (`moss_quantize_fp8`): the codes and scales on the
 /// device, and their values on the host (codes as their e4m3 values, scales f32).
 pub(crate) fn quantized(cx: &Cx, x: &CudaTensor) -> Result<((CudaTensor, CudaTensor), (Tensor, Tensor))> {
-    let (q, s) = cx.cuda.quantize_fp8_with(x, "moss_quantize_fp8")?;
+    let (q, s) = cx.cuda.quantize_fp8(x)?;
     let host = (cx.cuda.download(&q)?, cx.cuda.download(&s)?);
     Ok(((q, s), host))
 }
@@ -52,11 +53,14 @@ fn gate_linear_situ_fp8(cx: &mut Cx) -> Result<()> {
         let s = format!("{m}x{k} · {k}x{} (e4m3)", 2 * f);
         let note = if rows.len() < m { format!("CPU on {} of {m} rows", rows.len()) } else { String::new() };
         let rows = Some(&rows[..]);
-        let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, SITU_FP8_KERNEL);
+        let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws);
         cx.judge(&format!("linear_situ_glu_fp8 ({SITU_FP8_KERNEL}, the SiTU output)"), &s, Kind::Gate, BF16_OUT, &note, out, &want, rows);
         if case == 0 {
-            for (bug, what) in [("swapped", "up and gate swapped"), ("short_k", "last K step left out")] {
-                let out = cx.cuda.linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws, &format!("{SITU_FP8_KERNEL}_{bug}_control"));
+            for (twin, what) in [
+                (&controls::DIT_LINEAR_SITU_GLU_FP8_SWAPPED_CONTROL, "up and gate swapped"),
+                (&controls::DIT_LINEAR_SITU_GLU_FP8_SHORT_K_CONTROL, "last K step left out"),
+            ] {
+                let out = cx.planted(&kernels::DIT_LINEAR_SITU_GLU_FP8, twin).linear_situ_glu_fp8_fused(&xq, &xs, &wq, &ws);
                 cx.judge(&format!("linear_situ_glu_fp8 (fused), {what}"), &s, Kind::Control, BF16_OUT, &note, out, &want, rows);
             }
         }
@@ -74,7 +78,7 @@ pub fn time_linear_situ_fp8(cuda: &Cuda) -> Result<()> {
     let mut rng = Rng::new(19);
     let x = c.upload_as(&Tensor::new(vec![m, k], rng.normals(m * k, 1.0))?, DType::BF16)?;
     let w = c.upload_as(&Tensor::new(vec![2 * f, k], rng.normals(2 * f * k, 0.02))?, DType::BF16)?;
-    let ((xq, xs), (wq, ws)) = (c.quantize_fp8_with(&x, "moss_quantize_fp8")?, c.quantize_fp8_with(&w, "moss_quantize_fp8")?);
+    let ((xq, xs), (wq, ws)) = (c.quantize_fp8(&x)?, c.quantize_fp8(&w)?);
     let timed = |f: &dyn Fn() -> Result<(CudaTensor, CudaTensor)>| time_ms(&c, 3, 10, || f().map(|_| ()));
     let pair = timed(&|| c.situ_glu_fp8(&c.linear_fp8_quantized(&xq, &xs, &wq, &ws)?))?;
     println!("timing: linear_situ_glu_fp8 {m}x{k} · {k}x{} (e4m3), CUDA events, median of 10 after 3 warm-up runs", 2 * f);

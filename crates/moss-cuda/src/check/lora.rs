@@ -90,26 +90,28 @@ fn judge_case(cx: &mut Cx, what: &str, shape: &[usize], terms: &[Term]) -> Resul
     let reference = reference_rows(&w, terms, &rows)?;
     let ranks: Vec<String> = terms.iter().map(|t| describe(t.module)).collect();
     let s = format!("{} + {}", shape_str(&[shape]), ranks.join(" + "));
-    let run = |cx: &mut Cx, prefix: &str| -> Result<CudaTensor> {
+    // `planted`: the merge kernels' twins (the update rounded before the add)
+    let run = |cx: &mut Cx, planted: bool| -> Result<CudaTensor> {
         let (_, g) = cx.exact(w.clone(), cx.dtype)?;
-        cx.cuda.merge_lora_with(&g, terms, prefix)?;
+        let cu = if planted { cx.twins(|s| s.starts_with("moss_lora_")) } else { cx.cuda.clone() };
+        cu.merge_lora_into(&g, terms)?;
         Ok(g)
     };
     // The share of elements whose stored bits differ from the host merge's (NaN: no output).
     let want = to_bytes(&host.data, cx.dtype);
-    let differ = |cx: &mut Cx, prefix: &str| -> f64 {
+    let differ = |cx: &mut Cx, planted: bool| -> f64 {
         let es = cx.dtype.size();
-        match run(cx, prefix).and_then(|g| cx.cuda.download_bytes(&g)) {
+        match run(cx, planted).and_then(|g| cx.cuda.download_bytes(&g)) {
             Ok(b) if b.len() == want.len() => b.chunks(es).zip(want.chunks(es)).filter(|(x, y)| x != y).count() as f64 / (b.len() / es) as f64,
             _ => f64::NAN,
         }
     };
-    let e = differ(cx, "moss");
+    let e = differ(cx, false);
     cx.judge_value(&format!("{what} = host merge"), &s, Kind::Gate, EXACT, "share of elements whose bits differ", e);
-    let out = run(cx, "moss");
+    let out = run(cx, false);
     let bound = cx.out_bound(F32_GEMM);
     cx.judge(&format!("{what} vs fp64"), &s, Kind::Gate, bound, "", out, &reference, picked);
-    let e = differ(cx, "moss_ctl");
+    let e = differ(cx, true);
     cx.judge_value(&format!("{what}, update rounded before the add"), &s, Kind::Control, EXACT, "", e);
     Ok(())
 }
@@ -184,7 +186,7 @@ pub fn time_merge(cuda: &crate::ops::Cuda) -> Result<()> {
         let m = module(&[("w", vec![rows, cols])], Delta::LowRank { up: mat(rows, 64, 0.02), down: mat(64, cols, 0.2), alpha: Some(64.0) });
         let w = cuda.upload_as(&Tensor::new(vec![rows, cols], vec![0.01; rows * cols])?, DType::BF16)?;
         let terms = [Term { module: &m, row0: 0, scale: 1.0 }];
-        cuda.merge_lora_with(&w, &terms, "moss")?;
+        cuda.merge_lora_into(&w, &terms)?;
         cuda.sync()?;
         for _ in 0..reps {
             cuda.merge_lora_timed(w.clone(), &terms, &clock)?;

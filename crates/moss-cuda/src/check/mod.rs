@@ -18,3 +18,20 @@ pub mod lora;
 pub mod tensor;
 pub mod vae;
 pub mod vae_encode;
+
+use crate::kernels::{Family, Image};
+use crate::ops::Cuda;
+
+impl gates::Cx {
+    /// The backend launching the planted twin `to` in place of `from` (the check image's; the
+    /// types make sure they take the same arguments).
+    pub fn planted<S>(&self, from: &'static Family<S>, to: &'static Family<S>) -> Cuda {
+        self.cuda.with_image(Image::production().swap(from, to))
+    }
+
+    /// The backend launching, for every production family whose stem `pick` takes, its planted
+    /// twin of the same name (`moss_ctl_X` of `moss_X`).
+    pub fn twins(&self, pick: impl Fn(&str) -> bool) -> Cuda {
+        self.cuda.with_image(Image::production().twins(pick))
+    }
+}

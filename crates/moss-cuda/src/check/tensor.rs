@@ -3,6 +3,7 @@
 
 use super::gates::*;
 use crate::blas::Gemm;
+use crate::kernels::{self, controls};
 use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{anyhow, Result};
 use moss_core::backend::Backend;
@@ -36,13 +37,13 @@ fn gate_cast(cx: &mut Cx) -> Result<()> {
     let want = round_bf16(&x);
     let out = cx.cuda.cast(&gx, DType::BF16);
     cx.judge("cast f32->bf16", &s, Kind::Gate, EXACT, "", out, &want, None);
-    let out = cx.cuda.cast_with(&gx, DType::BF16, "moss_ctl");
+    let out = cx.planted(&kernels::CAST, &controls::CTL_CAST).cast(&gx, DType::BF16);
     cx.judge("cast f32->bf16 truncating", &s, Kind::Control, EXACT, "", out, &want, None);
     // bf16 → f32: exact widening.
     let (x, gx) = cx.input_as(&shape, 3.0, DType::BF16)?;
     let out = cx.cuda.cast(&gx, DType::F32);
     cx.judge("cast bf16->f32", &s, Kind::Gate, EXACT, "", out, &x, None);
-    let out = cx.cuda.cast_with(&gx, DType::F32, "moss_ctl");
+    let out = cx.planted(&kernels::CAST, &controls::CTL_CAST).cast(&gx, DType::F32);
     cx.judge("cast bf16->f32 without the shift", &s, Kind::Control, EXACT, "", out, &x, None);
     Ok(())
 }
@@ -254,9 +255,10 @@ fn gate_binary(cx: &mut Cx) -> Result<()> {
         let want = if op == "add" { cx.cpu.add(&a, &b)? } else { cx.cpu.mul(&a, &b)? };
         let s = shape_str(&[&sa, &sb]);
         let name = format!("{op} {}+{}", ga.dtype.name(), gb.dtype.name());
-        let out = cx.cuda.binary_with(op, &ga, &gb, "moss");
+        let run = |cu: &Cuda| if op == "add" { cu.add(&ga, &gb) } else { cu.mul(&ga, &gb) };
+        let out = run(&cx.cuda);
         cx.judge(&name, &s, Kind::Gate, bound, "", out, &want, None);
-        let out = cx.cuda.binary_with(op, &ga, &gb, "moss_ctl");
+        let out = run(&if op == "add" { cx.planted(&kernels::ADD, &controls::CTL_ADD) } else { cx.planted(&kernels::MUL, &controls::CTL_MUL) });
         cx.judge(&format!("{op}, broadcast index off by one"), &s, Kind::Control, bound, "", out, &want, None);
     }
     Ok(())
@@ -269,9 +271,10 @@ fn gate_unary(cx: &mut Cx) -> Result<()> {
         let (x, gx) = cx.input(&shape, 3.0)?;
         let want = if op == "silu" { cx.cpu.silu(&x)? } else { cx.cpu.sigmoid(&x)? };
         let s = shape_str(&[&shape]);
-        let out = cx.cuda.unary_with(op, &gx, "moss");
+        let run = |cu: &Cuda| if op == "silu" { cu.silu(&gx) } else { cu.sigmoid(&gx) };
+        let out = run(&cx.cuda);
         cx.judge(op, &s, Kind::Gate, bound, "", out, &want, None);
-        let out = cx.cuda.unary_with(op, &gx, "moss_ctl");
+        let out = run(&if op == "silu" { cx.planted(&kernels::SILU, &controls::CTL_SILU) } else { cx.planted(&kernels::SIGMOID, &controls::CTL_SIGMOID) });
         cx.judge(&format!("{op}, exponent sign flipped"), &s, Kind::Control, bound, "", out, &want, None);
     }
     Ok(())
@@ -295,11 +298,11 @@ fn gate_rms_norm(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.rms_norm(&x, Some(&w), eps, one_plus)?;
         let s = shape_str(&[&[rows, d]]);
         let name = if one_plus { "rms_norm (1+w)" } else { "rms_norm" };
-        let out = cx.cuda.rms_norm_with(&gx, Some(&gw), eps, one_plus, "moss_rms_norm");
+        let out = cx.cuda.rms_norm(&gx, Some(&gw), eps, one_plus);
         cx.judge(name, &s, Kind::Gate, bound, "", out, &want, None);
         let (ctl, what) =
-            if one_plus { ("moss_ctl_rms_noplus", "rms_norm, w instead of 1+w") } else { ("moss_ctl_rms_noweight", "rms_norm without the weight") };
-        let out = cx.cuda.rms_norm_with(&gx, Some(&gw), eps, one_plus, ctl);
+            if one_plus { (&controls::CTL_RMS_NOPLUS, "rms_norm, w instead of 1+w") } else { (&controls::CTL_RMS_NOWEIGHT, "rms_norm without the weight") };
+        let out = cx.planted(&kernels::RMS_NORM, ctl).rms_norm(&gx, Some(&gw), eps, one_plus);
         cx.judge(what, &s, Kind::Control, bound, "", out, &want, None);
     }
     Ok(())
@@ -327,9 +330,9 @@ fn gate_narrow(cx: &mut Cx) -> Result<()> {
         let (x, gx) = cx.input(&shape, 1.0)?;
         let want = cx.cpu.narrow(&x, dim, start, len)?;
         let s = format!("{} dim {dim} [{start}..+{len}]", shape_str(&[&shape]));
-        let out = cx.cuda.narrow_with(&gx, dim, start, len, "moss");
+        let out = cx.cuda.narrow(&gx, dim, start, len);
         cx.judge("narrow", &s, Kind::Gate, EXACT, "", out, &want, None);
-        let out = cx.cuda.narrow_with(&gx, dim, start, len, "moss_ctlsrc");
+        let out = cx.planted(&kernels::COPY2D, &controls::CTLSRC_COPY2D).narrow(&gx, dim, start, len);
         cx.judge("narrow ignoring start", &s, Kind::Control, EXACT, "", out, &want, None);
     }
     Ok(())
@@ -343,9 +346,9 @@ fn gate_cat(cx: &mut Cx) -> Result<()> {
         let (y, gy) = cx.input(&b, 1.0)?;
         let want = cx.cpu.cat(&[&x, &y], dim)?;
         let s = format!("{} dim {dim}", shape_str(&[&a, &b]));
-        let out = cx.cuda.cat_with(&[&gx, &gy], dim, "moss");
+        let out = cx.cuda.cat(&[&gx, &gy], dim);
         cx.judge("cat", &s, Kind::Gate, EXACT, "", out, &want, None);
-        let out = cx.cuda.cat_with(&[&gx, &gy], dim, "moss_ctl");
+        let out = cx.planted(&kernels::COPY2D, &controls::CTL_COPY2D).cat(&[&gx, &gy], dim);
         cx.judge("cat ignoring the offset", &s, Kind::Control, EXACT, "", out, &want, None);
     }
     Ok(())
@@ -363,9 +366,9 @@ fn gate_permute(cx: &mut Cx) -> Result<()> {
         let (x, gx) = cx.input(&shape, 1.0)?;
         let want = cx.cpu.permute(&x, &perm)?;
         let s = format!("{} {perm:?}", shape_str(&[&shape]));
-        let out = cx.cuda.permute_with(&gx, &perm, "moss");
+        let out = cx.cuda.permute(&gx, &perm);
         cx.judge("permute", &s, Kind::Gate, EXACT, "", out, &want, None);
-        let out = cx.cuda.permute_with(&gx, &perm, "moss_ctl");
+        let out = cx.planted(&kernels::PERMUTE, &controls::CTL_PERMUTE).permute(&gx, &perm);
         cx.judge("permute as a plain copy", &s, Kind::Control, EXACT, "", out, &want, None);
     }
     Ok(())

@@ -4,8 +4,9 @@
 //! The VAE is fp32 at every precision, so these run once, in the fp32 pass.
 
 use crate::check::gates::{Cx, GateFn, Kind, EXACT, F32_GEMM, F32_NORM};
+use crate::kernels::{self, controls, Image};
 use crate::ops::{Cuda, CudaTensor, DType};
-use crate::vae::conv::{halo_bm, F16_KERNEL};
+use crate::vae::conv::halo_bm;
 use crate::vae::ConvKernel;
 use anyhow::Result;
 use moss_core::backend::ops::VaeOps;
@@ -42,9 +43,9 @@ fn gate_bn_unpatchify(cx: &mut Cx) -> Result<()> {
     let (var, gv) = cx.exact(var, DType::F32)?;
     let want = cx.cpu.bn_unpatchify(&z, &mean, &var, 1e-4, [2, 2])?;
     let s = shape_str(&[&zs]);
-    let out = cx.cuda.bn_unpatchify_with(&gz, &gm, &gv, 1e-4, [2, 2], "moss");
+    let out = cx.cuda.bn_unpatchify(&gz, &gm, &gv, 1e-4, [2, 2]);
     cx.judge("vae bn_unpatchify", &s, Kind::Gate, EXACT, "bit-exact", out, &want, None);
-    let out = cx.cuda.bn_unpatchify_with(&gz, &gm, &gv, 1e-4, [2, 2], "moss_ctl");
+    let out = cx.planted(&kernels::VAE_BN_UNPATCHIFY, &controls::CTL_VAE_BN_UNPATCHIFY).bn_unpatchify(&gz, &gm, &gv, 1e-4, [2, 2]);
     cx.judge("vae bn_unpatchify with dy/dx swapped", &s, Kind::Control, EXACT, "", out, &want, None);
     Ok(())
 }
@@ -58,24 +59,74 @@ enum ConvControl {
     HaloTf32x1,
     /// The small-Cout kernel with its taps mirrored in x.
     SmallMirrored,
-    /// The upsample fold off by one, in the kernel `conv2d_with` takes for this one and the shape.
+    /// The upsample fold off by one, in the kernel `conv2d_on` takes for this one and the shape.
     FoldOffByOne(ConvKernel),
 }
 
-/// `conv2d` (f32 inputs) with the planted bug `ctl`, dispatched as `conv2d_with` dispatches.
+/// `conv2d` (f32 inputs) with the planted bug `ctl`, dispatched as `conv2d_on` dispatches.
 fn conv2d_planted(cu: &Cuda, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool, ctl: ConvControl) -> Result<CudaTensor> {
-    let (cout, cin, k) = (w.shape[0], w.shape[1], w.shape[2]);
-    let halo = (k == 1 || k == 3) && cin % 8 == 0 && cu.halo_fits(halo_bm(cout), k);
-    let tap = cin % 16 == 0 && (k == 1 || k == 3);
+    use controls as c;
+    use kernels as k;
+    let (cout, cin, kk) = (w.shape[0], w.shape[1], w.shape[2]);
+    let halo = (kk == 1 || kk == 3) && cin % 8 == 0 && cu.halo_fits(halo_bm(cout), kk);
+    let tap = cin % 16 == 0 && (kk == 1 || kk == 3);
+    let view = |img: Image| cu.with_image(img);
+    let halo_one = || {
+        Image::production()
+            .swap(&k::VAE_CONV_HALO_B96_K1, &c::CTL_VAE_CONV_HALO_B96_K1)
+            .swap(&k::VAE_CONV_HALO_B96_K3, &c::CTL_VAE_CONV_HALO_B96_K3)
+            .swap(&k::VAE_CONV_HALO_B128_K1, &c::CTL_VAE_CONV_HALO_B128_K1)
+            .swap(&k::VAE_CONV_HALO_B128_K3, &c::CTL_VAE_CONV_HALO_B128_K3)
+    };
+    let halo_fold = || {
+        Image::production()
+            .swap(&k::VAE_CONV_HALO_B96_K1, &c::CTL_VAE_CONV_HALO_FOLD_B96_K1)
+            .swap(&k::VAE_CONV_HALO_B96_K3, &c::CTL_VAE_CONV_HALO_FOLD_B96_K3)
+            .swap(&k::VAE_CONV_HALO_B128_K1, &c::CTL_VAE_CONV_HALO_FOLD_B128_K1)
+            .swap(&k::VAE_CONV_HALO_B128_K3, &c::CTL_VAE_CONV_HALO_FOLD_B128_K3)
+    };
     match ctl {
-        ConvControl::SmallMirrored if cout <= 4 && k <= 3 => cu.conv2d_small("moss_ctl_vae_conv_small", x, w, b, up),
-        ConvControl::HaloTf32x1 if halo => cu.conv2d_halo("moss_ctl_vae_conv_halo", x, w, Some(b), up, false),
-        ConvControl::Tf32x1 => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x1", false, x, w, b, up),
-        ConvControl::FoldOffByOne(ConvKernel::Halo) if halo => cu.conv2d_halo("moss_ctl_vae_conv_halo_fold", x, w, Some(b), up, false),
-        ConvControl::FoldOffByOne(ConvKernel::Halo | ConvKernel::Tf32x3Tap) if tap => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x3t_fold", true, x, w, b, up),
-        ConvControl::FoldOffByOne(_) => cu.conv2d_gemm("moss_ctl_vae_conv_tf32x3_fold", false, x, w, b, up),
+        ConvControl::SmallMirrored if cout <= 4 && kk <= 3 => {
+            cu.with_image(Image::production().swap(&k::VAE_CONV_SMALL, &c::CTL_VAE_CONV_SMALL)).conv2d_small(x, w, b, up)
+        }
+        ConvControl::HaloTf32x1 if halo => view(halo_one()).conv2d_halo(x, w, Some(b), up, false),
+        ConvControl::Tf32x1 => {
+            let img = Image::production()
+                .swap(&k::VAE_CONV_TF32X3, &c::CTL_VAE_CONV_TF32X1)
+                .swap(&k::VAE_CONV_TF32X3_K1, &c::CTL_VAE_CONV_TF32X1_K1)
+                .swap(&k::VAE_CONV_TF32X3_K3, &c::CTL_VAE_CONV_TF32X1_K3);
+            view(img).conv2d_gemm(false, x, w, b, up)
+        }
+        ConvControl::FoldOffByOne(ConvKernel::Halo) if halo => view(halo_fold()).conv2d_halo(x, w, Some(b), up, false),
+        ConvControl::FoldOffByOne(ConvKernel::Halo | ConvKernel::Tf32x3Tap) if tap => {
+            let img = Image::production()
+                .swap(&k::VAE_CONV_TF32X3T_K1, &c::CTL_VAE_CONV_TF32X3T_FOLD_K1)
+                .swap(&k::VAE_CONV_TF32X3T_K3, &c::CTL_VAE_CONV_TF32X3T_FOLD_K3);
+            view(img).conv2d_gemm(true, x, w, b, up)
+        }
+        ConvControl::FoldOffByOne(_) => {
+            let img = Image::production()
+                .swap(&k::VAE_CONV_TF32X3, &c::CTL_VAE_CONV_TF32X3_FOLD)
+                .swap(&k::VAE_CONV_TF32X3_K1, &c::CTL_VAE_CONV_TF32X3_FOLD_K1)
+                .swap(&k::VAE_CONV_TF32X3_K3, &c::CTL_VAE_CONV_TF32X3_FOLD_K3);
+            view(img).conv2d_gemm(false, x, w, b, up)
+        }
         c => anyhow::bail!("conv2d: {c:?} does not apply to {:?} ⊛ {:?}", x.shape, w.shape),
     }
+}
+
+/// The fp16 conv's planted twins of one bug, every build: `""` the activation lo parts dropped,
+/// `"scale"` one channel's weight scale not undone, `"fold"` the upsample fold off by one.
+pub(crate) fn conv16_controls(cu: &Cuda, bug: &str) -> Cuda {
+    use controls as c;
+    use kernels as k;
+    let twins = match bug {
+        "scale" => [&c::CTL_VAE_CONV16_SCALE_B96_K1, &c::CTL_VAE_CONV16_SCALE_B96_K3, &c::CTL_VAE_CONV16_SCALE_B128_K1, &c::CTL_VAE_CONV16_SCALE_B128_K3],
+        "fold" => [&c::CTL_VAE_CONV16_FOLD_B96_K1, &c::CTL_VAE_CONV16_FOLD_B96_K3, &c::CTL_VAE_CONV16_FOLD_B128_K1, &c::CTL_VAE_CONV16_FOLD_B128_K3],
+        _ => [&c::CTL_VAE_CONV16_B96_K1, &c::CTL_VAE_CONV16_B96_K3, &c::CTL_VAE_CONV16_B128_K1, &c::CTL_VAE_CONV16_B128_K3],
+    };
+    let builds = [&k::VAE_CONV16_B96_K1, &k::VAE_CONV16_B96_K3, &k::VAE_CONV16_B128_K1, &k::VAE_CONV16_B128_K3];
+    cu.with_image(builds.into_iter().zip(twins).fold(Image::production(), |img, (from, to)| img.swap(from, to)))
 }
 
 /// One conv gate's inputs (random, weights scaled by 1/√(Cin·k²)), the CPU twin's output and
@@ -123,7 +174,7 @@ fn gate_conv(cx: &mut Cx) -> Result<()> {
             (ConvKernel::Tf32x3Tap, "vae conv2d split-TF32 tap-major"),
             (ConvKernel::Tf32x3, "vae conv2d split-TF32 mma"),
         ] {
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, up, kern);
+            let out = cx.cuda.conv2d_on(&gx, &gw, &gb, up, kern);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
         if cout <= 4 {
@@ -167,18 +218,18 @@ fn gate_group_norm(cx: &mut Cx) -> Result<()> {
         let s = format!("{} g32{}", shape_str(&[&xs]), if silu { " +silu" } else { "" });
         let ng = xs[0] * 32;
         let (h, per_row) = (xs[2], c / 32 * xs[3]);
-        // Row partials (`stats` prefix) → host combine → apply (`apply` prefix).
-        let run = |cx: &Cx, stats: &str, apply: &str| -> Result<CudaTensor> {
-            let rows = cx.cuda.group_norm_row_stats_with(&gx, 32, stats)?;
+        // Row partials (on `stats`) → host combine → apply (on `apply`).
+        let run = |stats: &Cuda, apply: &Cuda| -> Result<CudaTensor> {
+            let rows = stats.group_norm_rows(&gx, 32)?;
             let st = moss_core::backend::ops::vae::group_norm_combine(&rows, ng, h, per_row);
-            cx.cuda.group_norm_apply_with(&gx, &gw, &gb, 32, &st, 1e-6, silu, apply)
+            apply.group_norm_normalise(&gx, &gw, &gb, 32, &st, 1e-6, silu)
         };
-        let out = run(cx, "moss", "moss");
+        let out = run(&cx.cuda, &cx.cuda);
         cx.judge("vae group_norm (f64 row partials, host combine)", &s, Kind::Gate, F32_NORM, "", out, &want, None);
         if controls {
-            let out = run(cx, "moss", "moss_ctl");
+            let out = run(&cx.cuda, &cx.planted(&kernels::VAE_GN_APPLY, &controls::CTL_VAE_GN_APPLY));
             cx.judge("vae group_norm, affine channel = idx % C", &s, Kind::Control, F32_NORM, "", out, &want, None);
-            let out = run(cx, "moss_ctl", "moss");
+            let out = run(&cx.planted(&kernels::VAE_GN_ROW_STATS, &controls::CTL_VAE_GN_ROW_STATS), &cx.cuda);
             cx.judge("vae group_norm, row partials skip an element", &s, Kind::Control, F32_NORM, "", out, &want, None);
             strip_invariance(cx, &gx, &xs)?;
         }
@@ -193,8 +244,8 @@ fn gate_group_norm(cx: &mut Cx) -> Result<()> {
 fn strip_invariance(cx: &mut Cx, gx: &CudaTensor, xs: &[usize]) -> Result<()> {
     use moss_core::backend::Backend;
     let (y0, len, h) = (37usize, 50usize, xs[2]);
-    let whole = cx.cuda.group_norm_row_stats_with(gx, 32, "moss")?;
-    let strip = cx.cuda.group_norm_row_stats_with(&cx.cuda.narrow(gx, 2, y0, len)?, 32, "moss")?;
+    let whole = cx.cuda.group_norm_rows(gx, 32)?;
+    let strip = cx.cuda.group_norm_rows(&cx.cuda.narrow(gx, 2, y0, len)?, 32)?;
     let s = format!("{} rows {y0}..{}", shape_str(&[xs]), y0 + len);
     for (kind, off, what) in [
         (Kind::Gate, 0usize, "vae group_norm row partials: strip == whole (bits)"),
@@ -256,16 +307,17 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
         let chunks = l.div_ceil((chunk / (4 * l)).clamp(1, l));
         let s = format!("{} ({chunks} chunks)", shape_str(&[&sh]));
         let note = format!("CPU on {} of {l} query rows", rows.len());
-        let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss", chunk);
+        let softmax_ctl = cx.planted(&kernels::VAE_SOFTMAX_ROWS, &controls::CTL_VAE_SOFTMAX_ROWS);
+        let out = cx.cuda.spatial_attention_chunks(&gq, &gk, &gv, chunk);
         cx.judge("vae spatial_attention (cuBLAS fp32 + softmax)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
         let chunks_split = l.div_ceil((chunk / 3 / (4 * l)).clamp(1, l));
         let s2 = format!("{} ({chunks_split} chunks)", shape_str(&[&sh]));
-        let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, "moss", chunk);
+        let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, chunk);
         cx.judge("vae spatial_attention (split-TF32 halo GEMMs + softmax)", &s2, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
         if chunks == 1 {
-            let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, "moss_ctl", chunk);
+            let out = softmax_ctl.spatial_attention_split(&gq, &gk, &gv, chunk);
             cx.judge("vae spatial_attention split-TF32 without 1/sqrt(D)", &s2, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
-            let out = cx.cuda.spatial_attention_with(&gq, &gk, &gv, "moss_ctl", chunk);
+            let out = softmax_ctl.spatial_attention_chunks(&gq, &gk, &gv, chunk);
             cx.judge("vae spatial_attention without 1/sqrt(D)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
         }
     }
@@ -283,22 +335,22 @@ fn gate_attention(cx: &mut Cx) -> Result<()> {
             let want = attention_rows(&q, &k, &v, &rows)?;
             let s = shape_str(&[&sh]);
             let note = format!("CPU on {} of {l} query rows", rows.len());
-            let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss");
+            let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv);
             cx.judge("vae spatial_attention flash (split-TF32, online softmax)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
             if ctl {
-                let out = cx.cuda.spatial_attention_flash(&gq, &gk, &gv, "moss_ctl");
+                let out = cx.planted(&kernels::VAE_FLASH_D384, &controls::CTL_VAE_FLASH_D384).spatial_attention_flash(&gq, &gk, &gv);
                 cx.judge("vae spatial_attention flash, output not rescaled", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
             }
             // The fp16 hi/lo kernel (the default where it fits), same inputs.
             if cx.cuda.f16_attn_fits(d) {
-                let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, crate::vae::attention_fp16::KERNEL);
+                let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv);
                 cx.judge("vae spatial_attention f16 (fp16 hi/lo split, P in registers)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
                 if ctl {
-                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl_vae_attn16_d384");
+                    let out = cx.planted(&kernels::VAE_ATTN16_D384, &controls::CTL_VAE_ATTN16_D384).spatial_attention_f16(&gq, &gk, &gv);
                     cx.judge("vae spatial_attention f16, V's scale not undone", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
-                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl2_vae_attn16_d384");
+                    let out = cx.planted(&kernels::VAE_ATTN16_D384, &controls::CTL2_VAE_ATTN16_D384).spatial_attention_f16(&gq, &gk, &gv);
                     cx.judge("vae spatial_attention f16, small terms of the scores dropped", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
-                    let out = cx.cuda.spatial_attention_f16(&gq, &gk, &gv, "moss_ctl3_vae_attn16_d384");
+                    let out = cx.planted(&kernels::VAE_ATTN16_D384, &controls::CTL3_VAE_ATTN16_D384).spatial_attention_f16(&gq, &gk, &gv);
                     cx.judge("vae spatial_attention f16, P V straight into O (no fresh tiles)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
                 }
             }
@@ -338,9 +390,9 @@ fn gate_to_rgb8(cx: &mut Cx) -> Result<()> {
         let b = r?;
         cx.cuda.upload_as(&Tensor::new(vec![b.len()], b.iter().map(|&v| v as f32).collect())?, DType::F32)
     };
-    let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss"), cx);
+    let out = as_tensor(cx.cuda.to_rgb8(&gx), cx);
     cx.judge("vae to_rgb8 (rintf)", &s, Kind::Gate, EXACT, "bytes, bit-exact", out, &want, None);
-    let out = as_tensor(cx.cuda.to_rgb8_with(&gx, "moss_ctl"), cx);
+    let out = as_tensor(cx.planted(&kernels::VAE_TO_RGB8, &controls::CTL_VAE_TO_RGB8).to_rgb8(&gx), cx);
     cx.judge("vae to_rgb8 truncating", &s, Kind::Control, EXACT, "", out, &want, None);
     Ok(())
 }
@@ -429,21 +481,21 @@ fn gate_conv_f16(cx: &mut Cx) -> Result<()> {
     ];
     for &(xs, cout, k, up, controls) in cases {
         let ConvCase { x, gx, w, gw, gb, want, s, .. } = conv_case(cx, xs, cout, k, up)?;
-        let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx, &gw, Some(&gb), up);
+        let out = cx.cuda.conv2d_f16(&gx, &gw, Some(&gb), up);
         cx.judge("vae conv2d split fp16 (small terms in a running tile)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         if k == 1 && !up {
             let zero = Tensor::new(vec![cout], vec![0.0; cout])?;
             let want0 = cx.cpu.conv2d(&x, &w, &zero, false)?;
-            let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx, &gw, None, false);
+            let out = cx.cuda.conv2d_f16(&gx, &gw, None, false);
             cx.judge("vae conv2d split fp16, null bias (GEMM)", &s, Kind::Gate, F32_GEMM, "", out, &want0, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16", &gx, &gw, Some(&gb), up);
+            let out = conv16_controls(&cx.cuda, "").conv2d_f16(&gx, &gw, Some(&gb), up);
             cx.judge("vae conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
-            let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16_scale", &gx, &gw, Some(&gb), up);
+            let out = conv16_controls(&cx.cuda, "scale").conv2d_f16(&gx, &gw, Some(&gb), up);
             cx.judge("vae conv2d split fp16, channel 5's weight scale not undone", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             if up {
-                let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16_fold", &gx, &gw, Some(&gb), up);
+                let out = conv16_controls(&cx.cuda, "fold").conv2d_f16(&gx, &gw, Some(&gb), up);
                 cx.judge("vae conv2d split fp16, upsample fold off by one", &s, Kind::Control, F32_GEMM, "", out, &want, None);
             }
         }
@@ -473,7 +525,7 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     let s = shape_str(&[&xs, &ws]);
     cx.cuda.vae_flag_take()?;
     let flag_of = |cx: &mut Cx, gx: &CudaTensor| -> Result<bool> {
-        let o = cx.cuda.conv2d_f16(F16_KERNEL, gx, &gw, Some(&gb), false)?;
+        let o = cx.cuda.conv2d_f16(gx, &gw, Some(&gb), false)?;
         cx.cuda.sync()?;
         drop(o);
         cx.cuda.vae_flag_take()
@@ -483,9 +535,9 @@ fn gate_conv_f16_overflow(cx: &mut Cx) -> Result<()> {
     cx.judge_value("vae conv2d fp16 overflow flag: clear on a normal input", &s, Kind::Gate, EXACT, "1 if set", if set_ok { 1.0 } else { 0.0 });
     cx.judge_value("vae conv2d fp16 overflow flag: set on one 1e6 value", &s, Kind::Gate, EXACT, "1 if not set", if set_big { 0.0 } else { 1.0 });
     let want = cx.cpu.conv2d(&x_big, &w, &b, false)?;
-    let out = cx.cuda.conv2d_with(&gx_big, &gw, &gb, false, ConvKernel::Halo);
+    let out = cx.cuda.conv2d_on(&gx_big, &gw, &gb, false, ConvKernel::Halo);
     cx.judge("vae conv2d TF32 halo on the 1e6 input (the fallback's kernel)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
-    let out = cx.cuda.conv2d_f16(F16_KERNEL, &gx_big, &gw, Some(&gb), false);
+    let out = cx.cuda.conv2d_f16(&gx_big, &gw, Some(&gb), false);
     cx.judge("vae conv2d fp16 on the 1e6 input, no fallback", &s, Kind::Control, F32_GEMM, "", out, &want, None);
     cx.cuda.vae_flag_take()?;
     let _ = x_ok;

@@ -7,8 +7,9 @@
 //! into row strips against whole. fp32 whatever the precision: run in the fp32 pass only.
 
 use crate::check::gates::{shape_str, Cx, GateFn, Kind, EXACT, F32_GEMM};
-use crate::ops::{CudaTensor, DType};
-use crate::vae::encode::PICK_KERNEL;
+use crate::check::vae::conv16_controls;
+use crate::kernels::{self, controls};
+use crate::ops::{Cuda, CudaTensor, DType};
 use crate::vae::{ConvKernel, ATTN_CHUNK_BYTES};
 use anyhow::Result;
 use moss_core::backend::ops::{VaeEncodeOps, VaeOps};
@@ -32,6 +33,11 @@ fn with_conv<T>(cx: &Cx, fallback: bool, f: impl FnOnce(&Cx) -> T) -> T {
     let r = f(cx);
     cx.cuda.set_conv_fallback(false);
     r
+}
+
+/// The backend with the downsampler's pick on the even pixels (`moss_ctl_vae_pick_odd`).
+fn pick_control(cx: &Cx) -> Cuda {
+    cx.planted(&kernels::VAE_PICK_ODD, &controls::CTL_VAE_PICK_ODD)
 }
 
 /// `conv2d_down2` against the CPU twin (the stride-2 sum computed directly, f64): each encoder
@@ -59,13 +65,13 @@ fn gate_down2(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.conv2d_down2(&x, &w, &b)?;
         let s = format!("{} stride 2", shape_str(&[&xs, &ws]));
         for (fallback, what) in [(false, "vae conv2d_down2 (split fp16 conv + pick_odd)"), (true, "vae conv2d_down2 (TF32 halo conv + pick_odd)")] {
-            let out = with_conv(cx, fallback, |cx| cx.cuda.conv2d_down2_with(&gx, &gw, &gb, PICK_KERNEL));
+            let out = with_conv(cx, fallback, |cx| cx.cuda.conv2d_down2_op(&gx, &gw, &gb));
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
         let out = cx.cuda.conv2d_down2(&gx, &gw, &gb);
         cx.judge("vae conv2d_down2 (the VaeEncodeOps entry)", &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         if controls {
-            let out = cx.cuda.conv2d_down2_with(&gx, &gw, &gb, "moss_ctl_vae_pick_odd");
+            let out = pick_control(cx).conv2d_down2_op(&gx, &gw, &gb);
             cx.judge("vae conv2d_down2 picking the even pixels", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
     }
@@ -94,11 +100,11 @@ fn gate_encoder_convs(cx: &mut Cx) -> Result<()> {
         let want = cx.cpu.conv2d(&x, &w, &b, false)?;
         let s = shape_str(&[&xs, &ws]);
         for (kern, what) in [(ConvKernel::F16, "vae encode conv2d split fp16 (default)"), (ConvKernel::Halo, "vae encode conv2d fp16 overflow re-run")] {
-            let out = cx.cuda.conv2d_with(&gx, &gw, &gb, false, kern);
+            let out = cx.cuda.conv2d_on(&gx, &gw, &gb, false, kern);
             cx.judge(what, &s, Kind::Gate, F32_GEMM, "", out, &want, None);
         }
         if controls {
-            let out = cx.cuda.conv2d_f16("moss_ctl_vae_conv16", &gx, &gw, Some(&gb), false);
+            let out = conv16_controls(&cx.cuda, "").conv2d_f16(&gx, &gw, Some(&gb), false);
             cx.judge("vae encode conv2d split fp16, activation lo dropped", &s, Kind::Control, F32_GEMM, "", out, &want, None);
         }
     }
@@ -125,7 +131,7 @@ fn gate_attention_512(cx: &mut Cx) -> Result<()> {
         let out = cx.cuda.spatial_attention(&gq, &gk, &gv);
         cx.judge("vae encode spatial_attention D 512 (dispatched)", &s, Kind::Gate, F32_GEMM, &note, out, &want, Some(&rows));
         if ctl {
-            let out = cx.cuda.spatial_attention_split(&gq, &gk, &gv, "moss_ctl", ATTN_CHUNK_BYTES);
+            let out = cx.planted(&kernels::VAE_SOFTMAX_ROWS, &controls::CTL_VAE_SOFTMAX_ROWS).spatial_attention_split(&gq, &gk, &gv, ATTN_CHUNK_BYTES);
             cx.judge("vae encode spatial_attention D 512 without 1/sqrt(D)", &s, Kind::Control, F32_GEMM, &note, out, &want, Some(&rows));
         }
     }
@@ -174,9 +180,7 @@ fn gate_encode(cx: &mut Cx) -> Result<()> {
     let (h, w) = (80usize, 96usize);
     let x = Tensor::new(vec![1, 3, h, w], cx.rng.normals(3 * h * w, 0.5).iter().map(|v| v.clamp(-1.0, 1.0)).collect())?;
     let want = cpu.moments_once(&cx.cpu, &x, Split::Whole)?;
-    crate::vae::encode::plant_pick_control(true);
-    let out = enc.moments_once(&cx.cuda, &x, Split::Whole).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
-    crate::vae::encode::plant_pick_control(false);
+    let out = enc.moments_once(&pick_control(cx), &x, Split::Whole).and_then(|t| cx.cuda.upload_as(&t, DType::F32));
     cx.judge("vae encode with the downsamplers on the even pixels", &format!("1x3x{h}x{w}"), Kind::Control, 1e-4, "", out, &want, None);
     Ok(())
 }

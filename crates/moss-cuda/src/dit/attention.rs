@@ -8,7 +8,8 @@
 
 use super::{dims3, packed_dims, FLASH_HEAD_DIM};
 use crate::blas::Gemm;
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels;
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
@@ -21,7 +22,7 @@ impl Cuda {
     /// column slices of the packed rows (row stride 3·D); otherwise the parts are copied out for
     /// [`DitOps::attention`]. `(kb, vb)`: the column blocks (of D) holding k and v, (1, 2) in the
     /// projection's packing.
-    pub(crate) fn attention_packed_with(&self, qkv: &CudaTensor, heads: usize, scale: f64, (kb, vb): (usize, usize)) -> Result<CudaTensor> {
+    pub(crate) fn attention_packed_blocks(&self, qkv: &CudaTensor, heads: usize, scale: f64, (kb, vb): (usize, usize)) -> Result<CudaTensor> {
         let (n, hd) = packed_dims(qkv, heads, "attention_packed")?;
         let d = heads * hd;
         ensure!(kb.max(vb) < 3, "attention_packed: column blocks ({kb}, {vb}) of a q|k|v projection");
@@ -34,14 +35,14 @@ impl Cuda {
             }
             return Ok(out);
         }
-        let part = |o: usize| self.narrow_with(qkv, 1, o, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+        let part = |o: usize| self.narrow_copy(qkv, 1, o, d).and_then(|t| self.reshape(&t, &[n, heads, hd]));
         let o = self.attention(&part(0)?, &part(ko)?, &part(vo)?, scale)?;
         self.reshape(&o, &[n, d])
     }
 
-    /// `softmax` names the softmax kernel family (`moss` or the planted `moss_ctl`);
-    /// `alpha` is the factor on the scores (the real op passes `scale`).
-    pub(crate) fn attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, alpha: f64, softmax: &str) -> Result<CudaTensor> {
+    /// [`DitOps::attention`] off the flash kernel: cuBLASLt scores, the row softmax, cuBLASLt
+    /// `P V`; `alpha` is the factor on the scores (the real op passes `scale`).
+    pub(crate) fn attention_gemm(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, alpha: f64) -> Result<CudaTensor> {
         let (n, h, hd) = dims3(q, "attention q")?;
         ensure!(k.shape == q.shape && v.shape == q.shape, "attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
         let dt = q.dtype;
@@ -66,7 +67,7 @@ impl Cuda {
                 let g1 = Gemm::plain(dt, DType::F32, true, false, n, qn, hd, ld, ld, n).batched(hbn, hd, hd, qn * n);
                 let off_q = (i0 * ld + h0 * hd) as u64 * es;
                 self.blas().gemm(stream, g1, k.ptr() + (h0 * hd) as u64 * es, q.ptr() + off_q, s.ptr(), None, alpha as f32)?;
-                self.launch(&format!("{softmax}_softmax_{}", dt.name()), (hbn * qn) as u32, 256, 0, &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::L(n as i64)])?;
+                kernels::SOFTMAX.launch(self, ((hbn * qn) as u32, 256, 0), &p, &s, n as i64)?;
                 // O (column-major hd × qn per head, ld H·hd) = V · P, straight into [N, H, hd].
                 let g2 = Gemm::plain(dt, dt, false, false, hd, qn, n, ld, n, ld).batched(hbn, hd, qn * n, hd);
                 self.blas().gemm(stream, g2, v.ptr() + (h0 * hd) as u64 * es, p.ptr(), out.ptr() + off_q, None, 1.0)?;

@@ -3,11 +3,13 @@
 //! `moss_dit_flash_attention` (cuda/dit/flash_attention.cu, mma.sync) on every other GPU.
 
 use super::dims3;
+use crate::kernels::{self, Dev};
 use crate::launch::{DIT_FLASH_HEAD_DIM, DIT_FLASH_ROWS, DIT_FLASH_SMEM, DIT_FLASH_THREADS, DIT_FLASH_WS_ROWS, DIT_FLASH_WS_SMEM, DIT_FLASH_WS_THREADS};
-use crate::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
-/// One flash attention kernel: its name and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
+/// One flash attention kernel: its name (that of [`kernels::DIT_FLASH_ATTENTION_WS`] where `tma`,
+/// else of [`kernels::DIT_FLASH_ATTENTION`]) and its launch shape: grid `(ceil(N / rows), heads)`, `threads`,
 /// `smem` bytes of dynamic shared memory. `sm90a` kernels live in `cuda/*/sm90a/` and exist only
 /// on compute capability 9.0 ([`Cuda::has_sm90a`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,15 @@ mod flash_pick_tests {
         assert_eq!(pick_flash(true).key, "ws_nopp");
         assert_eq!(pick_flash(false).key, "v2");
     }
+
+    /// A kernel's name is the one its launch takes (`tma`: the tensor-map kernel).
+    #[test]
+    fn names_are_the_launched_kernels() {
+        for k in FLASH_KERNELS {
+            let launched = if k.tma { &kernels::DIT_FLASH_ATTENTION_WS.info } else { &kernels::DIT_FLASH_ATTENTION.info };
+            assert_eq!(launched.members.iter().map(|m| m.name).collect::<Vec<_>>(), [k.name]);
+        }
+    }
 }
 
 /// The TMA tensor map of a `tma` flash kernel's q, k or v: bf16 columns `[0, cols)` of `n` rows at
@@ -82,7 +93,7 @@ pub fn flash_applies(q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> bool {
 impl Cuda {
     /// Flash attention (`cuda/dit/flash_attention.cu`) over `[N, H, 128]` bf16 `q`, `k`, `v` (contiguous),
     /// written into a new `[N, H, 128]`. `kernel` is one of [`FLASH_KERNELS`].
-    pub(crate) fn flash_attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, kernel: &FlashKernel) -> Result<CudaTensor> {
+    pub(crate) fn flash_attention_on(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, kernel: &FlashKernel) -> Result<CudaTensor> {
         let (n, h, hd) = dims3(q, "attention q")?;
         ensure!(flash_applies(q, k, v), "flash attention: q {:?} {:?}, k {:?}, v {:?}", q.shape, q.dtype, k.shape, v.shape);
         let out = self.alloc(DType::BF16, &q.shape)?;
@@ -123,33 +134,14 @@ impl Cuda {
         ensure!(!spec.sm90a || self.has_sm90a(), "flash kernel `{kernel}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
         let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
         let grid = (n.div_ceil(spec.rows) as u32, heads as u32);
+        let cfg = (grid, spec.threads, spec.smem);
+        let out = Dev::new(o.0, DType::BF16);
         if spec.tma {
-            let map = |(p, ld): (u64, usize)| flash_tensor_map(p, n, heads * FLASH_HEAD_DIM, ld).map(|m| Arg::Map(Box::new(m)));
-            return self.launch_2d(
-                kernel,
-                grid,
-                spec.threads,
-                spec.smem,
-                &[map(q)?, map(k)?, map(v)?, Arg::P(o.0), Arg::I(n as i32), Arg::I(o.1 as i32), Arg::F(scale_log2)],
-            );
+            let map = |(p, ld): (u64, usize)| flash_tensor_map(p, n, heads * FLASH_HEAD_DIM, ld);
+            let (mq, mk, mv) = (map(q)?, map(k)?, map(v)?);
+            return kernels::DIT_FLASH_ATTENTION_WS.launch(self, cfg, &mq, &mk, &mv, out, n as i32, o.1 as i32, scale_log2);
         }
-        self.launch_2d(
-            kernel,
-            grid,
-            spec.threads,
-            spec.smem,
-            &[
-                Arg::P(q.0),
-                Arg::P(k.0),
-                Arg::P(v.0),
-                Arg::P(o.0),
-                Arg::I(n as i32),
-                Arg::I(q.1 as i32),
-                Arg::I(k.1 as i32),
-                Arg::I(v.1 as i32),
-                Arg::I(o.1 as i32),
-                Arg::F(scale_log2),
-            ],
-        )
+        let [q, k, v] = [q, k, v].map(|(p, ld)| (Dev::new(p, DType::BF16), ld as i32));
+        kernels::DIT_FLASH_ATTENTION.launch(self, cfg, q.0, k.0, v.0, out, n as i32, q.1, k.1, v.1, o.1 as i32, scale_log2)
     }
 }

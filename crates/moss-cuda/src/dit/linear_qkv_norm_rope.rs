@@ -5,18 +5,19 @@
 //! ([`qkv_gemm_shape`]); elsewhere, and for other shapes and fp32, cuBLASLt `linear` then
 //! `qkv_norm_rope`, each timed under its own name.
 
+use crate::kernels;
 use crate::launch::{DIT_QKV_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_SMEM};
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 
-/// The fused kernel (the check image also has `{QKV_KERNEL}_k_weight_control` and
+/// The fused kernel ([`kernels::DIT_LINEAR_QKV_NORM_ROPE`]; the check image also has `{QKV_KERNEL}_k_weight_control` and
 /// `{QKV_KERNEL}_sign_control`), launched like `moss_dit_linear_situ_glu` (persistent grid) with
 /// [`DIT_SITU_GEMM_SMEM`] bytes of dynamic shared memory.
 pub const QKV_KERNEL: &str = "moss_dit_linear_qkv_norm_rope";
 
-/// The e4m3 form's kernel (`--precision fp8`; check-image twins `{QKV_FP8_KERNEL}_k_weight_control`,
+/// The e4m3 form's kernel ([`kernels::DIT_LINEAR_QKV_NORM_ROPE_FP8`], `--precision fp8`; check-image twins `{QKV_FP8_KERNEL}_k_weight_control`,
 /// `{QKV_FP8_KERNEL}_sign_control`), launched as [`QKV_KERNEL`].
 pub const QKV_FP8_KERNEL: &str = "moss_dit_linear_qkv_norm_rope_fp8";
 
@@ -57,8 +58,7 @@ fn bf16_vectors(vs: &[&CudaTensor]) -> bool {
 }
 
 impl Cuda {
-    /// The fused kernel `name` ([`QKV_KERNEL`], [`QKV_FP8_KERNEL`] or a check-image twin) on
-    /// `x [M, K]`, `w [3D, K]` → `[M, 3D]` bf16 (the norm weights `[128]`, the RoPE tables
+    /// The fused kernel ([`QKV_KERNEL`], or [`QKV_FP8_KERNEL`] with `scales`) on `x [M, K]`, `w [3D, K]` → `[M, 3D]` bf16 (the norm weights `[128]`, the RoPE tables
     /// `[M, 64]`, bf16): min(SMs, tiles) blocks. `scales` (`xs [M]`, `ws [3D]`, f32) when `x` and
     /// `w` are e4m3 codes.
     #[allow(clippy::too_many_arguments)]
@@ -73,8 +73,8 @@ impl Cuda {
         sin: &CudaTensor,
         heads: usize,
         eps: f64,
-        name: &str,
     ) -> Result<CudaTensor> {
+        let name = if scales.is_some() { QKV_FP8_KERNEL } else { QKV_KERNEL };
         let (m, k, d) = qkv_gemm_shape(x, w, heads).ok_or_else(|| {
             anyhow!("linear_qkv_norm_rope: x {:?} {:?} · w {:?} {:?} ({heads} heads) is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype)
         })?;
@@ -101,13 +101,12 @@ impl Cuda {
             return Ok(out);
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (3 * d / DIT_QKV_GEMM_COLS);
-        let mut args = vec![Arg::P(out.ptr())];
-        if let Some((xs, ws)) = scales {
-            args.extend([xs, ws].map(|t| Arg::P(t.ptr())));
+        let (tx, tw, cfg) = self.gemm_tiles((x, w), (m, 3 * d, k), tiles, DIT_SITU_GEMM_SMEM)?;
+        let (mi, di, ki, eps) = (m as i32, d as i32, k as i32, eps as f32);
+        match scales {
+            Some((xs, ws)) => kernels::DIT_LINEAR_QKV_NORM_ROPE_FP8.launch(self, cfg, &tx, &tw, &out, xs, ws, wq, wk, cos, sin, mi, di, ki, eps)?,
+            None => kernels::DIT_LINEAR_QKV_NORM_ROPE.launch(self, cfg, &tx, &tw, &out, wq, wk, cos, sin, mi, di, ki, eps)?,
         }
-        args.extend([wq, wk, cos, sin].iter().map(|t| Arg::P(t.ptr())));
-        args.extend([Arg::I(m as i32), Arg::I(d as i32), Arg::I(k as i32), Arg::F(eps as f32)]);
-        self.launch_gemm_tiles(name, (x, w), (m, 3 * d, k), tiles, DIT_SITU_GEMM_SMEM, args)?;
         Ok(out)
     }
 
@@ -128,7 +127,7 @@ impl Cuda {
     ) -> Result<CudaTensor> {
         match qkv_gemm_shape(x, w, heads).filter(|_| x.dtype == DType::BF16 && self.has_sm90a() && bf16_vectors(&[wq, wk, cos, sin])) {
             Some((m, k, d)) => {
-                let run = || self.linear_qkv_norm_rope_fused(x, w, None, wq, wk, cos, sin, heads, eps, QKV_KERNEL);
+                let run = || self.linear_qkv_norm_rope_fused(x, w, None, wq, wk, cos, sin, heads, eps);
                 self.timed_op(|| format!("linear_qkv_norm_rope {m}x{k}x{}", 3 * d), run)
             }
             None => self.qkv_norm_rope(self.linear(x, w, None)?, heads, wq, wk, cos, sin, eps),
@@ -153,7 +152,7 @@ impl Cuda {
         let shaped = qkv_gemm_shape(xq, w, heads).filter(|_| xq.dtype == DType::F8E4M3 && self.has_sm90a() && bf16_vectors(&[wq, wk, cos, sin]));
         match shaped {
             Some((m, k, d)) => {
-                let run = || self.linear_qkv_norm_rope_fused(xq, w, Some((xs, ws)), wq, wk, cos, sin, heads, eps, QKV_FP8_KERNEL);
+                let run = || self.linear_qkv_norm_rope_fused(xq, w, Some((xs, ws)), wq, wk, cos, sin, heads, eps);
                 self.timed_op(|| format!("linear_qkv_norm_rope_fp8 {m}x{k}x{}", 3 * d), run)
             }
             None => self.qkv_norm_rope(self.linear_fp8_quantized(xq, xs, w, ws)?, heads, wq, wk, cos, sin, eps),

@@ -6,16 +6,17 @@
 //! GEMM on e4m3 codes (`moss_dit_linear_situ_glu_fp8`), its bf16 output then quantized per row;
 //! elsewhere `linear_fp8_quantized` + `situ_glu_fp8`.
 
+use crate::kernels::{self, Cfg, TensorMap};
 use crate::launch::{
     DIT_SITU_EPI_SMEM, DIT_SITU_GEMM_CLUSTER, DIT_SITU_GEMM_COLS, DIT_SITU_GEMM_KTILE, DIT_SITU_GEMM_KTILE_FP8, DIT_SITU_GEMM_ROWS, DIT_SITU_GEMM_THREADS,
 };
-use crate::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
 use anyhow::{anyhow, ensure, Result};
 use moss_core::backend::ops::DitOps;
 use moss_core::backend::Backend;
 
-/// The fused kernel (the check image also has `{SITU_KERNEL}_swapped_control` and
-/// `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_EPI_SMEM`] bytes of dynamic shared
+/// The fused kernel ([`kernels::DIT_LINEAR_SITU_GLU`]; the check image also has
+/// `{SITU_KERNEL}_swapped_control` and `{SITU_KERNEL}_short_k_control`), launched with [`DIT_SITU_EPI_SMEM`] bytes of dynamic shared
 /// memory (its epilogue on the producer warpgroup's spare warps) on the persistent grid (one block
 /// an SM, each looping over tiles).
 pub const SITU_KERNEL: &str = "moss_dit_linear_situ_glu";
@@ -42,7 +43,7 @@ pub fn situ_gemm_shape(x: &CudaTensor, w: &CudaTensor) -> Option<(usize, usize, 
     situ_gemm_dims(&x.shape, &w.shape).filter(|_| ok)
 }
 
-/// The e4m3 form's kernel (the check image also has `{SITU_FP8_KERNEL}_swapped_control` and
+/// The e4m3 form's kernel ([`kernels::DIT_LINEAR_SITU_GLU_FP8`]; the check image also has `{SITU_FP8_KERNEL}_swapped_control` and
 /// `{SITU_FP8_KERNEL}_short_k_control`), launched as [`SITU_KERNEL`].
 pub const SITU_FP8_KERNEL: &str = "moss_dit_linear_situ_glu_fp8";
 
@@ -66,34 +67,32 @@ fn situ_gemm_fp8_shape(xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &C
 }
 
 impl Cuda {
-    /// Launch a kernel on `cuda/common/sm90a/gemm_tile.cuh`'s GEMM: `x [M, K]` and `W [Nw, K]` (of
-    /// one dtype: bf16, or e4m3 codes) as its two TMA maps (boxes of 128 bytes of K by 64 x rows,
-    /// half a tile, and 128 W rows; 128-byte swizzle), then `args`; `tiles` output tiles on the
-    /// persistent grid: min(SMs, tiles) blocks rounded down to whole clusters of
-    /// [`DIT_SITU_GEMM_CLUSTER`] (at least one), of [`DIT_SITU_GEMM_THREADS`] threads and
-    /// `smem` bytes ([`DIT_SITU_EPI_SMEM`] for the SiTU kernels, `DIT_SITU_GEMM_SMEM` for q|k|v).
-    pub(crate) fn launch_gemm_tiles(
+    /// How a kernel on `cuda/common/sm90a/gemm_tile.cuh`'s GEMM is launched: `x [M, K]` and
+    /// `W [Nw, K]` (of one dtype: bf16, or e4m3 codes) as its two TMA maps (boxes of 128 bytes of
+    /// K by 64 x rows, half a tile, and 128 W rows; 128-byte swizzle), its first two arguments;
+    /// `tiles` output tiles on the persistent grid: min(SMs, tiles) blocks rounded down to whole
+    /// clusters of [`DIT_SITU_GEMM_CLUSTER`] (at least one), of [`DIT_SITU_GEMM_THREADS`] threads
+    /// and `smem` bytes ([`DIT_SITU_EPI_SMEM`] for the SiTU kernels, `DIT_SITU_GEMM_SMEM` for q|k|v).
+    pub(crate) fn gemm_tiles(
         &self,
-        name: &str,
         (x, w): (&CudaTensor, &CudaTensor),
         (m, nw, k): (usize, usize, usize),
         tiles: usize,
         smem: usize,
-        args: Vec<Arg>,
-    ) -> Result<()> {
+    ) -> Result<(TensorMap, TensorMap, Cfg)> {
         let (bk, rows, cl) = ((128 / x.dtype.size()) as u32, DIT_SITU_GEMM_ROWS as u32, DIT_SITU_GEMM_CLUSTER);
         let tx = tensor_map_2d(x.ptr(), x.dtype, k, m, k, bk, rows / cl as u32)?;
         let tw = tensor_map_2d(w.ptr(), w.dtype, k, nw, k, bk, rows)?;
-        let all: Vec<Arg> = [tx, tw].map(|t| Arg::Map(Box::new(t))).into_iter().chain(args).collect();
         let blocks = (tiles.min(self.sm_count()) / cl).max(1) * cl;
-        self.launch(name, blocks as u32, DIT_SITU_GEMM_THREADS as u32, smem as u32, &all)
+        Ok((tx, tw, (blocks as u32, DIT_SITU_GEMM_THREADS as u32, smem as u32).into()))
     }
 }
 
 impl Cuda {
-    /// The fused kernel `name` ([`SITU_KERNEL`] or a check-image twin) on `x [.., K]`, `w [2F, K]`
-    /// → `[.., F]` bf16: min(SMs, tiles) blocks.
-    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor, name: &str) -> Result<CudaTensor> {
+    /// The fused kernel ([`SITU_KERNEL`]) on `x [.., K]`, `w [2F, K]` → `[.., F]` bf16: min(SMs,
+    /// tiles) blocks.
+    pub(crate) fn linear_situ_glu_fused(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        let name = SITU_KERNEL;
         let (m, k, f) = situ_gemm_shape(x, w)
             .ok_or_else(|| anyhow!("linear_situ_glu: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", x.shape, x.dtype, w.shape, w.dtype))?;
         ensure!(self.has_sm90a(), "`{name}` needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
@@ -104,8 +103,8 @@ impl Cuda {
             return Ok(out);
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
-        let args = vec![Arg::P(out.ptr()), Arg::I(m as i32), Arg::I(f as i32), Arg::I(k as i32)];
-        self.launch_gemm_tiles(name, (x, w), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM, args)?;
+        let (tx, tw, cfg) = self.gemm_tiles((x, w), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM)?;
+        kernels::DIT_LINEAR_SITU_GLU.launch(self, cfg, &tx, &tw, &out, m as i32, f as i32, k as i32)?;
         Ok(out)
     }
 
@@ -114,7 +113,7 @@ impl Cuda {
     pub(crate) fn linear_situ_glu_op(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         match situ_gemm_shape(x, w).filter(|_| self.has_sm90a()) {
             Some((m, k, f)) => {
-                let run = || self.linear_situ_glu_fused(x, w, SITU_KERNEL);
+                let run = || self.linear_situ_glu_fused(x, w);
                 self.timed_op(|| format!("linear_situ_glu {m}x{k}x{}", 2 * f), run)
             }
             None => self.situ_glu(&self.linear(x, w, None)?),
@@ -123,9 +122,10 @@ impl Cuda {
 }
 
 impl Cuda {
-    /// The e4m3 kernel `name` ([`SITU_FP8_KERNEL`] or a check-image twin) on codes `xq [M, K]`,
-    /// `wq [2F, K]` and their row scales → the SiTU output `[M, F]` bf16: min(SMs, tiles) blocks.
-    pub(crate) fn linear_situ_glu_fp8_fused(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, name: &str) -> Result<CudaTensor> {
+    /// The e4m3 kernel ([`SITU_FP8_KERNEL`]) on codes `xq [M, K]`, `wq [2F, K]` and their row
+    /// scales → the SiTU output `[M, F]` bf16: min(SMs, tiles) blocks.
+    pub(crate) fn linear_situ_glu_fp8_fused(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<CudaTensor> {
+        let name = SITU_FP8_KERNEL;
         let (m, k, f) = situ_gemm_fp8_shape(xq, xs, wq, ws).ok_or_else(|| {
             anyhow!("linear_situ_glu_fp8: x {:?} {:?} · w {:?} {:?} is not a shape the fused kernel takes", xq.shape, xq.dtype, wq.shape, wq.dtype)
         })?;
@@ -135,8 +135,8 @@ impl Cuda {
             return Ok(out);
         }
         let tiles = m.div_ceil(DIT_SITU_GEMM_ROWS) * (f / DIT_SITU_GEMM_COLS);
-        let args = [&out, xs, ws].map(|t| Arg::P(t.ptr())).into_iter().chain([m, f, k].map(|v| Arg::I(v as i32))).collect();
-        self.launch_gemm_tiles(name, (xq, wq), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM, args)?;
+        let (tx, tw, cfg) = self.gemm_tiles((xq, wq), (m, 2 * f, k), tiles, DIT_SITU_EPI_SMEM)?;
+        kernels::DIT_LINEAR_SITU_GLU_FP8.launch(self, cfg, &tx, &tw, &out, xs, ws, m as i32, f as i32, k as i32)?;
         Ok(out)
     }
 
@@ -146,9 +146,9 @@ impl Cuda {
     pub(crate) fn linear_situ_glu_fp8_op(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         match situ_gemm_fp8_shape(xq, xs, wq, ws).filter(|_| self.has_sm90a()) {
             Some((m, k, f)) => {
-                let run = || self.linear_situ_glu_fp8_fused(xq, xs, wq, ws, SITU_FP8_KERNEL);
+                let run = || self.linear_situ_glu_fp8_fused(xq, xs, wq, ws);
                 let situ = self.timed_op(|| format!("linear_situ_glu_fp8 {m}x{k}x{}", 2 * f), run)?;
-                self.timed_op(|| format!("quantize_fp8 {m}x{f}"), || self.quantize_fp8_with(&situ, "moss_quantize_fp8"))
+                self.timed_op(|| format!("quantize_fp8 {m}x{f}"), || self.quantize_fp8(&situ))
             }
             None => self.situ_glu_fp8(&self.linear_fp8_quantized(xq, xs, wq, ws)?),
         }

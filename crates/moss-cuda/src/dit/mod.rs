@@ -11,8 +11,9 @@ mod fp8_act;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
 
+use crate::kernels::{self, Dev, Family};
 use crate::launch::DIT_ROW_THREADS;
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::ops::{Cuda, CudaTensor, DType};
 use crate::plan::MemoryPlan;
 use crate::select;
 use anyhow::{anyhow, ensure, Result};
@@ -44,37 +45,6 @@ mod tests {
         assert_eq!(super::largest_square(1 << 30, 128, need), None);
         assert_eq!(super::largest_square(usize::MAX, 0, need), Some(moss_core::options::MAX_SIDE as usize));
     }
-
-    /// Every norm kernel the host names ([`super::Cuda::norm_kernel`]) for the dtypes it forms
-    /// (x, vectors, output: the output in x's dtype, or bf16 over the f32 stream) is in the
-    /// compiler's report of the production image (a build with the kernels: CI's; the check
-    /// image's planted twins are not in the report: `moss check` launches them).
-    #[test]
-    fn norm_kernels_are_built() {
-        use crate::contract::{records, RESOURCES};
-        use crate::ops::DType::{BF16, F32};
-        if RESOURCES.is_empty() {
-            eprintln!("norm kernels: built without kernels (no nvcc), nothing to check");
-            return;
-        }
-        let built: std::collections::HashSet<String> = records(RESOURCES).into_iter().map(|r| r.kernel).collect();
-        let forms = [(BF16, BF16, BF16), (BF16, F32, BF16), (F32, BF16, F32), (F32, F32, F32), (F32, BF16, BF16)];
-        for op in ["rms_mod", "gres_mod", "rms_mod_fp8", "gres_mod_fp8"] {
-            for (x, v, y) in forms {
-                let k = super::Cuda::norm_kernel("moss", op, x, v, y);
-                assert!(built.contains(&k), "{k} is launched but not built");
-            }
-        }
-        assert_eq!(super::Cuda::norm_kernel("moss", "gres_mod", F32, BF16, BF16), "moss_gres_mod_f32_bf16_to_bf16");
-    }
-}
-
-/// A row kernel's arguments: `ptrs`, then `rows`, then `tail`.
-fn row_args(ptrs: &[u64], rows: usize, tail: Vec<Arg>) -> Vec<Arg> {
-    let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::P(p)).collect();
-    args.push(Arg::L(rows as i64));
-    args.extend(tail);
-    args
 }
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
@@ -118,10 +88,14 @@ impl Cuda {
         }
     }
 
-    /// The norm kernel `{prefix}_{op}_{x}_{v}` (output in x's dtype) or `.._to_{y}`.
-    pub(crate) fn norm_kernel(prefix: &str, op: &str, x: DType, vt: DType, y: DType) -> String {
-        let to = if y == x { String::new() } else { format!("_to_{}", y.name()) };
-        format!("{prefix}_{op}_{}_{}{to}", x.name(), vt.name())
+    /// The norm kernel over `x` writing `y`: `same` where `y` is in x's dtype, else `to`
+    /// (`*_to_bf16`, the f32 stream's norm into bf16).
+    pub(crate) fn norm_kernel<'a, S>(x: DType, y: DType, same: &'a Family<S>, to: &'a Family<S>) -> &'a Family<S> {
+        if y == x {
+            same
+        } else {
+            to
+        }
     }
 
     /// The gated residual + norm's inputs ([`Cuda::row_vectors`] of gate, weight, shift, scale),
@@ -136,61 +110,50 @@ impl Cuda {
         Ok((d, self.cast(y, ty)?, vt, v, ty))
     }
 
-    /// Launch a warp-per-row kernel (8 rows a block of 256 threads) over `rows` rows with the
-    /// arguments `ptrs` (device addresses), `rows`, then `tail`.
-    fn launch_rows(&self, name: &str, rows: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
-        self.launch(name, rows.div_ceil(8) as u32, 256, 0, &row_args(ptrs, rows, tail))
+    /// A warp-per-row kernel's launch over `rows` rows: 8 rows a block of 256 threads.
+    fn rows_cfg(rows: usize) -> (u32, u32, u32) {
+        (rows.div_ceil(8) as u32, 256, 0)
     }
 
-    /// Launches a one-block-a-row kernel over `rows` rows of `d` (`cuda/dit/dit_ops.cu`'s gated
+    /// A one-block-a-row kernel's launch over `rows` rows of `d` (`cuda/dit/dit_ops.cu`'s gated
     /// residual + norm: ⌈d/8⌉ threads rounded up to a warp, at most [`DIT_ROW_THREADS`], each
-    /// holding 8 values) with `ptrs`, then `rows`, then `tail`.
-    fn launch_row_blocks(&self, name: &str, rows: usize, d: usize, ptrs: &[u64], tail: Vec<Arg>) -> Result<()> {
+    /// holding 8 values); `None` for no rows.
+    fn row_blocks_cfg(what: &str, rows: usize, d: usize) -> Result<Option<(u32, u32, u32)>> {
         let threads = d.div_ceil(8).next_multiple_of(32);
-        ensure!(threads <= DIT_ROW_THREADS, "{name}: rows of {d} are wider than the kernel holds ({})", 8 * DIT_ROW_THREADS);
-        if rows == 0 {
-            return Ok(());
-        }
-        self.launch(name, rows as u32, threads as u32, 0, &row_args(ptrs, rows, tail))
+        ensure!(threads <= DIT_ROW_THREADS, "{what}: rows of {d} are wider than the kernel holds ({})", 8 * DIT_ROW_THREADS);
+        Ok((rows > 0).then_some((rows as u32, threads as u32, 0)))
     }
 
-    pub(crate) fn rms_norm_modulate_with(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        shift: &CudaTensor,
-        scale: &CudaTensor,
-        eps: f64,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
+    /// [`DitOps::rms_norm_modulate`].
+    pub(crate) fn rms_norm_modulate_op(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         let (d, vt, v) = self.row_vectors(x, &[("weight", w), ("shift", shift), ("scale", scale)], "rms_norm_modulate")?;
         let ty = self.normed_dtype(x.dtype, vt);
         let out = self.alloc(ty, &x.shape)?;
-        let name = Self::norm_kernel(prefix, "rms_mod", x.dtype, vt, ty);
-        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
-        self.launch_rows(&name, x.shape[0], &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
+        let kernel = Self::norm_kernel(x.dtype, ty, &kernels::RMS_MOD, &kernels::RMS_MOD_TO);
+        let rows = x.shape[0];
+        kernel.launch(self, Self::rows_cfg(rows), &out, x, &v[0], &v[1], &v[2], rows as i64, d as i32, eps as f32)?;
         Ok(out)
     }
 
-    pub(crate) fn qk_norm_rope_with(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
+    /// [`DitOps::qk_norm_rope`].
+    pub(crate) fn qk_norm_rope_op(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         let (n, nh, hd) = dims3(x, "qk_norm_rope")?;
         ensure!(hd.is_multiple_of(2), "qk_norm_rope: head dim {hd} must be even");
         ensure!(w.numel() == hd, "qk_norm_rope weight: {:?} for head dim {hd}", w.shape);
         for (name, t) in [("cos", cos), ("sin", sin)] {
             ensure!(t.shape == [n, hd / 2], "qk_norm_rope: {name} {:?}, expected [{n}, {}]", t.shape, hd / 2);
         }
-        let (vt, v) = self.same_dtype(&[w, cos, sin])?;
+        let (_, v) = self.same_dtype(&[w, cos, sin])?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        let name = format!("{prefix}_qk_rope_{}_{}", x.dtype.name(), vt.name());
-        let ptrs = [out.ptr(), x.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr()];
-        self.launch_rows(&name, n * nh, &ptrs, vec![Arg::I(nh as i32), Arg::I(hd as i32), Arg::F(eps as f32)])?;
+        let rows = n * nh;
+        kernels::QK_ROPE.launch(self, Self::rows_cfg(rows), &out, x, &v[0], &v[1], &v[2], rows as i64, nh as i32, hd as i32, eps as f32)?;
         Ok(out)
     }
 
-    /// [`DitOps::qkv_norm_rope`]; `prefix` `moss_ctl` is the planted kernel (k normed with the q
-    /// weight). Head dims other than 16·2^i (≤ 512) take the unfused kernel on copies of the parts.
+    /// [`DitOps::qkv_norm_rope`]. Head dims other than 16·2^i (≤ 512) take the unfused kernel on
+    /// copies of the parts.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn qkv_norm_rope_with(
+    pub(crate) fn qkv_norm_rope_op(
         &self,
         qkv: CudaTensor,
         heads: usize,
@@ -199,7 +162,6 @@ impl Cuda {
         cos: &CudaTensor,
         sin: &CudaTensor,
         eps: f64,
-        prefix: &str,
     ) -> Result<CudaTensor> {
         let (n, hd) = packed_dims(&qkv, heads, "qkv_norm_rope")?;
         ensure!(hd.is_multiple_of(2), "qkv_norm_rope: head dim {hd} must be even");
@@ -213,43 +175,27 @@ impl Cuda {
         let d = heads * hd;
         let tpr = half / 8;
         if !half.is_multiple_of(8) || !tpr.is_power_of_two() || tpr > 32 {
-            let part = |i: usize| self.narrow_with(&qkv, 1, i * d, d, "moss").and_then(|t| self.reshape(&t, &[n, heads, hd]));
+            let part = |i: usize| self.narrow_copy(&qkv, 1, i * d, d).and_then(|t| self.reshape(&t, &[n, heads, hd]));
             let flat = |t: CudaTensor| self.reshape(&t, &[n, d]);
-            let q = flat(self.qk_norm_rope_with(&part(0)?, wq, cos, sin, eps, prefix)?)?;
-            let k = flat(self.qk_norm_rope_with(&part(1)?, wk, cos, sin, eps, prefix)?)?;
+            let q = flat(self.qk_norm_rope_op(&part(0)?, wq, cos, sin, eps)?)?;
+            let k = flat(self.qk_norm_rope_op(&part(1)?, wk, cos, sin, eps)?)?;
             let v = flat(part(2)?)?;
             return self.cat(&[&q, &k, &v], 1);
         }
         // Written in place; a buffer someone else still reads is copied first.
-        let qkv = if qkv.is_unique() { qkv } else { self.cat_with(&[&qkv], 1, "moss")? };
-        let (vt, v) = self.same_dtype(&[wq, wk, cos, sin])?;
+        let qkv = if qkv.is_unique() { qkv } else { self.cat_copies(&[&qkv], 1)? };
+        let (_, v) = self.same_dtype(&[wq, wk, cos, sin])?;
         let threads = n * 2 * heads * tpr;
         if threads > 0 {
-            self.launch(
-                &format!("{prefix}_qkv_rope_{}_{}", qkv.dtype.name(), vt.name()),
-                threads.div_ceil(256) as u32,
-                256,
-                0,
-                &[
-                    Arg::P(qkv.ptr()),
-                    Arg::P(v[0].ptr()),
-                    Arg::P(v[1].ptr()),
-                    Arg::P(v[2].ptr()),
-                    Arg::P(v[3].ptr()),
-                    Arg::L(n as i64),
-                    Arg::I(heads as i32),
-                    Arg::I(hd as i32),
-                    Arg::F(eps as f32),
-                ],
-            )?;
+            let cfg = (threads.div_ceil(256) as u32, 256, 0);
+            kernels::QKV_ROPE.launch(self, cfg, &qkv, &v[0], &v[1], &v[2], &v[3], n as i64, heads as i32, hd as i32, eps as f32)?;
         }
         Ok(qkv)
     }
 
-    /// [`DitOps::gated_residual_norm_modulate`]; `prefix` `moss_ctl` is the planted kernel (the
-    /// norm taken of the old x).
+    /// [`DitOps::gated_residual_norm_modulate`].
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gres_norm_mod_with(
+    pub(crate) fn gres_norm_mod_op(
         &self,
         x: &CudaTensor,
         y: &CudaTensor,
@@ -258,20 +204,21 @@ impl Cuda {
         shift: &CudaTensor,
         scale: &CudaTensor,
         eps: f64,
-        prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        let (d, y, vt, v, ty) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
+        let (d, y, _, v, ty) = self.gres_inputs(x, y, [gate, w, shift, scale])?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let no = self.alloc(ty, &x.shape)?;
-        let name = Self::norm_kernel(prefix, "gres_mod", x.dtype, vt, ty);
-        let ptrs = [xo.ptr(), no.ptr(), x.ptr(), y.ptr(), v[0].ptr(), v[1].ptr(), v[2].ptr(), v[3].ptr()];
-        self.launch_row_blocks(&name, x.shape[0], d, &ptrs, vec![Arg::I(d as i32), Arg::F(eps as f32)])?;
+        let kernel = Self::norm_kernel(x.dtype, ty, &kernels::GRES_MOD, &kernels::GRES_MOD_TO);
+        let rows = x.shape[0];
+        if let Some(cfg) = Self::row_blocks_cfg("gated_residual_norm_modulate", rows, d)? {
+            kernel.launch(self, cfg, &xo, &no, x, &y, &v[0], &v[1], &v[2], &v[3], rows as i64, d as i32, eps as f32)?;
+        }
         Ok((xo, no))
     }
 
     /// [`DitOps::situ_glu`]: at bf16 the fast form (`moss_situ_fast_bf16`, see cuda/dit/dit_ops.cu), at
     /// fp32 the libm one (`moss_situ_f32`).
-    pub(crate) fn situ_glu_with(&self, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    pub(crate) fn situ_glu_op(&self, x: &CudaTensor) -> Result<CudaTensor> {
         let two_f = x.last_dim();
         ensure!(two_f.is_multiple_of(2), "situ_glu: last dim {two_f} is not [up | gate]");
         let f = two_f / 2;
@@ -280,18 +227,13 @@ impl Cuda {
         let out = self.alloc(x.dtype, &shape)?;
         let rows = x.rows();
         let work = if f.is_multiple_of(8) { rows * f / 8 } else { rows * f };
-        let form = if x.dtype == DType::BF16 { "situ_fast" } else { "situ" };
-        self.launch(
-            &format!("{prefix}_{form}_{}", x.dtype.name()),
-            self.grid_for(work),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::L(rows as i64), Arg::L(f as i64)],
-        )?;
+        let kernel = if x.dtype == DType::BF16 { &kernels::SITU_FAST } else { &kernels::SITU };
+        kernel.launch(self, (self.grid_for(work), 256, 0), &out, x, rows as i64, f as i64)?;
         Ok(out)
     }
 
-    pub(crate) fn gated_residual_with(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// [`DitOps::gated_residual`].
+    pub(crate) fn gated_residual_op(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2, "gated_residual: expected [N, D], got {:?}", x.shape);
         ensure!(y.shape == x.shape, "gated_residual: y {:?} for x {:?}", y.shape, x.shape);
         let d = x.shape[1];
@@ -300,13 +242,7 @@ impl Cuda {
         let out = self.alloc(x.dtype, &x.shape)?;
         let n = x.numel();
         let work = if d.is_multiple_of(8) { n / 8 } else { n };
-        self.launch(
-            &format!("{prefix}_gres_{}_{}", x.dtype.name(), gate.dtype.name()),
-            self.grid_for(work),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(y.ptr()), Arg::P(gate.ptr()), Arg::L(n as i64), Arg::L(d as i64)],
-        )?;
+        kernels::GRES.launch(self, (self.grid_for(work), 256, 0), &out, x, &y, gate, n as i64, d as i64)?;
         Ok(out)
     }
 
@@ -326,14 +262,8 @@ impl Cuda {
         unsafe { dr::memcpy_dtod_async(out.ptr(), xf.ptr(), n * 4, s.cu_stream()) }.map_err(|e| anyhow!("CUDA copy: {e:?}"))?;
         let vc = self.cast(v_c, DType::F32)?;
         let vu = v_u.map(|u| self.cast(u, DType::F32)).transpose()?;
-        let (a, b) = (vc.ptr(), vu.as_ref().map_or(0, |u| u.ptr()));
-        self.launch(
-            "moss_cfg_euler_f32",
-            n.div_ceil(256) as u32,
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(a), Arg::P(b), Arg::F(guidance), Arg::F(dsigma), Arg::I(n as i32)],
-        )?;
+        let vu = vu.as_ref().map_or(Dev::null(DType::F32), Dev::from);
+        kernels::CFG_EULER.launch(self, (n.div_ceil(256) as u32, 256, 0), &out, &vc, vu, guidance, dsigma, n as i32)?;
         Ok(out)
     }
 }
@@ -373,19 +303,19 @@ impl DitOps for Cuda {
         self.prof("timestep_sinusoid (host + upload)", || self.upload_as(&Cpu.timestep_sinusoid(t, dim)?, DType::F32))
     }
     fn rms_norm_modulate(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.prof("rms_norm_modulate", || self.rms_norm_modulate_with(x, w, shift, scale, eps, "moss"))
+        self.prof("rms_norm_modulate", || self.rms_norm_modulate_op(x, w, shift, scale, eps))
     }
     fn qk_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, cos: &CudaTensor, sin: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.prof("qk_norm_rope", || self.qk_norm_rope_with(x, w, cos, sin, eps, "moss"))
+        self.prof("qk_norm_rope", || self.qk_norm_rope_op(x, w, cos, sin, eps))
     }
     /// bf16 with head dim 128: a flash kernel ([`Cuda::flash_kernel`]: the warp-specialised `ws_nopp` on Hopper);
     /// otherwise cuBLASLt.
     fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         self.prof("attention", || {
             if flash_applies(q, k, v) {
-                self.flash_attention_with(q, k, v, scale, self.flash_kernel())
+                self.flash_attention_on(q, k, v, scale, self.flash_kernel())
             } else {
-                self.attention_with(q, k, v, scale, "moss")
+                self.attention_gemm(q, k, v, scale)
             }
         })
     }
@@ -399,10 +329,10 @@ impl DitOps for Cuda {
         sin: &CudaTensor,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.prof("qkv_norm_rope", || self.qkv_norm_rope_with(qkv, heads, wq, wk, cos, sin, eps, "moss"))
+        self.prof("qkv_norm_rope", || self.qkv_norm_rope_op(qkv, heads, wq, wk, cos, sin, eps))
     }
     fn attention_packed(&self, qkv: &CudaTensor, heads: usize, scale: f64) -> Result<CudaTensor> {
-        self.prof("attention", || self.attention_packed_with(qkv, heads, scale, (1, 2)))
+        self.prof("attention", || self.attention_packed_blocks(qkv, heads, scale, (1, 2)))
     }
     fn gated_residual_norm_modulate(
         &self,
@@ -414,10 +344,10 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        self.prof("gated_residual_norm_modulate", || self.gres_norm_mod_with(x, y, gate, w, shift, scale, eps, "moss"))
+        self.prof("gated_residual_norm_modulate", || self.gres_norm_mod_op(x, y, gate, w, shift, scale, eps))
     }
     fn situ_glu(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("situ_glu", || self.situ_glu_with(x, "moss"))
+        self.prof("situ_glu", || self.situ_glu_op(x))
     }
     /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_situ_glu_op`]).
     fn linear_situ_glu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
@@ -454,7 +384,7 @@ impl DitOps for Cuda {
         self.linear_situ_glu_fp8_op(xq, xs, wq, ws)
     }
     fn rms_norm_modulate_fp8(&self, x: &CudaTensor, w: &CudaTensor, shift: &CudaTensor, scale: &CudaTensor, eps: f64) -> Result<fp8_act::Quantized> {
-        self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_with(x, w, shift, scale, eps, "moss"))
+        self.prof("rms_norm_modulate_fp8", || self.rms_norm_modulate_fp8_op(x, w, shift, scale, eps))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_residual_norm_modulate_fp8(
@@ -467,7 +397,7 @@ impl DitOps for Cuda {
         scale: &CudaTensor,
         eps: f64,
     ) -> Result<(CudaTensor, fp8_act::Quantized)> {
-        self.prof("gated_residual_norm_modulate_fp8", || self.gres_norm_mod_fp8_with(x, y, gate, w, shift, scale, eps, "moss"))
+        self.prof("gated_residual_norm_modulate_fp8", || self.gres_norm_mod_fp8_op(x, y, gate, w, shift, scale, eps))
     }
     /// The fused kernel where [`select::situ_fp8_fused`] takes the width, else `situ_glu` and
     /// `quantize_rows` (the trait's composition).
@@ -475,7 +405,7 @@ impl DitOps for Cuda {
         if !select::situ_fp8_fused(x.last_dim() / 2) {
             return self.quantize_rows(&self.situ_glu(x)?);
         }
-        self.prof("situ_glu_fp8", || self.situ_glu_fp8_with(x, "moss"))
+        self.prof("situ_glu_fp8", || self.situ_glu_fp8_op(x))
     }
     fn linear_f32(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         let name = || format!("linear_f32 {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
@@ -485,7 +415,7 @@ impl DitOps for Cuda {
         self.prof("residual_stream", || self.cast(x, DType::F32))
     }
     fn gated_residual(&self, x: &CudaTensor, y: &CudaTensor, gate: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_residual", || self.gated_residual_with(x, y, gate, "moss"))
+        self.prof("gated_residual", || self.gated_residual_op(x, y, gate))
     }
     fn cfg_euler(&self, x: &CudaTensor, v_c: &CudaTensor, v_u: Option<&CudaTensor>, guidance: f32, dsigma: f32) -> Result<CudaTensor> {
         self.prof("cfg_euler", || self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma))

@@ -11,7 +11,8 @@
 //! [`EncoderOps::causal_attention_gated_y`]: moss_core::backend::ops::EncoderOps::causal_attention_gated_y
 //! [`EncoderOps::causal_attention_gated`]: moss_core::backend::ops::EncoderOps::causal_attention_gated
 
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev, Elem};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 
 /// Rows (warps) per block of `qkrope` and its largest head dim (cuda/encoder/launch.h).
@@ -24,7 +25,7 @@ impl Cuda {
     /// the kernel does not take the shapes (head dim not a multiple of 8 or above [`QK_MAXHD`],
     /// an odd or too wide rotary dim): the caller runs the split ops.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attn_qkv_rope_with(
+    pub(crate) fn attn_qkv_rope(
         &self,
         y: &CudaTensor,
         (nh, nkv, hd): (usize, usize, usize),
@@ -33,7 +34,6 @@ impl Cuda {
         eps: f64,
         rot: usize,
         theta: f64,
-        prefix: &str,
     ) -> Result<Option<(CudaTensor, CudaTensor, CudaTensor)>> {
         let ld = (2 * nh + 2 * nkv) * hd;
         ensure!(y.shape.len() == 2 && y.shape[1] == ld, "attn_qkv: y {:?} for {nh} + {nkv} heads of {hd}", y.shape);
@@ -51,52 +51,25 @@ impl Cuda {
         let v = self.alloc(dt, &[l, nkv, hd])?;
         let rows = l * (nh + 2 * nkv);
         if rows > 0 {
-            // tab: the call's (cos, sin) table [L, rot/2] (with the planted position bug under the
-            // control prefix: qkrope_t has none of its own), read by qkrope_t
+            // tab: the call's (cos, sin) table [L, rot/2] (with the planted position bug in the
+            // check image's twin: qkrope_t has none of its own), read by qkrope_t
             let half = rot / 2;
             let t = self.alloc(DType::F32, &[(l * half * 2).max(1)])?;
+            let tab = Dev::new(t.ptr(), Elem::F32x2);
             if half > 0 {
-                self.launch(
-                    &format!("{prefix}_rope_tab"),
-                    self.grid_for(l * half),
-                    256,
-                    0,
-                    &[Arg::P(t.ptr()), Arg::L(l as i64), Arg::I(rot as i32), Arg::L(theta.to_bits() as i64)],
-                )?;
+                kernels::ENC_ROPE_TAB.launch(self, (self.grid_for(l * half), 256, 0), tab, l as i64, rot as i32, theta.to_bits() as i64)?;
             }
-            let (name, last) = (format!("moss_enc_qkrope_t_{}", dt.name()), Arg::P(t.ptr()));
-            self.launch(
-                &name,
-                rows.div_ceil(QK_WARPS) as u32,
-                (QK_WARPS * 32) as u32,
-                0,
-                &[
-                    Arg::P(q.ptr()),
-                    Arg::P(k.ptr()),
-                    Arg::P(v.ptr()),
-                    Arg::P(y.ptr()),
-                    Arg::P(wq.ptr()),
-                    Arg::P(wk.ptr()),
-                    Arg::L(l as i64),
-                    Arg::I(nh as i32),
-                    Arg::I(nkv as i32),
-                    Arg::I(hd as i32),
-                    Arg::L(ld as i64),
-                    Arg::L((2 * hd) as i64),
-                    Arg::L((2 * nh * hd) as i64),
-                    Arg::L(((2 * nh + nkv) * hd) as i64),
-                    Arg::F(eps as f32),
-                    Arg::I(rot as i32),
-                    last,
-                ],
-            )?;
+            let cfg = (rows.div_ceil(QK_WARPS) as u32, (QK_WARPS * 32) as u32, 0);
+            let (l, nh32, nkv32, hd32) = (l as i64, nh as i32, nkv as i32, hd as i32);
+            let (ld, qhs, koff, voff) = (ld as i64, (2 * hd) as i64, (2 * nh * hd) as i64, ((2 * nh + nkv) * hd) as i64);
+            kernels::ENC_QKROPE_T.launch(self, cfg, &q, &k, &v, y, &wq, &wk, l, nh32, nkv32, hd32, ld, qhs, koff, voff, eps as f32, rot as i32, tab)?;
         }
         Ok(Some((q, k, v)))
     }
 
     /// `o [L, H·hd] · sigmoid(gate)`, head h's gate read in place out of `y [L, ld]` at columns
     /// `h·2·hd + hd ..` (`gmulh`); `None` where hd or ld is not a multiple of 8.
-    pub(crate) fn attn_gate_y_with(&self, o: &CudaTensor, y: &CudaTensor, (nh, hd): (usize, usize), prefix: &str) -> Result<Option<CudaTensor>> {
+    pub(crate) fn attn_gate_y(&self, o: &CudaTensor, y: &CudaTensor, (nh, hd): (usize, usize)) -> Result<Option<CudaTensor>> {
         ensure!(y.shape.len() == 2 && y.shape[1] >= 2 * nh * hd, "attn_gate: y {:?} for {nh} heads of {hd}", y.shape);
         let l = y.shape[0];
         ensure!(o.numel() == l * nh * hd, "attn_gate: o {:?} for {l} x {nh} x {hd}", o.shape);
@@ -107,22 +80,9 @@ impl Cuda {
         let y = self.cast(y, o.dtype)?;
         let out = self.alloc(o.dtype, &[l, nh * hd])?;
         if l > 0 {
-            self.launch(
-                &format!("{prefix}_gmulh_{}", o.dtype.name()),
-                self.grid_for(l * nh * hd / 8),
-                256,
-                0,
-                &[
-                    Arg::P(out.ptr()),
-                    Arg::P(o.ptr()),
-                    Arg::P(y.ptr() + (hd * o.dtype.size()) as u64),
-                    Arg::L(l as i64),
-                    Arg::I(nh as i32),
-                    Arg::I(hd as i32),
-                    Arg::L(ld as i64),
-                    Arg::L((2 * hd) as i64),
-                ],
-            )?;
+            let gate = Dev::new(y.ptr() + (hd * o.dtype.size()) as u64, y.dtype);
+            let cfg = (self.grid_for(l * nh * hd / 8), 256, 0);
+            kernels::ENC_GMULH.launch(self, cfg, &out, o, gate, l as i64, nh as i32, hd as i32, ld as i64, (2 * hd) as i64)?;
         }
         Ok(Some(out))
     }

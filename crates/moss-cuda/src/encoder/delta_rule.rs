@@ -6,8 +6,9 @@
 
 use super::delta_rule_compact::{pick_state_pass, state_launch, StatePass};
 use super::dims3;
+use crate::kernels::{self, Dev, Family};
 use crate::launch;
-use crate::ops::{tensor_map_2d, Arg, Cuda, CudaTensor, DType};
+use crate::ops::{tensor_map_2d, Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::encoder::DELTA_CHUNK;
 use moss_core::backend::Backend;
@@ -81,20 +82,8 @@ pub(crate) enum GdrPath {
     Compact,
 }
 
-/// The kernel-name prefixes of the delta rule's stages: the bf16 prep, and the state pass /
-/// output (or the sequential kernel). `moss_enc` for both in production ([`GdrPrefix::all`]);
-/// `moss check` puts its planted twins (`moss_ctl_enc`, check image) in one of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct GdrPrefix<'a> {
-    pub prep: &'a str,
-    pub pass: &'a str,
-}
-
-impl<'a> GdrPrefix<'a> {
-    pub(crate) fn all(prefix: &'a str) -> Self {
-        GdrPrefix { prep: prefix, pass: prefix }
-    }
-}
+/// The delta rule's prep kernels' parameter list (`delta_rule_prep_bf16`, `gdr_prep_f32`).
+type Prep = fn(Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i64, i64);
 
 /// Dynamic shared memory and threads of `gdr_tma` (8 compute warps and a producer warp).
 pub(crate) const GDR_TMA_BYTES: u32 = launch::ENC_GDR_TMA_BYTES as u32;
@@ -165,17 +154,16 @@ impl Cuda {
     /// The gated delta rule, chunk-parallel (`cuda/encoder/delta_rule.cu`): a prep over all (chunk, value head)
     /// pairs, then the state pass in chunk order and the output (see [`GdrPath`]; fp32 takes the
     /// SIMT kernels). Head dims above [`GDR_MAX_DIM`], and bf16 q, k, v that are not 16-byte
-    /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq_with`] (only with
+    /// aligned (addresses, head dims) or have Hv / Hk odd, take [`Cuda::gated_delta_rule_seq`] (only with
     /// [`GdrPath::Auto`]; the explicit paths are an error there).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gated_delta_rule_with(
+    pub(crate) fn gated_delta_rule_on(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
         v: &CudaTensor,
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         let (_, hk, dk) = dims3(q, "gated_delta_rule q")?;
@@ -183,23 +171,21 @@ impl Cuda {
         let ptrs = [q.ptr(), k.ptr(), v.ptr()];
         if !gdr_chunked_fits(q.dtype, ptrs, (hk * dk, hv * dv), (hk, hv), dk, dv) || !self.gdr_smem_fits(q.dtype, path) {
             ensure!(path == GdrPath::Auto, "gated_delta_rule: {path:?} needs dk, dv ≤ {GDR_MAX_DIM}, 16-byte aligned q k v and Hv / Hk even");
-            return self.gated_delta_rule_seq_with(q, k, v, g, beta, prefix.pass);
+            return self.gated_delta_rule_seq(q, k, v, g, beta);
         }
         let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
         let rows = GdrRows { q: q.ptr(), k: k.ptr(), v: v.ptr(), rqk: hk * dk, rv: hv * dv };
-        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, path)
     }
 
-    /// [`Cuda::gated_delta_rule_with`] reading q, k and v straight out of the conv output
+    /// [`Cuda::gated_delta_rule_on`] reading q, k and v straight out of the conv output
     /// `qkv [L, 2·Hk·dk + Hv·dv]` (row stride: its width) instead of three narrowed copies.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gated_delta_rule_qkv_with(
+    pub(crate) fn gated_delta_rule_qkv_on(
         &self,
         qkv: &CudaTensor,
         (hk, dk, hv, dv): (usize, usize, usize, usize),
         g: &CudaTensor,
         beta: &CudaTensor,
-        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(qkv.shape.len() == 2, "gated_delta_rule_qkv: qkv must be [L, C], got {:?}", qkv.shape);
@@ -211,17 +197,17 @@ impl Cuda {
         let p = qkv.ptr();
         let rows = GdrRows { q: p, k: p + (hk * dk) as u64 * es, v: p + (2 * hk * dk) as u64 * es, rqk: c, rv: c };
         if !gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (c, c), (hk, hv), dk, dv) || !self.gdr_smem_fits(dt, path) {
-            let q = Backend::reshape(self, &self.narrow_with(qkv, 1, 0, hk * dk, "moss")?, &[l, hk, dk])?;
-            let k = Backend::reshape(self, &self.narrow_with(qkv, 1, hk * dk, hk * dk, "moss")?, &[l, hk, dk])?;
-            let v = Backend::reshape(self, &self.narrow_with(qkv, 1, 2 * hk * dk, hv * dv, "moss")?, &[l, hv, dv])?;
-            return self.gated_delta_rule_with(&q, &k, &v, g, beta, prefix, path);
+            let q = Backend::reshape(self, &self.narrow_copy(qkv, 1, 0, hk * dk)?, &[l, hk, dk])?;
+            let k = Backend::reshape(self, &self.narrow_copy(qkv, 1, hk * dk, hk * dk)?, &[l, hk, dk])?;
+            let v = Backend::reshape(self, &self.narrow_copy(qkv, 1, 2 * hk * dk, hv * dv)?, &[l, hv, dv])?;
+            return self.gated_delta_rule_on(&q, &k, &v, g, beta, path);
         }
         for (n, t) in [("g", g), ("beta", beta)] {
             ensure!(t.shape == [l, hv], "gated_delta_rule_qkv: {n} {:?}, expected [{l}, {hv}]", t.shape);
         }
         let (g, beta) = (self.f32v(g)?, self.f32v(beta)?);
         let out = self.alloc(dt, &[l, hv, dv])?;
-        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, prefix, path)
+        self.gdr_chunked(&rows, (l, hk, dk, hv, dv), dt, &g, &beta, out, path)
     }
 
     /// The chunk-parallel kernels over q, k, v rows at `rows` (see [`GdrRows`]; bf16 rows 16-byte
@@ -235,7 +221,6 @@ impl Cuda {
         g: &CudaTensor,
         beta: &CudaTensor,
         out: CudaTensor,
-        prefix: GdrPrefix,
         path: GdrPath,
     ) -> Result<CudaTensor> {
         ensure!(
@@ -265,17 +250,17 @@ impl Cuda {
         let f32s = |n: usize| self.alloc(DType::F32, &[n]);
         let (kd, wk, u0) = (f32s(nb * ch * d)?, f32s(nb * ch * d)?, f32s(nb * ch * d)?);
         let (wqk, gam) = (f32s(nb * ch * ch)?, f32s(nb * ch)?);
-        let dims = || {
-            [Arg::I(l as i32), Arg::I(hk as i32), Arg::I(hv as i32), Arg::I(dk as i32), Arg::I(dv as i32)]
-                .into_iter()
-                .chain([Arg::L(rows.rqk as i64), Arg::L(rows.rv as i64)])
+        // the kernels' dims and row strides
+        let [li, hki, hvi, dki, dvi] = [l, hk, hv, dk, dv].map(|v| v as i32);
+        let (rqk, rv) = (rows.rqk as i64, rows.rv as i64);
+        let [q, k, v] = [rows.q, rows.k, rows.v].map(|p| Dev::new(p, dt));
+        // the prep's arguments (the bf16 and the fp32 prep take the same)
+        let prep = |kernel: &Family<Prep>, cfg: (u32, u32, u32)| {
+            kernel.launch(self, cfg, &kd, &wk, &u0, &wqk, &gam, q, k, v, g, beta, li, hki, hvi, dki, dvi, rqk, rv)
         };
-        let mut args = vec![Arg::P(kd.ptr()), Arg::P(wk.ptr()), Arg::P(u0.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-        args.extend([rows.q, rows.k, rows.v, g.ptr(), beta.ptr()].map(Arg::P));
-        args.extend(dims());
         let (u, s) = if dt == DType::F32 {
             // fp32: the SIMT kernels, the control in gdr_out
-            self.launch("moss_enc_gdr_prep_f32", nb as u32, launch::ENC_GDR_THREADS as u32, (GDR_PREP_FLOATS * 4) as u32, &args)?;
+            prep(&kernels::ENC_GDR_PREP, (nb as u32, launch::ENC_GDR_THREADS as u32, (GDR_PREP_FLOATS * 4) as u32))?;
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         } else {
             // bf16: delta_rule_prep (16-byte copies of q, k, v rows; a block per chunk and pair of
@@ -284,77 +269,39 @@ impl Cuda {
                 gdr_chunked_fits(dt, [rows.q, rows.k, rows.v], (rows.rqk, rows.rv), (hk, hv), dk, dv),
                 "delta_rule_prep: q k v addresses, row strides and head dims must be 16-byte aligned, Hv / Hk even"
             );
-            self.launch(
-                &format!("{}_delta_rule_prep_bf16", prefix.prep),
-                (nb / 2) as u32,
-                launch::ENC_GDR_PREP_BF16_THREADS as u32,
-                (GDR_PREP3P_FLOATS * 4) as u32,
-                &args,
-            )?;
+            prep(&kernels::ENC_DELTA_RULE_PREP, ((nb / 2) as u32, launch::ENC_GDR_PREP_BF16_THREADS as u32, (GDR_PREP3P_FLOATS * 4) as u32))?;
             if tma {
                 // `gdr_tma` (`cuda/encoder/sm90a/delta_rule_tma.cu`): per value head and 32 value columns, in chunk
                 // order, U = U0 − Wk S, O = e^{γ} ⊙ Q̂ S + Wqk U straight to the output, S ← e^{γl} S +
                 // Kdᵀ U; the 2 column blocks of a cluster share each chunk's tiles, loaded as boxes of
                 // tensor maps over q (bf16, strided) and the prep's scratch (f32 rows of 128 / 64).
                 let r = (ch / 2) as u32;
-                let map = |p: u64, t: DType, cols: usize, rows: usize, ld: usize, bx: u32, by: u32| {
-                    tensor_map_2d(p, t, cols, rows, ld, bx, by).map(|m| Arg::Map(Box::new(m)))
-                };
-                let mut args = vec![
-                    map(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?,
-                    map(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
-                    map(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?,
-                    map(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?,
-                    map(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?,
-                    Arg::P(out.ptr()),
-                    Arg::P(gam.ptr()),
-                ];
-                args.extend(dims().take(5));
+                let mq = tensor_map_2d(rows.q, DType::BF16, hk * dk, l, rows.rqk, 64, r)?;
+                let mwk = tensor_map_2d(wk.ptr(), DType::F32, d, nb * ch, d, 32, r)?;
+                let mkd = tensor_map_2d(kd.ptr(), DType::F32, d, nb * ch, d, 32, r)?;
+                let mu0 = tensor_map_2d(u0.ptr(), DType::F32, d, nb * ch, d, 32, ch as u32)?;
+                let mwq = tensor_map_2d(wqk.ptr(), DType::F32, ch, nb * ch, ch, 32, r)?;
                 // grid: 4 column blocks of 32 per value head (dv ≤ 128; blocks past dv compute zeros)
                 let ncb = GDR_MAX_DIM / launch::ENC_GDR_TMA_COLS;
-                self.launch(&format!("{}_gdr_tma_bf16", prefix.pass), (ncb * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES, &args)?;
+                let cfg = ((ncb * hv) as u32, GDR_TMA_THREADS, GDR_TMA_BYTES);
+                kernels::ENC_GDR_TMA.launch(self, cfg, &mq, &mwk, &mkd, &mu0, &mwq, &out, &gam, li, hki, hvi, dki, dvi)?;
                 return Ok(out);
             }
             (f32s(nb * ch * d)?, f32s(nb * d * d)?)
         };
-        let k = state_launch(pass, dt == DType::BF16, prefix.pass);
+        let k = state_launch(pass, dt == DType::BF16);
         let ncb = dv.div_ceil(k.seq_cols);
-        self.launch(
-            k.seq,
-            (hv * ncb) as u32,
-            launch::ENC_GDR_THREADS as u32,
-            k.seq_bytes,
-            &[
-                Arg::P(s.ptr()),
-                Arg::P(u.ptr()),
-                Arg::P(wk.ptr()),
-                Arg::P(kd.ptr()),
-                Arg::P(u0.ptr()),
-                Arg::P(gam.ptr()),
-                Arg::I(nc as i32),
-                Arg::I(hv as i32),
-                Arg::I(ncb as i32),
-            ],
-        )?;
-        let mut args = vec![Arg::P(out.ptr()), Arg::P(rows.q), Arg::P(s.ptr()), Arg::P(u.ptr()), Arg::P(wqk.ptr()), Arg::P(gam.ptr())];
-        args.extend(dims());
-        self.launch_2d(&k.out, (nb as u32, dv.div_ceil(k.out_cols) as u32), launch::ENC_GDR_THREADS as u32, k.out_bytes, &args)?;
+        let cfg = ((hv * ncb) as u32, launch::ENC_GDR_THREADS as u32, k.seq_bytes);
+        k.seq.launch(self, cfg, &s, &u, &wk, &kd, &u0, &gam, nc as i32, hvi, ncb as i32)?;
+        let cfg = ((nb as u32, dv.div_ceil(k.out_cols) as u32), launch::ENC_GDR_THREADS as u32, k.out_bytes);
+        k.out.launch(self, cfg, &out, q, &s, &u, &wqk, &gam, li, hki, hvi, dki, dvi, rqk, rv)?;
         Ok(out)
     }
 
     /// The gated delta rule in one kernel, sequential over chunks (`gdr` in `cuda/encoder/encoder_ops.cu`;
     /// kept for head dims above [`GDR_MAX_DIM`] and as a second implementation under the gates).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gated_delta_rule_seq_with(
-        &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        g: &CudaTensor,
-        beta: &CudaTensor,
-        prefix: &str,
-    ) -> Result<CudaTensor> {
-        let GdrInputs { l, hk, dk, hv, dv, dt, k, v, g, beta, out } = self.gdr_inputs(q, k, v, g, beta)?;
+    pub(crate) fn gated_delta_rule_seq(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
+        let GdrInputs { l, hk, dk, hv, dv, k, v, g, beta, out, .. } = self.gdr_inputs(q, k, v, g, beta)?;
         if l == 0 {
             return Ok(out);
         }
@@ -365,26 +312,9 @@ impl Cuda {
             bytes <= optin,
             "gated_delta_rule: the sequential kernel (taken for head dims above {GDR_MAX_DIM}, bf16 q k v not 16-byte aligned or Hv / Hk odd) needs {bytes} bytes of shared memory a block at dk {dk}; this GPU offers {optin}"
         );
-        self.launch(
-            &format!("{prefix}_gdr_{}", dt.name()),
-            (hv * (dv / cols)) as u32,
-            GDR_THREADS,
-            bytes as u32,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(q.ptr()),
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::P(g.ptr()),
-                Arg::P(beta.ptr()),
-                Arg::I(l as i32),
-                Arg::I(hk as i32),
-                Arg::I(hv as i32),
-                Arg::I(dk as i32),
-                Arg::I(dv as i32),
-                Arg::I(cols as i32),
-            ],
-        )?;
+        let cfg = ((hv * (dv / cols)) as u32, GDR_THREADS, bytes as u32);
+        let [l, hk, hv, dk, dv, cols] = [l, hk, hv, dk, dv, cols].map(|v| v as i32);
+        kernels::ENC_GDR.launch(self, cfg, &out, q, &k, &v, &g, &beta, l, hk, hv, dk, dv, cols)?;
         Ok(out)
     }
 }

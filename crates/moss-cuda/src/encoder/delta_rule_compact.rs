@@ -6,6 +6,7 @@
 //! KiB). Both preps (`delta_rule_prep_bf16` 92.5 KiB, `gdr_prep_f32` 84 KiB) fit everywhere.
 
 use super::delta_rule::{gdr_portable_smem, GDR_OUT_COLS, GDR_OUT_FLOATS, GDR_OUT_TC_FLOATS, GDR_SEQ_COLS, GDR_SEQ_FLOATS, GDR_SEQ_TC_FLOATS};
+use crate::kernels::{self, Dev, Family};
 use crate::ops::Cuda;
 
 /// Shared memory a block every kernel of the compact path stays within (dynamic; they have no
@@ -52,35 +53,37 @@ pub(crate) fn pick_state_pass(tc: bool, smem_optin: usize) -> Option<StatePass> 
     }
 }
 
-/// How a state pass is launched: kernel names (the output's under `out_prefix`, the planted
-/// control's prefix or `moss_enc`), value columns a block, dynamic shared memory (bytes). The two
-/// passes take the same arguments.
+/// The state pass's kernels' parameter list, and the output's.
+pub(super) type SeqKernel = Family<fn(Dev, Dev, Dev, Dev, Dev, Dev, i32, i32, i32)>;
+pub(super) type OutKernel = Family<fn(Dev, Dev, Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i64, i64)>;
+
+/// How a state pass is launched: its kernels, value columns a block, dynamic shared memory
+/// (bytes).
 pub(super) struct StateLaunch {
-    pub seq: &'static str,
+    pub seq: &'static SeqKernel,
     pub seq_cols: usize,
     pub seq_bytes: u32,
-    pub out: String,
+    pub out: &'static OutKernel,
     pub out_cols: usize,
     pub out_bytes: u32,
 }
 
-pub(super) fn state_launch(pass: StatePass, tc: bool, out_prefix: &str) -> StateLaunch {
+pub(super) fn state_launch(pass: StatePass, tc: bool) -> StateLaunch {
     let b = |floats: usize| (floats * 4) as u32;
-    let kind = if tc { "tc_bf16" } else { "f32" };
     match pass {
         StatePass::Wide => StateLaunch {
-            seq: if tc { "moss_enc_gdr_seq_tc" } else { "moss_enc_gdr_seq" },
+            seq: if tc { &kernels::ENC_GDR_SEQ_TC } else { &kernels::ENC_GDR_SEQ },
             seq_cols: GDR_SEQ_COLS,
             seq_bytes: b(if tc { GDR_SEQ_TC_FLOATS } else { GDR_SEQ_FLOATS }),
-            out: format!("{out_prefix}_gdr_out_{kind}"),
+            out: if tc { &kernels::ENC_GDR_OUT_TC } else { &kernels::ENC_GDR_OUT },
             out_cols: GDR_OUT_COLS,
             out_bytes: b(if tc { GDR_OUT_TC_FLOATS } else { GDR_OUT_FLOATS }),
         },
         StatePass::Compact => StateLaunch {
-            seq: if tc { "moss_enc_gdr_seq_compact_tc" } else { "moss_enc_gdr_seq_compact_f32" },
+            seq: if tc { &kernels::ENC_GDR_SEQ_COMPACT_TC } else { &kernels::ENC_GDR_SEQ_COMPACT },
             seq_cols: COMPACT_COLS,
             seq_bytes: b(SEQ_COMPACT_FLOATS),
-            out: format!("{out_prefix}_gdr_out_compact_{kind}"),
+            out: if tc { &kernels::ENC_GDR_OUT_COMPACT_TC } else { &kernels::ENC_GDR_OUT_COMPACT },
             out_cols: COMPACT_COLS,
             out_bytes: b(OUT_COMPACT_FLOATS),
         },
@@ -126,11 +129,21 @@ mod tests {
         }
     }
 
+    /// The launches take the kernels whose shared memory the contract records
+    /// ([`gdr_compact_smem`], `gdr_portable_smem`).
     #[test]
-    fn launches_name_the_control_only_in_the_output() {
-        let l = state_launch(StatePass::Compact, true, "moss_ctl_enc");
-        assert_eq!((l.seq, l.out.as_str()), ("moss_enc_gdr_seq_compact_tc", "moss_ctl_enc_gdr_out_compact_tc_bf16"));
-        let l = state_launch(StatePass::Wide, false, "moss_enc");
-        assert_eq!((l.seq, l.out.as_str(), l.out_cols), ("moss_enc_gdr_seq", "moss_enc_gdr_out_f32", 64));
+    fn launches_are_the_recorded_kernels() {
+        use crate::kernels::Elem::{BF16, F32};
+        let names = |l: &StateLaunch, tc: bool| {
+            let t = if tc { BF16 } else { F32 };
+            (l.seq.info.members[0].name, l.out.info.member(&[t, t, F32, F32, F32, F32]).unwrap())
+        };
+        for tc in [true, false] {
+            let [_, seq, out] = gdr_compact_smem(tc);
+            assert_eq!(names(&state_launch(StatePass::Compact, tc), tc), (seq.0, out.0));
+            let [_, seq, out] = gdr_portable_smem(tc);
+            assert_eq!(names(&state_launch(StatePass::Wide, tc), tc), (seq.0, out.0));
+        }
+        assert_eq!(state_launch(StatePass::Wide, false).out_cols, 64);
     }
 }

@@ -6,8 +6,6 @@
 //! conv taps, `A_log`, `dt_bias`) are read as f32 (cast first where the checkpoint holds bf16; the
 //! kernels of `row_ops.rs`, the default for the DeltaNet / MLP row ops, read them as loaded);
 //! the DeltaNet gates `g`, `beta` are f32 and the delta rule keeps its state and decays in f32.
-//! Every `*_with` takes the kernel prefix: `moss_enc`, or `moss_ctl_enc` for the planted
-//! controls of `moss check` (crates/moss-cuda/src/check/encoder*.rs).
 
 pub mod attention_qkv_gate;
 pub mod delta_rule;
@@ -15,12 +13,13 @@ pub mod delta_rule_compact;
 pub mod row_ops;
 pub mod strided_row_ops;
 
+pub(crate) use delta_rule::GdrPath;
 pub use delta_rule::GDR_MAX_DIM;
-pub(crate) use delta_rule::{GdrPath, GdrPrefix};
 
 use crate::blas::Gemm;
 use crate::encoder::row_ops::{GRMS, SILU_V_MIN_ROWS};
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev, Family};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::cpu::encoder::rope_angles;
 use moss_core::backend::ops::encoder::Cols;
@@ -49,6 +48,9 @@ pub const FLASH_HD: usize = ENC_FLASH_HD;
 pub(crate) const FLASH_SMEM: u32 = ENC_FLASH_SMEM as u32;
 /// Dynamic shared memory of the Hopper kernel (`cuda/encoder/sm90a/causal_flash_attention_wgmma.cu`).
 pub(crate) const FLASH_WG_SMEM: u32 = ENC_FLASH_WG_SMEM as u32;
+
+/// The flash kernels' parameter list (`moss_enc_fattn_bf16`, `moss_enc_fattn_wg_bf16`).
+type FlashKernel = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, f32)>;
 
 /// The long-prompt causal attention path (bf16, head dim [`FLASH_HD`], `L > ATTN_TILED_MAX`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +111,8 @@ impl Cuda {
         self.cast(x, DType::F32)
     }
 
-    pub(crate) fn embed_with(&self, table: &CudaTensor, ids: &[u32], prefix: &str) -> Result<CudaTensor> {
+    /// The embedding gather, a thread an element (any width).
+    pub(crate) fn embed_rows(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
         ensure!(table.shape.len() == 2, "embed: table must be [vocab, hidden], got {:?}", table.shape);
         let (vocab, h) = (table.shape[0], table.shape[1]);
         for &id in ids {
@@ -118,18 +121,12 @@ impl Cuda {
         ensure!(vocab < (1 << 24), "embed: a vocabulary of {vocab} does not fit exact f32 ids");
         let idt = self.upload_as(&Tensor::new(vec![ids.len()], ids.iter().map(|&i| i as f32).collect())?, DType::F32)?;
         let out = self.alloc(table.dtype, &[ids.len(), h])?;
-        self.launch(
-            &format!("{prefix}_embed_{}", table.dtype.name()),
-            self.grid_for(ids.len() * h),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(table.ptr()), Arg::P(idt.ptr()), Arg::L(ids.len() as i64), Arg::L(h as i64)],
-        )?;
+        kernels::ENC_EMBED.launch(self, (self.grid_for(ids.len() * h), 256, 0), &out, table, &idt, ids.len() as i64, h as i64)?;
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn head_norm_rope_with(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64, prefix: &str) -> Result<CudaTensor> {
+    /// [`EncoderOps::head_norm_rope`].
+    pub(crate) fn head_norm_rope_op(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(x, "head_norm_rope")?;
         ensure!(w.numel() == hd, "head_norm_rope: weight {:?} for head_dim {hd}", w.shape);
         ensure!(rot % 2 == 0 && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
@@ -139,31 +136,15 @@ impl Cuda {
         let w = self.f32v(w)?;
         let out = self.alloc(x.dtype, &x.shape)?;
         let rows = l * nh;
-        self.launch(
-            &format!("{prefix}_head_rope_{}", x.dtype.name()),
-            rows.div_ceil(8) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(w.ptr()),
-                Arg::P(inv.ptr()),
-                Arg::L(rows as i64),
-                Arg::I(nh as i32),
-                Arg::I(hd as i32),
-                Arg::F(eps as f32),
-                Arg::I(rot as i32),
-            ],
-        )?;
+        let cfg = (rows.div_ceil(8) as u32, 256, 0);
+        kernels::ENC_HEAD_ROPE.launch(self, cfg, &out, x, &w, &inv, rows as i64, nh as i32, hd as i32, eps as f32, rot as i32)?;
         Ok(out)
     }
 
     /// Causal GQA attention. Prompts up to [`ATTN_TILED_MAX`] take the tiled kernel; longer ones
     /// the flash kernel `path` ([`EncAttn::Flash`] / [`EncAttn::Wgmma`]) when the data are bf16
     /// with head dim [`FLASH_HD`], else the cuBLASLt path.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn causal_attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, prefix: &str, path: EncAttn) -> Result<CudaTensor> {
+    pub(crate) fn causal_attention_on(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, path: EncAttn) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let (lk, nkv, hdk) = dims3(k, "causal_attention k")?;
         ensure!(lk == l && hdk == hd && v.shape == k.shape, "causal_attention: q {:?} k {:?} v {:?}", q.shape, k.shape, v.shape);
@@ -175,78 +156,47 @@ impl Cuda {
             return Ok(out);
         }
         if l > ATTN_TILED_MAX && path != EncAttn::Gemm && q.dtype == DType::BF16 && hd == FLASH_HD {
-            self.launch_enc_flash(
-                path,
-                prefix,
-                false,
-                l,
-                nh,
-                &[
-                    Arg::P(out.ptr()),
-                    Arg::P(q.ptr()),
-                    Arg::P(k.ptr()),
-                    Arg::P(v.ptr()),
-                    Arg::I(l as i32),
-                    Arg::I(nh as i32),
-                    Arg::I(nkv as i32),
-                    Arg::F((scale * std::f64::consts::LOG2_E) as f32),
-                ],
-            )?;
+            let scale_log2 = (scale * std::f64::consts::LOG2_E) as f32;
+            self.launch_enc_flash(path, l, nh, (&out, q, &k, &v), (nkv, scale_log2))?;
             return Ok(out);
         }
         if l > ATTN_TILED_MAX {
-            return self.causal_attention_gemm(q, &k, &v, scale, prefix, out);
+            return self.causal_attention_gemm(q, &k, &v, scale, out);
         }
         let blocks = l.div_ceil(ENC_ATTN_Q) * nh;
-        self.launch(
-            &format!("{prefix}_attn_{}", q.dtype.name()),
-            blocks as u32,
-            ENC_ATTN_THREADS as u32,
-            (ENC_ATTN_SMEM_FLOATS(hd) * 4) as u32,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(q.ptr()),
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::I(l as i32),
-                Arg::I(nh as i32),
-                Arg::I(nkv as i32),
-                Arg::I(hd as i32),
-                Arg::F(scale as f32),
-            ],
-        )?;
+        let cfg = (blocks as u32, ENC_ATTN_THREADS as u32, (ENC_ATTN_SMEM_FLOATS(hd) * 4) as u32);
+        kernels::ENC_ATTN.launch(self, cfg, &out, q, &k, &v, l as i32, nh as i32, nkv as i32, hd as i32, scale as f32)?;
         Ok(out)
     }
 
     /// Launch the encoder's flash attention kernel of `path` (same arguments for both):
-    /// `{prefix}_fattn[_gated]_bf16`, grid (L/64, H), 128 threads, or on Hopper
-    /// `{prefix}_fattn_wg[_gated]_bf16`, grid (H, L/128) (heads of one row block together), 256.
-    pub(crate) fn launch_enc_flash(&self, path: EncAttn, prefix: &str, gated: bool, l: usize, nh: usize, args: &[Arg]) -> Result<()> {
-        let g = if gated { "_gated" } else { "" };
-        match path {
+    /// `moss_enc_fattn_bf16`, grid (L/64, H), 128 threads, or on Hopper `moss_enc_fattn_wg_bf16`,
+    /// grid (H, L/128) (heads of one row block together), 256; `(o, q, k, v)`, `(Hkv, scale·log2 e)`.
+    pub(crate) fn launch_enc_flash(
+        &self,
+        path: EncAttn,
+        l: usize,
+        nh: usize,
+        (o, q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor, &CudaTensor),
+        (nkv, scale_log2): (usize, f32),
+    ) -> Result<()> {
+        let (kernel, cfg): (&FlashKernel, _) = match path {
             EncAttn::Wgmma => {
                 ensure!(self.has_sm90a(), "the wgmma attention needs an sm_90 (Hopper) GPU and a build with its sm_90a kernels");
-                self.launch_2d(
-                    &format!("{prefix}_fattn_wg{g}_bf16"),
-                    (nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32),
-                    ENC_FLASH_WG_THREADS as u32,
-                    FLASH_WG_SMEM,
-                    args,
-                )
+                (&kernels::ENC_FATTN_WG, ((nh as u32, l.div_ceil(ENC_FLASH_WG_ROWS) as u32), ENC_FLASH_WG_THREADS as u32, FLASH_WG_SMEM))
             }
-            EncAttn::Flash => {
-                self.launch_2d(&format!("{prefix}_fattn{g}_bf16"), (l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM, args)
-            }
-            EncAttn::Gemm => Err(anyhow::anyhow!("launch_enc_flash: the cuBLASLt path has no flash kernel")),
-        }
+            EncAttn::Flash => (&kernels::ENC_FATTN, ((l.div_ceil(ENC_FLASH_ROWS) as u32, nh as u32), ENC_FLASH_THREADS as u32, FLASH_SMEM)),
+            EncAttn::Gemm => anyhow::bail!("launch_enc_flash: the cuBLASLt path has no flash kernel"),
+        };
+        kernel.launch(self, cfg, o, q, k, v, l as i32, nh as i32, nkv as i32, scale_log2)
     }
 
-    /// The long-prompt path of [`Cuda::causal_attention_with`]: per query chunk and per query
+    /// The long-prompt path of [`Cuda::causal_attention_on`]: per query chunk and per query
     /// head within a KV group (`r < H/Hkv`), `S = scale · Q Kᵀ` for all KV groups at once
     /// (cuBLASLt strided-batched straight out of the `[L, heads, hd]` layouts, fp32 scores, keys
     /// only up to the chunk's last query), the causal softmax (fp32, `P` in the activation
     /// dtype), `O = P V` written straight into `[L, H, hd]`.
-    fn causal_attention_gemm(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, prefix: &str, out: CudaTensor) -> Result<CudaTensor> {
+    fn causal_attention_gemm(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64, out: CudaTensor) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(q, "causal_attention q")?;
         let nkv = k.shape[1];
         let rep = nh / nkv;
@@ -265,13 +215,7 @@ impl Cuda {
                 let g1 = Gemm::plain(dt, DType::F32, true, false, nk, qn, hd, ldk, ldq, nk).batched(nkv, hd, rep * hd, qn * nk);
                 let off_q = (i0 * ldq + r * hd) as u64 * es;
                 self.blas().gemm(stream, g1, k.ptr(), q.ptr() + off_q, s.ptr(), None, scale as f32)?;
-                self.launch(
-                    &format!("{prefix}_csoftmax_{}", dt.name()),
-                    (nkv * qn) as u32,
-                    256,
-                    0,
-                    &[Arg::P(p.ptr()), Arg::P(s.ptr()), Arg::I(qn as i32), Arg::I(nk as i32), Arg::I(i0 as i32)],
-                )?;
+                kernels::ENC_CSOFTMAX.launch(self, ((nkv * qn) as u32, 256, 0), &p, &s, qn as i32, nk as i32, i0 as i32)?;
                 // O (column-major hd × qn per group, ld H·hd) = V · P, into heads g·rep + r.
                 let g2 = Gemm::plain(dt, dt, false, false, hd, qn, nk, ldk, nk, ldq).batched(nkv, hd, qn * nk, rep * hd);
                 self.blas().gemm(stream, g2, v.ptr(), p.ptr(), out.ptr() + off_q, None, 1.0)?;
@@ -280,38 +224,21 @@ impl Cuda {
         Ok(out)
     }
 
-    pub(crate) fn silu_mul_with(&self, gate: &CudaTensor, up: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// [`EncoderOps::silu_mul`].
+    pub(crate) fn silu_mul_op(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         ensure!(gate.shape == up.shape, "silu_mul: {:?} vs {:?}", gate.shape, up.shape);
         let up = self.cast(up, gate.dtype)?;
         let out = self.alloc(gate.dtype, &gate.shape)?;
         let n = gate.numel();
         // 8 elements per thread where the size and the addresses allow 16-byte vectors.
         let vec = n % 8 == 0 && [gate.ptr(), up.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
-        let (name, n) = if vec { ("silu_mul8", n / 8) } else { ("silu_mul", n) };
-        self.launch(
-            &format!("{prefix}_{name}_{}", gate.dtype.name()),
-            self.grid_for(n),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(gate.ptr()), Arg::P(up.ptr()), Arg::L(n as i64)],
-        )?;
+        let (kernel, n) = if vec { (&kernels::ENC_SILU_MUL8, n / 8) } else { (&kernels::ENC_SILU_MUL, n) };
+        kernel.launch(self, (self.grid_for(n), 256, 0), &out, gate, &up, n as i64)?;
         Ok(out)
     }
 
-    /// Causal conv + SiLU of a contiguous `x [L, C]` (see [`Cuda::conv_cols_with`]).
-    pub(crate) fn causal_conv1d_silu_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
-        ensure!(x.shape.len() == 2, "causal_conv1d_silu: x must be [L, C], got {:?}", x.shape);
-        self.conv_cols_with(x, 0, x.shape[1], w, prefix)
-    }
-
-    pub(crate) fn gdn_gates_with(
-        &self,
-        a: &CudaTensor,
-        b: &CudaTensor,
-        a_log: &CudaTensor,
-        dt_bias: &CudaTensor,
-        prefix: &str,
-    ) -> Result<(CudaTensor, CudaTensor)> {
+    /// [`EncoderOps::gdn_gates`].
+    pub(crate) fn gdn_gates_op(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         let hv = a.last_dim();
         ensure!(a.shape == b.shape, "gdn_gates: a {:?} vs b {:?}", a.shape, b.shape);
         ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
@@ -320,46 +247,32 @@ impl Cuda {
         let g = self.alloc(DType::F32, &a.shape)?;
         let beta = self.alloc(DType::F32, &a.shape)?;
         let n = a.numel();
-        self.launch(
-            &format!("{prefix}_gates_{}", a.dtype.name()),
-            self.grid_for(n),
-            256,
-            0,
-            &[Arg::P(g.ptr()), Arg::P(beta.ptr()), Arg::P(a.ptr()), Arg::P(b.ptr()), Arg::P(al.ptr()), Arg::P(dt.ptr()), Arg::L(n as i64), Arg::I(hv as i32)],
-        )?;
+        kernels::ENC_GATES.launch(self, (self.grid_for(n), 256, 0), &g, &beta, a, &b, &al, &dt, n as i64, hv as i32)?;
         Ok((g, beta))
     }
 
     /// The residual add and the next RMSNorm in one kernel (`cuda/encoder/add_rms_norm.cu`): block per row,
     /// rows of a width that is a multiple of 8 up to 8192; other widths take the generic add and
-    /// rms_norm (the same rounding points). Planted control (`moss_ctl_enc`): the weight without its
-    /// `1 +`.
-    pub(crate) fn add_rms_norm_with(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<(CudaTensor, CudaTensor)> {
+    /// rms_norm (the same rounding points).
+    pub(crate) fn add_rms_norm_op(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(x.shape == h.shape, "add_rms_norm: x {:?} vs h {:?}", x.shape, h.shape);
         let d = x.last_dim();
         ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
         let h = self.cast(h, x.dtype)?;
         if d % 8 != 0 || d > ENC_ADD_RMS_MAX_WIDTH || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
-            let xo = self.binary_with("add", x, &h, "moss")?;
-            // the planted control there: the generic kernel's variant with the same bug (no 1 +)
-            let kernel = if prefix == P { "moss_rms_norm" } else { "moss_ctl_rms_noplus" };
-            let n = self.rms_norm_with(&xo, Some(w), eps, true, kernel)?;
+            let xo = self.binary(&kernels::ADD, "add", x, &h)?;
+            let n = self.rms_norm_rows(&xo, Some(w), eps, true)?;
             return Ok((xo, n));
         }
         let w = self.f32v(w)?;
         let xo = self.alloc(x.dtype, &x.shape)?;
         let n = self.alloc(x.dtype, &x.shape)?;
-        self.launch(
-            &format!("{prefix}_add_rms_{}", x.dtype.name()),
-            x.rows() as u32,
-            ENC_ADD_RMS_THREADS as u32,
-            0,
-            &[Arg::P(xo.ptr()), Arg::P(n.ptr()), Arg::P(x.ptr()), Arg::P(h.ptr()), Arg::P(w.ptr()), Arg::I(d as i32), Arg::F(eps as f32)],
-        )?;
+        kernels::ENC_ADD_RMS.launch(self, (x.rows() as u32, ENC_ADD_RMS_THREADS as u32, 0), &xo, &n, x, &h, &w, d as i32, eps as f32)?;
         Ok((xo, n))
     }
 
-    pub(crate) fn gated_rms_norm_with(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
+    /// [`EncoderOps::gated_rms_norm`].
+    pub(crate) fn gated_rms_norm_op(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         ensure!(x.shape == z.shape, "gated_rms_norm: x {:?} vs z {:?}", x.shape, z.shape);
         let d = x.last_dim();
         ensure!(w.numel() == d, "gated_rms_norm: weight {:?} for width {d}", w.shape);
@@ -370,19 +283,11 @@ impl Cuda {
         // 16 lanes per row with 16-byte vectors where the width and the addresses allow, else a
         // warp per row.
         let vec = d % 8 == 0 && [x.ptr(), z.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
-        let (name, per_block) = if vec { ("grms8", 16) } else { ("grms", 8) };
-        self.launch(
-            &format!("{prefix}_{name}_{}", x.dtype.name()),
-            rows.div_ceil(per_block) as u32,
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(z.ptr()), Arg::P(w.ptr()), Arg::L(rows as i64), Arg::I(d as i32), Arg::F(eps as f32)],
-        )?;
+        let (kernel, per_block) = if vec { (&kernels::ENC_GRMS8, 16) } else { (&kernels::ENC_GRMS, 8) };
+        kernel.launch(self, (rows.div_ceil(per_block) as u32, 256, 0), &out, x, &z, &w, rows as i64, d as i32, eps as f32)?;
         Ok(out)
     }
 }
-
-const P: &str = "moss_enc";
 
 /// Whether two column blocks are columns of one tensor (the fused kernels read both from it).
 fn same_cols(a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>) -> bool {
@@ -398,23 +303,23 @@ impl EncoderOps for Cuda {
     }
     fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
         self.prof("embed", || {
-            if let Some(out) = self.embed8_with(table, ids, P)? {
+            if let Some(out) = self.embed8(table, ids)? {
                 return Ok(out);
             }
-            self.embed_with(table, ids, P)
+            self.embed_rows(table, ids)
         })
     }
     fn head_norm_rope(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64) -> Result<CudaTensor> {
-        self.prof("head_norm_rope", || self.head_norm_rope_with(x, w, eps, rot, theta, P))
+        self.prof("head_norm_rope", || self.head_norm_rope_op(x, w, eps, rot, theta))
     }
     fn causal_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         let path = self.enc_attn();
-        self.prof("causal_attention", || self.causal_attention_with(q, k, v, scale, P, path))
+        self.prof("causal_attention", || self.causal_attention_on(q, k, v, scale, path))
     }
     fn causal_attention_gated(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, qg: &CudaTensor, scale: f64) -> Result<CudaTensor> {
         if qg.shape.len() == 3 && qg.shape[2] % 16 == 0 {
             let o = self.causal_attention(q, k, v, scale)?;
-            if let Some(out) = self.prof("attn_gate", || self.attn_gate_with(&o, qg, P))? {
+            if let Some(out) = self.prof("attn_gate", || self.attn_gate(&o, qg))? {
                 return Ok(out);
             }
         }
@@ -431,7 +336,7 @@ impl EncoderOps for Cuda {
         rot: usize,
         theta: f64,
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
-        if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope_with(y, heads, wq, wk, eps, rot, theta, P))? {
+        if let Some(r) = self.prof("head_norm_rope", || self.attn_qkv_rope(y, heads, wq, wk, eps, rot, theta))? {
             return Ok(r);
         }
         moss_core::backend::ops::encoder::attn_qkv_split(self, y, heads, wq, wk, eps, rot, theta)
@@ -440,7 +345,7 @@ impl EncoderOps for Cuda {
         if q.shape.len() == 3 {
             let (nh, hd) = (q.shape[1], q.shape[2]);
             let o = self.causal_attention(q, k, v, scale)?;
-            if let Some(out) = self.prof("attn_gate", || self.attn_gate_y_with(&o, y, (nh, hd), P))? {
+            if let Some(out) = self.prof("attn_gate", || self.attn_gate_y(&o, y, (nh, hd)))? {
                 return Ok(out);
             }
         }
@@ -450,17 +355,18 @@ impl EncoderOps for Cuda {
         self.causal_attention_gated(q, k, v, &qg, scale)
     }
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("silu_mul", || self.silu_mul_with(gate, up, P))
+        self.prof("silu_mul", || self.silu_mul_op(gate, up))
     }
     fn causal_conv1d_silu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("causal_conv1d_silu", || self.causal_conv1d_silu_with(x, w, P))
+        ensure!(x.shape.len() == 2, "causal_conv1d_silu: x must be [L, C], got {:?}", x.shape);
+        self.prof("causal_conv1d_silu", || self.conv_cols(x, 0, x.shape[1], w))
     }
     fn causal_conv1d_silu_cols(&self, x: Cols<'_, CudaTensor>, w: &CudaTensor) -> Result<CudaTensor> {
         self.prof("causal_conv1d_silu", || {
-            if let Some((out, _)) = self.convg_cols_with(x.of, (x.start, x.len), w, None, P)? {
+            if let Some((out, _)) = self.convg_cols(x.of, (x.start, x.len), w, None)? {
                 return Ok(out);
             }
-            self.conv_cols_with(x.of, x.start, x.len, w, P)
+            self.conv_cols(x.of, x.start, x.len, w)
         })
     }
     fn conv_gates_cols(
@@ -473,7 +379,7 @@ impl EncoderOps for Cuda {
     ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
         if same_cols(x, a) && same_cols(a, b) && a.len == b.len {
             let gates = ((a.start, b.start, a.len), a_log, dt_bias);
-            let r = self.prof("causal_conv1d_silu", || self.convg_cols_with(x.of, (x.start, x.len), w, Some(gates), P))?;
+            let r = self.prof("causal_conv1d_silu", || self.convg_cols(x.of, (x.start, x.len), w, Some(gates)))?;
             if let Some((conv, Some((g, beta)))) = r {
                 return Ok((conv, g, beta));
             }
@@ -483,13 +389,13 @@ impl EncoderOps for Cuda {
         Ok((conv, g, beta))
     }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
-        self.prof("linear", || self.linear_cat_with(x, ws))
+        self.prof("linear", || self.linear_cat_op(x, ws))
     }
     fn gdn_gates_cols(&self, a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         if !same_cols(a, b) || a.len != b.len {
             return self.gdn_gates(&self.cols(a)?, &self.cols(b)?, a_log, dt_bias);
         }
-        self.prof("gdn_gates", || self.gdn_gates_cols_with(a.of, (a.start, b.start, a.len), a_log, dt_bias, P))
+        self.prof("gdn_gates", || self.gdn_gates_cols_in(a.of, (a.start, b.start, a.len), a_log, dt_bias))
     }
     fn gated_rms_norm_cols(&self, x: &CudaTensor, z: Cols<'_, CudaTensor>, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         let (y, z0) = (z.of, z.start);
@@ -497,11 +403,11 @@ impl EncoderOps for Cuda {
         self.prof("gated_rms_norm", || {
             // gated_rms_norm_row16, then gated_rms_norm_wide for heads wider than 128
             for k in GRMS {
-                if let Some(out) = self.grms_cols_with(x, y, z0, w, eps, k, P)? {
+                if let Some(out) = self.grms_cols(x, y, z0, w, eps, k)? {
                     return Ok(out);
                 }
             }
-            self.gated_rms_norm_cols_with(x, y, z0, w, eps, P)
+            self.gated_rms_norm_cols_in(x, y, z0, w, eps)
         })
     }
     fn silu_mul_cols(&self, gate: Cols<'_, CudaTensor>, up: Cols<'_, CudaTensor>) -> Result<CudaTensor> {
@@ -512,31 +418,31 @@ impl EncoderOps for Cuda {
         }
         self.prof("silu_mul", || {
             if y.rows() >= SILU_V_MIN_ROWS {
-                if let Some(out) = self.silu_mul8v_with(y, f, P)? {
+                if let Some(out) = self.silu_mul8v(y, f)? {
                     return Ok(out);
                 }
             }
-            self.silu_mul_cols_with(y, f, P)
+            self.silu_mul_cols_in(y, f)
         })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.linear_add_rms_norm_with(a, w, res, w_norm, eps, P)
+        self.linear_add_rms_norm_op(a, w, res, w_norm, eps)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
-        self.prof("gdn_gates", || self.gdn_gates_with(a, b, a_log, dt_bias, P))
+        self.prof("gdn_gates", || self.gdn_gates_op(a, b, a_log, dt_bias))
     }
     fn gated_delta_rule(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_with(q, k, v, g, beta, GdrPrefix::all(P), GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_on(q, k, v, g, beta, GdrPath::Auto))
     }
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_qkv(&self, qkv: &CudaTensor, heads: (usize, usize, usize, usize), g: &CudaTensor, beta: &CudaTensor) -> Result<CudaTensor> {
-        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_with(qkv, heads, g, beta, GdrPrefix::all(P), GdrPath::Auto))
+        self.prof("gated_delta_rule", || self.gated_delta_rule_qkv_on(qkv, heads, g, beta, GdrPath::Auto))
     }
     fn gated_rms_norm(&self, x: &CudaTensor, z: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
-        self.prof("gated_rms_norm", || self.gated_rms_norm_with(x, z, w, eps, P))
+        self.prof("gated_rms_norm", || self.gated_rms_norm_op(x, z, w, eps))
     }
     fn add_rms_norm(&self, x: &CudaTensor, h: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.prof("add_rms_norm", || self.add_rms_norm_with(x, h, w, eps, P))
+        self.prof("add_rms_norm", || self.add_rms_norm_op(x, h, w, eps))
     }
 }
 

@@ -16,7 +16,8 @@
 //! [`EncoderOps::linear_cat`]: moss_core::backend::ops::EncoderOps::linear_cat
 //! [`EncoderOps::linear_add_rms_norm`]: moss_core::backend::ops::EncoderOps::linear_add_rms_norm
 
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
 
@@ -29,7 +30,7 @@ impl Cuda {
                 out.push(ws[g[0]].clone());
             } else {
                 let parts: Vec<&CudaTensor> = g.iter().map(|&i| &ws[i]).collect();
-                out.push(self.cat_with(&parts, 0, "moss")?);
+                out.push(self.cat_copies(&parts, 0)?);
             }
         }
         Ok(out)
@@ -37,7 +38,7 @@ impl Cuda {
 
     /// [`EncoderOps::linear_cat`](moss_core::backend::ops::EncoderOps::linear_cat): one GEMM per weight
     /// buffer, each writing its column block of the `[L, ΣN]` output (row stride ΣN).
-    pub(crate) fn linear_cat_with(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
+    pub(crate) fn linear_cat_op(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
         ensure!(!ws.is_empty(), "linear_cat: no weights");
         let (dt, k) = (ws[0].dtype, ws[0].shape.get(1).copied().unwrap_or(0));
         for w in ws {
@@ -66,57 +67,44 @@ impl Cuda {
     /// `conv8` (8 channels a thread, taps transposed) where the columns are 8-aligned, else the
     /// scalar kernel on a narrowed copy. (A variant with 8 tokens a thread and its 11 input rows
     /// loaded once, `convt`, measured slower on the H200.)
-    pub(crate) fn conv_cols_with(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    pub(crate) fn conv_cols(&self, x: &CudaTensor, start: usize, c: usize, w: &CudaTensor) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 2 && start + c <= x.shape[1], "causal_conv1d_silu: columns {start}+{c} of {:?}", x.shape);
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
         let (l, ldx, kk) = (x.shape[0], x.shape[1], w.shape[2]);
         let es = x.dtype.size();
         let vec = c % 8 == 0 && ldx % 8 == 0 && start % 8 == 0 && x.ptr() % 16 == 0;
         if !vec {
-            let xs = if start == 0 && c == ldx { x.clone() } else { self.narrow_with(x, 1, start, c, "moss")? };
-            return self.conv_scalar_with(&xs, w, prefix);
+            let xs = if start == 0 && c == ldx { x.clone() } else { self.narrow_copy(x, 1, start, c)? };
+            return self.conv_scalar(&xs, w);
         }
         let out = self.alloc(x.dtype, &[l, c])?;
         if l == 0 {
             return Ok(out);
         }
         // taps transposed, [K, C] f32
-        let wt = self.permute_with(&Backend::reshape(self, &self.cast(w, DType::F32)?, &[c, kk])?, &[1, 0], "moss")?;
-        let xp = x.ptr() + (start * es) as u64;
-        self.launch(
-            &format!("{prefix}_conv8_{}", x.dtype.name()),
-            self.grid_for(l * c / 8),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(xp), Arg::P(wt.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32), Arg::L(ldx as i64)],
-        )?;
+        let wt = self.permute_copy(&Backend::reshape(self, &self.cast(w, DType::F32)?, &[c, kk])?, &[1, 0])?;
+        let xp = Dev::new(x.ptr() + (start * es) as u64, x.dtype);
+        kernels::ENC_CONV8.launch(self, (self.grid_for(l * c / 8), 256, 0), &out, xp, &wt, l as i64, c as i32, kk as i32, ldx as i64)?;
         Ok(out)
     }
 
     /// The scalar conv kernel (any width, contiguous `x [L, C]`, taps `[C, 1, K]`).
-    fn conv_scalar_with(&self, x: &CudaTensor, w: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    fn conv_scalar(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         let (l, c, kk) = (x.shape[0], x.shape[1], w.shape[2]);
         let w = self.cast(w, DType::F32)?;
         let out = self.alloc(x.dtype, &x.shape)?;
-        self.launch(
-            &format!("{prefix}_conv_{}", x.dtype.name()),
-            self.grid_for(l * c),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::P(w.ptr()), Arg::L(l as i64), Arg::I(c as i32), Arg::I(kk as i32)],
-        )?;
+        kernels::ENC_CONV.launch(self, (self.grid_for(l * c), 256, 0), &out, x, &w, l as i64, c as i32, kk as i32)?;
         Ok(out)
     }
 
     /// The DeltaNet gates of `a` = columns `a0..a0+hv`, `b` = columns `b0..b0+hv` of `y [L, N]`,
     /// read in place. → `(g, beta)` f32 `[L, hv]`.
-    pub(crate) fn gdn_gates_cols_with(
+    pub(crate) fn gdn_gates_cols_in(
         &self,
         y: &CudaTensor,
         (a0, b0, hv): (usize, usize, usize),
         a_log: &CudaTensor,
         dt_bias: &CudaTensor,
-        prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(y.shape.len() == 2 && a0 + hv <= y.shape[1] && b0 + hv <= y.shape[1], "gdn_gates: columns {a0}, {b0} (+{hv}) of {:?}", y.shape);
         ensure!(a_log.numel() == hv && dt_bias.numel() == hv, "gdn_gates: A_log {:?} / dt_bias {:?} for {hv} heads", a_log.shape, dt_bias.shape);
@@ -126,29 +114,14 @@ impl Cuda {
         let beta = self.alloc(DType::F32, &[l, hv])?;
         let es = y.dtype.size() as u64;
         let n = l * hv;
-        self.launch(
-            &format!("{prefix}_gates_s_{}", y.dtype.name()),
-            self.grid_for(n),
-            256,
-            0,
-            &[
-                Arg::P(g.ptr()),
-                Arg::P(beta.ptr()),
-                Arg::P(y.ptr() + a0 as u64 * es),
-                Arg::P(y.ptr() + b0 as u64 * es),
-                Arg::P(al.ptr()),
-                Arg::P(dt.ptr()),
-                Arg::L(n as i64),
-                Arg::I(hv as i32),
-                Arg::L(ld as i64),
-            ],
-        )?;
+        let (a, b) = (Dev::new(y.ptr() + a0 as u64 * es, y.dtype), Dev::new(y.ptr() + b0 as u64 * es, y.dtype));
+        kernels::ENC_GATES_S.launch(self, (self.grid_for(n), 256, 0), &g, &beta, a, b, &al, &dt, n as i64, hv as i32, ld as i64)?;
         Ok((g, beta))
     }
 
     /// The gated RMSNorm of `x [L, Hv, dv]` with z = columns `z0..z0 + Hv·dv` of `y [L, N]`, read
     /// in place (8-aligned widths; else z is narrowed out for the contiguous kernel).
-    pub(crate) fn gated_rms_norm_cols_with(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64, prefix: &str) -> Result<CudaTensor> {
+    pub(crate) fn gated_rms_norm_cols_in(&self, x: &CudaTensor, y: &CudaTensor, z0: usize, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 3, "gated_rms_norm: x {:?} is not [L, Hv, dv]", x.shape);
         let (l, hv, d) = (x.shape[0], x.shape[1], x.shape[2]);
         ensure!(y.shape.len() == 2 && y.shape[0] == l && z0 + hv * d <= y.shape[1], "gated_rms_norm: z columns {z0}+{} of {:?}", hv * d, y.shape);
@@ -156,50 +129,32 @@ impl Cuda {
         let ld = y.shape[1];
         let y = self.cast(y, x.dtype)?;
         if d % 8 != 0 || ld % 8 != 0 || z0 % 8 != 0 {
-            let z = Backend::reshape(self, &self.narrow_with(&y, 1, z0, hv * d, "moss")?, &x.shape)?;
-            return self.gated_rms_norm_with(x, &z, w, eps, prefix);
+            let z = Backend::reshape(self, &self.narrow_copy(&y, 1, z0, hv * d)?, &x.shape)?;
+            return self.gated_rms_norm_op(x, &z, w, eps);
         }
         let w = self.cast(w, DType::F32)?;
         let out = self.alloc(x.dtype, &x.shape)?;
         let rows = l * hv;
-        self.launch(
-            &format!("{prefix}_grms8s_{}", x.dtype.name()),
-            rows.div_ceil(16) as u32,
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(y.ptr() + (z0 * y.dtype.size()) as u64),
-                Arg::P(w.ptr()),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-                Arg::I(hv as i32),
-                Arg::L(ld as i64),
-            ],
-        )?;
+        let z = Dev::new(y.ptr() + (z0 * y.dtype.size()) as u64, y.dtype);
+        let cfg = (rows.div_ceil(16) as u32, 256, 0);
+        kernels::ENC_GRMS8S.launch(self, cfg, &out, x, z, &w, rows as i64, d as i32, eps as f32, hv as i32, ld as i64)?;
         Ok(out)
     }
 
     /// `silu(gate)·up` with gate = columns `0..f`, up = columns `f..2f` of `y [L, 2f]`, read in
     /// place (8-aligned f; else narrowed copies and the contiguous kernel). → `[L, f]`.
-    pub(crate) fn silu_mul_cols_with(&self, y: &CudaTensor, f: usize, prefix: &str) -> Result<CudaTensor> {
+    pub(crate) fn silu_mul_cols_in(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
         ensure!(y.shape.len() >= 2 && y.last_dim() == 2 * f, "silu_mul: {:?} is not [.., 2·{f}]", y.shape);
         if f % 8 != 0 {
-            return self.silu_mul_with(&self.narrow_with(y, y.shape.len() - 1, 0, f, "moss")?, &self.narrow_with(y, y.shape.len() - 1, f, f, "moss")?, prefix);
+            let last = y.shape.len() - 1;
+            return self.silu_mul_op(&self.narrow_copy(y, last, 0, f)?, &self.narrow_copy(y, last, f, f)?);
         }
         let rows = y.rows();
         let mut shape = y.shape.clone();
         *shape.last_mut().unwrap() = f;
         let out = self.alloc(y.dtype, &shape)?;
-        self.launch(
-            &format!("{prefix}_silu_mul8r_{}", y.dtype.name()),
-            self.grid_for(rows * f / 8),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(y.ptr()), Arg::P(y.ptr() + (f * y.dtype.size()) as u64), Arg::L(rows as i64), Arg::I(f as i32), Arg::L((2 * f) as i64)],
-        )?;
+        let up = Dev::new(y.ptr() + (f * y.dtype.size()) as u64, y.dtype);
+        kernels::ENC_SILU_MUL8R.launch(self, (self.grid_for(rows * f / 8), 256, 0), &out, y, up, rows as i64, f as i32, (2 * f) as i64)?;
         Ok(out)
     }
 
@@ -207,14 +162,13 @@ impl Cuda {
     /// zero-centred RMSNorm alone (`rms1`). Widths that are not a multiple of 8 or above 8192 take
     /// the plain GEMM and the add_rms_norm path.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn linear_add_rms_norm_with(
+    pub(crate) fn linear_add_rms_norm_op(
         &self,
         a: &CudaTensor,
         w: &CudaTensor,
         res: &CudaTensor,
         w_norm: &CudaTensor,
         eps: f64,
-        prefix: &str,
     ) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "linear_add_rms_norm: weight {:?}", w.shape);
         let (n, k) = (w.shape[0], w.shape[1]);
@@ -229,7 +183,7 @@ impl Cuda {
         let dt = w.dtype;
         if n % 8 != 0 || n > crate::launch::ENC_RMS1_MAX_WIDTH || n == 0 {
             let h = self.prof("linear", || self.linear_dense(a, w, None))?;
-            return self.prof("add_rms_norm", || self.add_rms_norm_with(res, &h, w_norm, eps, prefix));
+            return self.prof("add_rms_norm", || self.add_rms_norm_op(res, &h, w_norm, eps));
         }
         let (a, res) = (self.cast(a, dt)?, self.cast(res, dt)?);
         let rows = a.rows();
@@ -240,19 +194,19 @@ impl Cuda {
             }
             Ok(())
         })?;
-        let nrm = self.prof("add_rms_norm", || self.rms1w_with(&xo, w_norm, eps, prefix))?;
+        let nrm = self.prof("add_rms_norm", || self.rms1w(&xo, w_norm, eps))?;
         Ok((xo, nrm))
     }
 
     /// The gated attention's output gate in one kernel: `o [L, H·hd] · sigmoid(gate)`, the gate
     /// read in place out of `qg [L, H, 2·hd]` (its second half of each head). `None` where the
     /// widths are not multiples of 8 (the caller runs the unfused ops).
-    pub(crate) fn attn_gate_with(&self, o: &CudaTensor, qg: &CudaTensor, prefix: &str) -> Result<Option<CudaTensor>> {
+    pub(crate) fn attn_gate(&self, o: &CudaTensor, qg: &CudaTensor) -> Result<Option<CudaTensor>> {
         ensure!(qg.shape.len() == 3, "attn_gate: qg {:?} is not [L, H, 2·hd]", qg.shape);
         let (l, nh, hd) = (qg.shape[0], qg.shape[1], qg.shape[2] / 2);
         ensure!(o.numel() == l * nh * hd && qg.shape[2] == 2 * hd, "attn_gate: o {:?} for qg {:?}", o.shape, qg.shape);
         // q_proj's [L, H, 2·hd] is the joined projection's layout without its k and v columns:
         // `gmulh` with the row stride 2·H·hd
-        self.attn_gate_y_with(o, &Backend::reshape(self, qg, &[l, 2 * nh * hd])?, (nh, hd), prefix)
+        self.attn_gate_y(o, &Backend::reshape(self, qg, &[l, 2 * nh * hd])?, (nh, hd))
     }
 }

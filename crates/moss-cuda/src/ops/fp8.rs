@@ -1,11 +1,10 @@
 //! The fp8 linears on the GPU (`Backend::quantize_rows`, `Backend::linear_fp8`): the row-wise
 //! quantization kernel (`cuda/common/fp8.cu`: the arithmetic of [`moss_core::fp8`] bit for bit) and
-//! the cuBLASLt FP8 product on the path `select.rs` picks for the device. `kernel` arguments name
-//! the production kernels (`moss_quantize_fp8`, `moss_fp8_scale_rows`) or, from `moss check`,
-//! their planted twins in the check image.
+//! the cuBLASLt FP8 product on the path `select.rs` picks for the device.
 
-use super::{kernel_ptr, Arg, Cuda, CudaTensor, DType, Download};
+use super::{Cuda, CudaTensor, DType, Download};
 use crate::blas::Gemm;
+use crate::kernels;
 use crate::select::{self, Fp8Gemm};
 use anyhow::{anyhow, ensure, Result};
 use moss_core::fp8::{E4M3_MAX, MIN_AMAX};
@@ -63,21 +62,16 @@ impl Cuda {
         matches!(run(), Ok(true))
     }
 
-    /// Each row of `x` (bf16 or f32, `[.., K]`) quantized to e4m3 with `kernel`: `(q [.., K]
-    /// e4m3, scale [rows] f32)`, `scale[r] = max(amax(x[r]), MIN_AMAX) / 448`, `q = e4m3(x / scale)`.
-    pub(crate) fn quantize_fp8_with(&self, x: &CudaTensor, kernel: &str) -> Result<(CudaTensor, CudaTensor)> {
+    /// Each row of `x` (bf16 or f32, `[.., K]`) quantized to e4m3: `(q [.., K] e4m3, scale [rows]
+    /// f32)`, `scale[r] = max(amax(x[r]), MIN_AMAX) / 448`, `q = e4m3(x / scale)`.
+    pub(crate) fn quantize_fp8(&self, x: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(matches!(x.dtype, DType::BF16 | DType::F32), "fp8 quantize: {} input", x.dtype.name());
         let (rows, k) = (x.rows(), x.last_dim());
         let q = self.alloc(DType::F8E4M3, &x.shape)?;
         let scale = self.alloc(DType::F32, &[rows])?;
         if rows > 0 && k > 0 {
-            self.launch(
-                &format!("{kernel}_{}", x.dtype.name()),
-                rows.min(1 << 16) as u32,
-                QUANTIZE_THREADS,
-                0,
-                &[kernel_ptr(&q), kernel_ptr(&scale), kernel_ptr(x), Arg::L(rows as i64), Arg::L(k as i64), Arg::F(E4M3_MAX), Arg::F(MIN_AMAX)],
-            )?;
+            let cfg = (rows.min(1 << 16) as u32, QUANTIZE_THREADS, 0);
+            kernels::QUANTIZE_FP8.launch(self, cfg, &q, &scale, x, rows as i64, k as i64, E4M3_MAX, MIN_AMAX)?;
         }
         Ok((q, scale))
     }
@@ -89,8 +83,8 @@ impl Cuda {
         let (rows, k, n) = (x.rows(), x.last_dim(), q.shape.first().copied().unwrap_or(0));
         let path = self.fp8_gemm()?;
         let scale = &self.cast(scale, DType::F32)?;
-        let (xq, xs) = self.timed_op(|| format!("quantize_fp8 {rows}x{k}"), || self.quantize_fp8_with(x, "moss_quantize_fp8"))?;
-        self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.gemm_fp8_with(&xq, &xs, q, scale, x.dtype, path, "moss_fp8_scale_rows"))
+        let (xq, xs) = self.timed_op(|| format!("quantize_fp8 {rows}x{k}"), || self.quantize_fp8(x))?;
+        self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.fp8_product(&xq, &xs, q, scale, x.dtype, path))
     }
 
     /// [`moss_core::backend::Backend::linear_fp8_quantized`]: the product of [`Cuda::linear_fp8_timed`]
@@ -100,23 +94,13 @@ impl Cuda {
         let path = self.fp8_gemm()?;
         let scale = &self.cast(scale, DType::F32)?;
         let out = self.act_dtype();
-        self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.gemm_fp8_with(xq, xs, q, scale, out, path, "moss_fp8_scale_rows"))
+        self.timed_op(|| format!("linear_fp8 {rows}x{k}x{n}"), || self.fp8_product(xq, xs, q, scale, out, path))
     }
 
     /// `y [.., N] = xs[r] · ws[n] · Σ_k xq[r, k] · wq[n, k]` in `out` (bf16 or f32): the quantized
     /// rows `xq [.., K]`, `xs [rows]` times the quantized weight `wq [N, K]`, `ws [N]`, on `path`
-    /// (fp32 output always takes the unit-scale product and `scale_kernel`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm_fp8_with(
-        &self,
-        xq: &CudaTensor,
-        xs: &CudaTensor,
-        wq: &CudaTensor,
-        ws: &CudaTensor,
-        out: DType,
-        path: Fp8Gemm,
-        scale_kernel: &str,
-    ) -> Result<CudaTensor> {
+    /// (fp32 output always takes the unit-scale product and the scaling kernel).
+    pub(crate) fn fp8_product(&self, xq: &CudaTensor, xs: &CudaTensor, wq: &CudaTensor, ws: &CudaTensor, out: DType, path: Fp8Gemm) -> Result<CudaTensor> {
         ensure!(wq.shape.len() == 2 && wq.dtype == DType::F8E4M3, "linear_fp8: weight must be 2-D e4m3, got {} {:?}", wq.dtype.name(), wq.shape);
         let (n, k, rows) = (wq.shape[0], wq.shape[1], xq.rows());
         ensure!(xq.dtype == DType::F8E4M3 && xq.last_dim() == k, "linear_fp8: input {} {:?} does not match weight {:?}", xq.dtype.name(), xq.shape, wq.shape);
@@ -142,21 +126,15 @@ impl Cuda {
             return Ok(if out == DType::F32 { acc } else { self.alloc(out, &shape)? });
         }
         self.blas().gemm_fp8(stream, plain(DType::F32), wq.ptr(), xq.ptr(), acc.ptr(), None)?;
-        self.scale_fp8_product(&acc, xs, ws, out, scale_kernel)
+        self.scale_fp8_product(&acc, xs, ws, out)
     }
 
     /// `out [rows, N] = acc [rows, N] · (xs[r] · ws[n])`, rounded once into `out`'s dtype.
-    fn scale_fp8_product(&self, acc: &CudaTensor, xs: &CudaTensor, ws: &CudaTensor, out: DType, kernel: &str) -> Result<CudaTensor> {
+    fn scale_fp8_product(&self, acc: &CudaTensor, xs: &CudaTensor, ws: &CudaTensor, out: DType) -> Result<CudaTensor> {
         let (rows, n) = (acc.rows(), acc.last_dim());
         let y = self.alloc(out, &acc.shape)?;
         let work = if n % 8 == 0 { rows * n / 8 } else { rows * n };
-        self.launch(
-            &format!("{kernel}_{}", out.name()),
-            self.grid_for(work),
-            256,
-            0,
-            &[kernel_ptr(&y), kernel_ptr(acc), kernel_ptr(xs), kernel_ptr(ws), Arg::L(rows as i64), Arg::L(n as i64)],
-        )?;
+        kernels::FP8_SCALE_ROWS.launch(self, (self.grid_for(work), 256, 0), &y, acc, xs, ws, rows as i64, n as i64)?;
         Ok(y)
     }
 }

@@ -111,7 +111,7 @@ fn next_region(head: usize, len: usize) -> (usize, usize) {
 impl Cuda {
     /// The upload ring (allocated on first use; let go by `release_cached`).
     pub(crate) fn ring(&self) -> Result<std::sync::MutexGuard<'_, Option<Ring>>> {
-        let mut g = self.inner.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.transfers.ring.lock().unwrap_or_else(|e| e.into_inner());
         if g.is_none() {
             self.inner.gpu.ctx.bind_to_thread().map_err(de("bind context"))?;
             *g = Some(Ring::new(&self.inner.gpu.ctx)?);

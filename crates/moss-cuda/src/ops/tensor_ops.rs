@@ -1,9 +1,12 @@
 //! The generic tensor ops on `cuda/common/tensor_ops.cu` (casts, elementwise, RMSNorm, strided
-//! copies for narrow / cat / permute) and cuBLASLt `linear`. `prefix` names the kernel family:
-//! `moss` in production; `moss check` passes its check-image twins' (`moss_ctl`).
+//! copies for narrow / cat / permute) and cuBLASLt `linear`.
 
-use super::{kernel_ptr, Arg, Cuda, CudaTensor, DType, PermArgs};
+use super::{Cuda, CudaTensor, DType, PermArgs};
+use crate::kernels::{self, Dev, Elem, Family};
 use anyhow::{bail, ensure, Result};
+
+/// The broadcast elementwise kernels' parameter list (`moss_add_*`, `moss_mul_*`).
+pub(crate) type Binary = Family<fn(Dev, Dev, Dev, i64, i64, i32)>;
 
 impl Cuda {
     /// `x` in `dtype` (shares the buffer when it already is).
@@ -11,14 +14,9 @@ impl Cuda {
         if x.dtype == dtype {
             return Ok(x.clone());
         }
-        self.cast_with(x, dtype, "moss")
-    }
-
-    pub(crate) fn cast_with(&self, x: &CudaTensor, dtype: DType, prefix: &str) -> Result<CudaTensor> {
         let out = self.alloc(dtype, &x.shape)?;
         let n = x.numel();
-        let name = format!("{prefix}_cast_{}_{}", x.dtype.name(), dtype.name());
-        self.launch(&name, self.grid_for(n / 8 + 1), 256, 0, &[kernel_ptr(&out), kernel_ptr(x), Arg::L(n as i64)])?;
+        kernels::CAST.launch(self, (self.grid_for(n / 8 + 1), 256, 0), &out, x, n as i64)?;
         Ok(out)
     }
 
@@ -50,33 +48,27 @@ impl Cuda {
         Ok(out)
     }
 
-    pub(crate) fn binary_with(&self, op: &str, a: &CudaTensor, b: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// `a (op) b` with `b` broadcast over `a`'s leading dims: [`kernels::ADD`] or [`kernels::MUL`].
+    pub(crate) fn binary(&self, kernel: &Binary, op: &str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         ensure!(a.shape.ends_with(&b.shape) && b.numel() > 0, "{op}: cannot broadcast {:?} onto {:?}", b.shape, a.shape);
         let out = self.alloc(a.dtype, &a.shape)?;
         let (n, nb) = (a.numel(), b.numel());
         let vec = n % 8 == 0 && nb % 8 == 0;
-        let name = format!("{prefix}_{op}_{}_{}", a.dtype.name(), b.dtype.name());
         let work = if vec { n / 8 } else { n };
-        self.launch(
-            &name,
-            self.grid_for(work),
-            256,
-            0,
-            &[kernel_ptr(&out), kernel_ptr(a), kernel_ptr(b), Arg::L(n as i64), Arg::L(nb as i64), Arg::I(vec as i32)],
-        )?;
+        kernel.launch(self, (self.grid_for(work), 256, 0), &out, a, b, n as i64, nb as i64, vec as i32)?;
         Ok(out)
     }
 
-    pub(crate) fn unary_with(&self, op: &str, x: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// An elementwise function: [`kernels::SILU`] or [`kernels::SIGMOID`].
+    pub(crate) fn unary(&self, kernel: &Family<fn(Dev, Dev, i64)>, x: &CudaTensor) -> Result<CudaTensor> {
         let out = self.alloc(x.dtype, &x.shape)?;
         let n = x.numel();
-        let name = format!("{prefix}_{op}_{}", x.dtype.name());
-        self.launch(&name, self.grid_for(n / 8 + 1), 256, 0, &[kernel_ptr(&out), kernel_ptr(x), Arg::L(n as i64)])?;
+        kernel.launch(self, (self.grid_for(n / 8 + 1), 256, 0), &out, x, n as i64)?;
         Ok(out)
     }
 
-    /// `kernel` is `moss_rms_norm` or one of its planted variants.
-    pub(crate) fn rms_norm_with(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool, kernel: &str) -> Result<CudaTensor> {
+    /// [`moss_core::backend::Backend::rms_norm`] (a warp a row, 8 rows a block).
+    pub(crate) fn rms_norm_rows(&self, x: &CudaTensor, w: Option<&CudaTensor>, eps: f64, one_plus: bool) -> Result<CudaTensor> {
         let d = x.last_dim();
         if let Some(w) = w {
             ensure!(w.numel() == d, "rms_norm: weight {:?} for width {d}", w.shape);
@@ -84,24 +76,11 @@ impl Cuda {
         ensure!(d > 0 && d < i32::MAX as usize, "rms_norm: width {d}");
         let out = self.alloc(x.dtype, &x.shape)?;
         let rows = x.rows();
-        let wt = w.map_or(x.dtype, |w| w.dtype);
-        let name = format!("{kernel}_{}_{}", x.dtype.name(), wt.name());
+        // without a weight: the variant of x's dtype, a null pointer
+        let w = w.map_or(Dev::null(x.dtype), Dev::from);
         let warps = 8;
-        self.launch(
-            &name,
-            rows.div_ceil(warps) as u32,
-            (warps * 32) as u32,
-            0,
-            &[
-                kernel_ptr(&out),
-                kernel_ptr(x),
-                Arg::P(w.map_or(0, |w| w.ptr())),
-                Arg::L(rows as i64),
-                Arg::I(d as i32),
-                Arg::F(eps as f32),
-                Arg::I(one_plus as i32),
-            ],
-        )?;
+        let cfg = (rows.div_ceil(warps) as u32, (warps * 32) as u32, 0);
+        kernels::RMS_NORM.launch(self, cfg, &out, x, w, rows as i64, d as i32, eps as f32, one_plus as i32)?;
         Ok(out)
     }
 
@@ -117,7 +96,6 @@ impl Cuda {
         src_off: usize,
         dst_stride: usize,
         dst_off: usize,
-        prefix: &str,
     ) -> Result<()> {
         if rows == 0 || width == 0 {
             return Ok(());
@@ -126,17 +104,13 @@ impl Cuda {
         let all = [width, src_stride, src_off, dst_stride, dst_off].map(|v| v * es);
         let unit = [16usize, 8, 4, 2].into_iter().find(|u| all.iter().all(|v| v % u == 0)).unwrap_or(2);
         let [w, ss, so, ds, dof] = all.map(|v| (v / unit) as i64);
-        let name = format!("{prefix}_copy2d_u{unit}");
-        self.launch(
-            &name,
-            self.grid_for(rows * w as usize),
-            256,
-            0,
-            &[kernel_ptr(dst), kernel_ptr(src), Arg::L(rows as i64), Arg::L(w), Arg::L(ss), Arg::L(so), Arg::L(ds), Arg::L(dof)],
-        )
+        let e = Elem::unit(unit)?;
+        let cfg = (self.grid_for(rows * w as usize), 256, 0);
+        kernels::COPY2D.launch(self, cfg, Dev::new(dst.ptr(), e), Dev::new(src.ptr(), e), rows as i64, w, ss, so, ds, dof)
     }
 
-    pub(crate) fn cat_with(&self, xs: &[&CudaTensor], dim: usize, prefix: &str) -> Result<CudaTensor> {
+    /// [`moss_core::backend::Backend::cat`]: a strided copy per input.
+    pub(crate) fn cat_copies(&self, xs: &[&CudaTensor], dim: usize) -> Result<CudaTensor> {
         let Some(first) = xs.first() else { bail!("cat of nothing") };
         let mut shape = first.shape.clone();
         ensure!(dim < shape.len(), "cat: dim {dim} of {:?}", shape);
@@ -157,13 +131,14 @@ impl Cuda {
         let mut off = 0;
         for x in xs {
             let w = x.shape[dim] * inner;
-            self.copy2d(&out, x, outer, w, w, 0, total, off, prefix)?;
+            self.copy2d(&out, x, outer, w, w, 0, total, off)?;
             off += w;
         }
         Ok(out)
     }
 
-    pub(crate) fn permute_with(&self, x: &CudaTensor, perm: &[usize], prefix: &str) -> Result<CudaTensor> {
+    /// [`moss_core::backend::Backend::permute`].
+    pub(crate) fn permute_copy(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor> {
         let nd = x.shape.len();
         ensure!(perm.len() == nd && (0..nd).all(|i| perm.contains(&i)), "permute {perm:?} of {:?}", x.shape);
         ensure!(nd <= 6, "permute: at most 6 dims, got {nd}");
@@ -193,12 +168,13 @@ impl Cuda {
             p.src_strides[k] = strides[perm[k]];
         }
         let n: usize = dims.iter().product();
-        let name = format!("{prefix}_permute_u{unit}");
-        self.launch(&name, self.grid_for(n), 256, 0, &[kernel_ptr(&out), kernel_ptr(x), Arg::Perm(p), Arg::L(n as i64)])?;
+        let e = Elem::unit(unit)?;
+        kernels::PERMUTE.launch(self, (self.grid_for(n), 256, 0), Dev::new(out.ptr(), e), Dev::new(x.ptr(), e), p, n as i64)?;
         Ok(out)
     }
 
-    pub(crate) fn narrow_with(&self, x: &CudaTensor, dim: usize, start: usize, len: usize, prefix: &str) -> Result<CudaTensor> {
+    /// [`moss_core::backend::Backend::narrow`]: a strided copy.
+    pub(crate) fn narrow_copy(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
         ensure!(dim < x.shape.len() && start + len <= x.shape[dim], "narrow {dim}:{start}+{len} of {:?}", x.shape);
         let outer: usize = x.shape[..dim].iter().product();
         let inner: usize = x.shape[dim + 1..].iter().product();
@@ -206,7 +182,7 @@ impl Cuda {
         shape[dim] = len;
         let out = self.alloc(x.dtype, &shape)?;
         let w = len * inner;
-        self.copy2d(&out, x, outer, w, x.shape[dim] * inner, start * inner, w, 0, prefix)?;
+        self.copy2d(&out, x, outer, w, x.shape[dim] * inner, start * inner, w, 0)?;
         Ok(out)
     }
 }

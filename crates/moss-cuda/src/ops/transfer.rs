@@ -7,6 +7,15 @@ use cudarc::driver::{result as dr, CudaEvent, PinnedHostSlice};
 use moss_core::tensor::Tensor;
 
 /// Host staging for `load`: two pinned chunks, filled and copied alternately.
+/// The host <-> device machinery of one device, each part made on first use: the staging
+/// buffers of uploads and downloads, the weight mover, the LoRA merge's upload ring.
+#[derive(Default)]
+pub(super) struct Transfers {
+    pub(super) staging: std::sync::Mutex<Option<Staging>>,
+    pub(super) mover: std::sync::Mutex<Option<super::mover::Mover>>,
+    pub(super) ring: std::sync::Mutex<Option<super::ring::Ring>>,
+}
+
 pub(super) struct Staging {
     bufs: [PinnedHostSlice<u8>; 2],
     ptrs: [*mut u8; 2],
@@ -184,7 +193,7 @@ impl Cuda {
 
     /// The staging buffers, allocated on first use.
     fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
-        let mut guard = self.inner.staging.lock().unwrap();
+        let mut guard = self.inner.transfers.staging.lock().unwrap();
         if guard.is_none() {
             let ctx = &self.inner.gpu.ctx;
             // SAFETY: pinned host memory, written before it is read.

@@ -17,7 +17,8 @@
 //! synchronisation (a stage's end).
 
 use super::mover::{Moved, Mover, Piece};
-use super::{de, kernel_ptr, loaded_dtype, Arg, Buf, Cuda, CudaTensor, DType, Mem};
+use super::{de, loaded_dtype, Buf, Cuda, CudaTensor, DType, Mem};
+use crate::kernels;
 use crate::lora::PendingMerge;
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{result as dr, CudaContext, CudaEvent};
@@ -26,6 +27,14 @@ use moss_core::backend::Behind;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::tensor::Tensor;
 use std::sync::{Arc, Mutex};
+
+/// The streamed blocks' reusable device memory, by slot, and for each slot the event after the
+/// compute that last reads its tensors ([`Cuda::slot_read_until_now`]).
+#[derive(Default)]
+pub(super) struct Slots {
+    mem: Mutex<Vec<Option<Arc<DeviceMem>>>>,
+    free: Mutex<std::collections::HashMap<usize, CudaEvent>>,
+}
 
 /// Alignment of a tensor inside a slot.
 const SLOT_ALIGN: usize = 256;
@@ -106,7 +115,7 @@ impl Drop for Reading {
 
 impl Cuda {
     fn mover(&self) -> Result<std::sync::MutexGuard<'_, Option<Mover>>> {
-        let mut g = self.inner.mover.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.transfers.mover.lock().unwrap_or_else(|e| e.into_inner());
         if g.is_none() {
             *g = Some(Mover::new(&self.inner.gpu.ctx)?);
         }
@@ -212,7 +221,13 @@ impl Cuda {
     fn batch_view(&self, slot: Option<Arc<DeviceMem>>) -> Cuda {
         let reuses = slot.is_some();
         let b = Batch { slot: slot.map(|m| (m, 0)), reuses, ..Default::default() };
-        Cuda { inner: self.inner.clone(), precision: self.precision, batch: Some(Arc::new(Mutex::new(b))) }
+        Cuda { batch: Some(Arc::new(Mutex::new(b))), ..self.clone() }
+    }
+
+    /// The plain backend a batch's recorded loads finish on: no batch, the production kernels
+    /// (the loads' casts and merges are production's in every view).
+    fn loader(&self) -> Cuda {
+        Cuda { batch: None, image: Default::default(), ..self.clone() }
     }
 
     /// Read and issue the recorded loads (if any); the compute stream waits for them and the
@@ -235,7 +250,7 @@ impl Cuda {
             g.moved.bytes += moved.bytes;
             g.moved.issue_s += moved.issue_s;
         }
-        let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
+        let cu = self.loader();
         Ok(Some(Box::new(move || cu.wait_and_cast(&done, merges, &casts))))
     }
 
@@ -246,7 +261,7 @@ impl Cuda {
     #[allow(clippy::type_complexity)]
     fn flush_in_background(&self) -> Result<Option<Box<dyn FnOnce() -> Result<()> + Send>>> {
         let Some(Recorded { pieces, casts, merges, after }) = self.take_recorded()? else { return Ok(None) };
-        let cu = Cuda { inner: self.inner.clone(), precision: self.precision, batch: None };
+        let cu = self.loader();
         let reader = {
             let cu = cu.clone();
             std::thread::spawn(move || -> Result<CudaEvent> { Ok(cu.mover()?.as_ref().unwrap().run(&pieces, after.as_ref())?.0) })
@@ -295,8 +310,7 @@ impl Cuda {
     fn cast_into(&self, x: &CudaTensor, out: &CudaTensor) -> Result<()> {
         ensure!(x.shape == out.shape, "cast {:?} into {:?}", x.shape, out.shape);
         let n = x.numel();
-        let name = format!("moss_cast_{}_{}", x.dtype.name(), out.dtype.name());
-        self.launch(&name, self.grid_for(n / 8 + 1), 256, 0, &[kernel_ptr(out), kernel_ptr(x), Arg::L(n as i64)])
+        kernels::CAST.launch(self, (self.grid_for(n / 8 + 1), 256, 0), out, x, n as i64)
     }
 
     fn moved(&self) -> Moved {
@@ -339,7 +353,7 @@ impl Cuda {
             need = need.next_multiple_of(SLOT_ALIGN) + bytes;
         }
         let mem = {
-            let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slots = self.inner.slots.mem.lock().unwrap_or_else(|e| e.into_inner());
             if slots.len() <= slot {
                 slots.resize(slot + 1, None);
             }
@@ -355,7 +369,7 @@ impl Cuda {
             }
         };
         let view = self.batch_view(Some(mem));
-        let free_after = self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).remove(&slot);
+        let free_after = self.inner.slots.free.lock().unwrap_or_else(|e| e.into_inner()).remove(&slot);
         view.batch.as_ref().unwrap().lock().unwrap_or_else(|e| e.into_inner()).free_after = free_after;
         let mut out = vec![];
         for g in groups {
@@ -369,13 +383,13 @@ impl Cuda {
     /// wait for just that (an event recorded now on the compute stream), not for later compute.
     pub fn slot_read_until_now(&self, slot: usize) -> Result<()> {
         let e = self.inner.gpu.stream.record_event(None).map_err(de("event record"))?;
-        self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).insert(slot, e);
+        self.inner.slots.free.lock().unwrap_or_else(|e| e.into_inner()).insert(slot, e);
         Ok(())
     }
 
     /// Drop the streamed blocks' slot memory (the next fetch allocates it again).
     pub fn release_slots(&self) {
-        self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.inner.slot_free.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner.slots.mem.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner.slots.free.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }

@@ -3,8 +3,9 @@
 //! else query chunks of scores: `S = Q_c·Kᵀ`, a row softmax kernel, `P·V`, the products on the
 //! split-TF32 halo kernel as 1×1 convs (L, D multiples of 16), else cuBLAS fp32 (TF32 off).
 
-use super::conv::{self, HALO_TH};
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use super::conv::HALO_TH;
+use crate::kernels;
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::vae::attention_dims;
 use moss_core::backend::Backend;
@@ -16,9 +17,9 @@ const FLASH_BQ: usize = crate::launch::VAE_ATTN_ROWS;
 pub(crate) const FLASH_SMEM_BYTES: usize = crate::launch::VAE_ATTN_TF32_SMEM;
 
 impl Cuda {
-    /// `spatial_attention`; `prefix` picks the softmax kernel (`moss_ctl` drops the scale);
-    /// `chunk_bytes` bounds the scores one chunk holds.
-    pub(crate) fn spatial_attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str, chunk_bytes: usize) -> Result<CudaTensor> {
+    /// `spatial_attention` in query chunks of scores on cuBLAS; `chunk_bytes` bounds the scores
+    /// one chunk holds.
+    pub(crate) fn spatial_attention_chunks(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, chunk_bytes: usize) -> Result<CudaTensor> {
         let (n, l, d) = attention_dims(&q.shape, &k.shape, &v.shape)?;
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
         let scale = 1.0 / (d as f64).sqrt();
@@ -40,13 +41,7 @@ impl Cuda {
                 let rc = rows.min(l - r0);
                 let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
                 let s = self.linear_dense(&qc, &kn, None)?; // [rc, L]
-                self.launch(
-                    &format!("{prefix}_vae_softmax_rows"),
-                    (rc as u32).min(65535 * 8),
-                    256,
-                    0,
-                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
-                )?;
+                kernels::VAE_SOFTMAX_ROWS.launch(self, ((rc as u32).min(65535 * 8), 256, 0), &s, rc as i64, l as i32, scale as f32)?;
                 parts.push(self.linear_dense(&s, &vt, None)?); // [rc, D]
             }
             let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
@@ -75,7 +70,7 @@ impl Cuda {
         }
         let w = self.reshape(a, &[m, k, 1, 1])?;
         let x = self.reshape(b, &[ks, k / ks, n / 16, 16])?;
-        let o = self.conv2d_halo(conv::HALO_KERNEL, &x, &w, None, false, ks > 1)?;
+        let o = self.conv2d_halo(&x, &w, None, false, ks > 1)?;
         let mut sum = self.narrow(&o, 0, 0, 1)?;
         for i in 1..ks {
             sum = self.add(&sum, &self.narrow(&o, 0, i, 1)?)?;
@@ -86,7 +81,7 @@ impl Cuda {
     /// `spatial_attention` with both products on the split-TF32 halo kernel ([`Self::matmul_split`]):
     /// per query chunk `S = Q_c · Kᵀ`, the row softmax, `P · V`. Chunks hold `chunk_bytes / 3` of
     /// scores (the weight prep of `P` takes twice its size). Needs L % 16 == 0, D % 16 == 0.
-    pub(crate) fn spatial_attention_split(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str, chunk_bytes: usize) -> Result<CudaTensor> {
+    pub(crate) fn spatial_attention_split(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, chunk_bytes: usize) -> Result<CudaTensor> {
         let (n, l, d) = attention_dims(&q.shape, &k.shape, &v.shape)?;
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
         ensure!(l % 16 == 0 && d % 16 == 0, "spatial_attention_split: L {l}, D {d} (need multiples of 16)");
@@ -108,13 +103,7 @@ impl Cuda {
                 let rc = rows.min(l - r0);
                 let qc = if rc == l { qn.clone() } else { self.narrow(&qn, 0, r0, rc)? };
                 let s = self.matmul_split(&qc, &kt)?; // [rc, L]
-                self.launch(
-                    &format!("{prefix}_vae_softmax_rows"),
-                    (rc as u32).min(65535 * 8),
-                    256,
-                    0,
-                    &[Arg::P(s.ptr()), Arg::L(rc as i64), Arg::I(l as i32), Arg::F(scale as f32)],
-                )?;
+                kernels::VAE_SOFTMAX_ROWS.launch(self, ((rc as u32).min(65535 * 8), 256, 0), &s, rc as i64, l as i32, scale as f32)?;
                 parts.push(self.matmul_split(&s, &vn)?); // [rc, D]
             }
             let o = if parts.len() == 1 { parts.pop().unwrap() } else { self.cat(&parts.iter().collect::<Vec<_>>(), 0)? };
@@ -128,9 +117,8 @@ impl Cuda {
     }
 
     /// `spatial_attention` as one flash-style kernel (cuda/vae/attention_tf32.cu, D = 384): split-TF32
-    /// products, online softmax, no scores in memory. `prefix` `moss_ctl` plants the running
-    /// output not rescaled.
-    pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, prefix: &str) -> Result<CudaTensor> {
+    /// products, online softmax, no scores in memory.
+    pub(crate) fn spatial_attention_flash(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
         ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
         let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
         ensure!(d == FLASH_D && l > 0 && n > 0 && n < 65536, "spatial_attention_flash: [N {n}, L {l}, D {d}] (D must be {FLASH_D})");
@@ -138,13 +126,8 @@ impl Cuda {
         let (q, k, v) = (self.f32(q)?, self.f32(k)?, self.f32(v)?);
         let out = self.alloc(DType::F32, &[n, l, d])?;
         let scale = (1.0 / (d as f64).sqrt()) as f32;
-        self.launch_2d(
-            &format!("{prefix}_vae_flash_d384"),
-            (l.div_ceil(FLASH_BQ) as u32, n as u32),
-            crate::launch::VAE_ATTN_THREADS as u32,
-            FLASH_SMEM_BYTES as u32,
-            &[Arg::P(out.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::I(l as i32), Arg::F(scale)],
-        )?;
+        let cfg = ((l.div_ceil(FLASH_BQ) as u32, n as u32), crate::launch::VAE_ATTN_THREADS as u32, FLASH_SMEM_BYTES as u32);
+        kernels::VAE_FLASH_D384.launch(self, cfg, &out, &q, &k, &v, l as i32, scale)?;
         Ok(out)
     }
 

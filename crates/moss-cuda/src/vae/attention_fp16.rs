@@ -5,7 +5,8 @@
 //! atomicMax is order-independent; no other atomics), so the strip decode's identity holds.
 use anyhow::{ensure, Result};
 
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev, Elem};
+use crate::ops::{Cuda, CudaTensor, DType};
 
 /// cuda/vae/launch.h: head width, query rows per block, shared memory (Q 64, K 32, V 32 rows of
 /// 776 halves, the partial-score exchange 8 x 4 x 32 float4).
@@ -13,9 +14,10 @@ const D16: usize = crate::launch::VAE_ATTN_D;
 const BQ16: usize = crate::launch::VAE_ATTN_ROWS;
 pub(crate) const SMEM16_BYTES: usize = crate::launch::VAE_ATTN_FP16_SMEM;
 
-/// The kernel: fresh tiles for every product sum (the split-TF32 kernels' rule). A variant with
-/// the small terms of S in a running tile (`f16r`) was deleted (git keeps it); another, P V
-/// straight into O, failed the fp32 bound and is a control (`moss_ctl3_vae_attn16_d384`).
+/// The kernel ([`kernels::VAE_ATTN16_D384`]): fresh tiles for every product sum (the split-TF32
+/// kernels' rule). A variant with the small terms of S in a running tile (`f16r`) was deleted
+/// (git keeps it); another, P V straight into O, failed the fp32 bound and is a control
+/// (`moss_ctl3_vae_attn16_d384`).
 pub(crate) const KERNEL: &str = "moss_vae_attn16_d384";
 
 impl Cuda {
@@ -25,11 +27,8 @@ impl Cuda {
         d == D16 && self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= SMEM16_BYTES).unwrap_or(false)
     }
 
-    /// softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, 384] with the kernel `kernel` (one of
-    /// [`KERNEL`] or a control: `moss_ctl_vae_attn16_d384` leaves V's scale in the output,
-    /// `moss_ctl2_vae_attn16_d384` drops the small terms of the scores, `moss_ctl3_vae_attn16_d384`
-    /// accumulates P V straight into O).
-    pub(crate) fn spatial_attention_f16(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, kernel: &str) -> Result<CudaTensor> {
+    /// softmax(q kᵀ / sqrt(D)) v for q, k, v [N, L, 384] on [`KERNEL`].
+    pub(crate) fn spatial_attention_f16(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
         ensure!(q.shape.len() == 3 && k.shape == q.shape && v.shape == q.shape, "spatial_attention: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape);
         let (n, l, d) = (q.shape[0], q.shape[1], q.shape[2]);
         ensure!(d == D16 && l > 0 && n > 0 && n < 65536, "spatial_attention_f16: [N {n}, L {l}, D {d}] (D must be {D16})");
@@ -38,38 +37,20 @@ impl Cuda {
         let (q, k, v) = (self.cast(q, DType::F32)?, self.cast(k, DType::F32)?, self.cast(v, DType::F32)?);
         // max |q|, |k|, |v| as float bits
         let mx = self.alloc(DType::F32, &[4])?;
-        self.launch("moss_vae_f16_zero3", 1, 32, 0, &[Arg::P(mx.ptr())])?;
+        let mx = Dev::new(mx.ptr(), Elem::U32);
+        kernels::VAE_F16_ZERO3.launch(self, (1, 32, 0), mx)?;
         let n4 = n * l * d / 4;
         let grid = self.grid_for(n4);
-        self.launch_2d("moss_vae_f16_maxabs", (grid, 3), 256, 0, &[Arg::P(mx.ptr()), Arg::P(q.ptr()), Arg::P(k.ptr()), Arg::P(v.ptr()), Arg::L(n4 as i64)])?;
+        kernels::VAE_F16_MAXABS.launch(self, ((grid, 3), 256, 0), mx, &q, &k, &v, n4 as i64)?;
         // [3][N][Lq][hi D | lo D] halves (BF16 only for its 2-byte size)
         let qkv = self.alloc(DType::BF16, &[3, n, lq, 2 * d])?;
         let total = n * lq * d / 4;
-        self.launch_2d(
-            "moss_vae_f16_prep",
-            (self.grid_for(total), 3),
-            256,
-            0,
-            &[
-                Arg::P(qkv.ptr()),
-                Arg::P(q.ptr()),
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::P(mx.ptr()),
-                Arg::I(l as i32),
-                Arg::I(lq as i32),
-                Arg::L(total as i64),
-            ],
-        )?;
+        let halves = Dev::new(qkv.ptr(), Elem::F16);
+        kernels::VAE_F16_PREP.launch(self, ((self.grid_for(total), 3), 256, 0), halves, &q, &k, &v, mx, l as i32, lq as i32, total as i64)?;
         let out = self.alloc(DType::F32, &[n, l, d])?;
         let rsqrt_d = (1.0 / (d as f64).sqrt()) as f32;
-        self.launch_2d(
-            kernel,
-            ((lq / BQ16) as u32, n as u32),
-            crate::launch::VAE_ATTN_THREADS as u32,
-            SMEM16_BYTES as u32,
-            &[Arg::P(out.ptr()), Arg::P(qkv.ptr()), Arg::P(mx.ptr()), Arg::I(l as i32), Arg::I(lq as i32), Arg::L((n * lq * 2 * d) as i64), Arg::F(rsqrt_d)],
-        )?;
+        let cfg = (((lq / BQ16) as u32, n as u32), crate::launch::VAE_ATTN_THREADS as u32, SMEM16_BYTES as u32);
+        kernels::VAE_ATTN16_D384.launch(self, cfg, &out, halves, mx, l as i32, lq as i32, (n * lq * 2 * d) as i64, rsqrt_d)?;
         Ok(out)
     }
 }

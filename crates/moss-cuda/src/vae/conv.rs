@@ -4,7 +4,8 @@
 //! others do not take the shape or their shared memory does not fit.
 
 use super::dims4;
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev, Elem, Family};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::Backend;
 
@@ -35,14 +36,61 @@ pub enum ConvKernel {
     F16,
 }
 
-/// The kernel-name stems of the convolutions (the launch appends the build: `_b{BM}_k{k}` for
-/// the halo and fp16 kernels, `_k1` / `_k3` for the implicit GEMMs). `moss check` passes its
-/// planted twins' stems (`moss_ctl_vae_conv*`, check image) to the same launches.
-pub(crate) const HALO_KERNEL: &str = "moss_vae_conv_halo";
-pub(crate) const F16_KERNEL: &str = "moss_vae_conv16";
-pub(crate) const SMALL_KERNEL: &str = "moss_vae_conv_small";
-pub(crate) const TF32X3_KERNEL: &str = "moss_vae_conv_tf32x3";
-pub(crate) const TF32X3_TAP_KERNEL: &str = "moss_vae_conv_tf32x3t";
+/// The convolution kernels by their parameter lists: the builds for an output-channel block and
+/// kernel size (`_b{BM}_k{k}` for the halo and fp16 kernels, `_k1` / `_k3` for the implicit
+/// GEMMs) are families of one type each.
+pub(crate) type HaloConv = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i32, Dev, i32)>;
+pub(crate) type F16Conv = Family<fn(Dev, Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, Dev)>;
+pub(crate) type GemmConv = Family<fn(Dev, Dev, Dev, Dev, i32, i32, i32, i32, i32, i32)>;
+/// The weight preps of the fp16 and the halo kernels.
+pub(crate) type F16Prep = Family<fn(Dev, Dev, Dev, i32, i32)>;
+type HaloPrep = Family<fn(Dev, Dev, i32, i32)>;
+
+/// The halo kernel's build for `bm` output channels a block and `k`×`k` taps.
+pub(crate) fn halo_kernel(bm: usize, k: usize) -> Result<&'static HaloConv> {
+    Ok(match (bm, k) {
+        (96, 1) => &kernels::VAE_CONV_HALO_B96_K1,
+        (96, 3) => &kernels::VAE_CONV_HALO_B96_K3,
+        (128, 1) => &kernels::VAE_CONV_HALO_B128_K1,
+        (128, 3) => &kernels::VAE_CONV_HALO_B128_K3,
+        _ => anyhow::bail!("no halo conv build for {bm} channels, {k}x{k}"),
+    })
+}
+
+/// The fp16 kernel's build and its weight prep's, as [`halo_kernel`].
+pub(crate) fn f16_kernel(bm: usize, k: usize) -> Result<(&'static F16Prep, &'static F16Conv)> {
+    Ok(match (bm, k) {
+        (96, 1) => (&kernels::VAE_WPREP16_B96_K1, &kernels::VAE_CONV16_B96_K1),
+        (96, 3) => (&kernels::VAE_WPREP16_B96_K3, &kernels::VAE_CONV16_B96_K3),
+        (128, 1) => (&kernels::VAE_WPREP16_B128_K1, &kernels::VAE_CONV16_B128_K1),
+        (128, 3) => (&kernels::VAE_WPREP16_B128_K3, &kernels::VAE_CONV16_B128_K3),
+        _ => anyhow::bail!("no fp16 conv build for {bm} channels, {k}x{k}"),
+    })
+}
+
+/// The halo kernel's weight prep for its build.
+fn halo_prep(bm: usize, k: usize) -> Result<&'static HaloPrep> {
+    Ok(match (bm, k) {
+        (96, 1) => &kernels::VAE_WPREP_B96_K1,
+        (96, 3) => &kernels::VAE_WPREP_B96_K3,
+        (128, 1) => &kernels::VAE_WPREP_B128_K1,
+        (128, 3) => &kernels::VAE_WPREP_B128_K3,
+        _ => anyhow::bail!("no halo conv build for {bm} channels, {k}x{k}"),
+    })
+}
+
+/// The split-TF32 implicit GEMM for `k`×`k` taps: the generic kernel (its 1x1 and 3x3 builds
+/// with the size a compile-time constant), or the tap-major one (k 1 or 3).
+pub(crate) fn gemm_kernel(tap_major: bool, k: usize) -> Result<&'static GemmConv> {
+    Ok(match (tap_major, k) {
+        (false, 1) => &kernels::VAE_CONV_TF32X3_K1,
+        (false, 3) => &kernels::VAE_CONV_TF32X3_K3,
+        (false, _) => &kernels::VAE_CONV_TF32X3,
+        (true, 1) => &kernels::VAE_CONV_TF32X3T_K1,
+        (true, 3) => &kernels::VAE_CONV_TF32X3T_K3,
+        (true, _) => anyhow::bail!("the tap-major conv takes 1x1 and 3x3 kernels, not {k}x{k}"),
+    })
+}
 
 /// The halo and fp16 kernels' output tile in pixels (rows × columns), cuda/vae/launch.h.
 pub(super) const HALO_TH: usize = crate::launch::VAE_HALO_TH;
@@ -72,7 +120,7 @@ pub(crate) fn f16_smem_bytes(bm: usize, k: usize) -> usize {
 
 impl Cuda {
     /// `conv2d` on `kernel` (and its fallbacks for shapes it does not take).
-    pub(crate) fn conv2d_with(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool, kernel: ConvKernel) -> Result<CudaTensor> {
+    pub(crate) fn conv2d_on(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool, kernel: ConvKernel) -> Result<CudaTensor> {
         let (_, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
         ensure!(wcin == cin, "conv2d: weight {:?} for {cin} input channels", w.shape);
@@ -84,19 +132,19 @@ impl Cuda {
         let halo = (k == 1 || k == 3) && cin % 8 == 0 && self.halo_fits(halo_bm(cout), k);
         let f16 = (k == 1 || k == 3) && self.halo_fits_bytes(f16_smem_bytes(halo_bm(cout), k));
         match kernel {
-            ConvKernel::Halo | ConvKernel::F16 if small => return self.conv2d_small(SMALL_KERNEL, &x, &w, &b, upsample2x),
-            ConvKernel::Halo if halo => return self.conv2d_halo(HALO_KERNEL, &x, &w, Some(&b), upsample2x, false),
-            ConvKernel::F16 if f16 => return self.conv2d_f16(F16_KERNEL, &x, &w, Some(&b), upsample2x),
+            ConvKernel::Halo | ConvKernel::F16 if small => return self.conv2d_small(&x, &w, &b, upsample2x),
+            ConvKernel::Halo if halo => return self.conv2d_halo(&x, &w, Some(&b), upsample2x, false),
+            ConvKernel::F16 if f16 => return self.conv2d_f16(&x, &w, Some(&b), upsample2x),
             _ => {}
         }
         let tap = kernel != ConvKernel::Tf32x3 && cin % 16 == 0 && (k == 1 || k == 3);
-        self.conv2d_gemm(if tap { TF32X3_TAP_KERNEL } else { TF32X3_KERNEL }, tap, &x, &w, &b, upsample2x)
+        self.conv2d_gemm(tap, &x, &w, &b, upsample2x)
     }
 
-    /// The split-TF32 implicit GEMM `kernel` (a stem, see [`TF32X3_KERNEL`]) on f32 `x`, `w`, `b`
-    /// of a checked shape; `tap_major`: the weight re-laid out `[Cout, k, k, Cin]` first (the
-    /// tap-major kernel, Cin a multiple of 16, k 1 or 3).
-    pub(crate) fn conv2d_gemm(&self, kernel: &str, tap_major: bool, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
+    /// The split-TF32 implicit GEMM ([`gemm_kernel`]) on f32 `x`, `w`, `b` of a checked shape;
+    /// `tap_major`: the weight re-laid out `[Cout, k, k, Cin]` first (the tap-major kernel, Cin a
+    /// multiple of 16, k 1 or 3).
+    pub(crate) fn conv2d_gemm(&self, tap_major: bool, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, _, k, _) = dims4(w, "conv2d weight")?;
         let w = if tap_major && k > 1 { self.permute(w, &[0, 2, 3, 1])? } else { w.clone() };
@@ -105,32 +153,20 @@ impl Cuda {
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * cout.div_ceil(CONV_BM) * (oh * ow).div_ceil(CONV_BN);
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
-        // 1x1 and 3x3 have builds with the kernel size a compile-time constant.
-        let name = format!(
-            "{kernel}{}",
-            match k {
-                1 => "_k1",
-                3 => "_k3",
-                _ => "",
-            }
-        );
-        self.launch(
-            &name,
-            blocks as u32,
-            VAE_CONV_THREADS as u32,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(w.ptr()),
-                Arg::P(b.ptr()),
-                Arg::I(cin as i32),
-                Arg::I(h as i32),
-                Arg::I(wd as i32),
-                Arg::I(cout as i32),
-                Arg::I(k as i32),
-                Arg::I(upsample2x as i32),
-            ],
+        let [cin, h, wd, cout, k] = [cin, h, wd, cout, k].map(|v| v as i32);
+        gemm_kernel(tap_major, k as usize)?.launch(
+            self,
+            (blocks as u32, VAE_CONV_THREADS as u32, 0),
+            &out,
+            x,
+            &w,
+            b,
+            cin,
+            h,
+            wd,
+            cout,
+            k,
+            upsample2x as i32,
         )?;
         Ok(out)
     }
@@ -143,60 +179,37 @@ impl Cuda {
     }
 
     /// The split-TF32 halo conv (k 1 or 3, Cin % 8 == 0): the weight split into hi/lo and put
-    /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch of
-    /// `kernel` ([`HALO_KERNEL`]). `ksplit`: split-K over the images: the weight has `n · Cin` input channels, image `i`
-    /// multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn conv2d_halo(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, ksplit: bool) -> Result<CudaTensor> {
+    /// in fragment order (`moss_vae_wprep_*`, a pass over the weight), then one launch of the
+    /// kernel ([`halo_kernel`]). `ksplit`: split-K over the images: the weight has `n · Cin` input
+    /// channels, image `i` multiplies its slice `[i·Cin, (i+1)·Cin)` (the caller sums the `n` outputs).
+    pub(crate) fn conv2d_halo(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool, ksplit: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, _) = dims4(w, "conv2d weight")?;
         ensure!(wcin == if ksplit { n * cin } else { cin }, "conv2d_halo: weight {:?} for input {:?}", w.shape, x.shape);
         let bm = halo_bm(cout);
-        let sfx = format!("b{bm}_k{k}");
         let mblocks = cout.div_ceil(bm);
         let wf = self.alloc(DType::F32, &[mblocks * bm * wcin * k * k * 2])?;
-        self.launch(
-            &format!("moss_vae_wprep_{sfx}"),
-            self.grid_for(wf.numel()),
-            256,
-            0,
-            &[Arg::P(wf.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(wcin as i32)],
-        )?;
+        halo_prep(bm, k)?.launch(self, (self.grid_for(wf.numel()), 256, 0), &wf, w, cout as i32, wcin as i32)?;
         let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
         ensure!(cin * h * wd < i32::MAX as usize, "conv2d: input {:?} too large", x.shape);
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
-        self.launch(
-            &format!("{kernel}_{sfx}"),
-            blocks as u32,
-            VAE_HALO_THREADS as u32,
-            halo_smem_bytes(bm, k) as u32,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(wf.ptr()),
-                Arg::P(b.map_or(0, |b| b.ptr())),
-                Arg::I(cin as i32),
-                Arg::I(h as i32),
-                Arg::I(wd as i32),
-                Arg::I(cout as i32),
-                Arg::I(up as i32),
-                Arg::I(ksplit as i32),
-                // The kernel's GroupNorm-on-load inputs (coefficients, SiLU): unused (the fused
-                // path was measured slower and deleted).
-                Arg::P(0),
-                Arg::I(0),
-            ],
-        )?;
+        let cfg = (blocks as u32, VAE_HALO_THREADS as u32, halo_smem_bytes(bm, k) as u32);
+        let b = b.map_or(Dev::null(Elem::F32), Dev::from);
+        let [cin, h, wd, cout] = [cin, h, wd, cout].map(|v| v as i32);
+        // The kernel's GroupNorm-on-load inputs (coefficients, SiLU): unused (the fused path was
+        // measured slower and deleted).
+        let (norm, silu) = (Dev::null(Elem::F64), 0);
+        halo_kernel(bm, k)?.launch(self, cfg, &out, x, &wf, b, cin, h, wd, cout, up as i32, ksplit as i32, norm, silu)?;
         Ok(out)
     }
 
     /// The split-fp16 conv (cuda/vae/conv_fp16.cu; k 1 or 3, any Cin): the weight scaled per output
     /// channel, split into fp16 hi/lo and put in m16n8k16 fragment order (`moss_vae_wprep16*`,
-    /// one block per output channel), then one launch of `kernel` ([`F16_KERNEL`]). An
+    /// one block per output channel), then one launch of the kernel ([`f16_kernel`]). An
     /// activation past the fp16 range sets the device flag ([`Cuda::vae_flag_take`]).
-    pub(crate) fn conv2d_f16(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool) -> Result<CudaTensor> {
+    pub(crate) fn conv2d_f16(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>, up: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, wcin, k, k2) = dims4(w, "conv2d weight")?;
         ensure!(wcin == cin && k == k2 && (k == 1 || k == 3), "conv2d_f16: weight {:?} for input {:?}", w.shape, x.shape);
@@ -204,44 +217,25 @@ impl Cuda {
         let (x, w) = (self.f32(x)?, self.f32(w)?);
         let b = b.map(|b| self.f32(b)).transpose()?;
         let bm = halo_bm(cout);
-        let sfx = format!("b{bm}_k{k}");
+        let (prep, conv) = f16_kernel(bm, k)?;
         let mblocks = cout.div_ceil(bm);
         let chunks = cin.div_ceil(16);
         // [Cout/BM][Cin/16][tap][BM/16][hi|lo][lane][4] words of two halves.
         let wf = self.alloc(DType::F32, &[mblocks * chunks * k * k * (bm / 16) * 2 * 128])?;
         let rs = self.alloc(DType::F32, &[mblocks * bm])?;
-        self.launch(
-            &format!("moss_vae_wprep16_{sfx}"),
-            (mblocks * bm) as u32,
-            256,
-            0,
-            &[Arg::P(wf.ptr()), Arg::P(rs.ptr()), Arg::P(w.ptr()), Arg::I(cout as i32), Arg::I(cin as i32)],
-        )?;
+        // the weights as pairs of halves, one 32-bit word each
+        let wf = Dev::new(wf.ptr(), Elem::U32);
+        prep.launch(self, ((mblocks * bm) as u32, 256, 0), wf, &rs, &w, cout as i32, cin as i32)?;
         let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
         ensure!((oh * ow) < i32::MAX as usize, "conv2d: picture {:?} too large", x.shape);
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
         let blocks = n * oh.div_ceil(HALO_TH) * ow.div_ceil(HALO_TW) * mblocks;
         ensure!(blocks < i32::MAX as usize, "conv2d: {blocks} blocks");
-        let flag = self.vae_flag_ptr()?;
-        self.launch(
-            &format!("{kernel}_{sfx}"),
-            blocks as u32,
-            VAE_HALO_THREADS as u32,
-            f16_smem_bytes(bm, k) as u32,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(wf.ptr()),
-                Arg::P(rs.ptr()),
-                Arg::P(b.as_ref().map_or(0, |b| b.ptr())),
-                Arg::I(cin as i32),
-                Arg::I(h as i32),
-                Arg::I(wd as i32),
-                Arg::I(cout as i32),
-                Arg::I(up as i32),
-                Arg::P(flag),
-            ],
-        )?;
+        let flag = Dev::new(self.vae_flag_ptr()?, Elem::I32);
+        let cfg = (blocks as u32, VAE_HALO_THREADS as u32, f16_smem_bytes(bm, k) as u32);
+        let b = b.as_ref().map_or(Dev::null(Elem::F32), Dev::from);
+        let [cin, h, wd, cout] = [cin, h, wd, cout].map(|v| v as i32);
+        conv.launch(self, cfg, &out, &x, wf, &rs, b, cin, h, wd, cout, up as i32, flag)?;
         Ok(out)
     }
 
@@ -255,31 +249,14 @@ impl Cuda {
         }
     }
 
-    /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums (`kernel`: [`SMALL_KERNEL`]).
-    pub(crate) fn conv2d_small(&self, kernel: &str, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool) -> Result<CudaTensor> {
+    /// Cout <= 4 (conv_out): one thread per output pixel, f64 sums ([`kernels::VAE_CONV_SMALL`]).
+    pub(crate) fn conv2d_small(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, up: bool) -> Result<CudaTensor> {
         let (n, cin, h, wd) = dims4(x, "conv2d input")?;
         let (cout, _, k, _) = dims4(w, "conv2d weight")?;
         let (oh, ow) = if up { (2 * h, 2 * wd) } else { (h, wd) };
         let out = self.alloc(DType::F32, &[n, cout, oh, ow])?;
-        self.launch(
-            kernel,
-            self.grid_for(n * oh * ow),
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(w.ptr()),
-                Arg::P(b.ptr()),
-                Arg::I(cin as i32),
-                Arg::I(h as i32),
-                Arg::I(wd as i32),
-                Arg::I(cout as i32),
-                Arg::I(k as i32),
-                Arg::I(up as i32),
-                Arg::I(n as i32),
-            ],
-        )?;
+        let [cin, h, wd, cout, k, n32] = [cin, h, wd, cout, k, n].map(|v| v as i32);
+        kernels::VAE_CONV_SMALL.launch(self, (self.grid_for(n * oh * ow), 256, 0), &out, x, w, b, cin, h, wd, cout, k, up as i32, n32)?;
         Ok(out)
     }
 }

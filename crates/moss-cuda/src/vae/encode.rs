@@ -9,63 +9,40 @@
 //! new convolution kernel.
 
 use super::encode_plan::{encode_activation_bytes, encode_split_least_bytes, encode_strip_plan_for};
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels;
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::vae_encode::down2_side;
 use moss_core::backend::ops::VaeEncodeOps;
 use moss_core::checkpoint::config::VaeConfig;
 
-/// The production pick kernel; `moss check` passes its planted twin's name
-/// (`moss_ctl_vae_pick_odd`, the even pixels).
-pub(crate) const PICK_KERNEL: &str = "moss_vae_pick_odd";
-
-thread_local! {
-    /// The pick kernel `conv2d_down2` launches: [`PICK_KERNEL`], but for `moss check`'s planted
-    /// control of the whole encoder ([`plant_pick_control`]).
-    static PICK: std::cell::Cell<&'static str> = const { std::cell::Cell::new(PICK_KERNEL) };
-}
-
-/// `moss check` only: run every downsampler on the planted pick (`moss_ctl_vae_pick_odd`, the
-/// even pixels) while on.
-pub(crate) fn plant_pick_control(on: bool) {
-    PICK.with(|p| p.set(if on { "moss_ctl_vae_pick_odd" } else { PICK_KERNEL }));
-}
-
 impl Cuda {
-    /// `out[p, y, x] = x[p, 2y + 1, 2x + 1]` over the planes of `x [N, C, H, W]` (f32), on
-    /// `kernel` ([`PICK_KERNEL`] or its control).
-    pub(crate) fn pick_odd_with(&self, x: &CudaTensor, kernel: &str) -> Result<CudaTensor> {
+    /// `out[p, y, x] = x[p, 2y + 1, 2x + 1]` over the planes of `x [N, C, H, W]` (f32)
+    /// ([`kernels::VAE_PICK_ODD`]).
+    pub(crate) fn pick_odd(&self, x: &CudaTensor) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 4, "pick_odd: expected [N, C, H, W], got {:?}", x.shape);
         let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
         ensure!(h >= 2 && w >= 2 && h < i32::MAX as usize && w < i32::MAX as usize, "pick_odd: picture {:?}", x.shape);
         let x = self.f32(x)?;
         let out = self.alloc(DType::F32, &[n, c, down2_side(h), down2_side(w)])?;
-        self.launch(
-            kernel,
-            self.grid_for(out.numel()),
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::L((n * c) as i64), Arg::I(h as i32), Arg::I(w as i32)],
-        )?;
+        kernels::VAE_PICK_ODD.launch(self, (self.grid_for(out.numel()), 256, 0), &out, &x, (n * c) as i64, h as i32, w as i32)?;
         Ok(out)
     }
 
-    /// `conv2d_down2`: the "same" conv on the decoder's current conv kernel, then `pick`.
-    pub(crate) fn conv2d_down2_with(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, pick: &str) -> Result<CudaTensor> {
+    /// [`VaeEncodeOps::conv2d_down2`]: the "same" conv on the decoder's current conv kernel, then
+    /// the odd pixels.
+    pub(crate) fn conv2d_down2_op(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         ensure!(x.shape.len() == 4 && w.shape.len() == 4, "conv2d_down2: input {:?}, weight {:?}", x.shape, w.shape);
         ensure!(w.shape[1] == x.shape[1] && w.shape[2] == 3 && w.shape[3] == 3, "conv2d_down2: weight {:?} for input {:?} (3x3 only)", w.shape, x.shape);
         ensure!(x.shape[2] >= 2 && x.shape[3] >= 2, "conv2d_down2: picture {:?} (at least 2x2)", x.shape);
-        let same = self.conv2d_with(x, w, b, false, self.conv_kernel())?;
-        self.pick_odd_with(&same, pick)
+        let same = self.conv2d_on(x, w, b, false, self.conv_kernel())?;
+        self.pick_odd(&same)
     }
 }
 
 impl VaeEncodeOps for Cuda {
     fn conv2d_down2(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.timed(
-            || format!("down conv {}->{} at {}x{}", w.shape[1], w.shape[0], x.shape[2], x.shape[3]),
-            || self.conv2d_down2_with(x, w, b, PICK.with(|p| p.get())),
-        )
+        self.timed(|| format!("down conv {}->{} at {}x{}", w.shape[1], w.shape[0], x.shape[2], x.shape[3]), || self.conv2d_down2_op(x, w, b))
     }
 
     fn plan_vae_encode(&self, c: &moss_core::checkpoint::Component, cfg: &VaeConfig, height: usize, width: usize) -> Result<()> {

@@ -29,13 +29,15 @@ pub mod encode;
 pub mod encode_plan;
 pub mod picture;
 pub mod plan;
+pub(crate) mod state;
 
 pub(crate) use attention::FLASH_SMEM_BYTES;
 pub use conv::ConvKernel;
 use conv::{f16_smem_bytes, halo_smem_bytes};
 pub use plan::{strip_plan_for, vae_activation_bytes, vae_keep_bytes, vae_mid_bytes, vae_split_least_bytes, vae_strip_bytes};
 
-use crate::ops::{Arg, Cuda, CudaTensor, DType};
+use crate::kernels::{self, Dev, Elem};
+use crate::ops::{Cuda, CudaTensor, DType};
 use anyhow::{ensure, Result};
 use moss_core::backend::ops::VaeOps;
 
@@ -75,7 +77,7 @@ pub fn kernel_choices(fits: impl Fn(usize) -> bool) -> Vec<crate::select::Choice
         Choice { op: "vae conv2d, fp16 overflow re-run", kernel: rerun.into() },
         Choice { op: "vae conv2d (Cout <= 4)", kernel: "moss_vae_conv_small (f64)".into() },
         Choice { op: "vae spatial_attention (D 384)", kernel: attn },
-        Choice { op: "vae encode conv2d_down2", kernel: format!("{conv}, then {}", encode::PICK_KERNEL) },
+        Choice { op: "vae encode conv2d_down2", kernel: format!("{conv}, then {}", crate::kernels::VAE_PICK_ODD.info.stem) },
         Choice {
             op: "vae encode spatial_attention (D 512)",
             kernel: if halo {
@@ -97,15 +99,8 @@ impl Cuda {
         self.cast(x, DType::F32)
     }
 
-    pub(crate) fn bn_unpatchify_with(
-        &self,
-        z: &CudaTensor,
-        mean: &CudaTensor,
-        var: &CudaTensor,
-        eps: f64,
-        patch: [usize; 2],
-        prefix: &str,
-    ) -> Result<CudaTensor> {
+    /// [`VaeOps::bn_unpatchify`].
+    pub(crate) fn bn_unpatchify_op(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
         let (n, ck, h, w) = dims4(z, "bn_unpatchify")?;
         let [ph, pw] = patch;
         let pp = ph * pw;
@@ -115,37 +110,21 @@ impl Cuda {
         let c = ck / pp;
         let out = self.alloc(DType::F32, &[n, c, h * ph, w * pw])?;
         let total = out.numel();
-        self.launch(
-            &format!("{prefix}_vae_bn_unpatchify"),
-            self.grid_for(total),
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(z.ptr()),
-                Arg::P(mean.ptr()),
-                Arg::P(var.ptr()),
-                Arg::F(eps as f32),
-                Arg::I(n as i32),
-                Arg::I(c as i32),
-                Arg::I(h as i32),
-                Arg::I(w as i32),
-                Arg::I(ph as i32),
-                Arg::I(pw as i32),
-            ],
-        )?;
+        let dims = [n, c, h, w, ph, pw].map(|v| v as i32);
+        let [n, c, h, w, ph, pw] = dims;
+        kernels::VAE_BN_UNPATCHIFY.launch(self, (self.grid_for(total), 256, 0), &out, &z, &mean, &var, eps as f32, n, c, h, w, ph, pw)?;
         Ok(out)
     }
 
-    /// `group_norm_row_stats`; `prefix` `moss_ctl` plants a skipped element.
-    pub(crate) fn group_norm_row_stats_with(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<Vec<f64>> {
-        let bytes = self.download_bytes(&self.group_norm_row_partials(x, groups, prefix)?)?;
+    /// [`VaeOps::group_norm_row_stats`], untimed.
+    pub(crate) fn group_norm_rows(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
+        let bytes = self.download_bytes(&self.group_norm_row_partials(x, groups)?)?;
         Ok(bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
     }
 
     /// `group_norm_row_stats` left on the device: `[N, groups, H, 2]` f64 in an f32 buffer of
     /// `N·groups·H·4` words.
-    pub(crate) fn group_norm_row_partials(&self, x: &CudaTensor, groups: usize, prefix: &str) -> Result<CudaTensor> {
+    pub(crate) fn group_norm_row_partials(&self, x: &CudaTensor, groups: usize) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
         let cg = c / groups;
@@ -155,19 +134,13 @@ impl Cuda {
         ensure!(units < i32::MAX as usize, "group_norm: {units} rows");
         // [units, 2] doubles in an f32 buffer of twice the length.
         let out = self.alloc(DType::F32, &[units * 4])?;
-        self.launch(
-            &format!("{prefix}_vae_gn_row_stats"),
-            units as u32,
-            256,
-            0,
-            &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::I(cg as i32), Arg::I(h as i32), Arg::I(wd as i32)],
-        )?;
+        kernels::VAE_GN_ROW_STATS.launch(self, (units as u32, 256, 0), Dev::new(out.ptr(), Elem::F64), &x, cg as i32, h as i32, wd as i32)?;
         Ok(out)
     }
 
-    /// `group_norm_apply`; `prefix` `moss_ctl` plants the affine channel `idx % C`.
+    /// [`VaeOps::group_norm_apply`].
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn group_norm_apply_with(
+    pub(crate) fn group_norm_normalise(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
@@ -176,7 +149,6 @@ impl Cuda {
         stats: &[f64],
         eps: f64,
         silu: bool,
-        prefix: &str,
     ) -> Result<CudaTensor> {
         let (n, c, h, wd) = dims4(x, "group_norm")?;
         ensure!(groups > 0 && c % groups == 0, "group_norm: {c} channels in {groups} groups");
@@ -190,25 +162,9 @@ impl Cuda {
         self.write_bytes(st.ptr(), &bytes)?;
         let out = self.alloc(DType::F32, &x.shape)?;
         let total = x.numel();
-        self.launch(
-            &format!("{prefix}_vae_gn_apply"),
-            self.grid_for(total),
-            256,
-            0,
-            &[
-                Arg::P(out.ptr()),
-                Arg::P(x.ptr()),
-                Arg::P(st.ptr()),
-                Arg::P(w.ptr()),
-                Arg::P(b.ptr()),
-                Arg::L(total as i64),
-                Arg::I(c as i32),
-                Arg::L(hw as i64),
-                Arg::I(groups as i32),
-                Arg::L(eps.to_bits() as i64),
-                Arg::I(silu as i32),
-            ],
-        )?;
+        let st = Dev::new(st.ptr(), Elem::F64);
+        let (c, groups, eps_bits) = (c as i32, groups as i32, eps.to_bits() as i64);
+        kernels::VAE_GN_APPLY.launch(self, (self.grid_for(total), 256, 0), &out, &x, st, &w, &b, total as i64, c, hw as i64, groups, eps_bits, silu as i32)?;
         Ok(out)
     }
 
@@ -218,15 +174,15 @@ impl Cuda {
         self.gpu().ctx.attribute(OPTIN).map(|v| v as usize >= bytes).unwrap_or(false)
     }
 
-    /// `to_rgb8` as a device byte buffer (`moss_ctl` truncates instead of rounding).
-    pub(crate) fn to_rgb8_with(&self, x: &CudaTensor, prefix: &str) -> Result<Vec<u8>> {
+    /// [`VaeOps::to_rgb8`]: the bytes made on the device.
+    pub(crate) fn rgb8_bytes(&self, x: &CudaTensor) -> Result<Vec<u8>> {
         let (n, c, h, w) = dims4(x, "to_rgb8")?;
         ensure!(n == 1 && c == 3, "to_rgb8: expected one RGB picture [1, 3, H, W], got {:?}", x.shape);
         let x = self.f32(x)?;
         let hw = h * w;
         // A byte buffer: an f32 tensor of ceil(3hw/4) elements holds the 3hw bytes.
         let out = self.alloc(DType::F32, &[(3 * hw).div_ceil(4)])?;
-        self.launch(&format!("{prefix}_vae_to_rgb8"), self.grid_for(3 * hw), 256, 0, &[Arg::P(out.ptr()), Arg::P(x.ptr()), Arg::L(hw as i64)])?;
+        kernels::VAE_TO_RGB8.launch(self, (self.grid_for(3 * hw), 256, 0), Dev::new(out.ptr(), Elem::U8), &x, hw as i64)?;
         let mut bytes = self.download_bytes(&out)?;
         bytes.truncate(3 * hw);
         Ok(bytes)
@@ -273,12 +229,12 @@ impl VaeOps for Cuda {
         self.picture_channels(p, c)
     }
     fn bn_unpatchify(&self, z: &CudaTensor, mean: &CudaTensor, var: &CudaTensor, eps: f64, patch: [usize; 2]) -> Result<CudaTensor> {
-        self.bn_unpatchify_with(z, mean, var, eps, patch, "moss")
+        self.bn_unpatchify_op(z, mean, var, eps, patch)
     }
     fn conv2d(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, upsample2x: bool) -> Result<CudaTensor> {
         self.timed(
             || format!("conv {}->{} k{} at {}x{}{}", w.shape[1], w.shape[0], w.shape[2], x.shape[2], x.shape[3], if upsample2x { " up2x" } else { "" }),
-            || self.conv2d_with(x, w, b, upsample2x, self.conv_kernel()),
+            || self.conv2d_on(x, w, b, upsample2x, self.conv_kernel()),
         )
     }
     fn group_norm(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, eps: f64, silu: bool) -> Result<CudaTensor> {
@@ -287,14 +243,14 @@ impl VaeOps for Cuda {
             || {
                 let d = &x.shape;
                 ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
-                let rows = self.group_norm_row_stats_with(x, groups, "moss")?;
+                let rows = self.group_norm_rows(x, groups)?;
                 let stats = moss_core::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
-                self.group_norm_apply_with(x, w, b, groups, &stats, eps, silu, "moss")
+                self.group_norm_normalise(x, w, b, groups, &stats, eps, silu)
             },
         )
     }
     fn group_norm_row_stats(&self, x: &CudaTensor, groups: usize) -> Result<Vec<f64>> {
-        self.timed(|| format!("group_norm stats {:?}", x.shape), || self.group_norm_row_stats_with(x, groups, "moss"))
+        self.timed(|| format!("group_norm stats {:?}", x.shape), || self.group_norm_rows(x, groups))
     }
     #[allow(clippy::too_many_arguments)]
     fn conv2d_normed(
@@ -315,14 +271,14 @@ impl VaeOps for Cuda {
             || {
                 // The normalise pass then the conv (GroupNorm fused into the halo conv's load was
                 // measured slower on the H200: the conv kernel is instruction-bound).
-                let t = self.group_norm_apply_with(x, nw, nb, groups, stats, eps, silu, "moss")?;
-                self.conv2d_with(&t, w, b, up, self.conv_kernel())
+                let t = self.group_norm_normalise(x, nw, nb, groups, stats, eps, silu)?;
+                self.conv2d_on(&t, w, b, up, self.conv_kernel())
             },
         )
     }
     #[allow(clippy::too_many_arguments)]
     fn group_norm_apply(&self, x: &CudaTensor, w: &CudaTensor, b: &CudaTensor, groups: usize, stats: &[f64], eps: f64, silu: bool) -> Result<CudaTensor> {
-        self.group_norm_apply_with(x, w, b, groups, stats, eps, silu, "moss")
+        self.group_norm_normalise(x, w, b, groups, stats, eps, silu)
     }
     fn spatial_attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor) -> Result<CudaTensor> {
         let fits = q.shape.len() == 3;
@@ -333,19 +289,19 @@ impl VaeOps for Cuda {
             || format!("attention {:?}", q.shape),
             || {
                 if f16 {
-                    self.spatial_attention_f16(q, k, v, crate::vae::attention_fp16::KERNEL)
+                    self.spatial_attention_f16(q, k, v)
                 } else if flash {
-                    self.spatial_attention_flash(q, k, v, "moss")
+                    self.spatial_attention_flash(q, k, v)
                 } else if split {
-                    self.spatial_attention_split(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                    self.spatial_attention_split(q, k, v, ATTN_CHUNK_BYTES)
                 } else {
-                    self.spatial_attention_with(q, k, v, "moss", ATTN_CHUNK_BYTES)
+                    self.spatial_attention_chunks(q, k, v, ATTN_CHUNK_BYTES)
                 }
             },
         )
     }
     fn to_rgb8(&self, x: &CudaTensor) -> Result<Vec<u8>> {
-        self.to_rgb8_with(x, "moss")
+        self.rgb8_bytes(x)
     }
     /// `decode`, and again with the convolutions on the split-TF32 halo kernel when the fp16-split
     /// one met an activation past the fp16 range (|x| > 65504; one line on stderr). The flag is

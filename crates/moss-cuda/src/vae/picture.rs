@@ -221,7 +221,7 @@ impl Cuda {
         let hs = match &p.place {
             Place::Device(data) => {
                 let t = self.alloc(DType::F32, &[1, c, r, w])?;
-                self.copy2d(&t, data, c, r * w, h * w, y0 * w, r * w, 0, "moss")?;
+                self.copy2d(&t, data, c, r * w, h * w, y0 * w, r * w, 0)?;
                 return Ok(t);
             }
             Place::Host(hs) => hs,
@@ -259,10 +259,10 @@ impl Cuda {
         ensure!(y0 < y1 && y1 <= h && skip + rows <= r, "picture_put: rows {skip}..{} of {r} into rows {y0}..{y1} of {h}", skip + rows);
         let t = self.cast(t, DType::F32)?;
         // The strip's row partials (all its rows), the valid ones into the picture's.
-        let part = self.group_norm_row_partials(&t, p.groups, "moss")?;
-        self.copy2d(&p.stats, &part, p.groups, 4 * rows, 4 * r, 4 * skip, 4 * h, 4 * y0, "moss")?;
+        let part = self.group_norm_row_partials(&t, p.groups)?;
+        self.copy2d(&p.stats, &part, p.groups, 4 * rows, 4 * r, 4 * skip, 4 * h, 4 * y0)?;
         let hs = match &mut p.place {
-            Place::Device(data) => return self.copy2d(data, &t, tc, rows * w, r * w, skip * w, h * w, y0 * w, "moss"),
+            Place::Device(data) => return self.copy2d(data, &t, tc, rows * w, r * w, skip * w, h * w, y0 * w),
             Place::Host(hs) => hs,
         };
         let main = &self.gpu().stream;
