@@ -233,6 +233,8 @@ mod tests {
                 schedule: crate::sigmas::Schedule::Beta,
                 cache: Some(crate::cache::CacheConfig { max_cached: Some(3), ..crate::cache::CacheConfig::defaults(crate::cache::Method::TaylorSeer) }),
                 guidance_window: (0.0, 0.5),
+                init_image: None,
+                hires: None,
             },
             prompt_tokens_before_cut: Some(100),
             negative_tokens_before_cut: None,
