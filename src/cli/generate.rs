@@ -85,6 +85,9 @@ pub fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
 /// spec as the items of a batch (one load, the same pictures batch mode gives); `-o` is the
 /// batch's name template in its folder.
 fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<std::sync::Arc<pipeline::Prepared>>) -> anyhow::Result<u8> {
+    if spec.hires.is_some() {
+        anyhow::bail!("--hires renders one picture at a time: not with --count, --seeds or a `{{...}}` name in -o");
+    }
     if a.embeds.is_some() || a.save_latents.is_some() {
         anyhow::bail!("--count, --seeds and a `{{...}}` name in -o render through batch mode: not with --embeds or --save-latents");
     }

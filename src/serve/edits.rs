@@ -122,6 +122,8 @@ pub fn parse(form: Form, lim: &Limits, models: &[&str], base: &Request, random_s
             format!("size {}x{}{why} is above this server's limit of {} pixels (--max-size)", spec.width, spec.height, lim.max_pixels),
         ));
     }
+    crate::spec::check_inpaint_sampler(spec.sampler, spec.init_image.as_ref().is_some_and(|i| i.masked()))
+        .map_err(|e| ApiError::bad("sampler", "invalid_value", e))?;
     spec.check().map_err(|e| ApiError::bad("image", "invalid_value", e))?;
     let prepared = pics.prepare(spec).map_err(|e| ApiError::internal(format!("{e:#}")))?;
     g.req.init = Some(std::sync::Arc::new(prepared));

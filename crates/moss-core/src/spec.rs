@@ -113,9 +113,7 @@ impl PictureSpec {
     pub fn check_pictures_in(&self) -> Result<(), String> {
         if let Some(i) = &self.init_image {
             i.check(self.width, self.height)?;
-            if i.masked() && self.sampler == Sampler::Heun {
-                return Err("inpainting and outpainting take every sampler but heun (its second model call in a step has no blend of the kept region): choose another --sampler".into());
-            }
+            check_inpaint_sampler(self.sampler, i.masked())?;
         }
         if let Some(h) = &self.hires {
             if self.init_image.is_some() {
@@ -147,6 +145,16 @@ impl PictureSpec {
     pub fn trimmed(&self) -> PictureSpec {
         PictureSpec { prompt: trim(&self.prompt).to_string(), negative: trim(&self.negative).to_string(), ..self.clone() }
     }
+}
+
+/// Inpainting (a mask, or an outpainting border) blends the kept region back after every step,
+/// which every sampler but `heun` allows: its step makes two model calls, and diffusers' inpaint
+/// loop blends after each of them, a recipe moss does not follow.
+pub fn check_inpaint_sampler(sampler: Sampler, masked: bool) -> Result<(), String> {
+    if masked && sampler == Sampler::Heun {
+        return Err("sampler heun does not inpaint or outpaint (its steps make two model calls, the kept region has no single blend point): choose another sampler".into());
+    }
+    Ok(())
 }
 
 /// Steps in 1..=1000 (the training timesteps).
