@@ -284,6 +284,10 @@ fn hires_fix_renders_the_larger_picture() {
     }
     let out = dir.join("stray.png");
     assert_refused(&generate(&["--steps", "2", "--hires-steps", "3", "-o", s(&out)]), &["--hires-steps", "--hires"], &out);
+    // The hires fix renders one picture at a time.
+    let several = dir.join("p-{seed}.png");
+    assert_refused(&generate(&["--steps", "2", "--size", "32x32", "--hires", "2", "--count", "2", "-o", s(&several)]), &["--hires", "--count"], &out);
+    assert!(std::fs::read_dir(&dir).unwrap().all(|f| !f.unwrap().file_name().to_string_lossy().starts_with("p-")), "a picture was written");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -300,6 +304,18 @@ fn bad_pictures_are_refused() {
     write_png(&small, image::DynamicImage::ImageLuma8(image::GrayImage::new(32, 32)));
     assert_refused(&generate(&["--init-image", s(&init), "--mask", s(&small), "-o", s(&out)]), &["32x32", "64x64", "the init image's size"], &out);
     assert_refused(&generate(&["--strength", "0.5", "-o", s(&out)]), &["--strength", "--init-image"], &out);
+    // A PNG whose header claims 100000x100000 (a decompression bomb's shape, no pixels behind
+    // it): refused before any decoding, as the init image and as the mask.
+    let bomb = dir.join("bomb.png");
+    let mut bytes = std::io::Cursor::new(vec![]);
+    image::DynamicImage::new_rgb8(1, 1).write_to(&mut bytes, image::ImageFormat::Png).unwrap();
+    let mut bytes = bytes.into_inner();
+    bytes[16..24].copy_from_slice(&[0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0]);
+    let crc = crc32fast::hash(&bytes[12..29]);
+    bytes[29..33].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(&bomb, &bytes).unwrap();
+    assert_refused(&generate(&["--init-image", s(&bomb), "-o", s(&out)]), &["--init-image", "100000x100000"], &out);
+    assert_refused(&generate(&["--init-image", s(&init), "--mask", s(&bomb), "-o", s(&out)]), &["--mask", "100000x100000"], &out);
     // clap's refusal (its usage lines follow).
     let o = generate(&["--init-image", s(&init), "--strength", "0", "-o", s(&out)]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("strength 0 is not in (0, 1]") && !out.exists());
@@ -365,5 +381,105 @@ fn batch_items_start_from_pictures() {
     std::fs::create_dir_all(&several).unwrap();
     ok(generate(&["--steps", "3", "--init-image", s(&init), "--strength", "0.6", "--count", "2", "-o", s(&several.join("p-{seed}.png"))]));
     assert!(std::fs::read(several.join("p-42.png")).unwrap() == want0, "--count's first picture differs");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--sampler`, `--schedule` and `--guidance-window` with an init image (and a mask): the CLI's
+/// latents are those of a host loop written here over the same DiT passes: the sampler over the
+/// schedule's tail from `img2img::start_index`, started from the encoded picture noised to its
+/// first sigma, the blend after every step with a mask, the window counting the tail's steps
+/// (tests/img2img_samplers.rs pins that recipe to diffusers' pipelines). heun is refused with a
+/// mask or an outpainting border.
+#[test]
+fn samplers_and_schedules_start_from_the_picture() {
+    use moss::backend::cpu::Cpu;
+    use moss::img2img::{self, Inpaint};
+    use moss::model::dit::{Dit, MainLinears};
+    use moss::noise::TorchGenerator;
+    use moss::sampler::{self, Kind, ModelCall};
+    use moss::sampling::in_window;
+    use moss::sigmas::Schedule;
+    use moss::tensor::Tensor;
+
+    let dir = scratch("samplers");
+    let model = golden().join("tiny-a");
+    let (init, mask) = (expected("enc-64x64.png"), expected("mask-64x64.png"));
+    let e = dir.join("embeds.safetensors");
+    let o = Command::new(env!("CARGO_BIN_EXE_moss"))
+        .args(["encode", "--model", s(&model), "--device", "cpu", "--prompt", "a lighthouse", "--negative", "fog", "--precision", "fp32", "-q", "-o", s(&e)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // The reference's pieces: the encoded picture, the mask at the latent grid, the passes.
+    let ck = common::checkpoint("tiny-a");
+    let rgb = image::open(&init).unwrap().to_rgb8().into_raw();
+    let vae = ck.open_component("vae").unwrap();
+    let encoder = moss::model::vae::VaeEncoder::load(&Cpu, &vae, &ck.vae).unwrap();
+    let z0 = encoder.encode(&Cpu, &moss::model::vae::pixels_from_rgb8(&rgb, 64, 64).unwrap()).unwrap();
+    let m = img2img::latent_mask(&grey(&mask).0, 64, 64, 4, 4).unwrap();
+    let dit = Dit::load(&Cpu, &ck.open_component("transformer").unwrap(), &ck.dit, MainLinears::of(moss::options::Precision::Fp32)).unwrap();
+    let emb = moss::embeds::read(&e).unwrap();
+    let (tc, tu) = (dit.refine_text(&Cpu, &emb.cond.hidden).unwrap(), dit.refine_text(&Cpu, &emb.uncond.hidden).unwrap());
+    let reference = |kind: Kind, schedule: Schedule, steps: usize, strength: f64, window: (f64, f64), masked: bool| -> Vec<f32> {
+        let sigmas = schedule.sigmas(steps, &ck.scheduler).unwrap();
+        let tail = &sigmas[img2img::start_index(steps, strength).unwrap()..];
+        let mut gen = TorchGenerator::new(11);
+        let noise = Tensor::new(z0.shape.clone(), gen.randn(z0.numel())).unwrap();
+        let blend = masked.then(|| Inpaint::new(z0.clone(), noise.clone(), m.clone()).unwrap());
+        let mut model = |x: &[f32], c: ModelCall| {
+            let xt = Tensor::new(z0.shape.clone(), x.to_vec()).unwrap();
+            let v_c = dit.velocity(&Cpu, &xt, c.t(), &tc, &[]).unwrap();
+            if !in_window(c.step, c.steps, window) {
+                return Ok(v_c.data);
+            }
+            let v_u = dit.velocity(&Cpu, &xt, c.t(), &tu, &[22]).unwrap();
+            Ok(v_u.data.iter().zip(&v_c.data).map(|(&u, &c)| u + 3.0 * (c - u)).collect())
+        };
+        let after = |i: usize, x: Vec<f32>| match &blend {
+            Some(p) => p.after_step_host(x, tail, i),
+            None => Ok(x),
+        };
+        let start = img2img::noised(&z0, &noise, tail[0]).unwrap().data;
+        sampler::run_with(kind, tail, start, &mut gen, &mut model, after, |_, _, _| Ok(())).unwrap().0
+    };
+
+    let cases = [
+        (Kind::DpmPp2mSde, Schedule::Karras, 0.7, (0.0, 1.0), true),
+        (Kind::Heun, Schedule::Model, 0.6, (0.0, 0.5), false),
+        (Kind::UniPc, Schedule::Beta, 0.8, (0.0, 1.0), true),
+        (Kind::EulerAncestral, Schedule::Simple, 0.5, (0.25, 1.0), false),
+        (Kind::Euler, Schedule::Exponential, 0.9, (0.0, 1.0), true),
+    ];
+    let steps = 6;
+    let mut finals = vec![];
+    for (kind, schedule, strength, window, masked) in cases {
+        let tag = format!("{kind}-{schedule}-{strength}");
+        let (png, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
+        let (st, w) = (strength.to_string(), format!("{}:{}", window.0, window.1));
+        let mut args = vec!["generate", "--model", s(&model), "--device", "cpu", "--embeds", s(&e), "--precision", "fp32", "--seed", "11", "--steps", "6"];
+        args.extend(["--init-image", s(&init), "--strength", &st, "--sampler", kind.name(), "--schedule", schedule.name(), "--guidance-window", &w]);
+        args.extend(["--json", "-o", s(&png), "--save-latents", s(&lat)]);
+        if masked {
+            args.extend(["--mask", s(&mask)]);
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_moss")).args(&args).output().unwrap();
+        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+        let z = saved_latents(&lat);
+        assert!(z.data == reference(kind, schedule, steps, strength, window, masked), "{tag}: the CLI's latents are not the host loop's");
+        let j: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+        let run = steps - img2img::start_index(steps, strength).unwrap();
+        assert_eq!(j["forwards"]["calls"], kind.calls(run), "{tag}: the tail's model calls");
+        let p = moss::picture_in::read_metadata(&png).unwrap().get("parameters").unwrap().to_string();
+        assert!(p.contains(&format!("Denoising strength: {strength}")), "{tag}: {p}");
+        finals.push(z.data);
+    }
+    for (i, a) in finals.iter().enumerate() {
+        assert!(finals[i + 1..].iter().all(|b| a != b), "two runs gave the same latents");
+    }
+    // heun does not inpaint or outpaint: one line, nothing written.
+    let out = dir.join("heun.png");
+    assert_refused(&generate(&["--init-image", s(&init), "--mask", s(&mask), "--sampler", "heun", "-o", s(&out)]), &["heun", "inpaint"], &out);
+    assert_refused(&generate(&["--init-image", s(&init), "--outpaint", "16,0,0,0", "--sampler", "heun", "-o", s(&out)]), &["heun"], &out);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -197,21 +197,31 @@ async fn edits_equal_generate_and_bad_pictures_are_refused() {
     // A PNG whose header claims 100000x100000 (no pixels behind it).
     let mut bomb = png(image::DynamicImage::new_rgb8(1, 1));
     bomb[16..24].copy_from_slice(&[0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0]);
+    let crc = crc32fast::hash(&bomb[12..29]);
+    bomb[29..33].copy_from_slice(&crc.to_be_bytes());
     let p = [("prompt", "x")];
     let cases: Vec<(Vec<(&str, &str)>, Vec<(&str, &[u8])>, u16, &str)> = vec![
         (p.to_vec(), vec![], 400, "image"),
         (p.to_vec(), vec![("image", b"hello, not a picture")], 400, "image"),
         (p.to_vec(), vec![("image", &bomb)], 400, "image"),
+        (p.to_vec(), vec![("image", &ib), ("mask", &bomb)], 400, "mask"),
         (p.to_vec(), vec![("image", &ib), ("mask", &small)], 400, "mask"),
         (p.to_vec(), vec![("image", &ib), ("image", &ib)], 400, "image"),
         (vec![("prompt", "x"), ("strength", "2")], vec![("image", &ib)], 400, "strength"),
         (vec![("prompt", "x"), ("size", "100x100")], vec![("image", &ib)], 400, "size"),
         (vec![], vec![("image", &ib)], 400, "prompt"),
+        (vec![("prompt", "x"), ("sampler", "heun")], vec![("image", &ib), ("mask", &mb)], 400, "sampler"),
     ];
     for (f, files, status, param) in cases {
         let r = edit(s.port, &f, &files).await;
         assert_eq!(r.status, status, "{f:?}: {}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.error().0, param, "{f:?}");
+    }
+    // The bomb is refused from its header, its claimed size named.
+    for files in [vec![("image", &bomb[..])], vec![("image", &ib[..]), ("mask", &bomb[..])]] {
+        let r = edit(s.port, &p, &files).await;
+        let m = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(r.status == 400 && m.contains("100000x100000"), "{m}");
     }
     // A body past --max-upload: 413 in the envelope.
     let big = vec![7u8; 300_000];
