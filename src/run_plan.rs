@@ -379,6 +379,45 @@ mod tests {
         assert_eq!(decide(&nets, &none, &MemoryOptions::default()).unwrap().vae_activations, None);
     }
 
+    /// A picture in adds the VAE encoder's stage: the VAE's activations (whole, and the least
+    /// split) are the larger of the decode's and the encode's at the picture's size; the hires
+    /// fix's Lanczos upscaler encodes at the second pass's size, its latent upscaler encodes
+    /// nothing; a picture from text plans the decode alone.
+    #[test]
+    fn the_encoder_stage_is_planned() {
+        use crate::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
+        use crate::spec::{HiresSpec, InitSpec, PictureSpec, Upscaler};
+        let mut ck = crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap()).unwrap();
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+        let tiny = networks(&ck, &budget, 16, (64, 64)).unwrap();
+        // FLUX.2's widths: the activations follow the config (the networks' weights stay tiny-a's).
+        (ck.vae.block_out_channels, ck.vae.decoder_block_out_channels) = (vec![128, 256, 512, 512], vec![96, 192, 384, 384]);
+        let vae = |spec: &PictureSpec| {
+            let (w, h) = spec.out_size();
+            let mut nets = tiny.clone();
+            nets[2].activations = vae_activation_bytes(&ck.vae, h as usize / 16, w as usize / 16) as u64;
+            nets[2].strip_activations = Some(vae_split_least_bytes(&ck.vae, h as usize / 16, w as usize / 16) as u64);
+            with_pictures_in(&mut nets, &ck, spec);
+            (nets[2].activations, nets[2].strip_activations.unwrap())
+        };
+        let encode = |w: u32, h: u32| (encode_activation_bytes(&ck.vae, h as usize, w as usize) as u64, encode_split_least_bytes(&ck.vae, h as usize, w as usize) as u64);
+        let (w, h) = (1024u32, 768u32);
+        let text = PictureSpec { width: w, height: h, ..Default::default() };
+        let (dec, dec_least) = vae(&text);
+        let (enc, enc_least) = encode(w, h);
+        println!("{w}x{h}: decode {dec} (least {dec_least}), encode {enc} (least {enc_least})");
+        assert!(enc > dec || enc_least > dec_least, "the encode needs more than the decode somewhere: the case tells the stages apart");
+        let init = InitSpec { sha256: "a".repeat(64), strength: 0.5, mask_sha256: None, mask_blur: None, outpaint: None };
+        let from_picture = PictureSpec { init_image: Some(init), ..text.clone() };
+        assert_eq!(vae(&from_picture), (dec.max(enc), dec_least.max(enc_least)));
+        // The hires fix at 2x: the second pass is 2048x1536.
+        let hires = |upscaler| PictureSpec { hires: Some(HiresSpec { scale: 2.0, strength: 0.5, steps: 4, upscaler }), ..text.clone() };
+        let big = vae(&PictureSpec { width: 2 * w, height: 2 * h, ..Default::default() });
+        assert_eq!(vae(&hires(Upscaler::Latent)), big);
+        let (big_enc, big_enc_least) = encode(2 * w, 2 * h);
+        assert_eq!(vae(&hires(Upscaler::Lanczos)), (big.0.max(big_enc), big.1.max(big_enc_least)));
+    }
+
     /// The full-size DiT (42 blocks of dim 3072, FFN 8192, ~0.33 B other parameters in bf16):
     /// resident at fp8 its matrices take 1 byte an element and an f32 scale a row, 5.04 GiB in
     /// all (the "resident DiT 5.1 GB"), against 9.5 GiB at bf16; streamed from a bf16

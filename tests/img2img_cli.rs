@@ -276,7 +276,8 @@ fn hires_fix_renders_the_larger_picture() {
         let (_, w, h) = pixels(&out);
         assert_eq!((w, h), (64, 64), "{up}");
         let p = moss::picture_in::read_metadata(&out).unwrap().get("parameters").unwrap().to_string();
-        assert!(p.contains("Size: 32x32") && p.contains("Hires upscale: 2, Hires resize: 64x64, Hires steps: 3"), "{p}");
+        let label = if up == "latent" { "Latent" } else { "Lanczos" };
+        assert!(p.contains("Size: 32x32") && p.contains(&format!("Hires upscale: 2, Hires resize: 64x64, Hires steps: 3, Hires upscaler: {label}")), "{p}");
         // --from renders it again.
         let again = dir.join(format!("{up}-again.png"));
         ok(generate(&["--from", s(&out), "-o", s(&again)]));
