@@ -400,7 +400,9 @@ mod tests {
             with_pictures_in(&mut nets, &ck, spec);
             (nets[2].activations, nets[2].strip_activations.unwrap())
         };
-        let encode = |w: u32, h: u32| (encode_activation_bytes(&ck.vae, h as usize, w as usize) as u64, encode_split_least_bytes(&ck.vae, h as usize, w as usize) as u64);
+        let encode = |w: u32, h: u32| {
+            (encode_activation_bytes(&ck.vae, h as usize, w as usize) as u64, encode_split_least_bytes(&ck.vae, h as usize, w as usize) as u64)
+        };
         let (w, h) = (1024u32, 768u32);
         let text = PictureSpec { width: w, height: h, ..Default::default() };
         let (dec, dec_least) = vae(&text);

@@ -10,7 +10,21 @@ pub const DEFAULT_NAME: &str = "{index:05}-{seed}.png";
 
 /// The JSON fields a line may set.
 pub const FIELDS: [&str; 15] = [
-    "prompt", "negative", "seed", "size", "steps", "guidance", "sampler", "schedule", "cache", "guidance_window", "out", "init_image", "mask", "strength", "mask_blur",
+    "prompt",
+    "negative",
+    "seed",
+    "size",
+    "steps",
+    "guidance",
+    "sampler",
+    "schedule",
+    "cache",
+    "guidance_window",
+    "out",
+    "init_image",
+    "mask",
+    "strength",
+    "mask_blur",
 ];
 
 /// Characters `{stem}` keeps when no width is given.

@@ -215,7 +215,14 @@ impl<B: Serving> Engine<B> {
         Ok(Some(pipeline::Start::of(p, z0)?))
     }
 
-    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, start: Option<&pipeline::Start>, progress: &mut dyn Progress) -> Result<pipeline::Denoised> {
+    fn latents(
+        &self,
+        req: &Request,
+        cond: &Tensor,
+        uncond: &Tensor,
+        start: Option<&pipeline::Start>,
+        progress: &mut dyn Progress,
+    ) -> Result<pipeline::Denoised> {
         let mut per_request = None;
         let dit = self.dit.or_load(&mut per_request, || {
             Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)

@@ -152,7 +152,10 @@ impl PictureSpec {
 /// loop blends after each of them, a recipe moss does not follow.
 pub fn check_inpaint_sampler(sampler: Sampler, masked: bool) -> Result<(), String> {
     if masked && sampler == Sampler::Heun {
-        return Err("sampler heun does not inpaint or outpaint (its steps make two model calls, the kept region has no single blend point): choose another sampler".into());
+        return Err(
+            "sampler heun does not inpaint or outpaint (its steps make two model calls, the kept region has no single blend point): choose another sampler"
+                .into(),
+        );
     }
     Ok(())
 }
