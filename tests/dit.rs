@@ -159,6 +159,7 @@ fn loop_request(e: &Expected) -> Request {
         preview: None,
         preview_every: 1,
         forwards: None,
+        init: None,
     }
 }
 

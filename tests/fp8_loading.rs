@@ -52,6 +52,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         preview: None,
         preview_every: 1,
         forwards: None,
+        init: None,
     }
 }
 

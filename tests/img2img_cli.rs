@@ -102,7 +102,7 @@ fn img2img_matches_the_torch_reference() {
     assert_close("img2img latents vs the torch reference", &z.data, &exp.tensor("img2img.latents").data, 1e-4);
     let (got, w, h) = pixels(&out);
     assert_eq!((w, h), (64, 64));
-    let (big, ones) = off(&got, &exp.raw("img2img.pixels"));
+    let (big, ones) = off(&got, exp.raw("img2img.pixels"));
     assert!(big == 0 && ones <= 16, "img2img pixels: {big} off by more than one, {ones} by one");
     // The settings: the picture's sha256 and the strength; A1111's `Denoising strength`.
     let j = settings(&out);

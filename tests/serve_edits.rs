@@ -200,7 +200,8 @@ async fn edits_equal_generate_and_bad_pictures_are_refused() {
     let crc = crc32fast::hash(&bomb[12..29]);
     bomb[29..33].copy_from_slice(&crc.to_be_bytes());
     let p = [("prompt", "x")];
-    let cases: Vec<(Vec<(&str, &str)>, Vec<(&str, &[u8])>, u16, &str)> = vec![
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a [u8])>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (p.to_vec(), vec![], 400, "image"),
         (p.to_vec(), vec![("image", b"hello, not a picture")], 400, "image"),
         (p.to_vec(), vec![("image", &bomb)], 400, "image"),

@@ -39,6 +39,7 @@ fn request(seed: u64) -> Request {
         preview: None,
         preview_every: 1,
         forwards: None,
+        init: None,
     }
 }
 

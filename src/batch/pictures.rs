@@ -12,11 +12,17 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// A list item's files: the init image and its mask.
+type Files = (PathBuf, Option<PathBuf>);
+
+/// A preparation's key: the files, the size, the mask blur and the strength's bits.
+type PreparedKey = (PathBuf, Option<PathBuf>, u32, u32, u32, u64);
+
 /// The pictures read so far, and their preparations at the sizes asked.
 #[derive(Default)]
 pub(super) struct Cache {
-    read: HashMap<(PathBuf, Option<PathBuf>), Arc<PicturesIn>>,
-    prepared: HashMap<(PathBuf, Option<PathBuf>, u32, u32, u32, u64), Arc<Prepared>>,
+    read: HashMap<Files, Arc<PicturesIn>>,
+    prepared: HashMap<PreparedKey, Arc<Prepared>>,
 }
 
 /// A list's path field as a file: relative to the list's folder `dir`, inside it.

@@ -169,16 +169,16 @@ mod tests {
         let img = png(image::DynamicImage::new_rgb8(48, 80));
         let p = ("prompt", Value::from("x"));
         let cases: Vec<(Form, u16, &str)> = vec![
-            (form(None, None, &[p.clone()]), 400, "image"),
-            (form(Some(b"not a picture".to_vec()), None, &[p.clone()]), 400, "image"),
-            (form(Some(img.clone()), Some(png(image::DynamicImage::new_luma8(16, 16))), &[p.clone()]), 400, "mask"),
-            (form(Some(img.clone()), Some(b"GIF89a".to_vec()), &[p.clone()]), 400, "mask"),
+            (form(None, None, std::slice::from_ref(&p)), 400, "image"),
+            (form(Some(b"not a picture".to_vec()), None, std::slice::from_ref(&p)), 400, "image"),
+            (form(Some(img.clone()), Some(png(image::DynamicImage::new_luma8(16, 16))), std::slice::from_ref(&p)), 400, "mask"),
+            (form(Some(img.clone()), Some(b"GIF89a".to_vec()), std::slice::from_ref(&p)), 400, "mask"),
             (form(Some(img.clone()), None, &[p.clone(), ("strength", 0.0.into())]), 400, "strength"),
             (form(Some(img.clone()), None, &[p.clone(), ("strength", "lots".into())]), 400, "strength"),
             (form(Some(img.clone()), None, &[p.clone(), ("mask_blur", 2.5.into())]), 400, "mask_blur"),
             (form(Some(img.clone()), None, &[p.clone(), ("size", "512x512".into())]), 400, "size"),
-            (form(Some(png(image::DynamicImage::new_rgb8(512, 512))), None, &[p.clone()]), 400, "size"),
-            (form(Some(png(image::DynamicImage::new_rgb8(8, 8))), None, &[p.clone()]), 400, "image"),
+            (form(Some(png(image::DynamicImage::new_rgb8(512, 512))), None, std::slice::from_ref(&p)), 400, "size"),
+            (form(Some(png(image::DynamicImage::new_rgb8(8, 8))), None, std::slice::from_ref(&p)), 400, "image"),
             (form(Some(img.clone()), None, &[p.clone(), ("colour", "red".into())]), 400, "colour"),
             (form(Some(img), None, &[]), 400, "prompt"),
         ];
