@@ -1,72 +1,13 @@
 //! One run's memory plan (`--max-vram`): the three networks' byte counts read from the
-//! checkpoint (at the run's precision) and the run's sizes, placed by [`crate::memory_plan`]
-//! under the cap before any weights load. Decides what `generate` loads resident, what streams,
+//! checkpoint (at the run's precision) and the run's sizes, placed by [`super`] under the cap
+//! before any weights load. Decides what `generate` loads resident, what streams,
 //! and whether the transformer may load while the text encoder runs.
 
-use crate::backend::cuda::ops::DType;
-use crate::backend::cuda::plan::{dit_activation_bytes, encoder_activation_bytes};
-use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes};
+use super::{Budget, MemoryOptions, Network, Placement, Plan, PREFETCH, RESERVE};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
-use crate::memory_plan::{self, Network, Placement, Plan};
 use crate::model::dit::mats::{self, Kind};
-use crate::model::dit::MainLinears;
 use crate::model::encoder::layer_matrix_names;
 use anyhow::Result;
-
-/// How a run may use device memory (the CLI's `--max-vram`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MemoryOptions {
-    /// The cap in GiB (`None`: the device's free memory less a reserve; on the CPU, no cap).
-    pub max_vram_gib: Option<f64>,
-}
-
-/// The device a plan is made for.
-#[derive(Clone, Copy, Debug)]
-pub struct Budget {
-    /// Free and total bytes (`None`: the CPU, planned only under an explicit cap).
-    pub memory: Option<(u64, u64)>,
-    /// Device bytes the process holds outside its allocations (the CUDA context, modules,
-    /// cuBLASLt workspace): part of the cap, as `nvidia-smi` counts them. 0 on the CPU.
-    pub overhead: u64,
-    /// Bytes a loaded weight element of a stored dtype takes.
-    pub bf16_loaded: usize,
-    /// The activation dtype.
-    pub act: DType,
-    /// How the transformer's main blocks hold their matrices (the run's precision).
-    pub linears: MainLinears,
-}
-
-impl Budget {
-    /// The CPU: no device memory to measure (planned only under an explicit cap), fp32 throughout.
-    pub fn cpu() -> Budget {
-        Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense }
-    }
-
-    /// This budget for a run whose transformer holds its main blocks' matrices as `linears`.
-    pub fn with_linears(self, linears: MainLinears) -> Budget {
-        Budget { linears, ..self }
-    }
-
-    /// The CUDA device `cu` now, at its precision.
-    pub fn cuda(cu: &crate::backend::cuda::ops::Cuda) -> Result<Budget> {
-        let (free, total) = cu.gpu().mem_info()?;
-        let bf16_loaded = crate::backend::cuda::ops::loaded_dtype(Dtype::BF16, cu.precision).size();
-        let linears = MainLinears::of(cu.precision);
-        Ok(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded, act: cu.act_dtype(), linears })
-    }
-
-    /// The cap `opts` asks for on this device (on the CPU: the one given, else none), and the
-    /// warning when it was clamped to the device.
-    pub fn cap(&self, opts: &MemoryOptions) -> (u64, Option<String>) {
-        match self.memory {
-            Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, self.overhead),
-            None => match opts.max_vram_gib {
-                Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
-                None => (u64::MAX, None),
-            },
-        }
-    }
-}
 
 /// What a run loads and how.
 #[derive(Clone, Debug)]
@@ -123,7 +64,7 @@ fn dit_block(c: &Component, i: usize, budget: &Budget) -> Result<MatrixBytes> {
         let numel = infos.iter().map(|t| t.numel() as u64).sum();
         let rows = infos.iter().map(|t| t.shape.first().copied().unwrap_or(1) as u64).sum();
         let stored = infos.iter().map(|t| loaded(t.dtype, t.numel(), budget.bf16_loaded)).sum();
-        let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act.size() as u64);
+        let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act as u64);
         sum = MatrixBytes { resident: sum.resident + m.resident, slot: sum.slot + m.slot, derived: sum.derived + m.derived };
     }
     Ok(sum)
@@ -155,8 +96,8 @@ fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<St
 /// step's two passes go through the blocks together) the other pass's stream and modulated norm
 /// (`[N, D]` each) beside it; with LoRAs, one tensor's merge scratch (streamed blocks merge at
 /// every fetch, beside the activations).
-pub fn dit_activations(ck: &Checkpoint, tokens: usize, act: DType) -> u64 {
-    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size() + ck.loras.scratch_bytes()) as u64
+pub fn dit_activations(ck: &Checkpoint, budget: &Budget, tokens: usize) -> u64 {
+    budget.activations.dit(&ck.dit, tokens, budget.act) + (2 * tokens * ck.dit.dim * budget.act + ck.loras.scratch_bytes()) as u64
 }
 
 /// The three networks of `ck` for prompts of `tokens` tokens and a `w` x `h` picture.
@@ -182,6 +123,7 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + dit_all;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
+    let vae_decode = budget.activations.vae_decode(&ck.vae, lh, lw);
     Ok(vec![
         Network {
             name: "text_encoder",
@@ -191,12 +133,12 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             all_blocks: enc_all,
             slot_bytes: enc_block,
             derived_bytes: 0,
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
             host_only: bytes_under(&enc, "embed_tokens.", bl),
             // A picture's prompts go through the layers together: the other prompt's stream and
             // its norm ([L, hidden] each) live beside one forward's peak.
-            activations: (encoder_activation_bytes(&ck.encoder, text, budget.act) + 2 * text * ck.encoder.hidden_size * budget.act.size()) as u64,
+            activations: budget.activations.encoder(&ck.encoder, text, budget.act) + (2 * text * ck.encoder.hidden_size * budget.act) as u64,
             strip_activations: None,
         },
         Network {
@@ -207,9 +149,9 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             all_blocks: dit_all,
             slot_bytes: most(|b| b.slot),
             derived_bytes: most(|b| b.derived),
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             host_only: 0,
-            activations: dit_activations(ck, lh * lw + text, budget.act),
+            activations: dit_activations(ck, budget, lh * lw + text),
             strip_activations: None,
         },
         Network {
@@ -222,21 +164,20 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             derived_bytes: 0,
             ahead: 0,
             host_only: 0,
-            activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
-            strip_activations: Some(vae_split_least_bytes(&ck.vae, lh, lw) as u64),
+            activations: vae_decode.0,
+            strip_activations: Some(vae_decode.1),
         },
     ])
 }
 
 /// The VAE stage of a run with a picture in (img2img, inpainting): the VAE then also encodes a
 /// `w`×`h` picture, so its activations are the larger of the decode's and the encode's, whole
-/// and in the least split (`crate::backend::cuda::vae::encode_plan`).
-pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, (w, h): (u32, u32)) {
-    use crate::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
-    let (h, w) = (h as usize, w as usize);
+/// and in the least split.
+pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, budget: &Budget, (w, h): (u32, u32)) {
+    let (whole, least) = budget.activations.vae_encode(&ck.vae, h as usize, w as usize);
     for n in nets.iter_mut().filter(|n| n.name == "vae") {
-        n.activations = n.activations.max(encode_activation_bytes(&ck.vae, h, w) as u64);
-        n.strip_activations = n.strip_activations.map(|s| s.max(encode_split_least_bytes(&ck.vae, h, w) as u64));
+        n.activations = n.activations.max(whole);
+        n.strip_activations = n.strip_activations.map(|s| s.max(least));
     }
 }
 
@@ -244,7 +185,7 @@ pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, (w, h): (u32, u32)
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {
     let (cap, warning) = budget.cap(opts);
-    let plan = memory_plan::plan_for_process(cap, budget.overhead, nets)?;
+    let plan = super::plan_for_process(cap, budget.overhead, nets)?;
     let resident = |name: &str, all: u64| match plan.networks.iter().find(|n| n.name == name).map(|n| &n.placement) {
         Some(Placement::Streamed { resident, .. }) => *resident as usize,
         _ => all as usize,
@@ -254,7 +195,7 @@ pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result
     let both_resident = encoder_resident as u64 == nets[0].blocks && dit_resident as u64 == nets[1].blocks;
     let enc_peak = plan.networks[0].device_bytes;
     let overlap = both_resident && enc_peak.saturating_add(nets[1].weights).saturating_add(budget.overhead) <= cap;
-    let vae_activations = (cap != u64::MAX).then(|| cap.saturating_sub(budget.overhead + nets[2].weights + memory_plan::RESERVE));
+    let vae_activations = (cap != u64::MAX).then(|| cap.saturating_sub(budget.overhead + nets[2].weights + RESERVE));
     Ok(RunPlan { plan, encoder_resident, dit_resident, overlap, vae_activations, warning })
 }
 
@@ -278,9 +219,29 @@ impl RunPlan {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Activations;
     use super::*;
+    use crate::checkpoint::config::{DitConfig, EncoderConfig, VaeConfig};
+    use crate::model::dit::MainLinears;
 
     const GB: u64 = 1 << 30;
+
+    /// Activations in proportion to tokens and pixels: these tests are about weights and caps.
+    struct Flat;
+    impl Activations for Flat {
+        fn dit(&self, cfg: &DitConfig, tokens: usize, act: usize) -> u64 {
+            (8 * tokens * cfg.dim * act) as u64
+        }
+        fn encoder(&self, cfg: &EncoderConfig, tokens: usize, act: usize) -> u64 {
+            (8 * tokens * cfg.hidden_size * act) as u64
+        }
+        fn vae_decode(&self, _: &VaeConfig, lh: usize, lw: usize) -> (u64, u64) {
+            (((lh * lw) as u64) << 12, ((lh * lw) as u64) << 10)
+        }
+        fn vae_encode(&self, _: &VaeConfig, h: usize, w: usize) -> (u64, u64) {
+            (((h * w) as u64) << 6, ((h * w) as u64) << 4)
+        }
+    }
 
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
@@ -292,15 +253,15 @@ mod tests {
     /// anything loads; the CPU plans the same file (it dequantizes as it loads).
     #[test]
     fn quantized_files_are_refused_on_the_gpu_before_loading() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-b");
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/tiny-b");
         let files = crate::checkpoint::ComponentFiles {
-            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/quant/tiny-b-mixed.gguf").into()),
+            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/quant/tiny-b-mixed.gguf").into()),
             text_encoder: None,
         };
         let ck = crate::checkpoint::Checkpoint::open_with(crate::checkpoint::locate(root).unwrap(), files).unwrap();
-        let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
+        let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: MainLinears::Dense, activations: &Flat };
         assert!(networks(&ck, &cpu, 16, (64, 64)).is_ok());
-        let gpu = Budget { memory: Some((80 * GB, 80 * GB)), bf16_loaded: 2, act: DType::BF16, ..cpu };
+        let gpu = Budget { memory: Some((80 * GB, 80 * GB)), bf16_loaded: 2, act: 2, ..cpu };
         let err = networks(&ck, &gpu, 16, (64, 64)).unwrap_err().to_string();
         assert!(err.contains("`layers.0.proj.ffn_down.weight` is Q8_0: the CUDA backend does not run quantized weights yet"), "{err}");
     }
@@ -310,10 +271,11 @@ mod tests {
     /// a block with it, and every planned peak stays under the cap.
     #[test]
     fn the_merge_scratch_is_planned() {
-        let mut ck = crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap()).unwrap();
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+        let mut ck =
+            crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/tiny-a")).unwrap()).unwrap();
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: 2, linears: MainLinears::Dense, activations: &Flat };
         let plain = networks(&ck, &budget, 16, (256, 256)).unwrap();
-        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/lora/kohya.safetensors");
+        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/lora/kohya.safetensors");
         ck.attach_loras(&[crate::lora::LoraSpec { path: lora.into(), scale: 1.0 }]).unwrap();
         let scratch = ck.loras.scratch_bytes() as u64;
         assert!(scratch > 0);
@@ -322,7 +284,7 @@ mod tests {
         assert_eq!((with[0].activations, with[2].activations), (plain[0].activations, plain[2].activations), "only the transformer merges");
         // The least room that holds the transformer resident without the LoRA does not with it.
         let (p, w) = (&plain[1], &with[1]);
-        let room = p.weights + p.activations + memory_plan::RESERVE;
+        let room = p.weights + p.activations + RESERVE;
         assert_eq!(p.place(room).unwrap().placement, Placement::Resident);
         let streamed = w.place(room).expect("the transformer streams in that room");
         assert!(matches!(streamed.placement, Placement::Streamed { .. }), "{streamed:?}");
@@ -330,7 +292,7 @@ mod tests {
         for room in [room, room + scratch, room - 3 * w.block_bytes] {
             let Some(n) = w.place(room) else { continue };
             assert!(n.device_bytes <= room, "{room}: the transformer's peak {} over the room", n.device_bytes);
-            assert!(n.device_bytes >= w.activations + memory_plan::RESERVE, "{room}: the peak leaves out the scratch");
+            assert!(n.device_bytes >= w.activations + RESERVE, "{room}: the peak leaves out the scratch");
         }
     }
 
@@ -344,7 +306,7 @@ mod tests {
         let nets = vec![net("text_encoder", 2 * GB, 4, GB / 4, None), net("transformer", 2 * GB, 4, GB / 4, None), net("vae", weights, 0, act, Some(strips))];
         let mut seen = (0, 0);
         for overhead in [0, 600 << 20] {
-            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: 2, linears: MainLinears::Dense, activations: &Flat };
             for tenth in 20..80 {
                 let opts = MemoryOptions { max_vram_gib: Some(tenth as f64 / 10.0) };
                 let Ok(p) = decide(&nets, &budget, &opts) else { continue };
@@ -363,7 +325,7 @@ mod tests {
             }
         }
         assert!(seen.0 > 0 && seen.1 > 0, "caps planned whole {} and strips {} times", seen.0, seen.1);
-        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
+        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: MainLinears::Dense, activations: &Flat };
         assert_eq!(decide(&nets, &none, &MemoryOptions::default()).unwrap().vae_activations, None);
     }
 
@@ -401,7 +363,7 @@ mod tests {
             all_blocks: 42 * b.resident,
             slot_bytes: b.slot,
             derived_bytes: b.derived,
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             host_only: 0,
             activations: GB,
             strip_activations: None,
