@@ -115,7 +115,7 @@ pub fn hadamard_signs(n: usize) -> Vec<i8> {
 }
 
 /// The values of the int8 weight `info`: `q · scale` per row, and with ConvRot each group turned
-/// back (`W = W_rot · H`, summed in f64, rounded once).
+/// back ([`dequantize_rows`]).
 pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
     let codes = store.bytes(info);
     let Some(rs) = &info.row_scales else {
@@ -123,11 +123,17 @@ pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
     };
     let scales = row_scales(store, info, rs)?;
     let cols = info.numel() / scales.len().max(1);
-    let mut out: Vec<f32> = Vec::with_capacity(info.numel());
-    for (row, s) in codes.chunks(cols.max(1)).zip(&scales) {
+    Ok(dequantize_rows(codes, &scales, cols, rs.convrot))
+}
+
+/// The values of int8 `codes` (rows of `cols`) with one scale a row: `q · scale` (an f32 product),
+/// and with ConvRot each group of `g` turned back (`W = W_rot · H`, summed in f64, rounded once).
+pub fn dequantize_rows(codes: &[u8], scales: &[f32], cols: usize, convrot: Option<usize>) -> Vec<f32> {
+    let mut out: Vec<f32> = Vec::with_capacity(codes.len());
+    for (row, s) in codes.chunks(cols.max(1)).zip(scales) {
         out.extend(row.iter().map(|&c| c as i8 as f32 * s));
     }
-    if let Some(g) = rs.convrot {
+    if let Some(g) = convrot {
         let h = hadamard_signs(g);
         let norm = 1.0 / (g as f64).sqrt();
         let mut turned = vec![0f64; g];
@@ -138,7 +144,7 @@ pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
             group.iter_mut().zip(&turned).for_each(|(v, t)| *v = *t as f32);
         }
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
