@@ -231,7 +231,7 @@ mod tests {
     #[test]
     fn parts_pack_aligned_with_int8_scales_after_their_codes() {
         let l = Layout::new(256, &[(3, Format::Ggml(GgmlType::Q4_K)), (5, Format::Int8 { convrot: Some(256) }), (2, Format::BF16)]);
-        let q4k = 3 * 144;
+        let q4k = 3 * 144usize;
         assert_eq!(l.parts[0], Part { rows: 3, format: Format::Ggml(GgmlType::Q4_K), data: 0, scales: None });
         assert_eq!((l.parts[1].data, l.parts[1].scales), (q4k.next_multiple_of(16), Some((q4k.next_multiple_of(16) + 5 * 256).next_multiple_of(16))));
         assert_eq!(l.parts[2].data, (l.parts[1].scales.unwrap() + 20).next_multiple_of(16));

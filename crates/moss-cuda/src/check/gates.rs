@@ -304,6 +304,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             .chain(crate::check::vae::GATES)
             .chain(crate::check::vae_encode::GATES)
             .chain(crate::check::lora::GATES)
+            .chain(crate::check::quant::GATES)
             .chain(super::fp8::GATES)
             .chain(super::fp8_act::GATES)
         {
@@ -412,6 +413,7 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     super::linear_situ_glu_fp8::time_linear_situ_fp8(&c)?;
     super::linear_qkv_norm_rope::time_linear_qkv(&c)?;
     super::lora::time_merge(&c)?;
+    super::quant::time_dequant(&c)?;
     super::fp8::time_fp8(&c)?;
     super::fp8_act::time_fp8_act(&c)
 }
