@@ -330,6 +330,10 @@ impl RunPlan {
 }
 
 #[cfg(test)]
+#[path = "run_plan_quant_tests.rs"]
+mod quant_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -339,23 +343,6 @@ mod tests {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
         let (all_blocks, slot_bytes, derived_bytes) = (blocks * block_bytes, block_bytes, 0);
         Network { name, weights, blocks, block_bytes, all_blocks, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
-    }
-
-    /// A GPU plan refuses the quantized tensors the CUDA backend does not run yet, naming one, before
-    /// anything loads; the CPU plans the same file (it dequantizes as it loads).
-    #[test]
-    fn quantized_files_are_refused_on_the_gpu_before_loading() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-b");
-        let files = crate::checkpoint::ComponentFiles {
-            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/quant/tiny-b-mixed.gguf").into()),
-            text_encoder: None,
-        };
-        let ck = crate::checkpoint::Checkpoint::open_with(crate::checkpoint::locate(root).unwrap(), files).unwrap();
-        let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
-        assert!(networks(&ck, &cpu, 16, (64, 64)).is_ok());
-        let gpu = Budget { memory: Some((80 * GB, 80 * GB)), bf16_loaded: 2, act: DType::BF16, ..cpu };
-        let err = networks(&ck, &gpu, 16, (64, 64)).unwrap_err().to_string();
-        assert!(err.contains("`layers.0.proj.ffn_down.weight` is Q8_0: the CUDA backend does not run quantized weights yet"), "{err}");
     }
 
     /// With LoRAs attached the transformer's activations hold one tensor's merge scratch, so the

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 
 mod fp8;
 mod launch;
-mod quant;
 pub mod mover;
+mod quant;
 pub(crate) mod ring;
 mod tensor_ops;
 mod tma;

@@ -153,7 +153,7 @@ pub fn dequantize_rows(codes: &[u8], scales: &[f32], cols: usize, convrot: Optio
 /// the direct sum `Σ_k v_k·H[k][j]` (`cuda/dit/dequant.cu` sums the same integers in 64 bits).
 pub fn turn_back(v: &mut [f64]) {
     let g = v.len();
-    let r = if g.trailing_zeros() % 2 == 0 { 4 } else { 2 };
+    let r = if g.trailing_zeros().is_multiple_of(2) { 4 } else { 2 };
     let mut stride = 1;
     while stride < g {
         for base in (0..g).step_by(stride * r) {

@@ -207,9 +207,9 @@ impl Layout {
 /// int8 + ConvRot in groups larger than [`MAX_CONVROT_GROUP`].
 pub fn gpu_refusal(full: &str, info: &TensorInfo) -> Option<String> {
     match Format::of(info)? {
-        Format::Int8 { convrot: Some(g) } if g > MAX_CONVROT_GROUP => Some(format!(
-            "`{full}` is int8 + ConvRot in groups of {g}: the CUDA backend turns groups of up to {MAX_CONVROT_GROUP} back (--device cpu runs it)"
-        )),
+        Format::Int8 { convrot: Some(g) } if g > MAX_CONVROT_GROUP => {
+            Some(format!("`{full}` is int8 + ConvRot in groups of {g}: the CUDA backend turns groups of up to {MAX_CONVROT_GROUP} back (--device cpu runs it)"))
+        }
         _ => None,
     }
 }
@@ -257,5 +257,21 @@ mod tests {
         let v = l.dequantize(&b).unwrap();
         assert_eq!(v.len(), 4 * 32);
         assert_eq!((v[0], v[32], v[64 + 1], v[96 + 1]), (2.0, -6.0, 1.75, 1.5));
+    }
+
+    /// What the GPU cannot turn back is refused in one line naming the tensor and its type; the
+    /// groups it can are not.
+    #[test]
+    fn convrot_groups_past_the_tile_are_refused() {
+        let scaled = |g: usize| {
+            let mut t = TensorInfo::new(Dtype::I8, vec![4, 8192], 0, 0, 4 * 8192);
+            let scale = TensorInfo::new(Dtype::F32, vec![4], 0, 0, 16);
+            t.row_scales = Some(Box::new(super::super::tensors::RowScales { scale, convrot: Some(g), scale_name: "w.weight_scale".into() }));
+            t
+        };
+        let e = gpu_refusal("layers.0.proj.o.weight", &scaled(8192)).expect("refused");
+        assert_eq!(e, "`layers.0.proj.o.weight` is int8 + ConvRot in groups of 8192: the CUDA backend turns groups of up to 4096 back (--device cpu runs it)");
+        assert_eq!(gpu_refusal("w", &scaled(4096)), None);
+        assert_eq!(gpu_refusal("w", &TensorInfo::new(Dtype::Ggml(GgmlType::Q4_K), vec![4, 256], 0, 0, 4 * 144)), None);
     }
 }

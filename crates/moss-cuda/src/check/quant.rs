@@ -16,7 +16,8 @@ use moss_core::checkpoint::kept::{Format, Layout};
 use moss_core::tensor::Tensor;
 
 /// The gates, in table order.
-pub const GATES: &[(&str, GateFn)] = &[("dequantize (ggml blocks)", gate_ggml), ("dequantize (int8, ConvRot)", gate_int8), ("kept matrices in products", gate_products)];
+pub const GATES: &[(&str, GateFn)] =
+    &[("dequantize (ggml blocks)", gate_ggml), ("dequantize (int8, ConvRot)", gate_int8), ("kept matrices in products", gate_products)];
 
 /// Random packed bytes of `layout`: random codes, f16 block scales in a weight's range, positive
 /// f32 row scales.
@@ -184,7 +185,13 @@ pub fn time_dequant(cuda: &Cuda) -> Result<()> {
     let c = cuda.with_precision(moss_core::options::Precision::Bf16);
     let mut rng = Rng::new(11);
     let x = c.upload_as(&Tensor::new(vec![TOKENS, DIM], rng.normals(TOKENS * DIM, 1.0))?, DType::BF16)?;
-    for f in [Format::Ggml(GgmlType::Q8_0), Format::Ggml(GgmlType::Q6_K), Format::Ggml(GgmlType::Q4_K), Format::Int8 { convrot: None }, Format::Int8 { convrot: Some(256) }] {
+    for f in [
+        Format::Ggml(GgmlType::Q8_0),
+        Format::Ggml(GgmlType::Q6_K),
+        Format::Ggml(GgmlType::Q4_K),
+        Format::Int8 { convrot: None },
+        Format::Int8 { convrot: Some(256) },
+    ] {
         let layout = Layout::new(DIM, &[(2 * FFN, f)]);
         let w = c.upload_kept(&layout, &random_bytes(&mut rng, &layout))?;
         let deq = time_ms(&c, 5, 20, || c.dequantize(&w, DType::BF16).map(|_| ()))?;

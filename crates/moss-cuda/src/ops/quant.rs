@@ -106,10 +106,12 @@ impl Cuda {
         let blocks = |work: usize| self.grid_for(work);
         match p.format {
             Format::Ggml(t) => ggml_family(t).launch(self, (blocks(n / 8), DIT_DEQ_THREADS as u32, 0), out, Dev::new(data, Elem::U8), n as i64),
-            Format::Int8 { convrot: None } => kernels::DEQUANT_INT8.launch(self, (blocks(n), DIT_DEQ_THREADS as u32, 0), out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64),
+            Format::Int8 { convrot: None } => {
+                kernels::DEQUANT_INT8.launch(self, (blocks(n), DIT_DEQ_THREADS as u32, 0), out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64)
+            }
             Format::Int8 { convrot: Some(g) } => {
                 let tiles = n.div_ceil(g.max(crate::launch::DIT_DEQ_ROT_TILE)) as u32;
-                let radix4 = g.trailing_zeros() % 2 == 0;
+                let radix4 = g.trailing_zeros().is_multiple_of(2);
                 let norm = 1.0 / (g as f64).sqrt();
                 let cfg = (tiles.clamp(1, self.sm_count() as u32 * 8), DIT_DEQ_THREADS as u32, 0);
                 kernels::DEQUANT_INT8_ROT.launch(self, cfg, out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64, g as i32, radix4 as i32, norm)
@@ -148,5 +150,14 @@ impl Cuda {
             self.dequantize_rows(table, p, r, 1, Dev::new(out.ptr() + (j * layout.k * dt.size()) as u64, dt))?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernel's shared-memory tile is the largest group moss-core lets the GPU keep.
+    #[test]
+    fn the_rotation_tile_holds_the_largest_kept_group() {
+        assert_eq!(crate::launch::DIT_DEQ_ROT_TILE, moss_core::checkpoint::kept::MAX_CONVROT_GROUP);
     }
 }
