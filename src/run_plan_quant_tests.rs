@@ -117,3 +117,107 @@ fn full_size_block_bytes_per_format() {
     let q4 = 42.0 * per_block(Format::Ggml(GgmlType::Q4_K)) as f64 / GB as f64;
     assert!((2.45..2.55).contains(&q4), "{q4:.2} GiB");
 }
+
+/// The README's memory table: the planner at full size (1024x1024, bf16 activations as
+/// `memory_plan_tests` takes them, a 0.54 GiB context) with each format's byte counts: the DiT's
+/// matrices (its 42 blocks and its other 0.33 B parameters) at the format's bytes, the text encoder
+/// in bf16 (GGUF text encoders are not read) or int8 (the comfy_quant rows: its layers int8, its
+/// embedding table bf16), plus the dequantized scratch of the largest matrix. Computed, not measured.
+/// Every format keeps at least as many DiT blocks resident as bf16 at every cap.
+#[test]
+fn readme_memory_table_per_format() {
+    use crate::checkpoint::ggml::GgmlType;
+    use crate::checkpoint::kept::Format;
+    use crate::memory_plan::{plan_for_process, NetworkPlan};
+    let (d, f) = (3072usize, 8192usize);
+    let block = [(3 * d, d), (d, d), (2 * f, d), (d, f)];
+    let params: usize = block.iter().map(|&(r, k)| r * k).sum();
+    let bytes = |fm: Option<Format>, rows: usize, k: usize| -> u64 {
+        match fm {
+            None => (2 * rows * k) as u64,
+            Some(fm) => Layout::new(k, &[(rows, fm)]).bytes as u64,
+        }
+    };
+    let nets = |fm: Option<Format>, te_int8: bool| -> Vec<Network> {
+        let mut all = full_size_bf16();
+        let per_block: u64 = block.iter().map(|&(r, k)| bytes(fm, r, k)).sum();
+        let other = bytes(fm, 326_000_000 / d, d);
+        let scratch = if fm.is_some() { (2 * 2 * f * d) as u64 } else { 0 };
+        let dit = &mut all[1];
+        (dit.weights, dit.block_bytes, dit.all_blocks, dit.slot_bytes) = (42 * per_block + other, per_block, 42 * per_block, per_block);
+        dit.activations += scratch;
+        if te_int8 {
+            let enc = &mut all[0];
+            let layer = enc.block_bytes / 2; // bf16 → a byte a weight (the scales are under 0.1%)
+            let rest = enc.weights - enc.all_blocks;
+            (enc.weights, enc.block_bytes, enc.all_blocks, enc.slot_bytes) = (rest + 32 * layer, layer, 32 * layer, layer);
+            enc.activations += (2 * 24_576 * 4096) as u64;
+        }
+        assert_eq!(all[1].block_bytes, per_block, "{params} parameters a block");
+        all
+    };
+    let rows: [(&str, Option<Format>, bool); 6] = [
+        ("bf16", None, false),
+        ("Q8_0", Some(Format::Ggml(GgmlType::Q8_0)), false),
+        ("INT8 (+ int8 text encoder)", Some(Format::Int8 { convrot: Some(256) }), true),
+        ("Q6_K", Some(Format::Ggml(GgmlType::Q6_K)), false),
+        ("Q5_K", Some(Format::Ggml(GgmlType::Q5_K)), false),
+        ("Q4_K", Some(Format::Ggml(GgmlType::Q4_K)), false),
+    ];
+    let what = |n: &NetworkPlan| match n.placement {
+        Placement::Resident => "resident".to_string(),
+        Placement::Streamed { resident, blocks } => format!("{resident}/{blocks}"),
+        Placement::Strips => "strips".to_string(),
+    };
+    let resident = |n: &NetworkPlan| match n.placement {
+        Placement::Streamed { resident, .. } => resident,
+        _ => 42,
+    };
+    let overhead = 553 << 20;
+    let mut bf16_dit = vec![];
+    println!("| transformer (text encoder) | DiT resident GiB | 6 / 8 / 12 / 16 / 24 GB: text encoder layers, transformer blocks resident |");
+    for (i, (name, fm, te)) in rows.iter().enumerate() {
+        let n = nets(*fm, *te);
+        let mut cells = vec![];
+        for (j, cap) in [6u64, 8, 12, 16, 24].iter().enumerate() {
+            let p = plan_for_process(cap * GB, overhead, &n).unwrap();
+            let dit = resident(&p.networks[1]);
+            if i == 0 {
+                bf16_dit.push(dit);
+            } else {
+                assert!(dit >= bf16_dit[j], "{name} at {cap} GB: {dit} blocks resident, bf16 {}", bf16_dit[j]);
+            }
+            cells.push(format!("{} / {}", what(&p.networks[0]), what(&p.networks[1])));
+        }
+        println!("| {name} | {:.2} | {} |", n[1].weights as f64 / GB as f64, cells.join(" · "));
+    }
+}
+
+/// The full-size networks in bf16 at 1024x1024 as `memory_plan_tests` counts them (Qwen3.5-9B in
+/// 32 layers with its 248320 x 4096 table, the DiT's 42 blocks and 0.33 B other parameters, the
+/// VAE decoder in fp32; activations rough: 0.5 GiB, 1 GiB, 3 GiB whole or an eighth in strips).
+fn full_size_bf16() -> Vec<Network> {
+    use crate::memory_plan::PREFETCH;
+    let block_params = 4 * 3072 * 3072 + 3 * 3072 * 8192;
+    let embed = 248_320 * 4096;
+    let enc_layer = (9_000_000_000 - embed - 50_000_000) / 32;
+    let px = 1024 * 1024;
+    let net = |name, weights, blocks, block: u64, host_only, activations, strips| Network {
+        name,
+        weights,
+        blocks,
+        block_bytes: block,
+        all_blocks: blocks * block,
+        slot_bytes: block,
+        derived_bytes: 0,
+        ahead: if blocks > 0 { PREFETCH } else { 0 },
+        host_only,
+        activations,
+        strip_activations: strips,
+    };
+    vec![
+        net("text_encoder", (embed + 32 * enc_layer + 50_000_000) * 2, 32, enc_layer * 2, embed * 2, 512 << 20, None),
+        net("transformer", (42 * block_params + 326_000_000) * 2, 42, block_params * 2, 0, px * 1024, None),
+        net("vae", 84_000_000 * 4, 0, 0, 0, px * 3 * 1024, Some(px * 3 * 1024 / 8)),
+    ]
+}
