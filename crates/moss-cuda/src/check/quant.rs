@@ -17,7 +17,7 @@ use moss_core::tensor::Tensor;
 
 /// The gates, in table order.
 pub const GATES: &[(&str, GateFn)] =
-    &[("dequantize (ggml blocks)", gate_ggml), ("dequantize (int8, ConvRot)", gate_int8), ("kept matrices in products", gate_products)];
+    &[("dequantize (ggml blocks)", gate_ggml), ("dequantize (int8, ConvRot)", gate_int8), ("dequantize: kept matrices in products", gate_products)];
 
 /// Random packed bytes of `layout`: random codes, f16 block scales in a weight's range, positive
 /// f32 row scales.
