@@ -17,6 +17,7 @@ use crate::ops::{loaded_dtype, DType, GIB};
 use anyhow::{bail, Result};
 use moss_core::checkpoint::config::VaeConfig;
 use moss_core::checkpoint::config::{DitConfig, EncoderConfig};
+use moss_core::checkpoint::kept::{self, Layout};
 use moss_core::checkpoint::Component;
 use moss_core::checkpoint::Dtype;
 use moss_core::model::dit::MainLinears;
@@ -92,7 +93,15 @@ impl MemoryPlan {
 
     /// The weights of every tensor of `c` under its prefix, at `precision`.
     pub fn component(c: &Component, precision: Precision) -> MemoryPlan {
-        let weights = c.store.tensors.iter().filter(|(k, _)| k.starts_with(&c.prefix)).map(|(_, t)| loaded_dtype(t.dtype, precision).size() * t.numel()).sum();
+        // a quantized matrix kept as stored counts its stored bytes (its scales with it)
+        let kept = |k: &str| k.strip_prefix(&c.prefix).and_then(|n| Layout::of(c, &[n]).ok().flatten()).map(|l| l.bytes);
+        let weights = c
+            .store
+            .tensors
+            .iter()
+            .filter(|(k, _)| k.starts_with(&c.prefix) && !kept::is_companion(c, k))
+            .map(|(k, t)| kept(k).unwrap_or_else(|| loaded_dtype(t.dtype, precision).size() * t.numel()))
+            .sum();
         let mut plan = MemoryPlan::new(c.name, weights);
         plan.reserve += c.loras.scratch_bytes(); // one tensor's LoRA merge at a time
         plan

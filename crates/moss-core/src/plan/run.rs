@@ -4,6 +4,7 @@
 //! and whether the transformer may load while the text encoder runs.
 
 use super::{Budget, MemoryOptions, Network, Placement, Plan, PREFETCH, RESERVE};
+use crate::checkpoint::kept::{self, Layout};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
 use crate::model::dit::mats::{self, Kind};
 use crate::model::encoder::layer_matrix_names;
@@ -25,9 +26,11 @@ pub struct RunPlan {
     pub warning: Option<String>,
 }
 
+/// Bytes a tensor takes loaded elementwise (a quantized one dequantized as it loads: on the CPU,
+/// or on the GPU with a LoRA update merged into it).
 fn loaded(dtype: Dtype, numel: usize, bf16_loaded: usize) -> u64 {
     let es = match dtype {
-        Dtype::BF16 => bf16_loaded,
+        Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 => bf16_loaded,
         Dtype::F8E4M3 => 1,
         _ => 4,
     };
@@ -63,33 +66,73 @@ fn dit_block(c: &Component, i: usize, budget: &Budget) -> Result<MatrixBytes> {
         let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
         let numel = infos.iter().map(|t| t.numel() as u64).sum();
         let rows = infos.iter().map(|t| t.shape.first().copied().unwrap_or(1) as u64).sum();
-        let stored = infos.iter().map(|t| loaded(t.dtype, t.numel(), budget.bf16_loaded)).sum();
+        let stored = stack_bytes(c, &g, budget.bf16_loaded, budget.memory.is_some())?;
         let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act as u64);
         sum = MatrixBytes { resident: sum.resident + m.resident, slot: sum.slot + m.slot, derived: sum.derived + m.derived };
     }
     Ok(sum)
 }
 
-/// Bytes of `c`'s tensors under `prefix` (inside the component), as loaded.
-fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize) -> u64 {
-    let full = c.full_name(prefix);
-    c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)).map(|(_, t)| loaded(t.dtype, t.numel(), bf16_loaded)).sum()
-}
-
-/// Bytes of the tensors `groups` names (inside `c`), as loaded.
-fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize) -> Result<u64> {
+/// Device bytes of the dim-0 stack of `names` (inside `c`) as loaded; on the GPU (`gpu`) a stack
+/// holding quantized matrices is kept as stored ([`Layout`]: the blocks, int8 codes and row scales).
+pub fn stack_bytes(c: &Component, names: &[String], bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    if gpu {
+        if let Some(l) = Layout::of(c, &refs)? {
+            return Ok(l.bytes as u64);
+        }
+    }
     let mut sum = 0;
-    for n in groups.iter().flatten() {
+    for n in names {
         let t = c.info(n)?;
         sum += loaded(t.dtype, t.numel(), bf16_loaded);
     }
     Ok(sum)
 }
 
+/// Bytes of `c`'s tensors under `prefix` (inside the component), as loaded (each on its own; the
+/// scales of a kept int8 matrix are counted with it, `comfy_quant` descriptions not at all).
+fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    let full = c.full_name(prefix);
+    let mut sum = 0;
+    for (k, t) in c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)) {
+        if gpu && kept::is_companion(c, k) {
+            continue;
+        }
+        sum += match k.strip_prefix(&c.prefix) {
+            Some(name) if gpu => stack_bytes(c, &[name.to_string()], bf16_loaded, gpu)?,
+            _ => loaded(t.dtype, t.numel(), bf16_loaded),
+        };
+    }
+    Ok(sum)
+}
+
+/// Bytes of the stacks `groups` names (inside `c`), as loaded.
+fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    groups.iter().map(|g| stack_bytes(c, g, bf16_loaded, gpu)).sum()
+}
+
 /// The largest and the total bytes of the `blocks` streamable blocks `names(i)` lists.
-fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize) -> Result<(u64, u64)> {
-    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl)).collect::<Result<Vec<_>>>()?;
+fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize, gpu: bool) -> Result<(u64, u64)> {
+    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl, gpu)).collect::<Result<Vec<_>>>()?;
     Ok((each.iter().copied().max().unwrap_or(0), each.iter().sum()))
+}
+
+/// The dequantized scratch of the largest matrix of `c` kept quantized on the GPU (`act` bytes an
+/// element): each product of a kept matrix dequantizes it into a matrix of its own first. `stacks`:
+/// the stacks the model loads (its blocks' matrices); the rest load on their own.
+pub fn dequant_scratch(c: &Component, stacks: &[Vec<String>], act: usize) -> Result<u64> {
+    let mut most = 0u64;
+    for g in stacks {
+        let refs: Vec<&str> = g.iter().map(String::as_str).collect();
+        if let Some(l) = Layout::of(c, &refs)? {
+            most = most.max((l.rows() * l.k * act) as u64);
+        }
+    }
+    for t in c.store.tensors.iter().filter(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8() && t.shape.len() == 2).map(|(_, t)| t) {
+        most = most.max((t.numel() * act) as u64);
+    }
+    Ok(most)
 }
 
 /// The DiT's activations over `tokens` joint tokens: one forward's peak, and (streamed, a guided
@@ -106,28 +149,38 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let enc = ck.open_component_for_plan("text_encoder")?;
     let dit = ck.open_component_for_plan("transformer")?;
     let vae = ck.open_component_for_plan("vae")?;
-    if budget.memory.is_some() {
-        // on the GPU, before anything loads: the quantized weights it does not run yet
-        if let Some(refusal) = crate::checkpoint::first_quantized(&enc).or_else(|| crate::checkpoint::first_quantized(&dit)) {
+    let gpu = budget.memory.is_some();
+    if gpu {
+        // on the GPU, before anything loads: the quantized weights it cannot run
+        if let Some(refusal) = crate::checkpoint::first_refused_on_gpu(&enc).or_else(|| crate::checkpoint::first_refused_on_gpu(&dit)) {
             anyhow::bail!("{refusal}");
         }
     }
     let enc_layers = ck.encoder.num_layers();
     // What streams is what the models fetch: each layer's (block's) matrices.
-    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl)?;
+    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl, gpu)?;
+    // Kept quantized matrices dequantize into a scratch matrix before each product.
+    let act = budget.act;
+    let (enc_scratch, dit_scratch) = if gpu {
+        let enc_stacks: Vec<Vec<String>> = (0..enc_layers).flat_map(|i| layer_matrix_names(&ck.encoder, i)).collect();
+        let dit_stacks: Vec<Vec<String>> = (0..ck.dit.num_layers).flat_map(mats::block_matrix_names).collect();
+        (dequant_scratch(&enc, &enc_stacks, act)?, dequant_scratch(&dit, &dit_stacks, act)?)
+    } else {
+        (0, 0)
+    };
     let blocks = (0..ck.dit.num_layers).map(|i| dit_block(&dit, i, budget)).collect::<Result<Vec<_>>>()?;
     let most = |f: fn(&MatrixBytes) -> u64| blocks.iter().map(f).max().unwrap_or(0);
     let dit_all: u64 = blocks.iter().map(|b| b.resident).sum();
     // The stored matrices (and their scale tensors, read on the host) are replaced by what the blocks hold.
-    let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).sum();
-    let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + dit_all;
+    let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl, gpu)).sum::<Result<u64>>()?;
+    let dit_weights = bytes_under(&dit, "", bl, gpu)? - stored_blocks + dit_all;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
     let vae_decode = budget.activations.vae_decode(&ck.vae, lh, lw);
     Ok(vec![
         Network {
             name: "text_encoder",
-            weights: bytes_under(&enc, "", bl),
+            weights: bytes_under(&enc, "", bl, gpu)?,
             blocks: enc_layers as u64,
             block_bytes: enc_block,
             all_blocks: enc_all,
@@ -135,10 +188,10 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             derived_bytes: 0,
             ahead: PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
-            host_only: bytes_under(&enc, "embed_tokens.", bl),
+            host_only: bytes_under(&enc, "embed_tokens.", bl, gpu)?,
             // A picture's prompts go through the layers together: the other prompt's stream and
             // its norm ([L, hidden] each) live beside one forward's peak.
-            activations: budget.activations.encoder(&ck.encoder, text, budget.act) + (2 * text * ck.encoder.hidden_size * budget.act) as u64,
+            activations: budget.activations.encoder(&ck.encoder, text, budget.act) + (2 * text * ck.encoder.hidden_size * budget.act) as u64 + enc_scratch,
             strip_activations: None,
         },
         Network {
@@ -151,12 +204,12 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             derived_bytes: most(|b| b.derived),
             ahead: PREFETCH,
             host_only: 0,
-            activations: dit_activations(ck, budget, lh * lw + text),
+            activations: dit_activations(ck, budget, lh * lw + text) + dit_scratch,
             strip_activations: None,
         },
         Network {
             name: "vae",
-            weights: bytes_under(&vae, "", 4),
+            weights: bytes_under(&vae, "", 4, false)?,
             blocks: 0,
             block_bytes: 0,
             all_blocks: 0,
@@ -218,6 +271,10 @@ impl RunPlan {
 }
 
 #[cfg(test)]
+#[path = "run_quant_tests.rs"]
+mod quant_tests;
+
+#[cfg(test)]
 mod tests {
     use super::super::Activations;
     use super::*;
@@ -247,23 +304,6 @@ mod tests {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
         let (all_blocks, slot_bytes, derived_bytes) = (blocks * block_bytes, block_bytes, 0);
         Network { name, weights, blocks, block_bytes, all_blocks, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
-    }
-
-    /// A GPU plan refuses the quantized tensors the CUDA backend does not run yet, naming one, before
-    /// anything loads; the CPU plans the same file (it dequantizes as it loads).
-    #[test]
-    fn quantized_files_are_refused_on_the_gpu_before_loading() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/tiny-b");
-        let files = crate::checkpoint::ComponentFiles {
-            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/quant/tiny-b-mixed.gguf").into()),
-            text_encoder: None,
-        };
-        let ck = crate::checkpoint::Checkpoint::open_with(crate::checkpoint::locate(root).unwrap(), files).unwrap();
-        let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: MainLinears::Dense, activations: &Flat };
-        assert!(networks(&ck, &cpu, 16, (64, 64)).is_ok());
-        let gpu = Budget { memory: Some((80 * GB, 80 * GB)), bf16_loaded: 2, act: 2, ..cpu };
-        let err = networks(&ck, &gpu, 16, (64, 64)).unwrap_err().to_string();
-        assert!(err.contains("`layers.0.proj.ffn_down.weight` is Q8_0: the CUDA backend does not run quantized weights yet"), "{err}");
     }
 
     /// With LoRAs attached the transformer's activations hold one tensor's merge scratch, so the

@@ -338,7 +338,7 @@ impl DitOps for Cuda {
     }
     /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_situ_glu_op`]).
     fn linear_situ_glu(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
-        self.linear_situ_glu_op(x, w)
+        self.linear_situ_glu_op(x, &*self.dense(w)?)
     }
     /// On Hopper the fused kernel where the shape qualifies ([`Cuda::linear_qkv_norm_rope_op`]).
     fn linear_qkv_norm_rope(
@@ -352,7 +352,7 @@ impl DitOps for Cuda {
         heads: usize,
         eps: f64,
     ) -> Result<CudaTensor> {
-        self.linear_qkv_norm_rope_op(x, w, wq, wk, cos, sin, heads, eps)
+        self.linear_qkv_norm_rope_op(x, &*self.dense(w)?, wq, wk, cos, sin, heads, eps)
     }
     fn linear_qkv_norm_rope_fp8(
         &self,
@@ -396,7 +396,7 @@ impl DitOps for Cuda {
     }
     fn linear_f32(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         let name = || format!("linear_f32 {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
-        self.timed_op(name, || self.linear_dense_into(x, w, None, DType::F32))
+        self.timed_op(name, || self.linear_dense_into(x, &*self.dense(w)?, None, DType::F32))
     }
     fn residual_stream(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.prof("residual_stream", || self.cast(x, DType::F32))

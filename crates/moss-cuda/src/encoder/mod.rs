@@ -303,6 +303,9 @@ impl EncoderOps for Cuda {
     }
     fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
         self.prof("embed", || {
+            if table.kept.is_some() {
+                return self.embed_kept(table, ids);
+            }
             if let Some(out) = self.embed8(table, ids)? {
                 return Ok(out);
             }
@@ -389,7 +392,8 @@ impl EncoderOps for Cuda {
         Ok((conv, g, beta))
     }
     fn linear_cat(&self, x: &CudaTensor, ws: &[CudaTensor]) -> Result<CudaTensor> {
-        self.prof("linear", || self.linear_cat_op(x, ws))
+        let ws = ws.iter().map(|w| self.dense(w).map(std::borrow::Cow::into_owned)).collect::<Result<Vec<_>>>()?;
+        self.prof("linear", || self.linear_cat_op(x, &ws))
     }
     fn gdn_gates_cols(&self, a: Cols<'_, CudaTensor>, b: Cols<'_, CudaTensor>, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         if !same_cols(a, b) || a.len != b.len {
@@ -426,7 +430,7 @@ impl EncoderOps for Cuda {
         })
     }
     fn linear_add_rms_norm(&self, a: &CudaTensor, w: &CudaTensor, res: &CudaTensor, w_norm: &CudaTensor, eps: f64) -> Result<(CudaTensor, CudaTensor)> {
-        self.linear_add_rms_norm_op(a, w, res, w_norm, eps)
+        self.linear_add_rms_norm_op(a, &*self.dense(w)?, res, w_norm, eps)
     }
     fn gdn_gates(&self, a: &CudaTensor, b: &CudaTensor, a_log: &CudaTensor, dt_bias: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         self.prof("gdn_gates", || self.gdn_gates_op(a, b, a_log, dt_bias))

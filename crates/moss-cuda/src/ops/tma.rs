@@ -13,6 +13,7 @@ pub fn tensor_map_2d(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, b
         DType::BF16 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2),
         DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
         DType::F8E4M3 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
+        DType::Q => anyhow::bail!("tensor map of a quantized matrix (dequantize it first)"),
     };
     ensure!(
         ptr.is_multiple_of(16) && (ld * es).is_multiple_of(16) && cols <= ld && bx as usize * es == 128,
