@@ -51,13 +51,20 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
         match ck.open_component(name) {
             Ok(c) => {
                 let (params, bytes, dtypes) = c.summary();
-                let verdict = match c.first_non_finite() {
+                let mut verdict = match c.first_non_finite() {
                     None => Ok(()),
                     Some((t, i)) => Err(format!("tensor `{t}` holds a non-finite value at element {i}")),
                 };
                 let mut dtypes = dtypes.join(",");
                 if c.store.single_file {
-                    dtypes = format!("{dtypes} ({}: {})", c.store.format, ck.files.of(name).map_or(String::new(), |f| f.display().to_string()));
+                    let kept = match kept_on_gpu(&c) {
+                        Ok(k) => k,
+                        Err(e) => {
+                            verdict = verdict.and(Err(format!("{e:#}")));
+                            String::new()
+                        }
+                    };
+                    dtypes = format!("{dtypes} ({}: {}{kept})", c.store.format, ck.files.of(name).map_or(String::new(), |f| f.display().to_string()));
                 }
                 rows.push(Row { component: name.into(), params, bytes, dtypes, verdict });
             }
@@ -65,6 +72,34 @@ pub fn checkpoint_rows(ck: &Checkpoint) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// What the GPU keeps of a single-file component as stored (`kept::Layout`), checked as it would
+/// load it (every int8 scale finite, every matrix whole blocks); a ConvRot group the GPU refuses is
+/// named. `""` when nothing is quantized.
+fn kept_on_gpu(c: &crate::checkpoint::Component) -> Result<String> {
+    use crate::checkpoint::kept::{gpu_refusal, Layout};
+    let (mut n, mut bytes, mut refused) = (0, 0, None);
+    for (k, t) in c.store.tensors.iter().filter(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8()) {
+        let name = &k[c.prefix.len()..];
+        if let Some(r) = gpu_refusal(k, t) {
+            refused.get_or_insert(r);
+            continue;
+        }
+        if let Some(l) = Layout::of(c, &[name])? {
+            l.pieces(c, &[t])?;
+            n += 1;
+            bytes += l.bytes;
+        }
+    }
+    if n == 0 && refused.is_none() {
+        return Ok(String::new());
+    }
+    let mut s = format!("; on the GPU {n} matrices kept as stored, {}", human(bytes));
+    if let Some(r) = refused {
+        s.push_str(&format!("; refused on the GPU: {r}"));
+    }
+    Ok(s)
 }
 
 /// Print the table; true if everything passed.

@@ -5,13 +5,19 @@
 //! can name anything here.
 
 pub use moss_core::{
-    bounded, cache, checkpoint, embeds, fp8, img2img, lora, memory_plan, model, noise, options, prompt, sampler, sampling, schedule, sigmas, spec, tensor,
+    bounded, cache, checkpoint, embeds, fp8, img2img, lora, model, noise, options, plan, prompt, sampler, sampling, schedule, sigmas, spec, tensor,
 };
 
 /// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).
 pub mod backend {
     pub use moss_core::backend::*;
     pub use moss_cuda as cuda;
+
+    /// The CPU's budget: no device memory, planned only under an explicit `--max-vram`, with the
+    /// CUDA backend's activation formulas (a rehearsal of the GPU's plan without a GPU).
+    pub fn cpu_budget() -> crate::plan::Budget {
+        crate::plan::Budget::cpu(&cuda::plan::ACTIVATIONS)
+    }
 }
 
 pub mod a1111;
@@ -24,5 +30,4 @@ pub mod picture_in;
 pub mod pipeline;
 pub mod png;
 pub mod provenance;
-pub mod run_plan;
 pub mod serve;

@@ -16,7 +16,7 @@ use moss::model::dit::mats::{self, BlockMats, Matrix};
 use moss::model::dit::{Dit, MainLinears};
 use moss::options::Precision;
 use moss::pipeline::{self, Request, Silent};
-use moss::run_plan::MemoryOptions;
+use moss::plan::MemoryOptions;
 use moss::tensor::Tensor;
 use std::path::{Path, PathBuf};
 
@@ -151,18 +151,19 @@ fn streamed_fp8_blocks_give_the_resident_picture() {
 /// unlimited run's byte for byte, and under it the run is refused before anything is written.
 #[test]
 fn fp8_plans_count_a_byte_an_element_and_keep_the_picture_under_a_cap() {
-    use moss::run_plan::{networks, Budget};
+    use moss::plan::{run::networks, Budget};
     let dir = scratch("maxvram");
     let stored = tiny_b_fp8(&dir);
     for model in [golden().join("tiny-a"), stored] {
         let ck = open(&model);
         let mut req = request(Precision::Fp8, dir.join("x.png"));
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: MainLinears::Fp8 };
+        let budget =
+            Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: MainLinears::Fp8, activations: &moss::backend::cuda::plan::ACTIVATIONS };
         let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
         let nets = networks(&ck, &budget, tokens.iter().map(Vec::len).max().unwrap(), (req.spec.width, req.spec.height)).unwrap();
         // As a GPU counts them: fp8 against bf16.
         let gpu = |linears| {
-            let b = Budget { bf16_loaded: 2, act: moss::backend::cuda::DType::BF16, linears, ..budget };
+            let b = Budget { bf16_loaded: 2, act: 2, linears, ..budget };
             networks(&ck, &b, 1, (req.spec.width, req.spec.height)).unwrap()[1].clone()
         };
         let (fp8, bf16) = (gpu(MainLinears::Fp8), gpu(MainLinears::Dense));

@@ -337,4 +337,8 @@ fn check_reports_single_file_formats() {
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
     let row = out.lines().find(|l| l.starts_with("transformer")).unwrap();
     assert!(row.contains("GGUF (general.architecture moss_image)") && row.contains("Q4_K") && row.ends_with("ok"), "{row}");
+    // what the GPU keeps as stored: every quantized matrix of the file, in its stored bytes
+    let file = single_file::open(&gguf, "transformer").unwrap();
+    let quantized = file.tensors.values().filter(|t| t.dtype.is_block_or_int8()).count();
+    assert!(quantized > 0 && row.contains(&format!("on the GPU {quantized} matrices kept as stored")), "{quantized}: {row}");
 }

@@ -148,13 +148,14 @@ fn streamed_encoder_layers_give_the_resident_hidden_states() {
 /// cap below it is refused before anything loads, naming it.
 #[test]
 fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
-    use moss::run_plan::{networks, Budget, MemoryOptions};
+    use moss::plan::MemoryOptions;
+    use moss::plan::{run::networks, Budget};
     let dir = std::env::temp_dir().join(format!("moss-maxvram-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
         let mut req = request(11);
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: Dense, activations: &moss::backend::cuda::plan::ACTIVATIONS };
         let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let nets = networks(&ck, &budget, longest, (req.spec.width, req.spec.height)).unwrap();
@@ -184,7 +185,7 @@ fn the_smallest_cap_streams_and_gives_the_unlimited_picture() {
 /// run's, byte for byte, and below it the run is refused before anything is written.
 #[test]
 fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
-    use moss::run_plan::{networks, Budget};
+    use moss::plan::{run::networks, Budget};
     let dir = std::env::temp_dir().join(format!("moss-maxvram-batch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -193,7 +194,7 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
     std::fs::write(&list, format!("{}\n", req.spec.prompt)).unwrap();
     for name in CHECKPOINTS {
         let ck = checkpoint(name);
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: moss::backend::cuda::DType::F32, linears: Dense };
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: Dense, activations: &moss::backend::cuda::plan::ACTIVATIONS };
         let (tokens, _) = pipeline::tokenize_prompts(&ck, &pipeline::prompt_texts(&req), req.spec.max_tokens, &mut Silent).unwrap();
         let longest = tokens.iter().map(Vec::len).max().unwrap();
         let least = networks(&ck, &budget, longest, (req.spec.width, req.spec.height)).unwrap().iter().map(|n| n.minimum()).max().unwrap();
@@ -234,8 +235,9 @@ fn batch_mode_streams_under_the_cap_with_the_same_pictures() {
 /// request, kept with blocks streamed, kept whole).
 #[test]
 fn a_capped_server_renders_the_unlimited_servers_bytes() {
-    use moss::memory_plan::serve::Keep;
-    use moss::run_plan::{networks, Budget, MemoryOptions};
+    use moss::plan::run::networks;
+    use moss::plan::serve::Keep;
+    use moss::plan::MemoryOptions;
     use moss::serve::engine::{self, Engine, Render};
     let ck = checkpoint("tiny-a");
     let mut req = request(11);
@@ -258,9 +260,9 @@ fn a_capped_server_renders_the_unlimited_servers_bytes() {
     };
     let (want, keeps, _) = render(&req, None).unwrap();
     assert!(keeps.iter().all(|k| matches!(k, Keep::Blocks(_))), "unlimited: {keeps:?}");
-    let nets = networks(&ck, &Budget::cpu(), longest, size).unwrap();
+    let nets = networks(&ck, &moss::backend::cpu_budget(), longest, size).unwrap();
     let least = nets.iter().map(|n| n.minimum()).max().unwrap();
-    let all: u64 = nets.iter().map(|n| n.weights).sum::<u64>() + nets.iter().map(|n| n.activations).max().unwrap() + moss::memory_plan::RESERVE;
+    let all: u64 = nets.iter().map(|n| n.weights).sum::<u64>() + nets.iter().map(|n| n.activations).max().unwrap() + moss::plan::RESERVE;
     let mut seen = (false, false, false);
     for j in 0..=12 {
         let cap = least + (all - least) * j / 12;

@@ -172,12 +172,12 @@ fn bad_input_is_refused() {
 #[test]
 fn run_plan_counts_the_encoder() {
     use moss::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
-    use moss::run_plan::{networks, with_vae_encode, Budget};
+    use moss::plan::run::{networks, with_vae_encode};
     let ck = common::checkpoint("tiny-a");
     let size = (1024u32, 1024u32);
-    let nets = networks(&ck, &Budget::cpu(), 16, size).unwrap();
+    let nets = networks(&ck, &moss::backend::cpu_budget(), 16, size).unwrap();
     let mut with = nets.clone();
-    with_vae_encode(&mut with, &ck, size);
+    with_vae_encode(&mut with, &ck, &moss::backend::cpu_budget(), size);
     let (before, after) = (nets.iter().find(|n| n.name == "vae").unwrap(), with.iter().find(|n| n.name == "vae").unwrap());
     let (enc, least) = (encode_activation_bytes(&ck.vae, 1024, 1024) as u64, encode_split_least_bytes(&ck.vae, 1024, 1024) as u64);
     assert_eq!(after.activations, before.activations.max(enc));

@@ -56,3 +56,9 @@
 // cuda/dit/dit_ops.cu's one-block-a-row norm (the gated residual + norm + modulation): its most
 // threads, each holding 8 values of the row (d <= 8 * DIT_ROW_THREADS; 384 threads at d = 3072).
 #define DIT_ROW_THREADS 1024
+// cuda/dit/dequant.cu (quantized weights dequantized before each product): the int8 + ConvRot
+// kernel's shared-memory tile of 64-bit sums; the largest ConvRot group it turns (moss-core's
+// `kept::MAX_CONVROT_GROUP`).
+#define DIT_DEQ_ROT_TILE 4096
+// The dequantize kernels' threads a block.
+#define DIT_DEQ_THREADS 256

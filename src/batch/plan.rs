@@ -137,7 +137,7 @@ pub fn chunk_budget_bytes(device: Device) -> u64 {
 
 /// The CUDA chunk budget. The stages hand their outputs (hidden states, latents) to each other
 /// as host tensors, and only one stage's weights and working memory are on the GPU at a time
-/// (planned up front by `crate::run_plan`), so what a chunk holds between stages lives in
+/// (planned up front by `crate::plan::run`), so what a chunk holds between stages lives in
 /// host memory: a quarter of the host's available memory (8 GiB if /proc/meminfo is unreadable).
 pub fn cuda_chunk_budget_bytes(_ordinal: usize) -> u64 {
     host_available_bytes().map(|b| b / 4).unwrap_or(8 << 30)

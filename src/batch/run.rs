@@ -35,7 +35,7 @@ pub struct BatchOptions {
     pub quality: Option<u8>,
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
     /// largest picture), networks that do not fit stream.
-    pub memory: crate::run_plan::MemoryOptions,
+    pub memory: crate::plan::MemoryOptions,
     /// Other files the run read (`--from`, `--prompt-file`), by what they are: no output may be one.
     pub other_inputs: Vec<(&'static str, PathBuf)>,
     /// The strength and mask blur of an item with `init_image` that sets none (`--strength`,
@@ -289,13 +289,13 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let largest = jobs.iter().map(|j| (j.item.spec.width, j.item.spec.height)).max_by_key(|&(w, h)| w as u64 * h as u64);
     let encodes = jobs.iter().any(|j| j.item.init.is_some());
     drop(pictures);
-    let plan_for = |budget: crate::run_plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::run_plan::RunPlan>> {
+    let plan_for = |budget: crate::plan::Budget, progress: &mut dyn BatchProgress| -> Result<Option<crate::plan::run::RunPlan>> {
         let (Some(l), Some(size)) = (tokens, largest) else { return Ok(None) };
-        let mut nets = crate::run_plan::networks(&ck, &budget, l, size)?;
+        let mut nets = crate::plan::run::networks(&ck, &budget, l, size)?;
         if encodes {
-            crate::run_plan::with_vae_encode(&mut nets, &ck, size);
+            crate::plan::run::with_vae_encode(&mut nets, &ck, &budget, size);
         }
-        let p = crate::run_plan::decide(&nets, &budget, &o.memory)?;
+        let p = crate::plan::run::decide(&nets, &budget, &o.memory)?;
         if let Some(w) = &p.warning {
             progress.warn(w);
         }
@@ -303,12 +303,12 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     };
     let r = match o.device {
         Device::Cpu => {
-            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(crate::model::dit::MainLinears::of(o.defaults.precision)), progress)?;
+            let plan = plan_for(crate::backend::cpu_budget().with_linears(crate::model::dit::MainLinears::of(o.defaults.precision)), progress)?;
             render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.defaults.precision)?;
-            let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
+            let plan = plan_for(cu.budget()?, progress)?;
             render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
         }
     };

@@ -74,7 +74,7 @@ pub(super) struct Slot {
 pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
     b: &B,
     cx: &Ctx,
-    plan: Option<&crate::run_plan::RunPlan>,
+    plan: Option<&crate::plan::run::RunPlan>,
     jobs: &[Job],
     texts: &[Texts],
     chunks: &[Range<usize>],

@@ -8,10 +8,11 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::embeds::Embeds;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
+use crate::plan::run::RunPlan;
+use crate::plan::Budget;
+pub use crate::plan::MemoryOptions;
 use crate::png;
 pub use crate::prompt::Cut;
-pub use crate::run_plan::MemoryOptions;
-use crate::run_plan::{Budget, RunPlan};
 use crate::spec::PictureSpec;
 use crate::tensor::Tensor;
 use anyhow::{bail, Context, Result};
@@ -451,15 +452,15 @@ pub fn generate_planned(
         let req = &Request { cut, ..req.clone() };
         let longest = tokens.as_ref().map_or(0, |t| t.iter().map(Vec::len).max().unwrap_or(0));
         let plan = |budget: Budget, progress: &mut dyn Progress| -> Result<RunPlan> {
-            let mut nets = crate::run_plan::networks(&ck, &budget, longest, req.spec.out_size())?;
-            crate::run_plan::with_pictures_in(&mut nets, &ck, &req.spec);
+            let mut nets = crate::plan::run::networks(&ck, &budget, longest, req.spec.out_size())?;
+            crate::plan::run::with_pictures_in(&mut nets, &ck, &budget, &req.spec);
             if req.preview.is_some() {
                 // The previews decode beside the transformer: its stage holds the VAE and a
                 // decode in the narrowest strips too.
                 let vae = &nets[2];
                 nets[1].activations += vae.weights + vae.strip_activations.unwrap_or(vae.activations);
             }
-            let p = crate::run_plan::decide(&nets, &budget, mem)?;
+            let p = crate::plan::run::decide(&nets, &budget, mem)?;
             if let Some(w) = &p.warning {
                 progress.warn(w);
             }
@@ -468,14 +469,14 @@ pub fn generate_planned(
         };
         match opening {
             None => {
-                let p = plan(Budget::cpu().with_linears(MainLinears::of(req.spec.precision)), progress)?;
+                let p = plan(crate::backend::cpu_budget().with_linears(MainLinears::of(req.spec.precision)), progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
-                let p = plan(Budget::cuda(&cu)?, progress)?;
+                let p = plan(cu.budget()?, progress)?;
                 generate_on(&cu, &ck, req, tokens, progress, t0, &p)
             }
         }

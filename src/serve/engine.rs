@@ -16,7 +16,6 @@
 //! --lora` loads with the same files and scales; the set stays merged for the next request.
 
 use super::loras::LoraSet;
-use super::plan::ServeRunPlan;
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
 use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps};
@@ -24,7 +23,8 @@ use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
 use crate::pipeline::{self, Progress, Request};
-use crate::run_plan::{Budget, MemoryOptions};
+use crate::plan::server::ServeRunPlan;
+use crate::plan::{Budget, MemoryOptions};
 use crate::tensor::Tensor;
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -78,7 +78,7 @@ pub trait Serving: EncoderOps + DitOps + VaeEncodeOps + Sized {
 
 impl Serving for Cpu {
     fn budget(&self) -> Result<Budget> {
-        Ok(Budget::cpu())
+        Ok(crate::backend::cpu_budget())
     }
     fn use_on_this_thread(&self) -> Result<()> {
         Ok(())
@@ -87,7 +87,7 @@ impl Serving for Cpu {
 
 impl Serving for Cuda {
     fn budget(&self) -> Result<Budget> {
-        Budget::cuda(self)
+        Cuda::budget(self)
     }
     fn use_on_this_thread(&self) -> Result<()> {
         self.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))
@@ -130,7 +130,7 @@ pub struct Engine<B: Serving> {
 /// main blocks held as `linears` (the server's precision), made before any weights load
 /// (refused, naming the smallest cap that works, when even streaming does not fit).
 pub fn plan<B: Serving>(b: &B, ck: &Checkpoint, mem: &MemoryOptions, max_size: (u32, u32), max_tokens: usize, linears: MainLinears) -> Result<ServeRunPlan> {
-    super::plan::decide(ck, &b.budget()?.with_linears(linears), mem, max_size, max_tokens)
+    crate::plan::server::decide(ck, &b.budget()?.with_linears(linears), mem, max_size, max_tokens)
 }
 
 impl<B: Serving> Engine<B> {

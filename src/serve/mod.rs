@@ -23,7 +23,6 @@ pub mod guard;
 pub mod loop_fields;
 pub mod loras;
 pub mod metrics;
-pub mod plan;
 pub mod queue;
 pub mod routes;
 
@@ -73,7 +72,7 @@ pub struct ServeOptions {
     /// The folder of the adapters requests may choose by name ([`loras`]).
     pub lora_dir: Option<std::path::PathBuf>,
     /// The device memory the server may use (`--max-vram`).
-    pub memory: crate::run_plan::MemoryOptions,
+    pub memory: crate::plan::MemoryOptions,
 }
 
 /// One line on stderr, prefixed like every server line.
@@ -173,7 +172,12 @@ type Loader = Box<dyn FnOnce() -> Result<Box<dyn Render>> + Send>;
 
 /// The memory plan on the opened backend `b`, and what loads the engine it plans (`t0`: when
 /// start-up began).
-fn planned<B: Serving + Send + 'static>(b: B, ck: crate::checkpoint::Checkpoint, o: &ServeOptions, t0: Instant) -> Result<(plan::ServeRunPlan, Loader)> {
+fn planned<B: Serving + Send + 'static>(
+    b: B,
+    ck: crate::checkpoint::Checkpoint,
+    o: &ServeOptions,
+    t0: Instant,
+) -> Result<(crate::plan::server::ServeRunPlan, Loader)> {
     let p = engine::plan(&b, &ck, &o.memory, o.max_size, o.max_tokens, crate::model::dit::MainLinears::of(o.precision))?;
     let (kept, max_size) = (p.clone(), o.max_size);
     let load = move || -> Result<Box<dyn Render>> {

@@ -91,6 +91,8 @@ fn mtype(d: DType) -> sys::cudaDataType {
         DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
         DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
         DType::F8E4M3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+        // never reaches cuBLASLt: `Cuda::dense` dequantizes a kept matrix before every product
+        DType::Q => unreachable!("a quantized matrix given to cuBLASLt"),
     }
 }
 

@@ -85,6 +85,8 @@ impl From<DType> for Elem {
             DType::BF16 => Elem::BF16,
             DType::F32 => Elem::F32,
             DType::F8E4M3 => Elem::F8E4M3,
+            // a kept quantized matrix: only `void *` parameters take it (the kernels read its parts)
+            DType::Q => Elem::Void,
         }
     }
 }

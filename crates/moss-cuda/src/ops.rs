@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 mod fp8;
 mod launch;
 pub mod mover;
+mod quant;
 pub(crate) mod ring;
 mod tensor_ops;
 mod tma;
@@ -48,6 +49,10 @@ pub enum DType {
     F32,
     /// float8 e4m3 codes ([`moss_core::fp8`]): the weights and activations of the fp8 linears.
     F8E4M3,
+    /// A quantized matrix kept as stored (ggml blocks, int8 codes and scales, bf16 / f32 parts of
+    /// its stack): its bytes laid out as [`CudaTensor::kept`] says; each product dequantizes it
+    /// first ([`Cuda::dense`], `ops/quant.rs`).
+    Q,
 }
 
 impl DType {
@@ -55,7 +60,7 @@ impl DType {
         match self {
             DType::BF16 => 2,
             DType::F32 => 4,
-            DType::F8E4M3 => 1,
+            DType::F8E4M3 | DType::Q => 1,
         }
     }
     /// The suffix of kernel names (`moss_add_bf16_f32`).
@@ -64,6 +69,7 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F8E4M3 => "f8e4m3",
+            DType::Q => "quantized",
         }
     }
     /// The activation dtype of a precision: f32 at fp32, else bf16 (the fp8 linears' activations too).
@@ -97,6 +103,8 @@ pub struct CudaTensor {
     buf: Arc<Buf>,
     pub shape: Vec<usize>,
     pub dtype: DType,
+    /// [`DType::Q`]: how the bytes hold the matrix.
+    pub kept: Option<Arc<moss_core::checkpoint::kept::Layout>>,
 }
 
 impl CudaTensor {
@@ -104,7 +112,10 @@ impl CudaTensor {
         self.shape.iter().product()
     }
     pub fn bytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        match &self.kept {
+            Some(l) => l.bytes,
+            None => self.numel() * self.dtype.size(),
+        }
     }
     /// The device address of element 0.
     pub fn ptr(&self) -> u64 {
@@ -283,7 +294,7 @@ impl Cuda {
             // SAFETY: ptr/bytes is the allocation just made.
             unsafe { dr::memset_d8_async(ptr, 0xff, bytes, s.cu_stream()) }.map_err(de("memset"))?;
         }
-        Ok(CudaTensor { buf: Arc::new(Buf { mem: Mem::Pool(slice), ptr, bytes }), shape: shape.to_vec(), dtype })
+        Ok(CudaTensor { buf: Arc::new(Buf { mem: Mem::Pool(slice), ptr, bytes }), shape: shape.to_vec(), dtype, kept: None })
     }
 
     /// The device's streaming multiprocessors (read when the device opened; at least 1).
@@ -304,11 +315,12 @@ impl Cuda {
     }
 }
 
-/// The device dtype a checkpoint tensor is loaded as.
+/// The device dtype a checkpoint tensor is loaded as (a quantized one dequantized: as bf16 would be;
+/// kept quantized, a matrix is [`DType::Q`] and dequantizes to this dtype).
 pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     match (stored, p) {
         (Dtype::F8E4M3, _) => DType::F8E4M3,
-        (Dtype::BF16, p) if p != Precision::Fp32 => DType::BF16,
+        (Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8, p) if p != Precision::Fp32 => DType::BF16,
         _ => DType::F32,
     }
 }
@@ -340,6 +352,9 @@ impl Backend for Cuda {
     }
 
     fn download(&self, x: &CudaTensor) -> Result<Tensor> {
+        if x.kept.is_some() {
+            return self.download(&self.dequantize(x, DType::F32)?);
+        }
         self.prof("download", || self.download_with(x, Download::Pinned))
     }
 
@@ -356,6 +371,7 @@ impl Backend for Cuda {
             Dtype::F32 => DType::F32,
             d => anyhow::bail!("the GPU merges LoRAs into bf16 and f32 weights only, this one is stored as {}", d.name()),
         };
+        ensure!(w.kept.is_none(), "LoRA merge into a quantized matrix kept as stored (those merge on the host)");
         ensure!(w.dtype == want, "LoRA merge: the weight is {} on the device, stored as {}", w.dtype.name(), stored.name());
         self.merge_lora_timed(w, terms, clock)
     }
@@ -381,11 +397,11 @@ impl Backend for Cuda {
     fn linear(&self, x: &CudaTensor, w: &CudaTensor, b: Option<&CudaTensor>) -> Result<CudaTensor> {
         // named by its shape (rows x in x out): the DiT's linears tell apart by it
         let name = || format!("linear {}x{}x{}", x.rows(), w.shape.get(1).unwrap_or(&0), w.shape.first().unwrap_or(&0));
-        self.timed_op(name, || self.linear_dense(x, w, b))
+        self.timed_op(name, || self.linear_dense(x, &*self.dense(w)?, b))
     }
     fn quantize_rows(&self, w: &CudaTensor) -> Result<(CudaTensor, CudaTensor)> {
         ensure!(w.shape.len() == 2, "quantize_rows: weight must be 2-D, got {:?}", w.shape);
-        self.prof("quantize_rows", || self.quantize_fp8(w))
+        self.prof("quantize_rows", || self.quantize_fp8(&*self.dense(w)?))
     }
     fn linear_fp8(&self, x: &CudaTensor, q: &CudaTensor, scale: &CudaTensor) -> Result<CudaTensor> {
         self.linear_fp8_timed(x, q, scale)
@@ -410,7 +426,8 @@ impl Backend for Cuda {
     }
     fn reshape(&self, x: &CudaTensor, shape: &[usize]) -> Result<CudaTensor> {
         ensure!(shape.iter().product::<usize>() == x.numel(), "reshape {:?} to {shape:?}: {} values", x.shape, x.numel());
-        Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype })
+        ensure!(x.kept.is_none() || shape == x.shape, "reshape of a quantized matrix {:?} to {shape:?}", x.shape);
+        Ok(CudaTensor { buf: x.buf.clone(), shape: shape.to_vec(), dtype: x.dtype, kept: x.kept.clone() })
     }
     fn narrow(&self, x: &CudaTensor, dim: usize, start: usize, len: usize) -> Result<CudaTensor> {
         self.prof("narrow", || self.narrow_copy(x, dim, start, len))

@@ -1,5 +1,8 @@
-//! The memory planner: before a stage loads its weights, add up what it will hold on the GPU
-//! and fail early, with numbers, when the device does not have it free.
+//! The CUDA backend's side of the planning room (`moss_core::plan`): its answer to the budget
+//! question ([`Cuda::budget`]: free and total memory, its own overhead, the precision's element
+//! sizes, its activation formulas [`ACTIVATIONS`]), and the last guard before a stage loads its
+//! weights: add up what the stage will hold on the GPU and fail early, with numbers, when the
+//! device does not have it free (another process may have taken memory since the plan).
 //!
 //! Use (the DiT stage, say):
 //! ```text
@@ -12,13 +15,64 @@
 use super::Gpu;
 use crate::ops::{loaded_dtype, DType, GIB};
 use anyhow::{bail, Result};
+use moss_core::checkpoint::config::VaeConfig;
 use moss_core::checkpoint::config::{DitConfig, EncoderConfig};
+use moss_core::checkpoint::kept::{self, Layout};
 use moss_core::checkpoint::Component;
+use moss_core::checkpoint::Dtype;
+use moss_core::model::dit::MainLinears;
 use moss_core::options::Precision;
+use moss_core::plan::{Activations, Budget};
+
+/// The CUDA backend's activation formulas (this file's and the VAE's `plan`/`encode_plan`).
+pub struct CudaActivations;
+
+/// What the planning room asks of the CUDA backend's activations.
+pub static ACTIVATIONS: CudaActivations = CudaActivations;
+
+/// The activation dtype of `bytes` an element (f32 or bf16: activations are never fp8).
+fn act_dtype(bytes: usize) -> DType {
+    if bytes >= 4 {
+        DType::F32
+    } else {
+        DType::BF16
+    }
+}
+
+impl Activations for CudaActivations {
+    fn dit(&self, cfg: &DitConfig, tokens: usize, act: usize) -> u64 {
+        dit_activation_bytes(cfg, tokens, act_dtype(act)) as u64
+    }
+    fn encoder(&self, cfg: &EncoderConfig, tokens: usize, act: usize) -> u64 {
+        encoder_activation_bytes(cfg, tokens, act_dtype(act)) as u64
+    }
+    fn vae_decode(&self, cfg: &VaeConfig, lh: usize, lw: usize) -> (u64, u64) {
+        (crate::vae::plan::vae_activation_bytes(cfg, lh, lw) as u64, crate::vae::plan::vae_split_least_bytes(cfg, lh, lw) as u64)
+    }
+    fn vae_encode(&self, cfg: &VaeConfig, h: usize, w: usize) -> (u64, u64) {
+        use crate::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
+        (encode_activation_bytes(cfg, h, w) as u64, encode_split_least_bytes(cfg, h, w) as u64)
+    }
+}
+
+impl crate::ops::Cuda {
+    /// The budget question, answered for this device now, at its precision.
+    pub fn budget(&self) -> Result<Budget> {
+        let (free, total) = self.gpu().mem_info()?;
+        Ok(Budget {
+            memory: Some((free as u64, total as u64)),
+            overhead: self.process_overhead(),
+            bf16_loaded: loaded_dtype(Dtype::BF16, self.precision).size(),
+            act: self.act_dtype().size(),
+            linears: MainLinears::of(self.precision),
+            activations: &ACTIVATIONS,
+        })
+    }
+}
 
 /// The one reserve the planner keeps free on the device (cuBLASLt workspaces, the pool's slack):
-/// [`moss_core::memory_plan::RESERVE`].
-pub const RESERVE_BYTES: usize = moss_core::memory_plan::RESERVE as usize;
+/// [`moss_core::plan::RESERVE`].
+pub const RESERVE_BYTES: usize = moss_core::plan::RESERVE as usize;
 
 /// What one stage will hold on the device.
 #[derive(Clone, Debug)]
@@ -39,7 +93,15 @@ impl MemoryPlan {
 
     /// The weights of every tensor of `c` under its prefix, at `precision`.
     pub fn component(c: &Component, precision: Precision) -> MemoryPlan {
-        let weights = c.store.tensors.iter().filter(|(k, _)| k.starts_with(&c.prefix)).map(|(_, t)| loaded_dtype(t.dtype, precision).size() * t.numel()).sum();
+        // a quantized matrix kept as stored counts its stored bytes (its scales with it)
+        let kept = |k: &str| k.strip_prefix(&c.prefix).and_then(|n| Layout::of(c, &[n]).ok().flatten()).map(|l| l.bytes);
+        let weights = c
+            .store
+            .tensors
+            .iter()
+            .filter(|(k, _)| k.starts_with(&c.prefix) && !kept::is_companion(c, k))
+            .map(|(k, t)| kept(k).unwrap_or_else(|| loaded_dtype(t.dtype, precision).size() * t.numel()))
+            .sum();
         let mut plan = MemoryPlan::new(c.name, weights);
         plan.reserve += c.loras.scratch_bytes(); // one tensor's LoRA merge at a time
         plan

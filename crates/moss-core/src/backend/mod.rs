@@ -123,7 +123,7 @@ pub trait Backend {
     }
 
     /// A streamed block's tensors, each the dim-0 stack of its names ([`Backend::load_rows`]),
-    /// into the reusable memory of `slot` (`0..=`[`crate::memory_plan::PREFETCH`]): the CUDA
+    /// into the reusable memory of `slot` (`0..=`[`crate::plan::PREFETCH`]): the CUDA
     /// backend copies on its copy stream once the compute that read the slot's previous block is
     /// done (the compute enqueued up to [`Backend::free_slot`] of the slot; without one, all
     /// compute enqueued so far), and the compute waits at [`Behind::ready`].

@@ -87,7 +87,7 @@ fn row_scales(store: &TensorStore, info: &TensorInfo, rs: &RowScales) -> Result<
 /// `build_hadamard` makes it, unnormalized (±1): `H4^{⊗k}` for `n = 4^k`, Sylvester's for the other
 /// powers of two. The normalization `1/√n` is applied by the caller.
 pub fn hadamard_signs(n: usize) -> Vec<i8> {
-    let power_of_4 = n.trailing_zeros() % 2 == 0;
+    let power_of_4 = n.trailing_zeros().is_multiple_of(2);
     let (mut h, mut size, base): (Vec<i8>, usize, Vec<i8>) = if power_of_4 {
         let h4 = vec![1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, 1];
         (h4.clone(), 4, h4)
@@ -115,7 +115,7 @@ pub fn hadamard_signs(n: usize) -> Vec<i8> {
 }
 
 /// The values of the int8 weight `info`: `q · scale` per row, and with ConvRot each group turned
-/// back (`W = W_rot · H`, summed in f64, rounded once).
+/// back ([`dequantize_rows`]).
 pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
     let codes = store.bytes(info);
     let Some(rs) = &info.row_scales else {
@@ -123,27 +123,84 @@ pub fn dequantize(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
     };
     let scales = row_scales(store, info, rs)?;
     let cols = info.numel() / scales.len().max(1);
-    let mut out: Vec<f32> = Vec::with_capacity(info.numel());
-    for (row, s) in codes.chunks(cols.max(1)).zip(&scales) {
+    Ok(dequantize_rows(codes, &scales, cols, rs.convrot))
+}
+
+/// The values of int8 `codes` (rows of `cols`) with one scale a row: `q · scale` (an f32 product),
+/// and with ConvRot each group of `g` turned back (`W = W_rot · H`, summed in f64, rounded once).
+pub fn dequantize_rows(codes: &[u8], scales: &[f32], cols: usize, convrot: Option<usize>) -> Vec<f32> {
+    let mut out: Vec<f32> = Vec::with_capacity(codes.len());
+    for (row, s) in codes.chunks(cols.max(1)).zip(scales) {
         out.extend(row.iter().map(|&c| c as i8 as f32 * s));
     }
-    if let Some(g) = rs.convrot {
-        let h = hadamard_signs(g);
+    if let Some(g) = convrot {
         let norm = 1.0 / (g as f64).sqrt();
         let mut turned = vec![0f64; g];
         for group in out.chunks_mut(g) {
-            for (j, t) in turned.iter_mut().enumerate() {
-                *t = (0..g).map(|k| group[k] as f64 * h[k * g + j] as f64).sum::<f64>() * norm;
-            }
-            group.iter_mut().zip(&turned).for_each(|(v, t)| *v = *t as f32);
+            turned.iter_mut().zip(group.iter()).for_each(|(t, &v)| *t = v as f64);
+            turn_back(&mut turned);
+            group.iter_mut().zip(&turned).for_each(|(v, t)| *v = (t * norm) as f32);
         }
     }
-    Ok(out)
+    out
+}
+
+/// `v ← vᵀ·H` for convert-to-quant's unnormalized Hadamard matrix of `v.len()` ([`hadamard_signs`]),
+/// as a fast transform: one pass of `H4` (powers of 4) or `H2` (otherwise) per base-4 / base-2 digit
+/// of the index, since `H` is the Kronecker power of that factor. Every value of a group is a
+/// multiple of one power of two `u` (the f32 products `q · s` of one row's scale `s`, at least
+/// `2^(ilogb(s) − 23)`) below `2^31·u`, so every partial sum is exact in f64 and the result equals
+/// the direct sum `Σ_k v_k·H[k][j]` (`cuda/dit/dequant.cu` sums the same integers in 64 bits).
+pub fn turn_back(v: &mut [f64]) {
+    let g = v.len();
+    let r = if g.trailing_zeros().is_multiple_of(2) { 4 } else { 2 };
+    let mut stride = 1;
+    while stride < g {
+        for base in (0..g).step_by(stride * r) {
+            for b in base..base + stride {
+                if r == 4 {
+                    let (x0, x1, x2, x3) = (v[b], v[b + stride], v[b + 2 * stride], v[b + 3 * stride]);
+                    // y_a = Σ_b x_b · H4[b][a]
+                    v[b] = x0 + x1 + x2 - x3;
+                    v[b + stride] = x0 + x1 - x2 + x3;
+                    v[b + 2 * stride] = x0 - x1 + x2 + x3;
+                    v[b + 3 * stride] = -x0 + x1 + x2 + x3;
+                } else {
+                    let (x0, x1) = (v[b], v[b + stride]);
+                    v[b] = x0 + x1;
+                    v[b + stride] = x0 - x1;
+                }
+            }
+        }
+        stride *= r;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast transform is the direct sum with [`hadamard_signs`]: on int8 codes times one f32
+    /// scale (the values it is given), bit for bit, for both constructions.
+    #[test]
+    fn fast_transform_is_the_direct_sum() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for g in [2, 4, 8, 16, 128, 256, 1024] {
+            let h = hadamard_signs(g);
+            for _ in 0..20 {
+                let s = f32::from_bits(0x3000_0000 + (next() as u32 % 0x0800_0000));
+                let v: Vec<f64> = (0..g).map(|_| ((next() % 255) as i32 - 127) as f32 * s).map(|x| x as f64).collect();
+                let direct: Vec<f64> = (0..g).map(|j| (0..g).map(|k| v[k] * h[k * g + j] as f64).sum()).collect();
+                let mut fast = v.clone();
+                turn_back(&mut fast);
+                assert_eq!(fast, direct, "group {g}, scale {s}");
+            }
+        }
+    }
 
     /// `H·Hᵀ = n·I` and `H = Hᵀ` for both constructions (so `W_rot · H` undoes `W · Hᵀ`).
     #[test]

@@ -8,6 +8,7 @@ pub mod ggml;
 pub mod ggml_quantize;
 pub mod gguf;
 pub mod hash;
+pub mod kept;
 pub mod quantize;
 pub mod scaled_fp8;
 pub mod single_file;
@@ -153,15 +154,9 @@ pub struct Checkpoint {
     pub model_hash: hash::ModelHash,
 }
 
-/// The refusal of a quantized tensor (ggml blocks, int8 with row scales) on the GPU: the CUDA
-/// backend does not run them yet (the CPU backend dequantizes them as they load).
-pub fn quantized_on_gpu(full: &str, dtype: Dtype) -> String {
-    format!("`{full}` is {}: the CUDA backend does not run quantized weights yet (--device cpu dequantizes them as they load)", dtype.name())
-}
-
-/// The first tensor of `c` the CUDA backend cannot load, as its refusal.
-pub fn first_quantized(c: &Component) -> Option<String> {
-    c.store.tensors.iter().find(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8()).map(|(k, t)| quantized_on_gpu(k, t.dtype))
+/// The first tensor of `c` the CUDA backend cannot run, as its one-line refusal ([`kept::gpu_refusal`]).
+pub fn first_refused_on_gpu(c: &Component) -> Option<String> {
+    c.store.tensors.iter().filter(|(k, _)| k.starts_with(&c.prefix)).find_map(|(k, t)| kept::gpu_refusal(k, t))
 }
 
 /// The single-file components (`--transformer FILE`, `--text-encoder FILE`,

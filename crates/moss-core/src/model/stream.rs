@@ -8,7 +8,7 @@
 
 use crate::backend::{Backend, Behind};
 use crate::checkpoint::Component;
-use crate::memory_plan::PREFETCH;
+use crate::plan::PREFETCH;
 use anyhow::{anyhow, bail, Result};
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -279,6 +279,12 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
         return false;
     }
     cuda.set_poison(true);
+    // MOSS_CHECK_ONLY=TEXT: only the gate families whose name holds TEXT (a developer's quick run;
+    // the table then says so)
+    let only = std::env::var("MOSS_CHECK_ONLY").ok().filter(|o| !o.is_empty());
+    if let Some(o) = &only {
+        println!("kernel gates: only the families whose name holds `{o}` (MOSS_CHECK_ONLY)");
+    }
     let mut rows = vec![];
     let mut rng = Rng::new(seed);
     crate::select::print(cuda);
@@ -304,8 +310,10 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             .chain(crate::check::vae::GATES)
             .chain(crate::check::vae_encode::GATES)
             .chain(crate::check::lora::GATES)
+            .chain(crate::check::quant::GATES)
             .chain(super::fp8::GATES)
             .chain(super::fp8_act::GATES)
+            .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))
         {
             let t = std::time::Instant::now();
             if let Err(e) = f(&mut cx) {
@@ -412,6 +420,7 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     super::linear_situ_glu_fp8::time_linear_situ_fp8(&c)?;
     super::linear_qkv_norm_rope::time_linear_qkv(&c)?;
     super::lora::time_merge(&c)?;
+    super::quant::time_dequant(&c)?;
     super::fp8::time_fp8(&c)?;
     super::fp8_act::time_fp8_act(&c)
 }

@@ -15,6 +15,7 @@ pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
 pub mod linear_situ_glu_fp8;
 pub mod lora;
+pub mod quant;
 pub mod tensor;
 pub mod vae;
 pub mod vae_encode;

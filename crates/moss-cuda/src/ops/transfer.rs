@@ -54,7 +54,7 @@ const STAGING_MIN: usize = 1 << 20;
 pub const DOWNLOAD_CHUNK: usize = 8 << 20;
 /// Download chunks in flight at once (slots in the staging buffers).
 pub const DOWNLOAD_SLOTS: usize = 4;
-const _: () = assert!(DOWNLOAD_SLOTS % 2 == 0 && DOWNLOAD_SLOTS / 2 * DOWNLOAD_CHUNK <= STAGING_CHUNK);
+const _: () = assert!(DOWNLOAD_SLOTS.is_multiple_of(2) && DOWNLOAD_SLOTS / 2 * DOWNLOAD_CHUNK <= STAGING_CHUNK);
 
 /// How [`Cuda::download_with`] brings a tensor to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +105,8 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
             DType::F32 => out.chunks_exact_mut(4).zip(src).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
             DType::BF16 => out.chunks_exact_mut(2).zip(src).for_each(|(o, &v)| o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &v)| *o = moss_core::fp8::e4m3_from_f32(v)),
+            // kept matrices are uploaded as their stored bytes (`Cuda::upload_kept`), never from values
+            DType::Q => unreachable!("values converted to a quantized matrix's bytes"),
         }
     });
     bytes
@@ -157,6 +159,8 @@ pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
             DType::F32 => out.iter_mut().zip(src.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::BF16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &c)| *o = moss_core::fp8::e4m3_to_f32(c)),
+            // `download` dequantizes a kept matrix first
+            DType::Q => unreachable!("a quantized matrix's bytes read as values"),
         }
     });
 }
@@ -239,7 +243,7 @@ impl Cuda {
     /// read 0): chunks of [`DOWNLOAD_CHUNK`] bytes through [`DOWNLOAD_SLOTS`] staging slots.
     pub(crate) fn download_pinned(&self, x: &CudaTensor, copied: usize) -> Result<Tensor> {
         let es = x.dtype.size();
-        ensure!(copied <= x.bytes() && copied % es == 0, "download of {copied} bytes out of {}", x.bytes());
+        ensure!(copied <= x.bytes() && copied.is_multiple_of(es), "download of {copied} bytes out of {}", x.bytes());
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
         let total = x.bytes();

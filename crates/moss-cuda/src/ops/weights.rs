@@ -24,6 +24,7 @@ use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::driver::{result as dr, CudaContext, CudaEvent};
 use moss_core::backend::cpu::Cpu;
 use moss_core::backend::Behind;
+use moss_core::checkpoint::kept::Layout;
 use moss_core::checkpoint::{Component, Dtype};
 use moss_core::tensor::Tensor;
 use std::sync::{Arc, Mutex};
@@ -71,7 +72,7 @@ impl Drop for DeviceMem {
 /// Loads recorded by a batch view, not yet read.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pieces: Vec<Piece>,
+    pub(super) pieces: Vec<Piece>,
     /// (raw stored bytes, the loaded tensor it is cast into once copied)
     casts: Vec<(CudaTensor, CudaTensor)>,
     /// Slot memory the batch places its tensors in, and the bytes used so far.
@@ -123,7 +124,7 @@ impl Cuda {
     }
 
     /// Device memory for a weight of `bytes`: the batch's slot, or its own allocation.
-    fn weight_mem(&self, batch: Option<&mut Batch>, bytes: usize) -> Result<(Mem, u64)> {
+    pub(super) fn weight_mem(&self, batch: Option<&mut Batch>, bytes: usize) -> Result<(Mem, u64)> {
         if let Some(Batch { slot: Some((mem, used)), .. }) = batch {
             let off = used.next_multiple_of(SLOT_ALIGN);
             ensure!(off + bytes <= mem.bytes, "weight slot of {} bytes overflows at {}", mem.bytes, off + bytes);
@@ -144,11 +145,16 @@ impl Cuda {
     pub(crate) fn load_stacked(&self, c: &Component, names: &[&str]) -> Result<CudaTensor> {
         ensure!(!names.is_empty(), "load of no tensors");
         let infos = names.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
+        if let Some(layout) = Layout::of(c, names)? {
+            return self.load_kept(c, &infos, layout);
+        }
         let first = infos[0];
         let mut shape = first.shape.clone();
+        // a stack holding a quantized tensor loads dequantized on the host, each part in its own dtype
+        let quantized = infos.iter().any(|i| i.dtype.is_block_or_int8());
         for (n, i) in names.iter().zip(&infos).skip(1) {
             ensure!(
-                i.dtype == first.dtype && i.shape.len() == shape.len() && i.shape[1..] == shape[1..],
+                (i.dtype == first.dtype || quantized) && i.shape.len() == shape.len() && i.shape[1..] == shape[1..],
                 "cannot stack `{n}` {:?} {} under `{}` {:?} {}",
                 i.shape,
                 i.dtype.name(),
@@ -159,21 +165,21 @@ impl Cuda {
             shape[0] += i.shape[0];
         }
         let stored = match first.dtype {
-            Dtype::BF16 => DType::BF16,
-            Dtype::F32 => DType::F32,
+            Dtype::BF16 if !quantized => DType::BF16,
+            Dtype::F32 if !quantized => DType::F32,
             // the codes as stored (their scales are tensors of their own)
-            Dtype::F8E4M3 => DType::F8E4M3,
+            Dtype::F8E4M3 if !quantized => DType::F8E4M3,
             _ => {
                 // Other stored dtypes convert on the host (exact to f32), merge there, and upload.
                 let merged = |n: &&str| -> Result<Vec<f32>> {
                     let (s, d) = c.f32(n)?;
                     Ok(moss_core::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
                 };
-                if first.dtype.is_block_or_int8() {
-                    bail!("{}", moss_core::checkpoint::quantized_on_gpu(&c.full_name(names[0]), first.dtype));
-                }
+                // A quantized stack with a LoRA update (or not a stack of matrices): dequantized and
+                // merged in f32 here, uploaded in the activation dtype. Other stored floats: f32.
+                let dtype = if quantized { loaded_dtype(Dtype::BF16, self.precision) } else { DType::F32 };
                 let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
-                return self.upload_as(&Tensor::new(shape, parts.concat())?, DType::F32);
+                return self.upload_as(&Tensor::new(shape, parts.concat())?, dtype);
             }
         };
         let target = loaded_dtype(first.dtype, self.precision);
@@ -183,7 +189,7 @@ impl Cuda {
         let raw = {
             let mut g = view.batch.as_ref().unwrap().lock().unwrap_or_else(|e| e.into_inner());
             let (mem, ptr) = view.weight_mem(Some(&mut g), bytes)?;
-            let raw = CudaTensor { buf: Arc::new(Buf { mem, ptr, bytes }), shape: shape.clone(), dtype: stored };
+            let raw = CudaTensor { buf: Arc::new(Buf { mem, ptr, bytes }), shape: shape.clone(), dtype: stored, kept: None };
             let mut dst = ptr;
             for i in &infos {
                 let src = c.store.bytes(i);
@@ -214,11 +220,12 @@ impl Cuda {
         let mut shape = w.shape.clone();
         shape[0] = rows;
         let buf = Buf { mem: Mem::Device(mem.clone()), ptr: w.ptr() + (row0 * row) as u64, bytes: rows * row };
-        Ok(CudaTensor { buf: Arc::new(buf), shape, dtype: w.dtype })
+        ensure!(w.kept.is_none(), "rows of a quantized matrix");
+        Ok(CudaTensor { buf: Arc::new(buf), shape, dtype: w.dtype, kept: None })
     }
 
     /// A view of this backend whose loads are recorded into a new batch (in `slot` memory).
-    fn batch_view(&self, slot: Option<Arc<DeviceMem>>) -> Cuda {
+    pub(super) fn batch_view(&self, slot: Option<Arc<DeviceMem>>) -> Cuda {
         let reuses = slot.is_some();
         let b = Batch { slot: slot.map(|m| (m, 0)), reuses, ..Default::default() };
         Cuda { batch: Some(Arc::new(Mutex::new(b))), ..self.clone() }
@@ -349,7 +356,11 @@ impl Cuda {
     pub fn fetch_into_slot(&self, c: &Component, slot: usize, groups: &[Vec<String>]) -> Result<Behind<Vec<CudaTensor>>> {
         let mut need = 0usize;
         for g in groups {
-            let bytes: usize = g.iter().map(|n| c.info(n).map(|i| i.end - i.start)).sum::<Result<usize>>()?;
+            let names: Vec<&str> = g.iter().map(String::as_str).collect();
+            let bytes = match Layout::of(c, &names)? {
+                Some(l) => l.bytes,
+                None => g.iter().map(|n| c.info(n).map(|i| i.end - i.start)).sum::<Result<usize>>()?,
+            };
             need = need.next_multiple_of(SLOT_ALIGN) + bytes;
         }
         let mem = {

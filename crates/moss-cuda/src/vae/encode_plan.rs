@@ -92,7 +92,7 @@ pub fn encode_keep_bytes(cfg: &VaeConfig, height: usize, width: usize) -> usize 
 
 /// The least activation bytes a split encode runs in: the latent-resolution part whole, or
 /// one-row strips with every kept picture in host memory, whichever is more (for the run's
-/// memory plan: `moss_core::memory_plan::Network::strip_activations` of the VAE stage).
+/// memory plan: `moss_core::plan::Network::strip_activations` of the VAE stage).
 pub fn encode_split_least_bytes(cfg: &VaeConfig, height: usize, width: usize) -> usize {
     encode_mid_bytes(cfg, height, width).max(encode_strip_bytes(cfg, height, width, 8))
 }

@@ -127,7 +127,7 @@ pub(super) fn copy2d_desc(
 
 /// The least activation bytes a split decode of latents `[1, C, h, w]` runs in: the mid block
 /// (run whole) or strips of 8 rows with every kept picture in host memory, whichever is more
-/// (`moss_core::memory_plan`'s `strip_activations` for the VAE).
+/// (`moss_core::plan`'s `strip_activations` for the VAE).
 pub fn vae_split_least_bytes(cfg: &moss_core::checkpoint::config::VaeConfig, h: usize, w: usize) -> usize {
     vae_mid_bytes(cfg, h, w).max(vae_strip_bytes(cfg, h, w, 8))
 }

@@ -1,4 +1,4 @@
-//! The server's planner at full size (the byte counts of `memory_plan_tests`): across caps, sizes
+//! The server's planner at full size (the byte counts of `plan::tests`): across caps, sizes
 //! and precisions every stage's peak beside what the others keep stays under the cap, the
 //! transformer is kept first and with as many blocks as fit, then the VAE, then the encoder's
 //! layers, and the smallest cap is the single run's.

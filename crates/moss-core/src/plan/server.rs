@@ -1,12 +1,12 @@
 //! The server's start-up plan (`moss serve --max-vram`): the three networks' byte counts for the
 //! largest request the server accepts (its `--max-size` and `--max-tokens`), placed by
-//! [`crate::memory_plan::serve`] under the cap before any weights load: what stays loaded between
+//! [`super::serve`] under the cap before any weights load: what stays loaded between
 //! requests, what streams, what is loaded for each request, and the budgets the stages run in.
 
+use super::run::{dit_activations, networks};
+use super::serve::{self, Keep, ServePlan};
+use super::{Budget, MemoryOptions, Placement, RESERVE};
 use crate::checkpoint::Checkpoint;
-use crate::memory_plan::serve::{self, Keep, ServePlan};
-use crate::memory_plan::{Placement, RESERVE};
-use crate::run_plan::{dit_activations, networks, Budget, MemoryOptions};
 use anyhow::Result;
 
 /// What the server loads and how.
@@ -30,7 +30,7 @@ pub struct ServeRunPlan {
 pub fn decide(ck: &Checkpoint, budget: &Budget, opts: &MemoryOptions, max_size: (u32, u32), max_tokens: usize) -> Result<ServeRunPlan> {
     let mut nets = networks(ck, budget, max_tokens, max_size)?;
     // Edits encode a picture of up to the largest size in the VAE's stage.
-    crate::run_plan::with_vae_encode(&mut nets, ck, max_size);
+    super::run::with_vae_encode(&mut nets, ck, budget, max_size);
     let (cap, warning) = budget.cap(opts);
     let plan = serve::plan(cap, budget.overhead, &nets)?;
     if cap == u64::MAX {
@@ -44,7 +44,7 @@ pub fn decide(ck: &Checkpoint, budget: &Budget, opts: &MemoryOptions, max_size: 
         (Some(d), Some(n)) => {
             let act_room = room("transformer").saturating_sub(d.stage.device_bytes - n.activations);
             let most = (crate::options::MAX_SIDE as usize / 16).pow(2) + crate::prompt::MAX_TOKENS;
-            largest(most, |t| dit_activations(ck, t, budget.act) <= act_room)
+            largest(most, |t| dit_activations(ck, budget, t) <= act_room)
         }
         _ => usize::MAX,
     };

@@ -1,9 +1,18 @@
-//! The streaming memory planner: before any weights load, decide per network (text encoder,
-//! transformer, VAE) what stays resident on the device and what streams from host memory, under a
-//! cap (`--max-vram`). Pure arithmetic on byte counts, so every decision is unit-tested at full
-//! size without a GPU. The stages run one after another, each freeing the last, so each network
-//! must fit the cap alone.
+//! The planning room: every decision about device memory is made here, before any weights load.
 //!
+//! - The networks declare their bytes: [`run::networks`] reads each network's weights from the
+//!   checkpoint (as the run's precision loads them) and asks the backend's [`Activations`] what
+//!   its activations take at the run's sizes.
+//! - The backend answers one question, its [`Budget`] (memory free and total, its own overhead,
+//!   the precision's element sizes, its activation formulas), and keeps the one [`RESERVE`].
+//! - The placement (this file): per network (text encoder, transformer, VAE), what stays resident
+//!   and what streams from host memory under a cap (`--max-vram`). Pure arithmetic on byte counts,
+//!   so every decision is unit-tested at full size without a GPU. The stages run one after another,
+//!   each freeing the last, so each network must fit the cap alone.
+//! - `generate` and batch plan a run through [`run::decide`]; `moss serve` plans what it keeps
+//!   between requests through [`server::decide`] (placed by [`serve`]).
+//!
+//! Placements:
 //! - Resident: weights + activations + reserve fit.
 //! - Streamed: the non-block weights stay resident (less `host_only`, e.g. the encoder's
 //!   embedding table, of which only the prompt's rows are uploaded), K of N blocks resident, and
@@ -14,6 +23,12 @@
 //! outside its allocations (the CUDA context, the kernel modules, the cuBLASLt workspace: the
 //! `overhead`, measured at device init) comes off it first, and the networks are placed under
 //! the rest.
+
+pub mod budget;
+pub mod run;
+pub mod server;
+
+pub use budget::{Activations, Budget, MemoryOptions};
 
 use anyhow::{bail, Result};
 
@@ -261,9 +276,7 @@ impl Plan {
 }
 
 /// The server's plan: what stays on the device between requests.
-#[path = "memory_plan_serve.rs"]
 pub mod serve;
 
 #[cfg(test)]
-#[path = "memory_plan_tests.rs"]
 mod tests;

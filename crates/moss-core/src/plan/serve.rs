@@ -170,5 +170,5 @@ impl ServePlan {
 }
 
 #[cfg(test)]
-#[path = "memory_plan_serve_tests.rs"]
+#[path = "serve_tests.rs"]
 mod tests;

@@ -1,72 +1,14 @@
 //! One run's memory plan (`--max-vram`): the three networks' byte counts read from the
-//! checkpoint (at the run's precision) and the run's sizes, placed by [`crate::memory_plan`]
-//! under the cap before any weights load. Decides what `generate` loads resident, what streams,
+//! checkpoint (at the run's precision) and the run's sizes, placed by [`super`] under the cap
+//! before any weights load. Decides what `generate` loads resident, what streams,
 //! and whether the transformer may load while the text encoder runs.
 
-use crate::backend::cuda::ops::DType;
-use crate::backend::cuda::plan::{dit_activation_bytes, encoder_activation_bytes};
-use crate::backend::cuda::vae::plan::{vae_activation_bytes, vae_split_least_bytes};
+use super::{Budget, MemoryOptions, Network, Placement, Plan, PREFETCH, RESERVE};
+use crate::checkpoint::kept::{self, Layout};
 use crate::checkpoint::{Checkpoint, Component, Dtype};
-use crate::memory_plan::{self, Network, Placement, Plan};
 use crate::model::dit::mats::{self, Kind};
-use crate::model::dit::MainLinears;
 use crate::model::encoder::layer_matrix_names;
 use anyhow::Result;
-
-/// How a run may use device memory (the CLI's `--max-vram`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MemoryOptions {
-    /// The cap in GiB (`None`: the device's free memory less a reserve; on the CPU, no cap).
-    pub max_vram_gib: Option<f64>,
-}
-
-/// The device a plan is made for.
-#[derive(Clone, Copy, Debug)]
-pub struct Budget {
-    /// Free and total bytes (`None`: the CPU, planned only under an explicit cap).
-    pub memory: Option<(u64, u64)>,
-    /// Device bytes the process holds outside its allocations (the CUDA context, modules,
-    /// cuBLASLt workspace): part of the cap, as `nvidia-smi` counts them. 0 on the CPU.
-    pub overhead: u64,
-    /// Bytes a loaded weight element of a stored dtype takes.
-    pub bf16_loaded: usize,
-    /// The activation dtype.
-    pub act: DType,
-    /// How the transformer's main blocks hold their matrices (the run's precision).
-    pub linears: MainLinears,
-}
-
-impl Budget {
-    /// The CPU: no device memory to measure (planned only under an explicit cap), fp32 throughout.
-    pub fn cpu() -> Budget {
-        Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense }
-    }
-
-    /// This budget for a run whose transformer holds its main blocks' matrices as `linears`.
-    pub fn with_linears(self, linears: MainLinears) -> Budget {
-        Budget { linears, ..self }
-    }
-
-    /// The CUDA device `cu` now, at its precision.
-    pub fn cuda(cu: &crate::backend::cuda::ops::Cuda) -> Result<Budget> {
-        let (free, total) = cu.gpu().mem_info()?;
-        let bf16_loaded = crate::backend::cuda::ops::loaded_dtype(Dtype::BF16, cu.precision).size();
-        let linears = MainLinears::of(cu.precision);
-        Ok(Budget { memory: Some((free as u64, total as u64)), overhead: cu.process_overhead(), bf16_loaded, act: cu.act_dtype(), linears })
-    }
-
-    /// The cap `opts` asks for on this device (on the CPU: the one given, else none), and the
-    /// warning when it was clamped to the device.
-    pub fn cap(&self, opts: &MemoryOptions) -> (u64, Option<String>) {
-        match self.memory {
-            Some((free, total)) => memory_plan::cap(opts.max_vram_gib, free, total, self.overhead),
-            None => match opts.max_vram_gib {
-                Some(g) => ((g * (1u64 << 30) as f64) as u64, None),
-                None => (u64::MAX, None),
-            },
-        }
-    }
-}
 
 /// What a run loads and how.
 #[derive(Clone, Debug)]
@@ -84,9 +26,11 @@ pub struct RunPlan {
     pub warning: Option<String>,
 }
 
+/// Bytes a tensor takes loaded elementwise (a quantized one dequantized as it loads: on the CPU,
+/// or on the GPU with a LoRA update merged into it).
 fn loaded(dtype: Dtype, numel: usize, bf16_loaded: usize) -> u64 {
     let es = match dtype {
-        Dtype::BF16 => bf16_loaded,
+        Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 => bf16_loaded,
         Dtype::F8E4M3 => 1,
         _ => 4,
     };
@@ -122,41 +66,81 @@ fn dit_block(c: &Component, i: usize, budget: &Budget) -> Result<MatrixBytes> {
         let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
         let numel = infos.iter().map(|t| t.numel() as u64).sum();
         let rows = infos.iter().map(|t| t.shape.first().copied().unwrap_or(1) as u64).sum();
-        let stored = infos.iter().map(|t| loaded(t.dtype, t.numel(), budget.bf16_loaded)).sum();
-        let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act.size() as u64);
+        let stored = stack_bytes(c, &g, budget.bf16_loaded, budget.memory.is_some())?;
+        let m = matrix_bytes(mats::kind(c, &g, budget.linears)?, numel, rows, stored, budget.act as u64);
         sum = MatrixBytes { resident: sum.resident + m.resident, slot: sum.slot + m.slot, derived: sum.derived + m.derived };
     }
     Ok(sum)
 }
 
-/// Bytes of `c`'s tensors under `prefix` (inside the component), as loaded.
-fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize) -> u64 {
-    let full = c.full_name(prefix);
-    c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)).map(|(_, t)| loaded(t.dtype, t.numel(), bf16_loaded)).sum()
-}
-
-/// Bytes of the tensors `groups` names (inside `c`), as loaded.
-fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize) -> Result<u64> {
+/// Device bytes of the dim-0 stack of `names` (inside `c`) as loaded; on the GPU (`gpu`) a stack
+/// holding quantized matrices is kept as stored ([`Layout`]: the blocks, int8 codes and row scales).
+pub fn stack_bytes(c: &Component, names: &[String], bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    if gpu {
+        if let Some(l) = Layout::of(c, &refs)? {
+            return Ok(l.bytes as u64);
+        }
+    }
     let mut sum = 0;
-    for n in groups.iter().flatten() {
+    for n in names {
         let t = c.info(n)?;
         sum += loaded(t.dtype, t.numel(), bf16_loaded);
     }
     Ok(sum)
 }
 
+/// Bytes of `c`'s tensors under `prefix` (inside the component), as loaded (each on its own; the
+/// scales of a kept int8 matrix are counted with it, `comfy_quant` descriptions not at all).
+fn bytes_under(c: &Component, prefix: &str, bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    let full = c.full_name(prefix);
+    let mut sum = 0;
+    for (k, t) in c.store.tensors.iter().filter(|(k, _)| k.starts_with(&full)) {
+        if gpu && kept::is_companion(c, k) {
+            continue;
+        }
+        sum += match k.strip_prefix(&c.prefix) {
+            Some(name) if gpu => stack_bytes(c, &[name.to_string()], bf16_loaded, gpu)?,
+            _ => loaded(t.dtype, t.numel(), bf16_loaded),
+        };
+    }
+    Ok(sum)
+}
+
+/// Bytes of the stacks `groups` names (inside `c`), as loaded.
+fn bytes_of(c: &Component, groups: &[Vec<String>], bf16_loaded: usize, gpu: bool) -> Result<u64> {
+    groups.iter().map(|g| stack_bytes(c, g, bf16_loaded, gpu)).sum()
+}
+
 /// The largest and the total bytes of the `blocks` streamable blocks `names(i)` lists.
-fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize) -> Result<(u64, u64)> {
-    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl)).collect::<Result<Vec<_>>>()?;
+fn block_bytes(c: &Component, blocks: usize, names: impl Fn(usize) -> Vec<Vec<String>>, bl: usize, gpu: bool) -> Result<(u64, u64)> {
+    let each = (0..blocks).map(|i| bytes_of(c, &names(i), bl, gpu)).collect::<Result<Vec<_>>>()?;
     Ok((each.iter().copied().max().unwrap_or(0), each.iter().sum()))
+}
+
+/// The dequantized scratch of the largest matrix of `c` kept quantized on the GPU (`act` bytes an
+/// element): each product of a kept matrix dequantizes it into a matrix of its own first. `stacks`:
+/// the stacks the model loads (its blocks' matrices); the rest load on their own.
+pub fn dequant_scratch(c: &Component, stacks: &[Vec<String>], act: usize) -> Result<u64> {
+    let mut most = 0u64;
+    for g in stacks {
+        let refs: Vec<&str> = g.iter().map(String::as_str).collect();
+        if let Some(l) = Layout::of(c, &refs)? {
+            most = most.max((l.rows() * l.k * act) as u64);
+        }
+    }
+    for t in c.store.tensors.iter().filter(|(k, t)| k.starts_with(&c.prefix) && t.dtype.is_block_or_int8() && t.shape.len() == 2).map(|(_, t)| t) {
+        most = most.max((t.numel() * act) as u64);
+    }
+    Ok(most)
 }
 
 /// The DiT's activations over `tokens` joint tokens: one forward's peak, and (streamed, a guided
 /// step's two passes go through the blocks together) the other pass's stream and modulated norm
 /// (`[N, D]` each) beside it; with LoRAs, one tensor's merge scratch (streamed blocks merge at
 /// every fetch, beside the activations).
-pub fn dit_activations(ck: &Checkpoint, tokens: usize, act: DType) -> u64 {
-    (dit_activation_bytes(&ck.dit, tokens, act) + 2 * tokens * ck.dit.dim * act.size() + ck.loras.scratch_bytes()) as u64
+pub fn dit_activations(ck: &Checkpoint, budget: &Budget, tokens: usize) -> u64 {
+    budget.activations.dit(&ck.dit, tokens, budget.act) + (2 * tokens * ck.dit.dim * budget.act + ck.loras.scratch_bytes()) as u64
 }
 
 /// The three networks of `ck` for prompts of `tokens` tokens and a `w` x `h` picture.
@@ -165,38 +149,49 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
     let enc = ck.open_component_for_plan("text_encoder")?;
     let dit = ck.open_component_for_plan("transformer")?;
     let vae = ck.open_component_for_plan("vae")?;
-    if budget.memory.is_some() {
-        // on the GPU, before anything loads: the quantized weights it does not run yet
-        if let Some(refusal) = crate::checkpoint::first_quantized(&enc).or_else(|| crate::checkpoint::first_quantized(&dit)) {
+    let gpu = budget.memory.is_some();
+    if gpu {
+        // on the GPU, before anything loads: the quantized weights it cannot run
+        if let Some(refusal) = crate::checkpoint::first_refused_on_gpu(&enc).or_else(|| crate::checkpoint::first_refused_on_gpu(&dit)) {
             anyhow::bail!("{refusal}");
         }
     }
     let enc_layers = ck.encoder.num_layers();
     // What streams is what the models fetch: each layer's (block's) matrices.
-    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl)?;
+    let (enc_block, enc_all) = block_bytes(&enc, enc_layers, |i| layer_matrix_names(&ck.encoder, i), bl, gpu)?;
+    // Kept quantized matrices dequantize into a scratch matrix before each product.
+    let act = budget.act;
+    let (enc_scratch, dit_scratch) = if gpu {
+        let enc_stacks: Vec<Vec<String>> = (0..enc_layers).flat_map(|i| layer_matrix_names(&ck.encoder, i)).collect();
+        let dit_stacks: Vec<Vec<String>> = (0..ck.dit.num_layers).flat_map(mats::block_matrix_names).collect();
+        (dequant_scratch(&enc, &enc_stacks, act)?, dequant_scratch(&dit, &dit_stacks, act)?)
+    } else {
+        (0, 0)
+    };
     let blocks = (0..ck.dit.num_layers).map(|i| dit_block(&dit, i, budget)).collect::<Result<Vec<_>>>()?;
     let most = |f: fn(&MatrixBytes) -> u64| blocks.iter().map(f).max().unwrap_or(0);
     let dit_all: u64 = blocks.iter().map(|b| b.resident).sum();
     // The stored matrices (and their scale tensors, read on the host) are replaced by what the blocks hold.
-    let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl)).sum();
-    let dit_weights = bytes_under(&dit, "", bl) - stored_blocks + dit_all;
+    let stored_blocks: u64 = (0..ck.dit.num_layers).map(|i| bytes_under(&dit, &format!("layers.{i}.proj."), bl, gpu)).sum::<Result<u64>>()?;
+    let dit_weights = bytes_under(&dit, "", bl, gpu)? - stored_blocks + dit_all;
     let (lh, lw) = ((h / 16) as usize, (w / 16) as usize);
     let text = tokens.max(1);
+    let vae_decode = budget.activations.vae_decode(&ck.vae, lh, lw);
     Ok(vec![
         Network {
             name: "text_encoder",
-            weights: bytes_under(&enc, "", bl),
+            weights: bytes_under(&enc, "", bl, gpu)?,
             blocks: enc_layers as u64,
             block_bytes: enc_block,
             all_blocks: enc_all,
             slot_bytes: enc_block,
             derived_bytes: 0,
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             // Streamed, the embedding table stays on the host (a prompt's rows are gathered there).
-            host_only: bytes_under(&enc, "embed_tokens.", bl),
+            host_only: bytes_under(&enc, "embed_tokens.", bl, gpu)?,
             // A picture's prompts go through the layers together: the other prompt's stream and
             // its norm ([L, hidden] each) live beside one forward's peak.
-            activations: (encoder_activation_bytes(&ck.encoder, text, budget.act) + 2 * text * ck.encoder.hidden_size * budget.act.size()) as u64,
+            activations: budget.activations.encoder(&ck.encoder, text, budget.act) + (2 * text * ck.encoder.hidden_size * budget.act) as u64 + enc_scratch,
             strip_activations: None,
         },
         Network {
@@ -207,14 +202,14 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             all_blocks: dit_all,
             slot_bytes: most(|b| b.slot),
             derived_bytes: most(|b| b.derived),
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             host_only: 0,
-            activations: dit_activations(ck, lh * lw + text, budget.act),
+            activations: dit_activations(ck, budget, lh * lw + text) + dit_scratch,
             strip_activations: None,
         },
         Network {
             name: "vae",
-            weights: bytes_under(&vae, "", 4),
+            weights: bytes_under(&vae, "", 4, false)?,
             blocks: 0,
             block_bytes: 0,
             all_blocks: 0,
@@ -222,33 +217,32 @@ pub fn networks(ck: &Checkpoint, budget: &Budget, tokens: usize, (w, h): (u32, u
             derived_bytes: 0,
             ahead: 0,
             host_only: 0,
-            activations: vae_activation_bytes(&ck.vae, lh, lw) as u64,
-            strip_activations: Some(vae_split_least_bytes(&ck.vae, lh, lw) as u64),
+            activations: vae_decode.0,
+            strip_activations: Some(vae_decode.1),
         },
     ])
 }
 
 /// The VAE stage of a run with a picture in (img2img, inpainting): the VAE then also encodes a
 /// `w`×`h` picture, so its activations are the larger of the decode's and the encode's, whole
-/// and in the least split (`crate::backend::cuda::vae::encode_plan`).
-pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, (w, h): (u32, u32)) {
-    use crate::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
-    let (h, w) = (h as usize, w as usize);
+/// and in the least split.
+pub fn with_vae_encode(nets: &mut [Network], ck: &Checkpoint, budget: &Budget, (w, h): (u32, u32)) {
+    let (whole, least) = budget.activations.vae_encode(&ck.vae, h as usize, w as usize);
     for n in nets.iter_mut().filter(|n| n.name == "vae") {
-        n.activations = n.activations.max(encode_activation_bytes(&ck.vae, h, w) as u64);
-        n.strip_activations = n.strip_activations.map(|s| s.max(encode_split_least_bytes(&ck.vae, h, w) as u64));
+        n.activations = n.activations.max(whole);
+        n.strip_activations = n.strip_activations.map(|s| s.max(least));
     }
 }
 
 /// [`with_vae_encode`] where `spec` encodes a picture: its init image at its size, or the hires
 /// fix's Lanczos upscale at the second pass's. (`networks` takes [`PictureSpec::out_size`]: the
 /// hires fix's second pass is the larger.)
-pub fn with_pictures_in(nets: &mut [Network], ck: &Checkpoint, spec: &crate::spec::PictureSpec) {
+pub fn with_pictures_in(nets: &mut [Network], ck: &Checkpoint, budget: &Budget, spec: &crate::spec::PictureSpec) {
     if spec.init_image.is_some() {
-        with_vae_encode(nets, ck, (spec.width, spec.height));
+        with_vae_encode(nets, ck, budget, (spec.width, spec.height));
     }
     if spec.hires.as_ref().is_some_and(|h| h.upscaler == crate::spec::Upscaler::Lanczos) {
-        with_vae_encode(nets, ck, spec.out_size());
+        with_vae_encode(nets, ck, budget, spec.out_size());
     }
 }
 
@@ -256,7 +250,7 @@ pub fn with_pictures_in(nets: &mut [Network], ck: &Checkpoint, spec: &crate::spe
 /// works) before anything loads.
 pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result<RunPlan> {
     let (cap, warning) = budget.cap(opts);
-    let plan = memory_plan::plan_for_process(cap, budget.overhead, nets)?;
+    let plan = super::plan_for_process(cap, budget.overhead, nets)?;
     let resident = |name: &str, all: u64| match plan.networks.iter().find(|n| n.name == name).map(|n| &n.placement) {
         Some(Placement::Streamed { resident, .. }) => *resident as usize,
         _ => all as usize,
@@ -266,7 +260,7 @@ pub fn decide(nets: &[Network], budget: &Budget, opts: &MemoryOptions) -> Result
     let both_resident = encoder_resident as u64 == nets[0].blocks && dit_resident as u64 == nets[1].blocks;
     let enc_peak = plan.networks[0].device_bytes;
     let overlap = both_resident && enc_peak.saturating_add(nets[1].weights).saturating_add(budget.overhead) <= cap;
-    let vae_activations = (cap != u64::MAX).then(|| cap.saturating_sub(budget.overhead + nets[2].weights + memory_plan::RESERVE));
+    let vae_activations = (cap != u64::MAX).then(|| cap.saturating_sub(budget.overhead + nets[2].weights + RESERVE));
     Ok(RunPlan { plan, encoder_resident, dit_resident, overlap, vae_activations, warning })
 }
 
@@ -289,10 +283,34 @@ impl RunPlan {
 }
 
 #[cfg(test)]
+#[path = "run_quant_tests.rs"]
+mod quant_tests;
+
+#[cfg(test)]
 mod tests {
+    use super::super::Activations;
     use super::*;
+    use crate::checkpoint::config::{DitConfig, EncoderConfig, VaeConfig};
+    use crate::model::dit::MainLinears;
 
     const GB: u64 = 1 << 30;
+
+    /// Activations in proportion to tokens and pixels: these tests are about weights and caps.
+    struct Flat;
+    impl Activations for Flat {
+        fn dit(&self, cfg: &DitConfig, tokens: usize, act: usize) -> u64 {
+            (8 * tokens * cfg.dim * act) as u64
+        }
+        fn encoder(&self, cfg: &EncoderConfig, tokens: usize, act: usize) -> u64 {
+            (8 * tokens * cfg.hidden_size * act) as u64
+        }
+        fn vae_decode(&self, _: &VaeConfig, lh: usize, lw: usize) -> (u64, u64) {
+            (((lh * lw) as u64) << 12, ((lh * lw) as u64) << 10)
+        }
+        fn vae_encode(&self, _: &VaeConfig, h: usize, w: usize) -> (u64, u64) {
+            (((h * w) as u64) << 6, ((h * w) as u64) << 4)
+        }
+    }
 
     fn net(name: &'static str, weights: u64, blocks: u64, activations: u64, strips: Option<u64>) -> Network {
         let block_bytes = if blocks > 0 { weights / (blocks + 1) } else { 0 };
@@ -300,32 +318,16 @@ mod tests {
         Network { name, weights, blocks, block_bytes, all_blocks, slot_bytes, derived_bytes, ahead: 1, host_only: 0, activations, strip_activations: strips }
     }
 
-    /// A GPU plan refuses the quantized tensors the CUDA backend does not run yet, naming one, before
-    /// anything loads; the CPU plans the same file (it dequantizes as it loads).
-    #[test]
-    fn quantized_files_are_refused_on_the_gpu_before_loading() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-b");
-        let files = crate::checkpoint::ComponentFiles {
-            transformer: Some(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/quant/tiny-b-mixed.gguf").into()),
-            text_encoder: None,
-        };
-        let ck = crate::checkpoint::Checkpoint::open_with(crate::checkpoint::locate(root).unwrap(), files).unwrap();
-        let cpu = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
-        assert!(networks(&ck, &cpu, 16, (64, 64)).is_ok());
-        let gpu = Budget { memory: Some((80 * GB, 80 * GB)), bf16_loaded: 2, act: DType::BF16, ..cpu };
-        let err = networks(&ck, &gpu, 16, (64, 64)).unwrap_err().to_string();
-        assert!(err.contains("`layers.0.proj.ffn_down.weight` is Q8_0: the CUDA backend does not run quantized weights yet"), "{err}");
-    }
-
     /// With LoRAs attached the transformer's activations hold one tensor's merge scratch, so the
     /// plan under a cap counts it: a cap that holds the transformer resident without it streams
     /// a block with it, and every planned peak stays under the cap.
     #[test]
     fn the_merge_scratch_is_planned() {
-        let mut ck = crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap()).unwrap();
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+        let mut ck =
+            crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/tiny-a")).unwrap()).unwrap();
+        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: 2, linears: MainLinears::Dense, activations: &Flat };
         let plain = networks(&ck, &budget, 16, (256, 256)).unwrap();
-        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/lora/kohya.safetensors");
+        let lora = concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden/lora/kohya.safetensors");
         ck.attach_loras(&[crate::lora::LoraSpec { path: lora.into(), scale: 1.0 }]).unwrap();
         let scratch = ck.loras.scratch_bytes() as u64;
         assert!(scratch > 0);
@@ -334,7 +336,7 @@ mod tests {
         assert_eq!((with[0].activations, with[2].activations), (plain[0].activations, plain[2].activations), "only the transformer merges");
         // The least room that holds the transformer resident without the LoRA does not with it.
         let (p, w) = (&plain[1], &with[1]);
-        let room = p.weights + p.activations + memory_plan::RESERVE;
+        let room = p.weights + p.activations + RESERVE;
         assert_eq!(p.place(room).unwrap().placement, Placement::Resident);
         let streamed = w.place(room).expect("the transformer streams in that room");
         assert!(matches!(streamed.placement, Placement::Streamed { .. }), "{streamed:?}");
@@ -342,7 +344,7 @@ mod tests {
         for room in [room, room + scratch, room - 3 * w.block_bytes] {
             let Some(n) = w.place(room) else { continue };
             assert!(n.device_bytes <= room, "{room}: the transformer's peak {} over the room", n.device_bytes);
-            assert!(n.device_bytes >= w.activations + memory_plan::RESERVE, "{room}: the peak leaves out the scratch");
+            assert!(n.device_bytes >= w.activations + RESERVE, "{room}: the peak leaves out the scratch");
         }
     }
 
@@ -356,7 +358,7 @@ mod tests {
         let nets = vec![net("text_encoder", 2 * GB, 4, GB / 4, None), net("transformer", 2 * GB, 4, GB / 4, None), net("vae", weights, 0, act, Some(strips))];
         let mut seen = (0, 0);
         for overhead in [0, 600 << 20] {
-            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
+            let budget = Budget { memory: Some((100 * GB, 100 * GB)), overhead, bf16_loaded: 2, act: 2, linears: MainLinears::Dense, activations: &Flat };
             for tenth in 20..80 {
                 let opts = MemoryOptions { max_vram_gib: Some(tenth as f64 / 10.0) };
                 let Ok(p) = decide(&nets, &budget, &opts) else { continue };
@@ -375,49 +377,8 @@ mod tests {
             }
         }
         assert!(seen.0 > 0 && seen.1 > 0, "caps planned whole {} and strips {} times", seen.0, seen.1);
-        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: DType::F32, linears: MainLinears::Dense };
+        let none = Budget { memory: None, overhead: 0, bf16_loaded: 4, act: 4, linears: MainLinears::Dense, activations: &Flat };
         assert_eq!(decide(&nets, &none, &MemoryOptions::default()).unwrap().vae_activations, None);
-    }
-
-    /// A picture in adds the VAE encoder's stage: the VAE's activations (whole, and the least
-    /// split) are the larger of the decode's and the encode's at the picture's size; the hires
-    /// fix's Lanczos upscaler encodes at the second pass's size, its latent upscaler encodes
-    /// nothing; a picture from text plans the decode alone.
-    #[test]
-    fn the_encoder_stage_is_planned() {
-        use crate::backend::cuda::vae::encode_plan::{encode_activation_bytes, encode_split_least_bytes};
-        use crate::spec::{HiresSpec, InitSpec, PictureSpec, Upscaler};
-        let mut ck = crate::checkpoint::Checkpoint::open(crate::checkpoint::locate(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/tiny-a")).unwrap()).unwrap();
-        let budget = Budget { memory: None, overhead: 0, bf16_loaded: 2, act: DType::BF16, linears: MainLinears::Dense };
-        let tiny = networks(&ck, &budget, 16, (64, 64)).unwrap();
-        // FLUX.2's widths: the activations follow the config (the networks' weights stay tiny-a's).
-        (ck.vae.block_out_channels, ck.vae.decoder_block_out_channels) = (vec![128, 256, 512, 512], vec![96, 192, 384, 384]);
-        let vae = |spec: &PictureSpec| {
-            let (w, h) = spec.out_size();
-            let mut nets = tiny.clone();
-            nets[2].activations = vae_activation_bytes(&ck.vae, h as usize / 16, w as usize / 16) as u64;
-            nets[2].strip_activations = Some(vae_split_least_bytes(&ck.vae, h as usize / 16, w as usize / 16) as u64);
-            with_pictures_in(&mut nets, &ck, spec);
-            (nets[2].activations, nets[2].strip_activations.unwrap())
-        };
-        let encode = |w: u32, h: u32| {
-            (encode_activation_bytes(&ck.vae, h as usize, w as usize) as u64, encode_split_least_bytes(&ck.vae, h as usize, w as usize) as u64)
-        };
-        let (w, h) = (1024u32, 768u32);
-        let text = PictureSpec { width: w, height: h, ..Default::default() };
-        let (dec, dec_least) = vae(&text);
-        let (enc, enc_least) = encode(w, h);
-        println!("{w}x{h}: decode {dec} (least {dec_least}), encode {enc} (least {enc_least})");
-        assert!(enc > dec || enc_least > dec_least, "the encode needs more than the decode somewhere: the case tells the stages apart");
-        let init = InitSpec { sha256: "a".repeat(64), strength: 0.5, mask_sha256: None, mask_blur: None, outpaint: None };
-        let from_picture = PictureSpec { init_image: Some(init), ..text.clone() };
-        assert_eq!(vae(&from_picture), (dec.max(enc), dec_least.max(enc_least)));
-        // The hires fix at 2x: the second pass is 2048x1536.
-        let hires = |upscaler| PictureSpec { hires: Some(HiresSpec { scale: 2.0, strength: 0.5, steps: 4, upscaler }), ..text.clone() };
-        let big = vae(&PictureSpec { width: 2 * w, height: 2 * h, ..Default::default() });
-        assert_eq!(vae(&hires(Upscaler::Latent)), big);
-        let (big_enc, big_enc_least) = encode(2 * w, 2 * h);
-        assert_eq!(vae(&hires(Upscaler::Lanczos)), (big.0.max(big_enc), big.1.max(big_enc_least)));
     }
 
     /// The full-size DiT (42 blocks of dim 3072, FFN 8192, ~0.33 B other parameters in bf16):
@@ -454,7 +415,7 @@ mod tests {
             all_blocks: 42 * b.resident,
             slot_bytes: b.slot,
             derived_bytes: b.derived,
-            ahead: memory_plan::PREFETCH,
+            ahead: PREFETCH,
             host_only: 0,
             activations: GB,
             strip_activations: None,
