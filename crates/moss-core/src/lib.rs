@@ -15,6 +15,7 @@ pub mod memory_plan;
 pub mod model;
 pub mod noise;
 pub mod options;
+pub mod parallel;
 pub mod prompt;
 pub mod sampler;
 pub mod sampling;
