@@ -3,10 +3,10 @@
 //! collective is "send to every peer, then receive from every peer in rank order" and never
 //! deadlocks (sends do not block). What CI runs the rank logic over.
 
-use super::Transport;
+use super::{PeerFailed, Transport};
 use crate::backend::Backend;
 use crate::tensor::Tensor;
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{ensure, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -44,17 +44,19 @@ impl HostTransport {
 
     fn send(&self, peer: usize, t: Tensor) -> Result<()> {
         let tx = self.to[peer].as_ref().expect("a peer, not this rank");
-        tx.send(t).map_err(|_| anyhow!("rank {peer} stopped"))
+        tx.send(t).map_err(|_| anyhow::Error::new(PeerFailed).context(format!("rank {peer} stopped")))
     }
 
     fn recv(&self, peer: usize, shape: &[usize]) -> Result<Tensor> {
         let rx = self.from[peer].as_ref().expect("a peer, not this rank");
         let t = loop {
-            ensure!(!self.aborted.load(Ordering::Relaxed), "another rank failed");
+            if self.aborted.load(Ordering::Relaxed) {
+                return Err(PeerFailed.into());
+            }
             match rx.recv_timeout(POLL) {
                 Ok(t) => break t,
                 Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Err(anyhow!("rank {peer} stopped")),
+                Err(RecvTimeoutError::Disconnected) => return Err(anyhow::Error::new(PeerFailed).context(format!("rank {peer} stopped"))),
             }
         };
         ensure!(t.shape == shape, "rank {peer} sent {:?} where {shape:?} was expected", t.shape);

@@ -40,9 +40,27 @@ pub trait Transport<B: Backend>: Send {
     fn abort(&self);
 }
 
+/// The error of a collective or vote that stopped because a peer failed or went away: the peer's
+/// own error is the one to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerFailed;
+
+impl std::fmt::Display for PeerFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "another rank failed")
+    }
+}
+
+impl std::error::Error for PeerFailed {}
+
+/// Whether `e` only says that a peer failed ([`PeerFailed`]).
+pub fn is_echo(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<PeerFailed>())
+}
+
 /// How a picture's passes spread over the ranks: `groups` CFG groups (2: the prompt's pass and the
 /// negative's apart; 1: both passes on every rank in turn) of `seq` ranks each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Layout {
     pub groups: usize,
     pub seq: usize,
@@ -189,7 +207,9 @@ impl Crew {
     /// the same answer. An error once a rank failed.
     pub fn any_stop(&self, stop: bool) -> Result<bool> {
         let mut r = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        ensure!(!r.failed, "another rank failed");
+        if r.failed {
+            return Err(PeerFailed.into());
+        }
         r.stop |= stop;
         r.arrived += 1;
         if r.arrived == self.ranks {
@@ -202,7 +222,9 @@ impl Crew {
         while r.number == number && !r.failed {
             r = self.turn.wait(r).unwrap_or_else(|e| e.into_inner());
         }
-        ensure!(!r.failed, "another rank failed");
+        if r.failed {
+            return Err(PeerFailed.into());
+        }
         Ok(r.decided)
     }
 
