@@ -72,8 +72,8 @@ impl Layout {
     /// size must divide them.
     pub fn guided(ranks: usize, heads: usize) -> Result<Layout> {
         ensure!(ranks >= 1, "no ranks");
-        let l = if ranks % 2 == 0 { Layout { groups: 2, seq: ranks / 2 } } else { Layout { groups: 1, seq: ranks } };
-        if heads % l.seq != 0 {
+        let l = if ranks.is_multiple_of(2) { Layout { groups: 2, seq: ranks / 2 } } else { Layout { groups: 1, seq: ranks } };
+        if !heads.is_multiple_of(l.seq) {
             bail!(
                 "{ranks} devices split each pass over {} devices by attention heads (Ulysses), and the transformer's {heads} head(s) do not divide by {}",
                 l.seq,
@@ -98,7 +98,7 @@ impl Layout {
 /// `R/2` CFG pairs (`s` and `R/2 + s`).
 pub fn groups(ranks: usize) -> Vec<Vec<usize>> {
     let mut g = vec![(0..ranks).collect::<Vec<_>>()];
-    if ranks % 2 == 0 && ranks > 1 {
+    if ranks.is_multiple_of(2) && ranks > 1 {
         let half = ranks / 2;
         g.extend((0..2).map(|h| (h * half..(h + 1) * half).collect()));
         g.extend((0..half).map(|s| vec![s, half + s]));

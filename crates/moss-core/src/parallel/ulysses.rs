@@ -31,7 +31,7 @@ pub fn attention<B: DitOps>(b: &B, seq: &dyn Transport<B>, qkv: &B::T, heads: us
     let (p, me) = (seq.ranks(), seq.rank());
     let dims = b.dims(qkv);
     ensure!(dims.len() == 2 && dims[1] % 3 == 0, "Ulysses attention takes a packed [n, 3·D], got {dims:?}");
-    ensure!(heads % p == 0, "{heads} heads over {p} ranks");
+    ensure!(heads.is_multiple_of(p), "{heads} heads over {p} ranks");
     let (d, mine) = (dims[1] / 3, rows(tokens, p, me));
     ensure!(dims[0] == mine.len(), "rank {me} holds {} rows, its slice of {tokens} is {}", dims[0], mine.len());
     let dp = d / p;
