@@ -394,7 +394,7 @@ fn launch_constants() -> String {
             }
             let Some(def) = l.strip_prefix("#define ") else { bad("a launch header holds only `#define NAME EXPR` lines and comments") };
             let def = def.split("//").next().unwrap().trim();
-            let (head, expr) = match def.find(|c: char| c == ' ' || c == '(') {
+            let (head, expr) = match def.find([' ', '(']) {
                 Some(p) if def[p..].starts_with('(') => {
                     let close = def.find(')').unwrap_or_else(|| bad("unclosed parameter list"));
                     (&def[..close + 1], def[close + 1..].trim())

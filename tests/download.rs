@@ -24,7 +24,7 @@ fn emulate(src: &[u8], chunk: usize, slots: usize, drop_tail: bool, early: bool,
     let mut out = vec![0f32; src.len() / 2];
     let land = |st: &mut State, k: usize, off: usize, len: usize| st.slot_mem[k][..len].copy_from_slice(&src[off..off + len]);
     let mut issue = |i: usize, k: usize, off: usize, len: usize| -> anyhow::Result<()> {
-        assert!(off % chunk == 0 && len <= chunk && off + len <= src.len(), "chunk {i}: off {off} len {len}");
+        assert!(off.is_multiple_of(chunk) && len <= chunk && off + len <= src.len(), "chunk {i}: off {off} len {len}");
         let st = &mut *st.borrow_mut();
         if !reissue_early {
             assert_eq!(st.holds[k], None, "slot {k} re-issued (chunk {i}) before its chunk was taken");

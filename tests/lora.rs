@@ -82,7 +82,7 @@ fn merges_equal_the_reference() {
 fn scale_zero_and_untouched_tensors_stay_as_stored() {
     let base = common::checkpoint("tiny-a").open_component("transformer").unwrap();
     let spec = LoraSpec { path: file_of("kohya"), scale: 0.0 };
-    assert_eq!(merged(&[spec.clone()], "layers.3.proj.q.weight"), base.f32("layers.3.proj.q.weight").unwrap().1);
+    assert_eq!(merged(std::slice::from_ref(&spec), "layers.3.proj.q.weight"), base.f32("layers.3.proj.q.weight").unwrap().1);
     let spec1 = LoraSpec { scale: 1.0, ..spec };
     assert_eq!(merged(&[spec1], "layers.5.proj.q.weight"), base.f32("layers.5.proj.q.weight").unwrap().1);
 }
@@ -116,7 +116,7 @@ fn diff_and_loha_follow_the_formula() {
     write_st(&p, &[("layers.1.proj.o.diff", vec![d, d], diff.clone()), ("text_embedder.proj.diff_b", vec![d], db.clone())]);
     let spec = LoraSpec { path: p, scale: 0.5 };
     let want: Vec<f32> = w.iter().zip(&diff).map(|(w, x)| w + 0.5 * x).collect();
-    assert_bf16_close("diff", &merged(&[spec.clone()], "layers.1.proj.o.weight"), &want);
+    assert_bf16_close("diff", &merged(std::slice::from_ref(&spec), "layers.1.proj.o.weight"), &want);
     let b = base.f32("text_embedder.proj.bias").unwrap().1;
     let want_b: Vec<f32> = b.iter().zip(&db).map(|(w, x)| w + 0.5 * x).collect();
     assert_bf16_close("diff_b", &merged(&[spec], "text_embedder.proj.bias"), &want_b);

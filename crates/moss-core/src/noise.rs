@@ -139,7 +139,7 @@ impl TorchGenerator {
     /// The next `torch.randn(n, generator=self)` in float32, for `n >= 16` and `n % 16 == 0`
     /// (every latent shape: 128 channels).
     pub fn randn(&mut self, n: usize) -> Vec<f32> {
-        assert!(n >= 16 && n % 16 == 0, "torch_randn: n = {n} must be a multiple of 16");
+        assert!(n >= 16 && n.is_multiple_of(16), "torch_randn: n = {n} must be a multiple of 16");
         // uniform_real_distribution<float>(0, 1): 24 random bits times 2^-24.
         let mut data: Vec<f32> = (0..n).map(|_| (self.rng.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0)).collect();
         let two_pi = (2.0f64 * std::f64::consts::PI) as f32;

@@ -87,7 +87,7 @@ fn row_scales(store: &TensorStore, info: &TensorInfo, rs: &RowScales) -> Result<
 /// `build_hadamard` makes it, unnormalized (±1): `H4^{⊗k}` for `n = 4^k`, Sylvester's for the other
 /// powers of two. The normalization `1/√n` is applied by the caller.
 pub fn hadamard_signs(n: usize) -> Vec<i8> {
-    let power_of_4 = n.trailing_zeros() % 2 == 0;
+    let power_of_4 = n.trailing_zeros().is_multiple_of(2);
     let (mut h, mut size, base): (Vec<i8>, usize, Vec<i8>) = if power_of_4 {
         let h4 = vec![1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, 1];
         (h4.clone(), 4, h4)

@@ -175,7 +175,9 @@ impl EncoderConfig {
             linear_conv_kernel_dim: get_usize_in(v, "linear_conv_kernel_dim", Some(4), (1, 64), path, &mut d)?,
             defaulted: d,
         };
-        if cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0 || cfg.linear_num_value_heads % cfg.linear_num_key_heads.max(1) != 0 {
+        if !cfg.num_attention_heads.is_multiple_of(cfg.num_key_value_heads.max(1))
+            || !cfg.linear_num_value_heads.is_multiple_of(cfg.linear_num_key_heads.max(1))
+        {
             bail!("{}: head counts do not divide (GQA)", path.display());
         }
         Ok(cfg)
@@ -220,7 +222,7 @@ impl DitConfig {
             eps: get_f64(&v, "eps", 1e-6, true, path, &mut d)?,
             defaulted: d,
         };
-        if cfg.num_heads == 0 || cfg.dim % cfg.num_heads != 0 || cfg.head_dim() != 128 {
+        if cfg.num_heads == 0 || !cfg.dim.is_multiple_of(cfg.num_heads) || cfg.head_dim() != 128 {
             bail!(
                 "{}: dim {} / num_heads {} must give head_dim 128 (4 RoPE axes x 16 bands x 2){}",
                 path.display(),
@@ -229,7 +231,7 @@ impl DitConfig {
                 left_out(&cfg.defaulted)
             );
         }
-        if cfg.freq_dim % 2 != 0 {
+        if !cfg.freq_dim.is_multiple_of(2) {
             bail!("{}: freq_dim must be even", path.display());
         }
         Ok(cfg)

@@ -83,7 +83,7 @@ impl GgmlType {
 
     /// Bytes of `n` values (`n` a multiple of [`GgmlType::block_values`]).
     pub fn bytes_of(self, n: usize) -> Option<usize> {
-        (n % self.block_values() == 0).then(|| n / self.block_values() * self.block_bytes())
+        n.is_multiple_of(self.block_values()).then(|| n / self.block_values() * self.block_bytes())
     }
 }
 

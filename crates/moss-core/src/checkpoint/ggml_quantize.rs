@@ -132,7 +132,7 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
 /// `values` (whole rows of `row` values) as blocks of `t`.
 pub fn quantize(t: GgmlType, values: &[f32], row: usize) -> Result<Vec<u8>> {
     let n = t.block_values();
-    if row % n != 0 {
+    if !row.is_multiple_of(n) {
         bail!("{} takes rows of a multiple of {n} values, not {row}", t.name());
     }
     let mut out = Vec::with_capacity(values.len() / n * t.block_bytes());

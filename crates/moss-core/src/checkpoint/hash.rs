@@ -198,7 +198,7 @@ mod tests {
                      ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n";
         let want = hex(&Sha256::digest(lines.as_bytes()))[..10].to_string();
         assert_eq!(model_hash(&[a.clone(), b.clone()]).unwrap(), want);
-        assert_eq!(model_hash(&[a.clone()]).unwrap(), "ba7816bf8f");
+        assert_eq!(model_hash(std::slice::from_ref(&a)).unwrap(), "ba7816bf8f");
         // Remembered by size and time: a changed file is hashed again.
         std::fs::write(&a, b"abcd").unwrap();
         assert_ne!(model_hash(&[a]).unwrap(), "ba7816bf8f");

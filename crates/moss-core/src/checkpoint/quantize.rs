@@ -125,7 +125,7 @@ fn write_gguf(tensors: &[(String, Vec<usize>, Vec<f32>)], t: GgmlType, out: &mut
 /// The ConvRot group convert-to-quant takes for rows of `k` values (`resolve_int8_convrot_group_size`
 /// with its default 256).
 fn convrot_group(k: usize) -> Option<usize> {
-    [256, 64].into_iter().find(|g| k % g == 0)
+    [256, 64].into_iter().find(|g| k.is_multiple_of(*g))
 }
 
 /// One matrix as int8 codes and row scales (convert-to-quant's arithmetic, module doc).

@@ -59,25 +59,6 @@ pub fn pick_flash(sm90a: bool) -> &'static FlashKernel {
     FLASH_KERNELS.iter().find(|k| sm90a || !k.sm90a).expect("v2 exists everywhere")
 }
 
-#[cfg(test)]
-mod flash_pick_tests {
-    use super::*;
-    #[test]
-    fn picks_by_device() {
-        assert_eq!(pick_flash(true).key, "ws_nopp");
-        assert_eq!(pick_flash(false).key, "v2");
-    }
-
-    /// A kernel's name is the one its launch takes (`tma`: the tensor-map kernel).
-    #[test]
-    fn names_are_the_launched_kernels() {
-        for k in FLASH_KERNELS {
-            let launched = if k.tma { &kernels::DIT_FLASH_ATTENTION_WS.info } else { &kernels::DIT_FLASH_ATTENTION.info };
-            assert_eq!(launched.members.iter().map(|m| m.name).collect::<Vec<_>>(), [k.name]);
-        }
-    }
-}
-
 /// The TMA tensor map of a `tma` flash kernel's q, k or v: bf16 columns `[0, cols)` of `n` rows at
 /// device address `ptr`, row stride `ld` elements; boxes of 64 columns x 128 rows with the 128-byte
 /// swizzle (the wgmma layout), zero fill past the last row.
@@ -143,5 +124,24 @@ impl Cuda {
         }
         let [q, k, v] = [q, k, v].map(|(p, ld)| (Dev::new(p, DType::BF16), ld as i32));
         kernels::DIT_FLASH_ATTENTION.launch(self, cfg, q.0, k.0, v.0, out, n as i32, q.1, k.1, v.1, o.1 as i32, scale_log2)
+    }
+}
+
+#[cfg(test)]
+mod flash_pick_tests {
+    use super::*;
+    #[test]
+    fn picks_by_device() {
+        assert_eq!(pick_flash(true).key, "ws_nopp");
+        assert_eq!(pick_flash(false).key, "v2");
+    }
+
+    /// A kernel's name is the one its launch takes (`tma`: the tensor-map kernel).
+    #[test]
+    fn names_are_the_launched_kernels() {
+        for k in FLASH_KERNELS {
+            let launched = if k.tma { &kernels::DIT_FLASH_ATTENTION_WS.info } else { &kernels::DIT_FLASH_ATTENTION.info };
+            assert_eq!(launched.members.iter().map(|m| m.name).collect::<Vec<_>>(), [k.name]);
+        }
     }
 }

@@ -34,22 +34,9 @@ pub fn largest_square(free: usize, text: usize, needed: impl Fn(usize) -> usize)
     (1..=moss_core::options::MAX_SIDE as usize / 16).rev().find(|s| needed(s * s + text) <= free).map(|s| s * 16)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn largest_square_fitting() {
-        // 1 GiB fixed + 1 MiB a token: 2 GiB free leaves 1024 tokens, 128 of them text → 29² = 841
-        // image tokens (30² = 900 > 896), a 464x464 picture.
-        let need = |t: usize| (1usize << 30) + t * (1 << 20);
-        assert_eq!(super::largest_square(2 << 30, 128, need), Some(464));
-        assert_eq!(super::largest_square(1 << 30, 128, need), None);
-        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(moss_core::options::MAX_SIDE as usize));
-    }
-}
-
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &CudaTensor, heads: usize, what: &str) -> Result<(usize, usize)> {
-    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0, "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
+    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1].is_multiple_of(3 * heads), "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
@@ -419,5 +406,18 @@ impl DitOps for Cuda {
     }
     fn cfg_euler(&self, x: &CudaTensor, v_c: &CudaTensor, v_u: Option<&CudaTensor>, guidance: f32, dsigma: f32) -> Result<CudaTensor> {
         self.prof("cfg_euler", || self.cfg_euler_f32(x, v_c, v_u, guidance, dsigma))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn largest_square_fitting() {
+        // 1 GiB fixed + 1 MiB a token: 2 GiB free leaves 1024 tokens, 128 of them text → 29² = 841
+        // image tokens (30² = 900 > 896), a 464x464 picture.
+        let need = |t: usize| (1usize << 30) + t * (1 << 20);
+        assert_eq!(super::largest_square(2 << 30, 128, need), Some(464));
+        assert_eq!(super::largest_square(1 << 30, 128, need), None);
+        assert_eq!(super::largest_square(usize::MAX, 0, need), Some(moss_core::options::MAX_SIDE as usize));
     }
 }

@@ -38,8 +38,8 @@ impl Cuda {
         let ld = (2 * nh + 2 * nkv) * hd;
         ensure!(y.shape.len() == 2 && y.shape[1] == ld, "attn_qkv: y {:?} for {nh} + {nkv} heads of {hd}", y.shape);
         ensure!(wq.numel() == hd && wk.numel() == hd, "attn_qkv: norm weights {:?}, {:?} for head_dim {hd}", wq.shape, wk.shape);
-        ensure!(rot % 2 == 0 && rot <= hd, "attn_qkv: rotary dim {rot} of head_dim {hd}");
-        if hd % 8 != 0 || hd > QK_MAXHD || y.ptr() % 16 != 0 {
+        ensure!(rot.is_multiple_of(2) && rot <= hd, "attn_qkv: rotary dim {rot} of head_dim {hd}");
+        if hd % 8 != 0 || hd > QK_MAXHD || !y.ptr().is_multiple_of(16) {
             return Ok(None);
         }
         let l = y.shape[0];
@@ -74,7 +74,7 @@ impl Cuda {
         let l = y.shape[0];
         ensure!(o.numel() == l * nh * hd, "attn_gate: o {:?} for {l} x {nh} x {hd}", o.shape);
         let ld = y.shape[1];
-        if hd % 8 != 0 || ld % 8 != 0 || y.ptr() % 16 != 0 || o.ptr() % 16 != 0 {
+        if hd % 8 != 0 || !ld.is_multiple_of(8) || !y.ptr().is_multiple_of(16) || !o.ptr().is_multiple_of(16) {
             return Ok(None);
         }
         let y = self.cast(y, o.dtype)?;

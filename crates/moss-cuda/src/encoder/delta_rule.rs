@@ -103,7 +103,7 @@ pub(super) fn gdr_chunked_fits(dt: DType, ptrs: [u64; 3], (rqk, rv): (usize, usi
 /// is narrower or does not divide) and its dynamic shared memory in bytes (`gdr_impl` in
 /// `cuda/encoder/encoder_ops.cu`): 130 KiB at dk = 128.
 pub(crate) fn gdr_seq_smem(dk: usize, dv: usize) -> (usize, usize) {
-    let cols = if dv % GDR_COLS == 0 { GDR_COLS } else { dv };
+    let cols = if dv.is_multiple_of(GDR_COLS) { GDR_COLS } else { dv };
     (cols, 4 * launch::ENC_GDR_SEQ1_SMEM_FLOATS(dk, cols))
 }
 

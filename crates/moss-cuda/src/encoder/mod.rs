@@ -129,7 +129,7 @@ impl Cuda {
     pub(crate) fn head_norm_rope_op(&self, x: &CudaTensor, w: &CudaTensor, eps: f64, rot: usize, theta: f64) -> Result<CudaTensor> {
         let (l, nh, hd) = dims3(x, "head_norm_rope")?;
         ensure!(w.numel() == hd, "head_norm_rope: weight {:?} for head_dim {hd}", w.shape);
-        ensure!(rot % 2 == 0 && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
+        ensure!(rot.is_multiple_of(2) && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
         // The inverse frequencies exactly as the CPU twin makes them (angle of position 1).
         let inv = rope_angles(1, rot, theta);
         let inv = self.upload_as(&Tensor::new(vec![inv.len().max(1)], if inv.is_empty() { vec![0.0] } else { inv })?, DType::F32)?;
@@ -231,7 +231,7 @@ impl Cuda {
         let out = self.alloc(gate.dtype, &gate.shape)?;
         let n = gate.numel();
         // 8 elements per thread where the size and the addresses allow 16-byte vectors.
-        let vec = n % 8 == 0 && [gate.ptr(), up.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
+        let vec = n.is_multiple_of(8) && [gate.ptr(), up.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
         let (kernel, n) = if vec { (&kernels::ENC_SILU_MUL8, n / 8) } else { (&kernels::ENC_SILU_MUL, n) };
         kernel.launch(self, (self.grid_for(n), 256, 0), &out, gate, &up, n as i64)?;
         Ok(out)
@@ -259,7 +259,7 @@ impl Cuda {
         let d = x.last_dim();
         ensure!(w.numel() == d, "add_rms_norm: weight {:?} for width {d}", w.shape);
         let h = self.cast(h, x.dtype)?;
-        if d % 8 != 0 || d > ENC_ADD_RMS_MAX_WIDTH || d == 0 || x.ptr() % 16 != 0 || h.ptr() % 16 != 0 {
+        if !d.is_multiple_of(8) || d > ENC_ADD_RMS_MAX_WIDTH || d == 0 || !x.ptr().is_multiple_of(16) || h.ptr() % 16 != 0 {
             let xo = self.binary(&kernels::ADD, "add", x, &h)?;
             let n = self.rms_norm_rows(&xo, Some(w), eps, true)?;
             return Ok((xo, n));
@@ -282,7 +282,7 @@ impl Cuda {
         let rows = x.rows();
         // 16 lanes per row with 16-byte vectors where the width and the addresses allow, else a
         // warp per row.
-        let vec = d % 8 == 0 && [x.ptr(), z.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
+        let vec = d.is_multiple_of(8) && [x.ptr(), z.ptr(), out.ptr()].iter().all(|p| p % 16 == 0);
         let (kernel, per_block) = if vec { (&kernels::ENC_GRMS8, 16) } else { (&kernels::ENC_GRMS, 8) };
         kernel.launch(self, (rows.div_ceil(per_block) as u32, 256, 0), &out, x, &z, &w, rows as i64, d as i32, eps as f32)?;
         Ok(out)
@@ -317,7 +317,7 @@ impl EncoderOps for Cuda {
         self.prof("causal_attention", || self.causal_attention_on(q, k, v, scale, path))
     }
     fn causal_attention_gated(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, qg: &CudaTensor, scale: f64) -> Result<CudaTensor> {
-        if qg.shape.len() == 3 && qg.shape[2] % 16 == 0 {
+        if qg.shape.len() == 3 && qg.shape[2].is_multiple_of(16) {
             let o = self.causal_attention(q, k, v, scale)?;
             if let Some(out) = self.prof("attn_gate", || self.attn_gate(&o, qg))? {
                 return Ok(out);

@@ -65,7 +65,7 @@ impl Cuda {
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
         let (tt, v) = (CONV_TT, CONV_V);
         let (l, ld, es) = (y.shape[0], y.shape[1], y.dtype.size());
-        let fits = w.shape[2] == 4 && c % 8 == 0 && ld % 8 == 0 && start % 8 == 0 && y.ptr() % 16 == 0 && l < (1 << 30) && c < (1 << 30);
+        let fits = w.shape[2] == 4 && c % 8 == 0 && ld % 8 == 0 && start % 8 == 0 && y.ptr().is_multiple_of(16) && l < (1 << 30) && c < (1 << 30);
         if !fits {
             return Ok(None);
         }
@@ -107,7 +107,7 @@ impl Cuda {
     pub(crate) fn silu_mul8v(&self, y: &CudaTensor, f: usize) -> Result<Option<CudaTensor>> {
         ensure!(y.shape.len() >= 2 && y.last_dim() == 2 * f, "silu_mul: {:?} is not [.., 2·{f}]", y.shape);
         let rows = y.rows();
-        if f % 8 != 0 || rows > 65535 || f >= (1 << 30) {
+        if !f.is_multiple_of(8) || rows > 65535 || f >= (1 << 30) {
             return Ok(None);
         }
         let mut shape = y.shape.clone();
@@ -126,7 +126,7 @@ impl Cuda {
     /// in its loaded dtype.
     pub(crate) fn rms1w(&self, x: &CudaTensor, w: &CudaTensor, eps: f64) -> Result<CudaTensor> {
         let d = x.last_dim();
-        ensure!(d % 8 == 0 && d <= ENC_RMS1_MAX_WIDTH && d > 0 && w.numel() == d, "rms1w: width {d}, weight {:?}", w.shape);
+        ensure!(d.is_multiple_of(8) && d <= ENC_RMS1_MAX_WIDTH && d > 0 && w.numel() == d, "rms1w: width {d}, weight {:?}", w.shape);
         let out = self.alloc(x.dtype, &x.shape)?;
         if x.rows() > 0 {
             let k = if d <= ENC_RMS1_2_MAX_WIDTH { &kernels::ENC_RMS1W2 } else { &kernels::ENC_RMS1W };
@@ -148,7 +148,7 @@ impl Cuda {
         // gated_rms_norm_wide: a row a warp; both 16 rows a block of 256
         let per_block = 16;
         let dmax = if std::ptr::eq(k, &kernels::ENC_GATED_RMS_NORM_WIDE) { 256 } else { 128 };
-        if d % 8 != 0 || d > dmax || ld % 8 != 0 || z0 % 8 != 0 || y.dtype != x.dtype || hv == 0 || l * hv >= (1 << 31) {
+        if d % 8 != 0 || d > dmax || !ld.is_multiple_of(8) || !z0.is_multiple_of(8) || y.dtype != x.dtype || hv == 0 || l * hv >= (1 << 31) {
             return Ok(None);
         }
         let out = self.alloc(x.dtype, &x.shape)?;

@@ -72,7 +72,7 @@ impl Cuda {
         ensure!(w.shape.len() == 3 && w.shape[0] == c && w.shape[1] == 1, "causal_conv1d_silu: weight {:?} for {c} channels", w.shape);
         let (l, ldx, kk) = (x.shape[0], x.shape[1], w.shape[2]);
         let es = x.dtype.size();
-        let vec = c % 8 == 0 && ldx % 8 == 0 && start % 8 == 0 && x.ptr() % 16 == 0;
+        let vec = c.is_multiple_of(8) && ldx % 8 == 0 && start.is_multiple_of(8) && x.ptr().is_multiple_of(16);
         if !vec {
             let xs = if start == 0 && c == ldx { x.clone() } else { self.narrow_copy(x, 1, start, c)? };
             return self.conv_scalar(&xs, w);
@@ -128,7 +128,7 @@ impl Cuda {
         ensure!(w.numel() == d, "gated_rms_norm: weight {:?} for width {d}", w.shape);
         let ld = y.shape[1];
         let y = self.cast(y, x.dtype)?;
-        if d % 8 != 0 || ld % 8 != 0 || z0 % 8 != 0 {
+        if d % 8 != 0 || !ld.is_multiple_of(8) || !z0.is_multiple_of(8) {
             let z = Backend::reshape(self, &self.narrow_copy(&y, 1, z0, hv * d)?, &x.shape)?;
             return self.gated_rms_norm_op(x, &z, w, eps);
         }
@@ -145,7 +145,7 @@ impl Cuda {
     /// place (8-aligned f; else narrowed copies and the contiguous kernel). → `[L, f]`.
     pub(crate) fn silu_mul_cols_in(&self, y: &CudaTensor, f: usize) -> Result<CudaTensor> {
         ensure!(y.shape.len() >= 2 && y.last_dim() == 2 * f, "silu_mul: {:?} is not [.., 2·{f}]", y.shape);
-        if f % 8 != 0 {
+        if !f.is_multiple_of(8) {
             let last = y.shape.len() - 1;
             return self.silu_mul_op(&self.narrow_copy(y, last, 0, f)?, &self.narrow_copy(y, last, f, f)?);
         }

@@ -14,7 +14,10 @@ pub fn tensor_map_2d(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, b
         DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
         DType::F8E4M3 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
     };
-    ensure!(ptr % 16 == 0 && (ld * es) % 16 == 0 && cols <= ld && bx as usize * es == 128, "tensor map: address / stride {ld} / {cols} columns / box {bx}");
+    ensure!(
+        ptr.is_multiple_of(16) && (ld * es).is_multiple_of(16) && cols <= ld && bx as usize * es == 128,
+        "tensor map: address / stride {ld} / {cols} columns / box {bx}"
+    );
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     let dims: [u64; 2] = [cols as u64, rows as u64];
     let strides: [u64; 1] = [(ld * es) as u64];

@@ -54,7 +54,7 @@ const STAGING_MIN: usize = 1 << 20;
 pub const DOWNLOAD_CHUNK: usize = 8 << 20;
 /// Download chunks in flight at once (slots in the staging buffers).
 pub const DOWNLOAD_SLOTS: usize = 4;
-const _: () = assert!(DOWNLOAD_SLOTS % 2 == 0 && DOWNLOAD_SLOTS / 2 * DOWNLOAD_CHUNK <= STAGING_CHUNK);
+const _: () = assert!(DOWNLOAD_SLOTS.is_multiple_of(2) && DOWNLOAD_SLOTS / 2 * DOWNLOAD_CHUNK <= STAGING_CHUNK);
 
 /// How [`Cuda::download_with`] brings a tensor to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +239,7 @@ impl Cuda {
     /// read 0): chunks of [`DOWNLOAD_CHUNK`] bytes through [`DOWNLOAD_SLOTS`] staging slots.
     pub(crate) fn download_pinned(&self, x: &CudaTensor, copied: usize) -> Result<Tensor> {
         let es = x.dtype.size();
-        ensure!(copied <= x.bytes() && copied % es == 0, "download of {copied} bytes out of {}", x.bytes());
+        ensure!(copied <= x.bytes() && copied.is_multiple_of(es), "download of {copied} bytes out of {}", x.bytes());
         let s = &self.inner.gpu.stream;
         s.context().bind_to_thread().map_err(de("bind context"))?;
         let total = x.bytes();

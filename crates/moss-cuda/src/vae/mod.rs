@@ -242,7 +242,7 @@ impl VaeOps for Cuda {
             || format!("group_norm {:?}", x.shape),
             || {
                 let d = &x.shape;
-                ensure!(d.len() == 4 && groups > 0 && d[1] % groups == 0, "group_norm: {d:?} in {groups} groups");
+                ensure!(d.len() == 4 && groups > 0 && d[1].is_multiple_of(groups), "group_norm: {d:?} in {groups} groups");
                 let rows = self.group_norm_rows(x, groups)?;
                 let stats = moss_core::backend::ops::vae::group_norm_combine(&rows, d[0] * groups, d[2], d[1] / groups * d[3]);
                 self.group_norm_normalise(x, w, b, groups, &stats, eps, silu)
@@ -284,7 +284,7 @@ impl VaeOps for Cuda {
         let fits = q.shape.len() == 3;
         let f16 = fits && self.f16_attn_fits(q.shape[2]);
         let flash = fits && self.flash_fits(q.shape[2]);
-        let split = fits && q.shape[1] % 16 == 0 && q.shape[2] % 16 == 0;
+        let split = fits && q.shape[1].is_multiple_of(16) && q.shape[2].is_multiple_of(16);
         self.timed(
             || format!("attention {:?}", q.shape),
             || {

@@ -19,7 +19,7 @@ fn rows_of(x: &Tensor, what: &str) -> Result<(usize, usize)> {
 
 /// `(N, hd)` of a packed `[N, 3·heads·hd]` projection.
 fn packed_dims(x: &Tensor, heads: usize, what: &str) -> Result<(usize, usize)> {
-    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1] % (3 * heads) == 0, "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
+    ensure!(x.shape.len() == 2 && heads > 0 && x.shape[1].is_multiple_of(3 * heads), "{what}: expected [N, 3·{heads}·hd], got {:?}", x.shape);
     Ok((x.shape[0], x.shape[1] / (3 * heads)))
 }
 
@@ -193,6 +193,35 @@ impl DitOps for Cpu {
     }
 }
 
+/// Query row `i` of the attention over `q`, `k`, `v` `[N, H, hd]` into `row` `[H·hd]`: per head
+/// its `N` scores (f64), their max, then the exp-weighted sum of the values (f64) over the
+/// normaliser.
+pub fn attention_row(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, i: usize, row: &mut [f32]) {
+    let (n, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
+    let mut s = vec![0f64; n];
+    let mut acc = vec![0f64; hd];
+    for h in 0..nh {
+        let qr = &q.data[(i * nh + h) * hd..][..hd];
+        let mut max = f64::NEG_INFINITY;
+        for (j, sj) in s.iter_mut().enumerate() {
+            *sj = scale * dot(qr, &k.data[(j * nh + h) * hd..][..hd]);
+            max = max.max(*sj);
+        }
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        let mut sum = 0f64;
+        for (j, &sj) in s.iter().enumerate() {
+            let p = (sj - max).exp();
+            sum += p;
+            for (a, &vv) in acc.iter_mut().zip(&v.data[(j * nh + h) * hd..][..hd]) {
+                *a += p * vv as f64;
+            }
+        }
+        for (o, a) in row[h * hd..(h + 1) * hd].iter_mut().zip(&acc) {
+            *o = (a / sum) as f32;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,34 +263,5 @@ mod tests {
         assert_eq!(x2.data, want_x.data);
         assert_eq!(y2.data, Cpu.rms_norm_modulate(&want_x, &w, &sh, &sc, 1e-6).unwrap().data);
         assert!(Cpu.qkv_norm_rope(randn(&[n, 3 * d + 1], 1), heads, &wq, &wk, &cos, &sin, 1e-6).is_err());
-    }
-}
-
-/// Query row `i` of the attention over `q`, `k`, `v` `[N, H, hd]` into `row` `[H·hd]`: per head
-/// its `N` scores (f64), their max, then the exp-weighted sum of the values (f64) over the
-/// normaliser.
-pub fn attention_row(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, i: usize, row: &mut [f32]) {
-    let (n, nh, hd) = (q.shape[0], q.shape[1], q.shape[2]);
-    let mut s = vec![0f64; n];
-    let mut acc = vec![0f64; hd];
-    for h in 0..nh {
-        let qr = &q.data[(i * nh + h) * hd..][..hd];
-        let mut max = f64::NEG_INFINITY;
-        for (j, sj) in s.iter_mut().enumerate() {
-            *sj = scale * dot(qr, &k.data[(j * nh + h) * hd..][..hd]);
-            max = max.max(*sj);
-        }
-        acc.iter_mut().for_each(|a| *a = 0.0);
-        let mut sum = 0f64;
-        for (j, &sj) in s.iter().enumerate() {
-            let p = (sj - max).exp();
-            sum += p;
-            for (a, &vv) in acc.iter_mut().zip(&v.data[(j * nh + h) * hd..][..hd]) {
-                *a += p * vv as f64;
-            }
-        }
-        for (o, a) in row[h * hd..(h + 1) * hd].iter_mut().zip(&acc) {
-            *o = (a / sum) as f32;
-        }
     }
 }

@@ -231,7 +231,7 @@ impl EncoderOps for Cpu {
     fn head_norm_rope(&self, x: &Tensor, w: &Tensor, eps: f64, rot: usize, theta: f64) -> Result<Tensor> {
         let (_, nh, hd) = dims3(x, "head_norm_rope")?;
         ensure!(w.numel() == hd, "head_norm_rope: weight {:?} for head_dim {hd}", w.shape);
-        ensure!(rot % 2 == 0 && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
+        ensure!(rot.is_multiple_of(2) && rot <= hd, "head_norm_rope: rotary dim {rot} of head_dim {hd}");
         let half = rot / 2;
         let mut out = vec![0f32; x.numel()];
         par_rows(&mut out, nh * hd, |t, row| {

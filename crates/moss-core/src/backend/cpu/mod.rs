@@ -13,7 +13,7 @@ pub struct Cpu;
 
 /// Run `f(row_index, row_out)` over the rows of `out` (each `width` long) on all cores.
 pub fn par_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = if width == 0 { 0 } else { out.len() / width };
+    let rows = out.len().checked_div(width).unwrap_or(0);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(rows.max(1));
     if threads <= 1 || rows < 2 {
         for (i, r) in out.chunks_mut(width.max(1)).enumerate() {

@@ -132,7 +132,7 @@ impl<B: VaeEncodeOps> VaeEncoder<B> {
         ensure!(d.len() == 4 && d[0] == 1 && d[1] == self.cfg.in_channels, "VAE encode: picture {d:?}, expected [1, 3, H, W]");
         let [mh, mw] = self.multiple();
         ensure!(
-            d[2] > 0 && d[3] > 0 && d[2] % mh == 0 && d[3] % mw == 0,
+            d[2] > 0 && d[3] > 0 && d[2].is_multiple_of(mh) && d[3].is_multiple_of(mw),
             "VAE encode: a {}x{} picture; width and height must be positive multiples of {mw} and {mh}",
             d[3],
             d[2]
@@ -214,7 +214,7 @@ impl<B: VaeEncodeOps> VaeEncoder<B> {
         let lc = self.cfg.latent_channels;
         let [ph, pw] = self.cfg.patch_size;
         let d = &moments.shape;
-        ensure!(d.len() == 4 && d[0] == 1 && d[1] == 2 * lc && d[2] % ph == 0 && d[3] % pw == 0, "VAE encode: moments {d:?}");
+        ensure!(d.len() == 4 && d[0] == 1 && d[1] == 2 * lc && d[2].is_multiple_of(ph) && d[3].is_multiple_of(pw), "VAE encode: moments {d:?}");
         let (h8, w8) = (d[2], d[3]);
         let (h, w) = (h8 / ph, w8 / pw);
         let pp = ph * pw;

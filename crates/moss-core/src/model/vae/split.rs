@@ -291,7 +291,7 @@ mod tests {
                             let y1 = (y0 + rows).min(oh);
                             let (a, b, off) = input_span(y0, y1, h_in, 3, up, halo);
                             assert!(a < b && b <= h_in && off == y0 - f * a);
-                            let u = (b - a) * f as usize; // rows of the strip's (upsampled) input
+                            let u = (b - a) * f; // rows of the strip's (upsampled) input
                             for y in y0..y1 {
                                 for ky in 0..3 {
                                     let yy = y as isize + ky - 1; // the whole picture's row
