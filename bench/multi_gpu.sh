@@ -5,11 +5,20 @@
 # 50 ms, less that GPU's memory before the run), and the picture against one GPU's: the latents byte for byte (CFG-parallel,
 # 2 GPUs, must be), else their relative L2 distance, and the pictures' PSNR and SSIM (moss bench-compare).
 #   bench/multi_gpu.sh CKPT OUT_DIR MOSS_BIN [SIZES] [COUNTS]      (SIZES default "1024 2048", COUNTS default "1 2 4 8")
-# CKPT: a full-size checkpoint (bench/full_ckpt.sh). NCCL must load (libnccl.so.2: e.g. pip install nvidia-nccl-cu13, then
-# LD_LIBRARY_PATH=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))')/lib).
+# CKPT: a full-size checkpoint (bench/full_ckpt.sh). NCCL: moss loads libnccl.so; without one on the library path, the
+# script links the libnccl.so.2 of torch's nvidia-nccl wheel as $OUT/nccl/libnccl.so and puts that folder first.
 set -uo pipefail
 [ $# -ge 3 ] || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-F=$1; OUT=$2; BIN=$3; SIZES=${4:-1024 2048}; COUNTS=${5:-1 2 4 8}; mkdir -p "$OUT"
+F=$1; OUT=$2; BIN=$3; SIZES=${4:-1024 2048}; COUNTS=${5:-1 2 4 8}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+  NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  if [ -n "$NCCL" ] && [ -e "$NCCL" ]; then
+    mkdir -p $OUT/nccl && ln -sf "$NCCL" $OUT/nccl/libnccl.so && export LD_LIBRARY_PATH=$OUT/nccl:${LD_LIBRARY_PATH:-}
+    echo "NCCL: $NCCL (as $OUT/nccl/libnccl.so)"
+  else
+    echo "NCCL: no libnccl.so on the library path and no nvidia-nccl wheel found; the runs on several GPUs will say so"
+  fi
+fi
 P="a lighthouse at dusk, oil painting"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 T=$OUT/multi_gpu.md

@@ -1,6 +1,8 @@
 //! The GPUs' transport for `--devices` ([`moss_core::parallel::Transport`]) on NCCL, through
 //! cudarc's bindings (loaded at run time: moss builds, and runs on one GPU, without NCCL
-//! installed). NCCL picks the path itself: NVLink or PCIe peer copies where the GPUs can reach
+//! installed). cudarc looks for `libnccl.so` (and `.so.13`, ...), not `libnccl.so.2`, the only
+//! name the `nvidia-nccl-cu13` wheel ships: a `libnccl.so` link to it on `LD_LIBRARY_PATH` does
+//! (checked here with the wheel's 2.28.9 and `ncclGetVersion`; no collective was run). NCCL picks the path itself: NVLink or PCIe peer copies where the GPUs can reach
 //! each other's memory, shared host memory where they cannot.
 //!
 //! All ranks are threads of one process, so a group's communicators are made together
@@ -77,7 +79,9 @@ pub fn available() -> bool {
 /// One transport a member of the group of `ranks` (group rank i = `ranks[i]`, each on its own GPU).
 pub fn group(ranks: &[&Cuda]) -> Result<Vec<NcclTransport>> {
     if !available() {
-        bail!("--devices on GPUs needs NCCL (libnccl.so.2), which could not be loaded: install NCCL (e.g. pip install nvidia-nccl-cu13, then put its lib folder on LD_LIBRARY_PATH)");
+        bail!(
+            "--devices on GPUs needs NCCL, and libnccl.so could not be loaded: install NCCL, or link the libnccl.so.2 of the nvidia-nccl-cu13 wheel as libnccl.so in a folder on LD_LIBRARY_PATH"
+        );
     }
     let ordinals: Vec<i32> = ranks.iter().map(|c| c.gpu().ctx.ordinal() as i32).collect();
     let mut comms = vec![std::ptr::null_mut(); ranks.len()];
@@ -156,3 +160,4 @@ impl Transport<Cuda> for NcclTransport {
         self.clique.abort();
     }
 }
+
