@@ -160,4 +160,3 @@ impl Transport<Cuda> for NcclTransport {
         self.clique.abort();
     }
 }
-
