@@ -295,12 +295,7 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     // With --devices, the other devices' transformers load once for the whole list, each as its
     // own plan places it.
     let linears = crate::model::dit::MainLinears::of(o.defaults.precision);
-    let (ck_h, mem_h) = (ck.clone(), o.memory);
-    let helper_plan = move |budget: crate::run_plan::Budget| -> Result<usize> {
-        let (Some(l), Some(size)) = (tokens, largest) else { return Ok(usize::MAX) };
-        let budget = budget.with_linears(linears);
-        Ok(crate::run_plan::decide(&crate::run_plan::networks(&ck_h, &budget, l, size)?, &budget, &mem_h)?.dit_resident)
-    };
+    let helper_plan = pipeline::helper_plan(&ck, linears, tokens.unwrap_or(1), largest.unwrap_or((16, 16)), o.memory);
     let r = match o.device {
         Device::Cpu => {
             let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(linears), progress)?;

@@ -143,11 +143,7 @@ pub(super) fn render<B: EncoderOps + pipeline::TeamBackend>(
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
                 let req = cx.request(j, t);
-                let d = match team.as_mut() {
-                    Some(team) => team.denoise(b, &dit, ck, &req, cond, uncond, &mut Steps(&mut *progress), None),
-                    None => pipeline::denoise_loop(b, &dit, ck, &req, cond, uncond, &mut Steps(&mut *progress), None),
-                };
-                match d {
+                match pipeline::denoise_on(team.as_mut(), b, &dit, ck, &req, cond, uncond, &mut Steps(&mut *progress), None) {
                     Ok(d) => (slots[i].latents, slots[i].forwards) = (Some(d.latents), d.forwards),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),

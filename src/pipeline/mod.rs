@@ -129,11 +129,7 @@ impl Report {
                         "lora_read_s": self.lora_read_s},
             "plan": self.plan,
             "forwards": self.forwards,
-            "parallel": self.parallel.as_ref().map(|(d, l)| serde_json::json!({
-                "devices": d.iter().map(Device::to_string).collect::<Vec<_>>(),
-                "cfg_groups": l.groups,
-                "seq_ranks": l.seq,
-            })),
+            "parallel": self.parallel.as_ref().map(parallel_json),
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();
@@ -395,9 +391,8 @@ pub fn generate_planned(
     generate_devices(req, model, loras, &[device], mem, progress)
 }
 
-/// [`generate_planned`] on `devices` (`--devices`): the first encodes, decodes and runs rank 0 of
-/// the denoising; with more than one, the others join it ([`Team`]: each loads the transformer
-/// as its own memory plan places it).
+/// [`generate_planned`] on `devices` (`--devices`): the first encodes and decodes, the others
+/// join its denoising ([`Team`]).
 pub fn generate_devices(
     req: &Request,
     model: &str,
@@ -461,13 +456,8 @@ pub fn generate_devices(
             progress.plan(&p.line());
             Ok(p)
         };
-        // The other devices' plans: the transformer's stage on each, for the same picture.
         let linears = MainLinears::of(req.spec.precision);
-        let (ck_h, mem_h, size) = (ck.clone(), *mem, (req.spec.width, req.spec.height));
-        let helper_plan = move |budget: Budget| -> Result<usize> {
-            let budget = budget.with_linears(linears);
-            Ok(crate::run_plan::decide(&crate::run_plan::networks(&ck_h, &budget, longest, size)?, &budget, &mem_h)?.dit_resident)
-        };
+        let helper_plan = helper_plan(&ck, linears, longest, (req.spec.width, req.spec.height), *mem);
         match opening {
             None => {
                 let p = plan(Budget::cpu().with_linears(linears), progress)?;
@@ -520,8 +510,9 @@ where
         plan: Some(plan.json()),
         ..Default::default()
     };
-    if let Some(t) = &team {
-        progress.plan(&parallel_line(t.devices(), layout_for(req, ck, t.ranks())?));
+    rep.parallel = team.as_ref().map(|t| t.spread(req, ck)).transpose()?;
+    if let Some((d, l)) = &rep.parallel {
+        progress.plan(&parallel_line(d, *l));
     }
     let mut dit_comp = Some(ck.open_component("transformer")?);
     // With embeds, the texts the picture records are the ones the file was encoded from.
@@ -582,10 +573,7 @@ where
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
-    let mut run = |progress: &mut dyn Progress| match team.as_mut() {
-        Some(t) => t.denoise(b, &dit, ck, req, &cond, &uncond, progress, None),
-        None => denoise_loop(b, &dit, ck, req, &cond, &uncond, progress, None),
-    };
+    let mut run = |progress: &mut dyn Progress| denoise_on(team.as_mut(), b, &dit, ck, req, &cond, &uncond, progress, None);
     let d = match &req.preview {
         Some(p) => {
             b.limit_vae_activations(plan.vae_activations);
@@ -594,9 +582,6 @@ where
         }
         None => run(progress)?,
     };
-    if let Some(t) = &team {
-        rep.parallel = Some((t.devices().to_vec(), layout_for(req, ck, t.ranks())?));
-    }
     drop(team); // the other devices' transformers go
     let (z, forwards) = (d.latents, d.forwards);
     rep.forwards = forwards;

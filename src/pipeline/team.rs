@@ -18,7 +18,7 @@ use crate::model::dit::{Dit, MainLinears};
 use crate::model::vae::VaeDecoder;
 use crate::options::Precision;
 use crate::parallel::{Endpoints, Transport};
-use crate::run_plan::Budget;
+use crate::run_plan::{Budget, MemoryOptions};
 use crate::tensor::Tensor;
 use anyhow::{anyhow, bail, Context, Result};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -70,6 +70,23 @@ impl TeamBackend for Cuda {
     }
 }
 
+/// A helper device's plan for pictures up to `size` with prompts of up to `tokens` tokens under
+/// `mem`: the transformer blocks [`crate::run_plan::decide`] keeps resident on its budget (the
+/// transformer's stage, counted for the whole joint stream).
+pub fn helper_plan(
+    ck: &Checkpoint,
+    linears: MainLinears,
+    tokens: usize,
+    size: (u32, u32),
+    mem: MemoryOptions,
+) -> impl Fn(Budget) -> Result<usize> + Send + 'static {
+    let ck = ck.clone();
+    move |budget: Budget| {
+        let budget = budget.with_linears(linears);
+        Ok(crate::run_plan::decide(&crate::run_plan::networks(&ck, &budget, tokens, size)?, &budget, &mem)?.dit_resident)
+    }
+}
+
 /// The `--devices` list checked: at least one, all CUDA GPUs (each once) or all `cpu` (CPU ranks,
 /// threads of this process: the rank logic without GPUs, for tests).
 pub fn check_devices(devices: &[Device]) -> Result<()> {
@@ -97,6 +114,30 @@ pub fn parallel_line(devices: &[Device], l: crate::parallel::Layout) -> String {
         n => format!("{n} ranks splitting each pass's tokens (Ulysses)"),
     };
     format!("denoise over {names}: {cfg} x {seq}")
+}
+
+/// The `--json` `parallel` object: the devices and the layout.
+pub fn parallel_json((devices, l): &(Vec<Device>, crate::parallel::Layout)) -> serde_json::Value {
+    serde_json::json!({"devices": devices.iter().map(Device::to_string).collect::<Vec<_>>(), "cfg_groups": l.groups, "seq_ranks": l.seq})
+}
+
+/// [`Team::denoise`] with a team, [`super::denoise_loop`] without.
+#[allow(clippy::too_many_arguments)]
+pub fn denoise_on<B: TeamBackend>(
+    team: Option<&mut Team<B>>,
+    b: &B,
+    dit: &Dit<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    cond: &Tensor,
+    uncond: &Tensor,
+    progress: &mut dyn Progress,
+    vae: Option<&VaeDecoder<B>>,
+) -> Result<Denoised> {
+    match team {
+        Some(t) => t.denoise(b, dit, ck, req, cond, uncond, progress, vae),
+        None => super::denoise_loop(b, dit, ck, req, cond, uncond, progress, vae),
+    }
 }
 
 /// A picture for the helpers: the request and its text conditions.
@@ -159,6 +200,11 @@ impl<B: TeamBackend> Team<B> {
     /// The devices, rank 0's first.
     pub fn devices(&self) -> &[Device] {
         &self.setup.devices
+    }
+
+    /// The devices and how `req`'s passes spread over them.
+    pub fn spread(&self, req: &Request, ck: &Checkpoint) -> Result<(Vec<Device>, crate::parallel::Layout)> {
+        Ok((self.setup.devices.clone(), super::layout_for(req, ck, self.ranks())?))
     }
 
     fn launch(&mut self, b0: &B) -> Result<()> {

@@ -212,10 +212,7 @@ impl<B: Serving> Engine<B> {
             Held::Kept(v) => Some(v),
             Held::PerRequest => None,
         };
-        let d = match self.team.as_mut() {
-            Some(team) => team.denoise(&self.b, dit, &self.ck, req, cond, uncond, progress, vae),
-            None => pipeline::denoise_loop(&self.b, dit, &self.ck, req, cond, uncond, progress, vae),
-        };
+        let d = pipeline::denoise_on(self.team.as_mut(), &self.b, dit, &self.ck, req, cond, uncond, progress, vae);
         dit.end_stream();
         d
     }

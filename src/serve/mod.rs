@@ -192,12 +192,7 @@ fn planned<B: Serving + Send + 'static>(b: B, ck: crate::checkpoint::Checkpoint,
         // The other devices hold only the transformer, each as its own plan places it.
         let team = match devices.len() > 1 {
             true => {
-                let ck_h = ck.clone();
-                let resident = move |budget: crate::run_plan::Budget| -> Result<usize> {
-                    let budget = budget.with_linears(linears);
-                    let nets = crate::run_plan::networks(&ck_h, &budget, max_tokens, max_size)?;
-                    Ok(crate::run_plan::decide(&nets, &budget, &memory)?.dit_resident)
-                };
+                let resident = crate::pipeline::helper_plan(&ck, linears, max_tokens, max_size, memory);
                 Some(crate::pipeline::Team::start(&b, &devices, precision, &ck, linears, resident)?)
             }
             false => None,
