@@ -298,14 +298,15 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     let helper_plan = pipeline::helper_plan(&ck, linears, tokens.unwrap_or(1), largest.unwrap_or((16, 16)), o.memory);
     let r = match o.device {
         Device::Cpu => {
-            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(linears), progress)?;
             let team = team(&Cpu, o, &ck, helper_plan)?;
+            let plan = plan_for(crate::run_plan::Budget::cpu().with_linears(linears), progress)?;
             render(&Cpu, &ctx, plan.as_ref(), team, &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.defaults.precision)?;
-            let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
+            // The team (its transports' buffers) first: this device's plan sees them.
             let team = team(&cu, o, &ck, helper_plan)?;
+            let plan = plan_for(crate::run_plan::Budget::cuda(&cu)?, progress)?;
             render(&cu, &ctx, plan.as_ref(), team, &jobs, &texts, &chunks, progress, &mut sum)
         }
     };

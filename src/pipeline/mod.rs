@@ -456,20 +456,21 @@ pub fn generate_devices(
             progress.plan(&p.line());
             Ok(p)
         };
+        // With --devices, the team (its transports' buffers) first: this device's plan sees them.
         let linears = MainLinears::of(req.spec.precision);
         let helper_plan = helper_plan(&ck, linears, longest, (req.spec.width, req.spec.height), *mem);
         match opening {
             None => {
-                let p = plan(Budget::cpu().with_linears(linears), progress)?;
                 let team = if devices.len() > 1 { Some(Team::start(&Cpu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
+                let p = plan(Budget::cpu().with_linears(linears), progress)?;
                 generate_on(&Cpu, &ck, req, tokens, progress, t0, &p, team)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
-                let p = plan(Budget::cuda(&cu)?, progress)?;
                 let team = if devices.len() > 1 { Some(Team::start(&cu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
+                let p = plan(Budget::cuda(&cu)?, progress)?;
                 generate_on(&cu, &ck, req, tokens, progress, t0, &p, team)
             }
         }
