@@ -2,7 +2,7 @@
 //! and write every picture, each network loaded once.
 
 use super::*;
-use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::ops::EncoderOps;
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::pipeline::{self, Interrupted, Progress, Request};
@@ -68,10 +68,11 @@ pub(super) struct Slot {
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
 /// ends the run (Err), as does a stop request (Err(Interrupted)).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
+pub(super) fn render<B: EncoderOps + pipeline::TeamBackend>(
     b: &B,
     cx: &Ctx,
     plan: Option<&crate::plan::run::RunPlan>,
+    mut team: Option<pipeline::Team<B>>,
     jobs: &[Job],
     texts: &[Texts],
     chunks: &[Range<usize>],
@@ -141,7 +142,8 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeOps>(
                 let cond = &hidden[t.prompt.as_slice()];
                 let uncond = t.negative.as_ref().map_or(cond, |n| &hidden[n.as_slice()]);
                 let t1 = Instant::now();
-                match pipeline::denoise_loop(b, &dit, ck, &cx.request(j, t), cond, uncond, &mut Steps(&mut *progress), None) {
+                let req = cx.request(j, t);
+                match pipeline::denoise_on(team.as_mut(), b, &dit, ck, &req, cond, uncond, &mut Steps(&mut *progress), None) {
                     Ok(d) => (slots[i].latents, slots[i].forwards) = (Some(d.latents), d.forwards),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),

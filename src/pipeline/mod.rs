@@ -23,11 +23,13 @@ mod denoise;
 mod encode_image;
 mod files;
 mod preview;
+mod team;
 mod text;
 pub use denoise::*;
 pub use encode_image::*;
 pub use files::*;
 pub use preview::*;
+pub use team::*;
 pub use text::*;
 
 /// Everything one picture needs: its settings, and where it goes.
@@ -107,6 +109,8 @@ pub struct Report {
     pub warnings: Vec<String>,
     /// What the denoising loop computed.
     pub forwards: Forwards,
+    /// `--devices`: the devices and how the picture's passes spread over them.
+    pub parallel: Option<(Vec<Device>, crate::parallel::Layout)>,
 }
 
 impl Report {
@@ -126,6 +130,7 @@ impl Report {
                         "lora_read_s": self.lora_read_s},
             "plan": self.plan,
             "forwards": self.forwards,
+            "parallel": self.parallel.as_ref().map(parallel_json),
         });
         for (k, v) in self.lora_merge.json_entries() {
             j["timings"][k] = v.into();
@@ -384,8 +389,23 @@ pub fn generate_planned(
     mem: &MemoryOptions,
     progress: &mut dyn Progress,
 ) -> Result<Report> {
+    generate_devices(req, model, loras, &[device], mem, progress)
+}
+
+/// [`generate_planned`] on `devices` (`--devices`): the first encodes and decodes, the others
+/// join its denoising ([`Team`]).
+pub fn generate_devices(
+    req: &Request,
+    model: &str,
+    loras: &[crate::lora::LoraSpec],
+    devices: &[Device],
+    mem: &MemoryOptions,
+    progress: &mut dyn Progress,
+) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
+    check_devices(devices)?;
+    let device = devices[0];
     std::thread::scope(|s| {
         // The device opens (driver, CUDA context, kernel modules, cuBLASLt) while the checkpoint
         // opens and the prompts tokenize: neither waits for the other.
@@ -396,6 +416,9 @@ pub fn generate_planned(
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
         check_for(req, &ck)?;
+        if devices.len() > 1 {
+            layout_for(req, &ck, devices.len())?;
+        }
         ck.attach_loras(loras)?;
         if !req.replace {
             // After the graver problems: an input as output (check_outputs), a bad LoRA.
@@ -434,17 +457,22 @@ pub fn generate_planned(
             progress.plan(&p.line());
             Ok(p)
         };
+        // With --devices, the team (its transports' buffers) first: this device's plan sees them.
+        let linears = MainLinears::of(req.spec.precision);
+        let helper_plan = helper_plan(&ck, linears, longest, (req.spec.width, req.spec.height), *mem);
         match opening {
             None => {
-                let p = plan(crate::backend::cpu_budget().with_linears(MainLinears::of(req.spec.precision)), progress)?;
-                generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
+                let team = if devices.len() > 1 { Some(Team::start(&Cpu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
+                let p = plan(crate::backend::cpu_budget().with_linears(linears), progress)?;
+                generate_on(&Cpu, &ck, req, tokens, progress, t0, &p, team)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
+                let team = if devices.len() > 1 { Some(Team::start(&cu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
                 let p = plan(cu.budget()?, progress)?;
-                generate_on(&cu, &ck, req, tokens, progress, t0, &p)
+                generate_on(&cu, &ck, req, tokens, progress, t0, &p, team)
             }
         }
     })
@@ -459,8 +487,10 @@ pub fn prompt_texts(req: &Request) -> Vec<&str> {
     }
 }
 
-/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
-fn generate_on<B: EncoderOps + DitOps + VaeOps + Sync>(
+/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how;
+/// `team`: the other devices of `--devices` (they denoise with this one).
+#[allow(clippy::too_many_arguments)]
+fn generate_on<B: EncoderOps + TeamBackend + Sync>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
@@ -468,6 +498,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeOps + Sync>(
     progress: &mut dyn Progress,
     t0: Instant,
     plan: &RunPlan,
+    mut team: Option<Team<B>>,
 ) -> Result<Report>
 where
     B::T: Send,
@@ -481,6 +512,10 @@ where
         plan: Some(plan.json()),
         ..Default::default()
     };
+    rep.parallel = team.as_ref().map(|t| t.spread(req, ck)).transpose()?;
+    if let Some((d, l)) = &rep.parallel {
+        progress.plan(&parallel_line(d, *l));
+    }
     let mut dit_comp = Some(ck.open_component("transformer")?);
     // With embeds, the texts the picture records are the ones the file was encoded from.
     let mut from_embeds = None;
@@ -540,14 +575,16 @@ where
         }
     };
     rep.denoise_load_s = t1.elapsed().as_secs_f64();
+    let mut run = |progress: &mut dyn Progress| denoise_on(team.as_mut(), b, &dit, ck, req, &cond, &uncond, progress, None);
     let d = match &req.preview {
         Some(p) => {
             b.limit_vae_activations(plan.vae_activations);
             let mut previews = FilePreview { inner: &mut *progress, path: p.clone(), every: req.preview_every };
-            denoise_loop(b, &dit, ck, req, &cond, &uncond, &mut previews, None)?
+            run(&mut previews)?
         }
-        None => denoise_loop(b, &dit, ck, req, &cond, &uncond, progress, None)?,
+        None => run(progress)?,
     };
+    drop(team); // the other devices' transformers go
     let (z, forwards) = (d.latents, d.forwards);
     rep.forwards = forwards;
     let req = &Request { forwards: Some(forwards), ..req.clone() };

@@ -18,7 +18,7 @@
 use super::loras::LoraSet;
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
-use crate::backend::ops::{DitOps, EncoderOps, VaeOps};
+use crate::backend::ops::EncoderOps;
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
@@ -69,7 +69,7 @@ pub struct LoraSwitch {
 }
 
 /// Where the per-backend differences live: the device's memory and threads.
-pub trait Serving: EncoderOps + DitOps + VaeOps + Sized {
+pub trait Serving: EncoderOps + pipeline::TeamBackend {
     /// The memory the plan is made for.
     fn budget(&self) -> Result<Budget>;
     /// Make the backend usable on the calling thread (the engine loads on its own thread).
@@ -122,6 +122,8 @@ pub struct Engine<B: Serving> {
     loaded: LoraSet,
     /// A change of set failed part way: the transformer is loaded again before the next picture.
     broken: bool,
+    /// `--devices`: the other devices, which denoise every picture with this one.
+    team: Option<pipeline::Team<B>>,
 }
 
 /// The plan for requests up to `max_size` and `max_tokens` on `b` under `mem`, the transformer's
@@ -152,7 +154,12 @@ impl<B: Serving> Engine<B> {
             true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),
             false => Held::PerRequest,
         };
-        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false })
+        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false, team: None })
+    }
+
+    /// This engine with the other devices of `--devices` (`None`: one device).
+    pub fn with_team(self, team: Option<pipeline::Team<B>>) -> Engine<B> {
+        Engine { team, ..self }
     }
 
     /// [`Render::use_loras`]: `ck.loras` becomes `set`'s plan; a kept transformer reloads what
@@ -195,7 +202,7 @@ impl<B: Serving> Engine<B> {
         Ok((cond, uncond))
     }
 
-    fn latents(&self, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<pipeline::Denoised> {
+    fn latents(&mut self, req: &Request, cond: &Tensor, uncond: &Tensor, progress: &mut dyn Progress) -> Result<pipeline::Denoised> {
         let mut per_request = None;
         let dit = self.dit.or_load(&mut per_request, || {
             Dit::load_streamed(&self.b, self.ck.open_component("transformer")?, &self.ck.dit, self.plan.resident_blocks("transformer"), self.plan.linears)
@@ -205,7 +212,7 @@ impl<B: Serving> Engine<B> {
             Held::Kept(v) => Some(v),
             Held::PerRequest => None,
         };
-        let d = pipeline::denoise_loop(&self.b, dit, &self.ck, req, cond, uncond, progress, vae);
+        let d = pipeline::denoise_on(self.team.as_mut(), &self.b, dit, &self.ck, req, cond, uncond, progress, vae);
         dit.end_stream();
         d
     }
