@@ -5,7 +5,7 @@
 //! can name anything here.
 
 pub use moss_core::{
-    bounded, cache, checkpoint, embeds, fp8, img2img, lora, model, noise, options, plan, prompt, sampler, sampling, schedule, sigmas, spec, tensor,
+    bounded, cache, checkpoint, embeds, fp8, img2img, lora, model, noise, options, parallel, plan, prompt, sampler, sampling, schedule, sigmas, spec, tensor,
 };
 
 /// The op set and its CPU reference (`moss-core`), and the CUDA backend (`moss-cuda`).

@@ -135,7 +135,8 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
             }
             moss::serve::run(moss::serve::ServeOptions {
                 model: a.model.model,
-                device: a.model.device,
+                device: a.devices.as_ref().and_then(|d| d.first().copied()).unwrap_or(a.model.device),
+                devices: a.devices.unwrap_or_default(),
                 precision: a.precision,
                 host: a.host,
                 port: a.port,

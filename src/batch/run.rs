@@ -31,6 +31,9 @@ pub struct BatchOptions {
     pub chunk: Option<usize>,
     pub model: String,
     pub device: Device,
+    /// `--devices`: every picture's denoising spread over these (the first is `device`); empty
+    /// or one: `device` alone.
+    pub devices: Vec<Device>,
     /// JPEG quality (`--quality`) for the items written as JPEG.
     pub quality: Option<u8>,
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
@@ -170,6 +173,10 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
     std::fs::create_dir_all(&o.out_dir).with_context(|| format!("cannot create --out-dir {}", o.out_dir.display()))?;
     crate::output::check(&o.out_dir.join(".moss-batch-probe.png"))?;
     let mut ck = pipeline::open_checkpoint(&o.model)?;
+    if o.devices.len() > 1 {
+        pipeline::check_devices(&o.devices)?;
+        crate::parallel::Layout::guided(o.devices.len(), ck.dit.num_heads)?;
+    }
     ck.attach_loras(&o.loras)?;
     ck.start_model_hash();
 
@@ -301,15 +308,22 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
         }
         Ok(Some(p))
     };
+    // With --devices, the other devices' transformers load once for the whole list, each as its
+    // own plan places it.
+    let linears = crate::model::dit::MainLinears::of(o.defaults.precision);
+    let helper_plan = pipeline::helper_plan(&ck, linears, tokens.unwrap_or(1), largest.unwrap_or((16, 16)), o.memory);
     let r = match o.device {
         Device::Cpu => {
-            let plan = plan_for(crate::backend::cpu_budget().with_linears(crate::model::dit::MainLinears::of(o.defaults.precision)), progress)?;
-            render(&Cpu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
+            let team = team(&Cpu, o, &ck, helper_plan)?;
+            let plan = plan_for(crate::backend::cpu_budget().with_linears(linears), progress)?;
+            render(&Cpu, &ctx, plan.as_ref(), team, &jobs, &texts, &chunks, progress, &mut sum)
         }
         Device::Cuda(n) => {
             let cu = pipeline::cuda(n, o.defaults.precision)?;
+            // The team (its transports' buffers) first: this device's plan sees them.
+            let team = team(&cu, o, &ck, helper_plan)?;
             let plan = plan_for(cu.budget()?, progress)?;
-            render(&cu, &ctx, plan.as_ref(), &jobs, &texts, &chunks, progress, &mut sum)
+            render(&cu, &ctx, plan.as_ref(), team, &jobs, &texts, &chunks, progress, &mut sum)
         }
     };
     match r {
@@ -319,5 +333,19 @@ pub fn run(o: &BatchOptions, progress: &mut dyn BatchProgress) -> Result<Summary
             Ok(sum)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The other devices of `--devices` (`None` with one), their transformers loading as `plan` places
+/// them.
+fn team<B: pipeline::TeamBackend>(
+    b: &B,
+    o: &BatchOptions,
+    ck: &crate::checkpoint::Checkpoint,
+    plan: impl Fn(crate::plan::Budget) -> Result<usize> + Send + 'static,
+) -> Result<Option<pipeline::Team<B>>> {
+    match o.devices.len() > 1 {
+        true => Ok(Some(pipeline::Team::start(b, &o.devices, o.defaults.precision, ck, crate::model::dit::MainLinears::of(o.defaults.precision), plan)?)),
+        false => Ok(None),
     }
 }

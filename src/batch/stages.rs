@@ -2,7 +2,7 @@
 //! and write every picture, each network loaded once.
 
 use super::*;
-use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps};
+use crate::backend::ops::{EncoderOps, VaeEncodeOps};
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, encoder::Encoder, vae::VaeDecoder};
 use crate::pipeline::{self, Interrupted, Progress, Request};
@@ -71,10 +71,11 @@ pub(super) struct Slot {
 /// Render the chunks; a failing item is reported and the rest go on; a failing component load
 /// ends the run (Err), as does a stop request (Err(Interrupted)).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
+pub(super) fn render<B: EncoderOps + pipeline::TeamBackend + VaeEncodeOps>(
     b: &B,
     cx: &Ctx,
     plan: Option<&crate::plan::run::RunPlan>,
+    mut team: Option<pipeline::Team<B>>,
     jobs: &[Job],
     texts: &[Texts],
     chunks: &[Range<usize>],
@@ -172,7 +173,7 @@ pub(super) fn render<B: EncoderOps + DitOps + VaeEncodeOps>(
                 let t1 = Instant::now();
                 let req = cx.request(j, t);
                 let pass = pipeline::Pass::of(&req.spec);
-                match pipeline::denoise_loop(b, &dit, ck, &req, pass, (cond, uncond), slots[i].start.as_ref(), &mut Steps(&mut *progress), None) {
+                match pipeline::denoise_on(team.as_mut(), b, &dit, ck, &req, pass, (cond, uncond), slots[i].start.as_ref(), &mut Steps(&mut *progress), None) {
                     Ok(d) => (slots[i].latents, slots[i].forwards) = (Some(d.latents), d.forwards),
                     Err(e) if e.downcast_ref::<Interrupted>().is_some() => return Err(e),
                     Err(e) => fail(&mut slots[i], j, &e, progress, sum),

@@ -284,6 +284,12 @@ pub struct GenerateArgs {
     pub quality: Option<u8>,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Spread each picture's denoising over several GPUs, e.g. cuda:0,cuda:1 (lower latency; for
+    /// throughput run one moss per GPU): with two, the prompt's and the negative's passes run on
+    /// one each; with more, each pass also splits its tokens (Ulysses). The first GPU also
+    /// encodes and decodes. `cpu` entries are ranks on CPU threads (the same logic, for tests).
+    #[arg(long, value_name = "DEV,DEV,...", value_delimiter = ',', value_parser = parse_device, conflicts_with = "device")]
+    pub devices: Option<Vec<Device>>,
     /// Also write the final latents: safetensors with `latents` f32 [1,128,H/16,W/16] and the
     /// settings, which `moss decode` reads without --size.
     #[arg(long, value_name = "PATH")]
@@ -520,6 +526,11 @@ pub struct ServeArgs {
     /// may choose by name (`"lora": [{"name": NAME, "scale": S}]`, at most 4; GET /v1/loras).
     #[arg(long, value_name = "DIR", conflicts_with = "lora")]
     pub lora_dir: Option<PathBuf>,
+    /// Render each picture over several GPUs, e.g. cuda:0,cuda:1 (as `generate --devices`): one
+    /// picture at a time with lower latency; for throughput run one server per GPU behind a
+    /// balancer (deploy/).
+    #[arg(long, value_name = "DEV,DEV,...", value_delimiter = ',', value_parser = parse_device, conflicts_with_all = ["device", "lora_dir"])]
+    pub devices: Option<Vec<Device>>,
     /// DiT blocks the unconditional pass skips (as `generate --uncond-skip`).
     #[arg(long, default_value = "22", value_parser = parse_skip)]
     pub uncond_skip: SkipList,

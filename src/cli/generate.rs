@@ -25,7 +25,8 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
         shard: a.batch.shard.unwrap_or_default(),
         chunk: a.batch.chunk.map(|c| c.min(usize::MAX as u64) as usize),
         model: a.model.model.clone(),
-        device: a.model.device,
+        device: device_of(a),
+        devices: a.devices.clone().unwrap_or_default(),
         quality: a.quality,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
         strength: a.pictures.strength,
@@ -359,7 +360,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         preview: a.sampling.preview.clone(),
         preview_every: a.sampling.preview_every(),
         replace: a.force,
-        ..pipeline::Request::new(spec, a.out.clone(), a.model.device)
+        ..pipeline::Request::new(spec, a.out.clone(), device_of(&a))
     };
     let to_stdout = moss::output::is_stdout(&a.out) || a.save_latents.as_deref().is_some_and(moss::output::is_stdout);
     if to_stdout && a.json {
@@ -368,7 +369,8 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     let mut bars = Bars::new(a.quiet || a.json);
     bars.verbose = a.verbose;
     let mem = pipeline::MemoryOptions { max_vram_gib: a.max_vram };
-    let rep = pipeline::generate_planned(&req, &a.model.model, &a.lora, a.model.device, &mem, &mut bars)?;
+    let devices = a.devices.clone().unwrap_or_else(|| vec![a.model.device]);
+    let rep = pipeline::generate_devices(&req, &a.model.model, &a.lora, &devices, &mem, &mut bars)?;
     if a.verbose {
         bars.say(&rep.timing_line());
     }
@@ -384,6 +386,11 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     Ok(0)
 }
 
+/// The device that encodes, decodes and runs the first rank: `--devices`' first, or `--device`.
+fn device_of(a: &GenerateArgs) -> moss::backend::Device {
+    a.devices.as_ref().and_then(|d| d.first().copied()).unwrap_or(a.model.device)
+}
+
 /// Settings that change nothing in this run, said once each (not with `--quiet`).
 fn warn_ignored(a: &GenerateArgs, spec: &PictureSpec, given: &dyn Fn(&str) -> bool) {
     if a.quiet {
@@ -393,7 +400,7 @@ fn warn_ignored(a: &GenerateArgs, spec: &PictureSpec, given: &dyn Fn(&str) -> bo
         let whose = if given("negative") { "--negative" } else { "the negative prompt" };
         eprintln!("moss: warning: {whose} is not used at --guidance 1 (no unconditional pass)");
     }
-    if a.max_vram.is_some() && a.model.device == moss::backend::Device::Cpu {
+    if a.max_vram.is_some() && device_of(a) == moss::backend::Device::Cpu {
         eprintln!("moss: warning: --max-vram limits GPU memory; with --device cpu it only shapes the plan (what streams), the same picture");
     }
 }

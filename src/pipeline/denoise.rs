@@ -16,9 +16,10 @@ use super::{Interrupted, Progress, Request, Start};
 use crate::backend::ops::{DitOps, VaeOps};
 use crate::checkpoint::Checkpoint;
 use crate::img2img;
-use crate::model::dit::{Dit, PassCaches};
+use crate::model::dit::{Dit, PassCaches, TextCond};
 use crate::model::vae::VaeDecoder;
 use crate::noise::TorchGenerator;
+use crate::parallel::{self, Endpoints, Layout, Role};
 use crate::sampling::Step;
 use crate::tensor::Tensor;
 use anyhow::{bail, Result};
@@ -110,10 +111,48 @@ pub fn denoise_loop<B: DitOps + VaeOps>(
     progress: &mut dyn Progress,
     vae: Option<&VaeDecoder<B>>,
 ) -> Result<Denoised> {
+    denoise_loop_on(b, dit, ck, req, pass, (cond, uncond), start, progress, vae, None)
+}
+
+/// How `req`'s passes spread over `ranks` ranks ([`crate::parallel`]): refused (before any work)
+/// where they cannot (step caching; heads the sequence groups do not divide).
+pub fn layout_for(req: &Request, ck: &Checkpoint, ranks: usize) -> Result<Layout> {
+    if req.spec.cache.is_some() {
+        bail!("step caching (cache) runs on one device: give one device, or no cache");
+    }
+    match req.spec.guidance != 1.0 {
+        true => Layout::guided(ranks, ck.dit.num_heads),
+        false => Layout::unguided(ranks, ck.dit.num_heads),
+    }
+}
+
+/// [`denoise_loop`] as one rank of several (`ranks`: this rank's endpoints; every rank calls it
+/// with the same request): the same loop on every rank, each rank running its part of the
+/// transformer's passes ([`Endpoints::role`]); the velocities exchanged, so every rank ends with
+/// the same latents. Only the first rank's `progress` is asked to stop (the ranks vote after
+/// each step and stop together) or for previews.
+#[allow(clippy::too_many_arguments)]
+pub fn denoise_loop_on<B: DitOps + VaeOps>(
+    b: &B,
+    dit: &Dit<B>,
+    ck: &Checkpoint,
+    req: &Request,
+    pass: Pass,
+    (cond, uncond): (&Tensor, &Tensor),
+    start: Option<&Start>,
+    progress: &mut dyn Progress,
+    vae: Option<&VaeDecoder<B>>,
+    ranks: Option<&Endpoints<B>>,
+) -> Result<Denoised> {
     let spec = &req.spec;
     let (h, w) = ((pass.height / 16) as usize, (pass.width / 16) as usize);
     let c = ck.dit.latent_channels;
     check_for(req, ck)?;
+    let role = match ranks {
+        Some(e) => Some(e.role(layout_for(req, ck, e.ranks)?)),
+        None => None,
+    };
+    let seq = role.as_ref().and_then(|r| r.seq);
     let sigmas = spec.schedule.sigmas(pass.steps as usize, &ck.scheduler)?;
     // diffusers' retrieve_timesteps then get_timesteps: the strength cuts the steps the schedule has.
     let sigmas = match start {
@@ -147,13 +186,18 @@ pub fn denoise_loop<B: DitOps + VaeOps>(
             (Some(caches), _) => dit.velocities_cached(b, x, &step, (&tc, &[]), tu.as_ref().map(|t| (t, skip)), caches)?,
             (None, Some(tu)) if step.guided => {
                 blocks_plain += 2 * blocks - (0..blocks).filter(|i| skip.contains(i)).count();
-                let mut v = dit.velocities(b, x, step.t, &[(&tc, &[]), (tu, skip)])?;
-                let v_u = v.pop();
-                (v.pop().expect("two passes, two velocities"), v_u)
+                match &role {
+                    Some(r) if r.groups == 2 => cfg_parallel(b, dit, x, step.t, (&tc, tu, skip), r)?,
+                    _ => {
+                        let mut v = dit.velocities_on(b, x, step.t, &[(&tc, &[]), (tu, skip)], seq)?;
+                        let v_u = v.pop();
+                        (v.pop().expect("two passes, two velocities"), v_u)
+                    }
+                }
             }
             (None, _) => {
                 blocks_plain += blocks;
-                (dit.velocity(b, x, step.t, &tc, &[])?, None)
+                (dit.velocity_on(b, x, step.t, &tc, &[], seq)?, None)
             }
         };
         let first_call = pending.borrow().as_ref().is_none_or(|p| p.0 != step.step);
@@ -177,7 +221,11 @@ pub fn denoise_loop<B: DitOps + VaeOps>(
             let rgb = vae.decode_rgb8(b, &b.download(&x0)?)?;
             progress.preview(i, n, &rgb, pass.width, pass.height)?;
         }
-        if progress.cancelled() {
+        let stop = match ranks {
+            Some(e) => e.crew.any_stop(progress.cancelled())?,
+            None => progress.cancelled(),
+        };
+        if stop {
             return Err(Interrupted.into());
         }
         Ok(())
@@ -199,6 +247,26 @@ pub fn denoise_loop<B: DitOps + VaeOps>(
     let z = b.download(&x)?;
     crate::tensor::ensure_finite("the latents after denoising", &z.data)?;
     Ok(Denoised { latents: z, forwards })
+}
+
+/// A guided step under CFG-parallel: this rank's group runs its pass (group 0 the prompt's, group 1
+/// the negative's with its skipped blocks), over its sequence group if it has one; the pair
+/// exchanges the two velocities, so every rank returns `(v_c, v_u)`, the same bytes.
+fn cfg_parallel<B: DitOps>(
+    b: &B,
+    dit: &Dit<B>,
+    x: &B::T,
+    t: f32,
+    (tc, tu, skip): (&TextCond<B>, &TextCond<B>, &[usize]),
+    role: &Role<'_, B>,
+) -> Result<(B::T, Option<B::T>)> {
+    let mine = match role.group {
+        0 => dit.velocity_on(b, x, t, tc, &[], role.seq)?,
+        _ => dit.velocity_on(b, x, t, tu, skip, role.seq)?,
+    };
+    let pair = role.cfg.expect("two CFG groups have a pair transport");
+    let (v_c, v_u) = parallel::exchange(b, pair, &mine)?;
+    Ok((v_c, Some(v_u)))
 }
 
 /// The loop's settings against the checkpoint (the cache's compute blocks against its blocks):

@@ -7,8 +7,8 @@
 //! - `lanczos`: the first pass decoded, the picture resized with Lanczos3, encoded again (the
 //!   transformer is freed for the VAE and loaded again: one load more than `latent`).
 
-use super::{denoise_loop, load_vae, Denoised, Pass, Progress, Request, Start};
-use crate::backend::ops::{DitOps, VaeEncodeOps};
+use super::{denoise_on, load_vae, Denoised, Pass, Progress, Request, Start, Team, TeamBackend};
+use crate::backend::ops::VaeEncodeOps;
 use crate::checkpoint::Checkpoint;
 use crate::model::dit::Dit;
 use crate::model::vae::{pixels_from_rgb8, VaeEncoder};
@@ -36,48 +36,35 @@ pub fn enlarge<B: VaeEncodeOps>(b: &B, ck: &Checkpoint, z: &Tensor, hr: &HiresSp
     }
 }
 
-/// The hires fix's second pass on the first pass's latents `z` with `dit` loaded; `reload`
-/// gives the transformer again after the Lanczos upscaler freed it. Returns the final latents
-/// and what the second loop computed.
+/// The hires fix's second pass on the first pass's latents `z` with the transformer loaded
+/// (`dit`; `reload` gives it again after the Lanczos upscaler freed it), over `team`'s devices
+/// too where there is one. Returns the final latents and what the second loop computed.
 #[allow(clippy::too_many_arguments)]
-pub fn second_pass<B: DitOps + VaeEncodeOps>(
+pub fn second_pass<B: TeamBackend + VaeEncodeOps>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
     hr: &HiresSpec,
-    dit: Dit<B>,
-    reload: impl FnOnce() -> Result<Dit<B>>,
+    (dit, reload): (Dit<B>, impl FnOnce() -> Result<Dit<B>>),
     z: &Tensor,
     conds: (&Tensor, &Tensor),
+    team: Option<&mut Team<B>>,
     progress: &mut dyn Progress,
 ) -> Result<Denoised> {
     let (w, h) = hr.size(req.spec.width, req.spec.height);
+    let pass = Pass { width: w, height: h, steps: hr.steps };
     let dit = match hr.upscaler {
         Upscaler::Latent => dit,
         Upscaler::Lanczos => {
             drop(dit);
             b.release_cached()?;
             let z0 = enlarge(b, ck, z, hr, (w, h))?;
-            return run(b, &reload()?, ck, req, hr, (w, h), z0, conds, progress);
+            let start = Start { z0, strength: hr.strength, mask: None };
+            progress.stage("hires");
+            return denoise_on(team, b, &reload()?, ck, req, pass, conds, Some(&start), progress, None);
         }
     };
-    let z0 = enlarge(b, ck, z, hr, (w, h))?;
-    run(b, &dit, ck, req, hr, (w, h), z0, conds, progress)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run<B: DitOps + VaeEncodeOps>(
-    b: &B,
-    dit: &Dit<B>,
-    ck: &Checkpoint,
-    req: &Request,
-    hr: &HiresSpec,
-    (width, height): (u32, u32),
-    z0: Tensor,
-    conds: (&Tensor, &Tensor),
-    progress: &mut dyn Progress,
-) -> Result<Denoised> {
+    let start = Start { z0: enlarge(b, ck, z, hr, (w, h))?, strength: hr.strength, mask: None };
     progress.stage("hires");
-    let start = Start { z0, strength: hr.strength, mask: None };
-    denoise_loop(b, dit, ck, req, Pass { width, height, steps: hr.steps }, conds, Some(&start), progress, None)
+    denoise_on(team, b, &dit, ck, req, pass, conds, Some(&start), progress, None)
 }

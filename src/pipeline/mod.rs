@@ -25,6 +25,8 @@ mod files;
 mod hires;
 mod init;
 mod preview;
+mod report;
+mod team;
 mod text;
 pub use denoise::*;
 pub use encode_image::*;
@@ -32,6 +34,8 @@ pub use files::*;
 pub use hires::*;
 pub use init::*;
 pub use preview::*;
+pub use report::*;
+pub use team::*;
 pub use text::*;
 
 /// Everything one picture needs: its settings, and where it goes.
@@ -82,81 +86,6 @@ impl Request {
             forwards: None,
             init: None,
         }
-    }
-}
-
-/// What a finished picture reports.
-#[derive(Clone, Debug, Default)]
-pub struct Report {
-    pub path: PathBuf,
-    pub seed: u64,
-    pub steps: u32,
-    pub width: u32,
-    pub height: u32,
-    pub encode_s: f64,
-    /// The VAE encoder on the init image (0 for a picture from text).
-    pub image_encode_s: f64,
-    pub denoise_s: f64,
-    pub decode_s: f64,
-    pub total_s: f64,
-    /// Merging the LoRAs into the transformer's weights (part of `denoise_s`, where they load):
-    /// the host's preparation and the device's time, apart.
-    pub lora_merge: crate::lora::plan::MergeTime,
-    /// Reading and checking the LoRA files (before the stages; beside the device's start-up).
-    pub lora_read_s: f64,
-    /// Each stage split into loading its weights (host time reading and issuing the copies, or
-    /// waiting for a load that ran behind the previous stage) and the rest.
-    pub encode_load_s: f64,
-    pub denoise_load_s: f64,
-    pub decode_load_s: f64,
-    /// The transformer's load time on its own thread while the text encoder ran (0: it did not).
-    pub denoise_load_behind_s: f64,
-    /// The memory plan (`--json` `plan`), when one was made.
-    pub plan: Option<serde_json::Value>,
-    pub warnings: Vec<String>,
-    /// What the denoising loop computed.
-    pub forwards: Forwards,
-}
-
-impl Report {
-    pub fn json(&self) -> String {
-        let mut j = serde_json::json!({
-            "path": self.path.display().to_string(),
-            "seed": self.seed,
-            "steps": self.steps,
-            "width": self.width,
-            "height": self.height,
-            "timings": {"encode_s": self.encode_s, "image_encode_s": self.image_encode_s, "denoise_s": self.denoise_s,
-                        "decode_s": self.decode_s, "total_s": self.total_s,
-                        "encode_load_s": self.encode_load_s, "encode_compute_s": self.encode_s - self.encode_load_s,
-                        "denoise_load_s": self.denoise_load_s, "denoise_compute_s": self.denoise_s - self.denoise_load_s,
-                        "denoise_load_behind_s": self.denoise_load_behind_s,
-                        "decode_load_s": self.decode_load_s, "decode_compute_s": self.decode_s - self.decode_load_s,
-                        "lora_read_s": self.lora_read_s},
-            "plan": self.plan,
-            "forwards": self.forwards,
-        });
-        for (k, v) in self.lora_merge.json_entries() {
-            j["timings"][k] = v.into();
-        }
-        j.to_string()
-    }
-
-    /// The `-v` line of the timings: each stage's load and compute.
-    pub fn timing_line(&self) -> String {
-        format!(
-            "timings: {}encode {:.2} s (load {:.2}), denoise {:.2} s (load {:.2}{}{}), decode {:.2} s (load {:.2}), total {:.2} s",
-            if self.image_encode_s > 0.0 { format!("init image encode {:.2} s, ", self.image_encode_s) } else { String::new() },
-            self.encode_s,
-            self.encode_load_s,
-            self.denoise_s,
-            self.denoise_load_s,
-            if self.denoise_load_behind_s > 0.0 { format!(", {:.2} behind the encoder", self.denoise_load_behind_s) } else { String::new() },
-            if self.lora_merge.tensors > 0 { format!(", LoRA merge {}", self.lora_merge.line()) } else { String::new() },
-            self.decode_s,
-            self.decode_load_s,
-            self.total_s
-        )
     }
 }
 
@@ -416,8 +345,23 @@ pub fn generate_planned(
     mem: &MemoryOptions,
     progress: &mut dyn Progress,
 ) -> Result<Report> {
+    generate_devices(req, model, loras, &[device], mem, progress)
+}
+
+/// [`generate_planned`] on `devices` (`--devices`): the first encodes and decodes, the others
+/// join its denoising ([`Team`]).
+pub fn generate_devices(
+    req: &Request,
+    model: &str,
+    loras: &[crate::lora::LoraSpec],
+    devices: &[Device],
+    mem: &MemoryOptions,
+    progress: &mut dyn Progress,
+) -> Result<Report> {
     let t0 = Instant::now();
     validate(req)?;
+    check_devices(devices)?;
+    let device = devices[0];
     std::thread::scope(|s| {
         // The device opens (driver, CUDA context, kernel modules, cuBLASLt) while the checkpoint
         // opens and the prompts tokenize: neither waits for the other.
@@ -428,6 +372,9 @@ pub fn generate_planned(
         let mut ck = open_checkpoint(model)?;
         check_outputs(req, &ck, loras)?;
         check_for(req, &ck)?;
+        if devices.len() > 1 {
+            layout_for(req, &ck, devices.len())?;
+        }
         ck.attach_loras(loras)?;
         if !req.replace {
             // After the graver problems: an input as output (check_outputs), a bad LoRA.
@@ -467,17 +414,22 @@ pub fn generate_planned(
             progress.plan(&p.line());
             Ok(p)
         };
+        // With --devices, the team (its transports' buffers) first: this device's plan sees them.
+        let linears = MainLinears::of(req.spec.precision);
+        let helper_plan = helper_plan(&ck, linears, longest, req.spec.out_size(), *mem);
         match opening {
             None => {
-                let p = plan(crate::backend::cpu_budget().with_linears(MainLinears::of(req.spec.precision)), progress)?;
-                generate_on(&Cpu, &ck, req, tokens, progress, t0, &p)
+                let team = if devices.len() > 1 { Some(Team::start(&Cpu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
+                let p = plan(crate::backend::cpu_budget().with_linears(linears), progress)?;
+                generate_on(&Cpu, &ck, req, tokens, progress, t0, &p, team)
             }
             Some(opening) => {
                 let cu = opening.join().map_err(|_| anyhow::anyhow!("the thread opening the GPU panicked"))??;
                 // Made on the opening thread: current on this one from here on.
                 cu.gpu().ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
+                let team = if devices.len() > 1 { Some(Team::start(&cu, devices, req.spec.precision, &ck, linears, helper_plan)?) } else { None };
                 let p = plan(cu.budget()?, progress)?;
-                generate_on(&cu, &ck, req, tokens, progress, t0, &p)
+                generate_on(&cu, &ck, req, tokens, progress, t0, &p, team)
             }
         }
     })
@@ -492,8 +444,10 @@ pub fn prompt_texts(req: &Request) -> Vec<&str> {
     }
 }
 
-/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how.
-fn generate_on<B: EncoderOps + DitOps + VaeEncodeOps + Sync>(
+/// `tokens`: the ids of [`prompt_texts`] (None with `req.embeds`); `plan`: what to load how;
+/// `team`: the other devices of `--devices` (they denoise with this one).
+#[allow(clippy::too_many_arguments)]
+fn generate_on<B: EncoderOps + TeamBackend + VaeEncodeOps + Sync>(
     b: &B,
     ck: &Checkpoint,
     req: &Request,
@@ -501,6 +455,7 @@ fn generate_on<B: EncoderOps + DitOps + VaeEncodeOps + Sync>(
     progress: &mut dyn Progress,
     t0: Instant,
     plan: &RunPlan,
+    mut team: Option<Team<B>>,
 ) -> Result<Report>
 where
     B::T: Send,
@@ -514,6 +469,10 @@ where
         plan: Some(plan.json()),
         ..Default::default()
     };
+    rep.parallel = team.as_ref().map(|t| t.spread(req, ck)).transpose()?;
+    if let Some((d, l)) = &rep.parallel {
+        progress.plan(&parallel_line(d, *l));
+    }
     // The init image first, while nothing else is loaded: its latents are a small host tensor.
     let start = match &req.init {
         Some(p) => {
@@ -598,11 +557,11 @@ where
         if req.preview.is_some() || req.spec.hires.is_some() {
             b.limit_vae_activations(plan.vae_activations);
         }
-        let d = denoise_loop(b, &dit, ck, req, Pass::of(&req.spec), (&cond, &uncond), start.as_ref(), steps, None)?;
+        let d = denoise_on(team.as_mut(), b, &dit, ck, req, Pass::of(&req.spec), (&cond, &uncond), start.as_ref(), steps, None)?;
         match &req.spec.hires {
             Some(hr) => {
                 let reload = || Dit::load_streamed(b, ck.open_component("transformer")?, &ck.dit, plan.dit_resident, MainLinears::of(req.spec.precision));
-                let d2 = second_pass(b, ck, req, hr, dit, reload, &d.latents, (&cond, &uncond), steps)?;
+                let d2 = second_pass(b, ck, req, hr, (dit, reload), &d.latents, (&cond, &uncond), team.as_mut(), steps)?;
                 (d2.latents, d.forwards + d2.forwards)
             }
             None => {
@@ -611,6 +570,7 @@ where
             }
         }
     };
+    drop(team); // the other devices' transformers go
     rep.forwards = forwards;
     let req = &Request { forwards: Some(forwards), ..req.clone() };
     b.release_cached()?;

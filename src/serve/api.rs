@@ -101,6 +101,8 @@ pub struct Limits {
     /// Whether the VAE stays loaded beside the transformer, so partial images can be decoded
     /// while a picture denoises.
     pub previews: bool,
+    /// The devices each picture is spread over (`--devices`; step caching needs one).
+    pub devices: usize,
 }
 
 /// A checked request: the first picture's settings (picture i uses `seed + i`), how many, and
@@ -323,7 +325,7 @@ mod tests {
     use super::*;
 
     fn lim() -> Limits {
-        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true }
+        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true, devices: 1 }
     }
 
     #[test]

@@ -18,7 +18,7 @@
 use super::loras::LoraSet;
 use crate::backend::cpu::Cpu;
 use crate::backend::cuda::Cuda;
-use crate::backend::ops::{DitOps, EncoderOps, VaeEncodeOps};
+use crate::backend::ops::{EncoderOps, VaeEncodeOps};
 use crate::checkpoint::Checkpoint;
 use crate::model::{dit::Dit, dit::MainLinears, encoder::Encoder, vae::VaeDecoder};
 use crate::options::Precision;
@@ -69,7 +69,7 @@ pub struct LoraSwitch {
 }
 
 /// Where the per-backend differences live: the device's memory and threads.
-pub trait Serving: EncoderOps + DitOps + VaeEncodeOps + Sized {
+pub trait Serving: EncoderOps + pipeline::TeamBackend + VaeEncodeOps {
     /// The memory the plan is made for.
     fn budget(&self) -> Result<Budget>;
     /// Make the backend usable on the calling thread (the engine loads on its own thread).
@@ -124,6 +124,8 @@ pub struct Engine<B: Serving> {
     broken: bool,
     /// The last init picture's latents (a request's `n` pictures start from the same picture).
     encoded: Option<(Arc<pipeline::Prepared>, Tensor)>,
+    /// `--devices`: the other devices, which denoise every picture with this one.
+    team: Option<pipeline::Team<B>>,
 }
 
 /// The plan for requests up to `max_size` and `max_tokens` on `b` under `mem`, the transformer's
@@ -154,7 +156,12 @@ impl<B: Serving> Engine<B> {
             true => Held::Kept(pipeline::load_vae(&b, &ck, (max_size.1 / 16) as usize, (max_size.0 / 16) as usize)?),
             false => Held::PerRequest,
         };
-        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false, encoded: None })
+        Ok(Engine { b, ck, plan, encoder, dit, vae, loaded: LoraSet::default(), broken: false, team: None, encoded: None })
+    }
+
+    /// This engine with the other devices of `--devices` (`None`: one device).
+    pub fn with_team(self, team: Option<pipeline::Team<B>>) -> Engine<B> {
+        Engine { team, ..self }
     }
 
     /// [`Render::use_loras`]: `ck.loras` becomes `set`'s plan; a kept transformer reloads what
@@ -216,7 +223,7 @@ impl<B: Serving> Engine<B> {
     }
 
     fn latents(
-        &self,
+        &mut self,
         req: &Request,
         cond: &Tensor,
         uncond: &Tensor,
@@ -232,7 +239,7 @@ impl<B: Serving> Engine<B> {
             Held::Kept(v) => Some(v),
             Held::PerRequest => None,
         };
-        let d = pipeline::denoise_loop(&self.b, dit, &self.ck, req, pipeline::Pass::of(&req.spec), (cond, uncond), start, progress, vae);
+        let d = pipeline::denoise_on(self.team.as_mut(), &self.b, dit, &self.ck, req, pipeline::Pass::of(&req.spec), (cond, uncond), start, progress, vae);
         dit.end_stream();
         d
     }

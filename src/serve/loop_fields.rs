@@ -24,6 +24,10 @@ pub fn parse<'a>(spec: &mut PictureSpec, get: &dyn Fn(&str) -> Option<&'a Value>
         if let Some(c) = &spec.cache {
             check_cache(c).map_err(bad("cache"))?;
             check_cache_blocks(c, lim.dit_blocks).map_err(bad("cache"))?;
+            if lim.devices > 1 {
+                let why = format!("step caching runs on one device; this server spreads each picture over {} devices (--devices)", lim.devices);
+                return Err(ApiError::bad("cache", "invalid_value", why));
+            }
         }
     }
     if let Some(v) = get("guidance_window") {
@@ -38,7 +42,7 @@ mod tests {
     use crate::serve::api::{base_request, parse, Limits};
 
     fn lim() -> Limits {
-        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true }
+        Limits { max_steps: 100, max_pixels: 1024 * 1024, max_tokens: 4096, dit_blocks: 4, previews: true, devices: 1 }
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub const GRACE: Duration = Duration::from_secs(10);
 pub struct ServeOptions {
     pub model: String,
     pub device: Device,
+    /// `--devices`: every picture spread over these (the first is `device`); empty or one:
+    /// `device` alone.
+    pub devices: Vec<Device>,
     pub precision: Precision,
     pub host: IpAddr,
     pub port: u16,
@@ -108,6 +111,12 @@ pub fn check(o: &ServeOptions) -> Result<()> {
     if o.lora_dir.is_some() && !o.loras.is_empty() {
         bail!("--lora merges adapters into every picture, --lora-dir lets each request choose: give one of them");
     }
+    if o.devices.len() > 1 {
+        crate::pipeline::check_devices(&o.devices)?;
+        if o.lora_dir.is_some() {
+            bail!("--lora-dir's per-request LoRAs run on one device: give --device, or --lora for adapters every picture carries");
+        }
+    }
     Ok(())
 }
 
@@ -121,6 +130,9 @@ pub fn run(o: ServeOptions) -> Result<()> {
     let tokenizer = crate::prompt::PromptTokenizer::from_file(&ck.tokenizer_path())?;
     let model = served_name(&ck.loc);
     let dit_blocks = ck.dit.num_layers;
+    if o.devices.len() > 1 {
+        crate::parallel::Layout::guided(o.devices.len(), ck.dit.num_heads)?;
+    }
     let t0 = Instant::now();
     let (plan, loader) = match o.device {
         Device::Cpu => planned(Cpu, ck, &o, t0)?,
@@ -178,11 +190,21 @@ fn planned<B: Serving + Send + 'static>(
     o: &ServeOptions,
     t0: Instant,
 ) -> Result<(crate::plan::server::ServeRunPlan, Loader)> {
-    let p = engine::plan(&b, &ck, &o.memory, o.max_size, o.max_tokens, crate::model::dit::MainLinears::of(o.precision))?;
+    let linears = crate::model::dit::MainLinears::of(o.precision);
+    let p = engine::plan(&b, &ck, &o.memory, o.max_size, o.max_tokens, linears)?;
     let (kept, max_size) = (p.clone(), o.max_size);
+    let (devices, precision, memory, max_tokens) = (o.devices.clone(), o.precision, o.memory, o.max_tokens);
     let load = move || -> Result<Box<dyn Render>> {
         b.use_on_this_thread()?;
-        let e = Engine::load(b, ck, kept, max_size)?;
+        // The other devices hold only the transformer, each as its own plan places it.
+        let team = match devices.len() > 1 {
+            true => {
+                let resident = crate::pipeline::helper_plan(&ck, linears, max_tokens, max_size, memory);
+                Some(crate::pipeline::Team::start(&b, &devices, precision, &ck, linears, resident)?)
+            }
+            false => None,
+        };
+        let e = Engine::load(b, ck, kept, max_size)?.with_team(team);
         log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
         Ok(Box::new(e))
     };
@@ -235,6 +257,7 @@ async fn serve(
             max_tokens: o.max_tokens,
             dit_blocks: engine.dit_blocks,
             previews: engine.previews,
+            devices: o.devices.len().max(1),
         },
         api_key: o.api_key.clone(),
         plan,
@@ -254,7 +277,11 @@ async fn serve(
         (None, true) => "no API key: loopback host names only",
         (None, false) => "no API key",
     };
-    log(&format!("listening on http://{bound} ({auth}); loading {} on {} ...", o.model, o.device));
+    let on = match o.devices.len() > 1 {
+        true => o.devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+        false => o.device.to_string(),
+    };
+    log(&format!("listening on http://{bound} ({auth}); loading {} on {on} ...", o.model));
     let mut worker = spawn_worker(q.clone(), load);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

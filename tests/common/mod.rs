@@ -7,6 +7,7 @@ use moss::tensor::Tensor;
 use std::path::PathBuf;
 
 pub mod folders;
+pub mod server;
 
 pub const CHECKPOINTS: [&str; 2] = ["tiny-a", "tiny-b"];
 

@@ -14,6 +14,7 @@ pub mod lora;
 pub mod model;
 pub mod noise;
 pub mod options;
+pub mod parallel;
 pub mod plan;
 pub mod prompt;
 pub mod sampler;

@@ -11,6 +11,7 @@ pub mod gemm_pins;
 pub mod kernels;
 pub mod launch;
 pub mod lora;
+pub mod nccl;
 pub mod ops;
 pub mod plan;
 pub mod profile;

@@ -9,8 +9,10 @@ use super::stream::{self, Fetched, Streamer};
 use crate::backend::ops::DitOps;
 use crate::backend::Behind;
 use crate::checkpoint::{config::DitConfig, Component};
+use crate::parallel::{ulysses, Transport};
 use crate::tensor::Tensor;
 use anyhow::{ensure, Result};
+use std::ops::Range;
 use std::sync::Mutex;
 
 /// The 4-axis RoPE of spec 4.3: positions and the fp32 cos/sin table.
@@ -111,6 +113,7 @@ impl<B: DitOps> Block<B> {
 
 /// One pass through the main blocks: its modulation, RoPE table, the joint stream and the
 /// modulated norm the next block reads, the blocks it runs, and the latent grid `(C, h, w)`.
+/// Under sequence parallelism the stream, its norm and the table hold this rank's rows only.
 struct PassRun<'a, B: DitOps> {
     m: Modulation<B>,
     cos: B::T,
@@ -119,8 +122,21 @@ struct PassRun<'a, B: DitOps> {
     y: Option<Act<B>>,
     active: Vec<usize>,
     grid: (usize, usize, usize),
-    _dit: std::marker::PhantomData<&'a Dit<B>>,
+    seq: Option<Seq<'a, B>>,
 }
+
+/// The ranks a pass's joint stream is spread over ([`ulysses`]) and its whole length.
+struct Seq<'a, B: DitOps> {
+    comm: &'a dyn Transport<B>,
+    tokens: usize,
+}
+
+impl<B: DitOps> Clone for Seq<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: DitOps> Copy for Seq<'_, B> {}
 
 /// What the timestep gives every block (spec 4.3): `[D]` vectors.
 pub struct Modulation<B: DitOps> {
@@ -328,7 +344,13 @@ impl<B: DitOps> Dit<B> {
 
     /// [`Dit::forward`] on backend tensors.
     pub fn velocity(&self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<B::T> {
-        let mut v = self.velocities(b, x, t, &[(text, skip)])?;
+        self.velocity_on(b, x, t, text, skip, None)
+    }
+
+    /// [`Dit::velocity`] with the joint stream's tokens spread over the ranks of `seq`
+    /// ([`ulysses`]; every rank of the group calls it): the whole velocity on every rank.
+    pub fn velocity_on(&self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize], seq: Option<&dyn Transport<B>>) -> Result<B::T> {
+        let mut v = self.velocities_on(b, x, t, &[(text, skip)], seq)?;
         Ok(v.remove(0))
     }
 
@@ -339,10 +361,15 @@ impl<B: DitOps> Dit<B> {
     /// streamed block moves once per step, not once per pass. With every block resident the
     /// passes run one after the other (fewer activations alive at once).
     pub fn velocities(&self, b: &B, x: &B::T, t: f32, passes: &[(&TextCond<B>, &[usize])]) -> Result<Vec<B::T>> {
+        self.velocities_on(b, x, t, passes, None)
+    }
+
+    /// [`Dit::velocities`] with each pass's tokens spread over the ranks of `seq` ([`ulysses`]).
+    pub fn velocities_on(&self, b: &B, x: &B::T, t: f32, passes: &[(&TextCond<B>, &[usize])], seq: Option<&dyn Transport<B>>) -> Result<Vec<B::T>> {
         if self.stream.is_none() && passes.len() > 1 {
-            return passes.iter().map(|&p| self.velocity(b, x, t, p.0, p.1)).collect();
+            return passes.iter().map(|&p| self.velocity_on(b, x, t, p.0, p.1, seq)).collect();
         }
-        let mut runs = passes.iter().map(|&(text, skip)| self.begin(b, x, t, text, skip)).collect::<Result<Vec<_>>>()?;
+        let mut runs = passes.iter().map(|&(text, skip)| self.begin_on(b, x, t, text, skip, seq)).collect::<Result<Vec<_>>>()?;
         // The blocks some pass runs, in order: each fetched (if streamed) once for all passes.
         let order: Vec<usize> = (0..self.layers.len()).filter(|i| runs.iter().any(|r| r.active.contains(i))).collect();
         for (j, &i) in order.iter().enumerate() {
@@ -359,15 +386,31 @@ impl<B: DitOps> Dit<B> {
     /// A pass up to the main blocks: the joint stream `[image ; text]` and the first running
     /// block's modulated norm.
     fn begin<'a>(&'a self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize]) -> Result<PassRun<'a, B>> {
+        self.begin_on(b, x, t, text, skip, None)
+    }
+
+    /// [`Dit::begin`] of this rank's rows of the joint stream when `seq` spreads it.
+    fn begin_on<'a>(&'a self, b: &B, x: &B::T, t: f32, text: &TextCond<B>, skip: &[usize], seq: Option<&'a dyn Transport<B>>) -> Result<PassRun<'a, B>> {
         let cfg = &self.cfg;
         let dims = b.dims(x);
         ensure!(dims.len() == 4 && dims[0] == 1 && dims[1] == cfg.latent_channels, "latent {dims:?}, the transformer takes [1, {}, h, w]", cfg.latent_channels);
         let (c, h, w) = (dims[1], dims[2], dims[3]);
-        let img = self.video_embedder.forward(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?)?;
+        let tokens = h * w + text.len;
+        let seq = seq.map(|comm| Seq { comm, tokens });
+        let rows = match seq {
+            Some(s) => {
+                ensure!(tokens >= s.comm.ranks(), "{tokens} tokens over {} ranks", s.comm.ranks());
+                ulysses::rows(tokens, s.comm.ranks(), s.comm.rank())
+            }
+            None => 0..tokens,
+        };
         let m = self.modulation(b, t)?;
         let (cos, sin) = self.joint_rope(b, h, w, text.len)?;
-        let xs = b.residual_stream(&b.cat(&[&img, &text.tokens], 0)?)?;
-        drop(img);
+        let (cos, sin) = match seq {
+            Some(_) => (b.narrow(&cos, 0, rows.start, rows.len())?, b.narrow(&sin, 0, rows.start, rows.len())?),
+            None => (cos, sin),
+        };
+        let xs = self.joint_stream(b, &b.permute(&b.reshape(x, &[c, h * w])?, &[1, 0])?, text, rows)?;
         // Each block's first norm is fused with the previous block's last gated residual, so
         // only the first block that runs starts from a plain norm.
         let active: Vec<usize> = (0..self.layers.len()).filter(|i| !skip.contains(i)).collect();
@@ -375,7 +418,25 @@ impl<B: DitOps> Dit<B> {
             Some(&first) => Some(self.linears.rms_norm_modulate(b, &xs, &self.layers[first].norm1, &m.shift_attn, &m.scale_attn, cfg.eps)?),
             None => None,
         };
-        Ok(PassRun { m, cos, sin, xs: Some(xs), y, active, grid: (c, h, w), _dit: std::marker::PhantomData })
+        Ok(PassRun { m, cos, sin, xs: Some(xs), y, active, grid: (c, h, w), seq })
+    }
+
+    /// Rows `rows` of the joint stream `[video_embedder(x) ; text]` (`x` as `[h·w, C]`), in the
+    /// residual stream's dtype: the image rows embedded, the text rows taken.
+    fn joint_stream(&self, b: &B, x: &B::T, text: &TextCond<B>, rows: Range<usize>) -> Result<B::T> {
+        let hw = b.dims(x)[0];
+        let some = |t: &B::T, r: Range<usize>, all: usize| match r.len() {
+            n if n == all => Ok(Some(t.clone())),
+            0 => Ok(None),
+            n => b.narrow(t, 0, r.start, n).map(Some),
+        };
+        let img = match some(x, rows.start.min(hw)..rows.end.min(hw), hw)? {
+            Some(x) => Some(self.video_embedder.forward(b, &x)?),
+            None => None,
+        };
+        let txt = some(&text.tokens, rows.start.max(hw) - hw..rows.end.max(hw) - hw, text.len)?;
+        let parts: Vec<&B::T> = img.iter().chain(txt.iter()).collect();
+        b.residual_stream(&b.cat(&parts, 0)?)
     }
 
     /// Main block `i` (one the pass runs) on the pass's stream.
@@ -384,18 +445,26 @@ impl<B: DitOps> Dit<B> {
         let next = r.active.get(j + 1).map(|&n| &self.layers[n].norm1);
         let yin = r.y.take().expect("every block that runs gets its norm");
         let xs = r.xs.take().expect("the stream is there between blocks");
-        let (xs, y) = self.block(b, &self.layers[i], mats, xs, yin, &r.m, &r.cos, &r.sin, next)?;
+        let (xs, y) = self.block(b, &self.layers[i], mats, xs, yin, r, next)?;
         (r.xs, r.y) = (Some(xs), y);
         Ok(())
     }
 
-    /// The head on the image tokens: the velocity `[1, C, h, w]`.
+    /// The head on the image tokens: the velocity `[1, C, h, w]`. Under sequence parallelism
+    /// every rank's rows go through it (it works row by row) and the image rows are gathered.
     fn head(&self, b: &B, r: PassRun<'_, B>) -> Result<B::T> {
         let ((c, h, w), m) = (r.grid, &r.m);
         let xs = r.xs.expect("the stream is there after the blocks");
-        let z = b.narrow(&xs, 0, 0, h * w)?;
+        let z = match r.seq {
+            Some(_) => xs,
+            None => b.narrow(&xs, 0, 0, h * w)?,
+        };
         let z = b.rms_norm_modulate(&z, &self.final_norm_video, &m.head_shift, &m.head_scale, self.cfg.eps)?;
         let out = b.linear_f32(&z, &self.final_linear_video)?;
+        let out = match r.seq {
+            Some(s) => ulysses::gather_rows(b, s.comm, &out, s.tokens, h * w)?,
+            None => out,
+        };
         b.reshape(&b.permute(&out, &[1, 0])?, &[1, c, h, w])
     }
 
@@ -422,10 +491,20 @@ impl<B: DitOps> Dit<B> {
         }
     }
 
-    /// One main block on the stream `x` and its modulated norm `y` (norm1 of this block);
-    /// returns the new stream and, when `next_norm` (the next running block's norm1 weight) is
-    /// given, its modulated norm (the last gated residual fused with it). The matrices' inputs
-    /// come in the form the main linears read ([`MainLinears`]: at fp8 quantized by their producer).
+    /// Attention over the pass's whole joint stream: on this rank's rows of it under sequence
+    /// parallelism ([`ulysses::attention`]).
+    fn pass_attention(&self, b: &B, qkv: &B::T, seq: Option<Seq<'_, B>>) -> Result<B::T> {
+        match seq {
+            None => self.normed_attention(b, qkv),
+            Some(s) => ulysses::attention(b, s.comm, qkv, self.cfg.num_heads, s.tokens, 1.0 / (self.cfg.head_dim() as f64).sqrt()),
+        }
+    }
+
+    /// One main block of the pass `r` (its modulation, RoPE table, ranks) on the stream `x` and
+    /// its modulated norm `y` (norm1 of this block); returns the new stream and, when `next_norm`
+    /// (the next running block's norm1 weight) is given, its modulated norm (the last gated
+    /// residual fused with it). The matrices' inputs come in the form the main linears read
+    /// ([`MainLinears`]: at fp8 quantized by their producer).
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -434,15 +513,13 @@ impl<B: DitOps> Dit<B> {
         mats: &BlockMats<B>,
         x: B::T,
         y: Act<B>,
-        m: &Modulation<B>,
-        cos: &B::T,
-        sin: &B::T,
+        r: &PassRun<'_, B>,
         next_norm: Option<&B::T>,
     ) -> Result<(B::T, Option<Act<B>>)> {
-        let (eps, l) = (self.cfg.eps, self.linears);
-        let qkv = mats.qkv.forward_qkv_norm_rope(b, &y, &blk.q_norm, &blk.k_norm, cos, sin, self.cfg.num_heads, eps)?;
+        let (eps, l, m) = (self.cfg.eps, self.linears, &r.m);
+        let qkv = mats.qkv.forward_qkv_norm_rope(b, &y, &blk.q_norm, &blk.k_norm, &r.cos, &r.sin, self.cfg.num_heads, eps)?;
         drop(y);
-        let att = self.normed_attention(b, &qkv)?;
+        let att = self.pass_attention(b, &qkv, r.seq)?;
         drop(qkv);
         let att = Act::Dense(att);
         let (x, y) = mats.o.forward_gated_residual_norm_modulate(b, &att, &x, &m.gate_attn, &blk.norm2, &m.shift_ffn, &m.scale_ffn, eps, l)?;
