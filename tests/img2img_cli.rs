@@ -484,3 +484,33 @@ fn samplers_and_schedules_start_from_the_picture() {
     assert_refused(&generate(&["--init-image", s(&init), "--outpaint", "16,0,0,0", "--sampler", "heun", "-o", s(&out)]), &["heun"], &out);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--devices cpu,cpu` (CFG-parallel over two CPU ranks, byte-identical to one device for a
+/// picture from text, tests/parallel.rs): every rank starts from the same picture and blends
+/// alike, so inpainting with a stochastic sampler and the hires fix's second pass give one
+/// device's bytes too.
+#[test]
+fn pictures_in_over_two_ranks_equal_one_device() {
+    let dir = scratch("ranks");
+    let (init, mask) = (expected("enc-64x64.png"), expected("mask-64x64.png"));
+    let cases: [(&str, Vec<&str>); 2] = [
+        ("inpaint", vec!["--steps", "4", "--init-image", s(&init), "--mask", s(&mask), "--strength", "0.8", "--sampler", "dpm++2m_sde"]),
+        ("hires", vec!["--steps", "2", "--size", "32x32", "--hires", "2", "--hires-steps", "3", "--hires-upscaler", "lanczos"]),
+    ];
+    for (tag, args) in cases {
+        let (one, two) = (dir.join(format!("{tag}-one.png")), dir.join(format!("{tag}-two.png")));
+        ok(generate(&[&args[..], &["-o", s(&one)]].concat()));
+        // `generate` passes --device cpu; --devices replaces it, so call the binary directly.
+        let exp = Expected::load("img2img_e2e");
+        let model = golden().join("tiny-a");
+        let o = Command::new(env!("CARGO_BIN_EXE_moss"))
+            .args(["generate", "--devices", "cpu,cpu", "--model", s(&model), "--prompt", exp.json["prompt"].as_str().unwrap(), "--seed", "42"])
+            .args(&args)
+            .args(["-o", s(&two)])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(pixels(&one) == pixels(&two), "{tag}: two ranks give other pixels than one device");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
