@@ -146,7 +146,7 @@ mod tests {
     }
 
     fn parse_form(f: Form) -> Result<Generation, ApiError> {
-        let lim = Limits { max_steps: 100, max_pixels: 256 * 256, max_tokens: 4096, dit_blocks: 4, previews: true };
+        let lim = Limits { max_steps: 100, max_pixels: 256 * 256, max_tokens: 4096, dit_blocks: 4, previews: true, devices: 1 };
         parse(f, &lim, &["m"], &api::base_request(vec![22], (0.0, 1.0), 4096, Precision::Bf16), 5)
     }
 
