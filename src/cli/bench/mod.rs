@@ -2,6 +2,7 @@
 //! `bench-vae-encode`): one stage alone, timed with CUDA events, for bench/'s scripts;
 //! `bench-compare`: two pictures' PSNR and SSIM.
 
+pub mod args;
 pub mod compare;
 pub mod dit;
 pub mod encoder;
