@@ -5,104 +5,24 @@
 //! --preview` writes for that step) between the step events; bad values are 400 with the
 //! envelope.
 
-use base64::Engine as _;
-use http_body_util::{BodyExt, Full};
+mod common;
+
+use common::server::*;
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/tiny-a").display().to_string()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("moss-sampling-serve-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A `moss serve` child on an ephemeral port; killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let m = model();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-            .args(["serve", "--model", &m, "--device", "cpu", "--port", "0"])
-            .env_remove("MOSS_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (l, err) = (log.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                l.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let t0 = Instant::now();
-        let text = loop {
-            let text = log.lock().unwrap().clone();
-            if text.contains("ready in") {
-                break text;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not get ready:\n{text}");
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("the server exited ({st}):\n{text}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let at = text.find("listening on http://127.0.0.1:").unwrap() + "listening on http://127.0.0.1:".len();
-        let port = text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-        Server { child, port, log }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// POST a generation; the status and the response body (streamed bodies are read to the end).
+/// POST a generation; the status, headers and the response body (streamed bodies are read to the end).
 async fn post(port: u16, body: &Value) -> (u16, hyper::HeaderMap, Bytes) {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri("/v1/images/generations")
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let res = s.send_request(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    (parts.status.as_u16(), parts.headers, body.collect().await.unwrap().to_bytes())
+    let r = generate(port, body.clone()).await;
+    (r.status, r.headers, r.body)
 }
 
 /// The `data:` lines of a server-sent event stream, parsed.
 fn events(body: &[u8]) -> Vec<Value> {
     let text = std::str::from_utf8(body).unwrap();
     text.split("\n\n").filter_map(|b| b.lines().find_map(|l| l.strip_prefix("data: "))).map(|d| serde_json::from_str(d).unwrap()).collect()
-}
-
-fn b64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD.decode(v["b64_json"].as_str().unwrap()).unwrap()
 }
 
 fn moss_generate(out: &Path, seed: u64, flags: &[&str]) {
@@ -147,7 +67,7 @@ fn body(extra: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn loop_fields_and_partial_images() {
-    let s = Server::start();
+    let s = Server::start(&[], &[]);
     let dir = scratch("loop");
     // The loop's fields give generate's picture with the same flags.
     let (status, _, bytes) = post(s.port, &body(json!({}))).await;
@@ -206,7 +126,7 @@ async fn loop_fields_and_partial_images() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_loop_fields_are_400_with_the_envelope() {
-    let s = Server::start();
+    let s = Server::start(&[], &[]);
     for (extra, param, needle) in [
         (json!({"sampler": "dpmpp_2m"}), "sampler", "euler_ancestral"),
         (json!({"schedule": "normal"}), "schedule", "sgm_uniform"),

@@ -4,66 +4,19 @@
 //! past `--max-upload` get their status and the OpenAI envelope. (tests/openai_client.py sends
 //! the same request through the official client.)
 
+mod common;
+
 use base64::Engine as _;
+use common::server::Server;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 fn golden(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden").join(p)
-}
-
-/// A `moss serve` child that has loaded its weights; killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let m = golden("tiny-a");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-            .args(["serve", "--model", m.to_str().unwrap(), "--device", "cpu", "--port", "0"])
-            .args(extra)
-            .env_remove("MOSS_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (l, err) = (log.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                l.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let t0 = Instant::now();
-        while !log.lock().unwrap().contains("ready in") {
-            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not start:\n{}", log.lock().unwrap());
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("the server exited ({st}):\n{}", log.lock().unwrap());
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let text = log.lock().unwrap().clone();
-        let at = text.find("listening on http://127.0.0.1:").unwrap() + "listening on http://127.0.0.1:".len();
-        let port = text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-        Server { child, port, log }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 const BOUNDARY: &str = "moss-test-boundary-7MA4YWxkTrZu0gW";
@@ -141,7 +94,7 @@ fn png(img: image::DynamicImage) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edits_equal_generate_and_bad_pictures_are_refused() {
-    let s = Server::start(&["--max-upload", "200000"]);
+    let s = Server::start(&["--max-upload", "200000"], &[]);
     let (init, mask) = (golden("expected/enc-64x64.png"), golden("expected/mask-64x64.png"));
     let (ib, mb) = (std::fs::read(&init).unwrap(), std::fs::read(&mask).unwrap());
     let fields = [

@@ -3,107 +3,24 @@
 //! `output_format` jpeg and webp (with `output_compression`) are the bytes `moss generate -o
 //! x.jpg --quality N` writes; SIGTERM while an `n = 2` request runs delivers both pictures.
 
-use base64::Engine as _;
-use http_body_util::{BodyExt, Full};
+mod common;
+
+use common::server::{b64, model, scratch, Server};
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/tiny-a").display().to_string()
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("moss-serve-first-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A `moss serve` child; killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let m = model();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-            .args(["serve", "--model", &m, "--device", "cpu", "--port", "0"])
-            .args(extra)
-            .env_remove("MOSS_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (l, err) = (log.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                let mut l = l.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let mut s = Server { child, port: 0, log };
-        let t0 = Instant::now();
-        while !s.log().contains("ready in") {
-            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not get ready:\n{}", s.log());
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!("the server exited ({st}):\n{}", s.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let log = s.log();
-        let at = log.find("listening on http://127.0.0.1:").unwrap() + "listening on http://127.0.0.1:".len();
-        s.port = log[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-        s
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// A request with the harness's defaults (loopback Host, JSON): its status and body.
 async fn call(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Bytes) {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::copy_from_slice(body)))
-        .unwrap();
-    let res = sender.send_request(req).await.unwrap();
-    let status = res.status().as_u16();
-    (status, res.into_body().collect().await.unwrap().to_bytes())
+    let r = common::server::call(port, method, path, &[], body).await;
+    (r.status, r.body)
 }
 
 async fn generate(port: u16, body: Value) -> (u16, Value) {
     let (status, bytes) = call(port, "POST", "/v1/images/generations", body.to_string().as_bytes()).await;
     (status, serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes))))
-}
-
-fn b64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD.decode(v["b64_json"].as_str().unwrap()).unwrap()
 }
 
 /// `moss generate` of one picture at 64x64 to `out` (its extension picks the format).
@@ -138,7 +55,7 @@ fn cli(out: &Path, prompt: &str, seed: u64, steps: u32, extra: &[&str]) -> Vec<u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn short_model_id_aliases_and_output_formats() {
-    let s = Server::start(&["--served-model-name", "dall-e-3", "--served-model-name", "gpt-image-1"]);
+    let s = Server::start(&["--served-model-name", "dall-e-3", "--served-model-name", "gpt-image-1"], &[]);
     let p = s.port;
     let (status, models) = call(p, "GET", "/v1/models", b"").await;
     assert_eq!(status, 200);
@@ -177,7 +94,7 @@ async fn short_model_id_aliases_and_output_formats() {
 /// client gets both pictures (moss generate's bytes), then the server exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_delivers_the_running_requests_pictures() {
-    let mut s = Server::start(&[]);
+    let mut s = Server::start(&[], &[]);
     let p = s.port;
     let body = json!({"prompt": "drain", "size": "64x64", "num_inference_steps": 30, "seed": 20, "n": 2});
     let running = tokio::spawn(generate(p, body));

@@ -5,73 +5,14 @@
 //! rebound name), and `/v1/models` and `/health` never show the checkpoint's path. Every refusal
 //! has the OpenAI envelope and queues nothing.
 
+mod common;
+
+use common::server::{model, Server};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/tiny-a").display().to_string()
-}
-
-/// A `moss serve` child, ready; killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let m = model();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_moss"))
-            .args(["serve", "--model", &m, "--device", "cpu", "--port", "0"])
-            .args(extra)
-            .env_remove("MOSS_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (l, err) = (log.clone(), child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                l.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let t0 = Instant::now();
-        let text = loop {
-            let text = log.lock().unwrap().clone();
-            if text.contains("ready in") {
-                break text;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(120), "the server did not get ready:\n{text}");
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("the server exited ({st}):\n{text}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let at = text.find("listening on http://127.0.0.1:").unwrap() + "listening on http://127.0.0.1:".len();
-        let port = text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-        Server { child, port, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::Command;
 
 struct Reply {
     status: u16,
@@ -121,7 +62,7 @@ async fn pictures(port: u16) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_pages_cannot_drive_a_local_server() {
-    let s = Server::start(&[]);
+    let s = Server::start(&[], &[]);
     let p = s.port;
     let host = format!("127.0.0.1:{p}");
     let json = [("host", host.as_str()), ("content-type", "application/json")];
@@ -173,7 +114,7 @@ async fn web_pages_cannot_drive_a_local_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_origins_get_cors_and_a_key_lifts_the_host_check() {
-    let s = Server::start(&["--allow-origin", "http://localhost:3000", "--allow-origin", "https://App.Example/", "--api-key", "k1"]);
+    let s = Server::start(&["--allow-origin", "http://localhost:3000", "--allow-origin", "https://App.Example/", "--api-key", "k1"], &[]);
     let p = s.port;
     let auth = ("authorization", "Bearer k1");
     // With a key, any Host name is answered (the key guards); without the key, 401.
