@@ -165,10 +165,16 @@ def main():
                     i = todo.pop(0)
                 client.send(i)
 
-        threads = [threading.Thread(target=worker) for _ in range(CLIENTS)]
+        # Daemon threads: a run that fails below ends with its message, not with clients retrying on.
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(CLIENTS)]
         for t in threads:
             t.start()
+        deadline = time.time() + 300
         while len(client.pictures) < REQUESTS // 3:
+            if time.time() > deadline:
+                with open(os.path.join(d, "haproxy.log")) as f:
+                    tail = f.read()[-2000:]
+                sys.exit(f"{len(client.pictures)} pictures after 300 s (responses {client.seen}); HAProxy:\n{tail}")
             time.sleep(0.05)
         r0 = replicas[0]
         r0.proc.send_signal(signal.SIGTERM)
@@ -180,7 +186,9 @@ def main():
         served_before = drained.count("POST /v1/images/generations 200")
         r0.start()
         for t in threads:
-            t.join()
+            t.join(timeout=max(1.0, deadline + 600 - time.time()))
+            if t.is_alive():
+                sys.exit(f"clients still waiting after 900 s: {len(client.pictures)} pictures (responses {client.seen})")
         after = r0.log()[len(drained):]
     finally:
         lb.send_signal(signal.SIGTERM)

@@ -50,6 +50,17 @@ async fn call(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bod
     Reply { status: parts.status.as_u16(), headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
 }
 
+/// The status line of `GET path` sent as HTTP/1.0 with no header at all.
+fn http10_status(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.lines().next().unwrap_or_default().to_string()
+}
+
 const BODY: &[u8] = br#"{"prompt": "a fox", "size": "64x64", "num_inference_steps": 1, "seed": 5}"#;
 const GEN: &str = "/v1/images/generations";
 
@@ -90,6 +101,9 @@ async fn web_pages_cannot_drive_a_local_server() {
     }
     let r = call(p, "GET", "/health", &[], b"").await;
     assert_eq!((r.status, r.code().as_str()), (403, "host_not_allowed"), "no Host: {}", r.text());
+    // HTTP/1.0 without a Host (a load balancer's health check, HAProxy's `option httpchk`): answered.
+    let line = http10_status(p, "/health");
+    assert!(line.starts_with("HTTP/1.") && line.contains(" 200 "), "HTTP/1.0 without Host: {line}");
     assert_eq!(pictures(p).await, 0.0, "a refused request was rendered");
     for h in [host.clone(), format!("localhost:{p}"), "LOCALHOST".into(), format!("[::1]:{p}"), "127.0.0.2".into()] {
         let r = call(p, "GET", "/health", &[("host", &h)], b"").await;

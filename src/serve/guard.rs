@@ -8,7 +8,9 @@
 //! - **Host.** On a loopback bind without an API key, only loopback host names are answered
 //!   (`localhost`, `127.0.0.1` and the rest of 127/8, `[::1]`, any port): a page whose name was
 //!   made to resolve to 127.0.0.1 (DNS rebinding) sends its own name, and is refused (403,
-//!   `host_not_allowed`). With a key, or on another address, the key is what guards.
+//!   `host_not_allowed`), as is an HTTP/1.1 request without a Host. An HTTP/1.0 request may come
+//!   without one (HAProxy's `option httpchk`, other health checks) and is answered: no browser
+//!   sends it. With a key, or on another address, the key is what guards.
 //! - **JSON only.** The JSON routes take `Content-Type: application/json` only (415,
 //!   `unsupported_media_type`): a page's plain form or `text/plain` post is no request. The
 //!   edits route takes `multipart/form-data` only; a page's form post carries an `Origin`.
@@ -16,7 +18,7 @@
 use super::api::ApiError;
 use anyhow::{bail, Result};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri, Version};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::net::IpAddr;
@@ -82,7 +84,9 @@ pub async fn check(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Res
     if g.loopback_hosts_only {
         let host =
             req.uri().authority().map(|a| a.as_str().to_string()).or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string));
-        if !host.as_deref().is_some_and(is_loopback_host) {
+        // HTTP/1.0 allows no Host (a load balancer's health check sends none); no browser sends that.
+        let http10_without_host = host.is_none() && req.version() <= Version::HTTP_10;
+        if !http10_without_host && !host.as_deref().is_some_and(is_loopback_host) {
             let named = host.map_or("no Host".to_string(), |h| format!("Host {:?}", h));
             let msg = format!(
                 "{named} is not this machine's loopback name: a server on 127.0.0.1 without an API key answers \
