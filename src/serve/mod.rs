@@ -180,7 +180,8 @@ pub fn served_name(loc: &crate::checkpoint::ModelLocation) -> String {
 }
 
 /// Loads the planned engine (on the worker thread).
-type Loader = Box<dyn FnOnce() -> Result<Box<dyn Render>> + Send>;
+/// Its `ready in` line is said once the queue takes requests, not before.
+type Loader = Box<dyn FnOnce() -> Result<(Box<dyn Render>, String)> + Send>;
 
 /// The memory plan on the opened backend `b`, and what loads the engine it plans (`t0`: when
 /// start-up began).
@@ -194,7 +195,7 @@ fn planned<B: Serving + Send + 'static>(
     let p = engine::plan(&b, &ck, &o.memory, o.max_size, o.max_tokens, linears)?;
     let (kept, max_size) = (p.clone(), o.max_size);
     let (devices, precision, memory, max_tokens) = (o.devices.clone(), o.precision, o.memory, o.max_tokens);
-    let load = move || -> Result<Box<dyn Render>> {
+    let load = move || -> Result<(Box<dyn Render>, String)> {
         b.use_on_this_thread()?;
         // The other devices hold only the transformer, each as its own plan places it.
         let team = match devices.len() > 1 {
@@ -205,8 +206,7 @@ fn planned<B: Serving + Send + 'static>(
             false => None,
         };
         let e = Engine::load(b, ck, kept, max_size)?.with_team(team);
-        log(&format!("ready in {:.1} s", t0.elapsed().as_secs_f64()));
-        Ok(Box::new(e))
+        Ok((Box::new(e), format!("ready in {:.1} s", t0.elapsed().as_secs_f64())))
     };
     Ok((p, Box::new(load)))
 }
@@ -217,7 +217,7 @@ fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<R
     std::thread::Builder::new()
         .name("moss-engine".into())
         .spawn(move || {
-            let mut engine = match load() {
+            let (mut engine, ready) = match load() {
                 Ok(e) => e,
                 Err(e) => {
                     let _ = tx.send(Err(format!("{e:#}")));
@@ -225,6 +225,7 @@ fn spawn_worker(q: Arc<Queue>, load: Loader) -> tokio::sync::oneshot::Receiver<R
                 }
             };
             q.set_ready(engine.max_joint_tokens());
+            log(&ready);
             queue::work(&q, engine.as_mut());
             let _ = tx.send(Ok(()));
         })
