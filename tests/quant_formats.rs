@@ -183,74 +183,22 @@ fn what_moss_cannot_read_is_refused_in_one_line() {
     // through the binary: one line, exit 1, nothing written
     let out = dir.join("x.png");
     let model = golden().join("tiny-b");
-    let o = moss(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--transformer",
-        bad.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--steps",
-        "1",
-        "--size",
-        "64x64",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let refused = |flag: &str, file: &Path| -> String {
+        let (m, f, o) = (model.to_str().unwrap(), file.to_str().unwrap(), out.to_str().unwrap());
+        let r = moss(&["generate", "--device", "cpu", "--model", m, flag, f, "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", o]);
+        let err = String::from_utf8_lossy(&r.stderr).into_owned();
+        assert_eq!((r.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+        assert!(!out.exists());
+        err
+    };
+    let err = refused("--transformer", &bad);
     assert!(err.contains("blocks.Q4_0") && err.contains("Q2_K"), "{err}");
-    assert!(!out.exists());
     // a GGUF text encoder (llama.cpp's names) is refused, naming the file's kind
-    let blocks = golden().join("quant/blocks.gguf");
-    let o = moss(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--text-encoder",
-        blocks.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--steps",
-        "1",
-        "--size",
-        "64x64",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!((o.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+    let err = refused("--text-encoder", &golden().join("quant/blocks.gguf"));
     assert!(err.contains("GGUF text encoder"), "{err}");
-    assert!(!out.exists());
     // the wrong model's file: a shape the config does not imply, named
-    let tiny_a = golden().join("quant/tiny-a-Q4_0.gguf");
-    let o = moss(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--transformer",
-        tiny_a.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--steps",
-        "1",
-        "--size",
-        "64x64",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!((o.status.code(), err.lines().count()), (Some(1), 1), "{err}");
+    let err = refused("--transformer", &golden().join("quant/tiny-a-Q4_0.gguf"));
     assert!(err.contains("shape"), "{err}");
-    assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
