@@ -408,6 +408,10 @@ mod tests {
         assert_eq!((q.slot, q.derived), (dense.slot, q.resident), "a streamed fp8 block: its bf16 slot and its fp8 copy");
         let (codes, c) = total(Kind::Codes);
         assert_eq!((codes, c.slot), (fp8, c.resident - 4 * (3 * d + d + 2 * f + d)), "a float8 checkpoint moves its codes");
+        // int8 codes taken from a comfy_quant file: the same resident bytes, uploaded from the host
+        // while a streamed block computes (no slot)
+        let (int8, i) = total(Kind::Int8Codes { convrot: Some(256) });
+        assert_eq!((int8, i.slot, i.derived), (fp8, 0, i.resident - 4 * (3 * d + d + 2 * f + d)), "an int8 file's codes");
         // The planner streams fewer fp8 blocks under the same cap.
         let net = |w: u64, b: MatrixBytes| Network {
             name: "transformer",
