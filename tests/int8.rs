@@ -187,7 +187,10 @@ fn stored_int8_codes_are_taken_as_they_are() {
     let rot = with_file("tiny-a", "tiny-a-int8-convrot.safetensors");
     let g = Some(64);
     // ffn_down's 96 columns are not whole groups of 64: convert-to-quant left it without ConvRot
-    assert_eq!(kinds(&rot, 3, MainLinears::Int8), [Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: None }]);
+    assert_eq!(
+        kinds(&rot, 3, MainLinears::Int8),
+        [Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: g }, Kind::Int8Codes { convrot: None }]
+    );
     assert_eq!(kinds(&with_file("tiny-b", "tiny-b-mixed.gguf"), 0, MainLinears::Int8), vec![Kind::Quantized; 4]);
     assert_eq!(kinds(&common::checkpoint("tiny-b"), 1, MainLinears::Int8), vec![Kind::Quantized; 4]);
 

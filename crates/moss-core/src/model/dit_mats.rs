@@ -276,7 +276,9 @@ pub fn int8_codes(c: &Component, group: &[String]) -> Result<Option<Option<usize
     let infos = group.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
     let convrot = |i: &crate::checkpoint::TensorInfo| i.row_scales.as_ref().map(|r| r.convrot);
     let first = infos[0];
-    let same = infos.iter().all(|i| i.dtype == Dtype::I8 && i.shape.len() == 2 && i.shape[1] == first.shape[1] && convrot(i).is_some() && convrot(i) == convrot(first));
+    let same = infos
+        .iter()
+        .all(|i| i.dtype == Dtype::I8 && i.shape.len() == 2 && i.shape[1] == first.shape[1] && convrot(i).is_some() && convrot(i) == convrot(first));
     Ok(if same { convrot(first) } else { None })
 }
 

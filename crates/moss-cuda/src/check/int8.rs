@@ -105,7 +105,11 @@ fn gate_quantize_rot(cx: &mut Cx) -> Result<()> {
         let x = rows_with_outliers(cx, rows, k, 1.0)?;
         let runs = vec![
             (Kind::Gate, cx.cuda.clone(), "int8 quantize + ConvRot turn (codes + scales, bit-exact)"),
-            (Kind::Control, cx.planted(&kernels::QUANTIZE_INT8_ROT, &controls::CTL_QUANTIZE_INT8_ROT_SHORT), "int8 quantize + ConvRot, the turn's last stage left out"),
+            (
+                Kind::Control,
+                cx.planted(&kernels::QUANTIZE_INT8_ROT, &controls::CTL_QUANTIZE_INT8_ROT_SHORT),
+                "int8 quantize + ConvRot, the turn's last stage left out",
+            ),
         ];
         judge_quantize(cx, x, Some(g), runs)?;
     }
@@ -162,8 +166,16 @@ fn gate_linear_int8(cx: &mut Cx) -> Result<()> {
         };
         let mut runs: Vec<(Kind, &str, Result<CudaTensor>)> = vec![
             (Kind::Gate, "", product(&cx.cuda, &gx, &gwq, &gws, convrot)),
-            (Kind::Control, "scale vectors exchanged (transposed)", product(&cx.planted(&kernels::INT8_SCALE_ROWS, &controls::CTL_INT8_SCALE_SWAPPED), &gx, &gwq, &gws, convrot)),
-            (Kind::Control, "activation scale applied twice", product(&cx.planted(&kernels::INT8_SCALE_ROWS, &controls::CTL_INT8_SCALE_TWICE), &gx, &gwq, &gws, convrot)),
+            (
+                Kind::Control,
+                "scale vectors exchanged (transposed)",
+                product(&cx.planted(&kernels::INT8_SCALE_ROWS, &controls::CTL_INT8_SCALE_SWAPPED), &gx, &gwq, &gws, convrot),
+            ),
+            (
+                Kind::Control,
+                "activation scale applied twice",
+                product(&cx.planted(&kernels::INT8_SCALE_ROWS, &controls::CTL_INT8_SCALE_TWICE), &gx, &gwq, &gws, convrot),
+            ),
             (Kind::Control, "weight scales in reverse channel order", rev.and_then(|r| product(&cx.cuda, &gx, &gwq, &r, convrot))),
         ];
         if convrot.is_some() {
