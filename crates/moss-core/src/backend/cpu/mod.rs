@@ -166,7 +166,7 @@ impl Backend for Cpu {
     fn quantize_rows_int8(&self, x: &Tensor, convrot: Option<usize>) -> Result<(Tensor, Tensor)> {
         let k = x.last_dim();
         if let Some(g) = convrot {
-            ensure!(g > 0 && k % g == 0, "quantize_rows_int8: rows of {k} are not whole ConvRot groups of {g}");
+            ensure!(g > 0 && k.is_multiple_of(g), "quantize_rows_int8: rows of {k} are not whole ConvRot groups of {g}");
         }
         let mut q = vec![0f32; x.numel()];
         let mut scale = vec![0f32; x.rows()];
