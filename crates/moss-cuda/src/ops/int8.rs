@@ -99,3 +99,24 @@ impl Cuda {
         self.linear_int8_quantized_timed(&xq, &xs, q, scale)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{from_bytes, to_bytes};
+    use super::*;
+
+    /// Every code goes up as its two's-complement byte and comes down as its value; other values
+    /// round to the nearest code (ties to even) and clamp to ±127, as the kernels' codes do; int32
+    /// sums come down exactly (below 2^24).
+    #[test]
+    fn int8_codes_and_int32_sums_go_up_and_down_as_their_values() {
+        let vals: Vec<f32> = (-127..=127).map(|c| c as f32).collect();
+        let bytes = to_bytes(&vals, DType::I8);
+        assert_eq!(bytes, (-127i8..=127).map(|c| c as u8).collect::<Vec<_>>());
+        assert_eq!(from_bytes(&bytes, DType::I8), vals);
+        assert_eq!(to_bytes(&[2.5, -0.5, 300.0, -1e9, 126.6], DType::I8), vec![2, 0, 127, (-127i8) as u8, 127]);
+        let sums = [0.0, -1.0, 16_129.0 * 3072.0, -16_777_215.0];
+        assert_eq!(from_bytes(&to_bytes(&sums, DType::I32), DType::I32), sums);
+        assert_eq!((DType::I8.size(), DType::I32.size()), (1, 4));
+    }
+}
