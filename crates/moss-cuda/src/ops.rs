@@ -504,7 +504,7 @@ mod held_dtype_tests {
             let info = gguf.store.tensors.get(name).unwrap();
             assert_eq!(info.dtype, stored, "{name}");
             let there = folder.store.tensors.get(name).unwrap().dtype;
-            for p in [Precision::Bf16, Precision::Fp8, Precision::Fp32] {
+            for p in [Precision::Bf16, Precision::Fp8, Precision::Int8, Precision::Fp32] {
                 assert_eq!(held_dtype(&gguf, info.dtype, p), held_dtype(&folder, there, p), "{name} at {p:?}");
             }
         }
