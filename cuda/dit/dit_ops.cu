@@ -211,17 +211,6 @@ __device__ __forceinline__ void st8_row(T* p, long i, int d, const float* v) {
             if (i + k < d) st(p, i + k, v[k]);
     }
 }
-// The block's sum (SUM) or max of v through part[32]: the same order on every run.
-template <bool SUM>
-__device__ __forceinline__ float block_reduce(float v, float* part) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    v = SUM ? warp_sum(v) : warp_max(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = part[0];
-    for (int u = 1; u < warps; u++) v = SUM ? v + part[u] : fmaxf(v, part[u]);
-    return v;
-}
 template <typename TY, typename TX, typename TV, int BUG, bool FP8>
 __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsigned char* __restrict__ q,
                                   float* __restrict__ qs, const TX* __restrict__ x, const TY* __restrict__ y,

@@ -12,11 +12,6 @@ namespace moss_enc {
 using namespace moss_elem;
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
 // ---- embed: out[t, :] = table[ids[t], :] (ids as f32, exact below 2^24). BUG 1: id + 1. -----------
