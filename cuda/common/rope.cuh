@@ -7,7 +7,7 @@
 // fp32 throughout; the kernels differ in who owns which columns and where c, s come from.
 // The products are macros, not functions: nvcc fuses a multiply into an add within the caller's
 // expression, and which product it fuses decides the rounding; an expanded macro is the caller's
-// expression, so every kernel rounds as it did when the formula was written out in it.
+// expression, so every kernel rounds as the formula written out in it would.
 #pragma once
 
 // y = x · inv · g.
