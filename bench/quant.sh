@@ -56,6 +56,7 @@ run() { # FORMAT CAP: one generate, sampled
   echo "$t: rc=$rc $(tail -1 "$OUT/gen_$t.err")"
 }
 vel() { # FORMAT: one DiT forward's velocity
+  [ -n "${NO_VEL:-}" ] && return
   # shellcheck disable=SC2046
   timeout 300 "$BIN" bench-dit --device cuda --model "$F" $(flags "$1" | grep -- --transformer) --embeds "$F/embeds.safetensors" \
     --size 1024x1024 --precision "$(prec "$1")" --forwards 1 --forward-only --save-velocity "$W/vel_$1.f32" > "$OUT/dit_$1.json" 2> "$OUT/dit_$1.err"
