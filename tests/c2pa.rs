@@ -275,12 +275,12 @@ fn generate_and_batch_sign_their_pictures() {
         assert!(std::fs::read(&again).unwrap() == std::fs::read(p(&d, "plain.png")).unwrap(), "--from signed.{ext}");
     }
     // Several seeds of one prompt, and a list: every picture signed, titled with its own name.
-    ok(&[&generate(&m, &p(&d, "s-{seed}.png"))[..], &["--seeds", "3,4"], &flags].concat());
+    ok(&[&generate(&m, &p(&d, "s-{seed}.png"))[..], &["--count", "2"], &flags].concat());
     let list = p(&d, "list.txt");
     std::fs::write(&list, "a fox\n{\"prompt\": \"a cat\", \"out\": \"cat.webp\"}\n").unwrap();
     let outdir = p(&d, "batch");
     ok(&[&["generate", "--device", "cpu", "--model", &m, "--prompts", &list, "--out-dir", &outdir, "--steps", "2", "--size", "64x48", "-q"][..], &flags].concat());
-    let mut names: Vec<(PathBuf, String)> = ["s-3.png", "s-4.png"].iter().map(|n| (d.join(n), n.to_string())).collect();
+    let mut names: Vec<(PathBuf, String)> = ["s-21.png", "s-22.png"].iter().map(|n| (d.join(n), n.to_string())).collect();
     for e in std::fs::read_dir(&outdir).unwrap() {
         let e = e.unwrap();
         names.push((e.path(), e.file_name().to_string_lossy().into_owned()));
