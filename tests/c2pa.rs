@@ -54,7 +54,27 @@ fn make_certs(dir: &Path) {
     .unwrap();
     let ec = ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"];
     openssl(dir, &[&ec[..], &["ca.key"]].concat());
-    openssl(dir, &["req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "2", "-subj", "/O=moss tests/CN=moss test CA", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem"]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-sha256",
+            "-days",
+            "2",
+            "-subj",
+            "/O=moss tests/CN=moss test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-out",
+            "ca.pem",
+        ],
+    );
     for name in ["es256", "ed25519", "ps256"] {
         let key = format!("{name}.key");
         match name {
@@ -64,7 +84,26 @@ fn make_certs(dir: &Path) {
         }
         openssl(dir, &["req", "-new", "-key", &key, "-subj", &format!("/O=moss tests/CN=moss test signer {name}"), "-out", &format!("{name}.csr")]);
         let ee = format!("{name}.ee.pem");
-        openssl(dir, &["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "ee.ext", "-out", &ee]);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "ee.ext",
+                "-out",
+                &ee,
+            ],
+        );
         let chain = [std::fs::read(dir.join(&ee)).unwrap(), std::fs::read(dir.join("ca.pem")).unwrap()].concat();
         std::fs::write(dir.join(format!("{name}.pem")), chain).unwrap();
     }
@@ -73,7 +112,10 @@ fn make_certs(dir: &Path) {
     openssl(dir, &["ec", "-in", "es256.key", "-out", "sec1.key"]);
     // A signing certificate of es256.key whose subject names no organization.
     openssl(dir, &["req", "-new", "-key", "es256.key", "-subj", "/CN=moss no organization", "-out", "noorg.csr"]);
-    openssl(dir, &["x509", "-req", "-in", "noorg.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "ee.ext", "-out", "noorg.pem"]);
+    openssl(
+        dir,
+        &["x509", "-req", "-in", "noorg.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "ee.ext", "-out", "noorg.pem"],
+    );
 }
 
 fn p(d: &Path, name: &str) -> String {
@@ -85,13 +127,32 @@ fn tiny() -> String {
 }
 
 fn generate<'a>(model: &'a str, out: &'a str) -> Vec<&'a str> {
-    vec!["generate", "--device", "cpu", "--model", model, "--prompt", "a lighthouse at dusk", "--seed", "21", "--steps", "2", "--size", "64x48", "-q", "-o", out]
+    vec![
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--prompt",
+        "a lighthouse at dusk",
+        "--seed",
+        "21",
+        "--steps",
+        "2",
+        "--size",
+        "64x48",
+        "-q",
+        "-o",
+        out,
+    ]
 }
 
 /// The manifest store as the `c2pa` crate's reader reports it (its JSON).
 fn manifest_store(bytes: &[u8], format: Format) -> Value {
     let mime = moss::c2pa_manifest::mime(format);
-    let r = c2pa::Reader::from_context(c2pa::Context::new()).with_stream(mime, std::io::Cursor::new(bytes.to_vec())).unwrap_or_else(|e| panic!("no manifest in the {}: {e}", format.name()));
+    let r = c2pa::Reader::from_context(c2pa::Context::new())
+        .with_stream(mime, std::io::Cursor::new(bytes.to_vec()))
+        .unwrap_or_else(|e| panic!("no manifest in the {}: {e}", format.name()));
     serde_json::from_str(&r.json()).unwrap()
 }
 
@@ -279,7 +340,8 @@ fn generate_and_batch_sign_their_pictures() {
     let list = p(&d, "list.txt");
     std::fs::write(&list, "a fox\n{\"prompt\": \"a cat\", \"out\": \"cat.webp\"}\n").unwrap();
     let outdir = p(&d, "batch");
-    ok(&[&["generate", "--device", "cpu", "--model", &m, "--prompts", &list, "--out-dir", &outdir, "--steps", "2", "--size", "64x48", "-q"][..], &flags].concat());
+    ok(&[&["generate", "--device", "cpu", "--model", &m, "--prompts", &list, "--out-dir", &outdir, "--steps", "2", "--size", "64x48", "-q"][..], &flags]
+        .concat());
     let mut names: Vec<(PathBuf, String)> = ["s-21.png", "s-22.png"].iter().map(|n| (d.join(n), n.to_string())).collect();
     for e in std::fs::read_dir(&outdir).unwrap() {
         let e = e.unwrap();

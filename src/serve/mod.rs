@@ -253,7 +253,11 @@ async fn serve(
         tokenizer,
         models: std::iter::once(model.clone()).chain(o.served_model_names.iter().filter(|n| **n != model).cloned()).collect(),
         model_spec: o.model.clone(),
-        base: crate::pipeline::Request { device: o.device, c2pa: o.c2pa.clone(), ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
+        base: crate::pipeline::Request {
+            device: o.device,
+            c2pa: o.c2pa.clone(),
+            ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision)
+        },
         limits: api::Limits {
             max_steps: o.max_steps,
             max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64,
