@@ -10,12 +10,16 @@
 #   - the file bytes of the quantized components (what stays resident: the matrices are kept as stored);
 #   - the error against the bf16 folder: velocity rel L2 of one DiT forward (moss bench-dit --forward-only
 #     --save-velocity, from CKPT's embeds) and the picture's PSNR (moss bench-compare, same seed and prompt).
+# PRECISION (default bf16): the --precision of every run but the bf16 reference (int8: the main blocks in
+# INT8, the int8 files' codes as stored); the format name `folder` is the bf16 folder at PRECISION.
 # CKPT: bench/full_ckpt.sh's folder (random full-size weights: the errors are the formats' on random weights).
 # Out: OUT_DIR/quant.md (the tables), the runs' .json/.err, the velocities and pictures under $WORK.
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 F=$1; OUT=$2; BIN=$3; shift 3
 FORMATS=${*:-q8_0 q6_k q5_k q4_k int8 int8-convrot}; TE_FORMATS=${TE_FORMATS:-int8}; CAPS=${CAPS:-none 8 6}
+PRECISION=${PRECISION:-bf16}
+prec() { if [ "$1" = bf16 ]; then echo bf16; else echo "$PRECISION"; fi; }
 W=${WORK:-/tmp/moss-bench}/quant; mkdir -p "$OUT" "$W"
 P="a lighthouse at dusk, oil painting"
 chmod +x "$BIN" 2>/dev/null; echo "moss: $($BIN --version 2>&1 | head -1)"
@@ -25,6 +29,7 @@ ext() { case $1 in int8*) echo safetensors ;; *) echo gguf ;; esac; }
 
 # the files
 for f in $FORMATS; do
+  [ "$f" = folder ] && continue
   [ -s "$W/dit_$f.$(ext $f)" ] || { echo "== quantize transformer $f"; $BIN quantize --model "$F" --to "$f" --out "$W/dit_$f.$(ext $f)" -q || echo "quantize $f failed"; }
 done
 for f in $TE_FORMATS; do
@@ -32,7 +37,7 @@ for f in $TE_FORMATS; do
 done
 
 flags() { # FORMAT: the component flags of a run
-  [ "$1" = bf16 ] && return
+  case $1 in bf16 | folder) return ;; esac
   echo "--transformer $W/dit_$1.$(ext $1)"
   case " $TE_FORMATS " in *" $1 "*) echo "--text-encoder $W/te_$1.safetensors" ;; esac
 }
@@ -43,7 +48,7 @@ run() { # FORMAT CAP: one generate, sampled
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 50 > "$W/smi_$t.txt" & smi=$!
   s=$(date +%s.%N)
   # shellcheck disable=SC2046
-  timeout 540 "$BIN" generate --device cuda --model "$F" $(flags "$f") --prompt "$P" --size 1024x1024 --steps 50 --seed 42 \
+  timeout 540 "$BIN" generate --device cuda --model "$F" $(flags "$f") --prompt "$P" --size 1024x1024 --steps 50 --seed 42 --precision "$(prec "$f")" \
     "${cap[@]}" --json -v --force --out "$W/$t.png" > "$OUT/gen_$t.json" 2> "$OUT/gen_$t.err"; rc=$?
   python3 -c "import time; print(f'{time.time() - $s:.2f}')" > "$W/wall_$t.txt"
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
@@ -53,7 +58,7 @@ run() { # FORMAT CAP: one generate, sampled
 vel() { # FORMAT: one DiT forward's velocity
   # shellcheck disable=SC2046
   timeout 300 "$BIN" bench-dit --device cuda --model "$F" $(flags "$1" | grep -- --transformer) --embeds "$F/embeds.safetensors" \
-    --size 1024x1024 --forwards 1 --forward-only --save-velocity "$W/vel_$1.f32" > "$OUT/dit_$1.json" 2> "$OUT/dit_$1.err"
+    --size 1024x1024 --precision "$(prec "$1")" --forwards 1 --forward-only --save-velocity "$W/vel_$1.f32" > "$OUT/dit_$1.json" 2> "$OUT/dit_$1.err"
   echo "velocity $1: rc=$?"
 }
 
@@ -75,7 +80,7 @@ def size(p):
 ref = np.fromfile(f"{W}/vel_bf16.f32", dtype=np.float32) if os.path.exists(f"{W}/vel_bf16.f32") else None
 for f in formats:
     ext = "safetensors" if f.startswith("int8") else "gguf"
-    dit = size(f"{W}/dit_{f}.{ext}") if f != "bf16" else None
+    dit = size(f"{W}/dit_{f}.{ext}") if f not in ("bf16", "folder") else None
     tef = size(f"{W}/te_{f}.safetensors") if f in te else None
     v = f"{W}/vel_{f}.f32"
     if f == "bf16" or ref is None or not os.path.exists(v):

@@ -118,17 +118,31 @@ fn stored_rowwise_codes_give_the_quantized_picture() {
 
 /// Streamed blocks give the resident picture byte for byte at fp8: quantized after each fetch
 /// (tiny-a), fetched as stored codes (golden/tiny-b-fp8), and dequantized on the host at bf16
-/// (tiny-b-fp8); and another seed gives another picture through the same path.
+/// (tiny-b-fp8); at int8: quantized after each fetch (tiny-a), stored int8 codes uploaded from the
+/// host (golden/quant's int8 and ConvRot files); and another seed gives another picture through
+/// the same path.
 #[test]
 fn streamed_fp8_blocks_give_the_resident_picture() {
     let dir = scratch("streamed");
     let stored = open(&tiny_b_fp8(&dir));
+    let file = |base: &str, f: &str| {
+        let loc = moss::checkpoint::locate(golden().join(base).to_str().unwrap()).unwrap();
+        let files = moss::checkpoint::ComponentFiles { transformer: Some(golden().join("quant").join(f)), text_encoder: None };
+        Checkpoint::open_with(loc, files).unwrap()
+    };
     for (tag, ck, linears) in [
         ("tiny-a", common::checkpoint("tiny-a"), MainLinears::Fp8),
         ("tiny-b-fp8", open(&dir.join("tiny-b-fp8")), MainLinears::Fp8),
         ("tiny-b-fp8 at bf16", stored, MainLinears::Dense),
+        ("tiny-a at int8", common::checkpoint("tiny-a"), MainLinears::Int8),
+        ("tiny-b-int8 at int8", file("tiny-b", "tiny-b-int8.safetensors"), MainLinears::Int8),
+        ("tiny-a-int8-convrot at int8", file("tiny-a", "tiny-a-int8-convrot.safetensors"), MainLinears::Int8),
     ] {
-        let precision = if linears == MainLinears::Fp8 { Precision::Fp8 } else { Precision::Bf16 };
+        let precision = match linears {
+            MainLinears::Fp8 => Precision::Fp8,
+            MainLinears::Int8 => Precision::Int8,
+            MainLinears::Dense => Precision::Bf16,
+        };
         let req = request(precision, dir.join("unused.png"));
         let resident = load(&ck, linears);
         let want = png(&ck, &resident, &req);
@@ -196,7 +210,7 @@ fn block(ck: &Checkpoint, i: usize, linears: MainLinears) -> BlockMats<Cpu> {
 fn parts(m: &Matrix<Cpu>) -> Vec<Vec<f32>> {
     match m {
         Matrix::Dense(w) => vec![w.data.clone()],
-        Matrix::Fp8 { q, scale } => vec![q.data.clone(), scale.data.clone()],
+        Matrix::Fp8 { q, scale } | Matrix::Int8 { q, scale, .. } => vec![q.data.clone(), scale.data.clone()],
     }
 }
 
@@ -204,8 +218,8 @@ fn all(b: &BlockMats<Cpu>) -> Vec<Vec<Vec<f32>>> {
     [&b.qkv, &b.o, &b.ffn_up_gate, &b.ffn_down].into_iter().map(parts).collect()
 }
 
-/// With LoRAs, a bf16 checkpoint at fp8 holds the quantization of the merged (and bf16-rounded)
-/// weights: what a checkpoint storing those merged weights gives at fp8, matrix for matrix.
+/// With LoRAs, a bf16 checkpoint at fp8 (and at int8) holds the quantization of the merged (and
+/// bf16-rounded) weights: what a checkpoint storing those merged weights gives, matrix for matrix.
 #[test]
 fn loras_merge_before_the_quantization() {
     let dir = scratch("lora");
@@ -226,20 +240,22 @@ fn loras_merge_before_the_quantization() {
     });
     let merged = open(&with_transformer("tiny-a", &t, &dir, "merged"));
     let plain = common::checkpoint("tiny-a");
-    let mut touched = 0;
-    for i in 0..ck.dit.num_layers {
-        let (got, want) = (all(&block(&ck, i, MainLinears::Fp8)), all(&block(&merged, i, MainLinears::Fp8)));
-        assert!(got == want, "block {i}: the fp8 matrices are not those of the merged weights");
-        touched += (got != all(&block(&plain, i, MainLinears::Fp8))) as usize;
+    for l in [MainLinears::Fp8, MainLinears::Int8] {
+        let mut touched = 0;
+        for i in 0..ck.dit.num_layers {
+            let (got, want) = (all(&block(&ck, i, l)), all(&block(&merged, i, l)));
+            assert!(got == want, "block {i}: the {l:?} matrices are not those of the merged weights");
+            touched += (got != all(&block(&plain, i, l))) as usize;
+        }
+        assert!(touched >= 4, "the LoRAs change the {l:?} matrices of only {touched} blocks");
     }
-    assert!(touched >= 4, "the LoRAs change the fp8 matrices of only {touched} blocks");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn dense(m: &Matrix<Cpu>) -> &Tensor {
     match m {
         Matrix::Dense(w) => w,
-        Matrix::Fp8 { .. } => panic!("an fp8 matrix where a dense one was loaded"),
+        Matrix::Fp8 { .. } | Matrix::Int8 { .. } => panic!("a quantized matrix where a dense one was loaded"),
     }
 }
 

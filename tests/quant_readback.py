@@ -11,8 +11,8 @@
   codes and scales; dequantized with convert-to-quant's `TensorWiseINT8Layout.dequantize` and
   `build_hadamard` when convert-to-quant (and torch) are installed, else with their numpy twins here
   (the script says which); with convert-to-quant, the plain int8 codes and scales equal its
-  quantizer's exactly and the ConvRot codes nearly (its rotation is an f32 matmul, moss's an f64
-  sum). Prints 'N passed, 0 failed'.
+  quantizer's exactly and the ConvRot codes nearly (its rotation is an f32 matmul, moss's the
+  fast Walsh-Hadamard transform in f64). Prints 'N passed, 0 failed'.
 """
 from __future__ import annotations
 

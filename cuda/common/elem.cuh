@@ -48,5 +48,32 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The block's sum (SUM) or max of v, the same order on every run: each warp's (warp_sum, warp_max),
+// then the warps' in warp order through part[] (shared, a float a warp); every thread gets it.
+// The RMS norms' reduction: rsqrt(block_reduce<true>(Σ x², part) / d + eps). WARPS: the block's
+// warps when the kernel fixes them at compile time (a sum from 0.f, unrolled), or 0: blockDim's.
+template <bool SUM, int WARPS = 0>
+__device__ __forceinline__ float block_reduce(float v, float* part) {
+    static_assert(SUM || WARPS == 0, "a fixed warp count is for sums");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = WARPS ? WARPS : (blockDim.x + 31) >> 5;
+    v = SUM ? warp_sum(v) : warp_max(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if constexpr (WARPS > 0) {
+        v = 0.f;
+#pragma unroll
+        for (int u = 0; u < WARPS; u++) v += part[u];
+    } else {
+        v = part[0];
+        for (int u = 1; u < warps; u++) v = SUM ? v + part[u] : fmaxf(v, part[u]);
+    }
+    return v;
+}
 
 }  // namespace moss_elem

@@ -19,11 +19,7 @@ __device__ __forceinline__ unsigned char to_e4m3(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+using moss_elem::warp_max;
 
 // The scale of a row whose largest magnitude is `amax`.
 __device__ __forceinline__ float e4m3_scale(float amax, float e4m3_max, float min_amax) {

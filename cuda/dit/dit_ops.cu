@@ -4,11 +4,13 @@
 #include "elem.cuh"
 #include "fp8.cuh"
 #include "launch.h"
+#include "rope.cuh"
 #include "situ.cuh"
 
 using bf16 = __nv_bfloat16;
 using namespace moss_elem;
 using namespace moss_fp8;
+using namespace moss_rope;
 
 // The norm and modulation of 8 values from i of a row whose rsqrt(mean(x²)+eps) is inv:
 // v = x·inv·w·(one + scale) + shift (one is 1, or 0 in a planted control).
@@ -112,14 +114,14 @@ __device__ void qk_rope_impl(TX* __restrict__ out, const TX* __restrict__ x, con
         float v = ld(xr, i);
         ss += v * v;
     }
-    float inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    float inv = rms_inv(warp_sum(ss), hd, eps);
     const float sgn = BUG == 1 ? -1.f : 1.f;
     for (int m = lane; m < half; m += 32) {
-        float a = ld(xr, m) * inv * ld(w, m);
-        float b = ld(xr, m + half) * inv * ld(w, m + half);
+        float a = MOSS_NORMED(ld(xr, m), inv, ld(w, m));
+        float b = MOSS_NORMED(ld(xr, m + half), inv, ld(w, m + half));
         float c = ld(cs, tok * half + m), s = sgn * ld(sn, tok * half + m);
-        st(orow, m, a * c - b * s);
-        st(orow, m + half, b * c + a * s);
+        st(orow, m, MOSS_ROPE_FIRST(a, b, c, s));
+        st(orow, m + half, MOSS_ROPE_SECOND(b, a, c, s));
     }
 }
 #define MOSS_QK_ROPE(NAME, BUG, TX, SX, TV, SV)                                                         \
@@ -159,7 +161,7 @@ __device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, c
 #pragma unroll
     for (int k = 0; k < 8; k++) ss += a[k] * a[k] + b[k] * b[k];
     for (int o = tpr >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
-    float inv = rsqrtf(ss / (float)hd + eps);
+    float inv = rms_inv(ss, hd, eps);
     float wa[8], wb[8], c[8], s[8];
     ld8(w, m0, wa);
     ld8(w, half + m0, wb);
@@ -167,9 +169,7 @@ __device__ void qkv_rope_impl(TX* __restrict__ qkv, const TV* __restrict__ wq, c
     ld8(sn, tok * half + m0, s);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        float ya = a[k] * inv * wa[k], yb = b[k] * inv * wb[k];
-        a[k] = ya * c[k] - yb * s[k];
-        b[k] = yb * c[k] + ya * s[k];
+        MOSS_NORM_ROPE_PAIR(a[k], b[k], wa[k], wb[k], inv, c[k], s[k], a[k], b[k]);
     }
     st8(row, m0, a);
     st8(row, half + m0, b);
@@ -210,17 +210,6 @@ __device__ __forceinline__ void st8_row(T* p, long i, int d, const float* v) {
         for (int k = 0; k < 8; k++)
             if (i + k < d) st(p, i + k, v[k]);
     }
-}
-// The block's sum (SUM) or max of v through part[32]: the same order on every run.
-template <bool SUM>
-__device__ __forceinline__ float block_reduce(float v, float* part) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    v = SUM ? warp_sum(v) : warp_max(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = part[0];
-    for (int u = 1; u < warps; u++) v = SUM ? v + part[u] : fmaxf(v, part[u]);
-    return v;
 }
 template <typename TY, typename TX, typename TV, int BUG, bool FP8>
 __device__ void gres_rms_mod_impl(TX* __restrict__ xo, TY* __restrict__ no, unsigned char* __restrict__ q,

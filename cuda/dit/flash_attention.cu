@@ -7,10 +7,9 @@
 // slices of one fused QKV projection. Grid (ceil(n/64), heads), 128 threads, 80 KiB dynamic
 // shared memory (Q tile + double-buffered K/V tiles).
 //
-// Tiles: 64 query rows per block (4 warps x 16 rows), 64 keys per step. Shared tiles are
-// [64][128] bf16 with the 16-byte chunk index XOR-swizzled by (row & 7), so ldmatrix reads of 8
-// rows hit 8 different bank groups.
-#include "mma.cuh"
+// Tiles: 64 query rows per block (4 warps x 16 rows), 64 keys per step; the step is
+// flash_mma.cuh's (shared tiles [64][128] bf16, 16-byte chunks XOR-swizzled by (row & 7)).
+#include "flash_mma.cuh"
 #include "launch.h"
 
 namespace moss_attn {
@@ -24,7 +23,7 @@ constexpr int SMEM_BYTES_V2 = 4 * TILE_BYTES;  // Q aliased into a K buffer
 static_assert(SMEM_BYTES_V2 == DIT_FLASH_SMEM, "the host launches with DIT_FLASH_SMEM (launch.h)");
 static_assert(BM == 64 && THREADS == 128, "4 warps of 16 query rows");
 
-__device__ __forceinline__ int swz(int row, int chunk) { return row * (D * 2) + ((chunk ^ (row & 7)) << 4); }
+__device__ __forceinline__ int swz(int row, int chunk) { return moss_flash::swz<D>(row, chunk); }
 
 // rows row0..row0+63 (zero past n) of columns [col, col+128)
 __device__ __forceinline__ void load_tile(char* sm, const __nv_bfloat16* g, long ld, int row0, int n, int col,
@@ -87,91 +86,30 @@ __device__ __forceinline__ void attn_d128(const __nv_bfloat16* __restrict__ q, c
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) ldsm_x4(qf[kk], sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
         }
-        const char* kb = sk + buf * TILE_BYTES;
-        const char* vb = sv + buf * TILE_BYTES;
-
-        // S = Q K^T for this warp's 16 rows and the 64 keys of the tile
-        float s[8][4];
+        moss_flash::tile_step<D, BN, false, !CONTROL>(
+            acc, mrow, lrow, sk + buf * TILE_BYTES, sv + buf * TILE_BYTES, scale_log2,
+            [&](int kk, unsigned(&a)[4]) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+                for (int e = 0; e < 4; e++) a[e] = qf[kk][e];
+            },
+            [&](float(&s)[BN / 8][4]) {
+                // keys past n do not exist
+                if ((j + 1) * BN > n) {
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
+                    for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                unsigned b[4];
-                ldsm_x4(b, kb + swz(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-                mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
-            }
-        }
-        // keys past n do not exist
-        if ((j + 1) * BN > n) {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (j * BN + nt * 8 + (lane & 3) * 2 + (e & 1) >= n) s[nt][e] = -INFINITY;
-        }
-        // online softmax (rows g and g+8 of the warp's 16)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float mnew = fmaxf(mrow[r], mx * scale_log2);
-            const float corr = exp2f(mrow[r] - mnew);
-            mrow[r] = mnew;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                float p0 = exp2f(s[nt][2 * r] * scale_log2 - mnew);
-                float p1 = exp2f(s[nt][2 * r + 1] * scale_log2 - mnew);
-                s[nt][2 * r] = p0;
-                s[nt][2 * r + 1] = p1;
-                sum += p0 + p1;
-            }
-            lrow[r] = lrow[r] * corr + sum;
-            if (!CONTROL) {  // the planted control forgets to rescale the running output
-#pragma unroll
-                for (int dt = 0; dt < 16; dt++) {
-                    acc[dt][2 * r] *= corr;
-                    acc[dt][2 * r + 1] *= corr;
+                        for (int e = 0; e < 4; e++)
+                            if (j * BN + nt * 8 + (lane & 3) * 2 + (e & 1) >= n) s[nt][e] = -INFINITY;
                 }
-            }
-        }
-        // O += P V
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < 8; dp++) {
-                unsigned b[4];
-                ldsm_x4_t(b, vb + swz(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-                mma_bf16(acc[2 * dp], a, b[0], b[1]);
-                mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
-            }
-        }
+            });
         __syncthreads();
     }
     // normalise and store
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float l = lrow[r];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        const float inv = 1.f / l;
+        const float inv = moss_flash::row_inv(lrow, r);
         const int row = m0 + warp * 16 + (lane >> 2) + r * 8;
-        if (row < n) {
-            __nv_bfloat16* dst = o + (long)row * ldo + col + (lane & 3) * 2;
-#pragma unroll
-            for (int dt = 0; dt < 16; dt++)
-                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                    __floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
-        }
+        if (row < n) moss_flash::store_row<D>(o + (long)row * ldo + col + (lane & 3) * 2, acc, r, inv);
     }
 }
 }  // namespace moss_attn

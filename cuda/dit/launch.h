@@ -62,3 +62,8 @@
 #define DIT_DEQ_ROT_TILE 4096
 // The dequantize kernels' threads a block.
 #define DIT_DEQ_THREADS 256
+// cuda/dit/int8.cu (`--precision int8`): the row quantization's threads a block (one row a block).
+#define DIT_INT8_THREADS 256
+// The ConvRot turn's shared-memory tile of f64 values: whole groups of a row, up to the largest
+// group the GPU keeps (DIT_DEQ_ROT_TILE).
+#define DIT_INT8_ROT_TILE 4096

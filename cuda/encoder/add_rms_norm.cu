@@ -39,13 +39,7 @@ __device__ void add_rms_impl(T* xo, T* no, const T* x, const T* h, const float* 
             for (int k = 0; k < 8; k++) ss += v[m][k] * v[m][k];
         }
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < AN_T / 32; k++) ss += red[k];
-    const float inv = rsqrtf(ss / (float)d + eps);
+    const float inv = rsqrtf(block_reduce<true, AN_T / 32>(ss, red) / (float)d + eps);
     const float plus = BUG == 1 ? 0.f : 1.f;
 #pragma unroll
     for (int m = 0; m < AN_V; m++) {

@@ -5,9 +5,11 @@
 // (T), fp32 inside, one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
 #include "launch.h"
+#include "rope.cuh"
 
 namespace moss_enca {
 using namespace moss_elem;
+using namespace moss_rope;
 
 constexpr int QK_WARPS = ENC_QK_WARPS;     // rows (one warp each) per 256-thread block
 constexpr int QK_MAXHD = ENC_QK_MAXHD;   // 8 columns a lane
@@ -57,11 +59,11 @@ __device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const 
 #pragma unroll
         for (int e = 0; e < 8; e++) ss += v[e] * v[e];
     }
-    const float r = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    const float r = rms_inv(warp_sum(ss), hd, eps);
     if (act) {
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-            v[e] = v[e] * r * (1.f + w[e]);
+            v[e] = MOSS_NORMED(v[e], r, 1.f + w[e]);
             buf[c + e] = v[e];
         }
     }
@@ -83,7 +85,7 @@ __device__ __forceinline__ void qkrope_row(long row, T* qo, T* ko, T* vo, const 
                 } else {
                     sincosf(pos * inv[m], &sn, &cs);
                 }
-                v[e] = lo ? v[e] * cs - p * sn : v[e] * cs + p * sn;
+                v[e] = lo ? MOSS_ROPE_FIRST(v[e], p, cs, sn) : MOSS_ROPE_SECOND(v[e], p, cs, sn);
             }
         }
     }

@@ -13,7 +13,7 @@
 // the epilogue, out = bf16(bf16(o) · bf16(σ(gate))) with the unfused ops' rounding points; gate
 // element (t, h, c) at gate[t·ldg + h·gh + c] (the q_proj output in place: ldg = H·512, gh = 512).
 // (BUG 2 was its control: the gate read at the KV head's column instead of h.)
-#include "mma.cuh"
+#include "flash_mma.cuh"
 #include "launch.h"
 
 namespace moss_fattn {
@@ -28,7 +28,7 @@ constexpr int KV_BYTES = BN * ROW_BYTES;
 constexpr int SMEM_BYTES = Q_BYTES + 4 * KV_BYTES;
 static_assert(SMEM_BYTES == ENC_FLASH_SMEM, "the host launches with ENC_FLASH_SMEM (launch.h)");
 
-__device__ __forceinline__ int swz(int row, int chunk) { return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4); }
+__device__ __forceinline__ int swz(int row, int chunk) { return moss_flash::swz<D>(row, chunk); }
 
 // rows row0..row0+R-1 (zero past n) of the 256 columns at col of a [n, ld] bf16 matrix
 template <int R>
@@ -81,88 +81,29 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const char* kb = sk + buf * KV_BYTES;
-        const char* vb = sv + buf * KV_BYTES;
-
-        // S = Q Kᵀ: this warp's 16 rows x the 32 keys of the tile
-        float s[4][4];
+        moss_flash::tile_step<D, BN, true, true>(
+            acc, mrow, lrow, sk + buf * KV_BYTES, sv + buf * KV_BYTES, scale_log2,
+            [&](int kk, unsigned(&a)[4]) { ldsm_x4(a, sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4))); },
+            [&](float(&s)[BN / 8][4]) {
+                // causal mask (and keys past n) where the tile reaches past this warp's first row
+                const int key0 = j * BN;
+                if (key0 + BN - 1 > m0 + warp * 16 || key0 + BN > n) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+                    for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            unsigned a[4];
-            ldsm_x4(a, sq + swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-            for (int np = 0; np < BN / 16; np++) {
-                unsigned b[4];
-                ldsm_x4(b, kb + swz(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
-                mma_bf16(s[2 * np], a, b[0], b[1]);
-                mma_bf16(s[2 * np + 1], a, b[2], b[3]);
-            }
-        }
-        // causal mask (and keys past n) where the tile reaches past this warp's first row
-        const int key0 = j * BN;
-        if (key0 + BN - 1 > m0 + warp * 16 || key0 + BN > n) {
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                    int row = qrow0 + 8 * (e >> 1);
-                    if (key > row + BUG || key >= n) s[nt][e] = -INFINITY;
+                        for (int e = 0; e < 4; e++) {
+                            int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+                            int row = qrow0 + 8 * (e >> 1);
+                            if (key > row + BUG || key >= n) s[nt][e] = -INFINITY;
+                        }
                 }
-        }
-        // online softmax (rows g and g + 8 of the warp's 16)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float mnew = fmaxf(mrow[r], mx * scale_log2);
-            // a row with no visible key yet (only past n) keeps m = -inf: no update
-            const float corr = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
-            mrow[r] = mnew;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                float p0 = mnew == -INFINITY ? 0.f : exp2f(s[nt][2 * r] * scale_log2 - mnew);
-                float p1 = mnew == -INFINITY ? 0.f : exp2f(s[nt][2 * r + 1] * scale_log2 - mnew);
-                s[nt][2 * r] = p0;
-                s[nt][2 * r + 1] = p1;
-                sum += p0 + p1;
-            }
-            lrow[r] = lrow[r] * corr + sum;
-#pragma unroll
-            for (int dt = 0; dt < 32; dt++) {
-                acc[dt][2 * r] *= corr;
-                acc[dt][2 * r + 1] *= corr;
-            }
-        }
-        // O += P V
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                unsigned b[4];
-                ldsm_x4_t(b, vb + swz(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4)));
-                mma_bf16(acc[2 * dp], a, b[0], b[1]);
-                mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
-            }
-        }
+            });
         __syncthreads();
     }
     // normalise and store
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float l = lrow[r];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        const float inv = 1.f / l;
+        const float inv = moss_flash::row_inv(lrow, r);
         const int row = qrow0 + r * 8;
         if (row < n) {
             __nv_bfloat16* dst = o + (long)row * ldq + qcol + (lane & 3) * 2;
@@ -177,10 +118,7 @@ __device__ __forceinline__ void fattn(__nv_bfloat16* __restrict__ o, const __nv_
                     *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) = __floats2bfloat162_rn(ov.x * sg.x, ov.y * sg.y);
                 }
             } else {
-#pragma unroll
-                for (int dt = 0; dt < 32; dt++)
-                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                        __floats2bfloat162_rn(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+                moss_flash::store_row<D>(dst, acc, r, inv);
             }
         }
     }

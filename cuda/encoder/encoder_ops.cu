@@ -6,17 +6,14 @@
 // one rounding into the output. moss_ctl_enc_* are the same code with a planted bug.
 #include "elem.cuh"
 #include "launch.h"
+#include "rope.cuh"
 #include "row_impl.cuh"  // gates_impl, grms8_impl (row strides; contiguous here)
 
 namespace moss_enc {
 using namespace moss_elem;
+using namespace moss_rope;
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
 // ---- embed: out[t, :] = table[ids[t], :] (ids as f32, exact below 2^24). BUG 1: id + 1. -----------
@@ -45,18 +42,18 @@ __device__ void head_rope_impl(T* out, const T* x, const float* w, const float* 
         float v = ld(xr, i);
         ss += v * v;
     }
-    float r = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    float r = rms_inv(warp_sum(ss), hd, eps);
     int half = rot / 2;
     float pos = (float)(t + BUG);
     for (int i = lane; i < hd; i += 32) {
-        float y = ld(xr, i) * r * (1.f + w[i]);
+        float y = MOSS_NORMED(ld(xr, i), r, 1.f + w[i]);
         if (i < rot) {
             int m = i < half ? i : i - half;
             int pi = i < half ? i + half : i - half;
-            float yp = ld(xr, pi) * r * (1.f + w[pi]);
+            float yp = MOSS_NORMED(ld(xr, pi), r, 1.f + w[pi]);
             float s, c;
             sincosf(pos * inv[m], &s, &c);
-            y = i < half ? y * c - yp * s : y * c + yp * s;
+            y = i < half ? MOSS_ROPE_FIRST(y, yp, c, s) : MOSS_ROPE_SECOND(y, yp, c, s);
         }
         st(o, i, y);
     }

@@ -205,7 +205,8 @@ pub struct GenerateArgs {
     /// rounded to bf16 between encoder and transformer); fp32: fp32 end to end, for verification
     /// (the CPU computes in fp32 either way; this keeps its hidden states fp32); fp8: as bf16 but
     /// the transformer's main-block linears in float8 e4m3 (per-row weight scales, per-token
-    /// activation scales; GPUs of compute capability 8.9 and later, and the CPU).
+    /// activation scales; GPUs of compute capability 8.9 and later, and the CPU); int8: the same
+    /// linears as int8 (exact int32 sums; GPUs of compute capability 8.0 and later, and the CPU).
     #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Print nothing but errors.
@@ -317,7 +318,7 @@ pub struct EncodeArgs {
     pub model: ModelArgs,
     /// bf16: the hidden states rounded to bf16, as `generate` feeds them to the transformer;
     /// fp32: an fp32 encoder (on the GPU) and F32 hidden states, for `generate --precision fp32`;
-    /// fp8: the bf16 file (an fp8 run's encoder is the bf16 one).
+    /// fp8, int8: the bf16 file (their runs' encoder is the bf16 one).
     #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Print nothing but errors.
@@ -371,7 +372,7 @@ pub struct CheckArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Compute precision on the GPU (bf16, fp32 or fp8, as `generate`).
+    /// Compute precision on the GPU (bf16, fp32, fp8 or int8, as `generate`).
     #[arg(long, default_value_t = Precision::Bf16, value_parser = parse_precision)]
     pub precision: Precision,
     /// Address to listen on; one that is not loopback needs --api-key (or --allow-insecure-bind).

@@ -124,8 +124,8 @@ pub struct EncodeJob<'a> {
     pub prompt: &'a str,
     pub negative: &'a str,
     pub max_tokens: usize,
-    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded; fp8:
-    /// the bf16 ones (an fp8 run's encoder is the bf16 one).
+    /// bf16: bf16 hidden states (what the DiT is fed at bf16); fp32: F32 ones, unrounded; fp8,
+    /// int8: the bf16 ones (their runs' encoder is the bf16 one).
     pub precision: Precision,
     pub out: &'a Path,
 }

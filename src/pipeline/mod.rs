@@ -258,12 +258,15 @@ pub fn skips_beyond(skip: &[usize], ck: &Checkpoint) -> Option<String> {
 }
 
 /// The CUDA backend on `cuda:n`, or a clear error naming the device. At `--precision fp8` a GPU
-/// without float8 tensor cores (compute capability below 8.9) is refused here, before any
-/// weights load.
+/// without float8 tensor cores (compute capability below 8.9), at `--precision int8` one below
+/// 8.0, is refused here, before any weights load.
 pub fn cuda(n: usize, precision: crate::options::Precision) -> Result<crate::backend::cuda::ops::Cuda> {
     let cu = crate::backend::cuda::ops::Cuda::new(n, precision).with_context(|| format!("cannot use cuda:{n}"))?;
     if precision == Precision::Fp8 {
         cu.check_fp8().with_context(|| format!("--precision fp8 on cuda:{n} ({})", cu.gpu().name))?;
+    }
+    if precision == Precision::Int8 {
+        cu.check_int8().with_context(|| format!("--precision int8 on cuda:{n} ({})", cu.gpu().name))?;
     }
     Ok(cu)
 }

@@ -87,11 +87,11 @@ fn boundary(h: Tensor, precision: Precision) -> Result<Tensor> {
 }
 
 /// Hidden states between the encoder and the DiT: rounded to bf16 at `--precision bf16` (the
-/// spec's summary, step 2: the pipeline keeps `last_hidden_state` in bf16) and at `fp8` (whose
-/// encoder is the bf16 one), left fp32 at `--precision fp32`, so that mode is fp32 end to end.
+/// spec's summary, step 2: the pipeline keeps `last_hidden_state` in bf16) and at `fp8` and `int8`
+/// (whose encoder is the bf16 one), left fp32 at `--precision fp32`, so that mode is fp32 end to end.
 pub fn stage_boundary(h: Tensor, precision: Precision) -> Tensor {
     match precision {
-        Precision::Bf16 | Precision::Fp8 => h.round_bf16(),
+        Precision::Bf16 | Precision::Fp8 | Precision::Int8 => h.round_bf16(),
         Precision::Fp32 => h,
     }
 }

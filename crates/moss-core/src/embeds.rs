@@ -38,10 +38,10 @@ fn stored_bytes(t: &Tensor, dtype: safetensors::Dtype) -> Vec<u8> {
     }
 }
 
-/// The file's bytes: BF16 tensors at bf16 (and at fp8, whose encoder is the bf16 one), F32 at fp32.
+/// The file's bytes: BF16 tensors at bf16 (and at fp8 and int8, whose encoder is the bf16 one), F32 at fp32.
 pub fn to_bytes(e: &Embeds, precision: Precision) -> Result<Vec<u8>> {
     let dtype = match precision {
-        Precision::Bf16 | Precision::Fp8 => safetensors::Dtype::BF16,
+        Precision::Bf16 | Precision::Fp8 | Precision::Int8 => safetensors::Dtype::BF16,
         Precision::Fp32 => safetensors::Dtype::F32,
     };
     let (c, u) = (stored_bytes(&e.cond.hidden, dtype), stored_bytes(&e.uncond.hidden, dtype));

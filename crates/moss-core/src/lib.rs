@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod embeds;
 pub mod fp8;
 pub mod img2img;
+pub mod int8;
 pub mod lora;
 pub mod model;
 pub mod noise;

@@ -15,17 +15,21 @@ pub enum Precision {
     /// per-token activation scales ([`crate::fp8`]); everything else bf16 (the text encoder, the
     /// refiner, embedders, modulation, final linear, attention, norms; the VAE stays fp32).
     Fp8,
+    /// The same main-block linears as int8 with per-output-row weight scales and per-token
+    /// activation scales, exact int32 accumulation ([`crate::int8`]; compute capability 8.0 and
+    /// newer); everything else as at fp8.
+    Int8,
 }
 
 impl Precision {
     /// The names `FromStr` accepts, in the order `--help` lists them.
-    pub const NAMES: [&'static str; 3] = ["bf16", "fp32", "fp8"];
+    pub const NAMES: [&'static str; 4] = ["bf16", "fp32", "fp8", "int8"];
 
-    /// The precision the text encoder runs at: an fp8 run encodes in bf16 (its hidden states are
-    /// the bf16 run's), the others at their own.
+    /// The precision the text encoder runs at: an fp8 or int8 run encodes in bf16 (its hidden
+    /// states are the bf16 run's), the others at their own.
     pub fn encoder(self) -> Precision {
         match self {
-            Precision::Fp8 => Precision::Bf16,
+            Precision::Fp8 | Precision::Int8 => Precision::Bf16,
             p => p,
         }
     }
@@ -38,7 +42,8 @@ impl std::str::FromStr for Precision {
             "bf16" => Ok(Precision::Bf16),
             "fp32" => Ok(Precision::Fp32),
             "fp8" => Ok(Precision::Fp8),
-            _ => Err(format!("unknown precision `{s}` (use bf16, fp32 or fp8)")),
+            "int8" => Ok(Precision::Int8),
+            _ => Err(format!("unknown precision `{s}` (use bf16, fp32, fp8 or int8)")),
         }
     }
 }
@@ -49,6 +54,7 @@ impl std::fmt::Display for Precision {
             Precision::Bf16 => "bf16",
             Precision::Fp32 => "fp32",
             Precision::Fp8 => "fp8",
+            Precision::Int8 => "int8",
         })
     }
 }

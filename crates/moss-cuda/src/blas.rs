@@ -1,7 +1,8 @@
 //! cuBLASLt for `linear`: `out [M, N] = x [M, K] · wᵀ (+ b)`, row-major, in bf16 (fp32
 //! accumulate, bf16 out, bias through the epilogue) or fp32 (CUBLAS_COMPUTE_32F: TF32 off); and
 //! for `linear_fp8`: float8 e4m3 A and B (fp32 accumulate, fast accumulation off), bf16 or fp32
-//! out, with or without one f32 scale per output row and column ([`Gemm::outer_scales`]).
+//! out, with or without one f32 scale per output row and column ([`Gemm::outer_scales`]); and for
+//! `linear_int8`: int8 A and B through IMMA (`CUBLAS_COMPUTE_32I`, exact int32 sums, int32 out).
 //!
 //! In cuBLAS's column-major terms the row-major product is `Dᵀ [N, M] = op(W) · X` with W read
 //! transposed (`TRANSA = T`, the "TN" layout the tensor-core kernels like best). Descriptors,
@@ -91,6 +92,8 @@ fn mtype(d: DType) -> sys::cudaDataType {
         DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
         DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
         DType::F8E4M3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+        DType::I8 => sys::cudaDataType_t::CUDA_R_8I,
+        DType::I32 => sys::cudaDataType_t::CUDA_R_32I,
         // never reaches cuBLASLt: `Cuda::dense` dequantizes a kept matrix before every product
         DType::Q => unreachable!("a quantized matrix given to cuBLASLt"),
     }
@@ -218,14 +221,16 @@ impl Blas {
     }
 
     fn plan(&self, g: Gemm, bias_ptr: u64, scales: Option<(u64, u64)>) -> Result<Plan> {
-        let compute = match (g.ab, g.tf32) {
-            (DType::F32, true) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-            _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        let (compute, scale_type) = match (g.ab, g.tf32) {
+            (DType::F32, true) => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, sys::cudaDataType_t::CUDA_R_32F),
+            // IMMA: int8 A and B, exact int32 sums, int32 alpha and beta
+            (DType::I8, _) => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32I, sys::cudaDataType_t::CUDA_R_32I),
+            _ => (sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F),
         };
         let (ta, td) = (mtype(g.ab), mtype(g.d));
         // SAFETY: plain descriptor construction; every handle goes into `Plan`, which frees it.
         unsafe {
-            let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("matmul desc"))?;
+            let desc = lt::create_matmul_desc(compute, scale_type).map_err(lt_err("matmul desc"))?;
             let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
             let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
             let la = lt::create_matrix_layout(ta, ar, ac, g.lda);
@@ -349,6 +354,13 @@ impl Blas {
         self.matmul(stream, g, a, b, None, d, None, scales, 1.0)
     }
 
+    /// An int8 product through IMMA (`g.ab` int8, `g.d` int32): `d = op(a) · op(b)`, the sums
+    /// exact in int32 (`CUBLAS_COMPUTE_32I`).
+    pub fn gemm_int8(&self, stream: &CudaStream, g: Gemm, a: u64, b: u64, d: u64) -> Result<()> {
+        ensure!(g.ab == DType::I8 && g.d == DType::I32, "gemm_int8 of {:?} into {:?}", g.ab, g.d);
+        self.matmul(stream, g, a, b, None, d, None, None, 1.0)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
@@ -369,6 +381,14 @@ impl Blas {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(g, bias.unwrap_or(0), scales)?),
         };
         let beta = if c.is_some() { 1f32 } else { 0f32 };
+        // an int8 product's scale type is int32 (`Blas::gemm_int8`: alpha 1, beta 0)
+        let (alpha_i, beta_i) = (alpha as i32, beta as i32);
+        let int = g.ab == DType::I8;
+        let (alpha_p, beta_p): (*const std::ffi::c_void, *const std::ffi::c_void) = if int {
+            (&alpha_i as *const i32 as *const _, &beta_i as *const i32 as *const _)
+        } else {
+            (&alpha as *const f32 as *const _, &beta as *const f32 as *const _)
+        };
         let c = c.unwrap_or(d);
         // SAFETY: see above; the plan's handles are valid while the lock is held.
         unsafe {
@@ -384,8 +404,8 @@ impl Blas {
                 lt::matmul(
                     self.handle,
                     desc,
-                    &alpha as *const f32 as *const _,
-                    &beta as *const f32 as *const _,
+                    alpha_p,
+                    beta_p,
                     a as *const _,
                     la,
                     b as *const _,

@@ -87,6 +87,9 @@ impl From<DType> for Elem {
             DType::F8E4M3 => Elem::F8E4M3,
             // a kept quantized matrix: only `void *` parameters take it (the kernels read its parts)
             DType::Q => Elem::Void,
+            // int8 codes: the kernels take them as `unsigned char *` and read them signed
+            DType::I8 => Elem::U8,
+            DType::I32 => Elem::I32,
         }
     }
 }

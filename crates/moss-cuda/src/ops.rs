@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod fp8;
+mod int8;
 mod launch;
 pub mod mover;
 mod quant;
@@ -53,14 +54,19 @@ pub enum DType {
     /// its stack): its bytes laid out as [`CudaTensor::kept`] says; each product dequantizes it
     /// first ([`Cuda::dense`], `ops/quant.rs`).
     Q,
+    /// int8 codes (one two's-complement byte; [`moss_core::int8`]): the weights and activations
+    /// of the int8 linears.
+    I8,
+    /// int32: the exact sums of an int8 product (cuBLASLt's IMMA output).
+    I32,
 }
 
 impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::BF16 => 2,
-            DType::F32 => 4,
-            DType::F8E4M3 | DType::Q => 1,
+            DType::F32 | DType::I32 => 4,
+            DType::F8E4M3 | DType::Q | DType::I8 => 1,
         }
     }
     /// The suffix of kernel names (`moss_add_bf16_f32`).
@@ -70,6 +76,8 @@ impl DType {
             DType::F32 => "f32",
             DType::F8E4M3 => "f8e4m3",
             DType::Q => "quantized",
+            DType::I8 => "i8",
+            DType::I32 => "i32",
         }
     }
     /// The activation dtype of a precision: f32 at fp32, else bf16 (the fp8 linears' activations too).
@@ -325,6 +333,17 @@ pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     }
 }
 
+/// The device dtype a tensor of `c` stored as `stored` is held in: [`loaded_dtype`], but a
+/// single-file component's floats load as the folder's bf16 would (GGUF converters store 1-D
+/// tensors f32 and some matrices f16 where the MOSS-Image folder has bf16; held wider they would
+/// meet bf16 neighbours in one op, and the picture would differ from the folder's).
+pub fn held_dtype(c: &Component, stored: Dtype, p: Precision) -> DType {
+    match stored {
+        Dtype::BF16 | Dtype::F16 | Dtype::F32 if c.store.single_file => loaded_dtype(Dtype::BF16, p),
+        d => loaded_dtype(d, p),
+    }
+}
+
 pub const GIB: f64 = (1u64 << 30) as f64;
 
 impl Backend for Cuda {
@@ -409,6 +428,23 @@ impl Backend for Cuda {
     fn linear_fp8_quantized(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, s: &CudaTensor) -> Result<CudaTensor> {
         self.linear_fp8_quantized_timed(xq, xs, q, s)
     }
+    fn quantize_rows_int8(&self, x: &CudaTensor, convrot: Option<usize>) -> Result<(CudaTensor, CudaTensor)> {
+        self.prof("quantize_rows_int8", || self.quantize_int8(x, convrot))
+    }
+    fn upload_int8(&self, shape: &[usize], codes: &[u8]) -> Result<CudaTensor> {
+        ensure!(shape.iter().product::<usize>() == codes.len(), "upload_int8: {} codes for {shape:?}", codes.len());
+        self.prof("upload", || {
+            let t = self.alloc(DType::I8, shape)?;
+            self.write_bytes(t.ptr(), codes)?;
+            Ok(t)
+        })
+    }
+    fn linear_int8_quantized(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, s: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_int8_quantized_timed(xq, xs, q, s)
+    }
+    fn linear_int8(&self, x: &CudaTensor, q: &CudaTensor, s: &CudaTensor, convrot: Option<usize>) -> Result<CudaTensor> {
+        self.linear_int8_timed(x, q, s, convrot)
+    }
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.prof("add", || self.binary(&kernels::ADD, "add", a, b))
     }
@@ -443,5 +479,37 @@ impl Backend for Cuda {
 impl std::fmt::Debug for CudaTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaTensor({:?} {:?}, {} bytes)", self.dtype, self.shape, self.buf.bytes)
+    }
+}
+
+#[cfg(test)]
+mod held_dtype_tests {
+    use super::{held_dtype, DType};
+    use moss_core::checkpoint::{single_file, Component, Dtype, TensorStore};
+    use moss_core::options::Precision;
+    use std::path::Path;
+
+    fn component(store: TensorStore) -> Component {
+        Component { name: "transformer", store, prefix: String::new(), loras: Default::default() }
+    }
+
+    /// The golden mixed GGUF stores the biases and norms f32 and `text_embedder.proj.weight` f16
+    /// where the folder has bf16: held as the folder's tensors are, so no op meets two widths.
+    #[test]
+    fn a_single_files_floats_are_held_as_the_folders_bf16() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let gguf = component(single_file::open(&root.join("golden/quant/tiny-b-mixed.gguf"), "transformer").unwrap());
+        let folder = component(TensorStore::open(&root.join("golden/tiny-b/transformer")).unwrap());
+        for (name, stored) in [("video_embedder.bias", Dtype::F32), ("text_embedder.proj.weight", Dtype::F16)] {
+            let info = gguf.store.tensors.get(name).unwrap();
+            assert_eq!(info.dtype, stored, "{name}");
+            let there = folder.store.tensors.get(name).unwrap().dtype;
+            for p in [Precision::Bf16, Precision::Fp8, Precision::Int8, Precision::Fp32] {
+                assert_eq!(held_dtype(&gguf, info.dtype, p), held_dtype(&folder, there, p), "{name} at {p:?}");
+            }
+        }
+        assert_eq!(held_dtype(&gguf, Dtype::F32, Precision::Bf16), DType::BF16);
+        // a folder's own f32 tensors stay f32 (the VAE, fp32 norms)
+        assert_eq!(held_dtype(&folder, Dtype::F32, Precision::Bf16), DType::F32);
     }
 }

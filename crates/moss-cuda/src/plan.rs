@@ -13,7 +13,7 @@
 //! ```
 
 use super::Gpu;
-use crate::ops::{loaded_dtype, DType, GIB};
+use crate::ops::{held_dtype, loaded_dtype, DType, GIB};
 use anyhow::{bail, Result};
 use moss_core::checkpoint::config::VaeConfig;
 use moss_core::checkpoint::config::{DitConfig, EncoderConfig};
@@ -100,7 +100,7 @@ impl MemoryPlan {
             .tensors
             .iter()
             .filter(|(k, _)| k.starts_with(&c.prefix) && !kept::is_companion(c, k))
-            .map(|(k, t)| kept(k).unwrap_or_else(|| loaded_dtype(t.dtype, precision).size() * t.numel()))
+            .map(|(k, t)| kept(k).unwrap_or_else(|| held_dtype(c, t.dtype, precision).size() * t.numel()))
             .sum();
         let mut plan = MemoryPlan::new(c.name, weights);
         plan.reserve += c.loras.scratch_bytes(); // one tensor's LoRA merge at a time

@@ -56,6 +56,15 @@ pub fn fp8_refusal(cc: (i32, i32)) -> Option<String> {
     (cc < FP8_MIN_CC).then(|| format!("fp8 needs compute capability 8.9 or newer; this GPU is {}.{}", cc.0, cc.1))
 }
 
+/// The oldest compute capability with int8 tensor cores that cuBLASLt's IMMA runs in plain
+/// row/column-major layouts (Ampere).
+pub const INT8_MIN_CC: (i32, i32) = (8, 0);
+
+/// Why a GPU of compute capability `cc` cannot run the int8 linears (`None`: it can).
+pub fn int8_refusal(cc: (i32, i32)) -> Option<String> {
+    (cc < INT8_MIN_CC).then(|| format!("int8 needs compute capability 8.0 or newer; this GPU is {}.{}", cc.0, cc.1))
+}
+
 /// The FP8 product on a device of compute capability `cc`: outer-vector scales where cuBLASLt
 /// runs them right (`outer_vec_runs`: a small probe product on the device, checked against its
 /// exact result; asked only from 8.9 on), else unit scales and our scaling kernel; refused below 8.9.
@@ -133,6 +142,11 @@ pub fn print(cuda: &crate::ops::Cuda) {
         Err(e) => format!("refused: {e:#}"),
     };
     println!("  {:<48} {fp8}", "linear_fp8 (e4m3 product, row-wise scales)");
+    let int8 = match int8_refusal(cuda.gpu().compute_capability) {
+        None => "moss_quantize_int8[_rot]_*, cuBLASLt IMMA (int32 out), moss_int8_scale_rows_* (the same on every family)".to_string(),
+        Some(why) => format!("refused: {why}"),
+    };
+    println!("  {:<48} {int8}", "linear_int8 (int8 product, row-wise scales)");
 }
 
 #[cfg(test)]
@@ -147,6 +161,8 @@ mod tests {
         assert_eq!(pick_fp8_gemm((9, 0), || true).unwrap(), Fp8Gemm::OuterVec);
         assert_eq!(pick_fp8_gemm((12, 0), || false).unwrap(), Fp8Gemm::UnitThenScale);
         assert!(fp8_refusal((8, 9)).is_none() && fp8_refusal((10, 0)).is_none());
+        assert_eq!(int8_refusal((7, 5)).unwrap(), "int8 needs compute capability 8.0 or newer; this GPU is 7.5");
+        assert!(int8_refusal((8, 0)).is_none() && int8_refusal((8, 6)).is_none() && int8_refusal((9, 0)).is_none());
     }
 
     #[test]

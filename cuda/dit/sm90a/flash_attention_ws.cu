@@ -1,6 +1,8 @@
-// DiT attention on Hopper, warp-specialised (sm_90a only): the same contract and math as
-// cuda/common/sm90a/wgmma_attention.cuh (O = softmax(Q K^T * scale) V, head dim 128, bf16 in/out, fp32 scores and
-// statistics, wgmma m64n128k16), with the loads moved to a producer warp:
+// DiT attention on Hopper, warp-specialised (sm_90a only): O = softmax(Q K^T * scale) V over all n
+// tokens (bidirectional, no mask), head dim 128, bf16 in/out, fp32 scores and statistics, wgmma
+// m64n128k16, the step's pieces from cuda/common/sm90a/wgmma_attention.cuh; the same contract as
+// cuda/dit/flash_attention.cu (token-major rows, head h at columns [128h, 128h+128)), with the
+// loads moved to a producer warp:
 //
 // - 384 threads = 3 warpgroups. Warpgroup 0 is the producer: one thread issues TMA tensor copies
 //   (cp.async.bulk.tensor, 128-byte swizzle, rows past n zero-filled by the TMA unit) of the Q tile
@@ -9,8 +11,7 @@
 //   consumers (24 / 240).
 // - Warpgroups 1 and 2 are consumers of 64 query rows each; they never meet at a CTA-wide barrier:
 //   each waits only on the mbarriers of the tiles it reads. Each step issues S(i+1) = Q K(i+1)^T and
-//   O += P(i) V(i) together and runs the softmax of S(i+1) under P V (intra-warpgroup overlap, the
-//   same step as the overlapped loop of cuda/common/sm90a/wgmma_attention.cuh).
+//   O += P(i) V(i) together and runs the softmax of S(i+1) under P V (intra-warpgroup overlap).
 // - PINGPONG: the two consumers take turns issuing their GEMMs (named barriers 1 and 2, 256 threads)
 //   so that one warpgroup's softmax runs while the other's GEMMs are on the tensor cores.
 //   Measured on the H200, N = 4224: 0.366 ms with ping-pong, 0.331 ms
@@ -153,7 +154,10 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
         pin_all(s);
         free_k(i + 1);
         softmax_to_p<decltype(mask)::value>(s, pn, m, l, corr, (i + 1) * BN, n, sl2);
-        // keeps the exponentials above the wait for P V (see cuda/common/sm90a/wgmma_attention.cuh)
+        // Keeps the exponentials above the wait for P V: ptxas schedules wgmma.wait_group as early
+        // as it may (nothing in registers ties it down; without this it lands before the first exp
+        // and the overlap is lost). ptxas does not hoist the wait above an earlier shared store, and
+        // this one needs every exp (the row sums).
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l[0] + l[1]) : "memory");
         wg_wait<0>();
         pin_all(acc);
@@ -204,10 +208,7 @@ __device__ __forceinline__ void attn_ws(const TmaMap* tq, const TmaMap* tk, cons
     char* sm = smem_raw + (base - raw);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = 1.f / sum;
+        const float inv = moss_flash::row_inv(l, r);
         const int row = wrow + 8 * r;
 #pragma unroll
         for (int i = 0; i < 16; i++)

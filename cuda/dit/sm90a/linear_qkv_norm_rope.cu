@@ -25,6 +25,7 @@
 // scaled by both before the bf16 rounding; the rest as above.
 #include "sm90a/gemm_tile.cuh"
 #include "../launch.h"
+#include "rope.cuh"
 
 namespace moss_qkv {
 using namespace moss_gemm;
@@ -91,7 +92,7 @@ struct NormRopeEpilogue {
                 for (int i = 0; i < 16; i++) ss += a_of(i, 0) * a_of(i, 0) + a_of(i, 1) * a_of(i, 1);
                 ss += __shfl_xor_sync(0xffffffffu, ss, 1);
                 ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-                const float inv = rsqrtf(ss / (float)HD + eps);
+                const float inv = moss_rope::rms_inv(ss, HD, eps);
                 const long tok = min(m0 + 64 * c + row, m - 1);  // rows past M: computed, never stored
                 const __nv_bfloat16* ct = cs + tok * (HD / 2);
                 const __nv_bfloat16* st = sn + tok * (HD / 2);
@@ -102,10 +103,8 @@ struct NormRopeEpilogue {
                     float lo[2], hi[2];
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float ya = a_of(i, e) * inv * (e ? wa.y : wa.x), yb = a_of(i + 8, e) * inv * (e ? wb.y : wb.x);
                         const float co = e ? co2.y : co2.x, si = (BUG == 2 ? -1.f : 1.f) * (e ? si2.y : si2.x);
-                        lo[e] = ya * co - yb * si;
-                        hi[e] = yb * co + ya * si;
+                        MOSS_NORM_ROPE_PAIR(a_of(i, e), a_of(i + 8, e), e ? wa.y : wa.x, e ? wb.y : wb.x, inv, co, si, lo[e], hi[e]);
                     }
                     stage(i, lo[0], lo[1]);
                     stage(i + 8, hi[0], hi[1]);

@@ -75,10 +75,7 @@ __device__ __forceinline__ void epilogue(const float (&acc0)[64], const float (&
     const long ldq = (long)H * D, qcol = (long)h * D;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        sum += __shfl_xor_sync(0xffffffff, sum, 2);
-        const float inv = 1.f / sum;
+        const float inv = moss_flash::row_inv(l, r);
         const int row = wr + 8 * r;
 #pragma unroll
         for (int i = 0; i < 16; i++) {

@@ -129,8 +129,8 @@ fn run_on<B: DitOps + VaeOps>(
 
     let mut out = serde_json::json!({
         "device": device,
-        // The CPU computes in fp32, but for the fp8 linears.
-        "precision": if device == "cpu" && a.precision != Precision::Fp8 { "fp32".to_string() } else { a.precision.to_string() },
+        // The CPU computes in fp32, but for the fp8 and int8 linears.
+        "precision": if device == "cpu" && !matches!(a.precision, Precision::Fp8 | Precision::Int8) { "fp32".to_string() } else { a.precision.to_string() },
         "size": format!("{}x{}", a.width, a.height),
         "tokens_cond": h * w + cond.shape[0],
         "tokens_uncond": h * w + uncond.shape[0],

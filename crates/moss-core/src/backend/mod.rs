@@ -155,6 +155,25 @@ pub trait Backend {
     /// `y[r, n] = xs[r] · s_w[n] · Σ_k xq[r, k] · q_w[n, k]` `[.., N]` in the activation dtype.
     /// `linear_fp8(x, ..)` is `linear_fp8_quantized(quantize_rows(x), ..)`, bit for bit.
     fn linear_fp8_quantized(&self, xq: &Self::T, xs: &Self::T, q: &Self::T, scale: &Self::T) -> Result<Self::T>;
+    /// `x [.., K]` quantized per row to int8 ([`crate::int8`]): `scale[r] = max(amax(x[r]),
+    /// MIN_AMAX) / 127`, `q = round_half_even(x / scale)` clamped to ±127 → `(q [.., K], scale
+    /// [rows] f32)`; with `convrot = Some(g)` each group of `g` values of a row is turned by the
+    /// normalized Hadamard matrix first ([`crate::int8::turn`]: the input of a ConvRot matrix).
+    /// The CPU holds `q` as the codes' f32 values, CUDA as one byte each.
+    fn quantize_rows_int8(&self, x: &Self::T, convrot: Option<usize>) -> Result<(Self::T, Self::T)>;
+    /// int8 codes as a checkpoint stores them (one two's-complement byte each, `shape` `[N, K]`),
+    /// held as [`Backend::quantize_rows_int8`] holds its codes.
+    fn upload_int8(&self, shape: &[usize], codes: &[u8]) -> Result<Self::T>;
+    /// Int8 rows `xq [.., K]`, `xs [rows]` times the int8 weight `q [N, K]`, `scale [N]`:
+    /// `y[r, n] = xs[r] · scale[n] · Σ_k xq[r, k] · q[n, k]`, the sum exact in 32-bit integers →
+    /// `[.., N]` in the activation dtype.
+    fn linear_int8_quantized(&self, xq: &Self::T, xs: &Self::T, q: &Self::T, scale: &Self::T) -> Result<Self::T>;
+    /// `x [.., K]` times the int8 weight `q`, `scale` (of `W · H` when `convrot` is its ConvRot
+    /// group): `linear_int8_quantized(quantize_rows_int8(x, convrot), q, scale)`.
+    fn linear_int8(&self, x: &Self::T, q: &Self::T, scale: &Self::T, convrot: Option<usize>) -> Result<Self::T> {
+        let (xq, xs) = self.quantize_rows_int8(x, convrot)?;
+        self.linear_int8_quantized(&xq, &xs, q, scale)
+    }
     /// Elementwise `a + b`; `b` either has `a`'s shape or `a`'s trailing shape (broadcast).
     fn add(&self, a: &Self::T, b: &Self::T) -> Result<Self::T>;
     /// Elementwise `a · b`, broadcasting like [`Backend::add`].

@@ -83,6 +83,13 @@ fn row_scales(store: &TensorStore, info: &TensorInfo, rs: &RowScales) -> Result<
     Ok(if s.len() == rows { s } else { vec![s[0]; rows] })
 }
 
+/// The per-row scales of the int8 weight `info` (a per-tensor scale repeated per row): what
+/// `--precision int8` multiplies its stored codes by.
+pub fn int8_row_scales(store: &TensorStore, info: &TensorInfo) -> Result<Vec<f32>> {
+    let rs = info.row_scales.as_ref().context("an int8 tensor without its comfy_quant scales")?;
+    row_scales(store, info, rs)
+}
+
 /// The normalized Hadamard matrix of size `n` (a power of two) as convert-to-quant's
 /// `build_hadamard` makes it, unnormalized (±1): `H4^{⊗k}` for `n = 4^k`, Sylvester's for the other
 /// powers of two. The normalization `1/√n` is applied by the caller.

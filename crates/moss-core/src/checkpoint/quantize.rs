@@ -16,7 +16,7 @@
 //!
 //! The file is written beside its destination and renamed into place when complete.
 
-use super::comfy_quant::hadamard_signs;
+use super::comfy_quant::turn_back;
 use super::ggml::GgmlType;
 use super::ggml_quantize;
 use super::tensors::{Dtype, TensorStore};
@@ -100,23 +100,24 @@ fn write_gguf(tensors: &[(String, Vec<usize>, Vec<f32>)], t: GgmlType, out: &mut
     let mut meta = Metadata::new();
     meta.insert("general.architecture".into(), MetadataValue::String("moss_image".into()));
     meta.insert("general.quantization_version".into(), MetadataValue::U32(2));
+    let data = par_map(tensors, |(_, shape, v)| {
+        let (id, q) = gguf_type(shape, t);
+        Ok((id, gguf_bytes(shape, v, id, q)?))
+    })?;
     let mut infos = vec![];
     let mut offset = 0u64;
-    for (name, shape, v) in tensors {
-        let (id, q) = gguf_type(shape, t);
-        let bytes = gguf_bytes(shape, v, id, q)?.len() as u64;
+    for ((name, shape, _), (id, bytes)) in tensors.iter().zip(&data) {
         let dims = shape.iter().rev().map(|&d| d as u64).collect();
-        infos.push(TensorInfo::new(name.clone(), TensorShape::new(dims).map_err(e)?, TensorType::from_u32(id).map_err(e)?, offset));
-        offset += bytes.div_ceil(32) * 32;
+        infos.push(TensorInfo::new(name.clone(), TensorShape::new(dims).map_err(e)?, TensorType::from_u32(*id).map_err(e)?, offset));
+        offset += (bytes.len() as u64).div_ceil(32) * 32;
     }
     let mut w = GGUFFileWriter::new(std::io::BufWriter::new(out));
     w.write_header(&GGUFHeader::new(infos.len() as u64, meta.len() as u64)).map_err(e)?;
     w.write_metadata(&meta).map_err(e)?;
     w.write_tensor_infos(&infos).map_err(e)?;
     w.align_for_tensor_data().map_err(e)?;
-    for ((_, shape, v), info) in tensors.iter().zip(&infos) {
-        let (id, q) = gguf_type(shape, t);
-        w.write_tensor_data(info, &TensorData::new_owned(gguf_bytes(shape, v, id, q)?)).map_err(e)?;
+    for ((_, bytes), info) in data.into_iter().zip(&infos) {
+        w.write_tensor_data(info, &TensorData::new_owned(bytes)).map_err(e)?;
     }
     w.finalize().map_err(e)?.flush()?;
     Ok(())
@@ -132,11 +133,13 @@ fn convrot_group(k: usize) -> Option<usize> {
 fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>) {
     let mut w = v.to_vec();
     if let Some(g) = group {
-        // W_rot = W · Hᵀ per group of g (H symmetric), summed in f64
-        let (h, norm) = (hadamard_signs(g), 1.0 / (g as f64).sqrt());
+        // W_rot = W · Hᵀ = W · H per group of g (H symmetric), in f64 by the fast transform
+        let norm = 1.0 / (g as f64).sqrt();
+        let mut turned = vec![0f64; g];
         for grp in w.chunks_mut(g) {
-            let turned: Vec<f64> = (0..g).map(|j| (0..g).map(|k| grp[k] as f64 * h[j * g + k] as f64).sum::<f64>() * norm).collect();
-            grp.iter_mut().zip(turned).for_each(|(x, t)| *x = t as f32);
+            turned.iter_mut().zip(grp.iter()).for_each(|(t, &x)| *t = x as f64);
+            turn_back(&mut turned);
+            grp.iter_mut().zip(&turned).for_each(|(x, t)| *x = (t * norm) as f32);
         }
     }
     let (mut codes, mut scales) = (Vec::with_capacity(w.len()), vec![]);
@@ -158,12 +161,19 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
 
 fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &mut std::fs::File) -> Result<()> {
     use safetensors::tensor::{Dtype as St, TensorView};
-    let mut owned: Vec<(String, St, Vec<usize>, Vec<u8>)> = vec![];
-    for (name, shape, v) in tensors {
-        match name.strip_suffix(".weight").filter(|_| shape.len() == 2) {
-            Some(stem) => {
+    let quantized = par_map(tensors, |(name, shape, v)| {
+        Ok(match name.strip_suffix(".weight").filter(|_| shape.len() == 2) {
+            Some(_) => {
                 let group = if convrot { convrot_group(shape[1]) } else { None };
-                let (codes, scales) = int8_rows(v, shape[1], group);
+                Some((group, int8_rows(v, shape[1], group)))
+            }
+            None => None,
+        })
+    })?;
+    let mut owned: Vec<(String, St, Vec<usize>, Vec<u8>)> = vec![];
+    for ((name, shape, v), q) in tensors.iter().zip(quantized) {
+        match name.strip_suffix(".weight").zip(q) {
+            Some((stem, (group, (codes, scales)))) => {
                 let mut layer = serde_json::json!({"format": "int8_tensorwise", "orig_dtype": "torch.bfloat16", "per_row": true});
                 if let Some(g) = group {
                     layer["convrot"] = true.into();
@@ -184,6 +194,29 @@ fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &m
     let bytes = safetensors::serialize(views, None).map_err(|e| anyhow::anyhow!("writing safetensors: {e:?}"))?;
     out.write_all(&bytes)?;
     Ok(())
+}
+
+/// `f` of every item, on every core (each thread takes the next item), in the items' order.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len().max(1));
+    let mut done: Vec<(usize, Result<R>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = vec![];
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a quantize thread panicked")).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Write `store` (a diffusers `transformer/` or `text_encoder/` folder; only the transformer's

@@ -1,10 +1,13 @@
 //! The main blocks' matrices (`layers.N.proj.*`): dense in the backend's storage precision, or
 //! float8 e4m3 with one scale per output row (`--precision fp8`, [`crate::fp8`]), made from a
 //! bf16/f32 checkpoint (quantized after any LoRA merge) or from one stored as scaled float8
-//! ([`crate::checkpoint::scaled_fp8`]). Everything else in the DiT stays dense.
+//! ([`crate::checkpoint::scaled_fp8`]), or int8 with one scale per output row (`--precision
+//! int8`, [`crate::int8`]), made the same way or taken as stored from a comfy_quant int8 file
+//! (with ConvRot: the codes of `W · H`, whose product turns the activation first). Everything
+//! else in the DiT stays dense.
 
 use crate::backend::ops::DitOps;
-use crate::checkpoint::{scaled_fp8, Component};
+use crate::checkpoint::{comfy_quant, scaled_fp8, Component, Dtype};
 use crate::options::Precision;
 use crate::tensor::Tensor;
 use anyhow::{bail, Result};
@@ -18,6 +21,9 @@ pub enum MainLinears {
     Dense,
     /// float8 e4m3 codes with per-output-row scales, activations quantized per token.
     Fp8,
+    /// int8 codes with per-output-row scales, activations quantized per token by the product
+    /// (dense until then: the producers of the matrices' inputs are the dense ones).
+    Int8,
 }
 
 impl MainLinears {
@@ -25,6 +31,7 @@ impl MainLinears {
     pub fn of(p: Precision) -> MainLinears {
         match p {
             Precision::Fp8 => MainLinears::Fp8,
+            Precision::Int8 => MainLinears::Int8,
             Precision::Bf16 | Precision::Fp32 => MainLinears::Dense,
         }
     }
@@ -55,7 +62,7 @@ impl MainLinears {
     /// `rms_norm_modulate(x, w, shift, scale)`.
     pub fn rms_norm_modulate<B: DitOps>(self, b: &B, x: &B::T, w: &B::T, shift: &B::T, scale: &B::T, eps: f64) -> Result<Act<B>> {
         Ok(match self {
-            MainLinears::Dense => Act::Dense(b.rms_norm_modulate(x, w, shift, scale, eps)?),
+            MainLinears::Dense | MainLinears::Int8 => Act::Dense(b.rms_norm_modulate(x, w, shift, scale, eps)?),
             MainLinears::Fp8 => Act::fp8(b.rms_norm_modulate_fp8(x, w, shift, scale, eps)?),
         })
     }
@@ -74,7 +81,7 @@ impl MainLinears {
         eps: f64,
     ) -> Result<(B::T, Act<B>)> {
         Ok(match self {
-            MainLinears::Dense => {
+            MainLinears::Dense | MainLinears::Int8 => {
                 let (x, n) = b.gated_residual_norm_modulate(x, y, gate, w, shift, scale, eps)?;
                 (x, Act::Dense(n))
             }
@@ -88,7 +95,7 @@ impl MainLinears {
     /// `situ_glu(x)`.
     pub fn situ_glu<B: DitOps>(self, b: &B, x: &B::T) -> Result<Act<B>> {
         Ok(match self {
-            MainLinears::Dense => Act::Dense(b.situ_glu(x)?),
+            MainLinears::Dense | MainLinears::Int8 => Act::Dense(b.situ_glu(x)?),
             MainLinears::Fp8 => Act::fp8(b.situ_glu_fp8(x)?),
         })
     }
@@ -102,6 +109,13 @@ pub enum Matrix<B: DitOps> {
         q: B::T,
         scale: B::T,
     },
+    /// `W ≈ diag(scale) · q · H` (int8 codes `q [N, K]`, f32 `scale [N]`; `H` the ConvRot turn of
+    /// groups of `convrot` columns, the identity without one).
+    Int8 {
+        q: B::T,
+        scale: B::T,
+        convrot: Option<usize>,
+    },
 }
 
 impl<B: DitOps> Clone for Matrix<B> {
@@ -109,16 +123,19 @@ impl<B: DitOps> Clone for Matrix<B> {
         match self {
             Matrix::Dense(w) => Matrix::Dense(w.clone()),
             Matrix::Fp8 { q, scale } => Matrix::Fp8 { q: q.clone(), scale: scale.clone() },
+            Matrix::Int8 { q, scale, convrot } => Matrix::Int8 { q: q.clone(), scale: scale.clone(), convrot: *convrot },
         }
     }
 }
 
 impl<B: DitOps> Matrix<B> {
-    /// `x · Wᵀ` for a dense `x` (quantized per row first if `W` is float8).
+    /// `x · Wᵀ` for a dense `x` (quantized per row first if `W` is float8 or int8; turned
+    /// first if `W` is a ConvRot matrix).
     pub fn forward(&self, b: &B, x: &B::T) -> Result<B::T> {
         match self {
             Matrix::Dense(w) => b.linear(x, w, None),
             Matrix::Fp8 { q, scale } => b.linear_fp8(x, q, scale),
+            Matrix::Int8 { q, scale, convrot } => b.linear_int8(x, q, scale, *convrot),
         }
     }
 
@@ -127,7 +144,9 @@ impl<B: DitOps> Matrix<B> {
         match (self, x) {
             (_, Act::Dense(x)) => self.forward(b, x),
             (Matrix::Fp8 { q, scale }, Act::Fp8 { q: xq, scale: xs }) => b.linear_fp8_quantized(xq, xs, q, scale),
-            (Matrix::Dense(_), Act::Fp8 { .. }) => bail!("a dense matrix given a float8 activation (the main matrices are all float8 or none)"),
+            (Matrix::Dense(_) | Matrix::Int8 { .. }, Act::Fp8 { .. }) => {
+                bail!("a dense or int8 matrix given a float8 activation (the main matrices are all float8 or none)")
+            }
         }
     }
 
@@ -194,11 +213,17 @@ pub enum Kind {
     /// Stored float8 dequantized on the host (`W = q · scale`, LoRA updates merged there in fp32),
     /// uploaded (so rounded to the storage precision), then quantized per row if `quantize`.
     Host { quantize: bool },
+    /// Stored int8 codes (comfy_quant int8, every tensor of the stack with one ConvRot group or
+    /// none, no LoRA update) read on the host as they are and uploaded
+    /// ([`crate::backend::Backend::upload_int8`]), with their per-row scales (f32, resident).
+    Int8Codes { convrot: Option<usize> },
 }
 
-/// A matrix's [`Kind`], with the per-row scales of [`Kind::Codes`] on the backend.
+/// A matrix's [`Kind`] under the run's [`MainLinears`], with the per-row scales of
+/// [`Kind::Codes`] and [`Kind::Int8Codes`] on the backend.
 pub struct Source<B: DitOps> {
     pub kind: Kind,
+    linears: MainLinears,
     scale: Option<B::T>,
 }
 
@@ -222,19 +247,39 @@ pub fn block_matrix_names(i: usize) -> Vec<Vec<String>> {
 
 /// How the matrix stacking the checkpoint tensors `group` is made under `linears`: a stack is all
 /// float8 or none; a float8 matrix with LoRA updates is dequantized, merged, and requantized at fp8.
+/// At int8, a stack of int8 codes ([`int8_codes`]) without LoRA updates is taken as stored; any
+/// other stack (GGUF, a stack mixing int8 with other storage or ConvRot groups, one with a LoRA
+/// update) loads dense as at bf16 (dequantized, LoRA updates merged) and is quantized per row.
 pub fn kind(c: &Component, group: &[String], linears: MainLinears) -> Result<Kind> {
     let stored = group.iter().map(|n| scaled_fp8::is_fp8(c, n, c.info(n)?)).collect::<Result<Vec<bool>>>()?;
     if stored.iter().any(|&s| s != stored[0]) {
         bail!("{} are stored partly as float8, partly not: one matrix needs one storage", group.join(", "));
     }
     let merged = group.iter().any(|n| !c.lora_terms(n).is_empty());
-    let fp8 = linears == MainLinears::Fp8;
-    Ok(match (stored[0], fp8) {
+    if linears == MainLinears::Int8 && !merged {
+        if let Some(convrot) = int8_codes(c, group)? {
+            return Ok(Kind::Int8Codes { convrot });
+        }
+    }
+    let quantized = linears != MainLinears::Dense;
+    Ok(match (stored[0], quantized) {
         (false, false) => Kind::Dense,
         (false, true) => Kind::Quantized,
-        (true, true) if !merged => Kind::Codes,
+        (true, true) if !merged && linears == MainLinears::Fp8 => Kind::Codes,
         (true, quantize) => Kind::Host { quantize },
     })
+}
+
+/// `Some(convrot)` when every tensor of `group` is a comfy_quant int8 matrix with row scales, all
+/// of one width and one ConvRot group (or none): the stack's codes are one int8 matrix.
+pub fn int8_codes(c: &Component, group: &[String]) -> Result<Option<Option<usize>>> {
+    let infos = group.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
+    let convrot = |i: &crate::checkpoint::TensorInfo| i.row_scales.as_ref().map(|r| r.convrot);
+    let first = infos[0];
+    let same = infos
+        .iter()
+        .all(|i| i.dtype == Dtype::I8 && i.shape.len() == 2 && i.shape[1] == first.shape[1] && convrot(i).is_some() && convrot(i) == convrot(first));
+    Ok(if same { convrot(first) } else { None })
 }
 
 /// The [`Source`] of each of block `i`'s matrices under `linears`.
@@ -242,21 +287,22 @@ pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) 
     let mut out = vec![];
     for g in block_matrix_names(i) {
         let kind = kind(c, &g, linears)?;
-        let scale = if kind == Kind::Codes {
-            let scales = g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat();
-            Some(b.upload_f32(&Tensor::new(vec![scales.len()], scales)?)?)
-        } else {
-            None
+        let scales = match kind {
+            Kind::Codes => Some(g.iter().map(|n| scaled_fp8::row_scales(c, n)).collect::<Result<Vec<_>>>()?.concat()),
+            Kind::Int8Codes { .. } => Some(g.iter().map(|n| comfy_quant::int8_row_scales(&c.store, c.info(n)?)).collect::<Result<Vec<_>>>()?.concat()),
+            _ => None,
         };
-        out.push(Source { kind, scale });
+        let scale = scales.map(|s| b.upload_f32(&Tensor::new(vec![s.len()], s)?)).transpose()?;
+        out.push(Source { kind, linears, scale });
     }
     Ok(out)
 }
 
 /// The groups of [`block_matrix_names`] that go through the backend's loads and fetches (all but
-/// [`Kind::Host`]), in order.
+/// [`Kind::Host`] and [`Kind::Int8Codes`], made on the host), in order.
 pub fn fetched<B: DitOps>(i: usize, sources: &[Source<B>]) -> Vec<Vec<String>> {
-    block_matrix_names(i).into_iter().zip(sources).filter(|(_, s)| !matches!(s.kind, Kind::Host { .. })).map(|(g, _)| g).collect()
+    let host = |k: Kind| matches!(k, Kind::Host { .. } | Kind::Int8Codes { .. });
+    block_matrix_names(i).into_iter().zip(sources).filter(|(_, s)| !host(s.kind)).map(|(g, _)| g).collect()
 }
 
 impl<B: DitOps> BlockMats<B> {
@@ -272,6 +318,10 @@ impl<B: DitOps> BlockMats<B> {
         for (g, s) in block_matrix_names(i).iter().zip(sources) {
             let mut next = || raw.next().ok_or_else(|| anyhow::anyhow!("block {i}: fewer loaded tensors than matrices"));
             let quantize = |w: &B::T| -> Result<Matrix<B>> {
+                if s.linears == MainLinears::Int8 {
+                    let (q, scale) = b.quantize_rows_int8(w, None)?;
+                    return Ok(Matrix::Int8 { q, scale, convrot: None });
+                }
                 let (q, scale) = b.quantize_rows(w)?;
                 Ok(Matrix::Fp8 { q, scale })
             };
@@ -279,7 +329,13 @@ impl<B: DitOps> BlockMats<B> {
                 (Kind::Dense, _) => Matrix::Dense(next()?),
                 (Kind::Quantized, _) => quantize(&next()?)?,
                 (Kind::Codes, Some(scale)) => Matrix::Fp8 { q: next()?, scale: scale.clone() },
-                (Kind::Codes, None) => bail!("block {i}: float8 codes without their scales"),
+                (Kind::Codes | Kind::Int8Codes { .. }, None) => bail!("block {i}: stored codes without their scales"),
+                (Kind::Int8Codes { convrot }, Some(scale)) => {
+                    let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
+                    let shape = [infos.iter().map(|t| t.shape[0]).sum(), infos[0].shape[1]];
+                    let codes: Vec<u8> = infos.iter().flat_map(|t| c.store.bytes(t).iter().copied()).collect();
+                    Matrix::Int8 { q: b.upload_int8(&shape, &codes)?, scale: scale.clone(), convrot }
+                }
                 (Kind::Host { quantize: q }, _) => {
                     let parts = g.iter().map(|n| scaled_fp8::dequantized_merged(c, n)).collect::<Result<Vec<_>>>()?;
                     let mut shape = parts[0].shape.clone();

@@ -158,13 +158,24 @@ fn readme_memory_table_per_format() {
             Some(fm) => Layout::new(k, &[(rows, fm)]).bytes as u64,
         }
     };
-    let nets = |fm: Option<Format>, te_int8: bool| -> Vec<Network> {
+    let int8 = Some(Format::Int8 { convrot: None });
+    let nets = |fm: Option<Format>, te_int8: bool, int8_compute: bool| -> Vec<Network> {
         let mut all = full_size_bf16();
         let per_block: u64 = block.iter().map(|&(r, k)| bytes(fm, r, k)).sum();
         let other = bytes(fm, 326_000_000 / d, d);
         let scratch = if fm.is_some() { (2 * 2 * f * d) as u64 } else { 0 };
         let dit = &mut all[1];
         (dit.weights, dit.block_bytes, dit.all_blocks, dit.slot_bytes) = (42 * per_block + other, per_block, 42 * per_block, per_block);
+        if int8_compute {
+            // `--precision int8` (mats::Kind): the main matrices resident as int8 codes and row
+            // scales; from the bf16 folder a streamed block moves its bf16 bytes and quantizes
+            // them beside (Kind::Quantized), from an int8 file its codes are uploaded from the host
+            // (Kind::Int8Codes)
+            let resident: u64 = block.iter().map(|&(r, k)| bytes(int8, r, k)).sum();
+            let (slot, derived) = if fm.is_none() { (per_block, resident) } else { (0, params as u64) };
+            (dit.weights, dit.block_bytes, dit.all_blocks) = (42 * resident + other, resident, 42 * resident);
+            (dit.slot_bytes, dit.derived_bytes) = (slot, derived);
+        }
         dit.activations += scratch;
         if te_int8 {
             let enc = &mut all[0];
@@ -173,16 +184,18 @@ fn readme_memory_table_per_format() {
             (enc.weights, enc.block_bytes, enc.all_blocks, enc.slot_bytes) = (rest + 32 * layer, layer, 32 * layer, layer);
             enc.activations += (2 * 24_576 * 4096) as u64;
         }
-        assert_eq!(all[1].block_bytes, per_block, "{params} parameters a block");
+        assert!(int8_compute || all[1].block_bytes == per_block, "{params} parameters a block");
         all
     };
-    let rows: [(&str, Option<Format>, bool); 6] = [
-        ("bf16", None, false),
-        ("Q8_0", Some(Format::Ggml(GgmlType::Q8_0)), false),
-        ("INT8 (+ int8 text encoder)", Some(Format::Int8 { convrot: Some(256) }), true),
-        ("Q6_K", Some(Format::Ggml(GgmlType::Q6_K)), false),
-        ("Q5_K", Some(Format::Ggml(GgmlType::Q5_K)), false),
-        ("Q4_K", Some(Format::Ggml(GgmlType::Q4_K)), false),
+    let rows: [(&str, Option<Format>, bool, bool); 8] = [
+        ("bf16", None, false, false),
+        ("Q8_0", Some(Format::Ggml(GgmlType::Q8_0)), false, false),
+        ("INT8 (+ int8 text encoder)", Some(Format::Int8 { convrot: Some(256) }), true, false),
+        ("bf16 folder, --precision int8 (or fp8)", None, false, true),
+        ("INT8 (+ int8 text encoder), --precision int8", Some(Format::Int8 { convrot: Some(256) }), true, true),
+        ("Q6_K", Some(Format::Ggml(GgmlType::Q6_K)), false, false),
+        ("Q5_K", Some(Format::Ggml(GgmlType::Q5_K)), false, false),
+        ("Q4_K", Some(Format::Ggml(GgmlType::Q4_K)), false, false),
     ];
     let what = |n: &NetworkPlan| match n.placement {
         Placement::Resident => "resident".to_string(),
@@ -196,8 +209,8 @@ fn readme_memory_table_per_format() {
     let overhead = 553 << 20;
     let mut bf16_dit = vec![];
     println!("| transformer (text encoder) | DiT resident GiB | 6 / 8 / 12 / 16 / 24 GB: text encoder layers, transformer blocks resident |");
-    for (i, (name, fm, te)) in rows.iter().enumerate() {
-        let n = nets(*fm, *te);
+    for (i, (name, fm, te, compute)) in rows.iter().enumerate() {
+        let n = nets(*fm, *te, *compute);
         let mut cells = vec![];
         for (j, cap) in [6u64, 8, 12, 16, 24].iter().enumerate() {
             let p = plan_for_process(cap * GB, overhead, &n).unwrap();

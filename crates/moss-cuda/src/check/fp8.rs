@@ -33,7 +33,7 @@ const ODD_LINEAR: (usize, usize, usize) = (77, 208, 48);
 /// `[rows, k]` normals of std `std` with per-row scales over e^±2 ([`stream_rows`]), row 0 all
 /// zeros (the MIN_AMAX scale), and every 7th row's last element twice the row's amax (an outlier
 /// channel: the rows the amax-tail control must get wrong).
-fn rows_with_outliers(cx: &mut Cx, rows: usize, k: usize, std: f32) -> Result<Tensor> {
+pub(super) fn rows_with_outliers(cx: &mut Cx, rows: usize, k: usize, std: f32) -> Result<Tensor> {
     let mut x = stream_rows(cx, rows, k)?;
     x.data.iter_mut().for_each(|v| *v *= std);
     x.data[..k].fill(0.0);
@@ -46,7 +46,7 @@ fn rows_with_outliers(cx: &mut Cx, rows: usize, k: usize, std: f32) -> Result<Te
 }
 
 /// (codes whose value differs, scales that differ) of a GPU quantization against the CPU twin's.
-fn mismatches(cu: &Cuda, out: Result<(CudaTensor, CudaTensor)>, want: &(Tensor, Tensor)) -> Result<(usize, usize)> {
+pub(super) fn mismatches(cu: &Cuda, out: Result<(CudaTensor, CudaTensor)>, want: &(Tensor, Tensor)) -> Result<(usize, usize)> {
     let (q, s) = out?;
     cu.sync()?;
     let (q, s) = (cu.download(&q)?, cu.download(&s)?);

@@ -313,6 +313,7 @@ pub fn run_all(cuda: &Cuda, ck: Option<&Checkpoint>, seed: u64, verbose: bool) -
             .chain(crate::check::quant::GATES)
             .chain(super::fp8::GATES)
             .chain(super::fp8_act::GATES)
+            .chain(super::int8::GATES)
             .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))
         {
             let t = std::time::Instant::now();
@@ -422,7 +423,8 @@ pub fn time_ops(cuda: &Cuda) -> Result<()> {
     super::lora::time_merge(&c)?;
     super::quant::time_dequant(&c)?;
     super::fp8::time_fp8(&c)?;
-    super::fp8_act::time_fp8_act(&c)
+    super::fp8_act::time_fp8_act(&c)?;
+    super::int8::time_int8(&c)
 }
 
 #[cfg(test)]

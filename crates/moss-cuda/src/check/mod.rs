@@ -11,6 +11,7 @@ pub mod encoder_strided;
 pub mod fp8;
 pub mod fp8_act;
 pub mod gates;
+pub mod int8;
 pub mod linear_qkv_norm_rope;
 pub mod linear_situ_glu;
 pub mod linear_situ_glu_fp8;

@@ -117,7 +117,7 @@ fn load_one_late(cu: &Cuda, c: &moss_core::checkpoint::Component, name: &str) ->
     let bytes = c.store.bytes(info);
     let es = stored.size().min(bytes.len());
     cu.write_bytes(t.ptr() + es as u64, &bytes[..bytes.len() - es])?;
-    cu.cast(&t, crate::ops::loaded_dtype(info.dtype, cu.precision))
+    cu.cast(&t, crate::ops::held_dtype(c, info.dtype, cu.precision))
 }
 
 fn gate_load(cx: &mut Cx) -> Result<()> {

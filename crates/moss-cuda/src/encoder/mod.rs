@@ -298,7 +298,7 @@ impl EncoderOps for Cuda {
     fn embed_from_host(&self, c: &moss_core::checkpoint::Component, name: &str, ids: &[u32]) -> Result<CudaTensor> {
         // The dtype `load` gives the table (bf16 stays bf16 at bf16 precision, else f32): the
         // rows are exact in it, so these are `embed`'s values.
-        let dtype = crate::ops::loaded_dtype(c.info(name)?.dtype, self.precision);
+        let dtype = crate::ops::held_dtype(c, c.info(name)?.dtype, self.precision);
         self.prof("embed (host rows)", || self.upload_as(&c.rows_f32(name, ids)?, dtype))
     }
     fn embed(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {

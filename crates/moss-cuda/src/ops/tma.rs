@@ -14,6 +14,7 @@ pub fn tensor_map_2d(ptr: u64, dt: DType, cols: usize, rows: usize, ld: usize, b
         DType::F32 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4),
         DType::F8E4M3 => (sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8, 1),
         DType::Q => anyhow::bail!("tensor map of a quantized matrix (dequantize it first)"),
+        DType::I8 | DType::I32 => anyhow::bail!("tensor map of an integer tensor"),
     };
     ensure!(
         ptr.is_multiple_of(16) && (ld * es).is_multiple_of(16) && cols <= ld && bx as usize * es == 128,

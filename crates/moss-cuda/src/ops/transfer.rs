@@ -95,7 +95,7 @@ pub fn par_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [
 const CONVERT_CHUNK: usize = 1 << 16;
 
 /// `data` as little-endian bytes of `dtype` (bf16 and e4m3 round to nearest even, e4m3 saturates
-/// to ±448), on all cores.
+/// to ±448; int8 codes round to nearest even and clamp to ±127), on all cores.
 pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
     let es = dtype.size();
     let mut bytes = vec![0u8; data.len() * es];
@@ -105,6 +105,8 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
             DType::F32 => out.chunks_exact_mut(4).zip(src).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
             DType::BF16 => out.chunks_exact_mut(2).zip(src).for_each(|(o, &v)| o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &v)| *o = moss_core::fp8::e4m3_from_f32(v)),
+            DType::I8 => out.iter_mut().zip(src).for_each(|(o, &v)| *o = moss_core::int8::code(v) as u8),
+            DType::I32 => out.chunks_exact_mut(4).zip(src).for_each(|(o, &v)| o.copy_from_slice(&(v.round_ties_even() as i32).to_le_bytes())),
             // kept matrices are uploaded as their stored bytes (`Cuda::upload_kept`), never from values
             DType::Q => unreachable!("values converted to a quantized matrix's bytes"),
         }
@@ -159,6 +161,8 @@ pub fn convert_into(data: &mut [f32], bytes: &[u8], dtype: DType) {
             DType::F32 => out.iter_mut().zip(src.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::BF16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, c)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             DType::F8E4M3 => out.iter_mut().zip(src).for_each(|(o, &c)| *o = moss_core::fp8::e4m3_to_f32(c)),
+            DType::I8 => out.iter_mut().zip(src).for_each(|(o, &c)| *o = c as i8 as f32),
+            DType::I32 => out.iter_mut().zip(src.chunks_exact(4)).for_each(|(o, c)| *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32),
             // `download` dequantizes a kept matrix first
             DType::Q => unreachable!("a quantized matrix's bytes read as values"),
         }

@@ -17,7 +17,7 @@
 //! synchronisation (a stage's end).
 
 use super::mover::{Moved, Mover, Piece};
-use super::{de, loaded_dtype, Buf, Cuda, CudaTensor, DType, Mem};
+use super::{de, held_dtype, loaded_dtype, Buf, Cuda, CudaTensor, DType, Mem};
 use crate::kernels;
 use crate::lora::PendingMerge;
 use anyhow::{anyhow, bail, ensure, Result};
@@ -176,13 +176,14 @@ impl Cuda {
                     Ok(moss_core::backend::merge_loras(&Cpu, &c.loras, &c.full_name(n), c.info(n)?.dtype, Tensor::new(s, d)?)?.data)
                 };
                 // A quantized stack with a LoRA update (or not a stack of matrices): dequantized and
-                // merged in f32 here, uploaded in the activation dtype. Other stored floats: f32.
-                let dtype = if quantized { loaded_dtype(Dtype::BF16, self.precision) } else { DType::F32 };
+                // merged in f32 here, uploaded in the activation dtype. Other stored floats: f32
+                // (a single file's: as the folder's bf16, [`held_dtype`]).
+                let dtype = if quantized { loaded_dtype(Dtype::BF16, self.precision) } else { held_dtype(c, first.dtype, self.precision) };
                 let parts = names.iter().map(merged).collect::<Result<Vec<_>>>()?;
                 return self.upload_as(&Tensor::new(shape, parts.concat())?, dtype);
             }
         };
-        let target = loaded_dtype(first.dtype, self.precision);
+        let target = held_dtype(c, first.dtype, self.precision);
         let own = self.batch.is_none();
         let view = if own { self.batch_view(None) } else { self.clone() };
         let bytes: usize = infos.iter().map(|i| i.end - i.start).sum();

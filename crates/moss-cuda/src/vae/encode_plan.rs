@@ -148,32 +148,12 @@ mod tests {
     use crate::ops::GIB;
     use crate::vae::plan::{vae_activation_bytes, vae_split_least_bytes, PREFERRED_ROWS};
 
-    /// FLUX.2's VAE: encoder widths 128/256/512/512, two resnets a block.
-    fn full_size() -> VaeConfig {
-        VaeConfig {
-            latent_channels: 32,
-            out_channels: 3,
-            block_out_channels: vec![128, 256, 512, 512],
-            in_channels: 3,
-            use_quant_conv: true,
-            down_block_types: vec![],
-            decoder_block_out_channels: vec![96, 192, 384, 384],
-            layers_per_block: 2,
-            norm_num_groups: 32,
-            batch_norm_eps: 1e-4,
-            patch_size: [2, 2],
-            use_post_quant_conv: true,
-            mid_block_add_attention: true,
-            defaulted: vec![],
-        }
-    }
-
     /// The estimates at 1024x1024 and 2048x2048 beside the decoder's: the whole encode peaks
     /// at full resolution (128 channels), under the whole decode (192 channels at full
     /// resolution); the least split is the latent-resolution part (512-wide attention).
     #[test]
     fn estimates_full_size() {
-        let cfg = full_size();
+        let cfg = crate::vae::full_size_config();
         for side in [1024usize, 2048] {
             let px = side * side;
             let whole = encode_activation_bytes(&cfg, side, side);
@@ -208,7 +188,7 @@ mod tests {
     /// 64-row strips and the rest for pictures; a refusal with numbers below the least.
     #[test]
     fn strip_plan_full_size() {
-        let cfg = full_size();
+        let cfg = crate::vae::full_size_config();
         let (h, w) = (2048, 2048);
         assert_eq!(encode_strip_plan_for(&cfg, h, w, encode_activation_bytes(&cfg, h, w)).unwrap(), None);
         let all = encode_keep_bytes(&cfg, h, w);

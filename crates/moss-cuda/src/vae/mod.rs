@@ -333,35 +333,38 @@ impl Cuda {
     }
 }
 
+/// FLUX.2's VAE at full size (encoder widths 128/256/512/512, decoder 96/192/384/384, two resnets
+/// a block): the configuration the plans' tests estimate.
+#[cfg(test)]
+pub(crate) fn full_size_config() -> moss_core::checkpoint::config::VaeConfig {
+    use moss_core::checkpoint::config::VaeConfig;
+    VaeConfig {
+        latent_channels: 32,
+        out_channels: 3,
+        block_out_channels: vec![128, 256, 512, 512],
+        in_channels: 3,
+        use_quant_conv: true,
+        down_block_types: vec![],
+        decoder_block_out_channels: vec![96, 192, 384, 384],
+        layers_per_block: 2,
+        norm_num_groups: 32,
+        batch_norm_eps: 1e-4,
+        patch_size: [2, 2],
+        use_post_quant_conv: true,
+        mid_block_add_attention: true,
+        defaulted: vec![],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::vae::plan::PREFERRED_ROWS;
     use moss_core::backend::ops::vae::{picture_bytes, StripPlan};
-    use moss_core::checkpoint::config::VaeConfig;
-
-    fn full_size() -> VaeConfig {
-        VaeConfig {
-            latent_channels: 32,
-            out_channels: 3,
-            block_out_channels: vec![128, 256, 512, 512],
-            in_channels: 3,
-            use_quant_conv: true,
-            down_block_types: vec![],
-            decoder_block_out_channels: vec![96, 192, 384, 384],
-            layers_per_block: 2,
-            norm_num_groups: 32,
-            batch_norm_eps: 1e-4,
-            patch_size: [2, 2],
-            use_post_quant_conv: true,
-            mid_block_add_attention: true,
-            defaulted: vec![],
-        }
-    }
 
     #[test]
     fn activation_estimate_full_size() {
-        let cfg = full_size();
+        let cfg = super::full_size_config();
         // 1024x1024: the largest picture is the 192-wide upsampler output at 1024x1024.
         let b = vae_activation_bytes(&cfg, 64, 64);
         let peak = 4 * 192 * 1024 * 1024 * 4;
@@ -388,7 +391,7 @@ mod tests {
     /// the rest for pictures; a refusal with numbers.
     #[test]
     fn strip_plan_full_size() {
-        let cfg = full_size();
+        let cfg = super::full_size_config();
         let (h, w) = (128, 128); // 2048x2048
         let whole = vae_activation_bytes(&cfg, h, w);
         let all = vae_keep_bytes(&cfg, h, w);

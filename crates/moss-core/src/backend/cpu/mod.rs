@@ -163,6 +163,49 @@ impl Backend for Cpu {
         Tensor::new(shape, out)
     }
 
+    fn quantize_rows_int8(&self, x: &Tensor, convrot: Option<usize>) -> Result<(Tensor, Tensor)> {
+        let k = x.last_dim();
+        if let Some(g) = convrot {
+            ensure!(g > 0 && k.is_multiple_of(g), "quantize_rows_int8: rows of {k} are not whole ConvRot groups of {g}");
+        }
+        let mut q = vec![0f32; x.numel()];
+        let mut scale = vec![0f32; x.rows()];
+        let (mut row, mut codes) = (vec![0f32; k], vec![0i8; k]);
+        for ((qr, xr), s) in q.chunks_mut(k.max(1)).zip(x.data.chunks(k.max(1))).zip(&mut scale) {
+            row.copy_from_slice(xr);
+            if let Some(g) = convrot {
+                crate::int8::turn(&mut row, g);
+            }
+            *s = crate::int8::quantize_row(&row, &mut codes);
+            qr.iter_mut().zip(&codes).for_each(|(o, &c)| *o = c as f32);
+        }
+        Ok((Tensor::new(x.shape.clone(), q)?, Tensor::new(vec![scale.len()], scale)?))
+    }
+
+    fn upload_int8(&self, shape: &[usize], codes: &[u8]) -> Result<Tensor> {
+        Tensor::new(shape.to_vec(), codes.iter().map(|&c| c as i8 as f32).collect())
+    }
+
+    fn linear_int8_quantized(&self, xq: &Tensor, xs: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        ensure!(q.shape.len() == 2, "linear_int8: weight must be 2-D, got {:?}", q.shape);
+        let (n, k) = (q.shape[0], q.shape[1]);
+        ensure!(xq.last_dim() == k, "linear_int8: input {:?} does not match weight {:?}", xq.shape, q.shape);
+        ensure!(scale.numel() == n, "linear_int8: {} scales for {n} rows", scale.numel());
+        ensure!(xs.numel() == xq.rows(), "linear_int8: {} activation scales for {} rows", xs.numel(), xq.rows());
+        let codes = |t: &Tensor| t.data.iter().map(|&v| v as i8).collect::<Vec<i8>>();
+        let (a, w) = (codes(xq), codes(q));
+        let mut shape = xq.shape.clone();
+        *shape.last_mut().unwrap() = n;
+        let mut out = vec![0f32; xq.rows() * n];
+        par_rows(&mut out, n, |r, row| {
+            let ar = &a[r * k..(r + 1) * k];
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = crate::int8::scaled(crate::int8::dot(ar, &w[j * k..(j + 1) * k]), xs.data[r], scale.data[j]);
+            }
+        });
+        Tensor::new(shape, out)
+    }
+
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         broadcast(a, b, |x, y| x + y)
     }
