@@ -22,6 +22,7 @@ pub mod backend {
 
 pub mod a1111;
 pub mod batch;
+pub mod c2pa_manifest;
 pub mod check;
 pub mod metadata;
 pub mod output;

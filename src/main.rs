@@ -156,6 +156,7 @@ fn run(cli: Cli, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
                 loras: a.lora,
                 lora_dir: a.lora_dir,
                 memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
+                c2pa: a.c2pa.signer()?,
             })?;
             Ok(0)
         }

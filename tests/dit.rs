@@ -160,6 +160,7 @@ fn loop_request(e: &Expected) -> Request {
         preview_every: 1,
         forwards: None,
         init: None,
+        c2pa: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn request(precision: Precision, out: PathBuf) -> Request {
         preview_every: 1,
         forwards: None,
         init: None,
+        c2pa: None,
     }
 }
 

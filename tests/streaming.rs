@@ -40,6 +40,7 @@ fn request(seed: u64) -> Request {
         preview_every: 1,
         forwards: None,
         init: None,
+        c2pa: None,
     }
 }
 

@@ -36,6 +36,8 @@ pub struct BatchOptions {
     pub devices: Vec<Device>,
     /// JPEG quality (`--quality`) for the items written as JPEG.
     pub quality: Option<u8>,
+    /// `--c2pa-cert`/`--c2pa-key`: every picture carries a signed C2PA manifest.
+    pub c2pa: Option<std::sync::Arc<crate::c2pa_manifest::ManifestSigner>>,
     /// `--max-vram`: the run is planned like `generate`'s (for the longest prompt and the
     /// largest picture), networks that do not fit stream.
     pub memory: crate::plan::MemoryOptions,

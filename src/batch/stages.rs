@@ -27,6 +27,7 @@ impl Ctx<'_> {
             quality: self.o.quality.filter(|_| crate::picture::Format::of(&j.path).ok() == Some(crate::picture::Format::Jpeg)),
             cut: t.cut,
             init: it.init.clone(),
+            c2pa: self.o.c2pa.clone(),
             ..Request::new(it.spec.clone(), j.path.clone(), self.o.device)
         }
     }

@@ -177,6 +177,8 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=100))]
     pub quality: Option<u8>,
     #[command(flatten)]
+    pub c2pa: super::c2pa_args::C2paArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
     /// Spread each picture's denoising over several GPUs, e.g. cuda:0,cuda:1 (lower latency; for
     /// throughput run one moss per GPU): with two, the prompt's and the negative's passes run on
@@ -421,6 +423,8 @@ pub struct ServeArgs {
     /// may choose by name (`"lora": [{"name": NAME, "scale": S}]`, at most 4; GET /v1/loras).
     #[arg(long, value_name = "DIR", conflicts_with = "lora")]
     pub lora_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub c2pa: super::c2pa_args::C2paArgs,
     /// Render each picture over several GPUs, e.g. cuda:0,cuda:1 (as `generate --devices`): one
     /// picture at a time with lower latency; for throughput run one server per GPU behind a
     /// balancer (deploy/).

@@ -5,14 +5,16 @@
 use super::args::{GenerateArgs, PromptArgs, Seed};
 use super::bars::{Bars, BatchBars};
 use moss::batch;
+use moss::c2pa_manifest::ManifestSigner;
 use moss::pipeline::{self, Input, PicturesIn};
 use moss::spec::{HiresSpec, InitSpec, PictureSpec};
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Batch mode over `items`, with `defaults` the flags' spec (its seed the base seed): exit 0 if
 /// every item of this shard was written (or skipped), 1 if any failed, 128 + the signal if stopped.
-fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> anyhow::Result<u8> {
+fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec, c2pa: Option<Arc<ManifestSigner>>) -> anyhow::Result<u8> {
     let o = batch::BatchOptions {
         items,
         loras: a.lora.clone(),
@@ -28,6 +30,7 @@ fn run_batch(a: &GenerateArgs, items: batch::Items, defaults: PictureSpec) -> an
         device: device_of(a),
         devices: a.devices.clone().unwrap_or_default(),
         quality: a.quality,
+        c2pa,
         memory: pipeline::MemoryOptions { max_vram_gib: a.max_vram },
         strength: a.pictures.strength,
         mask_blur: a.pictures.mask_blur,
@@ -85,7 +88,7 @@ pub fn prompt_text(p: &PromptArgs) -> anyhow::Result<Option<String>> {
 /// `--count N`, `--seeds A,B,..` or an `-o` name template (`fox-{seed}.png`): the pictures of one
 /// spec as the items of a batch (one load, the same pictures batch mode gives); `-o` is the
 /// batch's name template in its folder.
-fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<std::sync::Arc<pipeline::Prepared>>) -> anyhow::Result<u8> {
+fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<Arc<pipeline::Prepared>>, c2pa: Option<Arc<ManifestSigner>>) -> anyhow::Result<u8> {
     if spec.hires.is_some() {
         anyhow::bail!("--hires renders one picture at a time: not with --count, --seeds or a `{{...}}` name in -o");
     }
@@ -127,7 +130,7 @@ fn run_several(a: &GenerateArgs, spec: PictureSpec, init: Option<std::sync::Arc<
         _ => ".".into(),
     });
     b.batch.name = Some(name);
-    run_batch(&b, batch::Items::Given(items), spec)
+    run_batch(&b, batch::Items::Given(items), spec, c2pa)
 }
 
 /// The spec the flags give (clap's defaults where a flag was not given), for `prompt` and `seed`
@@ -290,6 +293,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         anyhow::bail!("{f} applies to batch mode only: give --prompts FILE (not --prompt)");
     }
     a.sampling.cache_config()?;
+    let c2pa = a.c2pa.signer()?;
     let from = match a.from.clone() {
         Some(pic) => Some(super::from::apply(&mut a, &pic, given)?),
         None => None,
@@ -337,14 +341,14 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
     warn_ignored(&a, &spec, given);
     spec.check_pictures_in().map_err(anyhow::Error::msg)?;
     let init = match &pictures {
-        Some(p) => Some(std::sync::Arc::new(p.prepare(&spec)?)),
+        Some(p) => Some(Arc::new(p.prepare(&spec)?)),
         None => None,
     };
     if several {
         if a.sampling.preview.is_some() {
             anyhow::bail!("--preview shows one picture's loop: not with --count, --seeds or a `{{...}}` name in -o");
         }
-        return run_several(&a, spec, init);
+        return run_several(&a, spec, init, c2pa);
     }
     // The seed is said whenever it was not given (a drawn one, or the default); after the
     // run, beside the path, so a refusal stays one line.
@@ -356,6 +360,7 @@ pub fn generate(mut a: GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Re
         prompt_file: a.prompt.prompt_file.clone(),
         from: a.from.clone(),
         quality: a.quality,
+        c2pa,
         init,
         preview: a.sampling.preview.clone(),
         preview_every: a.sampling.preview_every(),
@@ -408,6 +413,7 @@ fn warn_ignored(a: &GenerateArgs, spec: &PictureSpec, given: &dyn Fn(&str) -> bo
 /// `moss generate --prompts FILE`.
 pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u8> {
     a.sampling.cache_config()?;
+    let c2pa = a.c2pa.signer()?;
     if a.sampling.preview.is_some() {
         anyhow::bail!("--preview shows one picture's loop: not with --prompts");
     }
@@ -423,7 +429,7 @@ pub fn batch(a: &GenerateArgs, given: &dyn Fn(&str) -> bool) -> anyhow::Result<u
         anyhow::bail!("--init-image, --mask, --outpaint and --hires apply to single pictures; a list item sets `init_image` and `mask` itself");
     }
     let items = batch::Items::List(a.batch.prompts.clone().unwrap());
-    run_batch(a, items, spec_of_flags(a, String::new(), seed))
+    run_batch(a, items, spec_of_flags(a, String::new(), seed), c2pa)
 }
 
 /// A warning for `--uncond-skip` indices the user gave past the model's last block (not for the

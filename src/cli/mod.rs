@@ -5,6 +5,7 @@
 pub mod args;
 pub mod bars;
 pub mod bench;
+pub mod c2pa_args;
 pub mod from;
 pub mod generate;
 pub mod man;

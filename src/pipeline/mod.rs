@@ -65,6 +65,8 @@ pub struct Request {
     pub preview_every: usize,
     /// What the denoising loop computed (set when it ends; recorded in the picture).
     pub forwards: Option<Forwards>,
+    /// `--c2pa-cert`/`--c2pa-key`: the picture also gets a signed C2PA manifest.
+    pub c2pa: Option<std::sync::Arc<crate::c2pa_manifest::ManifestSigner>>,
 }
 
 impl Request {
@@ -85,6 +87,7 @@ impl Request {
             preview_every: DEFAULT_PREVIEW_EVERY,
             forwards: None,
             init: None,
+            c2pa: None,
         }
     }
 }
@@ -307,8 +310,8 @@ pub fn load_vae<B: VaeOps>(b: &B, ck: &Checkpoint, h: usize, w: usize) -> Result
 }
 
 /// The picture file of `req` from its final latents `z` with a loaded VAE: decoded, then encoded
-/// with the picture's metadata in the format of `req.out` (PNG for the server's empty path).
-/// `generate`, batch mode and the server all write these bytes.
+/// with the picture's metadata in the format of `req.out` (PNG for the server's empty path), and
+/// signed last when `req.c2pa` is set. `generate`, batch mode and the server all write these bytes.
 pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req: &Request, z: &Tensor, progress: &mut dyn Progress) -> Result<Vec<u8>> {
     let mut rgb = vae.decode_rgb8(b, z)?;
     if let Some(p) = &req.init {
@@ -319,7 +322,7 @@ pub fn picture_bytes<B: VaeOps>(b: &B, vae: &VaeDecoder<B>, ck: &Checkpoint, req
     if let Some(w) = pic.warning(&req.out) {
         progress.warn(&w);
     }
-    Ok(pic.bytes)
+    crate::c2pa_manifest::signed(req.c2pa.as_deref(), pic.bytes, &req.out)
 }
 
 /// The PNG text metadata of a picture rendered for `req` (`crate::metadata`).

@@ -76,6 +76,8 @@ pub struct ServeOptions {
     pub lora_dir: Option<std::path::PathBuf>,
     /// The device memory the server may use (`--max-vram`).
     pub memory: crate::plan::MemoryOptions,
+    /// `--c2pa-cert`/`--c2pa-key`: every picture served carries a signed C2PA manifest.
+    pub c2pa: Option<Arc<crate::c2pa_manifest::ManifestSigner>>,
 }
 
 /// One line on stderr, prefixed like every server line.
@@ -251,7 +253,11 @@ async fn serve(
         tokenizer,
         models: std::iter::once(model.clone()).chain(o.served_model_names.iter().filter(|n| **n != model).cloned()).collect(),
         model_spec: o.model.clone(),
-        base: crate::pipeline::Request { device: o.device, ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision) },
+        base: crate::pipeline::Request {
+            device: o.device,
+            c2pa: o.c2pa.clone(),
+            ..api::base_request(o.uncond_skip.clone(), o.skip_window, o.max_tokens, o.precision)
+        },
         limits: api::Limits {
             max_steps: o.max_steps,
             max_pixels: o.max_size.0 as u64 * o.max_size.1 as u64,
