@@ -52,7 +52,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 pub fn run(a: &BenchDit, device: Device) -> Result<serde_json::Value> {
-    let ck = Checkpoint::open(checkpoint::locate(&a.model)?)?;
+    let ck = moss::pipeline::open_checkpoint(&a.model)?; // with --transformer / --text-encoder
     let mut e = moss::embeds::read(&a.embeds)?;
     // As `generate --embeds` feeds them: F32 hidden states rounded to bf16 at --precision bf16.
     for x in [&mut e.cond, &mut e.uncond] {
