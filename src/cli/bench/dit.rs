@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use moss::backend::cpu::Cpu;
 use moss::backend::ops::{DitOps, VaeOps};
 use moss::backend::Device;
-use moss::checkpoint::{self, Checkpoint};
+use moss::checkpoint::Checkpoint;
 use moss::model::dit::Dit;
 use moss::options::Precision;
 use moss::pipeline::{self, Request, Silent};
