@@ -16,36 +16,23 @@ settings, and `--from` each signed file renders the unsigned PNG again.
     python3 tests/c2pa_verify.py [target/debug/moss]
 """
 
-import base64
 import json
 import os
-import re
-import signal
 import struct
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 
 import c2pa
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOSS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target", "debug", "moss")
-MODEL = os.path.join(ROOT, "golden", "tiny-a")
-TRAINED = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
-ARGS = ["--model", MODEL, "--device", "cpu"]
-PICTURE = ["--prompt", "a lighthouse at dusk", "--seed", "21", "--size", "64x48", "--steps", "2"]
+# the same moss binary, model, picture settings and server driver as tests/provenance.py
+from provenance import ARGS, MOSS, PICTURE, TRAINED, run, served
+
 EE_EXT = """basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature
 extendedKeyUsage=emailProtection
 subjectKeyIdentifier=hash
 authorityKeyIdentifier=keyid:always
 """
-
-
-def run(*args):
-    return subprocess.run([MOSS, *args], check=True, capture_output=True, text=True).stdout
 
 
 def openssl(d, *args):
@@ -129,34 +116,6 @@ def read(path):
         return f.read()
 
 
-def served(d, flags):
-    """A PNG and a JPEG from `moss serve` with `flags` (the settings of PICTURE)."""
-    p = subprocess.Popen([MOSS, "serve", *ARGS, *flags, "--port", "0"], stderr=subprocess.PIPE, text=True)
-    out = {}
-    try:
-        port, deadline = None, time.time() + 120
-        while time.time() < deadline:
-            line = p.stderr.readline()
-            if not line:
-                sys.exit(f"moss serve exited early ({p.wait()})")
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(m.group(1)) if m else port
-            if "ready in" in line:
-                break
-        for fmt, ext in (("png", "png"), ("jpeg", "jpg")):
-            body = json.dumps({"prompt": "a lighthouse at dusk", "seed": 21, "size": "64x48", "num_inference_steps": 2,
-                               "output_format": fmt, "output_compression": 90}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                out[ext] = os.path.join(d, f"served.{ext}")
-                with open(out[ext], "wb") as f:
-                    f.write(base64.b64decode(json.load(r)["data"][0]["b64_json"]))
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=60)
-    return out
-
-
 def main():
     with tempfile.TemporaryDirectory() as d:
         flags = make_certs(d)
@@ -174,7 +133,7 @@ def main():
         run("generate", *ARGS, *PICTURE, *flags["ed25519"], "--out", ed, "--quiet")
         check_manifest(ed, "ed25519.png", "ed25519")
         assert without_manifest(read(ed)) == read(os.path.join(d, "plain.png"))
-        for ext, path in served(d, flags["es256"]).items():
+        for ext, path in served(d, flags["es256"], (("png", "png"), ("jpeg", "jpg"))).items():
             check_manifest(path, f"picture.{ext}", "es256")
             assert without_manifest(read(path)) == read(os.path.join(d, f"plain.{ext}")), f"the served {ext} differs from moss generate's"
             signed[f"served {ext}"] = path

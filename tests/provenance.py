@@ -41,9 +41,11 @@ def marks(path):
     return tags.get("DigitalSourceType"), tags.get("CreatorTool")
 
 
-def served_png(d):
-    """One PNG from `moss serve` (the same settings as PICTURE)."""
-    p = subprocess.Popen([MOSS, "serve", *ARGS, "--port", "0"], stderr=subprocess.PIPE, text=True)
+def served(d, flags=(), formats=(("png", "png"),)):
+    """Pictures from `moss serve` with `flags` (the settings of PICTURE), one a (output_format,
+    extension): {extension: path}."""
+    p = subprocess.Popen([MOSS, "serve", *ARGS, *flags, "--port", "0"], stderr=subprocess.PIPE, text=True)
+    out = {}
     try:
         port, deadline = None, time.time() + 120
         while time.time() < deadline:
@@ -54,16 +56,17 @@ def served_png(d):
             port = int(m.group(1)) if m else port
             if "ready in" in line:
                 break
-        body = json.dumps({"prompt": "a lighthouse at dusk", "seed": 21, "size": "64x48", "num_inference_steps": 2}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            png = base64.b64decode(json.load(r)["data"][0]["b64_json"])
+        for fmt, ext in formats:
+            body = json.dumps({"prompt": "a lighthouse at dusk", "seed": 21, "size": "64x48", "num_inference_steps": 2,
+                               "output_format": fmt, "output_compression": 90}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                out[ext] = os.path.join(d, f"served.{ext}")
+                with open(out[ext], "wb") as f:
+                    f.write(base64.b64decode(json.load(r)["data"][0]["b64_json"]))
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=60)
-    out = os.path.join(d, "served.png")
-    with open(out, "wb") as f:
-        f.write(png)
     return out
 
 
@@ -73,7 +76,7 @@ def main():
         files = [os.path.join(d, f"a.{ext}") for ext in ("png", "jpg", "webp")]
         for f in files:
             run("generate", *ARGS, *PICTURE, "--out", f, "--quiet")
-        files.append(served_png(d))
+        files.append(served(d)["png"])
         with open(files[0], "rb") as f:
             first = f.read()
         with open(files[3], "rb") as f:
