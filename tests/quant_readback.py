@@ -12,7 +12,12 @@
   `build_hadamard` when convert-to-quant (and torch) are installed, else with their numpy twins here
   (the script says which); with convert-to-quant, the plain int8 codes and scales equal its
   quantizer's exactly and the ConvRot codes nearly (its rotation is an f32 matmul, moss's the
-  fast Walsh-Hadamard transform in f64). Prints 'N passed, 0 failed'.
+  fast Walsh-Hadamard transform in f64).
+- comfy_quant W4A8 (w4a8, w6a8 of golden/tiny-a's text encoder): the file's header read as raw
+  safetensors (numpy has no float8); each layer's JSON (`asym_w4a8_int8`), packed codes, e4m3 group
+  scales, row scales and codebook; dequantized with comfy-kitchen's `dequantize_w4a8_int8_weight`
+  when comfy-kitchen (and torch) are installed, else with a numpy twin of it here (the script says
+  which), near the folder's weights. Prints 'N passed, 0 failed'.
 """
 from __future__ import annotations
 
@@ -188,11 +193,99 @@ def comfy_readback(moss: str, tmp: str):
         print(f"{to}: dequantized with {reader}{' + ' + hname if to == 'int8-convrot' else ''}; worst tensor {worst:.3e} from the folder")
 
 
+def read_raw(path: str) -> dict:
+    """Every tensor of a safetensors file as numpy (bf16 and float8 e4m3 widened to f32; U8 / I8 as
+    stored), by its header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    e4m3 = np.array([(-1.0 if c & 0x80 else 1.0) * (((c & 7) * 2.0 ** -9) if (c >> 3) & 15 == 0 else (1 + (c & 7) / 8) * 2.0 ** (((c >> 3) & 15) - 7))
+                     for c in range(256)], dtype=np.float32)
+    e4m3[0x7F] = e4m3[0xFF] = np.nan
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        s, e = v["data_offsets"]
+        raw = data[s:e]
+        d = v["dtype"]
+        if d == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif d == "F8_E4M3":
+            a = e4m3[np.frombuffer(raw, dtype=np.uint8)]
+        else:
+            a = np.frombuffer(raw, dtype={"F32": "<f4", "I8": np.int8, "U8": np.uint8}[d])
+        out[k] = (a.reshape(v["shape"]), d)
+    return out
+
+
+def w4a8_twin(q, s_rel, s_ch, book, group, g):
+    """comfy-kitchen's dequantize_w4a8_int8_weight (no correction), in numpy."""
+    n, cols = q.shape
+    k = s_rel.shape[1] * group
+    bits = cols * 8 // k
+    u = q.view(np.uint8).astype(np.int32)
+    codes = np.empty((n, k), dtype=np.int32)
+    codes[:, 0::2] = u[:, : k // 2] & 0xF
+    codes[:, 1::2] = (u[:, : k // 2] >> 4) & 0xF
+    if bits == 6:
+        hi = (u[:, k // 2:, None] >> np.array([0, 2, 4, 6])) & 3
+        codes |= hi.reshape(n, k) << 4
+    levels = book[codes] if book is not None else (codes - (1 << (bits - 1))).astype(np.float32)
+    grid = np.clip(np.round((levels.reshape(n, -1, group) * s_rel[..., None]).astype(np.float32)), -127, 127).reshape(n, k)
+    rotated = grid.astype(np.float32) * s_ch[:, None]
+    h, _ = hadamard(g)
+    return (rotated.astype(np.float64).reshape(n, -1, g) @ h.T).reshape(n, k), bits
+
+
+def w4a8_readback(moss: str, tmp: str):
+    try:
+        import torch
+        from comfy_kitchen import dequantize_w4a8_int8_weight
+    except ImportError:
+        torch = dequantize_w4a8_int8_weight = None
+    reader = "comfy-kitchen" if dequantize_w4a8_int8_weight else "a numpy twin of comfy-kitchen's dequantize_w4a8_int8_weight"
+    folder = os.path.join(GOLDEN, "tiny-a", "text_encoder")
+    want = {}
+    for fn in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+        want.update({k: v for k, (v, _) in read_raw(os.path.join(folder, fn)).items()})
+    for to, bound in [("w4a8", 0.12), ("w6a8", 0.03)]:
+        path = os.path.join(tmp, f"te-{to}.safetensors")
+        r = subprocess.run([moss, "quantize", "--model", os.path.join(GOLDEN, "tiny-a"), "--component", "text-encoder", "--to", to, "-o", path, "--quiet"],
+                           capture_output=True, text=True)
+        check(r.returncode == 0 and os.path.exists(path), f"moss quantize --to {to}: {r.stderr.strip()}")
+        sd = read_raw(path)
+        layers = [k[: -len(".comfy_quant")] for k in sd if k.endswith(".comfy_quant")]
+        check(len(layers) > 40, f"{to}: {len(layers)} W4A8 layers")
+        worst = 0.0
+        for stem in layers:
+            layer = json.loads(bytes(sd[f"{stem}.comfy_quant"][0]).decode())
+            check(layer["format"] == "asym_w4a8_int8" and layer["group_size"] == 16, f"{to}: `{stem}` {layer}")
+            (q, qd), (s_rel, sd_), (s_ch, cd) = sd[f"{stem}.weight"], sd[f"{stem}.weight_s_rel"], sd[f"{stem}.weight_s_channel"]
+            book = sd.get(f"{stem}.weight_codebook", (None, None))[0]
+            check(qd == "I8" and sd_ == "F8_E4M3" and cd == "F32" and (book is not None) == (to == "w4a8"), f"{to}: `{stem}` {qd} {sd_} {cd}")
+            g = layer["convrot_groupsize"]
+            if dequantize_w4a8_int8_weight:
+                rel_t = torch.from_numpy(s_rel).to(torch.float8_e4m3fn)
+                b = torch.from_numpy(book.copy()) if book is not None else None
+                v = dequantize_w4a8_int8_weight(torch.from_numpy(q.copy()), rel_t, torch.from_numpy(s_ch.copy()), codebook=b, group_size=16,
+                                                convrot_groupsize=g, output_dtype=torch.float32).numpy()
+            else:
+                v, bits = w4a8_twin(q, s_rel, s_ch, book, 16, g)
+                check(bits == int(to[1]), f"{to}: `{stem}` is {bits}-bit")
+            e = rel(v, want[f"{stem}.weight"])
+            worst = max(worst, e)
+            check(e < bound, f"{to}: `{stem}` is {e:.3e} from the folder's values")
+        print(f"{to}: {len(layers)} layers dequantized with {reader}; worst tensor {worst:.3e} from the folder (bound {bound})")
+
+
 def main():
     moss = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/debug/moss"))
     with tempfile.TemporaryDirectory() as tmp:
         gguf_readback(moss, tmp)
         comfy_readback(moss, tmp)
+        w4a8_readback(moss, tmp)
     print(f"{passed} passed, 0 failed")
 
 

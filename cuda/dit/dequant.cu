@@ -11,6 +11,10 @@
 //   products `p = q · s` in f64; they are all multiples of u = 2^(ilogb(s) − 23) below 2^31·u, so
 //   the kernel sums the integers p / u in 64 bits (exactly the host's f64 sum), then forms
 //   `(sum · u) · norm` in f64 and rounds once to f32: the host's value.
+// - W4A8 (comfy-kitchen's asym_w4a8_int8, comfy_quant.rs `w4a8_grid`): each 4- or 6-bit code decoded
+//   to its int8 grid value `clamp(rint(level · s_rel), ±127)` (an f32 product, rounded half to even),
+//   `level` from the packed table (the codebook, or the uniform levels), `s_rel` the group's scale
+//   (float8 e4m3, or f32); then exactly the int8 + ConvRot path with the row scale `s_channel`.
 // moss_ctl_* (check image): a planted bug per format the gates must reject.
 #include <cuda_fp16.h>
 #include "elem.cuh"
@@ -145,12 +149,50 @@ __device__ void int8_impl(O* __restrict__ out, const unsigned char* __restrict__
     }
 }
 
-// int8 + ConvRot (see the file's head): a block turns DIT_DEQ_ROT_TILE / g groups (at least one) a
-// step, in shared memory. radix4: g is a power of 4 (H4^{⊗k}), else a power of 2 (H2^{⊗k}).
+// The int8 code of element `at` of a row-major [rows, k] matrix.
+// Int8Codes: stored int8. BUG 1 (the int8 + ConvRot control) is the rotation's, not the codes'.
+struct Int8Codes {
+    const unsigned char* codes;
+    __device__ __forceinline__ int operator()(long at) const { return (signed char)codes[at]; }
+};
+
+// float8 e4m3 (e4m3fn: no infinities, S.1111.111 NaN) as f32, exactly (crates/moss-core/src/fp8.rs).
+__device__ __forceinline__ float e4m3_value(unsigned char c) {
+    const int e = (c >> 3) & 0xf, m = c & 7;
+    const float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return (e == 15 && m == 7) ? __int_as_float(0x7fc00000) : ((c & 0x80) ? -v : v);
+}
+
+// W4A8 codes (the file's head): rows of k / 2 bytes of nibbles (even column low), at 6 bits followed
+// by k / 4 bytes of the top 2 bits (column c in byte c / 4 at bit 2 · (c % 4)); group scales s_rel
+// [rows, k / group] (e4m3 bytes, or f32 when srel_f32); levels[2^bits] f32.
+// BUG 2: the nibbles exchanged (even columns read from the high nibble).
+template <int BUG>
+struct W4a8Codes {
+    const unsigned char* codes;
+    const unsigned char* s_rel;
+    const float* levels;
+    long k;
+    int bits, group, srel_f32;
+    __device__ __forceinline__ int operator()(long at) const {
+        const long r = at / k, c = at % k;
+        const unsigned char* row = codes + r * (k * bits / 8);
+        const int shift = ((c & 1) ^ (BUG == 2 ? 1 : 0)) * 4;
+        int q = (row[c >> 1] >> shift) & 0xf;
+        if (bits == 6) q |= ((row[k / 2 + c / 4] >> (2 * (c % 4))) & 3) << 4;
+        const long gi = r * (k / group) + c / group;
+        const float s = srel_f32 ? reinterpret_cast<const float*>(s_rel)[gi] : e4m3_value(s_rel[gi]);
+        return (int)fminf(fmaxf(rintf(__fmul_rn(levels[q], s)), -127.0f), 127.0f);
+    }
+};
+
+// int8 grid codes + ConvRot (see the file's head): out = turn_back(code(at) · scale[row]). A block
+// turns DIT_DEQ_ROT_TILE / g groups (at least one) a step, in shared memory. radix4: g is a power
+// of 4 (H4^{⊗k}), else a power of 2 (H2^{⊗k}).
 // BUG 1: the rotation left out (the codes' values as stored, rotated).
-template <int BUG, typename O>
-__device__ void int8_rot_impl(O* __restrict__ out, const unsigned char* __restrict__ codes, const float* __restrict__ scales,
-                              long rows, long k, int g, int radix4, double norm) {
+template <int BUG, typename Codes, typename O>
+__device__ void rot_impl(O* __restrict__ out, const Codes code, const float* __restrict__ scales, long rows, long k, int g, int radix4,
+                         double norm) {
     __shared__ long long t[DIT_DEQ_ROT_TILE];
     const int per = g >= DIT_DEQ_ROT_TILE ? 1 : DIT_DEQ_ROT_TILE / g;  // groups a step
     const long groups = rows * (k / g);
@@ -160,7 +202,7 @@ __device__ void int8_rot_impl(O* __restrict__ out, const unsigned char* __restri
         for (int e = threadIdx.x; e < n; e += blockDim.x) {
             const long at = g0 * g + e;
             const float s = scales[at / k];
-            const float p = __fmul_rn((float)(signed char)codes[at], s);
+            const float p = __fmul_rn((float)code(at), s);
             const int ue = max(ilogbf(fabsf(s)) - 23, -149);
             t[e] = s == 0.0f ? 0 : __float2ll_rn(scalbnf(p, -ue));
         }
@@ -236,11 +278,28 @@ MOSS_CONTROL(MOSS_DEQUANT_INT8(moss_ctl_dequant_int8, 1))
 #define MOSS_DEQUANT_INT8_ROT(NAME, BUG)                                                                              \
     MOSS_KERNEL void NAME##_bf16(bf16* out, const unsigned char* codes, const float* scales, long rows, long k, int g, \
                                  int radix4, double norm) {                                                          \
-        moss_dequant::int8_rot_impl<BUG>(out, codes, scales, rows, k, g, radix4, norm);                              \
+        moss_dequant::rot_impl<BUG>(out, moss_dequant::Int8Codes{codes}, scales, rows, k, g, radix4, norm);          \
     }                                                                                                                 \
     MOSS_KERNEL void NAME##_f32(float* out, const unsigned char* codes, const float* scales, long rows, long k, int g, \
                                 int radix4, double norm) {                                                           \
-        moss_dequant::int8_rot_impl<BUG>(out, codes, scales, rows, k, g, radix4, norm);                              \
+        moss_dequant::rot_impl<BUG>(out, moss_dequant::Int8Codes{codes}, scales, rows, k, g, radix4, norm);          \
     }
 MOSS_PRODUCTION(MOSS_DEQUANT_INT8_ROT(moss_dequant_int8_rot, 0))
 MOSS_CONTROL(MOSS_DEQUANT_INT8_ROT(moss_ctl_dequant_int8_rot, 1))
+
+// BUG 2: the nibbles exchanged (W4a8Codes).
+#define MOSS_DEQUANT_W4A8(NAME, BUG)                                                                                    \
+    MOSS_KERNEL void NAME##_bf16(bf16* out, const unsigned char* codes, const float* scales, const unsigned char* s_rel, \
+                                 const float* levels, long rows, long k, int bits, int group, int srel_f32, int g,     \
+                                 int radix4, double norm) {                                                            \
+        const moss_dequant::W4a8Codes<BUG> code{codes, s_rel, levels, k, bits, group, srel_f32};                       \
+        moss_dequant::rot_impl<0>(out, code, scales, rows, k, g, radix4, norm);                                         \
+    }                                                                                                                   \
+    MOSS_KERNEL void NAME##_f32(float* out, const unsigned char* codes, const float* scales, const unsigned char* s_rel, \
+                                const float* levels, long rows, long k, int bits, int group, int srel_f32, int g,      \
+                                int radix4, double norm) {                                                             \
+        const moss_dequant::W4a8Codes<BUG> code{codes, s_rel, levels, k, bits, group, srel_f32};                       \
+        moss_dequant::rot_impl<0>(out, code, scales, rows, k, g, radix4, norm);                                         \
+    }
+MOSS_PRODUCTION(MOSS_DEQUANT_W4A8(moss_dequant_w4a8, 0))
+MOSS_CONTROL(MOSS_DEQUANT_W4A8(moss_ctl_dequant_w4a8, 2))

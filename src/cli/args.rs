@@ -51,8 +51,8 @@ pub enum Command {
     /// Print the man page (roff) to stdout, or write one page per subcommand into a folder.
     Man(ManArgs),
     /// Write the folder's transformer (or text encoder) as one quantized file: GGUF (q8_0, q4_0,
-    /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot), for --transformer
-    /// (--text-encoder).
+    /// q4_k, q5_k, q6_k) or ComfyUI comfy_quant safetensors (int8, int8-convrot, w4a8, w6a8), for
+    /// --transformer (--text-encoder).
     Quantize(QuantizeArgs),
     /// Serve pictures over HTTP (OpenAI-compatible POST /v1/images/generations), weights resident.
     Serve(ServeArgs),
@@ -288,10 +288,11 @@ pub struct QuantizeArgs {
     /// Checkpoint folder (bf16) or repo id whose transformer is written.
     #[arg(long, env = "MOSS_MODEL", default_value = moss::checkpoint::DEFAULT_MODEL)]
     pub model: String,
-    /// The format: q8_0, q4_0, q4_k, q5_k, q6_k (GGUF) or int8, int8-convrot (comfy_quant safetensors).
+    /// The format: q8_0, q4_0, q4_k, q5_k, q6_k (GGUF) or int8, int8-convrot, w4a8, w6a8 (comfy_quant
+    /// safetensors; w4a8 is comfy-kitchen's asym_w4a8_int8, the W4A8 text encoders' layout).
     #[arg(long)]
     pub to: moss::checkpoint::quantize::Target,
-    /// Which component: transformer, or text-encoder (int8 and int8-convrot only).
+    /// Which component: transformer, or text-encoder (int8, int8-convrot, w4a8 and w6a8 only).
     #[arg(long, default_value = "transformer", value_parser = ["transformer", "text-encoder"])]
     pub component: String,
     /// The file to write (replaced only once complete).

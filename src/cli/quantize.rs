@@ -28,7 +28,7 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<u8> {
     }
     let folder = a.component.replace('-', "_");
     if folder == "text_encoder" && matches!(a.to, checkpoint::quantize::Target::Gguf(_)) {
-        anyhow::bail!("--component text-encoder: moss writes the text encoder as int8 or int8-convrot (GGUF text encoders name their tensors as llama.cpp does, which moss does not read)");
+        anyhow::bail!("--component text-encoder: moss writes the text encoder as int8, int8-convrot, w4a8 or w6a8 (GGUF text encoders name their tensors as llama.cpp does, which moss does not read)");
     }
     let store = TensorStore::open(&ck.loc.root.join(&folder))?;
     let bytes = checkpoint::quantize::write(&store, a.to, &a.out)?;

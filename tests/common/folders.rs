@@ -67,7 +67,9 @@ pub fn st_dtype(d: Dtype) -> safetensors::Dtype {
         Dtype::F8E4M3 => safetensors::Dtype::F8_E4M3,
         Dtype::F8E5M2 => safetensors::Dtype::F8_E5M2,
         Dtype::I8 => safetensors::Dtype::I8,
-        Dtype::Ggml(_) | Dtype::Other => panic!("a dtype safetensors does not store in a golden transformer"),
+        // the byte tensors of comfy_quant files (their JSON)
+        Dtype::Other => safetensors::Dtype::U8,
+        Dtype::Ggml(_) | Dtype::W4a8 { .. } => panic!("a dtype safetensors does not store in a golden transformer"),
     }
 }
 

@@ -328,7 +328,7 @@ impl Cuda {
 pub fn loaded_dtype(stored: Dtype, p: Precision) -> DType {
     match (stored, p) {
         (Dtype::F8E4M3, _) => DType::F8E4M3,
-        (Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8, p) if p != Precision::Fp32 => DType::BF16,
+        (Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 | Dtype::W4a8 { .. }, p) if p != Precision::Fp32 => DType::BF16,
         _ => DType::F32,
     }
 }

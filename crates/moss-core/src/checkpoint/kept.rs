@@ -7,7 +7,9 @@
 //! twin of the GPU kernels, and the gates' reference).
 //!
 //! The packed bytes: part after part, each 16-byte aligned: its data (the blocks, the codes, or the
-//! bf16 / f32 values), then for int8 its scales (`rows` f32, a per-tensor scale repeated per row).
+//! bf16 / f32 values), then for int8 and W4A8 its row scales (`rows` f32, a per-tensor scale
+//! repeated per row), then for W4A8 its group scales (as stored: float8 e4m3 or f32) and its levels
+//! (`2^bits` f32: the stored codebook, or the uniform levels).
 //!
 //! A stack is kept this way when one of its tensors is quantized, all are 2-D of one width and none
 //! has a LoRA update ([`Layout::of`]); a quantized stack with a LoRA update is dequantized on the
@@ -17,6 +19,7 @@ use super::ggml::{self, GgmlType};
 use super::tensors::{decode_f32, Dtype, TensorInfo};
 use super::{comfy_quant, Component};
 use anyhow::{bail, ensure, Result};
+use std::sync::LazyLock;
 
 /// The largest ConvRot group the GPU turns back (the dequantize kernel's shared-memory tile).
 pub const MAX_CONVROT_GROUP: usize = 4096;
@@ -34,6 +37,14 @@ pub enum Format {
     Int8 {
         convrot: Option<usize>,
     },
+    /// W4A8 ([`Dtype::W4a8`]): codes of `bits` in groups of `group`, group scales f32 when
+    /// `f32_scales` (else float8 e4m3), ConvRot in groups of `convrot`; no correction.
+    W4a8 {
+        bits: u8,
+        group: usize,
+        convrot: usize,
+        f32_scales: bool,
+    },
 }
 
 impl Format {
@@ -44,12 +55,30 @@ impl Format {
             Dtype::F32 => Format::F32,
             Dtype::Ggml(t) => Format::Ggml(t),
             Dtype::I8 => Format::Int8 { convrot: info.row_scales.as_ref()?.convrot },
+            Dtype::W4a8 { bits } => {
+                let rs = info.row_scales.as_ref()?;
+                let g = rs.groups.as_ref()?;
+                Format::W4a8 { bits, group: g.group, convrot: rs.convrot?, f32_scales: g.s_rel.dtype == Dtype::F32 }
+            }
             _ => return None,
         })
     }
 
     pub fn is_quantized(self) -> bool {
-        matches!(self, Format::Ggml(_) | Format::Int8 { .. })
+        matches!(self, Format::Ggml(_) | Format::Int8 { .. } | Format::W4a8 { .. })
+    }
+
+    /// Whether a part of this format carries `rows` f32 row scales after its data.
+    pub fn has_row_scales(self) -> bool {
+        matches!(self, Format::Int8 { .. } | Format::W4a8 { .. })
+    }
+
+    /// W4A8: bytes of `rows` rows' group scales.
+    pub fn group_scale_bytes(self, rows: usize, k: usize) -> usize {
+        match self {
+            Format::W4a8 { group, f32_scales, .. } => rows * (k / group) * if f32_scales { 4 } else { 1 },
+            _ => 0,
+        }
     }
 
     /// Bytes of `rows` rows of `k` values, the scales apart.
@@ -59,6 +88,7 @@ impl Format {
             Format::F32 => 4 * rows * k,
             Format::Ggml(t) => rows * (k / t.block_values()) * t.block_bytes(),
             Format::Int8 { .. } => rows * k,
+            Format::W4a8 { bits, .. } => rows * k * bits as usize / 8,
         }
     }
 
@@ -69,18 +99,21 @@ impl Format {
             Format::Ggml(t) => t.name().into(),
             Format::Int8 { convrot: None } => "int8".into(),
             Format::Int8 { convrot: Some(g) } => format!("int8 + ConvRot {g}"),
+            Format::W4a8 { bits, group, convrot, .. } => format!("w{bits}a8 g{group} + ConvRot {convrot}"),
         }
     }
 }
 
-/// One part: `rows` rows in `format`, its data at byte `data` of the packed bytes and (int8) its
-/// scales at `scales`.
+/// One part: `rows` rows in `format`, its data at byte `data` of the packed bytes, (int8, W4A8) its
+/// row scales at `scales`, (W4A8) its group scales at `group_scales` and its levels at `levels`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
     pub rows: usize,
     pub format: Format,
     pub data: usize,
     pub scales: Option<usize>,
+    pub group_scales: Option<usize>,
+    pub levels: Option<usize>,
 }
 
 /// A kept matrix `[rows, k]`: its parts, top to bottom, and the packed bytes' length.
@@ -97,14 +130,18 @@ impl Layout {
         let mut at = 0usize;
         let mut out = vec![];
         for &(rows, format) in parts {
-            let data = at.next_multiple_of(ALIGN);
-            at = data + format.data_bytes(rows, k);
-            let scales = matches!(format, Format::Int8 { .. }).then(|| {
+            let mut put = |bytes: usize| {
                 let s = at.next_multiple_of(ALIGN);
-                at = s + 4 * rows;
+                at = s + bytes;
                 s
-            });
-            out.push(Part { rows, format, data, scales });
+            };
+            let data = put(format.data_bytes(rows, k));
+            let scales = format.has_row_scales().then(|| put(4 * rows));
+            let (group_scales, levels) = match format {
+                Format::W4a8 { bits, .. } => (Some(put(format.group_scale_bytes(rows, k))), Some(put(4 << bits))),
+                _ => (None, None),
+            };
+            out.push(Part { rows, format, data, scales, group_scales, levels });
         }
         Layout { k, parts: out, bytes: at }
     }
@@ -175,6 +212,14 @@ impl Layout {
                     let scales = decode_f32(Dtype::F32, &bytes[at..at + 4 * p.rows]).expect("f32");
                     out.extend(comfy_quant::dequantize_rows(data, &scales, k, convrot));
                 }
+                Format::W4a8 { bits, group, convrot, f32_scales } => {
+                    let (s, g, l) = (p.scales.expect("row scales"), p.group_scales.expect("group scales"), p.levels.expect("levels"));
+                    let scales = decode_f32(Dtype::F32, &bytes[s..s + 4 * p.rows]).expect("f32");
+                    let s_rel = comfy_quant::w4a8_group_scales(&bytes[g..g + p.format.group_scale_bytes(p.rows, k)], f32_scales);
+                    let levels = decode_f32(Dtype::F32, &bytes[l..l + (4 << bits)]).expect("f32");
+                    let grid = comfy_quant::w4a8_grid(data, k, bits, group, &s_rel, &levels);
+                    out.extend(comfy_quant::w4a8_values(&grid, &scales, k, group, convrot, None));
+                }
             }
         }
         Ok(out)
@@ -198,18 +243,51 @@ impl Layout {
                     out.extend((0..p.rows).map(|r| (&s[..4], at + 4 * r)));
                 }
             }
+            if let (Format::W4a8 { bits, f32_scales, .. }, Some(gs)) = (p.format, i.row_scales.as_ref().and_then(|r| r.groups.as_ref())) {
+                let s = c.store.bytes(&gs.s_rel);
+                if let Some(bad) = comfy_quant::w4a8_group_scales(s, f32_scales).iter().find(|v| !v.is_finite()) {
+                    bail!("`{}` holds {bad}: a scale must be finite", gs.s_rel_name);
+                }
+                out.push((s, p.group_scales.expect("group scales")));
+                let levels = match &gs.codebook {
+                    Some(book) => c.store.bytes(book),
+                    None => uniform_levels(bits),
+                };
+                if decode_f32(Dtype::F32, levels).expect("f32").iter().any(|v| !v.is_finite()) {
+                    bail!("the codebook beside `{}` holds a non-finite level", gs.s_rel_name);
+                }
+                out.push((levels, p.levels.expect("levels")));
+            }
         }
         Ok(out)
     }
 }
 
+/// The uniform levels of W4A8 codes without a codebook, as f32 bytes ([`comfy_quant::w4a8_levels`]).
+fn uniform_levels(bits: u8) -> &'static [u8] {
+    static FOUR: LazyLock<Vec<u8>> = LazyLock::new(|| comfy_quant::w4a8_levels(4, None).iter().flat_map(|v| v.to_le_bytes()).collect());
+    static SIX: LazyLock<Vec<u8>> = LazyLock::new(|| comfy_quant::w4a8_levels(6, None).iter().flat_map(|v| v.to_le_bytes()).collect());
+    if bits == 6 {
+        &SIX
+    } else {
+        &FOUR
+    }
+}
+
 /// The one-line refusal of a stored tensor the CUDA backend cannot run (`full`: its name), if it is one:
-/// int8 + ConvRot in groups larger than [`MAX_CONVROT_GROUP`].
+/// int8 or W4A8 with ConvRot in groups larger than [`MAX_CONVROT_GROUP`], W4A8 with a zero-point
+/// correction (comfy-kitchen's asymmetric variant).
 pub fn gpu_refusal(full: &str, info: &TensorInfo) -> Option<String> {
+    let corrected = info.row_scales.as_ref().and_then(|r| r.groups.as_ref()).is_some_and(|g| g.correction.is_some());
     match Format::of(info)? {
-        Format::Int8 { convrot: Some(g) } if g > MAX_CONVROT_GROUP => {
-            Some(format!("`{full}` is int8 + ConvRot in groups of {g}: the CUDA backend turns groups of up to {MAX_CONVROT_GROUP} back (--device cpu runs it)"))
-        }
+        Format::Int8 { convrot: Some(g) } | Format::W4a8 { convrot: g, .. } if g > MAX_CONVROT_GROUP => Some(format!(
+            "`{full}` is {} + ConvRot in groups of {g}: the CUDA backend turns groups of up to {MAX_CONVROT_GROUP} back (--device cpu runs it)",
+            info.dtype.name()
+        )),
+        Format::W4a8 { .. } if corrected => Some(format!(
+            "`{full}` is asymmetric {} (a zero-point correction per group): the CUDA backend does not run it (--device cpu does)",
+            info.dtype.name()
+        )),
         _ => None,
     }
 }
@@ -232,7 +310,7 @@ mod tests {
     fn parts_pack_aligned_with_int8_scales_after_their_codes() {
         let l = Layout::new(256, &[(3, Format::Ggml(GgmlType::Q4_K)), (5, Format::Int8 { convrot: Some(256) }), (2, Format::BF16)]);
         let q4k = 3 * 144usize;
-        assert_eq!(l.parts[0], Part { rows: 3, format: Format::Ggml(GgmlType::Q4_K), data: 0, scales: None });
+        assert_eq!(l.parts[0], Part { rows: 3, format: Format::Ggml(GgmlType::Q4_K), data: 0, scales: None, group_scales: None, levels: None });
         assert_eq!((l.parts[1].data, l.parts[1].scales), (q4k.next_multiple_of(16), Some((q4k.next_multiple_of(16) + 5 * 256).next_multiple_of(16))));
         assert_eq!(l.parts[2].data, (l.parts[1].scales.unwrap() + 20).next_multiple_of(16));
         assert_eq!(l.bytes, l.parts[2].data + 2 * 2 * 256);
@@ -266,7 +344,7 @@ mod tests {
         let scaled = |g: usize| {
             let mut t = TensorInfo::new(Dtype::I8, vec![4, 8192], 0, 0, 4 * 8192);
             let scale = TensorInfo::new(Dtype::F32, vec![4], 0, 0, 16);
-            t.row_scales = Some(Box::new(super::super::tensors::RowScales { scale, convrot: Some(g), scale_name: "w.weight_scale".into() }));
+            t.row_scales = Some(Box::new(super::super::tensors::RowScales { scale, convrot: Some(g), scale_name: "w.weight_scale".into(), groups: None }));
             t
         };
         let e = gpu_refusal("layers.0.proj.o.weight", &scaled(8192)).expect("refused");

@@ -13,6 +13,7 @@ pub mod quantize;
 pub mod scaled_fp8;
 pub mod single_file;
 pub mod tensors;
+pub mod w4a8_quantize;
 
 use anyhow::{bail, Context, Result};
 use config::{DitConfig, EncoderConfig, VaeConfig};
@@ -379,11 +380,11 @@ impl Component {
     /// blocks / int8 with row scales (dequantized as it loads); else one line naming it and its type.
     fn check_single_file_tensor(&self, full: &str, info: &TensorInfo) -> Result<()> {
         match info.dtype {
-            Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::Ggml(_) => Ok(()),
+            Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::Ggml(_) | Dtype::W4a8 { .. } => Ok(()),
             Dtype::I8 if info.row_scales.is_some() => Ok(()),
             Dtype::I8 => bail!("`{full}` in {} is int8 without a comfy_quant description or scales: moss cannot run it", self.store.file_of(info).display()),
             d => bail!(
-                "`{full}` in {} is {}: moss cannot run it (floats, GGUF blocks, int8 with row scales and float8 e4m3 with scales are read)",
+                "`{full}` in {} is {}: moss cannot run it (floats, GGUF blocks, int8 with row scales, W4A8 and float8 e4m3 with scales are read)",
                 self.store.file_of(info).display(),
                 d.name()
             ),

@@ -14,6 +14,8 @@
 //!   norms as stored. convert-to-quant's bias correction (calibration on random activations) is
 //!   not done.
 //!
+//! - comfy_quant W4A8 (`w4a8`, `w6a8`): comfy-kitchen's `asym_w4a8_int8` ([`super::w4a8_quantize`]).
+//!
 //! The file is written beside its destination and renamed into place when complete.
 
 use super::comfy_quant::turn_back;
@@ -29,7 +31,13 @@ use std::path::Path;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     Gguf(GgmlType),
-    Int8 { convrot: bool },
+    Int8 {
+        convrot: bool,
+    },
+    /// comfy-kitchen's W4A8 (`bits` 4) or W6A8 (6).
+    W4a8 {
+        bits: u8,
+    },
 }
 
 impl std::str::FromStr for Target {
@@ -43,7 +51,9 @@ impl std::str::FromStr for Target {
             "q6_k" => Target::Gguf(GgmlType::Q6_K),
             "int8" => Target::Int8 { convrot: false },
             "int8-convrot" => Target::Int8 { convrot: true },
-            _ => return Err(format!("`{s}`: give q8_0, q4_0, q4_k, q5_k, q6_k, int8 or int8-convrot")),
+            "w4a8" => Target::W4a8 { bits: 4 },
+            "w6a8" => Target::W4a8 { bits: 6 },
+            _ => return Err(format!("`{s}`: give q8_0, q4_0, q4_k, q5_k, q6_k, int8, int8-convrot, w4a8 or w6a8")),
         })
     }
 }
@@ -159,8 +169,34 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
     (codes, scales)
 }
 
+/// The entries of a safetensors file, as (name, dtype, shape, bytes), written to `out`.
+type Entry = (String, safetensors::tensor::Dtype, Vec<usize>, Vec<u8>);
+
+fn write_entries(owned: &[Entry], out: &mut std::fs::File) -> Result<()> {
+    use safetensors::tensor::TensorView;
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b).map_err(|e| anyhow::anyhow!("`{n}`: {e:?}"))?)))
+        .collect::<Result<_>>()?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| anyhow::anyhow!("writing safetensors: {e:?}"))?;
+    out.write_all(&bytes)?;
+    Ok(())
+}
+
+fn bf16_entry(name: &str, shape: &[usize], v: &[f32]) -> Entry {
+    (name.to_string(), safetensors::tensor::Dtype::BF16, shape.to_vec(), v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())
+}
+
+fn write_w4a8(tensors: &[(String, Vec<usize>, Vec<f32>)], bits: u8, out: &mut std::fs::File) -> Result<()> {
+    let layers = par_map(tensors, |(name, shape, v)| match name.strip_suffix(".weight").filter(|_| super::w4a8_quantize::quantizable(name, shape, bits)) {
+        Some(stem) => super::w4a8_quantize::layer(stem, shape, v, bits),
+        None => Ok(vec![bf16_entry(name, shape, v)]),
+    })?;
+    write_entries(&layers.concat(), out)
+}
+
 fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &mut std::fs::File) -> Result<()> {
-    use safetensors::tensor::{Dtype as St, TensorView};
+    use safetensors::tensor::Dtype as St;
     let quantized = par_map(tensors, |(name, shape, v)| {
         Ok(match name.strip_suffix(".weight").filter(|_| shape.len() == 2) {
             Some(_) => {
@@ -170,7 +206,7 @@ fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &m
             None => None,
         })
     })?;
-    let mut owned: Vec<(String, St, Vec<usize>, Vec<u8>)> = vec![];
+    let mut owned: Vec<Entry> = vec![];
     for ((name, shape, v), q) in tensors.iter().zip(quantized) {
         match name.strip_suffix(".weight").zip(q) {
             Some((stem, (group, (codes, scales)))) => {
@@ -184,16 +220,10 @@ fn write_int8(tensors: &[(String, Vec<usize>, Vec<f32>)], convrot: bool, out: &m
                 owned.push((format!("{stem}.weight_scale"), St::F32, vec![shape[0], 1], scales.iter().flat_map(|s| s.to_le_bytes()).collect()));
                 owned.push((format!("{stem}.comfy_quant"), St::U8, vec![json.len()], json));
             }
-            None => owned.push((name.clone(), St::BF16, shape.clone(), v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())),
+            None => owned.push(bf16_entry(name, shape, v)),
         }
     }
-    let views: Vec<(String, TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(*d, s.clone(), b).map_err(|e| anyhow::anyhow!("`{n}`: {e:?}"))?)))
-        .collect::<Result<_>>()?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| anyhow::anyhow!("writing safetensors: {e:?}"))?;
-    out.write_all(&bytes)?;
-    Ok(())
+    write_entries(&owned, out)
 }
 
 /// `f` of every item, on every core (each thread takes the next item), in the items' order.
@@ -235,6 +265,7 @@ pub fn write(store: &TensorStore, target: Target, out: &Path) -> Result<u64> {
         match target {
             Target::Gguf(t) => write_gguf(&tensors, t, &mut f)?,
             Target::Int8 { convrot } => write_int8(&tensors, convrot, &mut f)?,
+            Target::W4a8 { bits } => write_w4a8(&tensors, bits, &mut f)?,
         }
         f.sync_all()?;
         std::fs::rename(&tmp, out).with_context(|| format!("cannot move the file into {}", out.display()))

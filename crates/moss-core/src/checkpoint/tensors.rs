@@ -25,6 +25,12 @@ pub enum Dtype {
     /// ggml blocks of a GGUF file ([`super::ggml`]): `end - start` is the blocks' bytes, not
     /// elements times [`Dtype::size`].
     Ggml(GgmlType),
+    /// ComfyUI's `asym_w4a8_int8` ([`super::comfy_quant`]): a row of `K` weights packed in
+    /// `K · bits / 8` bytes (4 or 6 bits a code), shape `[rows, K]`; the group scales, row scales
+    /// and codebook are [`RowScales::groups`].
+    W4a8 {
+        bits: u8,
+    },
     Other,
 }
 
@@ -48,8 +54,8 @@ impl Dtype {
             Dtype::F32 => 4,
             Dtype::F64 | Dtype::I64 => 8,
             Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::I8 | Dtype::Other => 1,
-            // bytes per element are fractional: see `Dtype::Ggml`
-            Dtype::Ggml(_) => 1,
+            // bytes per element are fractional: see `Dtype::Ggml`, `Dtype::W4a8`
+            Dtype::Ggml(_) | Dtype::W4a8 { .. } => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -63,14 +69,16 @@ impl Dtype {
             Dtype::F8E5M2 => "f8_e5m2",
             Dtype::I8 => "int8",
             Dtype::Ggml(t) => t.name(),
+            Dtype::W4a8 { bits: 6 } => "w6a8",
+            Dtype::W4a8 { .. } => "w4a8",
             Dtype::Other => "other",
         }
     }
 
     /// Whether the stored values are a quantized form moss dequantizes as it loads them (the
-    /// formats of single-file checkpoints: ggml blocks, int8 with row scales).
+    /// formats of single-file checkpoints: ggml blocks, int8 with row scales, W4A8).
     pub fn is_block_or_int8(self) -> bool {
-        matches!(self, Dtype::Ggml(_) | Dtype::I8)
+        matches!(self, Dtype::Ggml(_) | Dtype::I8 | Dtype::W4a8 { .. })
     }
 }
 
@@ -86,7 +94,7 @@ pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<usize> {
         Dtype::F8E4M3 => bytes.iter().position(|b| b & 0x7f == 0x7f),
         Dtype::F8E5M2 => bytes.iter().position(|b| b & 0x7c == 0x7c),
         Dtype::Ggml(t) => super::ggml::first_bad_block(t, bytes).map(|b| b * t.block_values()),
-        Dtype::I64 | Dtype::I8 | Dtype::Other => None,
+        Dtype::I64 | Dtype::I8 | Dtype::W4a8 { .. } | Dtype::Other => None,
     }
 }
 
@@ -114,6 +122,28 @@ pub struct RowScales {
     pub convrot: Option<usize>,
     /// The name of the scale tensor in the file (for messages).
     pub scale_name: String,
+    /// W4A8 ([`Dtype::W4a8`]): the codes decode per group to the int8 grid ([`GroupScales`]);
+    /// `scale` is then the row scale `s_channel`.
+    pub groups: Option<Box<GroupScales>>,
+}
+
+/// The per-group half of a W4A8 weight (comfy-kitchen's `AsymW4A8Int8Layout`): code `c` of group
+/// `j` of row `r` is the int8 value `clamp(round(level(c) · s_rel[r, j]), ±127)`, `level` the
+/// stored codebook (16 levels), else uniform (`c − 8`, `c − 32` at 6 bits); the weight in the
+/// ConvRot basis is that value times the row scale, plus `correction[j, r]` when stored.
+#[derive(Clone, Debug)]
+pub struct GroupScales {
+    /// `s_rel` `[rows, K / group]`: float8 e4m3 (also stored as raw U8 bytes) or f32.
+    pub s_rel: TensorInfo,
+    /// Weights a group (16 by default).
+    pub group: usize,
+    /// f32 `[16]`.
+    pub codebook: Option<TensorInfo>,
+    /// `[K / group, rows_of_the_file]` in the file's float dtype, and the first of its columns this
+    /// tensor's rows take (a row slice of the weight keeps the whole correction).
+    pub correction: Option<(TensorInfo, usize)>,
+    /// The name of `s_rel` in the file (for messages).
+    pub s_rel_name: String,
 }
 
 impl TensorInfo {
@@ -137,7 +167,11 @@ impl TensorInfo {
             *s = r1 - r0;
         }
         if let Some(rs) = &self.row_scales {
-            t.row_scales = Some(Box::new(RowScales { scale: rs.scale.row_slice(r0, r1), ..(**rs).clone() }));
+            let groups = rs.groups.as_ref().map(|g| {
+                let correction = g.correction.as_ref().map(|(c, at)| (c.clone(), at + r0));
+                Box::new(GroupScales { s_rel: g.s_rel.row_slice(r0, r1), correction, ..(**g).clone() })
+            });
+            t.row_scales = Some(Box::new(RowScales { scale: rs.scale.row_slice(r0, r1), groups, ..(**rs).clone() }));
         }
         t
     }
@@ -274,7 +308,7 @@ impl TensorStore {
         let bytes = self.bytes(info);
         match info.dtype {
             Dtype::Ggml(t) => Ok(super::ggml::dequantize(t, bytes)),
-            Dtype::I8 => super::comfy_quant::dequantize(self, info),
+            Dtype::I8 | Dtype::W4a8 { .. } => super::comfy_quant::dequantize(self, info),
             d => decode_f32(d, bytes).with_context(|| format!("moss does not read {} tensors", d.name())),
         }
     }
@@ -292,6 +326,6 @@ pub fn decode_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
         Dtype::F8E4M3 => b.iter().map(|&c| crate::fp8::e4m3_to_f32(c)).collect(),
         Dtype::I8 => b.iter().map(|&c| c as i8 as f32).collect(),
         Dtype::Ggml(t) => super::ggml::dequantize(t, b),
-        Dtype::F8E5M2 | Dtype::Other => return None,
+        Dtype::F8E5M2 | Dtype::W4a8 { .. } | Dtype::Other => return None,
     })
 }

@@ -271,7 +271,7 @@ pub fn rounding(dtype: Dtype) -> Result<fn(f32) -> f32> {
         Dtype::BF16 => |v| half::bf16::from_f32(v).to_f32(),
         Dtype::F16 => |v| half::f16::from_f32(v).to_f32(),
         // dequantized as loaded (ggml blocks, int8 with row scales): the merge stays in f32
-        Dtype::F32 | Dtype::Ggml(_) | Dtype::I8 => |v| v,
+        Dtype::F32 | Dtype::Ggml(_) | Dtype::I8 | Dtype::W4a8 { .. } => |v| v,
         d => bail!("cannot merge a LoRA into a tensor stored as {}", d.name()),
     })
 }

@@ -30,7 +30,7 @@ pub struct RunPlan {
 /// or on the GPU with a LoRA update merged into it).
 fn loaded(dtype: Dtype, numel: usize, bf16_loaded: usize) -> u64 {
     let es = match dtype {
-        Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 => bf16_loaded,
+        Dtype::BF16 | Dtype::Ggml(_) | Dtype::I8 | Dtype::W4a8 { .. } => bf16_loaded,
         Dtype::F8E4M3 => 1,
         _ => 4,
     };

@@ -6,6 +6,7 @@
 //! dequantize then cuBLASLt) against an fp64 reference, and the gather of a kept embedding table.
 //! Each has a planted control: the format's `moss_ctl_dequant_*` twin (codes read unsigned, nibbles
 //! exchanged, a high bit dropped, the k-quant scales unpacked wrongly, the rotation left out).
+//! W4A8 (the W4A8 text encoders' matrices) is gated at the text encoder's shapes.
 
 use super::gates::*;
 use crate::ops::{to_bytes, Cuda, CudaTensor, DType};
@@ -16,8 +17,12 @@ use moss_core::checkpoint::kept::{Format, Layout};
 use moss_core::tensor::Tensor;
 
 /// The gates, in table order.
-pub const GATES: &[(&str, GateFn)] =
-    &[("dequantize (ggml blocks)", gate_ggml), ("dequantize (int8, ConvRot)", gate_int8), ("dequantize: kept matrices in products", gate_products)];
+pub const GATES: &[(&str, GateFn)] = &[
+    ("dequantize (ggml blocks)", gate_ggml),
+    ("dequantize (int8, ConvRot)", gate_int8),
+    ("dequantize (W4A8)", gate_w4a8),
+    ("dequantize: kept matrices in products", gate_products),
+];
 
 /// Random packed bytes of `layout`: random codes, f16 block scales in a weight's range, positive
 /// f32 row scales.
@@ -49,6 +54,35 @@ pub fn random_bytes(rng: &mut Rng, layout: &Layout) -> Vec<u8> {
                     b[s + 4 * r..s + 4 * r + 4].copy_from_slice(&v.to_le_bytes());
                 }
             }
+            Format::W4a8 { bits, group, f32_scales, .. } => {
+                // row scales as comfy-kitchen's (amax / 127); group scales that take the levels
+                // over the whole int8 grid and past it (clamped); a sorted random codebook
+                let s = p.scales.expect("W4A8 parts have scales");
+                for r in 0..p.rows {
+                    let v = (rng.uniform() * 1e-3 + 1e-6) as f32;
+                    b[s + 4 * r..s + 4 * r + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                let g = p.group_scales.expect("W4A8 parts have group scales");
+                let levels = 1usize << bits;
+                let top = if bits == 4 { 160.0 } else { 5.0 };
+                for i in 0..p.rows * (k / group) {
+                    let v = (rng.uniform() * top) as f32;
+                    if f32_scales {
+                        b[g + 4 * i..g + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+                    } else {
+                        b[g + i] = moss_core::fp8::e4m3_from_f32(v);
+                    }
+                }
+                let l = p.levels.expect("W4A8 parts have levels");
+                let mut book: Vec<f32> = (0..levels).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect();
+                if bits == 6 {
+                    book = moss_core::checkpoint::comfy_quant::w4a8_levels(6, None);
+                }
+                book.sort_by(f32::total_cmp);
+                for (i, v) in book.iter().enumerate() {
+                    b[l + 4 * i..l + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
             Format::BF16 => {
                 let v = rng.normals(p.rows * k, 0.02);
                 b[data..data + 2 * v.len()].copy_from_slice(&to_bytes(&v, DType::BF16));
@@ -68,6 +102,7 @@ fn stem(f: Format) -> String {
         Format::Ggml(t) => format!("moss_dequant_{}", t.name().to_lowercase()),
         Format::Int8 { convrot: None } => "moss_dequant_int8".into(),
         Format::Int8 { convrot: Some(_) } => "moss_dequant_int8_rot".into(),
+        Format::W4a8 { .. } => "moss_dequant_w4a8".into(),
         Format::BF16 | Format::F32 => String::new(),
     }
 }
@@ -105,6 +140,7 @@ fn bug(f: Format) -> &'static str {
         Format::Ggml(GgmlType::Q4_K | GgmlType::Q5_K) => "scales 4..7 unpacked as 0..3",
         Format::Ggml(GgmlType::Q6_K) => "high bits of the first half only",
         Format::Int8 { convrot: Some(_) } => "rotation left out",
+        Format::W4a8 { .. } => "nibbles exchanged",
         Format::BF16 | Format::F32 => "",
     }
 }
@@ -136,12 +172,27 @@ fn gate_int8(cx: &mut Cx) -> Result<()> {
     judge_layout(cx, "mixed stack", &Layout::new(DIM, &mixed), Format::Int8 { convrot: Some(256) })
 }
 
+/// W4A8 at the text encoder's shapes (`[4096 ; 4096]` projections of 4096, the MLP's down
+/// projection of 12288): comfy-kitchen's default (4-bit codebook, e4m3 group scales of 16, ConvRot
+/// 256), f32 group scales, 6-bit uniform codes, and a stack with a bf16 part.
+fn gate_w4a8(cx: &mut Cx) -> Result<()> {
+    let f = |bits, f32_scales| Format::W4a8 { bits, group: 16, convrot: 256, f32_scales };
+    let (d, ffn) = (ENC_HIDDEN, super::encoder::enc::FFN);
+    judge_layout(cx, "w4a8", &Layout::new(d, &[(2 * d, f(4, false))]), f(4, false))?;
+    judge_layout(cx, "w4a8", &Layout::new(ffn, &[(d, f(4, false))]), f(4, false))?;
+    judge_layout(cx, "w4a8, f32 group scales", &Layout::new(d, &[(d, f(4, true))]), f(4, true))?;
+    judge_layout(cx, "w6a8", &Layout::new(d, &[(d, f(6, false))]), f(6, false))?;
+    let mixed = [(d, f(4, false)), (32, Format::BF16), (d, f(6, false))];
+    judge_layout(cx, "mixed stack", &Layout::new(d, &mixed), f(4, false))
+}
+
 /// `linear` of a kept matrix (the dequantize, then cuBLASLt) against the fp64 product with the CPU
 /// twin's weight; the embedding gather of a kept table against the twin's rows.
 fn gate_products(cx: &mut Cx) -> Result<()> {
     use dit::*;
     let m = TOKENS;
-    for f in [Format::Ggml(GgmlType::Q4_K), Format::Ggml(GgmlType::Q8_0), Format::Int8 { convrot: Some(256) }] {
+    let w4a8 = Format::W4a8 { bits: 4, group: 16, convrot: 256, f32_scales: false };
+    for f in [Format::Ggml(GgmlType::Q4_K), Format::Ggml(GgmlType::Q8_0), Format::Int8 { convrot: Some(256) }, w4a8] {
         let layout = Layout::new(DIM, &[(2 * FFN, f)]);
         let bytes = random_bytes(&mut cx.rng, &layout);
         // the weight the product reads: the twin's values in the run's dtype
@@ -191,6 +242,7 @@ pub fn time_dequant(cuda: &Cuda) -> Result<()> {
         Format::Ggml(GgmlType::Q4_K),
         Format::Int8 { convrot: None },
         Format::Int8 { convrot: Some(256) },
+        Format::W4a8 { bits: 4, group: 16, convrot: 256, f32_scales: false },
     ] {
         let layout = Layout::new(DIM, &[(2 * FFN, f)]);
         let w = c.upload_kept(&layout, &random_bytes(&mut rng, &layout))?;

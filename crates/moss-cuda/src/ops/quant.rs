@@ -102,7 +102,13 @@ impl Cuda {
             return Ok(());
         }
         let data = w.ptr() + (p.data + p.format.data_bytes(r0, k)) as u64;
-        let scales = || Dev::new(w.ptr() + (p.scales.expect("int8 parts have scales") + 4 * r0) as u64, Elem::F32);
+        let scales = || Dev::new(w.ptr() + (p.scales.expect("int8 and W4A8 parts have scales") + 4 * r0) as u64, Elem::F32);
+        // a group of g rotated values: one tile of the rotation kernels a step
+        let rot = |g: usize| {
+            let tiles = n.div_ceil(g.max(crate::launch::DIT_DEQ_ROT_TILE)) as u32;
+            let cfg = (tiles.clamp(1, self.sm_count() as u32 * 8), DIT_DEQ_THREADS as u32, 0);
+            (cfg, g.trailing_zeros().is_multiple_of(2) as i32, 1.0 / (g as f64).sqrt())
+        };
         let blocks = |work: usize| self.grid_for(work);
         match p.format {
             Format::Ggml(t) => ggml_family(t).launch(self, (blocks(n / 8), DIT_DEQ_THREADS as u32, 0), out, Dev::new(data, Elem::U8), n as i64),
@@ -110,11 +116,15 @@ impl Cuda {
                 kernels::DEQUANT_INT8.launch(self, (blocks(n), DIT_DEQ_THREADS as u32, 0), out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64)
             }
             Format::Int8 { convrot: Some(g) } => {
-                let tiles = n.div_ceil(g.max(crate::launch::DIT_DEQ_ROT_TILE)) as u32;
-                let radix4 = g.trailing_zeros().is_multiple_of(2);
-                let norm = 1.0 / (g as f64).sqrt();
-                let cfg = (tiles.clamp(1, self.sm_count() as u32 * 8), DIT_DEQ_THREADS as u32, 0);
-                kernels::DEQUANT_INT8_ROT.launch(self, cfg, out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64, g as i32, radix4 as i32, norm)
+                let (cfg, radix4, norm) = rot(g);
+                kernels::DEQUANT_INT8_ROT.launch(self, cfg, out, Dev::new(data, Elem::U8), scales(), rows as i64, k as i64, g as i32, radix4, norm)
+            }
+            Format::W4a8 { bits, group, convrot, f32_scales } => {
+                let (cfg, radix4, norm) = rot(convrot);
+                let s_rel = Dev::new(w.ptr() + (p.group_scales.expect("W4A8 parts have group scales") + p.format.group_scale_bytes(r0, k)) as u64, Elem::U8);
+                let levels = Dev::new(w.ptr() + p.levels.expect("W4A8 parts have levels") as u64, Elem::F32);
+                let (d, b, gr, f) = (Dev::new(data, Elem::U8), bits as i32, group as i32, f32_scales as i32);
+                kernels::DEQUANT_W4A8.launch(self, cfg, out, d, scales(), s_rel, levels, rows as i64, k as i64, b, gr, f, convrot as i32, radix4, norm)
             }
             Format::BF16 | Format::F32 => {
                 let from = if p.format == Format::BF16 { DType::BF16 } else { DType::F32 };
