@@ -439,6 +439,14 @@ impl Backend for Cuda {
             Ok(t)
         })
     }
+    fn keeps_quantized(&self) -> bool {
+        true
+    }
+    fn kept_int8_codes(&self, w: &CudaTensor) -> Result<CudaTensor> {
+        let l = w.layout().ok_or_else(|| anyhow::anyhow!("kept_int8_codes: {w:?} is not a kept matrix"))?;
+        ensure!(l.int8_codes().is_some(), "kept_int8_codes: a stack of {} is not one int8 matrix", l.formats());
+        Ok(CudaTensor { buf: w.buf.clone(), shape: vec![l.rows(), l.k], dtype: DType::I8, kept: None })
+    }
     fn linear_int8_quantized(&self, xq: &CudaTensor, xs: &CudaTensor, q: &CudaTensor, s: &CudaTensor) -> Result<CudaTensor> {
         self.linear_int8_quantized_timed(xq, xs, q, s)
     }

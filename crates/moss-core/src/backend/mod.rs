@@ -164,6 +164,16 @@ pub trait Backend {
     /// int8 codes as a checkpoint stores them (one two's-complement byte each, `shape` `[N, K]`),
     /// held as [`Backend::quantize_rows_int8`] holds its codes.
     fn upload_int8(&self, shape: &[usize], codes: &[u8]) -> Result<Self::T>;
+    /// Whether this backend loads a quantized checkpoint matrix kept as stored
+    /// ([`crate::checkpoint::kept`]: the CUDA backend) rather than dequantized (the CPU).
+    fn keeps_quantized(&self) -> bool {
+        false
+    }
+    /// The codes of `w`, a kept stack of int8 parts ([`crate::checkpoint::kept::Layout::int8_codes`]),
+    /// as [`Backend::upload_int8`] holds codes, in `w`'s memory (no copy).
+    fn kept_int8_codes(&self, _w: &Self::T) -> Result<Self::T> {
+        anyhow::bail!("this backend does not keep quantized matrices")
+    }
     /// Int8 rows `xq [.., K]`, `xs [rows]` times the int8 weight `q [N, K]`, `scale [N]`:
     /// `y[r, n] = xs[r] · scale[n] · Σ_k xq[r, k] · q[n, k]`, the sum exact in 32-bit integers →
     /// `[.., N]` in the activation dtype.

@@ -6,10 +6,12 @@
 //! a scratch matrix right before the GEMM; [`Layout::dequantize`] is that step on the host (the CPU
 //! twin of the GPU kernels, and the gates' reference).
 //!
-//! The packed bytes: part after part, each 16-byte aligned: its data (the blocks, the codes, or the
-//! bf16 / f32 values), then for int8 and W4A8 its row scales (`rows` f32, a per-tensor scale
-//! repeated per row), then for W4A8 its group scales (as stored: float8 e4m3 or f32) and its levels
-//! (`2^bits` f32: the stored codebook, or the uniform levels).
+//! The packed bytes, each piece 16-byte aligned: every part's data (the blocks, the codes, or the
+//! bf16 / f32 values), part after part, then every part's extras: for int8 and W4A8 its row scales
+//! (`rows` f32, a per-tensor scale repeated per row), for W4A8 its group scales (as stored: float8
+//! e4m3 or f32) and its levels (`2^bits` f32: the stored codebook, or the uniform levels). So the
+//! codes of a stack of int8 parts are one `[rows, k]` int8 matrix at offset 0 ([`Layout::int8_codes`],
+//! what `--precision int8` multiplies by).
 //!
 //! A stack is kept this way when one of its tensors is quantized, all are 2-D of one width and none
 //! has a LoRA update ([`Layout::of`]); a quantized stack with a LoRA update is dequantized on the
@@ -129,13 +131,13 @@ impl Layout {
     pub fn new(k: usize, parts: &[(usize, Format)]) -> Layout {
         let mut at = 0usize;
         let mut out = vec![];
-        for &(rows, format) in parts {
-            let mut put = |bytes: usize| {
-                let s = at.next_multiple_of(ALIGN);
-                at = s + bytes;
-                s
-            };
-            let data = put(format.data_bytes(rows, k));
+        let mut put = |bytes: usize| {
+            let s = at.next_multiple_of(ALIGN);
+            at = s + bytes;
+            s
+        };
+        let data: Vec<usize> = parts.iter().map(|&(rows, format)| put(format.data_bytes(rows, k))).collect();
+        for (&(rows, format), data) in parts.iter().zip(data) {
             let scales = format.has_row_scales().then(|| put(4 * rows));
             let (group_scales, levels) = match format {
                 Format::W4a8 { bits, .. } => (Some(put(format.group_scale_bytes(rows, k))), Some(put(4 << bits))),
@@ -148,6 +150,20 @@ impl Layout {
 
     pub fn rows(&self) -> usize {
         self.parts.iter().map(|p| p.rows).sum()
+    }
+
+    /// `Some(convrot)` when every part is int8 with one ConvRot group (or none) and the codes lie
+    /// back to back from offset 0: the stack's codes are one `[rows, k]` int8 matrix there.
+    pub fn int8_codes(&self) -> Option<Option<usize>> {
+        let Format::Int8 { convrot } = self.parts.first()?.format else { return None };
+        let mut at = 0;
+        for p in &self.parts {
+            if p.format != (Format::Int8 { convrot }) || p.data != at {
+                return None;
+            }
+            at += p.rows * self.k;
+        }
+        Some(convrot)
     }
 
     /// The parts' formats, for reports (`Q4_K + bf16`).
@@ -307,15 +323,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parts_pack_aligned_with_int8_scales_after_their_codes() {
+    fn parts_pack_aligned_data_first_then_scales() {
         let l = Layout::new(256, &[(3, Format::Ggml(GgmlType::Q4_K)), (5, Format::Int8 { convrot: Some(256) }), (2, Format::BF16)]);
         let q4k = 3 * 144usize;
+        let p = |i: usize| (l.parts[i].data, l.parts[i].scales);
         assert_eq!(l.parts[0], Part { rows: 3, format: Format::Ggml(GgmlType::Q4_K), data: 0, scales: None, group_scales: None, levels: None });
-        assert_eq!((l.parts[1].data, l.parts[1].scales), (q4k.next_multiple_of(16), Some((q4k.next_multiple_of(16) + 5 * 256).next_multiple_of(16))));
-        assert_eq!(l.parts[2].data, (l.parts[1].scales.unwrap() + 20).next_multiple_of(16));
-        assert_eq!(l.bytes, l.parts[2].data + 2 * 2 * 256);
+        let int8 = q4k.next_multiple_of(16);
+        let bf16 = int8 + 5 * 256;
+        assert_eq!((p(1), p(2)), ((int8, Some(bf16 + 2 * 2 * 256)), (bf16, None)));
+        assert_eq!(l.bytes, bf16 + 2 * 2 * 256 + 20);
         assert_eq!(l.rows(), 10);
         assert_eq!(l.formats(), "Q4_K + int8 + ConvRot 256 + bf16");
+        assert_eq!(l.int8_codes(), None);
+        // q | k | v of int8: one matrix of codes at 0, the scales after
+        let f = Format::Int8 { convrot: Some(256) };
+        let qkv = Layout::new(3072, &[(3072, f), (3072, f), (3072, f)]);
+        assert_eq!(qkv.int8_codes(), Some(Some(256)));
+        assert_eq!(qkv.parts[2].scales, Some(3 * 3072 * 3072 + 2 * 4 * 3072));
+        assert_eq!(Layout::new(3072, &[(3072, f), (3072, Format::Int8 { convrot: None })]).int8_codes(), None);
     }
 
     #[test]

@@ -214,8 +214,10 @@ pub enum Kind {
     /// uploaded (so rounded to the storage precision), then quantized per row if `quantize`.
     Host { quantize: bool },
     /// Stored int8 codes (comfy_quant int8, every tensor of the stack with one ConvRot group or
-    /// none, no LoRA update) read on the host as they are and uploaded
-    /// ([`crate::backend::Backend::upload_int8`]), with their per-row scales (f32, resident).
+    /// none, no LoRA update), with their per-row scales (f32, resident): on a backend that keeps
+    /// quantized matrices, loaded (and streamed) as the kept stack and its codes taken in place
+    /// ([`crate::backend::Backend::kept_int8_codes`]); else read on the host as they are and
+    /// uploaded ([`crate::backend::Backend::upload_int8`]).
     Int8Codes { convrot: Option<usize> },
 }
 
@@ -225,6 +227,8 @@ pub struct Source<B: DitOps> {
     pub kind: Kind,
     linears: MainLinears,
     scale: Option<B::T>,
+    /// [`Kind::Int8Codes`] fetched as the kept stack (the backend keeps quantized matrices).
+    kept_codes: bool,
 }
 
 /// The matrices of one main block: the bytes that streaming moves.
@@ -293,16 +297,17 @@ pub fn sources<B: DitOps>(b: &B, c: &Component, i: usize, linears: MainLinears) 
             _ => None,
         };
         let scale = scales.map(|s| b.upload_f32(&Tensor::new(vec![s.len()], s)?)).transpose()?;
-        out.push(Source { kind, linears, scale });
+        out.push(Source { kind, linears, scale, kept_codes: b.keeps_quantized() });
     }
     Ok(out)
 }
 
 /// The groups of [`block_matrix_names`] that go through the backend's loads and fetches (all but
-/// [`Kind::Host`] and [`Kind::Int8Codes`], made on the host), in order.
+/// [`Kind::Host`] and, on a backend that does not keep quantized matrices, [`Kind::Int8Codes`]:
+/// made on the host), in order.
 pub fn fetched<B: DitOps>(i: usize, sources: &[Source<B>]) -> Vec<Vec<String>> {
-    let host = |k: Kind| matches!(k, Kind::Host { .. } | Kind::Int8Codes { .. });
-    block_matrix_names(i).into_iter().zip(sources).filter(|(_, s)| !host(s.kind)).map(|(g, _)| g).collect()
+    let host = |s: &Source<B>| matches!(s.kind, Kind::Host { .. }) || (matches!(s.kind, Kind::Int8Codes { .. }) && !s.kept_codes);
+    block_matrix_names(i).into_iter().zip(sources).filter(|(_, s)| !host(s)).map(|(g, _)| g).collect()
 }
 
 impl<B: DitOps> BlockMats<B> {
@@ -330,6 +335,7 @@ impl<B: DitOps> BlockMats<B> {
                 (Kind::Quantized, _) => quantize(&next()?)?,
                 (Kind::Codes, Some(scale)) => Matrix::Fp8 { q: next()?, scale: scale.clone() },
                 (Kind::Codes | Kind::Int8Codes { .. }, None) => bail!("block {i}: stored codes without their scales"),
+                (Kind::Int8Codes { convrot }, Some(scale)) if s.kept_codes => Matrix::Int8 { q: b.kept_int8_codes(&next()?)?, scale: scale.clone(), convrot },
                 (Kind::Int8Codes { convrot }, Some(scale)) => {
                     let infos = g.iter().map(|n| c.info(n)).collect::<Result<Vec<_>>>()?;
                     let shape = [infos.iter().map(|t| t.shape[0]).sum(), infos[0].shape[1]];

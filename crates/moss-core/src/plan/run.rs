@@ -48,14 +48,15 @@ pub struct MatrixBytes {
 
 /// [`MatrixBytes`] of a matrix of `numel` elements in `rows` rows, `stored` bytes as the backend
 /// loads it, activations of `act` bytes: fp8 and int8 are 1 byte an element and an f32 scale a
-/// row; stored int8 codes are uploaded from the host while a streamed block computes.
+/// row; stored int8 codes move with their scales in a streamed block's slot (the backend keeps them as
+/// stored and multiplies by them in place).
 pub fn matrix_bytes(kind: Kind, numel: u64, rows: u64, stored: u64, act: u64) -> MatrixBytes {
     let fp8 = numel + 4 * rows;
     match kind {
         Kind::Dense => MatrixBytes { resident: stored, slot: stored, derived: 0 },
         Kind::Quantized => MatrixBytes { resident: fp8, slot: stored, derived: fp8 },
         Kind::Codes => MatrixBytes { resident: fp8, slot: numel, derived: 0 },
-        Kind::Int8Codes { .. } => MatrixBytes { resident: fp8, slot: 0, derived: numel },
+        Kind::Int8Codes { .. } => MatrixBytes { resident: fp8, slot: fp8, derived: 0 },
         Kind::Host { quantize: false } => MatrixBytes { resident: numel * act, slot: 0, derived: numel * act },
         Kind::Host { quantize: true } => MatrixBytes { resident: fp8, slot: 0, derived: numel * act + fp8 },
     }
@@ -408,10 +409,10 @@ mod tests {
         assert_eq!((q.slot, q.derived), (dense.slot, q.resident), "a streamed fp8 block: its bf16 slot and its fp8 copy");
         let (codes, c) = total(Kind::Codes);
         assert_eq!((codes, c.slot), (fp8, c.resident - 4 * (3 * d + d + 2 * f + d)), "a float8 checkpoint moves its codes");
-        // int8 codes taken from a comfy_quant file: the same resident bytes, uploaded from the host
-        // while a streamed block computes (no slot)
+        // int8 codes taken from a comfy_quant file: the same resident bytes, moved as stored (codes
+        // and scales) into a streamed block's slot, multiplied by in place
         let (int8, i) = total(Kind::Int8Codes { convrot: Some(256) });
-        assert_eq!((int8, i.slot, i.derived), (fp8, 0, i.resident - 4 * (3 * d + d + 2 * f + d)), "an int8 file's codes");
+        assert_eq!((int8, i.slot, i.derived), (fp8, i.resident, 0), "an int8 file's codes");
         // The planner streams fewer fp8 blocks under the same cap.
         let net = |w: u64, b: MatrixBytes| Network {
             name: "transformer",

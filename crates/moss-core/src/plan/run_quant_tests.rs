@@ -141,8 +141,8 @@ fn full_size_block_bytes_per_format() {
 /// The README's memory table: the planner at full size (1024x1024, bf16 activations as
 /// `plan::tests` takes them, a 0.54 GiB context) with each format's byte counts: the DiT's
 /// matrices (its 42 blocks and its other 0.33 B parameters) at the format's bytes, the text encoder
-/// in bf16 (GGUF text encoders are not read) or int8 (the comfy_quant rows: its layers int8, its
-/// embedding table bf16), plus the dequantized scratch of the largest matrix. Computed, not measured.
+/// in bf16 (GGUF text encoders are not read), int8 or W4A8 (the comfy_quant rows: its layers
+/// quantized, its embedding table bf16), plus the dequantized scratch of the largest matrix. Computed, not measured.
 /// Every format keeps at least as many DiT blocks resident as bf16 at every cap.
 #[test]
 fn readme_memory_table_per_format() {
@@ -159,7 +159,9 @@ fn readme_memory_table_per_format() {
         }
     };
     let int8 = Some(Format::Int8 { convrot: None });
-    let nets = |fm: Option<Format>, te_int8: bool, int8_compute: bool| -> Vec<Network> {
+    // the text encoder's bits a weight: bf16, int8 (+ a row scale), W4A8 (4-bit codes + an e4m3
+    // group scale every 16 weights; the row scales and codebook under 0.1 %)
+    let nets = |fm: Option<Format>, te_bits: f64, int8_compute: bool| -> Vec<Network> {
         let mut all = full_size_bf16();
         let per_block: u64 = block.iter().map(|&(r, k)| bytes(fm, r, k)).sum();
         let other = bytes(fm, 326_000_000 / d, d);
@@ -169,17 +171,17 @@ fn readme_memory_table_per_format() {
         if int8_compute {
             // `--precision int8` (mats::Kind): the main matrices resident as int8 codes and row
             // scales; from the bf16 folder a streamed block moves its bf16 bytes and quantizes
-            // them beside (Kind::Quantized), from an int8 file its codes are uploaded from the host
-            // (Kind::Int8Codes)
+            // them beside (Kind::Quantized), from an int8 file it moves its codes and scales as
+            // stored (Kind::Int8Codes)
             let resident: u64 = block.iter().map(|&(r, k)| bytes(int8, r, k)).sum();
-            let (slot, derived) = if fm.is_none() { (per_block, resident) } else { (0, params as u64) };
+            let (slot, derived) = if fm.is_none() { (per_block, resident) } else { (resident, 0) };
             (dit.weights, dit.block_bytes, dit.all_blocks) = (42 * resident + other, resident, 42 * resident);
             (dit.slot_bytes, dit.derived_bytes) = (slot, derived);
         }
         dit.activations += scratch;
-        if te_int8 {
+        if te_bits < 16.0 {
             let enc = &mut all[0];
-            let layer = enc.block_bytes / 2; // bf16 → a byte a weight (the scales are under 0.1%)
+            let layer = (enc.block_bytes as f64 * te_bits / 16.0) as u64;
             let rest = enc.weights - enc.all_blocks;
             (enc.weights, enc.block_bytes, enc.all_blocks, enc.slot_bytes) = (rest + 32 * layer, layer, 32 * layer, layer);
             enc.activations += (2 * 24_576 * 4096) as u64;
@@ -187,15 +189,18 @@ fn readme_memory_table_per_format() {
         assert!(int8_compute || all[1].block_bytes == per_block, "{params} parameters a block");
         all
     };
-    let rows: [(&str, Option<Format>, bool, bool); 8] = [
-        ("bf16", None, false, false),
-        ("Q8_0", Some(Format::Ggml(GgmlType::Q8_0)), false, false),
-        ("INT8 (+ int8 text encoder)", Some(Format::Int8 { convrot: Some(256) }), true, false),
-        ("bf16 folder, --precision int8 (or fp8)", None, false, true),
-        ("INT8 (+ int8 text encoder), --precision int8", Some(Format::Int8 { convrot: Some(256) }), true, true),
-        ("Q6_K", Some(Format::Ggml(GgmlType::Q6_K)), false, false),
-        ("Q5_K", Some(Format::Ggml(GgmlType::Q5_K)), false, false),
-        ("Q4_K", Some(Format::Ggml(GgmlType::Q4_K)), false, false),
+    let (bf16_te, int8_te, w4a8_te) = (16.0, 8.0, 4.5);
+    let rows: [(&str, Option<Format>, f64, bool); 10] = [
+        ("bf16", None, bf16_te, false),
+        ("Q8_0", Some(Format::Ggml(GgmlType::Q8_0)), bf16_te, false),
+        ("INT8 (+ int8 text encoder)", Some(Format::Int8 { convrot: Some(256) }), int8_te, false),
+        ("bf16 folder, --precision int8 (or fp8)", None, bf16_te, true),
+        ("INT8 (+ int8 text encoder), --precision int8", Some(Format::Int8 { convrot: Some(256) }), int8_te, true),
+        ("Q6_K", Some(Format::Ggml(GgmlType::Q6_K)), bf16_te, false),
+        ("Q5_K", Some(Format::Ggml(GgmlType::Q5_K)), bf16_te, false),
+        ("Q4_K", Some(Format::Ggml(GgmlType::Q4_K)), bf16_te, false),
+        ("Q8_0 (+ W4A8 text encoder)", Some(Format::Ggml(GgmlType::Q8_0)), w4a8_te, false),
+        ("Q4_K (+ W4A8 text encoder)", Some(Format::Ggml(GgmlType::Q4_K)), w4a8_te, false),
     ];
     let what = |n: &NetworkPlan| match n.placement {
         Placement::Resident => "resident".to_string(),
