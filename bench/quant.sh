@@ -10,6 +10,8 @@
 #   - the file bytes of the quantized components (what stays resident: the matrices are kept as stored);
 #   - the error against the bf16 folder: velocity rel L2 of one DiT forward (moss bench-dit --forward-only
 #     --save-velocity, from CKPT's embeds) and the picture's PSNR (moss bench-compare, same seed and prompt).
+# A format `te-X` runs the bf16 folder's transformer with the text encoder written `--to X` (w4a8, w6a8,
+# int8: the encoder's error shows in the picture only); `F+te-X` both (e.g. q4_k+te-w4a8).
 # PRECISION (default bf16): the --precision of every run but the bf16 reference (int8: the main blocks in
 # INT8, the int8 files' codes as stored); the format name `folder` is the bf16 folder at PRECISION.
 # CKPT: bench/full_ckpt.sh's folder (random full-size weights: the errors are the formats' on random weights).
@@ -26,19 +28,26 @@ chmod +x "$BIN" 2>/dev/null; echo "moss: $($BIN --version 2>&1 | head -1)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1; }
 ext() { case $1 in int8*) echo safetensors ;; *) echo gguf ;; esac; }
+dit_of() { case $1 in te-*) ;; *) echo "${1%%+te-*}" ;; esac; } # the transformer format of a format name
+te_of() { case $1 in *te-*) echo "${1##*te-}" ;; esac; }         # its text encoder format (te-X)
 
 # the files
 for f in $FORMATS; do
-  [ "$f" = folder ] && continue
-  [ -s "$W/dit_$f.$(ext $f)" ] || { echo "== quantize transformer $f"; $BIN quantize --model "$F" --to "$f" --out "$W/dit_$f.$(ext $f)" -q || echo "quantize $f failed"; }
+  d=$(dit_of "$f"); t=$(te_of "$f")
+  if [ -n "$d" ] && [ "$d" != folder ]; then
+    [ -s "$W/dit_$d.$(ext "$d")" ] || { echo "== quantize transformer $d"; $BIN quantize --model "$F" --to "$d" --out "$W/dit_$d.$(ext "$d")" -q || echo "quantize $d failed"; }
+  fi
+  [ -n "$t" ] && TE_ONLY="${TE_ONLY:-} $t"
 done
-for f in $TE_FORMATS; do
+for f in $TE_FORMATS ${TE_ONLY:-}; do
   [ -s "$W/te_$f.safetensors" ] || { echo "== quantize text encoder $f"; $BIN quantize --model "$F" --component text-encoder --to "$f" --out "$W/te_$f.safetensors" -q || echo "quantize te $f failed"; }
 done
 
 flags() { # FORMAT: the component flags of a run
   case $1 in bf16 | folder) return ;; esac
-  echo "--transformer $W/dit_$1.$(ext $1)"
+  local d t; d=$(dit_of "$1"); t=$(te_of "$1")
+  [ -n "$d" ] && echo "--transformer $W/dit_$d.$(ext "$d")"
+  [ -n "$t" ] && echo "--text-encoder $W/te_$t.safetensors"
   case " $TE_FORMATS " in *" $1 "*) echo "--text-encoder $W/te_$1.safetensors" ;; esac
 }
 run() { # FORMAT CAP: one generate, sampled
@@ -55,8 +64,9 @@ run() { # FORMAT CAP: one generate, sampled
   echo "$rc $base $(sort -n "$W/smi_$t.txt" | tail -1)" > "$W/rc_$t.txt"
   echo "$t: rc=$rc $(tail -1 "$OUT/gen_$t.err")"
 }
-vel() { # FORMAT: one DiT forward's velocity
+vel() { # FORMAT: one DiT forward's velocity (a te-X format's transformer is the folder's)
   [ -n "${NO_VEL:-}" ] && return
+  case $1 in te-*) return ;; esac
   # shellcheck disable=SC2046
   timeout 300 "$BIN" bench-dit --device cuda --model "$F" $(flags "$1" | grep -- --transformer) --embeds "$F/embeds.safetensors" \
     --size 1024x1024 --precision "$(prec "$1")" --forwards 1 --forward-only --save-velocity "$W/vel_$1.f32" > "$OUT/dit_$1.json" 2> "$OUT/dit_$1.err"
@@ -80,16 +90,20 @@ def size(p):
     return os.path.getsize(p) if os.path.exists(p) else None
 ref = np.fromfile(f"{W}/vel_bf16.f32", dtype=np.float32) if os.path.exists(f"{W}/vel_bf16.f32") else None
 for f in formats:
-    ext = "safetensors" if f.startswith("int8") else "gguf"
-    dit = size(f"{W}/dit_{f}.{ext}") if f not in ("bf16", "folder") else None
-    tef = size(f"{W}/te_{f}.safetensors") if f in te else None
+    d = None if f.startswith("te-") else f.split("+te-")[0]
+    t = f.split("te-")[1] if "te-" in f else (f if f in te else None)
+    ext = "safetensors" if (d or "").startswith("int8") else "gguf"
+    dit = size(f"{W}/dit_{d}.{ext}") if d not in (None, "bf16", "folder") else None
+    tef = size(f"{W}/te_{t}.safetensors") if t else None
     v = f"{W}/vel_{f}.f32"
-    if f == "bf16" or ref is None or not os.path.exists(v):
+    if f.startswith("te-"):
+        vl2 = "- (the folder's transformer)"
+    elif f == "bf16" or ref is None or not os.path.exists(v):
         vl2 = "-" if f == "bf16" else "not run"
     else:
         x = np.fromfile(v, dtype=np.float32)
         vl2 = f"{np.linalg.norm(x - ref) / np.linalg.norm(ref):.3e}"
-    print(f"\n### {f}: transformer file {gib(dit) + ' GiB' if dit else 'bf16 folder'}, text encoder {gib(tef) + ' GiB file' if tef else 'bf16 folder'}, velocity rel L2 vs bf16 {vl2}\n")
+    print(f"\n### {f}: transformer file {gib(dit) + ' GiB' if dit else 'bf16 folder'}, text encoder {gib(tef) + ' GiB file (' + t + ')' if tef else 'bf16 folder'}, velocity rel L2 vs bf16 {vl2}\n")
     print("| cap GiB | exit | single shot s | denoise s | peak GiB (nvidia-smi) | plan: text encoder / transformer / vae (planned peak GiB) | PSNR vs bf16 dB |")
     print("|---|---:|---:|---:|---:|---|---:|")
     for c in caps:

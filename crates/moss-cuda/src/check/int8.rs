@@ -183,8 +183,36 @@ fn gate_linear_int8(cx: &mut Cx) -> Result<()> {
             runs.push((Kind::Control, "the turn's last stage left out", product(&short, &gx, &gwq, &gws, convrot)));
             runs.push((Kind::Control, "the activation not turned", product(&cx.cuda, &gx, &gwq, &gws, None)));
         }
+        if n == 3 * k && convrot.is_none() {
+            // q | k | v as an int8 file's stack kept as stored (three parts, codes then scales):
+            // its codes multiplied in place; the control packs the parts in reverse order
+            let kept = |order: &[usize]| -> Result<CudaTensor> {
+                use moss_core::checkpoint::kept::{Format, Layout};
+                let third = n / 3;
+                let layout = Layout::new(k, &[(third, Format::Int8 { convrot: None }); 3]);
+                let mut b = vec![0u8; layout.bytes];
+                for (p, &j) in layout.parts.iter().zip(order) {
+                    let codes = &wq.data[j * third * k..(j + 1) * third * k];
+                    b[p.data..p.data + codes.len()].iter_mut().zip(codes).for_each(|(o, &c)| *o = c as i8 as u8);
+                    let at = p.scales.expect("int8 scales");
+                    for (r, v) in ws.data[j * third..(j + 1) * third].iter().enumerate() {
+                        b[at + 4 * r..at + 4 * r + 4].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                cx.cuda.kept_int8_codes(&cx.cuda.upload_kept(&layout, &b)?)
+            };
+            let label = "linear_int8 of a kept int8 stack's codes (an int8 file's q|k|v)";
+            let out = kept(&[0, 1, 2]).and_then(|q| product(&cx.cuda, &gx, &q, &gws, None));
+            runs.push((Kind::Gate, label, out));
+            let out = kept(&[2, 1, 0]).and_then(|q| product(&cx.cuda, &gx, &q, &gws, None));
+            runs.push((Kind::Control, "kept stack: the parts in reverse order", out));
+        }
         for (kind, what, out) in runs {
-            let label = if kind == Kind::Gate { name.to_string() } else { format!("{name}, {what}") };
+            let label = match kind {
+                Kind::Gate if what.is_empty() => name.to_string(),
+                Kind::Gate => what.to_string(),
+                _ => format!("{name}, {what}"),
+            };
             cx.judge(&label, &s, kind, bound, &note, out, &want, Some(&rows));
         }
     }
