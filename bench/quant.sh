@@ -12,6 +12,7 @@
 #     --save-velocity, from CKPT's embeds) and the picture's PSNR (moss bench-compare, same seed and prompt).
 # A format `te-X` runs the bf16 folder's transformer with the text encoder written `--to X` (w4a8, w6a8,
 # int8: the encoder's error shows in the picture only); `F+te-X` both (e.g. q4_k+te-w4a8).
+# REUSE_REF=1 keeps the bf16 reference runs (velocity, pictures) an earlier run left in $WORK.
 # PRECISION (default bf16): the --precision of every run but the bf16 reference (int8: the main blocks in
 # INT8, the int8 files' codes as stored); the format name `folder` is the bf16 folder at PRECISION.
 # CKPT: bench/full_ckpt.sh's folder (random full-size weights: the errors are the formats' on random weights).
@@ -74,6 +75,8 @@ vel() { # FORMAT: one DiT forward's velocity (a te-X format's transformer is the
 }
 
 for f in bf16 $FORMATS; do
+  # REUSE_REF=1: the bf16 reference of an earlier run of this script in $WORK is kept
+  if [ "$f" = bf16 ] && [ -n "${REUSE_REF:-}" ] && [ -s "$W/vel_bf16.f32" ]; then echo "bf16: reusing $W's reference"; continue; fi
   vel "$f"
   for c in $CAPS; do run "$f" "$c"; done
 done

@@ -243,3 +243,26 @@ fn moss_quantize_writes_w4a8() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A W4A8 file with a NaN group scale: `moss check` fails naming the scale tensor; generate refuses
+/// in one line, nothing written.
+#[test]
+fn a_nan_group_scale_is_caught() {
+    let dir = scratch("nan");
+    let src = golden().join("quant/tiny-a-te-w4a8.safetensors");
+    let store = TensorStore::open_file(&src).unwrap();
+    let (name, t) = store.tensors.iter().find(|(k, t)| k.ends_with(".weight_s_rel") && t.dtype == Dtype::F8E4M3).unwrap();
+    let mut bytes = std::fs::read(&src).unwrap();
+    bytes[t.start + 3] = 0x7f; // e4m3's NaN
+    let bad = dir.join("nan.safetensors");
+    std::fs::write(&bad, &bytes).unwrap();
+    let model = golden().join("tiny-a");
+    let o = moss(&["check", "--model", model.to_str().unwrap(), "--text-encoder", bad.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && out.lines().any(|l| l.starts_with("text_encoder") && l.contains(name.as_str()) && l.contains("NaN")), "{out}");
+    let pic = dir.join("x.png");
+    let r = moss(&["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--text-encoder", bad.to_str().unwrap(), "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", pic.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.code() == Some(1) && err.lines().count() == 1 && err.contains(name.as_str()) && !pic.exists(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
