@@ -2,7 +2,7 @@
 # Quantized single-file components on the GPU (issue 43), 1024x1024, 50 steps, one table per format:
 #   bench/quant.sh CKPT OUT_DIR MOSS_BIN [FORMATS...]
 # FORMATS (default: q8_0 q6_k q5_k q4_k int8 int8-convrot) are `moss quantize --to` names; each is written
-# from CKPT's bf16 transformer (and, for TE_FORMATS, default "int8", its text encoder too) into $WORK, then
+# from CKPT's bf16 transformer (and, for TE_FORMATS, default "int8", empty for none, its text encoder too) into $WORK, then
 # for the bf16 folder and each format, at no cap and at --max-vram 8 and 6 (CAPS):
 #   - moss generate --json -v: single-shot wall time, the denoise stage's time (--json timings), the plan
 #     (each network's placement and planned peak bytes), the peak GPU memory sampled from outside
@@ -20,7 +20,7 @@
 set -uo pipefail
 [ $# -ge 3 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 F=$1; OUT=$2; BIN=$3; shift 3
-FORMATS=${*:-q8_0 q6_k q5_k q4_k int8 int8-convrot}; TE_FORMATS=${TE_FORMATS:-int8}; CAPS=${CAPS:-none 8 6}
+FORMATS=${*:-q8_0 q6_k q5_k q4_k int8 int8-convrot}; TE_FORMATS=${TE_FORMATS-int8}; CAPS=${CAPS:-none 8 6}
 PRECISION=${PRECISION:-bf16}
 prec() { if [ "$1" = bf16 ]; then echo bf16; else echo "$PRECISION"; fi; }
 W=${WORK:-/tmp/moss-bench}/quant; mkdir -p "$OUT" "$W"
@@ -76,7 +76,7 @@ vel() { # FORMAT: one DiT forward's velocity (a te-X format's transformer is the
 
 for f in bf16 $FORMATS; do
   # REUSE_REF=1: the bf16 reference of an earlier run of this script in $WORK is kept
-  if [ "$f" = bf16 ] && [ -n "${REUSE_REF:-}" ] && [ -s "$W/vel_bf16.f32" ]; then echo "bf16: reusing $W's reference"; continue; fi
+  if [ "$f" = bf16 ] && [ -n "${REUSE_REF:-}" ] && [ -s "$W/vel_bf16.f32" ]; then echo "bf16: reusing $W's reference"; REUSED=1; continue; fi
   vel "$f"
   for c in $CAPS; do run "$f" "$c"; done
 done
@@ -84,7 +84,8 @@ for f in $FORMATS; do
   for c in $CAPS; do "$BIN" bench-compare "$W/bf16_$c.png" "$W/${f}_$c.png" > "$W/cmp_${f}_$c.json" 2>/dev/null; done
 done
 
-python3 - "$W" "$OUT" "bf16 $FORMATS" "$CAPS" "$TE_FORMATS" <<'PY' | tee "$OUT/quant.md"
+REF=bf16; [ -n "${REUSED:-}" ] && REF=  # a reused reference's runs are in an earlier call's table
+python3 - "$W" "$OUT" "$REF $FORMATS" "$CAPS" "$TE_FORMATS" <<'PY' | tee "$OUT/quant.md"
 import json, os, sys
 import numpy as np
 W, OUT, formats, caps, te = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()

@@ -172,10 +172,11 @@ pub fn w4a8_levels(bits: u8, codebook: Option<&[f32]>) -> Vec<f32> {
 
 /// The group scales `s_rel` (`bytes`, float8 e4m3 codes, or f32 when `f32`) as f32.
 pub fn w4a8_group_scales(bytes: &[u8], f32: bool) -> Vec<f32> {
+    static E4M3: std::sync::LazyLock<[f32; 256]> = std::sync::LazyLock::new(|| std::array::from_fn(|c| crate::fp8::e4m3_to_f32(c as u8)));
     if f32 {
         decode_f32(Dtype::F32, bytes).expect("f32")
     } else {
-        bytes.iter().map(|&b| crate::fp8::e4m3_to_f32(b)).collect()
+        bytes.iter().map(|&b| E4M3[b as usize]).collect()
     }
 }
 

@@ -261,8 +261,9 @@ impl Layout {
             }
             if let (Format::W4a8 { bits, f32_scales, .. }, Some(gs)) = (p.format, i.row_scales.as_ref().and_then(|r| r.groups.as_ref())) {
                 let s = c.store.bytes(&gs.s_rel);
-                if let Some(bad) = comfy_quant::w4a8_group_scales(s, f32_scales).iter().find(|v| !v.is_finite()) {
-                    bail!("`{}` holds {bad}: a scale must be finite", gs.s_rel_name);
+                // the bytes' exponent bits, not their values: this runs over every group scale at load
+                if super::tensors::first_non_finite(if f32_scales { Dtype::F32 } else { Dtype::F8E4M3 }, s).is_some() {
+                    bail!("`{}` holds a NaN or infinity: a scale must be finite", gs.s_rel_name);
                 }
                 out.push((s, p.group_scales.expect("group scales")));
                 let levels = match &gs.codebook {
