@@ -261,7 +261,23 @@ fn a_nan_group_scale_is_caught() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success() && out.lines().any(|l| l.starts_with("text_encoder") && l.contains(name.as_str()) && l.contains("NaN")), "{out}");
     let pic = dir.join("x.png");
-    let r = moss(&["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--text-encoder", bad.to_str().unwrap(), "--prompt", "x", "--steps", "1", "--size", "64x64", "--out", pic.to_str().unwrap()]);
+    let r = moss(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--text-encoder",
+        bad.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--steps",
+        "1",
+        "--size",
+        "64x64",
+        "--out",
+        pic.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.code() == Some(1) && err.lines().count() == 1 && err.contains(name.as_str()) && !pic.exists(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
