@@ -109,6 +109,18 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// `moss generate` on the CPU at 64x64, one step, with the text encoder file `te`, to `pic`.
+fn generate_with(model: &Path, te: &Path, pic: &Path, extra: &[&str]) -> std::process::Output {
+    let (m, t, p) = (model.to_str().unwrap(), te.to_str().unwrap(), pic.to_str().unwrap());
+    moss(
+        &[
+            &["generate", "--device", "cpu", "--model", m, "--text-encoder", t, "--prompt", "a red fox", "--steps", "1", "--size", "64x64", "--out", p][..],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
 /// `--text-encoder` a W4A8 file: a render near the bf16 encoder's (not equal: the 4- and 6-bit
 /// weights ran), `moss check` naming the format; a copy with a side tensor cut refused in one line,
 /// nothing written.
@@ -158,19 +170,7 @@ fn renders_with_a_w4a8_text_encoder() {
     // a file whose group scales were cut short: one line, exit 1, nothing written
     let bad = cut_side_tensor(&te, &dir.join("bad.safetensors"));
     let out = dir.join("x.png");
-    let r = moss(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--text-encoder",
-        bad.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = generate_with(&model, &bad, &out, &[]);
     let err = String::from_utf8_lossy(&r.stderr).into_owned();
     assert_eq!((r.status.code(), err.lines().count()), (Some(1), 1), "{err}");
     assert!(err.contains("weight_s_rel") && !out.exists(), "{err}");
@@ -221,24 +221,7 @@ fn moss_quantize_writes_w4a8() {
         let expected = folder.tensors.iter().filter(|(n, i)| moss::checkpoint::w4a8_quantize::quantizable(n, &i.shape, bits)).count();
         assert!(quantized == expected && quantized > 40, "{to}: {quantized} of {expected}");
         let pic = dir.join(format!("{to}.png"));
-        let o = moss(&[
-            "generate",
-            "--device",
-            "cpu",
-            "--model",
-            model.to_str().unwrap(),
-            "--text-encoder",
-            out.to_str().unwrap(),
-            "--prompt",
-            "a red fox",
-            "--steps",
-            "1",
-            "--size",
-            "64x64",
-            "--out",
-            pic.to_str().unwrap(),
-            "--quiet",
-        ]);
+        let o = generate_with(&model, &out, &pic, &["--quiet"]);
         assert!(o.status.success() && pic.exists(), "{to}: {}", String::from_utf8_lossy(&o.stderr));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -261,23 +244,7 @@ fn a_nan_group_scale_is_caught() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(!o.status.success() && out.lines().any(|l| l.starts_with("text_encoder") && l.contains(name.as_str()) && l.contains("NaN")), "{out}");
     let pic = dir.join("x.png");
-    let r = moss(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--text-encoder",
-        bad.to_str().unwrap(),
-        "--prompt",
-        "x",
-        "--steps",
-        "1",
-        "--size",
-        "64x64",
-        "--out",
-        pic.to_str().unwrap(),
-    ]);
+    let r = generate_with(&model, &bad, &pic, &[]);
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.code() == Some(1) && err.lines().count() == 1 && err.contains(name.as_str()) && !pic.exists(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);

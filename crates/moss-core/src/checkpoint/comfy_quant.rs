@@ -123,12 +123,15 @@ fn resolve_w4a8(store: &mut TensorStore, stem: &str, layer: &Layer) -> Result<()
         bail!("`{weight}` has rows of {cols} bytes: not {k} codes (`{s_rel_name}` [{rows}, {}] in groups of {group}) of 4 or 6 bits", s_rel.shape[1])
     };
     ensure!(
-        group >= 4 && (16 % group == 0 || group % 16 == 0) && k % 16 == 0 && (bits == 4 || (k % 32 == 0 && group % 16 == 0)),
+        group >= 4
+            && (16 % group == 0 || group.is_multiple_of(16))
+            && k.is_multiple_of(16)
+            && (bits == 4 || (k.is_multiple_of(32) && group.is_multiple_of(16))),
         "`{weight}`: groups of {group} over {k} columns at {bits} bits is not a W4A8 layout comfy-kitchen defines"
     );
     let cg = layer.convrot_groupsize.unwrap_or(256);
     ensure!(
-        cg >= 2 && cg.is_power_of_two() && k % cg == 0,
+        cg >= 2 && cg.is_power_of_two() && k.is_multiple_of(cg),
         "`{stem}.comfy_quant`: ConvRot group size {cg} does not divide `{weight}`'s {k} columns into powers of two"
     );
     let (scale_name, scale) = side("s_channel").with_context(|| format!("`{weight}` ({fmt}) has no `{stem}.weight_s_channel` (its row scales)"))?;
