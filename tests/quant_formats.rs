@@ -249,18 +249,7 @@ fn text_encoder_single_files() {
     let int8 = dir.join("te-int8.safetensors");
     let o = moss(&["quantize", "--model", model.to_str().unwrap(), "--component", "text-encoder", "--to", "int8", "-o", int8.to_str().unwrap(), "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let run = |extra: &[&str], tag: &str| -> (Vec<u8>, Vec<f32>) {
-        let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
-        let args = [
-            &["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a red fox", "--steps", "2", "--size", "64x64"][..],
-            extra,
-            &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(), "--quiet"],
-        ]
-        .concat();
-        let o = moss(&args);
-        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
-        (std::fs::read(&pic).unwrap(), moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data)
-    };
+    let run = |extra: &[&str], tag: &str| common::render_fox(&model, &dir, tag, extra);
     let (folder_pic, folder_lat) = run(&[], "folder");
     let (one_pic, _) = run(&["--text-encoder", one.to_str().unwrap()], "one");
     assert!(one_pic == folder_pic, "the folder's text encoder as one file gives another picture");

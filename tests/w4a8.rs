@@ -129,18 +129,7 @@ fn renders_with_a_w4a8_text_encoder() {
     let dir = scratch("render");
     let model = golden().join("tiny-a");
     let te = golden().join("quant/tiny-a-te-w4a8.safetensors");
-    let run = |extra: &[&str], tag: &str| -> Vec<f32> {
-        let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
-        let args = [
-            &["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a red fox", "--steps", "2", "--size", "64x64"][..],
-            extra,
-            &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(), "--quiet"],
-        ]
-        .concat();
-        let o = moss(&args);
-        assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
-        moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data
-    };
+    let run = |extra: &[&str], tag: &str| common::render_fox(&model, &dir, tag, extra).1;
     let folder = run(&[], "folder");
     let w4a8 = run(&["--text-encoder", te.to_str().unwrap()], "w4a8");
     let e = rel_l2(&w4a8, &folder);

@@ -58,3 +58,18 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], bound: f64) {
     println!("{what}: rel L2 {e:.3e} (bound {bound:.0e})");
     assert!(e < bound, "{what}: rel L2 {e:.3e} is not under {bound:.0e}");
 }
+
+/// `moss generate` on the CPU of "a red fox", 2 steps at 64x64, with `extra` flags, into
+/// `dir/{tag}.png` and its latents: (the PNG's bytes, the latents).
+pub fn render_fox(model: &std::path::Path, dir: &std::path::Path, tag: &str, extra: &[&str]) -> (Vec<u8>, Vec<f32>) {
+    let (pic, lat) = (dir.join(format!("{tag}.png")), dir.join(format!("{tag}.latents")));
+    let args = [
+        &["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", "a red fox", "--steps", "2", "--size", "64x64"][..],
+        extra,
+        &["--out", pic.to_str().unwrap(), "--save-latents", lat.to_str().unwrap(), "--quiet"],
+    ]
+    .concat();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_moss")).args(&args).output().unwrap();
+    assert!(o.status.success(), "{tag}: {}", String::from_utf8_lossy(&o.stderr));
+    (std::fs::read(&pic).unwrap(), moss::pipeline::read_latents(&lat, 128, None).unwrap().0.data)
+}

@@ -218,8 +218,10 @@ pub fn w4a8_values(grid: &[i8], scales: &[f32], k: usize, group: usize, convrot:
     out
 }
 
-/// Each group of `g` of `values` (row-major, `g` dividing the rows) turned back by ConvRot's `H`.
-fn turn_groups_back(values: &mut [f32], g: usize) {
+/// Each group of `g` of `values` (row-major, `g` dividing the rows) turned by ConvRot's normalized
+/// `H` (`v ← v·H/√g`, summed in f64, rounded once): the turn back, and (`H` symmetric) the turn
+/// `W·Hᵀ` a quantizer gives the weight.
+pub fn turn_groups_back(values: &mut [f32], g: usize) {
     let norm = 1.0 / (g as f64).sqrt();
     let mut turned = vec![0f64; g];
     for group in values.chunks_mut(g) {

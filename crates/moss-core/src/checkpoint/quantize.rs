@@ -18,7 +18,7 @@
 //!
 //! The file is written beside its destination and renamed into place when complete.
 
-use super::comfy_quant::turn_back;
+use super::comfy_quant::turn_groups_back;
 use super::ggml::GgmlType;
 use super::ggml_quantize;
 use super::tensors::{Dtype, TensorStore};
@@ -144,13 +144,7 @@ fn int8_rows(v: &[f32], cols: usize, group: Option<usize>) -> (Vec<i8>, Vec<f32>
     let mut w = v.to_vec();
     if let Some(g) = group {
         // W_rot = W · Hᵀ = W · H per group of g (H symmetric), in f64 by the fast transform
-        let norm = 1.0 / (g as f64).sqrt();
-        let mut turned = vec![0f64; g];
-        for grp in w.chunks_mut(g) {
-            turned.iter_mut().zip(grp.iter()).for_each(|(t, &x)| *t = x as f64);
-            turn_back(&mut turned);
-            grp.iter_mut().zip(&turned).for_each(|(x, t)| *x = (t * norm) as f32);
-        }
+        turn_groups_back(&mut w, g);
     }
     let (mut codes, mut scales) = (Vec::with_capacity(w.len()), vec![]);
     for row in w.chunks(cols) {

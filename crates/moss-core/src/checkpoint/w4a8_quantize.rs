@@ -16,7 +16,7 @@
 //! Every 2-D `.weight` but the norms, embedding tables and `lm_head` whose rows split into groups
 //! is quantized; the rest stays as stored (bf16).
 
-use super::comfy_quant::{turn_back, w4a8_group_scales};
+use super::comfy_quant::{turn_groups_back, w4a8_group_scales};
 use crate::fp8::e4m3_from_f32;
 use anyhow::Result;
 use safetensors::tensor::Dtype as St;
@@ -56,13 +56,7 @@ fn nearest(levels: &[f32], x: f32) -> usize {
 pub fn w4a8_rows(v: &[f32], k: usize, bits: u8) -> (Vec<u8>, Vec<u8>, Vec<f32>, usize) {
     let cg = convrot_group(k).expect("quantizable rows");
     let mut w = v.to_vec();
-    let norm = 1.0 / (cg as f64).sqrt();
-    let mut turned = vec![0f64; cg];
-    for grp in w.chunks_mut(cg) {
-        turned.iter_mut().zip(grp.iter()).for_each(|(t, &x)| *t = x as f64);
-        turn_back(&mut turned);
-        grp.iter_mut().zip(&turned).for_each(|(x, t)| *x = (t * norm) as f32);
-    }
+    turn_groups_back(&mut w, cg);
     let table: Vec<f32> = if bits == 4 { FIXED_LUT.to_vec() } else { (-31..=31).map(|l| l as f32).collect() };
     let (mut packed, mut s_rel, mut s_channel) = (vec![], vec![], vec![]);
     for row in w.chunks(k) {
