@@ -46,13 +46,7 @@ pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
 /// weight's columns, given to the activation. Summed in f64 ([`comfy_quant::turn_back`]: `H` is
 /// symmetric, so `x · H` and `x · Hᵀ` are one transform), rounded once to f32.
 pub fn turn(x: &mut [f32], g: usize) {
-    let norm = 1.0 / (g as f64).sqrt();
-    let mut v = vec![0f64; g];
-    for group in x.chunks_mut(g) {
-        v.iter_mut().zip(group.iter()).for_each(|(t, &x)| *t = x as f64);
-        comfy_quant::turn_back(&mut v);
-        group.iter_mut().zip(&v).for_each(|(x, t)| *x = (t * norm) as f32);
-    }
+    comfy_quant::turn_groups_back(x, g);
 }
 
 /// `Σ_k a[k] · b[k]` of two code rows, exact.
