@@ -238,3 +238,32 @@ fn a_nan_group_scale_is_caught() {
     assert!(r.status.code() == Some(1) && err.lines().count() == 1 && err.contains(name.as_str()) && !pic.exists(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Group scales stored as raw U8 bytes (older tools' files, which ComfyUI views back as e4m3) read
+/// as the e4m3 ones: the same values.
+#[test]
+fn group_scales_stored_as_u8_read_as_e4m3() {
+    let dir = scratch("u8");
+    let src = golden().join("quant/tiny-a-te-w4a8.safetensors");
+    let store = TensorStore::open_file(&src).unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = store
+        .tensors
+        .iter()
+        .map(|(n, i)| {
+            let d = if i.dtype == Dtype::F8E4M3 { safetensors::Dtype::U8 } else { common::folders::st_dtype(i.dtype) };
+            (n.clone(), safetensors::tensor::TensorView::new(d, i.shape.clone(), store.bytes(i)).unwrap())
+        })
+        .collect();
+    let u8_file = dir.join("u8.safetensors");
+    std::fs::write(&u8_file, safetensors::serialize(views, None).unwrap()).unwrap();
+    let (a, b) = (single_file::open(&src, "text_encoder").unwrap(), single_file::open(&u8_file, "text_encoder").unwrap());
+    let mut n = 0;
+    for (name, t) in a.tensors.iter().filter(|(_, t)| matches!(t.dtype, Dtype::W4a8 { .. })) {
+        let u = b.get(name).unwrap();
+        assert_eq!(kept::Format::of(u), kept::Format::of(t), "{name}");
+        assert!(a.values(t).unwrap() == b.values(u).unwrap(), "{name}");
+        n += 1;
+    }
+    assert!(n > 40, "{n}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
