@@ -64,34 +64,31 @@ fn w4a8_files_dequantize_as_comfy_kitchen_does() {
     assert_eq!(variants.len(), 5, "{variants:?}");
 }
 
-/// What the CUDA backend keeps: every symmetric layer as a W4A8 part of its stored bytes; the
-/// asymmetric ones refused in one line naming the tensor (the CPU runs them).
+/// What the CUDA backend keeps: every symmetric layer as a W4A8 part of its stored bytes, packed by
+/// the loader's own copies (`Layout::of`, `Layout::pieces`) into bytes that decode
+/// (`Layout::dequantize`, the kernels' twin) to the store's values bit for bit; the asymmetric ones
+/// refused in one line naming the tensor (the CPU runs them).
 #[test]
 fn the_gpu_keeps_symmetric_w4a8_and_refuses_the_correction() {
-    let store = open("tiny-a-te-w4a8.safetensors");
-    for (name, t) in store.tensors.iter().filter(|(_, t)| matches!(t.dtype, Dtype::W4a8 { .. })) {
-        let f = kept::Format::of(t).unwrap_or_else(|| panic!("`{name}` not kept"));
-        assert!(matches!(f, kept::Format::W4a8 { group: 16, convrot: 64, .. }), "{name}: {f:?}");
-        assert_eq!(kept::gpu_refusal(name, t), None);
-        // packed as the GPU keeps it, the bytes decode (Layout::dequantize, the kernels' twin) to
-        // the store's values
-        let layout = kept::Layout::new(t.shape[1], &[(t.shape[0], f)]);
-        let p = &layout.parts[0];
-        let (rs, gs) = (t.row_scales.as_ref().unwrap(), t.row_scales.as_ref().unwrap().groups.as_ref().unwrap());
+    let loc = moss::checkpoint::locate(golden().join("tiny-a").to_str().unwrap()).unwrap();
+    let files = moss::checkpoint::ComponentFiles { transformer: None, text_encoder: Some(golden().join("quant/tiny-a-te-w4a8.safetensors")) };
+    let c = moss::checkpoint::Checkpoint::open_with(loc, files).unwrap().open_component("text_encoder").unwrap();
+    let mut kept = 0;
+    // the text model's tensors (the file holds the vision tower's beside them)
+    let model = c.store.tensors.iter().filter_map(|(k, t)| Some((k, k.strip_prefix(&c.prefix)?, t)));
+    for (full, name, t) in model.filter(|(_, _, t)| matches!(t.dtype, Dtype::W4a8 { .. })) {
+        assert_eq!(kept::gpu_refusal(full, t), None);
+        let layout = kept::Layout::of(&c, &[name]).unwrap().unwrap_or_else(|| panic!("`{full}` not kept"));
+        assert!(matches!(layout.parts[0].format, kept::Format::W4a8 { group: 16, convrot: 64, .. }), "{full}: {layout:?}");
         let mut b = vec![0u8; layout.bytes];
-        let mut put = |at: usize, src: &[u8]| b[at..at + src.len()].copy_from_slice(src);
-        put(p.data, store.bytes(t));
-        put(p.scales.unwrap(), store.bytes(&rs.scale));
-        put(p.group_scales.unwrap(), store.bytes(&gs.s_rel));
-        let Dtype::W4a8 { bits } = t.dtype else { unreachable!() };
-        let levels: Vec<u8> = match &gs.codebook {
-            Some(c) => store.bytes(c).to_vec(),
-            None => comfy_quant::w4a8_levels(bits, None).iter().flat_map(|v| v.to_le_bytes()).collect(),
-        };
-        put(p.levels.unwrap(), &levels);
+        for (src, at) in layout.pieces(&c, &[t]).unwrap() {
+            b[at..at + src.len()].copy_from_slice(src);
+        }
         let bits_of = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        assert_eq!(bits_of(layout.dequantize(&b).unwrap()), bits_of(store.values(t).unwrap()), "{name}");
+        assert_eq!(bits_of(layout.dequantize(&b).unwrap()), bits_of(c.store.values(t).unwrap()), "{full}");
+        kept += 1;
     }
+    assert!(kept > 40, "{kept}");
     let asym = open("w4a8-asym.safetensors");
     let (name, t) = asym.tensors.iter().find(|(_, t)| matches!(t.dtype, Dtype::W4a8 { .. })).unwrap();
     let e = kept::gpu_refusal(name, t).expect("refused");

@@ -139,6 +139,7 @@ fn resolve_w4a8(store: &mut TensorStore, stem: &str, layer: &Layer) -> Result<()
     let codebook = side("codebook");
     if let Some((n, c)) = &codebook {
         ensure!(bits == 4 && c.dtype == Dtype::F32 && c.shape == [16], "`{n}` is {} {:?}: a codebook is f32 [16], of 4-bit codes", c.dtype.name(), c.shape);
+        ensure!(super::tensors::first_non_finite(Dtype::F32, store.bytes(c)).is_none(), "`{n}` holds a non-finite level");
     }
     let correction = side("correction");
     if let Some((n, c)) = &correction {
@@ -231,8 +232,8 @@ pub fn turn_groups_back(values: &mut [f32], g: usize) {
     }
 }
 
-/// The int8 grid values of the W4A8 weight `info` ([`w4a8_grid`]); a non-finite group scale or
-/// level is an error naming its tensor.
+/// The int8 grid values of the W4A8 weight `info` ([`w4a8_grid`]); a non-finite group scale is an
+/// error naming its tensor.
 pub fn w4a8_grid_of(store: &TensorStore, info: &TensorInfo) -> Result<Vec<i8>> {
     let Dtype::W4a8 { bits } = info.dtype else { bail!("a {} tensor is not W4A8", info.dtype.name()) };
     let gs = info.row_scales.as_ref().and_then(|r| r.groups.as_ref()).context("a W4A8 tensor without its group scales")?;
@@ -240,8 +241,8 @@ pub fn w4a8_grid_of(store: &TensorStore, info: &TensorInfo) -> Result<Vec<i8>> {
     if let Some(bad) = s_rel.iter().find(|v| !v.is_finite()) {
         bail!("`{}` holds {bad}: a scale must be finite", gs.s_rel_name);
     }
+    // the codebook's levels were checked finite at open (`resolve_w4a8`)
     let book = gs.codebook.as_ref().map(|c| decode_f32(Dtype::F32, store.bytes(c)).expect("f32"));
-    ensure!(book.iter().flatten().all(|v| v.is_finite()), "the codebook beside `{}` holds a non-finite level", gs.s_rel_name);
     Ok(w4a8_grid(store.bytes(info), info.shape[1], bits, gs.group, &s_rel, &w4a8_levels(bits, book.as_deref())))
 }
 

@@ -63,7 +63,6 @@ pub fn random_bytes(rng: &mut Rng, layout: &Layout) -> Vec<u8> {
                     b[s + 4 * r..s + 4 * r + 4].copy_from_slice(&v.to_le_bytes());
                 }
                 let g = p.group_scales.expect("W4A8 parts have group scales");
-                let levels = 1usize << bits;
                 let top = if bits == 4 { 160.0 } else { 5.0 };
                 for i in 0..p.rows * (k / group) {
                     let v = (rng.uniform() * top) as f32;
@@ -74,10 +73,10 @@ pub fn random_bytes(rng: &mut Rng, layout: &Layout) -> Vec<u8> {
                     }
                 }
                 let l = p.levels.expect("W4A8 parts have levels");
-                let mut book: Vec<f32> = (0..levels).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect();
-                if bits == 6 {
-                    book = moss_core::checkpoint::comfy_quant::w4a8_levels(6, None);
-                }
+                let mut book: Vec<f32> = match bits {
+                    6 => moss_core::checkpoint::comfy_quant::w4a8_levels(6, None),
+                    _ => (0..16).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect(),
+                };
                 book.sort_by(f32::total_cmp);
                 for (i, v) in book.iter().enumerate() {
                     b[l + 4 * i..l + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
@@ -172,8 +171,8 @@ fn gate_int8(cx: &mut Cx) -> Result<()> {
     judge_layout(cx, "mixed stack", &Layout::new(DIM, &mixed), Format::Int8 { convrot: Some(256) })
 }
 
-/// W4A8 at the text encoder's shapes (`[4096 ; 4096]` projections of 4096, the MLP's down
-/// projection of 12288): comfy-kitchen's default (4-bit codebook, e4m3 group scales of 16, ConvRot
+/// W4A8 at the text encoder's shapes (two stacked projections of 4096, `[8192, 4096]`; the MLP's
+/// down projection, `[4096, 12288]`): comfy-kitchen's default (4-bit codebook, e4m3 group scales of 16, ConvRot
 /// 256), f32 group scales, 6-bit uniform codes, and a stack with a bf16 part.
 fn gate_w4a8(cx: &mut Cx) -> Result<()> {
     let f = |bits, f32_scales| Format::W4a8 { bits, group: 16, convrot: 256, f32_scales };
